@@ -1,0 +1,98 @@
+"""Value objects shared by the tiers, the node service and the client.
+
+The store core (``TieredStore`` in tiered.py) is thread-safe behind one lock; callers copy
+bytes into/out of arena views *outside* that lock while they hold a reservation (put) or a
+pin (get). A reservation is invisible to readers until committed.
+
+    put:  reserve(key, size) -> Reservation(view)  ->  caller fills view  ->  commit | abort
+    get:  pin_many(keys) -> [PinnedBlock(view) | None | error]  ->  caller copies  ->  unpin
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class Tier(IntEnum):
+    """Where a replica lives on a node (mirrors ``kvstored.v1.Tier``)."""
+
+    DRAM = 1
+    SSD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Arena space reserved for one block being written.
+
+    Attributes:
+        key: the block hash.
+        offset: byte offset of the block in the arena.
+        size_bytes: the block's exact size.
+        view: writable memoryview of ``size_bytes`` bytes at ``offset``.
+        reservation_id: identifies the reservation for commit/abort.
+    """
+
+    key: bytes
+    offset: int
+    size_bytes: int
+    view: memoryview = field(repr=False, compare=False)
+    reservation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedBlock:
+    """A block pinned in the DRAM arena for reading; release with ``TieredStore.unpin``.
+
+    Attributes:
+        key: the block hash.
+        offset: byte offset in the arena.
+        size_bytes: block size.
+        meta: opaque metadata stored with the block (torch helpers: dtype and shape).
+        tier: tier the block was found in before any promotion.
+        view: read-only memoryview of the block's bytes (valid until unpinned).
+    """
+
+    key: bytes
+    offset: int
+    size_bytes: int
+    meta: bytes
+    tier: Tier
+    view: memoryview = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """Admin view of one block (never pins or touches recency)."""
+
+    key: bytes
+    size_bytes: int
+    namespace_id: bytes
+    tiers: tuple[Tier, ...]
+    pinned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Counters of one tier."""
+
+    tier: Tier
+    capacity_bytes: int
+    used_bytes: int
+    num_blocks: int
+    hits: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters of the whole store since start."""
+
+    tiers: tuple[TierStats, ...]
+    gets: int
+    hits: int
+    misses: int
+    puts: int
+    put_failures: int
+    checksum_failures: int
+    pinned_blocks: int

@@ -1,0 +1,312 @@
+from kvstored.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_PATH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    version: str
+    epoch: int
+    arena_path: str
+    arena_size_bytes: int
+    data_address: str
+    max_block_bytes: int
+    max_batch_keys: int
+    max_inline_bytes: int
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class PutItem(_message.Message):
+    __slots__ = ("key", "value", "meta")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    meta: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., meta: _Optional[bytes] = ...) -> None: ...
+
+class PutRequest(_message.Message):
+    __slots__ = ("items", "namespace_id")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutItem]
+    namespace_id: bytes
+    def __init__(self, items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class PutResult(_message.Message):
+    __slots__ = ("status", "stored")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    stored: bool
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., stored: _Optional[bool] = ...) -> None: ...
+
+class PutResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("keys", "namespace_id")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace_id: bytes
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class GetResult(_message.Message):
+    __slots__ = ("status", "found", "value", "meta", "tier")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    found: bool
+    value: bytes
+    meta: bytes
+    tier: _common_pb2.Tier
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., found: _Optional[bool] = ..., value: _Optional[bytes] = ..., meta: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[GetResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ...) -> None: ...
+
+class ReserveItem(_message.Message):
+    __slots__ = ("key", "size_bytes", "meta")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    size_bytes: int
+    meta: bytes
+    def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ...) -> None: ...
+
+class ReservePutRequest(_message.Message):
+    __slots__ = ("items", "namespace_id")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ReserveItem]
+    namespace_id: bytes
+    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("status", "exists", "offset")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    exists: bool
+    offset: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., exists: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ReservePutResponse(_message.Message):
+    __slots__ = ("reservation_id", "reservations")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: int
+    reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
+    def __init__(self, reservation_id: _Optional[int] = ..., reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
+
+class CommitPutRequest(_message.Message):
+    __slots__ = ("reservation_id", "abort")
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    reservation_id: int
+    abort: bool
+    def __init__(self, reservation_id: _Optional[int] = ..., abort: _Optional[bool] = ...) -> None: ...
+
+class CommitPutResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
+
+class PinBlocksRequest(_message.Message):
+    __slots__ = ("keys", "namespace_id", "lease_ms")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace_id: bytes
+    lease_ms: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class PinnedBlock(_message.Message):
+    __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    found: bool
+    offset: int
+    size_bytes: int
+    meta: bytes
+    tier: _common_pb2.Tier
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., found: _Optional[bool] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ...) -> None: ...
+
+class PinBlocksResponse(_message.Message):
+    __slots__ = ("pin_id", "blocks")
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    pin_id: int
+    blocks: _containers.RepeatedCompositeFieldContainer[PinnedBlock]
+    def __init__(self, pin_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[PinnedBlock, _Mapping]]] = ...) -> None: ...
+
+class ReleasePinsRequest(_message.Message):
+    __slots__ = ("pin_ids",)
+    PIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    pin_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleasePinsResponse(_message.Message):
+    __slots__ = ("num_released",)
+    NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    num_released: int
+    def __init__(self, num_released: _Optional[int] = ...) -> None: ...
+
+class LookupPrefixRequest(_message.Message):
+    __slots__ = ("keys", "namespace_id")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace_id: bytes
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class LookupPrefixResponse(_message.Message):
+    __slots__ = ("num_hit_blocks", "tiers")
+    NUM_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    num_hit_blocks: int
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    def __init__(self, num_hit_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ...) -> None: ...
+
+class ExistsRequest(_message.Message):
+    __slots__ = ("keys", "namespace_id")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespace_id: bytes
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class ExistsResponse(_message.Message):
+    __slots__ = ("exists",)
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, removed: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks", "hits", "evictions")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    tier: _common_pb2.Tier
+    capacity_bytes: int
+    used_bytes: int
+    num_blocks: int
+    hits: int
+    evictions: int
+    def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("node_id", "epoch", "tiers", "gets", "hits", "misses", "puts", "put_failures", "checksum_failures", "pinned_blocks", "uptime_s", "draining")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    GETS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    gets: int
+    hits: int
+    misses: int
+    puts: int
+    put_failures: int
+    checksum_failures: int
+    pinned_blocks: int
+    uptime_s: float
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., gets: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., put_failures: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., uptime_s: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class ListBlocksRequest(_message.Message):
+    __slots__ = ("namespace_id", "limit")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    limit: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class BlockInfo(_message.Message):
+    __slots__ = ("key", "size_bytes", "namespace_id", "tiers", "pinned")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    size_bytes: int
+    namespace_id: bytes
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    pinned: bool
+    def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class ListBlocksResponse(_message.Message):
+    __slots__ = ("blocks", "truncated")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
+    truncated: bool
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
