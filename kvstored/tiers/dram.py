@@ -1,0 +1,170 @@
+"""DRAM tier: one shared-memory arena carved by :class:`BlockAllocator`, with an LRU index.
+
+The arena is a file in ``arena_dir`` (a tmpfs such as /dev/shm), named
+``kvstored-<node_id>-<pid>.arena``, ftruncate'd to the arena size and mmap'd ``MAP_SHARED``
+(prefaulted with ``MAP_POPULATE``), so a local client can map the same file and copy blocks
+straight into its own buffers. With ``arena_dir=None`` the arena is an anonymous mapping
+(tests, benchmarks). The file is unlinked on close.
+
+::
+
+    arena file (MAP_SHARED)          entries: OrderedDict[key -> DramEntry]   (LRU first)
+    +------+------+------+-----+      k7 -> (offset=0,     size, pins=0)  <- evicted first
+    | k7   | free | k2   | ... |      k2 -> (offset=8192,  size, pins=1)     (pinned: skipped)
+    +------+------+------+-----+      k9 -> (offset=...,   size, pins=0)  <- most recent
+    0      4K     8K
+
+Not thread-safe on its own: :class:`kvstored.tiers.tiered.TieredStore` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import structlog
+
+from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
+
+log = structlog.get_logger(__name__)
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class DramEntry:
+    """Metadata of one committed block in the arena (kept lean: ~1M of these per node).
+
+    Attributes:
+        offset: byte offset in the arena (aligned).
+        size_bytes: exact block size.
+        pins: number of outstanding read pins; > 0 means never evicted nor freed.
+        namespace_id: namespace the block was stored under (b"" = none).
+        meta: opaque metadata stored with the block.
+    """
+
+    __slots__ = ("offset", "size_bytes", "pins", "namespace_id", "meta")
+
+    def __init__(self, offset: int, size_bytes: int, namespace_id: bytes, meta: bytes) -> None:
+        self.offset = offset
+        self.size_bytes = size_bytes
+        self.pins = 0
+        self.namespace_id = namespace_id
+        self.meta = meta
+
+
+class DramArena:
+    """The arena mapping: a shared-memory file (or anonymous memory) of a fixed size.
+
+    Args:
+        size_bytes: arena size; rounded down to a multiple of 4096.
+        arena_dir: directory for the arena file (tmpfs), or None for an anonymous mapping.
+        node_id: node name used in the file name.
+
+    Raises:
+        ValueError: the size holds no 4096-byte page.
+        OSError: the file cannot be created, sized or mapped (e.g. /dev/shm too small).
+    """
+
+    def __init__(
+        self,
+        size_bytes: int,
+        *,
+        arena_dir: str | os.PathLike[str] | None,
+        node_id: str = "node",
+    ) -> None:
+        size = (int(size_bytes) // DEFAULT_ALIGNMENT_BYTES) * DEFAULT_ALIGNMENT_BYTES
+        if size <= 0:
+            raise ValueError(f"DRAM arena must be at least 4096 bytes, got {size_bytes}")
+        self.size_bytes = size
+        self.path: str | None = None
+        if arena_dir is None:
+            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        else:
+            name = f"kvstored-{_SAFE_NAME.sub('_', node_id)}-{os.getpid()}.arena"
+            path = os.path.join(os.fspath(arena_dir), name)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._mmap = mmap.mmap(fd, size, flags=flags)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
+            os.close(fd)
+            self.path = path
+        self.view = memoryview(self._mmap)
+        self._closed = False
+        log.info("arena_mapped", path=self.path or "", size_bytes=size)
+
+    def close(self) -> None:
+        """Unmap the arena and unlink its file; idempotent.
+
+        If a caller still holds a view into the arena the mapping is left to the garbage
+        collector (a warning is logged), but the file is unlinked regardless.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.view.release()
+            self._mmap.close()
+        except BufferError:
+            log.warning("arena_views_outstanding", path=self.path or "")
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            log.info("arena_unlinked", path=self.path)
+
+
+class DramTier:
+    """Allocator plus LRU index of committed blocks in one arena.
+
+    Reservations (blocks being written) own allocator space but are not in ``entries``, so
+    they are never evicted. Callers hold the store lock.
+    """
+
+    def __init__(self, arena: DramArena) -> None:
+        self.arena = arena
+        self.allocator = BlockAllocator(arena.size_bytes)
+        self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
+        self.hits = 0
+        self.evictions = 0
+        self.pinned_blocks = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Hard cap of the tier (the arena size)."""
+        return self.allocator.capacity_bytes
+
+    def round_up(self, size_bytes: int) -> int:
+        """Arena bytes a block of ``size_bytes`` occupies."""
+        return self.allocator.round_up(size_bytes)
+
+    def lru_unpinned(self) -> Iterator[bytes]:
+        """Keys of unpinned blocks, least recent first (a snapshot: safe to mutate while used)."""
+        return iter([k for k, e in self.entries.items() if e.pins == 0])
+
+    def first_unpinned(self) -> bytes | None:
+        """The least recent unpinned block's key, or None if every block is pinned."""
+        for k, e in self.entries.items():
+            if e.pins == 0:
+                return k
+        return None
+
+    def remove(self, key: bytes) -> DramEntry:
+        """Drop an unpinned block from the index and free its space.
+
+        Raises:
+            KeyError: not present.
+            AssertionError: the block is pinned (a bug in the caller).
+        """
+        entry = self.entries.pop(key)
+        assert entry.pins == 0, "freeing a pinned block"
+        self.allocator.free(entry.offset, entry.size_bytes)
+        return entry
