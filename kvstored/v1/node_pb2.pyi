@@ -12,7 +12,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining")
+    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,14 @@ class DescribeResponse(_message.Message):
     MAX_BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ARENA_DEV_FIELD_NUMBER: _ClassVar[int]
+    ARENA_INO_FIELD_NUMBER: _ClassVar[int]
+    MAX_META_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIN_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     epoch: int
@@ -33,7 +41,15 @@ class DescribeResponse(_message.Message):
     max_batch_keys: int
     max_inline_bytes: int
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    listen_addresses: _containers.RepeatedScalarFieldContainer[str]
+    metrics_address: str
+    arena_dev: int
+    arena_ino: int
+    max_meta_bytes: int
+    min_key_bytes: int
+    max_key_bytes: int
+    pin_lease_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ...) -> None: ...
 
 class PutItem(_message.Message):
     __slots__ = ("key", "value", "meta")
@@ -106,12 +122,16 @@ class ReserveItem(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ...) -> None: ...
 
 class ReservePutRequest(_message.Message):
-    __slots__ = ("items", "namespace_id")
+    __slots__ = ("items", "namespace_id", "lease_ms", "epoch")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ReserveItem]
     namespace_id: bytes
-    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+    lease_ms: int
+    epoch: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Reservation(_message.Message):
     __slots__ = ("status", "exists", "offset")
@@ -146,14 +166,16 @@ class CommitPutResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
 
 class PinBlocksRequest(_message.Message):
-    __slots__ = ("keys", "namespace_id", "lease_ms")
+    __slots__ = ("keys", "namespace_id", "lease_ms", "epoch")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_id: bytes
     lease_ms: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PinnedBlock(_message.Message):
     __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier")
@@ -208,18 +230,22 @@ class LookupPrefixResponse(_message.Message):
     def __init__(self, num_hit_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ...) -> None: ...
 
 class ExistsRequest(_message.Message):
-    __slots__ = ("keys", "namespace_id")
+    __slots__ = ("keys", "namespace_id", "with_tiers")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_TIERS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_id: bytes
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
+    with_tiers: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., with_tiers: _Optional[bool] = ...) -> None: ...
 
 class ExistsResponse(_message.Message):
-    __slots__ = ("exists",)
+    __slots__ = ("exists", "tiers")
     EXISTS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     exists: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, exists: _Optional[_Iterable[bool]] = ...) -> None: ...
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
     __slots__ = ("keys",)
