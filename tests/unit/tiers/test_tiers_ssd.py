@@ -1,0 +1,409 @@
+"""TieredStore with an SSD tier: demotion/promotion, restart, orphans, caps, corruption, I/O errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+from structlog.testing import capture_logs
+
+from kvstored.errors import NamespaceMismatch, NoCapacity, StorageIOError
+from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.ssd import _file_rel
+from kvstored.tiers.tiered import TieredStore
+
+K = 4096
+BLOCK = 2 * K + 100  # takes 3 units in DRAM and on SSD
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def val(i: int, size: int = BLOCK) -> bytes:
+    return bytes((i * 7 + j) % 256 for j in range(256)) * (size // 256) + bytes([i % 256]) * (
+        size % 256
+    )
+
+
+MakeStore = Callable[..., TieredStore]
+
+
+@pytest.fixture
+def make(tmp_path: pathlib.Path) -> Iterator[MakeStore]:
+    """Factory: a store with DRAM for ``dram_blocks`` blocks and an SSD dir under tmp_path."""
+    opened: list[TieredStore] = []
+
+    def _make(dram_blocks: int = 2, ssd_blocks: int = 100, **kw: object) -> TieredStore:
+        kw.setdefault("ssd_dir", tmp_path / "ssd")
+        s = TieredStore(
+            dram_size_bytes=dram_blocks * 3 * K, arena_dir=None,
+            ssd_size_bytes=ssd_blocks * 3 * K, **kw,  # type: ignore[arg-type]
+        )
+        opened.append(s)
+        return s
+
+    yield _make
+    for s in opened:
+        s.close()
+
+
+def block_path(ssd_dir: pathlib.Path, k: bytes) -> pathlib.Path:
+    return ssd_dir / "data" / _file_rel(k)
+
+
+def ssd_stats(s: TieredStore):  # type: ignore[no-untyped-def]
+    st = s.stats()
+    assert st.tiers[1].tier == Tier.SSD
+    return st.tiers[1]
+
+
+def data_files(ssd_dir: pathlib.Path) -> list[str]:
+    return sorted(str(p.relative_to(ssd_dir / "data")) for p in (ssd_dir / "data").rglob("*")
+                  if p.is_file())
+
+
+# ---- demotion / promotion --------------------------------------------------------------
+
+
+def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
+    s = make(dram_blocks=2)
+    for i in range(5):
+        assert s.put(key(i), val(i), namespace_id=b"ns", meta=b"m%d" % i)
+    assert s.lookup_prefix([key(i) for i in range(5)]) == [Tier.SSD] * 3 + [Tier.DRAM] * 2
+    assert ssd_stats(s).num_blocks == 3 and s.stats().tiers[0].evictions == 3
+    got = s.pin_many([key(0), key(1)], namespace_id=b"ns")
+    assert [g.tier for g in got] == [Tier.SSD, Tier.SSD]  # type: ignore[union-attr]
+    for i, g in enumerate(got):
+        assert isinstance(g, PinnedBlock)
+        assert bytes(g.view) == val(i) and g.meta == b"m%d" % i
+        s.unpin(g)
+    # inclusive: the promoted blocks keep their SSD copy
+    blocks = {b.key: b.tiers for b in s.list_blocks()[0]}
+    assert blocks[key(0)] == (Tier.DRAM, Tier.SSD)
+    for i in range(5):
+        assert s.get(key(i)) == (val(i), b"m%d" % i)
+    st = s.stats()
+    assert st.checksum_failures == 0 and st.put_failures == 0 and st.misses == 0
+    assert ssd_stats(s).hits >= 2
+    assert ssd_stats(s).num_blocks == 5
+
+
+def test_evicting_a_block_already_on_ssd_only_frees_dram(
+    make: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make(dram_blocks=1)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))  # 0 demoted
+    assert s.get(key(0)) == (val(0), b"")  # promoted; 1 demoted
+    renames: list[str] = []
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b: (renames.append(b), real_rename(a, b))[1])
+    assert s.get(key(1)) == (val(1), b"")  # 0 evicted again: already on SSD, nothing written
+    assert renames == []
+    assert ssd_stats(s).num_blocks == 2
+
+
+def test_promotion_fails_with_no_capacity_when_dram_all_pinned(make: MakeStore) -> None:
+    s = make(dram_blocks=1)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    (p1,) = s.pin_many([key(1)])
+    got = s.pin_many([key(0)])
+    assert isinstance(got[0], NoCapacity)
+    assert s.exists([key(0)]) == [True]  # still on SSD
+    s.unpin(p1)  # type: ignore[arg-type]
+    assert s.get(key(0)) == (val(0), b"")
+
+
+def test_namespace_mismatch_on_ssd_block(make: MakeStore) -> None:
+    s = make(dram_blocks=1)
+    s.put(key(0), val(0), namespace_id=b"A")
+    s.put(key(1), val(1))
+    assert isinstance(s.pin_many([key(0)], namespace_id=b"B")[0], NamespaceMismatch)
+    assert s.lookup_prefix([key(0)], namespace_id=b"B") == []
+    assert s.lookup_prefix([key(0)], namespace_id=b"A") == [Tier.SSD]
+
+
+def test_ssd_cap_evicts_lru_ssd_blocks(make: MakeStore, tmp_path: pathlib.Path) -> None:
+    s = make(dram_blocks=1, ssd_blocks=3)
+    for i in range(7):
+        s.put(key(i), val(i))
+        assert ssd_stats(s).used_bytes <= 9 * K
+    # DRAM: 6; SSD holds the 3 most recently demoted: 3, 4, 5
+    assert s.exists([key(i) for i in range(7)]) == [False] * 3 + [True] * 4
+    assert ssd_stats(s).evictions == 3
+    assert len(data_files(tmp_path / "ssd")) == 3
+
+
+def test_remove_deletes_ssd_file(make: MakeStore, tmp_path: pathlib.Path) -> None:
+    s = make(dram_blocks=1)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    assert block_path(tmp_path / "ssd", key(0)).exists()
+    assert s.remove([key(0)]) == [True]
+    assert not block_path(tmp_path / "ssd", key(0)).exists()
+    assert s.exists([key(0)]) == [False]
+
+
+def test_second_store_on_same_dir_is_refused(make: MakeStore) -> None:
+    make()
+    with pytest.raises(StorageIOError, match="cannot open SSD tier"):
+        make()
+
+
+def test_direct_io_falls_back_on_tmpfs(make: MakeStore) -> None:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs on this machine")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        s = make(dram_blocks=1, ssd_dir=d, ssd_direct_io=True)
+        s.put(key(0), val(0))
+        s.put(key(1), val(1))
+        assert s.get(key(0)) == (val(0), b"")
+        assert s._ssd is not None and s._ssd._direct_io is False  # tmpfs refused O_DIRECT
+        s.close()
+
+
+def test_direct_io_read_on_disk_dir(make: MakeStore, tmp_path: pathlib.Path) -> None:
+    s = make(dram_blocks=1, ssd_direct_io=True)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    assert s.get(key(0)) == (val(0), b"")
+    assert s.stats().checksum_failures == 0
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_CREAT | os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return  # this filesystem refuses O_DIRECT: the buffered fallback was exercised
+    assert s._ssd is not None and s._ssd._direct_io is True
+
+
+# ---- restart ---------------------------------------------------------------------------
+
+
+def test_restart_rebuilds_index_with_meta_and_namespace(make: MakeStore) -> None:
+    s = make(dram_blocks=4)
+    for i in range(3):
+        s.put(key(i), val(i), namespace_id=b"ns", meta=b"meta%d" % i)
+    assert s.spill_to_ssd() == 3
+    assert s.spill_to_ssd() == 0  # already there
+    s.close()
+    s2 = make(dram_blocks=4)
+    assert s2.lookup_prefix([key(i) for i in range(3)]) == [Tier.SSD] * 3
+    blocks = {b.key: b for b in s2.list_blocks(namespace_id=b"ns")[0]}
+    assert set(blocks) == {key(0), key(1), key(2)}
+    for i in range(3):
+        assert s2.get(key(i), namespace_id=b"ns") == (val(i), b"meta%d" % i)
+
+
+def test_restart_with_smaller_cap_trims_lru_first(make: MakeStore, tmp_path: pathlib.Path) -> None:
+    s = make(dram_blocks=1, ssd_blocks=10)
+    for i in range(5):
+        s.put(key(i), val(i))
+    s.spill_to_ssd()
+    assert s.get(key(0)) == (val(0), b"")  # touch 0 on SSD: it becomes the most recent there
+    s.close()
+    # SSD order (oldest first): 1, 2, 3, 4, 0 -> a 2-block cap keeps 4 and 0
+    s2 = make(dram_blocks=1, ssd_blocks=2)
+    assert s2.exists([key(i) for i in range(5)]) == [True, False, False, False, True]
+    assert ssd_stats(s2).used_bytes <= 6 * K
+    assert len(data_files(tmp_path / "ssd")) == 2
+    assert s2.get(key(4)) == (val(4), b"")
+
+
+def test_restart_reclaims_orphans_and_drops_broken_entries(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    ssd = tmp_path / "ssd"
+    s = make(dram_blocks=4)
+    for i in range(4):
+        s.put(key(i), val(i))
+    s.spill_to_ssd()
+    s.close()
+    block_path(ssd, key(0)).unlink()  # index entry without its file
+    with open(block_path(ssd, key(1)), "ab") as fh:  # wrong size
+        fh.write(b"x")
+    (ssd / "data" / "zz").mkdir()
+    (ssd / "data" / "zz" / "deadbeef.blk").write_bytes(b"orphan")
+    tmp = block_path(ssd, key(2)).with_suffix(".blk.tmp")
+    tmp.write_bytes(b"partial write")
+    (ssd / "data" / "stray").write_bytes(b"?")
+    with capture_logs() as logs:
+        s2 = make(dram_blocks=4)
+    assert s2.exists([key(i) for i in range(4)]) == [False, False, True, True]
+    assert data_files(ssd) == sorted([_file_rel(key(2)), _file_rel(key(3))])
+    opened = [e for e in logs if e["event"] == "ssd_tier_opened"]
+    assert opened[0]["dropped_entries"] == 2 and opened[0]["orphan_files_deleted"] == 4
+    assert s2.get(key(3)) == (val(3), b"")
+    assert ssd_stats(s2).used_bytes == 2 * 3 * K
+
+
+# ---- corruption ------------------------------------------------------------------------
+
+
+def _on_ssd_only(make: MakeStore) -> TieredStore:
+    s = make(dram_blocks=1)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))  # 0 demoted, 1 in DRAM
+    assert s.lookup_prefix([key(0)]) == [Tier.SSD]
+    return s
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "extend"])
+def test_corrupt_file_is_a_counted_miss_and_deleted(
+    make: MakeStore, tmp_path: pathlib.Path, damage: str
+) -> None:
+    s = _on_ssd_only(make)
+    path = block_path(tmp_path / "ssd", key(0))
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:-1]
+    elif damage == "bitflip":
+        data[1234] ^= 0x10
+    else:
+        data += b"\0"
+    path.write_bytes(bytes(data))
+    with capture_logs() as logs:
+        assert s.get(key(0)) is None
+    assert any(e["event"] == "ssd_block_corrupt" and e["log_level"] == "warning" for e in logs)
+    st = s.stats()
+    assert st.checksum_failures == 1 and st.misses == 1
+    assert not path.exists()
+    assert s.exists([key(0)]) == [False]
+    assert s.pin_many([key(0)]) == [None]  # never served, even on retry
+    assert s.stats().checksum_failures == 1
+    assert s.get(key(1)) == (val(1), b"")  # store keeps serving
+    # and the DRAM space taken for the failed promotion was released
+    assert s.stats().tiers[0].used_bytes == 3 * K
+
+
+def test_read_error_is_a_miss(make: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _on_ssd_only(make)
+
+    def eio(*a: object, **k: object) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", eio)
+    assert s.get(key(0)) is None
+    monkeypatch.undo()
+    assert s.exists([key(0)]) == [False]
+    assert s.get(key(1)) == (val(1), b"")
+
+
+# ---- write failures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+def test_write_error_fails_demotion_but_store_keeps_serving(
+    make: MakeStore, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    s = make(dram_blocks=2)
+    for i in range(3):
+        s.put(key(i), val(i))  # 0 demoted fine
+    calls = 0
+
+    def failing_write(fd: int, data: object) -> int:
+        nonlocal calls
+        calls += 1
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with capture_logs() as logs:
+        assert s.put(key(3), val(3)) is True  # evicts 1: its demotion fails
+    assert calls >= 1
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["ssd_write_failed"]
+    assert s.stats().put_failures == 1
+    assert s.exists([key(1)]) == [False]  # a lost cache block: a miss, never wrong bytes
+    assert s.spill_to_ssd() == 0  # 2 and 3 fail too
+    assert s.stats().put_failures == 3
+    monkeypatch.undo()
+    assert not any(p.endswith(".tmp") for p in data_files(tmp_path / "ssd"))
+    assert data_files(tmp_path / "ssd") == [_file_rel(key(0))]
+    for i in (0, 2, 3):
+        assert s.get(key(i)) == (val(i), b"")  # old blocks intact
+    # demotions work again once the device recovers (the gets above demoted 2 and 3)
+    assert ssd_stats(s).num_blocks == 3
+
+
+def test_index_write_error_leaves_no_file(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    s = make(dram_blocks=1)
+    ssd_tier = s._ssd
+    assert ssd_tier is not None
+
+    class BrokenDb:
+        def __init__(self, real: object) -> None:
+            self.real = real
+
+        def put(self, *a: object) -> None:
+            raise Exception("IO error: No space left on device")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.real, name)
+
+    real_db = ssd_tier._db
+    ssd_tier._db = BrokenDb(real_db)  # type: ignore[assignment]
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))  # demotion of 0 fails at the index write
+    ssd_tier._db = real_db
+    assert s.stats().put_failures == 1
+    assert data_files(tmp_path / "ssd") == []
+
+
+def test_block_larger_than_ssd_tier_is_dropped_not_failed(make: MakeStore) -> None:
+    s = make(dram_blocks=4, ssd_blocks=1)
+    s.put(key(0), b"x" * (4 * K))  # 1 unit larger than the SSD tier (3 units)
+    s.put(key(1), val(1))
+    s.put(key(2), val(2))
+    s.put(key(3), val(3))  # evicts 0: cannot go to SSD
+    assert s.exists([key(0)]) == [False]
+    assert s.stats().put_failures == 0
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A real 256 KiB tmpfs mounted under tmp_path (needs root; skipped otherwise)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot run mount: {exc}")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10)
+
+
+def test_real_enospc_on_small_filesystem(make: MakeStore, tiny_tmpfs: pathlib.Path) -> None:
+    # The SSD cap (1 MiB) is larger than the filesystem (256 KiB): the device fills first.
+    size = 40 * K
+    s = TieredStore(
+        dram_size_bytes=2 * size, arena_dir=None, ssd_dir=tiny_tmpfs / "ssd",
+        ssd_size_bytes=1 << 20,
+    )
+    try:
+        stored: list[int] = []
+        for i in range(12):
+            assert s.put(key(i), val(i, size)) is True
+            if i >= 2:
+                stored.append(i - 2)
+        st = s.stats()
+        assert st.put_failures > 0
+        on_ssd = [i for i in stored if s.lookup_prefix([key(i)]) == [Tier.SSD]]
+        assert on_ssd, "some demotions should have fit"
+        for i in on_ssd:
+            assert s.get(key(i)) == (val(i, size), b"")
+        assert s.stats().checksum_failures == 0
+    finally:
+        s.close()
