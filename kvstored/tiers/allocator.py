@@ -42,7 +42,9 @@ class BlockAllocator:
             aligned extent.
     """
 
-    __slots__ = ("alignment_bytes", "capacity_bytes", "_by_offset", "_by_size", "_used_bytes")
+    __slots__ = (
+        "alignment_bytes", "capacity_bytes", "_by_offset", "_by_size", "_used_bytes", "_mask",
+    )
 
     def __init__(self, capacity_bytes: int, *, alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES):
         if alignment_bytes <= 0 or alignment_bytes & (alignment_bytes - 1):
@@ -54,6 +56,7 @@ class BlockAllocator:
                 f"got {capacity_bytes} bytes"
             )
         self.alignment_bytes = alignment_bytes
+        self._mask = ~(alignment_bytes - 1)
         self.capacity_bytes = capacity
         self._by_offset: SortedDict = SortedDict({0: capacity})
         self._by_size: SortedList = SortedList([(capacity, 0)])
@@ -62,8 +65,7 @@ class BlockAllocator:
     # ---- sizes -------------------------------------------------------------------------
     def round_up(self, size_bytes: int) -> int:
         """Bytes an allocation of ``size_bytes`` really takes (at least one aligned unit)."""
-        a = self.alignment_bytes
-        return max(a, (size_bytes + a - 1) // a * a)
+        return ((size_bytes or 1) + self.alignment_bytes - 1) & self._mask
 
     @property
     def used_bytes(self) -> int:

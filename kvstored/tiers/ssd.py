@@ -164,24 +164,24 @@ class SsdTier:
     def _rebuild(self) -> None:
         found: list[tuple[int, bytes, SsdEntry]] = []
         known: set[str] = set()
-        dropped = 0
+        broken: list[bytes] = []
         for ikey, rec in self._db.items():
             if not ikey.startswith(_BLOCK_PREFIX):
                 continue
             key = bytes(ikey[1:])
             try:
                 entry, seq, rel = self._decode(bytes(rec))
-                st_size = os.stat(self._path(rel)).st_size
+                ok = rel == _file_rel(key) and os.stat(self._path(rel)).st_size == entry.size_bytes
             except (ValueError, struct.error, UnicodeDecodeError, OSError):
-                st_size = -1
-                rel = _file_rel(key)
-                entry, seq = None, 0  # type: ignore[assignment]
-            if entry is None or st_size != entry.size_bytes or rel != _file_rel(key):
-                self._db.delete(ikey)
-                dropped += 1
+                ok = False
+            if not ok:
+                broken.append(ikey)  # its file, if any, is deleted below as an orphan
                 continue
             found.append((seq, key, entry))
             known.add(rel)
+        for ikey in broken:
+            self._db.delete(ikey)
+        dropped = len(broken)
         found.sort(key=lambda t: t[0])
         for seq, key, entry in found:
             self.entries[key] = entry

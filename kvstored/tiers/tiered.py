@@ -88,6 +88,8 @@ class _Pending:
 
 
 def _check_key(key: object) -> bytes:
+    if type(key) is bytes and key:
+        return key
     if not isinstance(key, (bytes, bytearray, memoryview)):
         raise KeyInvalid(f"block key must be bytes, got {type(key).__name__}")
     key = bytes(key)
@@ -97,6 +99,8 @@ def _check_key(key: object) -> bytes:
 
 
 def _check_bytes(name: str, value: object) -> bytes:
+    if type(value) is bytes:
+        return value
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"{name} must be bytes, got {type(value).__name__}")
     return bytes(value)

@@ -441,3 +441,24 @@ def test_real_enospc_on_small_filesystem(make: MakeStore, tiny_tmpfs: pathlib.Pa
         assert s.stats().checksum_failures == 0
     finally:
         s.close()
+
+
+def test_long_keys_and_garbage_index_records_survive_restart(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    from rocksdict import Options, Rdict
+
+    long_key = b"L" * 200  # too long for a file name as hex: stored under its xxh3_128
+    s = make(dram_blocks=4)
+    s.put(long_key, val(1))
+    s.put(key(2), val(2))
+    assert s.spill_to_ssd() == 2
+    s.close()
+    db = Rdict(str(tmp_path / "ssd" / "index"), options=Options(raw_mode=True))
+    db[b"B" + key(3)] = b"\x01garbage"
+    db[b"B" + key(2)] = b"\x09" + bytes(40)  # unknown record version
+    db.close()
+    s2 = make(dram_blocks=4)
+    assert s2.exists([long_key, key(2), key(3)]) == [True, False, False]
+    assert s2.get(long_key) == (val(1), b"")
+    assert data_files(tmp_path / "ssd") == [_file_rel(long_key)]
