@@ -41,18 +41,27 @@ class DramEntry:
         offset: byte offset in the arena (aligned).
         size_bytes: exact block size.
         pins: number of outstanding read pins; > 0 means never evicted nor freed.
-        namespace_id: namespace the block was stored under (b"" = none).
-        meta: opaque metadata stored with the block.
+        info: ``(namespace_id, meta)``, an interned pair shared by the blocks that have the
+            same namespace and meta (4 slots keep the record at 64 bytes).
     """
 
-    __slots__ = ("offset", "size_bytes", "pins", "namespace_id", "meta")
+    __slots__ = ("offset", "size_bytes", "pins", "info")
 
-    def __init__(self, offset: int, size_bytes: int, namespace_id: bytes, meta: bytes) -> None:
+    def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes]) -> None:
         self.offset = offset
         self.size_bytes = size_bytes
         self.pins = 0
-        self.namespace_id = namespace_id
-        self.meta = meta
+        self.info = info
+
+    @property
+    def namespace_id(self) -> bytes:
+        """Namespace the block was stored under (b"" = none)."""
+        return self.info[0]
+
+    @property
+    def meta(self) -> bytes:
+        """Opaque metadata stored with the block."""
+        return self.info[1]
 
 
 class DramArena:

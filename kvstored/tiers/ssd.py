@@ -66,13 +66,26 @@ def checksum_of(data: memoryview | bytes) -> int:
 class SsdEntry:
     """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence)."""
 
-    __slots__ = ("size_bytes", "checksum", "namespace_id", "meta")
+    __slots__ = ("size_bytes", "checksum", "info")
 
-    def __init__(self, size_bytes: int, checksum: int, namespace_id: bytes, meta: bytes) -> None:
+    def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes]) -> None:
         self.size_bytes = size_bytes
         self.checksum = checksum
-        self.namespace_id = namespace_id
-        self.meta = meta
+        self.info = info  # (namespace_id, meta), interned
+
+    @property
+    def namespace_id(self) -> bytes:
+        """Namespace the block was stored under (b"" = none)."""
+        return self.info[0]
+
+    @property
+    def meta(self) -> bytes:
+        """Opaque metadata stored with the block."""
+        return self.info[1]
+
+
+def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
+    return (namespace_id, meta)
 
 
 def _file_rel(key: bytes) -> str:
@@ -92,7 +105,8 @@ class SsdTier:
         directory: the tier's directory (created if missing).
         capacity_bytes: hard cap on the sum of block sizes rounded up to 4096, > 0.
         direct_io: read with O_DIRECT when the filesystem allows it.
-        intern: maps namespace ids and metas to shared objects (saves memory per block).
+        intern_info: maps ``(namespace_id, meta)`` to a shared tuple (saves memory per block).
+        intern_size: maps a block size to a shared int object (same reason).
 
     Raises:
         StorageIOError: the directory or its index cannot be opened (e.g. another daemon holds
@@ -105,7 +119,8 @@ class SsdTier:
         capacity_bytes: int,
         *,
         direct_io: bool = True,
-        intern: Callable[[bytes], bytes] = lambda b: b,
+        intern_info: Callable[[bytes, bytes], tuple[bytes, bytes]] = _no_intern,
+        intern_size: Callable[[int], int] = int,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"SSD capacity_bytes must be > 0, got {capacity_bytes}")
@@ -118,7 +133,8 @@ class SsdTier:
         self.checksum_failures = 0
         self.put_failures = 0
         self._direct_io = direct_io and hasattr(os, "O_DIRECT")
-        self._intern = intern
+        self._intern_info = intern_info
+        self._intern_size = intern_size
         self._seq = 0
         self._data_dir = os.path.join(self.directory, "data")
         self._made_shards: set[str] = set()
@@ -155,7 +171,7 @@ class SsdTier:
         meta = rec[p : p + meta_len]
         if p + meta_len != len(rec):
             raise ValueError("record length mismatch")
-        return SsdEntry(size, csum, self._intern(ns), self._intern(meta)), seq, name
+        return SsdEntry(self._intern_size(size), csum, self._intern_info(ns, meta)), seq, name
 
     def _path(self, rel: str) -> str:
         return os.path.join(self._data_dir, rel)
@@ -252,7 +268,9 @@ class SsdTier:
         rel = _file_rel(key)
         path = self._path(rel)
         tmp = path[: -len(_DATA_SUFFIX)] + _TMP_SUFFIX
-        entry = SsdEntry(size, checksum_of(data), namespace_id, meta)
+        entry = SsdEntry(
+            self._intern_size(size), checksum_of(data), self._intern_info(namespace_id, meta)
+        )
         stage = "open"
         try:
             shard = rel[:2]

@@ -77,14 +77,13 @@ _INTERN_MAX_ENTRIES = 65536
 class _Pending:
     """A reservation's bookkeeping (the caller holds the public :class:`Reservation`)."""
 
-    __slots__ = ("key", "offset", "size_bytes", "namespace_id", "meta")
+    __slots__ = ("key", "offset", "size_bytes", "info")
 
-    def __init__(self, key: bytes, offset: int, size_bytes: int, namespace_id: bytes, meta: bytes):
+    def __init__(self, key: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes]):
         self.key = key
         self.offset = offset
         self.size_bytes = size_bytes
-        self.namespace_id = namespace_id
-        self.meta = meta
+        self.info = info
 
 
 def _check_key(key: object) -> bytes:
@@ -151,7 +150,8 @@ class TieredStore:
         if ssd_size_bytes < 0:
             raise InvalidArgument(f"ssd_size_bytes must be >= 0, got {ssd_size_bytes}")
         self._lock = threading.RLock()
-        self._intern_table: dict[bytes, bytes] = {}
+        self._info_table: dict[tuple[bytes, bytes], tuple[bytes, bytes]] = {}
+        self._size_table: dict[int, int] = {}
         self.max_block_bytes = int(max_block_bytes)
         try:
             self._arena = DramArena(dram_size_bytes, arena_dir=arena_dir, node_id=node_id)
@@ -165,7 +165,8 @@ class TieredStore:
         if ssd_dir is not None and ssd_size_bytes > 0:
             try:
                 self._ssd = SsdTier(
-                    ssd_dir, ssd_size_bytes, direct_io=ssd_direct_io, intern=self._intern
+                    ssd_dir, ssd_size_bytes, direct_io=ssd_direct_io,
+                    intern_info=self._intern_info, intern_size=self._intern_size,
                 )
             except BaseException:
                 self._arena.close()
@@ -197,16 +198,26 @@ class TieredStore:
         )
 
     # ---- helpers (lock held) -----------------------------------------------------------
-    def _intern(self, value: bytes) -> bytes:
-        """Share equal namespace ids / metas between blocks (most blocks repeat a few)."""
-        if not value:
-            return b""
-        got = self._intern_table.get(value)
+    def _intern_info(self, namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
+        """One shared ``(namespace_id, meta)`` tuple per distinct pair (most blocks repeat a
+        few: one namespace per model, one dtype/shape per layout); bounded table."""
+        info = (namespace_id, meta)
+        got = self._info_table.get(info)
         if got is not None:
             return got
-        if len(self._intern_table) < _INTERN_MAX_ENTRIES:
-            self._intern_table[value] = value
-        return value
+        if len(self._info_table) < _INTERN_MAX_ENTRIES:
+            self._info_table[info] = info
+        return info
+
+    def _intern_size(self, size_bytes: int) -> int:
+        """One shared int object per distinct block size (sizes > 256 are not cached by
+        CPython; a model has a handful of block sizes); bounded table."""
+        got = self._size_table.get(size_bytes)
+        if got is not None:
+            return got
+        if len(self._size_table) < _INTERN_MAX_ENTRIES:
+            self._size_table[size_bytes] = size_bytes
+        return size_bytes
 
     def _check_open(self) -> None:
         if self._closed:
@@ -307,7 +318,7 @@ class TieredStore:
             offset = self._allocate(size_bytes)
             rid = next(self._reservation_ids)
             self._reservations[rid] = _Pending(
-                key, offset, size_bytes, self._intern(namespace_id), self._intern(meta)
+                key, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta)
             )
             self._reserved_bytes += self._dram.round_up(size_bytes)
             view = self.arena[offset : offset + size_bytes]
@@ -330,7 +341,7 @@ class TieredStore:
             self._dram.allocator.free(pending.offset, pending.size_bytes)
             return False
         self._dram.entries[pending.key] = DramEntry(
-            pending.offset, pending.size_bytes, pending.namespace_id, pending.meta
+            pending.offset, pending.size_bytes, pending.info
         )
         self._puts += 1
         return True
@@ -467,7 +478,7 @@ class TieredStore:
                         self._misses += 1
                         out.append(None)
                         continue
-                    entry = DramEntry(offset, size, sentry.namespace_id, sentry.meta)
+                    entry = DramEntry(offset, self._intern_size(size), sentry.info)
                     dram.entries[key] = entry
                     tier = Tier.SSD
                     ssd.hits += 1
