@@ -71,16 +71,18 @@ def main() -> None:
     print(f"  breakdown: DramEntry {sys.getsizeof(sample)} B + offset int "
           f"{sys.getsizeof(sample.offset)} B, OrderedDict {heap_od:.0f} B/entry "
           f"(+ linked-list node), key {key_bytes:.0f} B; size int, ns and meta shared")
+    del r, entries, sample
     store.close()
-    del store, entries, sample
+    del store
     gc.collect()
 
     # SSD tier index: the same per-block records as the SSD tier keeps, without files.
     base2 = rss_bytes()
     od: OrderedDict[bytes, SsdEntry] = OrderedDict()
+    info = (ns, meta)  # interned (namespace_id, meta) pair, as the store shares it
     for i in range(n):
         k = i.to_bytes(8, "little") + os.urandom(8)
-        od[k] = SsdEntry(block, (i * 0x9E3779B97F4A7C15) & (2**64 - 1), ns, meta)
+        od[k] = SsdEntry(block, (i * 0x9E3779B97F4A7C15) & (2**64 - 1), info)
     gc.collect()
     ssd_grown = rss_bytes() - base2
     print(f"SSD tier index: RSS growth incl. keys = {ssd_grown / n:.0f} bytes/block")

@@ -122,7 +122,7 @@ class DramArena:
             self.view.release()
             self._mmap.close()
         except BufferError:
-            log.warning("arena_views_outstanding", path=self.path or "")
+            log.info("arena_unmap_deferred", path=self.path or "")
         if self.path is not None:
             try:
                 os.unlink(self.path)

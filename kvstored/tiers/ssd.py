@@ -261,7 +261,7 @@ class SsdTier:
         size = data.nbytes
         need = round_up_page(size)
         if need > self.capacity_bytes:
-            log.debug("ssd_block_too_large", size_bytes=size, capacity_bytes=self.capacity_bytes)
+            log.debug("ssd_block_skipped", size_bytes=size, capacity_bytes=self.capacity_bytes)
             return False
         while self.used_bytes + need > self.capacity_bytes and self.entries:
             self._evict_lru()
@@ -316,7 +316,7 @@ class SsdTier:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._direct_io = False
-                log.info("ssd_direct_io_unsupported", directory=self.directory)
+                log.info("ssd_direct_io_disabled", directory=self.directory)
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
 
     @staticmethod
@@ -384,7 +384,7 @@ class SsdTier:
         if reason:
             self.checksum_failures += 1
             self.delete(key)
-            log.warning("ssd_block_corrupt", reason=reason, size_bytes=size, key=key[:8].hex())
+            log.warning("ssd_block_rejected", reason=reason, size_bytes=size, key=key[:8].hex())
             return False
         return True
 

@@ -303,7 +303,7 @@ def test_corrupt_file_is_a_counted_miss_and_deleted(
     path.write_bytes(bytes(data))
     with capture_logs() as logs:
         assert s.get(key(0)) is None
-    assert any(e["event"] == "ssd_block_corrupt" and e["log_level"] == "warning" for e in logs)
+    assert any(e["event"] == "ssd_block_rejected" and e["log_level"] == "warning" for e in logs)
     st = s.stats()
     assert st.checksum_failures == 1 and st.misses == 1
     assert not path.exists()
