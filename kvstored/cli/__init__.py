@@ -1,0 +1,1 @@
+"""Command-line entry points: ``kvstored`` (main.py) and ``kvstorectl`` (kvstorectl.py)."""

@@ -1,0 +1,159 @@
+"""``kvstored``: the daemon command group (``kvstored serve``; ``demo``, ``replay``, ``calibrate``).
+
+Commands from other packages are imported lazily, only when invoked (or listed by --help), so
+``kvstored serve`` never imports torch.
+
+``kvstored serve`` prints where it listens, one line per address, then ``ready``::
+
+    kvstored node myhost epoch 1732870000000000000
+    listening grpc unix:/run/user/1000/kvstored/node.sock
+    listening grpc 127.0.0.1:7070
+    listening data 127.0.0.1:7071
+    listening metrics http://127.0.0.1:7072/metrics
+    arena /dev/shm/kvstored-myhost-4242.arena 1.0 GiB
+    ssd /home/me/.local/share/kvstored/ssd 4.0 GiB
+    ready
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+import click
+
+from kvstored.errors import ConfigInvalid, KvstoredError
+
+# name -> "module:attribute" of commands owned by other packages (optional, imported lazily)
+LAZY_COMMANDS: dict[str, str] = {
+    "demo": "kvstored.demo.cli:demo",
+    "replay": "kvstored.scheduler.cli:replay",
+    "calibrate": "kvstored.scheduler.cli:calibrate",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose optional commands are imported only when needed."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def _available(self, name: str) -> bool:
+        module = self.lazy_commands[name].split(":")[0]
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        lazy = [n for n in self.lazy_commands if n not in self.commands and self._available(n)]
+        return sorted([*super().list_commands(ctx), *lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or cmd_name not in self.lazy_commands:
+            return cmd
+        module_name, attr = self.lazy_commands[cmd_name].split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return None
+        found = getattr(module, attr, None) or getattr(module, f"{attr}_command", None)
+        return found if isinstance(found, click.Command) else None
+
+
+@click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS)
+@click.version_option(package_name="kvstored", message="%(prog)s %(version)s")
+def main() -> None:
+    """kvstored: a tiered, content-addressed store of LLM KV-cache blocks."""
+
+
+def _print_started(daemon: Any) -> None:
+    from kvstored.units import format_size
+
+    cfg = daemon.cfg
+    lines = [f"kvstored node {cfg.node_id} epoch {daemon.epoch}"]
+    lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
+    if daemon.data_address:
+        lines.append(f"listening data {daemon.data_address}")
+    if daemon.metrics_address:
+        lines.append(f"listening metrics http://{daemon.metrics_address}/metrics")
+    store = daemon.store
+    lines.append(f"arena {daemon.arena_path or '(anonymous)'} {format_size(store.arena_size_bytes)}")
+    if cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0:
+        lines.append(f"ssd {cfg.ssd_dir} {format_size(cfg.ssd_size_bytes)}")
+    else:
+        lines.append("ssd disabled")
+    lines.append("ready")
+    click.echo("\n".join(lines))
+    sys.stdout.flush()
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="TOML config file ([node] section).")
+@click.option("--listen", multiple=True, metavar="unix:PATH|HOST:PORT",
+              help="gRPC listen address; repeat for several (replaces node.listen).")
+@click.option("--dram-size", metavar="SIZE", help="DRAM tier (arena) size, e.g. 1GiB.")
+@click.option("--ssd-dir", metavar="DIR", help="SSD tier directory.")
+@click.option("--ssd-size", metavar="SIZE", help="SSD tier cap, e.g. 4GiB; 0 disables the tier.")
+@click.option("--data-address", metavar="HOST:PORT", help="TCP data-plane address (port 0 = any).")
+@click.option("--metrics-address", metavar="HOST:PORT",
+              help="Prometheus /metrics address; '' disables it.")
+@click.option("--node-id", help="Node name (default: host name).")
+@click.option("--arena-dir", metavar="DIR", help="tmpfs directory of the arena file.")
+@click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(
+    config_path: str | None,
+    listen: tuple[str, ...],
+    dram_size: str | None,
+    ssd_dir: str | None,
+    ssd_size: str | None,
+    data_address: str | None,
+    metrics_address: str | None,
+    node_id: str | None,
+    arena_dir: str | None,
+    log_json: bool | None,
+    log_level: str | None,
+) -> None:
+    """Run the node daemon until SIGTERM/SIGINT (then drain and exit 0).
+
+    Settings: defaults < --config TOML < KVSTORED_NODE__* env vars < these flags.
+    """
+    from kvstored.config import load_config
+    from kvstored.log import configure
+
+    overrides = {
+        "listen": list(listen) or None, "dram_size_bytes": dram_size, "ssd_dir": ssd_dir,
+        "ssd_size_bytes": ssd_size, "data_address": data_address,
+        "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
+        "log_json": log_json, "log_level": log_level,
+    }
+    try:
+        cfg = load_config(config_path, overrides={"node": overrides}).node
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    configure(json=cfg.log_json, level=cfg.log_level)
+    import structlog
+
+    structlog.get_logger(__name__).info("config_loaded", **cfg.model_dump(mode="json"))
+    from kvstored.node.daemon import NodeDaemon
+
+    try:
+        asyncio.run(NodeDaemon(cfg).run(on_started=_print_started))
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    except KvstoredError as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

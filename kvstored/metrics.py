@@ -1,0 +1,168 @@
+"""Every Prometheus metric kvstored exports, declared in one place.
+
+Names follow ``kvstored_<subsystem>_<what>_<unit>``; counters end in ``_total``. Each daemon
+owns a :class:`NodeMetrics` with its own :class:`~prometheus_client.CollectorRegistry`, so
+several daemons can live in one process (tests) without name clashes. Gauges over the block
+store are not sampled into variables: :class:`StoreCollector` reads ``store.stats()`` once per
+scrape.
+
+Exported by a node::
+
+    kvstored_rpc_requests_total{method,code}          gRPC calls by method and ErrorCode name
+    kvstored_rpc_duration_seconds{method}             gRPC handler latency
+    kvstored_item_errors_total{code}                  per-item errors inside batched calls
+    kvstored_transfer_bytes_total{transport,direction} payload bytes (shm|tcp|grpc, in|out)
+    kvstored_transfer_blocks_total{transport,direction}
+    kvstored_dataplane_connections                    open TCP data-plane connections
+    kvstored_dataplane_requests_total{op,code}
+    kvstored_lease_active{kind}                       pins / reservations held over gRPC
+    kvstored_lease_expired_total{kind}                leases reclaimed from dead clients
+    kvstored_lookup_blocks_total / kvstored_lookup_hit_blocks_total
+    kvstored_tier_capacity_bytes{tier} / kvstored_tier_used_bytes{tier} / kvstored_tier_blocks{tier}
+    kvstored_tier_hits_total{tier} / kvstored_tier_evictions_total{tier}
+    kvstored_store_{gets,hits,misses,puts,put_failures,checksum_failures}_total
+    kvstored_store_pinned_blocks, kvstored_node_draining, kvstored_node_uptime_seconds
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvstored.tiers.base import StoreStats
+
+_LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+)
+
+
+class NodeMetrics:
+    """The metrics of one node daemon, registered in ``self.registry``.
+
+    Args:
+        registry: where to register; a fresh registry by default.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.rpc_requests = Counter(
+            "kvstored_rpc_requests_total", "gRPC calls handled, by method and result code.",
+            ["method", "code"], registry=r,
+        )
+        self.rpc_duration = Histogram(
+            "kvstored_rpc_duration_seconds", "gRPC handler latency in seconds.", ["method"],
+            buckets=_LATENCY_BUCKETS_S, registry=r,
+        )
+        self.item_errors = Counter(
+            "kvstored_item_errors_total", "Per-item errors inside batched calls, by code.",
+            ["code"], registry=r,
+        )
+        self.transfer_bytes = Counter(
+            "kvstored_transfer_bytes_total",
+            "Block payload bytes moved, by transport (shm, tcp, grpc) and direction (in = put).",
+            ["transport", "direction"], registry=r,
+        )
+        self.transfer_blocks = Counter(
+            "kvstored_transfer_blocks_total",
+            "Blocks moved, by transport (shm, tcp, grpc) and direction (in = put).",
+            ["transport", "direction"], registry=r,
+        )
+        self.dataplane_connections = Gauge(
+            "kvstored_dataplane_connections", "Open TCP data-plane connections.", registry=r,
+        )
+        self.dataplane_requests = Counter(
+            "kvstored_dataplane_requests_total", "TCP data-plane requests, by op and result code.",
+            ["op", "code"], registry=r,
+        )
+        self.lease_active = Gauge(
+            "kvstored_lease_active", "Pins and reservations held by gRPC clients.", ["kind"],
+            registry=r,
+        )
+        self.lease_expired = Counter(
+            "kvstored_lease_expired_total",
+            "Pins and reservations reclaimed because their client did not release them in time.",
+            ["kind"], registry=r,
+        )
+        self.lookup_blocks = Counter(
+            "kvstored_lookup_blocks_total", "Blocks asked for by prefix lookups.", registry=r,
+        )
+        self.lookup_hit_blocks = Counter(
+            "kvstored_lookup_hit_blocks_total", "Leading blocks found by prefix lookups.",
+            registry=r,
+        )
+        for kind in ("pin", "reservation"):
+            self.lease_active.labels(kind=kind)
+            self.lease_expired.labels(kind=kind)
+
+    def add_store_collector(
+        self, stats_fn: Callable[[], StoreStats], extra_fn: Callable[[], tuple[bool, float]]
+    ) -> StoreCollector:
+        """Export the store's gauges and counters, read at scrape time.
+
+        Args:
+            stats_fn: returns the store's current :class:`StoreStats` (thread-safe).
+            extra_fn: returns ``(draining, uptime_s)`` of the node.
+        """
+        collector = StoreCollector(stats_fn, extra_fn)
+        self.registry.register(collector)
+        return collector
+
+
+class StoreCollector(Collector):
+    """Reads ``store.stats()`` once per scrape and exports it (tiers, counters, pins)."""
+
+    def __init__(
+        self, stats_fn: Callable[[], StoreStats], extra_fn: Callable[[], tuple[bool, float]]
+    ) -> None:
+        self._stats_fn = stats_fn
+        self._extra_fn = extra_fn
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # metrics are produced at scrape time only; avoids a stats() at register
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        try:
+            s = self._stats_fn()
+        except Exception:  # the store is closed (shutdown): export nothing rather than fail
+            return
+        cap = GaugeMetricFamily("kvstored_tier_capacity_bytes", "Hard cap of a tier.", labels=["tier"])
+        used = GaugeMetricFamily("kvstored_tier_used_bytes", "Bytes used in a tier.", labels=["tier"])
+        blocks = GaugeMetricFamily("kvstored_tier_blocks", "Blocks stored in a tier.", labels=["tier"])
+        hits = CounterMetricFamily("kvstored_tier_hits", "Reads served from a tier.", labels=["tier"])
+        evictions = CounterMetricFamily(
+            "kvstored_tier_evictions", "Blocks evicted from a tier.", labels=["tier"]
+        )
+        for t in s.tiers:
+            name = t.tier.name
+            cap.add_metric([name], t.capacity_bytes)
+            used.add_metric([name], t.used_bytes)
+            blocks.add_metric([name], t.num_blocks)
+            hits.add_metric([name], t.hits)
+            evictions.add_metric([name], t.evictions)
+        yield from (cap, used, blocks, hits, evictions)
+        for name, value, doc in (
+            ("gets", s.gets, "Blocks asked for by reads."),
+            ("hits", s.hits, "Reads that found their block."),
+            ("misses", s.misses, "Reads that did not find their block."),
+            ("puts", s.puts, "Blocks stored."),
+            ("put_failures", s.put_failures, "Blocks that failed to be written to a tier."),
+            ("checksum_failures", s.checksum_failures, "SSD blocks dropped for a bad checksum."),
+        ):
+            c = CounterMetricFamily(f"kvstored_store_{name}", doc)
+            c.add_metric([], value)
+            yield c
+        yield GaugeMetricFamily(
+            "kvstored_store_pinned_blocks", "Blocks pinned by readers.", value=s.pinned_blocks
+        )
+        draining, uptime_s = self._extra_fn()
+        yield GaugeMetricFamily(
+            "kvstored_node_draining", "1 while the node drains for shutdown.", value=int(draining)
+        )
+        yield GaugeMetricFamily(
+            "kvstored_node_uptime_seconds", "Seconds since the node started.", value=uptime_s
+        )

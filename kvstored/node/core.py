@@ -1,0 +1,615 @@
+"""NodeCore: the node's request handling without gRPC (validation, leases, draining, metrics).
+
+The gRPC servicer (service.py) and the TCP data plane (kvstored/transport/tcp.py) both call
+this class; it calls the thread-safe :class:`~kvstored.tiers.tiered.TieredStore`. Nothing in
+here knows about protobuf or sockets, so all of it is testable with plain Python values.
+
+Leases: pins (``pin_blocks``) and reservations (``reserve_put``) taken on behalf of a gRPC
+client are recorded with an expiry; ``reap_expired`` (called periodically by the daemon)
+unpins or aborts those whose client never came back. Ids are random 63-bit numbers, so an id
+from before a restart never names something of the new process.
+
+::
+
+    reserve_put --> id -> _Lease(expires_at, [Reservation | PutOutcome ...]) --> commit_put
+                                                   | expired: abort each        (or abort)
+    pin_blocks  --> id -> _Lease(expires_at, [PinnedBlock ...]) --> release_pins
+                                                   | expired: unpin each
+
+Validation happens per item where the wire has a per-item status (put, reserve, pin, get):
+a bad item gets its own error and the good ones proceed. Calls without per-item status
+(exists, lookup_prefix, remove) raise for the whole call, naming the bad index.
+
+Locking: ``self._lock`` guards the lease tables and the in-flight counter only; it is never
+held while calling the store, so it cannot deadlock against the store's lock.
+
+Thread-safe: called from the gRPC executor threads and the data-plane connection threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from kvstored.errors import (
+    BatchTooLarge,
+    BlockTooLarge,
+    Draining,
+    InvalidArgument,
+    KeyInvalid,
+    KvstoredError,
+    LeaseExpired,
+    NotFound,
+    Unavailable,
+)
+from kvstored.keys import format_hash
+from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
+
+if TYPE_CHECKING:
+    from kvstored.config import NodeConfig
+    from kvstored.metrics import NodeMetrics
+    from kvstored.tiers.tiered import TieredStore
+
+log = structlog.get_logger(__name__)
+
+MAX_META_BYTES = 4096
+"""Largest per-block metadata accepted, bytes."""
+MAX_NAMESPACE_ID_BYTES = 64
+"""Longest namespace id accepted, bytes (Namespace.id is 16)."""
+MAX_LEASE_S = 600.0
+"""Longest lease a client may ask for, seconds."""
+DEFAULT_LIST_LIMIT = 10000
+MAX_LIST_LIMIT = 1_000_000
+_EXPIRED_MEMORY = 4096  # ids of recently reclaimed leases, to answer LeaseExpired not NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """Result of storing one block: ``stored`` False with no error = it already existed."""
+
+    stored: bool
+    error: KvstoredError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveOutcome:
+    """Result of reserving one block: an arena offset to write at, already stored, or an error."""
+
+    offset: int = 0
+    exists: bool = False
+    error: KvstoredError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GetOutcome:
+    """One block copied out inline: found or a miss, or an error for this item."""
+
+    found: bool
+    value: bytes = b""
+    meta: bytes = b""
+    tier: Tier | None = None
+    error: KvstoredError | None = None
+
+
+@dataclass(slots=True)
+class _Lease:
+    expires_at: float
+    items: list[object] = field(default_factory=list)
+
+
+class NodeCore:
+    """Validation, leases and draining in front of a :class:`TieredStore`.
+
+    Args:
+        store: the block store (thread-safe).
+        cfg: the node's settings (limits, lease TTL).
+        epoch: this daemon start's epoch (clients check it before using the arena).
+        metrics: where to count; None = no metrics.
+        clock: monotonic seconds; injectable for lease tests.
+    """
+
+    def __init__(
+        self,
+        store: TieredStore,
+        cfg: NodeConfig,
+        *,
+        epoch: int,
+        metrics: NodeMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.epoch = epoch
+        self.metrics = metrics
+        self.clock = clock
+        self.started_at = clock()
+        self.listen_addresses: list[str] = []
+        self.data_address = ""
+        self.metrics_address = ""
+        self._draining = False
+        self._lock = threading.Lock()
+        self._pins: dict[int, _Lease] = {}
+        self._reservations: dict[int, _Lease] = {}
+        self._expired_ids: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self._inflight_puts = 0
+
+    # ---- state -------------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: new puts are refused with :class:`Draining`."""
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse new puts from now on (commits of existing reservations still succeed)."""
+        self._draining = True
+
+    def uptime_s(self) -> float:
+        """Seconds since this core was created."""
+        return self.clock() - self.started_at
+
+    def num_outstanding(self) -> tuple[int, int, int]:
+        """``(pin leases, reservation leases, data-plane/inline puts in flight)``."""
+        with self._lock:
+            return len(self._pins), len(self._reservations), self._inflight_puts
+
+    @contextmanager
+    def put_in_flight(self) -> Iterator[None]:
+        """Count a put for the drain; refuse it with :class:`Draining` once draining."""
+        if self._draining:
+            raise Draining(
+                f"node {self.cfg.node_id} is draining for shutdown and refuses new puts; "
+                "retry on another node or after it restarted"
+            )
+        with self._lock:
+            self._inflight_puts += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight_puts -= 1
+
+    # ---- validation ----------------------------------------------------------------------
+    def check_batch(self, num_keys: int) -> None:
+        """Raise :class:`BatchTooLarge` if a call carries more than ``max_batch_keys`` keys."""
+        if num_keys > self.cfg.max_batch_keys:
+            raise BatchTooLarge(
+                f"{num_keys} keys in one call; at most {self.cfg.max_batch_keys} are accepted "
+                "(node.max_batch_keys); split the batch"
+            )
+
+    def check_namespace_id(self, namespace_id: bytes) -> None:
+        """Raise :class:`InvalidArgument` for a namespace id longer than 64 bytes."""
+        if len(namespace_id) > MAX_NAMESPACE_ID_BYTES:
+            raise InvalidArgument(
+                f"namespace_id is {len(namespace_id)} bytes; at most {MAX_NAMESPACE_ID_BYTES} "
+                "(Namespace.id is 16 bytes)"
+            )
+
+    def check_epoch(self, epoch: int) -> None:
+        """Raise retriable :class:`Unavailable` when a client's epoch (if any) is not ours."""
+        if epoch and epoch != self.epoch:
+            raise Unavailable(
+                f"node {self.cfg.node_id} restarted: the request is for epoch {epoch} but the "
+                f"node's epoch is {self.epoch}; describe the node again and remap its arena"
+            )
+
+    def key_error(self, index: int, key: bytes) -> KeyInvalid | None:
+        """The error for a bad key at ``index`` of a batch, or None if it is valid."""
+        n = len(key)
+        lo, hi = self.cfg.min_key_bytes, self.cfg.max_key_bytes
+        if n == 0:
+            return KeyInvalid(f"key #{index} is empty; pass a block hash of {lo}..{hi} bytes")
+        if n < lo or n > hi:
+            return KeyInvalid(
+                f"key #{index} is {n} bytes; keys must be {lo}..{hi} bytes "
+                "(node.min_key_bytes, node.max_key_bytes)"
+            )
+        return None
+
+    def check_keys(self, keys: Sequence[bytes]) -> None:
+        """Raise for the whole call on the first bad key (calls without per-item status)."""
+        self.check_batch(len(keys))
+        for i, key in enumerate(keys):
+            err = self.key_error(i, key)
+            if err is not None:
+                raise err
+
+    def put_item_error(
+        self, index: int, key: bytes, size_bytes: int, meta: bytes
+    ) -> KvstoredError | None:
+        """The error for a bad put item (key, size, meta), or None if it is valid."""
+        err: KvstoredError | None = self.key_error(index, key)
+        if err is not None:
+            return err
+        if size_bytes > self.cfg.max_block_bytes:
+            return BlockTooLarge(
+                f"block #{index} ({format_hash(key)}) is {size_bytes} bytes; the limit is "
+                f"{self.cfg.max_block_bytes} bytes (node.max_block_bytes)"
+            )
+        if len(meta) > MAX_META_BYTES:
+            return InvalidArgument(
+                f"meta of block #{index} ({format_hash(key)}) is {len(meta)} bytes; at most "
+                f"{MAX_META_BYTES} bytes are stored with a block"
+            )
+        return None
+
+    def _count_item_error(self, err: KvstoredError) -> KvstoredError:
+        if self.metrics is not None:
+            self.metrics.item_errors.labels(code=err.code.name).inc()
+        return err
+
+    def lease_s(self, lease_ms: int) -> float:
+        """The lease to grant for a client's ``lease_ms`` request (0 = node default)."""
+        if lease_ms <= 0:
+            return self.cfg.pin_lease_s
+        return min(lease_ms / 1000.0, MAX_LEASE_S)
+
+    def _new_id(self, table: dict[int, _Lease]) -> int:
+        while True:
+            lease_id = secrets.randbits(63)
+            if lease_id and lease_id not in table:
+                return lease_id
+
+    # ---- puts ----------------------------------------------------------------------------
+    def reserve_items(
+        self,
+        items: Sequence[tuple[bytes, int, bytes]],
+        namespace_id: bytes,
+    ) -> list[Reservation | PutOutcome]:
+        """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
+
+        The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
+        returned Reservation. Used by the inline put and the data plane.
+        """
+        out: list[Reservation | PutOutcome] = []
+        try:
+            for i, (key, size, meta) in enumerate(items):
+                err = self.put_item_error(i, key, size, meta)
+                if err is not None:
+                    out.append(PutOutcome(False, self._count_item_error(err)))
+                    continue
+                try:
+                    res = self.store.reserve(key, size, namespace_id=namespace_id, meta=meta)
+                except KvstoredError as exc:
+                    out.append(PutOutcome(False, self._count_item_error(exc)))
+                    continue
+                out.append(PutOutcome(False) if res is None else res)
+        except BaseException:
+            self.abort_reserved(out)
+            raise
+        return out
+
+    def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:
+        """Commit every Reservation among ``items`` (head first, so the head is most recent)."""
+        reservations = [x for x in items if isinstance(x, Reservation)]
+        flags = iter(self.store.commit_many(reservations))
+        return [PutOutcome(next(flags)) if isinstance(x, Reservation) else x for x in items]
+
+    def abort_reserved(self, items: Sequence[object]) -> None:
+        """Abort every Reservation among ``items`` (idempotent)."""
+        for x in items:
+            if isinstance(x, Reservation):
+                self.store.abort(x)
+
+    def put_inline(
+        self, items: Sequence[tuple[bytes, memoryview | bytes, bytes]], namespace_id: bytes
+    ) -> list[PutOutcome]:
+        """Store small values carried in the request (gRPC Put).
+
+        Returns:
+            Per item, in order: stored, already present, or its own error.
+
+        Raises:
+            Draining: the node is shutting down.
+            BatchTooLarge, InvalidArgument: for the whole call.
+        """
+        self.check_batch(len(items))
+        self.check_namespace_id(namespace_id)
+        with self.put_in_flight():
+            reserved = self.reserve_items(
+                [(k, len(v), m) for k, v, m in items], namespace_id
+            )
+            try:
+                num_bytes = 0
+                for (_, value, _), r in zip(items, reserved, strict=True):
+                    if isinstance(r, Reservation):
+                        r.view[:] = value
+                        num_bytes += r.size_bytes
+            except BaseException:
+                self.abort_reserved(reserved)
+                raise
+            out = self.commit_reserved(reserved)
+        self.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
+        return out
+
+    def reserve_put(
+        self,
+        items: Sequence[tuple[bytes, int, bytes]],
+        namespace_id: bytes,
+        *,
+        lease_ms: int = 0,
+        epoch: int = 0,
+    ) -> tuple[int, list[ReserveOutcome]]:
+        """Reserve arena space for the shared-memory put path, under a lease.
+
+        Returns:
+            ``(reservation_id, outcomes)``; ``reservation_id`` is 0 when nothing was reserved
+            (every item existed or failed). Commit or abort with :meth:`commit_put`; a lease
+            not committed within ``lease_ms`` is aborted by :meth:`reap_expired`.
+
+        Raises:
+            Draining, Unavailable (epoch mismatch), BatchTooLarge, InvalidArgument.
+        """
+        self.check_epoch(epoch)
+        self.check_batch(len(items))
+        self.check_namespace_id(namespace_id)
+        with self.put_in_flight():
+            reserved = self.reserve_items(items, namespace_id)
+        outcomes = [
+            ReserveOutcome(offset=x.offset)
+            if isinstance(x, Reservation)
+            else ReserveOutcome(exists=x.error is None, error=x.error)
+            for x in reserved
+        ]
+        if not any(isinstance(x, Reservation) for x in reserved):
+            return 0, outcomes
+        expires_at = self.clock() + self.lease_s(lease_ms)
+        with self._lock:
+            rid = self._new_id(self._reservations)
+            self._reservations[rid] = _Lease(expires_at, list(reserved))
+            num = len(self._reservations)
+        if self.metrics is not None:
+            self.metrics.lease_active.labels(kind="reservation").set(num)
+        return rid, outcomes
+
+    def _take_lease(self, table: dict[int, _Lease], lease_id: int, kind: str) -> _Lease:
+        with self._lock:
+            lease = table.pop(lease_id, None)
+            num = len(table)
+            expired = self._expired_ids.get(lease_id) == kind
+        if self.metrics is not None:
+            self.metrics.lease_active.labels(kind=kind).set(num)
+        if lease is not None:
+            return lease
+        if expired:
+            raise LeaseExpired(
+                f"{kind} {lease_id} outlived its lease and was reclaimed; nothing was stored, "
+                "retry the put"
+            )
+        raise NotFound(
+            f"{kind} {lease_id} is unknown: already committed or aborted, or the node restarted"
+        )
+
+    def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
+        """Commit (or abort) a reservation of :meth:`reserve_put` after the client wrote it.
+
+        Returns:
+            Per item of the original ReservePut, in order.
+
+        Raises:
+            LeaseExpired: the reservation was reclaimed (client too slow); nothing stored.
+            NotFound: unknown id (already committed/aborted, or from before a restart).
+        """
+        lease = self._take_lease(self._reservations, reservation_id, "reservation")
+        if abort:
+            self.abort_reserved(lease.items)
+            return [
+                PutOutcome(False) if isinstance(x, Reservation) else x  # type: ignore[misc]
+                for x in lease.items
+            ]
+        out = self.commit_reserved(lease.items)  # type: ignore[arg-type]
+        num_bytes = sum(x.size_bytes for x in lease.items if isinstance(x, Reservation))
+        self.count_transfer("shm", "in", sum(1 for o in out if o.stored), num_bytes)
+        return out
+
+    # ---- gets ----------------------------------------------------------------------------
+    def pin_items(
+        self, keys: Sequence[bytes], namespace_id: bytes
+    ) -> list[PinnedBlock | None | KvstoredError]:
+        """Validate keys and pin the good ones (no lease); bad keys get their own error.
+
+        The caller must ``store.unpin`` every returned PinnedBlock.
+        """
+        errors = [self.key_error(i, k) for i, k in enumerate(keys)]
+        good = [k for k, e in zip(keys, errors, strict=True) if e is None]
+        pinned = iter(self.store.pin_many(good, namespace_id=namespace_id) if good else ())
+        out: list[PinnedBlock | None | KvstoredError] = []
+        for err in errors:
+            got = next(pinned) if err is None else self._count_item_error(err)
+            if isinstance(got, KvstoredError) and err is None:
+                self._count_item_error(got)
+            out.append(got)
+        return out
+
+    def unpin_all(self, blocks: Sequence[object]) -> None:
+        """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""
+        for b in blocks:
+            if isinstance(b, PinnedBlock):
+                try:
+                    self.store.unpin(b)
+                except KvstoredError as exc:  # store closed or already released
+                    log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
+
+    def pin_blocks(
+        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0
+    ) -> tuple[int, list[PinnedBlock | None | KvstoredError]]:
+        """Pin blocks for the shared-memory get path, under a lease.
+
+        Returns:
+            ``(pin_id, per key: PinnedBlock | None (miss) | error)``; ``pin_id`` is 0 when
+            nothing was pinned. Release with :meth:`release_pins`.
+
+        Raises:
+            Unavailable (epoch mismatch), BatchTooLarge, InvalidArgument.
+        """
+        self.check_epoch(epoch)
+        self.check_batch(len(keys))
+        self.check_namespace_id(namespace_id)
+        got = self.pin_items(keys, namespace_id)
+        pinned = [b for b in got if isinstance(b, PinnedBlock)]
+        if not pinned:
+            return 0, got
+        expires_at = self.clock() + self.lease_s(lease_ms)
+        with self._lock:
+            pin_id = self._new_id(self._pins)
+            self._pins[pin_id] = _Lease(expires_at, list(pinned))
+            num = len(self._pins)
+        if self.metrics is not None:
+            self.metrics.lease_active.labels(kind="pin").set(num)
+        self.count_transfer("shm", "out", len(pinned), sum(b.size_bytes for b in pinned))
+        return pin_id, got
+
+    def release_pins(self, pin_ids: Sequence[int]) -> int:
+        """Release pins of :meth:`pin_blocks`; unknown or expired ids are ignored.
+
+        Returns:
+            How many of ``pin_ids`` were held and are released now.
+        """
+        released: list[_Lease] = []
+        with self._lock:
+            for pin_id in pin_ids:
+                lease = self._pins.pop(pin_id, None)
+                if lease is not None:
+                    released.append(lease)
+            num = len(self._pins)
+        for lease in released:
+            self.unpin_all(lease.items)
+        if self.metrics is not None:
+            self.metrics.lease_active.labels(kind="pin").set(num)
+        return len(released)
+
+    def get_inline(
+        self, keys: Sequence[bytes], namespace_id: bytes, *, budget_bytes: int
+    ) -> list[GetOutcome]:
+        """Copy blocks out for the inline gRPC Get.
+
+        At most ``budget_bytes`` of values are returned (but always the first found block);
+        items past the budget get a :class:`BatchTooLarge` status so the client fetches them
+        in another call.
+        """
+        self.check_batch(len(keys))
+        self.check_namespace_id(namespace_id)
+        got = self.pin_items(keys, namespace_id)
+        out: list[GetOutcome] = []
+        used = num = 0
+        try:
+            for i, b in enumerate(got):
+                if isinstance(b, PinnedBlock):
+                    if num and used + b.size_bytes > budget_bytes:
+                        out.append(GetOutcome(False, error=BatchTooLarge(
+                            f"inline response budget of {budget_bytes} bytes reached at key #{i}; "
+                            "fetch the remaining keys in another call or use the data plane"
+                        )))
+                        continue
+                    out.append(GetOutcome(True, bytes(b.view), b.meta, b.tier))
+                    used += b.size_bytes
+                    num += 1
+                elif b is None:
+                    out.append(GetOutcome(False))
+                else:
+                    out.append(GetOutcome(False, error=b))
+        finally:
+            self.unpin_all(got)
+        self.count_transfer("grpc", "out", num, used)
+        return out
+
+    # ---- probes and admin ------------------------------------------------------------------
+    def lookup_prefix(self, keys: Sequence[bytes], namespace_id: bytes) -> list[Tier]:
+        """Tiers of the leading present blocks (stops at the first miss); never pins."""
+        self.check_keys(keys)
+        self.check_namespace_id(namespace_id)
+        tiers = self.store.lookup_prefix(keys, namespace_id=namespace_id)
+        if self.metrics is not None:
+            self.metrics.lookup_blocks.inc(len(keys))
+            self.metrics.lookup_hit_blocks.inc(len(tiers))
+        return tiers
+
+    def exists(
+        self, keys: Sequence[bytes], namespace_id: bytes = b"", *, with_tiers: bool = False
+    ) -> tuple[list[bool], list[Tier | None]]:
+        """Per key: present; with ``with_tiers`` also the tier (DRAM preferred), else []."""
+        self.check_keys(keys)
+        self.check_namespace_id(namespace_id)
+        present = self.store.exists(keys)
+        if not with_tiers:
+            return present, []
+        tiers: list[Tier | None] = []
+        for key, p in zip(keys, present, strict=True):
+            found = self.store.lookup_prefix([key], namespace_id=namespace_id) if p else []
+            tiers.append(found[0] if found else None)
+        return present, tiers
+
+    def remove(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key: removed (False = absent, or pinned and kept)."""
+        self.check_keys(keys)
+        return self.store.remove(keys)
+
+    def stats(self) -> StoreStats:
+        """The store's counters and usage."""
+        return self.store.stats()
+
+    def list_blocks(self, namespace_id: bytes, limit: int) -> tuple[list, bool]:  # type: ignore[type-arg]
+        """Admin listing; ``limit`` 0 = 10000. Never pins or touches recency."""
+        self.check_namespace_id(namespace_id)
+        if limit <= 0:
+            limit = DEFAULT_LIST_LIMIT
+        return self.store.list_blocks(namespace_id=namespace_id, limit=min(limit, MAX_LIST_LIMIT))
+
+    # ---- leases --------------------------------------------------------------------------
+    def reap_expired(self) -> int:
+        """Release pins and abort reservations whose lease ran out (dead clients).
+
+        Returns:
+            Number of leases reclaimed.
+        """
+        now = self.clock()
+        dead: list[tuple[str, int, _Lease]] = []
+        with self._lock:
+            for kind, table in (("pin", self._pins), ("reservation", self._reservations)):
+                for lease_id in [i for i, lease in table.items() if lease.expires_at <= now]:
+                    dead.append((kind, lease_id, table.pop(lease_id)))
+                    self._expired_ids[lease_id] = kind
+            while len(self._expired_ids) > _EXPIRED_MEMORY:
+                self._expired_ids.popitem(last=False)
+            num_pins, num_res = len(self._pins), len(self._reservations)
+        for kind, lease_id, lease in dead:
+            if kind == "pin":
+                self.unpin_all(lease.items)
+            else:
+                self.abort_reserved(lease.items)
+            log.info("lease_expired", kind=kind, lease_id=lease_id, num_blocks=len(lease.items))
+            if self.metrics is not None:
+                self.metrics.lease_expired.labels(kind=kind).inc()
+        if self.metrics is not None and dead:
+            self.metrics.lease_active.labels(kind="pin").set(num_pins)
+            self.metrics.lease_active.labels(kind="reservation").set(num_res)
+        return len(dead)
+
+    def release_all(self) -> None:
+        """Drop every lease (shutdown): unpin pins, abort reservations."""
+        with self._lock:
+            pins, self._pins = self._pins, {}
+            res, self._reservations = self._reservations, {}
+        for lease in pins.values():
+            self.unpin_all(lease.items)
+        for lease in res.values():
+            self.abort_reserved(lease.items)
+
+    # ---- metrics helper --------------------------------------------------------------------
+    def count_transfer(
+        self, transport: str, direction: str, num_blocks: int, num_bytes: int
+    ) -> None:
+        """Count payload moved by a transport (shm, tcp, grpc) in a direction (in, out)."""
+        if self.metrics is not None and num_blocks:
+            labels = {"transport": transport, "direction": direction}
+            self.metrics.transfer_blocks.labels(**labels).inc(num_blocks)
+            self.metrics.transfer_bytes.labels(**labels).inc(num_bytes)
+

@@ -1,0 +1,392 @@
+"""NodeDaemon: wiring and lifecycle of one node process.
+
+One process serves, from one asyncio loop:
+
+- the node gRPC API (grpc.aio) on every ``node.listen`` address (unix socket and TCP,
+  loopback by default), plus the scheduler service when :mod:`kvstored.scheduler` is present;
+- the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
+- Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
+- the lease reaper (an owned task releasing pins/reservations of dead clients).
+
+Lifecycle::
+
+    start():  validate addresses -> open store (arena, SSD index) -> gRPC up -> data plane up
+              -> metrics up -> reaper task -> sd_notify READY=1 (in run())
+    stop():   draining (new puts refused with Draining) -> wait for outstanding puts, pins and
+              reservations (<= drain_grace_s) -> stop gRPC with the remaining grace -> stop data
+              plane -> drop leases -> spill DRAM to SSD (spill_on_shutdown) -> close the store
+              (flushes the SSD index, unlinks the arena) -> remove unix sockets
+
+Blocking store calls of the gRPC handlers run in the ``kvstored-store`` thread pool; the
+loop itself never waits on the store's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from kvstored.errors import ConfigInvalid, KvstoredError
+from kvstored.metrics import NodeMetrics
+from kvstored.node.core import NodeCore
+from kvstored.node.service import NodeServicer, add_node_service
+from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host_port
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from kvstored.config import NodeConfig
+    from kvstored.tiers.tiered import TieredStore
+
+log = structlog.get_logger(__name__)
+
+UNIX_PATH_MAX_BYTES = 107
+_STORE_THREADS = 8
+_GRPC_SLACK_BYTES = 1 << 20
+
+
+def sd_notify(state: str) -> bool:
+    """Send a systemd notification (``READY=1``, ``STOPPING=1``...) if NOTIFY_SOCKET is set.
+
+    Returns:
+        True if a notification was sent.
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]  # abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify_failed", state=state, error=str(exc))
+        return False
+    return True
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kvstored")
+    except Exception:  # not installed (running from a checkout)
+        return "0+unknown"
+
+
+def _prepare_unix_socket(path: str) -> None:
+    """Create the socket's directory; remove a stale socket file, refuse a live one.
+
+    Raises:
+        ConfigInvalid: path too long, not a socket, or another daemon is listening there.
+    """
+    if len(os.fsencode(path)) > UNIX_PATH_MAX_BYTES:
+        raise ConfigInvalid(
+            f"unix socket path {path!r} is {len(os.fsencode(path))} bytes; the limit is "
+            f"{UNIX_PATH_MAX_BYTES}; choose a shorter node.listen path"
+        )
+    p = pathlib.Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigInvalid(f"cannot create the directory of unix socket {path!r}: {exc.strerror}") from None
+    if not p.exists() and not p.is_symlink():
+        return
+    if not p.is_socket():
+        raise ConfigInvalid(f"{path!r} exists and is not a unix socket; remove it or change node.listen")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+        except OSError:
+            p.unlink(missing_ok=True)  # stale socket of a dead daemon
+            log.info("stale_socket_removed", path=path)
+            return
+    raise ConfigInvalid(f"another process is already listening on unix:{path}; stop it or change node.listen")
+
+
+class NodeDaemon:
+    """The node process: store, gRPC server, data plane, metrics, lease reaper.
+
+    Args:
+        cfg: the node's settings (validated).
+        store: an already-open store to serve (tests); by default one is opened from ``cfg``
+            in :meth:`start` and closed in :meth:`stop`.
+        enable_scheduler: also host the scheduler service when it is importable.
+    """
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        *,
+        store: TieredStore | None = None,
+        enable_scheduler: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.store: TieredStore | None = store
+        self._enable_scheduler = enable_scheduler
+        self.core: NodeCore | None = None
+        self.metrics = NodeMetrics()
+        self.epoch = time.time_ns()
+        self.grpc_addresses: list[str] = []
+        self.data_address = ""
+        self.metrics_address = ""
+        self._server: grpc.aio.Server | None = None
+        self._data_plane: DataPlaneServer | None = None
+        self._httpd: WSGIServer | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._unix_paths: list[str] = []
+        self._stopped = False
+        self._started = False
+
+    @property
+    def arena_path(self) -> str | None:
+        """Path of the shared-memory arena file (None = anonymous arena)."""
+        return self.store.arena_path if self.store is not None else None
+
+    def _check_listen(self) -> list[str]:
+        out = []
+        for addr in self.cfg.listen:
+            if addr.startswith("unix:"):
+                path = addr[len("unix:") :]
+                if not path:
+                    raise ConfigInvalid(f"node.listen entry {addr!r} has an empty path")
+                path = os.path.abspath(path)
+                _prepare_unix_socket(path)
+                out.append(f"unix:{path}")
+            else:
+                try:
+                    parse_host_port(addr)
+                except KvstoredError:
+                    raise ConfigInvalid(
+                        f"node.listen entry {addr!r} is neither unix:PATH nor HOST:PORT"
+                    ) from None
+                out.append(addr)
+        if not out:
+            raise ConfigInvalid("node.listen is empty; give at least one unix:PATH or HOST:PORT")
+        for name in ("data_address", "metrics_address"):
+            value = getattr(self.cfg, name)
+            if value:
+                try:
+                    parse_host_port(value)
+                except KvstoredError:
+                    raise ConfigInvalid(f"node.{name} {value!r} is not HOST:PORT") from None
+        return out
+
+    async def start(self) -> None:
+        """Open the store and start serving on every address.
+
+        Raises:
+            ConfigInvalid: a listen address is malformed, in use, or not permitted.
+            StorageIOError: the arena or the SSD tier cannot be opened.
+        """
+        if self._started:
+            return
+        self._started = True
+        listen = self._check_listen()
+        cfg = self.cfg
+        if self.store is None:
+            from kvstored.tiers.tiered import TieredStore
+
+            self.store = TieredStore.from_config(cfg)
+        store = self.store
+        try:
+            self.core = core = NodeCore(store, cfg, epoch=self.epoch, metrics=self.metrics)
+            self.metrics.add_store_collector(store.stats, lambda: (core.draining, core.uptime_s()))
+            self._executor = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="kvstored-store")
+            max_msg = max(cfg.max_inline_bytes, cfg.max_block_bytes) + _GRPC_SLACK_BYTES
+            server = grpc.aio.server(
+                options=[
+                    ("grpc.max_receive_message_length", max_msg),
+                    ("grpc.max_send_message_length", -1),
+                    ("grpc.so_reuseport", 0),
+                ]
+            )
+            self._server = server
+            add_node_service(server, NodeServicer(core, self._executor, version=_version()))
+            if self._enable_scheduler:
+                self._maybe_add_scheduler(server)
+            for addr in listen:
+                try:
+                    port = server.add_insecure_port(addr)
+                except RuntimeError as exc:
+                    raise ConfigInvalid(
+                        f"cannot listen on {addr} (in use or not permitted): {exc}; "
+                        "change node.listen"
+                    ) from None
+                if addr.startswith("unix:"):
+                    self._unix_paths.append(addr[len("unix:") :])
+                    self.grpc_addresses.append(addr)
+                else:
+                    host, _ = parse_host_port(addr)
+                    self.grpc_addresses.append(format_host_port(host, port))
+            await server.start()
+            if cfg.data_address:
+                self._data_plane = DataPlaneServer(core, cfg.data_address)
+                try:
+                    self.data_address = self._data_plane.start()
+                except OSError as exc:
+                    raise ConfigInvalid(
+                        f"cannot listen on data address {cfg.data_address}: {exc.strerror or exc}; "
+                        "change node.data_address"
+                    ) from None
+            if cfg.metrics_address:
+                self._start_metrics(cfg.metrics_address)
+            core.listen_addresses = list(self.grpc_addresses)
+            core.data_address = self.data_address
+            core.metrics_address = self.metrics_address
+            self._reaper = asyncio.create_task(self._reap_loop(), name="kvstored-lease-reaper")
+        except BaseException:
+            await self._teardown(spill=False)
+            raise
+        log.info(
+            "node_started", node_id=cfg.node_id, epoch=self.epoch, grpc=self.grpc_addresses,
+            data=self.data_address, metrics=self.metrics_address, arena=self.arena_path or "",
+            dram_size_bytes=store.arena_size_bytes,
+        )
+
+    def _start_metrics(self, address: str) -> None:
+        from prometheus_client import start_wsgi_server
+
+        host, port = parse_host_port(address)
+        try:
+            self._httpd, _ = start_wsgi_server(port, addr=host, registry=self.metrics.registry)
+        except OSError as exc:
+            raise ConfigInvalid(
+                f"cannot serve metrics on {address}: {exc.strerror or exc}; change "
+                "node.metrics_address (empty string disables it)"
+            ) from None
+        self.metrics_address = format_host_port(host, self._httpd.server_port)
+
+    def _maybe_add_scheduler(self, server: grpc.aio.Server) -> None:
+        try:
+            from kvstored.scheduler.service import add_scheduler_service
+        except ImportError:
+            return
+        try:
+            from kvstored.scheduler.service import SchedulerConfig
+        except ImportError:
+            from kvstored.config import SchedulerConfig  # type: ignore[attr-defined,no-redef]
+        assert self.core is not None
+        core = self.core
+
+        def block_locator(keys: list[bytes], namespace_id: bytes = b"") -> list[Any]:
+            return core.store.lookup_prefix(keys, namespace_id=namespace_id)
+
+        add_scheduler_service(server, SchedulerConfig(), block_locator=block_locator)
+        log.info("scheduler_service_added")
+
+    async def _reap_loop(self) -> None:
+        assert self.core is not None
+        interval = min(1.0, self.cfg.pin_lease_s / 4)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await loop.run_in_executor(self._executor, self.core.reap_expired)
+            except Exception:
+                log.exception("lease_reap_failed")
+
+    async def _wait_drained(self, deadline: float) -> None:
+        assert self.core is not None
+        while time.monotonic() < deadline:
+            pins, reservations, puts = self.core.num_outstanding()
+            busy = self._data_plane.num_busy() if self._data_plane is not None else 0
+            if not (pins or reservations or puts or busy):
+                return
+            await asyncio.sleep(0.02)
+        pins, reservations, puts = self.core.num_outstanding()
+        log.warning(
+            "drain_grace_expired", num_pins=pins, num_reservations=reservations, num_puts=puts
+        )
+
+    async def stop(self) -> None:
+        """Drain and shut down (idempotent); see the module docstring for the order."""
+        if self._stopped or not self._started:
+            return
+        self._stopped = True
+        core = self.core
+        if core is not None:
+            core.start_draining()
+        log.info("node_draining", grace_s=self.cfg.drain_grace_s)
+        deadline = time.monotonic() + self.cfg.drain_grace_s
+        await self._wait_drained(deadline)
+        await self._teardown(spill=self.cfg.spill_on_shutdown, deadline=deadline)
+        log.info("node_stopped", node_id=self.cfg.node_id)
+
+    async def _teardown(self, *, spill: bool, deadline: float | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if self._server is not None:
+            await self._server.stop(grace=remaining)
+            self._server = None
+        if self._data_plane is not None:
+            await loop.run_in_executor(None, self._data_plane.stop, max(0.0, remaining))
+            self._data_plane = None
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        if self.core is not None:
+            self.core.release_all()
+        if self.store is not None:
+            store = self.store
+            if spill:
+                try:
+                    t0 = time.monotonic()
+                    num = await loop.run_in_executor(None, store.spill_to_ssd)
+                    log.info("dram_spilled_to_ssd", num_blocks=num,
+                             duration_ms=round((time.monotonic() - t0) * 1000, 1))
+                except Exception:
+                    log.exception("spill_failed")
+            try:
+                await loop.run_in_executor(None, store.close)
+            except Exception:
+                log.exception("store_close_failed")
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        for path in self._unix_paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._unix_paths = []
+
+    async def run(self, *, on_started: Callable[[NodeDaemon], None] | None = None) -> None:
+        """Start, notify systemd, serve until SIGTERM/SIGINT, then drain and stop.
+
+        Args:
+            on_started: called once everything listens (e.g. to print the addresses).
+        """
+        stop_event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        await self.start()
+        if on_started is not None:
+            on_started(self)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_event.set)
+        try:
+            sd_notify(f"READY=1\nSTATUS=serving on {', '.join(self.grpc_addresses)}")
+            await stop_event.wait()
+            sd_notify("STOPPING=1")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()

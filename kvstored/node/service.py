@@ -1,0 +1,287 @@
+"""NodeService: the thin grpc.aio adapter over :class:`~kvstored.node.core.NodeCore`.
+
+Each method decodes its request, calls the core in a named, bounded executor (the store may do
+SSD I/O under its lock, which must never block the event loop) and encodes the response.
+
+Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
+metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
+with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
+INVALID_ARGUMENT (error code INVALID_ARGUMENT) instead of an opaque deserialization failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError, Message
+
+from kvstored.errors import (
+    ERROR_CODE_METADATA_KEY,
+    ErrorCode,
+    InternalError,
+    InvalidArgument,
+    KvstoredError,
+)
+from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
+from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.v1 import common_pb2 as cpb
+from kvstored.v1 import node_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = "kvstored.v1.NodeService"
+T = TypeVar("T")
+
+_OK = cpb.ItemStatus()
+
+
+def item_status(err: KvstoredError | None) -> cpb.ItemStatus:
+    """The wire form of one item's result (default = OK)."""
+    if err is None:
+        return _OK
+    return cpb.ItemStatus(code=int(err.code), message=str(err))
+
+
+def _tier(t: Tier | None) -> int:
+    return int(t) if t is not None else 0
+
+
+def _put_results(outcomes: list[PutOutcome]) -> list[pb.PutResult]:
+    return [pb.PutResult(status=item_status(o.error), stored=o.stored) for o in outcomes]
+
+
+def _get_result(o: GetOutcome) -> pb.GetResult:
+    return pb.GetResult(
+        status=item_status(o.error), found=o.found, value=o.value, meta=o.meta, tier=_tier(o.tier)
+    )
+
+
+def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata carrying a KvstoredError's code."""
+    return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
+
+
+class NodeServicer:
+    """The node's gRPC methods (see protos/kvstored/v1/node.proto).
+
+    Args:
+        core: request handling.
+        executor: where blocking core calls run (bounded, named threads).
+        version: reported by Describe.
+    """
+
+    def __init__(self, core: NodeCore, executor: Executor, *, version: str) -> None:
+        self.core = core
+        self._executor = executor
+        self._version = version
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, functools.partial(ctx.run, fn, *args, **kwargs)
+        )
+
+    # ---- methods ---------------------------------------------------------------------------
+    async def Describe(self, req: pb.DescribeRequest, ctx: Any) -> pb.DescribeResponse:
+        core, cfg = self.core, self.core.cfg
+        arena_path = core.store.arena_path or ""
+        dev = ino = 0
+        if arena_path:
+            try:
+                st = os.stat(arena_path)
+                dev, ino = st.st_dev, st.st_ino
+            except OSError:
+                arena_path = ""
+        return pb.DescribeResponse(
+            node_id=cfg.node_id, version=self._version, epoch=core.epoch,
+            arena_path=arena_path, arena_size_bytes=core.store.arena_size_bytes,
+            data_address=core.data_address, max_block_bytes=cfg.max_block_bytes,
+            max_batch_keys=cfg.max_batch_keys, max_inline_bytes=cfg.max_inline_bytes,
+            draining=core.draining, listen_addresses=core.listen_addresses,
+            metrics_address=core.metrics_address, arena_dev=dev, arena_ino=ino,
+            max_meta_bytes=MAX_META_BYTES, min_key_bytes=cfg.min_key_bytes,
+            max_key_bytes=cfg.max_key_bytes, pin_lease_ms=int(cfg.pin_lease_s * 1000),
+        )
+
+    async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
+        items = [(it.key, it.value, it.meta) for it in req.items]
+        out = await self._run(self.core.put_inline, items, req.namespace_id)
+        return pb.PutResponse(results=_put_results(out))
+
+    async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
+        out = await self._run(
+            self.core.get_inline, list(req.keys), req.namespace_id,
+            budget_bytes=self.core.cfg.max_inline_bytes,
+        )
+        return pb.GetResponse(results=[_get_result(o) for o in out])
+
+    async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
+        items = [(it.key, it.size_bytes, it.meta) for it in req.items]
+        rid, out = await self._run(
+            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch
+        )
+        return pb.ReservePutResponse(
+            reservation_id=rid,
+            reservations=[
+                pb.Reservation(status=item_status(o.error), exists=o.exists, offset=o.offset)
+                for o in out
+            ],
+        )
+
+    async def CommitPut(self, req: pb.CommitPutRequest, ctx: Any) -> pb.CommitPutResponse:
+        out = await self._run(self.core.commit_put, req.reservation_id, abort=req.abort)
+        return pb.CommitPutResponse(results=_put_results(out))
+
+    async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
+        pin_id, got = await self._run(
+            self.core.pin_blocks, list(req.keys), req.namespace_id,
+            lease_ms=req.lease_ms, epoch=req.epoch,
+        )
+        blocks = []
+        for b in got:
+            if isinstance(b, PinnedBlock):
+                blocks.append(pb.PinnedBlock(
+                    found=True, offset=b.offset, size_bytes=b.size_bytes, meta=b.meta,
+                    tier=int(b.tier),
+                ))
+            elif b is None:
+                blocks.append(pb.PinnedBlock())
+            else:
+                blocks.append(pb.PinnedBlock(status=item_status(b)))
+        return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
+
+    async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
+        n = await self._run(self.core.release_pins, list(req.pin_ids))
+        return pb.ReleasePinsResponse(num_released=n)
+
+    async def LookupPrefix(
+        self, req: pb.LookupPrefixRequest, ctx: Any
+    ) -> pb.LookupPrefixResponse:
+        tiers = await self._run(self.core.lookup_prefix, list(req.keys), req.namespace_id)
+        return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=[int(t) for t in tiers])
+
+    async def Exists(self, req: pb.ExistsRequest, ctx: Any) -> pb.ExistsResponse:
+        present, tiers = await self._run(
+            self.core.exists, list(req.keys), req.namespace_id, with_tiers=req.with_tiers
+        )
+        return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
+
+    async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
+        removed = await self._run(self.core.remove, list(req.keys))
+        return pb.RemoveResponse(removed=removed)
+
+    async def Stats(self, req: pb.StatsRequest, ctx: Any) -> pb.StatsResponse:
+        s = await self._run(self.core.stats)
+        core = self.core
+        return pb.StatsResponse(
+            node_id=core.cfg.node_id, epoch=core.epoch,
+            tiers=[
+                pb.TierStats(
+                    tier=int(t.tier), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+                    num_blocks=t.num_blocks, hits=t.hits, evictions=t.evictions,
+                )
+                for t in s.tiers
+            ],
+            gets=s.gets, hits=s.hits, misses=s.misses, puts=s.puts, put_failures=s.put_failures,
+            checksum_failures=s.checksum_failures, pinned_blocks=s.pinned_blocks,
+            uptime_s=core.uptime_s(), draining=core.draining,
+        )
+
+    async def ListBlocks(self, req: pb.ListBlocksRequest, ctx: Any) -> pb.ListBlocksResponse:
+        blocks, truncated = await self._run(self.core.list_blocks, req.namespace_id, req.limit)
+        return pb.ListBlocksResponse(
+            blocks=[
+                pb.BlockInfo(
+                    key=b.key, size_bytes=b.size_bytes, namespace_id=b.namespace_id,
+                    tiers=[int(t) for t in b.tiers], pinned=b.pinned,
+                )
+                for b in blocks
+            ],
+            truncated=truncated,
+        )
+
+
+_METHODS: dict[str, type[Message]] = {
+    "Describe": pb.DescribeRequest,
+    "Put": pb.PutRequest,
+    "Get": pb.GetRequest,
+    "ReservePut": pb.ReservePutRequest,
+    "CommitPut": pb.CommitPutRequest,
+    "PinBlocks": pb.PinBlocksRequest,
+    "ReleasePins": pb.ReleasePinsRequest,
+    "LookupPrefix": pb.LookupPrefixRequest,
+    "Exists": pb.ExistsRequest,
+    "Remove": pb.RemoveRequest,
+    "Stats": pb.StatsRequest,
+    "ListBlocks": pb.ListBlocksRequest,
+}
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _wrap(
+    name: str,
+    req_cls: type[Message],
+    fn: Callable[[Any, Any], Awaitable[Message]],
+    servicer: NodeServicer,
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]:
+    metrics = servicer.core.metrics
+
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        t0 = time.perf_counter()
+        err: KvstoredError
+        with structlog.contextvars.bound_contextvars(
+            method=name, peer=context.peer(), request_id=secrets.token_hex(6)
+        ):
+            try:
+                try:
+                    request = req_cls.FromString(raw)
+                except DecodeError as exc:
+                    raise InvalidArgument(
+                        f"cannot parse the {req_cls.__name__} of {name} ({len(raw)} bytes): "
+                        f"{exc}; the request is not a valid kvstored.v1 protobuf"
+                    ) from None
+                response = await fn(request, context)
+                if metrics is not None:
+                    metrics.rpc_requests.labels(method=name, code="OK").inc()
+                    metrics.rpc_duration.labels(method=name).observe(time.perf_counter() - t0)
+                return response
+            except KvstoredError as exc:
+                err = exc
+                log.debug("rpc_failed", code=exc.code.name, error=str(exc))
+            except Exception:
+                log.exception("rpc_failed_internally")
+                err = InternalError(f"internal error in {name}; see the node's log")
+            if metrics is not None:
+                metrics.rpc_requests.labels(method=name, code=ErrorCode(err.code).name).inc()
+                metrics.rpc_duration.labels(method=name).observe(time.perf_counter() - t0)
+            await context.abort(err.grpc_status, str(err), trailing_metadata=grpc_trailing_metadata(err))
+            raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+    return handle
+
+
+def add_node_service(server: grpc.aio.Server, servicer: NodeServicer) -> None:
+    """Register the NodeService methods of ``servicer`` on ``server``."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _wrap(name, req_cls, getattr(servicer, name), servicer),
+            request_deserializer=None,
+            response_serializer=_serialize,
+        )
+        for name, req_cls in _METHODS.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

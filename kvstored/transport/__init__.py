@@ -1,0 +1,1 @@
+"""Data-plane transports (tcp.py: framed, batched TCP for bulk block bytes)."""
