@@ -27,6 +27,8 @@ Invariants (all guarded by ``self._lock``, one ``threading.RLock``):
   exceeds ``ssd_size_bytes``. When an allocation does not fit, LRU unpinned DRAM blocks are
   evicted (demoted to SSD when configured and not already there) until it fits, else
   :class:`NoCapacity` and nothing was evicted in vain if the space could never suffice.
+- A failed demotion (ENOSPC, EIO) drops the evicted block (a later miss), is counted in
+  ``put_failures`` and logged as a warning; no other block is touched.
 - Tiers are inclusive: an SSD hit is promoted into DRAM and keeps its SSD copy; evicting a
   DRAM block that is also on SSD only frees DRAM.
 - Chain-aware recency: ``pin_many`` touches its hits last-key-first and ``commit_many``
@@ -34,6 +36,7 @@ Invariants (all guarded by ``self._lock``, one ``threading.RLock``):
 - First commit wins: two reservations of one key may coexist; the later commit returns False
   and frees its space. Nothing ever serves bytes that did not pass through a commit or an SSD
   checksum check.
+- Pins are counted per block, not per holder: release each PinnedBlock exactly once.
 
 Locking: every public method takes ``self._lock`` for its metadata work. Callers copy bytes
 into ``Reservation.view`` / out of ``PinnedBlock.view`` *outside* the lock; the reservation

@@ -129,4 +129,4 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
-TestAllocatorMachine.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+TestAllocatorMachine.settings = settings(max_examples=40, stateful_step_count=50, deadline=None)
