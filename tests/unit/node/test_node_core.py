@@ -1,0 +1,213 @@
+"""NodeCore (gRPC-free request handling): validation per item, leases, draining, epochs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvstored.config import NodeConfig
+from kvstored.errors import (
+    BatchTooLarge,
+    BlockTooLarge,
+    Draining,
+    ErrorCode,
+    InvalidArgument,
+    KeyInvalid,
+    LeaseExpired,
+    NamespaceMismatch,
+    NotFound,
+    Unavailable,
+)
+from kvstored.metrics import NodeMetrics
+from kvstored.node.core import MAX_META_BYTES, NodeCore
+from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.tiered import TieredStore
+
+EPOCH = 1234
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 4  # 16 bytes
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def core(clock: FakeClock) -> Iterator[NodeCore]:
+    cfg = NodeConfig(
+        node_id="unit", dram_size_bytes=1 << 20, ssd_size_bytes=0, max_block_bytes=64 << 10,
+        max_batch_keys=32, pin_lease_s=5.0,
+    )
+    store = TieredStore(dram_size_bytes=cfg.dram_size_bytes, arena_dir=None, max_block_bytes=cfg.max_block_bytes)
+    yield NodeCore(store, cfg, epoch=EPOCH, metrics=NodeMetrics(), clock=clock)
+    store.close()
+
+
+def test_put_inline_mixed_batch_each_bad_item_gets_its_own_error(core: NodeCore) -> None:
+    items = [
+        (key(1), b"a" * 100, b""),
+        (b"", b"empty key", b""),
+        (b"short", b"short key", b""),
+        (b"k" * 65, b"long key", b""),
+        (key(2), b"x" * ((64 << 10) + 1), b""),
+        (key(3), b"meta too big", b"m" * (MAX_META_BYTES + 1)),
+        (key(4), b"b" * 10, b"meta"),
+    ]
+    out = core.put_inline(items, b"")
+    assert [o.stored for o in out] == [True, False, False, False, False, False, True]
+    assert out[0].error is None and out[6].error is None
+    assert isinstance(out[1].error, KeyInvalid) and "key #1 is empty" in str(out[1].error)
+    assert isinstance(out[2].error, KeyInvalid) and "5 bytes" in str(out[2].error)
+    assert isinstance(out[3].error, KeyInvalid) and "65 bytes" in str(out[3].error)
+    assert isinstance(out[4].error, BlockTooLarge) and str(64 << 10) in str(out[4].error)
+    assert type(out[5].error) is InvalidArgument and "meta" in str(out[5].error)
+    assert core.store.get(key(1)) == (b"a" * 100, b"")
+    assert core.store.get(key(4)) == (b"b" * 10, b"meta")
+    assert core.store.exists([key(2), key(3)]) == [False, False]
+    # a second put of a stored key is an idempotent success
+    again = core.put_inline([(key(1), b"different bytes", b"")], b"")
+    assert again[0].stored is False and again[0].error is None
+    assert core.store.get(key(1)) == (b"a" * 100, b"")
+
+
+def test_batch_too_large_fails_the_whole_call(core: NodeCore) -> None:
+    with pytest.raises(BatchTooLarge, match="33 keys"):
+        core.put_inline([(key(i), b"v", b"") for i in range(33)], b"")
+    with pytest.raises(BatchTooLarge):
+        core.pin_blocks([key(i) for i in range(33)], b"")
+    with pytest.raises(BatchTooLarge):
+        core.lookup_prefix([key(i) for i in range(33)], b"")
+
+
+def test_calls_without_item_status_raise_naming_the_bad_index(core: NodeCore) -> None:
+    with pytest.raises(KeyInvalid, match="key #2"):
+        core.exists([key(1), key(2), b""])
+    with pytest.raises(KeyInvalid, match="key #0"):
+        core.remove([b"tiny"])
+    with pytest.raises(InvalidArgument, match="namespace_id"):
+        core.lookup_prefix([key(1)], b"n" * 65)
+
+
+def test_reservation_commit_and_lease_expiry(core: NodeCore, clock: FakeClock) -> None:
+    rid, outcomes = core.reserve_put([(key(1), 4096, b""), (b"", 10, b"")], b"", epoch=EPOCH)
+    assert rid != 0
+    assert outcomes[0].error is None and not outcomes[0].exists
+    assert isinstance(outcomes[1].error, KeyInvalid)
+    core.store.arena[outcomes[0].offset : outcomes[0].offset + 4096] = b"z" * 4096
+    assert core.store.exists([key(1)]) == [False]  # invisible until committed
+    results = core.commit_put(rid)
+    assert results[0].stored and isinstance(results[1].error, KeyInvalid)
+    assert core.store.get(key(1)) == (b"z" * 4096, b"")
+    with pytest.raises(NotFound):
+        core.commit_put(rid)
+
+    used_before = core.store.stats().tiers[0].used_bytes
+    rid2, _ = core.reserve_put([(key(2), 8192, b"")], b"", lease_ms=2000)
+    assert core.store.stats().tiers[0].used_bytes == used_before + 8192
+    clock.advance(1.9)
+    assert core.reap_expired() == 0
+    clock.advance(0.2)
+    assert core.reap_expired() == 1
+    assert core.store.stats().tiers[0].used_bytes == used_before  # space given back
+    with pytest.raises(LeaseExpired):
+        core.commit_put(rid2)
+    assert core.store.exists([key(2)]) == [False]
+
+
+def test_reserve_of_existing_key_needs_no_commit(core: NodeCore) -> None:
+    core.put_inline([(key(7), b"seven", b"")], b"")
+    rid, outcomes = core.reserve_put([(key(7), 5, b"")], b"")
+    assert rid == 0 and outcomes[0].exists and outcomes[0].error is None
+
+
+def test_pins_are_released_explicitly_or_by_the_reaper(core: NodeCore, clock: FakeClock) -> None:
+    core.put_inline([(key(1), b"one", b"m1"), (key(2), b"two", b"")], b"")
+    pin_id, got = core.pin_blocks([key(1), key(3), key(2)], b"", epoch=EPOCH)
+    assert isinstance(got[0], PinnedBlock) and bytes(got[0].view) == b"one" and got[0].meta == b"m1"
+    assert got[1] is None
+    assert core.store.stats().pinned_blocks == 2
+    assert core.store.remove([key(1)]) == [False]  # pinned blocks are kept
+    assert core.release_pins([pin_id, 424242]) == 1
+    assert core.release_pins([pin_id]) == 0
+    assert core.store.stats().pinned_blocks == 0
+
+    core.pin_blocks([key(1)], b"")  # a client that never releases
+    assert core.store.stats().pinned_blocks == 1
+    clock.advance(core.cfg.pin_lease_s + 0.01)
+    assert core.reap_expired() == 1
+    assert core.store.stats().pinned_blocks == 0
+
+
+def test_nothing_pinned_gives_pin_id_zero(core: NodeCore) -> None:
+    pin_id, got = core.pin_blocks([key(9), b""], b"")
+    assert pin_id == 0 and got[0] is None and isinstance(got[1], KeyInvalid)
+
+
+def test_namespace_mismatch_is_a_per_item_error(core: NodeCore) -> None:
+    ns_a, ns_b = b"A" * 16, b"B" * 16
+    core.put_inline([(key(1), b"in a", b"")], ns_a)
+    pin_id, got = core.pin_blocks([key(1)], ns_b)
+    assert pin_id == 0 and isinstance(got[0], NamespaceMismatch)
+    pin_id, got = core.pin_blocks([key(1)], ns_a)
+    assert isinstance(got[0], PinnedBlock)
+    core.release_pins([pin_id])
+    assert core.lookup_prefix([key(1)], ns_b) == []
+    assert core.lookup_prefix([key(1)], ns_a) == [Tier.DRAM]
+
+
+def test_stale_epoch_is_unavailable(core: NodeCore) -> None:
+    with pytest.raises(Unavailable, match="restarted"):
+        core.reserve_put([(key(1), 10, b"")], b"", epoch=EPOCH + 1)
+    with pytest.raises(Unavailable):
+        core.pin_blocks([key(1)], b"", epoch=EPOCH + 1)
+
+
+def test_draining_refuses_new_puts_but_commits_and_reads_work(core: NodeCore) -> None:
+    core.put_inline([(key(1), b"one", b"")], b"")
+    rid, outcomes = core.reserve_put([(key(2), 3, b"")], b"")
+    core.start_draining()
+    with pytest.raises(Draining):
+        core.put_inline([(key(3), b"three", b"")], b"")
+    with pytest.raises(Draining):
+        core.reserve_put([(key(3), 5, b"")], b"")
+    core.store.arena[outcomes[0].offset : outcomes[0].offset + 3] = b"two"
+    assert core.commit_put(rid)[0].stored
+    assert [o.value for o in core.get_inline([key(1), key(2)], b"", budget_bytes=1 << 20)] == [b"one", b"two"]
+    assert core.num_outstanding() == (0, 0, 0)
+
+
+def test_get_inline_respects_its_budget_but_always_returns_one_block(core: NodeCore) -> None:
+    core.put_inline([(key(i), bytes([i]) * 1000, b"") for i in range(4)], b"")
+    out = core.get_inline([key(0), key(1), key(2), key(99)], b"", budget_bytes=1500)
+    assert out[0].found and out[0].value == b"\x00" * 1000
+    assert not out[1].found and out[1].error is not None and out[1].error.code == ErrorCode.BATCH_TOO_LARGE
+    assert out[2].error is not None
+    assert not out[3].found and out[3].error is None  # a plain miss
+    tiny = core.get_inline([key(3)], b"", budget_bytes=1)
+    assert tiny[0].found and tiny[0].value == b"\x03" * 1000
+    assert core.store.stats().pinned_blocks == 0
+
+
+def test_release_all_drops_every_lease(core: NodeCore) -> None:
+    core.put_inline([(key(1), b"one", b"")], b"")
+    core.pin_blocks([key(1)], b"")
+    core.reserve_put([(key(2), 4096, b"")], b"")
+    assert core.num_outstanding()[:2] == (1, 1)
+    core.release_all()
+    assert core.num_outstanding() == (0, 0, 0)
+    assert core.store.stats().pinned_blocks == 0
