@@ -7,6 +7,7 @@ results, and the sync and async clients only differ in how they execute a step::
                             thrown into the generator); ``wait=False``: fire and forget
     Blocking(fn)            blocking work: shared-memory copies, data-plane socket I/O
                             -> ``fn(deadline)``'s result (async: run in a named thread pool)
+    Flush()                 wait until earlier fire-and-forget calls are done
 
 So request building, response decoding, validation, chunking, pin release and transport
 choice exist once. Retries wrap a whole operation (every operation is idempotent: puts are
@@ -104,7 +105,12 @@ class Blocking:
     num_bytes: int = 0
 
 
-Op = Generator[Call | Blocking, Any, T]
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Wait (within the deadline) until every fire-and-forget call sent so far is done."""
+
+
+Op = Generator[Call | Blocking | Flush, Any, T]
 
 
 # ---- addresses, buffers, keys ----------------------------------------------------------------
@@ -600,7 +606,11 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     arena = st.arena
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
-    for start, end in _chunks(len(keys), min(PIN_CHUNK_KEYS, info.max_batch_keys)):
+    chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
+    start = 0
+    flushed = False
+    while start < len(keys):
+        end = min(len(keys), start + chunk_keys)
         lease_s = lease_for(info, deadline)
         sent_at = time.monotonic()
         resp = yield Call(
@@ -611,25 +621,43 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             ),
             pb.PinBlocksResponse,
         )
+        more = False  # the chunk was cut: release before pinning the rest
         try:
             if len(resp.blocks) != end - start:
                 raise InternalError(f"PinBlocks answered {len(resp.blocks)} items for {end - start} keys")
-            for j, b in enumerate(resp.blocks):
+            if resp.blocks[0].status.code == ErrorCode.NO_CAPACITY and not flushed:
+                # DRAM may be full of this client's own pins whose release is still in flight
+                flushed = more = True
+                continue
+            flushed = False
+            # An SSD hit that could not be promoted because this chunk's own pins fill DRAM
+            # (NoCapacity after the first key) is retried in the next chunk, after release.
+            cut = next(
+                (j for j in range(1, len(resp.blocks))
+                 if resp.blocks[j].status.code == ErrorCode.NO_CAPACITY),
+                len(resp.blocks),
+            )
+            blocks = resp.blocks[:cut]
+            for j, b in enumerate(blocks):
                 sink.check_status(start + j, b.status)
-            num_bytes = sum(b.size_bytes for b in resp.blocks if b.found)
+            num_bytes = sum(b.size_bytes for b in blocks if b.found)
             if num_bytes:
                 yield Blocking(
-                    lambda d, blocks=resp.blocks, base=start, t0=sent_at, lease=lease_s: _copy_pinned(
+                    lambda d, blocks=blocks, base=start, t0=sent_at, lease=lease_s: _copy_pinned(
                         arena, blocks, base, sink, t0, lease, d
                     ),
                     num_bytes,
                 )
+            more = cut < len(resp.blocks)
+            start += cut
         finally:
-            if resp.pin_id:
+            if resp.pin_id:  # in the background, unless the next chunk needs the space now
                 yield Call(
                     "ReleasePins", pb.ReleasePinsRequest(pin_ids=[resp.pin_id]),
-                    pb.ReleasePinsResponse, wait=False,
+                    pb.ReleasePinsResponse, wait=more,
                 )
+            if more:
+                yield Flush()
 
 
 def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:

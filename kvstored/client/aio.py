@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstored.client import _ops
-from kvstored.client._ops import Blocking, Call, ClientState, Op
+from kvstored.client._ops import Blocking, Call, ClientState, Flush, Op
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -78,7 +78,13 @@ class AsyncClient:
             self._stubs[call.method] = stub
         return stub
 
-    async def _execute(self, step: Call | Blocking, deadline: float) -> Any:
+    async def _execute(self, step: Call | Blocking | Flush, deadline: float) -> Any:
+        if isinstance(step, Flush):
+            if self._background:
+                await asyncio.wait(
+                    list(self._background), timeout=max(0.0, deadline - time.monotonic())
+                )
+            return None
         if isinstance(step, Blocking):
             if step.num_bytes and step.num_bytes <= _INLINE_COPY_BYTES:
                 return step.fn(deadline)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstored.client import _ops
-from kvstored.client._ops import Blocking, Call, ClientState, Op
+from kvstored.client._ops import Blocking, Call, ClientState, Flush, Op
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -36,6 +36,9 @@ class _Background:
         self._queue: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._num_submitted = 0
+        self._num_done = 0
 
     def submit(self, call: Call) -> None:
         with self._lock:
@@ -44,7 +47,17 @@ class _Background:
                     target=self._loop, name="kvstored-client-release", daemon=True
                 )
                 self._thread.start()
+        with self._cond:
+            self._num_submitted += 1
         self._queue.put(call)
+
+    def flush(self, deadline: float) -> None:
+        """Wait until every call submitted so far was sent (or the deadline passes)."""
+        with self._cond:
+            target = self._num_submitted
+            self._cond.wait_for(
+                lambda: self._num_done >= target, timeout=max(0.0, deadline - time.monotonic())
+            )
 
     def _loop(self) -> None:
         while True:
@@ -71,6 +84,9 @@ class _Background:
                     self._invoke(call)
                 except Exception:  # the node's lease reaper reclaims what we could not release
                     pass
+            with self._cond:
+                self._num_done += sum(1 for c in calls if c is not None)
+                self._cond.notify_all()
             if stop:
                 return
 
@@ -144,9 +160,12 @@ class Client:
             self._stubs[call.method] = stub
         return stub
 
-    def _execute(self, step: Call | Blocking, deadline: float) -> Any:
+    def _execute(self, step: Call | Blocking | Flush, deadline: float) -> Any:
         if isinstance(step, Blocking):
             return step.fn(deadline)
+        if isinstance(step, Flush):
+            self._background.flush(deadline)
+            return None
         remaining = deadline - time.monotonic()
         stub = self._stub(step)
         if not step.wait:  # fire and forget (pin release, abort): never delays the caller

@@ -29,6 +29,7 @@ Thread-safe: called from the gRPC executor threads and the data-plane connection
 from __future__ import annotations
 
 import collections
+import contextlib
 import secrets
 import threading
 import time
@@ -47,6 +48,7 @@ from kvstored.errors import (
     KeyInvalid,
     KvstoredError,
     LeaseExpired,
+    NoCapacity,
     NotFound,
     Unavailable,
 )
@@ -429,6 +431,31 @@ class NodeCore:
             out.append(got)
         return out
 
+    def pinned_chunks(
+        self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
+    ) -> Iterator[tuple[int, list[PinnedBlock | None | KvstoredError]]]:
+        """Pin ``keys`` a chunk at a time: yields ``(start index, per-key results)``.
+
+        A chunk's pins are released when the consumer asks for the next chunk or closes the
+        generator (use ``contextlib.closing``). When an SSD hit cannot be promoted because the
+        chunk's own pins fill DRAM (NoCapacity after the chunk's first key), the chunk is cut
+        there and the next one restarts at that key, so a read larger than DRAM still
+        completes; only a block that cannot fit even alone reports NoCapacity.
+        """
+        i, n = 0, len(keys)
+        while i < n:
+            got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
+            cut = len(got)
+            for j in range(1, len(got)):
+                if isinstance(got[j], NoCapacity):
+                    cut = j
+                    break
+            try:
+                yield i, got[:cut]
+            finally:
+                self.unpin_all(got)
+            i += cut
+
     def unpin_all(self, blocks: Sequence[object]) -> None:
         """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""
         for b in blocks:
@@ -497,27 +524,34 @@ class NodeCore:
         """
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)
-        got = self.pin_items(keys, namespace_id)
         out: list[GetOutcome] = []
         used = num = 0
-        try:
-            for i, b in enumerate(got):
-                if isinstance(b, PinnedBlock):
-                    if num and used + b.size_bytes > budget_bytes:
+        full = False
+        with contextlib.closing(self.pinned_chunks(keys, namespace_id)) as chunks:
+            for start, got in chunks:
+                for j, b in enumerate(got):
+                    if isinstance(b, PinnedBlock):
+                        if full or (num and used + b.size_bytes > budget_bytes):
+                            full = True
+                            out.append(GetOutcome(False, error=BatchTooLarge(
+                                f"inline response budget of {budget_bytes} bytes reached at key "
+                                f"#{start + j}; fetch the remaining keys in another call or use "
+                                "the data plane"
+                            )))
+                            continue
+                        out.append(GetOutcome(True, bytes(b.view), b.meta, b.tier))
+                        used += b.size_bytes
+                        num += 1
+                    elif b is None:
+                        out.append(GetOutcome(False))
+                    else:
+                        out.append(GetOutcome(False, error=b))
+                if full:  # the rest goes in the client's next call: do not pin it now
+                    for i in range(len(out), len(keys)):
                         out.append(GetOutcome(False, error=BatchTooLarge(
-                            f"inline response budget of {budget_bytes} bytes reached at key #{i}; "
-                            "fetch the remaining keys in another call or use the data plane"
+                            f"inline response budget of {budget_bytes} bytes reached before key #{i}"
                         )))
-                        continue
-                    out.append(GetOutcome(True, bytes(b.view), b.meta, b.tier))
-                    used += b.size_bytes
-                    num += 1
-                elif b is None:
-                    out.append(GetOutcome(False))
-                else:
-                    out.append(GetOutcome(False, error=b))
-        finally:
-            self.unpin_all(got)
+                    break
         self.count_transfer("grpc", "out", num, used)
         return out
 

@@ -196,14 +196,18 @@ class NodeDaemon:
         if self._started:
             return
         self._started = True
-        listen = self._check_listen()
-        cfg = self.cfg
-        if self.store is None:
-            from kvstored.tiers.tiered import TieredStore
-
-            self.store = TieredStore.from_config(cfg)
-        store = self.store
         try:
+            listen = self._check_listen()
+        except BaseException:
+            self._stopped = True
+            raise
+        cfg = self.cfg
+        try:
+            if self.store is None:
+                from kvstored.tiers.tiered import TieredStore
+
+                self.store = TieredStore.from_config(cfg)
+            store = self.store
             self.core = core = NodeCore(store, cfg, epoch=self.epoch, metrics=self.metrics)
             self.metrics.add_store_collector(store.stats, lambda: (core.draining, core.uptime_s()))
             self._executor = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="kvstored-store")
@@ -250,6 +254,7 @@ class NodeDaemon:
             core.metrics_address = self.metrics_address
             self._reaper = asyncio.create_task(self._reap_loop(), name="kvstored-lease-reaper")
         except BaseException:
+            self._stopped = True  # nothing to drain: stop() becomes a no-op
             await self._teardown(spill=False)
             raise
         log.info(
@@ -377,12 +382,12 @@ class NodeDaemon:
         """
         stop_event = asyncio.Event()
         loop = asyncio.get_running_loop()
-        await self.start()
-        if on_started is not None:
-            on_started(self)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before anyone can learn we are up
             loop.add_signal_handler(sig, stop_event.set)
         try:
+            await self.start()
+            if on_started is not None:
+                on_started(self)
             sd_notify(f"READY=1\nSTATUS=serving on {', '.join(self.grpc_addresses)}")
             await stop_event.wait()
             sd_notify("STOPPING=1")

@@ -46,6 +46,7 @@ Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import socket
 import struct
@@ -450,15 +451,18 @@ class DataPlaneServer:
             return int(exc.code)
         pending: list[bytes | memoryview] = [_encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
-        for start in range(0, len(keys), _GET_CHUNK_KEYS):
-            try:
-                got = core.pin_items(keys[start : start + _GET_CHUNK_KEYS], ns)
-            except KvstoredError as exc:
-                if start == 0:  # nothing sent yet: fail the whole request cleanly
-                    sock.sendall(_error_response(OP_GET, exc))
-                    return int(exc.code)
-                raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
-            try:
+        chunks = core.pinned_chunks(keys, ns, chunk_keys=_GET_CHUNK_KEYS)
+        with contextlib.closing(chunks):
+            while True:
+                try:
+                    _start, got = next(chunks)
+                except StopIteration:
+                    break
+                except KvstoredError as exc:
+                    if pending:  # nothing sent yet: fail the whole request cleanly
+                        sock.sendall(_error_response(OP_GET, exc))
+                        return int(exc.code)
+                    raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
                 for b in got:
                     if isinstance(b, PinnedBlock):
                         pending.append(
@@ -472,10 +476,8 @@ class DataPlaneServer:
                     else:
                         msg = _short(str(b))
                         pending.append(_GET_ITEM.pack(int(b.code), 0, 0, 0, 0, len(msg)) + msg)
-                _send_all(sock, pending, None)
+                _send_all(sock, pending, None)  # while the chunk's pins are held
                 pending = []
-            finally:
-                core.unpin_all(got)
         if pending:
             _send_all(sock, pending, None)
         core.count_transfer("tcp", "out", num_blocks, num_bytes)

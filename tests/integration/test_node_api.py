@@ -164,3 +164,19 @@ def test_metrics_endpoint(node: DaemonThread) -> None:
         "kvstored_node_draining",
     ):
         assert name in body, f"{name} missing from /metrics"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_one_read_larger_than_dram_promotes_from_ssd_in_pieces(start_node: object, sock_dir: str, transport: str) -> None:
+    node = start_node(dram_size_bytes=8 << 20, ssd_dir=f"{sock_dir}/ssd", ssd_size_bytes=64 << 20)  # type: ignore[operator]
+    keys = random_keys(40)
+    values = [value_for(k, 512 << 10) for k in keys]  # 20 MiB: most of it lives on SSD only
+    with Client(node.address_for(transport), transport=transport, timeout_s=60) as c:
+        for i in range(0, 40, 8):
+            assert all(r.stored for r in c.put(keys[i : i + 8], values[i : i + 8]))
+        assert Tier.SSD in c.where(keys)
+        assert c.get(keys) == values
+        bufs = [bytearray(512 << 10) for _ in keys]
+        assert c.get_into(keys, bufs) == [512 << 10] * 40
+        assert [bytes(b) for b in bufs] == values
+    wait_until(lambda: node.daemon.store.stats().pinned_blocks == 0, what="pins released")

@@ -1,0 +1,260 @@
+"""Real ``kvstored serve`` processes: drain on SIGTERM, restart from SSD, SIGKILL mid-storm,
+systemd notification, kvstorectl against the daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import ServeProcess, value_for
+
+from kvstored import Client, Namespace, Tier, block_hashes
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kve2e", dir="/tmp"))  # short: unix socket paths
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(workdir: Path) -> Iterator[type[ServeProcess]]:
+    started: list[ServeProcess] = []
+
+    class Tracked(ServeProcess):
+        def start(self) -> ServeProcess:
+            started.append(self)
+            return super().start()
+
+    def make(**kwargs: object) -> ServeProcess:
+        return Tracked(workdir, **kwargs)  # type: ignore[arg-type]
+
+    yield make  # type: ignore[misc]
+    for p in started:
+        p.kill()
+
+
+def test_sigterm_drains_and_blocks_on_ssd_survive_a_restart(serve: object, workdir: Path) -> None:
+    node = serve().start()  # type: ignore[operator]
+    arena = node.arena
+    assert arena and os.path.exists(arena)
+    keys = [os.urandom(16) for _ in range(12)]
+    with Client(node.unix_address) as c:
+        assert c.describe().transport == "shm"
+        assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
+    assert node.terminate() == 0, node.log()
+    assert not os.path.exists(node.socket_path), "unix socket left behind"
+    assert not os.path.exists(arena), "arena file left behind"
+    log = node.log()
+    assert "node_draining" in log and "node_stopped" in log
+
+    again = serve().start()  # type: ignore[operator]
+    with Client(again.unix_address) as c:
+        assert c.lookup_prefix_tiers(keys) == [Tier.SSD] * len(keys)
+        assert c.get(keys) == [value_for(k) for k in keys]
+        assert c.lookup_prefix_tiers(keys[:1]) == [Tier.DRAM]  # promoted by the read
+    with Client(again.tcp_address, transport="tcp") as c:
+        assert c.get(keys) == [value_for(k) for k in keys]
+    assert again.terminate() == 0
+
+
+def test_sigint_also_drains(serve: object) -> None:
+    node = serve(ssd_size="0").start()  # type: ignore[operator]
+    node.signal(signal.SIGINT)
+    assert node.wait() == 0
+    assert not os.path.exists(node.socket_path)
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_put_storm_never_serves_torn_blocks(serve: object, workdir: Path) -> None:
+    node = serve(dram_size="8MiB", ssd_size="64MiB").start()  # type: ignore[operator]
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "e2e_writer.py"), addr, transport, str(seed)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=HERE,
+        )
+        for seed, (addr, transport) in enumerate(
+            [(node.unix_address, "shm"), (node.tcp_address, "tcp"), (node.unix_address, "shm")]
+        )
+    ]
+    try:
+        with Client(node.unix_address, timeout_s=10) as c:
+            deadline = time.monotonic() + 120
+            while True:  # until blocks were demoted to SSD while writes keep going
+                ssd = c.stats()["tiers"][1]
+                if ssd["num_blocks"] >= 60:
+                    break
+                assert time.monotonic() < deadline, "the put storm did not reach the SSD tier"
+                assert all(w.poll() is None for w in writers), "a writer stopped early"
+                time.sleep(0.05)
+        node.kill()
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait(timeout=30)
+
+    again = serve(dram_size="8MiB", ssd_size="64MiB").start()  # type: ignore[operator]
+    with Client(again.unix_address, timeout_s=30) as c:
+        stats = c.stats()
+        listed, truncated = c.list_blocks(limit=100_000)
+        assert not truncated
+        assert len(listed) == stats["tiers"][1]["num_blocks"] > 0
+        assert all(b.tiers == (Tier.SSD,) for b in listed)
+        keys = [b.key for b in listed]
+        for b in listed:
+            assert b.size_bytes == len(value_for(b.key)), "the index holds a torn size"
+        served = c.get(keys)
+        for k, v in zip(keys, served, strict=True):
+            assert v is None or v == value_for(k), f"block {k.hex()} served torn or wrong bytes"
+        misses = sum(v is None for v in served)
+        after = c.stats()
+        assert misses == after["checksum_failures"], "a listed block vanished without a counted failure"
+    with Client(again.tcp_address, transport="tcp", timeout_s=30) as c:
+        for k, v in zip(keys, c.get(keys), strict=True):
+            assert v is None or v == value_for(k)
+    assert again.terminate() == 0
+
+
+def test_sd_notify_ready_and_stopping(serve: object, workdir: Path) -> None:
+    path = str(workdir / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(path)
+        notify.settimeout(60)
+        node = serve(ssd_size="0", env={"NOTIFY_SOCKET": path}).start()  # type: ignore[operator]
+        ready = notify.recv(4096).decode()
+        assert ready.startswith("READY=1") and node.unix_address in ready
+        node.signal(signal.SIGTERM)
+        assert notify.recv(4096).decode() == "STOPPING=1"
+        assert node.wait() == 0
+
+
+def _ctl(*args: str, address: str | None) -> subprocess.CompletedProcess[str]:
+    """Run kvstorectl in-process (click's runner) against the real daemon."""
+    from click.testing import CliRunner
+
+    from kvstored.cli.kvstorectl import main
+
+    argv = (["--address", address] if address is not None else []) + list(args)
+    result = CliRunner().invoke(main, argv, catch_exceptions=False)
+    return subprocess.CompletedProcess(argv, result.exit_code, result.stdout, result.stderr)
+
+
+def _ctl_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run kvstorectl as its own process (the real entry point and exit codes)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.kvstorectl", *args], capture_output=True, text=True,
+        timeout=120,
+    )
+
+
+def test_kvstorectl_against_a_real_daemon(serve: object, workdir: Path) -> None:
+    node = serve().start()  # type: ignore[operator]
+    ns = Namespace(model_id="e2e/model", block_size=4)
+    tokens = list(range(22))  # 5 full blocks
+    keys = block_hashes(ns, tokens)
+    with Client(node.unix_address, namespace=ns) as c:
+        c.put(keys[:3], [b"kv" * 100] * 3)
+    addr = node.unix_address
+
+    r = _ctl_process("--address", addr, "--output", "json", "status")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status["node_id"] == "e2e" and status["draining"] is False
+    assert addr in status["addresses"]["grpc"] and status["addresses"]["data"] == node.data
+    assert [t["tier"] for t in status["tiers"]] == ["DRAM", "SSD"]
+    assert status["tiers"][0]["capacity_bytes"] == 16 << 20 and status["tiers"][0]["num_blocks"] == 3
+
+    r = _ctl("--output", "json", "blocks", "--namespace-id", ns.id_hex, address=addr)
+    assert r.returncode == 0, r.stderr
+    listing = json.loads(r.stdout)
+    assert listing["count"] == 3 and not listing["truncated"]
+    assert {b["key"] for b in listing["blocks"]} == {k.hex() for k in keys[:3]}
+    ns_file = workdir / "ns.toml"
+    ns_file.write_text('model_id = "e2e/model"\nblock_size = 4\n')
+    r = _ctl("--output", "json", "blocks", "--namespace-file", str(ns_file), address=addr)
+    assert json.loads(r.stdout)["count"] == 3
+    r = _ctl("--output", "json", "blocks", "--namespace-id", "00" * 16, address=addr)
+    assert json.loads(r.stdout)["count"] == 0
+
+    tok_file = workdir / "tokens.txt"
+    tok_file.write_text(" ".join(map(str, tokens)))
+    r = _ctl("--output", "json", "where", "--tokens", str(tok_file), "--namespace-file", str(ns_file), address=addr)
+    assert r.returncode == 0, r.stderr
+    where = json.loads(r.stdout)
+    assert where["num_blocks"] == 5 and where["num_leading_hits"] == 3
+    assert [b["tier"] for b in where["blocks"]] == ["DRAM", "DRAM", "DRAM", None, None]
+    assert [b["key"] for b in where["blocks"]] == [k.hex() for k in keys]
+    json_tokens = workdir / "tokens.json"
+    json_tokens.write_text(json.dumps(tokens))
+    r = _ctl("--output", "json", "where", "--tokens", str(json_tokens), "--model", "e2e/model",
+             "--block-size", "4", address=addr)
+    assert json.loads(r.stdout)["num_leading_hits"] == 3
+    r = _ctl("--output", "json", "where", "--keys", f"{keys[0].hex()},{keys[4].hex()}", address=addr)
+    assert [b["tier"] for b in json.loads(r.stdout)["blocks"]] == ["DRAM", None]
+
+    r = _ctl("status", address=addr)  # the human table
+    assert r.returncode == 0 and "DRAM" in r.stdout and "e2e" in r.stdout
+    r = _ctl("--output", "json", "stats", address=addr)
+    assert r.returncode == 0 and json.loads(r.stdout)["puts"] == 3
+
+    # exit codes: bad arguments 2, unreachable 3
+    r = _ctl("--output", "json", "where", "--keys", "not-hex", address=addr)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "INVALID_ARGUMENT"
+    assert _ctl("where", address=addr).returncode == 2
+    assert _ctl("--output", "yaml", "status", address=addr).returncode == 2
+    r = _ctl_process("--address", f"unix:{workdir}/nobody.sock", "--timeout-s", "1", "--output", "json", "status")
+    assert r.returncode == 3 and json.loads(r.stdout)["error"]["code"] == "UNAVAILABLE"
+    assert node.terminate() == 0
+
+
+def test_serve_rejects_bad_configuration(workdir: Path) -> None:
+    base = [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{workdir}/x.sock",
+            "--metrics-address", "", "--data-address", "127.0.0.1:0"]
+    r = subprocess.run([*base, "--dram-size", "lots"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "dram_size_bytes" in r.stderr and "lots" in r.stderr
+    cfg = workdir / "bad.toml"
+    cfg.write_text("[node]\ndram_size_byte = 1\n")
+    r = subprocess.run([*base, "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "dram_size_byte" in r.stderr
+    r = subprocess.run([*base, "--listen", "not an address", "--ssd-size", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not an address" in r.stderr
+
+
+def test_second_daemon_on_the_same_socket_is_refused(serve: object, workdir: Path) -> None:
+    first = serve(ssd_size="0").start()  # type: ignore[operator]
+    r = subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", first.unix_address,
+         "--data-address", "127.0.0.1:0", "--metrics-address", "", "--ssd-size", "0",
+         "--dram-size", "8MiB"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2 and "already listening" in r.stderr
+    with Client(first.unix_address) as c:  # the first one is unharmed
+        assert c.stats()["node_id"] == "e2e"
+    assert first.terminate() == 0
+
+
+def test_serving_never_imports_torch(serve: object) -> None:
+    node = serve(ssd_size="0").start()  # type: ignore[operator]
+    assert node.proc is not None
+    maps = Path(f"/proc/{node.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps and "torch/lib" not in maps
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, kvstored, kvstored.cli.main, kvstored.cli.kvstorectl; "
+         "sys.exit('torch' in sys.modules)"], timeout=120,
+    )
+    assert r.returncode == 0, "importing kvstored imported torch"
+    assert node.terminate() == 0
