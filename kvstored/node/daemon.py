@@ -282,9 +282,9 @@ class NodeDaemon:
         except ImportError:
             return
         try:
-            from kvstored.scheduler.service import SchedulerConfig
+            from kvstored.scheduler.config import SchedulerConfig
         except ImportError:
-            from kvstored.config import SchedulerConfig  # type: ignore[attr-defined,no-redef]
+            from kvstored.scheduler.service import SchedulerConfig  # type: ignore[attr-defined,no-redef]
         assert self.core is not None
         core = self.core
 
