@@ -76,6 +76,9 @@ INITIAL_BACKOFF_S = 0.02
 MAX_BACKOFF_S = 0.5
 MAX_LEASE_S = 600.0
 _ASSUMED_COPY_BYTES_PER_S = 1 << 30  # conservative, to leave a write enough of its lease
+PREFAULT_MAX_BYTES = 8 << 30
+"""Arenas up to this size are prefaulted when mapped (MAP_POPULATE: no page faults in the
+first copies); larger ones fault in lazily so that mapping stays fast."""
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
@@ -241,7 +244,12 @@ def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 class ArenaMap:
-    """The node's arena file mapped into this process (read-write, prefaulted).
+    """The node's arena file mapped into this process (read-write; prefaulted up to
+    ``PREFAULT_MAX_BYTES``).
+
+    The mapping is read-write because puts write into reserved ranges; a local client can
+    therefore write anywhere in the arena: the shared-memory path trusts processes of the
+    node's user (the arena file is mode 0600).
 
     Raises:
         OSError: the file cannot be opened or mapped.
@@ -261,7 +269,9 @@ class ArenaMap:
                 raise InvalidArgument(
                     f"{path} is {st.st_size} bytes, smaller than the arena ({size_bytes} bytes)"
                 )
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            flags = mmap.MAP_SHARED
+            if size_bytes <= PREFAULT_MAX_BYTES:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)
             self._mmap = mmap.mmap(fd, size_bytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
