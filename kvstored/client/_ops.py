@@ -214,6 +214,9 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     """
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
+    if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
+        return list(keys)  # fast path: every key is valid bytes (C-level checks)
     out = []
     for i, k in enumerate(keys):
         kb = _key_bytes(k, i)
@@ -231,8 +234,11 @@ def status_error(status: cpb.ItemStatus) -> KvstoredError | None:
     return error_from_code(status.code, status.message)
 
 
+_TIER_OF: tuple[Tier | None, ...] = (None, Tier.DRAM, Tier.SSD)
+
+
 def _tier(value: int) -> Tier | None:
-    return Tier(value) if value in (1, 2) else None
+    return _TIER_OF[value] if 0 <= value < len(_TIER_OF) else None
 
 
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
@@ -954,7 +960,7 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
             pb.LookupPrefixRequest(keys=checked[start:end], namespace_id=st.namespace_id),
             pb.LookupPrefixResponse,
         )
-        tiers.extend(Tier(t) for t in resp.tiers[: resp.num_hit_blocks])
+        tiers.extend(map(_TIER_OF.__getitem__, resp.tiers[: resp.num_hit_blocks]))
         if resp.num_hit_blocks < end - start:
             break
     return tiers
@@ -973,7 +979,7 @@ def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadlin
         if with_tiers:
             out.extend(_tier(t) if e else None for e, t in zip(resp.exists, resp.tiers, strict=True))
         else:
-            out.extend(bool(e) for e in resp.exists)
+            out.extend(resp.exists)
     return out
 
 

@@ -219,6 +219,9 @@ class NodeCore:
     def check_keys(self, keys: Sequence[bytes]) -> None:
         """Raise for the whole call on the first bad key (calls without per-item status)."""
         self.check_batch(len(keys))
+        lens = set(map(len, keys))
+        if not lens or (min(lens) >= max(self.cfg.min_key_bytes, 1) and max(lens) <= self.cfg.max_key_bytes):
+            return  # fast path (C-level loops)
         for i, key in enumerate(keys):
             err = self.key_error(i, key)
             if err is not None:

@@ -176,7 +176,7 @@ class NodeServicer:
         self, req: pb.LookupPrefixRequest, ctx: Any
     ) -> pb.LookupPrefixResponse:
         tiers = await self._inline(self.core.lookup_prefix, list(req.keys), req.namespace_id)
-        return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=[int(t) for t in tiers])
+        return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=tiers)  # IntEnum is int
 
     async def Exists(self, req: pb.ExistsRequest, ctx: Any) -> pb.ExistsResponse:
         present, tiers = await self._inline(
