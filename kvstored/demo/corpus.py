@@ -79,14 +79,40 @@ def user_message(document: Document, question: str) -> str:
     )
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def build_prompts(
-    tokenizer: Any, target_tokens: int, index: int, questions: Sequence[str]
+    tokenizer: Any, shared_tokens: int, index: int, questions: Sequence[str]
 ) -> tuple[Document, list[list[int]]]:
-    """Token ids of one prompt per question over a document sized so prompts are ~target long.
+    """One prompt per question over one document, sharing about ``shared_tokens`` tokens.
+
+    The document is sized so that the prompts' common prefix (template, instructions,
+    document) is ``shared_tokens`` plus a few tokens; each prompt then adds its question.
+    With ``shared_tokens`` a multiple of the block size, a later question finds all of the
+    shared blocks cached and prefills only its question and the chat template's tail.
 
     Returns:
-        ``(document, prompts)``; prompts share every token up to the question.
+        ``(document, prompts)``.
     """
-    overhead = max(len(tokenizer.encode_prompt(user_message(Document("", ""), q))) for q in questions)
-    doc = make_document(tokenizer, max(target_tokens - overhead, 16), index)
-    return doc, [tokenizer.encode_prompt(user_message(doc, q)) for q in questions]
+    probe = [tokenizer.encode_prompt(user_message(Document("", ""), q)) for q in questions]
+    header = _common_prefix(probe[0], probe[-1]) if len(probe) > 1 else len(probe[0]) // 2
+    doc_tokens = max(shared_tokens - header + 4, 16)
+    doc, prompts = Document("", ""), probe
+    for _ in range(8):  # re-tokenising the truncated text can shift counts by a few tokens
+        doc = make_document(tokenizer, doc_tokens, index)
+        prompts = [tokenizer.encode_prompt(user_message(doc, q)) for q in questions]
+        shared = min(_common_prefix(prompts[0], p) for p in prompts[1:]) if len(prompts) > 1 else len(prompts[0])
+        if shared < shared_tokens:
+            doc_tokens += shared_tokens - shared + 2
+        elif shared > shared_tokens + 16:
+            doc_tokens -= shared - shared_tokens - 8
+        else:
+            break
+    return doc, prompts

