@@ -1,7 +1,7 @@
 """``kvstorectl``: the online admin CLI of a kvstored node (uses only kvstored.client).
 
 Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix socket),
-``--timeout-s``, ``--output table|json``. Commands: ``status``, ``stats``, ``blocks``,
+``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
 ``where`` (and ``scheduler`` when kvstored.scheduler is installed).
 
 Exit codes: 0 ok, 1 error, 2 bad arguments, 3 node unreachable, 4 server error.
@@ -60,6 +60,28 @@ class CtlContext:
         return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
 
 
+def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None and isinstance(ctx.obj, CtlContext):
+        setattr(ctx.obj, param.name or "", value)
+    return value
+
+
+def _common_options(fn: F) -> F:
+    """``--address``, ``--timeout-s`` and ``--output`` also after the command name."""
+    for decorator in (
+        click.option("--output", type=click.Choice(["table", "json"]), default=None,
+                     expose_value=False, callback=_override, is_eager=True,
+                     help="Same as the global --output."),
+        click.option("--timeout-s", type=click.FloatRange(min=0.001), default=None,
+                     expose_value=False, callback=_override, is_eager=True,
+                     help="Same as the global --timeout-s."),
+        click.option("--address", default=None, expose_value=False, callback=_override,
+                     is_eager=True, help="Same as the global --address."),
+    ):
+        fn = decorator(fn)
+    return fn
+
+
 def _handle_errors(fn: F) -> F:
     """Map failures to exit codes and print them (JSON in json mode)."""
 
@@ -104,6 +126,7 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @main.command()
+@_common_options
 @click.pass_obj
 @_handle_errors
 def status(obj: CtlContext) -> None:
@@ -141,6 +164,7 @@ def status(obj: CtlContext) -> None:
 
 
 @main.command()
+@_common_options
 @click.pass_obj
 @_handle_errors
 def stats(obj: CtlContext) -> None:
@@ -187,6 +211,7 @@ def _parse_hex(value: str, what: str) -> bytes:
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",
               help="Only blocks of the namespace in this TOML/JSON file.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
+@_common_options
 @click.pass_obj
 @_handle_errors
 def blocks(obj: CtlContext, namespace_id: str | None, namespace_file: str | None, limit: int) -> None:
@@ -263,6 +288,7 @@ def _read_tokens(path: str) -> list[int]:
 @click.option("--tp-size", type=int, default=1, show_default=True)
 @click.option("--tp-rank", type=int, default=0, show_default=True)
 @click.option("--tenant-salt", default="", show_default=False)
+@_common_options
 @click.pass_obj
 @_handle_errors
 def where(

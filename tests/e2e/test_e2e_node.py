@@ -209,6 +209,8 @@ def test_kvstorectl_against_a_real_daemon(serve: object, workdir: Path) -> None:
     assert r.returncode == 0 and "DRAM" in r.stdout and "e2e" in r.stdout
     r = _ctl("--output", "json", "stats", address=addr)
     assert r.returncode == 0 and json.loads(r.stdout)["puts"] == 3
+    r = _ctl("stats", "--output", "json", address=addr)  # global flags also after the command
+    assert r.returncode == 0 and json.loads(r.stdout)["puts"] == 3
 
     # exit codes: bad arguments 2, unreachable 3
     r = _ctl("--output", "json", "where", "--keys", "not-hex", address=addr)
