@@ -49,7 +49,6 @@ from kvstored.errors import (
     InvalidArgument,
     KeyInvalid,
     KvstoredError,
-    NamespaceMismatch,
     Unavailable,
     error_from_code,
     error_from_rpc,

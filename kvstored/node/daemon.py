@@ -339,7 +339,7 @@ class NodeDaemon:
             await self._server.stop(grace=remaining)
             self._server = None
         if self._data_plane is not None:
-            await loop.run_in_executor(None, self._data_plane.stop, max(0.0, remaining))
+            await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))
             self._data_plane = None
         if self._reaper is not None:
             self._reaper.cancel()
@@ -353,13 +353,13 @@ class NodeDaemon:
             if spill:
                 try:
                     t0 = time.monotonic()
-                    num = await loop.run_in_executor(None, store.spill_to_ssd)
+                    num = await loop.run_in_executor(self._executor, store.spill_to_ssd)
                     log.info("dram_spilled_to_ssd", num_blocks=num,
                              duration_ms=round((time.monotonic() - t0) * 1000, 1))
                 except Exception:
                     log.exception("spill_failed")
             try:
-                await loop.run_in_executor(None, store.close)
+                await loop.run_in_executor(self._executor, store.close)
             except Exception:
                 log.exception("store_close_failed")
         if self._httpd is not None:
