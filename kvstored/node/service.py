@@ -1,10 +1,11 @@
 """NodeService: the thin grpc.aio adapter over :class:`~kvstored.node.core.NodeCore`.
 
 Each method decodes its request, calls the core and encodes the response. Calls that may do
-SSD I/O (pin, reserve, inline put/get, remove, list) run in a named, bounded executor; the
-metadata-only calls of the hot path (lookup, exists, commit, release, stats) run on the loop,
-saving two thread hand-offs per call (they only hold the store lock for microseconds, but wait
-for it while another thread holds it for SSD I/O).
+SSD I/O (pin: promotion, reserve: demotion, remove: file deletion) or copy payloads (inline
+put/get, list) run in a named, bounded executor; the metadata-only calls of the hot path
+(lookup, exists, commit, release, stats) run on the loop, saving two thread hand-offs per call
+(they hold the store lock for microseconds, but wait for it while another thread holds it for
+SSD I/O). Without an SSD tier, pin/reserve/remove are metadata-only too and run on the loop.
 
 Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
@@ -87,6 +88,9 @@ class NodeServicer:
         self.core = core
         self._executor = executor
         self._version = version
+        cfg = core.cfg
+        has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
+        self._maybe_io = self._run if has_ssd else self._inline
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -135,7 +139,7 @@ class NodeServicer:
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
-        rid, out = await self._run(
+        rid, out = await self._maybe_io(
             self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch
         )
         return pb.ReservePutResponse(
@@ -151,7 +155,7 @@ class NodeServicer:
         return pb.CommitPutResponse(results=_put_results(out))
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
-        pin_id, got = await self._run(
+        pin_id, got = await self._maybe_io(
             self.core.pin_blocks, list(req.keys), req.namespace_id,
             lease_ms=req.lease_ms, epoch=req.epoch,
         )
@@ -185,7 +189,7 @@ class NodeServicer:
         return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
 
     async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
-        removed = await self._run(self.core.remove, list(req.keys))
+        removed = await self._maybe_io(self.core.remove, list(req.keys))
         return pb.RemoveResponse(removed=removed)
 
     async def Stats(self, req: pb.StatsRequest, ctx: Any) -> pb.StatsResponse:

@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from kvstored import errors
+from kvstored.config import NodeConfig
 from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode, KvstoredError, error_from_rpc
 from kvstored.node.service import NodeServicer, add_node_service, grpc_trailing_metadata
 from kvstored.v1 import node_pb2 as pb
@@ -73,6 +74,7 @@ class _RaisingCore:
     """Stands in for NodeCore: ``stats()`` raises whatever ``self.error`` is."""
 
     metrics = None
+    cfg = NodeConfig(node_id="errors", ssd_size_bytes=0)
 
     def __init__(self) -> None:
         self.error: BaseException = RuntimeError("unset")
