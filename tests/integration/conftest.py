@@ -34,6 +34,7 @@ def start_node(sock_dir: str) -> Iterator[NodeFactory]:
     started: list[DaemonThread] = []
 
     def factory(**overrides: Any) -> DaemonThread:
+        enable_scheduler = overrides.pop("enable_scheduler", False)
         name = overrides.pop("node_id", None) or f"it-{uuid.uuid4().hex[:8]}"
         fields: dict[str, Any] = {
             "node_id": name,
@@ -48,7 +49,7 @@ def start_node(sock_dir: str) -> Iterator[NodeFactory]:
             "log_level": "warning",
         }
         fields.update(overrides)
-        node = DaemonThread(NodeConfig(**fields)).start()
+        node = DaemonThread(NodeConfig(**fields), enable_scheduler=enable_scheduler).start()
         started.append(node)
         return node
 

@@ -18,8 +18,9 @@ from kvstored.node.daemon import NodeDaemon
 class DaemonThread:
     """A NodeDaemon serving from a background thread's event loop."""
 
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, *, enable_scheduler: bool = False) -> None:
         self.cfg = cfg
+        self.enable_scheduler = enable_scheduler
         self._started = threading.Event()
         self._exc: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"daemon-{cfg.node_id}", daemon=True)
@@ -33,7 +34,7 @@ class DaemonThread:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        self.daemon = NodeDaemon(self.cfg, enable_scheduler=False)
+        self.daemon = NodeDaemon(self.cfg, enable_scheduler=self.enable_scheduler)
         try:
             await self.daemon.start()
         except BaseException as exc:
