@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import pathlib
 import signal
@@ -289,9 +290,13 @@ class NodeDaemon:
         core = self.core
 
         def block_locator(keys: list[bytes], namespace_id: bytes = b"") -> list[Any]:
+            """Tiers of the leading present blocks (like LookupPrefix: metadata only)."""
             return core.store.lookup_prefix(keys, namespace_id=namespace_id)
 
-        add_scheduler_service(server, SchedulerConfig(), block_locator=block_locator)
+        kwargs: dict[str, Any] = {"block_locator": block_locator}
+        if "registry" in inspect.signature(add_scheduler_service).parameters:
+            kwargs["registry"] = self.metrics.registry  # scheduler metrics on the node's /metrics
+        add_scheduler_service(server, SchedulerConfig(), **kwargs)
         log.info("scheduler_service_added")
 
     async def _reap_loop(self) -> None:

@@ -20,8 +20,9 @@ def test_scheduler_service_is_added_with_a_block_locator(start_node: Any, monkey
     class SchedulerConfig:  # used only when kvstored.scheduler.config is absent
         pass
 
-    def add_scheduler_service(server: Any, config: Any, *, block_locator: Any) -> None:
-        calls.append({"server": server, "config": config, "block_locator": block_locator})
+    def add_scheduler_service(server: Any, config: Any, *, block_locator: Any, registry: Any = None) -> None:
+        calls.append({"server": server, "config": config, "block_locator": block_locator,
+                      "registry": registry})
 
     fake.SchedulerConfig = SchedulerConfig  # type: ignore[attr-defined]
     fake.add_scheduler_service = add_scheduler_service  # type: ignore[attr-defined]
@@ -31,6 +32,7 @@ def test_scheduler_service_is_added_with_a_block_locator(start_node: Any, monkey
 
     node = start_node(enable_scheduler=True)
     assert len(calls) == 1 and calls[0]["server"] is not None
+    assert calls[0]["registry"] is node.daemon.metrics.registry
     keys = random_keys(3)
     with Client(node.unix_address) as c:
         c.put(keys[:2], [b"a", b"b"])
