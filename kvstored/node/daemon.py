@@ -394,6 +394,8 @@ class NodeDaemon:
             if on_started is not None:
                 on_started(self)
             sd_notify(f"READY=1\nSTATUS=serving on {', '.join(self.grpc_addresses)}")
+            if self.store is not None:
+                self.store.start_prefault()  # serving already; first-touch faults move off the hot path
             await stop_event.wait()
             sd_notify("STOPPING=1")
         finally:

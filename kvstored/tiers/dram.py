@@ -19,9 +19,12 @@ Not thread-safe on its own: :class:`kvstored.tiers.tiered.TieredStore` calls it 
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -64,6 +67,9 @@ class DramEntry:
         return self.info[1]
 
 
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+
+
 class DramArena:
     """The arena mapping: a shared-memory file (or anonymous memory) of a fixed size.
 
@@ -94,11 +100,22 @@ class DramArena:
         else:
             name = f"kvstored-{_SAFE_NAME.sub('_', node_id)}-{os.getpid()}.arena"
             path = os.path.join(os.fspath(arena_dir), name)
+            st = os.statvfs(os.fspath(arena_dir))
+            free_bytes = st.f_bavail * st.f_frsize
+            if free_bytes < size:
+                # tmpfs pages are allocated on first touch: an arena larger than the free
+                # space would SIGBUS the daemon later instead of failing now.
+                raise OSError(
+                    errno.ENOSPC,
+                    f"arena_dir {arena_dir} has {free_bytes} bytes free but the DRAM tier needs "
+                    f"{size}; lower dram_size_bytes or enlarge the tmpfs",
+                )
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 os.ftruncate(fd, size)
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                self._mmap = mmap.mmap(fd, size, flags=flags)
+                # No MAP_POPULATE: prefaulting a large arena can take seconds per GiB on a
+                # VM; start_prefault() does it in the background after the daemon is up.
+                self._mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
             except BaseException:
                 os.close(fd)
                 os.unlink(path)
@@ -107,7 +124,34 @@ class DramArena:
             self.path = path
         self.view = memoryview(self._mmap)
         self._closed = False
+        self._prefault_lock = threading.Lock()
+        self._prefault_thread: threading.Thread | None = None
         log.info("arena_mapped", path=self.path or "", size_bytes=size)
+
+    def start_prefault(self, chunk_bytes: int = 64 << 20) -> None:
+        """Fault the arena's pages in from a background thread (first touch is slow on VMs).
+
+        Uses ``madvise(MADV_POPULATE_WRITE)`` chunk by chunk, so blocks written before the
+        thread reaches them just fault on their own; stops when the arena closes. Idempotent.
+        """
+        if self._prefault_thread is not None or self._closed:
+            return
+
+        def run() -> None:
+            start = time.monotonic()
+            for off in range(0, self.size_bytes, chunk_bytes):
+                with self._prefault_lock:
+                    if self._closed:
+                        return
+                    try:
+                        self._mmap.madvise(_MADV_POPULATE_WRITE, off, min(chunk_bytes, self.size_bytes - off))
+                    except (OSError, ValueError):
+                        return  # kernel < 5.14: pages fault in on first use instead
+            log.info("arena_prefaulted", size_bytes=self.size_bytes,
+                     duration_ms=round((time.monotonic() - start) * 1e3))
+
+        self._prefault_thread = threading.Thread(target=run, name="kvstored-arena-prefault", daemon=True)
+        self._prefault_thread.start()
 
     def close(self) -> None:
         """Unmap the arena and unlink its file; idempotent.
@@ -117,7 +161,8 @@ class DramArena:
         """
         if self._closed:
             return
-        self._closed = True
+        with self._prefault_lock:
+            self._closed = True
         try:
             self.view.release()
             self._mmap.close()

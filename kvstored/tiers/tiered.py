@@ -671,6 +671,10 @@ class TieredStore:
         return out, False
 
     # ---- lifecycle ---------------------------------------------------------------------
+    def start_prefault(self) -> None:
+        """Fault the DRAM arena in from a background thread (see ``DramArena.start_prefault``)."""
+        self._arena.start_prefault()
+
     def spill_to_ssd(self) -> int:
         """Write every DRAM-only block to the SSD tier (graceful shutdown), LRU first.
 

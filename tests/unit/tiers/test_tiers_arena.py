@@ -1,0 +1,36 @@
+"""DramArena: refuses an arena larger than its tmpfs, prefaults in the background."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+from types import SimpleNamespace
+
+import pytest
+
+from kvstored.tiers.dram import DramArena
+
+
+def test_arena_larger_than_free_tmpfs_space_is_refused(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "statvfs", lambda _p: SimpleNamespace(f_bavail=10, f_frsize=4096))
+    with pytest.raises(OSError, match="has 40960 bytes free but the DRAM tier needs 1048576") as exc:
+        DramArena(1 << 20, arena_dir=tmp_path)
+    assert exc.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_prefault_runs_in_background_and_close_stops_it(tmp_path: pathlib.Path) -> None:
+    arena = DramArena(8 << 20, arena_dir=tmp_path)
+    arena.view[:5] = b"hello"
+    arena.start_prefault(chunk_bytes=1 << 20)
+    assert arena._prefault_thread is not None
+    arena._prefault_thread.join(30)
+    assert not arena._prefault_thread.is_alive()
+    assert bytes(arena.view[:5]) == b"hello"  # populating never changes written bytes
+    path = arena.path
+    arena.close()
+    assert path is not None and not os.path.exists(path)
+    arena.start_prefault()  # after close: a no-op, not a crash
