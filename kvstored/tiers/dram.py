@@ -70,6 +70,46 @@ class DramEntry:
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
+_ARENA_FILE = re.compile(r"^kvstored-.*-(\d+)\.arena$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def reclaim_stale_arenas(arena_dir: str | os.PathLike[str]) -> int:
+    """Unlink arena files left by daemons that died without closing (SIGKILL, OOM kill).
+
+    A file ``kvstored-<node>-<pid>.arena`` whose pid is not running holds tmpfs memory that
+    nobody can free otherwise. Files of live processes are never touched.
+
+    Returns:
+        Number of files removed.
+    """
+    removed = 0
+    try:
+        names = os.listdir(arena_dir)
+    except OSError:
+        return 0
+    for name in names:
+        m = _ARENA_FILE.match(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(arena_dir, name))
+        except OSError:
+            continue
+        removed += 1
+        log.info("stale_arena_reclaimed", path=os.path.join(os.fspath(arena_dir), name))
+    return removed
+
+
 class DramArena:
     """The arena mapping: a shared-memory file (or anonymous memory) of a fixed size.
 
@@ -98,6 +138,7 @@ class DramArena:
         if arena_dir is None:
             self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         else:
+            reclaim_stale_arenas(arena_dir)
             name = f"kvstored-{_SAFE_NAME.sub('_', node_id)}-{os.getpid()}.arena"
             path = os.path.join(os.fspath(arena_dir), name)
             st = os.statvfs(os.fspath(arena_dir))

@@ -34,3 +34,23 @@ def test_prefault_runs_in_background_and_close_stops_it(tmp_path: pathlib.Path) 
     arena.close()
     assert path is not None and not os.path.exists(path)
     arena.start_prefault()  # after close: a no-op, not a crash
+
+
+def test_stale_arena_of_dead_daemon_is_reclaimed(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f"kvstored-node-{dead_pid}.arena"
+    live = tmp_path / f"kvstored-other-{os.getppid()}.arena"
+    unrelated = tmp_path / "not-ours.arena"
+    for p in (stale, live, unrelated):
+        p.write_bytes(b"x")
+    arena = DramArena(1 << 20, arena_dir=tmp_path)
+    try:
+        assert not stale.exists()
+        assert live.exists() and unrelated.exists()
+    finally:
+        arena.close()
