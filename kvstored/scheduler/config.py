@@ -61,8 +61,9 @@ class SchedulerConfig(BaseModel):
 
     policy: Policy = Policy.KVCACHE_CENTRIC
     """Prefill placement policy. Default kvcache-centric."""
-    admission: AdmissionMode = AdmissionMode.PREDICTED_LENGTH
-    """Admission mode. Default predicted-length (ours; rejects least on the replayed traces)."""
+    admission: AdmissionMode = AdmissionMode.PREDICTED_ADAPTIVE
+    """Admission mode. Default predicted-adaptive (ours; rejects least on the replayed trace,
+    see docs/scheduler.md)."""
     ttft_slo_s: float = Field(default=30.0, gt=0)
     """TTFT objective used when a request does not carry its own, seconds. Default 30."""
     tbt_slo_s: float = Field(default=0.1, gt=0)
@@ -88,9 +89,10 @@ class SchedulerConfig(BaseModel):
     decode_hard_limit: bool = True
     """Decode instances refuse a request that would overload them when its prefill finishes
     (every admission mode except ``none``). Default true."""
-    decode_load_scope: Literal["mean", "instance"] = "mean"
-    """What early and predicted admission compare with the limit: the mean decode load over
-    instances with this request on the chosen one (Mooncake), or the chosen instance's load.
+    decode_load_scope: Literal["mean", "instance"] = "instance"
+    """What early and predicted admission compare with the limit: the load of the decode
+    instance the request would go to (default), or the mean decode load over instances with
+    this request on the chosen one (the arXiv report's wording for the predicted mode).
     predicted-adaptive always judges the chosen instance."""
     error_window: int = Field(default=512, ge=16)
     """predicted-adaptive: how many recent prediction errors the margin is learned from."""

@@ -185,6 +185,7 @@ class HandoffDecision:
         decode_instance_id: that instance (the planned one when it fits), or None.
         reason: ``DECODE_OVERLOADED`` when refused (the prefill was wasted), else None.
         decode_load: load of the instance with this request (the least loaded when refused).
+        predicted_ttft_s: the TTFT predicted when the request was scheduled, seconds.
     """
 
     request_id: str
@@ -192,6 +193,7 @@ class HandoffDecision:
     decode_instance_id: str | None
     reason: RejectReason | None
     decode_load: float
+    predicted_ttft_s: float = 0.0
 
 
 class PrefixIndex(Protocol):
@@ -596,7 +598,18 @@ class Scheduler:
                     later = (d0 + db * n_at[i] + dc * ctx_at[i]) / d.spec.relative_speed
                     inv[i] = 2.0 / (1.0 / inv[i] + later)
                 n_at, ctx_at = self._table.at(t_join, now, inv, vnow, uniform, k)
-            states = [(d, int(n_at[d.idx]), float(ctx_at[d.idx])) for d in live]
+            states = []
+            for d in live:
+                n, ctx = int(n_at[d.idx]), float(ctx_at[d.idx])
+                if d.reported is not None:
+                    # requests the engine runs that this scheduler did not place (another
+                    # router, or before a restart): assume they all stay
+                    n_rep, ctx_rep, _ = self._decode_now(d, now)
+                    extra = n_rep - len(d.running)
+                    if extra > 0:
+                        n += extra
+                        ctx += ctx_rep * extra / n_rep
+                states.append((d, n, ctx))
         else:
             # The measured load now: it does not count requests still in prefill (early
             # rejection's stale view).
@@ -632,8 +645,13 @@ class Scheduler:
         return best, admit_load, best_tbt, best_load
 
     # ---- scheduling ------------------------------------------------------------------
-    def schedule(self, request: ScheduleRequest) -> Decision:
+    def schedule(
+        self, request: ScheduleRequest, prefix_index: PrefixIndex | None = None
+    ) -> Decision:
         """Choose prefill and decode instances for a request, or reject it.
+
+        ``prefix_index`` overrides the scheduler's own index for this call (the gRPC service
+        passes a snapshot that includes the store's block locations).
 
         On admission the prefill instance's queue grows by the predicted prefill time and the
         decode instance expects the request when its prefill ends; call :meth:`start_decode`
@@ -664,7 +682,9 @@ class Scheduler:
         # every policy reuses what the chosen instance's node holds (engines do); only
         # kvcache-centric also looks at other nodes' prefixes
         match = (
-            self.prefix_index.match_prefix(keys, sorted({p.spec.node_id for p in prefills}))
+            (prefix_index or self.prefix_index).match_prefix(
+                keys, sorted({p.spec.node_id for p in prefills})
+            )
             if keys else {}
         )
         holder: str | None = None
@@ -859,7 +879,7 @@ class Scheduler:
         if chosen is None:
             self.num_rejected[RejectReason.DECODE_OVERLOADED] += 1
             return HandoffDecision(request_id, False, None, RejectReason.DECODE_OVERLOADED,
-                                   chosen_load)
+                                   chosen_load, pend.predicted_ttft_s)
         self._advance_vtok(chosen, now)
         rec = _Dec(n_tok, pend.expected_tokens, now,
                    self._table.add(chosen.idx, now, n_tok, pend.expected_tokens, chosen.vtok))
@@ -868,7 +888,8 @@ class Scheduler:
         chosen.delta_ctx += n_tok
         chosen.vtok_step = self._decode_now(chosen, now)[2]
         self._running[request_id] = (chosen.spec.instance_id, rec)
-        return HandoffDecision(request_id, True, chosen.spec.instance_id, None, chosen_load)
+        return HandoffDecision(request_id, True, chosen.spec.instance_id, None, chosen_load,
+                               pend.predicted_ttft_s)
 
     def finish_request(self, request_id: str, num_output_tokens: int | None = None) -> bool:
         """The request completed (or was cancelled): forget it.

@@ -92,3 +92,50 @@ def load_trace(path: str | pathlib.Path, *, limit: int | None = None) -> list[Tr
             last_ts = ts
             out.append(TraceRecord(ts, n_in, n_out, tuple(ids)))
     return out
+
+
+def synthetic_trace(
+    num_requests: int,
+    *,
+    rate_per_s: float = 5.0,
+    num_conversations: int = 50,
+    system_prompt_blocks: int = 2,
+    seed: int = 0,
+) -> list[TraceRecord]:
+    """A small Mooncake-like trace for tests and examples (deterministic for a seed).
+
+    Requests arrive as a Poisson process. Each belongs to one of ``num_conversations``
+    conversations; a conversation's next turn extends its previous prompt by a few blocks, and
+    every prompt starts with the same ``system_prompt_blocks`` blocks, so prefixes are reused
+    the way the published traces reuse them.
+
+    Raises:
+        InvalidArgument: a count or rate that is not positive.
+    """
+    import random
+
+    if num_requests < 0 or rate_per_s <= 0 or num_conversations < 1 or system_prompt_blocks < 0:
+        raise InvalidArgument(
+            f"need num_requests >= 0, rate_per_s > 0, num_conversations >= 1, "
+            f"system_prompt_blocks >= 0; got {num_requests}, {rate_per_s}, {num_conversations}, "
+            f"{system_prompt_blocks}"
+        )
+    rng = random.Random(seed)
+    next_id = system_prompt_blocks
+    convs: list[list[int]] = [list(range(system_prompt_blocks)) for _ in range(num_conversations)]
+    t = 0.0
+    out: list[TraceRecord] = []
+    for _ in range(num_requests):
+        t += rng.expovariate(rate_per_s)
+        c = rng.randrange(num_conversations)
+        grow = rng.randint(1, 6)
+        convs[c] = convs[c] + list(range(next_id, next_id + grow))
+        next_id += grow
+        if len(convs[c]) > 64:  # start a new conversation
+            convs[c] = list(range(system_prompt_blocks)) + list(range(next_id, next_id + grow))
+            next_id += grow
+        ids = tuple(convs[c])
+        n_in = len(ids) * TRACE_BLOCK_TOKENS - rng.randrange(TRACE_BLOCK_TOKENS)
+        n_out = max(1, int(rng.lognormvariate(5.0, 0.8)))
+        out.append(TraceRecord(int(t * 1000), max(1, n_in), n_out, ids))
+    return out

@@ -1,0 +1,261 @@
+"""``kvstored replay`` and ``kvstored calibrate`` (click commands; kvstored/cli/main.py adds them).
+
+replay: drive the scheduler core with a Mooncake trace in the discrete-event simulator and
+compare prefill policies and admission modes. Writes a table (or JSON) on stdout, and
+optionally a JSON file, a comparison plot and a load-over-time plot.
+
+calibrate: measure a random-weight Llama-shaped model on this machine and write a cost profile
+JSON that ``replay --profile`` and ``SchedulerConfig.profile_path`` accept.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Any
+
+import click
+
+from kvstored.errors import KvstoredError
+
+_POLICIES = ["random", "load-balancing", "cache-aware", "kvcache-centric"]
+_MODES = ["none", "reject-at-decode", "early", "predicted", "predicted-length",
+          "predicted-adaptive"]
+_DEFAULT_MODES = ["reject-at-decode", "early", "predicted", "predicted-length",
+                  "predicted-adaptive"]
+
+# The documented high-load cluster (docs/scheduler.md): see the defaults of the options below.
+DEFAULT_CLUSTER = {
+    "num_prefill": 8,
+    "num_decode": 8,
+    "cache_blocks": 10_000,
+    "speed": 2.0,
+    "decode_relative_speed": 1.0,
+    "decode_kv_capacity_tokens": 150_000,
+}
+
+
+def _parse_choice_list(value: str, allowed: list[str], what: str,
+                       all_means: list[str]) -> list[str]:
+    if value == "all":
+        return list(all_means)
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise click.BadParameter(
+            f"unknown {what} {bad or value!r}; choose from {', '.join(allowed)}, a comma-separated "
+            "list of them, or all"
+        )
+    return items
+
+
+def _cache_blocks(value: str) -> int | None:
+    if value.lower() in ("inf", "unlimited", "none"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"must be a positive integer or 'inf', got {value!r}") from None
+    if n < 1:
+        raise click.BadParameter(f"must be >= 1 or 'inf', got {n}")
+    return n
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
+@click.option("--prefill", "num_prefill", type=click.IntRange(min=1),
+              default=DEFAULT_CLUSTER["num_prefill"], show_default=True,
+              help="Prefill instances (each on its own node with its own block cache).")
+@click.option("--decode", "num_decode", type=click.IntRange(min=1),
+              default=DEFAULT_CLUSTER["num_decode"], show_default=True,
+              help="Decode instances.")
+@click.option("--cache-blocks", default=str(DEFAULT_CLUSTER["cache_blocks"]), show_default=True,
+              help="Block cache capacity of each prefill node, blocks (or 'inf').")
+@click.option("--cache-policy", type=click.Choice(["store", "lru", "lfu"]), default="store",
+              show_default=True, help="Eviction policy of the node caches (store = chain-aware "
+              "LRU, the store's).")
+@click.option("--policy", "policy_arg", default="all", show_default=True,
+              help=f"Prefill policy: {'|'.join(_POLICIES)}|all (or a comma-separated list).")
+@click.option("--admission", "admission_arg", default="all", show_default=True,
+              help=f"Admission mode: {'|'.join(_MODES)}|all (all = "
+              f"{','.join(_DEFAULT_MODES)}).")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_CLUSTER["speed"], show_default=True,
+              help="Replay speed: arrival times are divided by this.")
+@click.option("--decode-speed", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_CLUSTER["decode_relative_speed"], show_default=True,
+              help="Speed of a decode instance relative to the profile.")
+@click.option("--decode-kv-tokens", type=click.IntRange(min=0),
+              default=DEFAULT_CLUSTER["decode_kv_capacity_tokens"], show_default=True,
+              help="KV capacity of a decode instance, tokens (0 = the profile's).")
+@click.option("--ttft-slo-s", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True)
+@click.option("--tbt-slo-s", type=click.FloatRange(min=0, min_open=True), default=0.1,
+              show_default=True)
+@click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=pathlib.Path), default=None,
+              help="Cost profile JSON (default: the shipped 8x A800 / Llama-70B-shaped one).")
+@click.option("--length-noise", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Sigma of a log-normal error on the expected output length the scheduler is "
+              "told (0 = the true length).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Replay only the first N requests.")
+@click.option("--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="What to print on stdout.")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+              default=None, help="Also write the JSON document (with load timelines) here.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=None,
+              help="Write a PNG comparing policies and admission modes.")
+@click.option("--timeline-plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+              default=None, help="Write a PNG of prefill and decode load over time per run.")
+@click.option("--timeline-window-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Plot only the first this many simulated seconds of the timeline.")
+@click.option("--hit-curve", is_flag=True,
+              help="Also report the trace's prefix-hit ratio against one cache's capacity "
+              "(LRU vs the store's policy).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def replay(trace: pathlib.Path, num_prefill: int, num_decode: int, cache_blocks: str,
+           cache_policy: str, policy_arg: str, admission_arg: str, speed: float,
+           decode_speed: float, decode_kv_tokens: int, ttft_slo_s: float, tbt_slo_s: float,
+           profile_path: pathlib.Path | None, length_noise: float, seed: int,
+           limit: int | None, output: str, json_out: pathlib.Path | None,
+           plot: pathlib.Path | None, timeline_plot: pathlib.Path | None,
+           timeline_window_s: float | None, hit_curve: bool, progress: bool | None) -> None:
+    """Replay a Mooncake request TRACE (.jsonl) through the scheduler in a simulated cluster.
+
+    Reports per policy and admission mode: average and P90 TTFT, TBT SLO attainment,
+    completed, rejected and wasted prefills, and the cache hit ratio.
+    """
+    from rich.console import Console
+
+    from kvstored.scheduler.cache import EvictionPolicy, hit_ratio_curve
+    from kvstored.scheduler.config import AdmissionMode, Policy
+    from kvstored.scheduler.costmodel import CostProfile
+    from kvstored.scheduler.report import (
+        hit_curve_table,
+        plot_comparison,
+        plot_timeline,
+        results_document,
+        results_table,
+    )
+    from kvstored.scheduler.sim import ClusterConfig, replay as run_replay
+    from kvstored.scheduler.trace import load_trace
+
+    policies = _parse_choice_list(policy_arg, _POLICIES, "policy", _POLICIES)
+    modes = _parse_choice_list(admission_arg, _MODES, "admission mode", _DEFAULT_MODES)
+    try:
+        records = load_trace(trace, limit=limit)
+        profile = CostProfile.load(profile_path) if profile_path else None
+        cluster = ClusterConfig(
+            num_prefill=num_prefill, num_decode=num_decode,
+            cache_blocks=_cache_blocks(cache_blocks), cache_policy=EvictionPolicy(cache_policy),
+            decode_relative_speed=decode_speed, decode_kv_capacity_tokens=decode_kv_tokens,
+            speed=speed, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, length_noise=length_noise,
+            seed=seed, profile=profile,
+        )
+        cluster.validate()
+    except KvstoredError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not records:
+        raise click.ClickException(f"trace {trace} has no records")
+
+    show = sys.stderr.isatty() if progress is None else progress
+    bar: Any = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(records) * len(policies) * len(modes), unit="req", file=sys.stderr,
+                   desc="replay", leave=False)
+    results = []
+    try:
+        for pol in policies:
+            for mode in modes:
+                if bar is not None:
+                    bar.set_postfix_str(f"{pol}/{mode}")
+                results.append(run_replay(records, Policy(pol), AdmissionMode(mode), cluster,
+                                          progress=bar.update if bar is not None else None))
+    finally:
+        if bar is not None:
+            bar.close()
+    curve = None
+    if hit_curve:
+        curve = hit_ratio_curve(
+            (r.hash_ids for r in records), [None, 100_000, 50_000, 30_000, 10_000, 1_000],
+            [EvictionPolicy.LRU, EvictionPolicy.STORE, EvictionPolicy.LFU],
+        )
+    doc = results_document(str(trace), cluster, results, hit_curve=curve)
+    if output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        con = Console(highlight=False, width=max(140, Console().width))
+        c = cluster.describe()
+        con.print(
+            f"trace {trace.name}: {len(records)} requests at {speed}x; {num_prefill} prefill + "
+            f"{num_decode} decode instances; cache {c['cache_blocks'] or 'unlimited'} blocks/node "
+            f"({cache_policy}); profile {c['profile']}; SLOs TTFT {ttft_slo_s} s, TBT "
+            f"{tbt_slo_s} s"
+        )
+        con.print(results_table(results))
+        if curve is not None:
+            con.print(hit_curve_table(curve))
+    if json_out is not None:
+        full = results_document(str(trace), cluster, results, hit_curve=curve,
+                                include_timeline=True)
+        json_out.write_text(json.dumps(full, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    try:
+        if plot is not None:
+            plot_comparison(results, plot)
+        if timeline_plot is not None:
+            plot_timeline(results, timeline_plot, window_s=timeline_window_s)
+    except ImportError as exc:
+        raise click.ClickException(
+            f"plots need matplotlib ({exc}); install the sim extra: pip install 'kvstored[sim]'"
+        ) from None
+
+
+@click.command("calibrate")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+              default=pathlib.Path("kvstored-profile.json"), show_default=True,
+              help="Where to write the profile JSON.")
+@click.option("--layers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--hidden-size", type=click.IntRange(min=8), default=512, show_default=True)
+@click.option("--heads", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--intermediate-size", type=click.IntRange(min=8), default=1408,
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=64), default=1536, show_default=True,
+              help="Longest prompt timed (the grid is 5 lengths up to it).")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch threads (the machine is shared: keep it low).")
+@click.option("--no-io", is_flag=True, help="Do not measure memcpy and file-read bandwidth.")
+def calibrate(output_path: pathlib.Path, layers: int, hidden_size: int, heads: int,
+              kv_heads: int, intermediate_size: int, max_tokens: int, repeats: int,
+              threads: int, no_io: bool) -> None:
+    """Measure a random-weight Llama-shaped model here and write a cost profile JSON."""
+    from kvstored.scheduler.calibrate import calibrate as run
+
+    lengths = sorted({max(16, int(max_tokens * f)) for f in (1 / 12, 1 / 6, 1 / 3, 2 / 3, 1.0)})
+    try:
+        prof = run(num_layers=layers, hidden_size=hidden_size, num_heads=heads,
+                   num_kv_heads=kv_heads, intermediate_size=intermediate_size,
+                   prefill_lengths=lengths, repeats=repeats, threads=threads,
+                   measure_io=not no_io, progress=lambda m: click.echo(m, err=True))
+    except KvstoredError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ImportError as exc:
+        raise click.ClickException(
+            f"calibrate needs torch and transformers ({exc}); install the demo extra"
+        ) from None
+    prof.save(output_path)
+    p, d = prof.prefill, prof.decode
+    click.echo(
+        f"wrote {output_path}: prefill_s = {p.base_s:.4g} + {p.per_token_s:.4g}*(n-p) + "
+        f"{p.per_token_sq_s:.4g}*(n^2-p^2); tbt_s = {d.base_s:.4g} + {d.per_request_s:.4g}*b + "
+        f"{d.per_context_token_s:.4g}*ctx (residuals: prefill "
+        f"{prof.fit['prefill_relative_rms_residual']}, decode "
+        f"{prof.fit['decode_relative_rms_residual']})"
+    )

@@ -1,0 +1,492 @@
+"""The gRPC SchedulerService: a thin adapter over :class:`~kvstored.scheduler.core.Scheduler`.
+
+Hosted by the master (inside ``kvstored serve`` while the master is embedded there) through
+:func:`add_scheduler_service`. Every method decodes the request, calls the pure core on the
+event loop (no locks: one loop), and encodes the answer; a :class:`KvstoredError` becomes a gRPC
+status with the error code in the ``kvstored-error-code`` trailing metadata.
+
+Where prefixes are cached comes from two sources, merged per node:
+
+- what instances report (``ReportLoad.added_block_keys`` / ``removed_block_keys``: KV events
+  of the blocks cached on their node), and
+- optionally a ``block_locator`` (the store's index): ``locator(keys)`` returns one entry per
+  *leading* present key (stopping at the first miss); an entry is a :class:`Tier` (the block
+  is on the store that hosts this scheduler, which every instance treats as local: the
+  single-host embedded daemon), a ``(node_id, Tier)`` pair, or a sequence of such pairs (one
+  per replica). It may be a plain function or return an awaitable.
+
+Metrics (``registry`` argument, default a private registry exposed as
+``servicer.metrics.registry``): ``kvstored_scheduler_admissions_total``,
+``kvstored_scheduler_rejections_total{reason}``, ``kvstored_scheduler_wasted_prefills_total``,
+``kvstored_scheduler_predicted_ttft_seconds``, ``kvstored_scheduler_observed_ttft_seconds``,
+``kvstored_scheduler_ttft_error_seconds`` (observed - predicted),
+``kvstored_scheduler_instance_load_ratio{instance,role}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvstored.errors import ERROR_CODE_METADATA_KEY, InvalidArgument, KvstoredError, NotFound
+from kvstored.scheduler.config import SchedulerConfig
+from kvstored.scheduler.core import (
+    Clock,
+    Decision,
+    InstanceSpec,
+    RejectReason,
+    Role,
+    ScheduleRequest,
+    Scheduler,
+)
+from kvstored.scheduler.costmodel import CostModel, CostProfile
+from kvstored.tiers.base import Tier
+from kvstored.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+BlockLocator = Callable[[Sequence[bytes]], Any]
+"""``locator(keys) -> list[Tier | (node_id, Tier) | Sequence[(node_id, Tier)]]`` (or an
+awaitable of it), one entry per leading present key."""
+
+SHARED_NODE = ""
+"""Node id under which blocks located without a node (bare :class:`Tier`) are filed: the store
+hosting the scheduler, local to every instance."""
+
+_ROLE_TO_PB = {Role.PREFILL: scheduler_pb2.INSTANCE_ROLE_PREFILL,
+               Role.DECODE: scheduler_pb2.INSTANCE_ROLE_DECODE}
+_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
+_REASON_TO_PB = {
+    None: scheduler_pb2.REJECT_REASON_UNSPECIFIED,
+    RejectReason.TTFT_SLO: scheduler_pb2.REJECT_REASON_TTFT_SLO,
+    RejectReason.TBT_SLO: scheduler_pb2.REJECT_REASON_TBT_SLO,
+    RejectReason.DECODE_OVERLOADED: scheduler_pb2.REJECT_REASON_DECODE_OVERLOADED,
+    RejectReason.NO_INSTANCE: scheduler_pb2.REJECT_REASON_NO_INSTANCE,
+}
+_TIER_FROM_PB = {common_pb2.TIER_UNSPECIFIED: Tier.DRAM, common_pb2.DRAM: Tier.DRAM,
+                 common_pb2.SSD: Tier.SSD}
+_MAX_KEYS = 1 << 16
+
+
+class SchedulerMetrics:
+    """The scheduler's Prometheus metrics, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.admissions = Counter("kvstored_scheduler_admissions_total",
+                                  "Requests admitted at arrival.", registry=r)
+        self.rejections = Counter("kvstored_scheduler_rejections_total",
+                                  "Requests rejected, by reason.", ["reason"], registry=r)
+        self.wasted = Counter("kvstored_scheduler_wasted_prefills_total",
+                              "Prefills done for requests the decode side then refused.",
+                              registry=r)
+        buckets = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
+        self.predicted_ttft = Histogram("kvstored_scheduler_predicted_ttft_seconds",
+                                        "Predicted TTFT of admitted requests.", buckets=buckets,
+                                        registry=r)
+        self.observed_ttft = Histogram("kvstored_scheduler_observed_ttft_seconds",
+                                       "TTFT reported when prefill finished.", buckets=buckets,
+                                       registry=r)
+        self.ttft_error = Histogram(
+            "kvstored_scheduler_ttft_error_seconds", "Observed minus predicted TTFT.",
+            buckets=(-10, -5, -2, -1, -0.5, -0.1, 0, 0.1, 0.5, 1, 2, 5, 10), registry=r,
+        )
+        self.load = Gauge("kvstored_scheduler_instance_load_ratio",
+                          "Prefill: queue / TTFT SLO; decode: decode load (1 = at the limit).",
+                          ["instance", "role"], registry=r)
+
+
+class ReportedBlockIndex:
+    """Blocks cached per node, from instance reports and an optional block locator.
+
+    Implements :class:`~kvstored.scheduler.core.PrefixIndex` once :meth:`snapshot` added the
+    locator's answer for one request.
+    """
+
+    def __init__(self, locator: BlockLocator | None = None) -> None:
+        self.locator = locator
+        self._nodes: dict[str, dict[bytes, Tier]] = {}
+
+    def apply_report(self, node_id: str, added: Sequence[bytes], removed: Sequence[bytes],
+                     *, clear: bool = False, tier: Tier = Tier.DRAM) -> None:
+        """Apply one node's KV events (``clear`` first, then removals, then additions)."""
+        blocks = self._nodes.setdefault(node_id, {})
+        if clear:
+            blocks.clear()
+        for k in removed:
+            blocks.pop(k, None)
+        for k in added:
+            blocks[k] = tier
+
+    def num_blocks(self, node_id: str) -> int:
+        """Blocks reported for a node."""
+        return len(self._nodes.get(node_id, ()))
+
+    async def locate(self, keys: Sequence[bytes]) -> list[list[tuple[str, Tier]]]:
+        """Ask the locator (if any); normalise to one list of (node, tier) per leading key.
+
+        A locator that fails is logged and treated as knowing nothing (the request is then
+        placed on reported caches only; a miss costs recomputation, never correctness).
+        """
+        if self.locator is None or not keys:
+            return []
+        try:
+            got = self.locator(list(keys))
+            if inspect.isawaitable(got):
+                got = await got
+        except Exception as exc:  # degrade: a broken locator must not fail scheduling
+            log.warning("block_locator_failed", error=str(exc), num_keys=len(keys))
+            return []
+        out: list[list[tuple[str, Tier]]] = []
+        for entry in list(got)[: len(keys)]:
+            if isinstance(entry, Tier | int) and not isinstance(entry, bool):
+                out.append([(SHARED_NODE, Tier(int(entry)))])
+            elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str):
+                out.append([(entry[0], Tier(int(entry[1])))])
+            elif entry is None:
+                break
+            else:
+                out.append([(str(n), Tier(int(t))) for n, t in entry])
+        return out
+
+    def snapshot(self, located: list[list[tuple[str, Tier]]]) -> _SnapshotIndex:
+        """A PrefixIndex over the reported caches plus one located answer."""
+        return _SnapshotIndex(self._nodes, located)
+
+
+class _SnapshotIndex:
+    def __init__(self, nodes: Mapping[str, Mapping[bytes, Tier]],
+                 located: list[list[tuple[str, Tier]]]) -> None:
+        self._nodes = nodes
+        self._located = located
+
+    def _located_prefix(self, node_id: str) -> tuple[int, int]:
+        nb = ns = 0
+        for replicas in self._located:
+            best: Tier | None = None
+            for n, t in replicas:
+                if n == node_id or n == SHARED_NODE:
+                    best = t if best is None or t < best else best
+            if best is None:
+                break
+            nb += 1
+            ns += best is Tier.SSD
+        return nb, ns
+
+    def match_prefix(
+        self, keys: Sequence[Hashable], node_ids: Sequence[str]
+    ) -> Mapping[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for node in node_ids:
+            blocks = self._nodes.get(node, {})
+            nb = ns = 0
+            for k in keys:
+                t = blocks.get(k)  # type: ignore[call-overload]
+                if t is None:
+                    break
+                nb += 1
+                ns += t is Tier.SSD
+            lb, ls = self._located_prefix(node)
+            if lb > nb:
+                nb, ns = lb, ls
+            if nb:
+                out[node] = (nb, ns)
+        # nodes holding a prefix that run no prefill instance are fetch sources too
+        extra: set[str] = set()
+        for replicas in self._located:
+            extra.update(n for n, _ in replicas if n != SHARED_NODE)
+        extra.update(self._nodes)
+        for node in sorted(extra - set(node_ids)):
+            blocks = self._nodes.get(node, {})
+            nb = ns = 0
+            for k in keys:
+                t = blocks.get(k)  # type: ignore[call-overload]
+                if t is None:
+                    break
+                nb += 1
+                ns += t is Tier.SSD
+            lb, ls = self._located_prefix(node)
+            if lb > nb:
+                nb, ns = lb, ls
+            if nb:
+                out[node] = (nb, ns)
+        return out
+
+
+def _ms(seconds: float) -> int:
+    return max(0, min(int(round(seconds * 1000)), 2**32 - 1))
+
+
+def _us(seconds: float) -> int:
+    return max(0, min(int(round(seconds * 1e6)), 2**32 - 1))
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """gRPC adapter over one :class:`Scheduler`.
+
+    Args:
+        config: scheduler settings.
+        block_locator: optional store index (see module doc).
+        clock: seconds, monotonic (default ``time.monotonic``).
+        registry: Prometheus registry for the metrics (default: a private one).
+
+    Raises:
+        ConfigInvalid: the configured cost profile cannot be read.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        block_locator: BlockLocator | None = None,
+        clock: Clock = time.monotonic,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config or SchedulerConfig()
+        profile = (CostProfile.load(self.config.profile_path) if self.config.profile_path
+                   else CostProfile.default())
+        self.index = ReportedBlockIndex(block_locator)
+        self.core = Scheduler(self.config, CostModel(profile, self.config.block_tokens), clock,
+                              self.index.snapshot([]))
+        self.metrics = SchedulerMetrics(registry)
+        self._roles: dict[str, Role] = {}
+        self._nodes: dict[str, str] = {}
+
+    # ---- helpers ---------------------------------------------------------------------
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: KvstoredError) -> None:
+        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(int(exc.code))),))
+        await context.abort(exc.grpc_status, str(exc))
+
+    def _refresh_load_gauges(self) -> None:
+        for st in self.core.describe():
+            self.metrics.load.labels(st.spec.instance_id, str(st.spec.role)).set(st.load)
+
+    # ---- RPCs ------------------------------------------------------------------------
+    async def RegisterInstance(  # noqa: N802 (gRPC method names)
+        self, request: scheduler_pb2.RegisterInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RegisterInstanceResponse:
+        info = request.instance
+        try:
+            role = _ROLE_FROM_PB.get(info.role)
+            if role is None:
+                raise InvalidArgument(
+                    f"instance.role must be INSTANCE_ROLE_PREFILL or INSTANCE_ROLE_DECODE, got "
+                    f"{info.role}"
+                )
+            spec = InstanceSpec(info.instance_id, info.node_id, role,
+                                relative_speed=info.relative_speed or 1.0,
+                                max_running_requests=info.max_running_requests,
+                                kv_capacity_tokens=info.kv_capacity_tokens)
+            self.core.register_instance(spec)
+        except KvstoredError as exc:
+            await self._abort(context, exc)
+        self._roles[info.instance_id] = role  # type: ignore[assignment]
+        self._nodes[info.instance_id] = info.node_id
+        log.info("scheduler_instance_registered", instance_id=info.instance_id,
+                 node_id=info.node_id, role=str(role))
+        self._refresh_load_gauges()
+        return scheduler_pb2.RegisterInstanceResponse()
+
+    async def UnregisterInstance(  # noqa: N802
+        self, request: scheduler_pb2.UnregisterInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.UnregisterInstanceResponse:
+        try:
+            self.core.unregister_instance(request.instance_id)
+        except KvstoredError as exc:
+            await self._abort(context, exc)
+        role = self._roles.pop(request.instance_id, None)
+        self._nodes.pop(request.instance_id, None)
+        if role is not None:
+            try:
+                self.metrics.load.remove(request.instance_id, str(role))
+            except KeyError:
+                pass
+        log.info("scheduler_instance_unregistered", instance_id=request.instance_id)
+        return scheduler_pb2.UnregisterInstanceResponse()
+
+    async def ReportLoad(  # noqa: N802
+        self, request: scheduler_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ReportLoadResponse:
+        iid = request.instance_id
+        try:
+            role = self._roles.get(iid)
+            if role is None:
+                raise NotFound(f"no instance {iid!r} is registered; call RegisterInstance first")
+            if len(request.added_block_keys) + len(request.removed_block_keys) > _MAX_KEYS:
+                raise InvalidArgument(
+                    f"at most {_MAX_KEYS} block keys per report, got "
+                    f"{len(request.added_block_keys) + len(request.removed_block_keys)}"
+                )
+            reported = False
+            if role is Role.PREFILL and request.HasField("queued_prefill_ms"):
+                self.core.report_prefill_load(iid, request.queued_prefill_ms / 1000.0)
+                reported = True
+            if role is Role.DECODE and (request.HasField("num_running_requests")
+                                        or request.HasField("num_context_tokens")
+                                        or request.HasField("step_time_us")):
+                self.core.report_decode_load(iid, request.num_running_requests,
+                                             float(request.num_context_tokens),
+                                             request.step_time_us / 1e6)
+                reported = True
+            if not reported:
+                self.core.touch_instance(iid)
+            if request.added_block_keys or request.removed_block_keys or request.clear_blocks:
+                node = self._nodes[iid]
+                self.index.apply_report(node, list(request.added_block_keys),
+                                        list(request.removed_block_keys),
+                                        clear=request.clear_blocks,
+                                        tier=_TIER_FROM_PB.get(request.added_tier, Tier.DRAM))
+        except KvstoredError as exc:
+            await self._abort(context, exc)
+        self._refresh_load_gauges()
+        return scheduler_pb2.ReportLoadResponse()
+
+    async def Schedule(  # noqa: N802
+        self, request: scheduler_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ScheduleResponse:
+        try:
+            if len(request.block_keys) > _MAX_KEYS:
+                raise InvalidArgument(
+                    f"at most {_MAX_KEYS} block keys per request, got {len(request.block_keys)}"
+                )
+            keys = list(request.block_keys)
+            located = await self.index.locate(keys)
+            req = ScheduleRequest(
+                request.request_id, keys, request.input_tokens, request.expected_output_tokens,
+                ttft_slo_s=request.ttft_slo_ms / 1000.0 if request.ttft_slo_ms else None,
+                tbt_slo_s=request.tbt_slo_ms / 1000.0 if request.tbt_slo_ms else None,
+            )
+            d = self.core.schedule(req, self.index.snapshot(located))
+        except KvstoredError as exc:
+            await self._abort(context, exc)
+        if d.admitted:
+            self.metrics.admissions.inc()
+            self.metrics.predicted_ttft.observe(d.predicted_ttft_s)
+        else:
+            assert d.reason is not None
+            self.metrics.rejections.labels(str(d.reason)).inc()
+            log.debug("scheduler_request_rejected", request_id=d.request_id,
+                      reason=str(d.reason), predicted_ttft_s=d.predicted_ttft_s,
+                      predicted_decode_load=d.predicted_decode_load)
+        self._refresh_load_gauges()
+        return _decision_to_pb(d)
+
+    async def ReportPrefillFinished(  # noqa: N802
+        self, request: scheduler_pb2.ReportPrefillFinishedRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> scheduler_pb2.ReportPrefillFinishedResponse:
+        try:
+            h = self.core.start_decode(request.request_id)
+        except KvstoredError as exc:
+            await self._abort(context, exc)
+        if request.observed_ttft_ms:
+            obs = request.observed_ttft_ms / 1000.0
+            self.metrics.observed_ttft.observe(obs)
+            self.metrics.ttft_error.observe(obs - h.predicted_ttft_s)
+        if not h.admitted:
+            self.metrics.rejections.labels(str(h.reason)).inc()
+            self.metrics.wasted.inc()
+        self._refresh_load_gauges()
+        return scheduler_pb2.ReportPrefillFinishedResponse(
+            admitted=h.admitted, decode_instance_id=h.decode_instance_id or "",
+            reason=_REASON_TO_PB[h.reason], decode_load=h.decode_load,
+        )
+
+    async def ReportRequestFinished(  # noqa: N802
+        self, request: scheduler_pb2.ReportRequestFinishedRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> scheduler_pb2.ReportRequestFinishedResponse:
+        known = self.core.finish_request(request.request_id,
+                                         request.num_output_tokens or None)
+        self._refresh_load_gauges()
+        return scheduler_pb2.ReportRequestFinishedResponse(known=known)
+
+    async def DescribeScheduler(  # noqa: N802
+        self, request: scheduler_pb2.DescribeSchedulerRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DescribeSchedulerResponse:
+        core = self.core
+        out = scheduler_pb2.DescribeSchedulerResponse(
+            policy=str(core.policy), admission=str(core.admission),
+            num_admitted=core.num_admitted, num_completed=core.num_completed,
+            profile=core.cost.profile.name, uniform_decode_s=core.uniform_decode_s,
+        )
+        for reason, count in core.num_rejected.items():
+            out.num_rejected[str(reason)] = count
+        for st in core.describe():
+            s = st.spec
+            out.instances.append(scheduler_pb2.InstanceStatus(
+                instance=scheduler_pb2.InstanceInfo(
+                    instance_id=s.instance_id, node_id=s.node_id, role=_ROLE_TO_PB[s.role],
+                    relative_speed=s.relative_speed, max_running_requests=s.max_running_requests,
+                    kv_capacity_tokens=s.kv_capacity_tokens,
+                ),
+                load=st.load, queued_prefill_ms=_ms(st.queued_prefill_s),
+                num_running_requests=st.num_running, num_context_tokens=st.num_context_tokens,
+                num_incoming_requests=st.num_incoming, step_time_us=_us(st.step_s),
+                last_seen_age_ms=_ms(st.last_seen_age_s),
+            ))
+        self._refresh_load_gauges()
+        return out
+
+
+def _decision_to_pb(d: Decision) -> scheduler_pb2.ScheduleResponse:
+    msg = ""
+    if d.reason is RejectReason.TTFT_SLO:
+        msg = f"predicted TTFT {d.predicted_ttft_s:.3f} s misses the TTFT SLO"
+    elif d.reason is RejectReason.TBT_SLO:
+        msg = f"predicted decode load {d.predicted_decode_load:.3f} exceeds the limit"
+    elif d.reason is RejectReason.NO_INSTANCE:
+        msg = "no live prefill or decode instance is registered"
+    return scheduler_pb2.ScheduleResponse(
+        admitted=d.admitted, reason=_REASON_TO_PB[d.reason], message=msg,
+        prefill_instance_id=d.prefill_instance_id or "",
+        decode_instance_id=d.decode_instance_id or "",
+        num_blocks=d.num_blocks, reused_blocks=d.reused_blocks, local_blocks=d.local_blocks,
+        fetched_blocks=d.fetched_blocks, fetched_ssd_blocks=d.fetched_ssd_blocks,
+        prefix_node_id=d.prefix_node_id or "",
+        replicate_block_keys=[k for k in d.replicate_keys if isinstance(k, bytes)],
+        predicted_queue_ms=_ms(d.predicted_queue_s),
+        predicted_transfer_ms=_ms(d.predicted_transfer_s),
+        predicted_prefill_ms=_ms(d.predicted_prefill_s),
+        predicted_ttft_ms=_ms(d.predicted_ttft_s), predicted_tbt_us=_us(d.predicted_tbt_s),
+        predicted_decode_load=d.predicted_decode_load,
+    )
+
+
+def add_scheduler_service(
+    server: grpc.aio.Server,
+    config: SchedulerConfig | None = None,
+    *,
+    block_locator: BlockLocator | None = None,
+    registry: CollectorRegistry | None = None,
+    clock: Clock = time.monotonic,
+) -> SchedulerServicer:
+    """Create a :class:`SchedulerServicer` and add it to ``server`` (before it starts).
+
+    Args:
+        server: the grpc.aio server of the hosting process.
+        config: scheduler settings (default ``SchedulerConfig()``).
+        block_locator: the store's block index, see the module doc; None = only the caches
+            instances report count.
+        registry: Prometheus registry for the scheduler metrics (pass the process's).
+        clock: seconds, monotonic.
+
+    Returns:
+        The servicer (its ``core`` is the plain-Python scheduler).
+
+    Raises:
+        ConfigInvalid: the configured cost profile cannot be read.
+    """
+    servicer = SchedulerServicer(config, block_locator=block_locator, clock=clock,
+                                 registry=registry)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
+    log.info("scheduler_service_created", policy=str(servicer.core.policy),
+             admission=str(servicer.core.admission), profile=servicer.core.cost.profile.name)
+    return servicer

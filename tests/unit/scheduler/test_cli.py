@@ -1,0 +1,82 @@
+"""``kvstored replay`` / ``kvstored calibrate`` commands (click runner, tiny inputs)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from kvstored.scheduler.cli import calibrate, replay
+from kvstored.scheduler.costmodel import CostProfile
+from kvstored.scheduler.trace import synthetic_trace
+
+
+@pytest.fixture
+def trace_file(tmp_path: pathlib.Path) -> pathlib.Path:
+    p = tmp_path / "t.jsonl"
+    with p.open("w") as fh:
+        for r in synthetic_trace(300, rate_per_s=6.0, seed=5):
+            fh.write(json.dumps({"timestamp": r.timestamp_ms, "input_length": r.input_tokens,
+                                 "output_length": r.output_tokens,
+                                 "hash_ids": list(r.hash_ids)}) + "\n")
+    return p
+
+
+def test_replay_json_has_every_field(trace_file: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(replay, [
+        str(trace_file), "--prefill", "2", "--decode", "1", "--cache-blocks", "200",
+        "--policy", "cache-aware,kvcache-centric", "--admission", "early,predicted",
+        "--output", "json", "--json-out", str(out), "--no-progress",
+    ])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert len(doc["results"]) == 4
+    for pol in ("cache-aware", "kvcache-centric"):
+        for mode in ("early", "predicted"):
+            row = doc["by_policy"][pol][mode]
+            assert set(row) >= {"avg_ttft_s", "p90_ttft_s", "tbt_slo_attainment", "completed",
+                                "rejected", "wasted_prefills", "hit_ratio"}
+    assert "timeline" in json.loads(out.read_text())["results"][0]
+
+
+def test_replay_table_plots_and_hit_curve(trace_file: pathlib.Path,
+                                          tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("matplotlib")
+    plot, tl = tmp_path / "cmp.png", tmp_path / "tl.png"
+    res = CliRunner().invoke(replay, [
+        str(trace_file), "--prefill", "2", "--decode", "1", "--policy", "random",
+        "--admission", "early", "--plot", str(plot), "--timeline-plot", str(tl),
+        "--hit-curve", "--no-progress",
+    ])
+    assert res.exit_code == 0, res.output
+    assert "random" in res.output and "prefix-hit ratio" in res.output
+    assert plot.read_bytes()[:4] == b"\x89PNG" and tl.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--policy", "fastest"], "unknown policy"),
+    (["--admission", "later"], "unknown admission mode"),
+    (["--cache-blocks", "0"], "must be >= 1"),
+])
+def test_replay_bad_arguments(trace_file: pathlib.Path, args: list[str], msg: str) -> None:
+    res = CliRunner().invoke(replay, [str(trace_file), "--no-progress", *args])
+    assert res.exit_code == 2 and msg in res.output
+
+
+@pytest.mark.slow  # importing transformers alone takes 20-60 s on a busy 2-core machine
+def test_calibrate_writes_a_loadable_profile(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "prof.json"
+    res = CliRunner().invoke(calibrate, [
+        "--output", str(out), "--layers", "1", "--hidden-size", "32", "--heads", "2",
+        "--kv-heads", "1", "--intermediate-size", "64", "--max-tokens", "64", "--repeats", "1",
+        "--no-io",
+    ])
+    assert res.exit_code == 0, res.output
+    prof = CostProfile.load(out)
+    assert prof.source == "kvstored calibrate"
+    assert prof.kv_bytes_per_token == 2 * 1 * 1 * 16 * 4
+    assert len(prof.fit["prefill_samples"]) >= 6 and prof.prefill.per_token_s >= 0

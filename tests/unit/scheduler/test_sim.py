@@ -1,0 +1,94 @@
+"""Trace replay: determinism, sanity of the counts, trace parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from kvstored.errors import InvalidArgument
+from kvstored.scheduler.config import AdmissionMode, Policy
+from kvstored.scheduler.sim import ClusterConfig, replay
+from kvstored.scheduler.trace import TraceRecord, load_trace, synthetic_trace
+
+CONVERSATION = pathlib.Path("/work/shared/traces/conversation_trace.jsonl")
+# small and hot: 2 prefill + 1 decode instance, 4x speed, so every path is exercised
+HOT = ClusterConfig(num_prefill=2, num_decode=1, cache_blocks=500, speed=4.0,
+                    decode_kv_capacity_tokens=150_000)
+
+
+def _same(a: dict[str, object], b: dict[str, object]) -> None:
+    a, b = dict(a), dict(b)
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+@pytest.mark.parametrize("mode", list(AdmissionMode))
+def test_replay_is_deterministic(mode: AdmissionMode) -> None:
+    trace = synthetic_trace(600, rate_per_s=6.0, seed=3)
+    r1 = replay(trace, Policy.KVCACHE_CENTRIC, mode, HOT)
+    r2 = replay(trace, Policy.KVCACHE_CENTRIC, mode, HOT)
+    _same(r1.summary(), r2.summary())
+    assert r1.timeline == r2.timeline
+    assert r1.completed + r1.rejected == r1.num_requests == 600
+    assert r1.wasted_prefills == r1.rejected_by_reason.get("decode_overloaded", 0)
+
+
+def test_random_policy_depends_on_the_seed() -> None:
+    trace = synthetic_trace(400, rate_per_s=6.0, seed=1)
+    a = replay(trace, Policy.RANDOM, AdmissionMode.EARLY, HOT)
+    b = replay(trace, Policy.RANDOM, AdmissionMode.EARLY, dataclasses.replace(HOT))
+    c = replay(trace, Policy.RANDOM, AdmissionMode.EARLY, dataclasses.replace(HOT, seed=7))
+    _same(a.summary(), b.summary())
+    assert a.summary() != c.summary()
+
+
+def test_counts_and_hit_ratio_on_a_hand_made_trace() -> None:
+    # r2 comes back to r1's prefix after r1's prefill finished: 2 of its 3 blocks hit
+    trace = [TraceRecord(0, 1536, 10, (1, 2, 3)), TraceRecord(5_000, 1536, 10, (1, 2, 4)),
+             TraceRecord(6_000, 512, 10, (5,))]
+    r = replay(trace, Policy.CACHE_AWARE, AdmissionMode.NONE,
+               ClusterConfig(num_prefill=1, num_decode=1))
+    assert (r.completed, r.rejected, r.wasted_prefills) == (3, 0, 0)
+    assert r.hit_ratio == pytest.approx(2 / 7)
+    assert r.avg_ttft_s > 0 and r.tbt_slo_attainment == 1.0
+
+
+def test_no_admission_never_rejects_and_baseline_wastes() -> None:
+    trace = synthetic_trace(500, rate_per_s=8.0, seed=2)
+    none = replay(trace, Policy.KVCACHE_CENTRIC, AdmissionMode.NONE, HOT)
+    assert none.rejected == 0 and none.completed == 500
+    base = replay(trace, Policy.KVCACHE_CENTRIC, AdmissionMode.REJECT_AT_DECODE, HOT)
+    assert base.rejected > 0
+    assert set(base.rejected_by_reason) <= {"ttft_slo", "decode_overloaded"}
+
+
+def test_bad_cluster_settings_are_named() -> None:
+    with pytest.raises(InvalidArgument, match="speed"):
+        replay([], Policy.RANDOM, AdmissionMode.EARLY, ClusterConfig(speed=0))
+    with pytest.raises(InvalidArgument, match="prefill"):
+        replay([], Policy.RANDOM, AdmissionMode.EARLY, ClusterConfig(num_prefill=0))
+
+
+def test_load_trace_errors_name_the_line(tmp_path: pathlib.Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+                 '{"timestamp": 5, "input_length": 10}\n')
+    with pytest.raises(InvalidArgument, match=r"t.jsonl:2: missing field"):
+        load_trace(p)
+    p.write_text('{"timestamp": 9, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+                 '{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n')
+    with pytest.raises(InvalidArgument, match="sorted"):
+        load_trace(p)
+    assert len(load_trace(p, limit=1)) == 1
+
+
+@pytest.mark.skipif(not CONVERSATION.exists(), reason="shared/traces is not on this machine")
+def test_published_trace_prefix_replays_deterministically() -> None:
+    recs = load_trace(CONVERSATION, limit=1500)
+    assert recs[0].hash_ids[0] == 0 and len(recs) == 1500
+    cl = ClusterConfig(num_prefill=4, num_decode=1, speed=4.0)
+    a = replay(recs, Policy.KVCACHE_CENTRIC, AdmissionMode.PREDICTED, cl)
+    b = replay(recs, Policy.KVCACHE_CENTRIC, AdmissionMode.PREDICTED, cl)
+    _same(a.summary(), b.summary())
