@@ -207,7 +207,9 @@ def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 def _as_sendable(tensor: object, index: int) -> tuple[torch.Tensor, bytes]:
     if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgument(f"tensors[{index}] must be a torch.Tensor; got {type(tensor).__name__}")
+        raise InvalidArgument(
+            f"tensors[{index}] must be a torch.Tensor; got {type(tensor).__name__}"
+        )
     meta = encode_tensor_meta(tensor.dtype, tensor.shape)
     t = tensor.detach()
     if t.device.type != "cpu":
@@ -217,7 +219,9 @@ def _as_sendable(tensor: object, index: int) -> tuple[torch.Tensor, bytes]:
     return t, meta
 
 
-def _prepare_put(keys: Sequence[bytes], tensors: Sequence[torch.Tensor]) -> tuple[list[Any], list[bytes], list[torch.Tensor]]:
+def _prepare_put(
+    keys: Sequence[bytes], tensors: Sequence[torch.Tensor]
+) -> tuple[list[Any], list[bytes], list[torch.Tensor]]:
     if len(keys) != len(tensors):
         raise InvalidArgument(
             f"keys and tensors must have the same length; got {len(keys)} keys and "
@@ -234,7 +238,9 @@ def _prepare_put(keys: Sequence[bytes], tensors: Sequence[torch.Tensor]) -> tupl
     return values, metas, keep
 
 
-def put_tensors(client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]) -> list[PutResult]:
+def put_tensors(
+    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]
+) -> list[PutResult]:
     """Store one tensor per key, with its dtype and shape in the block's metadata.
 
     A contiguous CPU tensor's memory is handed to the client as is (no copy here); other
@@ -259,7 +265,9 @@ def put_tensors(client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tens
     return results
 
 
-def _check(found: TensorMeta, index: int, dtype: torch.dtype | None, shape: Sequence[int] | None) -> None:
+def _check(
+    found: TensorMeta, index: int, dtype: torch.dtype | None, shape: Sequence[int] | None
+) -> None:
     want_dtype = _dtype_name(dtype) if dtype is not None else found.dtype
     want_shape = tuple(int(d) for d in shape) if shape is not None else found.shape
     if found.dtype != want_dtype or found.shape != want_shape:
@@ -268,7 +276,9 @@ def _check(found: TensorMeta, index: int, dtype: torch.dtype | None, shape: Sequ
         )
 
 
-def _tensor_from_block(block: Any, index: int, dtype: torch.dtype | None, shape: Sequence[int] | None) -> torch.Tensor | None:
+def _tensor_from_block(
+    block: Any, index: int, dtype: torch.dtype | None, shape: Sequence[int] | None
+) -> torch.Tensor | None:
     if block is None:
         return None
     found = decode_tensor_meta(block.meta, index=index)
@@ -314,7 +324,9 @@ def get_tensors(
     return [_tensor_from_block(b, i, dtype, shape) for i, b in enumerate(blocks)]
 
 
-def _prepare_into(keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[Any]]:
+def _prepare_into(
+    keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[Any]]:
     if len(keys) != len(out_tensors):
         raise InvalidArgument(
             f"keys and out_tensors must have the same length; got {len(keys)} keys and "
@@ -340,7 +352,10 @@ def _prepare_into(keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]) ->
 
 
 def _finish_into(
-    results: Sequence[Any], keys: Sequence[bytes], targets: Sequence[torch.Tensor], out_tensors: Sequence[torch.Tensor]
+    results: Sequence[Any],
+    keys: Sequence[bytes],
+    targets: Sequence[torch.Tensor],
+    out_tensors: Sequence[torch.Tensor],
 ) -> list[bool]:
     hits: list[bool] = []
     mismatches: list[str] = []
@@ -390,7 +405,9 @@ def _mismatches(blocks: Sequence[Any], out_tensors: Sequence[torch.Tensor]) -> l
     return problems
 
 
-def get_tensors_into(client: Any, keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]) -> list[bool]:
+def get_tensors_into(
+    client: Any, keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]
+) -> list[bool]:
     """Read tensors straight into preallocated tensors (no intermediate copy for CPU tensors).
 
     The client writes each block directly into the memory of ``out_tensors[i]`` when that
@@ -409,7 +426,7 @@ def get_tensors_into(client: Any, keys: Sequence[bytes], out_tensors: Sequence[t
     Raises:
         DtypeMismatch: a block's dtype, shape or size differs from its out tensor (every such
             key index is named with expected and found). The contents of those out tensors
-            are then unspecified; the other hits are complete but not reported.
+            are unspecified then, and the other out tensors may or may not hold their blocks.
         InvalidArgument: lengths differ or a non-tensor/unsupported dtype.
         Client errors as raised by ``client.get_into``.
     """
@@ -432,7 +449,9 @@ def get_tensors_into(client: Any, keys: Sequence[bytes], out_tensors: Sequence[t
     return _finish_into(results, keys, targets, out_tensors)
 
 
-async def put_tensors_async(client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]) -> list[PutResult]:
+async def put_tensors_async(
+    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]
+) -> list[PutResult]:
     """:func:`put_tensors` for an :class:`~kvstored.AsyncClient`."""
     values, metas, keep = _prepare_put(keys, tensors)
     results: list[PutResult] = await client.put(keys, values, metas=metas)
@@ -452,7 +471,9 @@ async def get_tensors_async(
     return [_tensor_from_block(b, i, dtype, shape) for i, b in enumerate(blocks)]
 
 
-async def get_tensors_into_async(client: Any, keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]) -> list[bool]:
+async def get_tensors_into_async(
+    client: Any, keys: Sequence[bytes], out_tensors: Sequence[torch.Tensor]
+) -> list[bool]:
     """:func:`get_tensors_into` for an :class:`~kvstored.AsyncClient`."""
     targets, buffers = _prepare_into(keys, out_tensors)
     try:

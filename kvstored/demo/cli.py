@@ -69,8 +69,8 @@ def print_table(report: Any, console: Any) -> None:
     for r in report.rows:
         console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({r.document})")
         console.print(f"  miss Q: {r.question_miss}\n     A: {r.answer_miss.strip()!r}")
-        console.print(f"  hit  Q: {r.question_hit}\n     A: {r.answer_hit.strip()!r}"
-                      + ("" if r.answers_equal else f"  (recompute: {r.answer_recompute.strip()!r})"))
+        differs = "" if r.answers_equal else f"  (recompute: {r.answer_recompute.strip()!r})"
+        console.print(f"  hit  Q: {r.question_hit}\n     A: {r.answer_hit.strip()!r}{differs}")
         b = r.hit_breakdown_s
         console.print(
             "  hit path: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in b.items())
@@ -129,10 +129,14 @@ def print_table(report: Any, console: Any) -> None:
                    "blocks are demoted to SSD).")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="torch threads (default: all cores).")
+@click.option("--save-json", type=click.Path(dir_okay=False, writable=True), default=None,
+              metavar="FILE", help="Also write the JSON report to FILE.")
+@click.option("--from-json", type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="FILE", help="Print a saved JSON report instead of running.")
 def demo(
     output: str, address: str | None, lengths: tuple[int, ...], dtype: str, arch: str,
     no_restart: bool, max_new_tokens: int, repeats: int, dram_size: str | None,
-    threads: int | None,
+    threads: int | None, save_json: str | None, from_json: str | None,
 ) -> None:
     """Document QA with a real model whose prefix KV comes back from kvstored.
 
@@ -148,11 +152,19 @@ def demo(
         from kvstored.demo.models import ModelUnavailable
         from kvstored.demo.runner import DemoOptions, run_demo
     except ImportError as exc:
-        err.print(f"kvstored demo needs torch and transformers: pip install 'kvstored[demo]' ({exc})")
+        err.print(
+            f"kvstored demo needs torch and transformers: pip install 'kvstored[demo]' ({exc})"
+        )
         sys.exit(2)
     from kvstored.log import configure
 
     configure(json=False, level="warning")
+    if from_json is not None:
+        from kvstored.demo.runner import DemoReport
+
+        with open(from_json) as f:
+            _emit(DemoReport.from_dict(json.load(f)), output, None)
+        return
     options = DemoOptions(
         lengths=lengths, dtype=dtype, arch=arch, address=address, restart=not no_restart,
         max_new_tokens=max_new_tokens, repeats=repeats, dram_size=dram_size, threads=threads,
@@ -165,10 +177,20 @@ def demo(
     except KvstoredError as exc:
         err.print(f"kvstored demo: {type(exc).__name__}: {exc}")
         sys.exit(1)
+    _emit(report, output, save_json)
+
+
+def _emit(report: Any, output: str, save_json: str | None) -> None:
+    from rich.console import Console
+
+    text = json.dumps(report.to_dict(), indent=2)
+    if save_json is not None:
+        with open(save_json, "w") as f:
+            f.write(text + "\n")
     if output == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        console = Console()
-        if not console.is_terminal:  # piped: wide enough for the table, not 80 columns
-            console = Console(width=132)
-        print_table(report, console)
+        click.echo(text)
+        return
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough for the table, not 80 columns
+        console = Console(width=132)
+    print_table(report, console)

@@ -108,7 +108,7 @@ def build_prompts(
     for _ in range(8):  # re-tokenising the truncated text can shift counts by a few tokens
         doc = make_document(tokenizer, doc_tokens, index)
         prompts = [tokenizer.encode_prompt(user_message(doc, q)) for q in questions]
-        shared = min(_common_prefix(prompts[0], p) for p in prompts[1:]) if len(prompts) > 1 else len(prompts[0])
+        shared = min((_common_prefix(prompts[0], p) for p in prompts[1:]), default=len(prompts[0]))
         if shared < shared_tokens:
             doc_tokens += shared_tokens - shared + 2
         elif shared > shared_tokens + 16:

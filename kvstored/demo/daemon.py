@@ -113,7 +113,7 @@ class ManagedDaemon:
         return rc
 
     def restart(self) -> int:
-        """Stop (SIGTERM) and start again on the same SSD directory; returns the stop's exit code."""
+        """Stop (SIGTERM), start again on the same SSD directory; returns the stop's exit code."""
         rc = self.stop()
         self.start()
         return rc

@@ -18,6 +18,7 @@ Hit path, kept lean::
     hash the prompt -> lookup_prefix -> n blocks (capped so >= 1 token is left to prefill)
     get_into straight into preallocated block tensors   (the only copy out of the store)
     one strided copy blocks -> per-layer KV buffers      (the layout change every engine needs)
+    grouped KV heads attended in place (no repeat_kv copy of the prefix per layer)
     prefill only the suffix, positions P..T-1, cache holding exactly the P prefix tokens
     the suffix's KV is written in place into the same preallocated buffers (no torch.cat)
 
@@ -29,6 +30,7 @@ hold exactly the matched prefix (``PreallocatedLayer`` exposes only the filled p
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -185,9 +187,17 @@ class PrefixCacheEngine:
         )
         params = inspect.signature(type(model.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # With a mask (a suffix attending to a cached prefix), transformers' SDPA path expands
+        # grouped KV heads with repeat_kv (a copy of the whole prefix KV per layer) unless told
+        # that the kernel handles GQA itself; torch's CPU kernel does, with identical results
+        # (measured: bit-identical logits, half the hit prefill time at 8k tokens). Process-wide;
+        # the unmasked full prefill already takes this path.
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     # ---- forward helpers --------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, cache: Any, start: int, logits_to_keep: int = 1) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, cache: Any, start: int, logits_to_keep: int = 1
+    ) -> torch.Tensor:
         positions = torch.arange(start, start + ids.shape[1], dtype=torch.long).unsqueeze(0)
         out = self.model(
             input_ids=ids, position_ids=positions, use_cache=True,

@@ -136,6 +136,18 @@ class DemoReport:
         """JSON-ready dict."""
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DemoReport:
+        """Rebuild a report from :meth:`to_dict`'s output (e.g. a saved ``--output json``)."""
+        restart = data.get("restart")
+        return cls(
+            model=data["model"], settings=data["settings"],
+            rows=[LengthRow(**row) for row in data["rows"]],
+            restart=RestartReport(**restart) if restart is not None else None,
+            daemon_vs_inproc_ratio=data.get("daemon_vs_inproc_ratio"),
+            ratio_tokens=data.get("ratio_tokens"),
+        )
+
 
 def _tier_bytes(stats: dict[str, Any]) -> dict[str, int]:
     out = {"DRAM": 0, "SSD": 0}
@@ -164,12 +176,14 @@ def _compare(
     diff = 0.0
     for step, (a, b) in enumerate(zip(logits_hit, logits_ref)):
         diff = max(diff, float((a - b).abs().max()))
-        if step < len(tokens_hit) and step < len(tokens_ref) and tokens_hit[step] != tokens_ref[step]:
+        if tokens_hit[step : step + 1] != tokens_ref[step : step + 1]:
             break
     return diff, tokens_hit == tokens_ref, tokens_hit
 
 
-def _reference(engine: PrefixCacheEngine, prompt: list[int], max_new_tokens: int, eos: Sequence[int]) -> _Reference:
+def _reference(
+    engine: PrefixCacheEngine, prompt: list[int], max_new_tokens: int, eos: Sequence[int]
+) -> _Reference:
     ref = engine.prefill_full(prompt)
     tokens, step_logits = engine.greedy(ref, max_new_tokens, eos)
     return _Reference(prompt, tokens, step_logits, ref.ttft_s)
@@ -230,7 +244,8 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
     namespace = Namespace(
         model_id=loaded.model_id, revision=loaded.revision, kv_dtype=options.dtype,
         kv_layout=KV_LAYOUT, block_size=options.block_size,
-        tenant_salt=f"demo-{uuid.uuid4().hex[:12]}",  # each run starts cold, also on a shared daemon
+        # a fresh salt per run: the first question is a real miss even on a shared daemon
+        tenant_salt=f"demo-{uuid.uuid4().hex[:12]}",
     )
     engine = PrefixCacheEngine(
         loaded.model, namespace, max_tokens=longest + options.max_new_tokens + 1
@@ -264,14 +279,18 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
         refs: list[_Reference] = []
         for (doc, ids), target in zip(prompts, lengths):
             progress(f"{len(ids[0])} tokens: miss, store, hit x{options.repeats}, recompute")
-            row, ref = _run_length(engine, client, inproc, tok, doc.title, ids, target, options, eos)
+            row, ref = _run_length(
+                engine, client, inproc, tok, doc.title, ids, target, options, eos
+            )
             rows.append(row)
             refs.append(ref)
         transport = _transport(client)
         restart = None
         if options.restart and daemon is not None:
             progress("restarting the daemon (SIGTERM, start on the same SSD dir)")
-            client, restart = _run_restart(engine, client, daemon, namespace, refs, options, tok, eos)
+            client, restart = _run_restart(
+                engine, client, daemon, namespace, refs, options, tok, eos
+            )
         elif options.restart:
             restart = RestartReport(-1, note="skipped: --address points at a daemon this demo "
                                     "does not manage")
@@ -310,7 +329,9 @@ def _transport(client: Any) -> str:
         return "unknown"
 
 
-def _warm_up(engine: PrefixCacheEngine, client: Any, inproc: InProcessStore, block_size: int, vocab: int) -> None:
+def _warm_up(
+    engine: PrefixCacheEngine, client: Any, inproc: InProcessStore, block_size: int, vocab: int
+) -> None:
     """One small miss/store/hit round so kernels, the arena mapping and allocators are warm."""
     g = torch.Generator().manual_seed(12345)
     ids = torch.randint(0, vocab, (2 * block_size + 17,), generator=g).tolist()

@@ -44,7 +44,8 @@ def _key(i: int) -> bytes:
 def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """Random bit patterns of any dtype (bf16/fp8 included, NaN patterns too for floats)."""
     g = torch.Generator().manual_seed(seed)
-    nbytes = int(torch.empty(shape, dtype=dtype).numel()) * torch.empty(0, dtype=dtype).element_size()
+    probe = torch.empty(shape, dtype=dtype)
+    nbytes = probe.numel() * probe.element_size()
     raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
     if dtype == torch.bool:
         raw = raw % 2
@@ -121,7 +122,9 @@ def test_miss_leaves_the_out_tensor_untouched() -> None:
         ((torch.float16, (6,)), torch.float16, (2, 3)),
     ],
 )
-def test_get_tensors_mismatch_names_index_expected_and_found(stored, expected_dtype, expected_shape) -> None:  # type: ignore[no-untyped-def]
+def test_get_tensors_mismatch_names_index_expected_and_found(  # type: ignore[no-untyped-def]
+    stored, expected_dtype, expected_shape
+) -> None:
     dtype, shape = stored
     store = InProcessStore()
     put_tensors(store, [_key(1), _key(2)], [_random(shape, dtype), _random(shape, dtype)])
@@ -166,7 +169,9 @@ def test_meta_encoding_is_small_versioned_and_stable() -> None:
     meta = encode_tensor_meta(torch.bfloat16, (30, 2, 3, 256, 64))
     # golden bytes: magic, version 1, dtype code 3 (bfloat16), ndim 5, reserved, u64 dims
     assert meta.hex() == (
-        "6b765401030500001e000000000000000200000000000000030000000000000000010000000000004000000000000000"
+        "6b7654" "01" "03" "05" "0000"
+        "1e00000000000000" "0200000000000000" "0300000000000000" "0001000000000000"
+        "4000000000000000"
     )
     assert len(meta) == 8 + 8 * 5
     decoded = decode_tensor_meta(meta)
@@ -204,7 +209,9 @@ def test_async_helpers_round_trip() -> None:
         async def get_blocks(self, keys):  # type: ignore[no-untyped-def]
             return self.inner.get_blocks(keys)
 
-        async def get_into(self, keys, buffers, *, return_meta=False):  # type: ignore[no-untyped-def]
+        async def get_into(  # type: ignore[no-untyped-def]
+            self, keys, buffers, *, return_meta=False
+        ):
             return self.inner.get_into(keys, buffers, return_meta=return_meta)
 
     async def main() -> None:
@@ -245,7 +252,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_real_daemon_round_trip_and_mismatch(daemon, transport: str) -> None:  # type: ignore[no-untyped-def]
+def test_real_daemon_round_trip_and_mismatch(  # type: ignore[no-untyped-def]
+    daemon, transport: str
+) -> None:
     from kvstored import Client, Namespace, block_hashes
 
     ns = Namespace("test/torch", kv_dtype="bfloat16", block_size=4, tenant_salt=transport)
@@ -268,5 +277,7 @@ def test_real_daemon_round_trip_and_mismatch(daemon, transport: str) -> None:  #
                 [torch.empty((2, 3, 64), dtype=torch.bfloat16),
                  torch.empty((2, 3, 64), dtype=torch.float16)],
             )
-        with pytest.raises(DtypeMismatch, match=r"key 0: expected dtype=bfloat16 shape=\(3, 2, 64\)"):
+        with pytest.raises(
+            DtypeMismatch, match=r"key 0: expected dtype=bfloat16 shape=\(3, 2, 64\)"
+        ):
             get_tensors(client, keys[:1], shape=(3, 2, 64))
