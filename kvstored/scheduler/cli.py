@@ -30,9 +30,9 @@ DEFAULT_CLUSTER = {
     "num_prefill": 8,
     "num_decode": 8,
     "cache_blocks": 10_000,
-    "speed": 2.0,
+    "speed": 2.5,
     "decode_relative_speed": 1.0,
-    "decode_kv_capacity_tokens": 150_000,
+    "decode_kv_capacity_tokens": 120_000,
 }
 
 

@@ -320,6 +320,7 @@ class _Decode:
     idx: int  # column index in the _DecodeTable
     running: dict[str, _Dec] = field(default_factory=dict)
     incoming: dict[str, _Dec] = field(default_factory=dict)
+    incoming_tokens: int = 0  # sum of input_tokens over incoming
     # last engine report (num_running, context_tokens, step_s) and changes since then
     reported: tuple[int, float, float] | None = None
     delta_n: int = 0
@@ -573,25 +574,26 @@ class Scheduler:
             (instance, load judged for admission, its TBT with this request, its own load with
             this request).
         """
-        best: _Decode | None = None
-        best_load = 0.0
-        best_tbt = 0.0
         live = [d for d in self._decodes.values() if self._is_live(d.last_seen_s, now)]
-        if mode in _PREDICTED_MODES:
+        if not live:
+            return None, 0.0, 0.0, 0.0
+        nows = [self._decode_now(d, now) for d in live]  # (n, ctx, step) each
+        predicted = mode in _PREDICTED_MODES
+        if predicted:
             # Requests running now leave after the uniform decode time (paper) or after their
             # own expected tokens (ours); requests still in prefill join when it is predicted
             # to end.
             k = self._num_decode_idx
             inv = np.zeros(k)
             vnow = np.zeros(k)
-            for d in live:
-                inv[d.idx] = 1.0 / self._decode_now(d, now)[2]
+            for d, (_, _, step) in zip(live, nows, strict=True):
+                inv[d.idx] = 1.0 / step
                 vnow[d.idx] = self._vtok_at(d, now)
             uniform = self.uniform_decode_s if mode is AdmissionMode.PREDICTED else None
             n_at, ctx_at = self._table.at(t_join, now, inv, vnow, uniform, k)
             if uniform is None:
-                # second pass: tokens between now and t_join come at the mean of the step time
-                # now and the step time predicted for t_join
+                # ours, second pass: the tokens until t_join come at the mean of the step time
+                # now and the step time predicted for t_join (the batch changes meanwhile)
                 d0, db, dc = self.cost.decode_coefficients
                 for d in live:
                     i = d.idx
@@ -599,48 +601,51 @@ class Scheduler:
                     inv[i] = 2.0 / (1.0 / inv[i] + later)
                 n_at, ctx_at = self._table.at(t_join, now, inv, vnow, uniform, k)
             states = []
-            for d in live:
+            for d, (n_rep, ctx_rep, _) in zip(live, nows, strict=True):
                 n, ctx = int(n_at[d.idx]), float(ctx_at[d.idx])
-                if d.reported is not None:
+                extra = n_rep - len(d.running)
+                if d.reported is not None and extra > 0:
                     # requests the engine runs that this scheduler did not place (another
                     # router, or before a restart): assume they all stay
-                    n_rep, ctx_rep, _ = self._decode_now(d, now)
-                    extra = n_rep - len(d.running)
-                    if extra > 0:
-                        n += extra
-                        ctx += ctx_rep * extra / n_rep
+                    n += extra
+                    ctx += ctx_rep * extra / n_rep
                 states.append((d, n, ctx))
         else:
             # The measured load now: it does not count requests still in prefill (early
             # rejection's stale view).
-            states = []
-            for d in live:
-                n0, c0, _ = self._decode_now(d, now)
-                states.append((d, n0, c0))
+            states = [(d, n0, c0) for d, (n0, c0, _) in zip(live, nows, strict=True)]
+        d0, db, dc = self.cost.decode_coefficients
+        best: _Decode | None = None
+        best_load = best_tbt = best_alone = best_key = 0.0
         total = 0.0
-        best_alone = 0.0
-        best_key = 0.0
-        inflight = mode not in _PREDICTED_MODES
         for d, n, ctx in states:
-            alone = self._decode_load(d, n, ctx, tbt_slo_s)
+            speed_slo = d.spec.relative_speed * tbt_slo_s
+            kv, mb = d.kv_capacity_tokens, d.max_batch
+            alone = (d0 + db * n + dc * ctx) / speed_slo
+            if kv:
+                alone = max(alone, ctx / kv)
+            if mb:
+                alone = max(alone, n / mb)
+            n1, c1 = n + 1, ctx + input_tokens
+            tbt1 = (d0 + db * n1 + dc * c1) / d.spec.relative_speed
+            load = tbt1 / tbt_slo_s
+            if kv:
+                load = max(load, c1 / kv)
+            if mb:
+                load = max(load, n1 / mb)
             total += alone
-            load = self._decode_load(d, n + 1, ctx + input_tokens, tbt_slo_s)
             key = load
-            if inflight and d.incoming:
+            if not predicted and d.incoming:
                 # choose as plain in-flight load balancing does: requests sent there and still
                 # in prefill count as if they ran now
-                key = self._decode_load(
-                    d, n + 1 + len(d.incoming),
-                    ctx + input_tokens + sum(r.input_tokens for r in d.incoming.values()),
-                    tbt_slo_s,
-                )
+                key = self._decode_load(d, n1 + len(d.incoming), c1 + d.incoming_tokens,
+                                        tbt_slo_s)
             if best is None or key < best_key:
-                best, best_load, best_alone, best_key = d, load, alone, key
-                best_tbt = self.cost.tbt_s(n + 1, ctx + input_tokens) / d.spec.relative_speed
+                best, best_load, best_alone, best_key, best_tbt = d, load, alone, key, tbt1
         admit_load = best_load
-        if best is not None and self.config.decode_load_scope == "mean" and \
+        if self.config.decode_load_scope == "mean" and \
                 mode is not AdmissionMode.PREDICTED_ADAPTIVE:
-            # Mooncake judges the cluster: the mean decode load with this request added.
+            # Mooncake's wording: the mean decode load, with this request added.
             admit_load = (total - best_alone + best_load) / len(states)
         return best, admit_load, best_tbt, best_load
 
@@ -773,6 +778,7 @@ class Scheduler:
         chosen.num_scheduled += 1
         rec = _Dec(n_tok, expected, finish, self._table.add(dec.idx, finish, n_tok, expected))
         dec.incoming[request.request_id] = rec
+        dec.incoming_tokens += n_tok
         self._pending[request.request_id] = _Pending(
             request, chosen.spec.instance_id, dec.spec.instance_id, now, ttft, expected, tbt_slo,
             rec, inst_load,
@@ -845,8 +851,8 @@ class Scheduler:
         n_tok = pend.request.input_tokens
         planned = self._decodes.get(pend.decode_id)
         self._table.remove(pend.rec.slot)
-        if planned is not None:
-            planned.incoming.pop(request_id, None)
+        if planned is not None and planned.incoming.pop(request_id, None) is not None:
+            planned.incoming_tokens -= n_tok
         enforce = self.admission is not AdmissionMode.NONE and self.config.decode_hard_limit
         limit = self.config.max_load_ratio
         chosen: _Decode | None = None
@@ -859,6 +865,7 @@ class Scheduler:
             chosen_load = self._decode_load(planned, n + 1, ctx + n_tok, pend.tbt_slo_s)
             if self.admission is AdmissionMode.PREDICTED_ADAPTIVE:
                 self._record_error(chosen_load - pend.predicted_load)
+
             if not enforce or chosen_load <= limit:
                 chosen = planned
         if chosen is None and (planned is None or self.config.repick_decode
@@ -909,8 +916,8 @@ class Scheduler:
         if pend is not None:
             self._table.remove(pend.rec.slot)
             d = self._decodes.get(pend.decode_id)
-            if d is not None:
-                d.incoming.pop(request_id, None)
+            if d is not None and d.incoming.pop(request_id, None) is not None:
+                d.incoming_tokens -= pend.rec.input_tokens
             return True
         entry = self._running.pop(request_id, None)
         if entry is None:

@@ -228,3 +228,20 @@ def test_kvstorectl_scheduler_unreachable() -> None:
     obj = SimpleNamespace(address="127.0.0.1:1", timeout_s=0.5, output="json")
     res = CliRunner().invoke(scheduler_cmd, [], obj=obj)
     assert res.exit_code == 3
+
+
+def test_daemon_hosts_the_scheduler_with_its_store(start_node: Any) -> None:
+    """`kvstored serve`'s daemon hosts the real service; its store's blocks count as local."""
+    from it_helpers import random_keys
+
+    from kvstored import Client
+
+    node = start_node(enable_scheduler=True)
+    keys = random_keys(5)
+    with Client(node.unix_address) as c:
+        c.put(keys[:3], [b"a", b"b", b"c"])
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(grpc.insecure_channel(node.tcp_address))
+    stub.RegisterInstance(inst("p", node.cfg.node_id, pb.INSTANCE_ROLE_PREFILL))
+    stub.RegisterInstance(inst("d", node.cfg.node_id, pb.INSTANCE_ROLE_DECODE))
+    resp = stub.Schedule(pb.ScheduleRequest(request_id="r", block_keys=keys, input_tokens=2000))
+    assert resp.admitted and resp.local_blocks == 3 and resp.num_blocks == 5

@@ -1,0 +1,172 @@
+"""Scheduler "must show" runs on a published Mooncake trace (issue 3; results in docs/scheduler.md).
+
+Usage:
+    python bench/bench_scheduler.py [--trace /work/shared/traces/conversation_trace.jsonl]
+                                    [--out bench/results/scheduler] [--quick]
+                                    [--sections policies,admission,noise,hit,sensitivity,time]
+
+Sections (all use the documented high-load cluster unless the section varies it):
+  policies     average / P90 TTFT of the four prefill policies (admission: reject-at-decode and
+               none), expected order random > load-balancing > cache-aware > kvcache-centric
+  admission    rejected / wasted / completed-within-SLO of every admission mode (kvcache-centric),
+               expected order reject-at-decode > early > predicted, ours lowest; plus the
+               oscillation figures (std of prefill and decode load, their correlation) and a
+               load-over-time plot
+  noise        ours when the expected output length it is told is wrong (log-normal sigma)
+  hit          prefix-hit ratio of the trace against one cache's capacity: LRU, the store's
+               chain-aware LRU, LFU (the arXiv report's Table 1 capacities)
+  sensitivity  the admission comparison on other clusters (where the orderings hold or not)
+  time         wall time of one replay (the target: well under a minute for 12k requests)
+
+Prints markdown tables; writes <out>.json and PNG plots next to it. Nothing here is timed in a
+test: the timings are this machine's, with other processes running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+from kvstored.scheduler.cache import EvictionPolicy, hit_ratio_curve
+from kvstored.scheduler.config import AdmissionMode, Policy
+from kvstored.scheduler.report import plot_comparison, plot_timeline
+from kvstored.scheduler.sim import ClusterConfig, ReplayResult, replay
+from kvstored.scheduler.trace import load_trace
+
+# The documented high-load cluster: Mooncake's 8 prefill + 8 decode instances, trace at 2.5x;
+# each decode instance holds 120k tokens of KV, so decode saturates at the trace's peaks.
+CLUSTER = ClusterConfig(num_prefill=8, num_decode=8, cache_blocks=10_000, speed=2.5,
+                        decode_kv_capacity_tokens=120_000)
+POLICIES = [Policy.RANDOM, Policy.LOAD_BALANCING, Policy.CACHE_AWARE, Policy.KVCACHE_CENTRIC]
+MODES = [AdmissionMode.REJECT_AT_DECODE, AdmissionMode.EARLY, AdmissionMode.PREDICTED,
+         AdmissionMode.PREDICTED_LENGTH, AdmissionMode.PREDICTED_ADAPTIVE]
+SENSITIVITY = {
+    "8P+8D 2x, 150k KV": dict(speed=2.0, decode_kv_capacity_tokens=150_000),
+    "8P+8D 3x, 100k KV": dict(speed=3.0, decode_kv_capacity_tokens=100_000),
+    "8P+4D 3x, 300k KV": dict(speed=3.0, num_decode=4, decode_kv_capacity_tokens=300_000),
+    "8P+2D 3x, profile KV (1.34M)": dict(speed=3.0, num_decode=2, decode_kv_capacity_tokens=0),
+    "8P+8D 2.5x, profile KV (1.34M)": dict(decode_kv_capacity_tokens=0),
+}
+
+
+def _row(r: ReplayResult) -> dict[str, Any]:
+    return {
+        "policy": r.policy, "admission": r.admission, "avg_ttft_s": round(r.avg_ttft_s, 2),
+        "p90_ttft_s": round(r.p90_ttft_s, 2), "tbt_slo_attainment": round(r.tbt_slo_attainment, 4),
+        "completed": r.completed, "completed_within_slo": r.completed_within_slo,
+        "rejected": r.rejected, "rejected_by_reason": r.rejected_by_reason,
+        "wasted_prefills": r.wasted_prefills, "hit_ratio": round(r.hit_ratio, 4),
+        "prefill_load_std": round(r.prefill_load_std, 3),
+        "decode_load_std": round(r.decode_load_std, 3),
+        "load_correlation": round(r.load_correlation, 3), "wall_s": round(r.wall_s, 2),
+    }
+
+
+def _md(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--trace", default="/work/shared/traces/conversation_trace.jsonl")
+    ap.add_argument("--out", default="bench/results/scheduler")
+    ap.add_argument("--quick", action="store_true", help="first 3000 requests only")
+    ap.add_argument("--sections", default="policies,admission,noise,hit,sensitivity,time")
+    args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = load_trace(args.trace, limit=3000 if args.quick else None)
+    doc: dict[str, Any] = {"trace": args.trace, "num_requests": len(records),
+                           "cluster": CLUSTER.describe()}
+    print(f"# scheduler bench: {args.trace} ({len(records)} requests)\n")
+    print(f"cluster: {json.dumps(CLUSTER.describe())}\n")
+
+    def run(pol: Policy, mode: AdmissionMode, cl: ClusterConfig = CLUSTER) -> ReplayResult:
+        r = replay(records, pol, mode, cl)
+        print(f"  ran {pol}/{mode} in {r.wall_s:.1f} s", file=sys.stderr, flush=True)
+        return r
+
+    if "policies" in sections:
+        print("## TTFT by prefill policy\n")
+        res = [run(p, m) for m in (AdmissionMode.REJECT_AT_DECODE, AdmissionMode.NONE)
+               for p in POLICIES]
+        rows = [_row(r) for r in res]
+        doc["policies"] = rows
+        print(_md(rows, ["admission", "policy", "avg_ttft_s", "p90_ttft_s", "completed",
+                         "rejected", "hit_ratio"]) + "\n")
+        plot_comparison(res, f"{out}-policies.png")
+
+    if "admission" in sections:
+        print("## Admission modes (kvcache-centric)\n")
+        res = [run(Policy.KVCACHE_CENTRIC, m) for m in MODES]
+        rows = [_row(r) for r in res]
+        doc["admission"] = rows
+        print(_md(rows, ["admission", "rejected", "wasted_prefills", "completed",
+                         "completed_within_slo", "tbt_slo_attainment", "avg_ttft_s",
+                         "prefill_load_std", "decode_load_std", "load_correlation"]) + "\n")
+        print("rejections by reason: " + json.dumps({r["admission"]: r["rejected_by_reason"]
+                                                      for r in rows}) + "\n")
+        plot_timeline([r for r in res if r.admission in ("early", "predicted",
+                                                          "predicted-adaptive")],
+                      f"{out}-timeline.png", window_s=900.0)
+        plot_comparison(res, f"{out}-admission.png")
+
+    if "noise" in sections:
+        print("## Ours with a wrong expected output length (log-normal sigma)\n")
+        rows = []
+        for sigma in (0.0, 0.5, 1.0):
+            cl = dataclasses.replace(CLUSTER, length_noise=sigma)
+            for m in (AdmissionMode.PREDICTED_LENGTH, AdmissionMode.PREDICTED_ADAPTIVE):
+                rows.append({"sigma": sigma, **_row(run(Policy.KVCACHE_CENTRIC, m, cl))})
+        doc["noise"] = rows
+        print(_md(rows, ["sigma", "admission", "rejected", "wasted_prefills",
+                         "completed_within_slo"]) + "\n")
+
+    if "hit" in sections:
+        print("## Prefix-hit ratio by cache capacity (one cache, blocks of 512 tokens)\n")
+        t0 = time.perf_counter()
+        caps: list[int | None] = [None, 100_000, 50_000, 30_000, 10_000, 1_000]
+        curve = hit_ratio_curve((r.hash_ids for r in records), caps,
+                                [EvictionPolicy.LRU, EvictionPolicy.STORE, EvictionPolicy.LFU])
+        doc["hit_ratio_by_capacity"] = curve
+        names = ["inf" if c is None else str(c) for c in caps]
+        print("| policy | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+        for pol, row in curve.items():
+            print(f"| {pol} | " + " | ".join(f"{row[n]:.3f}" for n in names) + " |")
+        print(f"\n({time.perf_counter() - t0:.1f} s)\n")
+
+    if "sensitivity" in sections:
+        print("## Admission modes on other clusters (kvcache-centric): rejected (wasted)\n")
+        rows = []
+        for name, over in SENSITIVITY.items():
+            cl = dataclasses.replace(CLUSTER, **over)  # type: ignore[arg-type]
+            row: dict[str, Any] = {"cluster": name}
+            for m in MODES:
+                r = run(Policy.KVCACHE_CENTRIC, m, cl)
+                row[str(m)] = f"{r.rejected} ({r.wasted_prefills})"
+            rows.append(row)
+        doc["sensitivity"] = rows
+        print(_md(rows, ["cluster", *[str(m) for m in MODES]]) + "\n")
+
+    if "time" in sections:
+        t0 = time.perf_counter()
+        r = replay(records, Policy.KVCACHE_CENTRIC, AdmissionMode.PREDICTED_ADAPTIVE, CLUSTER)
+        print(f"## Replay time\n\none replay of {len(records)} requests "
+              f"(kvcache-centric / predicted-adaptive): {time.perf_counter() - t0:.1f} s wall\n")
+        doc["replay_wall_s"] = round(r.wall_s, 2)
+
+    pathlib.Path(f"{out}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}.json and {out}-*.png")
+
+
+if __name__ == "__main__":
+    main()
