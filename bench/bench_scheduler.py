@@ -6,8 +6,9 @@ Usage:
                                     [--sections policies,admission,noise,hit,sensitivity,time]
 
 Sections (all use the documented high-load cluster unless the section varies it):
-  policies     average / P90 TTFT of the four prefill policies (admission: reject-at-decode and
-               none), expected order random > load-balancing > cache-aware > kvcache-centric
+  policies     average / P90 TTFT of the four prefill policies without admission control at 1x
+               and 1.5x (and with reject-at-decode at the cluster's speed), expected order
+               random > load-balancing > cache-aware > kvcache-centric
   admission    rejected / wasted / completed-within-SLO of every admission mode (kvcache-centric),
                expected order reject-at-decode > early > predicted, ours lowest; plus the
                oscillation figures (std of prefill and decode load, their correlation) and a
@@ -61,6 +62,8 @@ def _row(r: ReplayResult) -> dict[str, Any]:
         "completed": r.completed, "completed_within_slo": r.completed_within_slo,
         "rejected": r.rejected, "rejected_by_reason": r.rejected_by_reason,
         "wasted_prefills": r.wasted_prefills, "hit_ratio": round(r.hit_ratio, 4),
+        "mean_prefill_load": round(r.mean_prefill_load, 3),
+        "mean_decode_load": round(r.mean_decode_load, 3),
         "prefill_load_std": round(r.prefill_load_std, 3),
         "decode_load_std": round(r.decode_load_std, 3),
         "load_correlation": round(r.load_correlation, 3), "wall_s": round(r.wall_s, 2),
@@ -96,14 +99,22 @@ def main() -> None:
         return r
 
     if "policies" in sections:
+        # Placement alone: no admission control (so no policy hides its queue behind
+        # rejections), at the trace's own speed and at 1.5x; then the high-load cluster with
+        # the baseline admission for reference.
         print("## TTFT by prefill policy\n")
-        res = [run(p, m) for m in (AdmissionMode.REJECT_AT_DECODE, AdmissionMode.NONE)
-               for p in POLICIES]
-        rows = [_row(r) for r in res]
+        res, rows = [], []
+        for speed, mode in ((1.0, AdmissionMode.NONE), (1.5, AdmissionMode.NONE),
+                            (CLUSTER.speed, AdmissionMode.REJECT_AT_DECODE)):
+            cl = dataclasses.replace(CLUSTER, speed=speed)
+            for p in POLICIES:
+                r = run(p, mode, cl)
+                res.append(r)
+                rows.append({"speed": speed, **_row(r)})
         doc["policies"] = rows
-        print(_md(rows, ["admission", "policy", "avg_ttft_s", "p90_ttft_s", "completed",
+        print(_md(rows, ["speed", "admission", "policy", "avg_ttft_s", "p90_ttft_s", "completed",
                          "rejected", "hit_ratio"]) + "\n")
-        plot_comparison(res, f"{out}-policies.png")
+        plot_comparison([r for r in res[4:8]], f"{out}-policies.png")
 
     if "admission" in sections:
         print("## Admission modes (kvcache-centric)\n")
@@ -111,8 +122,11 @@ def main() -> None:
         rows = [_row(r) for r in res]
         doc["admission"] = rows
         print(_md(rows, ["admission", "rejected", "wasted_prefills", "completed",
-                         "completed_within_slo", "tbt_slo_attainment", "avg_ttft_s",
-                         "prefill_load_std", "decode_load_std", "load_correlation"]) + "\n")
+                         "completed_within_slo", "tbt_slo_attainment", "avg_ttft_s"]) + "\n")
+        print("load over time (mean ± std of the 10 s samples while requests arrive, and the "
+              "correlation of prefill and decode load):\n")
+        print(_md(rows, ["admission", "mean_prefill_load", "prefill_load_std",
+                         "mean_decode_load", "decode_load_std", "load_correlation"]) + "\n")
         print("rejections by reason: " + json.dumps({r["admission"]: r["rejected_by_reason"]
                                                       for r in rows}) + "\n")
         plot_timeline([r for r in res if r.admission in ("early", "predicted",

@@ -190,7 +190,7 @@ def replay(trace: pathlib.Path, num_prefill: int, num_decode: int, cache_blocks:
     if output == "json":
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
-        con = Console(highlight=False, width=max(140, Console().width))
+        con = Console(highlight=False, width=max(180, Console().width))
         c = cluster.describe()
         con.print(
             f"trace {trace.name}: {len(records)} requests at {speed}x; {num_prefill} prefill + "

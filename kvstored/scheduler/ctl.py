@@ -100,7 +100,17 @@ def _tables(data: dict[str, Any]) -> list[Table]:
     return [summary, inst]
 
 
+def _common_options(fn: Any) -> Any:
+    """kvstorectl's ``--address/--timeout-s/--output`` after the command name, when available."""
+    try:
+        from kvstored.cli.kvstorectl import _common_options as common
+    except ImportError:  # kvstorectl not installed: the command still works with ctx.obj
+        return fn
+    return common(fn)
+
+
 @click.command("scheduler")
+@_common_options
 @click.pass_context
 def scheduler(ctx: click.Context) -> None:
     """Scheduler policy, counters, and every instance with its load."""

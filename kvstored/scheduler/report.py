@@ -24,7 +24,10 @@ def results_table(results: Sequence[ReplayResult], title: str = "replay") -> Tab
     t = Table(title=title, title_justify="left")
     for col in ("policy", "admission", "avg TTFT s", "P90 TTFT s", "TBT SLO att.", "completed",
                 "within SLO", "rejected", "wasted", "hit ratio", "decode load (mean±std)"):
-        t.add_column(col, justify="left" if col in ("policy", "admission") else "right")
+        if col in ("policy", "admission"):
+            t.add_column(col, justify="left", no_wrap=True, min_width=18)
+        else:
+            t.add_column(col, justify="right")
     for r in results:
         t.add_row(
             r.policy, r.admission, f"{r.avg_ttft_s:.2f}", f"{r.p90_ttft_s:.2f}",

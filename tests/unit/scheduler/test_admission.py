@@ -7,7 +7,7 @@ decode load with a request added is simply the number of requests it would run.
 from __future__ import annotations
 
 import pytest
-from conftest import ManualClock, make_profile
+from sched_helpers import ManualClock, make_profile
 
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.core import InstanceSpec, RejectReason, Role, ScheduleRequest, Scheduler

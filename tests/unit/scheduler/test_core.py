@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import DictIndex, ManualClock, make_profile
+from sched_helpers import DictIndex, ManualClock, make_profile
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig

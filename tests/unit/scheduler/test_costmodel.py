@@ -7,7 +7,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from conftest import make_profile
+from sched_helpers import make_profile
 
 from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.scheduler.calibrate import fit_decode, fit_nonnegative, fit_prefill
