@@ -89,7 +89,9 @@ def fit_prefill(samples: Sequence[tuple[int, int, float]]) -> tuple[PrefillCoeff
     return PrefillCoefficients(base_s=c[0], per_token_s=c[1], per_token_sq_s=c[2]), resid
 
 
-def fit_decode(samples: Sequence[tuple[int, int, float]]) -> tuple[tuple[float, float, float], float]:
+def fit_decode(
+    samples: Sequence[tuple[int, int, float]],
+) -> tuple[tuple[float, float, float], float]:
     """Fit ``(base_s, per_request_s, per_context_token_s)`` to ``(batch, context_tokens, s)``.
 
     ``context_tokens`` is the total over the batch.

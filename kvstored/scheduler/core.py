@@ -8,7 +8,7 @@ Life of a request::
     schedule(req) ──rejected (ttft_slo | tbt_slo | no_instance)──► done
         │ admitted: queued on a prefill instance, planned onto a decode instance ("incoming")
         ▼
-    start_decode(id) when its prefill finished ──rejected (decode_overloaded: prefill wasted)──► done
+    start_decode(id) after its prefill ──rejected (decode_overloaded: prefill wasted)──► done
         │ admitted: running on a decode instance
         ▼
     finish_request(id) ──► done (its decode time feeds the uniform-decode-time EWMA)
@@ -27,7 +27,8 @@ Decode load of an instance = max(TBT(b, c) / TBT SLO, c / KV capacity, b / max b
 ``b`` requests and ``c`` context tokens it runs (see :class:`CostModel`).
 
 Source: Mooncake arXiv 2407.00079 §6-7 and FAST'25 §5 (Algorithm 1, early rejection,
-prediction-based early rejection). The ``predicted-length`` mode is ours.
+prediction-based early rejection). The ``predicted-length`` and ``predicted-adaptive`` modes
+are ours.
 
 Concurrency: not thread-safe; call from one thread or one event loop.
 """

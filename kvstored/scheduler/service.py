@@ -25,6 +25,7 @@ Metrics (``registry`` argument, default a private registry exposed as
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -172,7 +173,7 @@ class _SnapshotIndex:
         for replicas in self._located:
             best: Tier | None = None
             for n, t in replicas:
-                if n == node_id or n == SHARED_NODE:
+                if n in (node_id, SHARED_NODE):
                     best = t if best is None or t < best else best
             if best is None:
                 break
@@ -304,10 +305,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         role = self._roles.pop(request.instance_id, None)
         self._nodes.pop(request.instance_id, None)
         if role is not None:
-            try:
+            with contextlib.suppress(KeyError):
                 self.metrics.load.remove(request.instance_id, str(role))
-            except KeyError:
-                pass
         log.info("scheduler_instance_unregistered", instance_id=request.instance_id)
         return scheduler_pb2.UnregisterInstanceResponse()
 

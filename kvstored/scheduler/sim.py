@@ -84,7 +84,9 @@ class ClusterConfig:
                 f"prefill and {self.num_decode} decode"
             )
         if self.cache_blocks is not None and self.cache_blocks < 1:
-            raise InvalidArgument(f"cache_blocks must be >= 1 or unlimited, got {self.cache_blocks}")
+            raise InvalidArgument(
+                f"cache_blocks must be >= 1 or unlimited, got {self.cache_blocks}"
+            )
         if self.decode_kv_capacity_tokens < 0:
             raise InvalidArgument(
                 f"decode_kv_capacity_tokens must be >= 0, got {self.decode_kv_capacity_tokens}"
