@@ -656,7 +656,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             for j, b in enumerate(blocks):
                 sink.check_status(start + j, b.status)
             num_bytes = sum(b.size_bytes for b in blocks if b.found)
-            if num_bytes:
+            if any(b.found for b in blocks):  # empty blocks too: they are hits of 0 bytes
                 yield Blocking(
                     lambda d, blocks=blocks, base=start, t0=sent_at, lease=lease_s: _copy_pinned(
                         arena, blocks, base, sink, t0, lease, d

@@ -281,9 +281,9 @@ class DataPlaneServer:
         core: NodeCore,
         address: str,
         *,
-        max_connections: int = 64,
+        max_connections: int = 1024,
         io_timeout_s: float | None = None,
-        idle_timeout_s: float = 600.0,
+        idle_timeout_s: float = 60.0,
     ) -> None:
         self.core = core
         self._host, self._port = parse_host_port(address)

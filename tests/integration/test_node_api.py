@@ -180,3 +180,13 @@ def test_one_read_larger_than_dram_promotes_from_ssd_in_pieces(start_node: objec
         assert c.get_into(keys, bufs) == [512 << 10] * 40
         assert [bytes(b) for b in bufs] == values
     wait_until(lambda: node.daemon.store.stats().pinned_blocks == 0, what="pins released")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_empty_block_alone_reads_back_empty_not_a_miss(node: DaemonThread, transport: str) -> None:
+    """Regression: over shm a chunk holding only 0-byte hits skipped the copy step -> None."""
+    with Client(node.address_for(transport), transport=transport, timeout_s=10) as c:
+        (key,) = random_keys(1)
+        assert c.put([key], [b""])[0].stored
+        assert c.get([key]) == [b""]
+        assert c.get_into([key], [bytearray(8)]) == [0]
