@@ -255,30 +255,31 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
 
     tmp: tempfile.TemporaryDirectory[str] | None = None
     daemon: ManagedDaemon | None = None
-    address = options.address
+    client: Any = None
     dram_bytes = None
-    if address is None:
-        if options.workdir is None:
-            tmp = tempfile.TemporaryDirectory(prefix="kvstored-demo-")
-            workdir = Path(tmp.name)
-        else:
-            workdir = Path(options.workdir)
-        dram = options.dram_size
-        if dram is None:
-            dram_bytes = _auto_dram_bytes(block_bytes, blocks_per_length)
-            dram = f"{dram_bytes // _MiB}MiB"
-        progress(f"starting kvstored serve (DRAM {dram}, SSD {options.ssd_size}) in {workdir}")
-        daemon = ManagedDaemon(workdir, dram_size=dram, ssd_size=options.ssd_size)
-        daemon.start()
-        address = daemon.address
-    client = Client(address, namespace=namespace, timeout_s=60.0)
-    inproc = InProcessStore()
     try:
+        address = options.address
+        if address is None:
+            if options.workdir is None:
+                tmp = tempfile.TemporaryDirectory(prefix="kvstored-demo-")
+                workdir = Path(tmp.name)
+            else:
+                workdir = Path(options.workdir)
+            dram = options.dram_size
+            if dram is None:
+                dram_bytes = _auto_dram_bytes(block_bytes, blocks_per_length)
+                dram = f"{dram_bytes // _MiB}MiB"
+            progress(f"starting kvstored serve (DRAM {dram}, SSD {options.ssd_size}) in {workdir}")
+            daemon = ManagedDaemon(workdir, dram_size=dram, ssd_size=options.ssd_size)
+            daemon.start()
+            address = daemon.address
+        client = Client(address, namespace=namespace, timeout_s=60.0)
+        inproc = InProcessStore()
         _warm_up(engine, client, inproc, options.block_size, loaded.model.config.vocab_size)
         rows: list[LengthRow] = []
         refs: list[_Reference] = []
         for (doc, ids), target in zip(prompts, lengths):
-            progress(f"{len(ids[0])} tokens: miss, store, hit x{options.repeats}, recompute")
+            progress(f"~{target} tokens: miss, store, hit x{options.repeats}, recompute")
             row, ref = _run_length(
                 engine, client, inproc, tok, doc.title, ids, target, options, eos
             )
@@ -295,7 +296,8 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
             restart = RestartReport(-1, note="skipped: --address points at a daemon this demo "
                                     "does not manage")
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if daemon is not None:
             daemon.stop()
         if tmp is not None:
