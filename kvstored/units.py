@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from kvstored.errors import InvalidArgument
 
@@ -19,6 +20,9 @@ _MULT = {
 
 def parse_size(value: str | int) -> int:
     """Parse a byte size: an int, or a string like ``"1GiB"``, ``"512 MB"``, ``"4096"``.
+
+    The number is parsed exactly (no float): ``"9007199254740993"`` stays that integer and
+    ``"1.5KiB"`` is 1536. A fractional byte count is truncated (``"1.5"`` -> 1).
 
     Returns:
         The size in bytes (int >= 0).
@@ -39,7 +43,7 @@ def parse_size(value: str | int) -> int:
         raise InvalidArgument(
             f"cannot parse size {value!r}; use bytes or a unit like 512MiB, 1GiB, 4GB"
         )
-    return int(float(m.group(1)) * _MULT[m.group(2).lower()])
+    return int(Fraction(m.group(1)) * _MULT[m.group(2).lower()])
 
 
 def format_size(num_bytes: float) -> str:

@@ -53,7 +53,10 @@ def test_bad_value_names_key_and_value(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("4096", 4096), ("1GiB", 1 << 30), ("512 MB", 512_000_000), ("1.5KiB", 1536), (7, 7), ("2g", 2 * 10**9)],
+    [("4096", 4096), ("1GiB", 1 << 30), ("512 MB", 512_000_000), ("1.5KiB", 1536), (7, 7), ("2g", 2 * 10**9),
+     # exact, not through float: 2**53 + 1 and sizes past 2**53 keep every digit
+     ("9007199254740993", 2**53 + 1), ("4611686018427387905", 2**62 + 1),
+     ("1.005MB", 1_005_000), ("1.005GB", 1_005_000_000)],
 )
 def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
