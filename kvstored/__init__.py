@@ -22,7 +22,6 @@ from kvstored.errors import (
     NamespaceMismatch,
     NoCapacity,
     NotFound,
-    ReplicaNotReady,
     StorageIOError,
     TransferFailed,
     Unavailable,
@@ -37,6 +36,6 @@ __all__ = [
     "ConfigInvalid", "DeadlineExceeded", "Draining", "DtypeMismatch", "ErrorCode",
     "InternalError", "InvalidArgument", "KeyInvalid", "KvstoredError", "LeaseExpired",
     "Namespace", "NamespaceMismatch", "NoCapacity", "NodeInfo", "NotFound", "PutResult",
-    "ReplicaNotReady", "StorageIOError", "Tier", "TransferFailed", "Unavailable",
+    "StorageIOError", "Tier", "TransferFailed", "Unavailable",
     "__version__", "block_hashes", "hash_block",
 ]

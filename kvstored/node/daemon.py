@@ -3,7 +3,7 @@
 One process serves, from one asyncio loop:
 
 - the node gRPC API (grpc.aio) on every ``node.listen`` address (unix socket and TCP,
-  loopback by default), plus the scheduler service when :mod:`kvstored.scheduler` is present;
+  loopback by default), plus the scheduler service (``enable_scheduler``);
 - the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
 - Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
 - the lease reaper (an owned task releasing pins/reservations of dead clients).
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import pathlib
 import signal
@@ -125,7 +124,7 @@ class NodeDaemon:
         cfg: the node's settings (validated).
         store: an already-open store to serve (tests); by default one is opened from ``cfg``
             in :meth:`start` and closed in :meth:`stop`.
-        enable_scheduler: also host the scheduler service when it is importable.
+        enable_scheduler: also host the scheduler service (``kvstored serve`` does).
     """
 
     def __init__(
@@ -223,7 +222,7 @@ class NodeDaemon:
             self._server = server
             add_node_service(server, NodeServicer(core, self._executor, version=_version()))
             if self._enable_scheduler:
-                self._maybe_add_scheduler(server)
+                self._add_scheduler(server)
             for addr in listen:
                 try:
                     port = server.add_insecure_port(addr)
@@ -277,15 +276,11 @@ class NodeDaemon:
             ) from None
         self.metrics_address = format_host_port(host, self._httpd.server_port)
 
-    def _maybe_add_scheduler(self, server: grpc.aio.Server) -> None:
-        try:
-            from kvstored.scheduler.service import add_scheduler_service
-        except ImportError:
-            return
-        try:
-            from kvstored.scheduler.config import SchedulerConfig
-        except ImportError:
-            from kvstored.scheduler.service import SchedulerConfig  # type: ignore[attr-defined,no-redef]
+    def _add_scheduler(self, server: grpc.aio.Server) -> None:
+        """Host the scheduler service, its block locator reading this node's store."""
+        from kvstored.scheduler.config import SchedulerConfig
+        from kvstored.scheduler.service import add_scheduler_service
+
         assert self.core is not None
         core = self.core
 
@@ -293,10 +288,9 @@ class NodeDaemon:
             """Tiers of the leading present blocks (like LookupPrefix: metadata only)."""
             return core.store.lookup_prefix(keys, namespace_id=namespace_id)
 
-        kwargs: dict[str, Any] = {"block_locator": block_locator}
-        if "registry" in inspect.signature(add_scheduler_service).parameters:
-            kwargs["registry"] = self.metrics.registry  # scheduler metrics on the node's /metrics
-        add_scheduler_service(server, SchedulerConfig(), **kwargs)
+        # scheduler metrics on the node's /metrics
+        add_scheduler_service(server, SchedulerConfig(), block_locator=block_locator,
+                              registry=self.metrics.registry)
         log.info("scheduler_service_added")
 
     async def _reap_loop(self) -> None:

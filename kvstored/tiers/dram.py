@@ -26,7 +26,6 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 
 import structlog
 
@@ -240,10 +239,6 @@ class DramTier:
     def round_up(self, size_bytes: int) -> int:
         """Arena bytes a block of ``size_bytes`` occupies."""
         return self.allocator.round_up(size_bytes)
-
-    def lru_unpinned(self) -> Iterator[bytes]:
-        """Keys of unpinned blocks, least recent first (a snapshot: safe to mutate while used)."""
-        return iter([k for k, e in self.entries.items() if e.pins == 0])
 
     def first_unpinned(self) -> bytes | None:
         """The least recent unpinned block's key, or None if every block is pinned."""
