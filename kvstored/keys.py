@@ -7,12 +7,16 @@ give different hashes from the very first block.
 
 Canonical encoding (hash scheme version 1, pinned by golden vectors in tests/unit/test_keys.py)::
 
-    namespace id = blake3(b"kvstored/ns/v1" + field_1 + ... + field_n)[:16]
-                   each field = u32le(len(utf8)) + utf8, in the order of Namespace's fields
+    namespace id = blake3(b"kvstored/ns/v1" + u32le(1) + field_1 + ... + field_8)[:16]
+                   u32le(1) is HASH_SCHEME_VERSION; each field = u32le(len(utf8)) + utf8 of
+                   str(value) (ints in decimal), in the order of Namespace's fields: model_id,
+                   revision, kv_dtype, kv_layout, block_size, tp_size, tp_rank, tenant_salt
     root         = blake3(b"kvstored/root/v1" + namespace id)[:16]
     block hash   = blake3(b"kvstored/block/v1" + parent(16) + u32le(num_tokens)
                           + token ids as u32le + u32le(num_extra) + extra_1 + ... )[:16]
-                   each extra = tag byte (b"s" str, b"b" bytes, b"i" int) + u32le(len) + payload
+                   each extra = tag byte + u32le(len(payload)) + payload: b"s" + utf8 of a str,
+                   b"b" + the bytes, b"i" + the int in decimal ASCII
+                   block_hashes(lora=NAME) puts the str extra "lora:" + NAME first in every block
 
 Never Python's ``hash()`` or pickle: keys must match across processes, hosts and
 PYTHONHASHSEED values.

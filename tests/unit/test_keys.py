@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import blake3
 import numpy as np
 import pytest
 
@@ -31,6 +32,51 @@ ns = Namespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision="main",
 print(",".join(h.hex() for h in block_hashes(ns, list(range(10)))))
 print(",".join(h.hex() for h in block_hashes(ns, list(range(8)), lora="sql-adapter")))
 """
+
+
+def _u32le(n: int) -> bytes:
+    return n.to_bytes(4, "little")
+
+
+def _documented_ns_id(fields: list[object]) -> bytes:
+    """The namespace id as kvstored/keys.py's module docstring defines it, assembled here."""
+    raw = b"kvstored/ns/v1" + _u32le(1)
+    for value in fields:
+        text = str(value).encode("utf-8")
+        raw += _u32le(len(text)) + text
+    return blake3.blake3(raw).digest()[:16]
+
+
+def _documented_block(parent: bytes, tokens: list[int], extras: list[tuple[bytes, bytes]]) -> bytes:
+    raw = b"kvstored/block/v1" + parent + _u32le(len(tokens)) + b"".join(_u32le(t) for t in tokens)
+    raw += _u32le(len(extras)) + b"".join(tag + _u32le(len(p)) + p for tag, p in extras)
+    return blake3.blake3(raw).digest()[:16]
+
+
+def test_golden_vectors_follow_the_documented_encoding() -> None:
+    """Recompute every golden vector from the module docstring's encoding, independently of
+    the code: the docstring, the vectors and the code must all agree."""
+    ns_id = _documented_ns_id(["HuggingFaceTB/SmolLM2-135M-Instruct", "main", "bfloat16",
+                               "layers,kv,heads,tokens,dim", 4, 1, 0, ""])
+    assert ns_id.hex() == GOLDEN_NS_ID
+    root = blake3.blake3(b"kvstored/root/v1" + ns_id).digest()[:16]
+    assert root.hex() == GOLDEN_ROOT
+    plain, parent = [], root
+    for i in range(2):
+        parent = _documented_block(parent, list(range(4 * i, 4 * i + 4)), [])
+        plain.append(parent.hex())
+    assert plain == GOLDEN_PLAIN
+    lora, parent = [], root
+    for i in range(2):
+        parent = _documented_block(parent, list(range(4 * i, 4 * i + 4)), [(b"s", b"lora:sql-adapter")])
+        lora.append(parent.hex())
+    assert lora == GOLDEN_LORA
+    extra = _documented_block(root, [2**32 - 1] * 4, [(b"s", b"img:abc"), (b"b", b"\x00\x01"), (b"i", b"7")])
+    assert [extra.hex()] == GOLDEN_EXTRA
+    # a field the golden namespace leaves at its default is still part of the encoding
+    salted = Namespace(model_id=NS.model_id, block_size=4, tp_size=2, tp_rank=1, tenant_salt="t")
+    assert salted.id == _documented_ns_id([NS.model_id, "main", "bfloat16", "layers,kv,heads,tokens,dim",
+                                           4, 2, 1, "t"])
 
 
 def test_golden_vectors() -> None:
