@@ -22,13 +22,29 @@ def test_arena_larger_than_free_tmpfs_space_is_refused(
     assert list(tmp_path.iterdir()) == []  # nothing left behind
 
 
+def _mapping_rss_bytes(path: str) -> int:
+    """Resident bytes of this process's mapping of ``path`` (/proc/self/smaps ``Rss:``)."""
+    rss_kib, in_mapping = 0, False
+    for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if "-" in first and not first.endswith(":"):  # a mapping header line
+            in_mapping = line.rstrip().endswith(" " + path)
+        elif in_mapping and first == "Rss:":
+            rss_kib += int(line.split()[1])
+    return rss_kib << 10
+
+
 def test_prefault_runs_in_background_and_close_stops_it(tmp_path: pathlib.Path) -> None:
-    arena = DramArena(8 << 20, arena_dir=tmp_path)
+    size = 8 << 20
+    arena = DramArena(size, arena_dir=tmp_path)
+    assert arena.path is not None
     arena.view[:5] = b"hello"
+    assert _mapping_rss_bytes(arena.path) <= 1 << 20  # mapped lazily: one page touched so far
     arena.start_prefault(chunk_bytes=1 << 20)
     assert arena._prefault_thread is not None
     arena._prefault_thread.join(30)
     assert not arena._prefault_thread.is_alive()
+    assert _mapping_rss_bytes(arena.path) == size  # every page populated, not just attempted
     assert bytes(arena.view[:5]) == b"hello"  # populating never changes written bytes
     path = arena.path
     arena.close()
