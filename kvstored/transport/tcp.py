@@ -298,6 +298,9 @@ class DataPlaneServer:
         self._threads: set[threading.Thread] = set()
         self._ids = itertools.count(1)
         self.address = ""
+        self.num_requests_lost = 0
+        """Requests whose connection broke mid-request, counted once the request's
+        reservations are aborted and its pins released (tests wait on it)."""
 
     def start(self) -> str:
         """Bind, listen and start accepting; returns the bound ``host:port``.
@@ -397,6 +400,8 @@ class DataPlaneServer:
                     return
                 except (ConnectionError, TimeoutError, OSError) as exc:
                     log.info("data_plane_connection_lost", peer=str(peer), error=str(exc))
+                    with self._lock:
+                        self.num_requests_lost += 1
                     return
                 finally:
                     self._set_busy(sock, False)

@@ -46,11 +46,15 @@ def test_data_plane_put_disconnect_mid_stream_leaves_nothing_visible(node: Daemo
     frame = _put_frame(keys, [size] * 3)
     payload = b"".join(value_for(k, size) for k in keys)
     sent = {"after_header": 0, "mid_second_payload": size + size // 2, "before_last_byte": 3 * size - 1}[cut]
+    data_plane = node.daemon._data_plane
+    assert data_plane is not None
+    lost = data_plane.num_requests_lost
     with _connect_data_plane(node) as s:
         s.sendall(frame + payload[:sent])
-        time.sleep(0.05)
-    wait_until(lambda: node.daemon._data_plane.num_busy() == 0 and _dram_used(node) == baseline,  # type: ignore[union-attr]
-               what="the broken PUT to be aborted")
+    # the server counts the request as lost only after it aborted its reservations
+    wait_until(lambda: data_plane.num_requests_lost == lost + 1, what="the server to see the broken PUT")
+    assert _dram_used(node) == baseline, "the broken PUT's reservations were not aborted"
+    assert node.daemon.core is not None and node.daemon.core.num_outstanding() == (0, 0, 0)
     with Client(node.unix_address) as c:
         assert c.exists(keys) == [False, False, False]
         assert c.get(keys) == [None, None, None]
