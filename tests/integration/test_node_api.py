@@ -8,6 +8,7 @@ import urllib.request
 import numpy as np
 import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvstored import AsyncClient, Client, Namespace, Tier
 from kvstored.client import _ops
@@ -142,28 +143,62 @@ def test_namespace_is_stored_and_listed(node: DaemonThread) -> None:
         assert c.list_blocks(b"\x00" * 16)[0] == []
 
 
-def test_metrics_endpoint(node: DaemonThread) -> None:
-    with Client(node.unix_address) as c:
-        keys = random_keys(2)
-        c.put(keys, [b"x" * 5000] * 2)
-        c.get(keys)
-        c.lookup_prefix(keys)
-    with Client(node.tcp_address) as c:
-        c.get(keys)
+def _scrape(node: DaemonThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the node's /metrics, parsed by prometheus_client's own parser."""
     body = urllib.request.urlopen(f"http://{node.daemon.metrics_address}/metrics", timeout=10).read().decode()
-    for name in (
-        'kvstored_tier_used_bytes{tier="DRAM"}',
-        'kvstored_tier_capacity_bytes{tier="DRAM"}',
-        "kvstored_store_puts_total",
-        'kvstored_rpc_requests_total{code="OK",method="ReservePut"}',
-        "kvstored_rpc_duration_seconds_bucket",
-        'kvstored_transfer_bytes_total{direction="in",transport="shm"}',
-        'kvstored_transfer_bytes_total{direction="out",transport="tcp"}',
-        "kvstored_lookup_hit_blocks_total",
-        'kvstored_lease_active{kind="pin"}',
-        "kvstored_node_draining",
-    ):
-        assert name in body, f"{name} missing from /metrics"
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(body) for s in fam.samples}
+
+
+def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str) -> None:
+    """Each counter and gauge moves by exactly what a known sequence of calls did."""
+    mib = 1 << 20
+    node = start_node(dram_size_bytes=4 * mib, ssd_dir=f"{sock_dir}/ssd", ssd_size_bytes=64 * mib)  # type: ignore[operator]
+
+    def m(name: str, **labels: str) -> float:
+        return scrape.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    scrape = _scrape(node)
+    assert m("kvstored_tier_capacity_bytes", tier="DRAM") == 4 * mib
+    assert m("kvstored_node_draining") == 0
+    keys = random_keys(6)
+    miss = random_keys(1)
+    with Client(node.unix_address) as c:
+        for k in keys:  # one at a time: DRAM holds 4, so the 2 least recent go to SSD
+            assert c.put([k], [value_for(k, mib)])[0].stored
+        scrape = _scrape(node)
+        assert m("kvstored_store_puts_total") == 6
+        assert m("kvstored_transfer_bytes_total", transport="shm", direction="in") == 6 * mib
+        assert m("kvstored_transfer_blocks_total", transport="shm", direction="in") == 6
+        assert m("kvstored_rpc_requests_total", method="ReservePut", code="OK") == 6
+        assert m("kvstored_tier_evictions_total", tier="DRAM") == 2
+        assert (m("kvstored_tier_blocks", tier="DRAM"), m("kvstored_tier_blocks", tier="SSD")) == (4, 2)
+        assert m("kvstored_tier_used_bytes", tier="DRAM") == 4 * mib
+        assert m("kvstored_tier_used_bytes", tier="SSD") >= 2 * mib
+        # reads: 1 SSD hit (promoted, which demotes one more), 1 DRAM hit, 1 miss
+        assert c.get([keys[0], keys[5], miss[0]]) == [value_for(keys[0], mib), value_for(keys[5], mib), None]
+        assert c.lookup_prefix([keys[5], keys[4], miss[0], keys[3]]) == 2
+    with Client(node.tcp_address, transport="tcp") as c:
+        assert c.get([keys[5]]) == [value_for(keys[5], mib)]
+    scrape = _scrape(node)
+    assert (m("kvstored_store_gets_total"), m("kvstored_store_hits_total"), m("kvstored_store_misses_total")) == (4, 3, 1)
+    assert m("kvstored_tier_hits_total", tier="SSD") == 1 and m("kvstored_tier_hits_total", tier="DRAM") == 2
+    assert m("kvstored_tier_evictions_total", tier="DRAM") == 3
+    assert (m("kvstored_tier_blocks", tier="DRAM"), m("kvstored_tier_blocks", tier="SSD")) == (4, 3)
+    assert m("kvstored_transfer_bytes_total", transport="shm", direction="out") == 2 * mib
+    assert m("kvstored_transfer_bytes_total", transport="tcp", direction="out") == mib
+    assert (m("kvstored_lookup_blocks_total"), m("kvstored_lookup_hit_blocks_total")) == (4, 2)
+    assert m("kvstored_rpc_duration_seconds_count", method="ReservePut") == 6
+    assert m("kvstored_lease_active", kind="pin") == 0 and m("kvstored_store_pinned_blocks") == 0
+    # a pin held by a client shows as one active pin lease and one pinned block until released
+    core = node.daemon.core
+    assert core is not None
+    pin_id, _ = node.call(lambda: core.pin_blocks([keys[5]], b""))
+    scrape = _scrape(node)
+    assert m("kvstored_lease_active", kind="pin") == 1 and m("kvstored_store_pinned_blocks") == 1
+    assert core.release_pins([pin_id]) == 1
+    scrape = _scrape(node)
+    assert m("kvstored_lease_active", kind="pin") == 0 and m("kvstored_store_pinned_blocks") == 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
