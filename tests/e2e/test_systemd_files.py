@@ -88,7 +88,7 @@ def test_unit_execstart_notifies_ready_and_stops_cleanly_on_its_kill_signal(tmp:
     notify_path = str(tmp / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(notify_path)
-        notify.settimeout(60)
+        notify.settimeout(30)
         stderr = open(tmp / "stderr.log", "w+")
         proc = subprocess.Popen(
             argv, env={**_base_env(), **env, "NOTIFY_SOCKET": notify_path},
