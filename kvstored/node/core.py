@@ -142,6 +142,9 @@ class NodeCore:
         self._reservations: dict[int, _Lease] = {}
         self._expired_ids: collections.OrderedDict[int, str] = collections.OrderedDict()
         self._inflight_puts = 0
+        self.rpcs_in_flight = 0
+        """gRPC handlers running now (counted on the event loop by node/service.py); the drain
+        waits for them so no handler is cancelled mid-way."""
 
     # ---- state -------------------------------------------------------------------------
     @property
@@ -150,8 +153,17 @@ class NodeCore:
         return self._draining
 
     def start_draining(self) -> None:
-        """Refuse new puts from now on (commits of existing reservations still succeed)."""
+        """Refuse new work from now on: puts, and reads that pin (PinBlocks, Get, data-plane
+        GET) with :class:`Draining`. Work in flight finishes: commits of existing reservations,
+        releases of existing pins and a read already streaming still succeed."""
         self._draining = True
+
+    def _check_reads_allowed(self) -> None:
+        if self._draining:
+            raise Draining(
+                f"node {self.cfg.node_id} is draining for shutdown and refuses new reads; "
+                "retry on another node or after it restarted"
+            )
 
     def uptime_s(self) -> float:
         """Seconds since this core was created."""
@@ -444,7 +456,12 @@ class NodeCore:
         chunk's own pins fill DRAM (NoCapacity after the chunk's first key), the chunk is cut
         there and the next one restarts at that key, so a read larger than DRAM still
         completes; only a block that cannot fit even alone reports NoCapacity.
+
+        Raises:
+            Draining: on the first ``next()``, when the node is draining (a read already
+                past its first chunk finishes).
         """
+        self._check_reads_allowed()
         i, n = 0, len(keys)
         while i < n:
             got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
@@ -478,8 +495,10 @@ class NodeCore:
             nothing was pinned. Release with :meth:`release_pins`.
 
         Raises:
-            Unavailable (epoch mismatch), BatchTooLarge, InvalidArgument.
+            Draining (the node is shutting down), Unavailable (epoch mismatch),
+            BatchTooLarge, InvalidArgument.
         """
+        self._check_reads_allowed()
         self.check_epoch(epoch)
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)

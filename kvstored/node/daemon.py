@@ -12,10 +12,13 @@ Lifecycle::
 
     start():  validate addresses -> open store (arena, SSD index) -> gRPC up -> data plane up
               -> metrics up -> reaper task -> sd_notify READY=1 (in run())
-    stop():   draining (new puts refused with Draining) -> wait for outstanding puts, pins and
-              reservations (<= drain_grace_s) -> stop gRPC with the remaining grace -> stop data
-              plane -> drop leases -> spill DRAM to SSD (spill_on_shutdown) -> close the store
-              (flushes the SSD index, unlinks the arena) -> remove unix sockets
+    stop():   draining (new puts and new reads refused with Draining; commits, pin releases
+              and metadata calls still served) -> wait for outstanding puts, pins,
+              reservations, data-plane requests and running gRPC handlers (<= drain_grace_s)
+              -> stop gRPC (handlers still running get at least RPC_FINISH_GRACE_S, never
+              cancelled at once) -> stop data plane -> drop leases -> spill DRAM to SSD
+              (spill_on_shutdown) -> close the store (flushes the SSD index, unlinks the
+              arena) -> remove unix sockets
 
 Blocking store calls of the gRPC handlers run in the ``kvstored-store`` thread pool; the
 loop itself never waits on the store's lock.
@@ -54,6 +57,8 @@ log = structlog.get_logger(__name__)
 UNIX_PATH_MAX_BYTES = 107
 _STORE_THREADS = 8
 _GRPC_SLACK_BYTES = 1 << 20
+RPC_FINISH_GRACE_S = 5.0
+"""Least time a gRPC handler still running at the end of the drain gets to finish."""
 
 
 def sd_notify(state: str) -> bool:
@@ -309,12 +314,13 @@ class NodeDaemon:
         while time.monotonic() < deadline:
             pins, reservations, puts = self.core.num_outstanding()
             busy = self._data_plane.num_busy() if self._data_plane is not None else 0
-            if not (pins or reservations or puts or busy):
+            if not (pins or reservations or puts or busy or self.core.rpcs_in_flight):
                 return
             await asyncio.sleep(0.02)
         pins, reservations, puts = self.core.num_outstanding()
         log.warning(
-            "drain_grace_expired", num_pins=pins, num_reservations=reservations, num_puts=puts
+            "drain_grace_expired", num_pins=pins, num_reservations=reservations, num_puts=puts,
+            num_rpcs=self.core.rpcs_in_flight,
         )
 
     async def stop(self) -> None:
@@ -335,7 +341,8 @@ class NodeDaemon:
         loop = asyncio.get_running_loop()
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if self._server is not None:
-            await self._server.stop(grace=remaining)
+            # new RPCs are refused from here on; running handlers finish (bounded)
+            await self._server.stop(grace=0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S))
             self._server = None
         if self._data_plane is not None:
             await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))

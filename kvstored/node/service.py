@@ -285,11 +285,26 @@ def _wrap(
     return handle
 
 
+def _counted(
+    core: NodeCore, handle: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]:
+    """Count the handler in ``core.rpcs_in_flight`` while it runs (the drain waits on it)."""
+
+    async def counted(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        core.rpcs_in_flight += 1
+        try:
+            return await handle(raw, context)
+        finally:
+            core.rpcs_in_flight -= 1
+
+    return counted
+
+
 def add_node_service(server: grpc.aio.Server, servicer: NodeServicer) -> None:
     """Register the NodeService methods of ``servicer`` on ``server``."""
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _wrap(name, req_cls, getattr(servicer, name), servicer),
+            _counted(servicer.core, _wrap(name, req_cls, getattr(servicer, name), servicer)),
             request_deserializer=None,
             response_serializer=_serialize,
         )

@@ -218,15 +218,28 @@ def test_lease_reaper_releases_pins_and_reservations_of_dead_clients(start_node:
         assert c.exists(keys) == [True, False]
 
 
-def test_draining_node_refuses_puts_but_serves_reads(node: DaemonThread) -> None:
-    keys = random_keys(2)
+def test_draining_node_refuses_new_work_but_finishes_what_is_in_flight(node: DaemonThread) -> None:
+    keys = random_keys(3)
     with Client(node.unix_address) as c:
         c.put(keys[:1], [b"before"])
-    node.call(node.daemon.core.start_draining)  # type: ignore[union-attr]
+    core = node.daemon.core
+    assert core is not None
+    # in flight when the drain starts: a read holding a pin, a write holding a reservation
+    pin_id, _ = node.call(lambda: core.pin_blocks(keys[:1], b""))
+    res_id, (reservation,) = node.call(lambda: core.reserve_put([(keys[2], 5, b"")], b""))
+    node.call(core.start_draining)
     for transport in ("shm", "tcp", "grpc"):
         with Client(node.address_for(transport), transport=transport, timeout_s=0.5) as c:
             assert c.describe().draining
             with pytest.raises(Draining):
-                c.put(keys[1:], [b"x" * 100_000])
-            assert c.get(keys) == [b"before", None]
+                c.put(keys[1:2], [b"x" * 100_000])
+            with pytest.raises(Draining, match="refuses new reads"):
+                c.get(keys[:1])
+            # metadata calls never pin and stay answered
             assert c.lookup_prefix_tiers(keys) == [Tier.DRAM]
+            assert c.exists(keys) == [True, False, False]
+    node.daemon.store.arena[reservation.offset : reservation.offset + 5] = b"after"  # type: ignore[union-attr]
+    assert [o.stored for o in core.commit_put(res_id)] == [True]
+    assert core.release_pins([pin_id]) == 1
+    assert core.num_outstanding() == (0, 0, 0)
+    assert node.daemon.store.get(keys[2]) == (b"after", b"")  # type: ignore[union-attr]
