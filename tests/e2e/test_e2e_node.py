@@ -4,10 +4,12 @@ systemd notification, kvstorectl against the daemon."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -15,10 +17,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from e2e_helpers import ServeProcess, value_for
 
-from kvstored import Client, Namespace, Tier, block_hashes
+from kvstored import Client, Draining, Namespace, Tier, block_hashes
+from kvstored.v1 import node_pb2, node_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,27 +51,102 @@ def serve(workdir: Path) -> Iterator[type[ServeProcess]]:
         p.kill()
 
 
-def test_sigterm_drains_and_blocks_on_ssd_survive_a_restart(serve: object, workdir: Path) -> None:
-    node = serve().start()  # type: ignore[operator]
+_DP_HEADER = struct.Struct("<4sBBHII")  # the data-plane frame header (kvstored/transport/tcp.py)
+
+
+def _dp_put_frame(key: bytes, size: int) -> bytes:
+    body = struct.pack("<H", 0) + struct.pack("<H", len(key)) + key + struct.pack("<QI", size, 0)
+    return _DP_HEADER.pack(b"KVDP", 1, 2, 0, 1, len(body)) + body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the data plane closed the connection"
+        out += chunk
+    return out
+
+
+def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
+    serve: object, workdir: Path
+) -> None:
+    """SIGTERM while a read holds its pins, a shared-memory write holds its reservation and a
+    TCP write is half sent: each of them finishes, new puts and reads are refused, the daemon
+    exits 0 and a restart finds every spilled block on SSD."""
+    node = serve(env={"KVSTORED_NODE__DRAIN_GRACE_S": "60"}).start()  # type: ignore[operator]
     arena = node.arena
-    assert arena and os.path.exists(arena)
     keys = [os.urandom(16) for _ in range(12)]
+    shm_key, tcp_key = os.urandom(16), os.urandom(16)
     with Client(node.unix_address) as c:
         assert c.describe().transport == "shm"
         assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
-    assert node.terminate() == 0, node.log()
+    # the three requests in flight, each held at a point the test chooses (it is the client)
+    channel = grpc.insecure_channel(node.unix_address)
+    stub = node_pb2_grpc.NodeServiceStub(channel)
+    pins = stub.PinBlocks(node_pb2.PinBlocksRequest(keys=keys[:3]), timeout=10)
+    assert pins.pin_id and all(b.found for b in pins.blocks)
+    res = stub.ReservePut(node_pb2.ReservePutRequest(
+        items=[node_pb2.ReserveItem(key=shm_key, size_bytes=len(value_for(shm_key)))]), timeout=10)
+    assert res.reservation_id and not res.reservations[0].exists
+    host, port = node.data.rsplit(":", 1)
+    dp = socket.create_connection((host, int(port)), timeout=30)
+    tcp_value = value_for(tcp_key)
+    with Client(node.unix_address) as c:
+        used = c.stats()["tiers"][0]["used_bytes"]
+        dp.sendall(_dp_put_frame(tcp_key, len(tcp_value)) + tcp_value[: len(tcp_value) // 2])
+        deadline = time.monotonic() + 30
+        while c.stats()["tiers"][0]["used_bytes"] == used:  # the server reserved it: in flight
+            assert time.monotonic() < deadline, "the data plane did not take the PUT"
+
+    node.signal(signal.SIGTERM)
+    with Client(node.unix_address, timeout_s=0.3) as c:
+        deadline = time.monotonic() + 30
+        while not c.describe().draining:  # the observable start of the drain
+            assert time.monotonic() < deadline, "the node did not start draining"
+        with pytest.raises(Draining):
+            c.put([os.urandom(16)], [b"new"])
+        with pytest.raises(Draining):
+            c.get(keys[3:4])
+        assert c.lookup_prefix(keys) == 12  # metadata is still answered
+    with Client(node.tcp_address, transport="tcp", timeout_s=0.3) as c:
+        with pytest.raises(Draining):
+            c.put([os.urandom(16)], [b"new"])
+        with pytest.raises(Draining):
+            c.get(keys[3:4])
+    assert node.proc is not None and node.proc.poll() is None, "exited with requests in flight"
+
+    with open(arena, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        for k, b in zip(keys[:3], pins.blocks, strict=True):  # the read copies its pinned bytes
+            assert m[b.offset : b.offset + b.size_bytes] == value_for(k)
+        off = res.reservations[0].offset
+        m[off : off + len(value_for(shm_key))] = value_for(shm_key)  # the write fills its space
+    assert stub.ReleasePins(node_pb2.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10).num_released == 1
+    committed = stub.CommitPut(node_pb2.CommitPutRequest(reservation_id=res.reservation_id), timeout=10)
+    assert [r.stored for r in committed.results] == [True]
+    channel.close()
+    dp.sendall(tcp_value[len(tcp_value) // 2 :])
+    magic, _, op, status, count, body_len = _DP_HEADER.unpack(_recv_exact(dp, _DP_HEADER.size))
+    assert (magic, op, status, count) == (b"KVDP", 2, 0, 1)
+    code, stored, _ = struct.unpack("<HBH", _recv_exact(dp, body_len)[:5])
+    assert (code, stored) == (0, 1)
+    dp.close()
+
+    assert node.wait() == 0, node.log()
+    log = node.log()
+    assert "drain_grace_expired" not in log, "the drain waited for its grace instead of the work"
+    assert "node_stopped" in log
     assert not os.path.exists(node.socket_path), "unix socket left behind"
     assert not os.path.exists(arena), "arena file left behind"
-    log = node.log()
-    assert "node_draining" in log and "node_stopped" in log
 
+    every = [*keys, shm_key, tcp_key]
     again = serve().start()  # type: ignore[operator]
     with Client(again.unix_address) as c:
-        assert c.lookup_prefix_tiers(keys) == [Tier.SSD] * len(keys)
-        assert c.get(keys) == [value_for(k) for k in keys]
-        assert c.lookup_prefix_tiers(keys[:1]) == [Tier.DRAM]  # promoted by the read
+        assert c.lookup_prefix_tiers(every) == [Tier.SSD] * len(every)
+        assert c.get(every) == [value_for(k) for k in every]
+        assert c.lookup_prefix_tiers(every[:1]) == [Tier.DRAM]  # promoted by the read
     with Client(again.tcp_address, transport="tcp") as c:
-        assert c.get(keys) == [value_for(k) for k in keys]
+        assert c.get(every) == [value_for(k) for k in every]
     assert again.terminate() == 0
 
 
