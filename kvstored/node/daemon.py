@@ -311,11 +311,17 @@ class NodeDaemon:
 
     async def _wait_drained(self, deadline: float) -> None:
         assert self.core is not None
+        waiting_for: tuple[int, ...] = ()
         while time.monotonic() < deadline:
             pins, reservations, puts = self.core.num_outstanding()
             busy = self._data_plane.num_busy() if self._data_plane is not None else 0
-            if not (pins or reservations or puts or busy or self.core.rpcs_in_flight):
+            rpcs = self.core.rpcs_in_flight
+            if not (pins or reservations or puts or busy or rpcs):
                 return
+            if (pins, reservations, puts, busy, rpcs) != waiting_for:  # what the drain waits on
+                waiting_for = (pins, reservations, puts, busy, rpcs)
+                log.info("drain_waiting", num_pins=pins, num_reservations=reservations,
+                         num_puts=puts, num_dataplane_requests=busy, num_rpcs=rpcs)
             await asyncio.sleep(0.02)
         pins, reservations, puts = self.core.num_outstanding()
         log.warning(

@@ -68,6 +68,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return out
 
 
+def _wait_for_log(node: ServeProcess, event: str, timeout_s: float = 30.0, **fields: str) -> None:
+    """Wait until the daemon logged ``event`` with these ``key=value`` fields (a hang guard)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in node.log().splitlines():
+            words = line.split()
+            if event in words and fields.items() <= dict(
+                w.split("=", 1) for w in words if "=" in w
+            ).items():
+                return
+        assert time.monotonic() < deadline, f"the daemon never logged {event} {fields}"
+        time.sleep(0.02)
+
+
 def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
     serve: object, workdir: Path
 ) -> None:
@@ -116,21 +130,28 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
             c.get(keys[3:4])
     assert node.proc is not None and node.proc.poll() is None, "exited with requests in flight"
 
+    # the writes finish first: the shm one fills its reservation and commits, the TCP one
+    # sends the rest of its payload
     with open(arena, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        for k, b in zip(keys[:3], pins.blocks, strict=True):  # the read copies its pinned bytes
-            assert m[b.offset : b.offset + b.size_bytes] == value_for(k)
         off = res.reservations[0].offset
-        m[off : off + len(value_for(shm_key))] = value_for(shm_key)  # the write fills its space
-    assert stub.ReleasePins(node_pb2.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10).num_released == 1
+        m[off : off + len(value_for(shm_key))] = value_for(shm_key)
     committed = stub.CommitPut(node_pb2.CommitPutRequest(reservation_id=res.reservation_id), timeout=10)
     assert [r.stored for r in committed.results] == [True]
-    channel.close()
     dp.sendall(tcp_value[len(tcp_value) // 2 :])
     magic, _, op, status, count, body_len = _DP_HEADER.unpack(_recv_exact(dp, _DP_HEADER.size))
     assert (magic, op, status, count) == (b"KVDP", 2, 0, 1)
     code, stored, _ = struct.unpack("<HBH", _recv_exact(dp, body_len)[:5])
     assert (code, stored) == (0, 1)
     dp.close()
+    # then the read: the node says its drain now waits on this read's pins alone
+    _wait_for_log(node, "drain_waiting", num_pins="1", num_reservations="0", num_puts="0",
+                  num_dataplane_requests="0")
+    assert node.proc.poll() is None, "exited while a read held its pins"
+    with open(arena, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        for k, b in zip(keys[:3], pins.blocks, strict=True):
+            assert m[b.offset : b.offset + b.size_bytes] == value_for(k)
+    assert stub.ReleasePins(node_pb2.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10).num_released == 1
+    channel.close()
 
     assert node.wait() == 0, node.log()
     log = node.log()
