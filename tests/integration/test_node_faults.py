@@ -243,3 +243,54 @@ def test_draining_node_refuses_new_work_but_finishes_what_is_in_flight(node: Dae
     assert core.release_pins([pin_id]) == 1
     assert core.num_outstanding() == (0, 0, 0)
     assert node.daemon.store.get(keys[2]) == (b"after", b"")  # type: ignore[union-attr]
+
+
+def test_drain_grace_running_out_never_cancels_a_running_handler(start_node: object) -> None:
+    """A handler still running when the drain grace is used up finishes and answers."""
+    node = start_node(drain_grace_s=0.2)  # type: ignore[operator]
+    core, daemon = node.daemon.core, node.daemon
+    assert core is not None
+    keys = random_keys(2)
+    with Client(node.unix_address) as c:
+        c.put(keys, [b"a", b"b"])
+    entered, release, grace_over = threading.Event(), threading.Event(), threading.Event()
+    list_blocks = core.list_blocks
+
+    def held_list_blocks(*args: object, **kwargs: object) -> object:  # the hook: hold the handler
+        entered.set()
+        assert release.wait(30)
+        return list_blocks(*args, **kwargs)  # type: ignore[arg-type]
+
+    wait_drained = daemon._wait_drained
+
+    async def observed_wait_drained(deadline: float) -> None:
+        await wait_drained(deadline)
+        grace_over.set()  # the drain gave up waiting: teardown starts now
+
+    core.list_blocks = held_list_blocks  # type: ignore[method-assign]
+    daemon._wait_drained = observed_wait_drained  # type: ignore[method-assign]
+    answer: list[object] = []
+
+    def call() -> None:
+        with grpc.insecure_channel(node.tcp_address) as ch:
+            try:
+                answer.append(ch.unary_unary(
+                    "/kvstored.v1.NodeService/ListBlocks",
+                    request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=pb.ListBlocksResponse.FromString,
+                )(pb.ListBlocksRequest(), timeout=30))
+            except grpc.RpcError as exc:
+                answer.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert entered.wait(10)
+    stopper = threading.Thread(target=node.stop)
+    stopper.start()
+    assert grace_over.wait(10)
+    release.set()
+    caller.join(30)
+    stopper.join(60)
+    (got,) = answer
+    assert isinstance(got, pb.ListBlocksResponse), f"the running handler was cut off: {got}"
+    assert {b.key for b in got.blocks} == set(keys)
