@@ -177,18 +177,31 @@ def test_stale_epoch_is_unavailable(core: NodeCore) -> None:
         core.pin_blocks([key(1)], b"", epoch=EPOCH + 1)
 
 
-def test_draining_refuses_new_puts_but_commits_and_reads_work(core: NodeCore) -> None:
-    core.put_inline([(key(1), b"one", b"")], b"")
-    rid, outcomes = core.reserve_put([(key(2), 3, b"")], b"")
+def test_draining_refuses_new_work_but_in_flight_work_finishes(core: NodeCore) -> None:
+    core.put_inline([(key(i), bytes([i]) * 10, b"") for i in range(1, 4)], b"")
+    rid, outcomes = core.reserve_put([(key(9), 3, b"")], b"")
+    pin_id, _ = core.pin_blocks([key(1)], b"")
+    streaming = core.pinned_chunks([key(1), key(2), key(3)], b"", chunk_keys=1)
+    assert next(streaming)[0] == 0  # a data-plane GET past its first chunk
     core.start_draining()
-    with pytest.raises(Draining):
-        core.put_inline([(key(3), b"three", b"")], b"")
-    with pytest.raises(Draining):
-        core.reserve_put([(key(3), 5, b"")], b"")
+    with pytest.raises(Draining, match="puts"):
+        core.put_inline([(key(5), b"five", b"")], b"")
+    with pytest.raises(Draining, match="puts"):
+        core.reserve_put([(key(5), 5, b"")], b"")
+    with pytest.raises(Draining, match="reads"):
+        core.pin_blocks([key(1)], b"")
+    with pytest.raises(Draining, match="reads"):
+        core.get_inline([key(1)], b"", budget_bytes=1 << 20)
+    with pytest.raises(Draining, match="reads"):
+        next(core.pinned_chunks([key(1)], b""))
+    assert core.lookup_prefix([key(1), key(2)], b"") == [Tier.DRAM, Tier.DRAM]  # metadata: served
+    # what was in flight finishes: the stream, the write's commit, the read's release
+    assert [start for start, _ in streaming] == [1, 2]
     core.store.arena[outcomes[0].offset : outcomes[0].offset + 3] = b"two"
     assert core.commit_put(rid)[0].stored
-    assert [o.value for o in core.get_inline([key(1), key(2)], b"", budget_bytes=1 << 20)] == [b"one", b"two"]
-    assert core.num_outstanding() == (0, 0, 0)
+    assert core.release_pins([pin_id]) == 1
+    assert core.num_outstanding() == (0, 0, 0) and core.store.stats().pinned_blocks == 0
+    assert core.store.get(key(9)) == (b"two", b"")
 
 
 def test_get_inline_respects_its_budget_but_always_returns_one_block(core: NodeCore) -> None:
