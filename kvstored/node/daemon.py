@@ -348,7 +348,8 @@ class NodeDaemon:
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if self._server is not None:
             # new RPCs are refused from here on; running handlers finish (bounded)
-            await self._server.stop(grace=0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S))
+            grace_s = 0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S)
+            await self._server.stop(grace=grace_s)
             self._server = None
         if self._data_plane is not None:
             await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))
