@@ -75,6 +75,7 @@ class _RaisingCore:
 
     metrics = None
     cfg = NodeConfig(node_id="errors", ssd_size_bytes=0)
+    rpcs_in_flight = 0
 
     def __init__(self) -> None:
         self.error: BaseException = RuntimeError("unset")
