@@ -277,20 +277,31 @@ class NodeCore:
         out: list[Reservation | PutOutcome] = []
         try:
             for i, (key, size, meta) in enumerate(items):
-                err = self.put_item_error(i, key, size, meta)
-                if err is not None:
-                    out.append(PutOutcome(False, self._count_item_error(err)))
-                    continue
-                try:
-                    res = self.store.reserve(key, size, namespace_id=namespace_id, meta=meta)
-                except KvstoredError as exc:
-                    out.append(PutOutcome(False, self._count_item_error(exc)))
-                    continue
-                out.append(PutOutcome(False) if res is None else res)
+                out.append(self.reserve_one(i, key, size, meta, namespace_id))
         except BaseException:
             self.abort_reserved(out)
             raise
         return out
+
+    def reserve_one(
+        self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes
+    ) -> Reservation | PutOutcome:
+        """Validate and reserve item ``index`` of a batch (no lease).
+
+        Used by the data plane to reserve each item only once its payload starts arriving.
+
+        Returns:
+            A Reservation the caller must commit or abort, or the item's outcome (already
+            stored, or its own error, counted in metrics).
+        """
+        err = self.put_item_error(index, key, size_bytes, meta)
+        if err is not None:
+            return PutOutcome(False, self._count_item_error(err))
+        try:
+            res = self.store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta)
+        except KvstoredError as exc:
+            return PutOutcome(False, self._count_item_error(exc))
+        return PutOutcome(False) if res is None else res
 
     def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:
         """Commit every Reservation among ``items`` (head first, so the head is most recent)."""
@@ -446,18 +457,38 @@ class NodeCore:
         completes; only a block that cannot fit even alone reports NoCapacity.
         """
         i, n = 0, len(keys)
-        while i < n:
-            got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
-            cut = len(got)
-            for j in range(1, len(got)):
-                if isinstance(got[j], NoCapacity):
-                    cut = j
-                    break
-            try:
-                yield i, got[:cut]
-            finally:
-                self.unpin_all(got)
-            i += cut
+        hits: list[PinnedBlock] = []  # for recency over the whole request, see below
+        num_chunks = 0
+        try:
+            while i < n:
+                got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
+                num_chunks += 1
+                cut = len(got)
+                for j in range(1, len(got)):
+                    if isinstance(got[j], NoCapacity):
+                        cut = j
+                        break
+                hits.extend(b for b in got[:cut] if isinstance(b, PinnedBlock))
+                try:
+                    yield i, got[:cut]
+                finally:
+                    self.unpin_all(got)
+                i += cut
+        finally:
+            if num_chunks > 1 and hits:
+                # Each pin_many touched its own chunk tail-first, so a later chunk ended up
+                # more recent than an earlier one; touch once more in whole-request order so
+                # keys[0] is the most recent and eviction takes the request's tail first.
+                self.touch_hits(hits)
+
+    def touch_hits(self, hits: Sequence[PinnedBlock]) -> None:
+        """Make ``hits`` (one request's hits, in request order) the most recent, head last.
+
+        Never pins, promotes or counts; blocks evicted meanwhile are skipped.
+        """
+        self.store.touch_many(
+            [b.key for b in hits], ssd_keys={b.key for b in hits if b.tier == Tier.SSD}
+        )
 
     def unpin_all(self, blocks: Sequence[object]) -> None:
         """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""
