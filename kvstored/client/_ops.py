@@ -711,7 +711,9 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
 
 
 def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
-    pending = list(range(len(sink.keys)))
+    pending = [  # batches tail-first (see _tail_first); a budget-split batch refetches first
+        i for lo, hi in _tail_first(_chunks(len(sink.keys), info.max_batch_keys)) for i in range(lo, hi)
+    ]
     while pending:
         batch = pending[: info.max_batch_keys]
         resp = yield Call(
