@@ -85,6 +85,11 @@ class NodeConfig(_Model):
     byte of its response, seconds (not per socket call: a peer trickling bytes cannot stretch
     it). When it passes, the request's pins and reservations are released and the connection
     is closed. Default 30 s."""
+    dataplane_min_bytes_per_s: Size = Field(default=64 << 20, gt=0)
+    """Slowest transfer a data-plane request is allowed, bytes/s: its deadline is
+    ``dataplane_request_timeout_s`` plus its payload at this rate (a PUT's announced sizes; a
+    GET's blocks as each chunk is pinned), so large requests are not cut while a trickling
+    peer still is. Default 64 MiB/s."""
     dataplane_max_connections: int = Field(default=1024, gt=0)
     """Data-plane connections served at once; more are refused with UNAVAILABLE."""
     dataplane_idle_timeout_s: float = Field(default=60.0, gt=0)

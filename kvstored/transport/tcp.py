@@ -23,7 +23,8 @@ connections (``dataplane_max_connections``). A request that breaks a bound gets 
 response and the connection is closed, since the stream cannot be resynchronised.
 
 Deadline (server): a request has ``dataplane_request_timeout_s`` as a whole, counted from its
-first byte; every socket call waits only for what is left of it. When it passes, the
+first byte, plus its payload at ``dataplane_min_bytes_per_s`` (a PUT's announced sizes, a
+GET's blocks as each chunk is pinned); every socket call waits only for what is left of it. When it passes, the
 connection thread -- the only writer into the request's reservations and the only reader of
 its pins -- has already returned from its last ``recv_into``/``sendmsg`` (``sendmsg`` copies
 into the kernel), and only then aborts the reservations and releases the pins. So space is

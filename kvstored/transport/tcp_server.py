@@ -119,6 +119,7 @@ class DataPlaneServer:
         self.max_connections = max_connections or cfg.dataplane_max_connections
         self.request_timeout_s = request_timeout_s or cfg.dataplane_request_timeout_s
         self.idle_timeout_s = idle_timeout_s or cfg.dataplane_idle_timeout_s
+        self.min_bytes_per_s = cfg.dataplane_min_bytes_per_s
         self.get_chunk_keys = GET_CHUNK_KEYS
         self.hook = hook
         self.limits = FrameLimits(
@@ -322,11 +323,13 @@ class DataPlaneServer:
                 if op == OP_GET:
                     ns, keys = decode_get_body(raw, count)
                     del raw
-                    code = self._handle_get(sock, keys, ns, reader.deadline)
+                    code = self._handle_get(sock, reader, keys, ns)
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
-                    self.limits.check_put_sizes([size for _, size, _ in items])
+                    sizes = [size for _, size, _ in items]
+                    self.limits.check_put_sizes(sizes)
+                    self._allow_payload(reader, sum(sizes))
                     code = self._handle_put(sock, reader, items, ns)
             return True
         except (ProtocolError, FrameRejected) as exc:
@@ -351,6 +354,11 @@ class DataPlaneServer:
         finally:
             self._count(op, code)
             self._emit("request_done", op=op, code=code)
+
+    def _allow_payload(self, reader: Reader, num_bytes: int) -> None:
+        """Extend the request's deadline by ``num_bytes`` at ``dataplane_min_bytes_per_s``."""
+        if reader.deadline is not None and num_bytes:
+            reader.deadline += num_bytes / self.min_bytes_per_s
 
     @contextlib.contextmanager
     def _header_budget(self, num_bytes: int, deadline: float | None) -> Any:
@@ -377,15 +385,13 @@ class DataPlaneServer:
                 self._budget_freed.notify_all()
 
     # ---- GET -----------------------------------------------------------------------------
-    def _handle_get(
-        self, sock: socket.socket, keys: list[bytes], ns: bytes, deadline: float | None
-    ) -> int:
+    def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes) -> int:
         core = self.core
         try:
             core.check_batch(len(keys))
             core.check_namespace_id(ns)
         except KvstoredError as exc:
-            send_all(sock, [error_response(OP_GET, exc)], deadline)
+            send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
             return int(exc.code)
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
@@ -400,7 +406,7 @@ class DataPlaneServer:
                     break
                 except KvstoredError as exc:
                     if pending:  # nothing sent yet: fail the whole request cleanly
-                        send_all(sock, [error_response(OP_GET, exc)], deadline)
+                        send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
                         return int(exc.code)
                     raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
                 for b in got:
@@ -416,11 +422,12 @@ class DataPlaneServer:
                     else:
                         msg = short_message(str(b))
                         pending.append(GET_ITEM.pack(int(b.code), 0, 0, 0, 0, len(msg)) + msg)
-                send_all(sock, pending, deadline)  # while the chunk's pins are held
+                self._allow_payload(reader, sum(b.size_bytes for b in got if isinstance(b, PinnedBlock)))
+                send_all(sock, pending, reader.deadline)  # while the chunk's pins are held
                 self._emit("chunk_sent", start=start, num_items=len(got))
                 pending = []
         if pending:
-            send_all(sock, pending, deadline)
+            send_all(sock, pending, reader.deadline)
         core.count_transfer("tcp", "out", num_blocks, num_bytes)
         return 0
 

@@ -317,6 +317,22 @@ def test_a_stalled_reader_loses_its_pins_at_the_request_deadline(make_plane: Any
             t.join(5)
 
 
+def test_a_large_put_gets_time_for_its_payload_at_the_minimum_rate(make_plane: Any) -> None:
+    # 0.2 s for any request, plus 4 MiB at 1 MiB/s: a writer pausing 0.5 s mid-payload (slower
+    # than the base timeout, faster than the minimum rate) is not cut off.
+    p = make_plane(request_timeout_s=0.2, dataplane_min_bytes_per_s=1 * MIB)
+    keys = random_keys(4)
+    values = [value_for(k, MIB) for k in keys]
+    with p.connect() as s:
+        s.sendall(put_frame(keys, [MIB] * 4) + values[0])
+        assert p.next_event("payload_awaited")["index"] == 0
+        assert p.next_event("payload_awaited")["index"] == 1  # item 0 arrived whole
+        time.sleep(0.5)  # being slow on purpose, not synchronisation
+        s.sendall(b"".join(values[1:]))
+        assert p.next_event("request_done")["code"] == 0
+    assert [p.store.get(k) for k in keys] == [(v, b"") for v in values]
+
+
 def test_the_deadline_counts_from_the_first_byte_of_the_request(make_plane: Any) -> None:
     p = make_plane(request_timeout_s=1.0)
     frame = get_frame(random_keys(3))
