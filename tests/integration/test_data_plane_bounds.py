@@ -411,3 +411,35 @@ def test_the_client_checks_the_put_response_body_size() -> None:
     finally:
         dp.close()
         node.close()
+
+
+# ---- the same bounds on a real daemon (SSD tier on), configured through NodeConfig -------------
+
+
+def test_a_daemon_applies_the_data_plane_bounds_from_its_config(start_node: Any, tmp_path: Any) -> None:
+    node = start_node(
+        ssd_dir=str(tmp_path / "ssd"), ssd_size_bytes=64 * MIB, ssd_direct_io=False,
+        dataplane_request_timeout_s=1.0,
+    )
+    dp = node.daemon._data_plane
+    host, port = node.daemon.data_address.rsplit(":", 1)
+    key = random_keys(1)[0]
+    with socket.create_connection((host, int(port)), timeout=EVENT_WAIT_S) as s:
+        s.sendall(put_frame([key], [1 << 62]))
+        status, _msg = read_error_then_eof(s)
+    assert status == ErrorCode.BLOCK_TOO_LARGE and dp.counters().rejected_frames == 1
+    used = node.daemon.store.stats().tiers[0].used_bytes
+    stop, sent = threading.Event(), [0]
+    with socket.create_connection((host, int(port)), timeout=EVENT_WAIT_S) as s:
+        s.sendall(put_frame([key], [64 << 10]))
+        t = threading.Thread(target=_trickle, args=(s, value_for(key, 64 << 10), stop, sent), daemon=True)
+        t.start()
+        try:
+            wait_until(lambda: dp.counters().deadline_exceeded == 1, what="the trickling PUT to be cut")
+            assert t.is_alive() and sent[0] < 64 << 10  # cut while the peer was still sending
+        finally:
+            stop.set()
+            t.join(5)
+    wait_until(lambda: dp.num_busy() == 0, what="the connection thread to finish")
+    assert node.daemon.store.stats().tiers[0].used_bytes == used
+    assert node.daemon.store.exists([key]) == [False]
