@@ -33,7 +33,7 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -54,6 +54,7 @@ from kvstored.errors import (
 )
 from kvstored.keys import format_hash
 from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
+from kvstored.transport.framing import FrameLimits
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
@@ -245,6 +246,20 @@ class NodeCore:
                 f"{MAX_META_BYTES} bytes are stored with a block"
             )
         return None
+
+    def frame_limits(self) -> FrameLimits:
+        """The bounds of one data-plane request under this node's config (checked by the
+        transport before it allocates anything for what a peer announces)."""
+        cfg = self.cfg
+        return FrameLimits(
+            max_items=cfg.max_batch_keys,
+            max_key_bytes=cfg.max_key_bytes,
+            max_meta_bytes=MAX_META_BYTES,
+            max_namespace_bytes=MAX_NAMESPACE_ID_BYTES,
+            max_item_bytes=cfg.max_block_bytes,
+            max_request_payload_bytes=max(cfg.dataplane_max_request_bytes, cfg.max_block_bytes),
+            max_body_bytes=cfg.dataplane_max_header_bytes,
+        )
 
     def _count_item_error(self, err: KvstoredError) -> KvstoredError:
         if self.metrics is not None:
@@ -447,7 +462,7 @@ class NodeCore:
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-    ) -> Iterator[tuple[int, list[PinnedBlock | None | KvstoredError]]]:
+    ) -> Generator[tuple[int, list[PinnedBlock | None | KvstoredError]], None, None]:
         """Pin ``keys`` a chunk at a time: yields ``(start index, per-key results)``.
 
         A chunk's pins are released when the consumer asks for the next chunk or closes the

@@ -13,7 +13,7 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from kvstored.transport.framing import (
 )
 
 if TYPE_CHECKING:
-    from kvstored.node.core import NodeCore
+    from kvstored.node.core import NodeCore, PutOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -111,8 +111,6 @@ class DataPlaneServer:
         idle_timeout_s: float | None = None,
         hook: Hook | None = None,
     ) -> None:
-        from kvstored.node.core import MAX_META_BYTES, MAX_NAMESPACE_ID_BYTES
-
         cfg = core.cfg
         self.core = core
         self._host, self._port = parse_host_port(address)
@@ -122,15 +120,7 @@ class DataPlaneServer:
         self.min_bytes_per_s = cfg.dataplane_min_bytes_per_s
         self.get_chunk_keys = GET_CHUNK_KEYS
         self.hook = hook
-        self.limits = FrameLimits(
-            max_items=cfg.max_batch_keys,
-            max_key_bytes=cfg.max_key_bytes,
-            max_meta_bytes=MAX_META_BYTES,
-            max_namespace_bytes=MAX_NAMESPACE_ID_BYTES,
-            max_item_bytes=cfg.max_block_bytes,
-            max_request_payload_bytes=max(cfg.dataplane_max_request_bytes, cfg.max_block_bytes),
-            max_body_bytes=cfg.dataplane_max_header_bytes,
-        )
+        self.limits: FrameLimits = core.frame_limits()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -361,7 +351,7 @@ class DataPlaneServer:
             reader.deadline += num_bytes / self.min_bytes_per_s
 
     @contextlib.contextmanager
-    def _header_budget(self, num_bytes: int, deadline: float | None) -> Any:
+    def _header_budget(self, num_bytes: int, deadline: float | None) -> Iterator[None]:
         """Hold ``num_bytes`` of the shared request-body budget for the request's duration.
 
         Raises:
@@ -447,7 +437,7 @@ class DataPlaneServer:
             send_all(sock, [error_response(OP_PUT, exc)], reader.deadline)
             return int(exc.code)
         try:
-            reserved: list[Reservation | object] = []
+            reserved: list[Reservation | PutOutcome] = []
             num_bytes = 0
             try:
                 for i, (key, size, meta) in enumerate(items):
@@ -470,7 +460,7 @@ class DataPlaneServer:
                 # has returned: safe to hand the space back now.
                 core.abort_reserved(reserved)
                 raise
-            outcomes = core.commit_reserved(reserved)  # type: ignore[arg-type]
+            outcomes = core.commit_reserved(reserved)
         finally:
             guard.__exit__(None, None, None)
         body = bytearray()
