@@ -24,9 +24,9 @@ response and the connection is closed, since the stream cannot be resynchronised
 
 Deadline (server): a request has ``dataplane_request_timeout_s`` as a whole, counted from its
 first byte, plus its payload at ``dataplane_min_bytes_per_s`` (a PUT's announced sizes, a
-GET's blocks as each chunk is pinned); every socket call waits only for what is left of it. When it passes, the
-connection thread -- the only writer into the request's reservations and the only reader of
-its pins -- has already returned from its last ``recv_into``/``sendmsg`` (``sendmsg`` copies
+GET's blocks as each chunk is pinned); every socket call waits only for what is left of it.
+When it passes, the connection thread -- the only writer into the request's reservations and
+the only reader of its pins -- has already returned from its last ``recv_into``/``sendmsg`` (``sendmsg`` copies
 into the kernel), and only then aborts the reservations and releases the pins. So space is
 never released while this request may still write it (the fencing rule of DESIGN.md s. 6).
 
@@ -44,8 +44,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-
-import structlog
 
 from kvstored.errors import (
     DeadlineExceeded,
@@ -80,8 +78,6 @@ __all__ = [
     "DataPlaneClient", "DataPlaneCounters", "DataPlaneServer", "GetItem", "PutItem", "Sink",
     "format_host_port", "parse_host_port", "tune_socket",
 ]
-
-log = structlog.get_logger(__name__)
 
 DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
