@@ -80,6 +80,28 @@ class NodeConfig(_Model):
     """gRPC listen addresses: ``unix:PATH`` or ``HOST:PORT`` (loopback by default)."""
     data_address: str = f"127.0.0.1:{DEFAULT_DATA_PORT}"
     """TCP data-plane listen address (bulk bytes for clients without the arena); port 0 = any."""
+    dataplane_request_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest one data-plane request may take as a whole, from its first byte to the last
+    byte of its response, seconds (not per socket call: a peer trickling bytes cannot stretch
+    it). When it passes, the request's pins and reservations are released and the connection
+    is closed. Default 30 s."""
+    dataplane_min_bytes_per_s: Size = Field(default=64 << 20, gt=0)
+    """Slowest transfer a data-plane request is allowed, bytes/s: its deadline is
+    ``dataplane_request_timeout_s`` plus its payload at this rate (a PUT's announced sizes; a
+    GET's blocks as each chunk is pinned), so large requests are not cut while a trickling
+    peer still is. Default 64 MiB/s."""
+    dataplane_max_connections: int = Field(default=1024, gt=0)
+    """Data-plane connections served at once; more are refused with UNAVAILABLE."""
+    dataplane_idle_timeout_s: float = Field(default=60.0, gt=0)
+    """An idle data-plane connection (between requests) is closed after this long, seconds."""
+    dataplane_max_header_bytes: Size = Field(default=64 << 20, ge=64 << 10)
+    """Most bytes of request bodies (keys, metas) buffered at once over all data-plane
+    connections; a request waits (within its deadline) for its share, and one announcing more
+    than this is refused at once. Default 64 MiB."""
+    dataplane_max_request_bytes: Size = Field(default=1 << 30, ge=256 << 20)
+    """Largest sum of payload sizes one data-plane PUT may announce, skipped items included,
+    bytes (at least ``max_block_bytes`` is always allowed). A larger announcement is refused
+    before anything is reserved or read. Default 1 GiB; at least 256 MiB, the client's chunk."""
     metrics_address: str = f"127.0.0.1:{DEFAULT_METRICS_PORT}"
     """Prometheus /metrics listen address; empty string disables it."""
     dram_size_bytes: Size = Field(default=1 << 30, gt=0)

@@ -33,7 +33,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -245,6 +245,17 @@ def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
         yield start, min(n, start + size)
 
 
+def _tail_first(chunks: Iterable[T]) -> list[T]:
+    """A request's chunks, last first: chain-aware recency across chunks.
+
+    The node touches (pins) or commits each chunk's blocks last-key-first, so within one
+    chunk the head ends up most recent. Sending the chunks themselves tail-first extends
+    that to the whole request: its first key is the most recent and eviction takes the
+    request's tail before its head (also when the request is larger than DRAM).
+    """
+    return list(chunks)[::-1]
+
+
 # ---- shared-memory arena ------------------------------------------------------------------------
 
 
@@ -382,7 +393,10 @@ class ClientState:
             if pref == "shm":
                 raise InvalidArgument(f"transport='shm' is not possible: {reason}")
         if pref in ("auto", "tcp") and info.data_address:
-            return "tcp", None, DataPlaneClient(self.data_address(info))
+            return "tcp", None, DataPlaneClient(
+                self.data_address(info), max_block_bytes=info.max_block_bytes,
+                max_meta_bytes=info.max_meta_bytes,
+            )
         if pref == "tcp":
             raise InvalidArgument(
                 "transport='tcp' is not possible: the node has no data plane (node.data_address)"
@@ -622,10 +636,12 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
     chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
-    start = 0
     flushed = False
-    while start < len(keys):
-        end = min(len(keys), start + chunk_keys)
+    windows = list(_chunks(len(keys), chunk_keys))
+    start, end = windows.pop() if windows else (0, 0)  # tail chunk first: see _tail_first
+    while start < end or windows:
+        if start >= end:
+            start, end = windows.pop()
         lease_s = lease_for(info, deadline)
         sent_at = time.monotonic()
         resp = yield Call(
@@ -680,7 +696,7 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     if dp is None:
         raise Unavailable("the data-plane client was dropped; describe the node again")
     keys = sink.keys
-    for start, end in _chunks(len(keys), info.max_batch_keys):
+    for start, end in _tail_first(_chunks(len(keys), info.max_batch_keys)):
         chunk = keys[start:end]
         items = yield Blocking(
             lambda d, chunk=chunk, start=start: dp.get(chunk, st.namespace_id, sink.tcp_target(start), deadline=d)
@@ -695,7 +711,9 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
 
 
 def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
-    pending = list(range(len(sink.keys)))
+    pending = [  # batches tail-first (see _tail_first); a budget-split batch refetches first
+        i for lo, hi in _tail_first(_chunks(len(sink.keys), info.max_batch_keys)) for i in range(lo, hi)
+    ]
     while pending:
         batch = pending[: info.max_batch_keys]
         resp = yield Call(
@@ -809,7 +827,7 @@ def _put_shm(
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
     max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
-    for chunk in _chunks_by_bytes(items, max_bytes, info.max_batch_keys):
+    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
         lease_s = lease_for(info, deadline)
         sent_at = time.monotonic()
         resp = yield Call(
@@ -863,7 +881,7 @@ def _put_tcp(
     if dp is None:
         raise Unavailable("the data-plane client was dropped; describe the node again")
     max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
-    for chunk in _chunks_by_bytes(items, max_bytes, info.max_batch_keys):
+    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
         wire = [(k, v, m) for _, k, v, m in chunk]
         got = yield Blocking(
             lambda d, wire=wire: dp.put(wire, st.namespace_id, deadline=d),
@@ -877,7 +895,7 @@ def _put_grpc(
     st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
     deadline: float,
 ) -> Op[None]:
-    for chunk in _chunks_by_bytes(items, max(1, info.max_inline_bytes), info.max_batch_keys):
+    for chunk in _tail_first(_chunks_by_bytes(items, max(1, info.max_inline_bytes), info.max_batch_keys)):
         resp = yield Call(
             "Put",
             pb.PutRequest(

@@ -33,7 +33,7 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -54,6 +54,7 @@ from kvstored.errors import (
 )
 from kvstored.keys import format_hash
 from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
+from kvstored.transport.framing import FrameLimits
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
@@ -258,6 +259,20 @@ class NodeCore:
             )
         return None
 
+    def frame_limits(self) -> FrameLimits:
+        """The bounds of one data-plane request under this node's config (checked by the
+        transport before it allocates anything for what a peer announces)."""
+        cfg = self.cfg
+        return FrameLimits(
+            max_items=cfg.max_batch_keys,
+            max_key_bytes=cfg.max_key_bytes,
+            max_meta_bytes=MAX_META_BYTES,
+            max_namespace_bytes=MAX_NAMESPACE_ID_BYTES,
+            max_item_bytes=cfg.max_block_bytes,
+            max_request_payload_bytes=max(cfg.dataplane_max_request_bytes, cfg.max_block_bytes),
+            max_body_bytes=cfg.dataplane_max_header_bytes,
+        )
+
     def _count_item_error(self, err: KvstoredError) -> KvstoredError:
         if self.metrics is not None:
             self.metrics.item_errors.labels(code=err.code.name).inc()
@@ -289,20 +304,31 @@ class NodeCore:
         out: list[Reservation | PutOutcome] = []
         try:
             for i, (key, size, meta) in enumerate(items):
-                err = self.put_item_error(i, key, size, meta)
-                if err is not None:
-                    out.append(PutOutcome(False, self._count_item_error(err)))
-                    continue
-                try:
-                    res = self.store.reserve(key, size, namespace_id=namespace_id, meta=meta)
-                except KvstoredError as exc:
-                    out.append(PutOutcome(False, self._count_item_error(exc)))
-                    continue
-                out.append(PutOutcome(False) if res is None else res)
+                out.append(self.reserve_one(i, key, size, meta, namespace_id))
         except BaseException:
             self.abort_reserved(out)
             raise
         return out
+
+    def reserve_one(
+        self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes
+    ) -> Reservation | PutOutcome:
+        """Validate and reserve item ``index`` of a batch (no lease).
+
+        Used by the data plane to reserve each item only once its payload starts arriving.
+
+        Returns:
+            A Reservation the caller must commit or abort, or the item's outcome (already
+            stored, or its own error, counted in metrics).
+        """
+        err = self.put_item_error(index, key, size_bytes, meta)
+        if err is not None:
+            return PutOutcome(False, self._count_item_error(err))
+        try:
+            res = self.store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta)
+        except KvstoredError as exc:
+            return PutOutcome(False, self._count_item_error(exc))
+        return PutOutcome(False) if res is None else res
 
     def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:
         """Commit every Reservation among ``items`` (head first, so the head is most recent)."""
@@ -448,7 +474,7 @@ class NodeCore:
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-    ) -> Iterator[tuple[int, list[PinnedBlock | None | KvstoredError]]]:
+    ) -> Generator[tuple[int, list[PinnedBlock | None | KvstoredError]], None, None]:
         """Pin ``keys`` a chunk at a time: yields ``(start index, per-key results)``.
 
         A chunk's pins are released when the consumer asks for the next chunk or closes the
@@ -463,18 +489,38 @@ class NodeCore:
         """
         self._check_reads_allowed()
         i, n = 0, len(keys)
-        while i < n:
-            got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
-            cut = len(got)
-            for j in range(1, len(got)):
-                if isinstance(got[j], NoCapacity):
-                    cut = j
-                    break
-            try:
-                yield i, got[:cut]
-            finally:
-                self.unpin_all(got)
-            i += cut
+        hits: list[PinnedBlock] = []  # for recency over the whole request, see below
+        num_chunks = 0
+        try:
+            while i < n:
+                got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
+                num_chunks += 1
+                cut = len(got)
+                for j in range(1, len(got)):
+                    if isinstance(got[j], NoCapacity):
+                        cut = j
+                        break
+                hits.extend(b for b in got[:cut] if isinstance(b, PinnedBlock))
+                try:
+                    yield i, got[:cut]
+                finally:
+                    self.unpin_all(got)
+                i += cut
+        finally:
+            if num_chunks > 1 and hits:
+                # Each pin_many touched its own chunk tail-first, so a later chunk ended up
+                # more recent than an earlier one; touch once more in whole-request order so
+                # keys[0] is the most recent and eviction takes the request's tail first.
+                self.touch_hits(hits)
+
+    def touch_hits(self, hits: Sequence[PinnedBlock]) -> None:
+        """Make ``hits`` (one request's hits, in request order) the most recent, head last.
+
+        Never pins, promotes or counts; blocks evicted meanwhile are skipped.
+        """
+        self.store.touch_many(
+            [b.key for b in hits], ssd_keys={b.key for b in hits if b.tier == Tier.SSD}
+        )
 
     def unpin_all(self, blocks: Sequence[object]) -> None:
         """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""

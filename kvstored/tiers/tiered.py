@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -512,6 +512,26 @@ class TieredStore:
                     if key in ssd.entries:
                         ssd.touch(key)
         return out
+
+    def touch_many(self, keys: Sequence[bytes], *, ssd_keys: Collection[bytes] = ()) -> None:
+        """Touch blocks last-key-first so ``keys[0]`` ends up the most recent (chain recency).
+
+        For a read split into several ``pin_many`` calls: touching the whole request once at
+        the end makes recency follow the request's order, not the order of its chunks. Keys
+        in ``ssd_keys`` (read from SSD) are touched on the SSD tier too, as ``pin_many`` does.
+        Absent keys are skipped. Never pins, promotes or counts a get.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            dram, ssd = self._dram, self._ssd
+            for key in reversed(keys):
+                if key in dram.entries:
+                    dram.entries.move_to_end(key)
+            if ssd is not None and ssd_keys:
+                for key in reversed(keys):
+                    if key in ssd_keys and key in ssd.entries:
+                        ssd.touch(key)
 
     def _mismatch(self, key: bytes, stored: bytes, requested: bytes) -> NamespaceMismatch:
         self._misses += 1

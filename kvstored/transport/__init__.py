@@ -1,1 +1,2 @@
-"""Data-plane transports (tcp.py: framed, batched TCP for bulk block bytes)."""
+"""Data-plane transports: base.py (the Transport interface), framing.py (frame codec, limits,
+deadline-bounded socket I/O), tcp.py (client; re-exports the server), tcp_server.py (server)."""

@@ -229,7 +229,7 @@ def test_draining_node_refuses_new_work_but_finishes_what_is_in_flight(node: Dae
     res_id, (reservation,) = node.call(lambda: core.reserve_put([(keys[2], 5, b"")], b""))
     node.call(core.start_draining)
     for transport in ("shm", "tcp", "grpc"):
-        with Client(node.address_for(transport), transport=transport, timeout_s=0.5) as c:
+        with Client(node.address_for(transport), transport=transport, timeout_s=5) as c:
             assert c.describe().draining
             with pytest.raises(Draining):
                 c.put(keys[1:2], [b"x" * 100_000])

@@ -1,0 +1,410 @@
+"""Frame codec of the TCP data plane: headers, bodies, limits and deadline-bounded socket I/O.
+
+No policy and no store in here: :mod:`kvstored.transport.tcp` (server and client) builds on it,
+and so will node-to-node transfers. Every size a peer announces is checked against
+:class:`FrameLimits` *before* anything is allocated for it.
+
+Framing (all integers little-endian)::
+
+    Request  = ReqHeader(16) + body(body_len) [+ payloads, PUT only]
+      ReqHeader  = magic "KVDP" | version u8 (=1) | op u8 (1=GET, 2=PUT) | flags u16 (=0)
+                   | count u32 | body_len u32
+      GET body   = ns_len u16 | ns | count x (key_len u16 | key)
+      PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
+      PUT payloads: the count values back to back; item i is exactly size_i bytes (items the
+                   server rejects are still sent and skipped, so the stream stays in sync)
+
+    Response = RespHeader(16) + ...
+      RespHeader = magic "KVDP" | version u8 | op u8 | status u16 (ErrorCode; 0 = OK)
+                   | count u32 | body_len u32
+      status != 0: body = UTF-8 message (<= MAX_MSG_BYTES); nothing follows
+      GET, OK:   body_len = 0; then count items, in request order:
+                   ItemHeader(18) = code u16 | tier u8 | found u8 | size u64 | meta_len u32
+                                    | msg_len u16
+                   | meta | msg | size payload bytes (only when found)
+      PUT, OK:   body = count x (code u16 | stored u8 | msg_len u16 | msg)
+
+Deadlines: a :class:`Reader` and :func:`send_all` take an absolute ``time.monotonic()``
+deadline for the *whole* exchange; each ``recv``/``sendmsg`` waits at most for what is left
+of it, so a peer trickling one byte at a time cannot stretch a request past its deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstored.errors import BatchTooLarge, BlockTooLarge, InvalidArgument, KvstoredError
+
+MAGIC = b"KVDP"
+VERSION = 1
+OP_GET = 1
+OP_PUT = 2
+HEADER = struct.Struct("<4sBBHII")  # magic, version, op, flags|status, count, body_len
+GET_ITEM = struct.Struct("<HBBQIH")  # code, tier, found, size, meta_len, msg_len
+PUT_ITEM = struct.Struct("<HBH")  # code, stored, msg_len
+PUT_REQ_ITEM = struct.Struct("<QI")  # size, meta_len
+U16 = struct.Struct("<H")
+SOCKET_BUFFER_BYTES = 4 << 20
+READ_BUFFER_BYTES = 64 << 10
+IOV_MAX = 512
+MAX_MSG_BYTES = 1000
+"""Longest error message either side sends (longer ones are cut)."""
+
+
+class PeerClosed(ConnectionError):
+    """The peer closed the connection."""
+
+
+class ProtocolError(InvalidArgument):
+    """A malformed frame; the connection cannot be resynchronised."""
+
+
+class FrameRejected(Exception):
+    """A well-formed request the receiver will not consume (over a limit).
+
+    The stream cannot be kept in sync without reading what the frame announced, so the
+    receiver answers ``error`` and closes the connection.
+    """
+
+    def __init__(self, error: KvstoredError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """Split ``"host:port"`` / ``"[v6]:port"``.
+
+    Raises:
+        InvalidArgument: malformed address.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"expected HOST:PORT for a TCP address, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, bracketing IPv6 hosts."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """TCP_NODELAY, big buffers and keepalive on a data-plane socket."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:  # capped by net.core.[rw]mem_max; the kernel default still works
+            pass
+
+
+def set_timeout(sock: socket.socket, deadline: float | None) -> None:
+    """Make the next socket call wait at most until ``deadline`` (monotonic s; None = as is).
+
+    Raises:
+        TimeoutError: the deadline has passed already.
+    """
+    if deadline is None:
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("deadline exceeded")
+    sock.settimeout(remaining)
+
+
+# ---- limits -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """The most a peer may announce in one frame; checked before anything is allocated.
+
+    Attributes:
+        max_items: most items (keys) in one request or response.
+        max_key_bytes: longest key.
+        max_meta_bytes: longest per-item metadata.
+        max_namespace_bytes: longest namespace id.
+        max_item_bytes: largest payload of one item (``node.max_block_bytes``).
+        max_request_payload_bytes: largest sum of a PUT's announced payloads, skipped items
+            included.
+        max_body_bytes: largest request body (keys and metas) one request may announce.
+    """
+
+    max_items: int
+    max_key_bytes: int
+    max_meta_bytes: int
+    max_namespace_bytes: int
+    max_item_bytes: int
+    max_request_payload_bytes: int
+    max_body_bytes: int
+
+    def max_body_for(self, op: int, count: int) -> int:
+        """The largest body a well-formed request of ``op`` with ``count`` items can have."""
+        per_item = 2 + self.max_key_bytes
+        if op == OP_PUT:
+            per_item += PUT_REQ_ITEM.size + self.max_meta_bytes
+        return min(self.max_body_bytes, 2 + self.max_namespace_bytes + count * per_item)
+
+    def check_request_header(self, op: int, count: int, body_len: int) -> None:
+        """Check a request header's announced sizes.
+
+        Raises:
+            ProtocolError: unknown op.
+            FrameRejected: too many items or too long a body (holding BatchTooLarge or
+                InvalidArgument naming the limit and the setting that raises it).
+        """
+        if op not in (OP_GET, OP_PUT):
+            raise ProtocolError(f"unknown data-plane op {op}; expected 1 (GET) or 2 (PUT)")
+        if count > self.max_items:
+            raise FrameRejected(BatchTooLarge(
+                f"data-plane request announces {count} items; at most {self.max_items} per "
+                "request (node.max_batch_keys); split the batch"
+            ))
+        limit = self.max_body_for(op, count)
+        if body_len > limit:
+            raise FrameRejected(InvalidArgument(
+                f"data-plane request announces a {body_len}-byte body for {count} items; at most "
+                f"{limit} bytes (keys <= {self.max_key_bytes} bytes, metas <= "
+                f"{self.max_meta_bytes} bytes, node.dataplane_max_header_bytes="
+                f"{self.max_body_bytes})"
+            ))
+
+    def check_put_sizes(self, sizes: Sequence[int]) -> None:
+        """Check a PUT's announced payload sizes as a whole (per-item limits are per-item errors).
+
+        Raises:
+            FrameRejected: the sum is over ``max_request_payload_bytes`` (holding BlockTooLarge),
+                so a request announcing an absurd size is refused at once, not read or skipped.
+        """
+        total = sum(sizes)
+        if total > self.max_request_payload_bytes:
+            raise FrameRejected(BlockTooLarge(
+                f"data-plane PUT announces {total} payload bytes in {len(sizes)} items; at most "
+                f"{self.max_request_payload_bytes} bytes per request "
+                "(node.dataplane_max_request_bytes) and "
+                f"{self.max_item_bytes} per block (node.max_block_bytes)"
+            ))
+
+
+# ---- socket I/O -------------------------------------------------------------------------------
+
+
+class Reader:
+    """Buffered reads of small headers; payloads go straight into the caller's memory.
+
+    Args:
+        sock: a connected socket.
+        deadline: absolute ``time.monotonic()`` by which every read must be done (None = the
+            socket's own timeout per call). May be changed between requests.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self._buf = bytearray(READ_BUFFER_BYTES)
+        self._mv = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self.num_received = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not consumed yet."""
+        return self._end - self._start
+
+    def _recv_into(self, view: memoryview) -> int:
+        set_timeout(self.sock, self.deadline)
+        n = self.sock.recv_into(view)
+        if n == 0:
+            raise PeerClosed("the peer closed the connection")
+        self.num_received += n
+        return n
+
+    def fill(self) -> None:
+        """Wait until at least one unconsumed byte is buffered.
+
+        Raises:
+            PeerClosed, TimeoutError, OSError: as the socket.
+        """
+        if self._end > self._start:
+            return
+        self._start = self._end = 0
+        self._end = self._recv_into(self._mv)
+
+    def read_exact(self, n: int) -> bytes:
+        """Exactly ``n`` bytes as a bytes object (headers, bodies; ``n`` checked by the caller)."""
+        avail = self._end - self._start
+        if avail >= n:
+            out = bytes(self._mv[self._start : self._start + n])
+            self._start += n
+            return out
+        if n > len(self._buf):
+            big = bytearray(n)
+            self.read_into(memoryview(big))
+            return bytes(big)
+        if self._start:
+            self._buf[:avail] = self._mv[self._start : self._end]
+            self._start, self._end = 0, avail
+        while self._end < n:
+            self._end += self._recv_into(self._mv[self._end :])
+        out = bytes(self._mv[:n])
+        self._start = n
+        return out
+
+    def read_into(self, dst: memoryview) -> None:
+        """Fill ``dst`` exactly: buffered bytes first, then ``recv_into`` straight into it."""
+        n = len(dst)
+        pos = min(self._end - self._start, n)
+        if pos:
+            dst[:pos] = self._mv[self._start : self._start + pos]
+            self._start += pos
+        while pos < n:
+            pos += self._recv_into(dst[pos:])
+
+    def skip(self, n: int) -> None:
+        """Consume and discard ``n`` bytes."""
+        take = min(self._end - self._start, n)
+        self._start += take
+        n -= take
+        if n:
+            self._start = self._end = 0  # the buffer is empty now
+        while n > 0:
+            n -= self._recv_into(self._mv[: min(n, len(self._buf))])
+
+
+def send_all(sock: socket.socket, bufs: Sequence[bytes | memoryview], deadline: float | None) -> None:
+    """``sendmsg`` every buffer completely (gather I/O, no copies), within ``deadline``.
+
+    When this returns, the kernel holds its own copy of every byte: the buffers may be
+    released or reused at once.
+
+    Raises:
+        TimeoutError: the deadline passed.  OSError: the connection broke.
+    """
+    views = collections.deque(memoryview(b).cast("B") for b in bufs if len(b))
+    while views:
+        set_timeout(sock, deadline)
+        batch = list(itertools.islice(views, IOV_MAX))
+        sent = sock.sendmsg(batch)
+        while sent:
+            head = views[0]
+            if sent >= len(head):
+                sent -= len(head)
+                views.popleft()
+            else:
+                views[0] = head[sent:]
+                sent = 0
+
+
+# ---- headers and bodies -----------------------------------------------------------------------
+
+
+def encode_header(op: int, status: int, count: int, body_len: int) -> bytes:
+    """A 16-byte request/response header."""
+    return HEADER.pack(MAGIC, VERSION, op, status, count, body_len)
+
+
+def decode_header(raw: bytes) -> tuple[int, int, int, int]:
+    """``(op, flags or status, count, body_len)`` of a 16-byte header.
+
+    Raises:
+        ProtocolError: bad magic or version.
+    """
+    magic, version, op, flags_or_status, count, body_len = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {magic!r}; expected {MAGIC!r} (not a kvstored data-plane peer)")
+    if version != VERSION:
+        raise ProtocolError(f"data-plane protocol version {version} is not supported (this side speaks {VERSION})")
+    return op, flags_or_status, count, body_len
+
+
+def short_message(msg: str) -> bytes:
+    """``msg`` as UTF-8, cut to :data:`MAX_MSG_BYTES`."""
+    return msg.encode("utf-8", "replace")[:MAX_MSG_BYTES]
+
+
+def error_response(op: int, err: KvstoredError) -> bytes:
+    """A whole-request error response carrying ``err``'s code and message."""
+    msg = short_message(str(err))
+    return encode_header(op, int(err.code), 0, len(msg)) + msg
+
+
+class Body:
+    """Cursor over a request/response body."""
+
+    __slots__ = ("raw", "pos")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes.
+
+        Raises:
+            ProtocolError: fewer than ``n`` bytes are left.
+        """
+        end = self.pos + n
+        if end > len(self.raw):
+            raise ProtocolError(f"frame body truncated: wanted {n} bytes at offset {self.pos}, body is {len(self.raw)} bytes")
+        out = self.raw[self.pos : end]
+        self.pos = end
+        return out
+
+    def u16(self) -> int:
+        """The next little-endian u16."""
+        return int(U16.unpack(self.take(2))[0])
+
+
+def encode_get_body(keys: Sequence[bytes], namespace_id: bytes) -> bytes:
+    """A GET request body."""
+    parts = [U16.pack(len(namespace_id)), namespace_id]
+    for k in keys:
+        parts.append(U16.pack(len(k)))
+        parts.append(k)
+    return b"".join(parts)
+
+
+def decode_get_body(raw: bytes, count: int) -> tuple[bytes, list[bytes]]:
+    """``(namespace id, keys)`` of a GET body.
+
+    Raises:
+        ProtocolError: truncated body.
+    """
+    body = Body(raw)
+    ns = body.take(body.u16())
+    return ns, [body.take(body.u16()) for _ in range(count)]
+
+
+def encode_put_body(items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes) -> bytes:
+    """A PUT request body for ``(key, size_bytes, meta)`` items."""
+    parts = [U16.pack(len(namespace_id)), namespace_id]
+    for key, size, meta in items:
+        parts.append(U16.pack(len(key)))
+        parts.append(key)
+        parts.append(PUT_REQ_ITEM.pack(size, len(meta)))
+        parts.append(meta)
+    return b"".join(parts)
+
+
+def decode_put_body(raw: bytes, count: int) -> tuple[bytes, list[tuple[bytes, int, bytes]]]:
+    """``(namespace id, [(key, size_bytes, meta)])`` of a PUT body.
+
+    Raises:
+        ProtocolError: truncated body.
+    """
+    body = Body(raw)
+    ns = body.take(body.u16())
+    items = []
+    for _ in range(count):
+        key = body.take(body.u16())
+        size, meta_len = PUT_REQ_ITEM.unpack(body.take(PUT_REQ_ITEM.size))
+        items.append((key, int(size), body.take(meta_len)))
+    return ns, items

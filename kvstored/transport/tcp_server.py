@@ -1,0 +1,479 @@
+"""TCP data-plane server: :class:`DataPlaneServer` (see :mod:`kvstored.transport.tcp` for the
+protocol's behaviour, bounds, deadline and fencing rule).
+
+Threads: one accept thread and one daemon thread per connection. ``self._lock`` guards the
+connection table, the counters and the shared request-body budget (``_budget_freed`` is a
+condition on it); it is never held while calling the store or doing socket I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from kvstored.errors import ErrorCode, KvstoredError, Unavailable
+from kvstored.tiers.base import PinnedBlock, Reservation
+from kvstored.transport.framing import (
+    GET_ITEM,
+    HEADER,
+    OP_GET,
+    OP_PUT,
+    PUT_ITEM,
+    FrameLimits,
+    FrameRejected,
+    PeerClosed,
+    ProtocolError,
+    Reader,
+    decode_get_body,
+    decode_header,
+    decode_put_body,
+    encode_header,
+    error_response,
+    format_host_port,
+    parse_host_port,
+    send_all,
+    short_message,
+    tune_socket,
+)
+
+if TYPE_CHECKING:
+    from kvstored.node.core import NodeCore, PutOutcome
+
+log = structlog.get_logger(__name__)
+
+GET_CHUNK_KEYS = 64
+"""Blocks a GET pins at once on the server (bounds the arena one reader holds)."""
+
+
+# ---- server --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DataPlaneCounters:
+    """What the server did since start (a snapshot from :meth:`DataPlaneServer.counters`).
+
+    Attributes:
+        requests: requests whose header arrived.
+        deadline_exceeded: requests cut off by ``dataplane_request_timeout_s``.
+        rejected_frames: requests refused for a bound or a malformed frame (connection closed).
+        header_bytes_buffered: request-body bytes held now, over all connections.
+    """
+
+    requests: int = 0
+    deadline_exceeded: int = 0
+    rejected_frames: int = 0
+    header_bytes_buffered: int = 0
+
+
+Hook = Callable[..., None]
+"""``hook(event, **fields)``: called on a connection thread at fixed points of a request, for
+tests and tracing. Events: ``request_started(op, count)``, ``payload_awaited(index)`` (a PUT
+waits for the first byte of item ``index``; nothing is reserved for it yet),
+``item_reserved(index, size_bytes)``, ``header_budget_waited(num_bytes)`` (the request waits
+for its share of the request-body budget; called with the server's lock held: do not call
+back into the server), ``chunk_sent(start, num_items)`` (a GET chunk went out
+while its pins were held), ``request_done(op, code)`` (everything the request held is
+released; code 0 = OK)."""
+
+
+class DataPlaneServer:
+    """The node's TCP data-plane listener: one daemon thread per connection.
+
+    Args:
+        core: request handling (validation, draining, metrics) over the store; limits come
+            from ``core.cfg`` (``max_batch_keys``, ``max_key_bytes``, ``max_block_bytes`` and
+            the ``dataplane_*`` fields).
+        address: ``host:port`` to listen on (port 0 = any free port).
+        max_connections: connections served at once (default ``dataplane_max_connections``);
+            more are refused with UNAVAILABLE.
+        request_timeout_s: deadline of one request as a whole (default
+            ``dataplane_request_timeout_s``).
+        idle_timeout_s: an idle connection is closed after this long (default
+            ``dataplane_idle_timeout_s``).
+        hook: see :data:`Hook`; None = no calls.
+    """
+
+    def __init__(
+        self,
+        core: NodeCore,
+        address: str,
+        *,
+        max_connections: int | None = None,
+        request_timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
+        hook: Hook | None = None,
+    ) -> None:
+        cfg = core.cfg
+        self.core = core
+        self._host, self._port = parse_host_port(address)
+        self.max_connections = max_connections or cfg.dataplane_max_connections
+        self.request_timeout_s = request_timeout_s or cfg.dataplane_request_timeout_s
+        self.idle_timeout_s = idle_timeout_s or cfg.dataplane_idle_timeout_s
+        self.min_bytes_per_s = cfg.dataplane_min_bytes_per_s
+        self.get_chunk_keys = GET_CHUNK_KEYS
+        self.hook = hook
+        self.limits: FrameLimits = core.frame_limits()
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._budget_freed = threading.Condition(self._lock)
+        self._counters = DataPlaneCounters()
+        self._conns: dict[socket.socket, bool] = {}  # socket -> busy
+        self._threads: set[threading.Thread] = set()
+        self._ids = itertools.count(1)
+        self.address = ""
+        self.num_requests_lost = 0
+        """Requests whose connection broke mid-request, counted once the request's
+        reservations are aborted and its pins released (tests wait on it)."""
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> str:
+        """Bind, listen and start accepting; returns the bound ``host:port``.
+
+        Raises:
+            OSError: the address cannot be bound (in use, bad host).
+        """
+        infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        family, _, _, _, sockaddr = infos[0]
+        lsock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tune_socket(lsock)  # accepted sockets inherit the buffer sizes
+            lsock.bind(sockaddr)
+            lsock.listen(128)
+            lsock.settimeout(0.2)
+        except BaseException:
+            lsock.close()
+            raise
+        self._listener = lsock
+        host, port = lsock.getsockname()[:2]
+        self.address = format_host_port(host, port)
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="kvstored-dp-accept", daemon=True
+        )
+        self._accept_thread.start()
+        log.info("data_plane_listening", address=self.address)
+        return self.address
+
+    def num_busy(self) -> int:
+        """Connections currently inside a request."""
+        with self._lock:
+            return sum(1 for busy in self._conns.values() if busy)
+
+    def counters(self) -> DataPlaneCounters:
+        """A snapshot of :class:`DataPlaneCounters`."""
+        with self._lock:
+            c = self._counters
+            return DataPlaneCounters(
+                c.requests, c.deadline_exceeded, c.rejected_frames, c.header_bytes_buffered
+            )
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, let requests in progress finish (up to ``grace_s``), close all."""
+        self._stopping.set()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout=2.0)
+        deadline = time.monotonic() + grace_s
+        while self.num_busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            conns = list(self._conns)
+            threads = list(self._threads)
+            self._budget_freed.notify_all()
+        for sock in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in threads:
+            t.join(timeout=1.0)
+        log.info("data_plane_stopped", address=self.address)
+
+    # ---- connections -------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                log.warning("data_plane_accept_failed", exc_info=True)
+                time.sleep(0.05)
+                continue
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns[sock] = False
+            if full:
+                self._refuse(sock)
+                continue
+            t = threading.Thread(
+                target=self._serve_connection, args=(sock, peer),
+                name=f"kvstored-dp-conn-{next(self._ids)}", daemon=True,
+            )
+            with self._lock:
+                self._threads.add(t)
+            t.start()
+
+    def _refuse(self, sock: socket.socket) -> None:
+        self._send_error_and_close(sock, 0, Unavailable(
+            f"the data plane serves at most {self.max_connections} connections "
+            "(node.dataplane_max_connections); retry later"
+        ))
+
+    @staticmethod
+    def _send_error_and_close(sock: socket.socket, op: int, err: KvstoredError) -> None:
+        try:
+            sock.settimeout(1.0)
+            sock.sendall(error_response(op, err))
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def _set_busy(self, sock: socket.socket, busy: bool) -> None:
+        with self._lock:
+            if sock in self._conns:
+                self._conns[sock] = busy
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.hook is not None:
+            self.hook(event, **fields)
+
+    def _count(self, op: int, code: int) -> None:
+        metrics = self.core.metrics
+        if metrics is not None:
+            op_name = {OP_GET: "get", OP_PUT: "put"}.get(op, "unknown")
+            try:
+                code_name = ErrorCode(code).name
+            except ValueError:
+                code_name = str(code)
+            metrics.dataplane_requests.labels(op=op_name, code=code_name).inc()
+
+    def _serve_connection(self, sock: socket.socket, peer: object) -> None:
+        metrics = self.core.metrics
+        if metrics is not None:
+            metrics.dataplane_connections.inc()
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = Reader(sock)
+            while not self._stopping.is_set():
+                reader.deadline = None
+                sock.settimeout(self.idle_timeout_s)
+                try:
+                    reader.fill()  # the first byte of the next request
+                except (PeerClosed, TimeoutError, OSError):
+                    return  # peer went away between requests (or idle timeout / shutdown)
+                reader.deadline = time.monotonic() + self.request_timeout_s
+                self._set_busy(sock, True)
+                try:
+                    if not self._serve_request(sock, reader, peer):
+                        return
+                finally:
+                    self._set_busy(sock, False)
+        except Exception:
+            log.exception("data_plane_connection_failed", peer=str(peer))
+        finally:
+            with self._lock:
+                self._conns.pop(sock, None)
+                self._threads.discard(threading.current_thread())
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if metrics is not None:
+                metrics.dataplane_connections.dec()
+
+    def _serve_request(self, sock: socket.socket, reader: Reader, peer: object) -> bool:
+        """One request under ``reader.deadline``; False = close the connection."""
+        op = 0
+        code = int(ErrorCode.INTERNAL)
+        try:
+            op, _flags, count, body_len = decode_header(reader.read_exact(HEADER.size))
+            with self._lock:
+                self._counters.requests += 1
+            self.limits.check_request_header(op, count, body_len)
+            self._emit("request_started", op=op, count=count)
+            with self._header_budget(body_len, reader.deadline):
+                raw = reader.read_exact(body_len)
+                if op == OP_GET:
+                    ns, keys = decode_get_body(raw, count)
+                    del raw
+                    code = self._handle_get(sock, reader, keys, ns)
+                else:
+                    ns, items = decode_put_body(raw, count)
+                    del raw
+                    sizes = [size for _, size, _ in items]
+                    self.limits.check_put_sizes(sizes)
+                    self._allow_payload(reader, sum(sizes))
+                    code = self._handle_put(sock, reader, items, ns)
+            return True
+        except (ProtocolError, FrameRejected) as exc:
+            err = exc.error if isinstance(exc, FrameRejected) else exc
+            code = int(err.code)
+            with self._lock:
+                self._counters.rejected_frames += 1
+            log.warning("data_plane_frame_rejected", peer=str(peer), error=str(err))
+            self._send_error_and_close(sock, op, err)
+            return False
+        except TimeoutError:
+            code = int(ErrorCode.DEADLINE_EXCEEDED)
+            with self._lock:
+                self._counters.deadline_exceeded += 1
+            log.info("data_plane_request_deadline_exceeded", peer=str(peer),
+                     timeout_s=self.request_timeout_s)
+            return False
+        except (ConnectionError, OSError) as exc:
+            code = int(ErrorCode.TRANSFER_FAILED)
+            log.info("data_plane_connection_lost", peer=str(peer), error=str(exc))
+            with self._lock:
+                self.num_requests_lost += 1
+            return False
+        finally:
+            self._count(op, code)
+            self._emit("request_done", op=op, code=code)
+
+    def _allow_payload(self, reader: Reader, num_bytes: int) -> None:
+        """Extend the request's deadline by ``num_bytes`` at ``dataplane_min_bytes_per_s``."""
+        if reader.deadline is not None and num_bytes:
+            reader.deadline += num_bytes / self.min_bytes_per_s
+
+    @contextlib.contextmanager
+    def _header_budget(self, num_bytes: int, deadline: float | None) -> Iterator[None]:
+        """Hold ``num_bytes`` of the shared request-body budget for the request's duration.
+
+        Raises:
+            TimeoutError: the budget did not free up before ``deadline``.
+        """
+        cap = self.limits.max_body_bytes
+        with self._budget_freed:
+            if self._counters.header_bytes_buffered + num_bytes > cap:
+                self._emit("header_budget_waited", num_bytes=num_bytes)
+            while self._counters.header_bytes_buffered + num_bytes > cap:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if (remaining is not None and remaining <= 0) or self._stopping.is_set():
+                    raise TimeoutError("no request-body budget became free within the deadline")
+                self._budget_freed.wait(remaining)
+            self._counters.header_bytes_buffered += num_bytes
+        try:
+            yield
+        finally:
+            with self._budget_freed:
+                self._counters.header_bytes_buffered -= num_bytes
+                self._budget_freed.notify_all()
+
+    # ---- GET -----------------------------------------------------------------------------
+    def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes) -> int:
+        core = self.core
+        try:
+            core.check_batch(len(keys))
+            core.check_namespace_id(ns)
+        except KvstoredError as exc:
+            send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
+            return int(exc.code)
+        pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
+        num_blocks = num_bytes = 0
+        chunks = core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
+        # closing() unpins the current chunk only after send_all returned or raised: the
+        # kernel then holds its own copy, so no pin is released while it is still read.
+        with contextlib.closing(chunks):
+            while True:
+                try:
+                    start, got = next(chunks)
+                except StopIteration:
+                    break
+                except KvstoredError as exc:
+                    if pending:  # nothing sent yet: fail the whole request cleanly
+                        send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
+                        return int(exc.code)
+                    raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
+                for b in got:
+                    if isinstance(b, PinnedBlock):
+                        pending.append(
+                            GET_ITEM.pack(0, int(b.tier), 1, b.size_bytes, len(b.meta), 0) + b.meta
+                        )
+                        pending.append(b.view)
+                        num_blocks += 1
+                        num_bytes += b.size_bytes
+                    elif b is None:
+                        pending.append(GET_ITEM.pack(0, 0, 0, 0, 0, 0))
+                    else:
+                        msg = short_message(str(b))
+                        pending.append(GET_ITEM.pack(int(b.code), 0, 0, 0, 0, len(msg)) + msg)
+                self._allow_payload(reader, sum(b.size_bytes for b in got if isinstance(b, PinnedBlock)))
+                send_all(sock, pending, reader.deadline)  # while the chunk's pins are held
+                self._emit("chunk_sent", start=start, num_items=len(got))
+                pending = []
+        if pending:
+            send_all(sock, pending, reader.deadline)
+        core.count_transfer("tcp", "out", num_blocks, num_bytes)
+        return 0
+
+    # ---- PUT -----------------------------------------------------------------------------
+    def _handle_put(
+        self, sock: socket.socket, reader: Reader, items: list[tuple[bytes, int, bytes]], ns: bytes
+    ) -> int:
+        core = self.core
+        try:
+            core.check_batch(len(items))
+            core.check_namespace_id(ns)
+            guard = core.put_in_flight()
+            guard.__enter__()
+        except KvstoredError as exc:
+            for _, size, _ in items:  # consume the payloads (bounded) so the stream stays in sync
+                reader.skip(size)
+            send_all(sock, [error_response(OP_PUT, exc)], reader.deadline)
+            return int(exc.code)
+        try:
+            reserved: list[Reservation | PutOutcome] = []
+            num_bytes = 0
+            try:
+                for i, (key, size, meta) in enumerate(items):
+                    err = core.put_item_error(i, key, size, meta)
+                    if err is None and size:
+                        # Reserve only once this item's payload is arriving: a header alone
+                        # holds no arena space and evicts nothing.
+                        self._emit("payload_awaited", index=i)
+                        reader.fill()
+                    r = core.reserve_one(i, key, size, meta, ns)
+                    reserved.append(r)
+                    if isinstance(r, Reservation):
+                        self._emit("item_reserved", index=i, size_bytes=size)
+                        reader.read_into(r.view)
+                        num_bytes += size
+                    else:
+                        reader.skip(size)
+            except BaseException:
+                # This thread is the only writer of these reservations and its last recv_into
+                # has returned: safe to hand the space back now.
+                core.abort_reserved(reserved)
+                raise
+            outcomes = core.commit_reserved(reserved)
+        finally:
+            guard.__exit__(None, None, None)
+        body = bytearray()
+        for o in outcomes:
+            msg = short_message(str(o.error)) if o.error is not None else b""
+            code = int(o.error.code) if o.error is not None else 0
+            body += PUT_ITEM.pack(code, int(o.stored), len(msg))
+            body += msg
+        send_all(sock, [encode_header(OP_PUT, 0, len(outcomes), len(body)), bytes(body)], reader.deadline)
+        core.count_transfer("tcp", "in", sum(1 for o in outcomes if o.stored), num_bytes)
+        return 0

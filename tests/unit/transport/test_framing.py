@@ -1,0 +1,108 @@
+"""The data-plane frame codec: limits checked before allocation, whole-exchange deadlines."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from kvstored.errors import BatchTooLarge, BlockTooLarge, InvalidArgument
+from kvstored.transport.framing import (
+    OP_GET,
+    OP_PUT,
+    FrameLimits,
+    FrameRejected,
+    ProtocolError,
+    Reader,
+    decode_get_body,
+    decode_put_body,
+    encode_get_body,
+    encode_put_body,
+)
+
+LIMITS = FrameLimits(
+    max_items=8, max_key_bytes=64, max_meta_bytes=4096, max_namespace_bytes=64,
+    max_item_bytes=1 << 20, max_request_payload_bytes=4 << 20, max_body_bytes=1 << 20,
+)
+
+
+def test_body_limit_follows_the_op_the_count_and_the_budget() -> None:
+    assert LIMITS.max_body_for(OP_GET, 2) == 2 + 64 + 2 * 66
+    assert LIMITS.max_body_for(OP_PUT, 2) == 2 + 64 + 2 * (66 + 12 + 4096)
+    big = FrameLimits(**{**{f: getattr(LIMITS, f) for f in LIMITS.__slots__}, "max_items": 10**6})
+    assert big.max_body_for(OP_PUT, 10**6) == 1 << 20  # capped by the shared budget
+
+
+@pytest.mark.parametrize(
+    ("op", "count", "body_len", "error"),
+    [
+        (OP_GET, 9, 0, BatchTooLarge),
+        (OP_GET, 1, 2 + 64 + 66 + 1, InvalidArgument),
+        (OP_PUT, 1, 2 + 64 + 66 + 12 + 4096 + 1, InvalidArgument),
+    ],
+)
+def test_request_headers_over_a_limit_are_rejected(op: int, count: int, body_len: int, error: type) -> None:
+    with pytest.raises(FrameRejected) as exc_info:
+        LIMITS.check_request_header(op, count, body_len)
+    assert type(exc_info.value.error) is error
+    LIMITS.check_request_header(op, count - 1 if count > 1 else 1, 0)  # within: no error
+
+
+def test_unknown_op_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="unknown data-plane op 7"):
+        LIMITS.check_request_header(7, 1, 0)
+
+
+def test_put_sizes_are_bounded_as_a_sum_skipped_items_included() -> None:
+    LIMITS.check_put_sizes([1 << 20] * 4)
+    with pytest.raises(FrameRejected) as exc_info:
+        LIMITS.check_put_sizes([1 << 20] * 4 + [1])
+    assert isinstance(exc_info.value.error, BlockTooLarge)
+    with pytest.raises(FrameRejected):
+        LIMITS.check_put_sizes([1 << 62])
+
+
+def test_bodies_round_trip() -> None:
+    keys = [b"k" * 16, b"j" * 64]
+    assert decode_get_body(encode_get_body(keys, b"ns"), 2) == (b"ns", keys)
+    items = [(b"k" * 16, 5, b"meta"), (b"j" * 20, 0, b"")]
+    assert decode_put_body(encode_put_body(items, b""), 2) == (b"", items)
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_get_body(encode_get_body(keys, b"ns")[:-1], 2)
+
+
+def test_reader_deadline_bounds_the_whole_read_not_each_recv() -> None:
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle() -> None:  # a byte every 20 ms: each recv returns well within any timeout
+        while not stop.wait(0.02):
+            try:
+                b.send(b"x")
+            except OSError:
+                return
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        reader = Reader(a, deadline=time.monotonic() + 0.3)
+        with pytest.raises(TimeoutError):
+            reader.read_into(memoryview(bytearray(1 << 20)))
+        assert 0 < reader.num_received < 1 << 20
+    finally:
+        stop.set()
+        t.join(5)
+        a.close()
+        b.close()
+
+
+def test_reader_fill_waits_for_one_byte_and_keeps_it() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        reader = Reader(a)
+        b.sendall(b"abc")
+        reader.fill()
+        assert reader.buffered >= 1
+        assert reader.read_exact(3) == b"abc"
