@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+import structlog
 from google.protobuf.message import Message
 
 from kvstored.errors import (
@@ -62,6 +63,8 @@ from kvstored.v1 import node_pb2 as pb
 from kvstored.client.types import Block, NodeInfo, PutResult
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 SERVICE = "/kvstored.v1.NodeService/"
 TRANSPORTS = ("auto", "shm", "tcp", "grpc")
@@ -253,8 +256,8 @@ class ArenaMap:
     ``PREFAULT_MAX_BYTES``).
 
     The mapping is read-write because puts write into reserved ranges; a local client can
-    therefore write anywhere in the arena: the shared-memory path trusts processes of the
-    node's user (the arena file is mode 0600).
+    therefore write anywhere in the arena: the shared-memory path trusts the processes that
+    may open the file (the node's user; with ``node.arena_mode = 0o660`` also its group).
 
     Raises:
         OSError: the file cannot be opened or mapped.
@@ -310,6 +313,24 @@ class ArenaMap:
 
 
 # ---- client state -------------------------------------------------------------------------------
+
+_shm_fallbacks_logged: set[tuple[str, str]] = set()
+_shm_fallbacks_lock = threading.Lock()
+
+
+def _log_shm_fallback_once(address: str, arena_path: str, reason: str, transport: str) -> None:
+    """Warn once per process and (address, arena) that the arena could not be mapped."""
+    with _shm_fallbacks_lock:
+        if (address, arena_path) in _shm_fallbacks_logged:
+            return
+        _shm_fallbacks_logged.add((address, arena_path))
+    log.warning(
+        "shm_transport_fell_back", address=address, arena_path=arena_path, transport=transport,
+        reason=reason,
+        hint="run the client as the daemon's user or in its group (node.arena_mode = 0o660, "
+        "node.socket_mode = 0o660; see systemd/kvstored-node.service)",
+    )
+
 
 
 class ClientState:
@@ -379,6 +400,11 @@ class ClientState:
                     ), None
                 except (OSError, InvalidArgument, ValueError) as exc:
                     reason = f"cannot map {info.arena_path}: {exc}"
+                    if pref == "auto":
+                        _log_shm_fallback_once(
+                            self.address, info.arena_path, reason,
+                            "tcp" if info.data_address else "grpc",
+                        )
             if pref == "shm":
                 raise InvalidArgument(f"transport='shm' is not possible: {reason}")
         if pref in ("auto", "tcp") and info.data_address:

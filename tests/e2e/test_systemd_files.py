@@ -26,7 +26,7 @@ def test_unit_is_notify_with_unlimited_memlock_and_json_logs() -> None:
     svc = _unit()["Service"]
     assert svc["Type"] == "notify"
     assert svc["LimitMEMLOCK"] == "infinity"
-    assert svc["Environment"] == "KVSTORED_NODE__LOG_JSON=true"
+    assert svc["Environment"].split()[0] == "KVSTORED_NODE__LOG_JSON=true"
     assert svc["KillSignal"] == "SIGTERM"
     assert svc["ExecStart"].split()[1:3] == ["serve", "--config"]
 
@@ -42,6 +42,16 @@ def test_example_env_and_toml_load() -> None:
     assert cfg.node.log_json is True
     assert cfg.node.listen[0] == "unix:/run/kvstored/node.sock"
     assert cfg.node.dram_size_bytes == 8 << 30
+
+
+def test_unit_shares_socket_and_arena_with_its_group() -> None:
+    # issue 6: the arena was 0600 for user kvstored, so an engine user could not map it
+    svc = _unit()["Service"]
+    assert svc["Group"] == "kvstored" and svc["RuntimeDirectoryMode"] == "0750"
+    env = dict(item.split("=", 1) for item in svc["Environment"].split())
+    cfg = load_config(ROOT / "systemd" / "node.toml.example", environ=env).node
+    assert cfg.socket_mode == 0o660 and cfg.arena_mode == 0o660
+    assert cfg.arena_group is None  # the socket's group, i.e. Group=kvstored
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
