@@ -185,6 +185,38 @@ def as_writable_array(obj: object, index: int) -> np.ndarray:
     return np.frombuffer(mv, dtype=np.uint8)
 
 
+def _received(obj: object) -> str:
+    """How an unexpected argument is shown in an error: its type and a short repr."""
+    text = repr(obj)
+    return f"{type(obj).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def require_sequence(obj: object, what: str, expected: str) -> None:
+    """Check that a batch argument is a sized, indexable sequence (not str/bytes, not None).
+
+    Raises:
+        InvalidArgument: naming the argument, what was expected and what was received.
+    """
+    if (
+        obj is None
+        or isinstance(obj, (str, bytes, bytearray, memoryview))
+        or not hasattr(obj, "__len__")
+        or not hasattr(obj, "__getitem__")
+    ):
+        raise InvalidArgument(f"{what} must be {expected}; got {_received(obj)}")
+
+
+def _meta_bytes(meta: object, index: int) -> bytes:
+    if meta is None:
+        return b""
+    if isinstance(meta, (bytes, bytearray, memoryview)):
+        return bytes(meta)
+    raise InvalidArgument(
+        f"meta #{index} must be bytes (or None); got {_received(meta)}; encode text first, "
+        "e.g. meta.encode()"
+    )
+
+
 def _key_bytes(key: object, index: int) -> bytes:
     if isinstance(key, bytes):
         return key
@@ -216,6 +248,7 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     """
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
     lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
     if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
         return list(keys)  # fast path: every key is valid bytes (C-level checks)
@@ -748,6 +781,9 @@ def op_read(
     st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float
 ) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    if buffers is not None:
+        require_sequence(buffers, "buffers", "a list with one writable buffer per key")
     info = yield from ensure_ready(st)
     sink = _ReadSink(check_keys(keys, info), buffers)
     if not sink.keys:
@@ -928,6 +964,10 @@ def op_put(
     """Put a batch; bad items get their own error, good ones go over the chosen transport."""
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(values, "values", "a list with one buffer (bytes, numpy array...) per key")
+    if metas is not None:
+        require_sequence(metas, "metas", "None or a list with one bytes (or None) per key")
     if len(values) != len(keys):
         raise InvalidArgument(f"got {len(keys)} keys but {len(values)} values; pass one value per key")
     if metas is not None and len(metas) != len(keys):
@@ -940,7 +980,7 @@ def op_put(
             kb = _key_bytes(key, i)
             err: KvstoredError | None = _key_error(kb, i, info)
             value = as_byte_view(values[i], "value", i)
-            meta = bytes(metas[i]) if metas is not None and metas[i] is not None else b""
+            meta = _meta_bytes(metas[i], i) if metas is not None else b""
         except InvalidArgument as exc:
             results[i] = PutResult(False, exc)
             continue
@@ -976,6 +1016,7 @@ def op_put(
 
 
 def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[Tier]]:
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     tiers: list[Tier] = []
@@ -992,6 +1033,7 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
 
 
 def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadline: float) -> Op[list[Any]]:
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[Any] = []
@@ -1009,6 +1051,7 @@ def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadlin
 
 
 def op_remove(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[bool]]:
+    require_sequence(keys, "keys", "a list of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[bool] = []
@@ -1054,11 +1097,16 @@ def op_stats(st: ClientState) -> Op[dict[str, Any]]:
 def op_list_blocks(
     st: ClientState, namespace_id: bytes | None, limit: int
 ) -> Op[tuple[list[BlockInfo], bool]]:
-    if not isinstance(limit, int) or limit < 0:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise InvalidArgument(f"limit must be an int >= 0; got {limit!r}")
+    if namespace_id is not None and not isinstance(namespace_id, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(
+            "namespace_id must be bytes (a Namespace's .id; bytes.fromhex() for a hex id) or "
+            f"None for every namespace; got {_received(namespace_id)}"
+        )
     resp = yield Call(
         "ListBlocks",
-        pb.ListBlocksRequest(namespace_id=namespace_id or b"", limit=limit),
+        pb.ListBlocksRequest(namespace_id=bytes(namespace_id or b""), limit=limit),
         pb.ListBlocksResponse,
     )
     blocks = [
