@@ -203,7 +203,10 @@ def require_sequence(obj: object, what: str, expected: str) -> None:
         or not hasattr(obj, "__len__")
         or not hasattr(obj, "__getitem__")
     ):
-        raise InvalidArgument(f"{what} must be {expected}; got {_received(obj)}")
+        hint = ""
+        if isinstance(obj, (bytes, bytearray, str)) and what == "keys":
+            hint = "; wrap a single key in a list"
+        raise InvalidArgument(f"{what} must be {expected}; got {_received(obj)}{hint}")
 
 
 def _meta_bytes(meta: object, index: int) -> bytes:
@@ -248,7 +251,7 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     """
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
     if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
         return list(keys)  # fast path: every key is valid bytes (C-level checks)
@@ -781,9 +784,9 @@ def op_read(
     st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float
 ) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     if buffers is not None:
-        require_sequence(buffers, "buffers", "a list with one writable buffer per key")
+        require_sequence(buffers, "buffers", "a sequence (list) with one writable buffer per key")
     info = yield from ensure_ready(st)
     sink = _ReadSink(check_keys(keys, info), buffers)
     if not sink.keys:
@@ -964,10 +967,10 @@ def op_put(
     """Put a batch; bad items get their own error, good ones go over the chosen transport."""
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
-    require_sequence(values, "values", "a list with one buffer (bytes, numpy array...) per key")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
     if metas is not None:
-        require_sequence(metas, "metas", "None or a list with one bytes (or None) per key")
+        require_sequence(metas, "metas", "None or a sequence (list) with one bytes (or None) per key")
     if len(values) != len(keys):
         raise InvalidArgument(f"got {len(keys)} keys but {len(values)} values; pass one value per key")
     if metas is not None and len(metas) != len(keys):
@@ -1016,7 +1019,7 @@ def op_put(
 
 
 def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[Tier]]:
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     tiers: list[Tier] = []
@@ -1033,7 +1036,7 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
 
 
 def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadline: float) -> Op[list[Any]]:
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[Any] = []
@@ -1051,7 +1054,7 @@ def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadlin
 
 
 def op_remove(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[bool]]:
-    require_sequence(keys, "keys", "a list of block keys (bytes)")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[bool] = []

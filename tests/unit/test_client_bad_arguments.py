@@ -24,16 +24,16 @@ def client(tmp_path: pathlib.Path) -> Any:
 
 
 CASES: list[tuple[str, Callable[[Any], Any], list[str]]] = [
-    ("put(None, None)", lambda c: c.put(None, None), ["keys must be a list", "got NoneType None"]),
-    ("put(keys, None)", lambda c: c.put([KEY], None), ["values must be a list", "got NoneType"]),
-    ("put(keys, bytes)", lambda c: c.put([KEY], b"xyz"), ["values must be a list", "got bytes b'xyz'"]),
-    ("put(metas=str)", lambda c: c.put([KEY], [b"v"], metas="m"), ["metas must be None or a list", "got str 'm'"]),
+    ("put(None, None)", lambda c: c.put(None, None), ["keys must be a sequence", "got NoneType None"]),
+    ("put(keys, None)", lambda c: c.put([KEY], None), ["values must be a sequence", "got NoneType"]),
+    ("put(keys, bytes)", lambda c: c.put([KEY], b"xyz"), ["values must be a sequence", "got bytes b'xyz'"]),
+    ("put(metas=str)", lambda c: c.put([KEY], [b"v"], metas="m"), ["metas must be None or a sequence", "got str 'm'"]),
     ("put(metas=7)", lambda c: c.put([KEY], [b"v"], metas=7), ["metas must be", "got int 7"]),
-    ("get(None)", lambda c: c.get(None), ["keys must be a list", "got NoneType"]),
-    ("get_into(keys, None-ish)", lambda c: c.get_into([KEY], 5), ["buffers must be a list", "got int 5"]),
-    ("exists(None)", lambda c: c.exists(None), ["keys must be a list", "got NoneType"]),
-    ("lookup_prefix(int)", lambda c: c.lookup_prefix(3), ["keys must be a list", "got int 3"]),
-    ("remove(None)", lambda c: c.remove(None), ["keys must be a list", "got NoneType"]),
+    ("get(None)", lambda c: c.get(None), ["keys must be a sequence", "got NoneType"]),
+    ("get_into(keys, None-ish)", lambda c: c.get_into([KEY], 5), ["buffers must be a sequence", "got int 5"]),
+    ("exists(None)", lambda c: c.exists(None), ["keys must be a sequence", "got NoneType"]),
+    ("lookup_prefix(int)", lambda c: c.lookup_prefix(3), ["keys must be a sequence", "got int 3"]),
+    ("remove(None)", lambda c: c.remove(None), ["keys must be a sequence", "got NoneType"]),
     ("list_blocks(str)", lambda c: c.list_blocks("00ff"), ["namespace_id must be bytes", "got str '00ff'"]),
     ("list_blocks(int)", lambda c: c.list_blocks(5), ["namespace_id must be bytes", "got int 5"]),
 ]
@@ -52,7 +52,7 @@ def test_wrong_types_raise_invalid_argument_before_any_rpc(
 def test_async_client_raises_the_same(tmp_path: pathlib.Path) -> None:
     async def main() -> None:
         async with AsyncClient(f"unix:{tmp_path}/nobody.sock", timeout_s=30) as c:
-            with pytest.raises(InvalidArgument, match="keys must be a list"):
+            with pytest.raises(InvalidArgument, match="keys must be a sequence"):
                 await c.put(None, None)  # type: ignore[arg-type]
             with pytest.raises(InvalidArgument, match="namespace_id must be bytes"):
                 await c.list_blocks("ab")  # type: ignore[arg-type]
