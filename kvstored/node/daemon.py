@@ -11,8 +11,8 @@ One process serves, from one asyncio loop:
 Lifecycle::
 
     start():  check host-dependent config (SSD cap vs disk, arena group) -> validate addresses
-              -> open store (arena, SSD index) -> gRPC up -> socket/arena modes and group
-              -> data plane up -> metrics up -> reaper task -> sd_notify READY=1 (in run())
+              -> open store (arena, SSD index) -> bind gRPC -> socket/arena modes and group
+              -> gRPC up -> data plane up -> metrics up -> reaper task -> sd_notify READY=1 (in run())
     stop():   draining (new puts refused with Draining) -> wait for outstanding puts, pins and
               reservations (<= drain_grace_s) -> stop gRPC with the remaining grace -> stop data
               plane -> drop leases -> spill DRAM to SSD (spill_on_shutdown) -> close the store
@@ -249,8 +249,8 @@ class NodeDaemon:
                 else:
                     host, _ = parse_host_port(addr)
                     self.grpc_addresses.append(format_host_port(host, port))
+            self._share_local_files()  # sockets exist once bound: modes set before serving
             await server.start()
-            self._share_local_files()
             if cfg.data_address:
                 self._data_plane = DataPlaneServer(core, cfg.data_address)
                 try:
