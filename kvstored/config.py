@@ -4,6 +4,17 @@ Precedence: defaults < TOML file (``--config``) < env vars ``KVSTORED_<SECTION>_
 (e.g. ``KVSTORED_NODE__DRAM_SIZE_BYTES=2GiB``) < CLI flags. Unknown keys are errors that name
 the key. Sizes accept human strings (``"64GiB"``) and are stored as int ``*_bytes``.
 
+Validation happens in three steps, all before a port is bound or memory is allocated:
+
+1. per field (types, ranges, non-empty paths, the 32-bit gRPC message limit);
+2. across fields (:meth:`NodeConfig._check_combinations`: key length range, a block must fit
+   in the DRAM tier);
+3. against the host (:func:`check_node_host`: the SSD cap must fit on the SSD's filesystem,
+   the arena group must exist), run by the daemon's start path.
+
+Every error names the key; a key set by an env var or a flag also names that variable or
+flag (``node.dram_size_bytes (env var KVSTORED_NODE__DRAM_SIZE_BYTES)``).
+
 Example TOML::
 
     [node]
@@ -15,6 +26,7 @@ Example TOML::
 
 from __future__ import annotations
 
+import grp
 import os
 import pathlib
 import tomllib
@@ -22,14 +34,36 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import platformdirs
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from kvstored.errors import ConfigInvalid, InvalidArgument
-from kvstored.units import parse_size
+from kvstored.units import format_size, parse_size
 
 DEFAULT_GRPC_PORT = 7070
 DEFAULT_DATA_PORT = 7071
 DEFAULT_METRICS_PORT = 7072
+
+GRPC_MAX_MESSAGE_BYTES = (1 << 31) - 1
+"""gRPC's message size options are 32-bit signed ints."""
+GRPC_SLACK_BYTES = 1 << 20
+"""Room for the rest of a Put/Get message beyond its payload."""
+MAX_BLOCK_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - GRPC_SLACK_BYTES
+"""Largest ``max_block_bytes`` / ``max_inline_bytes`` (2 GiB - 1 MiB - 1 byte): an inline Put
+carries a whole block in one gRPC message."""
+DEFAULT_MAX_BLOCK_BYTES = 64 << 20
+PAGE_BYTES = 4096
+"""The DRAM arena is a whole number of pages; blocks occupy whole pages of it."""
 
 
 def _size(v: Any) -> int:
@@ -40,6 +74,43 @@ def _size(v: Any) -> int:
 
 
 Size = Annotated[int, BeforeValidator(_size)]
+
+
+def _grpc_limit(v: int) -> int:
+    if v > MAX_BLOCK_BYTES_LIMIT:
+        raise ValueError(
+            f"is {v} bytes ({format_size(v)}); the limit is {MAX_BLOCK_BYTES_LIMIT} bytes "
+            "(2 GiB - 1 MiB - 1: gRPC message sizes are 32-bit and an inline put carries a "
+            "whole block in one message)"
+        )
+    return v
+
+
+GrpcSize = Annotated[Size, AfterValidator(_grpc_limit)]
+
+
+def _mode(v: Any) -> int:
+    """File mode: an int (TOML ``0o660``) or an octal string (``"0660"``, ``"0o660"``)."""
+    if isinstance(v, str):
+        text = v.strip().lower().removeprefix("0o")
+        try:
+            v = int(text, 8)
+        except ValueError:
+            raise ValueError("is not an octal file mode such as 0660") from None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0o777:
+        raise ValueError("must be a file mode between 0 and 0o777 (e.g. 0o660)")
+    return v
+
+
+FileMode = Annotated[int, BeforeValidator(_mode)]
+
+
+def _round_down_page(n: int) -> int:
+    return n // PAGE_BYTES * PAGE_BYTES
+
+
+def _round_up_page(n: int) -> int:
+    return -(-n // PAGE_BYTES) * PAGE_BYTES
 
 
 def default_runtime_dir() -> pathlib.Path:
@@ -108,17 +179,31 @@ class NodeConfig(_Model):
     """Hard cap of the DRAM tier (shared-memory arena), bytes. Default 1 GiB."""
     arena_dir: pathlib.Path = pathlib.Path("/dev/shm")
     """Directory (tmpfs) holding the shared-memory arena file."""
+    arena_mode: FileMode = 0o600
+    """Mode of the arena file (octal). Local clients map it read-write, so a client running
+    as another user needs ``0o660`` plus membership of ``arena_group``. Default 0o600 (only
+    the daemon's user)."""
+    arena_group: str | None = None
+    """Group (name or numeric gid) of the arena file. None: the group of the first unix
+    socket when ``arena_mode`` grants the group access (so whoever may connect may map),
+    else the daemon's group."""
+    socket_mode: FileMode | None = None
+    """Mode of the unix sockets (octal); connecting needs write permission, so clients of
+    the socket's group need ``0o660``. None keeps what the umask gives (usually 0o755: only
+    the daemon's user can connect)."""
     ssd_dir: pathlib.Path | None = Field(default_factory=default_ssd_dir)
     """SSD tier directory; None disables the SSD tier."""
     ssd_size_bytes: Size = Field(default=4 << 30, ge=0)
     """Hard cap of the SSD tier, bytes. Default 4 GiB; 0 disables the SSD tier."""
     ssd_direct_io: bool = True
     """Read SSD blocks with O_DIRECT when the filesystem supports it."""
-    max_block_bytes: Size = Field(default=64 << 20, gt=0)
-    """Largest block accepted, bytes. Default 64 MiB."""
+    max_block_bytes: GrpcSize = Field(default=DEFAULT_MAX_BLOCK_BYTES, gt=0)
+    """Largest block accepted, bytes. At most the DRAM tier and at most
+    ``MAX_BLOCK_BYTES_LIMIT`` (2 GiB - 1 MiB - 1). Default 64 MiB, or the DRAM tier's size
+    when that is smaller."""
     max_batch_keys: int = Field(default=8192, gt=0)
     """Most keys in one batched call."""
-    max_inline_bytes: Size = Field(default=1 << 20, ge=0)
+    max_inline_bytes: GrpcSize = Field(default=1 << 20, ge=0)
     """Largest total payload carried inline in one gRPC Put/Get; larger goes via arena/TCP."""
     min_key_bytes: int = Field(default=16, gt=0)
     """Shortest key accepted (128-bit block hashes)."""
@@ -135,11 +220,126 @@ class NodeConfig(_Model):
     log_level: str = "info"
     """debug, info, warning or error."""
 
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+    """Where each explicitly set field came from (``"env var KVSTORED_NODE__X"``), for errors."""
+
+    @field_validator("ssd_dir", "arena_dir", mode="before")
+    @classmethod
+    def _path_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, (str, pathlib.PurePath)) and not str(v).strip():
+            raise ValueError(
+                "is empty (it would silently mean the current directory); give a directory"
+                " (to run without an SSD tier set node.ssd_size_bytes = 0)"
+            )
+        return v
+
+    @field_validator("arena_group", mode="before")
+    @classmethod
+    def _group_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("is empty; give a group name or gid, or leave it unset")
+        return v
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> NodeConfig:
+        """Cross-field rules (errors carry the keys involved in ``ctx["keys"]``)."""
+        if self.min_key_bytes > self.max_key_bytes:
+            raise PydanticCustomError(
+                "config_conflict",
+                "node.min_key_bytes ({min_key}) is larger than node.max_key_bytes ({max_key}): "
+                "no key could be accepted; lower node.min_key_bytes or raise node.max_key_bytes",
+                {"keys": ("min_key_bytes", "max_key_bytes"), "min_key": self.min_key_bytes,
+                 "max_key": self.max_key_bytes},
+            )
+        arena_bytes = _round_down_page(self.dram_size_bytes)
+        if "max_block_bytes" not in self.model_fields_set:
+            # the default follows a small DRAM tier instead of refusing to start
+            self.max_block_bytes = max(1, min(DEFAULT_MAX_BLOCK_BYTES, arena_bytes))
+        elif _round_up_page(self.max_block_bytes) > arena_bytes:
+            raise PydanticCustomError(
+                "config_conflict",
+                "node.max_block_bytes ({block}) is larger than the DRAM tier, node.dram_size_bytes "
+                "({dram}, {arena} bytes of whole 4 KiB pages): such a block could never be "
+                "stored; lower node.max_block_bytes or raise node.dram_size_bytes",
+                {"keys": ("max_block_bytes", "dram_size_bytes"), "block": self.max_block_bytes,
+                 "dram": self.dram_size_bytes, "arena": arena_bytes},
+            )
+        return self
+
+    def describe_key(self, field: str) -> str:
+        """``node.<field>``, plus the env var or flag that set it (for error messages)."""
+        source = self._sources.get(field)
+        return f"node.{field} ({source})" if source else f"node.{field}"
+
 
 class KvstoredConfig(_Model):
     """Root configuration."""
 
     node: NodeConfig = Field(default_factory=NodeConfig)
+
+
+def _existing_ancestor(path: pathlib.Path) -> pathlib.Path:
+    p = path.expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_node_host(cfg: NodeConfig) -> None:
+    """Check the settings that depend on this host (call before binding or allocating).
+
+    - the SSD cap must not exceed the size of the filesystem holding ``ssd_dir`` (statvfs of
+      the directory, or of its nearest existing parent when it does not exist yet);
+    - ``arena_group`` must name an existing group.
+
+    Raises:
+        ConfigInvalid: naming the key (and the env var or flag that set it) and the limit.
+    """
+    if cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0:
+        where = _existing_ancestor(cfg.ssd_dir)
+        try:
+            st = os.statvfs(where)
+        except OSError as exc:
+            raise ConfigInvalid(
+                f"cannot inspect the filesystem of {cfg.describe_key('ssd_dir')} = {cfg.ssd_dir}: "
+                f"{exc.strerror}"
+            ) from None
+        disk_bytes = st.f_blocks * st.f_frsize
+        if cfg.ssd_size_bytes > disk_bytes:
+            raise ConfigInvalid(
+                f"{cfg.describe_key('ssd_size_bytes')} is {cfg.ssd_size_bytes} bytes "
+                f"({format_size(cfg.ssd_size_bytes)}) but the filesystem of "
+                f"{cfg.describe_key('ssd_dir')} = {cfg.ssd_dir} (statvfs of {where}) holds only "
+                f"{disk_bytes} bytes ({format_size(disk_bytes)}); lower node.ssd_size_bytes or "
+                "move node.ssd_dir to a larger disk"
+            )
+    if cfg.arena_group is not None:
+        try:
+            gid = resolve_group(cfg.arena_group)
+        except KeyError:
+            raise ConfigInvalid(
+                f"{cfg.describe_key('arena_group')} = {cfg.arena_group!r} is not a group on this "
+                "host; create it (groupadd) or change node.arena_group"
+            ) from None
+        if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+            raise ConfigInvalid(
+                f"{cfg.describe_key('arena_group')} = {cfg.arena_group!r}: the daemon's user is "
+                "not a member of that group, so it cannot give the arena to it; add the user to "
+                "the group or change node.arena_group"
+            )
+
+
+def resolve_group(group: str) -> int:
+    """A group name or numeric gid as a gid.
+
+    Raises:
+        KeyError: no such group.
+    """
+    if group.isdigit():
+        return int(group)
+    return grp.getgrnam(group).gr_gid
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -151,7 +351,9 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+def _env_overrides(
+    environ: Mapping[str, str], sources: dict[tuple[str, ...], str]
+) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, value in environ.items():
         if not key.startswith("KVSTORED_") or "__" not in key:
@@ -164,7 +366,18 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigInvalid(f"env var {key}: cannot parse list {value!r}: {exc}") from None
         _set_path(tree, path, parsed)
+        sources[tuple(path)] = f"env var {key}"
     return tree
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out += _leaf_paths(v, (*prefix, str(k)))
+        else:
+            out.append((*prefix, str(k)))
+    return out
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,25 +390,60 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _source_of(loc: tuple[str, ...], sources: Mapping[tuple[str, ...], str]) -> str | None:
+    if loc in sources:
+        return sources[loc]
+    below = [src for path, src in sources.items() if path[: len(loc)] == loc]
+    return below[0] if len(below) == 1 else None
+
+
+def _format_error(err: Any, sources: Mapping[tuple[str, ...], str]) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    ctx = err.get("ctx") or {}
+    keys = ctx.get("keys")
+    if keys:  # a cross-field rule: name every key involved and where each was set
+        msg = str(err["msg"])
+        for field in keys:
+            path = (*loc, field)
+            source = sources.get(path)
+            if source:
+                name = ".".join(path)
+                msg = msg.replace(name, f"{name} ({source})", 1)
+        return msg
+    name = ".".join(loc)
+    source = _source_of(loc, sources)
+    label = f"{name} ({source})" if source else name
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{label}: {msg} (got {err.get('input')!r})"
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    override_sources: Mapping[str, str] | None = None,
 ) -> KvstoredConfig:
     """Load the configuration: defaults < TOML file < env vars < ``overrides`` (CLI flags).
+
+    Checks fields and cross-field rules; host-dependent checks (:func:`check_node_host`) are
+    left to the daemon's start path, so an example config loads on any machine.
 
     Args:
         path: a TOML file, or None.
         overrides: nested dict such as ``{"node": {"dram_size_bytes": "2GiB"}}``; None values
             are ignored (flags not given).
         environ: environment to read (default ``os.environ``).
+        override_sources: how errors name an override, e.g. ``{"node.ssd_dir": "--ssd-dir"}``
+            (default: "command line").
 
     Raises:
-        ConfigInvalid: unreadable file, bad TOML, unknown key or invalid value; the message names
-            the key and the value received.
+        ConfigInvalid: unreadable file, bad TOML, unknown key, invalid value or a bad
+            combination; the message names the key, the value received and, for a key set
+            by an env var or flag, that variable or flag.
     """
     tree: dict[str, Any] = {}
+    sources: dict[tuple[str, ...], str] = {}
     if path is not None:
         try:
             with open(path, "rb") as fh:
@@ -204,18 +452,22 @@ def load_config(
             raise ConfigInvalid(f"cannot read config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigInvalid(f"config file {path} is not valid TOML: {exc}") from None
-    tree = _merge(tree, _env_overrides(os.environ if environ is None else environ))
+        sources.update({p: f"config file {path}" for p in _leaf_paths(tree)})
+    tree = _merge(tree, _env_overrides(os.environ if environ is None else environ, sources))
     if overrides:
         clean = {
             sec: {k: v for k, v in vals.items() if v is not None}
             for sec, vals in overrides.items()
         }
         tree = _merge(tree, clean)
+        names = override_sources or {}
+        for p in _leaf_paths(clean):
+            flag = names.get(".".join(p))
+            sources[p] = f"flag {flag}" if flag else "command line"
     try:
-        return KvstoredConfig.model_validate(tree)
+        cfg = KvstoredConfig.model_validate(tree)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-            for err in exc.errors()
-        )
+        problems = "; ".join(_format_error(err, sources) for err in exc.errors())
         raise ConfigInvalid(f"invalid configuration: {problems}") from None
+    cfg.node._sources = {p[1]: src for p, src in sources.items() if len(p) == 2 and p[0] == "node"}
+    return cfg

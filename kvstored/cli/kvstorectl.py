@@ -4,7 +4,11 @@ Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix soc
 ``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
 ``where`` (and ``scheduler`` when kvstored.scheduler is installed).
 
-Exit codes: 0 ok, 1 error, 2 bad arguments, 3 node unreachable, 4 server error.
+Exit codes: 0 ok, 1 error, 2 bad arguments, 3 node unreachable (at once when the unix socket
+file does not exist or refuses connections), 4 server error.
+
+``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
+of its keys as given, positional and ``--keys`` mixed.
 
 JSON output (sorted keys, stable for scripts)::
 
@@ -12,7 +16,8 @@ JSON output (sorted keys, stable for scripts)::
              "addresses": {"grpc": [...], "data", "metrics"},
              "arena": {"path", "size_bytes"},
              "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks", "hits", "evictions"}]}
-    stats   the node's counters (see kvstored.client._ops.stats_to_dict)
+    stats   the node's counters (see kvstored.client._ops.stats_to_dict); uptime_s in
+            seconds (tables show it as "1h 02m 03s")
     blocks  {"blocks": [{"key", "size_bytes", "namespace_id", "tiers", "pinned"}],
              "count", "truncated"}                    (keys and ids in hex)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
@@ -54,10 +59,58 @@ class CtlContext:
     output: str
 
     def client(self, namespace: Any = None) -> Any:
-        """A client for admin calls (gRPC only: admin calls never move bulk bytes)."""
-        from kvstored.client import Client
+        """A client for admin calls (gRPC only: admin calls never move bulk bytes).
 
+        Raises:
+            Unavailable: at once (not after ``--timeout-s``) when the address is a unix
+                socket that does not exist, is not a socket, or refuses connections.
+        """
+        from kvstored.client import Client
+        from kvstored.config import default_address
+
+        check_unix_socket(self.address or default_address())
         return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
+
+
+def check_unix_socket(address: str) -> None:
+    """Fail fast for a ``unix:`` address nobody can be listening on (TCP addresses pass).
+
+    Raises:
+        Unavailable: the socket file is missing, is not a socket, or refuses connections;
+            the message names the path.
+    """
+    import os
+    import socket
+    import stat
+
+    if not address.startswith("unix:"):
+        return
+    path = address[len("unix:") :]
+    path = path[2:] if path.startswith("//") else path
+    path = os.path.abspath(path) if path else path
+    hint = "is kvstored running? start it with `kvstored serve`, or pass --address"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise Unavailable(f"no kvstored socket at {path}: the file does not exist; {hint}") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot reach the socket {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise Unavailable(f"{path} is not a unix socket; {hint}")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            raise Unavailable(
+                f"nothing listens on {path} (a stale socket of a stopped daemon); {hint}"
+            ) from None
+        except PermissionError:
+            raise Unavailable(
+                f"permission denied connecting to {path}: run as the daemon's user or its group"
+            ) from None
+        except OSError:
+            pass  # let the client report it within its deadline
 
 
 def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -152,7 +205,7 @@ def status(obj: CtlContext) -> None:
     def tables(d: dict[str, Any]) -> list[Any]:
         rows = [
             ("node", d["node_id"]), ("version", d["version"]), ("epoch", d["epoch"]),
-            ("draining", d["draining"]), ("uptime", f"{d['uptime_s']:.1f} s"),
+            ("draining", d["draining"]), ("uptime", output.format_duration(d["uptime_s"])),
             *[("grpc", a) for a in d["addresses"]["grpc"]],
             ("data plane", d["addresses"]["data"] or "-"),
             ("metrics", d["addresses"]["metrics"] or "-"),
@@ -173,9 +226,11 @@ def stats(obj: CtlContext) -> None:
         data = c.stats()
 
     def tables(d: dict[str, Any]) -> list[Any]:
-        keys = ("node_id", "epoch", "uptime_s", "draining", "gets", "hits", "misses", "puts",
+        keys = ("node_id", "epoch", "draining", "gets", "hits", "misses", "puts",
                 "put_failures", "checksum_failures", "pinned_blocks")
-        return [output.kv_table("counters", [(k, d[k]) for k in keys]), output.tier_table(d["tiers"])]
+        rows = [(k, d[k]) for k in keys]
+        rows.insert(2, ("uptime", output.format_duration(d["uptime_s"])))
+        return [output.kv_table("counters", rows), output.tier_table(d["tiers"])]
 
     output.emit(obj.output, data, tables)
 
@@ -206,8 +261,45 @@ def _parse_hex(value: str, what: str) -> bytes:
         raise InvalidArgument(f"{what} {value!r} is not hex") from None
 
 
+NAMESPACE_ID_HEX_DIGITS = 32
+_RESOLVE_LIMIT = 1_000_000  # the node's MAX_LIST_LIMIT
+
+
+def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
+    """The namespace id that a hex prefix (as ``blocks`` prints it: 16 digits) names.
+
+    32 or more digits are taken as the id itself. A shorter prefix is matched against the
+    namespace ids of the stored blocks.
+
+    Raises:
+        InvalidArgument: not hex; no stored block's namespace id starts with it; more than one
+            does (each is listed); or the node holds too many blocks to prove it unique.
+    """
+    text = prefix.strip().lower()
+    if not text or any(ch not in "0123456789abcdef" for ch in text):
+        raise InvalidArgument(f"--namespace-id {prefix!r} is not hex")
+    if len(text) >= NAMESPACE_ID_HEX_DIGITS:
+        return _parse_hex(text, "--namespace-id")
+    blocks, truncated = client.list_blocks(None, _RESOLVE_LIMIT)
+    matches = sorted({b.namespace_id.hex() for b in blocks if b.namespace_id.hex().startswith(text)})
+    if truncated:
+        raise InvalidArgument(
+            f"the node holds more than {len(blocks)} blocks, so the prefix {prefix!r} cannot be "
+            f"checked for uniqueness; give all {NAMESPACE_ID_HEX_DIGITS} hex digits"
+        )
+    if not matches:
+        raise InvalidArgument(f"no stored block has a namespace id starting with {prefix!r}")
+    if len(matches) > 1:
+        raise InvalidArgument(
+            f"--namespace-id {prefix!r} is ambiguous: it starts {len(matches)} namespace ids "
+            f"({', '.join(matches[:8])}{', ...' if len(matches) > 8 else ''}); give more digits"
+        )
+    return bytes.fromhex(matches[0])
+
+
 @main.command()
-@click.option("--namespace-id", metavar="HEX", help="Only blocks of this namespace id.")
+@click.option("--namespace-id", metavar="HEX",
+              help="Only blocks of this namespace id: any unique prefix (blocks shows 16 digits).")
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",
               help="Only blocks of the namespace in this TOML/JSON file.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
@@ -219,11 +311,11 @@ def blocks(obj: CtlContext, namespace_id: str | None, namespace_file: str | None
     if namespace_id and namespace_file:
         raise InvalidArgument("give --namespace-id or --namespace-file, not both")
     ns_id = b""
-    if namespace_id:
-        ns_id = _parse_hex(namespace_id, "--namespace-id")
-    elif namespace_file:
-        ns_id = _load_namespace_file(namespace_file).id
     with obj.client() as c:
+        if namespace_id:
+            ns_id = resolve_namespace_prefix(c, namespace_id)
+        elif namespace_file:
+            ns_id = _load_namespace_file(namespace_file).id
         found, truncated = c.list_blocks(ns_id or None, limit)
     data = {
         "count": len(found),
@@ -252,6 +344,49 @@ def blocks(obj: CtlContext, namespace_id: str | None, namespace_file: str | None
     output.emit(obj.output, data, tables)
 
 
+class KeysInOrderCommand(click.Command):
+    """A command whose positional ``KEY_HEX`` arguments and ``--keys`` values form one list in
+    command-line order (click would collect positionals and options apart: ``--keys A B``
+    gave ``B A``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, keys_as_positionals(self, args))
+
+
+def keys_as_positionals(command: click.Command, args: list[str]) -> list[str]:
+    """Rewrite ``--keys V`` / ``--keys=V`` as the positional ``V`` where it stands.
+
+    Values of the command's other value-taking options are skipped, so a value that happens
+    to read ``--keys`` is left alone; everything after ``--`` is left as it is.
+    """
+    takes_value = {
+        opt
+        for p in command.params
+        if isinstance(p, click.Option) and not p.is_flag and not p.count
+        for opt in (*p.opts, *p.secondary_opts)
+    }
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out += args[i:]
+            break
+        if arg == "--keys" and i + 1 < len(args):
+            out.append(args[i + 1])
+            i += 2
+        elif arg.startswith("--keys="):
+            out.append(arg[len("--keys="):])
+            i += 1
+        elif arg in takes_value and i + 1 < len(args):
+            out += args[i : i + 2]
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
 def _read_tokens(path: str) -> list[int]:
     try:
         text = pathlib.Path(path).read_text()
@@ -272,10 +407,11 @@ def _read_tokens(path: str) -> list[int]:
     return tokens
 
 
-@main.command()
+@main.command(cls=KeysInOrderCommand)
 @click.argument("keys_args", nargs=-1, metavar="[KEY_HEX]...")
 @click.option("--keys", "keys_opt", multiple=True, metavar="HEX[,HEX...]",
-              help="Block keys in hex (repeatable, comma or space separated).")
+              help="Block keys in hex (repeatable, comma or space separated); they join "
+                   "the positional keys in command-line order.")
 @click.option("--tokens", type=click.Path(dir_okay=False), metavar="FILE",
               help="Token ids (whitespace-separated or a JSON list); needs a namespace.")
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",

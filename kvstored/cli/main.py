@@ -134,8 +134,17 @@ def serve(
         "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
         "log_json": log_json, "log_level": log_level,
     }
+    flags = {
+        "listen": "--listen", "dram_size_bytes": "--dram-size", "ssd_dir": "--ssd-dir",
+        "ssd_size_bytes": "--ssd-size", "data_address": "--data-address",
+        "metrics_address": "--metrics-address", "node_id": "--node-id", "arena_dir": "--arena-dir",
+        "log_json": "--log-json", "log_level": "--log-level",
+    }
     try:
-        cfg = load_config(config_path, overrides={"node": overrides}).node
+        cfg = load_config(
+            config_path, overrides={"node": overrides},
+            override_sources={f"node.{k}": v for k, v in flags.items()},
+        ).node
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)

@@ -6,6 +6,7 @@ Commands build plain dicts and hand them to :func:`emit`; they never print thems
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,21 @@ def emit_error(output: str, code: str, message: str) -> None:
     if output == "json":
         emit_json({"error": {"code": code, "message": message}})
     sys.stderr.write(f"kvstorectl: {code}: {message}\n")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for people: ``"12.3s"``, ``"2m 03s"``, ``"1h 02m 03s"``, ``"3d 04h 05m"``."""
+    if seconds < 60:
+        return f"{math.floor(max(0.0, seconds) * 10) / 10:.1f}s"
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    return f"{minutes}m {secs:02d}s"
 
 
 def kv_table(title: str, rows: Sequence[tuple[str, Any]]) -> Table:

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+import structlog
 from google.protobuf.message import Message
 
 from kvstored.errors import (
@@ -62,6 +63,8 @@ from kvstored.v1 import node_pb2 as pb
 from kvstored.client.types import Block, NodeInfo, PutResult
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 SERVICE = "/kvstored.v1.NodeService/"
 TRANSPORTS = ("auto", "shm", "tcp", "grpc")
@@ -182,6 +185,41 @@ def as_writable_array(obj: object, index: int) -> np.ndarray:
     return np.frombuffer(mv, dtype=np.uint8)
 
 
+def _received(obj: object) -> str:
+    """How an unexpected argument is shown in an error: its type and a short repr."""
+    text = repr(obj)
+    return f"{type(obj).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def require_sequence(obj: object, what: str, expected: str) -> None:
+    """Check that a batch argument is a sized, indexable sequence (not str/bytes, not None).
+
+    Raises:
+        InvalidArgument: naming the argument, what was expected and what was received.
+    """
+    if (
+        obj is None
+        or isinstance(obj, (str, bytes, bytearray, memoryview))
+        or not hasattr(obj, "__len__")
+        or not hasattr(obj, "__getitem__")
+    ):
+        hint = ""
+        if isinstance(obj, (bytes, bytearray, str)) and what == "keys":
+            hint = "; wrap a single key in a list"
+        raise InvalidArgument(f"{what} must be {expected}; got {_received(obj)}{hint}")
+
+
+def _meta_bytes(meta: object, index: int) -> bytes:
+    if meta is None:
+        return b""
+    if isinstance(meta, (bytes, bytearray, memoryview)):
+        return bytes(meta)
+    raise InvalidArgument(
+        f"meta #{index} must be bytes (or None); got {_received(meta)}; encode text first, "
+        "e.g. meta.encode()"
+    )
+
+
 def _key_bytes(key: object, index: int) -> bytes:
     if isinstance(key, bytes):
         return key
@@ -213,6 +251,7 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     """
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
     if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
         return list(keys)  # fast path: every key is valid bytes (C-level checks)
@@ -264,8 +303,8 @@ class ArenaMap:
     ``PREFAULT_MAX_BYTES``).
 
     The mapping is read-write because puts write into reserved ranges; a local client can
-    therefore write anywhere in the arena: the shared-memory path trusts processes of the
-    node's user (the arena file is mode 0600).
+    therefore write anywhere in the arena: the shared-memory path trusts the processes that
+    may open the file (the node's user; with ``node.arena_mode = 0o660`` also its group).
 
     Raises:
         OSError: the file cannot be opened or mapped.
@@ -321,6 +360,24 @@ class ArenaMap:
 
 
 # ---- client state -------------------------------------------------------------------------------
+
+_shm_fallbacks_logged: set[tuple[str, str]] = set()
+_shm_fallbacks_lock = threading.Lock()
+
+
+def _log_shm_fallback_once(address: str, arena_path: str, reason: str, transport: str) -> None:
+    """Warn once per process and (address, arena) that the arena could not be mapped."""
+    with _shm_fallbacks_lock:
+        if (address, arena_path) in _shm_fallbacks_logged:
+            return
+        _shm_fallbacks_logged.add((address, arena_path))
+    log.warning(
+        "shm_transport_fell_back", address=address, arena_path=arena_path, transport=transport,
+        reason=reason,
+        hint="run the client as the daemon's user or in its group (node.arena_mode = 0o660, "
+        "node.socket_mode = 0o660; see systemd/kvstored-node.service)",
+    )
+
 
 
 class ClientState:
@@ -390,6 +447,11 @@ class ClientState:
                     ), None
                 except (OSError, InvalidArgument, ValueError) as exc:
                     reason = f"cannot map {info.arena_path}: {exc}"
+                    if pref == "auto":
+                        _log_shm_fallback_once(
+                            self.address, info.arena_path, reason,
+                            "tcp" if info.data_address else "grpc",
+                        )
             if pref == "shm":
                 raise InvalidArgument(f"transport='shm' is not possible: {reason}")
         if pref in ("auto", "tcp") and info.data_address:
@@ -740,6 +802,9 @@ def op_read(
     st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float
 ) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    if buffers is not None:
+        require_sequence(buffers, "buffers", "a sequence (list) with one writable buffer per key")
     info = yield from ensure_ready(st)
     sink = _ReadSink(check_keys(keys, info), buffers)
     if not sink.keys:
@@ -920,6 +985,10 @@ def op_put(
     """Put a batch; bad items get their own error, good ones go over the chosen transport."""
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
+    if metas is not None:
+        require_sequence(metas, "metas", "None or a sequence (list) with one bytes (or None) per key")
     if len(values) != len(keys):
         raise InvalidArgument(f"got {len(keys)} keys but {len(values)} values; pass one value per key")
     if metas is not None and len(metas) != len(keys):
@@ -932,7 +1001,7 @@ def op_put(
             kb = _key_bytes(key, i)
             err: KvstoredError | None = _key_error(kb, i, info)
             value = as_byte_view(values[i], "value", i)
-            meta = bytes(metas[i]) if metas is not None and metas[i] is not None else b""
+            meta = _meta_bytes(metas[i], i) if metas is not None else b""
         except InvalidArgument as exc:
             results[i] = PutResult(False, exc)
             continue
@@ -968,6 +1037,7 @@ def op_put(
 
 
 def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[Tier]]:
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     tiers: list[Tier] = []
@@ -984,6 +1054,7 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
 
 
 def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadline: float) -> Op[list[Any]]:
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[Any] = []
@@ -1001,6 +1072,7 @@ def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadlin
 
 
 def op_remove(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[bool]]:
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[bool] = []
@@ -1046,11 +1118,16 @@ def op_stats(st: ClientState) -> Op[dict[str, Any]]:
 def op_list_blocks(
     st: ClientState, namespace_id: bytes | None, limit: int
 ) -> Op[tuple[list[BlockInfo], bool]]:
-    if not isinstance(limit, int) or limit < 0:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise InvalidArgument(f"limit must be an int >= 0; got {limit!r}")
+    if namespace_id is not None and not isinstance(namespace_id, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(
+            "namespace_id must be bytes (a Namespace's .id; bytes.fromhex() for a hex id) or "
+            f"None for every namespace; got {_received(namespace_id)}"
+        )
     resp = yield Call(
         "ListBlocks",
-        pb.ListBlocksRequest(namespace_id=namespace_id or b"", limit=limit),
+        pb.ListBlocksRequest(namespace_id=bytes(namespace_id or b""), limit=limit),
         pb.ListBlocksResponse,
     )
     blocks = [

@@ -232,7 +232,9 @@ class Client:
             that key only.
 
         Raises:
-            InvalidArgument: mismatched lengths. Unavailable, DeadlineExceeded: the node could
+            InvalidArgument: mismatched lengths, or ``keys``/``values``/``metas`` is not a
+            sequence (raised before any RPC; a meta that is not bytes is that item's
+            ``PutResult.error``). Unavailable, DeadlineExceeded: the node could
             not be reached / did not finish in time. Draining: the node is shutting down.
         """
         return self._run(lambda d: _ops.op_put(self._st, keys, values, metas, d), timeout_s)
@@ -313,7 +315,12 @@ class Client:
         *,
         timeout_s: float | None = None,
     ) -> tuple[list[BlockInfo], bool]:
-        """Admin listing: ``(blocks, truncated)``; ``namespace_id`` None = all namespaces."""
+        """Admin listing: ``(blocks, truncated)``; ``namespace_id`` None = all namespaces.
+
+        Raises:
+            InvalidArgument: ``namespace_id`` is not bytes/None or ``limit`` not an int >= 0
+            (before any RPC).
+        """
         return self._run(lambda d: _ops.op_list_blocks(self._st, namespace_id, limit), timeout_s)
 
     def describe(self, *, timeout_s: float | None = None) -> NodeInfo:

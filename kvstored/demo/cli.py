@@ -37,7 +37,12 @@ def _fmt_diff(x: float) -> str:
 
 
 def print_table(report: Any, console: Any) -> None:
-    """Human output: one row per prompt length, then answers, restart and the summary."""
+    """Human output: one row per prompt length, then answers, restart and the summary.
+
+    Every interpolated text (model id, documents, questions, answers, notes) is escaped: rich
+    would otherwise read ``[...]`` in it as markup and drop it.
+    """
+    from rich.markup import escape as e
     from rich.table import Table
 
     from kvstored.units import format_size
@@ -45,11 +50,11 @@ def print_table(report: Any, console: Any) -> None:
     m = report.model
     kind = "pretrained" if m["pretrained"] else "random init"
     console.print(
-        f"[bold]kvstored demo[/bold]: {m['model_id']} ({kind}, {m['num_params'] / 1e6:.0f}M "
+        f"[bold]kvstored demo[/bold]: {e(str(m['model_id']))} ({kind}, {m['num_params'] / 1e6:.0f}M "
         f"params, {m['dtype']}), {m['num_layers']} layers x {m['num_kv_heads']} KV heads x "
         f"{m['head_dim']}; block = {report.settings['block_size']} tokens = "
-        f"{format_size(m['block_bytes'])}; transport {report.settings['transport']}, "
-        f"{report.settings['threads']} threads"
+        f"{format_size(m['block_bytes'])}; transport {e(str(report.settings['transport']))}, "
+        f"{e(str(report.settings['threads']))} threads"
     )
     table = Table(
         title="TTFT: miss (full prefill) vs hit (prefix KV from kvstored)",
@@ -67,19 +72,19 @@ def print_table(report: Any, console: Any) -> None:
         )
     console.print(table)
     for r in report.rows:
-        console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({r.document})")
-        console.print(f"  miss Q: {r.question_miss}\n     A: {r.answer_miss.strip()!r}")
-        differs = "" if r.answers_equal else f"  (recompute: {r.answer_recompute.strip()!r})"
-        console.print(f"  hit  Q: {r.question_hit}\n     A: {r.answer_hit.strip()!r}{differs}")
+        console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({e(str(r.document))})")
+        console.print(f"  miss Q: {e(r.question_miss)}\n     A: {e(repr(r.answer_miss.strip()))}")
+        differs = "" if r.answers_equal else f"  (recompute: {e(repr(r.answer_recompute.strip()))})"
+        console.print(f"  hit  Q: {e(r.question_hit)}\n     A: {e(repr(r.answer_hit.strip()))}{differs}")
         b = r.hit_breakdown_s
         console.print(
-            "  hit path: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in b.items())
+            "  hit path: " + ", ".join(f"{e(k)} {v * 1000:.1f} ms" for k, v in b.items())
             + f"; bytes exact vs in-process store: {'yes' if r.store_exact else 'NO'}"
         )
     rs = report.restart
     if rs is not None:
         if rs.exit_code == -1:
-            console.print(f"restart: {rs.note}")
+            console.print(f"restart: {e(rs.note)}")
         else:
             console.print(f"[bold]daemon restart[/bold] (SIGTERM, exit code {rs.exit_code}; "
                           "same SSD dir)")
@@ -98,9 +103,9 @@ def print_table(report: Any, console: Any) -> None:
                     f"{_fmt_diff(h['max_abs_logit_diff'])}, answers equal: "
                     f"{'yes' if h['answers_equal'] else 'NO'}"
                 )
-                console.print(f"     Q: {h['question']}\n     A: {h['answer'].strip()!r}")
+                console.print(f"     Q: {e(h['question'])}\n     A: {e(repr(h['answer'].strip()))}")
             if rs.note:
-                console.print(f"  {rs.note}")
+                console.print(f"  {e(rs.note)}")
     if report.daemon_vs_inproc_ratio is not None:
         ratio = report.daemon_vs_inproc_ratio
         console.print(
@@ -146,14 +151,15 @@ def demo(
     daemon and shows that SSD-resident blocks still hit.
     """
     from rich.console import Console
+    from rich.markup import escape
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # a quoted command must stay on one line
     try:
         from kvstored.demo.models import ModelUnavailable
         from kvstored.demo.runner import DemoOptions, run_demo
     except ImportError as exc:
         err.print(
-            f"kvstored demo needs torch and transformers: pip install 'kvstored[demo]' ({exc})"
+            escape(f"kvstored demo needs torch and transformers: pip install 'kvstored[demo]' ({exc})")
         )
         sys.exit(2)
     from kvstored.log import configure
@@ -170,12 +176,12 @@ def demo(
         max_new_tokens=max_new_tokens, repeats=repeats, dram_size=dram_size, threads=threads,
     )
     try:
-        report = run_demo(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+        report = run_demo(options, progress=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
     except ModelUnavailable as exc:
-        err.print(f"kvstored demo: {exc}")
+        err.print(escape(f"kvstored demo: {exc}"))
         sys.exit(2)
     except KvstoredError as exc:
-        err.print(f"kvstored demo: {type(exc).__name__}: {exc}")
+        err.print(escape(f"kvstored demo: {type(exc).__name__}: {exc}"))
         sys.exit(1)
     _emit(report, output, save_json)
 

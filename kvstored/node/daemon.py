@@ -10,8 +10,9 @@ One process serves, from one asyncio loop:
 
 Lifecycle::
 
-    start():  validate addresses -> open store (arena, SSD index) -> gRPC up -> data plane up
-              -> metrics up -> reaper task -> sd_notify READY=1 (in run())
+    start():  check host-dependent config (SSD cap vs disk, arena group) -> validate addresses
+              -> open store (arena, SSD index) -> bind gRPC -> socket/arena modes and group
+              -> gRPC up -> data plane up -> metrics up -> reaper task -> sd_notify READY=1 (in run())
     stop():   draining (new puts and new reads refused with Draining; commits, pin releases
               and metadata calls still served) -> wait for outstanding puts, pins,
               reservations, data-plane requests and running gRPC handlers (<= drain_grace_s)
@@ -40,6 +41,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from kvstored.config import (
+    GRPC_MAX_MESSAGE_BYTES,
+    GRPC_SLACK_BYTES,
+    check_node_host,
+    resolve_group,
+)
 from kvstored.errors import ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
@@ -56,7 +63,6 @@ log = structlog.get_logger(__name__)
 
 UNIX_PATH_MAX_BYTES = 107
 _STORE_THREADS = 8
-_GRPC_SLACK_BYTES = 1 << 20
 RPC_FINISH_GRACE_S = 5.0
 """Least time a gRPC handler still running at the end of the drain gets to finish."""
 
@@ -195,13 +201,16 @@ class NodeDaemon:
         """Open the store and start serving on every address.
 
         Raises:
-            ConfigInvalid: a listen address is malformed, in use, or not permitted.
+            ConfigInvalid: a listen address is malformed, in use, or not permitted; the SSD
+                cap exceeds its disk; the arena group does not exist (all checked before
+                anything is bound or allocated).
             StorageIOError: the arena or the SSD tier cannot be opened.
         """
         if self._started:
             return
         self._started = True
         try:
+            check_node_host(self.cfg)
             listen = self._check_listen()
         except BaseException:
             self._stopped = True
@@ -216,7 +225,9 @@ class NodeDaemon:
             self.core = core = NodeCore(store, cfg, epoch=self.epoch, metrics=self.metrics)
             self.metrics.add_store_collector(store.stats, lambda: (core.draining, core.uptime_s()))
             self._executor = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="kvstored-store")
-            max_msg = max(cfg.max_inline_bytes, cfg.max_block_bytes) + _GRPC_SLACK_BYTES
+            max_msg = min(
+                GRPC_MAX_MESSAGE_BYTES, max(cfg.max_inline_bytes, cfg.max_block_bytes) + GRPC_SLACK_BYTES
+            )
             server = grpc.aio.server(
                 options=[
                     ("grpc.max_receive_message_length", max_msg),
@@ -242,6 +253,7 @@ class NodeDaemon:
                 else:
                     host, _ = parse_host_port(addr)
                     self.grpc_addresses.append(format_host_port(host, port))
+            self._share_local_files()  # sockets exist once bound: modes set before serving
             await server.start()
             if cfg.data_address:
                 self._data_plane = DataPlaneServer(core, cfg.data_address)
@@ -267,6 +279,45 @@ class NodeDaemon:
             data=self.data_address, metrics=self.metrics_address, arena=self.arena_path or "",
             dram_size_bytes=store.arena_size_bytes,
         )
+
+    def _share_local_files(self) -> None:
+        """Apply ``socket_mode`` to the unix sockets, then ``arena_mode``/``arena_group`` to
+        the arena file (default group: the first socket's), so that the users who may connect
+        may also map the arena (a client that cannot map it falls back to TCP).
+
+        Raises:
+            ConfigInvalid: the mode or group cannot be applied (naming the key).
+        """
+        cfg = self.cfg
+        for path in self._unix_paths:
+            if cfg.socket_mode is not None:
+                try:
+                    os.chmod(path, cfg.socket_mode)
+                except OSError as exc:
+                    raise ConfigInvalid(
+                        f"cannot set {cfg.describe_key('socket_mode')} = {cfg.socket_mode:#o} on "
+                        f"{path}: {exc.strerror}"
+                    ) from None
+        path = self.arena_path
+        if path is None:
+            return
+        gid = -1
+        if cfg.arena_group is not None:
+            gid = resolve_group(cfg.arena_group)
+        elif cfg.arena_mode & 0o070 and self._unix_paths:
+            gid = os.stat(self._unix_paths[0]).st_gid
+        try:
+            if gid != -1 and os.stat(path).st_gid != gid:
+                os.chown(path, -1, gid)
+            os.chmod(path, cfg.arena_mode)
+        except OSError as exc:
+            raise ConfigInvalid(
+                f"cannot give the arena {path} mode {cfg.arena_mode:#o} and group {gid} "
+                f"({cfg.describe_key('arena_mode')}, {cfg.describe_key('arena_group')}): "
+                f"{exc.strerror}"
+            ) from None
+        st = os.stat(path)
+        log.info("arena_shared", path=path, mode=f"{st.st_mode & 0o777:#o}", gid=st.st_gid)
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server

@@ -145,3 +145,13 @@ def test_systemd_analyze_verify_is_clean(tmp: Path) -> None:
     unit.write_text(text.replace(exec_start, f"ExecStart={shim}"))
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+
+def test_unit_shares_socket_and_arena_with_its_group() -> None:
+    # issue 6: the arena was 0600 for user kvstored, so an engine user could not map it
+    svc = _unit()["Service"]
+    assert svc["Group"] == "kvstored" and svc["RuntimeDirectoryMode"] == "0750"
+    env = dict(item.split("=", 1) for item in svc["Environment"].split())
+    cfg = load_config(ROOT / "systemd" / "node.toml.example", environ=env).node
+    assert cfg.socket_mode == 0o660 and cfg.arena_mode == 0o660
+    assert cfg.arena_group is None  # the socket's group, i.e. Group=kvstored

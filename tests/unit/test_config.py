@@ -70,3 +70,114 @@ def test_parse_size_rejects(text: object) -> None:
 
 def test_format_size() -> None:
     assert format_size(1536) == "1.5 KiB" and format_size(10) == "10 B"
+
+
+# ---- issue 6 section 4: bad combinations and env-var naming, all refused at load ----------------
+
+
+def test_max_block_bytes_2gib_is_a_config_error_naming_the_env_var_and_the_limit() -> None:
+    # was: OverflowError from grpc.max_receive_message_length (32-bit) after the arena existed
+    from kvstored.config import MAX_BLOCK_BYTES_LIMIT
+
+    env = {"KVSTORED_NODE__MAX_BLOCK_BYTES": "2GiB", "KVSTORED_NODE__DRAM_SIZE_BYTES": "4GiB"}
+    with pytest.raises(ConfigInvalid) as info:
+        load_config(environ=env)
+    msg = str(info.value)
+    assert "node.max_block_bytes (env var KVSTORED_NODE__MAX_BLOCK_BYTES)" in msg
+    assert str(MAX_BLOCK_BYTES_LIMIT) in msg and "2147483648" in msg
+    ok = load_config(environ={**env, "KVSTORED_NODE__MAX_BLOCK_BYTES": str(MAX_BLOCK_BYTES_LIMIT)})
+    assert ok.node.max_block_bytes == MAX_BLOCK_BYTES_LIMIT
+    with pytest.raises(ConfigInvalid, match=r"node.max_inline_bytes .*2146435071"):
+        load_config(environ={"KVSTORED_NODE__MAX_INLINE_BYTES": "3GiB"})
+
+
+def test_min_key_bytes_above_max_key_bytes_names_both_keys_and_the_variable() -> None:
+    with pytest.raises(ConfigInvalid) as info:
+        load_config(environ={"KVSTORED_NODE__MIN_KEY_BYTES": "65"})
+    msg = str(info.value)
+    assert "node.min_key_bytes (env var KVSTORED_NODE__MIN_KEY_BYTES) (65)" in msg
+    assert "node.max_key_bytes (64)" in msg
+    assert load_config(environ={"KVSTORED_NODE__MIN_KEY_BYTES": "64"}).node.min_key_bytes == 64
+
+
+def test_max_block_bytes_larger_than_dram_is_refused(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "n.toml"
+    f.write_text('[node]\nmax_block_bytes = "32MiB"\n')
+    with pytest.raises(ConfigInvalid) as info:
+        load_config(f, environ={"KVSTORED_NODE__DRAM_SIZE_BYTES": "16MiB"})
+    msg = str(info.value)
+    assert f"node.max_block_bytes (config file {f}) (33554432)" in msg
+    assert "node.dram_size_bytes (env var KVSTORED_NODE__DRAM_SIZE_BYTES) (16777216" in msg
+    # a block occupies whole 4 KiB pages of a whole-page arena: 8193 bytes need 12 KiB
+    with pytest.raises(ConfigInvalid, match="max_block_bytes"):
+        load_config(overrides={"node": {"dram_size_bytes": 8192 + 100, "max_block_bytes": 8193}},
+                    environ={})
+    assert load_config(overrides={"node": {"dram_size_bytes": 16 << 20, "max_block_bytes": 16 << 20}},
+                       environ={}).node.max_block_bytes == 16 << 20
+
+
+def test_default_max_block_bytes_follows_a_small_dram_tier() -> None:
+    assert load_config(environ={}).node.max_block_bytes == 64 << 20
+    cfg = load_config(overrides={"node": {"dram_size_bytes": "16MiB"}}, environ={})
+    assert cfg.node.max_block_bytes == 16 << 20
+
+
+@pytest.mark.parametrize("key,flag", [("ssd_dir", "--ssd-dir"), ("arena_dir", "--arena-dir")])
+def test_empty_directory_is_refused_not_the_current_directory(key: str, flag: str) -> None:
+    with pytest.raises(ConfigInvalid, match=rf"node.{key} \(flag {flag}\): is empty"):
+        load_config(overrides={"node": {key: ""}}, environ={},
+                    override_sources={f"node.{key}": flag})
+    with pytest.raises(ConfigInvalid, match=rf"node.{key} \(env var KVSTORED_NODE__{key.upper()}\)"):
+        load_config(environ={f"KVSTORED_NODE__{key.upper()}": " "})
+
+
+def test_every_env_var_error_names_the_variable() -> None:
+    cases = {
+        "KVSTORED_NODE__DRAM_SIZE_BYTES": "lots",
+        "KVSTORED_NODE__DRAM_SISE_BYTES": "1GiB",
+        "KVSTORED_NODE__PIN_LEASE_S": "-1",
+        "KVSTORED_NODE__ARENA_MODE": "0999",
+        "KVSTORED_NODEE__X": "1",
+    }
+    for var, value in cases.items():
+        with pytest.raises(ConfigInvalid) as info:
+            load_config(environ={var: value})
+        assert f"env var {var}" in str(info.value), (var, str(info.value))
+
+
+def test_file_modes_parse_octal_from_env_and_toml(tmp_path: pathlib.Path) -> None:
+    assert load_config(environ={"KVSTORED_NODE__ARENA_MODE": "0660"}).node.arena_mode == 0o660
+    f = tmp_path / "m.toml"
+    f.write_text("[node]\narena_mode = 0o640\nsocket_mode = \"0o660\"\n")
+    cfg = load_config(f, environ={}).node
+    assert (cfg.arena_mode, cfg.socket_mode) == (0o640, 0o660)
+    assert load_config(environ={}).node.socket_mode is None
+
+
+def test_ssd_cap_larger_than_its_disk_is_refused_by_the_host_check(tmp_path: pathlib.Path) -> None:
+    import os
+
+    from kvstored.config import check_node_host
+
+    st = os.statvfs(tmp_path)
+    disk = st.f_blocks * st.f_frsize
+    missing = tmp_path / "not" / "yet"  # statvfs of the nearest existing parent
+    cfg = load_config(environ={"KVSTORED_NODE__SSD_SIZE_BYTES": str(disk + 1),
+                               "KVSTORED_NODE__SSD_DIR": str(missing)}).node
+    with pytest.raises(ConfigInvalid) as info:
+        check_node_host(cfg)
+    msg = str(info.value)
+    assert "node.ssd_size_bytes (env var KVSTORED_NODE__SSD_SIZE_BYTES)" in msg
+    assert str(disk) in msg and str(missing) in msg
+    check_node_host(load_config(environ={"KVSTORED_NODE__SSD_SIZE_BYTES": str(disk),
+                                         "KVSTORED_NODE__SSD_DIR": str(missing)}).node)
+    # a disabled SSD tier is not checked
+    check_node_host(load_config(overrides={"node": {"ssd_size_bytes": 0}}, environ={}).node)
+
+
+def test_unknown_arena_group_is_refused_by_the_host_check() -> None:
+    from kvstored.config import check_node_host
+
+    cfg = load_config(environ={"KVSTORED_NODE__ARENA_GROUP": "kvstored-no-such-group"}).node
+    with pytest.raises(ConfigInvalid, match=r"node.arena_group \(env var KVSTORED_NODE__ARENA_GROUP\)"):
+        check_node_host(cfg)

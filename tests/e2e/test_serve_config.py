@@ -1,0 +1,53 @@
+"""``kvstored serve`` refuses bad settings with exit code 2 and a message naming the key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kvsc", dir="/tmp"))  # unix socket paths are <= 107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _serve(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{workdir}/x.sock",
+           "--metrics-address", "", "--data-address", "127.0.0.1:0", "--arena-dir", str(workdir),
+           "--ssd-dir", str(workdir / "ssd"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})}, cwd=workdir)
+
+
+def test_serve_max_block_bytes_2gib_is_a_config_error_not_an_overflow(short_dir: Path) -> None:
+    r = _serve(short_dir, "--dram-size", "4GiB", env={"KVSTORED_NODE__MAX_BLOCK_BYTES": "2GiB"})
+    assert r.returncode == 2, r.stderr
+    assert "KVSTORED_NODE__MAX_BLOCK_BYTES" in r.stderr and "2146435071" in r.stderr
+    assert "Traceback" not in r.stderr and "OverflowError" not in r.stderr
+    assert not (short_dir / "x.sock").exists()
+
+
+def test_serve_empty_ssd_dir_is_refused(short_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{short_dir}/x.sock",
+           "--metrics-address", "", "--data-address", "127.0.0.1:0", "--ssd-dir", ""]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=short_dir)
+    assert r.returncode == 2 and "node.ssd_dir (flag --ssd-dir): is empty" in r.stderr, r.stderr
+    assert os.listdir(short_dir) == []  # nothing created in the current directory
+
+
+def test_serve_ssd_cap_larger_than_the_disk_is_refused_before_binding(short_dir: Path) -> None:
+    st = os.statvfs(short_dir)
+    too_big = st.f_blocks * st.f_frsize + (1 << 30)
+    r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", str(too_big))
+    assert r.returncode == 2 and "node.ssd_size_bytes (flag --ssd-size)" in r.stderr, r.stderr
+    assert not (short_dir / "x.sock").exists()
+    assert not [n for n in os.listdir(short_dir) if n.endswith(".arena")]
