@@ -26,9 +26,9 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 
 import structlog
+from sortedcontainers import SortedDict
 
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
 
@@ -220,14 +220,17 @@ class DramArena:
 class DramTier:
     """Allocator plus LRU index of committed blocks in one arena.
 
-    Reservations (blocks being written) own allocator space but are not in ``entries``, so
-    they are never evicted. Callers hold the store lock.
+    Reservations (blocks being written) and promotions in flight own allocator space but are
+    not in ``entries``, so they are never evicted. ``by_offset`` maps each committed block's
+    offset to its store key (the address order that eviction uses to free contiguous space).
+    Callers hold the store lock.
     """
 
     def __init__(self, arena: DramArena) -> None:
         self.arena = arena
         self.allocator = BlockAllocator(arena.size_bytes)
         self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
+        self.by_offset: SortedDict = SortedDict()
         self.hits = 0
         self.evictions = 0
         self.pinned_blocks = 0
@@ -241,25 +244,26 @@ class DramTier:
         """Arena bytes a block of ``size_bytes`` occupies."""
         return self.allocator.round_up(size_bytes)
 
-    def lru_unpinned(self) -> Iterator[bytes]:
-        """Keys of unpinned blocks, least recent first (a snapshot: safe to mutate while used)."""
-        return iter([k for k, e in self.entries.items() if e.pins == 0])
+    def add(self, skey: bytes, entry: DramEntry) -> None:
+        """Index a committed block as the most recent (its space is already allocated)."""
+        self.entries[skey] = entry
+        self.by_offset[entry.offset] = skey
 
-    def first_unpinned(self) -> bytes | None:
-        """The least recent unpinned block's key, or None if every block is pinned."""
-        for k, e in self.entries.items():
-            if e.pins == 0:
-                return k
-        return None
+    def forget(self, skey: bytes) -> DramEntry:
+        """Drop a block from the index but keep its space allocated (a demotion still reads
+        it; the demoter frees it). Raises KeyError if not present."""
+        entry = self.entries.pop(skey)
+        del self.by_offset[entry.offset]
+        return entry
 
-    def remove(self, key: bytes) -> DramEntry:
+    def remove(self, skey: bytes) -> DramEntry:
         """Drop an unpinned block from the index and free its space.
 
         Raises:
             KeyError: not present.
             AssertionError: the block is pinned (a bug in the caller).
         """
-        entry = self.entries.pop(key)
+        entry = self.forget(skey)
         assert entry.pins == 0, "freeing a pinned block"
         self.allocator.free(entry.offset, entry.size_bytes)
         return entry

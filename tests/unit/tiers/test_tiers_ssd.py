@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from kvstored.errors import NamespaceMismatch, NoCapacity, StorageIOError
+from kvstored.errors import NoCapacity, StorageIOError
 from kvstored.tiers.base import PinnedBlock, Tier
-from kvstored.tiers.ssd import _file_rel
+from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
@@ -53,8 +53,12 @@ def make(tmp_path: pathlib.Path) -> Iterator[MakeStore]:
         s.close()
 
 
-def block_path(ssd_dir: pathlib.Path, k: bytes) -> pathlib.Path:
-    return ssd_dir / "data" / _file_rel(k)
+def _file_rel(k: bytes, ns: bytes = b"") -> str:
+    return file_rel(store_key(ns, k))
+
+
+def block_path(ssd_dir: pathlib.Path, k: bytes, ns: bytes = b"") -> pathlib.Path:
+    return ssd_dir / "data" / _file_rel(k, ns)
 
 
 def ssd_stats(s: TieredStore):  # type: ignore[no-untyped-def]
@@ -75,7 +79,8 @@ def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
     s = make(dram_blocks=2)
     for i in range(5):
         assert s.put(key(i), val(i), namespace_id=b"ns", meta=b"m%d" % i)
-    assert s.lookup_prefix([key(i) for i in range(5)]) == [Tier.SSD] * 3 + [Tier.DRAM] * 2
+    five = [key(i) for i in range(5)]
+    assert s.lookup_prefix(five, namespace_id=b"ns") == [Tier.SSD] * 3 + [Tier.DRAM] * 2
     assert ssd_stats(s).num_blocks == 3 and s.stats().tiers[0].evictions == 3
     got = s.pin_many([key(0), key(1)], namespace_id=b"ns")
     assert [g.tier for g in got] == [Tier.SSD, Tier.SSD]  # type: ignore[union-attr]
@@ -87,7 +92,7 @@ def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
     blocks = {b.key: b.tiers for b in s.list_blocks()[0]}
     assert blocks[key(0)] == (Tier.DRAM, Tier.SSD)
     for i in range(5):
-        assert s.get(key(i)) == (val(i), b"m%d" % i)
+        assert s.get(key(i), namespace_id=b"ns") == (val(i), b"m%d" % i)
     st = s.stats()
     assert st.checksum_failures == 0 and st.put_failures == 0 and st.misses == 0
     assert ssd_stats(s).hits >= 2
@@ -121,13 +126,26 @@ def test_promotion_fails_with_no_capacity_when_dram_all_pinned(make: MakeStore) 
     assert s.get(key(0)) == (val(0), b"")
 
 
-def test_namespace_mismatch_on_ssd_block(make: MakeStore) -> None:
+def test_same_key_in_two_namespaces_is_two_blocks_on_ssd_and_after_restart(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
     s = make(dram_blocks=1)
     s.put(key(0), val(0), namespace_id=b"A")
-    s.put(key(1), val(1))
-    assert isinstance(s.pin_many([key(0)], namespace_id=b"B")[0], NamespaceMismatch)
-    assert s.lookup_prefix([key(0)], namespace_id=b"B") == []
+    assert s.put(key(0), val(1), namespace_id=b"B") is True  # not an "already stored" no-op
+    s.put(key(1), val(2))  # demotes both key(0) blocks
     assert s.lookup_prefix([key(0)], namespace_id=b"A") == [Tier.SSD]
+    assert s.lookup_prefix([key(0)], namespace_id=b"B") == [Tier.SSD]
+    assert s.lookup_prefix([key(0)]) == [] and s.pin_many([key(0)]) == [None]
+    assert block_path(tmp_path / "ssd", key(0), b"A").exists()
+    assert block_path(tmp_path / "ssd", key(0), b"B").exists()
+    assert s.remove([key(0)], namespace_id=b"C") == [False]
+    assert s.remove([key(0)], namespace_id=b"B") == [True]
+    assert not block_path(tmp_path / "ssd", key(0), b"B").exists()
+    s.close()
+    s2 = make(dram_blocks=1)
+    assert s2.get(key(0), namespace_id=b"A") == (val(0), b"")
+    assert s2.exists([key(0)], namespace_id=b"B") == [False]
+    assert s2.exists([key(0)]) == [False]
 
 
 def test_ssd_cap_evicts_lru_ssd_blocks(make: MakeStore, tmp_path: pathlib.Path) -> None:
@@ -227,7 +245,7 @@ def test_restart_rebuilds_index_with_meta_and_namespace(make: MakeStore) -> None
     assert s.spill_to_ssd() == 0  # already there
     s.close()
     s2 = make(dram_blocks=4)
-    assert s2.lookup_prefix([key(i) for i in range(3)]) == [Tier.SSD] * 3
+    assert s2.lookup_prefix([key(i) for i in range(3)], namespace_id=b"ns") == [Tier.SSD] * 3
     blocks = {b.key: b for b in s2.list_blocks(namespace_id=b"ns")[0]}
     assert set(blocks) == {key(0), key(1), key(2)}
     for i in range(3):
@@ -456,7 +474,7 @@ def test_long_keys_and_garbage_index_records_survive_restart(
     s.close()
     db = Rdict(str(tmp_path / "ssd" / "index"), options=Options(raw_mode=True))
     db[b"B" + key(3)] = b"\x01garbage"
-    db[b"B" + key(2)] = b"\x09" + bytes(40)  # unknown record version
+    db[b"N" + store_key(b"", key(2))] = b"\x09" + bytes(40)  # unknown record version
     db.close()
     s2 = make(dram_blocks=4)
     assert s2.exists([long_key, key(2), key(3)]) == [True, False, False]

@@ -14,7 +14,6 @@ from kvstored.errors import (
     BlockTooLarge,
     InvalidArgument,
     KeyInvalid,
-    NamespaceMismatch,
     NoCapacity,
     NotFound,
     Unavailable,
@@ -223,18 +222,25 @@ def test_bad_input_errors(store4: TieredStore) -> None:
         TieredStore(dram_size_bytes=100, arena_dir=None)
 
 
-def test_namespace_mismatch(store4: TieredStore) -> None:
+def test_every_operation_is_scoped_to_its_namespace(store4: TieredStore) -> None:
+    # regression: a put under B of a key stored under A was an ok no-op, exists/remove ignored
+    # the namespace and a reader with no namespace read every namespace's blocks
     store4.put(key(1), val(1), namespace_id=b"nsA")
-    store4.put(key(2), val(2))
-    r = store4.pin_many([key(1), key(2)], namespace_id=b"nsB")
-    assert isinstance(r[0], NamespaceMismatch)
-    assert isinstance(r[1], PinnedBlock)  # stored without namespace: accepted
-    store4.unpin(r[1])
+    assert store4.put(key(1), val(2), namespace_id=b"nsB") is True  # a second block
     assert store4.get(key(1), namespace_id=b"nsA") == (val(1), b"")
-    assert store4.get(key(1)) == (val(1), b"")
-    with pytest.raises(NamespaceMismatch):
-        store4.get(key(1), namespace_id=b"nsB")
-    assert store4.lookup_prefix([key(2), key(1)], namespace_id=b"nsB") == [Tier.DRAM]
+    assert store4.get(key(1), namespace_id=b"nsB") == (val(2), b"")
+    assert store4.pin_many([key(1)], namespace_id=b"nsC") == [None]  # no error, no leak
+    assert store4.get(key(1)) is None  # b"" is a namespace of its own
+    assert store4.exists([key(1)], namespace_id=b"nsC") == [False]
+    assert store4.exists([key(1)], namespace_id=b"nsA") == [True]
+    assert store4.lookup_prefix([key(1)], namespace_id=b"nsC") == []
+    assert store4.remove([key(1)], namespace_id=b"nsC") == [False]
+    assert store4.remove([key(1)]) == [False]
+    assert store4.remove([key(1)], namespace_id=b"nsB") == [True]
+    assert store4.get(key(1), namespace_id=b"nsA") == (val(1), b"")  # A's block untouched
+    assert [(b.key, b.namespace_id) for b in store4.list_blocks(namespace_id=b"nsA")[0]] == [
+        (key(1), b"nsA")
+    ]
     assert store4.stats().pinned_blocks == 0
 
 
