@@ -113,6 +113,7 @@ class _Transit:
 
     entry: DramEntry | None = None
     offset: int = -1
+    size_bytes: int = 0
     removed: bool = False  # removed while in transit: its copy must not become visible
 
 
@@ -526,7 +527,7 @@ class TieredStore:
         if skey in dram.entries or skey in self._promoting or ssd.entries.get(skey) is not sentry:
             dram.allocator.free(off, size)  # changed while demotions made room: look again
             return _AGAIN
-        t = _Transit(offset=off)
+        t = _Transit(offset=off, size_bytes=size)
         self._promoting[skey] = t
         need = dram.round_up(size)
         self._reserved_bytes += need

@@ -265,9 +265,8 @@ class StoreMachine(RuleBasedStateMachine):
         regions = [(e.offset, alloc.round_up(e.size_bytes)) for e in dram.entries.values()]
         regions += [(p.offset, alloc.round_up(p.size_bytes)) for p in self.s._reservations.values()]
         ssd = self.s._ssd
-        for skey, t in self.s._promoting.items():
-            assert ssd is not None
-            regions.append((t.offset, alloc.round_up(ssd.entries[skey].size_bytes)))
+        for t in self.s._promoting.values():
+            regions.append((t.offset, alloc.round_up(t.size_bytes)))
         for t in self.s._demoting.values():
             if t.removed:  # unindexed by remove, still owned until its write ends
                 assert t.entry is not None
