@@ -347,3 +347,55 @@ def test_eight_threads_putting_same_keys_store_one_complete_value_each() -> None
         st = s.stats()
         assert st.puts == num_keys
         assert st.tiers[0].used_bytes == num_keys * 4 * K  # losers' space all freed
+
+
+# ---- eviction with mixed block sizes ----------------------------------------------------
+
+MiB = 1 << 20
+
+
+def test_mixed_sizes_one_large_put_evicts_a_contiguous_window_not_34_blocks() -> None:
+    # the repro of issue 6: 64 MiB of 1 MiB blocks whose LRU order alternates by address
+    # (odd blocks least recent), then one 4 MiB put. Evicting LRU-first freed isolated 1 MiB
+    # holes and took 34 victims; now the LRU victim is taken with its neighbours.
+    s = TieredStore(dram_size_bytes=64 * MiB, arena_dir=None)
+    try:
+        keys = [key(i) for i in range(64)]
+        for i, k in enumerate(keys):
+            s.put(k, val(i, MiB))
+        assert [s._dram.entries[b"\x00" + k].offset for k in keys] == [i * MiB for i in range(64)]
+        for p in s.pin_many(keys[:64:2]):
+            s.unpin(p)  # type: ignore[arg-type]
+        assert s.put(key(100), val(100, 4 * MiB)) is True
+        assert s.stats().tiers[0].evictions == 4
+        gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]
+        assert gone == [1, 2, 3, 4]  # the LRU block (1) and the window right of it
+        assert s._dram.entries[b"\x00" + key(100)].offset == 1 * MiB
+        s._dram.allocator.check_invariants()
+        # the next large put starts from the next LRU block (3 is gone: 5 is next)
+        assert s.put(key(101), val(101, 2 * MiB)) is True
+        gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]
+        assert gone == [1, 2, 3, 4, 5, 6]
+        assert s.stats().tiers[0].evictions == 6
+    finally:
+        s.close()
+
+
+def test_mixed_sizes_a_window_skips_pinned_neighbours_and_prefers_free_space() -> None:
+    s = TieredStore(dram_size_bytes=8 * K, arena_dir=None)
+    try:
+        for i in range(8):
+            s.put(key(i), val(i))
+        (pinned,) = s.pin_many([key(1)])  # 1 pinned (and most recent)
+        for p in s.pin_many([key(i) for i in (2, 4, 5, 6, 7)]):
+            s.unpin(p)  # type: ignore[arg-type]
+        # LRU order now: 0, 3, 7, 6, 5, 4, 2, (1 pinned)
+        assert s.remove([key(4)]) == [True]  # a free unit at 4
+        assert s.put(key(20), val(20, 3 * K)) is True
+        # 0 cannot grow past pinned 1 -> skipped; 3 with free 4 and 5: cost 2 blocks
+        gone = [i for i, ok in enumerate(s.exists([key(i) for i in range(8)])) if not ok]
+        assert gone == [3, 4, 5]
+        assert s.stats().tiers[0].evictions == 2
+        s.unpin(pinned)  # type: ignore[arg-type]
+    finally:
+        s.close()
