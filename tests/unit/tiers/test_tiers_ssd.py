@@ -6,6 +6,7 @@ import errno
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -169,10 +170,100 @@ def test_remove_deletes_ssd_file(make: MakeStore, tmp_path: pathlib.Path) -> Non
     assert s.exists([key(0)]) == [False]
 
 
-def test_second_store_on_same_dir_is_refused(make: MakeStore) -> None:
-    make()
-    with pytest.raises(StorageIOError, match="cannot open SSD tier"):
+def test_second_store_on_same_dir_is_refused_with_a_clear_error(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    # regression: the user saw RocksDB's raw "IO error: While lock file: .../index/LOCK"
+    s = make()
+    s.put(key(0), val(0))
+    with pytest.raises(StorageIOError) as err:
         make()
+    msg = str(err.value)
+    assert str(tmp_path / "ssd") in msg and "already in use by another kvstored process" in msg
+    assert f"pid {os.getpid()}" in msg and "LOCK" not in msg
+    # and from another process, as two daemons would be
+    code = (
+        "import sys; from kvstored.tiers.tiered import TieredStore\n"
+        "try:\n"
+        f"    TieredStore(dram_size_bytes=1<<20, arena_dir=None, ssd_dir={str(tmp_path / 'ssd')!r},"
+        " ssd_size_bytes=1<<20)\n"
+        "except Exception as e: print(type(e).__name__, e); sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "StorageIOError" in proc.stdout and "already in use by another kvstored process" in proc.stdout
+    assert s.get(key(0)) == (val(0), b"")  # the owner is unharmed
+    assert s.spill_to_ssd() == 1
+    s.close()
+    s2 = make()  # released on close
+    assert s2.exists([key(0)]) == [True]
+
+
+@pytest.mark.parametrize("damage", ["current_garbage", "index_deleted"])
+def test_corrupt_index_is_rebuilt_from_block_files_with_a_warning(
+    make: MakeStore, tmp_path: pathlib.Path, damage: str
+) -> None:
+    s = make(dram_blocks=4)
+    for i in range(3):
+        s.put(key(i), val(i), namespace_id=b"ns%d" % (i % 2), meta=b"meta%d" % i)
+    s.put(b"L" * 200, val(5))  # a long key (file named by hash): recovered from the trailer
+    assert s.spill_to_ssd() == 4
+    s.close()
+    index = tmp_path / "ssd" / "index"
+    if damage == "current_garbage":
+        (index / "CURRENT").write_bytes(b"\x00garbage-not-a-manifest")
+    else:
+        import shutil
+
+        shutil.rmtree(index)
+        index.mkdir()
+        (index / "CURRENT").write_bytes(b"MANIFEST-000099\n")  # names a missing manifest
+    (tmp_path / "ssd" / "data" / "7f").mkdir(exist_ok=True)
+    (tmp_path / "ssd" / "data" / "7f" / "feed.blk").write_bytes(b"no trailer here")
+    with capture_logs() as logs:
+        s2 = make(dram_blocks=4)
+    warned = [e for e in logs if e["event"] == "ssd_index_rebuilt_from_files"]
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+    opened = [e for e in logs if e["event"] == "ssd_tier_opened"][0]
+    assert opened["rebuilt_from_files"] is True and opened["num_blocks"] == 4
+    assert opened["orphan_files_deleted"] == 1
+    for i in range(3):
+        assert s2.get(key(i), namespace_id=b"ns%d" % (i % 2)) == (val(i), b"meta%d" % i)
+        assert s2.exists([key(i)], namespace_id=b"ns%d" % ((i + 1) % 2)) == [False]
+    assert s2.get(b"L" * 200) == (val(5), b"")
+    s2.close()
+    s3 = make(dram_blocks=4)  # the rebuilt index is a normal index now
+    assert s3.exists([key(0)], namespace_id=b"ns0") == [True]
+
+
+def test_version_1_index_records_are_migrated_to_namespace_scoped_identity(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    from rocksdict import Options, Rdict
+
+    from kvstored.tiers.ssd_format import REC_HEADER, checksum_of, legacy_file_rel
+
+    ssd = tmp_path / "ssd"
+    (ssd / "data").mkdir(parents=True)
+    db = Rdict(str(ssd / "index"), options=Options(raw_mode=True))
+    for i, ns in ((0, b"nsA"), (1, b"")):
+        rel = legacy_file_rel(key(i))
+        (ssd / "data" / rel).parent.mkdir(exist_ok=True)
+        (ssd / "data" / rel).write_bytes(val(i))
+        name = rel.encode()
+        db[b"B" + key(i)] = (
+            REC_HEADER.pack(1, BLOCK, checksum_of(val(i)), i, len(ns), len(name), 2)
+            + ns + name + b"m%d" % i
+        )
+    db.close()
+    with capture_logs() as logs:
+        s = make(dram_blocks=4)
+    opened = [e for e in logs if e["event"] == "ssd_tier_opened"][0]
+    assert opened["migrated_entries"] == 2 and opened["dropped_entries"] == 0
+    assert s.get(key(0), namespace_id=b"nsA") == (val(0), b"m0")
+    assert s.get(key(0)) is None
+    assert s.get(key(1)) == (val(1), b"m1")
+    assert data_files(ssd) == sorted([_file_rel(key(0), b"nsA"), _file_rel(key(1))])
 
 
 @pytest.mark.parametrize("where", ["open", "read"])
