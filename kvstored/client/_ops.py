@@ -987,7 +987,10 @@ def op_remove(st: ClientState, keys: Sequence[object], deadline: float) -> Op[li
     checked = check_keys(keys, info)
     out: list[bool] = []
     for start, end in _chunks(len(checked), info.max_batch_keys):
-        resp = yield Call("Remove", pb.RemoveRequest(keys=checked[start:end]), pb.RemoveResponse)
+        resp = yield Call(
+            "Remove", pb.RemoveRequest(keys=checked[start:end], namespace_id=st.namespace_id),
+            pb.RemoveResponse,
+        )
         out.extend(bool(r) for r in resp.removed)
     return out
 

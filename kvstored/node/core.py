@@ -271,16 +271,24 @@ class NodeCore:
     ) -> list[Reservation | PutOutcome]:
         """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
 
+        A key repeated within the batch is an ok no-op after its first (valid) occurrence:
+        first writer wins, as across batches.
+
         The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
         returned Reservation. Used by the inline put and the data plane.
         """
         out: list[Reservation | PutOutcome] = []
+        seen: set[bytes] = set()
         try:
             for i, (key, size, meta) in enumerate(items):
                 err = self.put_item_error(i, key, size, meta)
                 if err is not None:
                     out.append(PutOutcome(False, self._count_item_error(err)))
                     continue
+                if key in seen:  # first writer wins within a batch too: an ok no-op
+                    out.append(PutOutcome(False))
+                    continue
+                seen.add(key)
                 try:
                     res = self.store.reserve(key, size, namespace_id=namespace_id, meta=meta)
                 except KvstoredError as exc:
@@ -575,7 +583,7 @@ class NodeCore:
         """Per key: present; with ``with_tiers`` also the tier (DRAM preferred), else []."""
         self.check_keys(keys)
         self.check_namespace_id(namespace_id)
-        present = self.store.exists(keys)
+        present = self.store.exists(keys, namespace_id=namespace_id)
         if not with_tiers:
             return present, []
         tiers: list[Tier | None] = []
@@ -584,10 +592,11 @@ class NodeCore:
             tiers.append(found[0] if found else None)
         return present, tiers
 
-    def remove(self, keys: Sequence[bytes]) -> list[bool]:
-        """Per key: removed (False = absent, or pinned and kept)."""
+    def remove(self, keys: Sequence[bytes], namespace_id: bytes = b"") -> list[bool]:
+        """Per key: removed (False = absent in this namespace, or pinned and kept)."""
         self.check_keys(keys)
-        return self.store.remove(keys)
+        self.check_namespace_id(namespace_id)
+        return self.store.remove(keys, namespace_id=namespace_id)
 
     def stats(self) -> StoreStats:
         """The store's counters and usage."""

@@ -189,7 +189,7 @@ class NodeServicer:
         return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
 
     async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
-        removed = await self._maybe_io(self.core.remove, list(req.keys))
+        removed = await self._maybe_io(self.core.remove, list(req.keys), req.namespace_id)
         return pb.RemoveResponse(removed=removed)
 
     async def Stats(self, req: pb.StatsRequest, ctx: Any) -> pb.StatsResponse:
