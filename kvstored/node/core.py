@@ -425,7 +425,7 @@ class NodeCore:
 
     # ---- gets ----------------------------------------------------------------------------
     def pin_items(
-        self, keys: Sequence[bytes], namespace_id: bytes
+        self, keys: Sequence[bytes], namespace_id: bytes, *, may_block: bool = True
     ) -> list[PinnedBlock | None | KvstoredError]:
         """Validate keys and pin the good ones (no lease); bad keys get their own error.
 
@@ -433,7 +433,10 @@ class NodeCore:
         """
         errors = [self.key_error(i, k) for i, k in enumerate(keys)]
         good = [k for k, e in zip(keys, errors, strict=True) if e is None]
-        pinned = iter(self.store.pin_many(good, namespace_id=namespace_id) if good else ())
+        pinned = iter(
+            self.store.pin_many(good, namespace_id=namespace_id, may_block=may_block)
+            if good else ()
+        )
         out: list[PinnedBlock | None | KvstoredError] = []
         for err in errors:
             got = next(pinned) if err is None else self._count_item_error(err)
@@ -477,13 +480,16 @@ class NodeCore:
                     log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
 
     def pin_blocks(
-        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0
+        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0,
+        may_block: bool = True,
     ) -> tuple[int, list[PinnedBlock | None | KvstoredError]]:
         """Pin blocks for the shared-memory get path, under a lease.
 
         Returns:
             ``(pin_id, per key: PinnedBlock | None (miss) | error)``; ``pin_id`` is 0 when
-            nothing was pinned. Release with :meth:`release_pins`.
+            nothing was pinned. Release with :meth:`release_pins`. With ``may_block=False``
+            (the event loop's fast path) a block that needs disk I/O makes every item
+            ``NEEDS_IO`` and nothing is pinned (see ``TieredStore.pin_many``).
 
         Raises:
             Unavailable (epoch mismatch), BatchTooLarge, InvalidArgument.
@@ -491,7 +497,7 @@ class NodeCore:
         self.check_epoch(epoch)
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)
-        got = self.pin_items(keys, namespace_id)
+        got = self.pin_items(keys, namespace_id, may_block=may_block)
         pinned = [b for b in got if isinstance(b, PinnedBlock)]
         if not pinned:
             return 0, got

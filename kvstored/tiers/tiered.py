@@ -79,7 +79,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.tiers.base import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
+from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
 from kvstored.tiers.eviction import victim_window
 from kvstored.tiers.ssd import SsdTier
@@ -552,7 +552,7 @@ class TieredStore:
         return entry
 
     def pin_many(
-        self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b"", may_block: bool = True
     ) -> list[PinnedBlock | None | KvstoredError]:
         """Pin blocks of one namespace in DRAM for reading, promoting SSD hits first.
 
@@ -565,6 +565,9 @@ class TieredStore:
         Args:
             keys: block keys, typically one prefix in chain order.
             namespace_id: the reader's namespace; blocks of other namespaces are misses.
+            may_block: False = never wait (for the event loop): if any key is an SSD-only or
+                promoting block, nothing is pinned or counted and every item is
+                :data:`~kvstored.tiers.base.NEEDS_IO`.
 
         Returns:
             Per key: a PinnedBlock, None (miss, including a block dropped for a bad checksum),
@@ -583,6 +586,10 @@ class TieredStore:
         with self._lock:
             self._check_open()
             dram, ssd = self._dram, self._ssd
+            if not may_block and ssd is not None and any(
+                k not in dram.entries and (k in ssd.entries or k in self._promoting) for k in skeys
+            ):
+                return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]
             touched_dram: list[bytes] = []
             touched_ssd: list[bytes] = []
             for key, skey in zip(checked, skeys, strict=True):
