@@ -19,7 +19,12 @@ its free neighbours) makes room is the plain LRU choice, so uniform sizes evict 
 order. If no window around ``v`` can reach ``need``, ``v`` is skipped (evicting it would not
 help this allocation) and the next LRU block is tried.
 
-Cost: O(k log n) per LRU candidate, k = number of neighbours within ``need`` bytes of it.
+Bounded cost: a window may take at most :data:`MAX_WINDOW_ITEMS` extents on each side of
+``v`` (O(k log n) per candidate, k <= 2 x MAX_WINDOW_ITEMS), and one allocation tries at most
+:data:`MAX_WINDOW_TRIES` candidates whose window cannot reach ``need``; after that it falls
+back to plain LRU eviction (evict ``v`` alone: its space merges with later victims'), as
+before this module. So the scan stays O(1) per victim even when small blocks (4 KiB probes,
+say) sit at the LRU head and a 4 MiB allocation could only be met by 1024 of them.
 Pure metadata: callers hold the store lock.
 """
 
@@ -28,6 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvstored.tiers.dram import DramTier
+
+MAX_WINDOW_ITEMS = 64
+"""Most extents (free or blocks) a window takes on each side of its LRU victim."""
+MAX_WINDOW_TRIES = 4
+"""Most LRU candidates per allocation whose window is tried in vain before plain LRU."""
 
 # (length_bytes, store key or None for a free extent)
 _Item = tuple[int, bytes | None]
@@ -52,7 +62,7 @@ def _walk(
     pos = start if leftwards else end
     bo_blocks = tier.by_offset
     free_starts = tier.allocator._by_offset  # noqa: SLF001
-    while span < budget:
+    while span < budget and len(items) < MAX_WINDOW_ITEMS:
         if leftwards:
             ln = _free_ending_at(tier, pos)
             if ln:

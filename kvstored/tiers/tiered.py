@@ -81,7 +81,7 @@ from kvstored.errors import (
 )
 from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
-from kvstored.tiers.eviction import victim_window
+from kvstored.tiers.eviction import MAX_WINDOW_TRIES, victim_window
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import split_store_key, store_key
 
@@ -329,6 +329,7 @@ class TieredStore:
         """
         alloc, dram = self._dram.allocator, self._dram
         need = alloc.round_up(size_bytes)
+        tries = 0  # window tries that failed (eviction.MAX_WINDOW_TRIES, then plain LRU)
         while True:
             self._check_open()
             off = alloc.allocate(size_bytes)
@@ -345,9 +346,13 @@ class TieredStore:
             for skey, e in dram.entries.items():  # LRU first; pinned blocks are rare here
                 if e.pins or skey in self._demoting:
                     continue
+                if tries >= MAX_WINDOW_TRIES:
+                    window = [skey]  # plain LRU: its space merges with later victims'
+                    break
                 window = victim_window(dram, skey, need, self._evictable)
                 if window is not None:
                     break
+                tries += 1
             if window is not None:
                 self._evict_window(window)
             elif self._demoting:

@@ -399,3 +399,43 @@ def test_mixed_sizes_a_window_skips_pinned_neighbours_and_prefers_free_space() -
         s.unpin(pinned)  # type: ignore[arg-type]
     finally:
         s.close()
+
+
+def test_eviction_work_is_bounded_when_small_blocks_sit_at_the_lru_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # regression (found by bench_metadata_storm): 512 probe blocks of 4 KiB at the LRU head
+    # whose windows cannot reach 4 MiB made every 4 MiB put walk ~512 x 1024 extents with the
+    # store lock held (a 2.8 s stall of LookupPrefix). Now a few tries, then plain LRU.
+    import kvstored.tiers.tiered as tiered
+    from kvstored.tiers.eviction import MAX_WINDOW_TRIES
+
+    s = TieredStore(dram_size_bytes=8 * MiB, arena_dir=None)
+    try:
+        probes = [key(i) for i in range(512)]
+        for k in probes:
+            s.put(k, b"p" * 64)  # [0, 2 MiB)
+        fence = s.reserve(key(9999), 10)  # a reservation at 2 MiB: windows cannot cross it
+        assert fence is not None and fence.offset == 2 * MiB
+        big = [key(1000 + i) for i in range(5)]
+        for i, k in enumerate(big):
+            s.put(k, val(i, MiB))  # [2 MiB + 4 KiB, ...): nearly full
+        for p in s.pin_many(big):
+            s.unpin(p)  # type: ignore[arg-type]  # probes are LRU now
+        calls: list[int] = []
+        real = tiered.victim_window
+
+        def counting(*a: object, **kw: object) -> object:
+            got = real(*a, **kw)  # type: ignore[arg-type]
+            calls.append(0 if got is None else len(got))
+            return got
+
+        monkeypatch.setattr(tiered, "victim_window", counting)
+        assert s.put(key(5000), val(7, 2 * MiB)) is True
+        assert calls == [0] * MAX_WINDOW_TRIES  # then plain LRU took the probes
+        gone = [i for i, ok in enumerate(s.exists(probes)) if not ok]
+        assert gone == list(range(512))  # 2 MiB of probes freed, in LRU order
+        assert s.stats().tiers[0].evictions == 512
+        s.abort(fence)
+    finally:
+        s.close()
