@@ -407,7 +407,7 @@ def test_eviction_work_is_bounded_when_small_blocks_sit_at_the_lru_head(
     # regression (found by bench_metadata_storm): 512 probe blocks of 4 KiB at the LRU head
     # whose windows cannot reach 4 MiB made every 4 MiB put walk ~512 x 1024 extents with the
     # store lock held (a 2.8 s stall of LookupPrefix). Now a few tries, then plain LRU.
-    import kvstored.tiers.tiered as tiered
+    import kvstored.tiers.transit as tiered
     from kvstored.tiers.eviction import MAX_WINDOW_TRIES
 
     s = TieredStore(dram_size_bytes=8 * MiB, arena_dir=None)
