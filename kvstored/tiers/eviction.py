@@ -60,7 +60,6 @@ def _walk(
     items: list[_Item] = []
     span = 0
     pos = start if leftwards else end
-    bo_blocks = tier.by_offset
     free_starts = tier.allocator._by_offset  # noqa: SLF001
     while span < budget and len(items) < MAX_WINDOW_ITEMS:
         if leftwards:
@@ -70,16 +69,12 @@ def _walk(
                 pos -= ln
                 span += ln
                 continue
-            idx = bo_blocks.bisect_left(pos)
-            if idx == 0:
+            e = tier.entry_ending_at(pos)
+            if e is None or not evictable(e.skey):
                 break
-            off, skey = bo_blocks.peekitem(idx - 1)
-            e = tier.entries[skey]
             ln = tier.round_up(e.size_bytes)
-            if off + ln != pos or not evictable(skey):
-                break
-            items.append((ln, skey))
-            pos = off
+            items.append((ln, e.skey))
+            pos = e.offset
         else:
             ln = free_starts.get(pos, 0)
             if ln:
@@ -87,11 +82,11 @@ def _walk(
                 pos += ln
                 span += ln
                 continue
-            skey = bo_blocks.get(pos)
-            if skey is None or not evictable(skey):
+            e = tier.entry_at(pos)
+            if e is None or not evictable(e.skey):
                 break
-            ln = tier.round_up(tier.entries[skey].size_bytes)
-            items.append((ln, skey))
+            ln = tier.round_up(e.size_bytes)
+            items.append((ln, e.skey))
             pos += ln
         span += ln
     return items

@@ -468,9 +468,8 @@ class TieredStore(TransitMixin):
             NotFound: the block is not pinned (released twice, or never pinned).
         """
         with self._lock:
-            skey = self._dram.by_offset.get(block.offset)
-            e = self._dram.entries.get(skey) if skey is not None else None
-            if e is None or skey is None or split_store_key(skey)[1] != block.key or e.pins <= 0:
+            e = self._dram.entry_at(block.offset)
+            if e is None or split_store_key(e.skey)[1] != block.key or e.pins <= 0:
                 raise NotFound(f"block {block.key[:8].hex()} is not pinned")
             e.pins -= 1
             if e.pins == 0:

@@ -275,7 +275,7 @@ class StoreMachine(RuleBasedStateMachine):
         for (o1, l1), (o2, _) in zip(regions, regions[1:]):
             assert o1 + l1 <= o2, "arena bytes owned twice"
         assert sum(ln for _, ln in regions) == alloc.used_bytes <= alloc.capacity_bytes
-        assert sorted(dram.by_offset.items()) == sorted(
+        assert [(e.offset, e.skey) for e in dram.by_offset] == sorted(
             (e.offset, k) for k, e in dram.entries.items()
         )
         if ssd is not None:
