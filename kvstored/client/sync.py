@@ -295,9 +295,19 @@ class Client:
         """Per key: stored on the node (any tier)."""
         return self._run(lambda d: _ops.op_exists(self._st, keys, False, d), timeout_s)
 
-    def where(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[Tier | None]:
-        """Per key: the tier holding it (DRAM preferred), or None. Admin probe; never pins."""
-        return self._run(lambda d: _ops.op_exists(self._st, keys, True, d), timeout_s)
+    def where(
+        self, keys: Sequence[bytes], *, namespace_id: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Tier | None]:
+        """Per key: the tier holding it (DRAM preferred), or None. Admin probe; never pins.
+
+        Args:
+            namespace_id: look in this namespace id instead of the client's (admin tools
+                that know only the id, e.g. ``kvstorectl where --namespace-id``).
+        """
+        return self._run(
+            lambda d: _ops.op_exists(self._st, keys, True, d, namespace_id), timeout_s
+        )
 
     def remove(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bool]:
         """Delete blocks; per key True if removed (False: absent, or pinned and kept)."""
