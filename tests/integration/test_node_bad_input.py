@@ -246,3 +246,15 @@ def test_bad_client_arguments(node: DaemonThread) -> None:
             c.put(random_keys(2), [b"x"])
         r = c.put(random_keys(1), [object()])  # type: ignore[list-item]
         assert isinstance(r[0].error, InvalidArgument) and "object" in str(r[0].error)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_duplicate_key_within_one_put_batch_first_writer_wins(node: DaemonThread, transport: str) -> None:
+    # regression: the batch was committed tail-first, so the later duplicate's bytes won
+    k, other = random_keys(2)
+    with Client(node.address_for(transport), transport=transport) as c:
+        res = c.put([k, other, k], [b"first" * 1000, b"o" * 10, b"later" * 1000])
+        assert [r.ok for r in res] == [True, True, True]
+        assert [r.stored for r in res] == [True, True, False]  # the duplicate: an ok no-op
+        assert c.get([k, other]) == [b"first" * 1000, b"o" * 10]
+    wait_until(lambda: node.daemon.store.stats().pinned_blocks == 0, what="pins released")
