@@ -54,12 +54,12 @@ from dataclasses import dataclass, field
 import structlog
 
 from kvstored.tiers.ssd_format import (
-    BLOCK_PREFIX,
     DATA_SUFFIX,
     TMP_SUFFIX,
     checksum_of,
     encode_record,
     file_rel,
+    index_key,
     round_up_page,
     split_store_key,
     store_key,
@@ -285,7 +285,7 @@ class SsdTier(SsdRecovery):
         self.entries.move_to_end(skey)
         seq = self._seq
         self._seq += 1
-        return BLOCK_PREFIX + skey, encode_record(
+        return index_key(skey), encode_record(
             e.size_bytes, e.checksum, seq, e.namespace_id, file_rel(skey), e.meta
         )
 
@@ -327,7 +327,7 @@ class SsdTier(SsdRecovery):
             os.rename(tmp, path)
             stage = "index"
             self._db.put(
-                BLOCK_PREFIX + w.skey,
+                index_key(w.skey),
                 encode_record(size, csum, w.seq, w.namespace_id, rel, w.meta),
             )
         except Exception as exc:  # OSError, or rocksdict's Exception on an index write
@@ -440,7 +440,7 @@ class SsdTier(SsdRecovery):
             try:
                 self._hook("delete", skey)
                 try:
-                    self._db.delete(BLOCK_PREFIX + skey)
+                    self._db.delete(index_key(skey))
                 except Exception as exc:  # the file goes anyway; a dangling entry is dropped on start
                     log.warning("ssd_index_delete_failed", error=str(exc))
                 self._unlink(self._path(file_rel(skey)))

@@ -3,11 +3,15 @@
 Pure functions, no I/O. See :mod:`kvstored.tiers.ssd` for the directory layout.
 
 Store key. The store's identity of a block is ``(namespace_id, key)``: the same key under two
-namespaces names two blocks. Both tiers index blocks by one bytes object, the *store key*::
+namespaces names two blocks. Both tiers index blocks in memory by one bytes object, the
+*store key*: a 3-byte tag of the namespace (a per-process table, so a 16-byte namespace id
+costs no bytes per block) followed by the key::
 
-    store_key = len(namespace_id) (1 byte) | namespace_id | key
+    store_key = tag(namespace_id) (3 bytes) | key            (in memory only)
+    persistent_key = len(namespace_id) (1 byte) | namespace_id | key   (index keys, file
+                                                 names, trailers: the same on every start)
 
-Index record (RocksDB value, version 2, under ``b"N" + store_key``)::
+Index record (RocksDB value, version 2, under ``b"N" + persistent_key``)::
 
     <BQQQHHI  version=2, size, xxh3_64 checksum, seq, ns_len, name_len, meta_len
     namespace_id | file name | meta
@@ -18,14 +22,15 @@ fields; :class:`~kvstored.tiers.ssd.SsdTier` migrates them on open.
 Block file: ``data | trailer | footer``, so that the index can be rebuilt from the files
 alone when RocksDB is corrupt::
 
-    trailer  <QQHI  size, xxh3_64 checksum of data, store_key_len, meta_len
-             store_key | meta
+    trailer  <QQHI  size, xxh3_64 checksum of data, persistent_key_len, meta_len
+             persistent_key | meta
     footer   <IQ8s  trailer_len, xxh3_64 of trailer, magic b"KVSTBLK2"
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 
 import xxhash
 
@@ -46,8 +51,34 @@ FOOTER_BYTES = _FOOTER.size
 MAX_NAMESPACE_ID_BYTES = 255
 
 
+_TAG_BYTES = 3
+_MAX_NAMESPACES = 1 << (8 * _TAG_BYTES)
+_tags: dict[bytes, bytes] = {}
+_namespaces: list[bytes] = []
+_tags_lock = threading.Lock()
+
+
+def _tag(namespace_id: bytes) -> bytes:
+    tag = _tags.get(namespace_id)
+    if tag is not None:
+        return tag
+    with _tags_lock:
+        tag = _tags.get(namespace_id)
+        if tag is None:
+            if len(_namespaces) >= _MAX_NAMESPACES:
+                raise InvalidArgument(
+                    f"more than {_MAX_NAMESPACES} distinct namespaces in one process"
+                )
+            tag = len(_namespaces).to_bytes(_TAG_BYTES, "big")
+            _namespaces.append(namespace_id)
+            _tags[namespace_id] = tag
+    return tag
+
+
 def store_key(namespace_id: bytes, key: bytes) -> bytes:
-    """The store's identity of a block: its namespace and its key in one bytes object.
+    """The store's in-memory identity of a block: its namespace's tag, then its key.
+
+    Thread-safe; the tag table is per process (never persisted: see :func:`persistent_key`).
 
     Raises:
         InvalidArgument: ``namespace_id`` is longer than 255 bytes.
@@ -57,13 +88,35 @@ def store_key(namespace_id: bytes, key: bytes) -> bytes:
         raise InvalidArgument(
             f"namespace_id is {n} bytes; at most {MAX_NAMESPACE_ID_BYTES} are accepted"
         )
-    return bytes((n,)) + namespace_id + key
+    return _tag(bytes(namespace_id)) + key
 
 
 def split_store_key(skey: bytes) -> tuple[bytes, bytes]:
     """``(namespace_id, key)`` of a store key made by :func:`store_key`."""
-    n = skey[0]
-    return skey[1 : 1 + n], skey[1 + n :]
+    return _namespaces[int.from_bytes(skey[:_TAG_BYTES], "big")], skey[_TAG_BYTES:]
+
+
+def persistent_key(skey: bytes) -> bytes:
+    """The on-disk form of a store key: ``len(ns) | ns | key`` (stable across restarts)."""
+    ns, key = split_store_key(skey)
+    return bytes((len(ns),)) + ns + key
+
+
+def from_persistent(pkey: bytes) -> bytes:
+    """The store key of an on-disk key made by :func:`persistent_key`.
+
+    Raises:
+        ValueError: not a persistent key (empty, or its namespace length runs past its end).
+    """
+    if not pkey or pkey[0] + 1 > len(pkey):
+        raise ValueError("not a persistent store key")
+    n = pkey[0]
+    return store_key(bytes(pkey[1 : 1 + n]), bytes(pkey[1 + n :]))
+
+
+def index_key(skey: bytes) -> bytes:
+    """The RocksDB key of a block's index record."""
+    return BLOCK_PREFIX + persistent_key(skey)
 
 
 def round_up_page(size_bytes: int) -> int:
@@ -83,12 +136,13 @@ def _name_rel(name_key: bytes) -> str:
 
 
 def file_rel(skey: bytes) -> str:
-    """Data file of a block, relative to ``ssd_dir/data``: ``<shard>/<hex store key>.blk``.
+    """Data file of a block, relative to ``ssd_dir/data``: ``<shard>/<hex>.blk``, named after
+    its persistent key.
 
-    ``shard`` is two hex digits of xxh3_64(store key); keys longer than 100 bytes are named
-    ``h`` + their xxh3_128.
+    ``shard`` is two hex digits of xxh3_64(persistent key); keys longer than 100 bytes are
+    named ``h`` + their xxh3_128.
     """
-    return _name_rel(skey)
+    return _name_rel(persistent_key(skey))
 
 
 def legacy_file_rel(key: bytes) -> str:
@@ -98,13 +152,15 @@ def legacy_file_rel(key: bytes) -> str:
 
 def trailer_of(skey: bytes, size_bytes: int, checksum: int, meta: bytes) -> bytes:
     """Trailer + footer appended to a block file after its ``size_bytes`` of data."""
-    body = _TRAILER.pack(size_bytes, checksum, len(skey), len(meta)) + skey + meta
+    pkey = persistent_key(skey)
+    body = _TRAILER.pack(size_bytes, checksum, len(pkey), len(meta)) + pkey + meta
     return body + _FOOTER.pack(len(body), xxhash.xxh3_64_intdigest(body), _MAGIC)
 
 
 def trailer_bytes(skey: bytes, meta: bytes) -> int:
     """Length of :func:`trailer_of` for this block."""
-    return _TRAILER.size + len(skey) + len(meta) + FOOTER_BYTES
+    ns_len = len(split_store_key(skey)[0])
+    return _TRAILER.size + len(skey) - _TAG_BYTES + 1 + ns_len + len(meta) + FOOTER_BYTES
 
 
 def parse_trailer(footer: bytes, read_body: object) -> tuple[bytes, int, int, bytes, int]:
@@ -116,7 +172,7 @@ def parse_trailer(footer: bytes, read_body: object) -> tuple[bytes, int, int, by
             footer.
 
     Returns:
-        ``(store_key, size_bytes, checksum, meta, file_bytes)``; ``file_bytes`` is the
+        ``(store key, size_bytes, checksum, meta, file_bytes)``; ``file_bytes`` is the
         length the file must have.
 
     Raises:
@@ -132,10 +188,8 @@ def parse_trailer(footer: bytes, read_body: object) -> tuple[bytes, int, int, by
     p = _TRAILER.size
     if p + skey_len + meta_len != body_len:
         raise ValueError("block trailer length mismatch")
-    skey = bytes(body[p : p + skey_len])
+    skey = from_persistent(bytes(body[p : p + skey_len]))
     meta = bytes(body[p + skey_len :])
-    if not skey or skey[0] + 1 > len(skey):
-        raise ValueError("bad store key in block trailer")
     return skey, size, csum, meta, size + body_len + FOOTER_BYTES
 
 

@@ -40,6 +40,8 @@ from kvstored.tiers.ssd_format import (
     decode_record,
     encode_record,
     file_rel,
+    from_persistent,
+    index_key,
     legacy_file_rel,
     parse_trailer,
     split_store_key,
@@ -161,7 +163,7 @@ class SsdRecovery:
             fh.write(trailer_of(skey, size, csum, meta))
         os.makedirs(os.path.dirname(self._path(new_rel)), exist_ok=True)
         os.rename(old, self._path(new_rel))
-        self._db.put(BLOCK_PREFIX + skey, encode_record(size, csum, seq, ns, new_rel, meta))
+        self._db.put(index_key(skey), encode_record(size, csum, seq, ns, new_rel, meta))
         return seq, skey, self._entry(size, csum, ns, meta)
 
     def _scan_files(self) -> list[tuple[float, bytes, SsdEntry]]:
@@ -204,7 +206,7 @@ class SsdRecovery:
             for seq, (_, skey, e) in enumerate(found):
                 ns, _ = split_store_key(skey)
                 self._db.put(
-                    BLOCK_PREFIX + skey,
+                    index_key(skey),
                     encode_record(e.size_bytes, e.checksum, seq, ns, file_rel(skey), e.meta),
                 )
         else:
@@ -223,7 +225,7 @@ class SsdRecovery:
                         continue
                     if not ikey.startswith(BLOCK_PREFIX):
                         continue
-                    skey = ikey[1:]
+                    skey = from_persistent(ikey[1:])
                     ver, size, csum, seq, ns, rel, meta = decode_record(rec)
                     e = self._entry(size, csum, ns, meta)
                     ok = (

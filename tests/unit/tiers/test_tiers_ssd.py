@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from kvstored.errors import NoCapacity, StorageIOError
 from kvstored.tiers.base import PinnedBlock, Tier
-from kvstored.tiers.ssd_format import file_rel, store_key
+from kvstored.tiers.ssd_format import file_rel, index_key, store_key
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
@@ -565,9 +565,37 @@ def test_long_keys_and_garbage_index_records_survive_restart(
     s.close()
     db = Rdict(str(tmp_path / "ssd" / "index"), options=Options(raw_mode=True))
     db[b"B" + key(3)] = b"\x01garbage"
-    db[b"N" + store_key(b"", key(2))] = b"\x09" + bytes(40)  # unknown record version
+    db[index_key(store_key(b"", key(2)))] = b"\x09" + bytes(40)  # unknown record version
     db.close()
     s2 = make(dram_blocks=4)
     assert s2.exists([long_key, key(2), key(3)]) == [True, False, False]
     assert s2.get(long_key) == (val(1), b"")
     assert data_files(tmp_path / "ssd") == [_file_rel(long_key)]
+
+
+def test_namespace_tags_are_per_process_but_the_directory_is_not(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    # in memory a namespace is a 3-byte tag assigned in first-use order; on disk it is the
+    # full id. Another process that meets the namespaces in the other order must still find
+    # each block under its own namespace.
+    s = make(dram_blocks=4)
+    s.put(key(0), val(0), namespace_id=b"first-ns")
+    s.put(key(0), val(1), namespace_id=b"second-ns")
+    assert s.spill_to_ssd() == 2
+    s.close()
+    code = (
+        "from kvstored.tiers.ssd_format import store_key\n"
+        "from kvstored.tiers.tiered import TieredStore\n"
+        "store_key(b'unrelated', b'x'); store_key(b'second-ns', b'x')\n"  # other tag order
+        f"s = TieredStore(dram_size_bytes=1<<20, arena_dir=None, ssd_dir={str(tmp_path / 'ssd')!r},"
+        " ssd_size_bytes=1<<20)\n"
+        f"k = {key(0)!r}\n"
+        "print('RESULT', s.get(k, namespace_id=b'second-ns')[0][:4].hex(),"
+        " s.get(k, namespace_id=b'first-ns')[0][:4].hex(), s.get(k))\n"
+        "s.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line.split()[1:] == [val(1)[:4].hex(), val(0)[:4].hex(), "None"]
