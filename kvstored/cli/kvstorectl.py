@@ -417,6 +417,8 @@ def _read_tokens(path: str) -> list[int]:
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",
               help="Namespace (TOML/JSON with Namespace fields).")
 @click.option("--model", help="Namespace model_id (instead of --namespace-file).")
+@click.option("--namespace-id", "namespace_id_hex", metavar="HEX",
+              help="Namespace id of the keys (as `blocks` prints it); blocks are namespace-scoped.")
 @click.option("--revision", default="main", show_default=True)
 @click.option("--kv-dtype", default="bfloat16", show_default=True)
 @click.option("--kv-layout", default="layers,kv,heads,tokens,dim", show_default=True)
@@ -434,6 +436,7 @@ def where(
     tokens: str | None,
     namespace_file: str | None,
     model: str | None,
+    namespace_id_hex: str | None,
     revision: str,
     kv_dtype: str,
     kv_layout: str,
@@ -458,6 +461,11 @@ def where(
         )
     if tokens and hex_keys:
         raise InvalidArgument("give block keys or --tokens, not both")
+    ns_override = None
+    if namespace_id_hex is not None:
+        if namespace is not None:
+            raise InvalidArgument("give --namespace-id or --namespace-file/--model, not several")
+        ns_override = _parse_hex(namespace_id_hex, "--namespace-id")
     if tokens:
         if namespace is None:
             raise InvalidArgument("--tokens needs a namespace: --namespace-file or --model")
@@ -471,14 +479,14 @@ def where(
     else:
         raise InvalidArgument("give block keys (KEY_HEX... or --keys) or --tokens FILE")
     with obj.client(namespace) as c:
-        tiers = c.where(keys)
+        tiers = c.where(keys, namespace_id=ns_override)
     leading = 0
     while leading < len(tiers) and tiers[leading] is not None:
         leading += 1
     data = {
         "num_blocks": len(keys),
         "num_leading_hits": leading,
-        "namespace_id": namespace.id_hex if namespace is not None else "",
+        "namespace_id": namespace.id_hex if namespace is not None else (ns_override or b"").hex(),
         "blocks": [
             {"index": i, "key": k.hex(), "tier": t.name if t is not None else None}
             for i, (k, t) in enumerate(zip(keys, tiers, strict=True))

@@ -1053,15 +1053,22 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
     return tiers
 
 
-def op_exists(st: ClientState, keys: Sequence[object], with_tiers: bool, deadline: float) -> Op[list[Any]]:
+def op_exists(
+    st: ClientState, keys: Sequence[object], with_tiers: bool, deadline: float,
+    namespace_id: bytes | None = None,
+) -> Op[list[Any]]:
+    """Exists (or where, ``with_tiers``) in the client's namespace, or in ``namespace_id``."""
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    ns_id = st.namespace_id if namespace_id is None else namespace_id
+    if not isinstance(ns_id, bytes):
+        raise InvalidArgument(f"namespace_id must be bytes; got {type(ns_id).__name__}")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     out: list[Any] = []
     for start, end in _chunks(len(checked), info.max_batch_keys):
         resp = yield Call(
             "Exists",
-            pb.ExistsRequest(keys=checked[start:end], namespace_id=st.namespace_id, with_tiers=with_tiers),
+            pb.ExistsRequest(keys=checked[start:end], namespace_id=ns_id, with_tiers=with_tiers),
             pb.ExistsResponse,
         )
         if with_tiers:
@@ -1077,7 +1084,10 @@ def op_remove(st: ClientState, keys: Sequence[object], deadline: float) -> Op[li
     checked = check_keys(keys, info)
     out: list[bool] = []
     for start, end in _chunks(len(checked), info.max_batch_keys):
-        resp = yield Call("Remove", pb.RemoveRequest(keys=checked[start:end]), pb.RemoveResponse)
+        resp = yield Call(
+            "Remove", pb.RemoveRequest(keys=checked[start:end], namespace_id=st.namespace_id),
+            pb.RemoveResponse,
+        )
         out.extend(bool(r) for r in resp.removed)
     return out
 

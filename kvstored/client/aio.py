@@ -195,10 +195,13 @@ class AsyncClient:
         return await self._run(lambda d: _ops.op_exists(self._st, keys, False, d), timeout_s)
 
     async def where(
-        self, keys: Sequence[bytes], *, timeout_s: float | None = None
+        self, keys: Sequence[bytes], *, namespace_id: bytes | None = None,
+        timeout_s: float | None = None,
     ) -> list[Tier | None]:
         """Per key: tier or None (see :meth:`Client.where`)."""
-        return await self._run(lambda d: _ops.op_exists(self._st, keys, True, d), timeout_s)
+        return await self._run(
+            lambda d: _ops.op_exists(self._st, keys, True, d, namespace_id), timeout_s
+        )
 
     async def remove(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bool]:
         """Delete blocks (see :meth:`Client.remove`)."""

@@ -110,8 +110,9 @@ class Client:
         address: ``unix:PATH`` or ``HOST:PORT``; default ``$KVSTORED_ADDRESS`` or the local
             daemon's unix socket.
         timeout_s: default deadline of each call, seconds.
-        namespace: when set, its id is stored with every put and checked on every get
-            (a block of another namespace raises :class:`NamespaceMismatch`).
+        namespace: scopes every operation: a block's identity is (namespace id, key), so put,
+            get, exists, lookup_prefix, where and remove see only this namespace's blocks
+            (None = the empty namespace id, a namespace of its own).
         transport: ``"auto"`` (shared memory over a unix socket when the arena can be mapped,
             else the TCP data plane), ``"shm"``, ``"tcp"`` or ``"grpc"`` (everything inline).
 
@@ -243,8 +244,8 @@ class Client:
         """Read blocks: per key its bytes, or None on a miss.
 
         Raises:
-            KeyInvalid: a malformed key (index named). NamespaceMismatch: a block belongs to
-            another namespace (key named). Unavailable, DeadlineExceeded.
+            KeyInvalid: a malformed key (index named). Unavailable, DeadlineExceeded.
+            (A block of another namespace is a miss, never an error.)
         """
         return self._run(lambda d: _ops.op_get(self._st, keys, d), timeout_s)
 
@@ -296,9 +297,19 @@ class Client:
         """Per key: stored on the node (any tier)."""
         return self._run(lambda d: _ops.op_exists(self._st, keys, False, d), timeout_s)
 
-    def where(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[Tier | None]:
-        """Per key: the tier holding it (DRAM preferred), or None. Admin probe; never pins."""
-        return self._run(lambda d: _ops.op_exists(self._st, keys, True, d), timeout_s)
+    def where(
+        self, keys: Sequence[bytes], *, namespace_id: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Tier | None]:
+        """Per key: the tier holding it (DRAM preferred), or None. Admin probe; never pins.
+
+        Args:
+            namespace_id: look in this namespace id instead of the client's (admin tools
+                that know only the id, e.g. ``kvstorectl where --namespace-id``).
+        """
+        return self._run(
+            lambda d: _ops.op_exists(self._st, keys, True, d, namespace_id), timeout_s
+        )
 
     def remove(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bool]:
         """Delete blocks; per key True if removed (False: absent, or pinned and kept)."""

@@ -298,20 +298,25 @@ class NodeCore:
     ) -> list[Reservation | PutOutcome]:
         """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
 
+        A key repeated within the batch is an ok no-op after its first (valid) occurrence:
+        first writer wins, as across batches.
+
         The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
         returned Reservation. Used by the inline put and the data plane.
         """
         out: list[Reservation | PutOutcome] = []
+        seen: set[bytes] = set()
         try:
             for i, (key, size, meta) in enumerate(items):
-                out.append(self.reserve_one(i, key, size, meta, namespace_id))
+                out.append(self.reserve_one(i, key, size, meta, namespace_id, seen=seen))
         except BaseException:
             self.abort_reserved(out)
             raise
         return out
 
     def reserve_one(
-        self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes
+        self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
+        *, seen: set[bytes] | None = None,
     ) -> Reservation | PutOutcome:
         """Validate and reserve item ``index`` of a batch (no lease).
 
@@ -319,11 +324,17 @@ class NodeCore:
 
         Returns:
             A Reservation the caller must commit or abort, or the item's outcome (already
-            stored, or its own error, counted in metrics).
+            stored, or its own error, counted in metrics). ``seen`` (the batch's keys so far)
+            makes a later duplicate of a key in the same batch an ok no-op: first writer wins
+            within a batch too.
         """
         err = self.put_item_error(index, key, size_bytes, meta)
         if err is not None:
             return PutOutcome(False, self._count_item_error(err))
+        if seen is not None:
+            if key in seen:
+                return PutOutcome(False)
+            seen.add(key)
         try:
             res = self.store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta)
         except KvstoredError as exc:
@@ -455,7 +466,7 @@ class NodeCore:
 
     # ---- gets ----------------------------------------------------------------------------
     def pin_items(
-        self, keys: Sequence[bytes], namespace_id: bytes
+        self, keys: Sequence[bytes], namespace_id: bytes, *, may_block: bool = True
     ) -> list[PinnedBlock | None | KvstoredError]:
         """Validate keys and pin the good ones (no lease); bad keys get their own error.
 
@@ -463,7 +474,10 @@ class NodeCore:
         """
         errors = [self.key_error(i, k) for i, k in enumerate(keys)]
         good = [k for k, e in zip(keys, errors, strict=True) if e is None]
-        pinned = iter(self.store.pin_many(good, namespace_id=namespace_id) if good else ())
+        pinned = iter(
+            self.store.pin_many(good, namespace_id=namespace_id, may_block=may_block)
+            if good else ()
+        )
         out: list[PinnedBlock | None | KvstoredError] = []
         for err in errors:
             got = next(pinned) if err is None else self._count_item_error(err)
@@ -511,15 +525,16 @@ class NodeCore:
                 # Each pin_many touched its own chunk tail-first, so a later chunk ended up
                 # more recent than an earlier one; touch once more in whole-request order so
                 # keys[0] is the most recent and eviction takes the request's tail first.
-                self.touch_hits(hits)
+                self.touch_hits(hits, namespace_id)
 
-    def touch_hits(self, hits: Sequence[PinnedBlock]) -> None:
+    def touch_hits(self, hits: Sequence[PinnedBlock], namespace_id: bytes = b"") -> None:
         """Make ``hits`` (one request's hits, in request order) the most recent, head last.
 
         Never pins, promotes or counts; blocks evicted meanwhile are skipped.
         """
         self.store.touch_many(
-            [b.key for b in hits], ssd_keys={b.key for b in hits if b.tier == Tier.SSD}
+            [b.key for b in hits], namespace_id=namespace_id,
+            ssd_keys={b.key for b in hits if b.tier == Tier.SSD},
         )
 
     def unpin_all(self, blocks: Sequence[object]) -> None:
@@ -532,13 +547,16 @@ class NodeCore:
                     log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
 
     def pin_blocks(
-        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0
+        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0,
+        may_block: bool = True,
     ) -> tuple[int, list[PinnedBlock | None | KvstoredError]]:
         """Pin blocks for the shared-memory get path, under a lease.
 
         Returns:
             ``(pin_id, per key: PinnedBlock | None (miss) | error)``; ``pin_id`` is 0 when
-            nothing was pinned. Release with :meth:`release_pins`.
+            nothing was pinned. Release with :meth:`release_pins`. With ``may_block=False``
+            (the event loop's fast path) a block that needs disk I/O makes every item
+            ``NEEDS_IO`` and nothing is pinned (see ``TieredStore.pin_many``).
 
         Raises:
             Draining (the node is shutting down), Unavailable (epoch mismatch),
@@ -548,7 +566,7 @@ class NodeCore:
         self.check_epoch(epoch)
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)
-        got = self.pin_items(keys, namespace_id)
+        got = self.pin_items(keys, namespace_id, may_block=may_block)
         pinned = [b for b in got if isinstance(b, PinnedBlock)]
         if not pinned:
             return 0, got
@@ -640,7 +658,7 @@ class NodeCore:
         """Per key: present; with ``with_tiers`` also the tier (DRAM preferred), else []."""
         self.check_keys(keys)
         self.check_namespace_id(namespace_id)
-        present = self.store.exists(keys)
+        present = self.store.exists(keys, namespace_id=namespace_id)
         if not with_tiers:
             return present, []
         tiers: list[Tier | None] = []
@@ -649,10 +667,11 @@ class NodeCore:
             tiers.append(found[0] if found else None)
         return present, tiers
 
-    def remove(self, keys: Sequence[bytes]) -> list[bool]:
-        """Per key: removed (False = absent, or pinned and kept)."""
+    def remove(self, keys: Sequence[bytes], namespace_id: bytes = b"") -> list[bool]:
+        """Per key: removed (False = absent in this namespace, or pinned and kept)."""
         self.check_keys(keys)
-        return self.store.remove(keys)
+        self.check_namespace_id(namespace_id)
+        return self.store.remove(keys, namespace_id=namespace_id)
 
     def stats(self) -> StoreStats:
         """The store's counters and usage."""

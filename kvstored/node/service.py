@@ -1,11 +1,13 @@
 """NodeService: the thin grpc.aio adapter over :class:`~kvstored.node.core.NodeCore`.
 
-Each method decodes its request, calls the core and encodes the response. Calls that may do
-SSD I/O (pin: promotion, reserve: demotion, remove: file deletion) or copy payloads (inline
-put/get, list) run in a named, bounded executor; the metadata-only calls of the hot path
-(lookup, exists, commit, release, stats) run on the loop, saving two thread hand-offs per call
-(they hold the store lock for microseconds, but wait for it while another thread holds it for
-SSD I/O). Without an SSD tier, pin/reserve/remove are metadata-only too and run on the loop.
+Each method decodes its request, calls the core and encodes the response. The store never
+holds its lock during disk I/O (tiers/tiered.py), so the metadata calls of the hot path
+(LookupPrefix, Exists, CommitPut, ReleasePins, Stats) run on the loop and never wait for a
+disk. PinBlocks pins on the loop when every block is a DRAM hit or a miss; when one needs a
+promotion from SSD it runs in the named, bounded store executor (``kvstored-store-*``),
+where only that request waits for its read. Calls that may do disk I/O (ReservePut: demotion;
+Remove: file deletion) or copy payloads (inline Put/Get, ListBlocks) run in the executor.
+Without an SSD tier ReservePut and Remove are metadata-only and run on the loop.
 
 Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
@@ -37,7 +39,7 @@ from kvstored.errors import (
     KvstoredError,
 )
 from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 
@@ -155,10 +157,17 @@ class NodeServicer:
         return pb.CommitPutResponse(results=_put_results(out))
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
-        pin_id, got = await self._maybe_io(
-            self.core.pin_blocks, list(req.keys), req.namespace_id,
-            lease_ms=req.lease_ms, epoch=req.epoch,
+        keys = list(req.keys)
+        # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
+        # promotion from SSD goes to the store executor, where only it waits for its read
+        pin_id, got = self.core.pin_blocks(
+            keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch, may_block=False
         )
+        if any(b is NEEDS_IO for b in got):
+            pin_id, got = await self._run(
+                self.core.pin_blocks, keys, req.namespace_id,
+                lease_ms=req.lease_ms, epoch=req.epoch,
+            )
         blocks = []
         for b in got:
             if isinstance(b, PinnedBlock):
@@ -189,7 +198,7 @@ class NodeServicer:
         return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
 
     async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
-        removed = await self._maybe_io(self.core.remove, list(req.keys))
+        removed = await self._maybe_io(self.core.remove, list(req.keys), req.namespace_id)
         return pb.RemoveResponse(removed=removed)
 
     async def Stats(self, req: pb.StatsRequest, ctx: Any) -> pb.StatsResponse:

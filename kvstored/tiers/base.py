@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 
+NEEDS_IO: object = type("NeedsIo", (), {"__repr__": lambda self: "NEEDS_IO"})()
+"""Result of ``TieredStore.pin_many(..., may_block=False)`` for every key when one of them
+would need disk I/O (an SSD-only or promoting block): nothing was pinned or counted; call
+again with ``may_block=True`` from a thread that may block."""
+
+
 class Tier(IntEnum):
     """Where a replica lives on a node (mirrors ``kvstored.v1.Tier``)."""
 

@@ -26,14 +26,35 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from typing import Protocol
 
 import structlog
+from sortedcontainers import SortedList
 
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
 
 log = structlog.get_logger(__name__)
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class _HasOffset(Protocol):
+    offset: int
+
+
+class _At:
+    """A probe for bisecting the address-ordered entries."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def __lt__(self, other: _HasOffset) -> bool:
+        return self.offset < other.offset
+
+    def __gt__(self, other: _HasOffset) -> bool:
+        return self.offset > other.offset
 
 
 class DramEntry:
@@ -44,16 +65,28 @@ class DramEntry:
         size_bytes: exact block size.
         pins: number of outstanding read pins; > 0 means never evicted nor freed.
         info: ``(namespace_id, meta)``, an interned pair shared by the blocks that have the
-            same namespace and meta (4 slots keep the record at 64 bytes).
+            same namespace and meta.
+        skey: the block's store key (the same object as its key in ``DramTier.entries``);
+            set by :meth:`DramTier.add`.
+
+    Entries order by offset (``<``), so the tier keeps them in one address-ordered
+    ``SortedList`` (8 bytes per block, instead of a dict offset -> key).
     """
 
-    __slots__ = ("offset", "size_bytes", "pins", "info")
+    __slots__ = ("offset", "size_bytes", "pins", "info", "skey")
 
     def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes]) -> None:
         self.offset = offset
         self.size_bytes = size_bytes
         self.pins = 0
         self.info = info
+        self.skey = b""
+
+    def __lt__(self, other: _HasOffset) -> bool:
+        return self.offset < other.offset
+
+    def __gt__(self, other: _HasOffset) -> bool:
+        return self.offset > other.offset
 
     @property
     def namespace_id(self) -> bytes:
@@ -219,14 +252,17 @@ class DramArena:
 class DramTier:
     """Allocator plus LRU index of committed blocks in one arena.
 
-    Reservations (blocks being written) own allocator space but are not in ``entries``, so
-    they are never evicted. Callers hold the store lock.
+    Reservations (blocks being written) and promotions in flight own allocator space but are
+    not in ``entries``, so they are never evicted. ``by_offset`` holds the committed blocks'
+    entries in address order (what eviction uses to free contiguous space). Callers hold the
+    store lock.
     """
 
     def __init__(self, arena: DramArena) -> None:
         self.arena = arena
         self.allocator = BlockAllocator(arena.size_bytes)
         self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
+        self.by_offset: SortedList = SortedList()
         self.hits = 0
         self.evictions = 0
         self.pinned_blocks = 0
@@ -240,21 +276,44 @@ class DramTier:
         """Arena bytes a block of ``size_bytes`` occupies."""
         return self.allocator.round_up(size_bytes)
 
-    def first_unpinned(self) -> bytes | None:
-        """The least recent unpinned block's key, or None if every block is pinned."""
-        for k, e in self.entries.items():
-            if e.pins == 0:
-                return k
+    def add(self, skey: bytes, entry: DramEntry) -> None:
+        """Index a committed block as the most recent (its space is already allocated)."""
+        entry.skey = skey
+        self.entries[skey] = entry
+        self.by_offset.add(entry)
+
+    def forget(self, skey: bytes) -> DramEntry:
+        """Drop a block from the index but keep its space allocated (a demotion still reads
+        it; the demoter frees it). Raises KeyError if not present."""
+        entry = self.entries.pop(skey)
+        self.by_offset.remove(entry)
+        return entry
+
+    def entry_at(self, offset: int) -> DramEntry | None:
+        """The committed block starting at ``offset``, if any."""
+        bo = self.by_offset
+        i = bo.bisect_left(_At(offset))
+        if i < len(bo) and bo[i].offset == offset:
+            return bo[i]  # type: ignore[no-any-return]
         return None
 
-    def remove(self, key: bytes) -> DramEntry:
+    def entry_ending_at(self, offset: int) -> DramEntry | None:
+        """The committed block whose (rounded) extent ends exactly at ``offset``, if any."""
+        bo = self.by_offset
+        i = bo.bisect_left(_At(offset))
+        if i == 0:
+            return None
+        e: DramEntry = bo[i - 1]
+        return e if e.offset + self.round_up(e.size_bytes) == offset else None
+
+    def remove(self, skey: bytes) -> DramEntry:
         """Drop an unpinned block from the index and free its space.
 
         Raises:
             KeyError: not present.
             AssertionError: the block is pinned (a bug in the caller).
         """
-        entry = self.entries.pop(key)
+        entry = self.forget(skey)
         assert entry.pins == 0, "freeing a pinned block"
         self.allocator.free(entry.offset, entry.size_bytes)
         return entry

@@ -3,64 +3,76 @@
 Layout of ``ssd_dir``::
 
     ssd_dir/
-      index/                 rocksdict (RocksDB), raw bytes:  b"B" + key -> record
-      data/<shard>/<name>.blk      block bytes, exactly size_bytes long
+      kvstored.lock          flock'd by the one process that owns the directory (holds its pid)
+      index/                 rocksdict (RocksDB), raw bytes:  b"N" + store key -> record
+      index.corrupt/         the last index that could not be opened (kept for inspection)
+      data/<shard>/<name>.blk      block bytes + trailer (formats: ssd_format.py)
       data/<shard>/<name>.blk.tmp  a write in progress (deleted on start)
 
-``shard`` is two hex digits of xxh3_64(key); ``name`` is the key in hex (or ``h`` + its
-xxh3_128 for keys longer than 100 bytes). A record holds the block's size, xxh3_64 checksum,
-namespace id, meta, a write/touch sequence number (the LRU order after a restart) and the file
-name. A block is written to the temp name, renamed into place, then indexed, so a crash leaves
-at worst an orphan file (deleted on the next start) and never an index entry for a partial file
-of the right size whose bytes are wrong without the checksum noticing.
+A block is written to the temp name, renamed into place, then indexed, so a crash leaves at
+worst an orphan file and never an index entry for a partial file. Each file ends with a
+trailer naming its store key, size, checksum and meta, so a corrupt index (a garbage CURRENT
+file, say) is rebuilt from the block files with a warning instead of refusing to start.
 
 Invariants:
 
-- ``used_bytes`` = sum over indexed blocks of size rounded up to 4096 <= ``capacity_bytes``
-  (enforced on every write and on start, where an over-full directory is trimmed LRU-first);
-- every read is checksum-verified; a mismatch, short file or read error deletes the block and
-  it is reported as a miss, never served;
-- a failed write (ENOSPC, EIO) leaves no index entry and no file, and harms no other block.
+- ``used_bytes`` = sum over indexed blocks *and writes in flight* of their file size rounded
+  up to 4096 <= ``capacity_bytes`` (enforced when a write begins and on start, where an
+  over-full directory is trimmed LRU-first);
+- every read is checksum-verified against the entry the reader looked up; a mismatch, short
+  or long file or read error drops that entry (only if it is still the indexed one) and is
+  reported as a miss, never served;
+- a failed write (ENOSPC, EIO) leaves no index entry and no file, and harms no other block;
+- one process owns the directory: a second gets :class:`StorageIOError` naming it.
+
+Concurrency: metadata (``entries``, ``used_bytes``, counters) is guarded by ``lock`` (the
+owning :class:`~kvstored.tiers.tiered.TieredStore` passes its store lock). Disk I/O never runs
+under it: each operation is split into phases, ``begin_*`` / ``end_*`` with the lock held and
+``*_file`` / :meth:`delete_files` / :meth:`persist` without it::
+
+    begin_write (lock) -> write_file (no lock: write, xxh3, rename, index put) -> end_write (lock)
+    lookup (lock)      -> read_file  (no lock: O_DIRECT read, xxh3)            -> end_read  (lock)
+    drop / evict (lock: forget the entry) -> delete_files (no lock: index delete, unlink)
+
+The convenience methods :meth:`write`, :meth:`read_into` and :meth:`delete` run the phases in
+order, taking the lock themselves; they must not be called with the lock held.
 
 Reads use O_DIRECT (``direct_io=True``) with ``os.preadv`` into the 4096-aligned destination,
 falling back to buffered reads when the filesystem refuses O_DIRECT (tmpfs). Data files are not
 fsync'd: after a power loss the checksum turns a torn file into a miss.
-
-Not thread-safe on its own: :class:`kvstored.tiers.tiered.TieredStore` calls it under its lock.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import struct
+import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import structlog
-import xxhash
-from rocksdict import Options, Rdict
 
-from kvstored.errors import StorageIOError
+from kvstored.tiers.ssd_format import (
+    DATA_SUFFIX,
+    TMP_SUFFIX,
+    checksum_of,
+    encode_record,
+    file_rel,
+    index_key,
+    round_up_page,
+    split_store_key,
+    store_key,
+    trailer_bytes,
+    trailer_of,
+)
+from kvstored.tiers.ssd_recovery import SsdRecovery
+
+__all__ = ["SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page", "store_key"]
 
 log = structlog.get_logger(__name__)
 
-PAGE_BYTES = 4096
-_REC_VERSION = 1
-_REC_HEADER = struct.Struct("<BQQQHHI")  # version, size, checksum, seq, ns_len, name_len, meta_len
-_BLOCK_PREFIX = b"B"
-_DATA_SUFFIX = ".blk"
-_TMP_SUFFIX = ".blk.tmp"
-
-
-def round_up_page(size_bytes: int) -> int:
-    """``size_bytes`` rounded up to a multiple of 4096 (at least 4096)."""
-    return max(PAGE_BYTES, (size_bytes + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES)
-
-
-def checksum_of(data: memoryview | bytes) -> int:
-    """The block checksum stored in the index: xxh3_64 of the bytes."""
-    return xxhash.xxh3_64_intdigest(data)
+IoHook = Callable[[str, bytes], None]
 
 
 class SsdEntry:
@@ -84,34 +96,51 @@ class SsdEntry:
         return self.info[1]
 
 
+@dataclass(slots=True)
+class SsdWrite:
+    """A write between :meth:`SsdTier.begin_write` and :meth:`SsdTier.end_write`."""
+
+    skey: bytes
+    size_bytes: int
+    namespace_id: bytes
+    meta: bytes
+    charge_bytes: int
+    doomed: list[bytes] = field(default_factory=list)  # store keys whose files go first
+    entry: SsdEntry | None = None
+    seq: int = 0
+
+
 def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
     return (namespace_id, meta)
 
 
-def _file_rel(key: bytes) -> str:
-    shard = f"{xxhash.xxh3_64_intdigest(key) & 0xFF:02x}"
-    name = key.hex() if len(key) <= 100 else "h" + xxhash.xxh3_128_hexdigest(key)
-    return f"{shard}/{name}{_DATA_SUFFIX}"
-
-
-class SsdTier:
+class SsdTier(SsdRecovery):
     """Capped directory of block files with a persistent rocksdict index and an LRU.
 
-    Opening rebuilds the in-memory index from the persistent one: entries whose file is
-    missing or has the wrong size are dropped, orphan and temp files are deleted, and the cap
-    is enforced (LRU blocks are deleted until the directory fits).
+    Opening takes the directory's lock file, then rebuilds the in-memory index from the
+    persistent one: entries whose file is missing or has the wrong size are dropped, orphan
+    and temp files are deleted, version-1 records are migrated, and the cap is enforced (LRU
+    blocks are deleted until the directory fits). An index RocksDB cannot open is moved to
+    ``index.corrupt`` and rebuilt from the block files' trailers (warning
+    ``ssd_index_rebuilt_from_files``).
 
     Args:
         directory: the tier's directory (created if missing).
-        capacity_bytes: hard cap on the sum of block sizes rounded up to 4096, > 0.
+        capacity_bytes: hard cap on the sum of file sizes rounded up to 4096, > 0.
         direct_io: read with O_DIRECT when the filesystem allows it.
         intern_info: maps ``(namespace_id, meta)`` to a shared tuple (saves memory per block).
         intern_size: maps a block size to a shared int object (same reason).
+        lock: guards the metadata; the owning store passes its own lock (default: a new
+            Lock; not reentrant).
 
     Raises:
-        StorageIOError: the directory or its index cannot be opened (e.g. another daemon holds
-            the index lock).
+        StorageIOError: the directory is in use by another kvstored process, or it (or its
+            index) cannot be created.
     """
+
+    io_hook: IoHook | None
+    """Called as ``io_hook(op, store_key)`` (op: "write", "read", "delete") before each disk
+    I/O, never under the lock. For tests that hold an I/O at a chosen point."""
 
     def __init__(
         self,
@@ -121,6 +150,7 @@ class SsdTier:
         direct_io: bool = True,
         intern_info: Callable[[bytes, bytes], tuple[bytes, bytes]] = _no_intern,
         intern_size: Callable[[int], int] = int,
+        lock: threading.Lock | None = None,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"SSD capacity_bytes must be > 0, got {capacity_bytes}")
@@ -132,98 +162,42 @@ class SsdTier:
         self.evictions = 0
         self.checksum_failures = 0
         self.put_failures = 0
+        self.io_hook = None
+        self.lock = lock if lock is not None else threading.Lock()
+        self._writing: set[bytes] = set()
+        self._deleting: set[bytes] = set()
         self._direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._intern_info = intern_info
         self._intern_size = intern_size
         self._seq = 0
         self._data_dir = os.path.join(self.directory, "data")
+        self._index_dir = os.path.join(self.directory, "index")
         self._made_shards: set[str] = set()
         self._closed = False
+        self._lock_fd = self._take_dir_lock()
         try:
-            os.makedirs(self._data_dir, exist_ok=True)
-            self._db = Rdict(os.path.join(self.directory, "index"), options=Options(raw_mode=True))
-        except Exception as exc:  # rocksdict raises plain Exception for a held lock / corruption
-            raise StorageIOError(f"cannot open SSD tier at {self.directory}: {exc}") from exc
-        self._rebuild()
-
-    # ---- records -----------------------------------------------------------------------
-    def _encode(self, key: bytes, e: SsdEntry, seq: int) -> bytes:
-        name = _file_rel(key).encode()
-        return (
-            _REC_HEADER.pack(
-                _REC_VERSION, e.size_bytes, e.checksum, seq, len(e.namespace_id), len(name),
-                len(e.meta),
-            )
-            + e.namespace_id
-            + name
-            + e.meta
-        )
-
-    def _decode(self, rec: bytes) -> tuple[SsdEntry, int, str]:
-        ver, size, csum, seq, ns_len, name_len, meta_len = _REC_HEADER.unpack_from(rec)
-        if ver != _REC_VERSION:
-            raise ValueError(f"unknown record version {ver}")
-        p = _REC_HEADER.size
-        ns = rec[p : p + ns_len]
-        p += ns_len
-        name = rec[p : p + name_len].decode()
-        p += name_len
-        meta = rec[p : p + meta_len]
-        if p + meta_len != len(rec):
-            raise ValueError("record length mismatch")
-        return SsdEntry(self._intern_size(size), csum, self._intern_info(ns, meta)), seq, name
+            self._db, from_files = self._open_index()
+            self._rebuild(from_files)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
 
     def _path(self, rel: str) -> str:
         return os.path.join(self._data_dir, rel)
 
-    # ---- start -------------------------------------------------------------------------
-    def _rebuild(self) -> None:
-        found: list[tuple[int, bytes, SsdEntry]] = []
-        known: set[str] = set()
-        broken: list[bytes] = []
-        for ikey, rec in self._db.items():
-            if not ikey.startswith(_BLOCK_PREFIX):
-                continue
-            key = bytes(ikey[1:])
-            try:
-                entry, seq, rel = self._decode(bytes(rec))
-                ok = rel == _file_rel(key) and os.stat(self._path(rel)).st_size == entry.size_bytes
-            except (ValueError, struct.error, UnicodeDecodeError, OSError):
-                ok = False
-            if not ok:
-                broken.append(ikey)  # its file, if any, is deleted below as an orphan
-                continue
-            found.append((seq, key, entry))
-            known.add(rel)
-        for ikey in broken:
-            self._db.delete(ikey)
-        dropped = len(broken)
-        found.sort(key=lambda t: t[0])
-        for seq, key, entry in found:
-            self.entries[key] = entry
-            self.used_bytes += round_up_page(entry.size_bytes)
-            self._seq = max(self._seq, seq + 1)
-        orphans = 0
-        for shard in os.listdir(self._data_dir):
-            sdir = os.path.join(self._data_dir, shard)
-            if not os.path.isdir(sdir):
-                self._unlink(sdir)
-                orphans += 1
-                continue
-            self._made_shards.add(shard)
-            for fname in os.listdir(sdir):
-                if f"{shard}/{fname}" not in known:
-                    self._unlink(os.path.join(sdir, fname))
-                    orphans += 1
-        trimmed = 0
-        while self.used_bytes > self.capacity_bytes and self.entries:
-            self._evict_lru()
-            trimmed += 1
-        log.info(
-            "ssd_tier_opened", directory=self.directory, num_blocks=len(self.entries),
-            used_bytes=self.used_bytes, capacity_bytes=self.capacity_bytes,
-            dropped_entries=dropped, orphan_files_deleted=orphans, trimmed_blocks=trimmed,
-        )
+    def path_of(self, skey: bytes) -> str:
+        """Absolute path of a block's data file (for tests and ``kvstored offline``)."""
+        return self._path(file_rel(skey))
+
+    def _entry(self, size: int, csum: int, ns: bytes, meta: bytes) -> SsdEntry:
+        return SsdEntry(self._intern_size(size), csum, self._intern_info(ns, meta))
+
+    def _charge(self, skey: bytes, e: SsdEntry) -> int:
+        return round_up_page(e.size_bytes + trailer_bytes(skey, e.meta))
+
+    def _file_ok(self, skey: bytes, e: SsdEntry, rel: str) -> bool:
+        st = os.stat(self._path(rel))
+        return st.st_size == e.size_bytes + trailer_bytes(skey, e.meta)
 
     @staticmethod
     def _unlink(path: str) -> None:
@@ -234,43 +208,103 @@ class SsdTier:
         except OSError as exc:
             log.warning("ssd_unlink_failed", path=path, error=str(exc))
 
-    # ---- write -------------------------------------------------------------------------
-    def _evict_lru(self) -> None:
-        key = next(iter(self.entries))
-        self.delete(key)
+    def _hook(self, op: str, skey: bytes) -> None:
+        hook = self.io_hook
+        if hook is not None:
+            hook(op, skey)
+
+    # ---- metadata phases (lock held) -------------------------------------------------------
+    def _evict_lru(self) -> list[bytes]:
+        skey = next(iter(self.entries))
         self.evictions += 1
+        return self.drop(skey)
 
-    def write(self, key: bytes, data: memoryview, *, namespace_id: bytes, meta: bytes) -> bool:
-        """Store a block (a demotion or spill), evicting LRU SSD blocks to stay under the cap.
-
-        A block already on the tier is left as it is (the tier is content-addressed).
+    def drop(self, skey: bytes, entry: SsdEntry | None = None) -> list[bytes]:
+        """Forget a block (lock held); returns what :meth:`delete_files` must then delete.
 
         Args:
-            key: block key.
-            data: the block's bytes (``size_bytes = data.nbytes``).
-            namespace_id: namespace stored with the block.
-            meta: metadata stored with the block.
+            entry: drop only if this is still the indexed entry (a reader's stale view).
+        """
+        e = self.entries.get(skey)
+        if e is None or (entry is not None and e is not entry):
+            return []
+        del self.entries[skey]
+        self.used_bytes -= self._charge(skey, e)
+        return [skey]
+
+    def begin_write(
+        self, skey: bytes, size_bytes: int, *, namespace_id: bytes, meta: bytes
+    ) -> SsdWrite | None:
+        """Start storing a block (lock held): charge its space, evicting LRU SSD blocks.
 
         Returns:
-            True if the block is on the tier now; False if it could not be written: larger
-            than the whole tier, or an I/O error (ENOSPC, EIO: counted in ``put_failures``
-            and logged as a warning). Nothing already stored is harmed by a failure.
+            The write to pass to :meth:`write_file` and :meth:`end_write`, or None when there
+            is nothing to write: the block is on the tier or being written already, or it is
+            larger than the whole tier.
         """
-        if key in self.entries:
-            return True
-        size = data.nbytes
-        need = round_up_page(size)
-        if need > self.capacity_bytes:
-            log.debug("ssd_block_skipped", size_bytes=size, capacity_bytes=self.capacity_bytes)
-            return False
-        while self.used_bytes + need > self.capacity_bytes and self.entries:
-            self._evict_lru()
-        rel = _file_rel(key)
-        path = self._path(rel)
-        tmp = path[: -len(_DATA_SUFFIX)] + _TMP_SUFFIX
-        entry = SsdEntry(
-            self._intern_size(size), checksum_of(data), self._intern_info(namespace_id, meta)
+        if skey in self.entries or skey in self._writing or skey in self._deleting:
+            return None  # (a block whose old file is being deleted is not re-written now)
+        charge = round_up_page(size_bytes + trailer_bytes(skey, meta))
+        if charge > self.capacity_bytes:
+            log.debug("ssd_block_skipped", size_bytes=size_bytes, capacity_bytes=self.capacity_bytes)
+            return None
+        w = SsdWrite(skey, size_bytes, namespace_id, meta, charge)
+        while self.used_bytes + charge > self.capacity_bytes and self.entries:
+            w.doomed += self._evict_lru()
+        if self.used_bytes + charge > self.capacity_bytes:  # the rest is writes in flight
+            log.debug("ssd_block_skipped", size_bytes=size_bytes, reason="writes_in_flight")
+            return None
+        self.used_bytes += charge
+        self._writing.add(skey)
+        w.seq = self._seq
+        self._seq += 1
+        return w
+
+    def end_write(self, w: SsdWrite, *, keep: bool = True) -> list[bytes]:
+        """Finish a write (lock held): index it, or give its space back.
+
+        Args:
+            keep: False when the block was removed while being written; a file already
+                written is then returned for :meth:`delete_files`.
+        """
+        self._writing.discard(w.skey)
+        if w.entry is not None and keep:
+            self.entries[w.skey] = w.entry
+            return []
+        self.used_bytes -= w.charge_bytes
+        if w.entry is None:
+            self.put_failures += 1
+            return []
+        return [w.skey]
+
+    def touch(self, skey: bytes) -> tuple[bytes, bytes] | None:
+        """Make a block the most recent (lock held); returns the record for :meth:`persist`."""
+        e = self.entries.get(skey)
+        if e is None:
+            return None
+        self.entries.move_to_end(skey)
+        seq = self._seq
+        self._seq += 1
+        return index_key(skey), encode_record(
+            e.size_bytes, e.checksum, seq, e.namespace_id, file_rel(skey), e.meta
         )
+
+    # ---- I/O phases (no lock) --------------------------------------------------------------
+    def write_file(self, w: SsdWrite, data: memoryview) -> bool:
+        """Write, checksum, rename and index one block (no lock held).
+
+        Returns:
+            True on success (``w.entry`` is set); False on an I/O error (ENOSPC, EIO), logged
+            as a warning: no file and no index entry is left behind.
+        """
+        self.delete_files(w.doomed)
+        w.doomed = []
+        self._hook("write", w.skey)
+        size = w.size_bytes
+        rel = file_rel(w.skey)
+        path = self._path(rel)
+        tmp = path[: -len(DATA_SUFFIX)] + TMP_SUFFIX
+        csum = checksum_of(data)
         stage = "open"
         try:
             shard = rel[:2]
@@ -280,34 +314,34 @@ class SsdTier:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
                 stage = "write"
-                done = 0
-                while done < size:
-                    n = os.write(fd, data[done:])
-                    if n <= 0:
-                        raise OSError(errno.EIO, "short write")
-                    done += n
+                for buf in (data, memoryview(trailer_of(w.skey, size, csum, w.meta))):
+                    done = 0
+                    while done < buf.nbytes:
+                        n = os.write(fd, buf[done:])
+                        if n <= 0:
+                            raise OSError(errno.EIO, "short write")
+                        done += n
             finally:
                 os.close(fd)
             stage = "rename"
             os.rename(tmp, path)
             stage = "index"
-            self._db.put(_BLOCK_PREFIX + key, self._encode(key, entry, self._seq))
+            self._db.put(
+                index_key(w.skey),
+                encode_record(size, csum, w.seq, w.namespace_id, rel, w.meta),
+            )
         except Exception as exc:  # OSError, or rocksdict's Exception on an index write
             self._unlink(tmp)
             if stage == "index":
                 self._unlink(path)
-            self.put_failures += 1
             log.warning(
                 "ssd_write_failed", stage=stage, size_bytes=size,
                 error=getattr(exc, "strerror", None) or str(exc),
             )
             return False
-        self._seq += 1
-        self.entries[key] = entry
-        self.used_bytes += need
+        w.entry = self._entry(size, csum, w.namespace_id, w.meta)
         return True
 
-    # ---- read --------------------------------------------------------------------------
     def _open_for_read(self, path: str) -> tuple[int, bool]:
         if self._direct_io:
             try:
@@ -330,90 +364,142 @@ class SsdTier:
             total += n
         return total
 
-    def read_into(self, key: bytes, dest: memoryview) -> bool:
-        """Read a block into ``dest`` and verify its checksum.
+    def read_file(self, skey: bytes, entry: SsdEntry, dest: memoryview) -> str:
+        """Read a block into ``dest`` and verify it against ``entry`` (no lock held).
 
         Args:
-            key: block key; must be on the tier.
+            skey: the block's store key.
+            entry: the entry looked up (under the lock) before the read.
             dest: writable buffer of at least ``round_up_page(size_bytes)`` bytes; for
                 O_DIRECT it should start 4096-aligned (arena slices do); otherwise the read
                 falls back to buffered I/O.
 
         Returns:
-            True if ``dest[:size_bytes]`` now holds the verified block. False if the file is
-            missing, short, long, unreadable or fails its checksum: the block is deleted,
-            counted in ``checksum_failures`` (or logged as a read error) and must be treated
-            as a miss.
+            "" when ``dest[:size_bytes]`` holds the verified block, else the reason it does
+            not ("wrong_size", "short_read", "checksum_mismatch", "read_error: ...").
 
         Raises:
-            KeyError: the key is not on the tier.
             ValueError: ``dest`` is too small.
         """
-        entry = self.entries[key]
         size = entry.size_bytes
         need = round_up_page(size)
         if dest.nbytes < need:
             raise ValueError(f"destination of {dest.nbytes} bytes is smaller than {need}")
+        self._hook("read", skey)
         buf = dest[:need]
-        path = self._path(_file_rel(key))
-        reason = ""
+        path = self._path(file_rel(skey))
         try:
             fd, direct = self._open_for_read(path)
             try:
-                if os.fstat(fd).st_size != size:
-                    reason = "wrong_size"
-                else:
-                    try:
-                        got = self._read_all(fd, buf)
-                    except OSError as exc:
-                        if not direct or exc.errno != errno.EINVAL:
-                            raise
-                        os.close(fd)  # O_DIRECT refused this buffer: retry buffered
-                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                        got = self._read_all(fd, buf)
-                    if got < size:
-                        reason = "short_read"
+                if os.fstat(fd).st_size != size + trailer_bytes(skey, entry.meta):
+                    return "wrong_size"
+                try:
+                    got = self._read_all(fd, buf)
+                except OSError as exc:
+                    if not direct or exc.errno != errno.EINVAL:
+                        raise
+                    os.close(fd)  # O_DIRECT refused this buffer: retry buffered
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    got = self._read_all(fd, buf)
+                if got < size:
+                    return "short_read"
             finally:
                 os.close(fd)
         except OSError as exc:
-            self.delete(key)
-            log.warning("ssd_read_failed", error=exc.strerror or str(exc), size_bytes=size)
-            return False
-        if not reason and checksum_of(buf[:size]) != entry.checksum:
-            reason = "checksum_mismatch"
-        if reason:
+            return f"read_error: {exc.strerror or exc}"
+        if checksum_of(buf[:size]) != entry.checksum:
+            return "checksum_mismatch"
+        return ""
+
+    def end_read(self, skey: bytes, entry: SsdEntry, reason: str) -> list[bytes]:
+        """Account a finished read (lock held); a failed one drops the block (if unchanged)."""
+        if not reason:
+            return []
+        if reason.startswith("read_error"):
+            log.warning("ssd_read_failed", error=reason, size_bytes=entry.size_bytes)
+        else:
             self.checksum_failures += 1
-            self.delete(key)
-            log.warning("ssd_block_rejected", reason=reason, size_bytes=size, key=key[:8].hex())
+            log.warning(
+                "ssd_block_rejected", reason=reason, size_bytes=entry.size_bytes,
+                key=split_store_key(skey)[1][:8].hex(),
+            )
+        return self.drop(skey, entry)
+
+    def delete_files(self, skeys: Iterable[bytes]) -> None:
+        """Delete the index records and files of dropped blocks (no lock held).
+
+        A block indexed or being written again meanwhile under the same store key is skipped
+        (its new file stays); while a file is being deleted, :meth:`begin_write` of its store
+        key declines, so a delete never removes a newer file.
+        """
+        for skey in skeys:
+            with self.lock:
+                if skey in self.entries or skey in self._writing or skey in self._deleting:
+                    continue
+                self._deleting.add(skey)
+            try:
+                self._hook("delete", skey)
+                try:
+                    self._db.delete(index_key(skey))
+                except Exception as exc:  # the file goes anyway; a dangling entry is dropped on start
+                    log.warning("ssd_index_delete_failed", error=str(exc))
+                self._unlink(self._path(file_rel(skey)))
+            finally:
+                with self.lock:
+                    self._deleting.discard(skey)
+
+    def persist(self, records: Iterable[tuple[bytes, bytes] | None]) -> None:
+        """Write touched records (recency after a restart; no lock held). Failures are harmless."""
+        for rec in records:
+            if rec is None:
+                continue
+            try:
+                self._db.put(rec[0], rec[1])
+            except Exception as exc:
+                log.debug("ssd_touch_failed", error=str(exc))
+
+    # ---- convenience (take the lock themselves; never call with it held) ------------------
+    def write(self, skey: bytes, data: memoryview, *, namespace_id: bytes, meta: bytes) -> bool:
+        """Store a block, evicting LRU SSD blocks to stay under the cap.
+
+        Returns:
+            True if the block is on the tier now; False if it could not be written (larger
+            than the whole tier, or an I/O error counted in ``put_failures``).
+        """
+        with self.lock:
+            if skey in self.entries:
+                return True
+            w = self.begin_write(skey, data.nbytes, namespace_id=namespace_id, meta=meta)
+        if w is None:
             return False
-        return True
+        ok = self.write_file(w, data)
+        with self.lock:
+            self.end_write(w)
+        return ok
 
-    # ---- misc --------------------------------------------------------------------------
-    def touch(self, key: bytes) -> None:
-        """Make ``key`` the most recent SSD block, in memory and in the persistent order."""
-        entry = self.entries[key]
-        self.entries.move_to_end(key)
-        try:
-            self._db.put(_BLOCK_PREFIX + key, self._encode(key, entry, self._seq))
-            self._seq += 1
-        except Exception as exc:  # a failed recency update is harmless
-            log.debug("ssd_touch_failed", error=str(exc))
+    def read_into(self, skey: bytes, dest: memoryview) -> bool:
+        """Read and verify a block; False (and the block dropped) if it is unreadable.
 
-    def delete(self, key: bytes) -> bool:
+        Raises:
+            KeyError: the block is not on the tier.
+        """
+        with self.lock:
+            entry = self.entries[skey]
+        reason = self.read_file(skey, entry, dest)
+        with self.lock:
+            doomed = self.end_read(skey, entry, reason)
+        self.delete_files(doomed)
+        return not reason
+
+    def delete(self, skey: bytes) -> bool:
         """Remove a block's index entry and file. Returns False if it was not on the tier."""
-        entry = self.entries.pop(key, None)
-        if entry is None:
-            return False
-        self.used_bytes -= round_up_page(entry.size_bytes)
-        try:
-            self._db.delete(_BLOCK_PREFIX + key)
-        except Exception as exc:  # the file goes anyway; a dangling entry is dropped on start
-            log.warning("ssd_index_delete_failed", error=str(exc))
-        self._unlink(self._path(_file_rel(key)))
-        return True
+        with self.lock:
+            doomed = self.drop(skey)
+        self.delete_files(doomed)
+        return bool(doomed)
 
     def close(self) -> None:
-        """Flush and close the index; idempotent."""
+        """Flush and close the index, release the directory; idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -421,4 +507,5 @@ class SsdTier:
             self._db.flush()
         finally:
             self._db.close()
+            os.close(self._lock_fd)
         log.info("ssd_tier_closed", directory=self.directory, num_blocks=len(self.entries))

@@ -2,46 +2,34 @@
 
 No gRPC in here: the node service is a thin adapter over this class.
 
-::
+Identity: a block is ``(namespace_id, key)`` (one *store key*, ssd_format.store_key), in
+DRAM and on SSD: the same key under two namespaces names two blocks, and every operation
+(put, pin, lookup, exists, remove) sees only its own namespace. ``b""`` is a namespace too.
 
-          put                                   pin_many (get)
-           |                                        |
-     reserve(key,size) --alloc--+            DRAM hit? -- pin, touch (tail-first)
-           |                    | full?          | no
-     caller fills view          v                v
-     (outside the lock)   evict LRU unpinned   SSD hit? -- alloc in DRAM (may evict),
-           |              DRAM blocks:           |        read + verify checksum,
-     commit / abort       demote to SSD unless   |        pin; SSD copy kept (inclusive)
-                          already there          v
-                                               miss (None)
+Transfers between the tiers (DEMOTING, PROMOTING), eviction and the lock order are in
+transit.py (module docstring: the state machine and why no disk I/O runs under the lock).
 
-    DRAM tier  (dram.py)   arena + BlockAllocator + OrderedDict[key -> DramEntry]  (LRU first)
-    SSD tier   (ssd.py)    files + rocksdict index + OrderedDict[key -> SsdEntry]  (LRU first)
+Invariants:
 
-Invariants (all guarded by ``self._lock``, one ``threading.RLock``):
-
-- A block is visible (``pin_many``, ``exists``, ``lookup_prefix``...) only once committed.
-  Reservations own arena space but are in no LRU, so a block being written is never evicted.
-- A block with ``pins > 0`` is never evicted, freed or removed.
-- DRAM usage (committed + reserved, rounded to 4096) never exceeds the arena; SSD usage never
-  exceeds ``ssd_size_bytes``. When an allocation does not fit, LRU unpinned DRAM blocks are
-  evicted (demoted to SSD when configured and not already there) until it fits, else
+- A block is visible (``pin_many``, ``exists``, ``lookup_prefix``...) only once committed or
+  read back from SSD with a good checksum; nothing else is ever served.
+- A block with ``pins > 0`` is never evicted, freed or removed; a DEMOTING block's space is
+  never freed before its write ends.
+- DRAM usage (committed + reserved + promotions in flight, rounded to 4096) never exceeds the
+  arena; SSD usage (indexed + writes in flight) never exceeds ``ssd_size_bytes``. When an
+  allocation does not fit, victims are chosen by eviction.victim_window (LRU first, plus the
+  address neighbours needed for a contiguous extent), demoted to SSD when configured, else
   :class:`NoCapacity` and nothing was evicted in vain if the space could never suffice.
 - A failed demotion (ENOSPC, EIO) drops the evicted block (a later miss), is counted in
   ``put_failures`` and logged as a warning; no other block is touched.
-- Tiers are inclusive: an SSD hit is promoted into DRAM and keeps its SSD copy; evicting a
-  DRAM block that is also on SSD only frees DRAM.
+- Tiers are inclusive: an SSD hit is promoted into DRAM and keeps its SSD copy.
 - Chain-aware recency: ``pin_many`` touches its hits last-key-first and ``commit_many``
   inserts last-first, so the head of a chain is the most recent and is evicted last.
-- First commit wins: two reservations of one key may coexist; the later commit returns False
-  and frees its space. Nothing ever serves bytes that did not pass through a commit or an SSD
-  checksum check.
+- First commit wins: two reservations of one block may coexist; the later commit returns
+  False and frees its space.
 - Pins are counted per block, not per holder: release each PinnedBlock exactly once.
 
-Locking: every public method takes ``self._lock`` for its metadata work. Callers copy bytes
-into ``Reservation.view`` / out of ``PinnedBlock.view`` *outside* the lock; the reservation
-or pin keeps that range stable. In this first version SSD I/O (demotion writes, promotion
-reads, spill) happens *under* the lock, so a slow SSD stalls other callers meanwhile.
+Callers copy bytes into ``Reservation.view`` / out of ``PinnedBlock.view`` outside the lock.
 """
 
 from __future__ import annotations
@@ -59,15 +47,14 @@ from kvstored.errors import (
     InvalidArgument,
     KeyInvalid,
     KvstoredError,
-    NamespaceMismatch,
-    NoCapacity,
     NotFound,
-    StorageIOError,
     Unavailable,
 )
-from kvstored.tiers.base import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
+from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
 from kvstored.tiers.ssd import SsdTier
+from kvstored.tiers.ssd_format import split_store_key, store_key
+from kvstored.tiers.transit import _AGAIN, TransitMixin, _Transit
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
@@ -80,10 +67,10 @@ _INTERN_MAX_ENTRIES = 65536
 class _Pending:
     """A reservation's bookkeeping (the caller holds the public :class:`Reservation`)."""
 
-    __slots__ = ("key", "offset", "size_bytes", "info")
+    __slots__ = ("skey", "offset", "size_bytes", "info")
 
-    def __init__(self, key: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes]):
-        self.key = key
+    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes]):
+        self.skey = skey
         self.offset = offset
         self.size_bytes = size_bytes
         self.info = info
@@ -108,14 +95,10 @@ def _check_bytes(name: str, value: object) -> bytes:
     return bytes(value)
 
 
-def _ns_conflict(stored: bytes, requested: bytes) -> bool:
-    return bool(stored) and bool(requested) and stored != requested
-
-
-class TieredStore:
+class TieredStore(TransitMixin):
     """The block store of one node: DRAM arena + optional SSD tier, LRU with pins.
 
-    Thread-safe: one lock guards all metadata (see the module docstring).
+    Thread-safe: one lock guards all metadata, never held during disk I/O (module docstring).
 
     Args:
         dram_size_bytes: hard cap of the DRAM tier = arena size (rounded down to 4096).
@@ -129,7 +112,8 @@ class TieredStore:
 
     Raises:
         InvalidArgument: a size is not positive.
-        StorageIOError: the arena file or the SSD directory/index cannot be opened.
+        StorageIOError: the arena file or the SSD directory/index cannot be opened (the SSD
+            directory is in use by another kvstored process, say).
     """
 
     def __init__(
@@ -143,6 +127,8 @@ class TieredStore:
         ssd_direct_io: bool = True,
         max_block_bytes: int = 64 << 20,
     ) -> None:
+        from kvstored.errors import StorageIOError
+
         if dram_size_bytes < 4096:
             raise InvalidArgument(
                 f"dram_size_bytes must be at least 4096, got {dram_size_bytes}; "
@@ -152,7 +138,8 @@ class TieredStore:
             raise InvalidArgument(f"max_block_bytes must be > 0, got {max_block_bytes}")
         if ssd_size_bytes < 0:
             raise InvalidArgument(f"ssd_size_bytes must be >= 0, got {ssd_size_bytes}")
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._info_table: dict[tuple[bytes, bytes], tuple[bytes, bytes]] = {}
         self._size_table: dict[int, int] = {}
         self.max_block_bytes = int(max_block_bytes)
@@ -170,6 +157,7 @@ class TieredStore:
                 self._ssd = SsdTier(
                     ssd_dir, ssd_size_bytes, direct_io=ssd_direct_io,
                     intern_info=self._intern_info, intern_size=self._intern_size,
+                    lock=self._lock,
                 )
             except BaseException:
                 self._arena.close()
@@ -179,8 +167,10 @@ class TieredStore:
         self.arena_size_bytes: int = self._arena.size_bytes
         self._reservations: dict[int, _Pending] = {}
         self._reservation_ids = itertools.count(1)
-        self._reserved_bytes = 0
+        self._reserved_bytes = 0  # reservations + promotions in flight
         self._pinned_bytes = 0
+        self._demoting: dict[bytes, _Transit] = {}
+        self._promoting: dict[bytes, _Transit] = {}
         self._gets = 0
         self._hits = 0
         self._misses = 0
@@ -202,8 +192,7 @@ class TieredStore:
 
     # ---- helpers (lock held) -----------------------------------------------------------
     def _intern_info(self, namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
-        """One shared ``(namespace_id, meta)`` tuple per distinct pair (most blocks repeat a
-        few: one namespace per model, one dtype/shape per layout); bounded table."""
+        """One shared ``(namespace_id, meta)`` tuple per distinct pair; bounded table."""
         info = (namespace_id, meta)
         got = self._info_table.get(info)
         if got is not None:
@@ -213,8 +202,7 @@ class TieredStore:
         return info
 
     def _intern_size(self, size_bytes: int) -> int:
-        """One shared int object per distinct block size (sizes > 256 are not cached by
-        CPython; a model has a handful of block sizes); bounded table."""
+        """One shared int object per distinct block size; bounded table."""
         got = self._size_table.get(size_bytes)
         if got is not None:
             return got
@@ -226,56 +214,14 @@ class TieredStore:
         if self._closed:
             raise Unavailable("the block store is closed")
 
-    def _has(self, key: bytes) -> bool:
-        return key in self._dram.entries or (self._ssd is not None and key in self._ssd.entries)
+    def _has(self, skey: bytes) -> bool:
+        return skey in self._dram.entries or (self._ssd is not None and skey in self._ssd.entries)
 
     def _pin(self, entry: DramEntry) -> None:
         if entry.pins == 0:
             self._dram.pinned_blocks += 1
             self._pinned_bytes += self._dram.round_up(entry.size_bytes)
         entry.pins += 1
-
-    def _evict_dram(self, key: bytes) -> None:
-        entry = self._dram.entries[key]
-        ssd = self._ssd
-        if ssd is not None and key not in ssd.entries:
-            off = entry.offset
-            ssd.write(
-                key, self.arena[off : off + entry.size_bytes],
-                namespace_id=entry.namespace_id, meta=entry.meta,
-            )  # a failed demotion is counted and logged by the SSD tier; the block is dropped
-        self._dram.remove(key)
-        self._dram.evictions += 1
-
-    def _allocate(self, size_bytes: int) -> int:
-        """Arena space for ``size_bytes``, evicting LRU unpinned blocks if needed.
-
-        Raises:
-            NoCapacity: the block can never fit beside the pinned and reserved blocks; in that
-                case nothing is evicted.
-        """
-        alloc = self._dram.allocator
-        need = alloc.round_up(size_bytes)
-        off = alloc.allocate(size_bytes)
-        if off is not None:
-            return off
-        evictable = alloc.used_bytes - self._reserved_bytes - self._pinned_bytes
-        if need > alloc.free_bytes + evictable:
-            raise NoCapacity(
-                f"DRAM tier cannot fit a {size_bytes}-byte block: capacity "
-                f"{alloc.capacity_bytes} bytes, {self._pinned_bytes} pinned, "
-                f"{self._reserved_bytes} reserved by writes in progress"
-            )
-        while off is None:
-            victim = self._dram.first_unpinned()
-            if victim is None:
-                raise NoCapacity(
-                    f"DRAM tier cannot fit a {size_bytes}-byte block: every block is pinned "
-                    "or being written (fragmented arena)"
-                )
-            self._evict_dram(victim)
-            off = alloc.allocate(size_bytes)
-        return off
 
     # ---- put ---------------------------------------------------------------------------
     def reserve(
@@ -285,21 +231,22 @@ class TieredStore:
 
         Fill ``reservation.view`` (outside any lock), then :meth:`commit` or :meth:`abort`.
         The block stays invisible to readers until committed. May evict LRU unpinned blocks
-        (demoting them to SSD).
+        (demoting them to SSD: this call then waits for those writes, nobody else does).
 
         Args:
             key: block hash, non-empty.
             size_bytes: exact block size, 0 <= size <= ``max_block_bytes``.
-            namespace_id: namespace stored with the block (b"" = none).
+            namespace_id: the block's namespace (part of its identity; b"" is one too).
             meta: opaque metadata returned with the block.
 
         Returns:
-            The reservation, or None when the key is already stored (complete) in either tier:
-            an idempotent success with nothing to write.
+            The reservation, or None when the block is already stored (complete) in either
+            tier: an idempotent success with nothing to write.
 
         Raises:
             KeyInvalid: empty or non-bytes key.
-            InvalidArgument: negative size or non-bytes namespace/meta.
+            InvalidArgument: negative size, non-bytes or too long (> 255 bytes) namespace,
+                non-bytes meta.
             BlockTooLarge: ``size_bytes > max_block_bytes``.
             NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress.
             Unavailable: the store is closed.
@@ -314,14 +261,15 @@ class TieredStore:
                 f"block of {size_bytes} bytes exceeds max_block_bytes={self.max_block_bytes}; "
                 "raise node.max_block_bytes or use smaller blocks"
             )
+        skey = store_key(namespace_id, key)
         with self._lock:
             self._check_open()
-            if self._has(key):
+            if self._has(skey):
                 return None
             offset = self._allocate(size_bytes)
             rid = next(self._reservation_ids)
             self._reservations[rid] = _Pending(
-                key, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta)
+                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta)
             )
             self._reserved_bytes += self._dram.round_up(size_bytes)
             view = self.arena[offset : offset + size_bytes]
@@ -340,21 +288,19 @@ class TieredStore:
         return pending
 
     def _commit_locked(self, pending: _Pending) -> bool:
-        if self._has(pending.key):
+        if self._has(pending.skey):
             self._dram.allocator.free(pending.offset, pending.size_bytes)
             return False
-        self._dram.entries[pending.key] = DramEntry(
-            pending.offset, pending.size_bytes, pending.info
-        )
+        self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
         self._puts += 1
         return True
 
     def commit(self, reservation: Reservation) -> bool:
-        """Make a reserved block visible (most recent in DRAM).
+        """Make a reserved block visible (most recent in DRAM). Never waits for disk I/O.
 
         Returns:
-            True if the block is stored now; False if the key was committed meanwhile by
-            another writer (first commit wins; this reservation's space is freed).
+            True if the block is stored now; False if it was committed meanwhile by another
+            writer (first commit wins; this reservation's space is freed).
 
         Raises:
             NotFound: the reservation was already committed or aborted.
@@ -390,6 +336,7 @@ class TieredStore:
                 return
             self._reserved_bytes -= self._dram.round_up(pending.size_bytes)
             self._dram.allocator.free(pending.offset, pending.size_bytes)
+            self._cond.notify_all()
 
     def put(
         self,
@@ -405,7 +352,7 @@ class TieredStore:
             data: the block's bytes (any C-contiguous buffer; its ``nbytes`` is the size).
 
         Returns:
-            True if stored now, False if the key already existed (idempotent success).
+            True if stored now, False if the block already existed (idempotent success).
 
         Raises:
             The errors of :meth:`reserve`; InvalidArgument for a non-contiguous buffer.
@@ -427,23 +374,27 @@ class TieredStore:
 
     # ---- get ---------------------------------------------------------------------------
     def pin_many(
-        self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b"", may_block: bool = True
     ) -> list[PinnedBlock | None | KvstoredError]:
-        """Pin blocks in DRAM for reading, promoting SSD hits into DRAM first.
+        """Pin blocks of one namespace in DRAM for reading, promoting SSD hits first.
 
         Each returned :class:`PinnedBlock` must be released with :meth:`unpin` once its view
         has been copied. Hits are touched last-key-first, so ``keys[0]`` (a chain's head) ends
-        up the most recent. Counts one get per key, and hits/misses per tier.
+        up the most recent. Counts one get per key, and hits/misses per tier. A DRAM hit
+        never waits for disk I/O; an SSD hit waits for its own read only (another reader of
+        the same block waits for that read instead of starting a second one).
 
         Args:
             keys: block keys, typically one prefix in chain order.
-            namespace_id: the reader's namespace (b"" = accept any).
+            namespace_id: the reader's namespace; blocks of other namespaces are misses.
+            may_block: False = never wait (for the event loop): if any key is an SSD-only or
+                promoting block, nothing is pinned or counted and every item is
+                :data:`~kvstored.tiers.base.NEEDS_IO`.
 
         Returns:
             Per key: a PinnedBlock, None (miss, including a block dropped for a bad checksum),
-            or an error object: NamespaceMismatch (both namespaces non-empty and different),
-            NoCapacity (an SSD hit could not be promoted: DRAM all pinned). Errors count as
-            misses and hold no pin.
+            or NoCapacity (an SSD hit could not be promoted: DRAM all pinned). Errors count
+            as misses and hold no pin.
 
         Raises:
             KeyInvalid: a key is empty or not bytes (nothing is pinned then).
@@ -451,69 +402,68 @@ class TieredStore:
         """
         checked = [_check_key(k) for k in keys]
         namespace_id = _check_bytes("namespace_id", namespace_id)
+        skeys = [store_key(namespace_id, k) for k in checked]
         out: list[PinnedBlock | None | KvstoredError] = []
+        records: list[tuple[bytes, bytes] | None] = []
         with self._lock:
             self._check_open()
             dram, ssd = self._dram, self._ssd
+            if not may_block and ssd is not None and any(
+                k not in dram.entries and (k in ssd.entries or k in self._promoting) for k in skeys
+            ):
+                return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]
             touched_dram: list[bytes] = []
             touched_ssd: list[bytes] = []
-            for key in checked:
+            for key, skey in zip(checked, skeys, strict=True):
                 self._gets += 1
-                entry = dram.entries.get(key)
                 tier = Tier.DRAM
-                if entry is None and ssd is not None and key in ssd.entries:
-                    sentry = ssd.entries[key]
-                    if _ns_conflict(sentry.namespace_id, namespace_id):
-                        out.append(self._mismatch(key, sentry.namespace_id, namespace_id))
+                got: DramEntry | KvstoredError | None = None
+                while True:
+                    got = dram.entries.get(skey)
+                    if got is not None or ssd is None:
+                        break
+                    if skey in self._promoting:
+                        self._cond.wait()  # another reader is reading this very block
+                        self._check_open()
                         continue
-                    ssd.entries.move_to_end(key)  # keep it from being evicted by our demotions
-                    try:
-                        offset = self._allocate(sentry.size_bytes)
-                    except NoCapacity as exc:
-                        self._misses += 1
-                        out.append(exc)
+                    if skey not in ssd.entries:
+                        break
+                    promoted = self._promote(skey)
+                    if promoted is _AGAIN:
                         continue
-                    size = sentry.size_bytes
-                    if key not in ssd.entries or not ssd.read_into(
-                        key, self.arena[offset : offset + dram.round_up(size)]
-                    ):
-                        dram.allocator.free(offset, size)
-                        self._misses += 1
-                        out.append(None)
-                        continue
-                    entry = DramEntry(offset, self._intern_size(size), sentry.info)
-                    dram.entries[key] = entry
-                    tier = Tier.SSD
-                    ssd.hits += 1
-                    touched_ssd.append(key)
-                elif entry is None:
+                    got = promoted  # type: ignore[assignment]
+                    if isinstance(got, DramEntry):
+                        tier = Tier.SSD
+                        touched_ssd.append(skey)
+                    break
+                if not isinstance(got, DramEntry):
                     self._misses += 1
-                    out.append(None)
+                    out.append(got)
                     continue
-                elif _ns_conflict(entry.namespace_id, namespace_id):
-                    out.append(self._mismatch(key, entry.namespace_id, namespace_id))
-                    continue
-                else:
+                if tier is Tier.DRAM:
                     dram.hits += 1
                 self._hits += 1
-                self._pin(entry)
-                touched_dram.append(key)
-                off = entry.offset
+                self._pin(got)
+                touched_dram.append(skey)
+                off = got.offset
                 out.append(
                     PinnedBlock(
-                        key=key, offset=off, size_bytes=entry.size_bytes, meta=entry.meta,
-                        tier=tier, view=self.arena[off : off + entry.size_bytes].toreadonly(),
+                        key=key, offset=off, size_bytes=got.size_bytes, meta=got.meta,
+                        tier=tier, view=self.arena[off : off + got.size_bytes].toreadonly(),
                     )
                 )
-            for key in reversed(touched_dram):
-                dram.entries.move_to_end(key)
+            for skey in reversed(touched_dram):
+                if skey in dram.entries:
+                    dram.entries.move_to_end(skey)
             if ssd is not None:
-                for key in reversed(touched_ssd):
-                    if key in ssd.entries:
-                        ssd.touch(key)
+                records = [ssd.touch(skey) for skey in reversed(touched_ssd)]
+        if ssd is not None and records:
+            ssd.persist(records)
         return out
 
-    def touch_many(self, keys: Sequence[bytes], *, ssd_keys: Collection[bytes] = ()) -> None:
+    def touch_many(
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b"", ssd_keys: Collection[bytes] = ()
+    ) -> None:
         """Touch blocks last-key-first so ``keys[0]`` ends up the most recent (chain recency).
 
         For a read split into several ``pin_many`` calls: touching the whole request once at
@@ -521,24 +471,21 @@ class TieredStore:
         in ``ssd_keys`` (read from SSD) are touched on the SSD tier too, as ``pin_many`` does.
         Absent keys are skipped. Never pins, promotes or counts a get.
         """
+        skeys = [store_key(namespace_id, k) for k in keys]
+        records = []
         with self._lock:
             if self._closed:
                 return
             dram, ssd = self._dram, self._ssd
-            for key in reversed(keys):
-                if key in dram.entries:
-                    dram.entries.move_to_end(key)
+            for skey in reversed(skeys):
+                if skey in dram.entries:
+                    dram.entries.move_to_end(skey)
             if ssd is not None and ssd_keys:
-                for key in reversed(keys):
-                    if key in ssd_keys and key in ssd.entries:
-                        ssd.touch(key)
-
-    def _mismatch(self, key: bytes, stored: bytes, requested: bytes) -> NamespaceMismatch:
-        self._misses += 1
-        return NamespaceMismatch(
-            f"block {key[:8].hex()} is stored under namespace {stored.hex()[:16]}, "
-            f"not the requested {requested.hex()[:16]}"
-        )
+                for key, skey in zip(reversed(keys), reversed(skeys), strict=True):
+                    if key in ssd_keys:
+                        records.append(ssd.touch(skey))
+        if ssd is not None and records:
+            ssd.persist(records)
 
     def unpin(self, block: PinnedBlock) -> None:
         """Release one pin taken by :meth:`pin_many` (once per returned PinnedBlock).
@@ -547,19 +494,19 @@ class TieredStore:
             NotFound: the block is not pinned (released twice, or never pinned).
         """
         with self._lock:
-            entry = self._dram.entries.get(block.key)
-            if entry is None or entry.offset != block.offset or entry.pins <= 0:
+            e = self._dram.entry_at(block.offset)
+            if e is None or split_store_key(e.skey)[1] != block.key or e.pins <= 0:
                 raise NotFound(f"block {block.key[:8].hex()} is not pinned")
-            entry.pins -= 1
-            if entry.pins == 0:
+            e.pins -= 1
+            if e.pins == 0:
                 self._dram.pinned_blocks -= 1
-                self._pinned_bytes -= self._dram.round_up(entry.size_bytes)
+                self._pinned_bytes -= self._dram.round_up(e.size_bytes)
+                self._cond.notify_all()
 
     def get(self, key: bytes, *, namespace_id: bytes = b"") -> tuple[bytes, bytes] | None:
         """Copy one block out: ``(value, meta)``, or None on a miss.
 
         Raises:
-            NamespaceMismatch: the block is stored under another namespace.
             NoCapacity: an SSD hit could not be promoted (DRAM all pinned).
         """
         got = self.pin_many([key], namespace_id=namespace_id)[0]
@@ -572,64 +519,77 @@ class TieredStore:
         finally:
             self.unpin(got)
 
-    # ---- probes and admin (never pin, never touch recency, not counted) --------------
+    # ---- probes and admin (never pin, never touch recency, not counted, never wait on I/O)
     def lookup_prefix(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Tier]:
-        """Tiers of the leading present blocks of a prefix; stops at the first miss.
-
-        A namespace mismatch counts as a miss. DRAM is reported when a block is in both tiers.
-        """
+        """Tiers of the leading present blocks of a prefix in one namespace; stops at the
+        first miss. DRAM is reported when a block is in both tiers."""
         namespace_id = _check_bytes("namespace_id", namespace_id)
+        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
         out: list[Tier] = []
         with self._lock:
             self._check_open()
-            for key in keys:
-                key = _check_key(key)
-                entry = self._dram.entries.get(key)
-                if entry is not None:
-                    if _ns_conflict(entry.namespace_id, namespace_id):
-                        break
+            dram = self._dram.entries
+            ssd = self._ssd.entries if self._ssd is not None else {}
+            for skey in skeys:
+                if skey in dram:
                     out.append(Tier.DRAM)
-                    continue
-                sentry = self._ssd.entries.get(key) if self._ssd is not None else None
-                if sentry is None or _ns_conflict(sentry.namespace_id, namespace_id):
+                elif skey in ssd:
+                    out.append(Tier.SSD)
+                else:
                     break
-                out.append(Tier.SSD)
         return out
 
-    def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        """Per key: stored (committed) in any tier."""
-        checked = [_check_key(k) for k in keys]
+    def exists(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
+        """Per key: stored (committed) in any tier, in this namespace."""
+        namespace_id = _check_bytes("namespace_id", namespace_id)
+        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
         with self._lock:
             self._check_open()
-            return [self._has(k) for k in checked]
+            return [self._has(k) for k in skeys]
 
-    def remove(self, keys: Sequence[bytes]) -> list[bool]:
-        """Delete blocks from every tier.
+    def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
+        """Delete blocks of one namespace from every tier (file deletion outside the lock).
 
         Returns:
             Per key: True if removed; False if absent or pinned (a pinned block is kept in
             every tier).
         """
-        checked = [_check_key(k) for k in keys]
+        namespace_id = _check_bytes("namespace_id", namespace_id)
+        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
         out: list[bool] = []
+        doomed: list[bytes] = []
         with self._lock:
             self._check_open()
-            for key in checked:
-                entry = self._dram.entries.get(key)
+            dram, ssd = self._dram, self._ssd
+            for skey in skeys:
+                entry = dram.entries.get(skey)
                 if entry is not None and entry.pins > 0:
                     out.append(False)
                     continue
                 removed = False
                 if entry is not None:
-                    self._dram.remove(key)
+                    t = self._demoting.get(skey)
+                    if t is not None:
+                        dram.forget(skey)  # the demoter frees the space when its write ends
+                        t.removed = True
+                    else:
+                        dram.remove(skey)
                     removed = True
-                if self._ssd is not None and self._ssd.delete(key):
-                    removed = True
+                t = self._promoting.get(skey)
+                if t is not None:
+                    t.removed = True
+                if ssd is not None:
+                    dropped = ssd.drop(skey)
+                    doomed += dropped
+                    removed = removed or bool(dropped)
                 out.append(removed)
+            self._cond.notify_all()
+        if doomed and ssd is not None:
+            ssd.delete_files(doomed)
         return out
 
     def stats(self) -> StoreStats:
-        """Counters since start and current usage of each tier."""
+        """Counters since start and current usage of each tier (never waits on disk I/O)."""
         with self._lock:
             dram = self._dram
             tiers = [
@@ -657,12 +617,13 @@ class TieredStore:
             )
 
     def list_blocks(
-        self, *, namespace_id: bytes = b"", limit: int = 10000
+        self, *, namespace_id: bytes | None = None, limit: int = 10000
     ) -> tuple[list[BlockInfo], bool]:
         """Admin listing (DRAM blocks in LRU order, then SSD-only blocks).
 
         Args:
-            namespace_id: only blocks stored under this namespace (b"" = all).
+            namespace_id: only blocks of this namespace; None (or b"", for the admin RPC) =
+                every namespace.
             limit: most blocks returned, >= 0.
 
         Returns:
@@ -673,20 +634,22 @@ class TieredStore:
         out: list[BlockInfo] = []
         with self._lock:
             ssd_entries = self._ssd.entries if self._ssd is not None else {}
-            for key, e in self._dram.entries.items():
+            for skey, e in self._dram.entries.items():
                 if namespace_id and e.namespace_id != namespace_id:
                     continue
                 if len(out) >= limit:
                     return out, True
-                tiers = (Tier.DRAM, Tier.SSD) if key in ssd_entries else (Tier.DRAM,)
+                tiers = (Tier.DRAM, Tier.SSD) if skey in ssd_entries else (Tier.DRAM,)
+                key = split_store_key(skey)[1]
                 out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0))
-            for key, s in ssd_entries.items():
-                if key in self._dram.entries:
+            for skey, s in ssd_entries.items():
+                if skey in self._dram.entries:
                     continue
                 if namespace_id and s.namespace_id != namespace_id:
                     continue
                 if len(out) >= limit:
                     return out, True
+                key = split_store_key(skey)[1]
                 out.append(BlockInfo(key, s.size_bytes, s.namespace_id, (Tier.SSD,), False))
         return out, False
 
@@ -695,38 +658,16 @@ class TieredStore:
         """Fault the DRAM arena in from a background thread (see ``DramArena.start_prefault``)."""
         self._arena.start_prefault()
 
-    def spill_to_ssd(self) -> int:
-        """Write every DRAM-only block to the SSD tier (graceful shutdown), LRU first.
-
-        DRAM keeps its copies. Blocks that fail to write are counted in ``put_failures``.
-
-        Returns:
-            Number of blocks written (0 without an SSD tier).
-        """
-        with self._lock:
-            self._check_open()
-            ssd = self._ssd
-            if ssd is None:
-                return 0
-            num = 0
-            for key, e in list(self._dram.entries.items()):
-                if key in ssd.entries:
-                    continue
-                view = self.arena[e.offset : e.offset + e.size_bytes]
-                if ssd.write(key, view, namespace_id=e.namespace_id, meta=e.meta):
-                    num += 1
-            log.info("blocks_spilled", num_blocks=num)
-            return num
-
     def close(self) -> None:
-        """Flush and close the SSD index, unmap and unlink the arena; idempotent.
-
-        Views handed out earlier must not be used afterwards.
-        """
+        """Wait for transfers between tiers, flush and close the SSD index, unmap and unlink
+        the arena; idempotent. Views handed out earlier must not be used afterwards."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._cond.notify_all()
+            while self._demoting or self._promoting:
+                self._cond.wait()
             try:
                 if self._ssd is not None:
                     self._ssd.close()

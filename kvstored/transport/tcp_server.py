@@ -443,6 +443,7 @@ class DataPlaneServer:
             return int(exc.code)
         try:
             reserved: list[Reservation | PutOutcome] = []
+            seen: set[bytes] = set()  # first writer wins within a batch too
             num_bytes = 0
             try:
                 for i, (key, size, meta) in enumerate(items):
@@ -452,7 +453,7 @@ class DataPlaneServer:
                         # holds no arena space and evicts nothing.
                         self._emit("payload_awaited", index=i)
                         reader.fill()
-                    r = core.reserve_one(i, key, size, meta, ns)
+                    r = core.reserve_one(i, key, size, meta, ns, seen=seen)
                     reserved.append(r)
                     if isinstance(r, Reservation):
                         self._emit("item_reserved", index=i, size_bytes=size)

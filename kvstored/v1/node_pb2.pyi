@@ -248,10 +248,12 @@ class ExistsResponse(_message.Message):
     def __init__(self, exists: _Optional[_Iterable[bool]] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "namespace_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    namespace_id: bytes
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("removed",)

@@ -302,8 +302,11 @@ def test_kvstorectl_against_a_real_daemon(serve: object, workdir: Path) -> None:
     r = _ctl("--output", "json", "where", "--tokens", str(json_tokens), "--model", "e2e/model",
              "--block-size", "4", address=addr)
     assert json.loads(r.stdout)["num_leading_hits"] == 3
-    r = _ctl("--output", "json", "where", "--keys", f"{keys[0].hex()},{keys[4].hex()}", address=addr)
+    two = f"{keys[0].hex()},{keys[4].hex()}"
+    r = _ctl("--output", "json", "where", "--keys", two, "--namespace-id", ns.id_hex, address=addr)
     assert [b["tier"] for b in json.loads(r.stdout)["blocks"]] == ["DRAM", None]
+    r = _ctl("--output", "json", "where", "--keys", two, address=addr)  # blocks are namespace-scoped
+    assert [b["tier"] for b in json.loads(r.stdout)["blocks"]] == [None, None]
 
     r = _ctl("status", address=addr)  # the human table
     assert r.returncode == 0 and "DRAM" in r.stdout and "e2e" in r.stdout

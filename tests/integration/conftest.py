@@ -2,7 +2,9 @@
 
 Each daemon runs its own asyncio loop in a background thread, listens on a unix socket in a
 short temporary directory plus TCP port 0 (gRPC), data plane on port 0, metrics on port 0,
-and has its own arena file (unique node id).
+and has its own arena file (unique node id). The SSD tier is ON, as in production (its own
+directory, 256 MiB cap); a test that needs it off passes ``ssd_size_bytes=0`` (and says why),
+or parametrizes both with the ``ssd`` fixture.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from it_helpers import DaemonThread
+from it_helpers import DaemonThread, NodeFactory
 
 from kvstored.config import NodeConfig
 
@@ -25,7 +27,6 @@ def sock_dir() -> Iterator[str]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-NodeFactory = Callable[..., DaemonThread]
 
 
 @pytest.fixture
@@ -42,8 +43,8 @@ def start_node(sock_dir: str) -> Iterator[NodeFactory]:
             "data_address": "127.0.0.1:0",
             "metrics_address": "127.0.0.1:0",
             "dram_size_bytes": 64 << 20,
-            "ssd_size_bytes": 0,
-            "ssd_dir": None,
+            "ssd_size_bytes": 256 << 20,
+            "ssd_dir": f"{sock_dir}/{name}.ssd",
             "max_block_bytes": 4 << 20,
             "drain_grace_s": 2.0,
             "log_level": "warning",
@@ -61,3 +62,9 @@ def start_node(sock_dir: str) -> Iterator[NodeFactory]:
 @pytest.fixture
 def node(start_node: NodeFactory) -> DaemonThread:
     return start_node()
+
+
+@pytest.fixture(params=["ssd_on", "ssd_off"])
+def ssd(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Node config overrides for both SSD settings: ``start_node(**ssd)``."""
+    return {} if request.param == "ssd_on" else {"ssd_size_bytes": 0, "ssd_dir": None}

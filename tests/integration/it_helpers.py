@@ -103,3 +103,7 @@ def value_for(key: bytes, size: int) -> bytes:
 
 def random_keys(n: int) -> list[bytes]:
     return [os.urandom(16) for _ in range(n)]
+
+
+NodeFactory = Callable[..., "DaemonThread"]
+"""What the ``start_node`` fixture yields: start a node with NodeConfig overrides."""

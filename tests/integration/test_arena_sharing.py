@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import NodeFactory
+from it_helpers import NodeFactory
 from it_helpers import random_keys, value_for
 
 from kvstored.client import Client

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import NodeFactory
+from it_helpers import NodeFactory
 from it_helpers import random_keys, value_for
 
 from kvstored import Client

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import NodeFactory
+from it_helpers import NodeFactory
 from it_helpers import random_keys, value_for
 
 from kvstored import Client, Namespace

@@ -173,20 +173,26 @@ def test_dead_data_plane_raises_unavailable_within_the_deadline(node: DaemonThre
         assert time.monotonic() - t0 < 3.5
 
 
-def test_client_follows_a_node_restart_on_the_same_socket(start_node: object, sock_dir: str) -> None:
+def test_client_follows_a_node_restart_on_the_same_socket(
+    start_node: object, sock_dir: str, ssd: dict[str, object]
+) -> None:
     listen = [f"unix:{sock_dir}/restart.sock", "127.0.0.1:0"]
-    first = start_node(node_id="restart-node", listen=listen)  # type: ignore[operator]
+    ssd = {**ssd, "ssd_dir": ssd.get("ssd_dir", f"{sock_dir}/restart.ssd")}  # one dir for both
+    first = start_node(node_id="restart-node", listen=listen, **ssd)  # type: ignore[operator]
     old_keys, new_keys = random_keys(3), random_keys(3)
     with Client(first.unix_address, timeout_s=15) as c:
         assert c.describe().transport == "shm"
         c.put(old_keys, [value_for(k, 50_000) for k in old_keys])
         old_epoch = c.describe().epoch
         first.stop()
-        second = start_node(node_id="restart-node", listen=listen)  # type: ignore[operator]
+        second = start_node(node_id="restart-node", listen=listen, **ssd)  # type: ignore[operator]
         # the same client: it must notice the new epoch and map the new arena
         assert all(r.stored for r in c.put(new_keys, [value_for(k, 50_000) for k in new_keys]))
         assert c.get(new_keys) == [value_for(k, 50_000) for k in new_keys]
-        assert c.get(old_keys) == [None] * 3  # DRAM only: gone with the old process
+        if ssd.get("ssd_size_bytes") == 0:
+            assert c.get(old_keys) == [None] * 3  # DRAM only: gone with the old process
+        else:  # spilled to SSD by the drain, read back by the new process
+            assert c.get(old_keys) == [value_for(k, 50_000) for k in old_keys]
         assert c.describe().epoch != old_epoch
         assert second.daemon.store.get(new_keys[0]) == (value_for(new_keys[0], 50_000), b"")
 

@@ -15,13 +15,12 @@ from kvstored.errors import (
     InvalidArgument,
     KeyInvalid,
     LeaseExpired,
-    NamespaceMismatch,
     NotFound,
     Unavailable,
 )
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import MAX_META_BYTES, NodeCore
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.base import PinnedBlock, Reservation, Tier
 from kvstored.tiers.tiered import TieredStore
 
 EPOCH = 1234
@@ -158,18 +157,45 @@ def test_nothing_pinned_gives_pin_id_zero(core: NodeCore) -> None:
     assert pin_id == 0 and got[0] is None and isinstance(got[1], KeyInvalid)
 
 
-def test_namespace_mismatch_is_a_per_item_error(core: NodeCore) -> None:
+def test_every_core_operation_is_scoped_to_its_namespace(core: NodeCore) -> None:
     ns_a, ns_b = b"A" * 16, b"B" * 16
     core.put_inline([(key(1), b"in a", b"")], ns_a)
     pin_id, got = core.pin_blocks([key(1)], ns_b)
-    assert pin_id == 0 and isinstance(got[0], NamespaceMismatch)
+    assert pin_id == 0 and got == [None]  # a miss: B learns nothing about A's block
+    assert core.exists([key(1)], ns_b) == ([False], [])
+    assert core.exists([key(1)], ns_b, with_tiers=True) == ([False], [None])
+    assert core.exists([key(1)], b"") == ([False], [])
+    assert core.remove([key(1)], ns_b) == [False]
+    assert core.remove([key(1)]) == [False]
+    assert core.put_inline([(key(1), b"in b", b"")], ns_b)[0].stored is True
+    assert [o.value for o in core.get_inline([key(1)], ns_b, budget_bytes=1 << 20)] == [b"in b"]
     pin_id, got = core.pin_blocks([key(1)], ns_a)
-    assert isinstance(got[0], PinnedBlock)
+    assert isinstance(got[0], PinnedBlock) and bytes(got[0].view) == b"in a"
     core.release_pins([pin_id])
-    assert core.lookup_prefix([key(1)], ns_b) == []
     assert core.lookup_prefix([key(1)], ns_a) == [Tier.DRAM]
+    assert core.remove([key(1)], ns_a) == [True]
+    assert core.lookup_prefix([key(1)], ns_a) == [] and core.lookup_prefix([key(1)], ns_b) == [Tier.DRAM]
 
 
+@pytest.mark.parametrize("path", ["inline", "reserve"])
+def test_duplicate_key_within_one_put_batch_first_writer_wins(core: NodeCore, path: str) -> None:
+    # regression: the batch is committed tail-first, so the later duplicate used to win
+    items = [(key(1), b"first", b"m1"), (key(2), b"other", b""), (key(1), b"later", b"m2")]
+    if path == "inline":
+        out = core.put_inline(items, b"")
+        assert [(o.stored, o.error) for o in out] == [(True, None), (True, None), (False, None)]
+    else:
+        rid, res = core.reserve_put([(k, len(v), m) for k, v, m in items], b"")
+        # the duplicate is answered "exists": the client writes nothing for it
+        assert [r.exists for r in res] == [False, False, True] and res[2].error is None
+        held = core._reservations[rid].items
+        assert len(core.store._reservations) == 2
+        for r, (_, v, _) in zip(held, items, strict=True):
+            if isinstance(r, Reservation):
+                r.view[:] = v
+        out = core.commit_put(rid)
+        assert [o.stored for o in out] == [True, True, False]
+    assert core.store.get(key(1)) == (b"first", b"m1")
 def test_stale_epoch_is_unavailable(core: NodeCore) -> None:
     with pytest.raises(Unavailable, match="restarted"):
         core.reserve_put([(key(1), 10, b"")], b"", epoch=EPOCH + 1)

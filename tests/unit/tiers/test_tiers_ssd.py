@@ -6,15 +6,16 @@ import errno
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
 from structlog.testing import capture_logs
 
-from kvstored.errors import NamespaceMismatch, NoCapacity, StorageIOError
+from kvstored.errors import NoCapacity, StorageIOError
 from kvstored.tiers.base import PinnedBlock, Tier
-from kvstored.tiers.ssd import _file_rel
+from kvstored.tiers.ssd_format import file_rel, index_key, store_key
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
@@ -53,8 +54,12 @@ def make(tmp_path: pathlib.Path) -> Iterator[MakeStore]:
         s.close()
 
 
-def block_path(ssd_dir: pathlib.Path, k: bytes) -> pathlib.Path:
-    return ssd_dir / "data" / _file_rel(k)
+def _file_rel(k: bytes, ns: bytes = b"") -> str:
+    return file_rel(store_key(ns, k))
+
+
+def block_path(ssd_dir: pathlib.Path, k: bytes, ns: bytes = b"") -> pathlib.Path:
+    return ssd_dir / "data" / _file_rel(k, ns)
 
 
 def ssd_stats(s: TieredStore):  # type: ignore[no-untyped-def]
@@ -75,7 +80,8 @@ def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
     s = make(dram_blocks=2)
     for i in range(5):
         assert s.put(key(i), val(i), namespace_id=b"ns", meta=b"m%d" % i)
-    assert s.lookup_prefix([key(i) for i in range(5)]) == [Tier.SSD] * 3 + [Tier.DRAM] * 2
+    five = [key(i) for i in range(5)]
+    assert s.lookup_prefix(five, namespace_id=b"ns") == [Tier.SSD] * 3 + [Tier.DRAM] * 2
     assert ssd_stats(s).num_blocks == 3 and s.stats().tiers[0].evictions == 3
     got = s.pin_many([key(0), key(1)], namespace_id=b"ns")
     assert [g.tier for g in got] == [Tier.SSD, Tier.SSD]  # type: ignore[union-attr]
@@ -87,7 +93,7 @@ def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
     blocks = {b.key: b.tiers for b in s.list_blocks()[0]}
     assert blocks[key(0)] == (Tier.DRAM, Tier.SSD)
     for i in range(5):
-        assert s.get(key(i)) == (val(i), b"m%d" % i)
+        assert s.get(key(i), namespace_id=b"ns") == (val(i), b"m%d" % i)
     st = s.stats()
     assert st.checksum_failures == 0 and st.put_failures == 0 and st.misses == 0
     assert ssd_stats(s).hits >= 2
@@ -121,13 +127,26 @@ def test_promotion_fails_with_no_capacity_when_dram_all_pinned(make: MakeStore) 
     assert s.get(key(0)) == (val(0), b"")
 
 
-def test_namespace_mismatch_on_ssd_block(make: MakeStore) -> None:
+def test_same_key_in_two_namespaces_is_two_blocks_on_ssd_and_after_restart(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
     s = make(dram_blocks=1)
     s.put(key(0), val(0), namespace_id=b"A")
-    s.put(key(1), val(1))
-    assert isinstance(s.pin_many([key(0)], namespace_id=b"B")[0], NamespaceMismatch)
-    assert s.lookup_prefix([key(0)], namespace_id=b"B") == []
+    assert s.put(key(0), val(1), namespace_id=b"B") is True  # not an "already stored" no-op
+    s.put(key(1), val(2))  # demotes both key(0) blocks
     assert s.lookup_prefix([key(0)], namespace_id=b"A") == [Tier.SSD]
+    assert s.lookup_prefix([key(0)], namespace_id=b"B") == [Tier.SSD]
+    assert s.lookup_prefix([key(0)]) == [] and s.pin_many([key(0)]) == [None]
+    assert block_path(tmp_path / "ssd", key(0), b"A").exists()
+    assert block_path(tmp_path / "ssd", key(0), b"B").exists()
+    assert s.remove([key(0)], namespace_id=b"C") == [False]
+    assert s.remove([key(0)], namespace_id=b"B") == [True]
+    assert not block_path(tmp_path / "ssd", key(0), b"B").exists()
+    s.close()
+    s2 = make(dram_blocks=1)
+    assert s2.get(key(0), namespace_id=b"A") == (val(0), b"")
+    assert s2.exists([key(0)], namespace_id=b"B") == [False]
+    assert s2.exists([key(0)]) == [False]
 
 
 def test_ssd_cap_evicts_lru_ssd_blocks(make: MakeStore, tmp_path: pathlib.Path) -> None:
@@ -151,10 +170,100 @@ def test_remove_deletes_ssd_file(make: MakeStore, tmp_path: pathlib.Path) -> Non
     assert s.exists([key(0)]) == [False]
 
 
-def test_second_store_on_same_dir_is_refused(make: MakeStore) -> None:
-    make()
-    with pytest.raises(StorageIOError, match="cannot open SSD tier"):
+def test_second_store_on_same_dir_is_refused_with_a_clear_error(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    # regression: the user saw RocksDB's raw "IO error: While lock file: .../index/LOCK"
+    s = make()
+    s.put(key(0), val(0))
+    with pytest.raises(StorageIOError) as err:
         make()
+    msg = str(err.value)
+    assert str(tmp_path / "ssd") in msg and "already in use by another kvstored process" in msg
+    assert f"pid {os.getpid()}" in msg and "LOCK" not in msg
+    # and from another process, as two daemons would be
+    code = (
+        "import sys; from kvstored.tiers.tiered import TieredStore\n"
+        "try:\n"
+        f"    TieredStore(dram_size_bytes=1<<20, arena_dir=None, ssd_dir={str(tmp_path / 'ssd')!r},"
+        " ssd_size_bytes=1<<20)\n"
+        "except Exception as e: print(type(e).__name__, e); sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "StorageIOError" in proc.stdout and "already in use by another kvstored process" in proc.stdout
+    assert s.get(key(0)) == (val(0), b"")  # the owner is unharmed
+    assert s.spill_to_ssd() == 1
+    s.close()
+    s2 = make()  # released on close
+    assert s2.exists([key(0)]) == [True]
+
+
+@pytest.mark.parametrize("damage", ["current_garbage", "index_deleted"])
+def test_corrupt_index_is_rebuilt_from_block_files_with_a_warning(
+    make: MakeStore, tmp_path: pathlib.Path, damage: str
+) -> None:
+    s = make(dram_blocks=4)
+    for i in range(3):
+        s.put(key(i), val(i), namespace_id=b"ns%d" % (i % 2), meta=b"meta%d" % i)
+    s.put(b"L" * 200, val(5))  # a long key (file named by hash): recovered from the trailer
+    assert s.spill_to_ssd() == 4
+    s.close()
+    index = tmp_path / "ssd" / "index"
+    if damage == "current_garbage":
+        (index / "CURRENT").write_bytes(b"\x00garbage-not-a-manifest")
+    else:
+        import shutil
+
+        shutil.rmtree(index)
+        index.mkdir()
+        (index / "CURRENT").write_bytes(b"MANIFEST-000099\n")  # names a missing manifest
+    (tmp_path / "ssd" / "data" / "7f").mkdir(exist_ok=True)
+    (tmp_path / "ssd" / "data" / "7f" / "feed.blk").write_bytes(b"no trailer here")
+    with capture_logs() as logs:
+        s2 = make(dram_blocks=4)
+    warned = [e for e in logs if e["event"] == "ssd_index_rebuilt_from_files"]
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+    opened = [e for e in logs if e["event"] == "ssd_tier_opened"][0]
+    assert opened["rebuilt_from_files"] is True and opened["num_blocks"] == 4
+    assert opened["orphan_files_deleted"] == 1
+    for i in range(3):
+        assert s2.get(key(i), namespace_id=b"ns%d" % (i % 2)) == (val(i), b"meta%d" % i)
+        assert s2.exists([key(i)], namespace_id=b"ns%d" % ((i + 1) % 2)) == [False]
+    assert s2.get(b"L" * 200) == (val(5), b"")
+    s2.close()
+    s3 = make(dram_blocks=4)  # the rebuilt index is a normal index now
+    assert s3.exists([key(0)], namespace_id=b"ns0") == [True]
+
+
+def test_version_1_index_records_are_migrated_to_namespace_scoped_identity(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    from rocksdict import Options, Rdict
+
+    from kvstored.tiers.ssd_format import REC_HEADER, checksum_of, legacy_file_rel
+
+    ssd = tmp_path / "ssd"
+    (ssd / "data").mkdir(parents=True)
+    db = Rdict(str(ssd / "index"), options=Options(raw_mode=True))
+    for i, ns in ((0, b"nsA"), (1, b"")):
+        rel = legacy_file_rel(key(i))
+        (ssd / "data" / rel).parent.mkdir(exist_ok=True)
+        (ssd / "data" / rel).write_bytes(val(i))
+        name = rel.encode()
+        db[b"B" + key(i)] = (
+            REC_HEADER.pack(1, BLOCK, checksum_of(val(i)), i, len(ns), len(name), 2)
+            + ns + name + b"m%d" % i
+        )
+    db.close()
+    with capture_logs() as logs:
+        s = make(dram_blocks=4)
+    opened = [e for e in logs if e["event"] == "ssd_tier_opened"][0]
+    assert opened["migrated_entries"] == 2 and opened["dropped_entries"] == 0
+    assert s.get(key(0), namespace_id=b"nsA") == (val(0), b"m0")
+    assert s.get(key(0)) is None
+    assert s.get(key(1)) == (val(1), b"m1")
+    assert data_files(ssd) == sorted([_file_rel(key(0), b"nsA"), _file_rel(key(1))])
 
 
 @pytest.mark.parametrize("where", ["open", "read"])
@@ -228,7 +337,7 @@ def test_restart_rebuilds_index_with_meta_and_namespace(make: MakeStore) -> None
     assert s.spill_to_ssd() == 0  # already there
     s.close()
     s2 = make(dram_blocks=4)
-    assert s2.lookup_prefix([key(i) for i in range(3)]) == [Tier.SSD] * 3
+    assert s2.lookup_prefix([key(i) for i in range(3)], namespace_id=b"ns") == [Tier.SSD] * 3
     blocks = {b.key: b for b in s2.list_blocks(namespace_id=b"ns")[0]}
     assert set(blocks) == {key(0), key(1), key(2)}
     for i in range(3):
@@ -457,9 +566,37 @@ def test_long_keys_and_garbage_index_records_survive_restart(
     s.close()
     db = Rdict(str(tmp_path / "ssd" / "index"), options=Options(raw_mode=True))
     db[b"B" + key(3)] = b"\x01garbage"
-    db[b"B" + key(2)] = b"\x09" + bytes(40)  # unknown record version
+    db[index_key(store_key(b"", key(2)))] = b"\x09" + bytes(40)  # unknown record version
     db.close()
     s2 = make(dram_blocks=4)
     assert s2.exists([long_key, key(2), key(3)]) == [True, False, False]
     assert s2.get(long_key) == (val(1), b"")
     assert data_files(tmp_path / "ssd") == [_file_rel(long_key)]
+
+
+def test_namespace_tags_are_per_process_but_the_directory_is_not(
+    make: MakeStore, tmp_path: pathlib.Path
+) -> None:
+    # in memory a namespace is a 3-byte tag assigned in first-use order; on disk it is the
+    # full id. Another process that meets the namespaces in the other order must still find
+    # each block under its own namespace.
+    s = make(dram_blocks=4)
+    s.put(key(0), val(0), namespace_id=b"first-ns")
+    s.put(key(0), val(1), namespace_id=b"second-ns")
+    assert s.spill_to_ssd() == 2
+    s.close()
+    code = (
+        "from kvstored.tiers.ssd_format import store_key\n"
+        "from kvstored.tiers.tiered import TieredStore\n"
+        "store_key(b'unrelated', b'x'); store_key(b'second-ns', b'x')\n"  # other tag order
+        f"s = TieredStore(dram_size_bytes=1<<20, arena_dir=None, ssd_dir={str(tmp_path / 'ssd')!r},"
+        " ssd_size_bytes=1<<20)\n"
+        f"k = {key(0)!r}\n"
+        "print('RESULT', s.get(k, namespace_id=b'second-ns')[0][:4].hex(),"
+        " s.get(k, namespace_id=b'first-ns')[0][:4].hex(), s.get(k))\n"
+        "s.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line.split()[1:] == [val(1)[:4].hex(), val(0)[:4].hex(), "None"]

@@ -14,12 +14,12 @@ from kvstored.errors import (
     BlockTooLarge,
     InvalidArgument,
     KeyInvalid,
-    NamespaceMismatch,
     NoCapacity,
     NotFound,
     Unavailable,
 )
 from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
@@ -223,18 +223,25 @@ def test_bad_input_errors(store4: TieredStore) -> None:
         TieredStore(dram_size_bytes=100, arena_dir=None)
 
 
-def test_namespace_mismatch(store4: TieredStore) -> None:
+def test_every_operation_is_scoped_to_its_namespace(store4: TieredStore) -> None:
+    # regression: a put under B of a key stored under A was an ok no-op, exists/remove ignored
+    # the namespace and a reader with no namespace read every namespace's blocks
     store4.put(key(1), val(1), namespace_id=b"nsA")
-    store4.put(key(2), val(2))
-    r = store4.pin_many([key(1), key(2)], namespace_id=b"nsB")
-    assert isinstance(r[0], NamespaceMismatch)
-    assert isinstance(r[1], PinnedBlock)  # stored without namespace: accepted
-    store4.unpin(r[1])
+    assert store4.put(key(1), val(2), namespace_id=b"nsB") is True  # a second block
     assert store4.get(key(1), namespace_id=b"nsA") == (val(1), b"")
-    assert store4.get(key(1)) == (val(1), b"")
-    with pytest.raises(NamespaceMismatch):
-        store4.get(key(1), namespace_id=b"nsB")
-    assert store4.lookup_prefix([key(2), key(1)], namespace_id=b"nsB") == [Tier.DRAM]
+    assert store4.get(key(1), namespace_id=b"nsB") == (val(2), b"")
+    assert store4.pin_many([key(1)], namespace_id=b"nsC") == [None]  # no error, no leak
+    assert store4.get(key(1)) is None  # b"" is a namespace of its own
+    assert store4.exists([key(1)], namespace_id=b"nsC") == [False]
+    assert store4.exists([key(1)], namespace_id=b"nsA") == [True]
+    assert store4.lookup_prefix([key(1)], namespace_id=b"nsC") == []
+    assert store4.remove([key(1)], namespace_id=b"nsC") == [False]
+    assert store4.remove([key(1)]) == [False]
+    assert store4.remove([key(1)], namespace_id=b"nsB") == [True]
+    assert store4.get(key(1), namespace_id=b"nsA") == (val(1), b"")  # A's block untouched
+    assert [(b.key, b.namespace_id) for b in store4.list_blocks(namespace_id=b"nsA")[0]] == [
+        (key(1), b"nsA")
+    ]
     assert store4.stats().pinned_blocks == 0
 
 
@@ -341,3 +348,95 @@ def test_eight_threads_putting_same_keys_store_one_complete_value_each() -> None
         st = s.stats()
         assert st.puts == num_keys
         assert st.tiers[0].used_bytes == num_keys * 4 * K  # losers' space all freed
+
+
+# ---- eviction with mixed block sizes ----------------------------------------------------
+
+MiB = 1 << 20
+
+
+def test_mixed_sizes_one_large_put_evicts_a_contiguous_window_not_34_blocks() -> None:
+    # the repro of issue 6: 64 MiB of 1 MiB blocks whose LRU order alternates by address
+    # (odd blocks least recent), then one 4 MiB put. Evicting LRU-first freed isolated 1 MiB
+    # holes and took 34 victims; now the LRU victim is taken with its neighbours.
+    s = TieredStore(dram_size_bytes=64 * MiB, arena_dir=None)
+    try:
+        keys = [key(i) for i in range(64)]
+        for i, k in enumerate(keys):
+            s.put(k, val(i, MiB))
+        assert [s._dram.entries[store_key(b"", k)].offset for k in keys] == [i * MiB for i in range(64)]
+        for p in s.pin_many(keys[:64:2]):
+            s.unpin(p)  # type: ignore[arg-type]
+        assert s.put(key(100), val(100, 4 * MiB)) is True
+        assert s.stats().tiers[0].evictions == 4
+        gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]
+        assert gone == [1, 2, 3, 4]  # the LRU block (1) and the window right of it
+        assert s._dram.entries[store_key(b"", key(100))].offset == 1 * MiB
+        s._dram.allocator.check_invariants()
+        # the next large put starts from the next LRU block (3 is gone: 5 is next)
+        assert s.put(key(101), val(101, 2 * MiB)) is True
+        gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]
+        assert gone == [1, 2, 3, 4, 5, 6]
+        assert s.stats().tiers[0].evictions == 6
+    finally:
+        s.close()
+
+
+def test_mixed_sizes_a_window_skips_pinned_neighbours_and_prefers_free_space() -> None:
+    s = TieredStore(dram_size_bytes=8 * K, arena_dir=None)
+    try:
+        for i in range(8):
+            s.put(key(i), val(i))
+        (pinned,) = s.pin_many([key(1)])  # 1 pinned (and most recent)
+        for p in s.pin_many([key(i) for i in (2, 4, 5, 6, 7)]):
+            s.unpin(p)  # type: ignore[arg-type]
+        # LRU order now: 0, 3, 7, 6, 5, 4, 2, (1 pinned)
+        assert s.remove([key(4)]) == [True]  # a free unit at 4
+        assert s.put(key(20), val(20, 3 * K)) is True
+        # 0 cannot grow past pinned 1 -> skipped; 3 with free 4 and 5: cost 2 blocks
+        gone = [i for i, ok in enumerate(s.exists([key(i) for i in range(8)])) if not ok]
+        assert gone == [3, 4, 5]
+        assert s.stats().tiers[0].evictions == 2
+        s.unpin(pinned)  # type: ignore[arg-type]
+    finally:
+        s.close()
+
+
+def test_eviction_work_is_bounded_when_small_blocks_sit_at_the_lru_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # regression (found by bench_metadata_storm): 512 probe blocks of 4 KiB at the LRU head
+    # whose windows cannot reach 4 MiB made every 4 MiB put walk ~512 x 1024 extents with the
+    # store lock held (a 2.8 s stall of LookupPrefix). Now a few tries, then plain LRU.
+    import kvstored.tiers.transit as tiered
+    from kvstored.tiers.eviction import MAX_WINDOW_TRIES
+
+    s = TieredStore(dram_size_bytes=8 * MiB, arena_dir=None)
+    try:
+        probes = [key(i) for i in range(512)]
+        for k in probes:
+            s.put(k, b"p" * 64)  # [0, 2 MiB)
+        fence = s.reserve(key(9999), 10)  # a reservation at 2 MiB: windows cannot cross it
+        assert fence is not None and fence.offset == 2 * MiB
+        big = [key(1000 + i) for i in range(5)]
+        for i, k in enumerate(big):
+            s.put(k, val(i, MiB))  # [2 MiB + 4 KiB, ...): nearly full
+        for p in s.pin_many(big):
+            s.unpin(p)  # type: ignore[arg-type]  # probes are LRU now
+        calls: list[int] = []
+        real = tiered.victim_window
+
+        def counting(*a: object, **kw: object) -> object:
+            got = real(*a, **kw)  # type: ignore[arg-type]
+            calls.append(0 if got is None else len(got))
+            return got
+
+        monkeypatch.setattr(tiered, "victim_window", counting)
+        assert s.put(key(5000), val(7, 2 * MiB)) is True
+        assert calls == [0] * MAX_WINDOW_TRIES  # then plain LRU took the probes
+        gone = [i for i, ok in enumerate(s.exists(probes)) if not ok]
+        assert gone == list(range(512))  # 2 MiB of probes freed, in LRU order
+        assert s.stats().tiers[0].evictions == 512
+        s.abort(fence)
+    finally:
+        s.close()
