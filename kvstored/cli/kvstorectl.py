@@ -387,18 +387,18 @@ def nodes(obj: CtlContext) -> None:
             return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
 
         rows = [
-            (n["node_id"], n["grpc_address"], n["data_address"], n["epoch"], n["health"],
+            (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
              usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
              f"{n['lease_left_s']:.1f} s")
             for n in d["nodes"]
         ]
         title = (f"nodes ({len(d['nodes'])}; master epoch {d['master_epoch']}, "
                  f"{d['num_replicas']} replicas)")
-        cols = ["node", "grpc", "data", "epoch", "health", "DRAM used/cap", "SSD used/cap",
+        cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
                 "load", "replicas", "lease left"]
         return [output.rows_table(title, cols, rows)]
 
-    output.emit(obj.output, data, tables)
+    output.emit(obj.output, data, tables, min_width=160)
 
 
 if __name__ == "__main__":
