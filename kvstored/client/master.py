@@ -107,5 +107,9 @@ class MasterClient:
             resp = self._stub.LookupPrefix(req, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return [ClusterReplica(r.node_id, r.epoch, Tier(r.tier), r.size_bytes, r.generation,
-                               r.data_address) for r in resp.replicas], resp.complete
+        nodes = list(resp.nodes)
+        return [
+            ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
+            for i, t, s, g in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
+                                  strict=True)
+        ], resp.complete

@@ -30,7 +30,7 @@ Not thread-safe: the master mutates it from its event loop only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -70,6 +70,37 @@ class Replica:
     size_bytes: int
     generation: int
     state: ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """Answer of :meth:`BlockIndex.lookup_prefix`: the best replica of each leading block,
+    as columns (no Python object per block on the hot path).
+
+    Attributes:
+        holders: ``(num_blocks,)`` int64, the holder of each block's best replica.
+        tiers: ``(num_blocks,)`` uint8, its tier (1 DRAM, 2 SSD).
+        sizes: ``(num_blocks,)`` uint32, its size in bytes.
+        generations: ``(num_blocks,)`` uint64, its generation.
+    """
+
+    holders: np.ndarray
+    tiers: np.ndarray
+    sizes: np.ndarray
+    generations: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.holders)
+
+    def __iter__(self) -> Iterator[Replica]:
+        """Per-block :class:`Replica` objects (convenience for tests and admin views)."""
+        for h, t, s, g in zip(self.holders.tolist(), self.tiers.tolist(), self.sizes.tolist(),
+                              self.generations.tolist(), strict=True):
+            yield Replica(h, Tier(t), s, g, ReplicaState.COMMITTED)
+
+
+_EMPTY_HIT = PrefixHit(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8),
+                       np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint64))
 
 
 def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
@@ -495,7 +526,7 @@ class BlockIndex:
     # ---- lookup ----------------------------------------------------------------------
     def lookup_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
-    ) -> list[Replica]:
+    ) -> PrefixHit:
         """Longest prefix present cluster-wide and the best replica of each of its blocks.
 
         Stops at the first block without a readable COMMITTED replica. Best = local DRAM >
@@ -508,20 +539,16 @@ class BlockIndex:
             local_holder: the asking node's holder id (-1: every replica is remote).
 
         Returns:
-            One :class:`Replica` per leading present block.
+            The best replica of each leading present block, as columns.
         """
         ns = self._ns(namespace_id, create=False)
         if ns is None or not keys:
-            return []
-        get = self._dicts[ns].get
-        found: list[int] = []
-        for k in keys:
-            s = get(k)
-            if s is None:
-                break
-            found.append(s)
+            return _EMPTY_HIT
+        found = list(map(self._dicts[ns].get, keys))
+        if None in found:
+            del found[found.index(None) :]
         if not found:
-            return []
+            return _EMPTY_HIT
         slots = np.asarray(found, dtype=np.int64)
         n = len(slots)
         cur = self._head[slots].astype(np.int64)
@@ -547,11 +574,7 @@ class BlockIndex:
         missing = np.flatnonzero(best_row < 0)
         count = int(missing[0]) if len(missing) else n
         rows = best_row[:count]
-        return [
-            Replica(h, Tier(t), s, g, ReplicaState.COMMITTED)
-            for h, t, s, g in zip(self._holder[rows].tolist(), self._tier[rows].tolist(),
-                                  self._size[rows].tolist(), self._gen[rows].tolist(), strict=True)
-        ]
+        return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
 
     # ---- garbage ---------------------------------------------------------------------
     def collect_garbage(self, max_rows: int = 65536) -> int:

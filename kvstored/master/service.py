@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 import structlog
 
 from kvstored.errors import ERROR_CODE_METADATA_KEY, InternalError, InvalidArgument, KvstoredError
@@ -194,17 +195,23 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         m = self.membership
         m.expire_lapsed()
         local = m.node(request.local_node_id) if request.local_node_id else None
-        found = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
-                                         local_holder=local.holder if local else -1)
-        out = []
-        for r in found:
-            rec = m.record_of_holder(r.holder)
+        hit = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
+                                       local_holder=local.holder if local else -1)
+        resp = pb.MasterLookupPrefixResponse(complete=m.is_complete())
+        if not len(hit):
+            return resp
+        holders, node_index = np.unique(hit.holders, return_inverse=True)
+        for h in holders.tolist():
+            rec = m.record_of_holder(h)
             if rec is None:  # cannot happen: readable holders have records
-                break
-            out.append(pb.ReplicaRef(node_id=rec.spec.node_id, epoch=rec.spec.epoch,
-                                     tier=int(r.tier), size_bytes=r.size_bytes,
-                                     generation=r.generation, data_address=rec.spec.data_address))
-        return pb.MasterLookupPrefixResponse(replicas=out, complete=m.is_complete())
+                raise InternalError(f"holder {h} is readable but has no node")
+            resp.nodes.add(node_id=rec.spec.node_id, epoch=rec.spec.epoch,
+                           data_address=rec.spec.data_address)
+        resp.node_index.extend(node_index.tolist())
+        resp.tier.extend(hit.tiers.tolist())
+        resp.size_bytes.extend(hit.sizes.tolist())
+        resp.generation.extend(hit.generations.tolist())
+        return resp
 
     @_rpc
     async def PutStart(  # noqa: N802

@@ -244,12 +244,30 @@ class MasterLookupPrefixRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ...) -> None: ...
 
 class MasterLookupPrefixResponse(_message.Message):
-    __slots__ = ("replicas", "complete")
-    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
-    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
+    nodes: _containers.RepeatedCompositeFieldContainer[ReplicaNode]
+    node_index: _containers.RepeatedScalarFieldContainer[int]
+    tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    generation: _containers.RepeatedScalarFieldContainer[int]
     complete: bool
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class ReplicaNode(_message.Message):
+    __slots__ = ("node_id", "epoch", "data_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    data_address: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy")
