@@ -6,9 +6,10 @@ in a per-namespace ``dict[bytes, int]``::
 
     ns dicts        {namespace_id: {key: block slot}}           (the key object is shared
     block columns   head[slot] -> first row, ns[slot], keys[slot]  with keys[slot])
-    row columns     holder u4 | tier u1 | state u1 | size u4 | generation u8 | next i4
-                    | block i4  (26 bytes per replica; rows of one block form a singly
-                    linked list from head[slot]; block[row] points back to the slot)
+    row records     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
+                    | state u1  (26 bytes per replica, one packed numpy record array;
+                    rows of one block form a singly linked list from head[slot];
+                    block[row] points back to the slot)
     holder columns  readable[holder] bool, load[holder] f8
 
 A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
@@ -37,6 +38,7 @@ from enum import IntEnum
 import numpy as np
 
 from kvstored.errors import InvalidArgument
+from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
 from kvstored.tiers.base import Tier
 
 _NO_ROW = -1
@@ -44,6 +46,10 @@ _FREE = 0
 MAX_SIZE_BYTES = (1 << 32) - 1
 """Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""
 _LOAD_CLIP = 1e9
+ROW_DTYPE = np.dtype([("holder", np.uint32), ("next", np.int32), ("block", np.int32),
+                      ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8),
+                      ("state", np.uint8)])
+"""One replica: 26 bytes, packed (no alignment padding)."""
 
 
 class ReplicaState(IntEnum):
@@ -123,20 +129,18 @@ class BlockIndex:
         n = max(16, int(initial_blocks))
         self._ns_ids: list[bytes] = []
         self._ns_index: dict[bytes, int] = {}
-        self._dicts: list[dict[bytes, int]] = []
+        self._tables: list[KeyTable] = []
         # block columns
         self._head = np.full(n, _NO_ROW, dtype=np.int32)
         self._block_ns = np.zeros(n, dtype=np.uint16)
-        self._keys: list[bytes | None] = []
+        self._bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
+        self._num_slots = 0  # high-water mark of block slots
         self._free_blocks: list[int] = []
-        # row columns
-        self._holder = np.zeros(n, dtype=np.uint32)
-        self._tier = np.zeros(n, dtype=np.uint8)
-        self._state = np.zeros(n, dtype=np.uint8)
-        self._size = np.zeros(n, dtype=np.uint32)
-        self._gen = np.zeros(n, dtype=np.uint64)
-        self._next = np.full(n, _NO_ROW, dtype=np.int32)
-        self._block = np.full(n, _NO_ROW, dtype=np.int32)
+        self._long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
+        # row columns: views into one packed record array (a lookup touches one cache line
+        # per replica, not one per column)
+        self._rows = self._new_row_array(n)
+        self._bind_row_views()
         self._num_rows_used = 0  # high-water mark
         self._free_rows: list[int] = []
         # holder columns
@@ -146,6 +150,23 @@ class BlockIndex:
         self._holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
         self._num_holders = 0
         self._num_dead_rows = 0
+
+    @staticmethod
+    def _new_row_array(n: int) -> np.ndarray:
+        rows = np.zeros(n, dtype=ROW_DTYPE)
+        rows["next"] = _NO_ROW
+        rows["block"] = _NO_ROW
+        return rows
+
+    def _bind_row_views(self) -> None:
+        r = self._rows
+        self._holder = r["holder"]
+        self._tier = r["tier"]
+        self._state = r["state"]
+        self._size = r["size"]
+        self._gen = r["gen"]
+        self._next = r["next"]
+        self._block = r["block"]
 
     # ---- holders ---------------------------------------------------------------------
     def add_holder(self) -> int:
@@ -211,7 +232,7 @@ class BlockIndex:
     @property
     def num_blocks(self) -> int:
         """Blocks with at least one row (garbage rows of retired holders included)."""
-        return sum(len(d) for d in self._dicts)
+        return sum(len(t) for t in self._tables)
 
     @property
     def num_garbage_rows(self) -> int:
@@ -220,9 +241,8 @@ class BlockIndex:
 
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
-        arrays = (self._head, self._block_ns, self._holder, self._tier, self._state, self._size,
-                  self._gen, self._next, self._block, self._readable, self._retired, self._load,
-                  self._holder_rows)
+        arrays = (self._head, self._block_ns, self._bkey, self._rows, self._readable, self._retired,
+                  self._load, self._holder_rows)
         return sum(a.nbytes for a in arrays)
 
     # ---- internals -------------------------------------------------------------------
@@ -236,23 +256,43 @@ class BlockIndex:
             got = len(self._ns_ids)
             self._ns_ids.append(namespace_id)
             self._ns_index[namespace_id] = got
-            self._dicts.append({})
+            self._tables.append(KeyTable())
         return got
 
-    def _new_block(self, ns: int, key: bytes) -> int:
-        if self._free_blocks:
-            slot = self._free_blocks.pop()
-            self._keys[slot] = key
-        else:
-            slot = len(self._keys)
-            self._keys.append(key)
-            if slot >= len(self._head):
-                self._head = _grow(self._head, slot + 1, _NO_ROW)
-                self._block_ns = _grow(self._block_ns, slot + 1, 0)
-        self._head[slot] = _NO_ROW
-        self._block_ns[slot] = ns
-        self._dicts[ns][key] = slot
-        return slot
+    def _grow_blocks(self, need: int) -> None:
+        if need > len(self._head):
+            self._head = _grow(self._head, need, _NO_ROW)
+            self._block_ns = _grow(self._block_ns, need, 0)
+            grown = np.zeros((len(self._head), 2), dtype=np.uint64)
+            grown[: len(self._bkey)] = self._bkey
+            self._bkey = grown
+
+    def _new_slots(self, count: int) -> np.ndarray:
+        take = min(count, len(self._free_blocks))
+        reused = [self._free_blocks.pop() for _ in range(take)]
+        start = self._num_slots
+        self._num_slots += count - take
+        self._grow_blocks(self._num_slots)
+        return np.concatenate([np.asarray(reused, dtype=np.int64),
+                               np.arange(start, self._num_slots, dtype=np.int64)])
+
+    def _new_blocks(self, ns: int, words: np.ndarray, keys: Sequence[bytes]) -> np.ndarray:
+        """Block slots for distinct absent keys (``words`` their 16-byte forms)."""
+        slots = self._new_slots(len(words))
+        self._head[slots] = _NO_ROW
+        self._block_ns[slots] = ns
+        self._bkey[slots] = words
+        for k in keys:
+            if len(k) != KEY_BYTES:
+                self._long_keys[(ns, key_digest(k))] = bytes(k)
+        self._tables[ns].insert_many(words, slots)
+        return slots
+
+    def _slot(self, ns: int | None, key: bytes) -> int | None:
+        if ns is None:
+            return None
+        got = self._tables[ns].get(key)
+        return None if got < 0 else got
 
     def _new_rows(self, count: int) -> np.ndarray:
         take = min(count, len(self._free_rows))
@@ -261,16 +301,22 @@ class BlockIndex:
         if fresh:
             start = self._num_rows_used
             end = start + fresh
-            if end > len(self._holder):
-                cols = ("_holder", "_tier", "_state", "_size", "_gen")
-                for name in cols:
-                    setattr(self, name, _grow(getattr(self, name), end, 0))
-                self._next = _grow(self._next, end, _NO_ROW)
-                self._block = _grow(self._block, end, _NO_ROW)
+            if end > len(self._rows):
+                grown = self._new_row_array(max(end, 2 * len(self._rows)))
+                grown[: len(self._rows)] = self._rows
+                self._rows = grown
+                self._bind_row_views()
             self._num_rows_used = end
             return np.concatenate([np.asarray(rows, dtype=np.int64),
                                    np.arange(start, end, dtype=np.int64)])
         return np.asarray(rows, dtype=np.int64)
+
+    def _key_bytes(self, slot: int) -> bytes:
+        return self._bkey[slot].astype("<u8").tobytes()
+
+    @staticmethod
+    def _has_long(keys: Sequence[bytes]) -> bool:
+        return any(len(k) != KEY_BYTES for k in keys)
 
     def _check_row_args(self, holder: int, tier: Tier, size_bytes: int) -> None:
         self._check_holder(holder)
@@ -304,10 +350,12 @@ class BlockIndex:
         self._block[row] = _NO_ROW
         self._free_rows.append(row)
         if nxt == _NO_ROW and prev == _NO_ROW:  # the block has no row left
-            key = self._keys[slot]
-            assert key is not None
-            del self._dicts[int(self._block_ns[slot])][key]
-            self._keys[slot] = None
+            ns = int(self._block_ns[slot])
+            lo, hi = (int(w) for w in self._bkey[slot])
+            deleted = self._tables[ns].delete_words(lo, hi)
+            assert deleted
+            if self._long_keys:
+                self._long_keys.pop((ns, self._key_bytes(slot)), None)
             self._free_blocks.append(slot)
 
     # ---- replicas --------------------------------------------------------------------
@@ -336,10 +384,9 @@ class BlockIndex:
         self._check_row_args(holder, tier, size_bytes)
         ns = self._ns(namespace_id, create=True)
         assert ns is not None
-        d = self._dicts[ns]
-        slot = d.get(key)
+        slot = self._slot(ns, key)
         if slot is None:
-            slot = self._new_block(ns, bytes(key))
+            slot = int(self._new_blocks(ns, keys_to_words([key]), [key])[0])
         else:
             row, _ = self._find_row(slot, holder, int(tier))
             if row != _NO_ROW:
@@ -399,12 +446,17 @@ class BlockIndex:
             raise InvalidArgument(f"every size_bytes must be in [0, {MAX_SIZE_BYTES}]")
         ns = self._ns(namespace_id, create=True)
         assert ns is not None
-        d = self._dicts[ns]
-        slots = np.empty(n, dtype=np.int64)
-        get = d.get
-        for i, k in enumerate(keys):
-            s = get(k)
-            slots[i] = self._new_block(ns, bytes(k)) if s is None else s
+        words = keys_to_words(keys)
+        uniq, first_of, inverse = np.unique(words.view(np.dtype((np.void, 16))).ravel(),
+                                            return_index=True, return_inverse=True)
+        uwords = words[first_of]
+        uslots = self._tables[ns].get_many(uwords)
+        absent = np.flatnonzero(uslots < 0)
+        if len(absent):
+            uslots[absent] = self._new_blocks(ns, uwords[absent],
+                                              [keys[int(first_of[i])] for i in absent]
+                                              if self._has_long(keys) else [])
+        slots = uslots[inverse.ravel()]
         # one row per distinct (slot, tier); duplicates in the batch are dropped
         combo = slots * 4 + tier_arr
         _, first = np.unique(combo, return_index=True)
@@ -439,7 +491,7 @@ class BlockIndex:
         ns = self._ns(namespace_id, create=False)
         if ns is None:
             return False
-        slot = self._dicts[ns].get(key)
+        slot = self._slot(ns, key)
         if slot is None:
             return False
         row, prev = self._find_row(slot, holder, int(tier))
@@ -460,7 +512,7 @@ class BlockIndex:
         ns = self._ns(namespace_id, create=False)
         if ns is None:
             return []
-        slot = self._dicts[ns].get(key)
+        slot = self._slot(ns, key)
         if slot is None:
             return []
         out = []
@@ -480,7 +532,7 @@ class BlockIndex:
         ns = self._ns(namespace_id, create=False)
         if ns is None:
             return []
-        slot = self._dicts[ns].get(key)
+        slot = self._slot(ns, key)
         if slot is None:
             return []
         out = []
@@ -544,13 +596,13 @@ class BlockIndex:
         ns = self._ns(namespace_id, create=False)
         if ns is None or not keys:
             return _EMPTY_HIT
-        found = list(map(self._dicts[ns].get, keys))
-        if None in found:
-            del found[found.index(None) :]
-        if not found:
-            return _EMPTY_HIT
-        slots = np.asarray(found, dtype=np.int64)
+        slots = self._tables[ns].get_many(keys_to_words(keys))
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            slots = slots[: int(missing[0])]
         n = len(slots)
+        if n == 0:
+            return _EMPTY_HIT
         cur = self._head[slots].astype(np.int64)
         best_row = np.full(n, _NO_ROW, dtype=np.int64)
         best_score = np.full(n, np.inf)
@@ -607,9 +659,10 @@ class BlockIndex:
         out = []
         for row in rows.tolist():
             slot = int(self._block[row])
-            key = self._keys[slot]
-            assert key is not None
-            out.append((self._ns_ids[int(self._block_ns[slot])], key, Tier(int(self._tier[row]))))
+            ns = int(self._block_ns[slot])
+            key = self._key_bytes(slot)
+            key = self._long_keys.get((ns, key), key)
+            out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
         return out
 
 
