@@ -6,8 +6,8 @@ replica each, spread over 8 holders (node incarnations), 16-byte random keys, th
 from one of the holders so locality ranking is exercised.
 
 Memory is reported two ways: the growth of the process RSS over the build (what the master
-pays, allocator slack included) and an accounting of the structures (numpy column bytes +
-the namespace dict + the key objects + the slot list).
+pays, allocator slack included) and ``BlockIndex.memory_bytes()`` (its numpy columns and key
+tables, spare capacity included).
 
 Reference measured in the same run: a plain-Python index (``dict[bytes, list[tuple]]``, one
 tuple per replica, ranking in a Python loop) at the same sizes up to ``--naive-max``.
@@ -86,9 +86,7 @@ def run_packed(n: int, lookups: int) -> dict[str, Any]:
     build_s = time.perf_counter() - t0
     gc.collect()
     rss1 = rss_bytes()
-    d = ix._dicts[0]  # accounting of the structures (private: a benchmark may look)
-    acct = (ix.column_bytes() + sys.getsizeof(d) + sys.getsizeof(ix._keys)
-            + n * (sys.getsizeof(b"x" * 16) + 7) // 8 * 8)  # pymalloc rounds to 8 bytes
+    acct = ix.memory_bytes()
     samples = []
     for i in range(lookups):
         p = prefixes[i % len(prefixes)]

@@ -245,6 +245,11 @@ class BlockIndex:
                   self._load, self._holder_rows)
         return sum(a.nbytes for a in arrays)
 
+    def memory_bytes(self) -> int:
+        """Bytes of every numpy structure (columns and key tables, capacity included);
+        excludes the small Python lists of free slots and keys longer than 16 bytes."""
+        return self.column_bytes() + sum(t.nbytes for t in self._tables)
+
     # ---- internals -------------------------------------------------------------------
     def _ns(self, namespace_id: bytes, *, create: bool) -> int | None:
         got = self._ns_index.get(namespace_id)

@@ -48,7 +48,7 @@ def keys_to_words(keys: Sequence[bytes]) -> np.ndarray:
         joined = b"".join(keys)
     except TypeError:
         joined = b"".join(bytes(k) for k in keys)
-    if len(joined) != KEY_BYTES * len(keys) or any(len(k) != KEY_BYTES for k in keys):
+    if len(joined) != KEY_BYTES * len(keys) or set(map(len, keys)) != {KEY_BYTES}:
         joined = b"".join(key_digest(bytes(k)) for k in keys)
     return np.frombuffer(joined, dtype="<u8").reshape(-1, 2).astype(np.uint64, copy=False)
 
@@ -96,18 +96,25 @@ class KeyTable:
         lo = np.ascontiguousarray(words[:, 0])
         hi = np.ascontiguousarray(words[:, 1])
         pos = self._home(lo)
-        active = np.arange(n)
         rec = self._rec
-        for _ in range(_VECTOR_ROUNDS):
+        # round 1 on every key (most sit at their home record), then only the rest
+        r = rec[pos]
+        slot = r["slot"]
+        hit = (slot >= 0) & (r["lo"] == lo) & (r["hi"] == hi)
+        out[hit] = slot[hit]
+        active = np.flatnonzero(~hit & (slot != EMPTY))
+        for _ in range(_VECTOR_ROUNDS - 1):
+            if len(active) == 0:
+                return out
+            pos[active] = (pos[active] + 1) & self._mask
             r = rec[pos[active]]
             slot = r["slot"]
             hit = (slot >= 0) & (r["lo"] == lo[active]) & (r["hi"] == hi[active])
             out[active[hit]] = slot[hit]
-            more = ~hit & (slot != EMPTY)
-            active = active[more]
-            if len(active) == 0:
-                return out
-            pos[active] = (pos[active] + 1) & self._mask
+            active = active[~hit & (slot != EMPTY)]
+        if len(active) == 0:
+            return out
+        pos[active] = (pos[active] + 1) & self._mask
         for i in active.tolist():  # the few long probe sequences: finish one by one
             out[i] = self._probe(int(lo[i]), int(hi[i]), int(pos[i]))[1]
         return out
