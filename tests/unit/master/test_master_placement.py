@@ -124,3 +124,15 @@ def test_bad_put_starts_name_the_argument(cluster: Cluster, size: int, replicas:
     with pytest.raises(InvalidArgument, match=match):
         cluster.placement.start_put(NS, k, size, num_replicas=replicas)
     assert cluster.placement.num_open_writes == 0
+
+
+def test_a_commit_after_the_chosen_node_restarted_stores_nothing(cluster: Cluster) -> None:
+    from master_helpers import spec
+
+    cluster.join("a", epoch=1)
+    w = cluster.placement.start_put(NS, key(1), MiB, writer_node_id="a")
+    cluster.members.register(spec("a", epoch=2))  # the bytes went with epoch 1's DRAM
+    assert cluster.placement.end_put(NS, key(1), w.generation, commit=True) == 0
+    cluster.sync("a", 2, [])
+    assert cluster.where([1]) == []
+    assert cluster.index.replicas(NS, key(1)) == []
