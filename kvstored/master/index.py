@@ -31,82 +31,29 @@ Not thread-safe: the master mutates it from its event loop only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
+from collections.abc import Sequence
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
+from kvstored.master.records import (
+    EMPTY_HIT,
+    MAX_SIZE_BYTES,
+    Generations,
+    PrefixHit,
+    Replica,
+    ReplicaState,
+)
 from kvstored.tiers.base import Tier
 
 _NO_ROW = -1
 _FREE = 0
-MAX_SIZE_BYTES = (1 << 32) - 1
-"""Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""
 _LOAD_CLIP = 1e9
 ROW_DTYPE = np.dtype([("holder", np.uint32), ("next", np.int32), ("block", np.int32),
                       ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8),
                       ("state", np.uint8)])
 """One replica: 26 bytes, packed (no alignment padding)."""
-
-
-class ReplicaState(IntEnum):
-    """State of a replica (mirrors ``kvstored.v1.ReplicaState``)."""
-
-    WRITING = 1
-    COMMITTED = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """One replica of one block, as the index knows it.
-
-    Attributes:
-        holder: the holder (node incarnation) id of the membership.
-        tier: DRAM or SSD on that node.
-        size_bytes: the block's size.
-        generation: the write that created it (placement) or the event that reported it.
-        state: WRITING (placed, not committed) or COMMITTED.
-    """
-
-    holder: int
-    tier: Tier
-    size_bytes: int
-    generation: int
-    state: ReplicaState
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixHit:
-    """Answer of :meth:`BlockIndex.lookup_prefix`: the best replica of each leading block,
-    as columns (no Python object per block on the hot path).
-
-    Attributes:
-        holders: ``(num_blocks,)`` int64, the holder of each block's best replica.
-        tiers: ``(num_blocks,)`` uint8, its tier (1 DRAM, 2 SSD).
-        sizes: ``(num_blocks,)`` uint32, its size in bytes.
-        generations: ``(num_blocks,)`` uint64, its generation.
-    """
-
-    holders: np.ndarray
-    tiers: np.ndarray
-    sizes: np.ndarray
-    generations: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.holders)
-
-    def __iter__(self) -> Iterator[Replica]:
-        """Per-block :class:`Replica` objects (convenience for tests and admin views)."""
-        for h, t, s, g in zip(self.holders.tolist(), self.tiers.tolist(), self.sizes.tolist(),
-                              self.generations.tolist(), strict=True):
-            yield Replica(h, Tier(t), s, g, ReplicaState.COMMITTED)
-
-
-_EMPTY_HIT = PrefixHit(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8),
-                       np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint64))
 
 
 def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
@@ -452,7 +399,7 @@ class BlockIndex:
         ns = self._ns(namespace_id, create=True)
         assert ns is not None
         words = keys_to_words(keys)
-        uniq, first_of, inverse = np.unique(words.view(np.dtype((np.void, 16))).ravel(),
+        _, first_of, inverse = np.unique(words.view(np.dtype((np.void, 16))).ravel(),
                                             return_index=True, return_inverse=True)
         uwords = words[first_of]
         uslots = self._tables[ns].get_many(uwords)
@@ -476,8 +423,7 @@ class BlockIndex:
         self._gen[rows] = generation
         self._block[rows] = slots
         # link: blocks appearing once in this batch are linked in one vectorized step
-        uniq, counts = np.unique(slots, return_counts=True)
-        if len(uniq) == len(slots):
+        if len(np.unique(slots)) == len(slots):
             self._next[rows] = self._head[slots]
             self._head[slots] = rows
         else:
@@ -600,14 +546,14 @@ class BlockIndex:
         """
         ns = self._ns(namespace_id, create=False)
         if ns is None or not keys:
-            return _EMPTY_HIT
+            return EMPTY_HIT
         slots = self._tables[ns].get_many(keys_to_words(keys))
         missing = np.flatnonzero(slots < 0)
         if len(missing):
             slots = slots[: int(missing[0])]
         n = len(slots)
         if n == 0:
-            return _EMPTY_HIT
+            return EMPTY_HIT
         cur = self._head[slots].astype(np.int64)
         best_row = np.full(n, _NO_ROW, dtype=np.int64)
         best_score = np.full(n, np.inf)
@@ -671,22 +617,5 @@ class BlockIndex:
         return out
 
 
-class Generations:
-    """Source of write generations: strictly increasing, also across master restarts.
-
-    Args:
-        start: the first generation; the master passes its start epoch (ns since the Unix
-            epoch, strictly greater than any earlier start's), so a generation handed out
-            before a restart is never handed out again.
-    """
-
-    def __init__(self, start: int) -> None:
-        if not 0 < start < (1 << 63):
-            raise InvalidArgument(f"generation start must be in (0, 2**63), got {start}")
-        self._next = int(start)
-
-    def next(self) -> int:
-        """A new generation, greater than every one before."""
-        g = self._next
-        self._next += 1
-        return g
+__all__ = ["MAX_SIZE_BYTES", "ROW_DTYPE", "BlockIndex", "Generations", "PrefixHit", "Replica",
+           "ReplicaState"]
