@@ -369,10 +369,10 @@ class BlockIndex:
         sizes: Sequence[int] | np.ndarray,
         generation: int,
     ) -> int:
-        """Index many COMMITTED replicas of one fresh holder (inventory sync, benchmarks).
+        """Index many COMMITTED replicas of one holder (inventory sync, benchmarks).
 
-        The holder must have no rows yet in these blocks (a new holder never has); a
-        (key, tier) repeated in the batch is indexed once.
+        Idempotent like :meth:`add_replica`: a (key, tier) repeated in the batch, or one
+        the holder already has, is indexed once (existing rows are left as they are).
 
         Returns:
             Rows added.
@@ -415,6 +415,13 @@ class BlockIndex:
         if len(first) != n:
             first.sort()
             slots, tier_arr, size_arr = slots[first], tier_arr[first], size_arr[first]
+        # rows this holder already has (an earlier chunk repeated a block): kept, not doubled
+        have = self._has_rows(slots, holder, tier_arr)
+        if have.any():
+            keep = ~have
+            slots, tier_arr, size_arr = slots[keep], tier_arr[keep], size_arr[keep]
+            if len(slots) == 0:
+                return 0
         rows = self._new_rows(len(slots))
         self._holder[rows] = holder
         self._tier[rows] = tier_arr
@@ -432,6 +439,18 @@ class BlockIndex:
                 self._head[s] = r
         self._holder_rows[holder] += len(rows)
         return len(rows)
+
+    def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
+        """Per slot: whether ``holder`` already has a row of that tier (vectorized walk)."""
+        found = np.zeros(len(slots), dtype=np.bool_)
+        cur = self._head[slots].astype(np.int64)
+        while True:
+            idx = np.flatnonzero(cur >= 0)
+            if len(idx) == 0:
+                return found
+            r = cur[idx]
+            found[idx] |= (self._holder[r] == holder) & (self._tier[r] == tiers[idx])
+            cur[idx] = self._next[r]
 
     def remove_replica(self, namespace_id: bytes, key: bytes, *, holder: int, tier: Tier) -> bool:
         """Drop one replica (a node evicted or removed it).

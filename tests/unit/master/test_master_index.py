@@ -191,3 +191,16 @@ def test_lookup_matches_a_dict_model_under_random_operations(ops: list) -> None:
     assert ix.num_blocks == sum(
         1 for reps in model.values() if any(h not in retired for h, _ in reps)
     )
+
+
+def test_a_block_repeated_across_inventory_chunks_is_indexed_once() -> None:
+    ix, (a, b) = _index(2)
+    _add(ix, 0, b, DRAM)  # another node holds it too: the block pre-exists
+    for _ in range(2):  # two chunks of one sync both list block 0 in DRAM, block 1 on SSD
+        ix.add_replicas_bulk(NS, [key(0), key(1)], holder=a, tiers=[1, 2], sizes=[9, 9],
+                             generation=2)
+    assert ix.num_holder_replicas(a) == 2 and ix.num_replicas == 3
+    assert ix.remove_replica(NS, key(0), holder=a, tier=DRAM)
+    assert [(r.holder, r.tier) for r in ix.replicas(NS, key(0))] == [(b, DRAM)]
+    assert ix.remove_replica(NS, key(1), holder=a, tier=SSD)
+    assert len(ix.lookup_prefix(NS, [key(1)])) == 0  # no stale duplicate left behind
