@@ -5,8 +5,8 @@ replica each, spread over 8 holders (node incarnations), 16-byte random keys, th
 ``BlockIndex.lookup_prefix`` of 512 present keys (a full walk: nothing stops early), asked
 from one of the holders so locality ranking is exercised.
 
-Memory is reported two ways: the growth of the process RSS over the build (what the master
-pays, allocator slack included) and ``BlockIndex.memory_bytes()`` (its numpy columns and key
+Memory is reported two ways: the growth of the process RSS over the build (after
+``malloc_trim``, so freed build temporaries do not count; allocator slack does) and ``BlockIndex.memory_bytes()`` (its numpy columns and key
 tables, spare capacity included).
 
 Reference measured in the same run: a plain-Python index (``dict[bytes, list[tuple]]``, one
@@ -23,6 +23,8 @@ Usage:  python bench/bench_master.py [--sizes 10000,1000000,10000000] [--naive-m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -41,6 +43,10 @@ CHUNK = 1 << 20
 
 
 def rss_bytes() -> int:
+    """Resident bytes after handing freed heap back to the OS (build transients excluded)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 

@@ -6,8 +6,8 @@ in a per-namespace ``dict[bytes, int]``::
 
     ns dicts        {namespace_id: {key: block slot}}           (the key object is shared
     block columns   head[slot] -> first row, ns[slot], keys[slot]  with keys[slot])
-    row records     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
-                    | state u1  (26 bytes per replica, one packed numpy record array;
+    row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
+                    | state u1  (26 bytes per replica, one contiguous array per field;
                     rows of one block form a singly linked list from head[slot];
                     block[row] points back to the slot)
     holder columns  readable[holder] bool, load[holder] f8
@@ -50,10 +50,9 @@ from kvstored.tiers.base import Tier
 _NO_ROW = -1
 _FREE = 0
 _LOAD_CLIP = 1e9
-ROW_DTYPE = np.dtype([("holder", np.uint32), ("next", np.int32), ("block", np.int32),
-                      ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8),
-                      ("state", np.uint8)])
-"""One replica: 26 bytes, packed (no alignment padding)."""
+ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
+              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8))
+"""The columns of a replica row: 26 bytes per replica."""
 
 
 def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
@@ -84,10 +83,9 @@ class BlockIndex:
         self._num_slots = 0  # high-water mark of block slots
         self._free_blocks: list[int] = []
         self._long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
-        # row columns: views into one packed record array (a lookup touches one cache line
-        # per replica, not one per column)
-        self._rows = self._new_row_array(n)
-        self._bind_row_views()
+        # row columns: one contiguous array per field (numpy gathers from contiguous columns
+        # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
+        self._alloc_row_columns(n)
         self._num_rows_used = 0  # high-water mark
         self._free_rows: list[int] = []
         # holder columns
@@ -98,22 +96,12 @@ class BlockIndex:
         self._num_holders = 0
         self._num_dead_rows = 0
 
-    @staticmethod
-    def _new_row_array(n: int) -> np.ndarray:
-        rows = np.zeros(n, dtype=ROW_DTYPE)
-        rows["next"] = _NO_ROW
-        rows["block"] = _NO_ROW
-        return rows
-
-    def _bind_row_views(self) -> None:
-        r = self._rows
-        self._holder = r["holder"]
-        self._tier = r["tier"]
-        self._state = r["state"]
-        self._size = r["size"]
-        self._gen = r["gen"]
-        self._next = r["next"]
-        self._block = r["block"]
+    def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
+        for name, dtype in ROW_FIELDS:
+            arr = np.full(n, _NO_ROW if name in ("next", "block") else 0, dtype=dtype)
+            if old is not None:
+                arr[: len(old[name])] = old[name]
+            setattr(self, f"_{name}", arr)
 
     # ---- holders ---------------------------------------------------------------------
     def add_holder(self) -> int:
@@ -188,7 +176,8 @@ class BlockIndex:
 
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
-        arrays = (self._head, self._block_ns, self._bkey, self._rows, self._readable, self._retired,
+        arrays = (self._head, self._block_ns, self._bkey, self._holder, self._next,
+                  self._block, self._size, self._gen, self._tier, self._state, self._readable, self._retired,
                   self._load, self._holder_rows)
         return sum(a.nbytes for a in arrays)
 
@@ -253,11 +242,9 @@ class BlockIndex:
         if fresh:
             start = self._num_rows_used
             end = start + fresh
-            if end > len(self._rows):
-                grown = self._new_row_array(max(end, 2 * len(self._rows)))
-                grown[: len(self._rows)] = self._rows
-                self._rows = grown
-                self._bind_row_views()
+            if end > len(self._holder):
+                old = {name: getattr(self, f"_{name}") for name, _ in ROW_FIELDS}
+                self._alloc_row_columns(max(end, 2 * len(self._holder)), old)
             self._num_rows_used = end
             return np.concatenate([np.asarray(rows, dtype=np.int64),
                                    np.arange(start, end, dtype=np.int64)])
@@ -573,30 +560,38 @@ class BlockIndex:
         n = len(slots)
         if n == 0:
             return EMPTY_HIT
-        cur = self._head[slots].astype(np.int64)
-        best_row = np.full(n, _NO_ROW, dtype=np.int64)
-        best_score = np.full(n, np.inf)
-        best_holder = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-        while True:
-            idx = np.flatnonzero(cur >= 0)
-            if len(idx) == 0:
-                break
+        # level 0: every block's first row (a block in the table always has one); most
+        # blocks have one replica, so later levels touch few blocks
+        first = self._head[slots].astype(np.int64)
+        best_row, best_score, best_holder = self._score(first, local_holder)
+        cur = self._next[first].astype(np.int64)
+        idx = np.flatnonzero(cur >= 0)
+        while len(idx):
             r = cur[idx]
-            h = self._holder[r].astype(np.int64)
-            ok = (self._state[r] == ReplicaState.COMMITTED) & self._readable[h]
-            rank = np.where(h == local_holder, 0, 2) + (self._tier[r] == Tier.SSD)
-            score = rank * (2 * _LOAD_CLIP) + np.minimum(self._load[h], _LOAD_CLIP)
+            row, score, h = self._score(r, local_holder)
             bs = best_score[idx]
-            better = ok & ((score < bs) | ((score == bs) & (h < best_holder[idx])))
+            better = (row >= 0) & ((score < bs) | ((score == bs) & (h < best_holder[idx])))
             sel = idx[better]
             best_row[sel] = r[better]
             best_score[sel] = score[better]
             best_holder[sel] = h[better]
-            cur[idx] = self._next[r]
+            nxt = self._next[r]
+            cur[idx] = nxt
+            idx = idx[nxt >= 0]
         missing = np.flatnonzero(best_row < 0)
         count = int(missing[0]) if len(missing) else n
         rows = best_row[:count]
         return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
+
+    def _score(self, rows: np.ndarray, local_holder: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row or -1 if unreadable, score: lower is better, holder) of some rows."""
+        h = self._holder[rows].astype(np.int64)
+        ok = (self._state[rows] == ReplicaState.COMMITTED) & self._readable[h]
+        rank = np.where(h == local_holder, 0.0, 2.0) + (self._tier[rows] == Tier.SSD)
+        score = rank * (2 * _LOAD_CLIP) + np.minimum(self._load[h], _LOAD_CLIP)
+        score[~ok] = np.inf
+        return np.where(ok, rows, _NO_ROW), score, h
 
     # ---- garbage ---------------------------------------------------------------------
     def collect_garbage(self, max_rows: int = 65536) -> int:
@@ -636,5 +631,5 @@ class BlockIndex:
         return out
 
 
-__all__ = ["MAX_SIZE_BYTES", "ROW_DTYPE", "BlockIndex", "Generations", "PrefixHit", "Replica",
+__all__ = ["MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
            "ReplicaState"]

@@ -3,10 +3,11 @@
 Why not a ``dict[bytes, int]``: at 10M keys a dict costs ~170 bytes per key (a 64-byte
 bytes object, a 32-byte int, ~40 bytes of table) and its lookups run one at a time in the
 interpreter, so each key pays its cache and TLB misses in series: a 512-key lookup was ~18x
-slower at 10M keys than at 10k. Here a key is 20 bytes in a packed record array and a batch
+slower at 10M keys than at 10k. Here a key is 20 bytes in three numpy columns and a batch
 of keys is probed with vectorized gathers, whose misses overlap::
 
-    records   lo u8 | hi u8 | slot i4     (slot -1 = empty, -2 = deleted)
+    records   lo u8 | hi u8 | slot i4     (three contiguous arrays; slot -1 = empty,
+                                           -2 = deleted)
     position  (lo * 0x9E3779B97F4A7C15) >> (64 - bits)   (Fibonacci hashing), then linear
               probing; load (live + deleted) kept <= 1/2, so probes are short
 
@@ -30,7 +31,6 @@ _MULT_INT = 0x9E3779B97F4A7C15
 _MULT = np.uint64(_MULT_INT)
 _U64 = (1 << 64) - 1
 _VECTOR_ROUNDS = 4
-RECORD_DTYPE = np.dtype([("lo", np.uint64), ("hi", np.uint64), ("slot", np.int32)])
 
 
 def key_digest(key: bytes) -> bytes:
@@ -67,11 +67,10 @@ class KeyTable:
     def _init(self, bits: int) -> None:
         self._bits = bits
         self._mask = (1 << bits) - 1
-        self._rec = np.zeros(1 << bits, dtype=RECORD_DTYPE)
-        self._rec["slot"] = EMPTY
-        self._lo = self._rec["lo"]
-        self._hi = self._rec["hi"]
-        self._sl = self._rec["slot"]
+        size = 1 << bits
+        self._lo = np.zeros(size, dtype=np.uint64)
+        self._hi = np.zeros(size, dtype=np.uint64)
+        self._sl = np.full(size, EMPTY, dtype=np.int32)
         self._num_used = 0  # live + deleted records
         self._num_live = 0
 
@@ -81,7 +80,7 @@ class KeyTable:
     @property
     def nbytes(self) -> int:
         """Bytes of the record array."""
-        return self._rec.nbytes
+        return self._lo.nbytes + self._hi.nbytes + self._sl.nbytes
 
     def _home(self, lo: np.ndarray) -> np.ndarray:
         return ((lo * _MULT) >> np.uint64(64 - self._bits)).astype(np.int64)
@@ -96,20 +95,18 @@ class KeyTable:
         lo = np.ascontiguousarray(words[:, 0])
         hi = np.ascontiguousarray(words[:, 1])
         pos = self._home(lo)
-        rec = self._rec
         # round 1 on every key (most sit at their home record), then only the rest
-        r = rec[pos]
-        slot = r["slot"]
-        hit = (slot >= 0) & (r["lo"] == lo) & (r["hi"] == hi)
+        slot = self._sl[pos]
+        hit = (slot >= 0) & (self._lo[pos] == lo) & (self._hi[pos] == hi)
         out[hit] = slot[hit]
         active = np.flatnonzero(~hit & (slot != EMPTY))
         for _ in range(_VECTOR_ROUNDS - 1):
             if len(active) == 0:
                 return out
             pos[active] = (pos[active] + 1) & self._mask
-            r = rec[pos[active]]
-            slot = r["slot"]
-            hit = (slot >= 0) & (r["lo"] == lo[active]) & (r["hi"] == hi[active])
+            p = pos[active]
+            slot = self._sl[p]
+            hit = (slot >= 0) & (self._lo[p] == lo[active]) & (self._hi[p] == hi[active])
             out[active[hit]] = slot[hit]
             active = active[~hit & (slot != EMPTY)]
         if len(active) == 0:
@@ -148,15 +145,17 @@ class KeyTable:
 
     # ---- changes ---------------------------------------------------------------------
     def _maybe_grow(self, extra: int) -> None:
-        if 2 * (self._num_used + extra) <= len(self._rec):
+        if 2 * (self._num_used + extra) <= len(self._sl):
             return
-        live = self._rec[self._rec["slot"] >= 0]
-        need = 2 * (len(live) + extra)
+        live = self._sl >= 0
+        words = np.stack([self._lo[live], self._hi[live]], axis=1)
+        slots = self._sl[live].astype(np.int64)
+        need = 2 * (len(slots) + extra)
         bits = self._bits
         while (1 << bits) < need:
             bits += 1
         self._init(bits)
-        self._insert_new(np.stack([live["lo"], live["hi"]], axis=1), live["slot"].astype(np.int64))
+        self._insert_new(words, slots)
 
     def _insert_new(self, words: np.ndarray, slots: np.ndarray) -> None:
         """Insert keys known to be absent and distinct (vectorized claim of free records)."""
