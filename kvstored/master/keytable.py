@@ -1,18 +1,22 @@
-"""KeyTable: an open-addressing hash table from 16-byte keys to int slots, in numpy.
+"""KeyTable: a bucketized hash table from 16-byte keys to int slots, in numpy.
 
 Why not a ``dict[bytes, int]``: at 10M keys a dict costs ~170 bytes per key (a 64-byte
 bytes object, a 32-byte int, ~40 bytes of table) and its lookups run one at a time in the
 interpreter, so each key pays its cache and TLB misses in series: a 512-key lookup was ~18x
-slower at 10M keys than at 10k. Here a key is 20 bytes in three numpy columns and a batch
-of keys is probed with vectorized gathers, whose misses overlap::
+slower at 10M keys than at 10k. Here a key is 20 bytes in numpy columns and a batch of keys
+is looked up with a few vectorized gathers, whose misses overlap::
 
-    records   lo u8 | hi u8 | slot i4     (three contiguous arrays; slot -1 = empty,
-                                           -2 = deleted)
-    position  (lo * 0x9E3779B97F4A7C15) >> (64 - bits)   (Fibonacci hashing), then linear
-              probing; load (live + deleted) kept <= 1/2, so probes are short
+    buckets   lo u8[8] | hi u8[8] | slot i4[8]   per bucket, 8 entries (slot -1 = free)
+              + one overflow flag per bucket (a key once did not fit: look further)
+    bucket    (lo * 0x9E3779B97F4A7C15) >> (64 - bits)   (Fibonacci hashing); a full
+              bucket spills into the next one; live entries kept <= 1/2 of capacity
+
+A batch lookup gathers each key's home bucket row (8 entries) in one step and compares all
+of them at once; with 8-way buckets at load <= 1/2 a key is almost always in its home
+bucket, and the rare rest (overflowed buckets, equal low words) are finished one by one.
 
 Keys must be exactly 16 bytes (block hashes); :func:`key_digest` maps other lengths to 16.
-Source: Knuth, TAOCP vol. 3, 6.4 (multiplicative hashing, linear probing).
+Source: Knuth, TAOCP vol. 3, 6.4 (multiplicative hashing, open addressing with buckets).
 
 Not thread-safe (the master's loop only).
 """
@@ -26,11 +30,10 @@ import numpy as np
 
 KEY_BYTES = 16
 EMPTY = -1
-DELETED = -2
+WAYS = 8
 _MULT_INT = 0x9E3779B97F4A7C15
 _MULT = np.uint64(_MULT_INT)
 _U64 = (1 << 64) - 1
-_VECTOR_ROUNDS = 4
 
 
 def key_digest(key: bytes) -> bytes:
@@ -57,21 +60,20 @@ class KeyTable:
     """16-byte key -> non-negative int slot (see the module docstring).
 
     Args:
-        capacity: initial number of records (rounded up to a power of two, >= 16).
+        capacity: initial number of entries (rounded up to buckets of 8, at least 16).
     """
 
     def __init__(self, capacity: int = 16) -> None:
-        bits = max(4, int(capacity - 1).bit_length())
-        self._init(bits)
+        self._init(max(1, int(max(16, capacity) // WAYS - 1).bit_length()))
 
     def _init(self, bits: int) -> None:
+        nb = 1 << bits
         self._bits = bits
-        self._mask = (1 << bits) - 1
-        size = 1 << bits
-        self._lo = np.zeros(size, dtype=np.uint64)
-        self._hi = np.zeros(size, dtype=np.uint64)
-        self._sl = np.full(size, EMPTY, dtype=np.int32)
-        self._num_used = 0  # live + deleted records
+        self._mask = nb - 1
+        self._lo = np.zeros((nb, WAYS), dtype=np.uint64)
+        self._hi = np.zeros((nb, WAYS), dtype=np.uint64)
+        self._sl = np.full((nb, WAYS), EMPTY, dtype=np.int32)
+        self._over = np.zeros(nb, dtype=np.bool_)
         self._num_live = 0
 
     def __len__(self) -> int:
@@ -79,11 +81,14 @@ class KeyTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the record array."""
-        return self._lo.nbytes + self._hi.nbytes + self._sl.nbytes
+        """Bytes of the bucket arrays."""
+        return self._lo.nbytes + self._hi.nbytes + self._sl.nbytes + self._over.nbytes
 
     def _home(self, lo: np.ndarray) -> np.ndarray:
         return ((lo * _MULT) >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def _home_int(self, lo: int) -> int:
+        return ((lo * _MULT_INT) & _U64) >> (64 - self._bits)
 
     # ---- lookup ----------------------------------------------------------------------
     def get_many(self, words: np.ndarray) -> np.ndarray:
@@ -94,101 +99,87 @@ class KeyTable:
             return out
         lo = np.ascontiguousarray(words[:, 0])
         hi = np.ascontiguousarray(words[:, 1])
-        pos = self._home(lo)
-        # round 1 on every key (most sit at their home record), then only the rest
-        slot = self._sl[pos]
-        hit = (slot >= 0) & (self._lo[pos] == lo) & (self._hi[pos] == hi)
-        out[hit] = slot[hit]
-        active = np.flatnonzero(~hit & (slot != EMPTY))
-        for _ in range(_VECTOR_ROUNDS - 1):
-            if len(active) == 0:
-                return out
-            pos[active] = (pos[active] + 1) & self._mask
-            p = pos[active]
-            slot = self._sl[p]
-            hit = (slot >= 0) & (self._lo[p] == lo[active]) & (self._hi[p] == hi[active])
-            out[active[hit]] = slot[hit]
-            active = active[~hit & (slot != EMPTY)]
-        if len(active) == 0:
-            return out
-        pos[active] = (pos[active] + 1) & self._mask
-        for i in active.tolist():  # the few long probe sequences: finish one by one
-            out[i] = self._probe(int(lo[i]), int(hi[i]), int(pos[i]))[1]
+        b = self._home(lo)
+        match = (self._lo[b] == lo[:, None]) & (self._sl[b] >= 0)
+        j = match.argmax(axis=1)
+        cand = match[np.arange(n), j]
+        slot = self._sl[b, j]
+        ok = cand & (self._hi[b, j] == hi)
+        out[ok] = slot[ok]
+        # not found at home: absent, unless the bucket overflowed or an entry with the same
+        # low word but another high word came first (then finish that key one by one)
+        rest = np.flatnonzero(~ok & (self._over[b] | cand))
+        for i in rest.tolist():
+            out[i] = self._probe(int(lo[i]), int(hi[i]))[2]
         return out
 
-    def _probe(self, lo: int, hi: int, pos: int) -> tuple[int, int]:
-        """(position, slot) of the key from ``pos`` on; slot -1 and the first free
-        position (deleted or empty) when absent."""
-        sl, klo, khi = self._sl, self._lo, self._hi
-        free = -1
+    def _probe(self, lo: int, hi: int) -> tuple[int, int, int]:
+        """(bucket, way, slot) of a key; ``(-1, -1, -1)`` when absent."""
+        b = self._home_int(lo)
         while True:
-            slot = int(sl[pos])
-            if slot == EMPTY:
-                return (free if free >= 0 else pos), EMPTY
-            if slot == DELETED:
-                if free < 0:
-                    free = pos
-            elif int(klo[pos]) == lo and int(khi[pos]) == hi:
-                return pos, slot
-            pos = (pos + 1) & self._mask
-
-    def _home_int(self, lo: int) -> int:
-        return ((lo * _MULT_INT) & _U64) >> (64 - self._bits)
+            row_sl = self._sl[b]
+            for w in np.flatnonzero((self._lo[b] == lo) & (row_sl >= 0)).tolist():
+                if int(self._hi[b, w]) == hi:
+                    return b, w, int(row_sl[w])
+            if not self._over[b]:
+                return -1, -1, EMPTY
+            b = (b + 1) & self._mask
 
     def get(self, key: bytes) -> int:
-        """The slot of one key, or -1 (scalar path: no numpy temporaries)."""
+        """The slot of one key, or -1."""
         if self._num_live == 0:
             return EMPTY
         d = key_digest(key)
-        lo = int.from_bytes(d[:8], "little")
-        return self._probe(lo, int.from_bytes(d[8:], "little"), self._home_int(lo))[1]
+        return self._probe(int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"))[2]
 
     # ---- changes ---------------------------------------------------------------------
     def _maybe_grow(self, extra: int) -> None:
-        if 2 * (self._num_used + extra) <= len(self._sl):
+        if 2 * (self._num_live + extra) <= self._sl.size:
             return
         live = self._sl >= 0
         words = np.stack([self._lo[live], self._hi[live]], axis=1)
         slots = self._sl[live].astype(np.int64)
-        need = 2 * (len(slots) + extra)
         bits = self._bits
-        while (1 << bits) < need:
+        while (WAYS << bits) < 2 * (len(slots) + extra):
             bits += 1
         self._init(bits)
         self._insert_new(words, slots)
 
     def _insert_new(self, words: np.ndarray, slots: np.ndarray) -> None:
-        """Insert keys known to be absent and distinct (vectorized claim of free records)."""
+        """Insert keys known to be absent and distinct: each takes the k-th free entry of
+        its bucket when it is the k-th of the batch aiming there, else spills onward."""
         n = len(words)
-        if n == 0:
-            return
         lo = np.ascontiguousarray(words[:, 0])
         hi = np.ascontiguousarray(words[:, 1])
-        pos = self._home(lo)
-        active = np.arange(n)
-        while len(active):
-            p = pos[active]
-            free = self._sl[p] < 0
-            # among keys aiming at one free record, the first claims it
-            cand = active[free]
-            _, first = np.unique(pos[cand], return_index=True)
-            won = cand[first]
-            wp = pos[won]
-            self._lo[wp] = lo[won]
-            self._hi[wp] = hi[won]
-            was_empty = self._sl[wp] == EMPTY
-            self._sl[wp] = slots[won]
-            self._num_used += int(was_empty.sum())
-            done = np.zeros(n, dtype=bool)
-            done[won] = True
-            active = active[~done[active]]
-            pos[active] = (pos[active] + 1) & self._mask
+        b = self._home(lo)
+        todo = np.arange(n)
+        while len(todo):
+            order = todo[np.argsort(b[todo], kind="stable")]
+            bs = b[order]
+            new_group = np.ones(len(bs), dtype=np.bool_)
+            new_group[1:] = bs[1:] != bs[:-1]
+            starts = np.flatnonzero(new_group)
+            rank = np.arange(len(bs)) - np.repeat(starts, np.diff(np.append(starts, len(bs))))
+            free = self._sl[bs] < 0
+            target = (np.cumsum(free, axis=1) == (rank + 1)[:, None]) & free
+            fits = target.any(axis=1)
+            w = target.argmax(axis=1)
+            put = order[fits]
+            pb, pw = bs[fits], w[fits]
+            self._lo[pb, pw] = lo[put]
+            self._hi[pb, pw] = hi[put]
+            self._sl[pb, pw] = slots[put]
+            spill = order[~fits]
+            self._over[b[spill]] = True
+            b[spill] = (b[spill] + 1) & self._mask
+            todo = spill
         self._num_live += n
 
     def insert_many(self, words: np.ndarray, slots: np.ndarray) -> None:
         """Insert distinct keys that are not in the table, with their slots (>= 0)."""
-        self._maybe_grow(len(words))
-        self._insert_new(words, np.asarray(slots, dtype=np.int64))
+        if len(words):
+            self._maybe_grow(len(words))
+            self._insert_new(words, np.asarray(slots, dtype=np.int64))
 
     def insert(self, key: bytes, slot: int) -> None:
         """Insert one key that is not in the table."""
@@ -196,9 +187,9 @@ class KeyTable:
 
     def delete_words(self, lo: int, hi: int) -> bool:
         """Remove one key (given as its two words); True if it was present."""
-        pos, slot = self._probe(lo, hi, self._home_int(lo))
+        b, w, slot = self._probe(lo, hi)
         if slot < 0:
             return False
-        self._sl[pos] = DELETED
+        self._sl[b, w] = EMPTY  # overflow flags stay set: later keys may live further on
         self._num_live -= 1
         return True
