@@ -2,10 +2,10 @@
 
 The master holds metadata for every replica in the cluster (10M and more), so a replica is
 not a Python object: it is one row of fixed-width numpy columns, and a block is one int slot
-in a per-namespace ``dict[bytes, int]``::
+found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
 
-    ns dicts        {namespace_id: {key: block slot}}           (the key object is shared
-    block columns   head[slot] -> first row, ns[slot], keys[slot]  with keys[slot])
+    key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
+    block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
     row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
                     | state u1  (26 bytes per replica, one contiguous array per field;
                     rows of one block form a singly linked list from head[slot];
@@ -22,7 +22,7 @@ Invariants:
 
 - A row whose holder was retired is never returned, counted or committed (retired holders
   never become readable again: ids are not reused).
-- A block with no row is not in its namespace dict (absent = missing cluster-wide).
+- A block with no row is not in its namespace's key table (absent = missing cluster-wide).
 - Rows of one (block, holder, tier) are unique.
 
 Not thread-safe: the master mutates it from its event loop only.

@@ -3,7 +3,8 @@
 Registration, heartbeats and change events flow; ``kvstorectl nodes`` shows the cluster; a
 node SIGKILLed and restarted at once is a new epoch whose SSD blocks are visible again (and
 stay visible after its old epoch's lease passes) while its DRAM-only blocks are gone; a
-node SIGKILLed for good leaves after its lease and its replicas with it.
+node SIGKILLed for good leaves after its lease and its replicas with it; a node stopped
+with SIGTERM leaves at once.
 
 Waits poll the master's state with a deadline: the lease is real time in real processes.
 The exact orders and races are pinned by the FakeClock unit tests in tests/unit/master.
@@ -207,3 +208,8 @@ def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
         assert set(_where(m, k1).values()) == {("n1", Tier.DRAM)}
     assert _nodes(addr)["n1"]["health"] == "healthy"
     assert "node_lease_expired" in master.log_path.read_text()
+    # SIGTERM: the node leaves the cluster as its drain begins, before it exits
+    assert n1.terminate() == 0, n1.log()
+    assert _nodes(addr) == {}
+    with MasterClient(addr) as m:
+        assert _where(m, k1) == {}
