@@ -100,11 +100,13 @@ class KeyTable:
         lo = np.ascontiguousarray(words[:, 0])
         hi = np.ascontiguousarray(words[:, 1])
         b = self._home(lo)
-        match = (self._lo[b] == lo[:, None]) & (self._sl[b] >= 0)
+        # one row gather per key; a free entry may still hold an old low word, so the
+        # first match is checked for being live (else the slow path below settles it)
+        match = self._lo[b] == lo[:, None]
         j = match.argmax(axis=1)
         cand = match[np.arange(n), j]
         slot = self._sl[b, j]
-        ok = cand & (self._hi[b, j] == hi)
+        ok = cand & (slot >= 0) & (self._hi[b, j] == hi)
         out[ok] = slot[ok]
         # not found at home: absent, unless the bucket overflowed or an entry with the same
         # low word but another high word came first (then finish that key one by one)
