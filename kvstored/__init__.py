@@ -22,6 +22,7 @@ from kvstored.errors import (
     NamespaceMismatch,
     NoCapacity,
     NotFound,
+    ReplicaNotReady,
     StorageIOError,
     TransferFailed,
     Unavailable,
@@ -36,6 +37,6 @@ __all__ = [
     "ConfigInvalid", "DeadlineExceeded", "Draining", "DtypeMismatch", "ErrorCode",
     "InternalError", "InvalidArgument", "KeyInvalid", "KvstoredError", "LeaseExpired",
     "Namespace", "NamespaceMismatch", "NoCapacity", "NodeInfo", "NotFound", "PutResult",
-    "StorageIOError", "Tier", "TransferFailed", "Unavailable",
+    "ReplicaNotReady", "StorageIOError", "Tier", "TransferFailed", "Unavailable",
     "__version__", "block_hashes", "hash_block",
 ]

@@ -31,7 +31,7 @@ import os
 import pathlib
 import tomllib
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import (
@@ -274,10 +274,56 @@ class NodeConfig(_Model):
         return f"node.{field} ({source})" if source else f"node.{field}"
 
 
+DEFAULT_MASTER_PORT = 7080
+
+
+def default_master_data_dir() -> pathlib.Path:
+    """Where the master keeps its small state file by default."""
+    return pathlib.Path(platformdirs.user_data_dir("kvstored")) / "master"
+
+
+class MasterConfig(_Model):
+    """Settings of the metadata master (``[master]`` in the TOML file)."""
+
+    listen: list[str] = Field(default_factory=lambda: [f"127.0.0.1:{DEFAULT_MASTER_PORT}"])
+    """gRPC listen addresses (``HOST:PORT``; port 0 = any); loopback by default."""
+    data_dir: pathlib.Path = Field(default_factory=default_master_data_dir)
+    """Directory of the master's state file (its last start epoch)."""
+    node_lease_s: float = Field(default=10.0, gt=0)
+    """A node silent for this long leaves the cluster, seconds. Default 10."""
+    write_lease_s: float = Field(default=30.0, gt=0)
+    """A put started and not ended within this is aborted, seconds. Default 30."""
+    unhealthy_after_failures: int = Field(default=3, ge=1)
+    """Consecutive data-plane failures after which a node is unhealthy. Default 3."""
+    placement_policy: Literal["local-first", "most-free", "random"] = "local-first"
+    """Default placement policy of new replicas."""
+    gc_interval_s: float = Field(default=1.0, gt=0)
+    """How often lapsed leases are expired and dropped replicas unlinked, seconds."""
+    log_json: bool = False
+    """Render logs as JSON lines (set under systemd)."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+
+class ClusterConfig(_Model):
+    """A node's link to the master (``[cluster]`` in the TOML file)."""
+
+    master_address: str = ""
+    """``HOST:PORT`` of the master; empty = a standalone node (no cluster)."""
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    """Seconds between heartbeats (capped at a third of the master's node lease)."""
+    rpc_timeout_s: float = Field(default=5.0, gt=0)
+    """Deadline of each call to the master, seconds."""
+    inventory_chunk_blocks: int = Field(default=4096, gt=0)
+    """Blocks per SyncInventory chunk."""
+
+
 class KvstoredConfig(_Model):
     """Root configuration."""
 
     node: NodeConfig = Field(default_factory=NodeConfig)
+    master: MasterConfig = Field(default_factory=MasterConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 def _existing_ancestor(path: pathlib.Path) -> pathlib.Path:

@@ -25,6 +25,7 @@ class ErrorCode(IntEnum):
     DTYPE_MISMATCH = 105
     NO_CAPACITY = 200
     NOT_FOUND = 300
+    REPLICA_NOT_READY = 301
     LEASE_EXPIRED = 302
     TRANSFER_FAILED = 400
     UNAVAILABLE = 500
@@ -94,6 +95,14 @@ class NotFound(KvstoredError):
 
     code = ErrorCode.NOT_FOUND
     grpc_status = grpc.StatusCode.NOT_FOUND
+
+
+class ReplicaNotReady(KvstoredError):
+    """The replica is still being written (the master refuses a second put of a block being written)."""
+
+    code = ErrorCode.REPLICA_NOT_READY
+    retriable = True
+    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class LeaseExpired(KvstoredError):
@@ -166,7 +175,7 @@ class ConfigInvalid(KvstoredError):
 _BY_CODE: dict[ErrorCode, type[KvstoredError]] = {}
 for _cls in (
     InvalidArgument, KeyInvalid, BlockTooLarge, NamespaceMismatch, BatchTooLarge, DtypeMismatch,
-    NoCapacity, NotFound, LeaseExpired, TransferFailed, Unavailable,
+    NoCapacity, NotFound, ReplicaNotReady, LeaseExpired, TransferFailed, Unavailable,
     DeadlineExceeded, Draining, InternalError, StorageIOError, ChecksumMismatch, ConfigInvalid,
 ):
     _BY_CODE[_cls.code] = _cls

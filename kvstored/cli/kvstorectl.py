@@ -2,7 +2,8 @@
 
 Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix socket),
 ``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
-``where`` (and ``scheduler`` when kvstored.scheduler is installed).
+``where``, ``nodes`` (asks a master: ``--address MASTER``) (and ``scheduler`` when
+kvstored.scheduler is installed).
 
 Exit codes: 0 ok, 1 error, 2 bad arguments, 3 node unreachable (at once when the unix socket
 file does not exist or refuses connections), 4 server error.
@@ -22,6 +23,10 @@ JSON output (sorted keys, stable for scripts)::
              "count", "truncated"}                    (keys and ids in hex)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
+    nodes   {"master_epoch", "num_replicas",
+             "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "health", "load",
+                        "num_replicas", "lease_left_s", "last_seq",
+                        "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
     errors  {"error": {"code", "message"}}
 """
 
@@ -499,6 +504,45 @@ def where(
         return [output.rows_table(title, ["#", "key", "tier"], rows)]
 
     output.emit(obj.output, data, tables)
+
+
+@main.command()
+@_common_options
+@click.pass_obj
+@_handle_errors
+def nodes(obj: CtlContext) -> None:
+    """Cluster membership from the master (--address MASTER): epoch, health, usage, load."""
+    from kvstored.client.master import MasterClient
+
+    if not obj.address or obj.address.startswith("unix:"):
+        raise InvalidArgument(
+            f"nodes asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
+        )
+    with MasterClient(obj.address, timeout_s=obj.timeout_s) as m:
+        data = m.list_nodes()
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        from kvstored.units import format_size
+
+        def usage(n: dict[str, Any], tier: str) -> str:
+            t = next((t for t in n["tiers"] if t["tier"] == tier), None)
+            if t is None or not t["capacity_bytes"]:
+                return "-"
+            return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
+
+        rows = [
+            (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
+             usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
+             f"{n['lease_left_s']:.1f} s")
+            for n in d["nodes"]
+        ]
+        title = (f"nodes ({len(d['nodes'])}; master epoch {d['master_epoch']}, "
+                 f"{d['num_replicas']} replicas)")
+        cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
+                "load", "replicas", "lease left"]
+        return [output.rows_table(title, cols, rows)]
+
+    output.emit(obj.output, data, tables, min_width=160)
 
 
 if __name__ == "__main__":

@@ -125,37 +125,127 @@ def serve(
 
     Settings: defaults < --config TOML < KVSTORED_NODE__* env vars < these flags.
     """
-    from kvstored.config import load_config
-    from kvstored.log import configure
-
     overrides = {
         "listen": list(listen) or None, "dram_size_bytes": dram_size, "ssd_dir": ssd_dir,
         "ssd_size_bytes": ssd_size, "data_address": data_address,
         "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
         "log_json": log_json, "log_level": log_level,
     }
-    flags = {
-        "listen": "--listen", "dram_size_bytes": "--dram-size", "ssd_dir": "--ssd-dir",
-        "ssd_size_bytes": "--ssd-size", "data_address": "--data-address",
-        "metrics_address": "--metrics-address", "node_id": "--node-id", "arena_dir": "--arena-dir",
-        "log_json": "--log-json", "log_level": "--log-level",
-    }
+    _run_node(config_path, overrides, {})
+
+
+_NODE_FLAGS = {
+    "listen": "--listen", "dram_size_bytes": "--dram-size", "ssd_dir": "--ssd-dir",
+    "ssd_size_bytes": "--ssd-size", "data_address": "--data-address",
+    "metrics_address": "--metrics-address", "node_id": "--node-id", "arena_dir": "--arena-dir",
+    "log_json": "--log-json", "log_level": "--log-level",
+}
+"""NodeConfig field -> the flag that sets it (config errors name the flag)."""
+
+
+def _run_node(config_path: str | None, overrides: dict[str, Any],
+              cluster_overrides: dict[str, Any]) -> None:
+    """Load the config and run a NodeDaemon (``serve``; ``node`` adds the master link)."""
+    from kvstored.config import load_config
+    from kvstored.log import configure
+
     try:
-        cfg = load_config(
-            config_path, overrides={"node": overrides},
-            override_sources={f"node.{k}": v for k, v in flags.items()},
-        ).node
+        loaded = load_config(
+            config_path, overrides={"node": overrides, "cluster": cluster_overrides},
+            override_sources={f"node.{k}": v for k, v in _NODE_FLAGS.items()}
+            | {"cluster.master_address": "--master"},
+        )
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
+    cfg = loaded.node
     configure(json=cfg.log_json, level=cfg.log_level)
     import structlog
 
     structlog.get_logger(__name__).info("config_loaded", **cfg.model_dump(mode="json"))
     from kvstored.node.daemon import NodeDaemon
 
+    cluster = loaded.cluster if cluster_overrides else None
     try:
-        asyncio.run(NodeDaemon(cfg).run(on_started=_print_started))
+        asyncio.run(NodeDaemon(cfg, cluster=cluster).run(on_started=_print_started))
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    except KvstoredError as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.option("--master", "master_address", required=True, metavar="HOST:PORT",
+              help="Address of the kvstored master to join.")
+def _node_command(config_path: str | None, master_address: str, **kwargs: Any) -> None:
+    """Run a node daemon that joins a cluster (every flag of ``serve``, plus --master).
+
+    It registers with the master, reports its inventory and changes, and heartbeats; losing
+    the master never stops it serving its own blocks.
+    """
+    overrides = {
+        "listen": list(kwargs.pop("listen")) or None,
+        **{("dram_size_bytes" if k == "dram_size" else "ssd_size_bytes" if k == "ssd_size"
+            else k): v for k, v in kwargs.items()},
+    }
+    _run_node(config_path, overrides, {"master_address": master_address})
+
+
+node = click.Command(
+    "node", callback=_node_command, help=_node_command.__doc__,
+    params=[*serve.params, *getattr(_node_command, "__click_params__", [])],
+)
+main.add_command(node)
+
+
+def _print_master_started(daemon: Any) -> None:
+    lines = [f"kvstored master epoch {daemon.epoch}"]
+    lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
+    lines.append("ready")
+    click.echo("\n".join(lines))
+    sys.stdout.flush()
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="TOML config file ([master] section).")
+@click.option("--listen", multiple=True, metavar="HOST:PORT",
+              help="gRPC listen address; repeat for several (replaces master.listen).")
+@click.option("--data-dir", metavar="DIR", help="Directory of the master's state file.")
+@click.option("--node-lease-s", type=float, help="Node lease, seconds (default 10).")
+@click.option("--placement-policy", type=click.Choice(["local-first", "most-free", "random"]))
+@click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def master(
+    config_path: str | None,
+    listen: tuple[str, ...],
+    data_dir: str | None,
+    node_lease_s: float | None,
+    placement_policy: str | None,
+    log_json: bool | None,
+    log_level: str | None,
+) -> None:
+    """Run the metadata master until SIGTERM/SIGINT (membership, block index, placement).
+
+    Settings: defaults < --config TOML < KVSTORED_MASTER__* env vars < these flags.
+    """
+    from kvstored.config import load_config
+    from kvstored.log import configure
+
+    overrides = {"listen": list(listen) or None, "data_dir": data_dir,
+                 "node_lease_s": node_lease_s, "placement_policy": placement_policy,
+                 "log_json": log_json, "log_level": log_level}
+    try:
+        cfg = load_config(config_path, overrides={"master": overrides}).master
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    configure(json=cfg.log_json, level=cfg.log_level)
+    from kvstored.master.daemon import MasterDaemon
+
+    try:
+        asyncio.run(MasterDaemon(cfg).run(on_started=_print_master_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)

@@ -17,9 +17,10 @@ from rich.table import Table
 from kvstored.units import format_size
 
 
-def console() -> Console:
-    """A console on stdout (no colours when not a terminal)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=max(100, Console().width))
+def console(min_width: int = 100) -> Console:
+    """A console on stdout (no colours when not a terminal), at least ``min_width`` wide."""
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False,
+                   width=max(min_width, Console().width))
 
 
 def emit_json(data: Any) -> None:
@@ -28,12 +29,14 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def emit(output: str, data: Any, tables: Callable[[Any], Sequence[Table]]) -> None:
-    """Print ``data`` as JSON or as the tables ``tables(data)`` builds."""
+def emit(output: str, data: Any, tables: Callable[[Any], Sequence[Table]], *,
+         min_width: int = 100) -> None:
+    """Print ``data`` as JSON or as the tables ``tables(data)`` builds (``min_width``: of the
+    console, for wide tables that must not truncate ids and addresses)."""
     if output == "json":
         emit_json(data)
         return
-    out = console()
+    out = console(min_width)
     for i, table in enumerate(tables(data)):
         if i:
             out.print()

@@ -56,7 +56,8 @@ from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from kvstored.config import NodeConfig
+    from kvstored.config import ClusterConfig, NodeConfig
+    from kvstored.node.cluster import MasterLink
     from kvstored.tiers.tiered import TieredStore
 
 log = structlog.get_logger(__name__)
@@ -136,6 +137,8 @@ class NodeDaemon:
         store: an already-open store to serve (tests); by default one is opened from ``cfg``
             in :meth:`start` and closed in :meth:`stop`.
         enable_scheduler: also host the scheduler service (``kvstored serve`` does).
+        cluster: the link to a master (``kvstored node --master``); None or an empty
+            ``master_address`` = a standalone node.
     """
 
     def __init__(
@@ -144,8 +147,11 @@ class NodeDaemon:
         *,
         store: TieredStore | None = None,
         enable_scheduler: bool = True,
+        cluster: ClusterConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        self.cluster = cluster
+        self.master_link: MasterLink | None = None
         self.store: TieredStore | None = store
         self._enable_scheduler = enable_scheduler
         self.core: NodeCore | None = None
@@ -270,6 +276,8 @@ class NodeDaemon:
             core.data_address = self.data_address
             core.metrics_address = self.metrics_address
             self._reaper = asyncio.create_task(self._reap_loop(), name="kvstored-lease-reaper")
+            if self.cluster is not None and self.cluster.master_address:
+                await self._start_master_link(core)
         except BaseException:
             self._stopped = True  # nothing to drain: stop() becomes a no-op
             await self._teardown(spill=False)
@@ -318,6 +326,24 @@ class NodeDaemon:
             ) from None
         st = os.stat(path)
         log.info("arena_shared", path=path, mode=f"{st.st_mode & 0o777:#o}", gid=st.st_gid)
+
+    async def _start_master_link(self, core: NodeCore) -> None:
+        from kvstored.node.cluster import MasterLink
+
+        tcp = [a for a in self.grpc_addresses if not a.startswith("unix:")]
+        if not tcp or not self.data_address:
+            raise ConfigInvalid(
+                "a cluster node needs a HOST:PORT in node.listen and a node.data_address "
+                f"(peers and the master reach it there); got listen={self.grpc_addresses}, "
+                f"data_address={self.data_address!r}"
+            )
+        assert self.cluster is not None
+        self.master_link = MasterLink(
+            self.cluster, node_id=self.cfg.node_id, epoch=self.epoch, grpc_address=tcp[0],
+            data_address=self.data_address, store=core.store,
+            load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
+        )
+        await self.master_link.start()
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
@@ -388,6 +414,9 @@ class NodeDaemon:
         core = self.core
         if core is not None:
             core.start_draining()
+        if self.master_link is not None:  # leave the cluster first: no one is sent here
+            await self.master_link.stop()
+            self.master_link = None
         log.info("node_draining", grace_s=self.cfg.drain_grace_s)
         deadline = time.monotonic() + self.cfg.drain_grace_s
         await self._wait_drained(deadline)
@@ -397,6 +426,9 @@ class NodeDaemon:
     async def _teardown(self, *, spill: bool, deadline: float | None = None) -> None:
         loop = asyncio.get_running_loop()
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if self.master_link is not None:
+            await self.master_link.stop(unregister=False)
+            self.master_link = None
         if self._server is not None:
             # new RPCs are refused from here on; running handlers finish (bounded)
             grace_s = 0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S)

@@ -16,6 +16,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_MISMATCH: _ClassVar[ErrorCode]
     NO_CAPACITY: _ClassVar[ErrorCode]
     NOT_FOUND: _ClassVar[ErrorCode]
+    REPLICA_NOT_READY: _ClassVar[ErrorCode]
     LEASE_EXPIRED: _ClassVar[ErrorCode]
     TRANSFER_FAILED: _ClassVar[ErrorCode]
     UNAVAILABLE: _ClassVar[ErrorCode]
@@ -40,6 +41,7 @@ BATCH_TOO_LARGE: ErrorCode
 DTYPE_MISMATCH: ErrorCode
 NO_CAPACITY: ErrorCode
 NOT_FOUND: ErrorCode
+REPLICA_NOT_READY: ErrorCode
 LEASE_EXPIRED: ErrorCode
 TRANSFER_FAILED: ErrorCode
 UNAVAILABLE: ErrorCode

@@ -1,0 +1,115 @@
+"""MasterClient: a small synchronous client of the kvstored master (admin and tests).
+
+Engines never call the master themselves: they talk to their local node. This client is
+what ``kvstorectl --address MASTER nodes`` and the cluster tests use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import grpc
+
+from kvstored.errors import error_from_rpc
+from kvstored.tiers.base import Tier
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+_HEALTH = {pb.NODE_HEALTH_HEALTHY: "healthy", pb.NODE_HEALTH_UNHEALTHY: "unhealthy",
+           pb.NODE_HEALTH_SYNCING: "syncing"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReplica:
+    """The best replica of one block, as the master answers a cluster lookup."""
+
+    node_id: str
+    epoch: int
+    tier: Tier
+    size_bytes: int
+    generation: int
+    data_address: str
+
+
+class MasterClient:
+    """Blocking calls to a master at ``host:port``; use as a context manager.
+
+    Args:
+        address: the master's ``host:port``.
+        timeout_s: deadline of each call, seconds.
+
+    Raises (from every call):
+        Unavailable: the master could not be reached within the deadline (retriable).
+        DeadlineExceeded: the call did not finish within ``timeout_s``.
+    """
+
+    def __init__(self, address: str, *, timeout_s: float = 5.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.MasterServiceStub(self._channel)
+
+    def close(self) -> None:
+        """Close the channel (idempotent)."""
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def list_nodes(self) -> dict[str, object]:
+        """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
+
+        Returns:
+            ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
+            "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
+            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
+        """
+        try:
+            resp = self._stub.ListNodes(pb.ListNodesRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        nodes = []
+        for st in resp.nodes:
+            n = st.node
+            nodes.append({
+                "node_id": n.node_id, "epoch": n.epoch, "grpc_address": n.grpc_address,
+                "data_address": n.data_address, "health": _HEALTH.get(st.health, "unknown"),
+                "load": st.load, "num_replicas": st.num_replicas,
+                "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
+                "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
+                           "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
+                          for t in n.tiers if t.tier in (1, 2)],
+            })
+        return {"master_epoch": resp.master_epoch, "num_replicas": resp.num_replicas,
+                "nodes": nodes}
+
+    def lookup_prefix(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = ""
+    ) -> tuple[list[ClusterReplica], bool]:
+        """Cluster-wide longest prefix (never pins anything).
+
+        Returns:
+            ``(replicas, complete)``: the best replica of each leading block present
+            cluster-wide; ``complete`` is False while some node is still (re)syncing.
+
+        Raises:
+            InvalidArgument: too many keys, or an empty or oversized key.
+        """
+        req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
+                                           local_node_id=local_node_id)
+        try:
+            resp = self._stub.LookupPrefix(req, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        nodes = list(resp.nodes)
+        return [
+            ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
+            for i, t, s, g in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
+                                  strict=True)
+        ], resp.complete

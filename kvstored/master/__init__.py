@@ -1,0 +1,1 @@
+"""The metadata master: block index, membership, placement, MasterService (never payloads)."""

@@ -1,0 +1,206 @@
+"""MasterDaemon: wiring and lifecycle of the ``kvstored master`` process.
+
+One asyncio loop serves the MasterService on every ``master.listen`` address and runs one
+owned maintenance task (every ``gc_interval_s``: expire lapsed node leases, abort lapsed
+writes, unlink a bounded batch of dropped replicas).
+
+The master keeps no block metadata on disk: a restarted master rebuilds its index from the
+nodes, which re-register and resync when their heartbeats are answered REREGISTER (within
+one heartbeat interval). Until a node has resynced, lookups answer without it (misses,
+never stale entries). ``data_dir`` holds one small JSON file with the last start epoch, so
+epochs (and the generations derived from them) increase across restarts even if the wall
+clock steps back.
+
+Lifecycle::
+
+    start():  data dir + epoch -> gRPC up -> maintenance task     (then READY=1 in run())
+    stop():   stop gRPC (grace 1 s) -> cancel the maintenance task
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from kvstored.clock import Clock, MonotonicClock
+from kvstored.config import MasterConfig
+from kvstored.errors import ConfigInvalid
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.membership import Membership
+from kvstored.master.placement import Placement, PlacementPolicy
+from kvstored.master.service import MasterServicer, add_master_service
+
+log = structlog.get_logger(__name__)
+
+STATE_FILE = "master.json"
+_GC_ROWS_PER_TICK = 8192  # ~40 ms of Python per tick at most; dropped rows are already invisible
+
+
+def next_master_epoch(data_dir: pathlib.Path, now_ns: int | None = None) -> int:
+    """This start's epoch: max(wall clock ns, last epoch + 1), persisted in ``data_dir``.
+
+    Raises:
+        ConfigInvalid: the directory cannot be created or the state file written.
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    path = data_dir / STATE_FILE
+    last = 0
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            last = int(json.loads(path.read_text()).get("epoch", 0))
+    except (OSError, ValueError, AttributeError) as exc:
+        if isinstance(exc, OSError) and not path.exists() and not data_dir.is_dir():
+            raise ConfigInvalid(
+                f"cannot create master.data_dir {str(data_dir)!r}: {exc}; change master.data_dir"
+            ) from None
+        log.warning("master_state_unreadable", path=str(path), error=str(exc))
+    epoch = max(now_ns, last + 1)
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps({"epoch": epoch}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigInvalid(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; change master.data_dir"
+        ) from None
+    return epoch
+
+
+def sd_notify(state: str) -> bool:
+    """Send a systemd notification if NOTIFY_SOCKET is set (the master never imports the
+    node package, so this mirrors ``kvstored.node.daemon.sd_notify``).
+
+    Returns:
+        True if a notification was sent.
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify_failed", state=state, error=str(exc))
+        return False
+    return True
+
+
+class MasterDaemon:
+    """The master process: membership, index, placement, MasterService, maintenance.
+
+    Args:
+        cfg: the master's settings (validated).
+        clock: monotonic seconds for leases (default ``time.monotonic``).
+    """
+
+    def __init__(self, cfg: MasterConfig, *, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.clock: Clock = clock or MonotonicClock()
+        self.epoch = 0
+        self.grpc_addresses: list[str] = []
+        self.index = BlockIndex()
+        self.membership: Membership | None = None
+        self.placement: Placement | None = None
+        self._server: grpc.aio.Server | None = None
+        self._maintenance: asyncio.Task[None] | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Bind every listen address and start serving.
+
+        Raises:
+            ConfigInvalid: a listen address is malformed or in use; the data dir is unusable.
+        """
+        if self._started:
+            return
+        self._started = True
+        cfg = self.cfg
+        if not cfg.listen:
+            raise ConfigInvalid("master.listen is empty; give at least one HOST:PORT")
+        self.epoch = next_master_epoch(pathlib.Path(cfg.data_dir))
+        self.membership = Membership(
+            self.index, self.clock, Generations(self.epoch), node_lease_s=cfg.node_lease_s,
+            unhealthy_after_failures=cfg.unhealthy_after_failures,
+        )
+        self.placement = Placement(self.membership, policy=PlacementPolicy(cfg.placement_policy),
+                                   write_lease_s=cfg.write_lease_s)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                          ("grpc.max_receive_message_length", 64 << 20)])
+        add_master_service(server, MasterServicer(self.membership, self.placement,
+                                                  master_epoch=self.epoch))
+        for addr in cfg.listen:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
+                raise ConfigInvalid(f"master.listen entry {addr!r} is not HOST:PORT")
+            try:
+                bound = server.add_insecure_port(addr)
+            except RuntimeError as exc:
+                raise ConfigInvalid(
+                    f"cannot listen on {addr} (in use or not permitted): {exc}; change master.listen"
+                ) from None
+            self.grpc_addresses.append(f"{host}:{bound}")
+        self._server = server
+        await server.start()
+        self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
+        log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses,
+                 node_lease_s=cfg.node_lease_s, placement_policy=cfg.placement_policy)
+
+    def maintain_once(self) -> tuple[list[str], int, int]:
+        """One maintenance step: (nodes expired, writes aborted, replica rows unlinked)."""
+        assert self.membership is not None and self.placement is not None
+        gone = self.membership.expire_lapsed()
+        aborted = self.placement.reclaim_expired_writes()
+        unlinked = self.index.collect_garbage(_GC_ROWS_PER_TICK)
+        return gone, aborted, unlinked
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.gc_interval_s)
+            try:
+                self.maintain_once()
+            except Exception:
+                log.exception("master_maintenance_failed")
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+            self._maintenance = None
+        log.info("master_stopped", epoch=self.epoch)
+
+    async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:
+        """Start, notify systemd, serve until SIGTERM/SIGINT, then stop."""
+        stop_event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_event.set)
+        try:
+            await self.start()
+            if on_started is not None:
+                on_started(self)
+            sd_notify(f"READY=1\nSTATUS=master serving on {', '.join(self.grpc_addresses)}")
+            await stop_event.wait()
+            sd_notify("STOPPING=1")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()

@@ -1,0 +1,635 @@
+"""BlockIndex: the master's map (namespace id, block hash) -> replicas, packed in numpy columns.
+
+The master holds metadata for every replica in the cluster (10M and more), so a replica is
+not a Python object: it is one row of fixed-width numpy columns, and a block is one int slot
+found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
+
+    key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
+    block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
+    row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
+                    | state u1  (26 bytes per replica, one contiguous array per field;
+                    rows of one block form a singly linked list from head[slot];
+                    block[row] points back to the slot)
+    holder columns  readable[holder] bool, load[holder] f8
+
+A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
+A replica is readable only while its holder is readable (alive, healthy, synced): dropping a
+node, a lapsed lease or a superseded epoch flips one flag (O(1)), and its rows can never be
+returned again; :meth:`BlockIndex.collect_garbage` unlinks such rows later, in bounded
+batches, so no call ever walks millions of rows on the loop.
+
+Invariants:
+
+- A row whose holder was retired is never returned, counted or committed (retired holders
+  never become readable again: ids are not reused).
+- A block with no row is not in its namespace's key table (absent = missing cluster-wide).
+- Rows of one (block, holder, tier) are unique.
+
+Not thread-safe: the master mutates it from its event loop only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvstored.errors import InvalidArgument
+from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
+from kvstored.master.records import (
+    EMPTY_HIT,
+    MAX_SIZE_BYTES,
+    Generations,
+    PrefixHit,
+    Replica,
+    ReplicaState,
+)
+from kvstored.tiers.base import Tier
+
+_NO_ROW = -1
+_FREE = 0
+_LOAD_CLIP = 1e9
+ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
+              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8))
+"""The columns of a replica row: 26 bytes per replica."""
+
+
+def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
+    if need <= len(arr):
+        return arr
+    new_len = max(need, 2 * len(arr), 1024)
+    out = np.full(new_len, fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out
+
+
+class BlockIndex:
+    """Cluster block index over packed numpy columns (see the module docstring).
+
+    Args:
+        initial_blocks: block slots and replica rows allocated up front (grown by doubling).
+    """
+
+    def __init__(self, initial_blocks: int = 1024) -> None:
+        n = max(16, int(initial_blocks))
+        self._ns_ids: list[bytes] = []
+        self._ns_index: dict[bytes, int] = {}
+        self._tables: list[KeyTable] = []
+        # block columns
+        self._head = np.full(n, _NO_ROW, dtype=np.int32)
+        self._block_ns = np.zeros(n, dtype=np.uint16)
+        self._bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
+        self._num_slots = 0  # high-water mark of block slots
+        self._free_blocks: list[int] = []
+        self._long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
+        # row columns: one contiguous array per field (numpy gathers from contiguous columns
+        # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
+        self._alloc_row_columns(n)
+        self._num_rows_used = 0  # high-water mark
+        self._free_rows: list[int] = []
+        # holder columns
+        self._readable = np.zeros(16, dtype=np.bool_)
+        self._retired = np.zeros(16, dtype=np.bool_)
+        self._load = np.zeros(16, dtype=np.float64)
+        self._holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
+        self._num_holders = 0
+        self._num_dead_rows = 0
+
+    def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
+        for name, dtype in ROW_FIELDS:
+            arr = np.full(n, _NO_ROW if name in ("next", "block") else 0, dtype=dtype)
+            if old is not None:
+                arr[: len(old[name])] = old[name]
+            setattr(self, f"_{name}", arr)
+
+    # ---- holders ---------------------------------------------------------------------
+    def add_holder(self) -> int:
+        """A new holder id (starts unreadable; never reused)."""
+        h = self._num_holders
+        self._num_holders += 1
+        self._readable = _grow(self._readable, h + 1, False)
+        self._retired = _grow(self._retired, h + 1, False)
+        self._load = _grow(self._load, h + 1, 0.0)
+        self._holder_rows = _grow(self._holder_rows, h + 1, 0)
+        return h
+
+    def _check_holder(self, holder: int) -> None:
+        if not 0 <= holder < self._num_holders:
+            raise InvalidArgument(f"unknown holder {holder} (holders: {self._num_holders})")
+
+    def set_readable(self, holder: int, readable: bool) -> None:
+        """Let lookups return (or stop returning) this holder's committed replicas.
+
+        Raises:
+            InvalidArgument: unknown holder, or making a retired holder readable.
+        """
+        self._check_holder(holder)
+        if readable and self._retired[holder]:
+            raise InvalidArgument(f"holder {holder} is retired and can never be readable again")
+        self._readable[holder] = readable
+
+    def is_readable(self, holder: int) -> bool:
+        """Whether lookups may return this holder's replicas."""
+        return 0 <= holder < self._num_holders and bool(self._readable[holder])
+
+    def set_load(self, holder: int, load: float) -> None:
+        """The holder's load (lower is preferred among replicas of equal rank)."""
+        self._check_holder(holder)
+        self._load[holder] = load if math.isfinite(load) and load >= 0 else _LOAD_CLIP
+
+    def retire_holder(self, holder: int) -> int:
+        """Drop every replica of a holder at once (O(1)); rows are unlinked by GC later.
+
+        Returns:
+            How many rows the holder had (all of them are now garbage).
+        """
+        self._check_holder(holder)
+        if self._retired[holder]:
+            return 0
+        self._readable[holder] = False
+        self._retired[holder] = True
+        n = int(self._holder_rows[holder])
+        self._num_dead_rows += n
+        return n
+
+    def num_holder_replicas(self, holder: int) -> int:
+        """Replica rows of a holder (0 once retired)."""
+        self._check_holder(holder)
+        return 0 if self._retired[holder] else int(self._holder_rows[holder])
+
+    # ---- sizes -----------------------------------------------------------------------
+    @property
+    def num_replicas(self) -> int:
+        """Replicas of holders not retired (readable or not), WRITING included."""
+        return self._num_rows_used - len(self._free_rows) - self._num_dead_rows
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks with at least one row (garbage rows of retired holders included)."""
+        return sum(len(t) for t in self._tables)
+
+    @property
+    def num_garbage_rows(self) -> int:
+        """Rows of retired holders not yet unlinked by :meth:`collect_garbage`."""
+        return self._num_dead_rows
+
+    def column_bytes(self) -> int:
+        """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
+        arrays = (self._head, self._block_ns, self._bkey, self._holder, self._next,
+                  self._block, self._size, self._gen, self._tier, self._state, self._readable, self._retired,
+                  self._load, self._holder_rows)
+        return sum(a.nbytes for a in arrays)
+
+    def memory_bytes(self) -> int:
+        """Bytes of every numpy structure (columns and key tables, capacity included);
+        excludes the small Python lists of free slots and keys longer than 16 bytes."""
+        return self.column_bytes() + sum(t.nbytes for t in self._tables)
+
+    # ---- internals -------------------------------------------------------------------
+    def _ns(self, namespace_id: bytes, *, create: bool) -> int | None:
+        got = self._ns_index.get(namespace_id)
+        if got is None and create:
+            if len(self._ns_ids) >= 0xFFFF:
+                raise InvalidArgument(
+                    f"too many namespaces in the index ({len(self._ns_ids)}); the limit is 65535"
+                )
+            got = len(self._ns_ids)
+            self._ns_ids.append(namespace_id)
+            self._ns_index[namespace_id] = got
+            self._tables.append(KeyTable())
+        return got
+
+    def _grow_blocks(self, need: int) -> None:
+        if need > len(self._head):
+            self._head = _grow(self._head, need, _NO_ROW)
+            self._block_ns = _grow(self._block_ns, need, 0)
+            grown = np.zeros((len(self._head), 2), dtype=np.uint64)
+            grown[: len(self._bkey)] = self._bkey
+            self._bkey = grown
+
+    def _new_slots(self, count: int) -> np.ndarray:
+        take = min(count, len(self._free_blocks))
+        reused = [self._free_blocks.pop() for _ in range(take)]
+        start = self._num_slots
+        self._num_slots += count - take
+        self._grow_blocks(self._num_slots)
+        return np.concatenate([np.asarray(reused, dtype=np.int64),
+                               np.arange(start, self._num_slots, dtype=np.int64)])
+
+    def _new_blocks(self, ns: int, words: np.ndarray, keys: Sequence[bytes]) -> np.ndarray:
+        """Block slots for distinct absent keys (``words`` their 16-byte forms)."""
+        slots = self._new_slots(len(words))
+        self._head[slots] = _NO_ROW
+        self._block_ns[slots] = ns
+        self._bkey[slots] = words
+        for k in keys:
+            if len(k) != KEY_BYTES:
+                self._long_keys[(ns, key_digest(k))] = bytes(k)
+        self._tables[ns].insert_many(words, slots)
+        return slots
+
+    def _slot(self, ns: int | None, key: bytes) -> int | None:
+        if ns is None:
+            return None
+        got = self._tables[ns].get(key)
+        return None if got < 0 else got
+
+    def _new_rows(self, count: int) -> np.ndarray:
+        take = min(count, len(self._free_rows))
+        rows = [self._free_rows.pop() for _ in range(take)]
+        fresh = count - take
+        if fresh:
+            start = self._num_rows_used
+            end = start + fresh
+            if end > len(self._holder):
+                old = {name: getattr(self, f"_{name}") for name, _ in ROW_FIELDS}
+                self._alloc_row_columns(max(end, 2 * len(self._holder)), old)
+            self._num_rows_used = end
+            return np.concatenate([np.asarray(rows, dtype=np.int64),
+                                   np.arange(start, end, dtype=np.int64)])
+        return np.asarray(rows, dtype=np.int64)
+
+    def _key_bytes(self, slot: int) -> bytes:
+        return self._bkey[slot].astype("<u8").tobytes()
+
+    @staticmethod
+    def _has_long(keys: Sequence[bytes]) -> bool:
+        return any(len(k) != KEY_BYTES for k in keys)
+
+    def _check_row_args(self, holder: int, tier: Tier, size_bytes: int) -> None:
+        self._check_holder(holder)
+        if self._retired[holder]:
+            raise InvalidArgument(f"holder {holder} is retired; register the node again")
+        if tier not in (Tier.DRAM, Tier.SSD):
+            raise InvalidArgument(f"tier must be DRAM or SSD, got {tier!r}")
+        if not 0 <= size_bytes <= MAX_SIZE_BYTES:
+            raise InvalidArgument(
+                f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}"
+            )
+
+    def _find_row(self, slot: int, holder: int, tier: int) -> tuple[int, int]:
+        """(row, previous row) of (holder, tier) in a block's chain, or (-1, last row)."""
+        prev = _NO_ROW
+        row = int(self._head[slot])
+        while row != _NO_ROW:
+            if int(self._holder[row]) == holder and int(self._tier[row]) == tier:
+                return row, prev
+            prev, row = row, int(self._next[row])
+        return _NO_ROW, prev
+
+    def _unlink(self, slot: int, row: int, prev: int) -> None:
+        nxt = int(self._next[row])
+        if prev == _NO_ROW:
+            self._head[slot] = nxt
+        else:
+            self._next[prev] = nxt
+        self._state[row] = _FREE
+        self._next[row] = _NO_ROW
+        self._block[row] = _NO_ROW
+        self._free_rows.append(row)
+        if nxt == _NO_ROW and prev == _NO_ROW:  # the block has no row left
+            ns = int(self._block_ns[slot])
+            lo, hi = (int(w) for w in self._bkey[slot])
+            deleted = self._tables[ns].delete_words(lo, hi)
+            assert deleted
+            if self._long_keys:
+                self._long_keys.pop((ns, self._key_bytes(slot)), None)
+            self._free_blocks.append(slot)
+
+    # ---- replicas --------------------------------------------------------------------
+    def add_replica(
+        self,
+        namespace_id: bytes,
+        key: bytes,
+        *,
+        holder: int,
+        tier: Tier,
+        size_bytes: int,
+        generation: int,
+        state: ReplicaState = ReplicaState.COMMITTED,
+    ) -> bool:
+        """Index one replica; idempotent for an existing (block, holder, tier).
+
+        An existing row keeps its state unless this one commits it (size and generation are
+        then taken from this call).
+
+        Returns:
+            True if a row was added, False if (block, holder, tier) was already indexed.
+
+        Raises:
+            InvalidArgument: unknown or retired holder, bad tier or size.
+        """
+        self._check_row_args(holder, tier, size_bytes)
+        ns = self._ns(namespace_id, create=True)
+        assert ns is not None
+        slot = self._slot(ns, key)
+        if slot is None:
+            slot = int(self._new_blocks(ns, keys_to_words([key]), [key])[0])
+        else:
+            row, _ = self._find_row(slot, holder, int(tier))
+            if row != _NO_ROW:
+                if state is ReplicaState.COMMITTED and self._state[row] != ReplicaState.COMMITTED:
+                    self._state[row] = ReplicaState.COMMITTED
+                    self._size[row] = size_bytes
+                    self._gen[row] = generation
+                return False
+        row = int(self._new_rows(1)[0])
+        self._holder[row] = holder
+        self._tier[row] = int(tier)
+        self._state[row] = int(state)
+        self._size[row] = size_bytes
+        self._gen[row] = generation
+        self._next[row] = self._head[slot]
+        self._block[row] = slot
+        self._head[slot] = row
+        self._holder_rows[holder] += 1
+        return True
+
+    def add_replicas_bulk(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        *,
+        holder: int,
+        tiers: Sequence[int] | np.ndarray,
+        sizes: Sequence[int] | np.ndarray,
+        generation: int,
+    ) -> int:
+        """Index many COMMITTED replicas of one holder (inventory sync, benchmarks).
+
+        Idempotent like :meth:`add_replica`: a (key, tier) repeated in the batch, or one
+        the holder already has, is indexed once (existing rows are left as they are).
+
+        Returns:
+            Rows added.
+
+        Raises:
+            InvalidArgument: unknown or retired holder, lengths differ, bad tier or size.
+        """
+        n = len(keys)
+        tier_arr = np.asarray(tiers, dtype=np.int64)
+        size_arr = np.asarray(sizes, dtype=np.int64)
+        if len(tier_arr) != n or len(size_arr) != n:
+            raise InvalidArgument(
+                f"keys, tiers and sizes must have one entry each; got {n}, {len(tier_arr)}, "
+                f"{len(size_arr)}"
+            )
+        if n == 0:
+            return 0
+        self._check_row_args(holder, Tier.DRAM, 0)
+        if not np.isin(tier_arr, (int(Tier.DRAM), int(Tier.SSD))).all():
+            bad = tier_arr[~np.isin(tier_arr, (int(Tier.DRAM), int(Tier.SSD)))][0]
+            raise InvalidArgument(f"tier must be DRAM (1) or SSD (2), got {int(bad)}")
+        if (size_arr < 0).any() or (size_arr > MAX_SIZE_BYTES).any():
+            raise InvalidArgument(f"every size_bytes must be in [0, {MAX_SIZE_BYTES}]")
+        ns = self._ns(namespace_id, create=True)
+        assert ns is not None
+        words = keys_to_words(keys)
+        _, first_of, inverse = np.unique(words.view(np.dtype((np.void, 16))).ravel(),
+                                            return_index=True, return_inverse=True)
+        uwords = words[first_of]
+        uslots = self._tables[ns].get_many(uwords)
+        absent = np.flatnonzero(uslots < 0)
+        if len(absent):
+            uslots[absent] = self._new_blocks(ns, uwords[absent],
+                                              [keys[int(first_of[i])] for i in absent]
+                                              if self._has_long(keys) else [])
+        slots = uslots[inverse.ravel()]
+        # one row per distinct (slot, tier); duplicates in the batch are dropped
+        combo = slots * 4 + tier_arr
+        _, first = np.unique(combo, return_index=True)
+        if len(first) != n:
+            first.sort()
+            slots, tier_arr, size_arr = slots[first], tier_arr[first], size_arr[first]
+        # rows this holder already has (an earlier chunk repeated a block): kept, not doubled
+        have = self._has_rows(slots, holder, tier_arr)
+        if have.any():
+            keep = ~have
+            slots, tier_arr, size_arr = slots[keep], tier_arr[keep], size_arr[keep]
+            if len(slots) == 0:
+                return 0
+        rows = self._new_rows(len(slots))
+        self._holder[rows] = holder
+        self._tier[rows] = tier_arr
+        self._state[rows] = int(ReplicaState.COMMITTED)
+        self._size[rows] = size_arr
+        self._gen[rows] = generation
+        self._block[rows] = slots
+        # link: blocks appearing once in this batch are linked in one vectorized step
+        if len(np.unique(slots)) == len(slots):
+            self._next[rows] = self._head[slots]
+            self._head[slots] = rows
+        else:
+            for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
+                self._next[r] = self._head[s]
+                self._head[s] = r
+        self._holder_rows[holder] += len(rows)
+        return len(rows)
+
+    def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
+        """Per slot: whether ``holder`` already has a row of that tier (vectorized walk)."""
+        found = np.zeros(len(slots), dtype=np.bool_)
+        cur = self._head[slots].astype(np.int64)
+        while True:
+            idx = np.flatnonzero(cur >= 0)
+            if len(idx) == 0:
+                return found
+            r = cur[idx]
+            found[idx] |= (self._holder[r] == holder) & (self._tier[r] == tiers[idx])
+            cur[idx] = self._next[r]
+
+    def remove_replica(self, namespace_id: bytes, key: bytes, *, holder: int, tier: Tier) -> bool:
+        """Drop one replica (a node evicted or removed it).
+
+        Returns:
+            True if it was indexed.
+        """
+        ns = self._ns(namespace_id, create=False)
+        if ns is None:
+            return False
+        slot = self._slot(ns, key)
+        if slot is None:
+            return False
+        row, prev = self._find_row(slot, holder, int(tier))
+        if row == _NO_ROW:
+            return False
+        self._holder_rows[holder] -= 1
+        if self._retired[holder]:  # a garbage row unlinked before GC reached it
+            self._num_dead_rows -= 1
+        self._unlink(slot, row, prev)
+        return True
+
+    def replicas(self, namespace_id: bytes, key: bytes, *, readable_only: bool = False) -> list[Replica]:
+        """Every replica of a block whose holder is not retired (newest row first).
+
+        Args:
+            readable_only: only COMMITTED replicas of readable holders.
+        """
+        ns = self._ns(namespace_id, create=False)
+        if ns is None:
+            return []
+        slot = self._slot(ns, key)
+        if slot is None:
+            return []
+        out = []
+        row = int(self._head[slot])
+        while row != _NO_ROW:
+            h = int(self._holder[row])
+            st = int(self._state[row])
+            if not self._retired[h] and (
+                not readable_only or (self._readable[h] and st == ReplicaState.COMMITTED)
+            ):
+                out.append(Replica(h, Tier(int(self._tier[row])), int(self._size[row]),
+                                   int(self._gen[row]), ReplicaState(st)))
+            row = int(self._next[row])
+        return out
+
+    def _generation_rows(self, namespace_id: bytes, key: bytes, generation: int) -> list[tuple[int, int, int]]:
+        ns = self._ns(namespace_id, create=False)
+        if ns is None:
+            return []
+        slot = self._slot(ns, key)
+        if slot is None:
+            return []
+        out = []
+        prev, row = _NO_ROW, int(self._head[slot])
+        while row != _NO_ROW:
+            if (int(self._gen[row]) == generation and self._state[row] == ReplicaState.WRITING
+                    and not self._retired[int(self._holder[row])]):
+                out.append((slot, row, prev))
+            prev, row = row, int(self._next[row])
+        return out
+
+    def commit_generation(self, namespace_id: bytes, key: bytes, generation: int) -> int:
+        """Commit the WRITING replicas of one write (PutEnd commit).
+
+        Returns:
+            Replicas committed; 0 when no WRITING replica of that generation exists (a
+            stale or unknown write: the caller refuses it).
+        """
+        rows = self._generation_rows(namespace_id, key, generation)
+        for _, row, _ in rows:
+            self._state[row] = int(ReplicaState.COMMITTED)
+        return len(rows)
+
+    def abort_generation(self, namespace_id: bytes, key: bytes, generation: int) -> int:
+        """Drop the WRITING replicas of one write (PutEnd abort, or a lapsed write lease).
+
+        Returns:
+            Replicas dropped (0: no such write in progress).
+        """
+        rows = self._generation_rows(namespace_id, key, generation)
+        for slot, row, _ in reversed(rows):  # unlink tail-first so earlier prevs stay valid
+            _, prev = self._find_row_exact(slot, row)
+            self._holder_rows[int(self._holder[row])] -= 1
+            self._unlink(slot, row, prev)
+        return len(rows)
+
+    def _find_row_exact(self, slot: int, target: int) -> tuple[int, int]:
+        prev, row = _NO_ROW, int(self._head[slot])
+        while row != _NO_ROW and row != target:
+            prev, row = row, int(self._next[row])
+        return row, prev
+
+    # ---- lookup ----------------------------------------------------------------------
+    def lookup_prefix(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
+    ) -> PrefixHit:
+        """Longest prefix present cluster-wide and the best replica of each of its blocks.
+
+        Stops at the first block without a readable COMMITTED replica. Best = local DRAM >
+        local SSD > remote DRAM > remote SSD, then the least loaded holder, then the lowest
+        holder id (deterministic). Never pins, touches or changes anything.
+
+        Args:
+            namespace_id: the blocks' namespace.
+            keys: the prefix's block hashes, in order.
+            local_holder: the asking node's holder id (-1: every replica is remote).
+
+        Returns:
+            The best replica of each leading present block, as columns.
+        """
+        ns = self._ns(namespace_id, create=False)
+        if ns is None or not keys:
+            return EMPTY_HIT
+        slots = self._tables[ns].get_many(keys_to_words(keys))
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            slots = slots[: int(missing[0])]
+        n = len(slots)
+        if n == 0:
+            return EMPTY_HIT
+        # level 0: every block's first row (a block in the table always has one); most
+        # blocks have one replica, so later levels touch few blocks
+        first = self._head[slots].astype(np.int64)
+        best_row, best_score, best_holder = self._score(first, local_holder)
+        cur = self._next[first].astype(np.int64)
+        idx = np.flatnonzero(cur >= 0)
+        while len(idx):
+            r = cur[idx]
+            row, score, h = self._score(r, local_holder)
+            bs = best_score[idx]
+            better = (row >= 0) & ((score < bs) | ((score == bs) & (h < best_holder[idx])))
+            sel = idx[better]
+            best_row[sel] = r[better]
+            best_score[sel] = score[better]
+            best_holder[sel] = h[better]
+            nxt = self._next[r]
+            cur[idx] = nxt
+            idx = idx[nxt >= 0]
+        missing = np.flatnonzero(best_row < 0)
+        count = int(missing[0]) if len(missing) else n
+        rows = best_row[:count]
+        return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
+
+    def _score(self, rows: np.ndarray, local_holder: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row or -1 if unreadable, score: lower is better, holder) of some rows."""
+        h = self._holder[rows].astype(np.int64)
+        ok = (self._state[rows] == ReplicaState.COMMITTED) & self._readable[h]
+        rank = np.where(h == local_holder, 0.0, 2.0) + (self._tier[rows] == Tier.SSD)
+        score = rank * (2 * _LOAD_CLIP) + np.minimum(self._load[h], _LOAD_CLIP)
+        score[~ok] = np.inf
+        return np.where(ok, rows, _NO_ROW), score, h
+
+    # ---- garbage ---------------------------------------------------------------------
+    def collect_garbage(self, max_rows: int = 65536) -> int:
+        """Unlink up to ``max_rows`` rows of retired holders (bounded Python work per call).
+
+        Finding the rows is one vectorized pass over the row columns; unlinking walks only
+        the chains of the blocks those rows belong to.
+
+        Returns:
+            Rows unlinked (0 when there is no garbage).
+        """
+        if self._num_dead_rows == 0 or max_rows <= 0:
+            return 0
+        used = self._num_rows_used
+        dead = np.flatnonzero((self._state[:used] != _FREE) & self._retired[self._holder[:used]])
+        done = 0
+        for row in dead[:max_rows].tolist():
+            slot = int(self._block[row])
+            _, prev = self._find_row_exact(slot, row)
+            self._holder_rows[int(self._holder[row])] -= 1
+            self._num_dead_rows -= 1
+            self._unlink(slot, row, prev)
+            done += 1
+        return done
+
+    def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
+        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(rows))."""
+        used = self._num_rows_used
+        rows = np.flatnonzero((self._holder[:used] == holder) & (self._state[:used] != _FREE))
+        out = []
+        for row in rows.tolist():
+            slot = int(self._block[row])
+            ns = int(self._block_ns[slot])
+            key = self._key_bytes(slot)
+            key = self._long_keys.get((ns, key), key)
+            out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
+        return out
+
+
+__all__ = ["MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
+           "ReplicaState"]

@@ -1,0 +1,504 @@
+"""Membership: nodes, their epochs, node leases, data-plane health and inventory reconcile.
+
+A node *registers* once per daemon start with its ``epoch`` (the daemon's start time in ns:
+a restart always has a larger one), then sends its whole *inventory* (``sync_inventory``,
+chunked), then *heartbeats* (lease renewal, usage, load) and reports *ordered events*
+(``seq`` 1, 2, 3... per epoch, continuing after the seq its last inventory included).
+
+Each (node, epoch, inventory sync) owns one *holder* of the :class:`BlockIndex`; the index
+serves a holder's replicas only while it is *readable*::
+
+    readable = lease not lapsed AND inventory synced AND no event gap AND healthy
+
+    register(epoch E)      new record, holder H1 (unreadable)  ->  an older epoch's holder
+                           is retired at once (its DRAM is gone; its SSD blocks come back
+                           with E's inventory)
+    sync(last chunk)       H2 gets every block, then swaps in: old holder retired, H2 readable
+    event seq = last+1     applied to the current holder
+    event seq > last+1     gap: holder unreadable until the next full sync (RESYNC)
+    lease lapsed           record dropped, holder retired (its rows GC'd later)
+    N transfer failures    unhealthy: unreadable and not placed on; one success heals it
+
+Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
+ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
+registration with an epoch older than the live one is refused (a stale daemon).
+
+Time comes from an injected clock; every public method first expires lapsed leases, so no
+answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import structlog
+
+from kvstored.clock import Clock
+from kvstored.errors import InvalidArgument, NotFound
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.tiers.base import Tier
+
+log = structlog.get_logger(__name__)
+
+MAX_NODE_ID_CHARS = 128
+
+
+class NodeHealth(IntEnum):
+    """Mirrors ``kvstored.v1.NodeHealth``."""
+
+    HEALTHY = 1
+    UNHEALTHY = 2
+    SYNCING = 3
+
+
+class NodeAction(IntEnum):
+    """What a node must do next (mirrors ``kvstored.v1.NodeAction``)."""
+
+    NONE = 0
+    REREGISTER = 1
+    RESYNC = 2
+
+
+class EventKind(IntEnum):
+    """Mirrors ``kvstored.v1.BlockEventKind``."""
+
+    ADDED = 1
+    REMOVED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """Capacity and usage of one tier of a node, bytes."""
+
+    tier: Tier
+    capacity_bytes: int
+    used_bytes: int = 0
+    num_blocks: int = 0
+
+    @property
+    def free_bytes(self) -> int:
+        """Capacity not used (never negative)."""
+        return max(0, self.capacity_bytes - self.used_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """What a node tells the master when it registers.
+
+    Attributes:
+        node_id: unique name of the node (1-128 characters).
+        epoch: the daemon start (ns); larger for every restart.
+        grpc_address: ``host:port`` of its gRPC API.
+        data_address: ``host:port`` of its data plane.
+        tiers: capacity (and usage) per tier.
+        transports: data-plane transports it speaks, e.g. ``("tcp",)``.
+    """
+
+    node_id: str
+    epoch: int
+    grpc_address: str
+    data_address: str
+    tiers: tuple[TierUsage, ...]
+    transports: tuple[str, ...] = ("tcp",)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRef:
+    """One block on a node: namespace id, key, tier and size."""
+
+    namespace_id: bytes
+    key: bytes
+    tier: Tier
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """One ordered change on a node (``seq`` 1, 2, 3... per epoch)."""
+
+    seq: int
+    kind: EventKind
+    block: BlockRef
+
+
+@dataclass(slots=True)
+class _PendingSync:
+    sync_id: int
+    holder: int
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """The master's view of one registered node (mutable; owned by :class:`Membership`)."""
+
+    spec: NodeSpec
+    holder: int
+    registered_s: float
+    last_heartbeat_s: float
+    tiers: dict[Tier, TierUsage]
+    load: float = 0.0
+    applied_seq: int = 0
+    synced: bool = False
+    gap: bool = False
+    consecutive_failures: int = 0
+    healthy: bool = True
+    pending: _PendingSync | None = field(default=None, repr=False)
+
+    @property
+    def health(self) -> NodeHealth:
+        """SYNCING until the inventory is complete, then HEALTHY or UNHEALTHY."""
+        if not self.healthy:
+            return NodeHealth.UNHEALTHY
+        return NodeHealth.SYNCING if not self.synced or self.gap else NodeHealth.HEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterOutcome:
+    """Answer to a registration."""
+
+    lease_s: float
+    superseded_epoch: bool
+
+
+def _check_host_port(what: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"{what} must be HOST:PORT with a port in 1..65535, got {value!r}")
+
+
+class Membership:
+    """Registered nodes, their leases and health, kept in step with the :class:`BlockIndex`.
+
+    Args:
+        index: the block index whose holders this membership owns.
+        clock: monotonic seconds (inject :class:`~kvstored.clock.FakeClock` in tests).
+        generations: source of generations for replicas reported by events and syncs.
+        node_lease_s: a node that has not heartbeated for this long leaves the cluster.
+        unhealthy_after_failures: consecutive data-plane failures that make a node unhealthy.
+
+    Raises:
+        InvalidArgument: a non-positive lease or failure count.
+    """
+
+    def __init__(
+        self,
+        index: BlockIndex,
+        clock: Clock,
+        generations: Generations,
+        *,
+        node_lease_s: float = 10.0,
+        unhealthy_after_failures: int = 3,
+    ) -> None:
+        if not (math.isfinite(node_lease_s) and node_lease_s > 0):
+            raise InvalidArgument(f"node_lease_s must be > 0, got {node_lease_s}")
+        if unhealthy_after_failures < 1:
+            raise InvalidArgument(
+                f"unhealthy_after_failures must be >= 1, got {unhealthy_after_failures}"
+            )
+        self.index = index
+        self.clock = clock
+        self.generations = generations
+        self.node_lease_s = float(node_lease_s)
+        self.unhealthy_after_failures = int(unhealthy_after_failures)
+        self._nodes: dict[str, NodeRecord] = {}
+        self._by_holder: dict[int, NodeRecord] = {}
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _refresh(self, rec: NodeRecord) -> None:
+        self.index.set_readable(rec.holder, rec.synced and not rec.gap and rec.healthy)
+
+    def _retire(self, holder: int) -> None:
+        self._by_holder.pop(holder, None)
+        self.index.retire_holder(holder)
+
+    def _drop(self, rec: NodeRecord) -> None:
+        self._retire(rec.holder)
+        if rec.pending is not None:
+            self._retire(rec.pending.holder)
+            rec.pending = None
+        del self._nodes[rec.spec.node_id]
+
+    def _live(self, node_id: str, epoch: int) -> NodeRecord | None:
+        """The record of (node, epoch) if registered and its lease has not lapsed."""
+        self.expire_lapsed()
+        rec = self._nodes.get(node_id)
+        if rec is None or rec.spec.epoch != epoch:
+            return None
+        return rec
+
+    # ---- leases ----------------------------------------------------------------------
+    def expire_lapsed(self) -> list[str]:
+        """Drop every node whose lease lapsed (their replicas leave the index at once).
+
+        Returns:
+            The node ids dropped, sorted.
+        """
+        now = self.clock()
+        gone = sorted(n for n, r in self._nodes.items()
+                      if now - r.last_heartbeat_s > self.node_lease_s)
+        for node_id in gone:
+            rec = self._nodes[node_id]
+            log.warning("node_lease_expired", node_id=node_id, epoch=rec.spec.epoch,
+                        num_replicas=self.index.num_holder_replicas(rec.holder),
+                        silent_s=round(now - rec.last_heartbeat_s, 3))
+            self._drop(rec)
+        return gone
+
+    # ---- registration ----------------------------------------------------------------
+    def register(self, spec: NodeSpec) -> RegisterOutcome:
+        """Register one daemon start of a node (a new epoch supersedes the older one).
+
+        Registering the live epoch again (a reconnect) keeps its replicas readable until
+        the next inventory sync replaces them.
+
+        Raises:
+            InvalidArgument: empty or too long node id, epoch not positive, malformed
+                address, bad tier, or an epoch older than the node's live one.
+        """
+        if not spec.node_id or len(spec.node_id) > MAX_NODE_ID_CHARS:
+            raise InvalidArgument(
+                f"node_id must have 1..{MAX_NODE_ID_CHARS} characters, got {spec.node_id!r}"
+            )
+        if not 0 < spec.epoch < (1 << 64):
+            raise InvalidArgument(f"epoch must be a positive 64-bit integer, got {spec.epoch}")
+        _check_host_port("grpc_address", spec.grpc_address)
+        _check_host_port("data_address", spec.data_address)
+        tiers: dict[Tier, TierUsage] = {}
+        for t in spec.tiers:
+            if t.tier not in (Tier.DRAM, Tier.SSD) or t.capacity_bytes < 0 or t.used_bytes < 0:
+                raise InvalidArgument(f"bad tier capacity {t!r} of node {spec.node_id!r}")
+            tiers[t.tier] = t
+        self.expire_lapsed()
+        now = self.clock()
+        old = self._nodes.get(spec.node_id)
+        superseded = False
+        if old is not None:
+            if spec.epoch < old.spec.epoch:
+                raise InvalidArgument(
+                    f"node {spec.node_id!r} registered with epoch {spec.epoch}, older than its "
+                    f"live epoch {old.spec.epoch}: a stale daemon; restart it"
+                )
+            if old.pending is not None:
+                self._retire(old.pending.holder)
+                old.pending = None
+            if spec.epoch > old.spec.epoch:
+                superseded = True
+                log.info("node_epoch_superseded", node_id=spec.node_id,
+                         old_epoch=old.spec.epoch, epoch=spec.epoch,
+                         num_replicas=self.index.num_holder_replicas(old.holder))
+                self._retire(old.holder)
+                holder = self.index.add_holder()
+            else:
+                holder = old.holder  # same daemon reconnecting: keep serving until resync
+            del self._nodes[spec.node_id]
+        else:
+            holder = self.index.add_holder()
+        same = old is not None and not superseded  # the live daemon reconnecting
+        rec = NodeRecord(spec=spec, holder=holder, registered_s=now, last_heartbeat_s=now,
+                         tiers=tiers, synced=same and old.synced,  # type: ignore[union-attr]
+                         applied_seq=old.applied_seq if same else 0,  # type: ignore[union-attr]
+                         gap=same and old.gap)  # type: ignore[union-attr]
+        self._nodes[spec.node_id] = rec
+        self._by_holder[holder] = rec
+        self._refresh(rec)
+        log.info("node_registered", node_id=spec.node_id, epoch=spec.epoch,
+                 grpc=spec.grpc_address, data=spec.data_address)
+        return RegisterOutcome(self.node_lease_s, superseded)
+
+    def unregister(self, node_id: str, epoch: int) -> bool:
+        """A node leaves cleanly: its replicas drop from the index at once.
+
+        Returns:
+            False if (node, epoch) was not registered (idempotent).
+        """
+        rec = self._live(node_id, epoch)
+        if rec is None:
+            return False
+        self._drop(rec)
+        log.info("node_unregistered", node_id=node_id, epoch=epoch)
+        return True
+
+    # ---- heartbeats and inventory ----------------------------------------------------
+    def heartbeat(
+        self, node_id: str, epoch: int, *, tiers: Sequence[TierUsage] = (), load: float = 0.0,
+        last_seq: int = 0,
+    ) -> NodeAction:
+        """Renew a node's lease and record its usage and load.
+
+        Returns:
+            REREGISTER for an unknown (node, epoch) or a lapsed lease; RESYNC when the
+            node sent events the master never applied (``last_seq`` ahead) or a gap is
+            open; NONE otherwise.
+        """
+        rec = self._live(node_id, epoch)
+        if rec is None:
+            return NodeAction.REREGISTER
+        rec.last_heartbeat_s = self.clock()
+        for t in tiers:
+            if t.tier in (Tier.DRAM, Tier.SSD):
+                rec.tiers[t.tier] = t
+        rec.load = load if math.isfinite(load) and load >= 0 else 0.0
+        self.index.set_load(rec.holder, rec.load)
+        if rec.synced and not rec.gap and last_seq > rec.applied_seq:
+            self._open_gap(rec, last_seq)
+        if rec.gap or (not rec.synced and rec.pending is None):
+            return NodeAction.RESYNC
+        return NodeAction.NONE
+
+    def _open_gap(self, rec: NodeRecord, seen_seq: int) -> None:
+        rec.gap = True
+        self._refresh(rec)
+        log.warning("node_event_gap", node_id=rec.spec.node_id, epoch=rec.spec.epoch,
+                    applied_seq=rec.applied_seq, seen_seq=seen_seq)
+
+    def sync_inventory(
+        self, node_id: str, epoch: int, *, sync_id: int, blocks: Sequence[BlockRef],
+        last_chunk: bool, seq: int = 0,
+    ) -> tuple[NodeAction, int]:
+        """Receive one chunk of a node's whole inventory; the last chunk swaps it in.
+
+        Chunks of one sync share ``sync_id``; a new ``sync_id`` abandons an unfinished one.
+        Until the last chunk the node's previous replicas (if any) stay as they were.
+
+        Args:
+            seq: on the last chunk, the event seq the snapshot includes (the next event
+                must be ``seq + 1``).
+
+        Returns:
+            ``(action, num_replicas)``: REREGISTER for an unknown (node, epoch); on the
+            last chunk, the replicas now indexed for the node.
+
+        Raises:
+            InvalidArgument: a block with a bad tier or size (nothing of this chunk is kept;
+                the sync must restart).
+        """
+        rec = self._live(node_id, epoch)
+        if rec is None:
+            return NodeAction.REREGISTER, 0
+        rec.last_heartbeat_s = self.clock()  # a long sync is a sign of life
+        if rec.pending is None or rec.pending.sync_id != sync_id:
+            if rec.pending is not None:
+                self._retire(rec.pending.holder)
+            rec.pending = _PendingSync(sync_id, self.index.add_holder())
+        pending = rec.pending
+        by_ns: dict[bytes, list[BlockRef]] = {}
+        for b in blocks:
+            by_ns.setdefault(b.namespace_id, []).append(b)
+        gen = self.generations.next()
+        try:
+            for ns, refs in by_ns.items():
+                self.index.add_replicas_bulk(
+                    ns, [r.key for r in refs], holder=pending.holder,
+                    tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
+                    generation=gen,
+                )
+        except InvalidArgument:
+            self._retire(pending.holder)
+            rec.pending = None
+            raise
+        if not last_chunk:
+            return NodeAction.NONE, 0
+        old = rec.holder
+        rec.holder = pending.holder
+        rec.pending = None
+        self._by_holder[rec.holder] = rec
+        self._retire(old)
+        rec.applied_seq = seq
+        rec.synced = True
+        rec.gap = False
+        self.index.set_load(rec.holder, rec.load)
+        self._refresh(rec)
+        num = self.index.num_holder_replicas(rec.holder)
+        log.info("node_inventory_synced", node_id=node_id, epoch=epoch, num_replicas=num, seq=seq)
+        return NodeAction.NONE, num
+
+    def report_events(
+        self, node_id: str, epoch: int, events: Sequence[BlockEvent]
+    ) -> tuple[NodeAction, int]:
+        """Apply a node's ordered events; a gap hides its replicas until a resync.
+
+        Events at or below the applied seq are duplicates and ignored.
+
+        Returns:
+            ``(action, applied_seq)``: REREGISTER for an unknown (node, epoch), RESYNC
+            when the node is unsynced or a gap opened (then nothing after the gap is
+            applied), else NONE.
+        """
+        rec = self._live(node_id, epoch)
+        if rec is None:
+            return NodeAction.REREGISTER, 0
+        if not rec.synced or rec.gap:
+            return NodeAction.RESYNC, rec.applied_seq
+        for ev in events:
+            if ev.seq <= rec.applied_seq:
+                continue
+            if ev.seq != rec.applied_seq + 1:
+                self._open_gap(rec, ev.seq)
+                return NodeAction.RESYNC, rec.applied_seq
+            b = ev.block
+            if ev.kind is EventKind.ADDED:
+                self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
+                                       size_bytes=b.size_bytes,
+                                       generation=self.generations.next())
+            elif ev.kind is EventKind.REMOVED:
+                self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier)
+            else:
+                raise InvalidArgument(f"event {ev.seq}: kind must be ADDED or REMOVED, got {ev.kind!r}")
+            rec.applied_seq = ev.seq
+        return NodeAction.NONE, rec.applied_seq
+
+    # ---- health ----------------------------------------------------------------------
+    def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:
+        """Record one data-plane transfer with a node (``unhealthy_after_failures``
+        consecutive failures make it unhealthy; a success heals it).
+
+        A report about another epoch than the live one is ignored.
+
+        Raises:
+            NotFound: the node is not registered.
+        """
+        self.expire_lapsed()
+        rec = self._nodes.get(node_id)
+        if rec is None:
+            raise NotFound(f"node {node_id!r} is not registered")
+        if rec.spec.epoch != epoch:
+            return rec.health
+        if ok:
+            rec.consecutive_failures = 0
+            if not rec.healthy:
+                log.info("node_healthy_again", node_id=node_id, epoch=epoch)
+            rec.healthy = True
+        else:
+            rec.consecutive_failures += 1
+            if rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
+                rec.healthy = False
+                log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
+                            num_failures=rec.consecutive_failures)
+        self._refresh(rec)
+        return rec.health
+
+    # ---- views -----------------------------------------------------------------------
+    def nodes(self) -> list[NodeRecord]:
+        """Live nodes, sorted by node id (records are the master's own: do not mutate)."""
+        self.expire_lapsed()
+        return [self._nodes[n] for n in sorted(self._nodes)]
+
+    def node(self, node_id: str) -> NodeRecord | None:
+        """The live record of a node, or None."""
+        self.expire_lapsed()
+        return self._nodes.get(node_id)
+
+    def record_of_holder(self, holder: int) -> NodeRecord | None:
+        """The node owning a holder (None once the holder was retired)."""
+        return self._by_holder.get(holder)
+
+    def lease_left_s(self, rec: NodeRecord) -> float:
+        """Seconds until the node's lease lapses (0 if it already has)."""
+        return max(0.0, rec.last_heartbeat_s + self.node_lease_s - self.clock())
+
+    def is_complete(self) -> bool:
+        """True when every live node's inventory is synced without a gap."""
+        return all(r.synced and not r.gap for r in self.nodes())

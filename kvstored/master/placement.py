@@ -1,0 +1,249 @@
+"""Placement of new replicas and the two-phase put's generations.
+
+``start_put`` chooses nodes for a block and opens a *write* with a fresh generation; its
+replicas are indexed WRITING (invisible to lookups). ``end_put`` commits or aborts exactly
+that generation::
+
+    start_put(key) -> generation G, replicas WRITING on nodes chosen by the policy
+    end_put(key, G, commit) -> COMMITTED (visible)        end_put(key, G_old) -> NotFound
+    write lease lapsed      -> WRITING replicas dropped; a later start_put gets G' > G
+
+Policies (candidates: synced, healthy nodes with room in DRAM for the block beside the
+bytes already placed on them and not yet committed):
+
+- ``local-first``: the writer's node if it has room, then the others by most free DRAM;
+- ``most-free``: by most free DRAM;
+- ``random``: a uniform sample (seeded ``random.Random`` injected for tests);
+
+ties go to the lower node id, so orders are exact and testable. Not thread-safe: loop only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+import structlog
+
+from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
+from kvstored.master.index import MAX_SIZE_BYTES, ReplicaState
+from kvstored.master.membership import Membership, NodeRecord
+from kvstored.tiers.base import Tier
+
+log = structlog.get_logger(__name__)
+
+MAX_REPLICAS = 8
+
+
+class PlacementPolicy(StrEnum):
+    """How ``start_put`` orders candidate nodes."""
+
+    LOCAL_FIRST = "local-first"
+    MOST_FREE = "most-free"
+    RANDOM = "random"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedReplica:
+    """Where one replica of a write goes."""
+
+    node_id: str
+    epoch: int
+    holder: int
+    tier: Tier
+    data_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutStartOutcome:
+    """Answer to ``start_put``.
+
+    Attributes:
+        exists: the block is already committed somewhere readable (nothing to write).
+        generation: the write's generation (0 when ``exists``).
+        replicas: where to write, in policy order (empty when ``exists``).
+    """
+
+    exists: bool
+    generation: int
+    replicas: tuple[PlacedReplica, ...]
+
+
+@dataclass(slots=True)
+class _Write:
+    generation: int
+    deadline_s: float
+    size_bytes: int
+    holders: tuple[int, ...]
+
+
+class Placement:
+    """Two-phase puts over the membership's nodes.
+
+    Args:
+        membership: the nodes and the block index.
+        policy: default placement policy.
+        write_lease_s: a write not ended within this is aborted (its writer died).
+        rng: randomness of the ``random`` policy (seed it in tests).
+
+    Raises:
+        InvalidArgument: a write lease that is not positive.
+    """
+
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        policy: PlacementPolicy = PlacementPolicy.LOCAL_FIRST,
+        write_lease_s: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not (math.isfinite(write_lease_s) and write_lease_s > 0):
+            raise InvalidArgument(f"write_lease_s must be > 0, got {write_lease_s}")
+        self.membership = membership
+        self.index = membership.index
+        self.policy = PlacementPolicy(policy)
+        self.write_lease_s = float(write_lease_s)
+        self.rng = rng if rng is not None else random.Random()
+        self._writes: dict[tuple[bytes, bytes], _Write] = {}
+        self._pending_bytes: dict[int, int] = {}
+
+    # ---- capacity --------------------------------------------------------------------
+    def free_dram_bytes(self, rec: NodeRecord) -> int:
+        """DRAM the node reported free minus what is placed there and not yet ended."""
+        usage = rec.tiers.get(Tier.DRAM)
+        free = usage.free_bytes if usage is not None else 0
+        return max(0, free - self._pending_bytes.get(rec.holder, 0))
+
+    def _release(self, write: _Write) -> None:
+        for h in write.holders:
+            left = self._pending_bytes.get(h, 0) - write.size_bytes
+            if left > 0:
+                self._pending_bytes[h] = left
+            else:
+                self._pending_bytes.pop(h, None)
+
+    def reclaim_expired_writes(self) -> int:
+        """Abort every write whose lease lapsed (a dead writer's space is released).
+
+        Returns:
+            Writes aborted.
+        """
+        now = self.membership.clock()
+        expired = [k for k, w in self._writes.items() if w.deadline_s < now]
+        for k in expired:
+            w = self._writes.pop(k)
+            self.index.abort_generation(k[0], k[1], w.generation)
+            self._release(w)
+            log.warning("write_lease_expired", key=k[1].hex()[:16], generation=w.generation)
+        return len(expired)
+
+    # ---- policy ----------------------------------------------------------------------
+    def order_candidates(
+        self, size_bytes: int, writer_node_id: str, policy: PlacementPolicy
+    ) -> list[NodeRecord]:
+        """Nodes that can take a ``size_bytes`` block, in the policy's order."""
+        cands = [
+            r for r in self.membership.nodes()
+            if r.synced and not r.gap and r.healthy and self.free_dram_bytes(r) >= size_bytes
+        ]
+        by_free = sorted(cands, key=lambda r: (-self.free_dram_bytes(r), r.spec.node_id))
+        if policy is PlacementPolicy.MOST_FREE:
+            return by_free
+        if policy is PlacementPolicy.LOCAL_FIRST:
+            local = [r for r in by_free if r.spec.node_id == writer_node_id]
+            return local + [r for r in by_free if r.spec.node_id != writer_node_id]
+        ordered = sorted(cands, key=lambda r: r.spec.node_id)
+        return self.rng.sample(ordered, len(ordered))
+
+    # ---- two-phase put ---------------------------------------------------------------
+    def start_put(
+        self,
+        namespace_id: bytes,
+        key: bytes,
+        size_bytes: int,
+        *,
+        writer_node_id: str = "",
+        num_replicas: int = 1,
+        policy: PlacementPolicy | None = None,
+    ) -> PutStartOutcome:
+        """Open a write of one block: choose nodes, index WRITING replicas, new generation.
+
+        Idempotent for committed blocks (``exists=True``). The caller must ``end_put`` the
+        returned generation within ``write_lease_s``, else the write is aborted.
+
+        Args:
+            num_replicas: replicas wanted (1..8); fewer are placed when fewer nodes have room.
+
+        Raises:
+            InvalidArgument: empty key, size or replica count out of range.
+            ReplicaNotReady: another write of this block is in progress (retriable).
+            NoCapacity: no node has room for the block (retriable).
+        """
+        if not key:
+            raise InvalidArgument("key must not be empty")
+        if not 0 <= size_bytes <= MAX_SIZE_BYTES:
+            raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}")
+        if not 1 <= num_replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"num_replicas must be in 1..{MAX_REPLICAS}, got {num_replicas}")
+        self.reclaim_expired_writes()
+        if self.index.replicas(namespace_id, key, readable_only=True):
+            return PutStartOutcome(True, 0, ())
+        if (namespace_id, key) in self._writes:
+            raise ReplicaNotReady(
+                f"block {key.hex()[:16]} is being written (generation "
+                f"{self._writes[(namespace_id, key)].generation}); retry after it ends"
+            )
+        chosen = self.order_candidates(size_bytes, writer_node_id, policy or self.policy)
+        chosen = chosen[:num_replicas]
+        if not chosen:
+            raise NoCapacity(
+                f"no registered, healthy node has {size_bytes} bytes of DRAM free for block "
+                f"{key.hex()[:16]}"
+            )
+        gen = self.membership.generations.next()
+        placed = []
+        for rec in chosen:
+            self.index.add_replica(namespace_id, key, holder=rec.holder, tier=Tier.DRAM,
+                                   size_bytes=size_bytes, generation=gen,
+                                   state=ReplicaState.WRITING)
+            self._pending_bytes[rec.holder] = self._pending_bytes.get(rec.holder, 0) + size_bytes
+            placed.append(PlacedReplica(rec.spec.node_id, rec.spec.epoch, rec.holder, Tier.DRAM,
+                                        rec.spec.data_address))
+        self._writes[(namespace_id, key)] = _Write(
+            gen, self.membership.clock() + self.write_lease_s, size_bytes,
+            tuple(r.holder for r in chosen),
+        )
+        return PutStartOutcome(False, gen, tuple(placed))
+
+    def end_put(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool) -> int:
+        """Commit (or abort) exactly the write ``generation`` of a block.
+
+        Returns:
+            Replicas committed (or dropped). A commit can return 0 when every chosen node
+            left meanwhile: the block is then not stored.
+
+        Raises:
+            NotFound: no write of this generation is open (it ended, its lease lapsed, or a
+                newer write replaced it): a stale end never finalises another write.
+        """
+        self.reclaim_expired_writes()
+        w = self._writes.get((namespace_id, key))
+        if w is None or w.generation != generation:
+            current = f"the open write is generation {w.generation}" if w else "no write is open"
+            raise NotFound(
+                f"write generation {generation} of block {key.hex()[:16]} is not open "
+                f"({current}); a late {'commit' if commit else 'abort'} is refused"
+            )
+        del self._writes[(namespace_id, key)]
+        self._release(w)
+        if commit:
+            return self.index.commit_generation(namespace_id, key, generation)
+        return self.index.abort_generation(namespace_id, key, generation)
+
+    @property
+    def num_open_writes(self) -> int:
+        """Writes started and not yet ended or reclaimed."""
+        return len(self._writes)

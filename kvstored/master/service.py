@@ -1,0 +1,260 @@
+"""MasterService: the thin grpc.aio adapter over membership, index and placement.
+
+Every method decodes its request, calls the plain-Python components on the event loop (one
+loop, no locks) and encodes the answer. A :class:`KvstoredError` becomes a gRPC status with
+the error code in the ``kvstored-error-code`` trailing metadata; anything else becomes
+INTERNAL and is logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import structlog
+
+from kvstored.errors import ERROR_CODE_METADATA_KEY, InternalError, InvalidArgument, KvstoredError
+from kvstored.master.index import BlockIndex
+from kvstored.master.membership import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    Membership,
+    NodeAction,
+    NodeRecord,
+    NodeSpec,
+    TierUsage,
+)
+from kvstored.master.placement import Placement, PlacementPolicy
+from kvstored.tiers.base import Tier
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+MAX_LOOKUP_KEYS = 65536
+MAX_KEY_BYTES = 1024
+MAX_NAMESPACE_ID_BYTES = 64
+_POLICY_FROM_PB = {
+    pb.PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy.LOCAL_FIRST,
+    pb.PLACEMENT_POLICY_MOST_FREE: PlacementPolicy.MOST_FREE,
+    pb.PLACEMENT_POLICY_RANDOM: PlacementPolicy.RANDOM,
+}
+_ACTION_TO_PB = {NodeAction.NONE: pb.NODE_ACTION_UNSPECIFIED,
+                 NodeAction.REREGISTER: pb.NODE_ACTION_REREGISTER,
+                 NodeAction.RESYNC: pb.NODE_ACTION_RESYNC}
+
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def _rpc(fn: Handler[R]) -> Handler[R]:
+    """Map errors of one RPC handler onto gRPC statuses (see the module docstring)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except KvstoredError as exc:
+            err = exc
+        except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
+            log.exception("master_rpc_failed", method=fn.__name__)
+            err = InternalError(f"{type(exc).__name__}: {exc}")
+        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(int(err.code))),))
+        await context.abort(err.grpc_status, str(err))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+def _tier(value: int, what: str) -> Tier:
+    if value not in (int(Tier.DRAM), int(Tier.SSD)):
+        raise InvalidArgument(f"{what}: tier must be DRAM (1) or SSD (2), got {value}")
+    return Tier(value)
+
+
+def _usage(items: Any, what: str) -> tuple[TierUsage, ...]:
+    return tuple(TierUsage(_tier(t.tier, what), t.capacity_bytes, t.used_bytes, t.num_blocks)
+                 for t in items)
+
+
+def _block(b: pb.BlockRef, what: str) -> BlockRef:
+    if not b.key or len(b.key) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"{what}: key must have 1..{MAX_KEY_BYTES} bytes, got {len(b.key)}")
+    return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes)
+
+
+def node_info(rec: NodeRecord) -> pb.NodeInfo:
+    """The wire form of a registered node (tiers as last heartbeated)."""
+    s = rec.spec
+    return pb.NodeInfo(
+        node_id=s.node_id, epoch=s.epoch, grpc_address=s.grpc_address,
+        data_address=s.data_address, transports=list(s.transports),
+        tiers=[pb.TierCapacity(tier=int(t.tier), capacity_bytes=t.capacity_bytes,
+                               used_bytes=t.used_bytes, num_blocks=t.num_blocks)
+               for _, t in sorted(rec.tiers.items())],
+    )
+
+
+class MasterServicer(pb_grpc.MasterServiceServicer):
+    """gRPC adapter over one master's components.
+
+    Args:
+        membership: nodes, leases and health (owns ``membership.index``).
+        placement: two-phase puts over the same membership.
+        master_epoch: this master start's epoch (reported to nodes and kvstorectl).
+    """
+
+    def __init__(self, membership: Membership, placement: Placement, *, master_epoch: int) -> None:
+        self.membership = membership
+        self.placement = placement
+        self.index: BlockIndex = membership.index
+        self.master_epoch = master_epoch
+
+    def _lease_ms(self) -> int:
+        return int(self.membership.node_lease_s * 1000)
+
+    @_rpc
+    async def RegisterNode(  # noqa: N802 (gRPC method names)
+        self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        n = request.node
+        spec = NodeSpec(n.node_id, n.epoch, n.grpc_address, n.data_address,
+                        _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",))
+        out = self.membership.register(spec)
+        return pb.RegisterNodeResponse(node_lease_ms=self._lease_ms(),
+                                       master_epoch=self.master_epoch,
+                                       superseded_epoch=out.superseded_epoch)
+
+    @_rpc
+    async def UnregisterNode(  # noqa: N802
+        self, request: pb.UnregisterNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterNodeResponse:
+        self.membership.unregister(request.node_id, request.epoch)
+        return pb.UnregisterNodeResponse()
+
+    @_rpc
+    async def Heartbeat(  # noqa: N802
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        action = self.membership.heartbeat(
+            request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
+            load=request.load, last_seq=request.last_seq,
+        )
+        return pb.HeartbeatResponse(action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms())
+
+    @_rpc
+    async def SyncInventory(  # noqa: N802
+        self, request: pb.SyncInventoryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SyncInventoryResponse:
+        blocks = [_block(b, f"inventory block {i}") for i, b in enumerate(request.blocks)]
+        action, num = self.membership.sync_inventory(
+            request.node_id, request.epoch, sync_id=request.sync_id, blocks=blocks,
+            last_chunk=request.last_chunk, seq=request.seq,
+        )
+        return pb.SyncInventoryResponse(action=_ACTION_TO_PB[action], num_replicas=num)
+
+    @_rpc
+    async def ReportEvents(  # noqa: N802
+        self, request: pb.ReportEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportEventsResponse:
+        events = []
+        for e in request.events:
+            if e.kind not in (int(EventKind.ADDED), int(EventKind.REMOVED)):
+                raise InvalidArgument(f"event {e.seq}: kind must be ADDED or REMOVED, got {e.kind}")
+            events.append(BlockEvent(e.seq, EventKind(e.kind), _block(e.block, f"event {e.seq}")))
+        action, applied = self.membership.report_events(request.node_id, request.epoch, events)
+        return pb.ReportEventsResponse(action=_ACTION_TO_PB[action], applied_seq=applied)
+
+    @_rpc
+    async def ReportTransfer(  # noqa: N802
+        self, request: pb.ReportTransferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportTransferResponse:
+        health = self.membership.report_transfer(request.node_id, request.epoch, ok=request.ok)
+        return pb.ReportTransferResponse(health=int(health))
+
+    @_rpc
+    async def LookupPrefix(  # noqa: N802
+        self, request: pb.MasterLookupPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MasterLookupPrefixResponse:
+        if len(request.namespace_id) > MAX_NAMESPACE_ID_BYTES:
+            raise InvalidArgument(
+                f"namespace_id has {len(request.namespace_id)} bytes; the limit is "
+                f"{MAX_NAMESPACE_ID_BYTES}"
+            )
+        if len(request.keys) > MAX_LOOKUP_KEYS:
+            raise InvalidArgument(
+                f"{len(request.keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}"
+            )
+        for i, k in enumerate(request.keys):
+            if not k or len(k) > MAX_KEY_BYTES:
+                raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {len(k)}")
+        m = self.membership
+        m.expire_lapsed()
+        local = m.node(request.local_node_id) if request.local_node_id else None
+        hit = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
+                                       local_holder=local.holder if local else -1)
+        resp = pb.MasterLookupPrefixResponse(complete=m.is_complete())
+        if not len(hit):
+            return resp
+        holders, node_index = np.unique(hit.holders, return_inverse=True)
+        for h in holders.tolist():
+            rec = m.record_of_holder(h)
+            if rec is None:  # cannot happen: readable holders have records
+                raise InternalError(f"holder {h} is readable but has no node")
+            resp.nodes.add(node_id=rec.spec.node_id, epoch=rec.spec.epoch,
+                           data_address=rec.spec.data_address)
+        resp.node_index.extend(node_index.tolist())
+        resp.tier.extend(hit.tiers.tolist())
+        resp.size_bytes.extend(hit.sizes.tolist())
+        resp.generation.extend(hit.generations.tolist())
+        return resp
+
+    @_rpc
+    async def PutStart(  # noqa: N802
+        self, request: pb.PutStartRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutStartResponse:
+        policy = _POLICY_FROM_PB.get(request.policy)
+        if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
+            raise InvalidArgument(f"unknown placement policy {request.policy}")
+        out = self.placement.start_put(
+            bytes(request.namespace_id), bytes(request.key), request.size_bytes,
+            writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
+            policy=policy,
+        )
+        return pb.PutStartResponse(
+            exists=out.exists, generation=out.generation,
+            replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=int(r.tier),
+                                    size_bytes=request.size_bytes, generation=out.generation,
+                                    data_address=r.data_address) for r in out.replicas],
+        )
+
+    @_rpc
+    async def PutEnd(  # noqa: N802
+        self, request: pb.PutEndRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutEndResponse:
+        n = self.placement.end_put(bytes(request.namespace_id), bytes(request.key),
+                                   request.generation, commit=request.commit)
+        return pb.PutEndResponse(num_replicas=n)
+
+    @_rpc
+    async def ListNodes(  # noqa: N802
+        self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListNodesResponse:
+        m = self.membership
+        nodes = [
+            pb.NodeStatus(node=node_info(r), health=int(r.health), load=r.load,
+                          num_replicas=self.index.num_holder_replicas(r.holder),
+                          lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq)
+            for r in m.nodes()
+        ]
+        return pb.ListNodesResponse(nodes=nodes, master_epoch=self.master_epoch,
+                                    num_replicas=self.index.num_replicas)
+
+
+def add_master_service(server: grpc.aio.Server, servicer: MasterServicer) -> None:
+    """Register the MasterService on a grpc.aio server."""
+    pb_grpc.add_MasterServiceServicer_to_server(servicer, server)

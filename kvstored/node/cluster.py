@@ -1,0 +1,290 @@
+"""MasterLink: a node's membership in the cluster (register, inventory, events, heartbeats).
+
+One owned task talks to the master, one call at a time, in rounds::
+
+    round:  [REREGISTER pending] RegisterNode(node, epoch, addresses, tiers, transports)
+            [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
+            ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
+            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC
+
+Events are the difference between two snapshots of the store's block listing (DRAM and SSD
+replicas), so every change the store made between two rounds is reported, in order, with
+sequence numbers that have no gaps within one epoch. Events not acknowledged (the call
+failed) are resent with the same seqs; the master ignores duplicates. Any answer the master
+gives that says it lost track (REREGISTER: it restarted or the lease lapsed; RESYNC: a gap)
+makes the next round start over from registration or inventory, so the master's index
+converges to the node's truth within one heartbeat interval of the master coming back.
+
+Cost: a round lists every block of the store (under the store's lock); fine for the blocks
+of this version's tests and benches, to be replaced by store change hooks (see
+docs/cluster.md). The master being unreachable never affects serving: failures are logged
+(rate-limited) and retried next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Protocol
+
+import grpc
+import structlog
+
+from kvstored.config import ClusterConfig
+from kvstored.errors import KvstoredError, error_from_rpc
+from kvstored.tiers.base import BlockInfo, StoreStats
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+_LIST_ALL = 1 << 40
+_MAX_EVENTS_PER_CALL = 8192
+
+ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
+
+
+class InventorySource(Protocol):
+    """What the link reads from the node's store (a :class:`TieredStore` fits)."""
+
+    def list_blocks(self, *, namespace_id: bytes = b"", limit: int = 10000) -> tuple[list[BlockInfo], bool]: ...
+
+    def stats(self) -> StoreStats: ...
+
+
+def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, int]:
+    """Every replica of the store: ``{(namespace_id, key, tier): size_bytes}`` (no pins)."""
+    blocks, _ = store.list_blocks(limit=_LIST_ALL)
+    return {(b.namespace_id, b.key, int(t)): b.size_bytes for b in blocks for t in b.tiers}
+
+
+def _ref(rk: ReplicaKey, size: int) -> pb.BlockRef:
+    return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=size)
+
+
+class MasterLink:
+    """Keeps one node registered with the master (async ``start``/``stop``; loop only).
+
+    Args:
+        cfg: the link's settings (master address, heartbeat interval, timeouts).
+        node_id: this node's name.
+        epoch: this daemon start's epoch.
+        grpc_address: ``host:port`` peers and kvstorectl reach the node's gRPC API on.
+        data_address: ``host:port`` of the node's data plane.
+        store: the node's block store (listing and usage).
+        load: in-flight requests right now (pins + reservations + puts).
+        executor: where store listings run (never the loop).
+    """
+
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        *,
+        node_id: str,
+        epoch: int,
+        grpc_address: str,
+        data_address: str,
+        store: InventorySource,
+        load: Callable[[], float],
+        executor: Executor | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.node_id = node_id
+        self.epoch = epoch
+        self.grpc_address = grpc_address
+        self.data_address = data_address
+        self.store = store
+        self.load = load
+        self.executor = executor
+        self.registered = False
+        self.synced = False
+        self.seq = 0
+        self.master_epoch = 0
+        self.lease_s = 0.0
+        self.num_rounds = 0
+        self._known: dict[ReplicaKey, int] = {}
+        self._unacked: list[pb.BlockEvent] = []
+        self._sync_ids = itertools.count(1)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.MasterServiceStub | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_error = ""
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.cfg.master_address, options=[("grpc.max_send_message_length", 64 << 20)]
+            )
+            self._stub = pb_grpc.MasterServiceStub(self._channel)
+        return self._stub
+
+    async def start(self) -> None:
+        """Start the link's task (returns at once; the master may still be unreachable)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="kvstored-master-link")
+
+    async def stop(self, *, unregister: bool = True) -> None:
+        """Stop the task; tell the master this node leaves (best effort, short deadline)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if unregister and self.registered and self._stub is not None:
+            try:
+                await self._stub.UnregisterNode(
+                    pb.UnregisterNodeRequest(node_id=self.node_id, epoch=self.epoch),
+                    timeout=min(1.0, self.cfg.rpc_timeout_s),
+                )
+                log.info("master_unregistered", node_id=self.node_id, epoch=self.epoch)
+            except grpc.RpcError as exc:
+                log.warning("master_unregister_failed", error=str(error_from_rpc(exc)))
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    def interval_s(self) -> float:
+        """Seconds between rounds: the configured interval, at most a third of the lease."""
+        if self.lease_s > 0:
+            return min(self.cfg.heartbeat_interval_s, self.lease_s / 3)
+        return self.cfg.heartbeat_interval_s
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+                if self._last_error:
+                    log.info("master_link_recovered", master=self.cfg.master_address)
+                    self._last_error = ""
+            except (KvstoredError, grpc.RpcError) as exc:
+                err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                if str(err) != self._last_error:  # rate-limit: log each distinct failure once
+                    log.warning("master_link_failed", master=self.cfg.master_address,
+                                error=str(err))
+                    self._last_error = str(err)
+            except Exception:
+                log.exception("master_link_bug")
+            await asyncio.sleep(self.interval_s())
+
+    # ---- one round -------------------------------------------------------------------
+    async def _snapshot(self) -> dict[ReplicaKey, int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, snapshot_inventory, self.store)
+
+    async def run_once(self) -> None:
+        """One round: register / resync if needed, report events, heartbeat.
+
+        Raises:
+            grpc.RpcError: the master could not be reached (state kept for the next round).
+        """
+        self.num_rounds += 1
+        if not self.registered:
+            await self._register()
+        if not self.synced:
+            await self._sync()
+        await self._report_events()
+        await self._heartbeat()
+
+    def _handle(self, action: int) -> None:
+        if action == pb.NODE_ACTION_REREGISTER:
+            log.info("master_asks_reregister", node_id=self.node_id, epoch=self.epoch)
+            self.registered = False
+            self.synced = False
+        elif action == pb.NODE_ACTION_RESYNC:
+            log.info("master_asks_resync", node_id=self.node_id, seq=self.seq)
+            self.synced = False
+
+    def _tiers(self) -> list[pb.TierCapacity]:
+        st = self.store.stats()
+        return [pb.TierCapacity(tier=int(t.tier), capacity_bytes=t.capacity_bytes,
+                                used_bytes=t.used_bytes, num_blocks=t.num_blocks)
+                for t in st.tiers]
+
+    async def _register(self) -> None:
+        stub = self._ensure_stub()
+        info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
+                           grpc_address=self.grpc_address, data_address=self.data_address,
+                           tiers=self._tiers(), transports=["tcp"])
+        resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
+                                       timeout=self.cfg.rpc_timeout_s)
+        self.registered = True
+        self.synced = False
+        self.lease_s = resp.node_lease_ms / 1000.0
+        self.master_epoch = resp.master_epoch
+        log.info("master_registered", node_id=self.node_id, epoch=self.epoch,
+                 master_epoch=resp.master_epoch, node_lease_s=self.lease_s)
+
+    async def _sync(self) -> None:
+        stub = self._ensure_stub()
+        snap = await self._snapshot()
+        self._known = snap
+        self._unacked = []  # the snapshot includes every change so far
+        sync_id = next(self._sync_ids)
+        items = list(snap.items())
+        step = self.cfg.inventory_chunk_blocks
+        chunks = [items[i : i + step] for i in range(0, len(items), step)] or [[]]
+        resp = None
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            resp = await stub.SyncInventory(
+                pb.SyncInventoryRequest(node_id=self.node_id, epoch=self.epoch, sync_id=sync_id,
+                                        blocks=[_ref(rk, size) for rk, size in chunk],
+                                        last_chunk=last, seq=self.seq if last else 0),
+                timeout=self.cfg.rpc_timeout_s,
+            )
+            if resp.action != pb.NODE_ACTION_UNSPECIFIED:
+                self._handle(resp.action)
+                return
+        self.synced = True
+        log.info("master_inventory_synced", node_id=self.node_id, num_replicas=len(items),
+                 seq=self.seq)
+
+    def _diff(self, snap: dict[ReplicaKey, int]) -> None:
+        """Turn the changes since the last snapshot into numbered events."""
+        known = self._known
+        for rk in [rk for rk in known if rk not in snap or snap[rk] != known[rk]]:
+            self.seq += 1
+            self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
+                                               block=_ref(rk, known[rk])))
+        for rk, size in snap.items():
+            if known.get(rk) != size:
+                self.seq += 1
+                self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
+                                                   block=_ref(rk, size)))
+        self._known = snap
+
+    async def _report_events(self) -> None:
+        if not (self.registered and self.synced):
+            return
+        self._diff(await self._snapshot())
+        stub = self._ensure_stub()
+        while self._unacked:
+            batch = self._unacked[:_MAX_EVENTS_PER_CALL]
+            resp = await stub.ReportEvents(
+                pb.ReportEventsRequest(node_id=self.node_id, epoch=self.epoch, events=batch),
+                timeout=self.cfg.rpc_timeout_s,
+            )
+            if resp.action != pb.NODE_ACTION_UNSPECIFIED:
+                self._handle(resp.action)
+                return
+            self._unacked = [e for e in self._unacked if e.seq > resp.applied_seq]
+
+    async def _heartbeat(self) -> None:
+        if not self.registered:
+            return
+        load = float(self.load())
+        stub = self._ensure_stub()
+        resp = await stub.Heartbeat(
+            pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
+                                load=load if math.isfinite(load) else 0.0, last_seq=self.seq),
+            timeout=self.cfg.rpc_timeout_s,
+        )
+        if resp.node_lease_ms:
+            self.lease_s = resp.node_lease_ms / 1000.0
+        self._handle(resp.action)

@@ -1,0 +1,344 @@
+from kvstored.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NodeAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_ACTION_UNSPECIFIED: _ClassVar[NodeAction]
+    NODE_ACTION_REREGISTER: _ClassVar[NodeAction]
+    NODE_ACTION_RESYNC: _ClassVar[NodeAction]
+
+class NodeHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_HEALTH_UNSPECIFIED: _ClassVar[NodeHealth]
+    NODE_HEALTH_HEALTHY: _ClassVar[NodeHealth]
+    NODE_HEALTH_UNHEALTHY: _ClassVar[NodeHealth]
+    NODE_HEALTH_SYNCING: _ClassVar[NodeHealth]
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_WRITING: _ClassVar[ReplicaState]
+    REPLICA_STATE_COMMITTED: _ClassVar[ReplicaState]
+
+class PlacementPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLACEMENT_POLICY_UNSPECIFIED: _ClassVar[PlacementPolicy]
+    PLACEMENT_POLICY_LOCAL_FIRST: _ClassVar[PlacementPolicy]
+    PLACEMENT_POLICY_MOST_FREE: _ClassVar[PlacementPolicy]
+    PLACEMENT_POLICY_RANDOM: _ClassVar[PlacementPolicy]
+
+class BlockEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BLOCK_EVENT_KIND_UNSPECIFIED: _ClassVar[BlockEventKind]
+    BLOCK_EVENT_KIND_ADDED: _ClassVar[BlockEventKind]
+    BLOCK_EVENT_KIND_REMOVED: _ClassVar[BlockEventKind]
+NODE_ACTION_UNSPECIFIED: NodeAction
+NODE_ACTION_REREGISTER: NodeAction
+NODE_ACTION_RESYNC: NodeAction
+NODE_HEALTH_UNSPECIFIED: NodeHealth
+NODE_HEALTH_HEALTHY: NodeHealth
+NODE_HEALTH_UNHEALTHY: NodeHealth
+NODE_HEALTH_SYNCING: NodeHealth
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_WRITING: ReplicaState
+REPLICA_STATE_COMMITTED: ReplicaState
+PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicy
+PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy
+PLACEMENT_POLICY_MOST_FREE: PlacementPolicy
+PLACEMENT_POLICY_RANDOM: PlacementPolicy
+BLOCK_EVENT_KIND_UNSPECIFIED: BlockEventKind
+BLOCK_EVENT_KIND_ADDED: BlockEventKind
+BLOCK_EVENT_KIND_REMOVED: BlockEventKind
+
+class TierCapacity(_message.Message):
+    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier: _common_pb2.Tier
+    capacity_bytes: int
+    used_bytes: int
+    num_blocks: int
+    def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    grpc_address: str
+    data_address: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch")
+    NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_lease_ms: int
+    master_epoch: int
+    superseded_epoch: bool
+    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ...) -> None: ...
+
+class UnregisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "epoch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class UnregisterNodeResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
+    load: float
+    last_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("action", "node_lease_ms")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    action: NodeAction
+    node_lease_ms: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ...) -> None: ...
+
+class BlockRef(_message.Message):
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    tier: _common_pb2.Tier
+    size_bytes: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class SyncInventoryRequest(_message.Message):
+    __slots__ = ("node_id", "epoch", "sync_id", "blocks", "last_chunk", "seq")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    sync_id: int
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
+    last_chunk: bool
+    seq: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., sync_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., last_chunk: _Optional[bool] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class SyncInventoryResponse(_message.Message):
+    __slots__ = ("action", "num_replicas")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    action: NodeAction
+    num_replicas: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+
+class BlockEvent(_message.Message):
+    __slots__ = ("seq", "kind", "block")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: BlockEventKind
+    block: BlockRef
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[_Union[BlockEventKind, str]] = ..., block: _Optional[_Union[BlockRef, _Mapping]] = ...) -> None: ...
+
+class ReportEventsRequest(_message.Message):
+    __slots__ = ("node_id", "epoch", "events")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    events: _containers.RepeatedCompositeFieldContainer[BlockEvent]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., events: _Optional[_Iterable[_Union[BlockEvent, _Mapping]]] = ...) -> None: ...
+
+class ReportEventsResponse(_message.Message):
+    __slots__ = ("action", "applied_seq")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    action: NodeAction
+    applied_seq: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., applied_seq: _Optional[int] = ...) -> None: ...
+
+class ReportTransferRequest(_message.Message):
+    __slots__ = ("node_id", "epoch", "ok", "reporter_node_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REPORTER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    ok: bool
+    reporter_node_id: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ok: _Optional[bool] = ..., reporter_node_id: _Optional[str] = ...) -> None: ...
+
+class ReportTransferResponse(_message.Message):
+    __slots__ = ("health",)
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    health: NodeHealth
+    def __init__(self, health: _Optional[_Union[NodeHealth, str]] = ...) -> None: ...
+
+class ReplicaRef(_message.Message):
+    __slots__ = ("node_id", "epoch", "tier", "size_bytes", "generation", "data_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    tier: _common_pb2.Tier
+    size_bytes: int
+    generation: int
+    data_address: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
+
+class MasterLookupPrefixRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "local_node_id")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    local_node_id: str
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ...) -> None: ...
+
+class MasterLookupPrefixResponse(_message.Message):
+    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[ReplicaNode]
+    node_index: _containers.RepeatedScalarFieldContainer[int]
+    tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    generation: _containers.RepeatedScalarFieldContainer[int]
+    complete: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class ReplicaNode(_message.Message):
+    __slots__ = ("node_id", "epoch", "data_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    data_address: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    size_bytes: int
+    writer_node_id: str
+    num_replicas: int
+    policy: PlacementPolicy
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("exists", "generation", "replicas")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    generation: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
+    def __init__(self, exists: _Optional[bool] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("namespace_id", "key", "generation", "commit")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    generation: int
+    commit: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., generation: _Optional[int] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class PutEndResponse(_message.Message):
+    __slots__ = ("num_replicas",)
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    num_replicas: int
+    def __init__(self, num_replicas: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    health: NodeHealth
+    load: float
+    num_replicas: int
+    lease_left_s: float
+    last_seq: int
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "master_epoch", "num_replicas")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    master_epoch: int
+    num_replicas: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,215 @@
+"""A real ``kvstored master`` and two ``kvstored node`` processes on loopback ports.
+
+Registration, heartbeats and change events flow; ``kvstorectl nodes`` shows the cluster; a
+node SIGKILLed and restarted at once is a new epoch whose SSD blocks are visible again (and
+stay visible after its old epoch's lease passes) while its DRAM-only blocks are gone; a
+node SIGKILLed for good leaves after its lease and its replicas with it; a node stopped
+with SIGTERM leaves at once.
+
+Waits poll the master's state with a deadline: the lease is real time in real processes.
+The exact orders and races are pinned by the FakeClock unit tests in tests/unit/master.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
+
+from kvstored import Client
+from kvstored.client.master import MasterClient
+from kvstored.tiers.base import Tier
+
+LEASE_S = 4.0
+WAIT_S = 45.0
+
+
+class MasterProcess:
+    """``python -m kvstored.cli.main master`` on a port-0 loopback address."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.log_path = workdir / "master.log"
+        self.args = [sys.executable, "-m", "kvstored.cli.main", "master",
+                     "--listen", "127.0.0.1:0", "--data-dir", str(workdir / "master"),
+                     "--node-lease-s", str(LEASE_S)]
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.epoch = 0
+
+    def start(self) -> MasterProcess:
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True)
+        log.close()
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                parts = line.split()
+                if line.startswith("kvstored master epoch "):
+                    self.epoch = int(parts[3])
+                elif line.startswith("listening grpc "):
+                    self.address = parts[2]
+                elif line.strip() == "ready":
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(READY_TIMEOUT_S):
+            self.kill()
+            raise AssertionError("kvstored master did not become ready:\n"
+                                 + self.log_path.read_text()[-3000:])
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+class NodeProcess(ServeProcess):
+    """``kvstored node --master ADDR`` with the same flags as the serve helper."""
+
+    def __init__(self, workdir: Path, master: str, node_id: str) -> None:
+        workdir.mkdir(exist_ok=True)
+        super().__init__(workdir, node_id=node_id, dram_size="4MiB", ssd_size="64MiB")
+        self.args[self.args.index("serve")] = "node"
+        self.args += ["--master", master, "--metrics-address", ""]
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kvcl", dir="/tmp"))  # short: unix socket paths
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    started: list[Any] = []
+    yield started
+    for p in reversed(started):
+        p.kill()
+
+
+def _ctl(master: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.kvstorectl", "--address", master, *args],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def _nodes(master: str) -> dict[str, dict[str, Any]]:
+    out = _ctl(master, "nodes", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    return {n["node_id"]: n for n in json.loads(out.stdout)["nodes"]}
+
+
+def _wait(what: str, cond: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _where(m: MasterClient, keys: list[bytes]) -> dict[bytes, tuple[str, Tier]]:
+    """Per key (each looked up alone): the node and tier of its best replica, if any."""
+    out = {}
+    for k in keys:
+        got, _ = m.lookup_prefix(b"", [k])
+        if got:
+            out[k] = (got[0].node_id, got[0].tier)
+    return out
+
+
+def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = MasterProcess(workdir)
+    procs.append(master)
+    master.start()
+    addr = master.address
+    n1 = NodeProcess(workdir / "n1", addr, "n1")
+    n2 = NodeProcess(workdir / "n2", addr, "n2")
+    procs += [n1, n2]
+    n1.start()
+    n2.start()
+    nodes = _wait("both nodes healthy", lambda: (
+        (n := _nodes(addr)) and {k: v["health"] for k, v in n.items()}
+        == {"n1": "healthy", "n2": "healthy"} and n))
+    assert nodes["n1"]["grpc_address"] == n1.tcp_address
+    assert nodes["n2"]["data_address"] == n2.data
+    assert {t["tier"] for t in nodes["n1"]["tiers"]} == {"DRAM", "SSD"}
+    old_epoch = nodes["n2"]["epoch"]
+
+    # blocks put through each node reach the master as ordered events
+    k1 = [os.urandom(16) for _ in range(5)]
+    k2 = [os.urandom(16) for _ in range(80)]  # ~3.6 MiB: more than n2's 4 MiB DRAM keeps
+    with Client(n1.unix_address) as c:
+        assert all(r.stored for r in c.put(k1, [value_for(k) for k in k1]))
+    with Client(n2.unix_address) as c:
+        for i in range(0, len(k2), 8):
+            assert all(r.stored for r in c.put(k2[i:i + 8], [value_for(k) for k in k2[i:i + 8]]))
+        blocks_before, _ = c.list_blocks()
+    ssd_before = {b.key for b in blocks_before if Tier.SSD in b.tiers}
+    assert ssd_before, "the test needs some of n2's blocks demoted to SSD"
+    with MasterClient(addr) as m:
+        where = _wait("n1's blocks indexed", lambda: (w := _where(m, k1)) and len(w) == 5 and w)
+        assert set(where.values()) == {("n1", Tier.DRAM)}
+        _wait("n2's blocks indexed", lambda: len(_where(m, k2)) == len(k2))
+        got, complete = m.lookup_prefix(b"", k1, local_node_id="n2")
+        assert [r.node_id for r in got] == ["n1"] * 5 and complete
+
+    table = _ctl(addr, "nodes")
+    assert table.returncode == 0, table.stderr
+    assert "n1" in table.stdout and "n2" in table.stdout and "healthy" in table.stdout
+    assert n1.tcp_address in table.stdout
+
+    # SIGKILL n2 and restart it at once: a new epoch; its SSD blocks come back, DRAM ones not
+    n2.kill()
+    n2b = NodeProcess(workdir / "n2", addr, "n2")
+    procs.append(n2b)
+    n2b.start()
+    nodes = _wait("n2's new epoch healthy", lambda: (
+        (n := _nodes(addr)).get("n2", {}).get("epoch", old_epoch) != old_epoch
+        and n["n2"]["health"] == "healthy" and n))
+    assert nodes["n2"]["epoch"] > old_epoch
+    with Client(n2b.unix_address) as c:
+        blocks_after, _ = c.list_blocks()
+    truth = {b.key for b in blocks_after}
+    assert truth and truth <= ssd_before  # the restarted daemon found its SSD blocks only
+    with MasterClient(addr) as m:
+        where = _wait("n2's SSD blocks re-registered",
+                      lambda: (w := _where(m, k2)) and set(w) == truth and w)
+        assert set(where.values()) == {("n2", Tier.SSD)}
+        # the old epoch's lease passes: what the new epoch reported stays
+        time.sleep(LEASE_S + 1.0)
+        assert set(_where(m, k2)) == truth
+        assert _nodes(addr)["n2"]["epoch"] == nodes["n2"]["epoch"]
+
+        # SIGKILL n2 for good: it leaves after its lease, its replicas with it; n1 stays
+        n2b.kill()
+        _wait("n2 gone", lambda: "n2" not in _nodes(addr))
+        assert _where(m, k2) == {}
+        assert set(_where(m, k1).values()) == {("n1", Tier.DRAM)}
+    assert _nodes(addr)["n1"]["health"] == "healthy"
+    assert "node_lease_expired" in master.log_path.read_text()
+    # SIGTERM: the node leaves the cluster as its drain begins, before it exits
+    assert n1.terminate() == 0, n1.log()
+    assert _nodes(addr) == {}
+    with MasterClient(addr) as m:
+        assert _where(m, k1) == {}

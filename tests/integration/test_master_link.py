@@ -1,0 +1,215 @@
+"""MasterLink against an in-process MasterService over loopback gRPC, one round at a time.
+
+Everything runs on one event loop and the test drives the link with ``run_once()`` and the
+master's lease with a FakeClock, so every step (events, a gap and its resync, a master
+restart, a lapsed lease) happens exactly where the test puts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kvstored.clock import FakeClock
+from kvstored.config import ClusterConfig
+from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membership
+from kvstored.master.placement import Placement
+from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.node.cluster import MasterLink
+from kvstored.tiers.base import Tier
+from kvstored.tiers.tiered import TieredStore
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+NS = b"\x33" * 16
+LEASE_S = 10.0
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 4
+
+
+class Master:
+    """A MasterServicer whose state can be thrown away (a master restart)."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.servicer = MasterServicer(*self._fresh(), master_epoch=1)
+
+    def _fresh(self) -> tuple[Membership, Placement]:
+        members = Membership(BlockIndex(16), self.clock, Generations(10), node_lease_s=LEASE_S)
+        return members, Placement(members, rng=random.Random(1))
+
+    def restart(self) -> None:
+        m, p = self._fresh()
+        self.servicer.membership, self.servicer.placement, self.servicer.index = m, p, m.index
+
+    @property
+    def members(self) -> Membership:
+        return self.servicer.membership
+
+    def where(self, keys: list[int]) -> list[tuple[str, Tier]]:
+        got = self.servicer.index.lookup_prefix(NS, [key(i) for i in keys])
+        out = []
+        for r in got:
+            rec = self.members.record_of_holder(r.holder)
+            assert rec is not None
+            out.append((rec.spec.node_id, r.tier))
+        return out
+
+
+Scenario = Callable[[Master, MasterLink, TieredStore, str], Awaitable[None]]
+
+
+def _run(tmp_path: Path, scenario: Scenario) -> None:
+    async def main() -> None:
+        master = Master()
+        server = grpc.aio.server()
+        add_master_service(server, master.servicer)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        store = TieredStore(dram_size_bytes=1 << 20, arena_dir=None, node_id="n1",
+                            ssd_dir=tmp_path / "ssd", ssd_size_bytes=8 << 20)
+        link = MasterLink(ClusterConfig(master_address=f"127.0.0.1:{port}"), node_id="n1",
+                          epoch=77, grpc_address="127.0.0.1:9000", data_address="127.0.0.1:9001",
+                          store=store, load=lambda: 2.0)
+        try:
+            await scenario(master, link, store, f"127.0.0.1:{port}")
+        finally:
+            await link.stop(unregister=False)
+            await server.stop(grace=0)
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_puts_and_removals_reach_the_master_as_ordered_events(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        await link.run_once()
+        assert link.registered and link.synced and link.lease_s == LEASE_S
+        rec = master.members.node("n1")
+        assert rec is not None and rec.load == 2.0 and rec.spec.epoch == 77
+        assert master.where([0]) == []
+        for i in range(3):
+            store.put(key(i), bytes([i]) * 1000, namespace_id=NS)
+        await link.run_once()
+        assert link.seq == 3 and rec.applied_seq == 3
+        assert master.where([0, 1, 2]) == [("n1", Tier.DRAM)] * 3
+        store.remove([key(1)], namespace_id=NS)
+        await link.run_once()
+        assert link.seq == 4
+        assert master.where([0, 1, 2]) == [("n1", Tier.DRAM)]
+        dram = master.members.node("n1").tiers[Tier.DRAM]  # type: ignore[union-attr]
+        assert dram.num_blocks == 2 and dram.capacity_bytes == store.arena_size_bytes
+
+    _run(tmp_path, scenario)
+
+
+def test_an_event_gap_hides_the_node_until_its_resync(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        store.put(key(0), b"x" * 100, namespace_id=NS)
+        await link.run_once()
+        assert master.where([0]) == [("n1", Tier.DRAM)]
+        # an event from the future arrives (events lost in between): the master knows it
+        # no longer knows what n1 holds
+        lost = BlockEvent(link.seq + 5, EventKind.ADDED, BlockRef(NS, key(9), Tier.DRAM, 1))
+        master.members.report_events("n1", 77, [lost])
+        assert master.where([0]) == []
+        store.put(key(1), b"y" * 100, namespace_id=NS)
+        await link.run_once()  # its events are refused: RESYNC
+        assert not link.synced and master.where([0]) == []
+        await link.run_once()  # full inventory
+        assert link.synced
+        assert master.where([0, 1]) == [("n1", Tier.DRAM)] * 2
+        assert master.where([9]) == []
+
+    _run(tmp_path, scenario)
+
+
+def test_a_restarted_master_is_rebuilt_from_the_node(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        for i in range(4):
+            store.put(key(i), b"z" * 100, namespace_id=NS)
+        await link.run_once()
+        assert master.where([0, 1, 2, 3]) == [("n1", Tier.DRAM)] * 4
+        master.restart()
+        assert master.where([0]) == []  # knows nothing: answers nothing (no stale entries)
+        await link.run_once()  # events and heartbeat answered REREGISTER
+        assert not link.registered
+        await link.run_once()  # register + inventory
+        assert link.registered and link.synced
+        assert master.where([0, 1, 2, 3]) == [("n1", Tier.DRAM)] * 4
+
+    _run(tmp_path, scenario)
+
+
+def test_a_lapsed_lease_makes_the_node_register_again(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        store.put(key(0), b"q" * 100, namespace_id=NS)
+        await link.run_once()
+        master.clock.advance(LEASE_S + 0.5)  # the node was paused past its lease
+        assert master.members.expire_lapsed() == ["n1"]
+        assert master.where([0]) == []
+        await link.run_once()
+        assert not link.registered
+        await link.run_once()
+        assert master.where([0]) == [("n1", Tier.DRAM)]
+
+    _run(tmp_path, scenario)
+
+
+def test_inventory_is_sent_in_chunks_and_lists_ssd_copies(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        link.cfg = ClusterConfig(master_address=link.cfg.master_address, inventory_chunk_blocks=3)
+        for i in range(10):
+            store.put(key(i), bytes(200 << 10), namespace_id=NS)  # 2 MiB: > 1 MiB of DRAM
+        await link.run_once()
+        on_ssd = {b.key for b in store.list_blocks()[0] if Tier.SSD in b.tiers}
+        only_ssd = {b.key for b in store.list_blocks()[0] if b.tiers == (Tier.SSD,)}
+        assert only_ssd and on_ssd
+        rec = master.members.node("n1")
+        assert rec is not None
+        expected = sum(len(b.tiers) for b in store.list_blocks()[0])
+        assert master.servicer.index.num_holder_replicas(rec.holder) == expected
+        for i in range(10):
+            want = Tier.SSD if key(i) in only_ssd else Tier.DRAM
+            assert master.where([i]) == [("n1", want)]
+
+    _run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("grpc_address", "nohost", "grpc_address"), ("node_id", "", "node_id")],
+)
+def test_bad_registrations_get_invalid_argument_with_the_error_code(
+    tmp_path: Path, field: str, value: str, match: str
+) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, addr: str) -> None:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            stub = pb_grpc.MasterServiceStub(ch)
+            info = pb.NodeInfo(node_id="n9", epoch=1, grpc_address="127.0.0.1:1",
+                               data_address="127.0.0.1:2")
+            setattr(info, field, value)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.RegisterNode(pb.RegisterNodeRequest(node=info))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert match in (err.value.details() or "")
+            md = dict(err.value.trailing_metadata() or ())
+            assert md[ERROR_CODE_METADATA_KEY] == str(int(ErrorCode.INVALID_ARGUMENT))
+            # a stale end of a write over the wire: NOT_FOUND, nothing finalised
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.PutEnd(pb.PutEndRequest(namespace_id=NS, key=key(1), generation=5,
+                                                   commit=True))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            resp = await stub.ListNodes(pb.ListNodesRequest())
+            assert list(resp.nodes) == []
+
+    _run(tmp_path, scenario)

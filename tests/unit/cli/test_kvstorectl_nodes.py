@@ -1,0 +1,93 @@
+"""``kvstorectl nodes`` against an in-process MasterService: JSON, table, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from click.testing import CliRunner
+
+from kvstored.cli.kvstorectl import EXIT_BAD_ARGS, EXIT_UNREACHABLE, main
+from kvstored.clock import FakeClock
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.membership import BlockRef, Membership, NodeSpec, TierUsage
+from kvstored.master.placement import Placement
+from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.tiers.base import Tier
+
+
+@pytest.fixture
+def master() -> Iterator[tuple[str, Membership]]:
+    members = Membership(BlockIndex(16), FakeClock(), Generations(5), node_lease_s=10.0)
+    members.register(NodeSpec("gpu1", 1796000000000000000, "10.0.0.5:7070", "10.0.0.5:7071",
+                              (TierUsage(Tier.DRAM, 8 << 30, 2 << 30, 7),
+                               TierUsage(Tier.SSD, 200 << 30, 0, 0))))
+    members.sync_inventory("gpu1", 1796000000000000000, sync_id=1, last_chunk=True,
+                           blocks=[BlockRef(b"n" * 16, bytes([i]) * 16, Tier.DRAM, 1)
+                                   for i in range(7)])
+    members.heartbeat("gpu1", 1796000000000000000, load=3.0)
+    members.register(NodeSpec("gpu2", 42, "10.0.0.6:7070", "10.0.0.6:7071", ()))
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    port: list[int] = []
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        add_master_service(server, MasterServicer(members, Placement(members, rng=random.Random(0)),
+                                                  master_epoch=99))
+        port.append(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        ready.set()
+        await stop.wait()
+        await server.stop(grace=0)
+
+    t = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    t.start()
+    assert ready.wait(30)
+    yield f"127.0.0.1:{port[0]}", members
+    loop.call_soon_threadsafe(stop.set)
+    t.join(30)
+
+
+def test_nodes_json_is_the_membership(master: tuple[str, Membership]) -> None:
+    addr, _ = master
+    out = CliRunner().invoke(main, ["--address", addr, "nodes", "--output", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["master_epoch"] == 99 and data["num_replicas"] == 7
+    assert [n["node_id"] for n in data["nodes"]] == ["gpu1", "gpu2"]
+    g1, g2 = data["nodes"]
+    assert (g1["epoch"], g1["health"], g1["load"], g1["num_replicas"]) == (
+        1796000000000000000, "healthy", 3.0, 7)
+    assert g1["tiers"] == [
+        {"tier": "DRAM", "used_bytes": 2 << 30, "capacity_bytes": 8 << 30, "num_blocks": 7},
+        {"tier": "SSD", "used_bytes": 0, "capacity_bytes": 200 << 30, "num_blocks": 0},
+    ]
+    assert (g2["health"], g2["tiers"], g2["grpc_address"]) == ("syncing", [], "10.0.0.6:7070")
+
+
+def test_nodes_table_shows_every_column_untruncated(master: tuple[str, Membership]) -> None:
+    addr, _ = master
+    out = CliRunner().invoke(main, ["nodes", "--address", addr])
+    assert out.exit_code == 0, out.output
+    for text in ("gpu1", "10.0.0.5:7070", "1796000000000000000", "healthy", "syncing",
+                 "2.0 GiB / 8.0 GiB", "0 B / 200.0 GiB", "master epoch 99", "7 replicas"):
+        assert text in out.output, text
+
+
+def test_nodes_exit_codes_for_an_unreachable_master_and_a_node_socket() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    out = CliRunner().invoke(main, ["--timeout-s", "1", "--address", f"127.0.0.1:{free}",
+                                    "nodes"])
+    assert out.exit_code == EXIT_UNREACHABLE
+    out = CliRunner().invoke(main, ["--address", "unix:/tmp/x.sock", "nodes"])
+    assert out.exit_code == EXIT_BAD_ARGS and "MASTER_HOST:PORT" in out.output

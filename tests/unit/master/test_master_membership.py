@@ -1,0 +1,208 @@
+"""Membership on a FakeClock: leases, epochs, inventory reconcile, ordered events, health."""
+
+from __future__ import annotations
+
+import pytest
+from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
+from structlog.testing import capture_logs
+
+from kvstored.errors import InvalidArgument, NotFound
+from kvstored.master.membership import BlockEvent, BlockRef, EventKind, NodeAction, NodeHealth
+from kvstored.tiers.base import Tier
+
+DRAM, SSD = Tier.DRAM, Tier.SSD
+
+
+def ev(seq: int, i: int, kind: EventKind = EventKind.ADDED, tier: Tier = DRAM) -> BlockEvent:
+    return BlockEvent(seq, kind, BlockRef(NS, key(i), tier, 4096))
+
+
+def test_a_node_past_its_lease_leaves_and_its_replicas_drop(cluster: Cluster) -> None:
+    cluster.join("a", inventory=blocks(range(3)))
+    cluster.join("b", inventory=blocks(range(3), SSD))
+    assert cluster.where([0, 1, 2]) == [("a", DRAM)] * 3
+    cluster.clock.advance(LEASE_S * 0.9)
+    assert cluster.members.heartbeat("b", 1) is NodeAction.NONE  # b renews, a does not
+    cluster.clock.advance(LEASE_S * 0.2)  # a is now 1.1 leases silent, b 0.2
+    with capture_logs() as logs:
+        assert cluster.members.expire_lapsed() == ["a"]
+    assert [e["event"] for e in logs] == ["node_lease_expired"]
+    assert logs[0]["node_id"] == "a" and logs[0]["num_replicas"] == 3
+    assert cluster.where([0, 1, 2]) == [("b", SSD)] * 3
+    assert [r.spec.node_id for r in cluster.members.nodes()] == ["b"]
+    # a late heartbeat of the expired node is told to register again
+    assert cluster.members.heartbeat("a", 1) is NodeAction.REREGISTER
+    cluster.clock.advance(LEASE_S + 0.001)
+    assert cluster.members.nodes() == []
+    assert cluster.where([0]) == []
+
+
+def test_exactly_at_the_lease_the_node_is_still_in() -> None:
+    c = Cluster(lease_s=2.0)
+    c.join("a", inventory=blocks([0]))
+    c.clock.advance(2.0)
+    assert c.members.expire_lapsed() == []
+    c.clock.advance(0.001)
+    assert c.members.expire_lapsed() == ["a"]
+
+
+def test_restart_within_the_lease_is_a_new_epoch_that_keeps_its_ssd_blocks(cluster: Cluster) -> None:
+    # epoch 1: blocks 0-1 in DRAM only, 2-3 in DRAM and on SSD
+    cluster.join("a", epoch=1, inventory=blocks([0, 1, 2, 3]) + blocks([2, 3], SSD))
+    assert cluster.where([0, 1, 2, 3], local="a") == [("a", DRAM)] * 4
+    cluster.clock.advance(LEASE_S / 2)
+    out = cluster.members.register(spec("a", epoch=2))
+    assert out.superseded_epoch
+    # the old epoch's replicas are gone at once (its DRAM is gone), nothing is served stale
+    assert cluster.where([2, 3]) == []
+    # the new epoch's inventory brings the SSD blocks back (reconcile)
+    assert cluster.sync("a", 2, blocks([2, 3], SSD)) == 2
+    assert cluster.where([2, 3], local="a") == [("a", SSD), ("a", SSD)]
+    assert cluster.where([0]) == []
+    # the old epoch's lease passes: it must never erase what epoch 2 reported
+    for _ in range(4):
+        cluster.clock.advance(LEASE_S / 2)
+        assert cluster.members.heartbeat("a", 2) is NodeAction.NONE
+    assert cluster.where([2, 3], local="a") == [("a", SSD), ("a", SSD)]
+    # messages of the old daemon are refused
+    assert cluster.members.heartbeat("a", 1) is NodeAction.REREGISTER
+    assert cluster.members.report_events("a", 1, [ev(1, 9)]) == (NodeAction.REREGISTER, 0)
+    with pytest.raises(InvalidArgument, match="older than its live epoch 2"):
+        cluster.members.register(spec("a", epoch=1))
+    assert cluster.where([9]) == []
+
+
+def test_reconnect_of_the_same_epoch_keeps_serving_until_the_resync(cluster: Cluster) -> None:
+    cluster.join("a", inventory=blocks([0, 1]), seq=4)
+    out = cluster.members.register(spec("a", epoch=1))
+    assert not out.superseded_epoch
+    assert cluster.where([0, 1]) == [("a", DRAM)] * 2
+    assert cluster.members.report_events("a", 1, [ev(5, 2)]) == (NodeAction.NONE, 5)
+    assert cluster.sync("a", 1, blocks([1, 2])) == 2  # block 0 was evicted meanwhile
+    assert cluster.where([1, 2]) == [("a", DRAM)] * 2
+    assert cluster.where([0]) == []
+
+
+def test_events_apply_in_order_duplicates_are_ignored_and_a_gap_forces_a_resync(
+    cluster: Cluster,
+) -> None:
+    cluster.join("a", inventory=blocks([0]), seq=10)
+    m = cluster.members
+    assert m.report_events("a", 1, [ev(11, 1), ev(12, 2), ev(13, 0, EventKind.REMOVED)]) == (
+        NodeAction.NONE, 13)
+    assert cluster.where([1, 2]) == [("a", DRAM)] * 2
+    assert cluster.where([0]) == []
+    assert m.report_events("a", 1, [ev(12, 7), ev(13, 7)]) == (NodeAction.NONE, 13)  # replays
+    assert cluster.where([7]) == []
+    with capture_logs() as logs:
+        assert m.report_events("a", 1, [ev(14, 3), ev(16, 4)]) == (NodeAction.RESYNC, 14)
+    assert [e["event"] for e in logs] == ["node_event_gap"]
+    # after a gap the master does not know what the node holds: nothing of it is served
+    assert cluster.where([1]) == []
+    assert m.node("a").health is NodeHealth.SYNCING  # type: ignore[union-attr]
+    assert m.report_events("a", 1, [ev(15, 5)]) == (NodeAction.RESYNC, 14)
+    assert m.heartbeat("a", 1, last_seq=16) is NodeAction.RESYNC
+    assert cluster.sync("a", 1, blocks([1, 4]), seq=16) == 2
+    assert cluster.where([1, 4]) == [("a", DRAM)] * 2
+    assert m.report_events("a", 1, [ev(17, 6)]) == (NodeAction.NONE, 17)
+    assert m.node("a").health is NodeHealth.HEALTHY  # type: ignore[union-attr]
+
+
+def test_a_heartbeat_ahead_of_the_applied_seq_opens_a_gap(cluster: Cluster) -> None:
+    cluster.join("a", inventory=blocks([0]), seq=3)
+    assert cluster.members.heartbeat("a", 1, last_seq=3) is NodeAction.NONE
+    assert cluster.members.heartbeat("a", 1, last_seq=5) is NodeAction.RESYNC  # events 4-5 lost
+    assert cluster.where([0]) == []
+
+
+def test_inventory_chunks_swap_in_only_with_the_last_one(cluster: Cluster) -> None:
+    m = cluster.members
+    cluster.join("a", inventory=blocks([0]))
+    m.sync_inventory("a", 1, sync_id=50, blocks=blocks([1]), last_chunk=False)
+    assert cluster.where([0]) == [("a", DRAM)] and cluster.where([1]) == []
+    # a new sync id abandons the unfinished sync 50 (its chunk is never swapped in)
+    m.sync_inventory("a", 1, sync_id=51, blocks=blocks([2]), last_chunk=False)
+    assert m.sync_inventory("a", 1, sync_id=51, blocks=blocks([3]), last_chunk=True) == (
+        NodeAction.NONE, 2)
+    assert cluster.where([2, 3]) == [("a", DRAM)] * 2
+    assert cluster.where([0]) == [] and cluster.where([1]) == []
+    with pytest.raises(InvalidArgument, match="tier"):
+        m.sync_inventory("a", 1, sync_id=52, blocks=[BlockRef(NS, key(4), 7, 1)],  # type: ignore[arg-type]
+                         last_chunk=True)
+    assert cluster.where([2]) == [("a", DRAM)]  # a bad sync never touches what is served
+
+
+def test_a_registered_node_is_unreadable_until_its_inventory_is_synced(cluster: Cluster) -> None:
+    m = cluster.members
+    cluster.join("a", inventory=blocks([0]))
+    m.register(spec("b"))
+    assert m.node("b").health is NodeHealth.SYNCING  # type: ignore[union-attr]
+    assert m.heartbeat("b", 1) is NodeAction.RESYNC
+    assert m.report_events("b", 1, [ev(1, 1)]) == (NodeAction.RESYNC, 0)
+    assert not m.is_complete()
+    cluster.sync("b", 1, blocks([1], SSD))
+    assert m.is_complete()
+    assert cluster.where([0, 1]) == [("a", DRAM), ("b", SSD)]
+
+
+def test_a_restarted_master_answers_only_from_nodes_that_registered_again() -> None:
+    before = Cluster()
+    before.join("a", inventory=blocks([0, 1]))
+    before.join("b", inventory=blocks([1, 2]))
+    after = Cluster()  # a fresh master: no memory of anything
+    assert after.members.heartbeat("a", 1) is NodeAction.REREGISTER
+    assert after.members.report_events("b", 1, [ev(1, 5)]) == (NodeAction.REREGISTER, 0)
+    assert after.where([0]) == []
+    after.join("b", inventory=blocks([1, 2]))
+    assert after.where([0]) == []  # a's blocks are unknown, not guessed
+    assert after.where([1, 2]) == [("b", DRAM)] * 2
+    after.join("a", inventory=blocks([0, 1]))
+    # block 1 is on both: equal rank and load, the earlier holder (b synced first) wins
+    assert after.where([0, 1, 2]) == [("a", DRAM), ("b", DRAM), ("b", DRAM)]
+
+
+def test_data_plane_failures_make_a_node_unhealthy_and_one_success_heals_it() -> None:
+    c = Cluster(failures=3)
+    c.join("a", inventory=blocks([0]))
+    c.join("b", inventory=blocks([0]))
+    m = c.members
+    assert c.where([0]) == [("a", DRAM)]
+    assert m.report_transfer("a", 1, ok=False) is NodeHealth.HEALTHY
+    assert m.report_transfer("a", 1, ok=False) is NodeHealth.HEALTHY
+    assert c.where([0]) == [("a", DRAM)]
+    with capture_logs() as logs:
+        assert m.report_transfer("a", 1, ok=False) is NodeHealth.UNHEALTHY
+    assert [e["event"] for e in logs] == ["node_unhealthy"]
+    assert c.where([0]) == [("b", DRAM)]  # still heartbeating, but not chosen
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert c.where([0]) == [("b", DRAM)]
+    assert m.report_transfer("a", 2, ok=True) is NodeHealth.UNHEALTHY  # another epoch: ignored
+    assert m.report_transfer("a", 1, ok=True) is NodeHealth.HEALTHY
+    assert c.where([0]) == [("a", DRAM)]
+    with pytest.raises(NotFound, match="'zz'"):
+        m.report_transfer("zz", 1, ok=False)
+
+
+def test_unregister_drops_the_node_at_once(cluster: Cluster) -> None:
+    cluster.join("a", inventory=blocks([0]))
+    assert cluster.members.unregister("a", 2) is False
+    assert cluster.members.unregister("a", 1) is True
+    assert cluster.where([0]) == [] and cluster.members.nodes() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"node_id": ""}, "node_id"),
+        ({"epoch": 0}, "epoch"),
+        ({"grpc_address": "nohost"}, "grpc_address"),
+        ({"data_address": "h:0"}, "data_address"),
+    ],
+)
+def test_bad_registrations_name_the_field(cluster: Cluster, kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    import dataclasses
+
+    bad = dataclasses.replace(spec("a"), **kwargs)
+    with pytest.raises(InvalidArgument, match=match):
+        cluster.members.register(bad)
+    assert cluster.members.nodes() == []
