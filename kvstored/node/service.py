@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -109,13 +108,9 @@ class NodeServicer:
     async def Describe(self, req: pb.DescribeRequest, ctx: Any) -> pb.DescribeResponse:
         core, cfg = self.core, self.core.cfg
         arena_path = core.store.arena_path or ""
-        dev = ino = 0
-        if arena_path:
-            try:
-                st = os.stat(arena_path)
-                dev, ino = st.st_dev, st.st_ino
-            except OSError:
-                arena_path = ""
+        # the identity of the file the node MAPPED, recorded at creation: a file put at the
+        # path later (replaced, recreated) must not pass the client's device/inode check
+        dev, ino = core.store.arena_file_id if arena_path else (0, 0)
         return pb.DescribeResponse(
             node_id=cfg.node_id, version=self._version, epoch=core.epoch,
             arena_path=arena_path, arena_size_bytes=core.store.arena_size_bytes,

@@ -167,6 +167,9 @@ class DramArena:
             raise ValueError(f"DRAM arena must be at least 4096 bytes, got {size_bytes}")
         self.size_bytes = size
         self.path: str | None = None
+        self.file_id: tuple[int, int] = (0, 0)
+        """``(st_dev, st_ino)`` of the file mapped at creation ((0, 0) when anonymous): what
+        clients must find at :attr:`path`, never whatever file sits there later."""
         if arena_dir is None:
             self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         else:
@@ -186,6 +189,8 @@ class DramArena:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 os.ftruncate(fd, size)
+                fst = os.fstat(fd)
+                self.file_id = (fst.st_dev, fst.st_ino)
                 # No MAP_POPULATE: prefaulting a large arena can take seconds per GiB on a
                 # VM; start_prefault() does it in the background after the daemon is up.
                 self._mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)

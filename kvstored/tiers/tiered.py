@@ -163,6 +163,8 @@ class TieredStore(TransitMixin):
                 self._arena.close()
                 raise
         self.arena_path: str | None = self._arena.path
+        self.arena_file_id: tuple[int, int] = self._arena.file_id
+        """``(st_dev, st_ino)`` of the mapped arena file, recorded when it was created."""
         self.arena: memoryview = self._arena.view
         self.arena_size_bytes: int = self._arena.size_bytes
         self._reservations: dict[int, _Pending] = {}

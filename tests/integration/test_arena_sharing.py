@@ -13,8 +13,7 @@ import textwrap
 
 import pytest
 
-from it_helpers import NodeFactory
-from it_helpers import random_keys, value_for
+from it_helpers import NodeFactory, random_keys, value_for
 
 from kvstored.client import Client
 
@@ -149,3 +148,24 @@ def test_client_that_cannot_map_the_arena_logs_the_fallback_once(
     assert event["log_level"] == "warning" and event["transport"] == "tcp"
     assert arena in event["reason"] and "Permission denied" in event["reason"]
     assert event["address"] == node.unix_address
+
+
+def test_a_file_put_at_the_arena_path_later_is_never_mapped(start_node: NodeFactory) -> None:
+    """Describe reports the device/inode of the file the node mapped, not of whatever sits at
+    the path now: a replaced arena file fails the client's check and it falls back to TCP,
+    so it never reads (or writes) bytes that are not the node's."""
+    node = start_node()
+    keys = random_keys(2)
+    size = 64 << 10
+    with Client(node.unix_address, transport="grpc") as c:
+        c.put(keys, [value_for(k, size) for k in keys])
+    arena = node.daemon.arena_path
+    assert arena is not None
+    impostor = arena + ".impostor"
+    with open(impostor, "wb") as f:
+        f.truncate(os.path.getsize(arena))  # same size, all zeros
+    os.rename(impostor, arena)  # the node keeps its own mapping of the old inode
+    with Client(node.unix_address) as c:
+        assert c.get(keys) == [value_for(k, size) for k in keys]
+    with pytest.raises(Exception, match="not the node's arena"):
+        Client(node.unix_address, transport="shm").get(keys)
