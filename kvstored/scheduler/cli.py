@@ -21,9 +21,9 @@ from kvstored.errors import KvstoredError
 
 _POLICIES = ["random", "load-balancing", "cache-aware", "kvcache-centric"]
 _MODES = ["none", "reject-at-decode", "early", "predicted", "predicted-length",
-          "predicted-adaptive"]
+          "predicted-adaptive", "predicted-quantile"]
 _DEFAULT_MODES = ["reject-at-decode", "early", "predicted", "predicted-length",
-                  "predicted-adaptive"]
+                  "predicted-adaptive", "predicted-quantile"]
 
 # The documented high-load cluster (docs/scheduler.md): see the defaults of the options below.
 DEFAULT_CLUSTER = {
