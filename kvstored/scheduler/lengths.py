@@ -29,20 +29,24 @@ long one: the inspection paradox that a uniform decode time misses). Its KV cont
 ``ctx = sum B_i a_i``; every capacity term of the load (TBT / TBT SLO, ctx / KV capacity,
 batch / max batch) is linear in ``(n, ctx)``, so its mean and variance are exact sums, and the
 admission quantile of each is approximated by a normal (central limit over the batch):
-``load_q = max_k (mu_k + z_q * sd_k)`` with ``z_q = Phi^-1(q)``. A request is admitted when
+``load_q = max_k (mu_k + z_q * sd_k)`` with ``z_q = Phi^-1(q)`` (the batch term, a count, with
+a continuity correction of half a request). A request is admitted when
 ``load_q <= max_load_ratio``, i.e. when it fits with probability about ``>= q``.
 
 Limits: with exact lengths (``sigma == 0``) every ``p_i`` is 0 or 1 and the mode is
 ``predicted-length``; with a point-mass prior at the mean decode time and no predicted length
 it is the paper's uniform-time ``predicted`` mode.
 
-Sources: Mooncake, arXiv 2407.00079 §7.3 ("prediction-based early rejection": predict the
-decode load at the time the request's prefill ends; the paper assumes a uniform decode time
-and leaves per-request output-length prediction to future work); survival conditioning on
-tokens already generated as in length-aware schedulers that re-estimate remaining length
-(e.g. "Efficient LLM Scheduling by Learning to Rank", arXiv 2408.15792, and S^3,
-arXiv 2306.06000, which predicts output-length buckets from the prompt); the normal
-approximation of a sum of independent Bernoullis (Lyapunov CLT) for the load quantile.
+Sources: Mooncake, arXiv 2407.00079 §7 (overload-oriented scheduling, prediction-based early
+rejection: judge the decode load predicted for the moment the request's prefill ends; the
+report predicts at system level with one uniform decode time t_d because request-level output
+lengths are hard to predict). That output lengths are predictable only roughly, not exactly:
+S^3 (Jin et al., NeurIPS'23, arXiv 2306.06000: a length-bucket predictor plus misprediction
+handling) and "Efficient LLM Scheduling by Learning to Rank" (Fu et al., arXiv 2408.15792:
+ranks are predictable, exact lengths are not). The rest is textbook: Bayes' rule on a grid with
+a log-normal error model, the conditional survival of a length distribution given the tokens
+already generated, and the normal approximation of a sum of independent Bernoulli-weighted
+terms (Lyapunov CLT) for the load quantile.
 """
 
 from __future__ import annotations
@@ -315,7 +319,8 @@ def pick_decode_quantile(
         if d.kv_capacity_tokens:
             terms.append((input_tokens / d.kv_capacity_tokens, 0.0, 1.0 / d.kv_capacity_tokens))
         if d.max_batch:
-            terms.append((1.0 / d.max_batch, 1.0 / d.max_batch, 0.0))
+            # n is a count: n + 1 <= max_batch <=> n < max_batch - 0.5 (continuity correction)
+            terms.append((0.5 / d.max_batch, 1.0 / d.max_batch, 0.0))
         mom = (en, ec, float(s0[i]), float(s1[i]), float(s2[i]))
         q_load = max(linear_quantile(c, a, b, *mom, z) for c, a, b in terms)
         mean_load = max(linear_quantile(c, a, b, *mom, 0.0) for c, a, b in terms)
