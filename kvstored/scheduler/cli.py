@@ -64,7 +64,7 @@ def _cache_blocks(value: str) -> int | None:
     return n
 
 
-def _float_list(value: str, what: str, *, positive: bool) -> list[float]:
+def _float_list(value: str, what: str, *, positive: bool, unique: bool = True) -> list[float]:
     out = []
     for item in (v.strip() for v in value.split(",")):
         if not item:
@@ -80,7 +80,7 @@ def _float_list(value: str, what: str, *, positive: bool) -> list[float]:
         out.append(x)
     if not out:
         raise click.BadParameter(f"{what}: no value in {value!r}")
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out)) if unique else out
 
 
 def _int_list(value: str, what: str) -> list[int]:
@@ -146,6 +146,11 @@ def _check_output(path: pathlib.Path | None, option: str) -> None:
 @click.option("--profile", "profile_path", type=click.Path(exists=True, dir_okay=False,
               path_type=pathlib.Path), default=None,
               help="Cost profile JSON (default: the shipped 8x A800 / Llama-70B-shaped one).")
+@click.option("--profile-scale", default=None, metavar="COMPUTE,BANDWIDTH",
+              help="Scale --profile (e.g. one from calibrate --engine vllm) to the shipped "
+              "profile's model (Llama-70B shape), on hardware COMPUTE times faster in compute "
+              "and BANDWIDTH times in memory bandwidth (scale_profile in "
+              "kvstored/scheduler/calibrate_vllm.py documents the rule).")
 @click.option("--length-noise", "noise_arg", default="0", show_default=True,
               help="Sigma of a log-normal error on the expected output length the scheduler is "
               "told (0 = the true length); a comma-separated list sweeps it, e.g. 0,0.3,0.7,1.0.")
@@ -175,7 +180,8 @@ def _check_output(path: pathlib.Path | None, option: str) -> None:
 def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_decode: int,
            cache_blocks: str, cache_policy: str, policy_arg: str, admission_arg: str,
            speed_arg: str, decode_speed: float, decode_kv_tokens: int, ttft_slo_s: float,
-           tbt_slo_s: float, profile_path: pathlib.Path | None, noise_arg: str, seed_arg: str,
+           tbt_slo_s: float, profile_path: pathlib.Path | None, profile_scale: str | None,
+           noise_arg: str, seed_arg: str,
            limit: int | None, output: str, json_out: pathlib.Path | None,
            plot: pathlib.Path | None, timeline_plot: pathlib.Path | None,
            timeline_window_s: float | None, noise_plot: pathlib.Path | None, hit_curve: bool,
@@ -216,6 +222,11 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
     speeds = _float_list(speed_arg, "--speed", positive=True)
     sigmas = _float_list(noise_arg, "--length-noise", positive=False)
     seeds = _int_list(seed_arg, "--seed")
+    ratios = _float_list(profile_scale, "--profile-scale", positive=True,
+                         unique=False) if profile_scale \
+        else None
+    if ratios is not None and (len(ratios) != 2 or profile_path is None):
+        raise click.UsageError("--profile-scale needs --profile and two numbers: COMPUTE,BANDWIDTH")
     for path, opt in ((json_out, "--json-out"), (plot, "--plot"),
                       (timeline_plot, "--timeline-plot"), (noise_plot, "--noise-plot")):
         _check_output(path, opt)
@@ -231,6 +242,11 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
         trace = resolve_trace(trace_opt or trace_arg or "conversation")
         records = load_trace(trace, limit=limit)
         profile = CostProfile.load(profile_path) if profile_path else None
+        if profile is not None and ratios is not None:
+            from kvstored.scheduler.calibrate_vllm import scale_profile
+
+            profile = scale_profile(profile, CostProfile.default(), compute_ratio=ratios[0],
+                                    bandwidth_ratio=ratios[1])
         cluster = ClusterConfig(
             num_prefill=num_prefill, num_decode=num_decode,
             cache_blocks=_cache_blocks(cache_blocks), cache_policy=EvictionPolicy(cache_policy),
@@ -307,6 +323,9 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
 
 
 @click.command("calibrate")
+@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch",
+              show_default=True, help="torch: a random-weight Llama-shaped model in this "
+              "process; vllm: a real vLLM engine serving --model (see --vllm-python).")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("kvstored-profile.json"), show_default=True,
               help="Where to write the profile JSON.")
@@ -322,10 +341,30 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads (the machine is shared: keep it low).")
 @click.option("--no-io", is_flag=True, help="Do not measure memcpy and file-read bandwidth.")
-def calibrate(output_path: pathlib.Path, layers: int, hidden_size: int, heads: int,
-              kv_heads: int, intermediate_size: int, max_tokens: int, repeats: int,
-              threads: int, no_io: bool) -> None:
-    """Measure a random-weight Llama-shaped model here and write a cost profile JSON."""
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
+              default=None, help="vllm: Hugging Face checkpoint dir (default: the path in "
+              "<venv of --vllm-python>/kvstored-model-path, which scripts/setup-vllm-venv.sh "
+              "writes).")
+@click.option("--vllm-python", default=None,
+              help="vllm: a Python with vLLM installed (default: this one).")
+@click.option("--dtype", default="float32", show_default=True, help="vllm: engine dtype.")
+@click.option("--cpus", default=None,
+              help="vllm: VLLM_CPU_OMP_THREADS_BIND for the engine (default: the "
+              "environment's, else core 0 only).")
+def calibrate(engine: str, output_path: pathlib.Path, layers: int, hidden_size: int,
+              heads: int, kv_heads: int, intermediate_size: int, max_tokens: int,
+              repeats: int, threads: int, no_io: bool, model_dir: pathlib.Path | None,
+              vllm_python: str | None, dtype: str, cpus: str | None) -> None:
+    """Measure a model on this machine and write a cost profile JSON.
+
+    With --engine vllm the profile is fitted to a real vLLM engine's prefill (TTFT) and decode
+    step times, and the fit is checked on held-out points (printed, and stored in the
+    profile's fit.heldout).
+    """
+    _check_output(output_path, "--output")
+    if engine == "vllm":
+        _calibrate_vllm(output_path, model_dir, vllm_python, dtype, repeats, cpus)
+        return
     from kvstored.scheduler.calibrate import calibrate as run
 
     lengths = sorted({max(16, int(max_tokens * f)) for f in (1 / 12, 1 / 6, 1 / 3, 2 / 3, 1.0)})
@@ -341,6 +380,10 @@ def calibrate(output_path: pathlib.Path, layers: int, hidden_size: int, heads: i
             f"calibrate needs torch and transformers ({exc}); install the demo extra"
         ) from None
     prof.save(output_path)
+    _say_profile(output_path, prof)
+
+
+def _say_profile(output_path: pathlib.Path, prof: Any) -> None:
     p, d = prof.prefill, prof.decode
     click.echo(
         f"wrote {output_path}: prefill_s = {p.base_s:.4g} + {p.per_token_s:.4g}*(n-p) + "
@@ -349,3 +392,33 @@ def calibrate(output_path: pathlib.Path, layers: int, hidden_size: int, heads: i
         f"{prof.fit['prefill_relative_rms_residual']}, decode "
         f"{prof.fit['decode_relative_rms_residual']})"
     )
+
+
+def _calibrate_vllm(output_path: pathlib.Path, model_dir: pathlib.Path | None,
+                    vllm_python: str | None, dtype: str, repeats: int, cpus: str | None) -> None:
+    from kvstored.scheduler.calibrate_vllm import calibrate_vllm
+
+    python = vllm_python or sys.executable
+    if model_dir is None:
+        hint = pathlib.Path(python).resolve().parent.parent / "kvstored-model-path"
+        if not hint.is_file():
+            raise click.UsageError(
+                f"--engine vllm needs --model (no {hint} to read a default from)"
+            )
+        model_dir = pathlib.Path(hint.read_text().strip())
+    try:
+        prof = calibrate_vllm(model_dir, python=python, dtype=dtype, repeats=max(repeats, 3),
+                              cpus=cpus, progress=lambda m: click.echo(m, err=True))
+    except KvstoredError as exc:
+        raise click.ClickException(str(exc)) from None
+    prof.save(output_path)
+    _say_profile(output_path, prof)
+    h = prof.fit["heldout"]
+    click.echo("held-out prefill (n, cached, measured s, predicted s, relative error):")
+    for row in h["prefill"]:
+        click.echo(f"  {row[0]:>5} {row[1]:>5} {row[2]:.4f} {row[3]:.4f} {row[4]:+.1%}")
+    click.echo("held-out decode (batch, context tokens, measured s, predicted s, rel. error):")
+    for row in h["decode"]:
+        click.echo(f"  {row[0]:>5} {row[1]:>7.0f} {row[2]:.5f} {row[3]:.5f} {row[4]:+.1%}")
+    click.echo(f"max |relative error|: TTFT {h['prefill_max_abs_rel_err']:.1%}, decode step "
+               f"{h['decode_max_abs_rel_err']:.1%} (target TTFT within 15%)")
