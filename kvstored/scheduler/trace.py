@@ -1,4 +1,4 @@
-"""Reading Mooncake request traces (JSON lines, as published in shared/traces).
+"""Reading Mooncake request traces (JSON lines; two ship in kvstored/scheduler/traces/).
 
 One record per line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
 "hash_ids": [int, ...]}``, sorted by timestamp; ``hash_ids`` are chained prefix-block ids, one
