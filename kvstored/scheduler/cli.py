@@ -400,7 +400,7 @@ def _calibrate_vllm(output_path: pathlib.Path, model_dir: pathlib.Path | None,
 
     python = vllm_python or sys.executable
     if model_dir is None:
-        hint = pathlib.Path(python).resolve().parent.parent / "kvstored-model-path"
+        hint = pathlib.Path(python).absolute().parent.parent / "kvstored-model-path"
         if not hint.is_file():
             raise click.UsageError(
                 f"--engine vllm needs --model (no {hint} to read a default from)"
