@@ -6,8 +6,11 @@ The measurement runs in a Python that has vLLM (often its own virtualenv, e.g. t
 model once in ``vllm.LLM`` (prefix caching on, greedy sampling) and prints JSON samples; the
 fit and the profile are made here, with the same least squares as ``kvstored calibrate``.
 
-Measured (the minimum over ``repeats``, since contention on a shared host only adds time; fresh
-random token ids for every sample so nothing is cached by accident):
+Measured (every point once per round, ``repeats`` rounds, each round in a shuffled order so
+that load from other processes falls on fitted and held-out points alike; the minimum over the
+rounds is kept, since contention only adds time; fresh random token ids for every sample so
+nothing is cached by accident). The fit minimises *relative* residuals (each sample weighted
+by 1 / its time), matching the relative-error target:
 
 - **prefill** at (prompt ``n`` tokens, cached prefix ``p``): the prefix is generated once first
   (so vLLM's prefix cache holds its full blocks), then the whole prompt with ``max_tokens=1``
@@ -38,8 +41,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from kvstored.errors import InvalidArgument
-from kvstored.scheduler.calibrate import fit_decode, fit_prefill
+from kvstored.scheduler.calibrate import fit_nonnegative
 from kvstored.scheduler.costmodel import (
     Bandwidths,
     CostProfile,
@@ -98,39 +103,51 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         return time.perf_counter() - t, out
 
     run([ids(64)], 2)  # warm-up (first call compiles / allocates)
-    prefill = []
-    for n, p in spec["prefill"]:
-        walls, cached = [], []
-        for _ in range(repeats):
-            prefix = ids(p)
-            if p:
-                run([prefix], 1)
-            wall, out = run([prefix + ids(n - p)], 1)
-            walls.append(wall)
-            cached.append(int(out[0].num_cached_tokens or 0))
-        prefill.append([n, int(statistics.median(cached)), min(walls)])
-        print(f"prefill n={n} p={p} cached={cached}: {min(walls) * 1e3:.1f} ms",
-              file=sys.stderr, flush=True)
-    t1, t2 = spec.get("decode_tokens", [4, 20])
-    decode = []
-    for b, c in spec["decode"]:
-        steps = []
-        for _ in range(repeats):
-            prompts = [ids(c) for _ in range(b)]
-            run(prompts, 1)  # cache the prompts: the timed runs then prefill ~nothing
-            w2, out = run(prompts, t2)
-            per = [(o.metrics.last_token_ts - o.metrics.first_token_ts)
-                   / (o.metrics.num_generation_tokens - 1)
-                   for o in out if o.metrics is not None and o.metrics.num_generation_tokens > 1]
-            if len(per) == b:  # the engine's own token timestamps
-                steps.append(statistics.median(per))
-            else:  # difference of two runs
-                w1, _ = run(prompts, t1)
-                steps.append((w2 - w1) / (t2 - t1))
-        ctx = b * (c + t2 / 2.0)
-        decode.append([b, ctx, min(steps)])
-        print(f"decode b={b} c={c}: {min(steps) * 1e3:.2f} ms/step",
-              file=sys.stderr, flush=True)
+    t1, t2 = spec.get("decode_tokens", [4, 33])
+
+    def prefill_once(n: int, p: int) -> tuple[float, int]:
+        prefix = ids(p)
+        if p:
+            run([prefix], 1)
+        wall, out = run([prefix + ids(n - p)], 1)
+        return wall, int(out[0].num_cached_tokens or 0)
+
+    def decode_once(b: int, c: int) -> float:
+        prompts = [ids(c) for _ in range(b)]
+        run(prompts, 1)  # cache the prompts: the timed run then prefills ~nothing
+        w2, out = run(prompts, t2)
+        per = [(o.metrics.last_token_ts - o.metrics.first_token_ts)
+               / (o.metrics.num_generation_tokens - 1)
+               for o in out if o.metrics is not None and o.metrics.num_generation_tokens > 1]
+        if len(per) == b:  # the engine's own token timestamps
+            return statistics.median(per)
+        w1, _ = run(prompts, t1)  # else the difference of two runs
+        return (w2 - w1) / (t2 - t1)
+
+    # Every point once per round, in a shuffled order, so that load from other processes
+    # hits fitted and held-out points alike; the minimum over rounds is kept per point.
+    jobs = [("prefill", i) for i in range(len(spec["prefill"]))] + \
+        [("decode", i) for i in range(len(spec["decode"]))]
+    best: dict[tuple[str, int], float] = {}
+    cached_of: dict[int, int] = {}
+    for rnd in range(repeats):
+        order = list(jobs)
+        rng.shuffle(order)
+        for kind, i in order:
+            if kind == "prefill":
+                n, p = spec["prefill"][i]
+                t, cached_of[i] = prefill_once(n, p)
+                label = f"prefill n={n} p={p} cached={cached_of[i]}: {t * 1e3:.1f} ms"
+            else:
+                b, c = spec["decode"][i]
+                t = decode_once(b, c)
+                label = f"decode b={b} c={c}: {t * 1e3:.2f} ms/step"
+            best[(kind, i)] = min(t, best.get((kind, i), float("inf")))
+            print(f"{label} (round {rnd + 1}/{repeats})", file=sys.stderr, flush=True)
+    prefill = [[n, cached_of[i], best[("prefill", i)]]
+               for i, (n, _) in enumerate(spec["prefill"])]
+    decode = [[b, b * (c + t2 / 2.0), best[("decode", i)]]
+              for i, (b, c) in enumerate(spec["decode"])]
     return {"prefill": prefill, "decode": decode, "startup_s": startup_s,
             "vllm_version": vllm.__version__, "vocab_size": vocab}
 
@@ -157,6 +174,36 @@ def _model_shape(model_dir: pathlib.Path) -> dict[str, Any]:
         "head_dim": int(cfg.get("head_dim", cfg["hidden_size"] // heads)),
         "vocab_size": int(cfg.get("vocab_size", 0)),
     }
+
+
+def _fit_relative_prefill(
+    samples: Sequence[Sequence[float]],
+) -> tuple[PrefillCoefficients, float]:
+    """``base + a (n-p) + b (n^2-p^2)`` by non-negative least squares on relative residuals."""
+    arr = np.array(samples, dtype=float)
+    if len(arr) < 3:
+        raise InvalidArgument(f"need at least 3 prefill samples, got {len(arr)}")
+    n, p, t = arr[:, 0], arr[:, 1], arr[:, 2]
+    x = np.stack([np.ones_like(n), n - p, n * n - p * p], axis=1)
+    c = fit_nonnegative(x / t[:, None], np.ones_like(t))
+    resid = float(np.sqrt(np.mean(((x @ c) / t - 1.0) ** 2)))
+    return PrefillCoefficients(base_s=c[0], per_token_s=c[1], per_token_sq_s=c[2]), resid
+
+
+def _fit_relative_decode(
+    samples: Sequence[Sequence[float]],
+) -> tuple[tuple[float, float, float], float]:
+    """``base + a b + k ctx`` by non-negative least squares on relative residuals."""
+    arr = np.array(samples, dtype=float)
+    if len(arr) < 3:
+        raise InvalidArgument(f"need at least 3 decode samples, got {len(arr)}")
+    b, c, t = arr[:, 0], arr[:, 1], arr[:, 2]
+    x = np.stack([np.ones_like(b), b, c], axis=1)
+    coef = fit_nonnegative(x / t[:, None], np.ones_like(t))
+    resid = float(np.sqrt(np.mean(((x @ coef) / t - 1.0) ** 2)))
+    if coef[0] <= 0:  # the step of an empty batch must be positive
+        coef[0] = float(t.min()) * 1e-3
+    return (float(coef[0]), float(coef[1]), float(coef[2])), resid
 
 
 def relative_errors(profile: CostProfile, prefill: Sequence[Sequence[float]],
@@ -264,8 +311,8 @@ def calibrate_vllm(
     n_pt, n_dt = len(prefill_train), len(decode_train)
     prefill = [tuple(x) for x in res["prefill"]]
     decode = [tuple(x) for x in res["decode"]]
-    pc, p_resid = fit_prefill(prefill[:n_pt])  # type: ignore[arg-type]
-    (d0, db, dcx), d_resid = fit_decode(decode[:n_dt])  # type: ignore[arg-type]
+    pc, p_resid = _fit_relative_prefill(prefill[:n_pt])
+    (d0, db, dcx), d_resid = _fit_relative_decode(decode[:n_dt])
     kv_bytes = 2 * shape["num_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * (
         4 if dtype == "float32" else 2)
     base = CostProfile.default()
@@ -286,6 +333,8 @@ def calibrate_vllm(
             "decode_samples": [list(s) for s in decode[:n_dt]],
             "prefill_relative_rms_residual": round(p_resid, 4),
             "decode_relative_rms_residual": round(d_resid, 4),
+            "fit_weighting": "relative (each sample weighted by 1 / its time)",
+            "rounds": repeats,
             "bandwidth": "copied from the base profile (not measured through vLLM)",
             "kv_capacity": "the engine's 1 GiB KV cache",
             "engine_startup_s": round(res["startup_s"], 1),

@@ -76,3 +76,21 @@ def test_calibrate_vllm_needs_a_checkpoint(tmp_path: pathlib.Path) -> None:
     res = CliRunner().invoke(calibrate, ["--engine", "vllm", "--output",
                                          str(tmp_path / "nodir" / "p.json")])
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_relative_fit_recovers_coefficients_and_weights_small_times() -> None:
+    from kvstored.scheduler.calibrate_vllm import _fit_relative_decode, _fit_relative_prefill
+
+    pts = [(128, 0), (512, 0), (1024, 0), (1536, 768), (1536, 0)]
+    exact = [(n, p, 0.05 + 2e-3 * (n - p) + 1e-6 * (n * n - p * p)) for n, p in pts]
+    pc, resid = _fit_relative_prefill(exact)
+    assert (pc.base_s, pc.per_token_s, pc.per_token_sq_s) == pytest.approx((0.05, 2e-3, 1e-6))
+    assert resid == pytest.approx(0.0, abs=1e-9)
+    # one sample 50% too slow: a relative fit spreads it so the small times stay close
+    noisy = [*exact[:4], (1536, 0, exact[4][2] * 1.5)]
+    pc, _ = _fit_relative_prefill(noisy)
+    pred = pc.base_s + pc.per_token_s * 128 + pc.per_token_sq_s * 128**2
+    assert abs(pred / exact[0][2] - 1) < 0.15
+    (d0, db, dc), _ = _fit_relative_decode([(1, 100, 0.0111), (4, 400, 0.0144),
+                                            (8, 800, 0.0188), (2, 1000, 0.013)])
+    assert (d0, db, dc) == pytest.approx((0.01, 1e-3, 1e-6), rel=1e-6)
