@@ -86,11 +86,13 @@ def test_relative_fit_recovers_coefficients_and_weights_small_times() -> None:
     pc, resid = _fit_relative_prefill(exact)
     assert (pc.base_s, pc.per_token_s, pc.per_token_sq_s) == pytest.approx((0.05, 2e-3, 1e-6))
     assert resid == pytest.approx(0.0, abs=1e-9)
-    # one sample 50% too slow: a relative fit spreads it so the small times stay close
+    # one sample 50% too slow: the relative fit keeps the clean points within 10% (an absolute
+    # least-squares fit is pulled 22-30% off at 512..1536 tokens)
     noisy = [*exact[:4], (1536, 0, exact[4][2] * 1.5)]
     pc, _ = _fit_relative_prefill(noisy)
-    pred = pc.base_s + pc.per_token_s * 128 + pc.per_token_sq_s * 128**2
-    assert abs(pred / exact[0][2] - 1) < 0.15
+    for n, p, t in exact[:4]:
+        pred = pc.base_s + pc.per_token_s * (n - p) + pc.per_token_sq_s * (n * n - p * p)
+        assert abs(pred / t - 1) < 0.1, (n, p)
     (d0, db, dc), _ = _fit_relative_decode([(1, 100, 0.0111), (4, 400, 0.0144),
                                             (8, 800, 0.0188), (2, 1000, 0.013)])
     assert (d0, db, dc) == pytest.approx((0.01, 1e-3, 1e-6), rel=1e-6)
