@@ -49,6 +49,14 @@ class AdmissionMode(StrEnum):
     prefill load, capped at 1) is the chance that a wasted prefill displaces another request.
     Idle prefill -> admit liberally (a waste costs nothing); saturated prefill -> admit when
     more likely than not to fit."""
+    PREDICTED_QUANTILE = "predicted-quantile"
+    """Ours, for unknown output lengths: every request in flight has an output-length
+    *distribution* (completed requests' lengths per input-length bucket, combined with the
+    request's predicted length under a stated or learned log-normal error), conditioned on the
+    tokens it has already generated; the decode load at the join time is then a distribution,
+    and a request is admitted when it fits with probability >= ``admit_probability`` (default
+    c / (1 + c) as in PREDICTED_ADAPTIVE). Exact lengths make it PREDICTED_LENGTH; a point-mass
+    length at the mean decode time makes it PREDICTED. See kvstored/scheduler/lengths.py."""
 
 
 class SchedulerConfig(BaseModel):
@@ -96,6 +104,14 @@ class SchedulerConfig(BaseModel):
     predicted-adaptive always judges the chosen instance."""
     error_window: int = Field(default=512, ge=16)
     """predicted-adaptive: how many recent prediction errors the margin is learned from."""
+    admit_probability: float | None = Field(default=None, gt=0, lt=1)
+    """predicted-quantile: admit when the request fits with at least this probability; None =
+    c / (1 + c), c = mean prefill load capped at 1 (a wasted prefill displaces another request
+    with probability about c). Default None."""
+    length_sigma: float | None = Field(default=None, ge=0)
+    """predicted-quantile: the stated log-normal error (sigma of log(predicted / actual)) of the
+    expected output lengths requests carry; None = learned online from completed requests.
+    Default None."""
     repick_decode: bool = False
     """When the decode instance planned at arrival refuses a request after its prefill, try the
     least-loaded other instance before refusing it. Default false (Mooncake's behaviour: the

@@ -27,8 +27,8 @@ Decode load of an instance = max(TBT(b, c) / TBT SLO, c / KV capacity, b / max b
 ``b`` requests and ``c`` context tokens it runs (see :class:`CostModel`).
 
 Source: Mooncake arXiv 2407.00079 §6-7 and FAST'25 §5 (Algorithm 1, early rejection,
-prediction-based early rejection). The ``predicted-length`` and ``predicted-adaptive`` modes
-are ours.
+prediction-based early rejection). The ``predicted-length``, ``predicted-adaptive`` and
+``predicted-quantile`` modes are ours (the last one: kvstored/scheduler/lengths.py).
 
 Concurrency: not thread-safe; call from one thread or one event loop.
 """
@@ -50,13 +50,15 @@ from sortedcontainers import SortedList
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.costmodel import CostModel
+from kvstored.scheduler.lengths import OutputLengthModel, pick_decode_quantile
 
 _EARLY_MODES = frozenset({
     AdmissionMode.EARLY, AdmissionMode.PREDICTED, AdmissionMode.PREDICTED_LENGTH,
-    AdmissionMode.PREDICTED_ADAPTIVE,
+    AdmissionMode.PREDICTED_ADAPTIVE, AdmissionMode.PREDICTED_QUANTILE,
 })
 _PREDICTED_MODES = frozenset({
     AdmissionMode.PREDICTED, AdmissionMode.PREDICTED_LENGTH, AdmissionMode.PREDICTED_ADAPTIVE,
+    AdmissionMode.PREDICTED_QUANTILE,
 })
 
 
@@ -407,6 +409,9 @@ class Scheduler:
         # predicted-adaptive: recent (measured - predicted) decode loads at handoff
         self._errors: deque[float] = deque(maxlen=config.error_window)
         self._errors_sorted = SortedList()
+        # predicted-quantile: output-length distributions (rows keyed by _DecodeTable slot)
+        self.lengths = OutputLengthModel(config.default_output_tokens,
+                                         length_sigma=config.length_sigma)
         self.num_admitted = 0
         self.num_rejected: dict[RejectReason, int] = {r: 0 for r in RejectReason}
         self.num_completed = 0
@@ -579,6 +584,14 @@ class Scheduler:
         if not live:
             return None, 0.0, 0.0, 0.0
         nows = [self._decode_now(d, now) for d in live]  # (n, ctx, step) each
+        if mode is AdmissionMode.PREDICTED_QUANTILE:
+            q = self.config.admit_probability
+            if q is None:
+                c = min(1.0, self.mean_prefill_load())
+                q = c / (1.0 + c)
+            vnow = [self._vtok_at(d, now) for d in live]
+            return pick_decode_quantile(self, live, nows, vnow, now, t_join, input_tokens,
+                                        tbt_slo_s, q)
         predicted = mode in _PREDICTED_MODES
         if predicted:
             # Requests running now leave after the uniform decode time (paper) or after their
@@ -778,6 +791,9 @@ class Scheduler:
         chosen.busy_until_s = max(now, chosen.busy_until_s) + t_x + t_p
         chosen.num_scheduled += 1
         rec = _Dec(n_tok, expected, finish, self._table.add(dec.idx, finish, n_tok, expected))
+        if mode is AdmissionMode.PREDICTED_QUANTILE:
+            given = request.expected_output_tokens
+            self.lengths.set_row(rec.slot, self.lengths.length_quantiles(n_tok, given), given)
         dec.incoming[request.request_id] = rec
         dec.incoming_tokens += n_tok
         self._pending[request.request_id] = _Pending(
@@ -891,6 +907,10 @@ class Scheduler:
         self._advance_vtok(chosen, now)
         rec = _Dec(n_tok, pend.expected_tokens, now,
                    self._table.add(chosen.idx, now, n_tok, pend.expected_tokens, chosen.vtok))
+        if self.admission is AdmissionMode.PREDICTED_QUANTILE and rec.slot != pend.rec.slot:
+            lm = self.lengths
+            lm.set_row(rec.slot, lm.quantiles[pend.rec.slot].copy(),
+                       int(lm.predicted[pend.rec.slot]))
         chosen.running[request_id] = rec
         chosen.delta_n += 1
         chosen.delta_ctx += n_tok
@@ -933,6 +953,9 @@ class Scheduler:
             gen = rec.expected_tokens if num_output_tokens is None else num_output_tokens
             dec.delta_ctx -= rec.input_tokens + gen
             dec.vtok_step = self._decode_now(dec, now)[2]
+        if self.admission is AdmissionMode.PREDICTED_QUANTILE and num_output_tokens is not None:
+            self.lengths.observe(rec.input_tokens, num_output_tokens,
+                                 int(self.lengths.predicted[rec.slot]))
         a = self.config.decode_ewma_alpha
         self.uniform_decode_s += a * ((now - rec.start_s) - self.uniform_decode_s)
         self.num_completed += 1

@@ -60,7 +60,9 @@ def results_document(
         if include_timeline:
             d["timeline"] = r.timeline
         runs.append(d)
-        by_policy.setdefault(r.policy, {})[r.admission] = {k: d[k] for k in RESULT_FIELDS}
+        # a sweep has several runs per (policy, mode): index the first (speed, sigma, seed)
+        by_policy.setdefault(r.policy, {}).setdefault(r.admission,
+                                                      {k: d[k] for k in RESULT_FIELDS})
     doc: dict[str, Any] = {"trace": trace, "cluster": cluster.describe(), "results": runs,
                            "by_policy": by_policy}
     if hit_curve is not None:

@@ -127,6 +127,7 @@ class ReplayResult:
         decode_load_std / prefill_load_std: their standard deviations (oscillation).
         load_correlation: Pearson correlation of prefill and decode load (anti-phase < 0).
         makespan_s: simulated time until the last request finished.
+        length_noise / seed / speed: the cluster's settings this run used (robustness sweeps).
         wall_s: real seconds the replay took (not deterministic; excluded from comparisons).
         timeline: ``[t_s, mean prefill load, mean decode load]`` every sample interval.
     """
@@ -151,6 +152,9 @@ class ReplayResult:
     decode_load_std: float = 0.0
     load_correlation: float = 0.0
     makespan_s: float = 0.0
+    length_noise: float = 0.0
+    seed: int = 0
+    speed: float = 1.0
     wall_s: float = 0.0
     timeline: list[list[float]] = field(default_factory=list)
 
@@ -348,7 +352,8 @@ def replay(
 
     events: list[tuple[float, int, int, str, int]] = []
     seq = 0
-    res = ReplayResult(str(policy), str(admission), len(records))
+    res = ReplayResult(str(policy), str(admission), len(records), length_noise=sigma,
+                       seed=cluster.seed, speed=speed)
     ttfts: list[float] = []
     tbts: list[float] = []
     ttft_of: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""Reading Mooncake request traces (JSON lines, as published in shared/traces).
+"""Reading Mooncake request traces (JSON lines; two ship in kvstored/scheduler/traces/).
 
 One record per line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
 "hash_ids": [int, ...]}``, sorted by timestamp; ``hash_ids`` are chained prefix-block ids, one
@@ -15,6 +15,38 @@ from kvstored.errors import InvalidArgument
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per block in the published Mooncake traces."""
+
+SHIPPED_TRACES = {
+    "conversation": "conversation_trace.jsonl",
+    "synthetic": "synthetic_trace.jsonl",
+}
+"""Traces shipped as package data (kvstored/scheduler/traces/, from the Mooncake repository
+``kvcache-ai/Mooncake``, folder ``FAST25-release/traces/``, Apache-2.0; see the README
+there): name -> file name."""
+
+
+def resolve_trace(name_or_path: str | pathlib.Path) -> pathlib.Path:
+    """The file of a shipped trace by name (``conversation``, ``synthetic``), or a path.
+
+    Raises:
+        InvalidArgument: neither a shipped name nor an existing file (the message lists the
+            names).
+    """
+    key = str(name_or_path)
+    if key in SHIPPED_TRACES:
+        from importlib.resources import files
+
+        p = pathlib.Path(str(files("kvstored.scheduler") / "traces" / SHIPPED_TRACES[key]))
+        if not p.is_file():
+            raise InvalidArgument(f"the shipped trace {key!r} is missing from the package ({p})")
+        return p
+    p = pathlib.Path(key)
+    if not p.is_file():
+        raise InvalidArgument(
+            f"trace {key!r} is neither a shipped trace ({', '.join(SHIPPED_TRACES)}) nor an "
+            "existing file"
+        )
+    return p
 
 
 @dataclass(frozen=True, slots=True)

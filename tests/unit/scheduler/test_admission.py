@@ -31,7 +31,8 @@ def req(rid: str, out: int = 100) -> ScheduleRequest:
 
 @pytest.mark.parametrize("mode", [AdmissionMode.REJECT_AT_DECODE, AdmissionMode.EARLY,
                                   AdmissionMode.PREDICTED, AdmissionMode.PREDICTED_LENGTH,
-                                  AdmissionMode.PREDICTED_ADAPTIVE])
+                                  AdmissionMode.PREDICTED_ADAPTIVE,
+                                  AdmissionMode.PREDICTED_QUANTILE])
 def test_ttft_slo_is_checked_at_arrival(clock: ManualClock, mode: AdmissionMode) -> None:
     s = make(mode, clock, ttft_slo_s=0.5)
     assert s.schedule(req("r1")).admitted  # TTFT 0.26 s

@@ -80,3 +80,70 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: pathlib.Path) -> None:
     assert prof.source == "kvstored calibrate"
     assert prof.kv_bytes_per_token == 2 * 1 * 1 * 16 * 4
     assert len(prof.fit["prefill_samples"]) >= 6 and prof.prefill.per_token_s >= 0
+
+
+def test_replay_sweeps_noise_seeds_and_speed(trace_file: pathlib.Path,
+                                             tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "noise.png"
+    res = CliRunner().invoke(replay, [
+        str(trace_file), "--prefill", "2", "--decode", "1", "--cache-blocks", "200",
+        "--policy", "kvcache-centric", "--admission", "predicted,predicted-quantile",
+        "--length-noise", "0,0.5", "--seed", "0,1,2", "--speed", "1,2", "--output", "json",
+        "--noise-plot", str(png), "--no-progress",
+    ])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert len(doc["results"]) == 2 * 2 * 2 * 3
+    assert sum(r["reused"] for r in doc["results"]) == 2 * 5  # predicted: 1 run per speed
+    rows = doc["robustness"]
+    assert len(rows) == 2 * 2 * 2
+    assert all(r["seeds"] == [0, 1, 2] for r in rows)
+    assert {(r["speed"], r["length_noise"]) for r in rows} == {(1.0, 0.0), (1.0, 0.5),
+                                                               (2.0, 0.0), (2.0, 0.5)}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replay_finds_shipped_traces_by_name() -> None:
+    res = CliRunner().invoke(replay, ["--trace", "synthetic", "--limit", "40", "--policy",
+                                      "cache-aware", "--admission", "early", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "synthetic_trace.jsonl: 40 requests" in res.output
+    res = CliRunner().invoke(replay, ["--trace", "nosuch", "--no-progress"])
+    assert res.exit_code == 1 and "neither a shipped trace (conversation, synthetic)" in res.output
+
+
+@pytest.mark.parametrize("opt", ["--plot", "--timeline-plot", "--noise-plot", "--json-out"])
+def test_replay_checks_output_paths_before_running(trace_file: pathlib.Path, opt: str,
+                                                   tmp_path: pathlib.Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_run(*a: object, **k: object) -> None:
+        raise AssertionError("the replay ran before the output path was checked")
+
+    monkeypatch.setattr("kvstored.scheduler.robustness.sweep", no_run)
+    for bad, msg in ((tmp_path / "missing" / "x.png", "does not exist"),
+                     (tmp_path, "is a directory")):
+        res = CliRunner().invoke(replay, [str(trace_file), opt, str(bad), "--no-progress"])
+        assert res.exit_code == 2, res.output
+        assert opt in res.output and msg in res.output
+
+
+def test_replay_checks_matplotlib_before_running(trace_file: pathlib.Path,
+                                                 tmp_path: pathlib.Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import fails
+    monkeypatch.setattr("kvstored.scheduler.robustness.sweep", lambda *a, **k: 1 / 0)
+    res = CliRunner().invoke(replay, [str(trace_file), "--plot", str(tmp_path / "x.png"),
+                                      "--no-progress"])
+    assert res.exit_code == 2 and "plots need matplotlib" in res.output
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--length-noise", "-1"], "--length-noise must be >= 0"),
+    (["--length-noise", "0,x"], "must be a number"),
+    (["--speed", "0"], "--speed must be > 0"),
+    (["--seed", "a"], "must be an integer"),
+])
+def test_replay_bad_lists(trace_file: pathlib.Path, args: list[str], msg: str) -> None:
+    res = CliRunner().invoke(replay, [str(trace_file), "--no-progress", *args])
+    assert res.exit_code == 2 and msg in res.output, res.output

@@ -10,9 +10,9 @@ import pytest
 from kvstored.errors import InvalidArgument
 from kvstored.scheduler.config import AdmissionMode, Policy
 from kvstored.scheduler.sim import ClusterConfig, replay
-from kvstored.scheduler.trace import TraceRecord, load_trace, synthetic_trace
+from kvstored.scheduler.trace import TraceRecord, load_trace, resolve_trace, synthetic_trace
 
-CONVERSATION = pathlib.Path("/work/shared/traces/conversation_trace.jsonl")
+CONVERSATION = resolve_trace("conversation")  # shipped in kvstored/scheduler/traces
 # small and hot: 2 prefill + 1 decode instance, 4x speed, so every path is exercised
 HOT = ClusterConfig(num_prefill=2, num_decode=1, cache_blocks=500, speed=4.0,
                     decode_kv_capacity_tokens=150_000)
@@ -84,7 +84,6 @@ def test_load_trace_errors_name_the_line(tmp_path: pathlib.Path) -> None:
     assert len(load_trace(p, limit=1)) == 1
 
 
-@pytest.mark.skipif(not CONVERSATION.exists(), reason="shared/traces is not on this machine")
 def test_published_trace_prefix_replays_deterministically() -> None:
     recs = load_trace(CONVERSATION, limit=1500)
     assert recs[0].hash_ids[0] == 0 and len(recs) == 1500
