@@ -149,6 +149,7 @@ class NodeDaemon:
         self._httpd: WSGIServer | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._servicer: NodeServicer | None = None
         self._unix_paths: list[str] = []
         self._stopped = False
         self._started = False
@@ -221,7 +222,8 @@ class NodeDaemon:
                 ]
             )
             self._server = server
-            add_node_service(server, NodeServicer(core, self._executor, version=_version()))
+            self._servicer = NodeServicer(core, self._executor, version=_version())
+            add_node_service(server, self._servicer)
             if self._enable_scheduler:
                 self._maybe_add_scheduler(server)
             for addr in listen:
@@ -341,6 +343,8 @@ class NodeDaemon:
         loop = asyncio.get_running_loop()
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if self._server is not None:
+            if self._servicer is not None:
+                self._servicer.end_sessions()  # session streams would hold the grace otherwise
             await self._server.stop(grace=remaining)
             self._server = None
         if self._data_plane is not None:

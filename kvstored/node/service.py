@@ -7,6 +7,12 @@ put/get, list) run in a named, bounded executor; the metadata-only calls of the 
 (they hold the store lock for microseconds, but wait for it while another thread holds it for
 SSD I/O). Without an SSD tier, pin/reserve/remove are metadata-only too and run on the loop.
 
+Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
+until the client goes away (its cancellation, or its socket closing when its process dies),
+then closes the session in the core, which releases what the session held (fencing rule:
+kvstored/node/sessions.py). :meth:`NodeServicer.end_sessions` ends every stream at shutdown so
+the server's grace period is not spent waiting for them.
+
 Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
 with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
@@ -91,6 +97,13 @@ class NodeServicer:
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
+        self._sessions_end: asyncio.Event | None = None  # created on the server's loop
+
+    def end_sessions(self) -> None:
+        """End every OpenSession stream (shutdown; call on the server's loop)."""
+        if self._sessions_end is None:
+            self._sessions_end = asyncio.Event()
+        self._sessions_end.set()
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -140,7 +153,8 @@ class NodeServicer:
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
         rid, out = await self._maybe_io(
-            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch
+            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
+            session_id=req.session_id,
         )
         return pb.ReservePutResponse(
             reservation_id=rid,
@@ -157,7 +171,7 @@ class NodeServicer:
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
         pin_id, got = await self._maybe_io(
             self.core.pin_blocks, list(req.keys), req.namespace_id,
-            lease_ms=req.lease_ms, epoch=req.epoch,
+            lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
         )
         blocks = []
         for b in got:
@@ -173,8 +187,8 @@ class NodeServicer:
         return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
-        n = await self._inline(self.core.release_pins, list(req.pin_ids))
-        return pb.ReleasePinsResponse(num_released=n)
+        n, expired = await self._inline(self.core.release_pins, list(req.pin_ids))
+        return pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired)
 
     async def LookupPrefix(
         self, req: pb.LookupPrefixRequest, ctx: Any
@@ -207,6 +221,7 @@ class NodeServicer:
             gets=s.gets, hits=s.hits, misses=s.misses, puts=s.puts, put_failures=s.put_failures,
             checksum_failures=s.checksum_failures, pinned_blocks=s.pinned_blocks,
             uptime_s=core.uptime_s(), draining=core.draining,
+            quarantined_bytes=core.quarantined_bytes(), num_sessions=core.leases.num_sessions(),
         )
 
     async def ListBlocks(self, req: pb.ListBlocksRequest, ctx: Any) -> pb.ListBlocksResponse:
@@ -221,6 +236,21 @@ class NodeServicer:
             ],
             truncated=truncated,
         )
+
+
+    async def OpenSession(self, req: pb.OpenSessionRequest, context: Any) -> None:
+        """Send the session id, then hold the stream until the client or the node ends it."""
+        core = self.core
+        if self._sessions_end is None:
+            self._sessions_end = asyncio.Event()
+        ended = self._sessions_end
+        peer = context.peer()
+        session_id = core.open_session(f"{peer} {req.client_name}".strip())
+        try:
+            await context.write(pb.SessionEvent(session_id=session_id, epoch=core.epoch))
+            await ended.wait()
+        finally:  # also on cancellation: the client's stream (socket) is gone
+            core.close_session(session_id)
 
 
 _METHODS: dict[str, type[Message]] = {
@@ -295,4 +325,9 @@ def add_node_service(server: grpc.aio.Server, servicer: NodeServicer) -> None:
         )
         for name, req_cls in _METHODS.items()
     }
+    handlers["OpenSession"] = grpc.unary_stream_rpc_method_handler(
+        servicer.OpenSession,
+        request_deserializer=pb.OpenSessionRequest.FromString,
+        response_serializer=_serialize,
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -96,6 +96,11 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_stream(
+                '/kvstored.v1.NodeService/OpenSession',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -185,6 +190,17 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Open a client session: the first (and only) message carries the session id; the
+        stream then stays open for the life of the client. Pins and reservations taken under
+        the session id are fenced by it: when the stream ends (client closed, process died),
+        the node knows the client can no longer touch the arena and frees what it held,
+        including quarantined space (see kvstored/node/sessions.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +263,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.ListBlocks,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -575,6 +596,33 @@ class NodeService:
             '/kvstored.v1.NodeService/ListBlocks',
             kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvstored.v1.NodeService/OpenSession',
+            kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,
