@@ -174,7 +174,8 @@ def stats(obj: CtlContext) -> None:
 
     def tables(d: dict[str, Any]) -> list[Any]:
         keys = ("node_id", "epoch", "uptime_s", "draining", "gets", "hits", "misses", "puts",
-                "put_failures", "checksum_failures", "pinned_blocks")
+                "put_failures", "checksum_failures", "pinned_blocks", "quarantined_bytes",
+                "num_sessions")
         return [output.kv_table("counters", [(k, d[k]) for k in keys]), output.tier_table(d["tiers"])]
 
     output.emit(obj.output, data, tables)
