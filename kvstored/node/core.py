@@ -418,8 +418,8 @@ class NodeCore:
             if abort:
                 return []
             raise LeaseExpired(
-                f"reservation {reservation_id} was released because its session ended; "
-                "nothing was stored, retry the put"
+                f"reservation {reservation_id} was already released (its lease lapsed or its "
+                "session ended); nothing was stored, retry the put"
             )
         if state is LeaseState.QUARANTINED and not abort:
             self.abort_reserved(lease.items)  # acked: the client's copy is over
