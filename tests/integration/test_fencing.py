@@ -274,6 +274,11 @@ def test_cancel_during_reserve_or_pin_rpc_releases_what_it_got(fnode: DaemonThre
             # observed at once, not after a lease: the cancelled call released what it got
             _idle(fnode)
             assert _used(fnode) == baseline
+            if op == "put":
+                assert await a.exists(keys) == [False]
+                assert (await a.put(keys, [value_for(keys[0], SIZE)]))[0].stored
+            assert await a.get(keys) == [value_for(keys[0], SIZE)]
+            _idle(fnode)
 
     try:
         asyncio.run(main())
