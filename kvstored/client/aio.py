@@ -91,6 +91,8 @@ class AsyncClient:
         self._session_reader: asyncio.Task[None] | None = None
         self._session_call: Any = None
         self._session_id = 0
+        self._num_ops = 0
+        self._idle: asyncio.Event | None = None
         self._closed = False
 
     @property
@@ -223,6 +225,15 @@ class AsyncClient:
     async def _run(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         if self._closed:
             raise Unavailable("the client is closed")
+        self._num_ops += 1
+        try:
+            return await self._run_entered(make_op, timeout_s)
+        finally:
+            self._num_ops -= 1
+            if not self._num_ops and self._idle is not None:
+                self._idle.set()
+
+    async def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
         while True:
@@ -317,12 +328,17 @@ class AsyncClient:
     async def close(self) -> None:
         """End the session, close the channel, pool and mapping; idempotent.
 
+        Waits for operations of other tasks to finish first; new ones raise Unavailable.
+
         A process that exits without it still releases everything: the node ends the
         session when the process's socket closes.
         """
         if self._closed:
             return
         self._closed = True
+        if self._num_ops:  # other tasks' copies must end before the node may free their space
+            self._idle = asyncio.Event()
+            await self._idle.wait()
         if self._session_call is not None:
             self._session_call.cancel()
         if self._session_reader is not None:

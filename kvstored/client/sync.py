@@ -28,7 +28,11 @@ class _SyncSession:
 
     A reader thread (``kvstored-client-session``) holds the stream and notices its end. The
     node ties the client's pins and reservations to it (kvstored/node/sessions.py): when this
-    process exits or :meth:`close` cancels the stream, the node releases what it held.
+    process exits or :meth:`close` cancels the stream, the node releases what it held. So the
+    stream is never cancelled while an operation of this client runs (:meth:`enter` /
+    :meth:`leave` count them): ``close()`` waits for them, and at interpreter exit with
+    operations still running on daemon threads the stream is left to the kernel, which closes
+    the socket only once every thread of the process is gone.
     Shares no reference with the :class:`Client`, so it can be its ``weakref.finalize``.
     """
 
@@ -41,6 +45,22 @@ class _SyncSession:
         self._ended.set()
         self._session_id = 0
         self._closed = False
+        self._idle = threading.Condition(self._lock)
+        self._num_ops = 0
+
+    def enter(self) -> None:
+        """An operation starts (raises Unavailable once closed)."""
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the client is closed")
+            self._num_ops += 1
+
+    def leave(self) -> None:
+        """An operation ended."""
+        with self._lock:
+            self._num_ops -= 1
+            if not self._num_ops:
+                self._idle.notify_all()
 
     def session_id(self, deadline: float) -> int:
         """The open session's id (opens one if needed).
@@ -83,20 +103,33 @@ class _SyncSession:
             self._call, self._ended, self._session_id = call, ended, first[0].session_id
             return self._session_id
 
-    def close(self) -> None:
-        """End the session (the node releases what it still held); idempotent."""
+    def close(self, *, wait: bool) -> bool:
+        """Refuse new operations and end the session (the node releases what it held).
+
+        Args:
+            wait: wait for running operations first; False: if any runs, leave the stream
+                open (interpreter exit: the kernel ends it with the process).
+
+        Returns:
+            True if the session was ended (or none was open).
+        """
         with self._lock:
             self._closed = True
+            if wait:
+                self._idle.wait_for(lambda: self._num_ops == 0)
+            elif self._num_ops:
+                return False
             call, self._call = self._call, None
         if call is not None:
             call.cancel()
+        return True
 
 
 def _finalize(session: _SyncSession, channel: grpc.Channel, st: ClientState) -> None:
     """close() of a Client that was never closed (garbage collected, or interpreter exit)."""
-    session.close()
-    channel.close()
-    st.close()
+    if session.close(wait=False):
+        channel.close()
+        st.close()
 
 
 class Client:
@@ -199,8 +232,13 @@ class Client:
                 throw_exc = exc
 
     def _run(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
-        if self._closed:
-            raise Unavailable("the client is closed")
+        self._session.enter()
+        try:
+            return self._run_entered(make_op, timeout_s)
+        finally:
+            self._session.leave()
+
+    def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
         while True:
@@ -328,13 +366,15 @@ class Client:
     def close(self) -> None:
         """End the session, close the channel, data-plane connections and the arena mapping.
 
-        Idempotent. Also runs when the client is garbage collected and at interpreter exit
+        Idempotent. Waits for operations running on other threads (their copies must end
+        before the node may free their space); new ones raise Unavailable. Also runs when the client is garbage collected and at interpreter exit
         (``weakref.finalize``); a process that dies without it still releases everything,
         because the node ends the session when the process's socket closes.
         """
         if self._closed:
             return
         self._closed = True
+        self._session.close(wait=True)  # operations of other threads finish first
         self._finalizer()
 
     def __enter__(self) -> Client:

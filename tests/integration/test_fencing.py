@@ -326,7 +326,7 @@ def test_session_end_releases_pins_and_reservations_of_a_client(fnode: DaemonThr
     t.start()
     assert g.reached.wait(30)
     assert core.leases.num_sessions() == 1 and _used(fnode) == baseline + SIZE
-    a._session.close()  # the stream ends as when the process dies (the copy is held meanwhile)
+    a._session._call.cancel()  # the stream ends as when the process dies (the copy is held)
     wait_until(lambda: core.leases.num_sessions() == 0, what="the node to see the session end")
     assert _used(fnode) == baseline and core.num_outstanding() == (0, 0, 0)
     g.go.set()
@@ -336,6 +336,26 @@ def test_session_end_releases_pins_and_reservations_of_a_client(fnode: DaemonThr
     _idle(fnode)
     with Client(fnode.unix_address) as c:
         assert c.exists(keys) == [False]
+
+
+def test_close_waits_for_a_copy_of_another_thread(fnode: DaemonThread, gate: Any) -> None:
+    keys = random_keys(1)
+    g = gate("shm_copy_in_mid")
+    a = Client(fnode.unix_address, timeout_s=60)
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(a.put(keys, [value_for(keys[0], SIZE)])))
+    t.start()
+    assert g.reached.wait(30)
+    closer = threading.Thread(target=a.close)
+    closer.start()
+    wait_until(lambda: a._session._closed, what="close() to start")
+    g.go.set()  # the copy ends, and commits under the still-open session
+    t.join(30)
+    closer.join(30)
+    assert results and results[0][0].stored
+    with Client(fnode.unix_address) as c:
+        assert c.get(keys) == [value_for(keys[0], SIZE)]
+    _idle(fnode)
 
 
 # ---- the node's own data-plane threads are self-fenced -----------------------------------------
