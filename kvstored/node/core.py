@@ -524,7 +524,16 @@ class NodeCore:
         self.count_transfer("shm", "out", len(pinned), num_bytes)
         return pin_id, got
 
-    def release_pins(self, pin_ids: Sequence[int]) -> tuple[int, list[int]]:
+    def release_pins(self, pin_ids: Sequence[int]) -> int:
+        """Release pins of :meth:`pin_blocks`; unknown ids are ignored.
+
+        Returns:
+            How many of ``pin_ids`` were held in time and are released now (lapsed ones are
+            released too: see :meth:`release_pins_report`).
+        """
+        return self.release_pins_report(pin_ids)[0]
+
+    def release_pins_report(self, pin_ids: Sequence[int]) -> tuple[int, list[int]]:
         """Release pins of :meth:`pin_blocks` (the reader's ack); unknown ids are ignored.
 
         Returns:

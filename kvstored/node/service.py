@@ -187,7 +187,7 @@ class NodeServicer:
         return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
-        n, expired = await self._inline(self.core.release_pins, list(req.pin_ids))
+        n, expired = await self._inline(self.core.release_pins_report, list(req.pin_ids))
         return pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired)
 
     async def LookupPrefix(

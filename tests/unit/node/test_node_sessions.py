@@ -70,7 +70,7 @@ def test_session_end_frees_active_and_quarantined_leases_at_once(core: NodeCore,
     assert core.num_outstanding() == (0, 0, 0)
     with pytest.raises(LeaseExpired, match="already released"):
         core.commit_put(rid)
-    assert core.release_pins([pin_id]) == (0, [pin_id])
+    assert core.release_pins_report([pin_id]) == (0, [pin_id])
     core.close_session(sid)  # idempotent
 
 
