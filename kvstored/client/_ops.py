@@ -662,7 +662,7 @@ def _copy_pinned(
                 _hooks.fire("shm_copy_out_mid", offset=b.offset, size_bytes=b.size_bytes)
                 np.copyto(dst[half:], src[half:])
                 sink._done(base + j, src.size, b.meta, _tier(b.tier))
-                continue
+            continue
         sink.from_array(base + j, src, b.meta, _tier(b.tier))
     _hooks.fire("shm_copy_out_done")
 
@@ -711,12 +711,14 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         finally:
             if resp.pin_id:  # after the copy returned; awaited, so the next op sees it
                 rel = yield release_call(resp.pin_id)
-                if copied and (rel is None or resp.pin_id in rel.expired_pin_ids):
+                if copied and rel is None:
+                    raise Unavailable(
+                        "the node did not confirm the pin release; the read is discarded"
+                    )
+                if copied and resp.pin_id in rel.expired_pin_ids:
                     raise LeaseExpired(
                         f"the pins of keys #{start - cut}..#{start - 1} outlived their "
                         f"{lease_s:.1f} s lease before the copy was done; the read is discarded"
-                        if rel is not None else
-                        "the pin release was not confirmed by the node; the read is discarded"
                     )
 
 
