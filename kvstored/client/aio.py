@@ -160,6 +160,9 @@ class AsyncClient:
             except TimeoutError:
                 call.cancel()
                 raise Unavailable("the node did not open a session within the deadline") from None
+            except BaseException:  # cancelled, or the node refused: no half-open session left
+                call.cancel()
+                raise
             self._session_call, self._session_reader = call, reader
             self._session_id = event.session_id
             return self._session_id
