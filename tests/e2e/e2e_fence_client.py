@@ -5,6 +5,10 @@ OP ``put``: put one SIZE-byte block (value from :func:`big_value`) over shared m
 for a line on stdin, so the test can SIGSTOP or SIGKILL it at a known point. Then it prints
 ``result stored`` / ``result exists`` / ``error <ErrorClass>``.
 
+OP ``get-into``: read the block into a buffer, held half-way like ``put`` (``copy_mid``), then
+print ``result <n>`` or ``error <ErrorClass>``, and ``bytes ok`` / ``bytes foreign`` for what
+the buffer holds.
+
 OP ``get-exit``: read the block once (no hook), print ``got <n>``, and exit without close().
 """
 
@@ -26,7 +30,7 @@ def big_value(key: bytes, size: int) -> bytes:
 
 
 def _hold(event: str, **_fields: object) -> None:
-    if event == "shm_copy_in_mid":
+    if event in ("shm_copy_in_mid", "shm_copy_out_mid"):
         print("copy_mid", flush=True)
         sys.stdin.readline()
 
@@ -41,6 +45,15 @@ def main() -> None:
         print("got", len(c.get([key])[0] or b""), flush=True)
         return  # no close(): interpreter exit must release everything
     _hooks.install(_hold)
+    if op == "get-into":
+        buf = np.zeros(n, dtype=np.uint8)
+        try:
+            print("result", c.get_into([key], [buf])[0], flush=True)
+        except KvstoredError as exc:
+            print("error", type(exc).__name__, flush=True)
+        print("bytes", "ok" if bytes(buf) == value else "foreign", flush=True)
+        c.close()
+        return
     try:
         r = c.put([key], [value])[0]
         print("result", "stored" if r.stored else "exists", flush=True)

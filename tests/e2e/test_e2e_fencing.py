@@ -70,10 +70,10 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
         p.wait(30)
 
 
-def _lapsed_reservations(node: ServeProcess) -> float:
-    """``kvstored_lease_expired_total{kind="reservation"}`` from the node's /metrics."""
+def _lapsed(node: ServeProcess, kind: str) -> float:
+    """``kvstored_lease_expired_total{kind=...}`` (pin | reservation) from the node's /metrics."""
     text = urllib.request.urlopen(node.metrics, timeout=10).read().decode()
-    line = next(x for x in text.splitlines() if x.startswith('kvstored_lease_expired_total{kind="reservation"}'))
+    line = next(x for x in text.splitlines() if x.startswith(f'kvstored_lease_expired_total{{kind="{kind}"}}'))
     return float(line.split()[-1])
 
 
@@ -91,7 +91,7 @@ def test_sigstopped_writer_never_overwrites_another_clients_block(node: ServePro
     assert a.stdout.readline().strip() == "copy_mid"
     a.send_signal(signal.SIGSTOP)  # stopped half-way through its copy into its reservation
     with Client(node.unix_address, timeout_s=30) as b:
-        wait_until(lambda: _lapsed_reservations(node) == 1, what="A's lease to lapse")
+        wait_until(lambda: _lapsed(node, "reservation") == 1, what="A's lease to lapse")
         quarantined_while_stopped = _stats(b)["quarantined_bytes"]
         assert all(r.stored for r in b.put([kb], [big_value(kb, SIZE)]))
         assert b.get([kb]) == [big_value(kb, SIZE)]
@@ -108,6 +108,32 @@ def test_sigstopped_writer_never_overwrites_another_clients_block(node: ServePro
         assert b.get([ka]) == [None]
         assert all(r.stored for r in b.put([ka], [big_value(ka, SIZE)]))
         assert b.get([ka, kb]) == [big_value(ka, SIZE), big_value(kb, SIZE)]
+
+
+def test_sigstopped_reader_keeps_its_block_pinned_until_it_is_done(node: ServeProcess, spawn: Any) -> None:
+    ka, kb = os.urandom(16), os.urandom(16)
+    with Client(node.unix_address, timeout_s=30) as b:
+        assert all(r.stored for r in b.put([ka], [big_value(ka, SIZE)]))
+        a = spawn(node.unix_address, "get-into", ka, 1.0)
+        assert a.stdout.readline().strip() == "copy_mid"
+        a.send_signal(signal.SIGSTOP)  # stopped half-way through its copy out of its pin
+        wait_until(lambda: _lapsed(node, "pin") == 1, what="A's pin lease to lapse")
+        quarantined_while_stopped = _stats(b)["quarantined_bytes"]
+        assert b.remove([ka]) == [False]  # still pinned: its bytes cannot change under A
+        assert all(r.stored for r in b.put([kb], [big_value(kb, SIZE)]))
+        a.send_signal(signal.SIGCONT)
+        a.stdin.write("go\n")
+        a.stdin.flush()
+        line = a.stdout.readline().split()
+        assert line[0] == "error" and line[1] in ("LeaseExpired", "DeadlineExceeded"), line
+        assert a.stdout.readline().split() == ["bytes", "ok"]  # late, never foreign bytes
+        assert quarantined_while_stopped == SIZE
+        assert a.wait(30) == 0
+        wait_until(lambda: _stats(b)["num_sessions"] == 1, what="A's session to end")  # B's left
+        s = _stats(b)
+        assert s["quarantined_bytes"] == 0 and s["pinned_blocks"] == 0
+        assert b.get([ka, kb]) == [big_value(ka, SIZE), big_value(kb, SIZE)]
+        assert b.remove([ka]) == [True]
 
 
 @pytest.mark.parametrize("lapsed", [True, False], ids=["lease-lapsed", "lease-held"])
