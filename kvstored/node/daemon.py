@@ -6,7 +6,8 @@ One process serves, from one asyncio loop:
   loopback by default), plus the scheduler service when :mod:`kvstored.scheduler` is present;
 - the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
 - Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
-- the lease reaper (an owned task releasing pins/reservations of dead clients).
+- the lease reaper (an owned task moving lapsed pins/reservations into quarantine; see
+  kvstored/node/sessions.py for when their space is freed).
 
 Lifecycle::
 
