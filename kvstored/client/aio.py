@@ -91,6 +91,7 @@ class AsyncClient:
         self._session_reader: asyncio.Task[None] | None = None
         self._session_call: Any = None
         self._session_id = 0
+        self._opened: list[int] = []  # sessions to end with CloseSession at close()
         self._num_ops = 0
         self._idle: asyncio.Event | None = None
         self._closed = False
@@ -138,7 +139,7 @@ class AsyncClient:
             call = self._get_channel().unary_stream(
                 _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
                 response_deserializer=pb.SessionEvent.FromString,
-            )(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}"))
+            )(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
             first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
             async def read() -> None:  # holds the stream; done = the session ended
@@ -165,6 +166,7 @@ class AsyncClient:
                 raise
             self._session_call, self._session_reader = call, reader
             self._session_id = event.session_id
+            self._opened.append(self._session_id)
             return self._session_id
 
     async def _execute(self, step: Call | Blocking | Session, deadline: float) -> Any:
@@ -342,6 +344,14 @@ class AsyncClient:
         if self._num_ops:  # other tasks' copies must end before the node may free their space
             self._idle = asyncio.Event()
             await self._idle.wait()
+        for session_id in self._opened:  # the ack: no operation of any of them runs any more
+            with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                await self._get_channel().unary_unary(
+                    _ops.SERVICE + "CloseSession",
+                    request_serializer=pb.CloseSessionRequest.SerializeToString,
+                    response_deserializer=pb.CloseSessionResponse.FromString,
+                )(pb.CloseSessionRequest(session_id=session_id), timeout=_ops.RELEASE_TIMEOUT_S)
+        self._opened = []
         if self._session_call is not None:
             self._session_call.cancel()
         if self._session_reader is not None:

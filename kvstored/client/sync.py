@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -47,6 +48,7 @@ class _SyncSession:
         self._closed = False
         self._idle = threading.Condition(self._lock)
         self._num_ops = 0
+        self._opened: list[int] = []  # sessions to end with CloseSession at close()
 
     def enter(self) -> None:
         """An operation starts (raises Unavailable once closed)."""
@@ -79,7 +81,7 @@ class _SyncSession:
                 _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
                 response_deserializer=pb.SessionEvent.FromString,
             )
-            call = stub(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}"))
+            call = stub(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
             first: list[Any] = []
             got, ended = threading.Event(), threading.Event()
 
@@ -101,6 +103,7 @@ class _SyncSession:
             if isinstance(first[0], grpc.RpcError):
                 raise self._st.map_rpc_error(first[0])
             self._call, self._ended, self._session_id = call, ended, first[0].session_id
+            self._opened.append(self._session_id)
             return self._session_id
 
     def close(self, *, wait: bool) -> bool:
@@ -120,6 +123,15 @@ class _SyncSession:
             elif self._num_ops:
                 return False
             call, self._call = self._call, None
+            opened, self._opened = self._opened, []
+        close = self._channel.unary_unary(
+            _ops.SERVICE + "CloseSession",
+            request_serializer=pb.CloseSessionRequest.SerializeToString,
+            response_deserializer=pb.CloseSessionResponse.FromString,
+        )
+        for session_id in opened:  # the ack: no operation of any of them runs any more
+            with contextlib.suppress(grpc.RpcError):
+                close(pb.CloseSessionRequest(session_id=session_id), timeout=_ops.RELEASE_TIMEOUT_S)
         if call is not None:
             call.cancel()
         return True

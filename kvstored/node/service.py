@@ -8,10 +8,13 @@ put/get, list) run in a named, bounded executor; the metadata-only calls of the 
 SSD I/O). Without an SSD tier, pin/reserve/remove are metadata-only too and run on the loop.
 
 Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
-until the client goes away (its cancellation, or its socket closing when its process dies),
-then closes the session in the core, which releases what the session held (fencing rule:
-kvstored/node/sessions.py). :meth:`NodeServicer.end_sessions` ends every stream at shutdown so
-the server's grace period is not spent waiting for them.
+until the client goes away. The session is closed in the core (which releases what it held;
+fencing rule: kvstored/node/sessions.py) on ``CloseSession`` (the client's ack), or when the
+stream ends and the client's process is gone: the request names the client's pid, the node
+holds a pidfd of it, and a stream that ends while that process still lives (a stopped
+process whose connection was dropped) keeps the session until the pidfd reports the exit
+(``loop.add_reader``; no polling). :meth:`NodeServicer.end_sessions` ends everything at
+shutdown so the server's grace period is not spent waiting for the streams.
 
 Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
@@ -22,10 +25,12 @@ INVALID_ARGUMENT (error code INVALID_ARGUMENT) instead of an opaque deserializat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import os
 import secrets
+import select
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -98,12 +103,39 @@ class NodeServicer:
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
+        self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
 
     def end_sessions(self) -> None:
-        """End every OpenSession stream (shutdown; call on the server's loop)."""
+        """End every OpenSession stream and process watch (shutdown; on the server's loop)."""
         if self._sessions_end is None:
             self._sessions_end = asyncio.Event()
         self._sessions_end.set()
+        for pidfd in list(self._process_watches):
+            self._process_exited(pidfd)
+
+    def num_process_watches(self) -> int:
+        """Sessions whose stream ended while their process still runs."""
+        return len(self._process_watches)
+
+    def _process_exited(self, pidfd: int) -> None:
+        session_id = self._process_watches.pop(pidfd)
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        self.core.close_session(session_id)
+
+    def _stream_ended(self, session_id: int, pidfd: int | None) -> None:
+        """The session's stream is gone: close it, unless its process still runs."""
+        ended = self._sessions_end is not None and self._sessions_end.is_set()
+        if pidfd is not None and not ended and self.core.leases.is_open(session_id):
+            if not select.select([pidfd], [], [], 0)[0]:  # readable = the process exited
+                self._process_watches[pidfd] = session_id
+                asyncio.get_running_loop().add_reader(pidfd, self._process_exited, pidfd)
+                log.info("session_stream_ended_process_alive", session_id=session_id)
+                return
+        if pidfd is not None:
+            os.close(pidfd)
+        self.core.close_session(session_id)
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -245,12 +277,30 @@ class NodeServicer:
             self._sessions_end = asyncio.Event()
         ended = self._sessions_end
         peer = context.peer()
+        pidfd = _open_pidfd(req.pid)
         session_id = core.open_session(f"{peer} {req.client_name}".strip())
         try:
             await context.write(pb.SessionEvent(session_id=session_id, epoch=core.epoch))
             await ended.wait()
         finally:  # also on cancellation: the client's stream (socket) is gone
-            core.close_session(session_id)
+            self._stream_ended(session_id, pidfd)
+
+    async def CloseSession(self, req: pb.CloseSessionRequest, ctx: Any) -> pb.CloseSessionResponse:
+        for pidfd, session_id in list(self._process_watches.items()):
+            if session_id == req.session_id:
+                self._process_exited(pidfd)  # acked: no need to wait for the process
+        await self._inline(self.core.close_session, req.session_id)
+        return pb.CloseSessionResponse()
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of the client's process, or None (pid 0, not found, or no pidfd support)."""
+    if pid <= 0 or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
 
 
 _METHODS: dict[str, type[Message]] = {
@@ -266,6 +316,7 @@ _METHODS: dict[str, type[Message]] = {
     "Remove": pb.RemoveRequest,
     "Stats": pb.StatsRequest,
     "ListBlocks": pb.ListBlocksRequest,
+    "CloseSession": pb.CloseSessionRequest,
 }
 
 

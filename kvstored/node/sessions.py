@@ -10,9 +10,15 @@ Who the "writer" is, per path:
 
 - A local client writing into / reading out of the mapped arena (shared-memory path) opens a
   session with the ``OpenSession`` server stream at connect and takes its pins and
-  reservations under that session id. The stream lives as long as the client's channel: it
-  ends when the client closes, or when its process dies and the kernel closes its socket.
-  Then the node releases everything the session held, quarantined space included.
+  reservations under that session id. The session ends when the client says so
+  (``CloseSession``, sent by ``close()`` once none of its operations runs), or when the
+  stream ends *and* the client's process is gone: the node holds a pidfd of the pid the
+  client named, so a stream dropped while the process still lives (e.g. a stopped process
+  that missed keepalives) keeps the session until the process exits. A killed process's
+  socket closes only after all its threads are gone, so no copy of it can still run. Then
+  the node releases everything the session held, quarantined space included. (A client in
+  another pid namespace names a pid the node cannot see or that is another process: the
+  first falls back to the stream's end, the second only delays the release.)
 - The node's own TCP data-plane threads (kvstored/transport/tcp.py) receive into and send
   out of reservations and pins they took themselves, without a lease, and abort/unpin them
   only after their own recv/send returned: a data-plane connection is its own session and
@@ -149,6 +155,11 @@ class LeaseBook:
             for lease in out:
                 self._remember_expired(lease)
         return out
+
+    def is_open(self, session_id: int) -> bool:
+        """True while the session exists (not closed)."""
+        with self._lock:
+            return session_id in self._sessions
 
     def check_session(self, session_id: int) -> None:
         """Raise if the session cannot take new pins/reservations.

@@ -306,36 +306,47 @@ def test_get_then_remove_then_put_is_ordered_on_shared_memory(fnode: DaemonThrea
     _idle(fnode)
 
 
-def test_session_end_releases_pins_and_reservations_of_a_client(fnode: DaemonThread, gate: Any) -> None:
-    """A client whose channel goes away mid-copy: the node frees everything of its session."""
+def test_dropped_session_stream_of_a_live_process_keeps_its_space(fnode: DaemonThread, gate: Any) -> None:
+    """The stream ends while the client process lives (a copy held mid-way): the node keeps
+    the session until the process exits or the client acks with CloseSession."""
     keys = random_keys(1)
     g = gate("shm_copy_in_mid")
     baseline = _used(fnode)
     core = fnode.daemon.core
-    assert core is not None
+    servicer = fnode.daemon._servicer
+    assert core is not None and servicer is not None
     a = Client(fnode.unix_address, timeout_s=60)
-    box: list[BaseException] = []
-
-    def writer() -> None:
-        try:
-            a.put(keys, [value_for(keys[0], SIZE)])
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=writer)
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(a.put(keys, [value_for(keys[0], SIZE)])))
     t.start()
     assert g.reached.wait(30)
     assert core.leases.num_sessions() == 1 and _used(fnode) == baseline + SIZE
-    a._session._call.cancel()  # the stream ends as when the process dies (the copy is held)
-    wait_until(lambda: core.leases.num_sessions() == 0, what="the node to see the session end")
-    assert _used(fnode) == baseline and core.num_outstanding() == (0, 0, 0)
+    a._session._call.cancel()  # the connection drops; this process (the writer) lives on
+    wait_until(lambda: fnode.call(servicer.num_process_watches) == 1,
+               what="the node to see the stream end")
+    assert core.leases.num_sessions() == 1, "a live writer's session must not end"
+    assert _used(fnode) == baseline + SIZE and core.num_outstanding()[1] == 1
     g.go.set()
     t.join(30)
-    assert len(box) == 1 and isinstance(box[0], LeaseExpired), box  # its commit is refused
-    a.close()
-    _idle(fnode)
+    assert results and results[0][0].stored  # the reservation was never taken from it
+    a.close()  # its ack (CloseSession) ends the dropped session too, and the process watch
+    assert core.leases.num_sessions() == 0 and fnode.call(servicer.num_process_watches) == 0
     with Client(fnode.unix_address) as c:
-        assert c.exists(keys) == [False]
+        assert c.get(keys) == [value_for(keys[0], SIZE)]
+    _idle(fnode)
+
+
+def test_close_session_is_the_clients_ack(fnode: DaemonThread) -> None:
+    core = fnode.daemon.core
+    servicer = fnode.daemon._servicer
+    assert core is not None and servicer is not None
+    keys = random_keys(1)
+    with Client(fnode.unix_address) as c:
+        c.put(keys, [value_for(keys[0], SIZE)])
+        assert core.leases.num_sessions() == 1
+    assert core.leases.num_sessions() == 0  # closed by CloseSession, not by a process watch
+    assert fnode.call(servicer.num_process_watches) == 0
+    _idle(fnode)
 
 
 def test_close_waits_for_a_copy_of_another_thread(fnode: DaemonThread, gate: Any) -> None:
