@@ -210,7 +210,13 @@ class NodeConfig(_Model):
     max_key_bytes: int = Field(default=64, gt=0)
     """Longest key accepted."""
     pin_lease_s: float = Field(default=30.0, gt=0)
-    """Backstop TTL of a read pin / put reservation whose client died, seconds."""
+    """Default lease of a shared-memory pin / put reservation, seconds. A lease that lapses
+    puts its space in quarantine (never straight back in the free pool) until the client's
+    session ends or it acknowledges (kvstored/node/sessions.py)."""
+    max_quarantine_bytes_per_session: Size = Field(default=1 << 30, ge=0)
+    """Most quarantined bytes (lapsed pins/reservations not yet acknowledged) one client
+    session may hold; over it, that session's new pins and reservations get NoCapacity.
+    Default 1 GiB."""
     drain_grace_s: float = Field(default=10.0, ge=0)
     """On SIGTERM: how long in-flight requests may take to finish, seconds."""
     spill_on_shutdown: bool = True

@@ -16,7 +16,10 @@ Exported by a node::
     kvstored_dataplane_connections                    open TCP data-plane connections
     kvstored_dataplane_requests_total{op,code}
     kvstored_lease_active{kind}                       pins / reservations held over gRPC
-    kvstored_lease_expired_total{kind}                leases reclaimed from dead clients
+    kvstored_lease_expired_total{kind}                leases that lapsed into quarantine
+    kvstored_quarantine_bytes                         lapsed pin/reservation space not yet
+                                                      reusable (its client may still copy)
+    kvstored_sessions_active                          open client sessions (OpenSession)
     kvstored_lookup_blocks_total / kvstored_lookup_hit_blocks_total
     kvstored_tier_capacity_bytes{tier} / kvstored_tier_used_bytes{tier} / kvstored_tier_blocks{tier}
     kvstored_tier_hits_total{tier} / kvstored_tier_evictions_total{tier}
@@ -85,8 +88,18 @@ class NodeMetrics:
         )
         self.lease_expired = Counter(
             "kvstored_lease_expired_total",
-            "Pins and reservations reclaimed because their client did not release them in time.",
+            "Pins and reservations whose lease lapsed before their client released them "
+            "(their space went to quarantine).",
             ["kind"], registry=r,
+        )
+        self.quarantined_bytes = Gauge(
+            "kvstored_quarantine_bytes",
+            "Bytes of lapsed pins and reservations held until their client's session ends or "
+            "it acknowledges (never reused while the client may still copy).",
+            registry=r,
+        )
+        self.sessions_active = Gauge(
+            "kvstored_sessions_active", "Open client sessions (OpenSession streams).", registry=r,
         )
         self.lookup_blocks = Counter(
             "kvstored_lookup_blocks_total", "Blocks asked for by prefix lookups.", registry=r,

@@ -4,10 +4,16 @@ Every client operation is a generator ("sans-I/O"): it yields steps and receives
 results, and the sync and async clients only differ in how they execute a step::
 
     Call(method, request)   a unary NodeService RPC  -> the response message (or an exception
-                            thrown into the generator); ``wait=False``: fire and forget
+                            thrown into the generator). ``undo``: what to send if the caller
+                            is cancelled while the RPC is in flight (the driver waits for the
+                            response, sends undo(response), then raises the cancellation);
+                            ``release=True``: a release/abort, always sent and awaited (at least
+                            RELEASE_TIMEOUT_S), shielded from cancellation, errors -> None
     Blocking(fn)            blocking work: shared-memory copies, data-plane socket I/O
-                            -> ``fn(deadline)``'s result (async: run in a named thread pool)
-    Flush()                 wait until earlier fire-and-forget calls are done
+                            -> ``fn(deadline)``'s result (async: run in a named thread pool;
+                            a cancellation waits for it to finish before it is delivered)
+    Session()               this client's session id (opened with the OpenSession stream on
+                            first use, again after it ended)
 
 So request building, response decoding, validation, chunking, pin release and transport
 choice exist once. Retries wrap a whole operation (every operation is idempotent: puts are
@@ -19,11 +25,20 @@ Shared-memory path (same host, arena file mappable and the very file the node us
     put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
     get: PinBlocks  -> copy out of the mapped arena      -> ReleasePins (always, also on error)
 
-Safety of the shared-memory path: every ReservePut/PinBlocks carries the epoch the arena was
-mapped under, so a restarted node refuses a stale mapping (retriable Unavailable; the client
-describes the node again and remaps). A copy out of a pin is only trusted if it finished
-within the pin's lease as measured from before the request was sent (the node's lease
-started later), so a pin the node reclaimed can never yield bytes of another block.
+Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
+
+- Every ReservePut/PinBlocks carries this client's session id and the epoch the arena was
+  mapped under (a restarted node refuses a stale mapping: retriable Unavailable, remap).
+- A release or abort is only sent after the copy that touches the space has returned: the
+  copy runs to its end before the op's cleanup runs, also when the caller is cancelled.
+- A reservation or pin that a cancelled caller's in-flight RPC obtained is released as soon
+  as that RPC answers (``Call.undo``).
+- The node decides whether a lease held: CommitPut after the copy is refused (LeaseExpired)
+  if the reservation lapsed, and ReleasePins reports lapsed pins, whose copies are reported
+  as LeaseExpired. Lapsed space is quarantined by the node, never reused while this client's
+  session lives, so even a late copy never touches another block's bytes.
+- Releases are awaited before the operation returns, so the next operation of this client
+  sees them (``get(K)`` then ``remove(K)`` removes K).
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ import numpy as np
 import structlog
 from google.protobuf.message import Message
 
+from kvstored.client import _hooks
 from kvstored.errors import (
     BlockTooLarge,
     DeadlineExceeded,
@@ -50,6 +66,8 @@ from kvstored.errors import (
     InvalidArgument,
     KeyInvalid,
     KvstoredError,
+    LeaseExpired,
+    NotFound,
     Unavailable,
     error_from_code,
     error_from_rpc,
@@ -77,7 +95,8 @@ INLINE_PUT_MAX_BYTES = 64 << 10
 INITIAL_BACKOFF_S = 0.02
 MAX_BACKOFF_S = 0.5
 MAX_LEASE_S = 600.0
-_ASSUMED_COPY_BYTES_PER_S = 1 << 30  # conservative, to leave a write enough of its lease
+RELEASE_TIMEOUT_S = 5.0
+"""Least time a release/abort RPC is given, even past the caller's deadline."""
 PREFAULT_MAX_BYTES = 8 << 30
 """Arenas up to this size are prefaulted when mapped (MAP_POPULATE: no page faults in the
 first copies); larger ones fault in lazily so that mapping stays fast."""
@@ -94,12 +113,13 @@ CHANNEL_OPTIONS = [
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A unary NodeService RPC step."""
+    """A unary NodeService RPC step (see the module docstring for ``undo`` and ``release``)."""
 
     method: str
     request: Message
     response_cls: type[Message]
-    wait: bool = True
+    undo: Callable[[Any], Call | None] | None = None
+    release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +131,35 @@ class Blocking:
 
 
 @dataclass(frozen=True, slots=True)
-class Flush:
-    """Wait (within the deadline) until every fire-and-forget call sent so far is done."""
+class Session:
+    """This client's open session id (the driver opens the OpenSession stream if needed)."""
 
 
-Op = Generator[Call | Blocking | Flush, Any, T]
+Op = Generator[Call | Blocking | Session, Any, T]
+
+SESSION_METHOD = SERVICE + "OpenSession"
+
+
+def abort_call(reservation_id: int) -> Call:
+    """The CommitPut(abort) that releases a reservation (always sent, see ``release``)."""
+    return Call(
+        "CommitPut", pb.CommitPutRequest(reservation_id=reservation_id, abort=True),
+        pb.CommitPutResponse, release=True,
+    )
+
+
+def release_call(pin_id: int) -> Call:
+    """The ReleasePins that releases a pin (always sent, see ``release``)."""
+    return Call("ReleasePins", pb.ReleasePinsRequest(pin_ids=[pin_id]), pb.ReleasePinsResponse,
+                release=True)
+
+
+def _undo_reserve(resp: pb.ReservePutResponse) -> Call | None:
+    return abort_call(resp.reservation_id) if resp.reservation_id else None
+
+
+def _undo_pin(resp: pb.PinBlocksResponse) -> Call | None:
+    return release_call(resp.pin_id) if resp.pin_id else None
 
 
 # ---- addresses, buffers, keys ----------------------------------------------------------------
@@ -539,8 +583,12 @@ def retry_delay(exc: KvstoredError, attempt: int, deadline: float) -> float | No
 
 
 def lease_for(info: NodeInfo, deadline: float) -> float:
-    """The lease to ask for: the node default, or longer when the caller's deadline is."""
-    return min(MAX_LEASE_S, max(info.pin_lease_s, deadline - time.monotonic() + 5.0))
+    """The lease to ask for: the node default, or longer when the caller's deadline is.
+
+    The lease is a deadline for this client, not a safety margin: one that lapses mid-copy
+    only quarantines the space on the node and the commit/read reports LeaseExpired.
+    """
+    return min(MAX_LEASE_S, max(info.pin_lease_s, deadline - time.monotonic()))
 
 
 # ---- describe -----------------------------------------------------------------------------------
@@ -674,22 +722,25 @@ class _ReadSink:
 
 
 def _copy_pinned(
-    arena: ArenaMap,
-    blocks: Sequence[pb.PinnedBlock],
-    base: int,
-    sink: _ReadSink,
-    sent_at: float,
-    lease_s: float,
-    _deadline: float,
+    arena: ArenaMap, blocks: Sequence[pb.PinnedBlock], base: int, sink: _ReadSink, _deadline: float
 ) -> None:
+    first = True
     for j, b in enumerate(blocks):
-        if b.found:
-            sink.from_array(base + j, arena.region(b.offset, b.size_bytes), b.meta, _tier(b.tier))
-    if time.monotonic() - sent_at >= lease_s:
-        raise DeadlineExceeded(
-            f"copying out of the arena took longer than the {lease_s:.1f} s pin lease; the "
-            "result is discarded (the node may have reclaimed the pins)"
-        )
+        if not b.found:
+            continue
+        src = arena.region(b.offset, b.size_bytes)
+        if first and _hooks._hook is not None and sink.arrays is not None and src.size > 1:
+            first = False  # test seam: copy half, report, then the rest
+            dst = sink._fits(base + j, src.size)
+            if dst is not None:
+                half = src.size // 2
+                np.copyto(dst[:half], src[:half])
+                _hooks.fire("shm_copy_out_mid", offset=b.offset, size_bytes=b.size_bytes)
+                np.copyto(dst[half:], src[half:])
+                sink._done(base + j, src.size, b.meta, _tier(b.tier))
+            continue
+        sink.from_array(base + j, src, b.meta, _tier(b.tier))
+    _hooks.fire("shm_copy_out_done")
 
 
 def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
@@ -698,31 +749,25 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
     chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
-    flushed = False
     windows = list(_chunks(len(keys), chunk_keys))
     start, end = windows.pop() if windows else (0, 0)  # tail chunk first: see _tail_first
     while start < end or windows:
         if start >= end:
             start, end = windows.pop()
         lease_s = lease_for(info, deadline)
-        sent_at = time.monotonic()
+        session_id = yield Session()
         resp = yield Call(
             "PinBlocks",
             pb.PinBlocksRequest(
                 keys=keys[start:end], namespace_id=st.namespace_id,
-                lease_ms=int(lease_s * 1000), epoch=info.epoch,
+                lease_ms=int(lease_s * 1000), epoch=info.epoch, session_id=session_id,
             ),
-            pb.PinBlocksResponse,
+            pb.PinBlocksResponse, undo=_undo_pin,
         )
-        more = False  # the chunk was cut: release before pinning the rest
+        copied = False
         try:
             if len(resp.blocks) != end - start:
                 raise InternalError(f"PinBlocks answered {len(resp.blocks)} items for {end - start} keys")
-            if resp.blocks[0].status.code == ErrorCode.NO_CAPACITY and not flushed:
-                # DRAM may be full of this client's own pins whose release is still in flight
-                flushed = more = True
-                continue
-            flushed = False
             # An SSD hit that could not be promoted because this chunk's own pins fill DRAM
             # (NoCapacity after the first key) is retried in the next chunk, after release.
             cut = next(
@@ -736,21 +781,23 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             num_bytes = sum(b.size_bytes for b in blocks if b.found)
             if any(b.found for b in blocks):  # empty blocks too: they are hits of 0 bytes
                 yield Blocking(
-                    lambda d, blocks=blocks, base=start, t0=sent_at, lease=lease_s: _copy_pinned(
-                        arena, blocks, base, sink, t0, lease, d
-                    ),
+                    lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
                     num_bytes,
                 )
-            more = cut < len(resp.blocks)
+            copied = True
             start += cut
         finally:
-            if resp.pin_id:  # in the background, unless the next chunk needs the space now
-                yield Call(
-                    "ReleasePins", pb.ReleasePinsRequest(pin_ids=[resp.pin_id]),
-                    pb.ReleasePinsResponse, wait=more,
-                )
-            if more:
-                yield Flush()
+            if resp.pin_id:  # after the copy returned; awaited, so the next op sees it
+                rel = yield release_call(resp.pin_id)
+                if copied and rel is None:
+                    raise Unavailable(
+                        "the node did not confirm the pin release; the read is discarded"
+                    )
+                if copied and resp.pin_id in rel.expired_pin_ids:
+                    raise LeaseExpired(
+                        f"the pins of keys #{start - cut}..#{start - 1} outlived their "
+                        f"{lease_s:.1f} s lease before the copy was done; the read is discarded"
+                    )
 
 
 def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
@@ -870,18 +917,18 @@ def _result(status: cpb.ItemStatus, stored: bool) -> PutResult:
     return PutResult(False, err) if err is not None else PutResult(stored)
 
 
-def _copy_into_arena(
-    arena: ArenaMap, writes: list[tuple[int, memoryview]], sent_at: float, lease_s: float,
-    _deadline: float,
-) -> None:
-    num_bytes = sum(len(v) for _, v in writes)
-    if time.monotonic() - sent_at + num_bytes / _ASSUMED_COPY_BYTES_PER_S > lease_s - 1.0:
-        raise DeadlineExceeded(
-            "too little of the reservation lease is left to write the blocks safely; nothing was "
-            "written"
-        )
-    for offset, value in writes:
-        np.copyto(arena.region(offset, len(value)), np.frombuffer(value, dtype=np.uint8))
+def _copy_into_arena(arena: ArenaMap, writes: list[tuple[int, memoryview]], _deadline: float) -> None:
+    # No lease check here: the node decides at CommitPut whether the lease held.
+    for k, (offset, value) in enumerate(writes):
+        dst, src = arena.region(offset, len(value)), np.frombuffer(value, dtype=np.uint8)
+        if k == 0 and _hooks._hook is not None and src.size > 1:  # test seam: half, report, rest
+            half = src.size // 2
+            np.copyto(dst[:half], src[:half])
+            _hooks.fire("shm_copy_in_mid", offset=offset, size_bytes=src.size)
+            np.copyto(dst[half:], src[half:])
+            continue
+        np.copyto(dst, src)
+    _hooks.fire("shm_copy_in_done")
 
 
 def _put_shm(
@@ -894,18 +941,19 @@ def _put_shm(
     max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
     for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
         lease_s = lease_for(info, deadline)
-        sent_at = time.monotonic()
+        session_id = yield Session()
         resp = yield Call(
             "ReservePut",
             pb.ReservePutRequest(
                 items=[pb.ReserveItem(key=k, size_bytes=len(v), meta=m) for _, k, v, m in chunk],
                 namespace_id=st.namespace_id, lease_ms=int(lease_s * 1000), epoch=info.epoch,
+                session_id=session_id,
             ),
-            pb.ReservePutResponse,
+            pb.ReservePutResponse, undo=_undo_reserve,
         )
         if len(resp.reservations) != len(chunk):
             if resp.reservation_id:
-                yield Call("CommitPut", pb.CommitPutRequest(reservation_id=resp.reservation_id, abort=True), pb.CommitPutResponse, wait=False)
+                yield abort_call(resp.reservation_id)
             raise InternalError(f"ReservePut answered {len(resp.reservations)} items for {len(chunk)}")
         writes = []
         for (i, _, value, _), r in zip(chunk, resp.reservations, strict=True):
@@ -920,18 +968,18 @@ def _put_shm(
             continue
         try:
             yield Blocking(
-                lambda d, w=writes, t0=sent_at, lease=lease_s: _copy_into_arena(arena, w, t0, lease, d),
-                sum(len(v) for _, v in writes),
+                lambda d, w=writes: _copy_into_arena(arena, w, d), sum(len(v) for _, v in writes)
             )
+            # the node refuses the commit (LeaseExpired, space freed) if the lease lapsed
+            commit = yield Call(
+                "CommitPut", pb.CommitPutRequest(reservation_id=resp.reservation_id),
+                pb.CommitPutResponse,
+            )
+        except (LeaseExpired, NotFound):
+            raise  # the node already released the reservation
         except BaseException:
-            yield Call(
-                "CommitPut", pb.CommitPutRequest(reservation_id=resp.reservation_id, abort=True),
-                pb.CommitPutResponse, wait=False,
-            )
+            yield abort_call(resp.reservation_id)  # after the copy returned
             raise
-        commit = yield Call(
-            "CommitPut", pb.CommitPutRequest(reservation_id=resp.reservation_id), pb.CommitPutResponse
-        )
         if len(commit.results) != len(chunk):
             raise InternalError(f"CommitPut answered {len(commit.results)} items for {len(chunk)}")
         for (i, *_), r in zip(chunk, commit.results, strict=True):
@@ -1106,6 +1154,8 @@ def stats_to_dict(resp: pb.StatsResponse) -> dict[str, Any]:
         "put_failures": resp.put_failures,
         "checksum_failures": resp.checksum_failures,
         "pinned_blocks": resp.pinned_blocks,
+        "quarantined_bytes": resp.quarantined_bytes,
+        "num_sessions": resp.num_sessions,
         "tiers": [
             {
                 "tier": Tier(t.tier).name if t.tier in (1, 2) else "UNSPECIFIED",

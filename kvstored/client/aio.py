@@ -3,12 +3,25 @@
 Both clients run the generators of kvstored.client._ops; this driver awaits gRPC calls on
 grpc.aio and runs blocking steps (shared-memory copies over 256 KiB, data-plane socket I/O)
 in a small named thread pool (``kvstored-client-io``).
+
+Cancellation (``task.cancel()``, ``asyncio.timeout``) is safe by construction:
+
+- a blocking step (a copy into or out of the arena) always runs to its end; the cancellation
+  is delivered to the operation only after it returned, so the operation's cleanup (abort,
+  release) never races its own copy;
+- a ReservePut/PinBlocks in flight when the cancellation lands is awaited, and what it got is
+  released at once (``Call.undo``);
+- releases and aborts are shielded and awaited.
+
+A cancelled call therefore returns only after its copy finished, which takes at most the
+copy's own time (the data plane's socket I/O is bounded by the call's deadline).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,18 +29,41 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.client import _ops
-from kvstored.client._ops import Blocking, Call, ClientState, Flush, Op
+from kvstored.client import _hooks, _ops
+from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.tiers.base import BlockInfo, Tier
+from kvstored.v1 import node_pb2 as pb
 
 T = TypeVar("T")
 
 _INLINE_COPY_BYTES = 256 << 10
 _IO_THREADS = 4
+
+
+async def _wait_through_cancel(fut: asyncio.Future[Any]) -> bool:
+    """Wait until ``fut`` is done even if this task is cancelled meanwhile.
+
+    Returns:
+        True if a cancellation arrived while waiting (the caller re-raises it once the
+        work it must not abandon is done).
+    """
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait([fut])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
+
+def _result_or_none(fut: asyncio.Future[Any]) -> Any:
+    if fut.cancelled() or fut.exception() is not None:
+        return None
+    return fut.result()
 
 
 class AsyncClient:
@@ -51,7 +87,13 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stubs: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._background: set[Any] = set()
+        self._session_lock: asyncio.Lock | None = None
+        self._session_reader: asyncio.Task[None] | None = None
+        self._session_call: Any = None
+        self._session_id = 0
+        self._opened: list[int] = []  # sessions to end with CloseSession at close()
+        self._num_ops = 0
+        self._idle: asyncio.Event | None = None
         self._closed = False
 
     @property
@@ -65,9 +107,14 @@ class AsyncClient:
         return self._st.namespace
 
     # ---- driver ------------------------------------------------------------------------------
-    def _stub(self, call: Call) -> Any:
+    def _get_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
+        return self._channel
+
+    def _stub(self, call: Call) -> Any:
+        self._get_channel()
+        assert self._channel is not None
         stub = self._stubs.get(call.method)
         if stub is None:
             stub = self._channel.unary_unary(
@@ -78,42 +125,94 @@ class AsyncClient:
             self._stubs[call.method] = stub
         return stub
 
-    async def _execute(self, step: Call | Blocking | Flush, deadline: float) -> Any:
-        if isinstance(step, Flush):
-            if self._background:
-                await asyncio.wait(
-                    list(self._background), timeout=max(0.0, deadline - time.monotonic())
-                )
-            return None
+    async def _session(self, deadline: float) -> int:
+        """The open session's id; opens the OpenSession stream on first use or after it ended."""
+        if self._session_reader is not None and not self._session_reader.done():
+            return self._session_id
+        if self._session_lock is None:
+            self._session_lock = asyncio.Lock()
+        async with self._session_lock:
+            if self._session_reader is not None and not self._session_reader.done():
+                return self._session_id
+            if self._session_call is not None:
+                self._session_call.cancel()
+            call = self._get_channel().unary_stream(
+                _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
+                response_deserializer=pb.SessionEvent.FromString,
+            )(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
+            first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            async def read() -> None:  # holds the stream; done = the session ended
+                try:
+                    async for event in call:
+                        if not first.done():
+                            first.set_result(event)
+                except grpc.RpcError as exc:
+                    if not first.done():
+                        first.set_exception(self._st.map_rpc_error(exc))
+                finally:
+                    if not first.done():
+                        first.set_exception(Unavailable("the node ended the session at once"))
+
+            reader = asyncio.create_task(read(), name="kvstored-client-session")
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    event = await asyncio.shield(first)
+            except TimeoutError:
+                call.cancel()
+                raise Unavailable("the node did not open a session within the deadline") from None
+            except BaseException:  # cancelled, or the node refused: no half-open session left
+                call.cancel()
+                raise
+            self._session_call, self._session_reader = call, reader
+            self._session_id = event.session_id
+            self._opened.append(self._session_id)
+            return self._session_id
+
+    async def _execute(self, step: Call | Blocking | Session, deadline: float) -> Any:
+        if isinstance(step, Session):
+            return await self._session(deadline)
         if isinstance(step, Blocking):
             if step.num_bytes and step.num_bytes <= _INLINE_COPY_BYTES:
                 return step.fn(deadline)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="kvstored-client-io")
-            # not cancelled at the deadline: the step bounds itself (socket timeouts), and a
-            # copy must finish before its pin is released
-            return await asyncio.get_running_loop().run_in_executor(self._pool, step.fn, deadline)
+            # never abandoned: a cancellation waits for the copy (its space is released after)
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, step.fn, deadline)
+            if await _wait_through_cancel(fut):
+                raise asyncio.CancelledError
+            return fut.result()
         remaining = deadline - time.monotonic()
         stub = self._stub(step)
-        if not step.wait:  # fire and forget, but owned: awaited in close()
-            call = stub(step.request, timeout=max(remaining, 1.0))
-            task = asyncio.ensure_future(call)
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
-            return None
+        if _hooks._hook is not None:
+            _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
+        if step.release:  # always sent and awaited, shielded; errors -> None
+            task = asyncio.ensure_future(
+                stub(step.request, timeout=max(remaining, _ops.RELEASE_TIMEOUT_S))
+            )
+            cancelled = await _wait_through_cancel(task)
+            if cancelled:
+                raise asyncio.CancelledError
+            return _result_or_none(task)
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
+        if step.undo is not None:  # a cancel must not lose what the node grants
+            task = asyncio.ensure_future(stub(step.request, timeout=remaining))
+            if await _wait_through_cancel(task):
+                got = _result_or_none(task)
+                undo = step.undo(got) if got is not None else None
+                if undo is not None:
+                    await self._execute(undo, deadline)
+                raise asyncio.CancelledError
+            pending: Any = task
+        else:
+            pending = stub(step.request, timeout=remaining)
         try:
-            response = await stub(step.request, timeout=remaining)
+            response = await pending
         except grpc.RpcError as exc:
             raise self._st.map_rpc_error(exc) from None
         self._st.connected = True
         return response
-
-    def _background_done(self, task: Any) -> None:
-        self._background.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a failed release is reclaimed by the node's lease
 
     async def _drive(self, gen: Op[T], deadline: float) -> T:
         send_value: Any = None
@@ -131,6 +230,15 @@ class AsyncClient:
     async def _run(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         if self._closed:
             raise Unavailable("the client is closed")
+        self._num_ops += 1
+        try:
+            return await self._run_entered(make_op, timeout_s)
+        finally:
+            self._num_ops -= 1
+            if not self._num_ops and self._idle is not None:
+                self._idle.set()
+
+    async def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
         while True:
@@ -226,13 +334,33 @@ class AsyncClient:
         return await self._run(lambda d: _ops.op_describe(self._st), timeout_s)
 
     async def close(self) -> None:
-        """Finish background releases (<= 1 s), close the channel, pool and mapping."""
+        """End the session, close the channel, pool and mapping; idempotent.
+
+        Waits for operations of other tasks to finish first; new ones raise Unavailable.
+
+        A process that exits without it still releases everything: the node ends the
+        session when the process's socket closes.
+        """
         if self._closed:
             return
         self._closed = True
-        if self._background:
-            with contextlib.suppress(Exception):
-                await asyncio.wait(list(self._background), timeout=1.0)
+        if self._num_ops:  # other tasks' copies must end before the node may free their space
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        for session_id in self._opened:  # the ack: no operation of any of them runs any more
+            with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                await self._get_channel().unary_unary(
+                    _ops.SERVICE + "CloseSession",
+                    request_serializer=pb.CloseSessionRequest.SerializeToString,
+                    response_deserializer=pb.CloseSessionResponse.FromString,
+                )(pb.CloseSessionRequest(session_id=session_id), timeout=_ops.RELEASE_TIMEOUT_S)
+        self._opened = []
+        if self._session_call is not None:
+            self._session_call.cancel()
+        if self._session_reader is not None:
+            self._session_reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._session_reader
         if self._channel is not None:
             await self._channel.close()
         if self._pool is not None:

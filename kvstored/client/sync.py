@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.client import _ops
-from kvstored.client._ops import Blocking, Call, ClientState, Flush, Op
+from kvstored.client import _hooks, _ops
+from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -21,81 +23,125 @@ from kvstored.v1 import node_pb2 as pb
 
 T = TypeVar("T")
 
-_BACKGROUND_TIMEOUT_S = 5.0
 
+class _SyncSession:
+    """The client's OpenSession stream: opened on first use, again after it ended.
 
-class _Background:
-    """Sends fire-and-forget calls (pin releases, put aborts) from one daemon thread.
-
-    Releases queued together go out as one ReleasePins. A release that fails is reclaimed by
-    the node's lease reaper. (grpc's ``future()`` would start a thread per call.)
+    A reader thread (``kvstored-client-session``) holds the stream and notices its end. The
+    node ties the client's pins and reservations to it (kvstored/node/sessions.py): when this
+    process exits or :meth:`close` cancels the stream, the node releases what it held. So the
+    stream is never cancelled while an operation of this client runs (:meth:`enter` /
+    :meth:`leave` count them): ``close()`` waits for them, and at interpreter exit with
+    operations still running on daemon threads the stream is left to the kernel, which closes
+    the socket only once every thread of the process is gone.
+    Shares no reference with the :class:`Client`, so it can be its ``weakref.finalize``.
     """
 
-    def __init__(self, invoke: Callable[[Call], None]) -> None:
-        self._invoke = invoke
-        self._queue: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+    def __init__(self, channel: grpc.Channel, st: ClientState) -> None:
+        self._channel = channel
+        self._st = st
         self._lock = threading.Lock()
-        self._cond = threading.Condition()
-        self._num_submitted = 0
-        self._num_done = 0
+        self._call: Any = None
+        self._ended = threading.Event()
+        self._ended.set()
+        self._session_id = 0
+        self._closed = False
+        self._idle = threading.Condition(self._lock)
+        self._num_ops = 0
+        self._opened: list[int] = []  # sessions to end with CloseSession at close()
 
-    def submit(self, call: Call) -> None:
+    def enter(self) -> None:
+        """An operation starts (raises Unavailable once closed)."""
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="kvstored-client-release", daemon=True
-                )
-                self._thread.start()
-        with self._cond:
-            self._num_submitted += 1
-        self._queue.put(call)
+            if self._closed:
+                raise Unavailable("the client is closed")
+            self._num_ops += 1
 
-    def flush(self, deadline: float) -> None:
-        """Wait until every call submitted so far was sent (or the deadline passes)."""
-        with self._cond:
-            target = self._num_submitted
-            self._cond.wait_for(
-                lambda: self._num_done >= target, timeout=max(0.0, deadline - time.monotonic())
+    def leave(self) -> None:
+        """An operation ended."""
+        with self._lock:
+            self._num_ops -= 1
+            if not self._num_ops:
+                self._idle.notify_all()
+
+    def session_id(self, deadline: float) -> int:
+        """The open session's id (opens one if needed).
+
+        Raises:
+            Unavailable: the client is closed, or the node did not answer within the deadline.
+        """
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the client is closed")
+            if self._call is not None and not self._ended.is_set():
+                return self._session_id
+            if self._call is not None:
+                self._call.cancel()
+            stub = self._channel.unary_stream(
+                _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
+                response_deserializer=pb.SessionEvent.FromString,
             )
+            call = stub(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
+            first: list[Any] = []
+            got, ended = threading.Event(), threading.Event()
 
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            calls = [first]
-            while True:
+            def read() -> None:
                 try:
-                    calls.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = calls[-1] is None
-            pin_ids = [
-                pid for c in calls if c is not None and c.method == "ReleasePins"
-                for pid in c.request.pin_ids  # type: ignore[attr-defined]
-            ]
-            others = [c for c in calls if c is not None and c.method != "ReleasePins"]
-            if pin_ids:
-                others.append(Call("ReleasePins", pb.ReleasePinsRequest(pin_ids=pin_ids),
-                                   pb.ReleasePinsResponse))
-            for call in others:
-                try:
-                    self._invoke(call)
-                except Exception:  # the node's lease reaper reclaims what we could not release
-                    pass
-            with self._cond:
-                self._num_done += sum(1 for c in calls if c is not None)
-                self._cond.notify_all()
-            if stop:
-                return
+                    for event in call:
+                        first.append(event)
+                        got.set()
+                except grpc.RpcError as exc:
+                    first.append(exc)
+                finally:
+                    ended.set()
+                    got.set()
 
-    def close(self) -> None:
+            threading.Thread(target=read, name="kvstored-client-session", daemon=True).start()
+            if not got.wait(max(0.0, deadline - time.monotonic())) or not first:
+                call.cancel()
+                raise Unavailable("the node did not open a session within the deadline")
+            if isinstance(first[0], grpc.RpcError):
+                raise self._st.map_rpc_error(first[0])
+            self._call, self._ended, self._session_id = call, ended, first[0].session_id
+            self._opened.append(self._session_id)
+            return self._session_id
+
+    def close(self, *, wait: bool) -> bool:
+        """Refuse new operations and end the session (the node releases what it held).
+
+        Args:
+            wait: wait for running operations first; False: if any runs, leave the stream
+                open (interpreter exit: the kernel ends it with the process).
+
+        Returns:
+            True if the session was ended (or none was open).
+        """
         with self._lock:
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout=_BACKGROUND_TIMEOUT_S)
+            self._closed = True
+            if wait:
+                self._idle.wait_for(lambda: self._num_ops == 0)
+            elif self._num_ops:
+                return False
+            call, self._call = self._call, None
+            opened, self._opened = self._opened, []
+        close = self._channel.unary_unary(
+            _ops.SERVICE + "CloseSession",
+            request_serializer=pb.CloseSessionRequest.SerializeToString,
+            response_deserializer=pb.CloseSessionResponse.FromString,
+        )
+        for session_id in opened:  # the ack: no operation of any of them runs any more
+            with contextlib.suppress(grpc.RpcError):
+                close(pb.CloseSessionRequest(session_id=session_id), timeout=_ops.RELEASE_TIMEOUT_S)
+        if call is not None:
+            call.cancel()
+        return True
+
+
+def _finalize(session: _SyncSession, channel: grpc.Channel, st: ClientState) -> None:
+    """close() of a Client that was never closed (garbage collected, or interpreter exit)."""
+    if session.close(wait=False):
+        channel.close()
+        st.close()
 
 
 class Client:
@@ -134,9 +180,9 @@ class Client:
         )
         self._channel = grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
         self._stubs: dict[str, grpc.UnaryUnaryMultiCallable] = {}
-        self._background = _Background(
-            lambda call: self._stub(call)(call.request, timeout=_BACKGROUND_TIMEOUT_S)
-        )
+        self._session = _SyncSession(self._channel, self._st)
+        # close() at garbage collection and at interpreter exit, if the caller never did
+        self._finalizer = weakref.finalize(self, _finalize, self._session, self._channel, self._st)
         self._closed = False
 
     # ---- driver ------------------------------------------------------------------------------
@@ -161,17 +207,21 @@ class Client:
             self._stubs[call.method] = stub
         return stub
 
-    def _execute(self, step: Call | Blocking | Flush, deadline: float) -> Any:
+    def _execute(self, step: Call | Blocking | Session, deadline: float) -> Any:
+        # Copies run on the calling thread, so no release can overtake them.
         if isinstance(step, Blocking):
             return step.fn(deadline)
-        if isinstance(step, Flush):
-            self._background.flush(deadline)
-            return None
+        if isinstance(step, Session):
+            return self._session.session_id(deadline)
         remaining = deadline - time.monotonic()
         stub = self._stub(step)
-        if not step.wait:  # fire and forget (pin release, abort): never delays the caller
-            self._background.submit(step)
-            return None
+        if _hooks._hook is not None:
+            _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
+        if step.release:  # always sent and awaited, even past the deadline; errors -> None
+            try:
+                return stub(step.request, timeout=max(remaining, _ops.RELEASE_TIMEOUT_S))
+            except grpc.RpcError:
+                return None  # the node frees it when this client's session ends
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
@@ -195,8 +245,13 @@ class Client:
                 throw_exc = exc
 
     def _run(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
-        if self._closed:
-            raise Unavailable("the client is closed")
+        self._session.enter()
+        try:
+            return self._run_entered(make_op, timeout_s)
+        finally:
+            self._session.leave()
+
+    def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
         while True:
@@ -339,13 +394,18 @@ class Client:
         return self._run(lambda d: _ops.op_describe(self._st), timeout_s)
 
     def close(self) -> None:
-        """Close the channel, data-plane connections and the arena mapping; idempotent."""
+        """End the session, close the channel, data-plane connections and the arena mapping.
+
+        Idempotent. Waits for operations running on other threads (their copies must end
+        before the node may free their space); new ones raise Unavailable. Also runs when the client is garbage collected and at interpreter exit
+        (``weakref.finalize``); a process that dies without it still releases everything,
+        because the node ends the session when the process's socket closes.
+        """
         if self._closed:
             return
         self._closed = True
-        self._background.close()
-        self._channel.close()
-        self._st.close()
+        self._session.close(wait=True)  # operations of other threads finish first
+        self._finalizer()
 
     def __enter__(self) -> Client:
         return self

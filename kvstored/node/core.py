@@ -4,38 +4,38 @@ The gRPC servicer (service.py) and the TCP data plane (kvstored/transport/tcp.py
 this class; it calls the thread-safe :class:`~kvstored.tiers.tiered.TieredStore`. Nothing in
 here knows about protobuf or sockets, so all of it is testable with plain Python values.
 
-Leases: pins (``pin_blocks``) and reservations (``reserve_put``) taken on behalf of a gRPC
-client are recorded with an expiry; ``reap_expired`` (called periodically by the daemon)
-unpins or aborts those whose client never came back. Ids are random 63-bit numbers, so an id
-from before a restart never names something of the new process.
+Leases and fencing: pins (``pin_blocks``) and reservations (``reserve_put``) taken on behalf
+of a shared-memory client are recorded in a :class:`~kvstored.node.sessions.LeaseBook` under
+the client's session. The fencing rule lives in kvstored/node/sessions.py: space is freed only
+on the holder's ack or when its session ended; a lapsed lease (``reap_expired``, called
+periodically by the daemon) only moves the space into quarantine. Ids are random 63-bit
+numbers, so an id from before a restart never names something of the new process.
 
 ::
 
-    reserve_put --> id -> _Lease(expires_at, [Reservation | PutOutcome ...]) --> commit_put
-                                                   | expired: abort each        (or abort)
-    pin_blocks  --> id -> _Lease(expires_at, [PinnedBlock ...]) --> release_pins
-                                                   | expired: unpin each
+    reserve_put --> id -> Lease([Reservation | PutOutcome ...]) --> commit_put (or abort)
+    pin_blocks  --> id -> Lease([PinnedBlock ...])              --> release_pins
+                      | lease lapses: quarantine (nothing freed) | session ends: release all
 
 Validation happens per item where the wire has a per-item status (put, reserve, pin, get):
 a bad item gets its own error and the good ones proceed. Calls without per-item status
 (exists, lookup_prefix, remove) raise for the whole call, naming the bad index.
 
-Locking: ``self._lock`` guards the lease tables and the in-flight counter only; it is never
-held while calling the store, so it cannot deadlock against the store's lock.
+Locking: ``self._lock`` guards the in-flight counter only and the lease book has its own
+lock; neither is held while calling the store, so they cannot deadlock against the store's
+lock.
 
 Thread-safe: called from the gRPC executor threads and the data-plane connection threads.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import secrets
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -53,6 +53,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import format_hash
+from kvstored.node.sessions import NO_SESSION, Lease, LeaseBook, LeaseState
 from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
 from kvstored.transport.framing import FrameLimits
 
@@ -71,7 +72,6 @@ MAX_LEASE_S = 600.0
 """Longest lease a client may ask for, seconds."""
 DEFAULT_LIST_LIMIT = 10000
 MAX_LIST_LIMIT = 1_000_000
-_EXPIRED_MEMORY = 4096  # ids of recently reclaimed leases, to answer LeaseExpired not NotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +102,6 @@ class GetOutcome:
     error: KvstoredError | None = None
 
 
-@dataclass(slots=True)
-class _Lease:
-    expires_at: float
-    items: list[object] = field(default_factory=list)
-
-
 class NodeCore:
     """Validation, leases and draining in front of a :class:`TieredStore`.
 
@@ -117,6 +111,11 @@ class NodeCore:
         epoch: this daemon start's epoch (clients check it before using the arena).
         metrics: where to count; None = no metrics.
         clock: monotonic seconds; injectable for lease tests.
+
+    Attributes:
+        test_hook: None, or ``fn(event)`` called at ``"reserve_put_held"`` / ``"pin_blocks_held"``
+            once a reservation/pin is recorded and before the call returns (tests hold an RPC
+            in flight there); costs one attribute test when unset.
     """
 
     def __init__(
@@ -139,13 +138,15 @@ class NodeCore:
         self.metrics_address = ""
         self._draining = False
         self._lock = threading.Lock()
-        self._pins: dict[int, _Lease] = {}
-        self._reservations: dict[int, _Lease] = {}
-        self._expired_ids: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self.leases = LeaseBook(cfg.max_quarantine_bytes_per_session, lambda: self.clock())
         self._inflight_puts = 0
         self.rpcs_in_flight = 0
         """gRPC handlers running now (counted on the event loop by node/service.py); the drain
         waits for them so no handler is cancelled mid-way."""
+        self.test_hook: Callable[[str], None] | None = None
+        if metrics is not None:
+            metrics.quarantined_bytes.set_function(self.leases.quarantined_bytes)
+            metrics.sessions_active.set_function(self.leases.num_sessions)
 
     # ---- state -------------------------------------------------------------------------
     @property
@@ -171,9 +172,11 @@ class NodeCore:
         return self.clock() - self.started_at
 
     def num_outstanding(self) -> tuple[int, int, int]:
-        """``(pin leases, reservation leases, data-plane/inline puts in flight)``."""
+        """``(active pin leases, active reservation leases, data-plane/inline puts in flight)``
+        (quarantined leases are not counted: their holder is late already)."""
         with self._lock:
-            return len(self._pins), len(self._reservations), self._inflight_puts
+            puts = self._inflight_puts
+        return self.leases.num_active("pin"), self.leases.num_active("reservation"), puts
 
     @contextmanager
     def put_in_flight(self) -> Iterator[None]:
@@ -284,11 +287,27 @@ class NodeCore:
             return self.cfg.pin_lease_s
         return min(lease_ms / 1000.0, MAX_LEASE_S)
 
-    def _new_id(self, table: dict[int, _Lease]) -> int:
-        while True:
-            lease_id = secrets.randbits(63)
-            if lease_id and lease_id not in table:
-                return lease_id
+    def _record_lease(
+        self, kind: str, session_id: int, items: list[object], num_bytes: int, lease_ms: int
+    ) -> int:
+        lease_id = self.leases.add(kind, session_id, items, num_bytes, self.lease_s(lease_ms))
+        if lease_id is None:  # the session ended while we pinned/reserved: nobody will ack
+            self._release(kind, items)
+            raise Unavailable(f"session {session_id} ended during the call; open a new session")
+        self._set_lease_gauge(kind)
+        if self.test_hook is not None:
+            self.test_hook(f"{'reserve_put' if kind == 'reservation' else 'pin_blocks'}_held")
+        return lease_id
+
+    def _release(self, kind: str, items: Sequence[object]) -> None:
+        if kind == "pin":
+            self.unpin_all(items)
+        else:
+            self.abort_reserved(items)
+
+    def _set_lease_gauge(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.lease_active.labels(kind=kind).set(self.leases.num_active(kind))
 
     # ---- puts ----------------------------------------------------------------------------
     def reserve_items(
@@ -391,20 +410,24 @@ class NodeCore:
         *,
         lease_ms: int = 0,
         epoch: int = 0,
+        session_id: int = NO_SESSION,
     ) -> tuple[int, list[ReserveOutcome]]:
-        """Reserve arena space for the shared-memory put path, under a lease.
+        """Reserve arena space for the shared-memory put path, under a lease and a session.
 
         Returns:
             ``(reservation_id, outcomes)``; ``reservation_id`` is 0 when nothing was reserved
             (every item existed or failed). Commit or abort with :meth:`commit_put`; a lease
-            not committed within ``lease_ms`` is aborted by :meth:`reap_expired`.
+            not committed within ``lease_ms`` is quarantined by :meth:`reap_expired` (freed on
+            the client's CommitPut or when its session ends, never on a timer).
 
         Raises:
-            Draining, Unavailable (epoch mismatch), BatchTooLarge, InvalidArgument.
+            Draining, Unavailable (epoch mismatch; session not open), BatchTooLarge,
+            InvalidArgument, NoCapacity (the session's quarantine is over its bound).
         """
         self.check_epoch(epoch)
         self.check_batch(len(items))
         self.check_namespace_id(namespace_id)
+        self.leases.check_session(session_id)
         with self.put_in_flight():
             reserved = self.reserve_items(items, namespace_id)
         outcomes = [
@@ -415,44 +438,44 @@ class NodeCore:
         ]
         if not any(isinstance(x, Reservation) for x in reserved):
             return 0, outcomes
-        expires_at = self.clock() + self.lease_s(lease_ms)
-        with self._lock:
-            rid = self._new_id(self._reservations)
-            self._reservations[rid] = _Lease(expires_at, list(reserved))
-            num = len(self._reservations)
-        if self.metrics is not None:
-            self.metrics.lease_active.labels(kind="reservation").set(num)
+        num_bytes = sum(x.size_bytes for x in reserved if isinstance(x, Reservation))
+        rid = self._record_lease("reservation", session_id, list(reserved), num_bytes, lease_ms)
         return rid, outcomes
-
-    def _take_lease(self, table: dict[int, _Lease], lease_id: int, kind: str) -> _Lease:
-        with self._lock:
-            lease = table.pop(lease_id, None)
-            num = len(table)
-            expired = self._expired_ids.get(lease_id) == kind
-        if self.metrics is not None:
-            self.metrics.lease_active.labels(kind=kind).set(num)
-        if lease is not None:
-            return lease
-        if expired:
-            raise LeaseExpired(
-                f"{kind} {lease_id} outlived its lease and was reclaimed; nothing was stored, "
-                "retry the put"
-            )
-        raise NotFound(
-            f"{kind} {lease_id} is unknown: already committed or aborted, or the node restarted"
-        )
 
     def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
         """Commit (or abort) a reservation of :meth:`reserve_put` after the client wrote it.
+
+        Either call is the client's acknowledgement: a quarantined reservation (lease lapsed)
+        is freed by it, and a commit of one is refused.
 
         Returns:
             Per item of the original ReservePut, in order.
 
         Raises:
-            LeaseExpired: the reservation was reclaimed (client too slow); nothing stored.
+            LeaseExpired: the lease lapsed before the commit (or the session ended); nothing
+                was stored and the space is freed now.
             NotFound: unknown id (already committed/aborted, or from before a restart).
         """
-        lease = self._take_lease(self._reservations, reservation_id, "reservation")
+        state, lease = self.leases.take("reservation", reservation_id)
+        self._set_lease_gauge("reservation")
+        if state is LeaseState.UNKNOWN:
+            raise NotFound(
+                f"reservation {reservation_id} is unknown: already committed or aborted, or "
+                "the node restarted"
+            )
+        if lease is None:  # released when its session ended
+            if abort:
+                return []
+            raise LeaseExpired(
+                f"reservation {reservation_id} was already released (its lease lapsed or its "
+                "session ended); nothing was stored, retry the put"
+            )
+        if state is LeaseState.QUARANTINED and not abort:
+            self.abort_reserved(lease.items)  # acked: the client's copy is over
+            raise LeaseExpired(
+                f"reservation {reservation_id} outlived its lease before the commit; nothing "
+                "was stored, retry the put"
+            )
         if abort:
             self.abort_reserved(lease.items)
             return [
@@ -547,57 +570,75 @@ class NodeCore:
                     log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
 
     def pin_blocks(
-        self, keys: Sequence[bytes], namespace_id: bytes, *, lease_ms: int = 0, epoch: int = 0,
+        self,
+        keys: Sequence[bytes],
+        namespace_id: bytes,
+        *,
+        lease_ms: int = 0,
+        epoch: int = 0,
+        session_id: int = NO_SESSION,
         may_block: bool = True,
     ) -> tuple[int, list[PinnedBlock | None | KvstoredError]]:
-        """Pin blocks for the shared-memory get path, under a lease.
+        """Pin blocks for the shared-memory get path, under a lease and a session.
 
         Returns:
             ``(pin_id, per key: PinnedBlock | None (miss) | error)``; ``pin_id`` is 0 when
-            nothing was pinned. Release with :meth:`release_pins`. With ``may_block=False``
-            (the event loop's fast path) a block that needs disk I/O makes every item
-            ``NEEDS_IO`` and nothing is pinned (see ``TieredStore.pin_many``).
+            nothing was pinned. Release with :meth:`release_pins`; a pin whose lease lapses
+            stays pinned (quarantined) until released or its session ends. With
+            ``may_block=False`` (the event loop's fast path) a block that needs disk I/O makes
+            every item ``NEEDS_IO`` and nothing is pinned (see ``TieredStore.pin_many``).
 
         Raises:
-            Draining (the node is shutting down), Unavailable (epoch mismatch),
-            BatchTooLarge, InvalidArgument.
+            Draining (the node is shutting down), Unavailable (epoch mismatch; session not
+            open), BatchTooLarge, InvalidArgument, NoCapacity (the session's quarantine is over
+            its bound).
         """
         self._check_reads_allowed()
         self.check_epoch(epoch)
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)
+        self.leases.check_session(session_id)
         got = self.pin_items(keys, namespace_id, may_block=may_block)
         pinned = [b for b in got if isinstance(b, PinnedBlock)]
         if not pinned:
             return 0, got
-        expires_at = self.clock() + self.lease_s(lease_ms)
-        with self._lock:
-            pin_id = self._new_id(self._pins)
-            self._pins[pin_id] = _Lease(expires_at, list(pinned))
-            num = len(self._pins)
-        if self.metrics is not None:
-            self.metrics.lease_active.labels(kind="pin").set(num)
-        self.count_transfer("shm", "out", len(pinned), sum(b.size_bytes for b in pinned))
+        num_bytes = sum(b.size_bytes for b in pinned)
+        pin_id = self._record_lease("pin", session_id, list(pinned), num_bytes, lease_ms)
+        self.count_transfer("shm", "out", len(pinned), num_bytes)
         return pin_id, got
 
     def release_pins(self, pin_ids: Sequence[int]) -> int:
-        """Release pins of :meth:`pin_blocks`; unknown or expired ids are ignored.
+        """Release pins of :meth:`pin_blocks`; unknown ids are ignored.
 
         Returns:
-            How many of ``pin_ids`` were held and are released now.
+            How many of ``pin_ids`` were held in time and are released now (lapsed ones are
+            released too: see :meth:`release_pins_report`).
         """
-        released: list[_Lease] = []
-        with self._lock:
-            for pin_id in pin_ids:
-                lease = self._pins.pop(pin_id, None)
-                if lease is not None:
-                    released.append(lease)
-            num = len(self._pins)
+        return self.release_pins_report(pin_ids)[0]
+
+    def release_pins_report(self, pin_ids: Sequence[int]) -> tuple[int, list[int]]:
+        """Release pins of :meth:`pin_blocks` (the reader's ack); unknown ids are ignored.
+
+        Returns:
+            ``(number released now that were in time, ids whose lease had lapsed)``: a copy
+            out of a lapsed pin must be reported as LeaseExpired by the reader. Lapsed pins
+            were kept pinned (quarantined) until now, so their bytes never changed.
+        """
+        released: list[Lease] = []
+        expired: list[int] = []
+        num_in_time = 0
+        for pin_id in pin_ids:
+            state, lease = self.leases.take("pin", pin_id)
+            if lease is not None:
+                released.append(lease)
+            if state is LeaseState.HELD:
+                num_in_time += 1
+            elif state is not LeaseState.UNKNOWN:
+                expired.append(pin_id)
         for lease in released:
             self.unpin_all(lease.items)
-        if self.metrics is not None:
-            self.metrics.lease_active.labels(kind="pin").set(num)
-        return len(released)
+        self._set_lease_gauge("pin")
+        return num_in_time, expired
 
     def get_inline(
         self, keys: Sequence[bytes], namespace_id: bytes, *, budget_bytes: int
@@ -686,43 +727,52 @@ class NodeCore:
 
     # ---- leases --------------------------------------------------------------------------
     def reap_expired(self) -> int:
-        """Release pins and abort reservations whose lease ran out (dead clients).
+        """Quarantine pins and reservations whose lease ran out (stalled or dead clients).
+
+        Nothing is freed here: the holder may still be copying (fencing rule,
+        kvstored/node/sessions.py). Its ack or the end of its session frees the space.
 
         Returns:
-            Number of leases reclaimed.
+            Number of leases quarantined now.
         """
-        now = self.clock()
-        dead: list[tuple[str, int, _Lease]] = []
-        with self._lock:
-            for kind, table in (("pin", self._pins), ("reservation", self._reservations)):
-                for lease_id in [i for i, lease in table.items() if lease.expires_at <= now]:
-                    dead.append((kind, lease_id, table.pop(lease_id)))
-                    self._expired_ids[lease_id] = kind
-            while len(self._expired_ids) > _EXPIRED_MEMORY:
-                self._expired_ids.popitem(last=False)
-            num_pins, num_res = len(self._pins), len(self._reservations)
-        for kind, lease_id, lease in dead:
-            if kind == "pin":
-                self.unpin_all(lease.items)
-            else:
-                self.abort_reserved(lease.items)
-            log.info("lease_expired", kind=kind, lease_id=lease_id, num_blocks=len(lease.items))
+        moved = self.leases.quarantine_lapsed()
+        for lease in moved:
+            log.info(
+                "lease_expired", kind=lease.kind, lease_id=lease.lease_id,
+                session_id=lease.session_id, num_blocks=len(lease.items),
+                quarantined_bytes=lease.num_bytes,
+            )
             if self.metrics is not None:
-                self.metrics.lease_expired.labels(kind=kind).inc()
-        if self.metrics is not None and dead:
-            self.metrics.lease_active.labels(kind="pin").set(num_pins)
-            self.metrics.lease_active.labels(kind="reservation").set(num_res)
-        return len(dead)
+                self.metrics.lease_expired.labels(kind=lease.kind).inc()
+        if moved:
+            self._set_lease_gauge("pin")
+            self._set_lease_gauge("reservation")
+        return len(moved)
+
+    def open_session(self, peer: str = "") -> int:
+        """Open a client session (OpenSession); its id fences what it pins and reserves."""
+        sid = self.leases.open_session(peer)
+        log.debug("session_opened", session_id=sid, peer=peer)
+        return sid
+
+    def close_session(self, session_id: int) -> None:
+        """The client's session ended (stream gone): release everything it held, at once."""
+        leases = self.leases.close_session(session_id)
+        for lease in leases:
+            self._release(lease.kind, lease.items)
+        if leases:
+            log.info("session_closed_with_leases", session_id=session_id, num_leases=len(leases))
+            self._set_lease_gauge("pin")
+            self._set_lease_gauge("reservation")
+
+    def quarantined_bytes(self) -> int:
+        """Bytes in quarantine over all sessions."""
+        return self.leases.quarantined_bytes()
 
     def release_all(self) -> None:
-        """Drop every lease (shutdown): unpin pins, abort reservations."""
-        with self._lock:
-            pins, self._pins = self._pins, {}
-            res, self._reservations = self._reservations, {}
-        for lease in pins.values():
-            self.unpin_all(lease.items)
-        for lease in res.values():
-            self.abort_reserved(lease.items)
+        """Drop every lease (shutdown): unpin pins, abort reservations, quarantine included."""
+        for lease in self.leases.release_all():
+            self._release(lease.kind, lease.items)
 
     # ---- metrics helper --------------------------------------------------------------------
     def count_transfer(

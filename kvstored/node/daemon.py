@@ -6,7 +6,8 @@ One process serves, from one asyncio loop:
   loopback by default), plus the scheduler service (``enable_scheduler``);
 - the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
 - Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
-- the lease reaper (an owned task releasing pins/reservations of dead clients).
+- the lease reaper (an owned task moving lapsed pins/reservations into quarantine; see
+  kvstored/node/sessions.py for when their space is freed).
 
 Lifecycle::
 
@@ -165,6 +166,7 @@ class NodeDaemon:
         self._httpd: WSGIServer | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._servicer: NodeServicer | None = None
         self._unix_paths: list[str] = []
         self._stopped = False
         self._started = False
@@ -242,7 +244,8 @@ class NodeDaemon:
                 ]
             )
             self._server = server
-            add_node_service(server, NodeServicer(core, self._executor, version=_version()))
+            self._servicer = NodeServicer(core, self._executor, version=_version())
+            add_node_service(server, self._servicer)
             if self._enable_scheduler:
                 self._add_scheduler(server)
             for addr in listen:
@@ -430,6 +433,8 @@ class NodeDaemon:
             await self.master_link.stop(unregister=False)
             self.master_link = None
         if self._server is not None:
+            if self._servicer is not None:
+                self._servicer.end_sessions()  # session streams would hold the grace otherwise
             # new RPCs are refused from here on; running handlers finish (bounded)
             grace_s = 0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S)
             await self._server.stop(grace=grace_s)

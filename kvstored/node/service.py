@@ -9,6 +9,15 @@ where only that request waits for its read. Calls that may do disk I/O (ReserveP
 Remove: file deletion) or copy payloads (inline Put/Get, ListBlocks) run in the executor.
 Without an SSD tier ReservePut and Remove are metadata-only and run on the loop.
 
+Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
+until the client goes away. The session is closed in the core (which releases what it held;
+fencing rule: kvstored/node/sessions.py) on ``CloseSession`` (the client's ack), or when the
+stream ends and the client's process is gone: the request names the client's pid, the node
+holds a pidfd of it, and a stream that ends while that process still lives (a stopped
+process whose connection was dropped) keeps the session until the pidfd reports the exit
+(``loop.add_reader``; no polling). :meth:`NodeServicer.end_sessions` ends everything at
+shutdown so the server's grace period is not spent waiting for the streams.
+
 Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
 with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
@@ -18,9 +27,12 @@ INVALID_ARGUMENT (error code INVALID_ARGUMENT) instead of an opaque deserializat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
+import os
 import secrets
+import select
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -92,6 +104,40 @@ class NodeServicer:
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
+        self._sessions_end: asyncio.Event | None = None  # created on the server's loop
+        self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
+
+    def end_sessions(self) -> None:
+        """End every OpenSession stream and process watch (shutdown; on the server's loop)."""
+        if self._sessions_end is None:
+            self._sessions_end = asyncio.Event()
+        self._sessions_end.set()
+        for pidfd in list(self._process_watches):
+            self._process_exited(pidfd)
+
+    def num_process_watches(self) -> int:
+        """Sessions whose stream ended while their process still runs."""
+        return len(self._process_watches)
+
+    def _process_exited(self, pidfd: int) -> None:
+        session_id = self._process_watches.pop(pidfd)
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        self.core.close_session(session_id)
+
+    def _stream_ended(self, session_id: int, pidfd: int | None) -> None:
+        """The session's stream is gone: close it, unless its process still runs."""
+        ended = self._sessions_end is not None and self._sessions_end.is_set()
+        if pidfd is not None and not ended and self.core.leases.is_open(session_id):
+            if not select.select([pidfd], [], [], 0)[0]:  # readable = the process exited
+                self._process_watches[pidfd] = session_id
+                asyncio.get_running_loop().add_reader(pidfd, self._process_exited, pidfd)
+                log.info("session_stream_ended_process_alive", session_id=session_id)
+                return
+        if pidfd is not None:
+            os.close(pidfd)
+        self.core.close_session(session_id)
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -137,7 +183,8 @@ class NodeServicer:
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
         rid, out = await self._maybe_io(
-            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch
+            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
+            session_id=req.session_id,
         )
         return pb.ReservePutResponse(
             reservation_id=rid,
@@ -156,12 +203,13 @@ class NodeServicer:
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
-            keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch, may_block=False
+            keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
+            session_id=req.session_id, may_block=False,
         )
         if any(b is NEEDS_IO for b in got):
             pin_id, got = await self._run(
                 self.core.pin_blocks, keys, req.namespace_id,
-                lease_ms=req.lease_ms, epoch=req.epoch,
+                lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
             )
         blocks = []
         for b in got:
@@ -177,8 +225,8 @@ class NodeServicer:
         return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
-        n = await self._inline(self.core.release_pins, list(req.pin_ids))
-        return pb.ReleasePinsResponse(num_released=n)
+        n, expired = await self._inline(self.core.release_pins_report, list(req.pin_ids))
+        return pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired)
 
     async def LookupPrefix(
         self, req: pb.LookupPrefixRequest, ctx: Any
@@ -211,6 +259,7 @@ class NodeServicer:
             gets=s.gets, hits=s.hits, misses=s.misses, puts=s.puts, put_failures=s.put_failures,
             checksum_failures=s.checksum_failures, pinned_blocks=s.pinned_blocks,
             uptime_s=core.uptime_s(), draining=core.draining,
+            quarantined_bytes=core.quarantined_bytes(), num_sessions=core.leases.num_sessions(),
         )
 
     async def ListBlocks(self, req: pb.ListBlocksRequest, ctx: Any) -> pb.ListBlocksResponse:
@@ -227,6 +276,39 @@ class NodeServicer:
         )
 
 
+    async def OpenSession(self, req: pb.OpenSessionRequest, context: Any) -> None:
+        """Send the session id, then hold the stream until the client or the node ends it."""
+        core = self.core
+        if self._sessions_end is None:
+            self._sessions_end = asyncio.Event()
+        ended = self._sessions_end
+        peer = context.peer()
+        pidfd = _open_pidfd(req.pid)
+        session_id = core.open_session(f"{peer} {req.client_name}".strip())
+        try:
+            await context.write(pb.SessionEvent(session_id=session_id, epoch=core.epoch))
+            await ended.wait()
+        finally:  # also on cancellation: the client's stream (socket) is gone
+            self._stream_ended(session_id, pidfd)
+
+    async def CloseSession(self, req: pb.CloseSessionRequest, ctx: Any) -> pb.CloseSessionResponse:
+        for pidfd, session_id in list(self._process_watches.items()):
+            if session_id == req.session_id:
+                self._process_exited(pidfd)  # acked: no need to wait for the process
+        await self._inline(self.core.close_session, req.session_id)
+        return pb.CloseSessionResponse()
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of the client's process, or None (pid 0, not found, or no pidfd support)."""
+    if pid <= 0 or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 _METHODS: dict[str, type[Message]] = {
     "Describe": pb.DescribeRequest,
     "Put": pb.PutRequest,
@@ -240,6 +322,7 @@ _METHODS: dict[str, type[Message]] = {
     "Remove": pb.RemoveRequest,
     "Stats": pb.StatsRequest,
     "ListBlocks": pb.ListBlocksRequest,
+    "CloseSession": pb.CloseSessionRequest,
 }
 
 
@@ -314,4 +397,9 @@ def add_node_service(server: grpc.aio.Server, servicer: NodeServicer) -> None:
         )
         for name, req_cls in _METHODS.items()
     }
+    handlers["OpenSession"] = grpc.unary_stream_rpc_method_handler(
+        servicer.OpenSession,
+        request_deserializer=pb.OpenSessionRequest.FromString,
+        response_serializer=_serialize,
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

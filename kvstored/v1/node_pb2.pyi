@@ -7,6 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("client_name", "pid")
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    pid: int
+    def __init__(self, client_name: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("session_id", "epoch")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    epoch: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
 class DescribeRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -122,16 +148,18 @@ class ReserveItem(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ...) -> None: ...
 
 class ReservePutRequest(_message.Message):
-    __slots__ = ("items", "namespace_id", "lease_ms", "epoch")
+    __slots__ = ("items", "namespace_id", "lease_ms", "epoch", "session_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ReserveItem]
     namespace_id: bytes
     lease_ms: int
     epoch: int
-    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    session_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class Reservation(_message.Message):
     __slots__ = ("status", "exists", "offset")
@@ -166,16 +194,18 @@ class CommitPutResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
 
 class PinBlocksRequest(_message.Message):
-    __slots__ = ("keys", "namespace_id", "lease_ms", "epoch")
+    __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_id: bytes
     lease_ms: int
     epoch: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    session_id: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class PinnedBlock(_message.Message):
     __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier")
@@ -208,10 +238,12 @@ class ReleasePinsRequest(_message.Message):
     def __init__(self, pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleasePinsResponse(_message.Message):
-    __slots__ = ("num_released",)
+    __slots__ = ("num_released", "expired_pin_ids")
     NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
     num_released: int
-    def __init__(self, num_released: _Optional[int] = ...) -> None: ...
+    expired_pin_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_released: _Optional[int] = ..., expired_pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupPrefixRequest(_message.Message):
     __slots__ = ("keys", "namespace_id")
@@ -282,7 +314,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "gets", "hits", "misses", "puts", "put_failures", "checksum_failures", "pinned_blocks", "uptime_s", "draining")
+    __slots__ = ("node_id", "epoch", "tiers", "gets", "hits", "misses", "puts", "put_failures", "checksum_failures", "pinned_blocks", "uptime_s", "draining", "quarantined_bytes", "num_sessions")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +327,8 @@ class StatsResponse(_message.Message):
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -307,7 +341,9 @@ class StatsResponse(_message.Message):
     pinned_blocks: int
     uptime_s: float
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., gets: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., put_failures: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., uptime_s: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+    quarantined_bytes: int
+    num_sessions: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., gets: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., put_failures: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., uptime_s: _Optional[float] = ..., draining: _Optional[bool] = ..., quarantined_bytes: _Optional[int] = ..., num_sessions: _Optional[int] = ...) -> None: ...
 
 class ListBlocksRequest(_message.Message):
     __slots__ = ("namespace_id", "limit")

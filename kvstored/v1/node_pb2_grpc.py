@@ -96,6 +96,16 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_stream(
+                '/kvstored.v1.NodeService/OpenSession',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.SessionEvent.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/kvstored.v1.NodeService/CloseSession',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -185,6 +195,24 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Open a client session: the first (and only) message carries the session id; the
+        stream then stays open for the life of the client. Pins and reservations taken under
+        the session id are fenced by it: when the client says it is done (CloseSession) or the
+        stream ends and its process is gone, the node frees what the session held, including
+        quarantined space (see kvstored/node/sessions.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """The client is done with a session (no copy of it runs any more): free what it held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +275,16 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.ListBlocks,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.SessionEvent.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -575,6 +613,60 @@ class NodeService:
             '/kvstored.v1.NodeService/ListBlocks',
             kvstored_dot_v1_dot_node__pb2.ListBlocksRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.ListBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvstored.v1.NodeService/OpenSession',
+            kvstored_dot_v1_dot_node__pb2.OpenSessionRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/CloseSession',
+            kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

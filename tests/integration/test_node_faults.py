@@ -197,8 +197,10 @@ def test_client_follows_a_node_restart_on_the_same_socket(
         assert second.daemon.store.get(new_keys[0]) == (value_for(new_keys[0], 50_000), b"")
 
 
-def test_lease_reaper_releases_pins_and_reservations_of_dead_clients(start_node: object) -> None:
+def test_lapsed_leases_are_quarantined_until_the_session_ends(start_node: object) -> None:
     node = start_node(pin_lease_s=0.4)  # type: ignore[operator]
+    core = node.daemon.core
+    assert core is not None
     keys = random_keys(2)
     with Client(node.unix_address) as c:
         c.put(keys[:1], [b"x" * 10_000])
@@ -209,17 +211,40 @@ def test_lease_reaper_releases_pins_and_reservations_of_dead_clients(start_node:
                                   request_serializer=lambda m: m.SerializeToString(),
                                   response_deserializer=resp.FromString)
 
-        pins = raw("PinBlocks", pb.PinBlocksResponse)(pb.PinBlocksRequest(keys=keys[:1]), timeout=10)
+        stream = ch.unary_stream("/kvstored.v1.NodeService/OpenSession",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.SessionEvent.FromString)(pb.OpenSessionRequest())
+        sid = next(stream).session_id
+        assert sid and core.leases.num_sessions() == 1
+        pins = raw("PinBlocks", pb.PinBlocksResponse)(
+            pb.PinBlocksRequest(keys=keys[:1], session_id=sid), timeout=10)
         assert pins.pin_id and node.daemon.store.stats().pinned_blocks == 1
         res = raw("ReservePut", pb.ReservePutResponse)(
-            pb.ReservePutRequest(items=[pb.ReserveItem(key=keys[1], size_bytes=1 << 20)]), timeout=10)
-        assert res.reservation_id and _dram_used(node) > baseline
-        # the "client" dies here: it never releases nor commits
-        wait_until(lambda: node.daemon.store.stats().pinned_blocks == 0, what="the pin lease to expire")
-        wait_until(lambda: _dram_used(node) == baseline, what="the reservation lease to expire")
+            pb.ReservePutRequest(items=[pb.ReserveItem(key=keys[1], size_bytes=1 << 20)], session_id=sid),
+            timeout=10)
+        assert res.reservation_id and _dram_used(node) == baseline + (1 << 20)
+        # the "client" stalls: its leases lapse into quarantine, nothing is freed
+        wait_until(lambda: core.quarantined_bytes() == 10_000 + (1 << 20), what="both leases to lapse")
+        assert node.daemon.store.stats().pinned_blocks == 1
+        assert _dram_used(node) == baseline + (1 << 20)
+        assert raw("Stats", pb.StatsResponse)(pb.StatsRequest(), timeout=10).quarantined_bytes == 10_000 + (1 << 20)
+        # ... until its session ends (the client is gone): then everything is freed at once
+        stream.cancel()
+        wait_until(lambda: core.leases.num_sessions() == 0, what="the session to close")
+        assert core.quarantined_bytes() == 0
+        assert node.daemon.store.stats().pinned_blocks == 0
+        assert _dram_used(node) == baseline
         with pytest.raises(grpc.RpcError) as info:
             raw("CommitPut", pb.CommitPutResponse)(pb.CommitPutRequest(reservation_id=res.reservation_id), timeout=10)
         assert isinstance(error_from_rpc(info.value), LeaseExpired)
+
+        # a caller without a session: its lapsed pin stays quarantined until it acknowledges
+        pins = raw("PinBlocks", pb.PinBlocksResponse)(pb.PinBlocksRequest(keys=keys[:1]), timeout=10)
+        wait_until(lambda: core.quarantined_bytes() == 10_000, what="the sessionless pin to lapse")
+        assert node.daemon.store.stats().pinned_blocks == 1
+        rel = raw("ReleasePins", pb.ReleasePinsResponse)(pb.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10)
+        assert list(rel.expired_pin_ids) == [pins.pin_id] and rel.num_released == 0
+        assert core.quarantined_bytes() == 0 and node.daemon.store.stats().pinned_blocks == 0
     with Client(node.unix_address) as c:
         assert c.exists(keys) == [True, False]
 

@@ -102,7 +102,7 @@ def test_calls_without_item_status_raise_naming_the_bad_index(core: NodeCore) ->
         core.lookup_prefix([key(1)], b"n" * 65)
 
 
-def test_reservation_commit_and_lease_expiry(core: NodeCore, clock: FakeClock) -> None:
+def test_reservation_commit_and_lease_expiry_quarantines(core: NodeCore, clock: FakeClock) -> None:
     rid, outcomes = core.reserve_put([(key(1), 4096, b""), (b"", 10, b"")], b"", epoch=EPOCH)
     assert rid != 0
     assert outcomes[0].error is None and not outcomes[0].exists
@@ -122,9 +122,13 @@ def test_reservation_commit_and_lease_expiry(core: NodeCore, clock: FakeClock) -
     assert core.reap_expired() == 0
     clock.advance(0.2)
     assert core.reap_expired() == 1
-    assert core.store.stats().tiers[0].used_bytes == used_before  # space given back
+    # lapsed: quarantined (the writer may still copy), not given back
+    assert core.store.stats().tiers[0].used_bytes == used_before + 8192
+    assert core.quarantined_bytes() == 8192
     with pytest.raises(LeaseExpired):
-        core.commit_put(rid2)
+        core.commit_put(rid2)  # the writer's ack: refused, and the space is given back now
+    assert core.store.stats().tiers[0].used_bytes == used_before
+    assert core.quarantined_bytes() == 0
     assert core.store.exists([key(2)]) == [False]
 
 
@@ -134,7 +138,7 @@ def test_reserve_of_existing_key_needs_no_commit(core: NodeCore) -> None:
     assert rid == 0 and outcomes[0].exists and outcomes[0].error is None
 
 
-def test_pins_are_released_explicitly_or_by_the_reaper(core: NodeCore, clock: FakeClock) -> None:
+def test_pins_are_released_explicitly_and_lapsed_ones_quarantined(core: NodeCore, clock: FakeClock) -> None:
     core.put_inline([(key(1), b"one", b"m1"), (key(2), b"two", b"")], b"")
     pin_id, got = core.pin_blocks([key(1), key(3), key(2)], b"", epoch=EPOCH)
     assert isinstance(got[0], PinnedBlock) and bytes(got[0].view) == b"one" and got[0].meta == b"m1"
@@ -145,11 +149,14 @@ def test_pins_are_released_explicitly_or_by_the_reaper(core: NodeCore, clock: Fa
     assert core.release_pins([pin_id]) == 0
     assert core.store.stats().pinned_blocks == 0
 
-    core.pin_blocks([key(1)], b"")  # a client that never releases
+    late, _ = core.pin_blocks([key(1)], b"")  # a reader that is late
     assert core.store.stats().pinned_blocks == 1
     clock.advance(core.cfg.pin_lease_s + 0.01)
     assert core.reap_expired() == 1
-    assert core.store.stats().pinned_blocks == 0
+    assert core.store.stats().pinned_blocks == 1  # quarantined: still pinned, bytes unchanged
+    assert core.store.remove([key(1)]) == [False]
+    assert core.release_pins_report([late]) == (0, [late])  # the ack reports the lapse
+    assert core.store.stats().pinned_blocks == 0 and core.quarantined_bytes() == 0
 
 
 def test_nothing_pinned_gives_pin_id_zero(core: NodeCore) -> None:
@@ -188,7 +195,7 @@ def test_duplicate_key_within_one_put_batch_first_writer_wins(core: NodeCore, pa
         rid, res = core.reserve_put([(k, len(v), m) for k, v, m in items], b"")
         # the duplicate is answered "exists": the client writes nothing for it
         assert [r.exists for r in res] == [False, False, True] and res[2].error is None
-        held = core._reservations[rid].items
+        held = core.leases._leases[rid].items
         assert len(core.store._reservations) == 2
         for r, (_, v, _) in zip(held, items, strict=True):
             if isinstance(r, Reservation):

@@ -1,0 +1,274 @@
+"""Client sessions, leases and quarantine: the node's fencing rule.
+
+The rule (DESIGN.md section 6, "Fencing"): space that a writer or reader may still touch is
+never handed to anyone else. Time alone never makes a copy safe; only one of these does:
+
+1. the holder said it is done: CommitPut / CommitPut(abort) / ReleasePins (an *ack*);
+2. the holder's **session** is gone: the writer can no longer touch the space.
+
+Who the "writer" is, per path:
+
+- A local client writing into / reading out of the mapped arena (shared-memory path) opens a
+  session with the ``OpenSession`` server stream at connect and takes its pins and
+  reservations under that session id. The session ends when the client says so
+  (``CloseSession``, sent by ``close()`` once none of its operations runs), or when the
+  stream ends *and* the client's process is gone: the node holds a pidfd of the pid the
+  client named, so a stream dropped while the process still lives (e.g. a stopped process
+  that missed keepalives) keeps the session until the process exits. A killed process's
+  socket closes only after all its threads are gone, so no copy of it can still run. Then
+  the node releases everything the session held, quarantined space included. (A client in
+  another pid namespace names a pid the node cannot see or that is another process: the
+  first falls back to the stream's end, the second only delays the release.)
+- The node's own TCP data-plane threads (kvstored/transport/tcp.py) receive into and send
+  out of reservations and pins they took themselves, without a lease, and abort/unpin them
+  only after their own recv/send returned: a data-plane connection is its own session and
+  is self-fenced (tested in tests/integration/test_fencing.py).
+- A future writer that the node does not run itself (an RDMA NIC writing a reservation for
+  a peer, a node-to-node push) must take the reservation under the session of the peer that
+  drives it, and the node frees it only on that peer's ack or when that peer's session (its
+  connection, or its membership epoch at the master) is gone. Never on a timer.
+
+A lease (``lease_ms`` of ReservePut/PinBlocks) is only a *deadline for the holder*: when it
+lapses, the space moves to **quarantine**, not to the free pool. A quarantined reservation is
+never committed (CommitPut answers LeaseExpired, and that call is the ack that frees it); a
+quarantined pin keeps its block pinned, so its bytes cannot change under a late reader
+(ReleasePins reports it in ``expired_pin_ids`` and the client reports LeaseExpired).
+Quarantined bytes are counted per session and bounded by
+``node.max_quarantine_bytes_per_session``: a session over the bound gets NoCapacity for new
+pins and reservations, so a stuck client costs capacity, never correctness. Callers without a
+session (session id 0, e.g. raw gRPC tools) share one pseudo-session that never ends: their
+lapsed leases stay quarantined until they ack.
+
+::
+
+    take (ReservePut/PinBlocks) --> ACTIVE --ack--> released
+                                      |  lease lapses (reap_expired)
+                                      v
+                                  QUARANTINED --ack (LeaseExpired) / session ends--> released
+    session ends: ACTIVE and QUARANTINED leases of the session are released at once
+
+Locking: ``LeaseBook._lock`` guards every table here and is never held while calling the
+store: methods return the leases whose items the caller must unpin/abort.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvstored.errors import NoCapacity, Unavailable
+
+NO_SESSION = 0
+"""Session id of callers without a session (their quarantine ends only with their ack)."""
+_EXPIRED_MEMORY = 4096  # ids of leases released by a session end, to answer LeaseExpired
+
+
+class LeaseState(Enum):
+    """What :meth:`LeaseBook.take` found under an id."""
+
+    HELD = "held"  # active: the holder is in time
+    QUARANTINED = "quarantined"  # lapsed; the take is the holder's ack
+    EXPIRED = "expired"  # released earlier because its session ended
+    UNKNOWN = "unknown"  # never existed here, or already acked
+
+
+@dataclass(slots=True)
+class Lease:
+    """Pins or reservations granted by one call, and the session that holds them.
+
+    Attributes:
+        kind: ``"pin"`` or ``"reservation"``.
+        lease_id: the id handed to the client.
+        session_id: the holder's session (``NO_SESSION`` = none).
+        expires_at: monotonic seconds at which the lease lapses into quarantine.
+        items: what the caller releases (PinnedBlock / Reservation / per-item outcomes).
+        num_bytes: arena bytes held (counted while quarantined).
+    """
+
+    kind: str
+    lease_id: int
+    session_id: int
+    expires_at: float
+    items: list[object]
+    num_bytes: int
+
+
+@dataclass(slots=True)
+class _Session:
+    session_id: int
+    peer: str
+    active: set[int] = field(default_factory=set)
+    quarantine: dict[int, Lease] = field(default_factory=dict)
+    quarantined_bytes: int = 0
+
+
+class LeaseBook:
+    """Sessions, active leases and quarantine of one node.
+
+    Args:
+        max_quarantine_bytes_per_session: a session holding more than this many quarantined
+            bytes gets :class:`NoCapacity` for new pins and reservations.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, max_quarantine_bytes_per_session: int, clock: Callable[[], float]) -> None:
+        self.max_quarantine_bytes = max_quarantine_bytes_per_session
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[int, _Session] = {NO_SESSION: _Session(NO_SESSION, "no session")}
+        self._leases: dict[int, Lease] = {}  # active, by lease id (pins and reservations)
+        self._quarantined: dict[int, Lease] = {}  # by lease id
+        self._expired: collections.OrderedDict[int, str] = collections.OrderedDict()
+
+    # ---- sessions --------------------------------------------------------------------------
+    def open_session(self, peer: str = "") -> int:
+        """A new session id (random 63-bit, never 0)."""
+        with self._lock:
+            while True:
+                sid = secrets.randbits(63)
+                if sid and sid not in self._sessions:
+                    break
+            self._sessions[sid] = _Session(sid, peer)
+        return sid
+
+    def close_session(self, session_id: int) -> list[Lease]:
+        """End a session: returns every lease it held (active and quarantined) to release.
+
+        Idempotent; the pseudo-session ``NO_SESSION`` never ends.
+        """
+        if session_id == NO_SESSION:
+            return []
+        with self._lock:
+            sess = self._sessions.pop(session_id, None)
+            if sess is None:
+                return []
+            out = [self._leases.pop(i) for i in sess.active]
+            for lease_id, lease in sess.quarantine.items():
+                self._quarantined.pop(lease_id, None)
+                out.append(lease)
+            for lease in out:
+                self._remember_expired(lease)
+        return out
+
+    def is_open(self, session_id: int) -> bool:
+        """True while the session exists (not closed)."""
+        with self._lock:
+            return session_id in self._sessions
+
+    def check_session(self, session_id: int) -> None:
+        """Raise if the session cannot take new pins/reservations.
+
+        Raises:
+            Unavailable: unknown or closed session (retriable: open a new one).
+            NoCapacity: the session's quarantine is over its bound.
+        """
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                raise Unavailable(
+                    f"session {session_id} is not open on this node (its stream ended, or the "
+                    "node restarted); open a new session"
+                )
+            if sess.quarantined_bytes > self.max_quarantine_bytes:
+                raise NoCapacity(
+                    f"session {session_id} holds {sess.quarantined_bytes} quarantined bytes "
+                    f"(pins/reservations whose lease lapsed and were not acknowledged), more "
+                    f"than node.max_quarantine_bytes_per_session={self.max_quarantine_bytes}; "
+                    "finish or abort the stalled copies, or close the client"
+                )
+
+    # ---- leases ----------------------------------------------------------------------------
+    def add(
+        self, kind: str, session_id: int, items: list[object], num_bytes: int, lease_s: float
+    ) -> int | None:
+        """Record a lease; its id, or None if the session ended meanwhile (release the items)."""
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                return None
+            while True:
+                lease_id = secrets.randbits(63)
+                if lease_id and lease_id not in self._leases and lease_id not in self._quarantined:
+                    break
+            self._leases[lease_id] = Lease(
+                kind, lease_id, session_id, self.clock() + lease_s, items, num_bytes
+            )
+            sess.active.add(lease_id)
+        return lease_id
+
+    def take(self, kind: str, lease_id: int) -> tuple[LeaseState, Lease | None]:
+        """Remove a lease for its holder's ack: ``(state, lease to release or None)``."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is not None and lease.kind == kind:
+                del self._leases[lease_id]
+                self._sessions[lease.session_id].active.discard(lease_id)
+                return LeaseState.HELD, lease
+            lease = self._quarantined.get(lease_id)
+            if lease is not None and lease.kind == kind:
+                del self._quarantined[lease_id]
+                sess = self._sessions[lease.session_id]
+                del sess.quarantine[lease_id]
+                sess.quarantined_bytes -= lease.num_bytes
+                self._remember_expired(lease)
+                return LeaseState.QUARANTINED, lease
+            if self._expired.get(lease_id) == kind:
+                return LeaseState.EXPIRED, None
+        return LeaseState.UNKNOWN, None
+
+    def quarantine_lapsed(self) -> list[Lease]:
+        """Move every active lease whose time ran out into quarantine; returns them."""
+        now = self.clock()
+        moved: list[Lease] = []
+        with self._lock:
+            for lease_id in [i for i, x in self._leases.items() if x.expires_at <= now]:
+                lease = self._leases.pop(lease_id)
+                sess = self._sessions[lease.session_id]
+                sess.active.discard(lease_id)
+                sess.quarantine[lease_id] = lease
+                sess.quarantined_bytes += lease.num_bytes
+                self._quarantined[lease_id] = lease
+                moved.append(lease)
+        return moved
+
+    def release_all(self) -> list[Lease]:
+        """Forget everything (shutdown): every active and quarantined lease, to release."""
+        with self._lock:
+            out = list(self._leases.values()) + list(self._quarantined.values())
+            self._leases.clear()
+            self._quarantined.clear()
+            for sess in self._sessions.values():
+                sess.active.clear()
+                sess.quarantine.clear()
+                sess.quarantined_bytes = 0
+        return out
+
+    def _remember_expired(self, lease: Lease) -> None:
+        self._expired[lease.lease_id] = lease.kind
+        while len(self._expired) > _EXPIRED_MEMORY:
+            self._expired.popitem(last=False)
+
+    # ---- counts ----------------------------------------------------------------------------
+    def num_active(self, kind: str) -> int:
+        """Active (not quarantined) leases of a kind."""
+        with self._lock:
+            return sum(1 for x in self._leases.values() if x.kind == kind)
+
+    def quarantined_bytes(self, session_id: int | None = None) -> int:
+        """Quarantined bytes of one session, or of all (None)."""
+        with self._lock:
+            if session_id is not None:
+                sess = self._sessions.get(session_id)
+                return sess.quarantined_bytes if sess is not None else 0
+            return sum(s.quarantined_bytes for s in self._sessions.values())
+
+    def num_sessions(self) -> int:
+        """Open client sessions (the pseudo-session of sessionless callers not counted)."""
+        with self._lock:
+            return len(self._sessions) - 1

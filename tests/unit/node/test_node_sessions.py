@@ -1,0 +1,146 @@
+"""Sessions and quarantine in NodeCore (no gRPC): the fencing rule of kvstored/node/sessions.py.
+
+Time is a fake clock; a lease lapse is made by advancing it and calling reap_expired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvstored.config import NodeConfig
+from kvstored.errors import LeaseExpired, NoCapacity, NotFound, Unavailable
+from kvstored.metrics import NodeMetrics
+from kvstored.node.core import NodeCore
+from kvstored.tiers.base import PinnedBlock
+from kvstored.tiers.tiered import TieredStore
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 4
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def core(clock: FakeClock) -> Iterator[NodeCore]:
+    cfg = NodeConfig(
+        node_id="unit", dram_size_bytes=1 << 20, ssd_size_bytes=0, max_block_bytes=64 << 10,
+        pin_lease_s=5.0, max_quarantine_bytes_per_session=16 << 10,
+    )
+    store = TieredStore(dram_size_bytes=cfg.dram_size_bytes, arena_dir=None, max_block_bytes=cfg.max_block_bytes)
+    yield NodeCore(store, cfg, epoch=1, metrics=NodeMetrics(), clock=clock)
+    store.close()
+
+
+def _used(core: NodeCore) -> int:
+    return core.store.stats().tiers[0].used_bytes
+
+
+def _lapse(core: NodeCore, clock: FakeClock) -> int:
+    clock.now += core.cfg.pin_lease_s + 1
+    return core.reap_expired()
+
+
+def test_session_end_frees_active_and_quarantined_leases_at_once(core: NodeCore, clock: FakeClock) -> None:
+    core.put_inline([(key(1), b"a" * 4096, b"")], b"")
+    base = _used(core)
+    sid = core.open_session("test")
+    rid, _ = core.reserve_put([(key(2), 8192, b"")], b"", session_id=sid)
+    assert _lapse(core, clock) == 1  # the reservation lapses: quarantined, nothing freed
+    pin_id, got = core.pin_blocks([key(1)], b"", session_id=sid)  # active, in time
+    assert isinstance(got[0], PinnedBlock)
+    assert core.quarantined_bytes() == 8192 and _used(core) == base + 8192
+    assert core.store.stats().pinned_blocks == 1
+    core.close_session(sid)  # the client is gone: its copies cannot run any more
+    assert core.quarantined_bytes() == 0 and _used(core) == base
+    assert core.store.stats().pinned_blocks == 0
+    assert core.num_outstanding() == (0, 0, 0)
+    with pytest.raises(LeaseExpired, match="already released"):
+        core.commit_put(rid)
+    assert core.release_pins_report([pin_id]) == (0, [pin_id])
+    core.close_session(sid)  # idempotent
+
+
+def test_closed_or_unknown_session_is_refused(core: NodeCore) -> None:
+    sid = core.open_session()
+    core.close_session(sid)
+    with pytest.raises(Unavailable, match="not open"):
+        core.reserve_put([(key(1), 10, b"")], b"", session_id=sid)
+    with pytest.raises(Unavailable, match="not open"):
+        core.pin_blocks([key(1)], b"", session_id=12345)
+    assert _used(core) == 0
+
+
+def test_quarantine_is_bounded_per_session(core: NodeCore, clock: FakeClock) -> None:
+    stuck, other = core.open_session("stuck"), core.open_session("other")
+    for i in range(3):  # 3 x 8 KiB lapsed: over the 16 KiB bound
+        core.reserve_put([(key(10 + i), 8192, b"")], b"", session_id=stuck)
+    assert _lapse(core, clock) == 3
+    assert core.leases.quarantined_bytes(stuck) == 3 * 8192
+    with pytest.raises(NoCapacity, match="max_quarantine_bytes_per_session=16384") as info:
+        core.reserve_put([(key(20), 10, b"")], b"", session_id=stuck)
+    assert "24576 quarantined bytes" in str(info.value)
+    with pytest.raises(NoCapacity, match="quarantined"):
+        core.pin_blocks([key(10)], b"", session_id=stuck)
+    rid, _ = core.reserve_put([(key(21), 10, b"")], b"", session_id=other)  # others unaffected
+    assert rid
+    core.close_session(stuck)
+    assert core.quarantined_bytes() == 0
+    rid2, _ = core.reserve_put([(key(22), 10, b"")], b"", session_id=other)
+    assert rid2
+
+
+def test_ack_of_a_quarantined_reservation_frees_it_and_abort_is_accepted(core: NodeCore, clock: FakeClock) -> None:
+    sid = core.open_session()
+    r1, _ = core.reserve_put([(key(1), 4096, b"")], b"", session_id=sid)
+    r2, _ = core.reserve_put([(key(2), 4096, b"")], b"", session_id=sid)
+    assert _lapse(core, clock) == 2 and core.quarantined_bytes() == 8192
+    out = core.commit_put(r1, abort=True)  # an abort after the lapse: accepted, space freed
+    assert [o.stored for o in out] == [False]
+    assert core.quarantined_bytes() == 4096
+    with pytest.raises(LeaseExpired, match="outlived its lease"):
+        core.commit_put(r2)  # a commit after the lapse: refused, space freed
+    assert core.quarantined_bytes() == 0 and _used(core) == 0
+    with pytest.raises(LeaseExpired, match="already released"):
+        core.commit_put(r2)  # asked again: the same answer
+    with pytest.raises(NotFound):
+        core.commit_put(424242)
+    assert core.store.exists([key(1), key(2)]) == [False, False]
+
+
+def test_session_ending_during_a_reserve_releases_it(core: NodeCore) -> None:
+    sid = core.open_session()
+
+    # the session ends between the store reservation and recording the lease
+    original = core.leases.add
+
+    def add_after_close(*args: object, **kwargs: object) -> int | None:
+        core.close_session(sid)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    core.leases.add = add_after_close  # type: ignore[method-assign]
+    with pytest.raises(Unavailable, match="ended during the call"):
+        core.reserve_put([(key(1), 4096, b"")], b"", session_id=sid)
+    assert _used(core) == 0 and core.num_outstanding() == (0, 0, 0)
+
+
+def test_shutdown_releases_quarantine(core: NodeCore, clock: FakeClock) -> None:
+    core.put_inline([(key(1), b"a" * 100, b"")], b"")
+    core.pin_blocks([key(1)], b"")  # sessionless: quarantined until acked
+    assert _lapse(core, clock) == 1
+    assert core.quarantined_bytes() == 100 and core.store.stats().pinned_blocks == 1
+    core.release_all()
+    assert core.quarantined_bytes() == 0 and core.store.stats().pinned_blocks == 0
