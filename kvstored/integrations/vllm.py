@@ -33,6 +33,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -479,6 +480,16 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     startup_s = time.perf_counter() - t0
     steps = []
     for step in spec["steps"]:
+        if step.get("signal_file"):  # tell the driver this point was reached
+            Path(step["signal_file"]).write_text("reached\n")
+        if step.get("wait_for_file"):  # the driver acted (e.g. killed the daemon); go on
+            deadline = time.monotonic() + float(step.get("wait_timeout_s", 300))
+            while not Path(step["wait_for_file"]).exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{step['wait_for_file']} did not appear")
+                time.sleep(0.05)
+        if "prompt" not in step:
+            continue
         if step.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
         ids = spec["prompts"][step["prompt"]]
