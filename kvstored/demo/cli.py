@@ -155,6 +155,9 @@ def demo(
     err = Console(stderr=True)
     if engine == "vllm":
         from kvstored.demo.vllm_demo import run_vllm_demo_cli
+        from kvstored.log import configure as configure_log
+
+        configure_log(json=False, level="warning")
 
         run_vllm_demo_cli(lengths=lengths, address=address, dtype=dtype, output=output,
                           max_new_tokens=max_new_tokens, save_json=save_json, err=err)
