@@ -47,7 +47,10 @@ def find_vllm_python() -> Path:
     env = os.environ.get("KVSTORED_VLLM_PYTHON")
     if env:
         if not Path(env).exists():
-            raise VllmUnavailable(f"KVSTORED_VLLM_PYTHON={env} does not exist")
+            raise VllmUnavailable(
+                f"KVSTORED_VLLM_PYTHON={env} does not exist (build a venv with "
+                "scripts/setup-vllm-venv.sh DIR and point it at DIR/bin/python)"
+            )
         return Path(env)
     local = REPO / ".venv-vllm" / "bin" / "python"
     if local.exists():

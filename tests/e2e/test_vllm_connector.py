@@ -16,9 +16,11 @@ process (startup ~30 s here), so the scenarios share processes (about 5 minutes 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -60,8 +62,6 @@ QUESTIONS = (
 
 
 def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
-    import json
-
     files = sorted(stats_dir.glob(f"{role}*.json"))
     assert files, f"no {role} stats in {stats_dir}"
     return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
@@ -203,3 +203,19 @@ def test_readme_vllm_snippet_runs(daemon_b: Any, tmp_path: Path) -> None:
         proc = subprocess.run([str(PYTHON), str(script)], env=env, capture_output=True,
                               text=True, timeout=600, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_demo_engine_vllm_json_rows() -> None:
+    env = {**os.environ, "KVSTORED_VLLM_PYTHON": str(PYTHON), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.main", "demo", "--engine", "vllm", "--lengths",
+         "640", "--max-new-tokens", "12", "--output", "json"],
+        env=env, capture_output=True, text=True, timeout=800,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    (row,) = report["rows"]
+    assert {"prompt_tokens", "ttft_miss_s", "ttft_hit_s", "speedup", "hit_tokens",
+            "answers_equal"} <= set(row)
+    assert row["hit_tokens"] == (row["prompt_tokens"] - 1) // 128 * 128 > 0
+    assert row["answers_equal"] is True, (row["answer_miss"], row["answer_hit"])
