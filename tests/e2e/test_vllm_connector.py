@@ -2,7 +2,7 @@
 
 Needs the vLLM virtualenv built by ``scripts/setup-vllm-venv.sh`` (``.venv-vllm`` in the repo,
 or ``$KVSTORED_VLLM_PYTHON``); skipped with that reason otherwise. Each engine is its own
-process (startup ~30 s here), so the scenarios share processes (about 5 minutes in all):
+process (startup ~30 s here), so the scenarios share processes (about 7 minutes in all):
 
     daemon A  P1 (miss): stores a ~1.5k-token prompt's blocks; reference answers
               SIGTERM + restart on the same SSD dir                                (e)
@@ -10,8 +10,10 @@ process (startup ~30 s here), so the scenarios share processes (about 5 minutes 
                           the same prompt with another cache_salt: no hit           (c)
                           daemon SIGKILLed, then a new request: correct, in time    (d)
     daemon B  the same keys filled with zeros -> P3's output changes              (b)
-              P4 with another namespace (revision): no hit, correct output          (c)
+    daemon C  P4, another namespace (revision) whose blocks are all there but truncated:
+              the lookup hits, every load fails, vLLM recomputes, the answer is right (d)
     README    the LLM(...) snippet marked "readme-test: needs vllm" runs as written
+    demo      `kvstored demo --engine vllm --output json`: the second process hits
 """
 
 from __future__ import annotations
@@ -182,12 +184,25 @@ def test_b_zeroed_blocks_change_the_output(scenario: dict[str, Any], daemon_b: A
     assert _stats(stats_dir, "worker")["blocks_loaded"] > 0
     assert p3[0]["token_ids"] != scenario["p1"][1]["token_ids"], p3[0]["text"]
 
-    # (c) the same blocks under another model namespace: no hit, and the right answer
-    p4 = EngineProcess(PYTHON, engine_spec(MODEL, prompts, [
-        {"prompt": 0, "max_tokens": ANSWER_TOKENS},
-    ], extra_config={"address": daemon_b.address, "namespace": {"revision": "other"}}),
-        scenario["work"]).result()["steps"]
-    assert p4[0]["num_cached_tokens"] == 0, p4[0]
+    # (c)+(d) another namespace (revision "short") on a fresh daemon whose blocks are all
+    # present but truncated: the lookup hits, every load fails, vLLM recomputes them.
+    short_fields = {**fields, "revision": "short"}
+    daemon_c = ManagedDaemon(scenario["work"] / "daemon-c", dram_size="1GiB", ssd_size="0")
+    daemon_c.start()
+    try:
+        with Client(daemon_c.address, namespace=Namespace(**short_fields)) as kv:
+            results = kv.put(keys, [bytes(size // 2)] * len(keys))
+            assert all(r.stored for r in results)
+        stats4 = scenario["work"] / "p4-stats"
+        p4 = EngineProcess(PYTHON, engine_spec(MODEL, prompts, [
+            {"prompt": 0, "max_tokens": ANSWER_TOKENS},
+        ], extra_config={"address": daemon_c.address, "namespace": {"revision": "short"},
+                         "stats_dir": str(stats4)}), scenario["work"]).result()["steps"]
+    finally:
+        daemon_c.kill()
+    worker4 = _stats(stats4, "worker")
+    assert worker4["extra"]["namespace"]["revision"] == "short"
+    assert worker4["load_errors"] >= 1 and worker4["blocks_loaded"] == 0, worker4
     assert p4[0]["token_ids"] == scenario["p1"][1]["token_ids"], p4[0]["text"]
 
 
