@@ -42,6 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 
 from kvstored.errors import InvalidArgument, KvstoredError
@@ -85,6 +86,41 @@ class KvstoredConnectorMetadata(KVConnectorMetadata):
     loads: list[tuple[str, str, list[tuple[bytes, int]]]] = field(default_factory=list)
     saves: list[tuple[str, str, list[tuple[bytes, int]]]] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
+
+
+_INTERVAL_COUNTERS = ("blocks_loaded", "bytes_loaded", "load_errors", "blocks_saved",
+                      "bytes_saved", "save_errors")
+
+
+@dataclass
+class KvstoredConnectorStats(KVConnectorStats):
+    """Worker counters of one logging interval, summed over workers; vLLM's stat logger
+    prints :meth:`reduce` ("KV Transfer metrics") next to its own.
+    """
+
+    def reset(self) -> None:
+        """Start a new interval."""
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        """Add another worker's (or interval's) counters."""
+        for key, value in other.data.items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        """The interval's counters (MiB for byte counts)."""
+        out: dict[str, int | float] = {}
+        for key, value in sorted(self.data.items()):
+            if key.startswith("bytes_"):
+                out[key.replace("bytes_", "MiB_")] = round(value / 2**20, 1)
+            else:
+                out[key] = value
+        return out
+
+    def is_empty(self) -> bool:
+        """No block moved and nothing failed in this interval."""
+        return not any(self.data.values())
 
 
 @dataclass
@@ -212,6 +248,7 @@ class KvstoredConnector(KVConnectorBase_V1):
         # worker side
         self._io: BlockIO | None = None
         self._load_errors: set[int] = set()
+        self._stats_reported: dict[str, int] = {}
         logger.info(
             "KvstoredConnector %s: address %s, namespace %s", name,
             self._config.address or "(default)", fields,
@@ -412,6 +449,19 @@ class KvstoredConnector(KVConnectorBase_V1):
         if done:
             self._write_stats()
         return (done or None), None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        """vLLM rebuilds the worker's interval stats in the logging process with this."""
+        return KvstoredConnectorStats(data=dict(data or {}))
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """Counters since the previous call (None when nothing happened)."""
+        now = {k: getattr(self.stats, k) for k in _INTERVAL_COUNTERS}
+        delta = {k: now[k] - self._stats_reported.get(k, 0) for k in now}
+        self._stats_reported = now
+        return KvstoredConnectorStats(data=delta) if any(delta.values()) else None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Block ids whose load failed in this step (vLLM recomputes them)."""
