@@ -63,8 +63,17 @@ def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: in
     try:
         result = EngineProcess(python, spec, work / "logs").result()
     except KvstoredError as exc:
-        return {"connector": name, "failed": str(exc).splitlines()[0],
-                "log_tail": str(exc)[-1500:]}
+        text = str(exc)
+        causes = [ln.split("] ", 1)[-1] for ln in text.splitlines()
+                  if "ERROR" in ln and ("Error:" in ln or "failed with error" in ln)]
+        log_path = text.split(" log ", 1)[-1].split(":", 1)[0]
+        try:  # the root cause is near the top of the engine's log, not in the tail
+            full = Path(log_path).read_text(errors="replace").splitlines()
+            causes = [ln.split("] ", 1)[-1] for ln in full
+                      if "failed with error" in ln or ln.startswith("RuntimeError: Worker")] or causes
+        except OSError:
+            pass
+        return {"connector": name, "failed": (causes or text.splitlines())[0][:300]}
     s = result["steps"]
     hits = [x["wall_s"] for x in s[1:1 + repeats]]
     row: dict[str, Any] = {
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         if "failed" in r:
-            print(f"| {r['connector']} | failed: {r['failed'][:60]} | | | | | | |")
+            print(f"| {r['connector']} | failed on this CPU: {r['failed'][:120]} | | | | | | |")
             continue
         h = r["ttft_hit_s"]
         print(f"| {r['connector']} | {r['ttft_miss_s']:.3f} | {h:.3f} | "
