@@ -352,7 +352,7 @@ class NodeDaemon:
             self._servicer.remote = master_reads(
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
-                pool_size=self.cluster.peer_pool_size)
+                pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server

@@ -41,6 +41,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,6 +96,8 @@ class RemoteReads:
         transport_for: a Transport to a peer's data address (default: a pooled
             :class:`DataPlaneClient` per address, ``pool_size`` idle connections each).
         pool_size: idle data-plane connections kept per peer.
+        report_timeout_s: deadline of one ReportTransfer call (reports are sent from one
+            background thread, in order, so they never cost the reader's deadline).
         before_verify: test hook, called after the copies arrived and before they are
             verified (e.g. a threading.Event wait that lets a test change the source).
     """
@@ -109,6 +112,7 @@ class RemoteReads:
         fetch_timeout_s: float = 2.0,
         transport_for: Callable[[str], Transport] | None = None,
         pool_size: int = 4,
+        report_timeout_s: float = 2.0,
         before_verify: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
@@ -118,6 +122,8 @@ class RemoteReads:
         self.fetch_timeout_s = fetch_timeout_s
         self.pool_size = pool_size
         self.before_verify = before_verify
+        self.report_timeout_s = report_timeout_s
+        self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
         self._transport_for = transport_for or self._pooled
         self._peers: dict[str, Transport] = {}
         self._failed: set[tuple[str, int]] = set()  # peers whose last transfer failed
@@ -142,6 +148,7 @@ class RemoteReads:
             peers, self._peers = self._peers, {}
         for t in peers.values():
             t.close()
+        self._reporter.shutdown(wait=False, cancel_futures=True)
 
     def deadline(self, remaining_s: float | None) -> float:
         """Absolute ``time.monotonic()`` deadline: the caller's time left, at most
@@ -284,11 +291,11 @@ class RemoteReads:
                 transport = self._transport_for(address)
                 got = transport.get(keys, namespace_id, sink, deadline=deadline)
             except _TRANSFER_ERRORS as exc:
-                self._report(peer, epoch, False, deadline)
+                self._report(peer, epoch, False)
                 log.warning("remote_fetch_failed", peer=peer, address=address,
                             num_blocks=len(keys), error=str(exc))
                 return 0, 0, len(keys)
-            self._report(peer, epoch, True, deadline)
+            self._report(peer, epoch, True)
             ok = [i for i, g in enumerate(got) if g.found and i in reserved]
             if self.before_verify is not None:
                 self.before_verify()
@@ -313,24 +320,44 @@ class RemoteReads:
         finally:
             core.abort_reserved(list(reserved.values()))
 
-    def _report(self, peer: str, epoch: int, ok: bool, deadline: float) -> None:
+    def _report(self, peer: str, epoch: int, ok: bool) -> None:
+        """Queue a transfer outcome for the master: every failure, and the first success
+        after a failure (a healthy peer that stays healthy costs nothing)."""
         key = (peer, epoch)
         with self._lock:
             if ok and key not in self._failed:
-                return  # healthy and still healthy: nothing to tell
+                return
             if ok:
                 self._failed.discard(key)
             else:
                 self._failed.add(key)
         try:
-            self.report(peer, epoch, ok, max(_MIN_RPC_S, deadline - time.monotonic()))
+            self._reporter.submit(self._send_report, peer, epoch, ok)
+        except RuntimeError:  # closed
+            pass
+
+    def _send_report(self, peer: str, epoch: int, ok: bool) -> None:
+        try:
+            self.report(peer, epoch, ok, self.report_timeout_s)
             log.info("peer_transfer_reported", peer=peer, epoch=epoch, ok=ok)
         except KvstoredError as exc:
             log.info("peer_transfer_report_failed", peer=peer, error=str(exc))
+        except Exception:
+            log.exception("peer_transfer_report_bug")
+
+    def wait_reports(self, timeout_s: float = 10.0) -> bool:
+        """Block until every report queued so far was sent (tests, shutdown)."""
+        done = self._reporter.submit(lambda: None)
+        try:
+            done.result(timeout_s)
+        except Exception:
+            return False
+        return True
 
 
 def master_reads(core: NodeCore, master_address: str, *, node_id: str,
-                 fetch_timeout_s: float, pool_size: int = 4) -> RemoteReads:
+                 fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0
+                 ) -> RemoteReads:
     """A :class:`RemoteReads` talking to the master at ``master_address`` (sync gRPC).
 
     Returns:
@@ -350,7 +377,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                                timeout_s=timeout_s)
 
     reads = RemoteReads(core, node_id=node_id, lookup=lookup, report=report,
-                        fetch_timeout_s=fetch_timeout_s, pool_size=pool_size)
+                        fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
+                        report_timeout_s=rpc_timeout_s)
     close = reads.close
 
     def close_all() -> None:

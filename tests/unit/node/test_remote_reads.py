@@ -119,6 +119,7 @@ def test_fill_copies_missing_blocks_from_the_peer_with_identical_bytes(
         assert _local_bytes(local, [0, 1, 2, 3, 4]) == [value(0), value(1), value(2), value(3), None]
         # the source's GET releases its pins once its response is sent (its own thread)
         assert _eventually(lambda: src.store.stats().pinned_blocks == 0)
+        assert reads.wait_reports()
         assert master.reports == []  # a healthy peer is not reported
     finally:
         reads.close()
@@ -199,11 +200,13 @@ def test_a_peer_that_never_answers_is_a_miss_within_the_deadline_and_is_reported
         assert got.num_failed == 1 and got.num_fetched == 0
         assert elapsed < 0.3 + 1.0, elapsed
         assert _local_bytes(local, [1]) == [None]
+        assert reads.wait_reports()
         assert master.reports == [("dead", 3, False)]
         # the caller's own deadline is shorter: it wins
         t0 = time.monotonic()
         reads.fill([key(1)], b"", remaining_s=0.1)
         assert time.monotonic() - t0 < 0.1 + 1.0
+        assert reads.wait_reports()
         assert master.reports[-1] == ("dead", 3, False)
     finally:
         reads.close()
@@ -227,6 +230,7 @@ def test_a_success_after_a_failure_heals_the_peer(
         assert reads.fill([key(1)], b"").num_failed == 1
         master.replicas[key(1)] = good
         assert reads.fill([key(1)], b"").num_fetched == 1
+        assert reads.wait_reports()
         assert master.reports == [("src", 7, False), ("src", 7, True)]
     finally:
         reads.close()
