@@ -202,7 +202,8 @@ def test_a_peer_that_never_answers_is_a_miss_within_the_deadline_and_is_reported
         assert _local_bytes(local, [1]) == [None]
         assert reads.wait_reports()
         assert master.reports == [("dead", 3, False)]
-        # the caller's own deadline is shorter: it wins
+        # the caller's own deadline is shorter than the fetch timeout: it wins
+        reads.fetch_timeout_s = 30.0
         t0 = time.monotonic()
         reads.fill([key(1)], b"", remaining_s=0.1)
         assert time.monotonic() - t0 < 0.1 + 1.0
