@@ -1,0 +1,194 @@
+"""Remote get node to node over TCP: GB/s for 1, 4 and 16 MiB blocks, next to plain sockets.
+
+Source: a real ``kvstored serve`` process (its data plane) holding the blocks. Reader: this
+process, a :class:`~kvstored.node.core.NodeCore` over its own DRAM arena with
+:class:`~kvstored.node.remote.RemoteReads`: the whole remote-read path of a node (the
+lookup, here answered by an in-process dict instead of the master's gRPC; the data-plane
+GET received straight into local reservations; the verification lookup; the commit). Each
+round fetches ``--batch`` blocks, then removes the copies so the next round fetches again.
+
+Reference, same run, same machine: a plain Python socket sender process (``sendall`` of a
+preallocated buffer, one 8-byte length header per block) and a receiver here doing
+``recv_into`` a preallocated bytearray, on loopback, same sizes, same number of bytes.
+Ratio = kvstored GB/s / plain GB/s (target >= 0.7 at 4 MiB, issue 7).
+
+Usage:  python bench/bench_remote_get.py [--sizes-mib 1,4,16] [--total-mib 512] [--batch 8]
+        [--out bench/results/bench_remote_get.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvstored import Client  # noqa: E402
+from kvstored.client.master import ClusterReplica  # noqa: E402
+from kvstored.config import NodeConfig  # noqa: E402
+from kvstored.node.core import NodeCore  # noqa: E402
+from kvstored.node.remote import RemoteReads  # noqa: E402
+from kvstored.tiers.base import Tier  # noqa: E402
+from kvstored.tiers.tiered import TieredStore  # noqa: E402
+
+MiB = 1 << 20
+
+_SENDER = r"""
+import socket, struct, sys
+size, count = int(sys.argv[1]), int(sys.argv[2])
+buf = bytearray(size)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+hdr = struct.pack("<Q", size)
+mv = memoryview(buf)
+for _ in range(count):
+    c.sendall(hdr); c.sendall(mv)
+c.close()
+"""
+
+
+def plain_socket_gbps(size: int, count: int) -> float:
+    """GB/s of a plain Python sender process -> recv_into here, ``count`` blocks of ``size``."""
+    proc = subprocess.Popen([sys.executable, "-c", _SENDER, str(size), str(count)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    dst = bytearray(size)
+    view = memoryview(dst)
+    hdr = bytearray(8)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        _recv_exact(sock, memoryview(hdr))
+        _recv_exact(sock, view)
+    elapsed = time.perf_counter() - t0
+    sock.close()
+    proc.wait(30)
+    return size * count / elapsed / 1e9
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("sender closed early")
+        got += n
+
+
+def _start_source(workdir: Path, dram_bytes: int, max_block: int) -> tuple[subprocess.Popen[str], str, str]:
+    sock = workdir / "src.sock"
+    env = {**os.environ, "KVSTORED_NODE__MAX_BLOCK_BYTES": str(max_block)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{sock}",
+         "--data-address", "127.0.0.1:0", "--metrics-address", "", "--dram-size",
+         str(dram_bytes), "--ssd-size", "0", "--node-id", "bench-src"],
+        stdout=subprocess.PIPE, stderr=open(workdir / "src.log", "w"), text=True, env=env,
+        cwd=workdir)
+    assert proc.stdout is not None
+    data = ""
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("listening data "):
+            data = line.split()[2]
+        if line.strip() == "ready":
+            break
+        if time.monotonic() > deadline:
+            break
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    if not data:
+        proc.kill()
+        raise SystemExit("source node did not start:\n" + (workdir / "src.log").read_text()[-2000:])
+    return proc, f"unix:{sock}", data
+
+
+def remote_get_gbps(size: int, count: int, batch: int, workdir: Path) -> float:
+    """GB/s of RemoteReads.fill from a real source node, ``count`` blocks of ``size``."""
+    dram = (batch + 2) * (size + MiB)
+    proc, grpc_addr, data_addr = _start_source(workdir, dram, size)
+    try:
+        keys = [os.urandom(16) for _ in range(batch)]
+        payload = os.urandom(size)
+        with Client(grpc_addr) as c:
+            for k in keys:
+                r = c.put([k], [payload])[0]
+                assert r.stored, r
+        replicas = {k: ClusterReplica("bench-src", 1, Tier.DRAM, size, 1, data_addr) for k in keys}
+
+        def lookup(ns: bytes, ks: Sequence[bytes], local: str, timeout_s: float) -> list[ClusterReplica]:
+            out = []
+            for k in ks:
+                if k not in replicas:
+                    break
+                out.append(replicas[k])
+            return out
+
+        cfg = NodeConfig(node_id="bench-dst", dram_size_bytes=dram, ssd_size_bytes=0,
+                         max_block_bytes=size, max_batch_keys=max(64, batch))
+        store = TieredStore(dram_size_bytes=dram, arena_dir=None, max_block_bytes=size)
+        core = NodeCore(store, cfg, epoch=1)
+        reads = RemoteReads(core, node_id="bench-dst", lookup=lookup, report=lambda *a: None,
+                            fetch_timeout_s=120.0)
+        try:
+            rounds = max(1, count // batch)
+            reads.fill(keys, b"")  # warm: connection, arena pages
+            store.remove(keys)
+            elapsed = 0.0
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                got = reads.fill(keys, b"")
+                elapsed += time.perf_counter() - t0
+                assert got.num_fetched == batch, got
+                store.remove(keys)
+            return size * batch * rounds / elapsed / 1e9
+        finally:
+            reads.close()
+            store.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mib", default="1,4,16")
+    ap.add_argument("--total-mib", type=int, default=512, help="bytes moved per size and side")
+    ap.add_argument("--batch", type=int, default=8, help="blocks per remote read")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kvbrg", dir="/tmp"))
+    rows = []
+    try:
+        for mib in (int(x) for x in args.sizes_mib.split(",")):
+            size = mib * MiB
+            count = max(args.batch, args.total_mib // mib)
+            plain = plain_socket_gbps(size, count)
+            ours = remote_get_gbps(size, count, args.batch, workdir)
+            rows.append({"block_mib": mib, "blocks": count, "remote_get_gbps": round(ours, 3),
+                         "plain_socket_gbps": round(plain, 3), "ratio": round(ours / plain, 3)})
+            print(f"{mib:>3} MiB  remote get {ours:6.2f} GB/s  plain socket {plain:6.2f} GB/s  "
+                  f"ratio {ours / plain:.2f}", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
