@@ -88,6 +88,13 @@ class NodeMetrics:
             "Pins and reservations reclaimed because their client did not release them in time.",
             ["kind"], registry=r,
         )
+        self.remote_blocks = Counter(
+            "kvstored_remote_blocks_total",
+            "Blocks a read copied from peers, by outcome: fetched (copied, verified, "
+            "committed), dropped (the source changed during the copy), failed (the transfer "
+            "failed or timed out).",
+            ["outcome"], registry=r,
+        )
         self.lookup_blocks = Counter(
             "kvstored_lookup_blocks_total", "Blocks asked for by prefix lookups.", registry=r,
         )

@@ -29,8 +29,10 @@ transfer is reported to the master (ReportTransfer), which marks the peer unheal
 ``unhealthy_after_failures`` consecutive failures, so later lookups choose another replica.
 The first success after a failure is reported too (it heals the peer).
 
-Limits: the master's lookup is a longest prefix, so missing keys are looked up as runs: a
-key after a cluster-wide miss costs another lookup (bounded by the deadline). Two requests
+Limits: the master's lookup is a longest prefix. A read looks up its missing keys once, as a
+prefix: a block after a cluster-wide miss is not copied (KV blocks form chains; a later
+block without its predecessor is useless). An Exists probe looks up runs, at most
+``exists_max_runs`` lookups. Two requests
 missing the same block at once may both fetch it; the second commit is a no-op.
 
 Thread-safe: called from the node's store executor threads (blocking).
@@ -98,6 +100,8 @@ class RemoteReads:
         pool_size: idle data-plane connections kept per peer.
         report_timeout_s: deadline of one ReportTransfer call (reports are sent from one
             background thread, in order, so they never cost the reader's deadline).
+        exists_max_runs: most master lookups one Exists probe makes (each run after a
+            cluster-wide miss costs one); reads make one (prefix semantics).
         before_verify: test hook, called after the copies arrived and before they are
             verified (e.g. a threading.Event wait that lets a test change the source).
     """
@@ -113,6 +117,7 @@ class RemoteReads:
         transport_for: Callable[[str], Transport] | None = None,
         pool_size: int = 4,
         report_timeout_s: float = 2.0,
+        exists_max_runs: int = 8,
         before_verify: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
@@ -123,6 +128,7 @@ class RemoteReads:
         self.pool_size = pool_size
         self.before_verify = before_verify
         self.report_timeout_s = report_timeout_s
+        self.exists_max_runs = exists_max_runs
         self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
         self._transport_for = transport_for or self._pooled
         self._peers: dict[str, Transport] = {}
@@ -161,18 +167,20 @@ class RemoteReads:
     # ---- finding replicas ----------------------------------------------------------------
     def find(
         self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
-        local_node_id: str | None = None,
+        local_node_id: str | None = None, max_runs: int = 1,
     ) -> dict[int, ClusterReplica]:
         """The master's best replica of each of ``keys`` it knows, by index (never pins).
 
         Looks up runs: the longest present prefix of the keys left, then skips the first
-        cluster-wide miss and goes on, until the keys or the deadline run out. A master that
-        cannot be reached answers nothing (a miss, logged).
+        cluster-wide miss and goes on, at most ``max_runs`` lookups (1 = prefix semantics: a
+        block after a cluster-wide miss is not looked for), until the keys or the deadline
+        run out. A master that cannot be reached answers nothing (a miss, logged).
         """
         out: dict[int, ClusterReplica] = {}
-        start = 0
+        start = runs = 0
         me = self.node_id if local_node_id is None else local_node_id
-        while start < len(keys):
+        while start < len(keys) and runs < max_runs:
+            runs += 1
             left = deadline - time.monotonic()
             if left < _MIN_RPC_S:
                 break
@@ -215,7 +223,7 @@ class RemoteReads:
         if not missing:
             return present, tiers
         found = self.find(namespace_id, [keys[i] for i in missing],
-                          deadline=self.deadline(remaining_s))
+                          deadline=self.deadline(remaining_s), max_runs=self.exists_max_runs)
         present = list(present)
         tiers = list(tiers)
         for j, rep in found.items():
@@ -267,6 +275,10 @@ class RemoteReads:
             self.num_fetched += fetched
             self.num_dropped += dropped
             self.num_failed += failed
+        if core.metrics is not None:
+            for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed)):
+                if n:
+                    core.metrics.remote_blocks.labels(outcome=outcome).inc(n)
         return FetchResult(len(found), fetched, dropped, failed)
 
     def _fill_from(
@@ -300,7 +312,7 @@ class RemoteReads:
             if self.before_verify is not None:
                 self.before_verify()
             still = self.find(namespace_id, [keys[i] for i in ok], deadline=deadline,
-                              local_node_id=peer) if ok else {}
+                              local_node_id=peer, max_runs=len(ok)) if ok else {}
             good = []
             for j, i in enumerate(ok):
                 named, now = items[i][1], still.get(j)
