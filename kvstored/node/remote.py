@@ -264,11 +264,14 @@ class RemoteReads:
         fetched = dropped = failed = 0
         try:
             with core.put_in_flight():
+                step = max(1, core.cfg.max_batch_keys)
                 for (peer, epoch, address), items in by_peer.items():
-                    f, d, x = self._fill_from(peer, epoch, address, items, namespace_id, deadline)
-                    fetched += f
-                    dropped += d
-                    failed += x
+                    for i in range(0, len(items), step):  # the peer's batch limit is ours
+                        f, d, x = self._fill_from(peer, epoch, address, items[i : i + step],
+                                                  namespace_id, deadline)
+                        fetched += f
+                        dropped += d
+                        failed += x
         except KvstoredError as exc:  # draining: no new copies
             log.info("remote_fill_refused", error=str(exc))
         with self._lock:
@@ -306,6 +309,10 @@ class RemoteReads:
                 self._report(peer, epoch, False)
                 log.warning("remote_fetch_failed", peer=peer, address=address,
                             num_blocks=len(keys), error=str(exc))
+                return 0, 0, len(keys)
+            except KvstoredError as exc:  # the peer refused the request (draining...): a miss
+                log.info("remote_fetch_refused", peer=peer, num_blocks=len(keys),
+                         error=str(exc))
                 return 0, 0, len(keys)
             self._report(peer, epoch, True)
             ok = [i for i, g in enumerate(got) if g.found and i in reserved]

@@ -289,3 +289,23 @@ def test_a_read_copies_the_cluster_prefix_only_and_counts_outcomes(
             "kvstored_remote_blocks_total", {"outcome": "fetched"}) == 1
     finally:
         reads.close()
+
+
+def test_a_peer_that_refuses_the_request_is_a_miss_not_an_error(local: NodeCore) -> None:
+    from kvstored.errors import Draining
+
+    class Refusing:
+        def get(self, *a: object, **k: object) -> list[object]:
+            raise Draining("peer draining")
+
+        def close(self) -> None:
+            pass
+
+    master = FakeMaster()
+    master.replicas[key(1)] = ClusterReplica("p", 1, Tier.DRAM, 10, 1, "127.0.0.1:1")
+    reads = RemoteReads(local, node_id="dst", lookup=master.lookup, report=master.report,
+                        transport_for=lambda a: Refusing())  # type: ignore[arg-type,return-value]
+    got = reads.fill([key(1)], b"")
+    assert got.num_failed == 1 and _local_bytes(local, [1]) == [None]
+    assert reads.wait_reports() and master.reports == []  # a refusal is not a broken peer
+    reads.close()
