@@ -211,7 +211,12 @@ class RemoteReads:
         except KvstoredError as exc:
             log.info("remote_lookup_failed", error=str(exc))
             return local
-        return list(local) + [r.tier for r in got]
+        out = list(local)
+        for r in got:
+            if r.node_id == self.node_id:
+                break  # names us, but we lack it: the master has not heard of the eviction
+            out.append(r.tier)
+        return out
 
     def exists(
         self, namespace_id: bytes, keys: Sequence[bytes], present: list[bool],
@@ -227,6 +232,8 @@ class RemoteReads:
         present = list(present)
         tiers = list(tiers)
         for j, rep in found.items():
+            if rep.node_id == self.node_id:
+                continue  # names us, but we lack it: stale (the master lags one heartbeat)
             present[missing[j]] = True
             if tiers:
                 tiers[missing[j]] = rep.tier

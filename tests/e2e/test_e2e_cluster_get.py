@@ -90,6 +90,15 @@ def test_put_through_one_node_get_through_another_and_a_killed_holder_misses(
         assert got == [value_for(k) for k in a + b] + [None]
         assert {blk.key for blk in c.list_blocks()[0]} == set(a + b)  # copies in n3's DRAM
         assert c.get(a) == [value_for(k) for k in a]  # now local hits
+    g = _keys(3)  # the engine's zero-copy path (get_into) sees the pool too
+    _put(n2, g)
+    with MasterClient(master.address) as m:
+        _wait("g indexed on n2", lambda: _indexed(m, g, "n2"))
+    with Client(n3.unix_address) as c:
+        bufs = [bytearray(len(value_for(k)) + 7) for k in g]
+        assert c.get_into(g, bufs) == [len(value_for(k)) for k in g]
+        assert [bytes(b[: len(value_for(k))]) for b, k in zip(bufs, g, strict=True)] == [
+            value_for(k) for k in g]
     with MasterClient(master.address) as m:  # n3 reports its copies like any put
         _wait("the copies indexed on n3", lambda: _indexed(m, a + b, "n3"))
 

@@ -309,3 +309,20 @@ def test_a_peer_that_refuses_the_request_is_a_miss_not_an_error(local: NodeCore)
     assert got.num_failed == 1 and _local_bytes(local, [1]) == [None]
     assert reads.wait_reports() and master.reports == []  # a refusal is not a broken peer
     reads.close()
+
+
+def test_probes_ignore_a_replica_the_master_still_names_here_after_a_local_eviction(
+    source: tuple[NodeCore, str], local: NodeCore
+) -> None:
+    src, address = source
+    master = FakeMaster()
+    _publish(master, src, address, [2])
+    # block 1 was evicted here; the master has not heard yet and names this node for it
+    master.replicas[key(1)] = ClusterReplica("dst", 7, Tier.DRAM, 100, 1, "127.0.0.1:1")
+    reads = _reads(local, master)
+    try:
+        assert reads.extend_prefix(b"", [key(1), key(2)], []) == []
+        assert reads.exists(b"", [key(1), key(2)], [False, False], [])[0] == [False, True]
+        assert reads.fill([key(1)], b"").num_fetched == 0
+    finally:
+        reads.close()
