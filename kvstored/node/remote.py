@@ -253,6 +253,7 @@ class RemoteReads:
             The counts of what happened (:class:`FetchResult`).
         """
         deadline = self.deadline(remaining_s)
+        t0 = time.monotonic()
         core = self.core
         try:
             present, _ = core.exists(keys, namespace_id)
@@ -262,6 +263,7 @@ class RemoteReads:
         if not missing:
             return FetchResult()
         found = self.find(namespace_id, [keys[i] for i in missing], deadline=deadline)
+        t_found = time.monotonic()
         by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
         for j, rep in found.items():
             if rep.node_id == self.node_id:
@@ -289,6 +291,10 @@ class RemoteReads:
             for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed)):
                 if n:
                     core.metrics.remote_blocks.labels(outcome=outcome).inc(n)
+        log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
+                  num_dropped=dropped, num_failed=failed,
+                  lookup_ms=round((t_found - t0) * 1000, 2),
+                  duration_ms=round((time.monotonic() - t0) * 1000, 2))
         return FetchResult(len(found), fetched, dropped, failed)
 
     def _fill_from(
