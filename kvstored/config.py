@@ -322,6 +322,11 @@ class ClusterConfig(_Model):
     """Deadline of each call to the master, seconds."""
     inventory_chunk_blocks: int = Field(default=4096, gt=0)
     """Blocks per SyncInventory chunk."""
+    remote_fetch_timeout_s: float = Field(default=2.0, gt=0)
+    """Most seconds a read may spend finding and copying blocks from peers (the caller's
+    own deadline may cut it shorter); past it the blocks are misses."""
+    peer_pool_size: int = Field(default=4, gt=0)
+    """Idle data-plane connections kept open per peer for remote reads."""
 
 
 class KvstoredConfig(_Model):

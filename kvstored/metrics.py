@@ -101,6 +101,13 @@ class NodeMetrics:
         self.sessions_active = Gauge(
             "kvstored_sessions_active", "Open client sessions (OpenSession streams).", registry=r,
         )
+        self.remote_blocks = Counter(
+            "kvstored_remote_blocks_total",
+            "Blocks a read copied from peers, by outcome: fetched (copied, verified, "
+            "committed), dropped (the source changed during the copy), failed (the transfer "
+            "failed or timed out).",
+            ["outcome"], registry=r,
+        )
         self.lookup_blocks = Counter(
             "kvstored_lookup_blocks_total", "Blocks asked for by prefix lookups.", registry=r,
         )

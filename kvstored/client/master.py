@@ -90,7 +90,8 @@ class MasterClient:
                 "nodes": nodes}
 
     def lookup_prefix(
-        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = ""
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None,
     ) -> tuple[list[ClusterReplica], bool]:
         """Cluster-wide longest prefix (never pins anything).
 
@@ -98,13 +99,16 @@ class MasterClient:
             ``(replicas, complete)``: the best replica of each leading block present
             cluster-wide; ``complete`` is False while some node is still (re)syncing.
 
+        Args:
+            timeout_s: this call's deadline (default: the client's ``timeout_s``).
+
         Raises:
             InvalidArgument: too many keys, or an empty or oversized key.
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id)
         try:
-            resp = self._stub.LookupPrefix(req, timeout=self.timeout_s)
+            resp = self._stub.LookupPrefix(req, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         nodes = list(resp.nodes)
@@ -113,3 +117,21 @@ class MasterClient:
             for i, t, s, g in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
                                   strict=True)
         ], resp.complete
+
+    def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
+                        timeout_s: float | None = None) -> str:
+        """Report one data-plane transfer with ``node_id`` (epoch ``epoch``) to the master.
+
+        Returns:
+            The peer's health after the report ("healthy", "unhealthy", "syncing").
+
+        Raises:
+            NotFound: the peer is not registered.
+        """
+        req = pb.ReportTransferRequest(node_id=node_id, epoch=epoch, ok=ok,
+                                       reporter_node_id=reporter_node_id)
+        try:
+            resp = self._stub.ReportTransfer(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return _HEALTH.get(resp.health, "unknown")

@@ -347,6 +347,13 @@ class NodeDaemon:
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
         )
         await self.master_link.start()
+        if self._servicer is not None:  # reads across the pool (kvstored/node/remote.py)
+            from kvstored.node.remote import master_reads
+
+            self._servicer.remote = master_reads(
+                core, self.cluster.master_address, node_id=self.cfg.node_id,
+                fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
+                pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
@@ -439,6 +446,9 @@ class NodeDaemon:
             grace_s = 0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S)
             await self._server.stop(grace=grace_s)
             self._server = None
+        if self._servicer is not None and self._servicer.remote is not None:
+            self._servicer.remote.close()  # no handler runs any more: peer pools and channel
+            self._servicer.remote = None
         if self._data_plane is not None:
             await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))
             self._data_plane = None

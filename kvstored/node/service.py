@@ -36,7 +36,7 @@ import select
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -51,6 +51,9 @@ from kvstored.errors import (
 )
 from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
 from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Tier
+
+if TYPE_CHECKING:
+    from kvstored.node.remote import RemoteReads
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 
@@ -83,6 +86,14 @@ def _get_result(o: GetOutcome) -> pb.GetResult:
     )
 
 
+def _time_left(ctx: Any) -> float | None:
+    """Seconds left of the caller's gRPC deadline (None = none set)."""
+    try:
+        return ctx.time_remaining()  # type: ignore[no-any-return]
+    except AttributeError:
+        return None
+
+
 def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
     """Trailing metadata carrying a KvstoredError's code."""
     return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
@@ -95,6 +106,10 @@ class NodeServicer:
         core: request handling.
         executor: where blocking core calls run (bounded, named threads).
         version: reported by Describe.
+
+    Attributes:
+        remote: reads across the pool (a cluster node): set by the daemon once the node
+            knows its master; None = this node's blocks only.
     """
 
     def __init__(self, core: NodeCore, executor: Executor, *, version: str) -> None:
@@ -104,6 +119,7 @@ class NodeServicer:
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
+        self.remote: RemoteReads | None = None
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
         self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
 
@@ -138,6 +154,18 @@ class NodeServicer:
         if pidfd is not None:
             os.close(pidfd)
         self.core.close_session(session_id)
+
+    async def _fill_from_peers(self, keys: list[bytes], namespace_id: bytes, ctx: Any) -> None:
+        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py)."""
+        remote = self.remote
+        if remote is None or not keys:
+            return
+        try:
+            if all(self.core.store.exists(keys, namespace_id=namespace_id)):
+                return
+        except KvstoredError:
+            return  # bad keys: the core's validation answers them
+        await self._run(remote.fill, keys, namespace_id, remaining_s=_time_left(ctx))
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -174,6 +202,7 @@ class NodeServicer:
         return pb.PutResponse(results=_put_results(out))
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
+        await self._fill_from_peers(list(req.keys), req.namespace_id, ctx)
         out = await self._run(
             self.core.get_inline, list(req.keys), req.namespace_id,
             budget_bytes=self.core.cfg.max_inline_bytes,
@@ -200,6 +229,7 @@ class NodeServicer:
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
         keys = list(req.keys)
+        await self._fill_from_peers(keys, req.namespace_id, ctx)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
@@ -231,13 +261,21 @@ class NodeServicer:
     async def LookupPrefix(
         self, req: pb.LookupPrefixRequest, ctx: Any
     ) -> pb.LookupPrefixResponse:
-        tiers = await self._inline(self.core.lookup_prefix, list(req.keys), req.namespace_id)
+        keys = list(req.keys)
+        tiers = await self._inline(self.core.lookup_prefix, keys, req.namespace_id)
+        if self.remote is not None and len(tiers) < len(keys):  # probe: never pins or fetches
+            tiers = await self._run(self.remote.extend_prefix, req.namespace_id, keys, tiers,
+                                    remaining_s=_time_left(ctx))
         return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=tiers)  # IntEnum is int
 
     async def Exists(self, req: pb.ExistsRequest, ctx: Any) -> pb.ExistsResponse:
         present, tiers = await self._inline(
             self.core.exists, list(req.keys), req.namespace_id, with_tiers=req.with_tiers
         )
+        if self.remote is not None and not all(present):  # probe: never pins or fetches
+            present, tiers = await self._run(
+                self.remote.exists, req.namespace_id, list(req.keys), present, tiers,
+                remaining_s=_time_left(ctx))
         return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
 
     async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:

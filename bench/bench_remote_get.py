@@ -1,0 +1,285 @@
+"""Remote get node to node over TCP: GB/s for 1, 4 and 16 MiB blocks, next to plain sockets.
+
+Source: a real ``kvstored serve`` process (its data plane) holding the blocks. Reader: this
+process, a :class:`~kvstored.node.core.NodeCore` over its own DRAM arena with
+:class:`~kvstored.node.remote.RemoteReads`: the whole remote-read path of a node (the
+lookup, here answered by an in-process dict instead of the master's gRPC; the data-plane
+GET received straight into local reservations; the verification lookup; the commit). Each
+round fetches ``--batch`` blocks, then removes the copies so the next round fetches again.
+
+Reference, same run, same machine: a plain Python socket sender process (``sendall`` of a
+preallocated buffer, one 8-byte length header per block) and a receiver here doing
+``recv_into`` a preallocated bytearray, on loopback, same sizes, same number of bytes.
+Ratio = kvstored GB/s / plain GB/s (target >= 0.7 at 4 MiB, issue 7).
+
+``--via-cluster`` also measures what an engine sees: a real master and two real nodes,
+``Client(node B).get_into`` of blocks put through node A (B's gRPC PinBlocks, its master
+lookups over gRPC, the copy, the verification, the commit, and the copy out of B's shared
+memory into the caller's buffer), ratio against the same plain-socket reference.
+
+Usage:  python bench/bench_remote_get.py [--sizes-mib 1,4,16] [--total-mib 512] [--batch 8]
+        [--via-cluster] [--out bench/results/bench_remote_get.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvstored import Client  # noqa: E402
+from kvstored.client.master import ClusterReplica  # noqa: E402
+from kvstored.config import NodeConfig  # noqa: E402
+from kvstored.node.core import NodeCore  # noqa: E402
+from kvstored.node.remote import RemoteReads  # noqa: E402
+from kvstored.tiers.base import Tier  # noqa: E402
+from kvstored.tiers.tiered import TieredStore  # noqa: E402
+
+MiB = 1 << 20
+
+_SENDER = r"""
+import socket, struct, sys
+size, count = int(sys.argv[1]), int(sys.argv[2])
+buf = bytearray(size)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+hdr = struct.pack("<Q", size)
+mv = memoryview(buf)
+for _ in range(count):
+    c.sendall(hdr); c.sendall(mv)
+c.close()
+"""
+
+
+def plain_socket_gbps(size: int, count: int) -> float:
+    """GB/s of a plain Python sender process -> recv_into here, ``count`` blocks of ``size``."""
+    proc = subprocess.Popen([sys.executable, "-c", _SENDER, str(size), str(count)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    dst = bytearray(size)
+    view = memoryview(dst)
+    hdr = bytearray(8)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        _recv_exact(sock, memoryview(hdr))
+        _recv_exact(sock, view)
+    elapsed = time.perf_counter() - t0
+    sock.close()
+    proc.wait(30)
+    return size * count / elapsed / 1e9
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("sender closed early")
+        got += n
+
+
+def _start_source(workdir: Path, dram_bytes: int, max_block: int) -> tuple[subprocess.Popen[str], str, str]:
+    sock = workdir / "src.sock"
+    env = {**os.environ, "KVSTORED_NODE__MAX_BLOCK_BYTES": str(max_block)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{sock}",
+         "--data-address", "127.0.0.1:0", "--metrics-address", "", "--dram-size",
+         str(dram_bytes), "--ssd-size", "0", "--node-id", "bench-src"],
+        stdout=subprocess.PIPE, stderr=open(workdir / "src.log", "w"), text=True, env=env,
+        cwd=workdir)
+    assert proc.stdout is not None
+    data = ""
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("listening data "):
+            data = line.split()[2]
+        if line.strip() == "ready":
+            break
+        if time.monotonic() > deadline:
+            break
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    if not data:
+        proc.kill()
+        raise SystemExit("source node did not start:\n" + (workdir / "src.log").read_text()[-2000:])
+    return proc, f"unix:{sock}", data
+
+
+def remote_get_gbps(size: int, count: int, batch: int, workdir: Path) -> float:
+    """GB/s of RemoteReads.fill from a real source node, ``count`` blocks of ``size``."""
+    dram = (batch + 2) * (size + MiB)
+    proc, grpc_addr, data_addr = _start_source(workdir, dram, size)
+    try:
+        keys = [os.urandom(16) for _ in range(batch)]
+        payload = os.urandom(size)
+        with Client(grpc_addr) as c:
+            for k in keys:
+                r = c.put([k], [payload])[0]
+                assert r.stored, r
+        replicas = {k: ClusterReplica("bench-src", 1, Tier.DRAM, size, 1, data_addr) for k in keys}
+
+        def lookup(ns: bytes, ks: Sequence[bytes], local: str, timeout_s: float) -> list[ClusterReplica]:
+            out = []
+            for k in ks:
+                if k not in replicas:
+                    break
+                out.append(replicas[k])
+            return out
+
+        cfg = NodeConfig(node_id="bench-dst", dram_size_bytes=dram, ssd_size_bytes=0,
+                         max_block_bytes=size, max_batch_keys=max(64, batch))
+        store = TieredStore(dram_size_bytes=dram, arena_dir=None, max_block_bytes=size)
+        core = NodeCore(store, cfg, epoch=1)
+        reads = RemoteReads(core, node_id="bench-dst", lookup=lookup, report=lambda *a: None,
+                            fetch_timeout_s=120.0)
+        try:
+            rounds = max(1, count // batch)
+            reads.fill(keys, b"")  # warm: connection, arena pages
+            store.remove(keys)
+            elapsed = 0.0
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                got = reads.fill(keys, b"")
+                elapsed += time.perf_counter() - t0
+                assert got.num_fetched == batch, got
+                store.remove(keys)
+            return size * batch * rounds / elapsed / 1e9
+        finally:
+            reads.close()
+            store.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _start(workdir: Path, name: str, args: list[str], env: dict[str, str]
+           ) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """Start a kvstored subprocess; returns it and its ``listening KIND ADDR`` lines."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvstored.cli.main", *args],
+                            stdout=subprocess.PIPE, stderr=open(workdir / f"{name}.log", "w"),
+                            text=True, env={**os.environ, **env}, cwd=workdir)
+    assert proc.stdout is not None
+    seen: dict[str, str] = {}
+    for line in proc.stdout:
+        parts = line.split()
+        if line.startswith("listening ") and len(parts) >= 3:
+            seen.setdefault(parts[1], parts[2])
+        if line.strip() == "ready":
+            break
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    if proc.poll() is not None:
+        raise SystemExit(f"{name} did not start:\n" + (workdir / f"{name}.log").read_text()[-2000:])
+    return proc, seen
+
+
+def via_cluster_gbps(size: int, count: int, batch: int, workdir: Path) -> float:
+    """GB/s of ``Client(node B).get_into`` of blocks held by node A: a real master and two
+    real nodes; per round fresh keys are put through A and indexed (untimed), then read
+    through B (timed: B's master lookups, the copy A -> B, the verification, the commit,
+    the pin and the copy out of B's shared memory into the caller's buffer)."""
+    from kvstored.client.master import MasterClient
+
+    env = {"KVSTORED_NODE__MAX_BLOCK_BYTES": str(size),
+           "KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S": "60"}
+    dram = str(3 * batch * (size + MiB))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        mproc, m = _start(workdir, "master", ["master", "--listen", "127.0.0.1:0", "--data-dir",
+                                              str(workdir / f"master-{size}")], env)
+        procs.append(mproc)
+        socks = {}
+        for name in ("a", "b"):
+            sock = workdir / f"{name}.sock"
+            socks[name] = f"unix:{sock}"
+            p, _ = _start(workdir, name, [
+                "node", "--master", m["grpc"], "--node-id", name, "--listen", f"unix:{sock}",
+                "--listen", "127.0.0.1:0", "--data-address", "127.0.0.1:0",
+                "--metrics-address", "", "--dram-size", dram, "--ssd-size", "0"], env)
+            procs.append(p)
+        payload = os.urandom(size)
+        rounds = max(1, count // batch)
+        bufs = [bytearray(size) for _ in range(batch)]
+        elapsed = local_s = 0.0
+        with Client(socks["a"]) as a, Client(socks["b"]) as b, MasterClient(m["grpc"]) as mc:
+            for r in range(rounds + 1):  # round 0 warms connections and arena pages
+                keys = [os.urandom(16) for _ in range(batch)]
+                assert all(x.stored for x in a.put(keys, [payload] * batch))
+                deadline = time.monotonic() + 60
+                while len(mc.lookup_prefix(b"", keys)[0]) < batch:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("blocks were not indexed within 60 s")
+                    time.sleep(0.05)
+                t0 = time.perf_counter()
+                got = b.get_into(keys, bufs, timeout_s=60)
+                if r:
+                    elapsed += time.perf_counter() - t0
+                assert got == [size] * batch, got
+                t0 = time.perf_counter()
+                assert b.get_into(keys, bufs, timeout_s=60) == [size] * batch  # local hits now
+                if r:
+                    local_s += time.perf_counter() - t0
+        moved = size * batch * rounds
+        print(f"    through node B: {moved / elapsed / 1e9:.2f} GB/s remote, "
+              f"{moved / local_s / 1e9:.2f} GB/s when the same blocks are local hits of B "
+              "(PinBlocks + copy out of shared memory)", flush=True)
+        return moved / elapsed / 1e9
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mib", default="1,4,16")
+    ap.add_argument("--total-mib", type=int, default=512, help="bytes moved per size and side")
+    ap.add_argument("--batch", type=int, default=8, help="blocks per remote read")
+    ap.add_argument("--via-cluster", action="store_true",
+                    help="also measure the engine-facing get through a node of a real cluster")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kvbrg", dir="/tmp"))
+    rows = []
+    try:
+        for mib in (int(x) for x in args.sizes_mib.split(",")):
+            size = mib * MiB
+            count = max(args.batch, args.total_mib // mib)
+            plain = plain_socket_gbps(size, count)
+            ours = remote_get_gbps(size, count, args.batch, workdir)
+            row = {"block_mib": mib, "blocks": count, "remote_get_gbps": round(ours, 3),
+                   "plain_socket_gbps": round(plain, 3), "ratio": round(ours / plain, 3)}
+            line = (f"{mib:>3} MiB  remote get {ours:6.2f} GB/s  plain socket {plain:6.2f} GB/s"
+                    f"  ratio {ours / plain:.2f}")
+            if args.via_cluster:
+                full = via_cluster_gbps(size, count, args.batch, workdir)
+                row["via_cluster_gbps"] = round(full, 3)
+                row["via_cluster_ratio"] = round(full / plain, 3)
+                line += f"  | through a node {full:6.2f} GB/s  ratio {full / plain:.2f}"
+            rows.append(row)
+            print(line, flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

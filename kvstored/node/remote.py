@@ -1,0 +1,421 @@
+"""Reads across the pool: a node finds blocks it lacks through the master, fetches them from
+the peer that holds them over the data plane into its own DRAM, then serves them locally.
+
+::
+
+    PinBlocks/Get(keys) --local miss--> master LookupPrefix(missing keys, local_node_id=self)
+        -> best replica per block (node, epoch, tier, size, generation, data address)
+        -> per peer: DataPlaneClient.get(keys, deadline)   (the peer pins, sends, unpins)
+              each payload is received straight into a local reservation (sink)
+        -> master LookupPrefix(fetched keys, local_node_id=peer): the peer's replica must
+           still be (node, epoch, generation) as named before the copy, else the copy is
+           aborted (never served)
+        -> commit the verified reservations (a normal put on the local store)
+    LookupPrefix/Exists (probes): the local answer, extended by the master's answer;
+        never pins, renews or fetches anything.
+
+Correctness: a copy becomes visible only if (a) the data plane delivered every byte of it
+(the peer pinned the block for the whole send; a torn transfer aborts the reservation) and
+(b) the master still names the same generation on the same epoch of the source after the
+copy. A generation is issued once per replica the master learns of (an eviction and a new
+put of the key, a demotion, a restart are new generations), so (b) catches a source that
+dropped or replaced the block meanwhile, as far as the master knows (the master learns of a
+node's changes within one heartbeat interval; block keys are content hashes, so a key put
+again carries the same bytes).
+
+Failure: every master call and every transfer runs under the caller's deadline (at most
+``remote_fetch_timeout_s``); a dead or blackholed peer is a miss, never a hang. Each failed
+transfer is reported to the master (ReportTransfer), which marks the peer unhealthy after
+``unhealthy_after_failures`` consecutive failures, so later lookups choose another replica.
+The first success after a failure is reported too (it heals the peer).
+
+Limits: the master's lookup is a longest prefix. A read looks up its missing keys once, as a
+prefix: a block after a cluster-wide miss is not copied (KV blocks form chains; a later
+block without its predecessor is useless). An Exists probe looks up runs, at most
+``exists_max_runs`` lookups. Two requests
+missing the same block at once may both fetch it; the second commit is a no-op.
+
+Thread-safe: called from the node's store executor threads (blocking).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from kvstored.client.master import ClusterReplica, MasterClient
+from kvstored.errors import DeadlineExceeded, KvstoredError, TransferFailed, Unavailable
+from kvstored.tiers.base import Reservation, Tier
+from kvstored.transport.base import Transport
+from kvstored.transport.tcp import DataPlaneClient
+
+if TYPE_CHECKING:
+    from kvstored.node.core import NodeCore
+
+log = structlog.get_logger(__name__)
+
+LookupFn = Callable[[bytes, Sequence[bytes], str, float], list[ClusterReplica]]
+"""``lookup(namespace_id, keys, local_node_id, timeout_s)`` -> best replica per leading block."""
+ReportFn = Callable[[str, int, bool, float], None]
+"""``report(peer node_id, peer epoch, ok, timeout_s)``: one transfer's outcome."""
+
+_TRANSFER_ERRORS = (Unavailable, DeadlineExceeded, TransferFailed)
+_MIN_RPC_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """What one :meth:`RemoteReads.fill` did (counts of blocks).
+
+    Attributes:
+        num_found: missing blocks the master named a replica for.
+        num_fetched: blocks copied, verified and committed locally.
+        num_dropped: copies aborted because the source's replica changed or vanished.
+        num_failed: blocks whose transfer failed (peer dead, slow, or the deadline passed).
+    """
+
+    num_found: int = 0
+    num_fetched: int = 0
+    num_dropped: int = 0
+    num_failed: int = 0
+
+
+class RemoteReads:
+    """The node's reads of other nodes' blocks (see the module docstring).
+
+    Args:
+        core: the local node (store, validation, drain accounting).
+        node_id: this node's id (its own replicas are never fetched).
+        lookup: the master's cluster-wide longest-prefix lookup (see :data:`LookupFn`).
+        report: reports a transfer outcome to the master (see :data:`ReportFn`).
+        fetch_timeout_s: most seconds one fill may take (the caller's deadline may be less).
+        transport_for: a Transport to a peer's data address (default: a pooled
+            :class:`DataPlaneClient` per address, ``pool_size`` idle connections each).
+        pool_size: idle data-plane connections kept per peer.
+        report_timeout_s: deadline of one ReportTransfer call (reports are sent from one
+            background thread, in order, so they never cost the reader's deadline).
+        exists_max_runs: most master lookups one Exists probe makes (each run after a
+            cluster-wide miss costs one); reads make one (prefix semantics).
+        before_verify: test hook, called after the copies arrived and before they are
+            verified (e.g. a threading.Event wait that lets a test change the source).
+    """
+
+    def __init__(
+        self,
+        core: NodeCore,
+        *,
+        node_id: str,
+        lookup: LookupFn,
+        report: ReportFn,
+        fetch_timeout_s: float = 2.0,
+        transport_for: Callable[[str], Transport] | None = None,
+        pool_size: int = 4,
+        report_timeout_s: float = 2.0,
+        exists_max_runs: int = 8,
+        before_verify: Callable[[], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.node_id = node_id
+        self.lookup = lookup
+        self.report = report
+        self.fetch_timeout_s = fetch_timeout_s
+        self.pool_size = pool_size
+        self.before_verify = before_verify
+        self.report_timeout_s = report_timeout_s
+        self.exists_max_runs = exists_max_runs
+        self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
+        self._transport_for = transport_for or self._pooled
+        self._peers: dict[str, Transport] = {}
+        self._failed: set[tuple[str, int]] = set()  # peers whose last transfer failed
+        self._lock = threading.Lock()
+        self.num_fetched = 0
+        self.num_dropped = 0
+        self.num_failed = 0
+
+    def _pooled(self, address: str) -> Transport:
+        with self._lock:
+            t = self._peers.get(address)
+            if t is None:
+                t = self._peers[address] = DataPlaneClient(
+                    address, pool_size=self.pool_size,
+                    max_block_bytes=self.core.cfg.max_block_bytes,
+                )
+            return t
+
+    def close(self) -> None:
+        """Close every pooled peer connection (idempotent)."""
+        with self._lock:
+            peers, self._peers = self._peers, {}
+        for t in peers.values():
+            t.close()
+        self._reporter.shutdown(wait=False, cancel_futures=True)
+
+    def deadline(self, remaining_s: float | None) -> float:
+        """Absolute ``time.monotonic()`` deadline: the caller's time left, at most
+        ``fetch_timeout_s`` (``remaining_s`` None = no caller deadline)."""
+        budget = self.fetch_timeout_s
+        if remaining_s is not None:
+            budget = min(budget, max(0.0, remaining_s * 0.8))
+        return time.monotonic() + budget
+
+    # ---- finding replicas ----------------------------------------------------------------
+    def find(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
+        local_node_id: str | None = None, max_runs: int = 1,
+    ) -> dict[int, ClusterReplica]:
+        """The master's best replica of each of ``keys`` it knows, by index (never pins).
+
+        Looks up runs: the longest present prefix of the keys left, then skips the first
+        cluster-wide miss and goes on, at most ``max_runs`` lookups (1 = prefix semantics: a
+        block after a cluster-wide miss is not looked for), until the keys or the deadline
+        run out. A master that cannot be reached answers nothing (a miss, logged).
+        """
+        out: dict[int, ClusterReplica] = {}
+        start = runs = 0
+        me = self.node_id if local_node_id is None else local_node_id
+        while start < len(keys) and runs < max_runs:
+            runs += 1
+            left = deadline - time.monotonic()
+            if left < _MIN_RPC_S:
+                break
+            try:
+                got = self.lookup(namespace_id, keys[start:], me, left)
+            except KvstoredError as exc:
+                log.info("remote_lookup_failed", error=str(exc))
+                break
+            for j, rep in enumerate(got):
+                out[start + j] = rep
+            start += len(got) + 1
+        return out
+
+    def extend_prefix(
+        self, namespace_id: bytes, keys: Sequence[bytes], local: list[Tier], *,
+        remaining_s: float | None = None,
+    ) -> list[Tier]:
+        """A probe's longest prefix: ``local`` (the node's own answer) extended by the
+        cluster's (per block, the tier of the best replica); never pins or fetches."""
+        if len(local) >= len(keys):
+            return local
+        deadline = self.deadline(remaining_s)
+        left = deadline - time.monotonic()
+        if left < _MIN_RPC_S:
+            return local
+        try:  # the cluster's prefix of the keys after the local one (the master may lag)
+            got = self.lookup(namespace_id, keys[len(local):], self.node_id, left)
+        except KvstoredError as exc:
+            log.info("remote_lookup_failed", error=str(exc))
+            return local
+        out = list(local)
+        for r in got:
+            if r.node_id == self.node_id:
+                break  # names us, but we lack it: the master has not heard of the eviction
+            out.append(r.tier)
+        return out
+
+    def exists(
+        self, namespace_id: bytes, keys: Sequence[bytes], present: list[bool],
+        tiers: list[Tier | None], *, remaining_s: float | None = None,
+    ) -> tuple[list[bool], list[Tier | None]]:
+        """A probe's per-key presence: the local answer, keys absent here looked up in the
+        cluster (never pins or fetches). ``tiers`` is [] when the caller did not ask."""
+        missing = [i for i, p in enumerate(present) if not p]
+        if not missing:
+            return present, tiers
+        found = self.find(namespace_id, [keys[i] for i in missing],
+                          deadline=self.deadline(remaining_s), max_runs=self.exists_max_runs)
+        present = list(present)
+        tiers = list(tiers)
+        for j, rep in found.items():
+            if rep.node_id == self.node_id:
+                continue  # names us, but we lack it: stale (the master lags one heartbeat)
+            present[missing[j]] = True
+            if tiers:
+                tiers[missing[j]] = rep.tier
+        return present, tiers
+
+    # ---- fetching ----------------------------------------------------------------------
+    def fill(
+        self, keys: Sequence[bytes], namespace_id: bytes, *, remaining_s: float | None = None
+    ) -> FetchResult:
+        """Copy the blocks of ``keys`` this node lacks from their peers into its DRAM.
+
+        Best effort under the deadline: whatever could not be found, copied or verified is
+        simply not there afterwards (the caller's read then misses). Never raises for a
+        peer's or the master's failure; invalid keys are left to the caller's validation.
+
+        Returns:
+            The counts of what happened (:class:`FetchResult`).
+        """
+        deadline = self.deadline(remaining_s)
+        t0 = time.monotonic()
+        core = self.core
+        try:
+            present, _ = core.exists(keys, namespace_id)
+        except KvstoredError:
+            return FetchResult()
+        missing = [i for i, p in enumerate(present) if not p]
+        if not missing:
+            return FetchResult()
+        found = self.find(namespace_id, [keys[i] for i in missing], deadline=deadline)
+        t_found = time.monotonic()
+        by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
+        for j, rep in found.items():
+            if rep.node_id == self.node_id:
+                continue  # ours: evicted or in flux here; never fetch from ourselves
+            by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append(
+                (keys[missing[j]], rep))
+        fetched = dropped = failed = 0
+        try:
+            with core.put_in_flight():
+                step = max(1, core.cfg.max_batch_keys)
+                for (peer, epoch, address), items in by_peer.items():
+                    for i in range(0, len(items), step):  # the peer's batch limit is ours
+                        f, d, x = self._fill_from(peer, epoch, address, items[i : i + step],
+                                                  namespace_id, deadline)
+                        fetched += f
+                        dropped += d
+                        failed += x
+        except KvstoredError as exc:  # draining: no new copies
+            log.info("remote_fill_refused", error=str(exc))
+        with self._lock:
+            self.num_fetched += fetched
+            self.num_dropped += dropped
+            self.num_failed += failed
+        if core.metrics is not None:
+            for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed)):
+                if n:
+                    core.metrics.remote_blocks.labels(outcome=outcome).inc(n)
+        log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
+                  num_dropped=dropped, num_failed=failed,
+                  lookup_ms=round((t_found - t0) * 1000, 2),
+                  duration_ms=round((time.monotonic() - t0) * 1000, 2))
+        return FetchResult(len(found), fetched, dropped, failed)
+
+    def _fill_from(
+        self, peer: str, epoch: int, address: str,
+        items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
+    ) -> tuple[int, int, int]:
+        core = self.core
+        keys = [k for k, _ in items]
+        reserved: dict[int, Reservation] = {}
+
+        def sink(i: int, size_bytes: int, meta: bytes) -> memoryview | None:
+            if size_bytes != items[i][1].size_bytes:
+                return None  # not the replica the master named: do not copy it
+            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id)[0]
+            if not isinstance(got, Reservation):
+                return None  # already here meanwhile, or no room: skip the payload
+            reserved[i] = got
+            return got.view
+
+        try:
+            try:
+                transport = self._transport_for(address)
+                got = transport.get(keys, namespace_id, sink, deadline=deadline)
+            except _TRANSFER_ERRORS as exc:
+                self._report(peer, epoch, False)
+                log.warning("remote_fetch_failed", peer=peer, address=address,
+                            num_blocks=len(keys), error=str(exc))
+                return 0, 0, len(keys)
+            except KvstoredError as exc:  # the peer refused the request (draining...): a miss
+                log.info("remote_fetch_refused", peer=peer, num_blocks=len(keys),
+                         error=str(exc))
+                return 0, 0, len(keys)
+            self._report(peer, epoch, True)
+            ok = [i for i, g in enumerate(got) if g.found and i in reserved]
+            if self.before_verify is not None:
+                self.before_verify()
+            still = self.find(namespace_id, [keys[i] for i in ok], deadline=deadline,
+                              local_node_id=peer, max_runs=len(ok)) if ok else {}
+            good = []
+            for j, i in enumerate(ok):
+                named, now = items[i][1], still.get(j)
+                if now is not None and (now.node_id, now.epoch, now.generation) == (
+                        named.node_id, named.epoch, named.generation):
+                    good.append(i)
+            commit = [reserved.pop(i) for i in good]
+            flags = core.store.commit_many(commit) if commit else []
+            dropped = len(ok) - len(good)
+            if dropped:
+                log.info("remote_copy_dropped", peer=peer, num_blocks=dropped,
+                         reason="the source's replica changed or vanished during the copy")
+            n = sum(1 for f in flags if f)
+            if n:
+                core.count_transfer("tcp", "in", n, sum(r.size_bytes for r in commit))
+            return n, dropped, 0
+        finally:
+            core.abort_reserved(list(reserved.values()))
+
+    def _report(self, peer: str, epoch: int, ok: bool) -> None:
+        """Queue a transfer outcome for the master: every failure, and the first success
+        after a failure (a healthy peer that stays healthy costs nothing)."""
+        key = (peer, epoch)
+        with self._lock:
+            if ok and key not in self._failed:
+                return
+            if ok:
+                self._failed.discard(key)
+            else:
+                self._failed.add(key)
+        try:
+            self._reporter.submit(self._send_report, peer, epoch, ok)
+        except RuntimeError:  # closed
+            pass
+
+    def _send_report(self, peer: str, epoch: int, ok: bool) -> None:
+        try:
+            self.report(peer, epoch, ok, self.report_timeout_s)
+            log.info("peer_transfer_reported", peer=peer, epoch=epoch, ok=ok)
+        except KvstoredError as exc:
+            log.info("peer_transfer_report_failed", peer=peer, error=str(exc))
+        except Exception:
+            log.exception("peer_transfer_report_bug")
+
+    def wait_reports(self, timeout_s: float = 10.0) -> bool:
+        """Block until every report queued so far was sent (tests, shutdown)."""
+        done = self._reporter.submit(lambda: None)
+        try:
+            done.result(timeout_s)
+        except Exception:
+            return False
+        return True
+
+
+def master_reads(core: NodeCore, master_address: str, *, node_id: str,
+                 fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0
+                 ) -> RemoteReads:
+    """A :class:`RemoteReads` talking to the master at ``master_address`` (sync gRPC).
+
+    Returns:
+        The reader; ``close()`` it (closes the peer pools; the master channel is closed
+        with it).
+    """
+    client = MasterClient(master_address, timeout_s=fetch_timeout_s)
+
+    def lookup(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
+               ) -> list[ClusterReplica]:
+        got, _ = client.lookup_prefix(namespace_id, keys, local_node_id=local,
+                                      timeout_s=timeout_s)
+        return got
+
+    def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
+        client.report_transfer(peer, epoch, ok=ok, reporter_node_id=node_id,
+                               timeout_s=timeout_s)
+
+    reads = RemoteReads(core, node_id=node_id, lookup=lookup, report=report,
+                        fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
+                        report_timeout_s=rpc_timeout_s)
+    close = reads.close
+
+    def close_all() -> None:
+        close()
+        client.close()
+
+    reads.close = close_all  # type: ignore[method-assign]
+    return reads
