@@ -159,3 +159,71 @@ def test_streaming_checksum_covers_every_chunk(tmp_path: pathlib.Path, where: in
         assert t.read_file(sk, t.entries[sk], dest) == "checksum_mismatch"
     finally:
         t.close()
+
+
+def _odirect_ok(d: pathlib.Path) -> bool:
+    try:
+        os.close(os.open(d / "probe", os.O_CREAT | os.O_WRONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("size", [4096, 3 * 4096 + 123, 100])
+def test_demotion_writes_with_o_direct_from_an_aligned_buffer(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    if not _odirect_ok(tmp_path):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT: the buffered path is the only one here")
+    import mmap
+
+    real_open = os.open
+    tmp_flags: list[int] = []
+
+    def spy_open(path: object, flags: int, *a: object) -> int:
+        if str(path).endswith(".tmp"):
+            tmp_flags.append(flags)
+        return real_open(path, flags, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spy_open)
+    arena = mmap.mmap(-1, 8 * 4096)  # page-aligned, like an arena slot
+    data = os.urandom(size)
+    arena[4096 : 4096 + size] = data
+    t = SsdTier(tmp_path / "ssd", 64 * BLOCK)
+    sk = store_key(b"ns", b"direct")
+    try:
+        with memoryview(arena) as mv:
+            assert t.write(sk, mv[4096 : 4096 + size], namespace_id=b"ns", meta=b"m")
+        assert tmp_flags and all(f & os.O_DIRECT for f in tmp_flags)  # no buffered retry
+        dest = memoryview(bytearray(size + 8192))
+        assert t.read_file(sk, t.entries[sk], dest) == ""
+        assert bytes(dest[:size]) == data
+    finally:
+        t.close()
+    monkeypatch.undo()
+    (tmp_path / "ssd" / "index" / "CURRENT").write_bytes(b"garbage\n")  # rebuild from trailers
+    t2 = SsdTier(tmp_path / "ssd", 64 * BLOCK)
+    try:
+        assert list(t2.entries) == [sk] and t2.entries[sk].meta == b"m"
+        dest = memoryview(bytearray(size + 8192))
+        assert t2.read_file(sk, t2.entries[sk], dest) == ""
+        assert bytes(dest[:size]) == data
+    finally:
+        t2.close()
+    arena.close()
+
+
+def test_an_unaligned_buffer_falls_back_to_a_buffered_write(tmp_path: pathlib.Path) -> None:
+    t = SsdTier(tmp_path / "ssd", 64 * BLOCK)
+    sk = store_key(b"", b"unaligned")
+    raw = bytearray(3 * 4096 + 1)
+    data = memoryview(raw)[1:]  # off by one byte from whatever alignment bytearray has
+    data[:] = os.urandom(3 * 4096)
+    try:
+        assert t.write(sk, data, namespace_id=b"", meta=b"")
+        dest = memoryview(bytearray(4 * 4096))
+        assert t.read_file(sk, t.entries[sk], dest) == ""
+        assert bytes(dest[: 3 * 4096]) == bytes(data)
+        assert t.put_failures == 0
+    finally:
+        t.close()
