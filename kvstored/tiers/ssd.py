@@ -38,8 +38,8 @@ The convenience methods :meth:`write`, :meth:`read_into` and :meth:`delete` run 
 order, taking the lock themselves; they must not be called with the lock held.
 
 Reads and writes use O_DIRECT (``direct_io=True``): reads with ``os.preadv`` into the
-4096-aligned destination (an arena slot: promotion copies nothing), in 1 MiB chunks hashed
-(xxh3 streaming) as they arrive; writes straight from the arena slot (see
+4096-aligned destination (an arena slot: promotion copies nothing), in chunks of up to 16 MiB
+hashed (xxh3 streaming) as they arrive; writes straight from the arena slot (see
 :meth:`SsdTier._write_direct`). Both fall back to buffered I/O when the filesystem or the
 buffer refuses O_DIRECT. A batch's blocks are read or written several at once by the tier's
 I/O pool (:meth:`SsdTier.read_files`, :meth:`SsdTier.write_files`; ``io_threads``, default 8 =
@@ -85,8 +85,11 @@ IoHook = Callable[[str, bytes], None]
 
 IO_QUEUE_DEPTH = 8
 """Blocks of one batch read or written at once (threads of the tier's I/O pool)."""
-READ_CHUNK_BYTES = 1 << 20
-"""A block is read in chunks of this size, each hashed (xxh3 streaming) right after its read."""
+READ_CHUNK_BYTES = 16 << 20
+"""A block is read in chunks of this size, each hashed (xxh3 streaming) right after its read.
+Large on purpose: with O_DIRECT the bytes arrive by DMA (not through the CPU cache), so small
+chunks save no memory traffic but cap the bytes in flight per thread; measured on this VM, 16
+MiB blocks promote ~1.4x faster with 16 MiB chunks than with 1 MiB ones."""
 
 
 class SsdEntry:
