@@ -273,8 +273,12 @@ class TransitMixin:
                 need = dram.round_up(size)
                 self._reserved_bytes += need
                 todo.append((skey, sentry, t, need))
-        except BaseException:
-            self._finish_promotions(todo, ["read_failed"] * len(todo))
+        except BaseException:  # Unavailable (closed) while making room: nothing was read
+            for skey, _, t, need in todo:
+                del self._promoting[skey]
+                self._reserved_bytes -= need
+                dram.allocator.free(t.offset, t.size_bytes)
+            self._cond.notify_all()
             raise
         finally:
             for e in held.values():

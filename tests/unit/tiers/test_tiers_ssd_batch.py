@@ -227,3 +227,59 @@ def test_an_unaligned_buffer_falls_back_to_a_buffered_write(tmp_path: pathlib.Pa
         assert t.put_failures == 0
     finally:
         t.close()
+
+
+def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
+    tmp_path: pathlib.Path,
+) -> None:
+    s = TieredStore(
+        dram_size_bytes=8 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+        ssd_size_bytes=64 * BLOCK,
+    )
+    for i in range(16):
+        s.put(key(i), val(i))  # DRAM: 8..15 (full, DRAM-only); SSD: 0..7
+    s.remove([key(8)])  # room for one promotion; the second needs a demotion
+    assert s._ssd is not None
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_write(op: str, skey: bytes) -> None:
+        if op == "write":
+            entered.set()
+            assert release.wait(30), "held write never released"
+
+    s._ssd.io_hook = hold_write
+    box: list[object] = []
+
+    def reader() -> None:
+        try:
+            box.append(s.pin_many([key(0), key(1)]))
+        except BaseException as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert entered.wait(10)  # key 0 has its slot (PROMOTING); key 1 waits for a demotion
+    closer = threading.Thread(target=s.close, daemon=True)
+    closer.start()
+    for _ in range(1000):
+        if s._closed:
+            break
+        closer.join(0.01)
+    assert s._closed
+    release.set()
+    t.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and len(box) == 1
+    from kvstored.errors import Unavailable
+
+    assert isinstance(box[0], Unavailable)
+    assert s._ssd.checksum_failures == 0  # nothing was read, so nothing was judged bad
+    s2 = TieredStore(
+        dram_size_bytes=8 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+        ssd_size_bytes=64 * BLOCK,
+    )
+    try:
+        assert s2.lookup_prefix([key(0), key(1)]) == [Tier.SSD, Tier.SSD]
+        assert s2.get(key(0)) == (val(0), b"")
+    finally:
+        s2.close()
