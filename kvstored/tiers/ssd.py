@@ -398,24 +398,25 @@ class SsdTier(SsdRecovery):
             self._direct_io = False
             log.info("ssd_direct_io_disabled", directory=self.directory)
             return False
+        rest = size - head + len(tail)
+        bounce = mmap.mmap(-1, round_up_page(rest))
         try:
-            try:
-                self._write_all(fd, data[:head], 0)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                return False  # buffer not aligned for O_DIRECT
-            rest = size - head + len(tail)
-            bounce = mmap.mmap(-1, round_up_page(rest))
-            try:
-                with memoryview(bounce) as mv:
-                    mv[: size - head] = data[head:]
-                    mv[size - head : rest] = tail
-                    self._write_all(fd, mv, head)
-            finally:
-                bounce.close()
+            with memoryview(bounce) as mv:
+                mv[: size - head] = data[head:]
+                mv[size - head : rest] = tail
+                try:  # one syscall for both parts (the common case), then any remainder
+                    n = os.pwritev(fd, [data[:head], mv], 0)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    return False  # buffer not aligned for O_DIRECT
+                if n < head:
+                    self._write_all(fd, data[n:head], n)
+                    n = head
+                self._write_all(fd, mv[n - head :], n)
             os.ftruncate(fd, size + len(tail))
         finally:
+            bounce.close()
             os.close(fd)
         return True
 
