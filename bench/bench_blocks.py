@@ -337,43 +337,49 @@ def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int) -> dict[str, 
             "ratio": gbps / ref, "batch": batch}
 
 
+_LOOPBACK_SENDER = """
+import os, socket, sys
+n = int(sys.argv[1])
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+    conn.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+payload = memoryview(bytearray(os.urandom(1 << 20) * max(1, n >> 20))[:n])
+while conn.recv(1):
+    conn.sendall(payload)
+"""
+
+
 def loopback_socket_gbps(nbytes: int, iters: int) -> float:
-    """Raw Python TCP loopback: one thread ``sendall``s ``nbytes``, the other ``recv_into``s
-    them into a preallocated buffer (the reference for tcp_get). Median of ``iters``."""
-    import threading
-
-    srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
-    payload = memoryview(bytearray(os.urandom(1 << 20) * max(1, nbytes >> 20))[:nbytes])
-    go = threading.Semaphore(0)
-
-    def sender() -> None:
-        conn, _ = srv.accept()
-        with conn:
-            for _ in range(iters + 1):
-                go.acquire()
-                conn.sendall(payload)
-
-    t = threading.Thread(target=sender, daemon=True)
-    t.start()
-    cli = socket.create_connection(("127.0.0.1", port))
-    buf = memoryview(bytearray(nbytes))
-    times = []
+    """Raw Python TCP loopback, request/response like a tcp get: a separate process ``sendall``s
+    ``nbytes`` per 1-byte request; this one ``recv_into``s them into a preallocated buffer
+    (the reference for tcp_get). Median of ``iters``."""
+    proc = subprocess.Popen([sys.executable, "-c", _LOOPBACK_SENDER, str(nbytes)],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        for i in range(iters + 1):
-            t0 = time.perf_counter()
-            go.release()
-            got = 0
-            while got < nbytes:
-                n = cli.recv_into(buf[got:])
-                assert n > 0
-                got += n
-            if i:
-                times.append(time.perf_counter() - t0)
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        cli = socket.create_connection(("127.0.0.1", port))
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # as the data plane (framing.py)
+            cli.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = memoryview(bytearray(nbytes))
+        times = []
+        with cli:
+            for i in range(iters + 1):
+                t0 = time.perf_counter()
+                cli.sendall(b"g")
+                got = 0
+                while got < nbytes:
+                    n = cli.recv_into(buf[got:])
+                    assert n > 0, "loopback sender closed"
+                    got += n
+                if i:
+                    times.append(time.perf_counter() - t0)
     finally:
-        cli.close()
-        t.join(10)
-        srv.close()
+        proc.wait(10)
     return nbytes / statistics.median(times) / 1e9
 
 
