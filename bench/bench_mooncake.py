@@ -208,7 +208,7 @@ MC_CLIENT = textwrap.dedent('''
                     assert all(x == size for x in r), r
                 get_t.append(time.perf_counter() - t0)
                 assert bytes(dst[:64]) == bytes(src[:64])
-                time.sleep(0.2)  # the read lease (-default_kv_lease_ttl=100 ms) must lapse
+                time.sleep(1.1)  # the read lease (-default_kv_lease_ttl=1000 ms) must lapse
                 s.remove_all()
             key = f"{size}/b{batch}"
             out.setdefault("put", {})[key] = n * size / min(put_t) / 1e9
@@ -243,7 +243,7 @@ def run_mooncake(py: str, tmp: pathlib.Path, sizes: list[int], total: int, reps:
          # no -enable_http_metadata_server: its listener binds 0.0.0.0 whatever
          # -http_metadata_server_host says (seen with 0.3.13.post1); peers handshake directly
          "-enable_http_metadata_server=false", "-metrics_host", "127.0.0.1",
-         f"-metrics_port={metrics}", "-default_kv_lease_ttl=100"],
+         f"-metrics_port={metrics}", "-default_kv_lease_ttl=1000"],
         stdout=open(tmp / "mc-master.log", "w"), stderr=subprocess.STDOUT,
     )
     procs: list[subprocess.Popen[Any]] = [master]
