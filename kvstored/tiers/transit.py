@@ -51,7 +51,7 @@ from kvstored.tiers.ssd_format import split_store_key
 
 if TYPE_CHECKING:
     from kvstored.tiers.dram import DramTier
-    from kvstored.tiers.ssd import SsdTier
+    from kvstored.tiers.ssd import SsdEntry, SsdTier
 
 log = structlog.get_logger(__name__)
 
@@ -244,7 +244,7 @@ class TransitMixin:
         """
         ssd, dram = self._ssd, self._dram
         assert ssd is not None
-        todo: list[tuple[bytes, object, _Transit, int]] = []
+        todo: list[tuple[bytes, SsdEntry, _Transit, int]] = []
         seen: set[bytes] = set()
         # Hold the batch's DRAM hits while making room, as the one-by-one path (which pins
         # each hit before promoting the next key) would: never evict what this get returns.
@@ -305,7 +305,7 @@ class TransitMixin:
             self._cond.notify_all()
 
     def _finish_promotions(
-        self, todo: list[tuple[bytes, object, _Transit, int]], reasons: list[str]
+        self, todo: list[tuple[bytes, SsdEntry, _Transit, int]], reasons: list[str]
     ) -> set[bytes]:
         """Index the promotions of :meth:`_promote_many` that read well; free the others."""
         ssd, dram = self._ssd, self._dram
@@ -315,11 +315,11 @@ class TransitMixin:
         for (skey, sentry, t, need), reason in zip(todo, reasons, strict=True):
             del self._promoting[skey]
             self._reserved_bytes -= need
-            doomed += ssd.end_read(skey, sentry, reason)  # type: ignore[arg-type]
+            doomed += ssd.end_read(skey, sentry, reason)
             if reason or t.removed or self._closed:
                 dram.allocator.free(t.offset, t.size_bytes)
                 continue
-            dram.add(skey, DramEntry(t.offset, self._intern_size(t.size_bytes), sentry.info))  # type: ignore[attr-defined]
+            dram.add(skey, DramEntry(t.offset, self._intern_size(t.size_bytes), sentry.info))
             ssd.hits += 1
             done.add(skey)
         self._cond.notify_all()
