@@ -40,8 +40,8 @@ order, taking the lock themselves; they must not be called with the lock held.
 Reads and writes use O_DIRECT (``direct_io=True``): reads with ``os.preadv`` into the
 4096-aligned destination (an arena slot: promotion copies nothing), in chunks of up to 16 MiB
 hashed (xxh3 streaming) as they arrive; writes straight from the arena slot (see
-:meth:`SsdTier._write_direct`). Both fall back to buffered I/O when the filesystem or the
-buffer refuses O_DIRECT. A batch's blocks are read or written several at once by the tier's
+:func:`~kvstored.tiers.ssd_io.write_direct`). Both fall back to buffered I/O when the
+filesystem or the buffer refuses O_DIRECT. A batch's blocks are read or written several at once by the tier's
 I/O pool (:meth:`SsdTier.read_files`, :meth:`SsdTier.write_files`; ``io_threads``, default 8 =
 queue depth 8). Data files are not fsync'd: after a power loss the checksum turns a torn file
 into a miss. The file format is unchanged by O_DIRECT (ssd_format.py).
@@ -50,7 +50,6 @@ into a miss. The file format is unchanged by O_DIRECT (ssd_format.py).
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -59,11 +58,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import structlog
-import xxhash
 
 from kvstored.tiers.ssd_format import (
     DATA_SUFFIX,
-    PAGE_BYTES,
     TMP_SUFFIX,
     checksum_of,
     encode_record,
@@ -75,9 +72,19 @@ from kvstored.tiers.ssd_format import (
     trailer_bytes,
     trailer_of,
 )
+from kvstored.tiers.ssd_io import (
+    READ_CHUNK_BYTES,
+    REFUSED_AT_OPEN,
+    read_all,
+    write_all,
+    write_direct,
+)
 from kvstored.tiers.ssd_recovery import SsdRecovery
 
-__all__ = ["SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page", "store_key"]
+__all__ = [
+    "READ_CHUNK_BYTES", "SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page",
+    "store_key",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -85,11 +92,6 @@ IoHook = Callable[[str, bytes], None]
 
 IO_QUEUE_DEPTH = 8
 """Blocks of one batch read or written at once (threads of the tier's I/O pool)."""
-READ_CHUNK_BYTES = 16 << 20
-"""A block is read in chunks of this size, each hashed (xxh3 streaming) right after its read.
-Large on purpose: with O_DIRECT the bytes arrive by DMA (not through the CPU cache), so small
-chunks save no memory traffic but cap the bytes in flight per thread; measured on this VM, 16
-MiB blocks promote ~1.4x faster with 16 MiB chunks than with 1 MiB ones."""
 
 
 class SsdEntry:
@@ -338,11 +340,15 @@ class SsdTier(SsdRecovery):
                 self._made_shards.add(shard)
             tail = trailer_of(w.skey, size, csum, w.meta)
             stage = "write"
-            if not (self._direct_io and self._write_direct(tmp, data, tail)):
+            refused = write_direct(tmp, data, tail) if self._direct_io else REFUSED_AT_OPEN
+            if refused == REFUSED_AT_OPEN and self._direct_io:
+                self._direct_io = False
+                log.info("ssd_direct_io_disabled", directory=self.directory)
+            if refused:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
-                    self._write_all(fd, data, 0)
-                    self._write_all(fd, memoryview(tail), size)
+                    write_all(fd, data, 0)
+                    write_all(fd, memoryview(tail), size)
                 finally:
                     os.close(fd)
             stage = "rename"
@@ -364,62 +370,6 @@ class SsdTier(SsdRecovery):
         w.entry = self._entry(size, csum, w.namespace_id, w.meta)
         return True
 
-    @staticmethod
-    def _write_all(fd: int, buf: memoryview, offset: int) -> None:
-        done = 0
-        while done < buf.nbytes:
-            n = os.pwritev(fd, [buf[done:]], offset + done)
-            if n <= 0:
-                raise OSError(errno.EIO, "short write")
-            done += n
-
-    def _write_direct(self, tmp: str, data: memoryview, tail: bytes) -> bool:
-        """Write ``data | tail`` as the new file ``tmp`` with O_DIRECT: the page-aligned head
-        of ``data`` straight from its buffer (an arena slot: no copy, and no dirty page cache
-        that a later O_DIRECT read would first have to write back), the last partial page and
-        the trailer through one aligned bounce buffer, then truncate to the exact length.
-
-        Returns:
-            False when O_DIRECT is refused (the filesystem, or a ``data`` buffer that is not
-            page-aligned): the caller then writes the file buffered.
-
-        Raises:
-            OSError: any other write error (ENOSPC, EIO).
-        """
-        size = data.nbytes
-        head = size // PAGE_BYTES * PAGE_BYTES
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o644
-            )
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self._direct_io = False
-            log.info("ssd_direct_io_disabled", directory=self.directory)
-            return False
-        rest = size - head + len(tail)
-        bounce = mmap.mmap(-1, round_up_page(rest))
-        try:
-            with memoryview(bounce) as mv:
-                mv[: size - head] = data[head:]
-                mv[size - head : rest] = tail
-                try:  # one syscall for both parts (the common case), then any remainder
-                    n = os.pwritev(fd, [data[:head], mv], 0)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    return False  # buffer not aligned for O_DIRECT
-                if n < head:
-                    self._write_all(fd, data[n:head], n)
-                    n = head
-                self._write_all(fd, mv[n - head :], n)
-            os.ftruncate(fd, size + len(tail))
-        finally:
-            bounce.close()
-            os.close(fd)
-        return True
-
     def _open_for_read(self, path: str) -> tuple[int, bool]:
         if self._direct_io:
             try:
@@ -430,26 +380,6 @@ class SsdTier(SsdRecovery):
                 self._direct_io = False
                 log.info("ssd_direct_io_disabled", directory=self.directory)
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
-
-    @staticmethod
-    def _read_all(fd: int, buf: memoryview, size: int) -> tuple[int, int]:
-        """Read ``buf`` from offset 0 in chunks, hashing the first ``size`` bytes as each chunk
-        arrives (one pass over memory, while the chunk is still in cache).
-
-        Returns:
-            ``(bytes read, xxh3_64 of the first min(size, bytes read) bytes)``.
-        """
-        h = xxhash.xxh3_64()
-        total = 0
-        want = buf.nbytes
-        while total < want:
-            n = os.preadv(fd, [buf[total : min(want, total + READ_CHUNK_BYTES)]], total)
-            if n == 0:
-                break
-            if total < size:
-                h.update(buf[total : min(size, total + n)])
-            total += n
-        return total, h.intdigest()
 
     def read_file(self, skey: bytes, entry: SsdEntry, dest: memoryview) -> str:
         """Read a block into ``dest`` and verify it against ``entry`` (no lock held).
@@ -481,13 +411,13 @@ class SsdTier(SsdRecovery):
                 if os.fstat(fd).st_size != size + trailer_bytes(skey, entry.meta):
                     return "wrong_size"
                 try:
-                    got, csum = self._read_all(fd, buf, size)
+                    got, csum = read_all(fd, buf, size)
                 except OSError as exc:
                     if not direct or exc.errno != errno.EINVAL:
                         raise
                     os.close(fd)  # O_DIRECT refused this buffer: retry buffered
                     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    got, csum = self._read_all(fd, buf, size)
+                    got, csum = read_all(fd, buf, size)
                 if got < size:
                     return "short_read"
             finally:
