@@ -37,9 +37,14 @@ under it: each operation is split into phases, ``begin_*`` / ``end_*`` with the 
 The convenience methods :meth:`write`, :meth:`read_into` and :meth:`delete` run the phases in
 order, taking the lock themselves; they must not be called with the lock held.
 
-Reads use O_DIRECT (``direct_io=True``) with ``os.preadv`` into the 4096-aligned destination,
-falling back to buffered reads when the filesystem refuses O_DIRECT (tmpfs). Data files are not
-fsync'd: after a power loss the checksum turns a torn file into a miss.
+Reads and writes use O_DIRECT (``direct_io=True``): reads with ``os.preadv`` into the
+4096-aligned destination (an arena slot: promotion copies nothing), in chunks of up to 16 MiB
+hashed (xxh3 streaming) as they arrive; writes straight from the arena slot (see
+:func:`~kvstored.tiers.ssd_io.write_direct`). Both fall back to buffered I/O when the
+filesystem or the buffer refuses O_DIRECT. A batch's blocks are read or written several at once by the tier's
+I/O pool (:meth:`SsdTier.read_files`, :meth:`SsdTier.write_files`; ``io_threads``, default 8 =
+queue depth 8). Data files are not fsync'd: after a power loss the checksum turns a torn file
+into a miss. The file format is unchanged by O_DIRECT (ssd_format.py).
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ import errno
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import structlog
@@ -66,13 +72,26 @@ from kvstored.tiers.ssd_format import (
     trailer_bytes,
     trailer_of,
 )
+from kvstored.tiers.ssd_io import (
+    READ_CHUNK_BYTES,
+    REFUSED_AT_OPEN,
+    read_all,
+    write_all,
+    write_direct,
+)
 from kvstored.tiers.ssd_recovery import SsdRecovery
 
-__all__ = ["SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page", "store_key"]
+__all__ = [
+    "READ_CHUNK_BYTES", "SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page",
+    "store_key",
+]
 
 log = structlog.get_logger(__name__)
 
 IoHook = Callable[[str, bytes], None]
+
+IO_QUEUE_DEPTH = 8
+"""Blocks of one batch read or written at once (threads of the tier's I/O pool)."""
 
 
 class SsdEntry:
@@ -132,6 +151,8 @@ class SsdTier(SsdRecovery):
         intern_size: maps a block size to a shared int object (same reason).
         lock: guards the metadata; the owning store passes its own lock (default: a new
             Lock; not reentrant).
+        io_threads: size of the tier's I/O pool ("kvstored-ssd-io"): how many blocks of
+            one batch :meth:`read_files` / :meth:`write_files` move at once (queue depth).
 
     Raises:
         StorageIOError: the directory is in use by another kvstored process, or it (or its
@@ -151,9 +172,12 @@ class SsdTier(SsdRecovery):
         intern_info: Callable[[bytes, bytes], tuple[bytes, bytes]] = _no_intern,
         intern_size: Callable[[int], int] = int,
         lock: threading.Lock | None = None,
+        io_threads: int = IO_QUEUE_DEPTH,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"SSD capacity_bytes must be > 0, got {capacity_bytes}")
+        if io_threads < 1:
+            raise ValueError(f"SSD io_threads must be >= 1, got {io_threads}")
         self.directory = os.fspath(directory)
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
@@ -174,6 +198,9 @@ class SsdTier(SsdRecovery):
         self._index_dir = os.path.join(self.directory, "index")
         self._made_shards: set[str] = set()
         self._closed = False
+        self._io_threads = int(io_threads)
+        self._pool: ThreadPoolExecutor | None = None  # made on the first batch
+        self._pool_lock = threading.Lock()
         self._lock_fd = self._take_dir_lock()
         try:
             self._db, from_files = self._open_index()
@@ -311,18 +338,19 @@ class SsdTier(SsdRecovery):
             if shard not in self._made_shards:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._made_shards.add(shard)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                stage = "write"
-                for buf in (data, memoryview(trailer_of(w.skey, size, csum, w.meta))):
-                    done = 0
-                    while done < buf.nbytes:
-                        n = os.write(fd, buf[done:])
-                        if n <= 0:
-                            raise OSError(errno.EIO, "short write")
-                        done += n
-            finally:
-                os.close(fd)
+            tail = trailer_of(w.skey, size, csum, w.meta)
+            stage = "write"
+            refused = write_direct(tmp, data, tail) if self._direct_io else REFUSED_AT_OPEN
+            if refused == REFUSED_AT_OPEN and self._direct_io:
+                self._direct_io = False
+                log.info("ssd_direct_io_disabled", directory=self.directory)
+            if refused:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    write_all(fd, data, 0)
+                    write_all(fd, memoryview(tail), size)
+                finally:
+                    os.close(fd)
             stage = "rename"
             os.rename(tmp, path)
             stage = "index"
@@ -352,17 +380,6 @@ class SsdTier(SsdRecovery):
                 self._direct_io = False
                 log.info("ssd_direct_io_disabled", directory=self.directory)
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
-
-    @staticmethod
-    def _read_all(fd: int, buf: memoryview) -> int:
-        total = 0
-        want = buf.nbytes
-        while total < want:
-            n = os.preadv(fd, [buf[total:]], total)
-            if n == 0:
-                break
-            total += n
-        return total
 
     def read_file(self, skey: bytes, entry: SsdEntry, dest: memoryview) -> str:
         """Read a block into ``dest`` and verify it against ``entry`` (no lock held).
@@ -394,22 +411,70 @@ class SsdTier(SsdRecovery):
                 if os.fstat(fd).st_size != size + trailer_bytes(skey, entry.meta):
                     return "wrong_size"
                 try:
-                    got = self._read_all(fd, buf)
+                    got, csum = read_all(fd, buf, size)
                 except OSError as exc:
                     if not direct or exc.errno != errno.EINVAL:
                         raise
                     os.close(fd)  # O_DIRECT refused this buffer: retry buffered
                     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    got = self._read_all(fd, buf)
+                    got, csum = read_all(fd, buf, size)
                 if got < size:
                     return "short_read"
             finally:
                 os.close(fd)
         except OSError as exc:
             return f"read_error: {exc.strerror or exc}"
-        if checksum_of(buf[:size]) != entry.checksum:
+        if csum != entry.checksum:
             return "checksum_mismatch"
         return ""
+
+    def _io_pool(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=self._io_threads, thread_name_prefix="kvstored-ssd-io"
+                    )
+                pool = self._pool
+        return pool
+
+    def read_files(self, reads: Sequence[tuple[bytes, SsdEntry, memoryview]]) -> list[str]:
+        """:meth:`read_file` of several blocks, up to ``io_threads`` at once (no lock held).
+
+        Args:
+            reads: ``(store key, entry, dest)`` per block, as for :meth:`read_file`.
+
+        Returns:
+            Per block, in order: "" or the reason it failed (an unexpected exception in one
+            read is that block's ``"read_error: ..."``; the others still complete).
+        """
+        def one(item: tuple[bytes, SsdEntry, memoryview]) -> str:
+            try:
+                return self.read_file(*item)
+            except Exception as exc:  # never lose the other reads' results
+                return f"read_error: {exc}"
+
+        if len(reads) <= 1 or self._io_threads == 1:
+            return [one(r) for r in reads]
+        return list(self._io_pool().map(one, reads))
+
+    def write_files(self, writes: Sequence[tuple[SsdWrite, memoryview]]) -> list[bool]:
+        """:meth:`write_file` of several blocks, up to ``io_threads`` at once (no lock held).
+
+        Returns:
+            Per block, in order: True if written (an unexpected exception counts as False).
+        """
+        def one(item: tuple[SsdWrite, memoryview]) -> bool:
+            try:
+                return self.write_file(*item)
+            except Exception as exc:
+                log.warning("ssd_write_failed", stage="unexpected", error=str(exc))
+                return False
+
+        if len(writes) <= 1 or self._io_threads == 1:
+            return [one(w) for w in writes]
+        return list(self._io_pool().map(one, writes))
 
     def end_read(self, skey: bytes, entry: SsdEntry, reason: str) -> list[bytes]:
         """Account a finished read (lock held); a failed one drops the block (if unchanged)."""
@@ -503,6 +568,8 @@ class SsdTier(SsdRecovery):
         if self._closed:
             return
         self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         try:
             self._db.flush()
         finally:

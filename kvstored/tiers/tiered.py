@@ -416,6 +416,9 @@ class TieredStore(TransitMixin):
                 return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]
             touched_dram: list[bytes] = []
             touched_ssd: list[bytes] = []
+            promoted_now: set[bytes] = set()
+            if ssd is not None and len(skeys) > 1:  # read a batch's SSD blocks at once
+                promoted_now = self._promote_many(skeys)
             for key, skey in zip(checked, skeys, strict=True):
                 self._gets += 1
                 tier = Tier.DRAM
@@ -442,6 +445,10 @@ class TieredStore(TransitMixin):
                     self._misses += 1
                     out.append(got)
                     continue
+                if skey in promoted_now:
+                    promoted_now.discard(skey)  # (a duplicate key later is a DRAM hit)
+                    tier = Tier.SSD
+                    touched_ssd.append(skey)
                 if tier is Tier.DRAM:
                     dram.hits += 1
                 self._hits += 1

@@ -51,7 +51,7 @@ from kvstored.tiers.ssd_format import split_store_key
 
 if TYPE_CHECKING:
     from kvstored.tiers.dram import DramTier
-    from kvstored.tiers.ssd import SsdTier
+    from kvstored.tiers.ssd import SsdEntry, SsdTier
 
 log = structlog.get_logger(__name__)
 
@@ -124,12 +124,9 @@ class TransitMixin:
         assert ssd is not None
         arena = self.arena
 
-        def write_all() -> None:
-            for _, e, w in writes:
-                ssd.write_file(w, arena[e.offset : e.offset + e.size_bytes])
-
+        batch = [(w, arena[e.offset : e.offset + e.size_bytes]) for _, e, w in writes]
         try:
-            self._unlocked(write_all)
+            self._unlocked(ssd.write_files, batch)  # several at once (the tier's I/O pool)
         finally:
             doomed: list[bytes] = []
             for skey, e, w in writes:
@@ -232,6 +229,103 @@ class TransitMixin:
         dram.add(skey, entry)
         ssd.hits += 1
         return entry
+
+    def _promote_many(self, skeys: list[bytes]) -> set[bytes]:
+        """Promote the SSD-only blocks among ``skeys`` with their reads in parallel (lock held;
+        released during the reads, which go straight into their arena slots).
+
+        Best effort, for a batch get: a block it does not promote (DRAM cannot make room,
+        changed meanwhile, unreadable) is left to :meth:`_promote`, which decides what the
+        reader sees. Blocks are allocated in order and the batch stops at the first
+        allocation that fails, so earlier keys of a prefix win.
+
+        Returns:
+            Store keys now in DRAM (unpinned) because of this call.
+        """
+        ssd, dram = self._ssd, self._dram
+        assert ssd is not None
+        todo: list[tuple[bytes, SsdEntry, _Transit, int]] = []
+        seen: set[bytes] = set()
+        # Hold the batch's DRAM hits while making room, as the one-by-one path (which pins
+        # each hit before promoting the next key) would: never evict what this get returns.
+        held = {k: dram.entries[k] for k in skeys if k in dram.entries}
+        for e in held.values():
+            self._pin(e)
+        try:
+            for skey in skeys:
+                if skey in seen or skey in dram.entries or skey in self._promoting:
+                    continue
+                sentry = ssd.entries.get(skey)
+                if sentry is None:
+                    continue
+                seen.add(skey)
+                ssd.entries.move_to_end(skey)
+                try:
+                    off = self._allocate(sentry.size_bytes)
+                except NoCapacity:
+                    break
+                size = sentry.size_bytes
+                if skey in dram.entries or skey in self._promoting or ssd.entries.get(skey) is not sentry:
+                    dram.allocator.free(off, size)  # changed while demotions made room
+                    continue
+                t = _Transit(offset=off, size_bytes=size)
+                self._promoting[skey] = t
+                need = dram.round_up(size)
+                self._reserved_bytes += need
+                todo.append((skey, sentry, t, need))
+        except BaseException:  # Unavailable (closed) while making room: nothing was read
+            for skey, _, t, need in todo:
+                del self._promoting[skey]
+                self._reserved_bytes -= need
+                dram.allocator.free(t.offset, t.size_bytes)
+            self._cond.notify_all()
+            raise
+        finally:
+            for e in held.values():
+                self._unpin_entry(e)
+        if not todo:
+            return set()
+        reads = [(k, se, self.arena[t.offset : t.offset + need]) for k, se, t, need in todo]
+        reasons = ["read_failed"] * len(todo)
+        try:
+            reasons = self._unlocked(ssd.read_files, reads)
+        finally:
+            done = self._finish_promotions(todo, reasons)
+        self._check_open()
+        return done
+
+    def _pin(self, entry: DramEntry) -> None:
+        raise NotImplementedError
+
+    def _unpin_entry(self, entry: DramEntry) -> None:
+        entry.pins -= 1
+        if entry.pins == 0:
+            self._dram.pinned_blocks -= 1
+            self._pinned_bytes -= self._dram.round_up(entry.size_bytes)
+            self._cond.notify_all()
+
+    def _finish_promotions(
+        self, todo: list[tuple[bytes, SsdEntry, _Transit, int]], reasons: list[str]
+    ) -> set[bytes]:
+        """Index the promotions of :meth:`_promote_many` that read well; free the others."""
+        ssd, dram = self._ssd, self._dram
+        assert ssd is not None
+        done: set[bytes] = set()
+        doomed: list[bytes] = []
+        for (skey, sentry, t, need), reason in zip(todo, reasons, strict=True):
+            del self._promoting[skey]
+            self._reserved_bytes -= need
+            doomed += ssd.end_read(skey, sentry, reason)
+            if reason or t.removed or self._closed:
+                dram.allocator.free(t.offset, t.size_bytes)
+                continue
+            dram.add(skey, DramEntry(t.offset, self._intern_size(t.size_bytes), sentry.info))
+            ssd.hits += 1
+            done.add(skey)
+        self._cond.notify_all()
+        if doomed:
+            self._unlocked(ssd.delete_files, doomed)
+        return done
 
     def spill_to_ssd(self) -> int:
         """Write every DRAM-only block to the SSD tier (graceful shutdown), LRU first.

@@ -450,12 +450,13 @@ def test_write_error_fails_demotion_but_store_keeps_serving(
         s.put(key(i), val(i))  # 0 demoted fine
     calls = 0
 
-    def failing_write(fd: int, data: object) -> int:
+    def failing_write(fd: int, data: object, *offset: int) -> int:
         nonlocal calls
         calls += 1
         raise OSError(err, os.strerror(err))
 
     monkeypatch.setattr(os, "write", failing_write)
+    monkeypatch.setattr(os, "pwritev", failing_write)  # (O_DIRECT and buffered writes)
     with capture_logs() as logs:
         assert s.put(key(3), val(3)) is True  # evicts 1: its demotion fails
     assert calls >= 1
