@@ -158,5 +158,8 @@ def test_first_two_bash_commands_are_what_ci_runs() -> None:
     setup_demo, run_demo = commands[0].rsplit(" && ", 1)
     setup_test, _ = commands[1].rsplit(" && ", 1)
     assert run_demo == "kvstored demo"
-    # same venv, same pinned torch, same model package; only the extras differ
-    assert setup_demo.replace("'.[demo]'", "'.[test,demo,sim]'") == setup_test
+    # same venv, same pinned torch, same model package; only the extras differ, and the tests
+    # also build the vLLM virtualenv (tests/e2e/test_vllm_connector.py)
+    vllm_step = " && bash scripts/setup-vllm-venv.sh .venv-vllm"
+    assert setup_test.endswith(vllm_step), setup_test
+    assert setup_demo.replace("'.[demo]'", "'.[test,demo,sim]'") == setup_test.removesuffix(vllm_step)

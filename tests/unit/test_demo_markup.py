@@ -15,13 +15,6 @@ from click.testing import CliRunner
 from kvstored.demo.cli import demo
 
 
-@pytest.fixture(autouse=True)
-def _keep_logging_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demo command configures structlog for its process (warning level, cached
-    loggers); in the test process that would hide later tests' log events."""
-    monkeypatch.setattr("kvstored.log.configure", lambda **kwargs: None)
-
-
 def test_install_hint_keeps_the_extra_when_torch_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kvstored.demo.runner", None)  # import fails like without torch
     r = CliRunner().invoke(demo, ["--no-restart"])
