@@ -486,6 +486,27 @@ CONNECTORS = {
 """``--connector`` names of :func:`run_engine` -> (vLLM connector class, module path)."""
 
 
+def _reset_prefix_cache(llm: Any, tokens_prompt: Any, sampling_params: Any,
+                        timeout_s: float = 120.0) -> bool:
+    """Reset vLLM's own prefix cache, waiting until it can be reset.
+
+    vLLM refuses the reset while blocks are still held, e.g. by this connector for a save in
+    flight (``request_finished`` keeps them until ``get_finished`` reports the save done), and
+    finished saves are only reported when the engine steps: so step it with a prompt shorter
+    than one block (nothing to save) until the reset succeeds.
+
+    Returns:
+        True if the cache was reset within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            return False
+        llm.generate([tokens_prompt(prompt_token_ids=[1, 2, 3, 4])],
+                     sampling_params(temperature=0.0, max_tokens=1), use_tqdm=False)
+    return True
+
+
 def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one vLLM engine over a scripted list of greedy requests; return what happened.
 
@@ -540,8 +561,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(0.05)
         if "prompt" not in step:
             continue
+        reset_ok = None
         if step.get("reset_prefix_cache"):
-            llm.reset_prefix_cache()
+            reset_ok = _reset_prefix_cache(llm, TokensPrompt, SamplingParams)
         ids = spec["prompts"][step["prompt"]]
         prompt: Any = TokensPrompt(prompt_token_ids=ids)
         if step.get("cache_salt"):
@@ -554,7 +576,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         steps.append({
             "prompt_tokens": len(ids), "num_cached_tokens": int(out.num_cached_tokens or 0),
             "wall_s": wall_s, "token_ids": list(out.outputs[0].token_ids),
-            "text": out.outputs[0].text,
+            "text": out.outputs[0].text, "prefix_cache_reset": reset_ok,
         })
     del llm
     return {"steps": steps, "startup_s": startup_s}

@@ -147,6 +147,9 @@ def test_d_daemon_killed_between_requests_recomputes_correctly(scenario: dict[st
                                                                 ) -> None:
     p1, p2 = scenario["p1"], scenario["p2"]
     after_kill = p2[3]  # the signal/wait step returns no result
+    # vLLM's own prefix cache was really reset (not refused while a save held blocks), so a
+    # cached token could only have come from the dead daemon
+    assert after_kill["prefix_cache_reset"] is True, after_kill
     assert after_kill["num_cached_tokens"] == 0, "the dead daemon cannot have served a hit"
     assert after_kill["token_ids"] == p1[2]["token_ids"], (p1[2]["text"], after_kill["text"])
     # within the deadline: no worse than a cold prefill plus the answer, with slack for load
