@@ -220,4 +220,12 @@ def error_from_rpc(exc: grpc.RpcError) -> KvstoredError:
                 return error_from_code(int(value), details)
             except ValueError:
                 break
+    if status == grpc.StatusCode.UNIMPLEMENTED:
+        # the address answers gRPC but is another kind of server (e.g. a master asked for a
+        # node's method, or the reverse)
+        return InvalidArgument(  # not retriable: the address is wrong, not busy
+            f"UNIMPLEMENTED: {details}: the server at this address does not offer this call; "
+            "is it the other kind of kvstored process (a master where a node is expected, or "
+            "a node where a master is expected)?"
+        )
     return _GRPC_FALLBACK.get(status, InternalError)(f"{status.name}: {details}")

@@ -284,7 +284,12 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
     text = prefix.strip().lower()
     if not text or any(ch not in "0123456789abcdef" for ch in text):
         raise InvalidArgument(f"--namespace-id {prefix!r} is not hex")
-    if len(text) >= NAMESPACE_ID_HEX_DIGITS:
+    if len(text) > NAMESPACE_ID_HEX_DIGITS:
+        raise InvalidArgument(
+            f"--namespace-id {prefix!r} has {len(text)} hex digits; a namespace id has "
+            f"{NAMESPACE_ID_HEX_DIGITS} (give all of them or a unique prefix)"
+        )
+    if len(text) == NAMESPACE_ID_HEX_DIGITS:
         return _parse_hex(text, "--namespace-id")
     blocks, truncated = client.list_blocks(None, _RESOLVE_LIMIT)
     matches = sorted({b.namespace_id.hex() for b in blocks if b.namespace_id.hex().startswith(text)})
@@ -314,11 +319,11 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
 @_handle_errors
 def blocks(obj: CtlContext, namespace_id: str | None, namespace_file: str | None, limit: int) -> None:
     """List stored blocks (never pins, never touches recency)."""
-    if namespace_id and namespace_file:
+    if namespace_id is not None and namespace_file:
         raise InvalidArgument("give --namespace-id or --namespace-file, not both")
     ns_id = b""
     with obj.client() as c:
-        if namespace_id:
+        if namespace_id is not None:  # "" is an error, not "every namespace"
             ns_id = resolve_namespace_prefix(c, namespace_id)
         elif namespace_file:
             ns_id = _load_namespace_file(namespace_file).id
@@ -424,7 +429,8 @@ def _read_tokens(path: str) -> list[int]:
               help="Namespace (TOML/JSON with Namespace fields).")
 @click.option("--model", help="Namespace model_id (instead of --namespace-file).")
 @click.option("--namespace-id", "namespace_id_hex", metavar="HEX",
-              help="Namespace id of the keys (as `blocks` prints it); blocks are namespace-scoped.")
+              help="Namespace id of the keys: all 32 hex digits or any unique prefix (`blocks` "
+                   "prints 16); blocks are namespace-scoped.")
 @click.option("--revision", default="main", show_default=True)
 @click.option("--kv-dtype", default="bfloat16", show_default=True)
 @click.option("--kv-layout", default="layers,kv,heads,tokens,dim", show_default=True)
@@ -467,11 +473,8 @@ def where(
         )
     if tokens and hex_keys:
         raise InvalidArgument("give block keys or --tokens, not both")
-    ns_override = None
-    if namespace_id_hex is not None:
-        if namespace is not None:
-            raise InvalidArgument("give --namespace-id or --namespace-file/--model, not several")
-        ns_override = _parse_hex(namespace_id_hex, "--namespace-id")
+    if namespace_id_hex is not None and namespace is not None:
+        raise InvalidArgument("give --namespace-id or --namespace-file/--model, not several")
     if tokens:
         if namespace is None:
             raise InvalidArgument("--tokens needs a namespace: --namespace-file or --model")
@@ -484,7 +487,10 @@ def where(
         keys = [_parse_hex(k, "key") for k in hex_keys]
     else:
         raise InvalidArgument("give block keys (KEY_HEX... or --keys) or --tokens FILE")
+    ns_override = None
     with obj.client(namespace) as c:
+        if namespace_id_hex is not None:  # any unique prefix, as `blocks` takes it
+            ns_override = resolve_namespace_prefix(c, namespace_id_hex)
         tiers = c.where(keys, namespace_id=ns_override)
     leading = 0
     while leading < len(tiers) and tiers[leading] is not None:

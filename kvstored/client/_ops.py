@@ -424,6 +424,22 @@ def _log_shm_fallback_once(address: str, arena_path: str, reason: str, transport
 
 
 
+MAX_TIMEOUT_S = 86400.0
+"""Longest deadline a call may have, seconds (one day). Longer ones overflow gRPC's deadline
+(a call with ``inf`` failed at once with DEADLINE_EXCEEDED and was retried for ever)."""
+
+
+def check_timeout_s(timeout_s: object) -> None:
+    """Raise InvalidArgument unless ``timeout_s`` is a finite number in (0, MAX_TIMEOUT_S]."""
+    if (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s <= MAX_TIMEOUT_S  # also False for nan and inf
+    ):
+        raise InvalidArgument(
+            f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]; got {timeout_s!r}"
+        )
+
+
 class ClientState:
     """What a client knows about its node; shared by the sync and async clients.
 
@@ -440,8 +456,7 @@ class ClientState:
     ) -> None:
         if transport not in TRANSPORTS:
             raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise InvalidArgument(f"timeout_s must be a positive number of seconds; got {timeout_s!r}")
+        check_timeout_s(timeout_s)
         if namespace is not None and not isinstance(namespace, Namespace):
             raise InvalidArgument(f"namespace must be a kvstored.Namespace; got {type(namespace).__name__}")
         self.address = address
@@ -459,8 +474,7 @@ class ClientState:
 
     def deadline(self, timeout_s: float | None) -> float:
         t = self.timeout_s if timeout_s is None else timeout_s
-        if not (isinstance(t, (int, float)) and t > 0):
-            raise InvalidArgument(f"timeout_s must be a positive number of seconds; got {t!r}")
+        check_timeout_s(t)
         return time.monotonic() + t
 
     def data_address(self, info: NodeInfo) -> str:

@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import time
 from collections.abc import Callable
 
@@ -39,6 +38,7 @@ from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import Membership
 from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.sdnotify import sd_notify
 
 log = structlog.get_logger(__name__)
 
@@ -77,26 +77,6 @@ def next_master_epoch(data_dir: pathlib.Path, now_ns: int | None = None) -> int:
     return epoch
 
 
-def sd_notify(state: str) -> bool:
-    """Send a systemd notification if NOTIFY_SOCKET is set (the master never imports the
-    node package, so this mirrors ``kvstored.node.daemon.sd_notify``).
-
-    Returns:
-        True if a notification was sent.
-    """
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return False
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as exc:
-        log.warning("sd_notify_failed", state=state, error=str(exc))
-        return False
-    return True
 
 
 class MasterDaemon:

@@ -52,6 +52,7 @@ from kvstored.errors import ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.service import NodeServicer, add_node_service
+from kvstored.sdnotify import sd_notify
 from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host_port
 
 if TYPE_CHECKING:
@@ -69,25 +70,6 @@ RPC_FINISH_GRACE_S = 5.0
 """Least time a gRPC handler still running at the end of the drain gets to finish."""
 
 
-def sd_notify(state: str) -> bool:
-    """Send a systemd notification (``READY=1``, ``STOPPING=1``...) if NOTIFY_SOCKET is set.
-
-    Returns:
-        True if a notification was sent.
-    """
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return False
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]  # abstract namespace
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as exc:
-        log.warning("sd_notify_failed", state=state, error=str(exc))
-        return False
-    return True
 
 
 def _version() -> str:

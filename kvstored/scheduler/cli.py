@@ -107,6 +107,33 @@ def _check_output(path: pathlib.Path | None, option: str) -> None:
                                  param_hint=option)
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise click.BadParameter(f"{path} is not writable", param_hint=option)
+    # root passes os.access everywhere (e.g. /proc): open the file for real, and remove it
+    # again if it did not exist
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"{path} cannot be written: {exc.strerror}",
+                                 param_hint=option) from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _check_plot_format(path: pathlib.Path | None, option: str) -> None:
+    """Fail before the replay when matplotlib cannot write ``path``'s format (its suffix)."""
+    if path is None:
+        return
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    fmt = path.suffix.lstrip(".").lower()
+    if fmt not in formats:
+        raise click.BadParameter(
+            f"{path}: matplotlib cannot write {fmt or 'a file without a suffix'!r}; use one of "
+            f"{', '.join('.' + f for f in sorted(formats))}",
+            param_hint=option,
+        )
 
 
 @click.command("replay")
@@ -238,6 +265,9 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
                 f"plots need matplotlib ({exc}); install the sim extra: pip install "
                 "'kvstored[sim]', or drop --plot/--timeline-plot/--noise-plot"
             ) from None
+        for path, opt in ((plot, "--plot"), (timeline_plot, "--timeline-plot"),
+                          (noise_plot, "--noise-plot")):
+            _check_plot_format(path, opt)
     try:
         trace = resolve_trace(trace_opt or trace_arg or "conversation")
         records = load_trace(trace, limit=limit)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from it_helpers import NodeFactory
-from it_helpers import random_keys, value_for
+from it_helpers import NodeFactory, random_keys, value_for
 
 from kvstored import Client, Namespace
 from kvstored.cli import output
@@ -81,6 +80,25 @@ def test_blocks_accepts_a_unique_namespace_id_prefix(start_node: NodeFactory) ->
     assert code == EXIT_BAD_ARGS and "no stored block has a namespace id starting with" in err
     code, _, err = _ctl(node.unix_address, "blocks", "--namespace-id", "xyz")
     assert code == EXIT_BAD_ARGS and "not hex" in err
+    code, _, err = _ctl(node.unix_address, "blocks", "--namespace-id", "")  # was: every block
+    assert code == EXIT_BAD_ARGS and "not hex" in err
+    code, _, err = _ctl(node.unix_address, "blocks", "--namespace-id", first.id_hex + "00")
+    assert code == EXIT_BAD_ARGS and "has 34 hex digits" in err
+
+
+def test_where_takes_the_namespace_id_prefix_that_blocks_prints(start_node: NodeFactory) -> None:
+    # regression: `where --namespace-id <the 16 digits blocks prints>` said "missing", rc 0
+    node = start_node()
+    ns = _namespace_with_id_prefix("")
+    key_ns = _put_in(node.unix_address, ns)
+    for prefix in (ns.id_hex[:16], ns.id_hex[:6], ns.id_hex):
+        code, out, err = _ctl(node.unix_address, "--output", "json", "where", "--namespace-id", prefix,
+                              key_ns.hex())
+        assert code == EXIT_OK, err
+        data = json.loads(out)
+        assert data["num_leading_hits"] == 1 and data["namespace_id"] == ns.id_hex, (prefix, data)
+    code, _, err = _ctl(node.unix_address, "where", "--namespace-id", ns.id_hex + "00", key_ns.hex())
+    assert code == EXIT_BAD_ARGS and "has 34 hex digits" in err
 
 
 def test_stats_prints_uptime_for_people_and_seconds_in_json(start_node: NodeFactory) -> None:

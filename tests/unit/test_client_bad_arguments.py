@@ -58,3 +58,26 @@ def test_async_client_raises_the_same(tmp_path: pathlib.Path) -> None:
                 await c.list_blocks("ab")  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+BAD_TIMEOUTS = [float("inf"), 1e12, float("nan"), 0, -1, True, "5"]
+
+
+@pytest.mark.parametrize("timeout_s", BAD_TIMEOUTS, ids=repr)
+def test_a_timeout_that_is_not_finite_or_too_long_is_refused(tmp_path: pathlib.Path, timeout_s: Any) -> None:
+    # regression: inf/1e12 overflowed gRPC's deadline, failed at once with DEADLINE_EXCEEDED,
+    # and the client retried that for ever (the call never returned)
+    with pytest.raises(InvalidArgument, match="timeout_s must be a number of seconds"):
+        Client(f"unix:{tmp_path}/nobody.sock", timeout_s=timeout_s)
+    with pytest.raises(InvalidArgument, match="timeout_s must be a number of seconds"):
+        AsyncClient(f"unix:{tmp_path}/nobody.sock", timeout_s=timeout_s)
+    with Client(f"unix:{tmp_path}/nobody.sock", timeout_s=30) as c:
+        with pytest.raises(InvalidArgument, match="timeout_s must be a number of seconds"):
+            c.get([KEY], timeout_s=timeout_s)
+
+    async def per_call() -> None:
+        async with AsyncClient(f"unix:{tmp_path}/nobody.sock", timeout_s=30) as ac:
+            await ac.get([KEY], timeout_s=timeout_s)
+
+    with pytest.raises(InvalidArgument, match="timeout_s must be a number of seconds"):
+        asyncio.run(per_call())

@@ -91,3 +91,13 @@ def test_nodes_exit_codes_for_an_unreachable_master_and_a_node_socket() -> None:
     assert out.exit_code == EXIT_UNREACHABLE
     out = CliRunner().invoke(main, ["--address", "unix:/tmp/x.sock", "nodes"])
     assert out.exit_code == EXIT_BAD_ARGS and "MASTER_HOST:PORT" in out.output
+
+
+def test_a_node_command_sent_to_the_master_says_which_kind_of_server_it_reached(
+    master: tuple[str, Membership],
+) -> None:
+    # regression: "INTERNAL: UNIMPLEMENTED: Method not found!" (exit 4), after retries
+    addr, _ = master
+    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, "status"])
+    assert out.exit_code == EXIT_BAD_ARGS, out.output
+    assert "the other kind of kvstored process" in out.output.replace("\n", " ")

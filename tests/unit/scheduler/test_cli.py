@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -121,11 +122,17 @@ def test_replay_checks_output_paths_before_running(trace_file: pathlib.Path, opt
         raise AssertionError("the replay ran before the output path was checked")
 
     monkeypatch.setattr("kvstored.scheduler.robustness.sweep", no_run)
-    for bad, msg in ((tmp_path / "missing" / "x.png", "does not exist"),
-                     (tmp_path, "is a directory")):
+    bads = [(tmp_path / "missing" / "x.png", "does not exist"), (tmp_path, "is a directory"),
+            (pathlib.Path("/proc/kvstored-x.png"), "cannot be written" if os.geteuid() == 0
+             else "is not writable")]  # root passes os.access, so the file is opened for real
+    if opt != "--json-out":
+        pytest.importorskip("matplotlib", reason="matplotlib (the [sim] extra) is not installed")
+        bads.append((tmp_path / "x.txt", "matplotlib cannot write 'txt'"))
+    for bad, msg in bads:
         res = CliRunner().invoke(replay, [str(trace_file), opt, str(bad), "--no-progress"])
         assert res.exit_code == 2, res.output
-        assert opt in res.output and msg in res.output
+        assert opt in res.output and msg in res.output, res.output
+    assert not (tmp_path / "x.txt").exists()  # the check leaves no file behind
 
 
 def test_replay_checks_matplotlib_before_running(trace_file: pathlib.Path,
