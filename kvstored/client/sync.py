@@ -264,6 +264,10 @@ class Client:
                 self._st.orphans.add(step.request.session_id, step.request.request_id)
                 _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise self._st.map_rpc_error(exc) from None
+        except BaseException:  # interrupted mid-call: acked with the next call or at close()
+            if step.undo is not None:
+                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+            raise
         self._st.connected = True
         return response
 

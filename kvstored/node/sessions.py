@@ -46,6 +46,7 @@ lapsed leases stay quarantined until they ack.
                                       v
                                   QUARANTINED --ack (LeaseExpired) / session ends--> released
     session ends: ACTIVE and QUARANTINED leases of the session are released at once
+    orphan ack (the client never got the grant's answer): ACTIVE or QUARANTINED -> released
 
 Orphaned grants: a ReservePut/PinBlocks whose answer never reached the client (its deadline
 passed, the connection dropped, the client was stopped) granted space the client does not
@@ -53,7 +54,9 @@ know about, so it can neither ack nor copy into it. Each granting request carrie
 client-chosen ``request_id`` (unique per session); the lease records it, and the client's
 acknowledgement "I never received request R" (``ReleasePins.orphan_request_ids``,
 :meth:`LeaseBook.release_orphans`) frees that grant, active or quarantined. A request acked
-before it arrived leaves a tombstone, so its grant is refused when it does arrive.
+before it arrived leaves a tombstone, so its grant is refused when it does arrive. Only
+grants under a real session are tracked (sessionless callers share one pseudo-session, so
+their request ids could collide).
 
 Locking: ``LeaseBook._lock`` guards every table here and is never held while calling the
 store: methods return the leases whose items the caller must unpin/abort.
@@ -215,6 +218,8 @@ class LeaseBook:
             sess = self._sessions.get(session_id)
             if sess is None:
                 return None
+            if session_id == NO_SESSION:  # shared by many callers: their ids may collide
+                request_id = 0
             if request_id and request_id in sess.orphaned:
                 del sess.orphaned[request_id]
                 return None
@@ -233,7 +238,9 @@ class LeaseBook:
     def release_orphans(self, session_id: int, request_ids: list[int]) -> list[Lease]:
         """The client never received the answers to these requests: free what they granted.
 
-        Idempotent. A request id with no lease (never arrived yet, already released, or 0)
+        Idempotent. Only for real sessions: the pseudo-session ``NO_SESSION`` is shared by
+        unrelated callers whose request ids may collide, so its grants are not tracked by
+        request id (they are freed by their lease id's ack only). A request id with no lease (never arrived yet, already released, or 0)
         releases nothing; one that has not arrived yet is remembered (bounded per session) so
         that its grant is refused when it does (:meth:`add` returns None).
 
@@ -245,6 +252,8 @@ class LeaseBook:
             The leases to release (active or quarantined).
         """
         out: list[Lease] = []
+        if session_id == NO_SESSION:  # request ids of sessionless callers are not tracked
+            return out
         with self._lock:
             sess = self._sessions.get(session_id)
             if sess is None:  # ended: everything it held was released already

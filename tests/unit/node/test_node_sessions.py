@@ -182,6 +182,10 @@ def test_orphan_ack_of_another_request_or_session_frees_nothing(core: NodeCore) 
     assert core.release_orphans(sid, [5]) == 0
     core.close_session(sid)
     assert core.release_orphans(sid, [5]) == 0  # a closed session: nothing left to free
+    # sessionless callers share one pseudo-session: one's ack never frees another's grant
+    nosess_pin, _ = core.pin_blocks([key(1)], b"", request_id=5)
+    assert core.release_orphans(0, [5]) == 0 and core.store.stats().pinned_blocks == 1
+    assert core.release_pins_report([nosess_pin]) == (1, [])
 
 
 def test_grant_arriving_after_its_orphan_ack_is_refused_and_released(core: NodeCore) -> None:
