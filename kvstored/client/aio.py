@@ -380,7 +380,7 @@ class AsyncClient:
         if self._num_ops:  # other tasks' copies must end before the node may free their space
             self._idle = asyncio.Event()
             await self._idle.wait()
-        if self._st.orphans:  # grants whose answer never arrived (sessionless ones too)
+        if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             await self._ack_orphans()
         for session_id in self._opened:  # the ack: no operation of any of them runs any more
             with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):

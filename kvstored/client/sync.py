@@ -150,7 +150,7 @@ class _SyncSession:
                 return False
             call, self._call = self._call, None
             opened, self._opened = self._opened, []
-        if self._st.orphans:  # grants whose answer never arrived (sessionless ones too)
+        if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             _send_orphan_acks(_release_pins_stub(self._channel), self._st)
         close = self._channel.unary_unary(
             _ops.SERVICE + "CloseSession",

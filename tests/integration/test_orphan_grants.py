@@ -185,3 +185,22 @@ def test_async_grant_whose_answer_never_arrived_is_freed_by_the_clients_ack(
             _idle(onode)
 
     asyncio.run(main())
+
+
+def test_lost_orphan_ack_is_sent_at_close(onode: DaemonThread, held: Callable[..., _Held]) -> None:
+    keys = random_keys(1)
+    value = value_for(keys[0], SIZE)
+    c = Client(onode.unix_address, timeout_s=30)
+    try:
+        assert c.put(keys, [value])[0].stored
+        h = held("get", fail_acks=1)
+        with pytest.raises(DeadlineExceeded):
+            c.get(keys, timeout_s=0.5)
+        assert len(h.acks) == 1 and c._st.orphans.pending()
+        assert onode.daemon.store.stats().pinned_blocks == 1
+    finally:
+        c.close()  # sends the pending ack (then ends the session)
+    _unhook(onode)
+    assert len(h.acks) == 2 and h.acks[1]["request_ids"] == h.acks[0]["request_ids"]
+    assert c._st.orphans.pending() == {}
+    _idle(onode)
