@@ -14,6 +14,9 @@ Events (``fire(event, **fields)``):
                        size_bytes)
     shm_copy_out_done  get: every pinned block of the chunk is copied out, before ReleasePins
     rpc                a unary RPC is about to be sent (method, plus abort= for CommitPut)
+    orphan_ack         an orphan ack is about to be sent (session_id, request_ids): the
+                       ReservePut/PinBlocks with these ids got no answer; a grpc.RpcError
+                       raised by the hook counts as the ack's RPC failing
 
 ``KVSTORED_TEST_HOOK=module:function`` in the environment installs ``module.function`` when this
 module is first imported (for child processes a test cannot reach otherwise).

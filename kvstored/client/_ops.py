@@ -32,7 +32,10 @@ Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
 - A release or abort is only sent after the copy that touches the space has returned: the
   copy runs to its end before the op's cleanup runs, also when the caller is cancelled.
 - A reservation or pin that a cancelled caller's in-flight RPC obtained is released as soon
-  as that RPC answers (``Call.undo``).
+  as that RPC answers (``Call.undo``). One whose answer never arrives (deadline, dropped
+  connection, stopped process) is released by the client's orphan ack naming the request's
+  ``request_id`` (kvstored/client/_orphans.py), sent at once and, if that fails, before the
+  next RPC and at close().
 - The node decides whether a lease held: CommitPut after the copy is refused (LeaseExpired)
   if the reservation lapsed, and ReleasePins reports lapsed pins, whose copies are reported
   as LeaseExpired. Lapsed space is quarantined by the node, never reused while this client's
@@ -58,6 +61,7 @@ import structlog
 from google.protobuf.message import Message
 
 from kvstored.client import _hooks
+from kvstored.client._orphans import OrphanAcks, next_request_id
 from kvstored.errors import (
     BlockTooLarge,
     DeadlineExceeded,
@@ -470,6 +474,7 @@ class ClientState:
         self.arena: ArenaMap | None = None
         self.dataplane: DataPlaneClient | None = None
         self.connected = False
+        self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self._lock = threading.Lock()
 
     def deadline(self, timeout_s: float | None) -> float:
@@ -775,6 +780,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             pb.PinBlocksRequest(
                 keys=keys[start:end], namespace_id=st.namespace_id,
                 lease_ms=int(lease_s * 1000), epoch=info.epoch, session_id=session_id,
+                request_id=next_request_id(),
             ),
             pb.PinBlocksResponse, undo=_undo_pin,
         )
@@ -961,7 +967,7 @@ def _put_shm(
             pb.ReservePutRequest(
                 items=[pb.ReserveItem(key=k, size_bytes=len(v), meta=m) for _, k, v, m in chunk],
                 namespace_id=st.namespace_id, lease_ms=int(lease_s * 1000), epoch=info.epoch,
-                session_id=session_id,
+                session_id=session_id, request_id=next_request_id(),
             ),
             pb.ReservePutResponse, undo=_undo_reserve,
         )

@@ -10,7 +10,8 @@ Cancellation (``task.cancel()``, ``asyncio.timeout``) is safe by construction:
   is delivered to the operation only after it returned, so the operation's cleanup (abort,
   release) never races its own copy;
 - a ReservePut/PinBlocks in flight when the cancellation lands is awaited, and what it got is
-  released at once (``Call.undo``);
+  released at once (``Call.undo``); one that ends without an answer is acked as an orphan
+  (kvstored/client/_orphans.py), so the node frees what it granted;
 - releases and aborts are shielded and awaited.
 
 A cancelled call therefore returns only after its copy finished, which takes at most the
@@ -31,6 +32,7 @@ import grpc
 
 from kvstored.client import _hooks, _ops
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
+from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -39,6 +41,8 @@ from kvstored.tiers.base import BlockInfo, Tier
 from kvstored.v1 import node_pb2 as pb
 
 T = TypeVar("T")
+
+_ORPHAN_ACK_STEP = Call("ReleasePins", pb.ReleasePinsRequest(), pb.ReleasePinsResponse)
 
 _INLINE_COPY_BYTES = 256 << 10
 _IO_THREADS = 4
@@ -169,6 +173,27 @@ class AsyncClient:
             self._opened.append(self._session_id)
             return self._session_id
 
+    async def _ack_orphans(self) -> None:
+        """Send every pending orphan ack (kvstored/client/_orphans.py); failed ones stay pending."""
+        stub = self._stub(_ORPHAN_ACK_STEP)
+        for req in self._st.orphans.take():
+            try:
+                if _hooks._hook is not None:
+                    _hooks.fire(
+                        "orphan_ack", session_id=req.session_id,
+                        request_ids=list(req.orphan_request_ids),
+                    )
+                await stub(req, timeout=ORPHAN_ACK_TIMEOUT_S)
+            except grpc.RpcError:  # node unreachable: the next call sends it
+                self._st.orphans.put_back(req)
+            except BaseException:  # cancelled meanwhile: kept for the next call
+                self._st.orphans.put_back(req)
+                raise
+
+    def _orphaned(self, step: Call) -> None:
+        """A granting call ended without an answer: its grant (if any) is orphaned."""
+        self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+
     async def _execute(self, step: Call | Blocking | Session, deadline: float) -> Any:
         if isinstance(step, Session):
             return await self._session(deadline)
@@ -194,6 +219,8 @@ class AsyncClient:
             if cancelled:
                 raise asyncio.CancelledError
             return _result_or_none(task)
+        if self._st.orphans:  # acks that failed before: sent ahead of this call
+            await self._ack_orphans()
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         if step.undo is not None:  # a cancel must not lose what the node grants
@@ -203,6 +230,9 @@ class AsyncClient:
                 undo = step.undo(got) if got is not None else None
                 if undo is not None:
                     await self._execute(undo, deadline)
+                elif got is None:  # no answer: ack the orphan, shielded from the cancel
+                    self._orphaned(step)
+                    await _wait_through_cancel(asyncio.ensure_future(self._ack_orphans()))
                 raise asyncio.CancelledError
             pending: Any = task
         else:
@@ -210,6 +240,9 @@ class AsyncClient:
         try:
             response = await pending
         except grpc.RpcError as exc:
+            if step.undo is not None:  # no answer: the node may hold a grant we never saw
+                self._orphaned(step)
+                await self._ack_orphans()
             raise self._st.map_rpc_error(exc) from None
         self._st.connected = True
         return response
@@ -347,6 +380,8 @@ class AsyncClient:
         if self._num_ops:  # other tasks' copies must end before the node may free their space
             self._idle = asyncio.Event()
             await self._idle.wait()
+        if self._st.orphans:  # acks of grants whose answer never arrived, still pending
+            await self._ack_orphans()
         for session_id in self._opened:  # the ack: no operation of any of them runs any more
             with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
                 await self._get_channel().unary_unary(

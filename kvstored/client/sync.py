@@ -14,6 +14,7 @@ import grpc
 
 from kvstored.client import _hooks, _ops
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
+from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -22,6 +23,31 @@ from kvstored.tiers.base import BlockInfo, Tier
 from kvstored.v1 import node_pb2 as pb
 
 T = TypeVar("T")
+
+
+def _send_orphan_acks(stub: grpc.UnaryUnaryMultiCallable, st: ClientState) -> None:
+    """Send every pending orphan ack (kvstored/client/_orphans.py); a failed one stays pending."""
+    for req in st.orphans.take():
+        try:
+            if _hooks._hook is not None:
+                _hooks.fire(
+                    "orphan_ack", session_id=req.session_id,
+                    request_ids=list(req.orphan_request_ids),
+                )
+            stub(req, timeout=ORPHAN_ACK_TIMEOUT_S)
+        except grpc.RpcError:  # node unreachable, stopped meanwhile: the next call sends it
+            st.orphans.put_back(req)
+        except BaseException:
+            st.orphans.put_back(req)
+            raise
+
+
+def _release_pins_stub(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
+    return channel.unary_unary(
+        _ops.SERVICE + "ReleasePins",
+        request_serializer=pb.ReleasePinsRequest.SerializeToString,
+        response_deserializer=pb.ReleasePinsResponse.FromString,
+    )
 
 
 class _SyncSession:
@@ -124,6 +150,8 @@ class _SyncSession:
                 return False
             call, self._call = self._call, None
             opened, self._opened = self._opened, []
+        if self._st.orphans:  # acks of grants whose answer never arrived, still pending
+            _send_orphan_acks(_release_pins_stub(self._channel), self._st)
         close = self._channel.unary_unary(
             _ops.SERVICE + "CloseSession",
             request_serializer=pb.CloseSessionRequest.SerializeToString,
@@ -135,6 +163,9 @@ class _SyncSession:
         if call is not None:
             call.cancel()
         return True
+
+
+_ORPHAN_ACK_STEP = Call("ReleasePins", pb.ReleasePinsRequest(), pb.ReleasePinsResponse)
 
 
 def _finalize(session: _SyncSession, channel: grpc.Channel, st: ClientState) -> None:
@@ -222,12 +253,21 @@ class Client:
                 return stub(step.request, timeout=max(remaining, _ops.RELEASE_TIMEOUT_S))
             except grpc.RpcError:
                 return None  # the node frees it when this client's session ends
+        if self._st.orphans:  # acks that failed before: sent ahead of this call
+            _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
             response = stub(step.request, timeout=remaining)
         except grpc.RpcError as exc:
+            if step.undo is not None:  # no answer: the node may hold a grant we never saw
+                self._st.orphans.add(step.request.session_id, step.request.request_id)
+                _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise self._st.map_rpc_error(exc) from None
+        except BaseException:  # interrupted mid-call: acked with the next call or at close()
+            if step.undo is not None:
+                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+            raise
         self._st.connected = True
         return response
 

@@ -288,11 +288,24 @@ class NodeCore:
         return min(lease_ms / 1000.0, MAX_LEASE_S)
 
     def _record_lease(
-        self, kind: str, session_id: int, items: list[object], num_bytes: int, lease_ms: int
+        self,
+        kind: str,
+        session_id: int,
+        items: list[object],
+        num_bytes: int,
+        lease_ms: int,
+        request_id: int = 0,
     ) -> int:
-        lease_id = self.leases.add(kind, session_id, items, num_bytes, self.lease_s(lease_ms))
-        if lease_id is None:  # the session ended while we pinned/reserved: nobody will ack
+        lease_id = self.leases.add(
+            kind, session_id, items, num_bytes, self.lease_s(lease_ms), request_id
+        )
+        if lease_id is None:  # nobody will ack: the session ended, or the client gave up on it
             self._release(kind, items)
+            if self.leases.is_open(session_id):
+                raise LeaseExpired(
+                    f"request {request_id} of session {session_id} arrived after the client "
+                    "acknowledged it never received its answer; nothing was granted"
+                )
             raise Unavailable(f"session {session_id} ended during the call; open a new session")
         self._set_lease_gauge(kind)
         if self.test_hook is not None:
@@ -411,6 +424,7 @@ class NodeCore:
         lease_ms: int = 0,
         epoch: int = 0,
         session_id: int = NO_SESSION,
+        request_id: int = 0,
     ) -> tuple[int, list[ReserveOutcome]]:
         """Reserve arena space for the shared-memory put path, under a lease and a session.
 
@@ -439,7 +453,9 @@ class NodeCore:
         if not any(isinstance(x, Reservation) for x in reserved):
             return 0, outcomes
         num_bytes = sum(x.size_bytes for x in reserved if isinstance(x, Reservation))
-        rid = self._record_lease("reservation", session_id, list(reserved), num_bytes, lease_ms)
+        rid = self._record_lease(
+            "reservation", session_id, list(reserved), num_bytes, lease_ms, request_id
+        )
         return rid, outcomes
 
     def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
@@ -578,6 +594,7 @@ class NodeCore:
         epoch: int = 0,
         session_id: int = NO_SESSION,
         may_block: bool = True,
+        request_id: int = 0,
     ) -> tuple[int, list[PinnedBlock | None | KvstoredError]]:
         """Pin blocks for the shared-memory get path, under a lease and a session.
 
@@ -603,7 +620,7 @@ class NodeCore:
         if not pinned:
             return 0, got
         num_bytes = sum(b.size_bytes for b in pinned)
-        pin_id = self._record_lease("pin", session_id, list(pinned), num_bytes, lease_ms)
+        pin_id = self._record_lease("pin", session_id, list(pinned), num_bytes, lease_ms, request_id)
         self.count_transfer("shm", "out", len(pinned), num_bytes)
         return pin_id, got
 
@@ -639,6 +656,29 @@ class NodeCore:
             self.unpin_all(lease.items)
         self._set_lease_gauge("pin")
         return num_in_time, expired
+
+    def release_orphans(self, session_id: int, request_ids: Sequence[int]) -> int:
+        """The client never received these ReservePut/PinBlocks answers: free their grants.
+
+        The client's acknowledgement for a granting call that failed without a response
+        (deadline, dropped connection): it never learnt the offsets, so it cannot be copying
+        into or out of the space, active or quarantined. Idempotent; see
+        :meth:`LeaseBook.release_orphans`.
+
+        Returns:
+            Number of grants freed now.
+        """
+        leases = self.leases.release_orphans(session_id, list(request_ids))
+        for lease in leases:
+            self._release(lease.kind, lease.items)
+        if leases:
+            log.info(
+                "orphan_grants_released", session_id=session_id, num_leases=len(leases),
+                num_bytes=sum(x.num_bytes for x in leases),
+            )
+            self._set_lease_gauge("pin")
+            self._set_lease_gauge("reservation")
+        return len(leases)
 
     def get_inline(
         self, keys: Sequence[bytes], namespace_id: bytes, *, budget_bytes: int

@@ -213,7 +213,7 @@ class NodeServicer:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
         rid, out = await self._maybe_io(
             self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
-            session_id=req.session_id,
+            session_id=req.session_id, request_id=req.request_id,
         )
         return pb.ReservePutResponse(
             reservation_id=rid,
@@ -234,12 +234,13 @@ class NodeServicer:
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
             keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
-            session_id=req.session_id, may_block=False,
+            session_id=req.session_id, may_block=False, request_id=req.request_id,
         )
         if any(b is NEEDS_IO for b in got):
             pin_id, got = await self._run(
                 self.core.pin_blocks, keys, req.namespace_id,
                 lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
+                request_id=req.request_id,
             )
         blocks = []
         for b in got:
@@ -255,8 +256,15 @@ class NodeServicer:
         return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
+        num_orphans = 0
+        if req.orphan_request_ids:  # the client never got these grants: free them first
+            num_orphans = await self._inline(
+                self.core.release_orphans, req.session_id, list(req.orphan_request_ids)
+            )
         n, expired = await self._inline(self.core.release_pins_report, list(req.pin_ids))
-        return pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired)
+        return pb.ReleasePinsResponse(
+            num_released=n, expired_pin_ids=expired, num_orphans_released=num_orphans
+        )
 
     async def LookupPrefix(
         self, req: pb.LookupPrefixRequest, ctx: Any

@@ -46,6 +46,17 @@ lapsed leases stay quarantined until they ack.
                                       v
                                   QUARANTINED --ack (LeaseExpired) / session ends--> released
     session ends: ACTIVE and QUARANTINED leases of the session are released at once
+    orphan ack (the client never got the grant's answer): ACTIVE or QUARANTINED -> released
+
+Orphaned grants: a ReservePut/PinBlocks whose answer never reached the client (its deadline
+passed, the connection dropped, the client was stopped) granted space the client does not
+know about, so it can neither ack nor copy into it. Each granting request carries a
+client-chosen ``request_id`` (unique per session); the lease records it, and the client's
+acknowledgement "I never received request R" (``ReleasePins.orphan_request_ids``,
+:meth:`LeaseBook.release_orphans`) frees that grant, active or quarantined. A request acked
+before it arrived leaves a tombstone, so its grant is refused when it does arrive. Only
+grants under a real session are tracked (sessionless callers share one pseudo-session, so
+their request ids could collide).
 
 Locking: ``LeaseBook._lock`` guards every table here and is never held while calling the
 store: methods return the leases whose items the caller must unpin/abort.
@@ -67,6 +78,7 @@ from kvstored.errors import NoCapacity, Unavailable
 NO_SESSION = 0
 """Session id of callers without a session (their quarantine ends only with their ack)."""
 _EXPIRED_MEMORY = 4096  # ids of leases released by a session end, to answer LeaseExpired
+_ORPHAN_TOMBSTONES = 4096  # per session: orphan-acked request ids whose request had not arrived
 
 
 class LeaseState(Enum):
@@ -89,6 +101,7 @@ class Lease:
         expires_at: monotonic seconds at which the lease lapses into quarantine.
         items: what the caller releases (PinnedBlock / Reservation / per-item outcomes).
         num_bytes: arena bytes held (counted while quarantined).
+        request_id: the granting request's client-chosen id (0 = none).
     """
 
     kind: str
@@ -97,6 +110,7 @@ class Lease:
     expires_at: float
     items: list[object]
     num_bytes: int
+    request_id: int = 0
 
 
 @dataclass(slots=True)
@@ -106,6 +120,8 @@ class _Session:
     active: set[int] = field(default_factory=set)
     quarantine: dict[int, Lease] = field(default_factory=dict)
     quarantined_bytes: int = 0
+    by_request: dict[int, int] = field(default_factory=dict)  # request id -> lease id
+    orphaned: collections.OrderedDict[int, None] = field(default_factory=collections.OrderedDict)
 
 
 class LeaseBook:
@@ -185,22 +201,81 @@ class LeaseBook:
 
     # ---- leases ----------------------------------------------------------------------------
     def add(
-        self, kind: str, session_id: int, items: list[object], num_bytes: int, lease_s: float
+        self,
+        kind: str,
+        session_id: int,
+        items: list[object],
+        num_bytes: int,
+        lease_s: float,
+        request_id: int = 0,
     ) -> int | None:
-        """Record a lease; its id, or None if the session ended meanwhile (release the items)."""
+        """Record a lease; its id, or None if nobody will ack it (release the items).
+
+        None when the session ended meanwhile, or when the client already acknowledged that it
+        never received request ``request_id`` (:meth:`release_orphans` came first).
+        """
         with self._lock:
             sess = self._sessions.get(session_id)
             if sess is None:
+                return None
+            if session_id == NO_SESSION:  # shared by many callers: their ids may collide
+                request_id = 0
+            if request_id and request_id in sess.orphaned:
+                del sess.orphaned[request_id]
                 return None
             while True:
                 lease_id = secrets.randbits(63)
                 if lease_id and lease_id not in self._leases and lease_id not in self._quarantined:
                     break
             self._leases[lease_id] = Lease(
-                kind, lease_id, session_id, self.clock() + lease_s, items, num_bytes
+                kind, lease_id, session_id, self.clock() + lease_s, items, num_bytes, request_id
             )
             sess.active.add(lease_id)
+            if request_id:
+                sess.by_request[request_id] = lease_id
         return lease_id
+
+    def release_orphans(self, session_id: int, request_ids: list[int]) -> list[Lease]:
+        """The client never received the answers to these requests: free what they granted.
+
+        Idempotent. Only for real sessions: the pseudo-session ``NO_SESSION`` is shared by
+        unrelated callers whose request ids may collide, so its grants are not tracked by
+        request id (they are freed by their lease id's ack only). A request id with no lease (never arrived yet, already released, or 0)
+        releases nothing; one that has not arrived yet is remembered (bounded per session) so
+        that its grant is refused when it does (:meth:`add` returns None).
+
+        Args:
+            session_id: the session the requests were sent under.
+            request_ids: ``request_id`` values of ReservePut/PinBlocks requests.
+
+        Returns:
+            The leases to release (active or quarantined).
+        """
+        out: list[Lease] = []
+        if session_id == NO_SESSION:  # request ids of sessionless callers are not tracked
+            return out
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:  # ended: everything it held was released already
+                return out
+            for request_id in request_ids:
+                if not request_id:
+                    continue
+                lease_id = sess.by_request.pop(request_id, None)
+                if lease_id is None:
+                    sess.orphaned[request_id] = None
+                    while len(sess.orphaned) > _ORPHAN_TOMBSTONES:
+                        sess.orphaned.popitem(last=False)
+                    continue
+                lease = self._leases.pop(lease_id, None)
+                if lease is not None:
+                    sess.active.discard(lease_id)
+                else:
+                    lease = self._quarantined.pop(lease_id)
+                    del sess.quarantine[lease_id]
+                    sess.quarantined_bytes -= lease.num_bytes
+                out.append(lease)
+        return out
 
     def take(self, kind: str, lease_id: int) -> tuple[LeaseState, Lease | None]:
         """Remove a lease for its holder's ack: ``(state, lease to release or None)``."""
@@ -208,7 +283,9 @@ class LeaseBook:
             lease = self._leases.get(lease_id)
             if lease is not None and lease.kind == kind:
                 del self._leases[lease_id]
-                self._sessions[lease.session_id].active.discard(lease_id)
+                sess = self._sessions[lease.session_id]
+                sess.active.discard(lease_id)
+                sess.by_request.pop(lease.request_id, None)
                 return LeaseState.HELD, lease
             lease = self._quarantined.get(lease_id)
             if lease is not None and lease.kind == kind:
@@ -216,6 +293,7 @@ class LeaseBook:
                 sess = self._sessions[lease.session_id]
                 del sess.quarantine[lease_id]
                 sess.quarantined_bytes -= lease.num_bytes
+                sess.by_request.pop(lease.request_id, None)
                 self._remember_expired(lease)
                 return LeaseState.QUARANTINED, lease
             if self._expired.get(lease_id) == kind:
@@ -247,6 +325,7 @@ class LeaseBook:
                 sess.active.clear()
                 sess.quarantine.clear()
                 sess.quarantined_bytes = 0
+                sess.by_request.clear()
         return out
 
     def _remember_expired(self, lease: Lease) -> None:

@@ -148,18 +148,20 @@ class ReserveItem(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ...) -> None: ...
 
 class ReservePutRequest(_message.Message):
-    __slots__ = ("items", "namespace_id", "lease_ms", "epoch", "session_id")
+    __slots__ = ("items", "namespace_id", "lease_ms", "epoch", "session_id", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ReserveItem]
     namespace_id: bytes
     lease_ms: int
     epoch: int
     session_id: int
-    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ReserveItem, _Mapping]]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class Reservation(_message.Message):
     __slots__ = ("status", "exists", "offset")
@@ -194,18 +196,20 @@ class CommitPutResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
 
 class PinBlocksRequest(_message.Message):
-    __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id")
+    __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id", "request_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_id: bytes
     lease_ms: int
     epoch: int
     session_id: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class PinnedBlock(_message.Message):
     __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier")
@@ -232,18 +236,24 @@ class PinBlocksResponse(_message.Message):
     def __init__(self, pin_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[PinnedBlock, _Mapping]]] = ...) -> None: ...
 
 class ReleasePinsRequest(_message.Message):
-    __slots__ = ("pin_ids",)
+    __slots__ = ("pin_ids", "session_id", "orphan_request_ids")
     PIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     pin_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    session_id: int
+    orphan_request_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pin_ids: _Optional[_Iterable[int]] = ..., session_id: _Optional[int] = ..., orphan_request_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleasePinsResponse(_message.Message):
-    __slots__ = ("num_released", "expired_pin_ids")
+    __slots__ = ("num_released", "expired_pin_ids", "num_orphans_released")
     NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ORPHANS_RELEASED_FIELD_NUMBER: _ClassVar[int]
     num_released: int
     expired_pin_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_released: _Optional[int] = ..., expired_pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_orphans_released: int
+    def __init__(self, num_released: _Optional[int] = ..., expired_pin_ids: _Optional[_Iterable[int]] = ..., num_orphans_released: _Optional[int] = ...) -> None: ...
 
 class LookupPrefixRequest(_message.Message):
     __slots__ = ("keys", "namespace_id")

@@ -144,3 +144,70 @@ def test_shutdown_releases_quarantine(core: NodeCore, clock: FakeClock) -> None:
     assert core.quarantined_bytes() == 100 and core.store.stats().pinned_blocks == 1
     core.release_all()
     assert core.quarantined_bytes() == 0 and core.store.stats().pinned_blocks == 0
+
+
+# ---- orphaned grants: the client never received the answer (request_id acks) -----------------
+
+
+def test_orphan_ack_frees_an_active_and_a_quarantined_grant(core: NodeCore, clock: FakeClock) -> None:
+    core.put_inline([(key(1), b"a" * 4096, b"")], b"")
+    base = _used(core)
+    sid = core.open_session()
+    rid, _ = core.reserve_put([(key(2), 8192, b"")], b"", session_id=sid, request_id=7)
+    assert rid and _lapse(core, clock) == 1  # the reservation is quarantined
+    pin_id, got = core.pin_blocks([key(1)], b"", session_id=sid, request_id=8)  # active
+    assert pin_id and isinstance(got[0], PinnedBlock)
+    assert core.quarantined_bytes() == 8192 and core.store.stats().pinned_blocks == 1
+    assert core.release_orphans(sid, [8]) == 1  # the pin: active, freed at once
+    assert core.store.stats().pinned_blocks == 0 and core.num_outstanding() == (0, 0, 0)
+    assert core.quarantined_bytes() == 8192
+    assert core.release_orphans(sid, [7]) == 1  # the quarantined reservation
+    assert core.quarantined_bytes() == 0 and _used(core) == base
+    assert core.release_orphans(sid, [7, 8]) == 0  # idempotent
+    with pytest.raises(NotFound):  # its lease id is gone too: nothing is freed twice
+        core.commit_put(rid)
+    assert core.release_pins_report([pin_id]) == (0, [])
+    assert core.leases._sessions[sid].by_request == {}
+
+
+def test_orphan_ack_of_another_request_or_session_frees_nothing(core: NodeCore) -> None:
+    core.put_inline([(key(1), b"a" * 100, b"")], b"")
+    sid, other = core.open_session(), core.open_session()
+    pin_id, _ = core.pin_blocks([key(1)], b"", session_id=sid, request_id=5)
+    assert core.release_orphans(other, [5]) == 0  # request ids are per session
+    assert core.release_orphans(sid, [6, 0]) == 0
+    assert core.store.stats().pinned_blocks == 1
+    assert core.release_pins_report([pin_id]) == (1, [])  # the normal ack still works
+    assert core.leases._sessions[sid].by_request == {}  # and forgot the request id
+    assert core.release_orphans(sid, [5]) == 0
+    core.close_session(sid)
+    assert core.release_orphans(sid, [5]) == 0  # a closed session: nothing left to free
+    # sessionless callers share one pseudo-session: one's ack never frees another's grant
+    nosess_pin, _ = core.pin_blocks([key(1)], b"", request_id=5)
+    assert core.release_orphans(0, [5]) == 0 and core.store.stats().pinned_blocks == 1
+    assert core.release_pins_report([nosess_pin]) == (1, [])
+
+
+def test_grant_arriving_after_its_orphan_ack_is_refused_and_released(core: NodeCore) -> None:
+    core.put_inline([(key(1), b"a" * 100, b"")], b"")
+    base = _used(core)
+    sid = core.open_session()
+    assert core.release_orphans(sid, [9, 10]) == 0  # the acks overtook their requests
+    with pytest.raises(LeaseExpired, match="never received its answer"):
+        core.pin_blocks([key(1)], b"", session_id=sid, request_id=9)
+    with pytest.raises(LeaseExpired, match="never received its answer"):
+        core.reserve_put([(key(2), 4096, b"")], b"", session_id=sid, request_id=10)
+    assert core.store.stats().pinned_blocks == 0 and _used(core) == base
+    assert core.num_outstanding() == (0, 0, 0)
+    pin_id, _ = core.pin_blocks([key(1)], b"", session_id=sid, request_id=11)  # others granted
+    assert pin_id and core.store.stats().pinned_blocks == 1
+    core.release_pins([pin_id])
+
+
+def test_orphan_tombstones_are_bounded_per_session(core: NodeCore) -> None:
+    from kvstored.node import sessions
+
+    sid = core.open_session()
+    core.release_orphans(sid, list(range(1, sessions._ORPHAN_TOMBSTONES + 11)))
+    assert len(core.leases._sessions[sid].orphaned) == sessions._ORPHAN_TOMBSTONES
+    assert 1 not in core.leases._sessions[sid].orphaned  # the oldest were dropped
