@@ -299,7 +299,7 @@ def test_a_peer_that_refuses_the_request_is_a_miss_not_an_error(local: NodeCore)
             raise Draining("peer draining")
 
         def close(self) -> None:
-            pass
+            return None  # nothing to close: it never connected
 
     master = FakeMaster()
     master.replicas[key(1)] = ClusterReplica("p", 1, Tier.DRAM, 10, 1, "127.0.0.1:1")
