@@ -1,10 +1,15 @@
-"""systemd readiness notification (sd_notify(3)) without libsystemd: one datagram to
-``$NOTIFY_SOCKET``. A leaf module shared by the node and master daemons."""
+"""Daemon lifecycle helpers shared by the node and master daemons (a leaf module: they never
+import each other): systemd readiness notification (sd_notify(3)) without libsystemd, one
+datagram to ``$NOTIFY_SOCKET``, and the SIGTERM/SIGINT stop event."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import socket
+from collections.abc import Iterator
 
 import structlog
 
@@ -30,3 +35,21 @@ def sd_notify(state: str) -> bool:
         log.warning("sd_notify_failed", state=state, error=str(exc))
         return False
     return True
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_event_on_signals() -> Iterator[asyncio.Event]:
+    """An Event set by SIGTERM or SIGINT while the block runs (loop only; handlers removed on
+    exit). Enter it before the daemon starts, so a signal sent as soon as it is up is seen."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)

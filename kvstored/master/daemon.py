@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import pathlib
-import signal
 import time
 from collections.abc import Callable
 
@@ -38,7 +37,7 @@ from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import Membership
 from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.master.service import MasterServicer, add_master_service
-from kvstored.sdnotify import sd_notify
+from kvstored.sdnotify import sd_notify, stop_event_on_signals
 
 log = structlog.get_logger(__name__)
 
@@ -169,18 +168,13 @@ class MasterDaemon:
 
     async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:
         """Start, notify systemd, serve until SIGTERM/SIGINT, then stop."""
-        stop_event = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_event.set)
-        try:
-            await self.start()
-            if on_started is not None:
-                on_started(self)
-            sd_notify(f"READY=1\nSTATUS=master serving on {', '.join(self.grpc_addresses)}")
-            await stop_event.wait()
-            sd_notify("STOPPING=1")
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        with stop_event_on_signals() as stop_event:
+            try:
+                await self.start()
+                if on_started is not None:
+                    on_started(self)
+                sd_notify(f"READY=1\nSTATUS=master serving on {', '.join(self.grpc_addresses)}")
+                await stop_event.wait()
+                sd_notify("STOPPING=1")
+            finally:
+                await self.stop()

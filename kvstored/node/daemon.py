@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import os
 import pathlib
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -52,7 +51,7 @@ from kvstored.errors import ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.service import NodeServicer, add_node_service
-from kvstored.sdnotify import sd_notify
+from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host_port
 
 if TYPE_CHECKING:
@@ -473,20 +472,15 @@ class NodeDaemon:
         Args:
             on_started: called once everything listens (e.g. to print the addresses).
         """
-        stop_event = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # before anyone can learn we are up
-            loop.add_signal_handler(sig, stop_event.set)
-        try:
-            await self.start()
-            if on_started is not None:
-                on_started(self)
-            sd_notify(f"READY=1\nSTATUS=serving on {', '.join(self.grpc_addresses)}")
-            if self.store is not None:
-                self.store.start_prefault()  # serving already; first-touch faults move off the hot path
-            await stop_event.wait()
-            sd_notify("STOPPING=1")
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        with stop_event_on_signals() as stop_event:  # before anyone can learn we are up
+            try:
+                await self.start()
+                if on_started is not None:
+                    on_started(self)
+                sd_notify(f"READY=1\nSTATUS=serving on {', '.join(self.grpc_addresses)}")
+                if self.store is not None:
+                    self.store.start_prefault()  # serving already; first-touch faults move off the hot path
+                await stop_event.wait()
+                sd_notify("STOPPING=1")
+            finally:
+                await self.stop()
