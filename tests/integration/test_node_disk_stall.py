@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 from it_helpers import DaemonThread, random_keys, value_for
 
+from thread_helpers import completes as _completes
+from thread_helpers import in_thread
+
 from kvstored import Client, Tier
 from kvstored.tiers.ssd_format import store_key
 
@@ -23,28 +26,8 @@ MiB = 1 << 20
 TRANSPORTS = ["shm", "tcp", "grpc"]
 
 
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
-
-
 def completes(fn: Callable[[], Any]) -> Any:
-    t, box = in_thread(fn)
-    t.join(20)
-    assert not t.is_alive(), "call blocked behind another block's disk read"
-    (res,) = box
-    if isinstance(res, BaseException):
-        raise res
-    return res
+    return _completes(fn, timeout_s=20, blocked_msg="call blocked behind another block's disk read")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

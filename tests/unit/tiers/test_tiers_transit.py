@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
+from thread_helpers import completes, in_thread
 
 from kvstored.errors import Unavailable
 
@@ -47,31 +47,6 @@ class HeldIo:
         if op == self.op and (self.skey is None or skey == self.skey) and not self.entered.is_set():
             self.entered.set()
             assert self.release.wait(30), "held I/O never released"
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
-
-
-def completes(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` and return its result; fail if it blocks (on the held I/O)."""
-    t, box = in_thread(fn)
-    t.join(10)
-    assert not t.is_alive(), "call blocked behind another block's disk I/O"
-    (res,) = box
-    if isinstance(res, BaseException):
-        raise res
-    return res
 
 
 @pytest.fixture
