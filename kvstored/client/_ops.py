@@ -601,6 +601,15 @@ def retry_delay(exc: KvstoredError, attempt: int, deadline: float) -> float | No
     return delay
 
 
+def final_error(exc: KvstoredError, retried: KvstoredError | None, deadline: float) -> KvstoredError:
+    """The error a call that gives up raises: ``exc``, unless the deadline ran out while
+    retrying an earlier error (then that one, e.g. Draining or Unavailable, which says why,
+    instead of a bare DeadlineExceeded that depends on how long the last backoff slept)."""
+    if retried is not None and isinstance(exc, DeadlineExceeded) and time.monotonic() >= deadline:
+        return retried
+    return exc
+
+
 def lease_for(info: NodeInfo, deadline: float) -> float:
     """The lease to ask for: the node default, or longer when the caller's deadline is.
 

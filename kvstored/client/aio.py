@@ -274,6 +274,7 @@ class AsyncClient:
     async def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
+        retried: KvstoredError | None = None  # the error the last retry was for
         while True:
             try:
                 return await self._drive(make_op(deadline), deadline)
@@ -282,7 +283,8 @@ class AsyncClient:
                     self._st.invalidate()
                 delay = _ops.retry_delay(exc, attempt, deadline)
                 if delay is None:
-                    raise
+                    raise _ops.final_error(exc, retried, deadline) from None
+                retried = exc
             await asyncio.sleep(delay)
             attempt += 1
 

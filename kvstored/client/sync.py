@@ -294,6 +294,7 @@ class Client:
     def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
         deadline = self._st.deadline(timeout_s)
         attempt = 0
+        retried: KvstoredError | None = None  # the error the last retry was for
         while True:
             try:
                 return self._drive(make_op(deadline), deadline)
@@ -302,7 +303,8 @@ class Client:
                     self._st.invalidate()
                 delay = _ops.retry_delay(exc, attempt, deadline)
                 if delay is None:
-                    raise
+                    raise _ops.final_error(exc, retried, deadline) from None
+                retried = exc
             time.sleep(delay)
             attempt += 1
 
