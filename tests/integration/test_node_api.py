@@ -180,6 +180,12 @@ def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str)
         assert c.lookup_prefix([keys[5], keys[4], miss[0], keys[3]]) == 2
     with Client(node.tcp_address, transport="tcp") as c:
         assert c.get([keys[5]]) == [value_for(keys[5], mib)]
+    # The data-plane server counts a GET's bytes after its last send returns, so the client
+    # can hold every byte before the counter moves: wait for it (a flake under load before).
+    wait_until(
+        lambda: _scrape(node).get(("kvstored_transfer_bytes_total", (("direction", "out"), ("transport", "tcp"))), 0.0) == mib,
+        what="the tcp GET counted",
+    )
     scrape = _scrape(node)
     assert (m("kvstored_store_gets_total"), m("kvstored_store_hits_total"), m("kvstored_store_misses_total")) == (4, 3, 1)
     assert m("kvstored_tier_hits_total", tier="SSD") == 1 and m("kvstored_tier_hits_total", tier="DRAM") == 2
