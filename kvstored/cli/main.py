@@ -202,6 +202,8 @@ main.add_command(node)
 def _print_master_started(daemon: Any) -> None:
     lines = [f"kvstored master epoch {daemon.epoch}"]
     lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
+    if daemon.metrics_address:
+        lines.append(f"listening metrics http://{daemon.metrics_address}/metrics")
     lines.append("ready")
     click.echo("\n".join(lines))
     sys.stdout.flush()
@@ -215,6 +217,8 @@ def _print_master_started(daemon: Any) -> None:
 @click.option("--data-dir", metavar="DIR", help="Directory of the master's state file.")
 @click.option("--node-lease-s", type=float, help="Node lease, seconds (default 10).")
 @click.option("--placement-policy", type=click.Choice(["local-first", "most-free", "random"]))
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="Prometheus /metrics address (port 0 = any); '' disables it (the default).")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def master(
@@ -223,6 +227,7 @@ def master(
     data_dir: str | None,
     node_lease_s: float | None,
     placement_policy: str | None,
+    metrics_listen: str | None,
     log_json: bool | None,
     log_level: str | None,
 ) -> None:
@@ -235,7 +240,7 @@ def master(
 
     overrides = {"listen": list(listen) or None, "data_dir": data_dir,
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
-                 "log_json": log_json, "log_level": log_level}
+                 "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level}
     try:
         cfg = load_config(config_path, overrides={"master": overrides}).master
     except ConfigInvalid as exc:
