@@ -8,6 +8,7 @@ import re
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 from master_helpers import NS, blocks, key, spec
 
@@ -17,6 +18,8 @@ from kvstored.config import MasterConfig
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.daemon import MasterDaemon
 from kvstored.tiers.base import Tier
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
 
 
 def scrape(address: str) -> dict[str, float]:
@@ -76,6 +79,22 @@ def test_admin_rpcs_and_metrics_over_the_wire(tmp_path: Path) -> None:
                         c.list_replicas(NS, [key(1), b""])
                     for n in (1, 3, 512):  # 3 lookups of 1 + 3 + 512 blocks
                         c.lookup_prefix(NS, [key(i) for i in range(n)])
+                channel = grpc.insecure_channel(addr)
+                stub = pb_grpc.MasterServiceStub(channel)
+                z = b"z" * 16
+                start = stub.PutStart(pb.PutStartRequest(namespace_id=NS, key=z, size_bytes=10,
+                                                         writer_node_id="a"), timeout=10)
+                assert not start.exists and start.replicas[0].node_id == "a"
+                end = pb.PutEndRequest(namespace_id=NS, key=z, generation=start.generation,
+                                       commit=True)
+                assert stub.PutEnd(end, timeout=10).num_replicas == 1
+                with pytest.raises(grpc.RpcError) as stale:  # ended already: refused
+                    stub.PutEnd(end, timeout=10)
+                assert stale.value.code() == grpc.StatusCode.NOT_FOUND
+                again = stub.PutStart(pb.PutStartRequest(namespace_id=NS, key=z, size_bytes=10,
+                                                         writer_node_id="b"), timeout=10)
+                assert again.exists
+                channel.close()
 
             await asyncio.to_thread(calls)
             p.start_put(NS, b"w" * 16, 100, writer_node_id="a")  # direct: not counted
@@ -88,7 +107,12 @@ def test_admin_rpcs_and_metrics_over_the_wire(tmp_path: Path) -> None:
             assert after["kvstored_master_nodes{state=\"healthy\"}"] == 1
             assert after["kvstored_master_nodes{state=\"unhealthy\"}"] == 1
             assert after["kvstored_master_nodes{state=\"syncing\"}"] == 1
-            assert after["kvstored_master_replicas"] == 8
+            assert after["kvstored_master_replicas"] == 9  # 6 + 2 + the committed put
+            assert after["kvstored_master_put_starts_total{result=\"placed\"}"] == 1
+            assert after["kvstored_master_put_starts_total{result=\"exists\"}"] == 1
+            assert after["kvstored_master_put_ends_total{outcome=\"commit\",result=\"ok\"}"] == 1
+            assert after[
+                "kvstored_master_put_ends_total{outcome=\"commit\",result=\"NOT_FOUND\"}"] == 1
             assert after["kvstored_master_lookups_total"] == 3
             assert after["kvstored_master_lookup_blocks_total"] == 1 + 3 + 512
             assert after["kvstored_master_lookup_hit_blocks_total"] == 1 + 3 + 6
