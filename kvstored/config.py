@@ -305,6 +305,9 @@ class MasterConfig(_Model):
     """Default placement policy of new replicas."""
     gc_interval_s: float = Field(default=1.0, gt=0)
     """How often lapsed leases are expired and dropped replicas unlinked, seconds."""
+    metrics_listen: str = ""
+    """``HOST:PORT`` of the master's Prometheus ``/metrics`` (port 0 = any); empty (the
+    default) disables it. The node units use 7072, so ``127.0.0.1:7082`` is suggested."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd)."""
     log_level: str = "info"

@@ -2,11 +2,17 @@
 
 Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix socket),
 ``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
-``where``, ``nodes`` (asks a master: ``--address MASTER``) (and ``scheduler`` when
-kvstored.scheduler is installed).
+``where``, ``nodes`` and ``evict`` (ask a master: ``--address MASTER``) (and ``scheduler``
+when kvstored.scheduler is installed).
 
-Exit codes: 0 ok, 1 error, 2 bad arguments, 3 node unreachable (at once when the unix socket
-file does not exist or refuses connections), 4 server error.
+Node or master: ``where`` and ``blocks`` against a TCP address first probe it (one
+``ListNodes`` call a node answers UNIMPLEMENTED): a node (or any unix socket) gets the
+single-node behaviour below, unchanged; a master gets the cluster views of
+kvstored/cli/cluster.py (every replica of every block; ``blocks --node NODE_ID``).
+
+Exit codes: 0 ok, 1 error, 2 bad arguments (a bad hex key, an unknown node id), 3 node or
+master unreachable (at once when the unix socket file does not exist or refuses
+connections), 4 server error (for ``evict``: a holder node could not be asked).
 
 ``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
 of its keys as given, positional and ``--keys`` mixed.
@@ -42,7 +48,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kvstored.cli import output
+from kvstored.cli import cluster, output
 from kvstored.cli.main import LazyGroup
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 
@@ -175,7 +181,8 @@ def _handle_errors(fn: F) -> F:
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def main(ctx: click.Context, address: str | None, timeout_s: float, output: str) -> None:
-    """Inspect a kvstored node: status, stats, blocks, where a prefix lives."""
+    """Inspect a kvstored node (status, stats, blocks, where a prefix lives) or a cluster
+    through its master (nodes, where, blocks --node, evict)."""
     ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output)
 
 
@@ -309,6 +316,10 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
 
 
 @main.command()
+@click.option("--node", "node_id", metavar="NODE_ID",
+              help="With --address MASTER: the blocks the master indexes on this node.")
+@click.option("--page-token", metavar="HEX",
+              help="With --node: continue after a truncated listing (its next_page_token).")
 @click.option("--namespace-id", metavar="HEX",
               help="Only blocks of this namespace id: any unique prefix (blocks shows 16 digits).")
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",
@@ -317,10 +328,25 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
 @_common_options
 @click.pass_obj
 @_handle_errors
-def blocks(obj: CtlContext, namespace_id: str | None, namespace_file: str | None, limit: int) -> None:
-    """List stored blocks (never pins, never touches recency)."""
+def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
+           namespace_id: str | None, namespace_file: str | None, limit: int) -> None:
+    """List stored blocks (never pins, never touches recency); --node: from the master."""
     if namespace_id is not None and namespace_file:
         raise InvalidArgument("give --namespace-id or --namespace-file, not both")
+    is_master = cluster.is_master_address(obj)
+    if is_master or node_id is not None or page_token is not None:
+        if not is_master:
+            raise InvalidArgument(
+                f"blocks --node asks the master: give --address MASTER_HOST:PORT "
+                f"(got {obj.address!r}, not a master)")
+        if node_id is None:
+            raise InvalidArgument(
+                f"{obj.address} is a master: give --node NODE_ID (kvstorectl nodes lists them)")
+        with cluster.master_client(obj) as m:
+            ns = (cluster.resolve_namespace(m, namespace_id) if namespace_id is not None
+                  else _load_namespace_file(namespace_file).id if namespace_file else None)
+        cluster.blocks(obj, node_id, ns, limit, page_token)
+        return
     ns_id = b""
     with obj.client() as c:
         if namespace_id is not None:  # "" is an error, not "every namespace"
@@ -457,7 +483,8 @@ def where(
     tp_rank: int,
     tenant_salt: str,
 ) -> None:
-    """Which tier holds each block of a prefix (given as keys, or as tokens + namespace)."""
+    """Which tier holds each block of a prefix (given as keys, or as tokens + namespace);
+    against a master: every replica of every block, across the cluster."""
     from kvstored.keys import Namespace, block_hashes
 
     hex_keys = [k for raw in (*keys_args, *keys_opt) for k in raw.replace(",", " ").split()]
@@ -487,6 +514,10 @@ def where(
         keys = [_parse_hex(k, "key") for k in hex_keys]
     else:
         raise InvalidArgument("give block keys (KEY_HEX... or --keys) or --tokens FILE")
+    if cluster.is_master_address(obj):
+        cluster.where(obj, keys, namespace.id if namespace is not None else None,
+                      namespace_id_hex)
+        return
     ns_override = None
     with obj.client(namespace) as c:
         if namespace_id_hex is not None:  # any unique prefix, as `blocks` takes it
@@ -551,6 +582,10 @@ def nodes(obj: CtlContext) -> None:
 
     output.emit(obj.output, data, tables, min_width=160)
 
+
+main.add_command(cluster.evict_command(keys_command_cls=KeysInOrderCommand,
+                                       common_options=_common_options,
+                                       handle_errors=_handle_errors, parse_hex=_parse_hex))
 
 if __name__ == "__main__":
     main()

@@ -108,6 +108,9 @@ def _print_started(daemon: Any) -> None:
 @click.option("--arena-dir", metavar="DIR", help="tmpfs directory of the arena file.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--master-listen", metavar="HOST:PORT",
+              help="Also host the cluster's master in this process, listening here (other "
+                   "hosts join with `kvstored node --master HOST:PORT`); off by default.")
 def serve(
     config_path: str | None,
     listen: tuple[str, ...],
@@ -120,10 +123,14 @@ def serve(
     arena_dir: str | None,
     log_json: bool | None,
     log_level: str | None,
+    master_listen: str | None,
 ) -> None:
     """Run the node daemon until SIGTERM/SIGINT (then drain and exit 0).
 
-    Settings: defaults < --config TOML < KVSTORED_NODE__* env vars < these flags.
+    Settings: defaults < --config TOML < KVSTORED_NODE__* env vars < these flags. With
+    ``[cluster] master_address`` set (file or KVSTORED_CLUSTER__MASTER_ADDRESS) the node
+    joins that master, as ``kvstored node --master`` does. With --master-listen the process
+    also runs the master (its [master] settings from the same file) and the node joins it.
     """
     overrides = {
         "listen": list(listen) or None, "dram_size_bytes": dram_size, "ssd_dir": ssd_dir,
@@ -131,7 +138,7 @@ def serve(
         "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
         "log_json": log_json, "log_level": log_level,
     }
-    _run_node(config_path, overrides, {})
+    _run_node(config_path, overrides, {}, master_listen=master_listen)
 
 
 _NODE_FLAGS = {
@@ -144,16 +151,19 @@ _NODE_FLAGS = {
 
 
 def _run_node(config_path: str | None, overrides: dict[str, Any],
-              cluster_overrides: dict[str, Any]) -> None:
-    """Load the config and run a NodeDaemon (``serve``; ``node`` adds the master link)."""
+              cluster_overrides: dict[str, Any], *, master_listen: str | None = None) -> None:
+    """Load the config and run a NodeDaemon (``serve``; ``node`` adds the master link;
+    ``serve --master-listen`` runs a MasterDaemon in the same loop first)."""
     from kvstored.config import load_config
     from kvstored.log import configure
 
+    master_overrides = {"listen": [master_listen]} if master_listen is not None else {}
     try:
         loaded = load_config(
-            config_path, overrides={"node": overrides, "cluster": cluster_overrides},
+            config_path, overrides={"node": overrides, "cluster": cluster_overrides,
+                                    "master": master_overrides},
             override_sources={f"node.{k}": v for k, v in _NODE_FLAGS.items()}
-            | {"cluster.master_address": "--master"},
+            | {"cluster.master_address": "--master", "master.listen": "--master-listen"},
         )
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
@@ -165,15 +175,42 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
     structlog.get_logger(__name__).info("config_loaded", **cfg.model_dump(mode="json"))
     from kvstored.node.daemon import NodeDaemon
 
-    cluster = loaded.cluster if cluster_overrides else None
     try:
-        asyncio.run(NodeDaemon(cfg, cluster=cluster).run(on_started=_print_started))
+        if master_listen is not None:
+            asyncio.run(_serve_with_master(loaded))
+        else:  # an empty cluster.master_address (the default) is a standalone node
+            asyncio.run(NodeDaemon(cfg, cluster=loaded.cluster).run(on_started=_print_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
     except KvstoredError as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(1)
+
+
+async def _serve_with_master(loaded: Any) -> None:
+    """``serve --master-listen``: a MasterDaemon, then a NodeDaemon joined to it, one loop.
+
+    The node stops first (it unregisters, drains and spills), then the master.
+    """
+    from kvstored.master.daemon import MasterDaemon
+    from kvstored.node.daemon import NodeDaemon
+
+    master = MasterDaemon(loaded.master)
+    await master.start()
+    try:
+        host, _, port = master.grpc_addresses[0].rpartition(":")
+        if host in ("0.0.0.0", "[::]", "::"):  # the node dials it: a wildcard is not an address
+            host = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+        cluster = loaded.cluster.model_copy(update={"master_address": f"{host}:{port}"})
+        lines = [f"kvstored master epoch {master.epoch}"]
+        lines += [f"listening master {a}" for a in master.grpc_addresses]
+        if master.metrics_address:
+            lines.append(f"listening master-metrics http://{master.metrics_address}/metrics")
+        click.echo("\n".join(lines))
+        await NodeDaemon(loaded.node, cluster=cluster).run(on_started=_print_started)
+    finally:
+        await master.stop()
 
 
 @click.option("--master", "master_address", required=True, metavar="HOST:PORT",
@@ -194,7 +231,8 @@ def _node_command(config_path: str | None, master_address: str, **kwargs: Any) -
 
 node = click.Command(
     "node", callback=_node_command, help=_node_command.__doc__,
-    params=[*serve.params, *getattr(_node_command, "__click_params__", [])],
+    params=[*(p for p in serve.params if p.name != "master_listen"),
+            *getattr(_node_command, "__click_params__", [])],
 )
 main.add_command(node)
 
@@ -202,6 +240,8 @@ main.add_command(node)
 def _print_master_started(daemon: Any) -> None:
     lines = [f"kvstored master epoch {daemon.epoch}"]
     lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
+    if daemon.metrics_address:
+        lines.append(f"listening metrics http://{daemon.metrics_address}/metrics")
     lines.append("ready")
     click.echo("\n".join(lines))
     sys.stdout.flush()
@@ -215,6 +255,8 @@ def _print_master_started(daemon: Any) -> None:
 @click.option("--data-dir", metavar="DIR", help="Directory of the master's state file.")
 @click.option("--node-lease-s", type=float, help="Node lease, seconds (default 10).")
 @click.option("--placement-policy", type=click.Choice(["local-first", "most-free", "random"]))
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="Prometheus /metrics address (port 0 = any); '' disables it (the default).")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def master(
@@ -223,6 +265,7 @@ def master(
     data_dir: str | None,
     node_lease_s: float | None,
     placement_policy: str | None,
+    metrics_listen: str | None,
     log_json: bool | None,
     log_level: str | None,
 ) -> None:
@@ -235,7 +278,7 @@ def master(
 
     overrides = {"listen": list(listen) or None, "data_dir": data_dir,
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
-                 "log_json": log_json, "log_level": log_level}
+                 "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level}
     try:
         cfg = load_config(config_path, overrides={"master": overrides}).master
     except ConfigInvalid as exc:

@@ -2,7 +2,9 @@
 
 One asyncio loop serves the MasterService on every ``master.listen`` address and runs one
 owned maintenance task (every ``gc_interval_s``: expire lapsed node leases, abort lapsed
-writes, unlink a bounded batch of dropped replicas).
+writes, unlink a bounded batch of dropped replicas, sample the metrics' state gauges).
+``master.metrics_listen`` (empty: off) serves Prometheus ``/metrics`` from a thread
+(kvstored.master.metrics).
 
 The master keeps no block metadata on disk: a restarted master rebuilds its index from the
 nodes, which re-register and resync when their heartbeats are answered REREGISTER (within
@@ -13,8 +15,8 @@ clock steps back.
 
 Lifecycle::
 
-    start():  data dir + epoch -> gRPC up -> maintenance task     (then READY=1 in run())
-    stop():   stop gRPC (grace 1 s) -> cancel the maintenance task
+    start():  data dir + epoch -> gRPC up -> /metrics up -> maintenance task (then READY=1)
+    stop():   stop gRPC (grace 1 s) -> cancel the maintenance task -> stop /metrics
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ import os
 import pathlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import structlog
 
 from kvstored.clock import Clock, MonotonicClock
 from kvstored.config import MasterConfig
-from kvstored.errors import ConfigInvalid
+from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import Membership
+from kvstored.master.metrics import MasterMetrics
 from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
@@ -94,6 +98,9 @@ class MasterDaemon:
         self.index = BlockIndex()
         self.membership: Membership | None = None
         self.placement: Placement | None = None
+        self.metrics = MasterMetrics()
+        self.metrics_address = ""
+        self._httpd: Any = None
         self._server: grpc.aio.Server | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._started = False
@@ -120,7 +127,7 @@ class MasterDaemon:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", 64 << 20)])
         add_master_service(server, MasterServicer(self.membership, self.placement,
-                                                  master_epoch=self.epoch))
+                                                  master_epoch=self.epoch, metrics=self.metrics))
         for addr in cfg.listen:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
@@ -134,8 +141,12 @@ class MasterDaemon:
             self.grpc_addresses.append(f"{host}:{bound}")
         self._server = server
         await server.start()
+        self.metrics.sample(self.membership, epoch=self.epoch)
+        if cfg.metrics_listen:
+            self._start_metrics(cfg.metrics_listen)
         self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
         log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses,
+                 metrics=self.metrics_address,
                  node_lease_s=cfg.node_lease_s, placement_policy=cfg.placement_policy)
 
     def maintain_once(self) -> tuple[list[str], int, int]:
@@ -144,7 +155,26 @@ class MasterDaemon:
         gone = self.membership.expire_lapsed()
         aborted = self.placement.reclaim_expired_writes()
         unlinked = self.index.collect_garbage(_GC_ROWS_PER_TICK)
+        if aborted:
+            self.metrics.write_lease_expiries.inc(aborted)
+        self.metrics.sample(self.membership, epoch=self.epoch)
         return gone, aborted, unlinked
+
+    def _start_metrics(self, address: str) -> None:
+        from prometheus_client import start_wsgi_server
+
+        from kvstored.transport.framing import format_host_port, parse_host_port
+
+        try:
+            host, port = parse_host_port(address)
+            self._httpd, _ = start_wsgi_server(port, addr=host, registry=self.metrics.registry)
+        except (OSError, InvalidArgument) as exc:
+            raise ConfigInvalid(
+                f"cannot serve master metrics on {address!r}: "
+                f"{getattr(exc, 'strerror', None) or exc}; change master.metrics_listen "
+                "(empty string disables it)"
+            ) from None
+        self.metrics_address = format_host_port(host, self._httpd.server_port)
 
     async def _maintain(self) -> None:
         while True:
@@ -164,6 +194,10 @@ class MasterDaemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
             self._maintenance = None
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
         log.info("master_stopped", epoch=self.epoch)
 
     async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:

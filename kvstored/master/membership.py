@@ -205,6 +205,11 @@ class Membership:
         self.unhealthy_after_failures = int(unhealthy_after_failures)
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
+        # counters since this master started (exported by kvstored.master.metrics)
+        self.num_lease_expiries = 0
+        self.num_unhealthy_marks = 0
+        self.num_inventory_syncs = 0
+        self.num_event_gaps = 0
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
@@ -245,6 +250,7 @@ class Membership:
                         num_replicas=self.index.num_holder_replicas(rec.holder),
                         silent_s=round(now - rec.last_heartbeat_s, 3))
             self._drop(rec)
+            self.num_lease_expiries += 1
         return gone
 
     # ---- registration ----------------------------------------------------------------
@@ -350,6 +356,7 @@ class Membership:
 
     def _open_gap(self, rec: NodeRecord, seen_seq: int) -> None:
         rec.gap = True
+        self.num_event_gaps += 1
         self._refresh(rec)
         log.warning("node_event_gap", node_id=rec.spec.node_id, epoch=rec.spec.epoch,
                     applied_seq=rec.applied_seq, seen_seq=seen_seq)
@@ -412,6 +419,7 @@ class Membership:
         self.index.set_load(rec.holder, rec.load)
         self._refresh(rec)
         num = self.index.num_holder_replicas(rec.holder)
+        self.num_inventory_syncs += 1
         log.info("node_inventory_synced", node_id=node_id, epoch=epoch, num_replicas=num, seq=seq)
         return NodeAction.NONE, num
 
@@ -475,6 +483,7 @@ class Membership:
             rec.consecutive_failures += 1
             if rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
                 rec.healthy = False
+                self.num_unhealthy_marks += 1
                 log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
                             num_failures=rec.consecutive_failures)
         self._refresh(rec)

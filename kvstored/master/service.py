@@ -9,6 +9,7 @@ INTERNAL and is logged with its traceback.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import numpy as np
 import structlog
 
 from kvstored.errors import ERROR_CODE_METADATA_KEY, InternalError, InvalidArgument, KvstoredError
+from kvstored.master import admin
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import (
     BlockEvent,
@@ -28,6 +30,7 @@ from kvstored.master.membership import (
     NodeSpec,
     TierUsage,
 )
+from kvstored.master.metrics import MasterMetrics
 from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.tiers.base import Tier
 from kvstored.v1 import master_pb2 as pb
@@ -106,13 +109,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         membership: nodes, leases and health (owns ``membership.index``).
         placement: two-phase puts over the same membership.
         master_epoch: this master start's epoch (reported to nodes and kvstorectl).
+        metrics: where lookups, puts and admin calls are counted (a fresh registry if None).
     """
 
-    def __init__(self, membership: Membership, placement: Placement, *, master_epoch: int) -> None:
+    def __init__(self, membership: Membership, placement: Placement, *, master_epoch: int,
+                 metrics: MasterMetrics | None = None) -> None:
         self.membership = membership
         self.placement = placement
         self.index: BlockIndex = membership.index
         self.master_epoch = master_epoch
+        self.metrics = metrics if metrics is not None else MasterMetrics()
 
     def _lease_ms(self) -> int:
         return int(self.membership.node_lease_s * 1000)
@@ -180,6 +186,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def LookupPrefix(  # noqa: N802
         self, request: pb.MasterLookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> pb.MasterLookupPrefixResponse:
+        t0 = time.perf_counter()
+        resp = self._lookup_prefix(request)
+        mt = self.metrics
+        mt.lookup_duration.observe(time.perf_counter() - t0)
+        mt.lookups.inc()
+        mt.lookup_blocks.inc(len(request.keys))
+        mt.lookup_hit_blocks.inc(len(resp.node_index))
+        return resp
+
+    def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest) -> pb.MasterLookupPrefixResponse:
         if len(request.namespace_id) > MAX_NAMESPACE_ID_BYTES:
             raise InvalidArgument(
                 f"namespace_id has {len(request.namespace_id)} bytes; the limit is "
@@ -220,11 +236,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         policy = _POLICY_FROM_PB.get(request.policy)
         if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
             raise InvalidArgument(f"unknown placement policy {request.policy}")
-        out = self.placement.start_put(
-            bytes(request.namespace_id), bytes(request.key), request.size_bytes,
-            writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
-            policy=policy,
-        )
+        try:
+            out = self.placement.start_put(
+                bytes(request.namespace_id), bytes(request.key), request.size_bytes,
+                writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
+                policy=policy,
+            )
+        except KvstoredError as exc:
+            self.metrics.put_starts.labels(result=exc.code.name).inc()
+            raise
+        self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
         return pb.PutStartResponse(
             exists=out.exists, generation=out.generation,
             replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=int(r.tier),
@@ -236,14 +257,21 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutEnd(  # noqa: N802
         self, request: pb.PutEndRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndResponse:
-        n = self.placement.end_put(bytes(request.namespace_id), bytes(request.key),
-                                   request.generation, commit=request.commit)
+        outcome = "commit" if request.commit else "abort"
+        try:
+            n = self.placement.end_put(bytes(request.namespace_id), bytes(request.key),
+                                       request.generation, commit=request.commit)
+        except KvstoredError as exc:
+            self.metrics.put_ends.labels(outcome=outcome, result=exc.code.name).inc()
+            raise
+        self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
         return pb.PutEndResponse(num_replicas=n)
 
     @_rpc
     async def ListNodes(  # noqa: N802
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListNodesResponse:
+        self.metrics.admin_requests.labels(method="ListNodes").inc()
         m = self.membership
         nodes = [
             pb.NodeStatus(node=node_info(r), health=int(r.health), load=r.load,
@@ -253,6 +281,63 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         ]
         return pb.ListNodesResponse(nodes=nodes, master_epoch=self.master_epoch,
                                     num_replicas=self.index.num_replicas)
+
+    @_rpc
+    async def ListReplicas(  # noqa: N802
+        self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListReplicasResponse:
+        self.metrics.admin_requests.labels(method="ListReplicas").inc()
+        _check_keys(request.namespace_id, request.keys)
+        found = admin.list_replicas(self.membership, bytes(request.namespace_id),
+                                    [bytes(k) for k in request.keys])
+        resp = pb.ListReplicasResponse(complete=self.membership.is_complete())
+        for key, views in zip(request.keys, found, strict=True):
+            resp.blocks.add(key=key, replicas=[
+                pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=int(v.tier),
+                                 size_bytes=v.size_bytes, generation=v.generation,
+                                 state=int(v.state), readable=v.readable,
+                                 grpc_address=v.grpc_address, data_address=v.data_address)
+                for v in views])
+        return resp
+
+    @_rpc
+    async def ListNodeBlocks(  # noqa: N802
+        self, request: pb.ListNodeBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListNodeBlocksResponse:
+        self.metrics.admin_requests.labels(method="ListNodeBlocks").inc()
+        if len(request.namespace_id) > MAX_NAMESPACE_ID_BYTES:
+            raise InvalidArgument(
+                f"namespace_id has {len(request.namespace_id)} bytes; the limit is "
+                f"{MAX_NAMESPACE_ID_BYTES}"
+            )
+        entries, token, epoch, num = admin.list_node_blocks(
+            self.membership, request.node_id,
+            namespace_id=None if request.any_namespace else bytes(request.namespace_id),
+            limit=request.limit, page_token=bytes(request.page_token),
+        )
+        return pb.ListNodeBlocksResponse(
+            blocks=[pb.NodeBlockEntry(namespace_id=e.namespace_id, key=e.key, tier=int(e.tier),
+                                      size_bytes=e.size_bytes, generation=e.generation,
+                                      state=int(e.state)) for e in entries],
+            next_page_token=token, epoch=epoch, num_replicas=num,
+        )
+
+
+def _check_keys(namespace_id: bytes, keys: Any) -> None:
+    """Limits shared by the lookups (namespace id, key count, key sizes).
+
+    Raises:
+        InvalidArgument: naming the limit and what was received.
+    """
+    if len(namespace_id) > MAX_NAMESPACE_ID_BYTES:
+        raise InvalidArgument(
+            f"namespace_id has {len(namespace_id)} bytes; the limit is {MAX_NAMESPACE_ID_BYTES}"
+        )
+    if len(keys) > MAX_LOOKUP_KEYS:
+        raise InvalidArgument(f"{len(keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}")
+    for i, k in enumerate(keys):
+        if not k or len(k) > MAX_KEY_BYTES:
+            raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {len(k)}")
 
 
 def add_master_service(server: grpc.aio.Server, servicer: MasterServicer) -> None:

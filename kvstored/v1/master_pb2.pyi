@@ -342,3 +342,91 @@ class ListNodesResponse(_message.Message):
     master_epoch: int
     num_replicas: int
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+
+class ListReplicasRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ReplicaDetail(_message.Message):
+    __slots__ = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable", "grpc_address", "data_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    READABLE_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    tier: _common_pb2.Tier
+    size_bytes: int
+    generation: int
+    state: ReplicaState
+    readable: bool
+    grpc_address: str
+    data_address: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., readable: _Optional[bool] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ...) -> None: ...
+
+class BlockReplicas(_message.Message):
+    __slots__ = ("key", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaDetail]
+    def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ...) -> None: ...
+
+class ListReplicasResponse(_message.Message):
+    __slots__ = ("blocks", "complete")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockReplicas]
+    complete: bool
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockReplicas, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class ListNodeBlocksRequest(_message.Message):
+    __slots__ = ("node_id", "any_namespace", "namespace_id", "limit", "page_token")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ANY_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    any_namespace: bool
+    namespace_id: bytes
+    limit: int
+    page_token: bytes
+    def __init__(self, node_id: _Optional[str] = ..., any_namespace: _Optional[bool] = ..., namespace_id: _Optional[bytes] = ..., limit: _Optional[int] = ..., page_token: _Optional[bytes] = ...) -> None: ...
+
+class NodeBlockEntry(_message.Message):
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "state")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    tier: _common_pb2.Tier
+    size_bytes: int
+    generation: int
+    state: ReplicaState
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ...) -> None: ...
+
+class ListNodeBlocksResponse(_message.Message):
+    __slots__ = ("blocks", "next_page_token", "epoch", "num_replicas")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[NodeBlockEntry]
+    next_page_token: bytes
+    epoch: int
+    num_replicas: int
+    def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...

@@ -96,6 +96,16 @@ class MasterServiceStub:
                 request_serializer=kvstored_dot_v1_dot_master__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.ListReplicas = channel.unary_unary(
+                '/kvstored.v1.MasterService/ListReplicas',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
+        self.ListNodeBlocks = channel.unary_unary(
+                '/kvstored.v1.MasterService/ListNodeBlocks',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -182,6 +192,22 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReplicas(self, request, context):
+        """Admin (kvstorectl where --address MASTER): every replica the master indexes for each
+        given block, in the order given. A probe: never pins, renews or changes anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNodeBlocks(self, request, context):
+        """Admin (kvstorectl blocks --node): the replicas indexed on one node, paged in
+        (namespace id, key, tier) order. A probe like ListReplicas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +260,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodesRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_master__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.ListReplicasRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'ListNodeBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodeBlocks,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -518,6 +554,60 @@ class MasterService:
             '/kvstored.v1.MasterService/ListNodes',
             kvstored_dot_v1_dot_master__pb2.ListNodesRequest.SerializeToString,
             kvstored_dot_v1_dot_master__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/ListReplicas',
+            kvstored_dot_v1_dot_master__pb2.ListReplicasRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodeBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/ListNodeBlocks',
+            kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,

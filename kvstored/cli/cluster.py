@@ -1,0 +1,303 @@
+"""kvstorectl's cluster views: ``where``, ``blocks --node`` and ``evict`` against a master.
+
+``kvstorectl --address ADDR where|blocks`` asks ADDR what it is first (one ``ListNodes``
+probe; a node answers UNIMPLEMENTED): a unix socket or a node keeps the single-node
+behaviour of kvstorectl.py exactly; a master gets the cluster view from here. ``evict``
+always needs a master (it resolves holders there, then calls each holder's ``Remove``).
+
+JSON output (sorted keys)::
+
+    where   {"num_blocks", "num_leading_present", "namespace_id", "complete",
+             "blocks": [{"index", "key", "present", "in_prefix",
+                         "replicas": [{"node_id", "epoch", "tier", "size_bytes",
+                                       "generation", "state", "readable"}]}]}
+            (present: some replica is readable; in_prefix: index < num_leading_present,
+            i.e. before the first block missing cluster-wide)
+    blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
+             "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state"}]}
+    evict   {"num_removed", "num_kept", "num_not_indexed", "not_indexed": [key hex],
+             "nodes": [{"node_id", "grpc_address", "num_requested", "removed", "kept",
+                        "error"}]}
+
+Exit codes as kvstorectl's: 2 for a bad key, an unknown node id or a bad page token; 3 when
+the master does not answer; 4 when a holder node could not be asked (the others still are;
+the JSON says which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sys
+
+import click
+
+from kvstored.cli import output
+from kvstored.errors import InvalidArgument, NotFound
+
+NAMESPACE_ID_HEX_DIGITS = 32
+_SCAN_LIMIT = 1_000_000
+EXIT_HOLDER_FAILED = 4  # kvstorectl's EXIT_SERVER_ERROR
+
+
+def master_client(obj: Any) -> Any:
+    """A MasterAdminClient for ``obj.address``.
+
+    Raises:
+        InvalidArgument: the address is a unix socket (masters listen on TCP only) or unset.
+    """
+    from kvstored.client.master_admin import MasterAdminClient
+
+    if not obj.address or obj.address.startswith("unix:"):
+        raise InvalidArgument(
+            f"this asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
+        )
+    return MasterAdminClient(obj.address, timeout_s=obj.timeout_s)
+
+
+def is_master_address(obj: Any) -> bool:
+    """Whether ``--address`` names a master (False for a unix socket or a node).
+
+    Raises:
+        Unavailable: nothing answers at the TCP address within ``--timeout-s``.
+    """
+    if not obj.address or obj.address.startswith("unix:"):
+        return False
+    with master_client(obj) as m:
+        return bool(m.is_master())
+
+
+def _live_node_ids(m: Any) -> list[str]:
+    return [n["node_id"] for n in m.list_nodes()["nodes"]]
+
+
+def _check_node(m: Any, node_id: str) -> None:
+    live = _live_node_ids(m)
+    if node_id not in live:
+        raise InvalidArgument(
+            f"unknown node id {node_id!r}: the live nodes are {', '.join(live) or 'none'} "
+            "(see kvstorectl nodes)"
+        )
+
+
+def resolve_namespace(m: Any, prefix: str) -> bytes:
+    """The namespace id a hex prefix names, among the blocks the master indexes.
+
+    Raises:
+        InvalidArgument: not hex, too long, no match, ambiguous, or too many blocks to check.
+    """
+    text = prefix.strip().lower()
+    if not text or any(ch not in "0123456789abcdef" for ch in text):
+        raise InvalidArgument(f"--namespace-id {prefix!r} is not hex")
+    if len(text) > NAMESPACE_ID_HEX_DIGITS:
+        raise InvalidArgument(
+            f"--namespace-id {prefix!r} has {len(text)} hex digits; a namespace id has "
+            f"{NAMESPACE_ID_HEX_DIGITS}"
+        )
+    if len(text) == NAMESPACE_ID_HEX_DIGITS:
+        return bytes.fromhex(text)
+    seen: set[str] = set()
+    scanned = 0
+    for node_id in _live_node_ids(m):
+        for b in m.iter_node_blocks(node_id):
+            scanned += 1
+            if scanned > _SCAN_LIMIT:
+                raise InvalidArgument(
+                    f"the cluster indexes more than {_SCAN_LIMIT} replicas, so the prefix "
+                    f"{prefix!r} cannot be checked for uniqueness; give all 32 hex digits"
+                )
+            if b["namespace_id"].startswith(text):
+                seen.add(b["namespace_id"])
+    if not seen:
+        raise InvalidArgument(f"no indexed block has a namespace id starting with {prefix!r}")
+    if len(seen) > 1:
+        raise InvalidArgument(
+            f"--namespace-id {prefix!r} is ambiguous: it starts {len(seen)} namespace ids "
+            f"({', '.join(sorted(seen)[:8])}); give more digits"
+        )
+    return bytes.fromhex(seen.pop())
+
+
+def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex: str | None
+          ) -> None:
+    """Print every replica of each block of a prefix, marking the first cluster-wide miss."""
+    with master_client(obj) as m:
+        ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else namespace_id
+        ns = ns or b""
+        per_key, complete = m.list_replicas(ns, keys)
+    leading = 0
+    while leading < len(per_key) and any(r["readable"] for r in per_key[leading]):
+        leading += 1
+    keep = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable")
+    data = {
+        "num_blocks": len(keys), "num_leading_present": leading, "namespace_id": ns.hex(),
+        "complete": complete,
+        "blocks": [
+            {"index": i, "key": k.hex(), "present": any(r["readable"] for r in reps),
+             "in_prefix": i < leading, "replicas": [{f: r[f] for f in keep} for r in reps]}
+            for i, (k, reps) in enumerate(zip(keys, per_key, strict=True))
+        ],
+    }
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        rows: list[tuple[Any, ...]] = []
+        for b in d["blocks"]:
+            mark = "" if b["in_prefix"] else ("first miss" if b["index"] == leading
+                                              else "after the miss")
+            if not b["replicas"]:
+                rows.append((b["index"], b["key"], "-", "missing", "-", mark))
+            for r in b["replicas"]:
+                state = r["state"] if r["readable"] else f"{r['state']} (not readable)"
+                rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, mark))
+        title = (f"prefix of {d['num_blocks']} blocks: {d['num_leading_present']} leading "
+                 f"blocks present cluster-wide"
+                 + ("" if d["complete"] else " (some nodes still syncing)"))
+        return [output.rows_table(title, ["#", "key", "node", "tier", "state", "prefix"], rows)]
+
+    output.emit(obj.output, data, tables, min_width=140)
+
+
+def blocks(obj: Any, node_id: str, namespace_id: bytes | None, limit: int,
+           page_token: str | None) -> None:
+    """Print the replicas the master indexes on one node (pages of up to 10000)."""
+    try:
+        token = bytes.fromhex(page_token) if page_token else b""
+    except ValueError:
+        raise InvalidArgument(f"--page-token {page_token!r} is not hex") from None
+    found: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    with master_client(obj) as m:
+        _check_node(m, node_id)
+        while len(found) < limit:
+            try:
+                page = m.list_node_blocks(node_id, namespace_id=namespace_id,
+                                          limit=min(10000, limit - len(found)), page_token=token)
+            except NotFound as exc:  # left between the check and the call
+                raise InvalidArgument(str(exc)) from None
+            info = page
+            found += page["blocks"]
+            token = bytes.fromhex(page["next_page_token"])
+            if not token:
+                break
+    data = {"node_id": node_id, "epoch": info.get("epoch", 0),
+            "num_replicas": info.get("num_replicas", 0), "count": len(found),
+            "truncated": bool(token), "next_page_token": token.hex(), "blocks": found}
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        from kvstored.units import format_size
+
+        rows = [(b["key"], b["namespace_id"][:16] or "-", b["tier"], format_size(b["size_bytes"]),
+                 b["generation"], b["state"]) for b in d["blocks"]]
+        title = (f"blocks indexed on {d['node_id']} (epoch {d['epoch']}): {d['count']} of "
+                 f"{d['num_replicas']}"
+                 + (f", more with --page-token {d['next_page_token']}" if d["truncated"] else ""))
+        return [output.rows_table(title, ["key", "namespace", "tier", "size", "generation",
+                                          "state"], rows)]
+
+    output.emit(obj.output, data, tables, min_width=140)
+
+
+def _targets_of_keys(m: Any, ns: bytes, keys: list[bytes], node: str | None
+                     ) -> tuple[dict[tuple[str, str], dict[bytes, list[bytes]]], list[bytes]]:
+    targets: dict[tuple[str, str], dict[bytes, list[bytes]]] = {}
+    not_indexed = []
+    per_key, _ = m.list_replicas(ns, keys)
+    for key, reps in zip(keys, per_key, strict=True):
+        holders = {(r["node_id"], r["grpc_address"]) for r in reps
+                   if node is None or r["node_id"] == node}
+        if not holders:
+            not_indexed.append(key)
+        for h in holders:
+            targets.setdefault(h, {}).setdefault(ns, []).append(key)
+    return targets, not_indexed
+
+
+def _targets_of_prefix(m: Any, ns: bytes | None, prefix: str, node: str | None
+                       ) -> dict[tuple[str, str], dict[bytes, list[bytes]]]:
+    text = prefix.strip().lower()
+    if not text or any(ch not in "0123456789abcdef" for ch in text):
+        raise InvalidArgument(f"--prefix {prefix!r} is not hex")
+    nodes = {n["node_id"]: n["grpc_address"] for n in m.list_nodes()["nodes"]}
+    targets: dict[tuple[str, str], dict[bytes, list[bytes]]] = {}
+    for node_id in sorted(nodes) if node is None else [node]:
+        seen = set()
+        for b in m.iter_node_blocks(node_id, namespace_id=ns):
+            if b["key"].startswith(text) and (b["namespace_id"], b["key"]) not in seen:
+                seen.add((b["namespace_id"], b["key"]))
+                targets.setdefault((node_id, nodes[node_id]), {}).setdefault(
+                    bytes.fromhex(b["namespace_id"]), []).append(bytes.fromhex(b["key"]))
+    return targets
+
+
+def evict(obj: Any, keys: list[bytes], prefix: str | None, namespace_hex: str | None,
+          node: str | None, exit_fn: Callable[[int], None]) -> None:
+    """Remove blocks cluster-wide (or from ``node``) through each holder's Remove RPC."""
+    if bool(keys) == (prefix is not None):
+        raise InvalidArgument("give block keys (KEY_HEX... or --keys) or --prefix HEX, not both "
+                              "and not neither")
+    with master_client(obj) as m:
+        if node is not None:
+            _check_node(m, node)
+        ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else None
+        not_indexed: list[bytes] = []
+        if keys:
+            targets, not_indexed = _targets_of_keys(m, ns or b"", keys, node)
+        else:
+            assert prefix is not None
+            targets = _targets_of_prefix(m, ns, prefix, node)
+        done = m.evict(targets)
+    nodes = [e.to_dict() for e in done]
+    data = {"num_removed": sum(len(n["removed"]) for n in nodes),
+            "num_kept": sum(len(n["kept"]) for n in nodes),
+            "num_not_indexed": len(not_indexed), "not_indexed": [k.hex() for k in not_indexed],
+            "nodes": nodes}
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        rows = [(n["node_id"], n["grpc_address"], n["num_requested"], len(n["removed"]),
+                 len(n["kept"]), n["error"] or "") for n in d["nodes"]]
+        title = (f"evicted {d['num_removed']} replicas ({d['num_kept']} kept: pinned or gone; "
+                 f"{d['num_not_indexed']} keys not indexed)")
+        return [output.rows_table(title, ["node", "address", "asked", "removed", "kept",
+                                          "error"], rows)]
+
+    output.emit(obj.output, data, tables, min_width=120)
+    failed = [n for n in nodes if n["error"]]
+    if failed:  # the report above is complete; say why the exit code is 4
+        sys.stderr.write(f"kvstorectl: {len(failed)} holder node(s) could not be asked: "
+                         + "; ".join(f"{n['node_id']}: {n['error']}" for n in failed) + "\n")
+        exit_fn(EXIT_HOLDER_FAILED)
+
+
+def evict_command(*, keys_command_cls: type[click.Command], common_options: Any,
+                  handle_errors: Any, parse_hex: Callable[[str, str], bytes]) -> click.Command:
+    """The ``evict`` click command, built from kvstorectl's helpers (passed in, so that
+    ``python -m kvstored.cli.kvstorectl`` never imports a second copy of that module)."""
+    KeysInOrderCommand = keys_command_cls  # noqa: N806
+    _common_options, _handle_errors, _parse_hex = common_options, handle_errors, parse_hex
+
+    @click.command(cls=KeysInOrderCommand, name="evict")
+    @click.argument("keys_args", nargs=-1, metavar="[KEY_HEX]...")
+    @click.option("--keys", "keys_opt", multiple=True, metavar="HEX[,HEX...]",
+                  help="Block keys in hex (repeatable, comma or space separated).")
+    @click.option("--prefix", metavar="HEX",
+                  help="Every indexed block whose key starts with these hex digits.")
+    @click.option("--namespace-id", "namespace_hex", metavar="HEX",
+                  help="Namespace of the keys (32 hex digits or a unique prefix); default: "
+                       "the empty namespace for keys, every namespace for --prefix.")
+    @click.option("--node", metavar="NODE_ID", help="Only this node's replicas.")
+    @_common_options
+    @click.pass_obj
+    @_handle_errors
+    def evict_cmd(obj: Any, keys_args: tuple[str, ...], keys_opt: tuple[str, ...],
+                  prefix: str | None, namespace_hex: str | None, node: str | None) -> None:
+        """Remove blocks from every node holding them (--address MASTER)."""
+        hex_keys = [k for raw in (*keys_args, *keys_opt) for k in raw.replace(",", " ").split()]
+        keys = [_parse_hex(k, "key") for k in hex_keys]
+        for k, h in zip(keys, hex_keys, strict=True):
+            if not k:
+                raise InvalidArgument(f"key {h!r} is empty")
+        evict(obj, keys, prefix, namespace_hex, node, click.get_current_context().exit)
+
+    return evict_cmd
+

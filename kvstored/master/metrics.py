@@ -1,0 +1,154 @@
+"""Prometheus metrics of the master (``[master] metrics_listen``, ``kvstored master --metrics-listen``).
+
+Exported on ``http://METRICS_LISTEN/metrics`` (prometheus_client's WSGI server thread)::
+
+    kvstored_master_lookups_total                      LookupPrefix calls answered
+    kvstored_master_lookup_blocks_total                blocks asked for by those lookups
+    kvstored_master_lookup_hit_blocks_total            blocks of the leading present prefixes
+    kvstored_master_lookup_duration_seconds            LookupPrefix handler latency (histogram)
+    kvstored_master_put_starts_total{result}           PutStart: placed | exists | <ErrorCode name>
+    kvstored_master_put_ends_total{outcome,result}     PutEnd: commit|abort x ok|<ErrorCode name>
+    kvstored_master_write_lease_expiries_total         writes aborted because their lease lapsed
+    kvstored_master_admin_requests_total{method}       ListNodes / ListReplicas / ListNodeBlocks
+    kvstored_master_nodes{state}                       live nodes: healthy | unhealthy | syncing
+    kvstored_master_replicas                           replicas indexed (WRITING included)
+    kvstored_master_blocks                             blocks indexed
+    kvstored_master_garbage_rows                       rows of dropped nodes not yet unlinked
+    kvstored_master_node_lease_expiries_total          nodes dropped because their lease lapsed
+    kvstored_master_unhealthy_marks_total              nodes marked unhealthy (data plane failing)
+    kvstored_master_inventory_syncs_total              full inventory syncs completed (resyncs)
+    kvstored_master_event_gaps_total                   event gaps seen (each forces a resync)
+    kvstored_master_epoch                              this master start's epoch
+
+The membership and the index belong to the event loop and are not thread-safe, so the
+scrape thread never reads them: the loop calls :meth:`MasterMetrics.sample` (on every
+maintenance tick, ``gc_interval_s``) and the scrape exports the last sample. Counters
+incremented by handlers (lookups, puts) are exact at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvstored.master.membership import Membership, NodeHealth
+
+_LOOKUP_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)
+_STATES = {NodeHealth.HEALTHY: "healthy", NodeHealth.UNHEALTHY: "unhealthy",
+           NodeHealth.SYNCING: "syncing"}
+
+
+@dataclass(frozen=True, slots=True)
+class MasterSample:
+    """The master's state as of one :meth:`MasterMetrics.sample` call (read by scrapes)."""
+
+    nodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_STATES.values(), 0))
+    num_replicas: int = 0
+    num_blocks: int = 0
+    num_garbage_rows: int = 0
+    lease_expiries: int = 0
+    unhealthy_marks: int = 0
+    inventory_syncs: int = 0
+    event_gaps: int = 0
+    epoch: int = 0
+
+
+class MasterMetrics:
+    """The metrics of one master daemon, registered in ``self.registry``.
+
+    Args:
+        registry: where to register; a fresh registry by default (several masters can live
+            in one process, as in tests).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.lookups = Counter("kvstored_master_lookups_total",
+                               "LookupPrefix calls answered.", registry=r)
+        self.lookup_blocks = Counter("kvstored_master_lookup_blocks_total",
+                                     "Blocks asked for by LookupPrefix calls.", registry=r)
+        self.lookup_hit_blocks = Counter(
+            "kvstored_master_lookup_hit_blocks_total",
+            "Blocks of the leading prefixes found present cluster-wide.", registry=r)
+        self.lookup_duration = Histogram(
+            "kvstored_master_lookup_duration_seconds", "LookupPrefix handler latency, seconds.",
+            buckets=_LOOKUP_BUCKETS_S, registry=r)
+        self.put_starts = Counter("kvstored_master_put_starts_total",
+                                  "PutStart calls by result (placed, exists, error code).",
+                                  ["result"], registry=r)
+        self.put_ends = Counter("kvstored_master_put_ends_total",
+                                "PutEnd calls by outcome (commit, abort) and result.",
+                                ["outcome", "result"], registry=r)
+        self.write_lease_expiries = Counter(
+            "kvstored_master_write_lease_expiries_total",
+            "Writes aborted because their write lease lapsed.", registry=r)
+        self.admin_requests = Counter("kvstored_master_admin_requests_total",
+                                      "Admin view calls by method.", ["method"], registry=r)
+        self._sample = MasterSample()
+        r.register(_SampleCollector(self))
+
+    @property
+    def last_sample(self) -> MasterSample:
+        """What the next scrape exports for the state gauges."""
+        return self._sample
+
+    def sample(self, membership: Membership, *, epoch: int) -> MasterSample:
+        """Read the state gauges from the membership (call on the event loop only).
+
+        Returns:
+            The new sample (also kept for scrapes).
+        """
+        nodes = dict.fromkeys(_STATES.values(), 0)
+        for rec in membership.nodes():
+            nodes[_STATES[rec.health]] += 1
+        index = membership.index
+        self._sample = MasterSample(
+            nodes=nodes, num_replicas=index.num_replicas, num_blocks=index.num_blocks,
+            num_garbage_rows=index.num_garbage_rows,
+            lease_expiries=membership.num_lease_expiries,
+            unhealthy_marks=membership.num_unhealthy_marks,
+            inventory_syncs=membership.num_inventory_syncs,
+            event_gaps=membership.num_event_gaps, epoch=epoch,
+        )
+        return self._sample
+
+
+class _SampleCollector(Collector):
+    """Exports the last :class:`MasterSample` (never touches the loop's objects)."""
+
+    def __init__(self, metrics: MasterMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._metrics.last_sample
+        nodes = GaugeMetricFamily("kvstored_master_nodes", "Live nodes by state.",
+                                  labels=["state"])
+        for state, n in sorted(s.nodes.items()):
+            nodes.add_metric([state], n)
+        yield nodes
+        yield GaugeMetricFamily("kvstored_master_replicas",
+                                "Replicas indexed (WRITING included).", value=s.num_replicas)
+        yield GaugeMetricFamily("kvstored_master_blocks", "Blocks indexed.", value=s.num_blocks)
+        yield GaugeMetricFamily("kvstored_master_garbage_rows",
+                                "Rows of dropped nodes not yet unlinked.",
+                                value=s.num_garbage_rows)
+        yield CounterMetricFamily("kvstored_master_node_lease_expiries",
+                                  "Nodes dropped because their lease lapsed.",
+                                  value=s.lease_expiries)
+        yield CounterMetricFamily("kvstored_master_unhealthy_marks",
+                                  "Nodes marked unhealthy (data plane failing).",
+                                  value=s.unhealthy_marks)
+        yield CounterMetricFamily("kvstored_master_inventory_syncs",
+                                  "Full inventory syncs completed (first syncs and resyncs).",
+                                  value=s.inventory_syncs)
+        yield CounterMetricFamily("kvstored_master_event_gaps",
+                                  "Event gaps seen (each forces a resync).", value=s.event_gaps)
+        yield GaugeMetricFamily("kvstored_master_epoch", "This master start's epoch.",
+                                value=s.epoch)
