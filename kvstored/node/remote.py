@@ -300,6 +300,7 @@ class RemoteReads:
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
+        *, again: bool = True,
     ) -> tuple[int, int, int]:
         core = self.core
         keys = [k for k, _ in items]
@@ -333,12 +334,14 @@ class RemoteReads:
                 self.before_verify()
             still = self.find(namespace_id, [keys[i] for i in ok], deadline=deadline,
                               local_node_id=peer, max_runs=len(ok)) if ok else {}
-            good = []
+            good, renamed = [], []
             for j, i in enumerate(ok):
                 named, now = items[i][1], still.get(j)
                 if now is not None and (now.node_id, now.epoch, now.generation) == (
                         named.node_id, named.epoch, named.generation):
                     good.append(i)
+                elif now is not None and (now.node_id, now.epoch) == (peer, epoch):
+                    renamed.append((keys[i], now))  # e.g. our pin promoted it SSD -> DRAM
             commit = [reserved.pop(i) for i in good]
             flags = core.store.commit_many(commit) if commit else []
             dropped = len(ok) - len(good)
@@ -348,9 +351,17 @@ class RemoteReads:
             n = sum(1 for f in flags if f)
             if n:
                 core.count_transfer("tcp", "in", n, sum(r.size_bytes for r in commit))
-            return n, dropped, 0
         finally:
             core.abort_reserved(list(reserved.values()))
+        if renamed and again:
+            # The source still holds these blocks under a new generation: the commonest cause
+            # is this copy's own pin promoting an SSD replica into the source's DRAM (a new
+            # replica for the master). Copy them once more against the new names; the same
+            # check applies, so a block that keeps changing is dropped, never served.
+            f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
+                                      again=False)
+            return n + f, dropped - f - x, x
+        return n, dropped, 0
 
     def _report(self, peer: str, epoch: int, ok: bool) -> None:
         """Queue a transfer outcome for the master: every failure, and the first success
