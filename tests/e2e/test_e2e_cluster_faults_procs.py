@@ -138,3 +138,145 @@ def test_master_sigkilled_during_a_put_storm_rebuilds_its_index_from_the_nodes(
             if w.poll() is None:
                 w.kill()
                 w.wait(timeout=30)
+
+
+def test_a_node_restarted_after_its_lease_brings_back_its_ssd_blocks_only(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = start_master(workdir, procs, lease_s=2.0)
+    address = master.address
+    n1 = NodeProcess(workdir / "n1", address, "n1")
+    n2 = NodeProcess(workdir / "n2", address, "n2")
+    start_nodes([n1, n2], procs, {})
+    wait_healthy(address, {"n1", "n2"})
+    keys = [os.urandom(16) for _ in range(60)]  # ~8.6 MiB: more than n2's 4 MiB of DRAM
+    with Client(n2.unix_address) as c:
+        for i in range(0, len(keys), 6):
+            batch = keys[i:i + 6]
+            assert all(r.stored for r in c.put(batch, [value_for(k) for k in batch]))
+        blocks, _ = c.list_blocks()
+    ssd = {b.key for b in blocks if Tier.SSD in b.tiers}
+    dram_only = [k for k in keys if k not in ssd]
+    assert ssd and dram_only, "the test needs blocks on n2's SSD and blocks in its DRAM only"
+    with MasterClient(address) as m:
+        _wait("n2's blocks indexed", lambda: all(_indexed(m, [k], "n2") for k in keys))
+    old_epoch = _nodes(address)["n2"]["epoch"]
+    n2.kill()
+    _wait("n2 dropped after its lease", lambda: "n2" not in _nodes(address))
+    n2b = NodeProcess(workdir / "n2", address, "n2")
+    procs.append(n2b)
+    n2b.start()
+    nodes = wait_healthy(address, {"n1", "n2"})
+    assert nodes["n2"]["epoch"] > old_epoch
+    with Client(n2b.unix_address) as c:
+        truth = {b.key for b in c.list_blocks()[0]}
+    assert truth and truth <= ssd  # the restarted daemon found its SSD blocks only
+    with MasterClient(address) as m:
+        _wait("n2's SSD blocks indexed again", lambda: all(_indexed(m, [k], "n2") for k in truth))
+        for k in dram_only:  # gone from the index, not guessed from the old epoch
+            assert m.lookup_prefix(b"", [k], local_node_id="n1")[0] == []
+    back = [k for k in keys if k in truth]
+    with Client(n1.unix_address) as c:
+        for i in range(0, len(back), 4):  # SSD blocks hit again through another node
+            batch = back[i:i + 4]
+            assert c.get(batch, timeout_s=30) == [value_for(k) for k in batch]
+        for k in dram_only:
+            assert c.get([k], timeout_s=30) == [None]
+
+
+def test_eight_nodes_started_at_once_on_a_loaded_machine_keep_one_epoch_each(
+    workdir: Path, procs: list[Any]
+) -> None:
+    lease_s = 10.0  # the defaults: node lease 10 s, heartbeat 1 s
+    master = start_master(workdir, procs, lease_s=lease_s)
+    address = master.address
+    nodes = [NodeProcess(workdir / f"n{i}", address, f"n{i}") for i in range(8)]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(os.cpu_count() or 1)]
+    try:
+        procs.extend(nodes)
+        errors: list[BaseException] = []
+
+        def start(n: NodeProcess) -> None:
+            try:
+                n.start()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join(READY_TIMEOUT_S + 30)
+        assert not errors, errors
+        names = {f"n{i}" for i in range(8)}
+        epochs = {k: v["epoch"] for k, v in wait_healthy(address, names).items()}
+        # one lease more under load: a heartbeat stalled by the start would lapse in it
+        min_left = {n: lease_s for n in names}
+        with MasterClient(address) as m:
+            t_end = time.monotonic() + lease_s
+            while time.monotonic() < t_end:
+                view = {n["node_id"]: n for n in m.list_nodes()["nodes"]}  # type: ignore[attr-defined]
+                assert set(view) == names
+                assert {k: v["epoch"] for k, v in view.items()} == epochs
+                for k, v in view.items():
+                    min_left[k] = min(min_left[k], v["lease_left_s"])
+                time.sleep(0.25)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait(timeout=30)
+    print(f"least lease left seen per node under load: {min_left}")
+    log = master.log_path.read_text()
+    assert "node_lease_expired" not in log and "node_epoch_superseded" not in log
+    assert all(log.count(f"node_id={n}") >= 1 for n in names)
+    for n in nodes:
+        nlog = n.log()
+        assert nlog.count("master_registered") == 1, nlog[-2000:]
+        assert "master_asks_reregister" not in nlog
+
+
+def test_a_copy_held_mid_send_pins_its_source_so_eviction_and_reuse_cannot_touch_it(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = start_master(workdir, procs, lease_s=3.0)
+    address = master.address
+    fifo = workdir / "hold.fifo"
+    os.mkfifo(fifo)
+    src = NodeProcess(workdir / "src", address, "src")
+    src.env["KVSTORED_TEST_HOOKS"] = f"dataplane_get_before_send:{fifo}"
+    dst = NodeProcess(workdir / "dst", address, "dst")
+    start_nodes([src, dst], procs, {"KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S": "30"})
+    wait_healthy(address, {"src", "dst"})
+    k = os.urandom(16)
+    with Client(src.unix_address) as c:
+        assert c.put([k], [value_for(k)])[0].stored
+    with MasterClient(address) as m:
+        _wait("k indexed on src", lambda: _indexed(m, [k], "src"))
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(
+        Client(dst.unix_address).get([k], timeout_s=60)))
+    reader.start()
+    try:
+        _wait("src's data plane holds the GET (k pinned, nothing sent)",
+              lambda: Path(str(fifo) + ".held").exists())
+        fillers = [os.urandom(16) for _ in range(40)]  # ~5.6 MiB: more than src's 4 MiB DRAM
+        with Client(src.unix_address) as c:
+            assert c.remove([k]) == [False]  # pinned: kept, not removed
+            for i in range(0, len(fillers), 4):
+                batch = fillers[i:i + 4]
+                assert all(r.stored for r in c.put(batch, [value_for(f) for f in batch]))
+            wrong = bytes(len(value_for(k)))  # the same key with other bytes
+            assert not c.put([k], [wrong])[0].stored  # still there: the put is a no-op
+            held = {b.key: b.tiers for b in c.list_blocks()[0]}
+            assert Tier.DRAM in held[k]  # eviction went past the pinned block
+        with MasterClient(address) as m:  # the master has heard of all of it
+            _wait("fillers indexed on src", lambda: all(_indexed(m, [f], "src") for f in fillers))
+    finally:
+        with open(fifo, "wb"):  # release the held send
+            pass
+        reader.join(60)
+    assert got == [[value_for(k)]]
+    with Client(dst.unix_address) as c:
+        assert c.get([k]) == [value_for(k)]  # the verified copy, now local on dst
+    assert "test_hook_released" in src.log()
