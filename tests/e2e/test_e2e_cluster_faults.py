@@ -104,7 +104,9 @@ def test_a_partitioned_node_leaves_after_its_lease_keeps_serving_and_rejoins(
         assert c.get(keys + late) == [value_for(k) for k in keys + late]
 
     netns.heal()
+    t_heal = time.monotonic()
     wait_healthy(master.address, {"n1", "n3"})
+    print(f"partitioned node healthy again {time.monotonic() - t_heal:.2f} s after the heal")
     with MasterClient(master.address) as m:
         _wait("n1's blocks indexed again", lambda: _indexed(m, keys + late, "n1"))
     with Client(n3.unix_address) as c:

@@ -216,7 +216,8 @@ def test_eight_nodes_started_at_once_on_a_loaded_machine_keep_one_epoch_each(
         with MasterClient(address) as m:
             t_end = time.monotonic() + lease_s
             while time.monotonic() < t_end:
-                view = {n["node_id"]: n for n in m.list_nodes()["nodes"]}  # type: ignore[attr-defined]
+                listed: Any = m.list_nodes()["nodes"]
+                view = {n["node_id"]: n for n in listed}
                 assert set(view) == names
                 assert {k: v["epoch"] for k, v in view.items()} == epochs
                 for k, v in view.items():
