@@ -20,10 +20,12 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import READY_TIMEOUT_S
 from test_e2e_cluster import MasterProcess, NodeProcess, _nodes, _wait
 
 _counter = itertools.count(1)
@@ -131,11 +133,30 @@ def start_master(workdir: Path, procs: list[Any], *, lease_s: float,
 
 
 def start_nodes(nodes: list[NodeProcess], procs: list[Any], env: dict[str, str]) -> None:
-    """Start ``nodes`` one after another with ``env`` added to theirs."""
+    """Start ``nodes`` all at once (one thread each) with ``env`` added to theirs; returns
+    when every one is ready.
+
+    Raises:
+        AssertionError: a node did not become ready (the first such error).
+    """
+    errors: list[BaseException] = []
+
+    def start(n: NodeProcess) -> None:
+        try:
+            n.start()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
     for n in nodes:
         n.env.update(env)
         procs.append(n)
-        n.start()
+    threads = [threading.Thread(target=start, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(READY_TIMEOUT_S + 30)
+    if errors:
+        raise errors[0]
 
 
 def wait_healthy(master: str, names: set[str]) -> dict[str, dict[str, Any]]:

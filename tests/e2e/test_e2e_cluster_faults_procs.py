@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster_helpers import start_master, start_nodes, wait_healthy
-from e2e_helpers import READY_TIMEOUT_S, small_value_for, value_for
+from e2e_helpers import small_value_for, value_for
 from test_e2e_cluster import (  # the cluster helpers and fixtures
     WAIT_S,
     MasterProcess,
@@ -194,21 +194,7 @@ def test_eight_nodes_started_at_once_on_a_loaded_machine_keep_one_epoch_each(
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(os.cpu_count() or 1)]
     try:
-        procs.extend(nodes)
-        errors: list[BaseException] = []
-
-        def start(n: NodeProcess) -> None:
-            try:
-                n.start()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
-        for t in starters:
-            t.start()
-        for t in starters:
-            t.join(READY_TIMEOUT_S + 30)
-        assert not errors, errors
+        start_nodes(nodes, procs, {})  # all at once
         names = {f"n{i}" for i in range(8)}
         epochs = {k: v["epoch"] for k, v in wait_healthy(address, names).items()}
         # one lease more under load: a heartbeat stalled by the start would lapse in it
@@ -255,8 +241,12 @@ def test_a_copy_held_mid_send_pins_its_source_so_eviction_and_reuse_cannot_touch
     with MasterClient(address) as m:
         _wait("k indexed on src", lambda: _indexed(m, [k], "src"))
     got: list[object] = []
-    reader = threading.Thread(target=lambda: got.append(
-        Client(dst.unix_address).get([k], timeout_s=60)))
+
+    def read() -> None:
+        with Client(dst.unix_address) as c:
+            got.append(c.get([k], timeout_s=60))
+
+    reader = threading.Thread(target=read)
     reader.start()
     try:
         _wait("src's data plane holds the GET (k pinned, nothing sent)",
