@@ -9,7 +9,8 @@ writes, unlink a bounded batch of dropped replicas, sample the metrics' state ga
 The master keeps no block metadata on disk: a restarted master rebuilds its index from the
 nodes, which re-register and resync when their heartbeats are answered REREGISTER (within
 one heartbeat interval). Until a node has resynced, lookups answer without it (misses,
-never stale entries). ``data_dir`` holds one small JSON file with the last start epoch, so
+never stale entries), and for one node lease after a restart they say ``complete=false``
+(the master cannot know which nodes are still to come back). ``data_dir`` holds one small JSON file with the last start epoch, so
 epochs (and the generations derived from them) increase across restarts even if the wall
 clock steps back.
 
@@ -117,10 +118,12 @@ class MasterDaemon:
         cfg = self.cfg
         if not cfg.listen:
             raise ConfigInvalid("master.listen is empty; give at least one HOST:PORT")
+        restarted = (pathlib.Path(cfg.data_dir) / STATE_FILE).exists()
         self.epoch = next_master_epoch(pathlib.Path(cfg.data_dir))
         self.membership = Membership(
             self.index, self.clock, Generations(self.epoch), node_lease_s=cfg.node_lease_s,
             unhealthy_after_failures=cfg.unhealthy_after_failures,
+            rejoin_grace_s=cfg.node_lease_s if restarted else 0.0,  # nodes may yet come back
         )
         self.placement = Placement(self.membership, policy=PlacementPolicy(cfg.placement_policy),
                                    write_lease_s=cfg.write_lease_s)

@@ -178,6 +178,11 @@ class Membership:
         generations: source of generations for replicas reported by events and syncs.
         node_lease_s: a node that has not heartbeated for this long leaves the cluster.
         unhealthy_after_failures: consecutive data-plane failures that make a node unhealthy.
+        rejoin_grace_s: seconds after construction during which :meth:`is_complete` is False
+            whatever is synced: a restarted master does not know which nodes are still to
+            re-register (each does within one heartbeat, a third of a lease at most), so its
+            lookups must not claim a complete answer meanwhile (the daemon passes one node
+            lease when ``data_dir`` shows an earlier start; 0 = none).
 
     Raises:
         InvalidArgument: a non-positive lease or failure count.
@@ -191,6 +196,7 @@ class Membership:
         *,
         node_lease_s: float = 10.0,
         unhealthy_after_failures: int = 3,
+        rejoin_grace_s: float = 0.0,
     ) -> None:
         if not (math.isfinite(node_lease_s) and node_lease_s > 0):
             raise InvalidArgument(f"node_lease_s must be > 0, got {node_lease_s}")
@@ -210,6 +216,7 @@ class Membership:
         self.num_unhealthy_marks = 0
         self.num_inventory_syncs = 0
         self.num_event_gaps = 0
+        self._incomplete_until_s = self.clock() + max(0.0, float(rejoin_grace_s))
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
@@ -509,5 +516,8 @@ class Membership:
         return max(0.0, rec.last_heartbeat_s + self.node_lease_s - self.clock())
 
     def is_complete(self) -> bool:
-        """True when every live node's inventory is synced without a gap."""
+        """True when every live node's inventory is synced without a gap, and the rejoin
+        grace is over (a restarted master cannot know which nodes have yet to come back)."""
+        if self.clock() < self._incomplete_until_s:
+            return False
         return all(r.synced and not r.gap for r in self.nodes())

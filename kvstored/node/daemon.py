@@ -50,6 +50,7 @@ from kvstored.config import (
 from kvstored.errors import ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
+from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host_port
@@ -246,7 +247,8 @@ class NodeDaemon:
             self._share_local_files()  # sockets exist once bound: modes set before serving
             await server.start()
             if cfg.data_address:
-                self._data_plane = DataPlaneServer(core, cfg.data_address)
+                self._data_plane = DataPlaneServer(core, cfg.data_address,
+                                                   hook=dataplane_hook_from_env())
                 try:
                     self.data_address = self._data_plane.start()
                 except OSError as exc:

@@ -21,7 +21,9 @@ copy. A generation is issued once per replica the master learns of (an eviction 
 put of the key, a demotion, a restart are new generations), so (b) catches a source that
 dropped or replaced the block meanwhile, as far as the master knows (the master learns of a
 node's changes within one heartbeat interval; block keys are content hashes, so a key put
-again carries the same bytes).
+again carries the same bytes). A block the master names after the copy under a new generation
+on the same epoch of the same source (e.g. the copy's pin promoted it from the source's SSD
+into its DRAM: a new replica) is copied once more against the new name, under the same check.
 
 Failure: every master call and every transfer runs under the caller's deadline (at most
 ``remote_fetch_timeout_s``); a dead or blackholed peer is a miss, never a hang. Each failed
@@ -300,6 +302,7 @@ class RemoteReads:
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
+        *, again: bool = True,
     ) -> tuple[int, int, int]:
         core = self.core
         keys = [k for k, _ in items]
@@ -333,24 +336,37 @@ class RemoteReads:
                 self.before_verify()
             still = self.find(namespace_id, [keys[i] for i in ok], deadline=deadline,
                               local_node_id=peer, max_runs=len(ok)) if ok else {}
-            good = []
+            good, renamed = [], []
             for j, i in enumerate(ok):
                 named, now = items[i][1], still.get(j)
                 if now is not None and (now.node_id, now.epoch, now.generation) == (
                         named.node_id, named.epoch, named.generation):
                     good.append(i)
+                elif now is not None and (now.node_id, now.epoch) == (peer, epoch):
+                    renamed.append((keys[i], now))  # e.g. our pin promoted it SSD -> DRAM
+            if not again:
+                renamed = []  # this is the second copy: renamed again means dropped
             commit = [reserved.pop(i) for i in good]
             flags = core.store.commit_many(commit) if commit else []
-            dropped = len(ok) - len(good)
+            dropped = len(ok) - len(good) - len(renamed)
             if dropped:
                 log.info("remote_copy_dropped", peer=peer, num_blocks=dropped,
                          reason="the source's replica changed or vanished during the copy")
             n = sum(1 for f in flags if f)
             if n:
                 core.count_transfer("tcp", "in", n, sum(r.size_bytes for r in commit))
-            return n, dropped, 0
         finally:
             core.abort_reserved(list(reserved.values()))
+        if renamed:
+            # The source still holds these blocks under a new generation: the commonest cause
+            # is this copy's own pin promoting an SSD replica into the source's DRAM (a new
+            # replica for the master). Copy them once more against the new names; the same
+            # check applies, so a block that keeps changing is dropped, never served.
+            log.info("remote_copy_renamed", peer=peer, num_blocks=len(renamed))
+            f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
+                                      again=False)
+            return n + f, dropped + d, x
+        return n, dropped, 0
 
     def _report(self, peer: str, epoch: int, ok: bool) -> None:
         """Queue a transfer outcome for the master: every failure, and the first success

@@ -79,7 +79,8 @@ tests and tracing. Events: ``request_started(op, count)``, ``payload_awaited(ind
 waits for the first byte of item ``index``; nothing is reserved for it yet),
 ``item_reserved(index, size_bytes)``, ``header_budget_waited(num_bytes)`` (the request waits
 for its share of the request-body budget; called with the server's lock held: do not call
-back into the server), ``chunk_sent(start, num_items)`` (a GET chunk went out
+back into the server), ``get_before_send(start, num_items)`` (a GET chunk is pinned,
+none of it sent yet), ``chunk_sent(start, num_items)`` (a GET chunk went out
 while its pins were held), ``request_done(op, code)`` (everything the request held is
 released; code 0 = OK)."""
 
@@ -418,6 +419,7 @@ class DataPlaneServer:
                         msg = short_message(str(b))
                         pending.append(GET_ITEM.pack(int(b.code), 0, 0, 0, 0, len(msg)) + msg)
                 self._allow_payload(reader, sum(b.size_bytes for b in got if isinstance(b, PinnedBlock)))
+                self._emit("get_before_send", start=start, num_items=len(got))  # pins held
                 send_all(sock, pending, reader.deadline)  # while the chunk's pins are held
                 self._emit("chunk_sent", start=start, num_items=len(got))
                 pending = []

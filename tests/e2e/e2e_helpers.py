@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -112,3 +113,16 @@ class ServeProcess:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+
+def key_of(writer: int, i: int) -> bytes:
+    """The ``i``-th key of put-storm writer ``writer`` (16 bytes, deterministic)."""
+    return hashlib.sha256(f"writer{writer}:{i}".encode()).digest()[:16]
+
+
+def small_value_for(key: bytes) -> bytes:
+    """The one correct value of a put-storm key: 4-8 KiB derived from the key (small, so a
+    storm's blocks all fit the nodes of a test and every committed block stays readable)."""
+    size = 4096 + key[0] * 16 + key[1] % 16
+    seed = int.from_bytes(key[:8], "little")
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()

@@ -7,7 +7,14 @@ from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 from structlog.testing import capture_logs
 
 from kvstored.errors import InvalidArgument, NotFound
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, NodeAction, NodeHealth
+from kvstored.master.membership import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    Membership,
+    NodeAction,
+    NodeHealth,
+)
 from kvstored.tiers.base import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -159,6 +166,20 @@ def test_a_restarted_master_answers_only_from_nodes_that_registered_again() -> N
     after.join("a", inventory=blocks([0, 1]))
     # block 1 is on both: equal rank and load, the earlier holder (b synced first) wins
     assert after.where([0, 1, 2]) == [("a", DRAM), ("b", DRAM), ("b", DRAM)]
+
+
+def test_a_restarted_master_says_incomplete_for_its_rejoin_grace_whatever_has_synced() -> None:
+    c = Cluster()
+    m = Membership(c.index, c.clock, c.gens, node_lease_s=LEASE_S, rejoin_grace_s=LEASE_S)
+    assert not m.is_complete()  # nobody has come back yet: that is not "everybody"
+    m.register(spec("a"))
+    m.sync_inventory("a", 1, sync_id=1, blocks=blocks([0]), last_chunk=True, seq=0)
+    c.clock.advance(LEASE_S - 0.01)
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert not m.is_complete()  # a synced, others may still be on their way
+    c.clock.advance(0.01)
+    assert m.is_complete()
+    assert c.members.is_complete()  # no grace (a first start): complete at once
 
 
 def test_data_plane_failures_make_a_node_unhealthy_and_one_success_heals_it() -> None:

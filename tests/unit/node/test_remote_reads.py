@@ -134,6 +134,10 @@ def test_copy_whose_source_changed_generation_during_the_transfer_is_dropped(
     arrived, go = threading.Event(), threading.Event()
 
     def hold() -> None:  # the copies are in local reservations, not yet verified
+        if arrived.is_set():  # the copy made once more against the new name: changed again
+            old = master.replicas[key(2)]
+            master.replicas[key(2)] = ClusterReplica("src", 7, Tier.DRAM, old.size_bytes,
+                                                     old.generation + 1, address)
         arrived.set()
         assert go.wait(10)
 
@@ -157,6 +161,32 @@ def test_copy_whose_source_changed_generation_during_the_transfer_is_dropped(
     finally:
         go.set()
         t.join(10)
+        reads.close()
+
+
+def test_a_copy_renamed_once_on_the_same_source_is_copied_again_against_the_new_name(
+    source: tuple[NodeCore, str], local: NodeCore
+) -> None:
+    # e.g. the source's pin promoted its SSD replica into DRAM: a new replica (generation)
+    # of the same block on the same epoch, named by the master after the first copy
+    src, address = source
+    master = FakeMaster()
+    _publish(master, src, address, [1, 2])
+    calls: list[int] = []
+
+    def rename_once() -> None:
+        calls.append(master.replicas[key(2)].generation)
+        if len(calls) == 1:
+            r = master.replicas[key(2)]
+            master.replicas[key(2)] = ClusterReplica("src", 7, Tier.DRAM, r.size_bytes, 5, address)
+
+    reads = _reads(local, master, before_verify=rename_once)
+    try:
+        got = reads.fill([key(1), key(2)], b"")
+        assert (got.num_fetched, got.num_dropped, got.num_failed) == (2, 0, 0)
+        assert calls == [1, 5]  # a second copy of block 2 only, verified against generation 5
+        assert _local_bytes(local, [1, 2]) == [value(1), value(2)]
+    finally:
         reads.close()
 
 

@@ -1,0 +1,105 @@
+"""Test-only fault hooks a daemon arms from ``KVSTORED_TEST_HOOKS`` (a no-op unless set).
+
+Multi-process tests need to hold a daemon at a chosen point (e.g. a data-plane GET whose
+pins are taken but whose bytes are not sent yet) while they change the daemon from outside.
+The environment variable names the points and a FIFO per point::
+
+    KVSTORED_TEST_HOOKS="dataplane_get_before_send:/tmp/x/hold.fifo[,POINT:PATH ...]"
+
+The first time a point is reached, the hook creates ``PATH + ".held"`` (an empty file: "I am
+holding"), then opens the FIFO ``PATH`` for reading, which blocks until the test opens it
+for writing, and reads until the test closes it. The point is then disarmed: later hits
+pass straight through. The FIFO must exist before the point is reached (``os.mkfifo``).
+
+Points: ``dataplane_get_before_send`` (the data-plane server's ``get_before_send`` event:
+the chunk's blocks are pinned, nothing of it is sent yet).
+
+Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
+plane makes no hook calls at all.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from kvstored.errors import ConfigInvalid
+
+log = structlog.get_logger(__name__)
+
+ENV_VAR = "KVSTORED_TEST_HOOKS"
+POINTS = ("dataplane_get_before_send",)
+_DATAPLANE_PREFIX = "dataplane_"
+
+
+def parse_test_hooks(value: str) -> dict[str, str]:
+    """``"POINT:PATH,POINT:PATH"`` -> ``{point: fifo path}``.
+
+    Raises:
+        ConfigInvalid: an entry without ``:``, an unknown point or an empty path (names
+            the entry and the known points).
+    """
+    out: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        point, sep, path = entry.partition(":")
+        if not sep or point not in POINTS or not path:
+            raise ConfigInvalid(
+                f"env var {ENV_VAR}: entry {entry!r} is not POINT:FIFO_PATH with POINT one of "
+                f"{', '.join(POINTS)}"
+            )
+        out[point] = path
+    return out
+
+
+class _Hold:
+    """Blocks the first caller on a FIFO until the test writes to it and closes it."""
+
+    def __init__(self, point: str, path: str) -> None:
+        self.point = point
+        self.path = path
+        self._armed = True
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            if not self._armed:
+                return
+            self._armed = False
+        log.warning("test_hook_holding", point=self.point, fifo=self.path)
+        with open(self.path + ".held", "w"):
+            pass
+        with open(self.path, "rb") as fifo:  # blocks until the test opens the FIFO to write
+            fifo.read()  # until the test closes it
+        log.warning("test_hook_released", point=self.point)
+
+
+def dataplane_hook_from_env(
+    environ: Mapping[str, str] | None = None,
+) -> Callable[..., None] | None:
+    """The data-plane server's ``hook`` armed by ``KVSTORED_TEST_HOOKS``; None when unset.
+
+    Args:
+        environ: environment to read (default ``os.environ``).
+
+    Raises:
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    holds = {
+        point[len(_DATAPLANE_PREFIX):]: _Hold(point, path)
+        for point, path in parse_test_hooks(value).items()
+        if point.startswith(_DATAPLANE_PREFIX)
+    }
+    if not holds:
+        return None
+
+    def hook(event: str, **fields: Any) -> None:
+        hold = holds.get(event)
+        if hold is not None:
+            hold()
+
+    return hook

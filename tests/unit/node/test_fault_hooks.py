@@ -1,0 +1,50 @@
+"""The test-only fault hooks armed from KVSTORED_TEST_HOOKS (kvstored/node/fault_hooks.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvstored.errors import ConfigInvalid
+from kvstored.node.fault_hooks import dataplane_hook_from_env, parse_test_hooks
+
+
+def test_unset_or_empty_arms_nothing() -> None:
+    assert dataplane_hook_from_env({}) is None
+    assert dataplane_hook_from_env({"KVSTORED_TEST_HOOKS": ""}) is None
+
+
+@pytest.mark.parametrize("value", ["dataplane_get_before_send", "nope:/tmp/x",
+                                   "dataplane_get_before_send:"])
+def test_a_malformed_entry_is_refused_naming_it_and_the_known_points(value: str) -> None:
+    with pytest.raises(ConfigInvalid, match="KVSTORED_TEST_HOOKS.*dataplane_get_before_send"):
+        parse_test_hooks(value)
+
+
+def test_the_point_holds_its_first_caller_until_the_fifo_is_written_then_passes(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "hold.fifo"
+    os.mkfifo(fifo)
+    hook = dataplane_hook_from_env({"KVSTORED_TEST_HOOKS": f"dataplane_get_before_send:{fifo}"})
+    assert hook is not None
+    hook("chunk_sent", start=0, num_items=1)  # another event: passes at once
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (hook("get_before_send", start=0, num_items=1),
+                                         done.set()))
+    t.start()
+    held = Path(f"{fifo}.held")
+    deadline = time.monotonic() + 10
+    while not held.exists():
+        assert time.monotonic() < deadline, "the hook never said it holds"
+        time.sleep(0.01)
+    assert not done.is_set()  # held
+    with open(fifo, "wb") as f:
+        f.write(b"go")
+    t.join(10)
+    assert done.is_set()
+    hook("get_before_send", start=0, num_items=1)  # disarmed: passes at once
