@@ -125,6 +125,9 @@ class Placement:
         self.rng = rng if rng is not None else random.Random()
         self._writes: dict[tuple[bytes, bytes], _Write] = {}
         self._pending_bytes: dict[int, int] = {}
+        # holder -> (its last_heartbeat_s when counted, bytes of holder_reports writes
+        # committed there since): usage the node has not heartbeated yet
+        self._landed: dict[int, tuple[float, int]] = {}
 
     # ---- capacity --------------------------------------------------------------------
     def free_dram_bytes(self, rec: NodeRecord) -> int:
@@ -165,7 +168,10 @@ class Placement:
         if usage is None:
             return -1
         limit = int(usage.capacity_bytes * max_used_fraction)
-        return limit - usage.used_bytes - self._pending_bytes.get(rec.holder, 0)
+        landed_s, landed = self._landed.get(rec.holder, (0.0, 0))
+        if landed_s != rec.last_heartbeat_s:  # heartbeated since: its usage includes them
+            landed = 0
+        return limit - usage.used_bytes - self._pending_bytes.get(rec.holder, 0) - landed
 
     # ---- policy ----------------------------------------------------------------------
     def order_candidates(
@@ -310,6 +316,13 @@ class Placement:
             dropped = self.index.abort_generation(namespace_id, key, generation)
             if not commit:
                 return dropped
+            for h in w.holders:  # count them until the holder heartbeats its new usage
+                rec = self.membership.record_of_holder(h)
+                if rec is not None:
+                    at, landed = self._landed.get(h, (rec.last_heartbeat_s, 0))
+                    if at != rec.last_heartbeat_s:
+                        landed = 0
+                    self._landed[h] = (rec.last_heartbeat_s, landed + w.size_bytes)
             holders = set(w.holders)
             return sum(1 for r in self.index.replicas(namespace_id, key, readable_only=True)
                        if r.holder in holders)
