@@ -13,7 +13,9 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
                   exists (another node holds it)  -> drop the local copy (one copy suffices)
                   NoCapacity (every peer is full) -> stop: local eviction, as without spill
     hook("put_started")
-    per peer:   pin the local copies -> DataPlaneClient(P).put(keys, views) under a
+    per peer:   pin the local DRAM copies; read SSD-only victims straight from their files
+                (checksum verified, never promoted: promoting would demote other blocks into
+                the very tier that is full) -> DataPlaneClient(P).put(keys, views) under a
                 deadline (the peer reserves as bytes arrive; a broken connection aborts its
                 reservations) -> unpin
     hook("sent")
@@ -59,6 +61,7 @@ import structlog
 
 from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.tiers.base import BlockInfo, PinnedBlock, StoreStats, Tier, TierStats
+from kvstored.tiers.ssd_format import round_up_page, store_key
 from kvstored.transport.base import Transport
 
 log = structlog.get_logger(__name__)
@@ -329,10 +332,35 @@ class Spiller:
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
         return moves, dropped, False
 
+    def _read_ssd_only(self, ns: bytes, key: bytes) -> tuple[memoryview, bytes] | None:
+        """An SSD-only block's bytes and meta, read and checksum-verified from its file
+        without promoting it (None: gone meanwhile, unreadable, or no SSD tier)."""
+        ssd = getattr(self.store, "_ssd", None)  # TieredStore's SSD tier (same package family)
+        if ssd is None:
+            return None
+        skey = store_key(ns, key)
+        with ssd.lock:
+            entry = ssd.entries.get(skey)
+        if entry is None:
+            return None
+        buf = memoryview(bytearray(round_up_page(entry.size_bytes)))
+        try:
+            ok = ssd.read_into(skey, buf)
+        except (KeyError, ValueError):  # evicted or replaced since the lookup
+            return None
+        return (buf[: entry.size_bytes], entry.meta) if ok else None
+
     def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
-        pinned = self.store.pin_many([m.block.key for m in group], namespace_id=ns)
+        from_ssd = [m for m in group if m.block.tiers == (Tier.SSD,)]
+        in_dram = [m for m in group if m.block.tiers != (Tier.SSD,)]
+        pinned = self.store.pin_many([m.block.key for m in in_dram], namespace_id=ns) if in_dram else []
         items, sent = [], []
-        for m, p in zip(group, pinned, strict=True):
+        for m in from_ssd:
+            got = self._read_ssd_only(ns, m.block.key)
+            if got is not None:
+                items.append((m.block.key, got[0], got[1]))
+                sent.append(m)
+        for m, p in zip(in_dram, pinned, strict=True):
             if isinstance(p, PinnedBlock):
                 m.pinned = p
                 items.append((m.block.key, p.view, p.meta))
@@ -350,9 +378,9 @@ class Spiller:
                         error=str(exc))
         finally:
             for m in sent:
-                assert m.pinned is not None
-                self.store.unpin(m.pinned)
-                m.pinned = None
+                if m.pinned is not None:
+                    self.store.unpin(m.pinned)
+                    m.pinned = None
 
     def _end(self, m: _Move) -> bool:
         b = m.block
