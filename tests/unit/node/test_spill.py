@@ -273,3 +273,36 @@ def test_items_the_peer_refuses_are_aborted_and_stay_here(
         assert master.placement.num_open_writes == 0
     finally:
         small.close()
+
+
+def test_ssd_only_victims_are_read_from_their_files_without_promotion(
+    master: InProcMaster, peers: dict[str, Peer], tmp_path: Any
+) -> None:
+    store = TieredStore(dram_size_bytes=4 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                        ssd_size_bytes=1 << 20, ssd_direct_io=False, max_block_bytes=BLOCK)
+    try:
+        n = 0
+        while store.stats().tiers[1].used_bytes <= 0.9 * (1 << 20):  # fill the SSD past 90 %
+            store.put(key(n), value(n))
+            n += 1
+        ssd_only = [b.key for b in store.list_blocks()[0] if b.tiers == (Tier.SSD,)]
+        before = store.stats()
+        master.join("src2", "127.0.0.1:9", store)
+        sp = Spiller(store, master, lambda a: DataPlaneClient(a, pool_size=2, max_block_bytes=BLOCK),
+                     node_id="src2", high_watermark=0.9, low_watermark=0.5, batch_blocks=4)
+        try:
+            left = sp.run_once()
+        finally:
+            sp.close()
+        after = store.stats()
+        assert left > 0 and after.tiers[1].used_bytes <= 0.5 * (1 << 20)
+        assert after.tiers[0].evictions == before.tiers[0].evictions  # nothing promoted/demoted
+        assert after.tiers[1].hits == before.tiers[1].hits
+        moved = ssd_only[:left]  # the SSD-only blocks, coldest first, left first
+        assert store.exists(moved) == [False] * len(moved)
+        for k in moved:
+            i = int.from_bytes(k, "big")
+            got = [p.store.get(k) for p in peers.values()]
+            assert (value(i), b"") in got
+    finally:
+        store.close()
