@@ -54,6 +54,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -207,6 +208,7 @@ class Spiller:
         self._peers: dict[str, Transport] = {}
         self._failed_at: dict[tuple[bytes, bytes], float] = {}
         self._stop = threading.Event()
+        self._calls = ThreadPoolExecutor(self.batch_blocks, thread_name_prefix="kvstored-spill-rpc")
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -225,6 +227,7 @@ class Spiller:
         for t in self._peers.values():
             t.close()
         self._peers.clear()
+        self._calls.shutdown(wait=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -304,33 +307,43 @@ class Spiller:
         self.counters.blocks_failed += 1
         self._failed_at[(b.namespace_id, b.key)] = time.monotonic()
 
+    def _put_start(self, b: BlockInfo, headroom: int) -> tuple[bool, int, list[Any]] | KvstoredError:
+        try:
+            return self.master.put_start(
+                b.namespace_id, b.key, b.size_bytes, writer_node_id=self.node_id,
+                exclude_writer=True, max_used_fraction=self.high, headroom_bytes=headroom,
+                holder_reports=True, timeout_s=self.rpc_timeout_s)
+        except KvstoredError as exc:
+            return exc
+
     def _start_writes(self, batch: Sequence[BlockInfo]) -> tuple[list[_Move], int, bool]:
+        """PutStart every block of the batch (concurrently: the round trips overlap)."""
         headroom = sum(b.size_bytes for b in batch)
+        outcomes = list(self._calls.map(lambda b: self._put_start(b, headroom), batch))
         moves: list[_Move] = []
         dropped = 0
-        for b in batch:
-            try:
-                exists, gen, replicas = self.master.put_start(
-                    b.namespace_id, b.key, b.size_bytes, writer_node_id=self.node_id,
-                    exclude_writer=True, max_used_fraction=self.high, headroom_bytes=headroom,
-                    holder_reports=True, timeout_s=self.rpc_timeout_s)
-            except NoCapacity as exc:
-                self.counters.no_capacity += 1
-                log.info("spill_no_capacity", error=str(exc))
-                return moves, dropped, True
-            except ReplicaNotReady:
+        full = False
+        for b, out in zip(batch, outcomes, strict=True):
+            if isinstance(out, NoCapacity):
+                if not full:
+                    self.counters.no_capacity += 1
+                    log.info("spill_no_capacity", error=str(out))
+                full = True
+                continue
+            if isinstance(out, ReplicaNotReady):
                 continue  # another write of it is open; try it next round
-            except KvstoredError as exc:
-                log.warning("spill_put_start_failed", key=b.key.hex()[:16], error=str(exc))
+            if isinstance(out, KvstoredError):
+                log.warning("spill_put_start_failed", key=b.key.hex()[:16], error=str(out))
                 self._failed(b)
-                return moves, dropped, False
+                continue
+            exists, gen, replicas = out
             if exists:  # another node holds it already: one copy in the pool suffices
                 if self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
                     self.counters.blocks_deduplicated += 1
                     dropped += 1
                 continue
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
-        return moves, dropped, False
+        return moves, dropped, full
 
     def _read_ssd_only(self, ns: bytes, key: bytes) -> tuple[memoryview, bytes] | None:
         """An SSD-only block's bytes and meta, read and checksum-verified from its file
@@ -414,15 +427,20 @@ class Spiller:
             self._send(address, ns, group)
         self._fire("sent", moves=moves)
         left = dropped
-        for m in moves:
-            b = m.block
-            if not self._end(m):
-                self._failed(b)
-                continue
-            if self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
-                left += 1
-                self.counters.blocks_moved += 1
-                self.counters.bytes_moved += b.size_bytes
+        ended = list(self._calls.map(self._end, moves))  # the PutEnds overlap too
+        done: dict[bytes, list[BlockInfo]] = {}
+        for m, ok in zip(moves, ended, strict=True):
+            if ok:
+                done.setdefault(m.block.namespace_id, []).append(m.block)
+            else:
+                self._failed(m.block)
+        for ns, blocks in done.items():  # only now: the local copies go (a move)
+            removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
+            for b, gone in zip(blocks, removed, strict=True):
+                if gone:
+                    left += 1
+                    self.counters.blocks_moved += 1
+                    self.counters.bytes_moved += b.size_bytes
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ class InProcMaster:
                                   unhealthy_after_failures=3)
         self.placement = Placement(self.members, write_lease_s=WRITE_LEASE_S)
         self.seq: dict[str, int] = {}
-        self.starts = 0
+        self.lock = threading.Lock()  # the spiller calls from several threads; placement is not thread-safe
 
     def join(self, node_id: str, data_address: str, store: TieredStore | None) -> None:
         self.members.register(NodeSpec(node_id, 1, "127.0.0.1:1", data_address,
@@ -83,16 +84,17 @@ class InProcMaster:
     # ---- SpillMaster ----
     def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, **kw: Any
                   ) -> tuple[bool, int, list[ClusterReplica]]:
-        self.starts += 1
         kw.pop("timeout_s", None)
-        out = self.placement.start_put(namespace_id, key, size_bytes, **kw)
+        with self.lock:
+            out = self.placement.start_put(namespace_id, key, size_bytes, **kw)
         return out.exists, out.generation, [
             ClusterReplica(r.node_id, r.epoch, r.tier, size_bytes, out.generation, r.data_address)
             for r in out.replicas]
 
     def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
                 timeout_s: float | None = None) -> int:
-        return self.placement.end_put(namespace_id, key, generation, commit=commit)
+        with self.lock:
+            return self.placement.end_put(namespace_id, key, generation, commit=commit)
 
 
 class Peer:
