@@ -24,7 +24,10 @@ one, else DRAM) must stay at or below that fraction of its capacity after the bl
 bytes placed there and not yet ended, and the headroom (the spiller's batch). So a peer is a
 candidate only well below its own high watermark, and no two nodes send blocks back and
 forth. Candidates are then ordered by free bytes of that tier; ``exists`` counts only
-replicas on other nodes than the writer's.
+replicas on other nodes than the writer's, and a writer answered ``exists`` (it drops its
+copy) is remembered for one node lease: its replica then neither counts for another
+spiller's ``exists`` nor is a candidate, so two nodes never both drop a block citing each
+other's copy.
 
 With ``holder_reports`` the holder's own change event (MasterLink) is the only source of the
 replica: the event merges into the WRITING placeholder of that holder (one row per block,
@@ -128,6 +131,10 @@ class Placement:
         # holder -> (its last_heartbeat_s when counted, bytes of holder_reports writes
         # committed there since): usage the node has not heartbeated yet
         self._landed: dict[int, tuple[float, int]] = {}
+        # (ns, key) -> (holder told "exists" so it drops its copy, until): that holder's
+        # replica does not count for another spiller's "exists" meanwhile (its REMOVED
+        # event is on the way), so two nodes never both drop a block citing each other
+        self._dropping: dict[tuple[bytes, bytes], tuple[int, float]] = {}
 
     # ---- capacity --------------------------------------------------------------------
     def free_dram_bytes(self, rec: NodeRecord) -> int:
@@ -177,6 +184,7 @@ class Placement:
     def order_candidates(
         self, size_bytes: int, writer_node_id: str, policy: PlacementPolicy, *,
         exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        avoid_holders: frozenset[int] = frozenset(),
     ) -> list[NodeRecord]:
         """Nodes that can take a ``size_bytes`` block, in the policy's order.
 
@@ -186,10 +194,12 @@ class Placement:
                 fraction of its capacity with the block and ``headroom_bytes`` added, and
                 candidates are ordered by that room instead of free DRAM.
             headroom_bytes: room a candidate must have beyond the block (the spill batch).
+            avoid_holders: holders left out (one dropping its copy of this block).
         """
         live = [r for r in self.membership.nodes()
                 if r.synced and not r.gap and r.healthy
-                and not (exclude_writer and r.spec.node_id == writer_node_id)]
+                and not (exclude_writer and r.spec.node_id == writer_node_id)
+                and r.holder not in avoid_holders]
         if max_used_fraction > 0:
             need = size_bytes + headroom_bytes
             cands = [r for r in live if self.last_tier_room_bytes(r, max_used_fraction) >= need]
@@ -252,9 +262,20 @@ class Placement:
             raise InvalidArgument(f"headroom_bytes must be >= 0, got {headroom_bytes}")
         self.reclaim_expired_writes()
         readable = self.index.replicas(namespace_id, key, readable_only=True)
+        avoid: frozenset[int] = frozenset()
         if exclude_writer and readable:
             writer = self.membership.node(writer_node_id)
             readable = [r for r in readable if writer is None or r.holder != writer.holder]
+            now = self.membership.clock()
+            dropping = self._dropping.get((namespace_id, key))
+            if dropping is not None and dropping[1] > now:
+                readable = [r for r in readable if r.holder != dropping[0]]
+                avoid = frozenset((dropping[0],))
+            if readable and writer is not None:
+                if len(self._dropping) > 65536:  # bounded: forget the lapsed grants
+                    self._dropping = {k: v for k, v in self._dropping.items() if v[1] > now}
+                self._dropping[(namespace_id, key)] = (writer.holder,
+                                                       now + self.membership.node_lease_s)
         if readable:
             return PutStartOutcome(True, 0, ())
         if (namespace_id, key) in self._writes:
@@ -264,7 +285,8 @@ class Placement:
             )
         chosen = self.order_candidates(
             size_bytes, writer_node_id, policy or self.policy, exclude_writer=exclude_writer,
-            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes)
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            avoid_holders=avoid)
         chosen = chosen[:num_replicas]
         if not chosen:
             room = (f"room below {max_used_fraction:.0%} of its last tier for {size_bytes} "

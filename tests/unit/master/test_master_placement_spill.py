@@ -124,3 +124,21 @@ def test_bytes_landed_since_the_last_heartbeat_still_count_against_the_target() 
         _spill_start(c, 9)
     _usage(c, "b", dram=(10 * MiB, 2 * MiB))  # b evicted meanwhile: its heartbeat is the truth
     assert [r.node_id for r in _spill_start(c, 9).replicas] == ["b"]
+
+
+def test_two_spillers_never_both_drop_a_block_citing_each_others_copy() -> None:
+    c = Cluster()
+    inv = [BlockRef(NS, key(1), Tier.DRAM, MiB)]
+    c.join("a", inventory=inv)
+    c.join("b", inventory=inv)
+    c.join("c")
+    _usage(c, "c", dram=(100 * MiB, 0))
+    assert _spill_start(c, 1, writer="a").exists  # a may drop: b holds it
+    out = _spill_start(c, 1, writer="b")  # a's copy is on its way out: b must move, not drop
+    assert not out.exists and [r.node_id for r in out.replicas] == ["c"]
+    c.placement.end_put(NS, key(1), out.generation, commit=False)
+    for _ in range(3):  # a's grant lapses after a node lease at the latest (all stay alive)
+        c.clock.advance(c.members.node_lease_s / 2)
+        for n in ("a", "b", "c"):
+            c.members.heartbeat(n, 1)
+    assert _spill_start(c, 1, writer="b").exists
