@@ -342,6 +342,9 @@ class NodeDaemon:
 
             self.spiller = master_spiller(core.store, self.cluster, node_id=self.cfg.node_id,
                                           max_block_bytes=self.cfg.max_block_bytes)
+            from kvstored.node.spill import SpillCollector
+
+            self.metrics.registry.register(SpillCollector(self.spiller))  # type: ignore[arg-type]
             self.spiller.start()
 
     def _start_metrics(self, address: str) -> None:

@@ -472,3 +472,29 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
 
     spiller.close = close_all  # type: ignore[method-assign]
     return spiller
+
+
+class SpillCollector:
+    """Prometheus collector of a spiller's counters (``kvstored_spill_*_total``), read at
+    scrape time; register it on the node's registry."""
+
+    def __init__(self, spiller: Spiller) -> None:
+        self._spiller = spiller
+
+    def describe(self) -> list[Any]:
+        return []  # produced at scrape time only
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = self._spiller.counters
+        for name, doc, value in (
+            ("rounds", "Watermark checks that found the node past its high watermark.", c.rounds),
+            ("blocks_moved", "Blocks moved to a peer and dropped here.", c.blocks_moved),
+            ("bytes_moved", "Bytes of the blocks moved to peers.", c.bytes_moved),
+            ("blocks_deduplicated", "Blocks dropped here because another node held them.",
+             c.blocks_deduplicated),
+            ("blocks_failed", "Moves aborted (the local copy stayed).", c.blocks_failed),
+            ("no_capacity", "Spill rounds stopped because no peer had room.", c.no_capacity),
+        ):
+            yield CounterMetricFamily(f"kvstored_spill_{name}", doc, value=value)

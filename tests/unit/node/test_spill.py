@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvstored.client.master import ClusterReplica
 from kvstored.clock import FakeClock
@@ -25,7 +26,7 @@ from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membersh
 from kvstored.master.placement import Placement
 from kvstored.master.records import ReplicaState
 from kvstored.node.core import NodeCore
-from kvstored.node.spill import Spiller
+from kvstored.node.spill import SpillCollector, Spiller
 from kvstored.tiers.base import Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
@@ -167,6 +168,10 @@ def test_moves_the_coldest_blocks_to_the_peer_with_most_room_down_to_the_low_wat
         got = master.index.replicas(b"", key(i))
         assert [(r.holder, r.state) for r in got] == [(holder_c, ReplicaState.COMMITTED)]
     assert sp.run_once() == 0  # at the low watermark now: nothing to do
+    registry = CollectorRegistry()
+    registry.register(SpillCollector(sp))  # type: ignore[arg-type]
+    assert registry.get_sample_value("kvstored_spill_blocks_moved_total") == 7
+    assert registry.get_sample_value("kvstored_spill_bytes_moved_total") == 7 * BLOCK
 
 
 def test_the_peers_event_before_the_writers_put_end_is_still_one_replica(
