@@ -42,8 +42,10 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
-Runs on one daemon thread (``kvstored-spill``), store calls are thread-safe, master calls
-are blocking gRPC with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
+Runs on one daemon thread (``kvstored-spill``); the PutStarts (and the PutEnds) of a batch
+are issued at once from a small pool (``kvstored-spill-rpc``, one thread per batch block)
+so their round trips overlap; store calls are thread-safe; master calls are blocking gRPC
+with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
 points above (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
 
