@@ -330,6 +330,28 @@ class ClusterConfig(_Model):
     own deadline may cut it shorter); past it the blocks are misses."""
     peer_pool_size: int = Field(default=4, gt=0)
     """Idle data-plane connections kept open per peer for remote reads."""
+    spill_enabled: bool = True
+    """Move this node's coldest blocks to peers with room when its last tier (SSD when
+    configured, else DRAM) passes ``spill_high_watermark`` (kvstored/node/spill.py)."""
+    spill_high_watermark: float = Field(default=0.90, gt=0, le=1)
+    """Fraction of the last tier's capacity past which the node spills."""
+    spill_low_watermark: float = Field(default=0.80, gt=0, le=1)
+    """The node spills until its last tier is at or below this fraction."""
+    spill_batch_blocks: int = Field(default=8, gt=0, le=1024)
+    """Blocks moved per batch (one master round trip each, one data-plane PUT per peer)."""
+    spill_interval_s: float = Field(default=0.5, gt=0)
+    """Seconds between two checks of the watermark."""
+    spill_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one batch's data-plane transfer, seconds."""
+
+    @model_validator(mode="after")
+    def _check_spill_watermarks(self) -> ClusterConfig:
+        if self.spill_low_watermark >= self.spill_high_watermark:
+            raise ValueError(
+                f"cluster.spill_low_watermark ({self.spill_low_watermark}) must be below "
+                f"cluster.spill_high_watermark ({self.spill_high_watermark})"
+            )
+        return self
 
 
 class KvstoredConfig(_Model):

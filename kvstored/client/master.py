@@ -135,3 +135,51 @@ class MasterClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return _HEALTH.get(resp.health, "unknown")
+
+    # ---- two-phase put (spill, tests) -------------------------------------------------
+    def put_start(
+        self, namespace_id: bytes, key: bytes, size_bytes: int, *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[bool, int, list[ClusterReplica]]:
+        """Open a write of one block on the master (placement and a new generation).
+
+        Returns:
+            ``(exists, generation, replicas)``: ``exists`` True = already committed
+            elsewhere (nothing to write); else where to write and the write's generation.
+
+        Raises:
+            NoCapacity: no candidate node has room.  ReplicaNotReady: another write of the
+            block is open (retriable).  InvalidArgument: bad key, size or limits.
+        """
+        req = pb.PutStartRequest(
+            namespace_id=namespace_id, key=key, size_bytes=size_bytes,
+            writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports)
+        try:
+            resp = self._stub.PutStart(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return resp.exists, resp.generation, [
+            ClusterReplica(r.node_id, r.epoch, Tier(r.tier), r.size_bytes, r.generation,
+                           r.data_address) for r in resp.replicas]
+
+    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
+                timeout_s: float | None = None) -> int:
+        """Commit or abort exactly the write ``generation`` of a block.
+
+        Returns:
+            Replicas committed (or dropped); see ``Placement.end_put``.
+
+        Raises:
+            NotFound: that write is not open (ended, its write lease lapsed, or replaced by
+            a newer write): a stale end is refused.
+        """
+        req = pb.PutEndRequest(namespace_id=namespace_id, key=key, generation=generation,
+                               commit=commit)
+        try:
+            resp = self._stub.PutEnd(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return resp.num_replicas

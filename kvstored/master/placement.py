@@ -15,7 +15,25 @@ bytes already placed on them and not yet committed):
 - ``most-free``: by most free DRAM;
 - ``random``: a uniform sample (seeded ``random.Random`` injected for tests);
 
-ties go to the lower node id, so orders are exact and testable. Not thread-safe: loop only.
+ties go to the lower node id, so orders are exact and testable.
+
+Spill (a node past its high watermark moving its coldest blocks to peers,
+kvstored/node/spill.py) asks with ``exclude_writer`` (never the writer's own node),
+``max_used_fraction`` and ``headroom_bytes``: a candidate's *last tier* (SSD when it reports
+one, else DRAM) must stay at or below that fraction of its capacity after the block, the
+bytes placed there and not yet ended, and the headroom (the spiller's batch). So a peer is a
+candidate only well below its own high watermark, and no two nodes send blocks back and
+forth. Candidates are then ordered by free bytes of that tier; ``exists`` counts only
+replicas on other nodes than the writer's, and a writer answered ``exists`` (it drops its
+copy) is remembered for one node lease: its replica then neither counts for another
+spiller's ``exists`` nor is a candidate, so two nodes never both drop a block citing each
+other's copy.
+
+With ``holder_reports`` the holder's own change event (MasterLink) is the only source of the
+replica: the event merges into the WRITING placeholder of that holder (one row per block,
+holder and tier), and ``end_put(commit)`` drops whatever placeholder is left instead of
+committing it, so a replica is never counted twice and never names a tier or a block the
+holder does not report. Not thread-safe: loop only.
 """
 
 from __future__ import annotations
@@ -77,6 +95,7 @@ class _Write:
     deadline_s: float
     size_bytes: int
     holders: tuple[int, ...]
+    holder_reports: bool = False
 
 
 class Placement:
@@ -109,6 +128,13 @@ class Placement:
         self.rng = rng if rng is not None else random.Random()
         self._writes: dict[tuple[bytes, bytes], _Write] = {}
         self._pending_bytes: dict[int, int] = {}
+        # holder -> (its last_heartbeat_s when counted, bytes of holder_reports writes
+        # committed there since): usage the node has not heartbeated yet
+        self._landed: dict[int, tuple[float, int]] = {}
+        # (ns, key) -> (holder told "exists" so it drops its copy, until): that holder's
+        # replica does not count for another spiller's "exists" meanwhile (its REMOVED
+        # event is on the way), so two nodes never both drop a block citing each other
+        self._dropping: dict[tuple[bytes, bytes], tuple[int, float]] = {}
 
     # ---- capacity --------------------------------------------------------------------
     def free_dram_bytes(self, rec: NodeRecord) -> int:
@@ -140,16 +166,48 @@ class Placement:
             log.warning("write_lease_expired", key=k[1].hex()[:16], generation=w.generation)
         return len(expired)
 
+    def last_tier_room_bytes(self, rec: NodeRecord, max_used_fraction: float) -> int:
+        """Bytes the node's last tier (SSD if it has one, else DRAM) may still take before
+        it passes ``max_used_fraction`` of its capacity, minus the bytes placed there and
+        not yet ended (negative = already past it)."""
+        ssd = rec.tiers.get(Tier.SSD)
+        usage = ssd if ssd is not None and ssd.capacity_bytes > 0 else rec.tiers.get(Tier.DRAM)
+        if usage is None:
+            return -1
+        limit = int(usage.capacity_bytes * max_used_fraction)
+        landed_s, landed = self._landed.get(rec.holder, (0.0, 0))
+        if landed_s != rec.last_heartbeat_s:  # heartbeated since: its usage includes them
+            landed = 0
+        return limit - usage.used_bytes - self._pending_bytes.get(rec.holder, 0) - landed
+
     # ---- policy ----------------------------------------------------------------------
     def order_candidates(
-        self, size_bytes: int, writer_node_id: str, policy: PlacementPolicy
+        self, size_bytes: int, writer_node_id: str, policy: PlacementPolicy, *,
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        avoid_holders: frozenset[int] = frozenset(),
     ) -> list[NodeRecord]:
-        """Nodes that can take a ``size_bytes`` block, in the policy's order."""
-        cands = [
-            r for r in self.membership.nodes()
-            if r.synced and not r.gap and r.healthy and self.free_dram_bytes(r) >= size_bytes
-        ]
-        by_free = sorted(cands, key=lambda r: (-self.free_dram_bytes(r), r.spec.node_id))
+        """Nodes that can take a ``size_bytes`` block, in the policy's order.
+
+        Args:
+            exclude_writer: leave the writer's own node out (spill).
+            max_used_fraction: > 0: a candidate's last tier must stay at or below this
+                fraction of its capacity with the block and ``headroom_bytes`` added, and
+                candidates are ordered by that room instead of free DRAM.
+            headroom_bytes: room a candidate must have beyond the block (the spill batch).
+            avoid_holders: holders left out (one dropping its copy of this block).
+        """
+        live = [r for r in self.membership.nodes()
+                if r.synced and not r.gap and r.healthy
+                and not (exclude_writer and r.spec.node_id == writer_node_id)
+                and r.holder not in avoid_holders]
+        if max_used_fraction > 0:
+            need = size_bytes + headroom_bytes
+            cands = [r for r in live if self.last_tier_room_bytes(r, max_used_fraction) >= need]
+            by_free = sorted(cands, key=lambda r: (-self.last_tier_room_bytes(r, max_used_fraction),
+                                                   r.spec.node_id))
+        else:
+            cands = [r for r in live if self.free_dram_bytes(r) >= size_bytes]
+            by_free = sorted(cands, key=lambda r: (-self.free_dram_bytes(r), r.spec.node_id))
         if policy is PlacementPolicy.MOST_FREE:
             return by_free
         if policy is PlacementPolicy.LOCAL_FIRST:
@@ -168,6 +226,10 @@ class Placement:
         writer_node_id: str = "",
         num_replicas: int = 1,
         policy: PlacementPolicy | None = None,
+        exclude_writer: bool = False,
+        max_used_fraction: float = 0.0,
+        headroom_bytes: int = 0,
+        holder_reports: bool = False,
     ) -> PutStartOutcome:
         """Open a write of one block: choose nodes, index WRITING replicas, new generation.
 
@@ -176,9 +238,15 @@ class Placement:
 
         Args:
             num_replicas: replicas wanted (1..8); fewer are placed when fewer nodes have room.
+            exclude_writer, max_used_fraction, headroom_bytes: see :meth:`order_candidates`
+                (spill); with ``exclude_writer`` only replicas on other nodes count for
+                ``exists``.
+            holder_reports: the holders report the replica by their own events; the
+                commit then only closes the write (see the module docstring).
 
         Raises:
-            InvalidArgument: empty key, size or replica count out of range.
+            InvalidArgument: empty key, size or replica count out of range, a
+                ``max_used_fraction`` outside [0, 1] or a negative headroom.
             ReplicaNotReady: another write of this block is in progress (retriable).
             NoCapacity: no node has room for the block (retriable).
         """
@@ -188,20 +256,45 @@ class Placement:
             raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}")
         if not 1 <= num_replicas <= MAX_REPLICAS:
             raise InvalidArgument(f"num_replicas must be in 1..{MAX_REPLICAS}, got {num_replicas}")
+        if not (0.0 <= max_used_fraction <= 1.0):
+            raise InvalidArgument(f"max_used_fraction must be in [0, 1], got {max_used_fraction}")
+        if headroom_bytes < 0:
+            raise InvalidArgument(f"headroom_bytes must be >= 0, got {headroom_bytes}")
         self.reclaim_expired_writes()
-        if self.index.replicas(namespace_id, key, readable_only=True):
+        readable = self.index.replicas(namespace_id, key, readable_only=True)
+        avoid: frozenset[int] = frozenset()
+        if exclude_writer and readable:
+            writer = self.membership.node(writer_node_id)
+            readable = [r for r in readable if writer is None or r.holder != writer.holder]
+            now = self.membership.clock()
+            dropping = self._dropping.get((namespace_id, key))
+            if dropping is not None and dropping[1] > now:
+                readable = [r for r in readable if r.holder != dropping[0]]
+                avoid = frozenset((dropping[0],))
+            if readable and writer is not None:
+                if len(self._dropping) > 65536:  # bounded: forget the lapsed grants
+                    self._dropping = {k: v for k, v in self._dropping.items() if v[1] > now}
+                self._dropping[(namespace_id, key)] = (writer.holder,
+                                                       now + self.membership.node_lease_s)
+        if readable:
             return PutStartOutcome(True, 0, ())
         if (namespace_id, key) in self._writes:
             raise ReplicaNotReady(
                 f"block {key.hex()[:16]} is being written (generation "
                 f"{self._writes[(namespace_id, key)].generation}); retry after it ends"
             )
-        chosen = self.order_candidates(size_bytes, writer_node_id, policy or self.policy)
+        chosen = self.order_candidates(
+            size_bytes, writer_node_id, policy or self.policy, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            avoid_holders=avoid)
         chosen = chosen[:num_replicas]
         if not chosen:
+            room = (f"room below {max_used_fraction:.0%} of its last tier for {size_bytes} "
+                    f"+ {headroom_bytes} bytes" if max_used_fraction > 0
+                    else f"{size_bytes} bytes of DRAM free")
+            other = " other than the writer's" if exclude_writer else ""
             raise NoCapacity(
-                f"no registered, healthy node has {size_bytes} bytes of DRAM free for block "
-                f"{key.hex()[:16]}"
+                f"no registered, healthy node{other} has {room} for block {key.hex()[:16]}"
             )
         gen = self.membership.generations.next()
         placed = []
@@ -214,7 +307,7 @@ class Placement:
                                         rec.spec.data_address))
         self._writes[(namespace_id, key)] = _Write(
             gen, self.membership.clock() + self.write_lease_s, size_bytes,
-            tuple(r.holder for r in chosen),
+            tuple(r.holder for r in chosen), holder_reports,
         )
         return PutStartOutcome(False, gen, tuple(placed))
 
@@ -223,7 +316,9 @@ class Placement:
 
         Returns:
             Replicas committed (or dropped). A commit can return 0 when every chosen node
-            left meanwhile: the block is then not stored.
+            left meanwhile: the block is then not stored. For a ``holder_reports`` write a
+            commit drops the placeholders left and returns the replicas the holders have
+            reported so far (0 when their events are still on the way).
 
         Raises:
             NotFound: no write of this generation is open (it ended, its lease lapsed, or a
@@ -239,6 +334,20 @@ class Placement:
             )
         del self._writes[(namespace_id, key)]
         self._release(w)
+        if w.holder_reports:
+            dropped = self.index.abort_generation(namespace_id, key, generation)
+            if not commit:
+                return dropped
+            for h in w.holders:  # count them until the holder heartbeats its new usage
+                rec = self.membership.record_of_holder(h)
+                if rec is not None:
+                    at, landed = self._landed.get(h, (rec.last_heartbeat_s, 0))
+                    if at != rec.last_heartbeat_s:
+                        landed = 0
+                    self._landed[h] = (rec.last_heartbeat_s, landed + w.size_bytes)
+            holders = set(w.holders)
+            return sum(1 for r in self.index.replicas(namespace_id, key, readable_only=True)
+                       if r.holder in holders)
         if commit:
             return self.index.commit_generation(namespace_id, key, generation)
         return self.index.abort_generation(namespace_id, key, generation)

@@ -240,7 +240,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             out = self.placement.start_put(
                 bytes(request.namespace_id), bytes(request.key), request.size_bytes,
                 writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
-                policy=policy,
+                policy=policy, exclude_writer=request.exclude_writer,
+                max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
+                holder_reports=request.holder_reports,
             )
         except KvstoredError as exc:
             self.metrics.put_starts.labels(result=exc.code.name).inc()

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from kvstored.config import ClusterConfig, NodeConfig
     from kvstored.node.cluster import MasterLink
+    from kvstored.node.spill import Spiller
     from kvstored.tiers.tiered import TieredStore
 
 log = structlog.get_logger(__name__)
@@ -135,6 +136,7 @@ class NodeDaemon:
         self.cfg = cfg
         self.cluster = cluster
         self.master_link: MasterLink | None = None
+        self.spiller: Spiller | None = None
         self.store: TieredStore | None = store
         self._enable_scheduler = enable_scheduler
         self.core: NodeCore | None = None
@@ -337,6 +339,15 @@ class NodeDaemon:
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
+        if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
+            from kvstored.node.spill import master_spiller
+
+            self.spiller = master_spiller(core.store, self.cluster, node_id=self.cfg.node_id,
+                                          max_block_bytes=self.cfg.max_block_bytes)
+            from kvstored.node.spill import SpillCollector
+
+            self.metrics.registry.register(SpillCollector(self.spiller))  # type: ignore[arg-type]
+            self.spiller.start()
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
@@ -419,6 +430,9 @@ class NodeDaemon:
     async def _teardown(self, *, spill: bool, deadline: float | None = None) -> None:
         loop = asyncio.get_running_loop()
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if self.spiller is not None:  # before the store closes: it pins and removes blocks
+            await loop.run_in_executor(self._executor, self.spiller.close)
+            self.spiller = None
         if self.master_link is not None:
             await self.master_link.stop(unregister=False)
             self.master_link = None

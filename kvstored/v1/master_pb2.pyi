@@ -270,20 +270,28 @@ class ReplicaNode(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy")
+    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WRITER_FIELD_NUMBER: _ClassVar[int]
+    MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     size_bytes: int
     writer_node_id: str
     num_replicas: int
     policy: PlacementPolicy
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ...) -> None: ...
+    exclude_writer: bool
+    max_used_fraction: float
+    headroom_bytes: int
+    holder_reports: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("exists", "generation", "replicas")

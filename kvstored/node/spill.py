@@ -1,0 +1,502 @@
+"""Spill: a node past its high watermark moves its coldest blocks to peers with room.
+
+Puts still land on the engine's own node (shared memory or the node's TCP/gRPC API, no
+master round trip on the hot path). The pool's capacity becomes the sum of its nodes
+because a node whose *last tier* (SSD when configured, else DRAM) passes
+``[cluster] spill_high_watermark`` moves blocks out until it is at or below
+``spill_low_watermark``, two-phase through the master::
+
+    victims = the coldest unpinned blocks (SSD-only blocks first when the last tier is SSD,
+              then DRAM in LRU order; chain recency makes chain tails the coldest)
+    per block:  PutStart(key, size, writer=me, exclude_writer, max_used_fraction=high,
+                         headroom_bytes=batch, holder_reports)     -> generation G, peer P
+                  exists (another node holds it)  -> drop the local copy (one copy suffices)
+                  NoCapacity (every peer is full) -> stop: local eviction, as without spill
+    hook("put_started")
+    per peer:   pin the local DRAM copies; read SSD-only victims straight from their files
+                (checksum verified, never promoted: promoting would demote other blocks into
+                the very tier that is full) -> DataPlaneClient(P).put(keys, views) under a
+                deadline (the peer reserves as bytes arrive; a broken connection aborts its
+                reservations) -> unpin
+    hook("sent")
+    per block:  PutEnd(G, commit) if the peer stored it -> only then drop the local copy
+                (a move, not a second replica); PutEnd(G, abort) on any failure (the local
+                copy stays: nothing lost). A refused end (NotFound: the write lease lapsed)
+                keeps the local copy too.
+    hook("ended")
+
+Why this is safe:
+
+- A block leaves this node only after the peer answered *stored* for it and the master
+  accepted the end of exactly that generation; the peer made it visible only once every
+  byte arrived. A failure anywhere keeps the local copy.
+- The replica on the peer is indexed from the peer's own change event (``holder_reports``):
+  it merges into the write's WRITING placeholder (one row per block, holder and tier), and
+  PutEnd drops whatever placeholder is left, so the index never counts it twice and never
+  names a block the peer does not report. Between PutEnd and the two nodes' next events
+  (one heartbeat interval) the master may still name this node for the block: a read then
+  misses here (never a wrong byte), as for any eviction.
+- A writer that dies between PutStart and PutEnd: the master aborts the write after
+  ``[master] write_lease_s``; a transfer in flight breaks its connection, so the peer aborts
+  its reservations; a later put of the key gets a newer generation.
+- No ping-pong: the master places only on peers whose last tier stays at or below the high
+  watermark with the block and the whole batch added; a node never spills to itself.
+
+Runs on one daemon thread (``kvstored-spill``); the PutStarts (and the PutEnds) of a batch
+are issued at once from a small pool (``kvstored-spill-rpc``, one thread per batch block)
+so their round trips overlap; store calls are thread-safe; master calls are blocking gRPC
+with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
+points above (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
+from kvstored.tiers.base import BlockInfo, PinnedBlock, StoreStats, Tier, TierStats
+from kvstored.tiers.ssd_format import round_up_page, store_key
+from kvstored.transport.base import Transport
+
+log = structlog.get_logger(__name__)
+
+Hook = Callable[..., None]
+HOOK_ENV = "KVSTORED_TEST_SPILL_HOOK"
+RETRY_AFTER_FAILURE_S = 5.0
+"""A block whose move failed is not tried again for this long (no hot loop on one block)."""
+_LIST_ALL = 1 << 30
+
+
+class SpillStore(Protocol):
+    """What the spiller needs of the node's store (TieredStore implements it)."""
+
+    def stats(self) -> StoreStats: ...
+    def list_blocks(self, *, namespace_id: bytes | None = None, limit: int = 10000
+                    ) -> tuple[list[BlockInfo], bool]: ...
+    def pin_many(self, keys: Sequence[bytes], *, namespace_id: bytes = b"",
+                 may_block: bool = True) -> list[Any]: ...
+    def unpin(self, block: PinnedBlock) -> None: ...
+    def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]: ...
+
+
+class SpillMaster(Protocol):
+    """The master's two-phase put (:class:`~kvstored.client.master.MasterClient` is one)."""
+
+    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, *,
+                  writer_node_id: str = "", exclude_writer: bool = False,
+                  max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+                  holder_reports: bool = False, timeout_s: float | None = None
+                  ) -> tuple[bool, int, list[Any]]: ...
+    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
+                timeout_s: float | None = None) -> int: ...
+
+
+@dataclass(slots=True)
+class SpillCounters:
+    """What the spiller did since start.
+
+    Attributes:
+        rounds: watermark checks that found the node past its high watermark.
+        blocks_moved: blocks now on a peer and dropped here.
+        bytes_moved: their bytes.
+        blocks_deduplicated: blocks dropped here because another node already held them.
+        blocks_failed: moves aborted (the local copy stayed).
+        no_capacity: rounds stopped because no peer had room.
+    """
+
+    rounds: int = 0
+    blocks_moved: int = 0
+    bytes_moved: int = 0
+    blocks_deduplicated: int = 0
+    blocks_failed: int = 0
+    no_capacity: int = 0
+
+
+@dataclass(slots=True)
+class _Move:
+    block: BlockInfo
+    generation: int
+    address: str
+    node_id: str
+    ok: bool = False
+    pinned: PinnedBlock | None = field(default=None, repr=False)
+
+
+def last_tier(stats: StoreStats) -> TierStats:
+    """The tier a node evicts from for good: SSD when it has one, else DRAM."""
+    by_tier = {t.tier: t for t in stats.tiers}
+    ssd = by_tier.get(Tier.SSD)
+    if ssd is not None and ssd.capacity_bytes > 0:
+        return ssd
+    return by_tier[Tier.DRAM]
+
+
+def hook_from_env() -> Hook | None:
+    """The hook named by ``KVSTORED_TEST_SPILL_HOOK=module:function`` (None when unset)."""
+    spec = os.environ.get(HOOK_ENV, "")
+    if not spec:
+        return None
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+class Spiller:
+    """Moves a full node's coldest blocks to peers (see the module docstring).
+
+    Args:
+        store: the node's block store.
+        master: the master's two-phase put.
+        transport: ``transport(data_address)`` -> a pooled data-plane client of that peer
+            (kept for the spiller's lifetime, closed by :meth:`close`).
+        node_id: this node's id (the writer; never a target).
+        high_watermark: fraction of the last tier past which the node spills, (0, 1].
+        low_watermark: the node spills down to this fraction, below ``high_watermark``.
+        batch_blocks: blocks per batch.
+        interval_s: seconds between watermark checks (thread mode).
+        timeout_s: deadline of one peer's data-plane transfer.
+        rpc_timeout_s: deadline of each master call.
+        hook: ``hook(event, **fields)`` at ``put_started`` (fields: moves), ``sent``
+            (moves) and ``ended`` (moves); it may block to hold the spill there.
+
+    Raises:
+        InvalidArgument: watermarks not ``0 < low < high <= 1`` or a batch below 1.
+    """
+
+    def __init__(
+        self,
+        store: SpillStore,
+        master: SpillMaster,
+        transport: Callable[[str], Transport],
+        *,
+        node_id: str,
+        high_watermark: float = 0.90,
+        low_watermark: float = 0.80,
+        batch_blocks: int = 8,
+        interval_s: float = 0.5,
+        timeout_s: float = 10.0,
+        rpc_timeout_s: float = 5.0,
+        hook: Hook | None = None,
+    ) -> None:
+        from kvstored.errors import InvalidArgument
+
+        if not 0 < low_watermark < high_watermark <= 1:
+            raise InvalidArgument(
+                f"spill watermarks must satisfy 0 < low < high <= 1, got low={low_watermark}, "
+                f"high={high_watermark}"
+            )
+        if batch_blocks < 1:
+            raise InvalidArgument(f"spill batch_blocks must be >= 1, got {batch_blocks}")
+        self.store = store
+        self.master = master
+        self._transport_factory = transport
+        self.node_id = node_id
+        self.high = float(high_watermark)
+        self.low = float(low_watermark)
+        self.batch_blocks = int(batch_blocks)
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s)
+        self.rpc_timeout_s = float(rpc_timeout_s)
+        self.hook = hook
+        self.counters = SpillCounters()
+        self._peers: dict[str, Transport] = {}
+        self._failed_at: dict[tuple[bytes, bytes], float] = {}
+        self._stop = threading.Event()
+        self._calls = ThreadPoolExecutor(self.batch_blocks, thread_name_prefix="kvstored-spill-rpc")
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the watermark thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kvstored-spill", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread (after its current batch) and close the peer connections."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        for t in self._peers.values():
+            t.close()
+        self._peers.clear()
+        self._calls.shutdown(wait=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("spill_round_failed")
+
+    def _fire(self, event: str, **fields: Any) -> None:
+        if self.hook is not None:
+            self.hook(event, **fields)
+
+    # ---- policy ------------------------------------------------------------------------
+    def used_fraction(self) -> float:
+        """Used fraction of the last tier now."""
+        t = last_tier(self.store.stats())
+        return t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
+
+    def victims(self, need_bytes: int) -> list[BlockInfo]:
+        """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
+
+        SSD-only blocks come first when the last tier is SSD (they were demoted longest
+        ago), then DRAM blocks in LRU order; blocks whose move failed lately are skipped.
+        """
+        blocks, _ = self.store.list_blocks(limit=_LIST_ALL)
+        if last_tier(self.store.stats()).tier is Tier.SSD:
+            blocks = [b for b in blocks if b.tiers == (Tier.SSD,)] + [
+                b for b in blocks if b.tiers != (Tier.SSD,)]
+        now = time.monotonic()
+        self._failed_at = {k: t for k, t in self._failed_at.items()
+                           if now - t < RETRY_AFTER_FAILURE_S}
+        out: list[BlockInfo] = []
+        covered = 0
+        for b in blocks:
+            if b.pinned or (b.namespace_id, b.key) in self._failed_at:
+                continue
+            out.append(b)
+            covered += b.size_bytes
+            if len(out) >= self.batch_blocks or covered >= need_bytes:
+                break
+        return out
+
+    def run_once(self) -> int:
+        """Spill batches until the last tier is at or below the low watermark, no peer has
+        room, or a batch moves nothing.
+
+        Returns:
+            Blocks that left this node (moved or deduplicated).
+        """
+        t = last_tier(self.store.stats())
+        if not t.capacity_bytes or t.used_bytes <= self.high * t.capacity_bytes:
+            return 0
+        self.counters.rounds += 1
+        total = 0
+        while not self._stop.is_set():
+            t = last_tier(self.store.stats())
+            need = t.used_bytes - int(self.low * t.capacity_bytes)
+            if need <= 0:
+                break
+            batch = self.victims(need)
+            if not batch:
+                break
+            moved, full = self.spill_batch(batch)
+            total += moved
+            if full or not moved:
+                break
+        return total
+
+    # ---- one batch ---------------------------------------------------------------------
+    def _peer(self, address: str) -> Transport:
+        t = self._peers.get(address)
+        if t is None:
+            t = self._peers[address] = self._transport_factory(address)
+        return t
+
+    def _failed(self, b: BlockInfo) -> None:
+        self.counters.blocks_failed += 1
+        self._failed_at[(b.namespace_id, b.key)] = time.monotonic()
+
+    def _put_start(self, b: BlockInfo, headroom: int) -> tuple[bool, int, list[Any]] | KvstoredError:
+        try:
+            return self.master.put_start(
+                b.namespace_id, b.key, b.size_bytes, writer_node_id=self.node_id,
+                exclude_writer=True, max_used_fraction=self.high, headroom_bytes=headroom,
+                holder_reports=True, timeout_s=self.rpc_timeout_s)
+        except KvstoredError as exc:
+            return exc
+
+    def _start_writes(self, batch: Sequence[BlockInfo]) -> tuple[list[_Move], int, bool]:
+        """PutStart every block of the batch (concurrently: the round trips overlap)."""
+        headroom = sum(b.size_bytes for b in batch)
+        outcomes = list(self._calls.map(lambda b: self._put_start(b, headroom), batch))
+        moves: list[_Move] = []
+        dropped = 0
+        full = False
+        for b, out in zip(batch, outcomes, strict=True):
+            if isinstance(out, NoCapacity):
+                if not full:
+                    self.counters.no_capacity += 1
+                    log.info("spill_no_capacity", error=str(out))
+                full = True
+                continue
+            if isinstance(out, ReplicaNotReady):
+                continue  # another write of it is open; try it next round
+            if isinstance(out, KvstoredError):
+                log.warning("spill_put_start_failed", key=b.key.hex()[:16], error=str(out))
+                self._failed(b)
+                continue
+            exists, gen, replicas = out
+            if exists:  # another node holds it already: one copy in the pool suffices
+                if self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
+                    self.counters.blocks_deduplicated += 1
+                    dropped += 1
+                continue
+            moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
+        return moves, dropped, full
+
+    def _read_ssd_only(self, ns: bytes, key: bytes) -> tuple[memoryview, bytes] | None:
+        """An SSD-only block's bytes and meta, read and checksum-verified from its file
+        without promoting it (None: gone meanwhile, unreadable, or no SSD tier)."""
+        ssd = getattr(self.store, "_ssd", None)  # TieredStore's SSD tier (same package family)
+        if ssd is None:
+            return None
+        skey = store_key(ns, key)
+        with ssd.lock:
+            entry = ssd.entries.get(skey)
+        if entry is None:
+            return None
+        buf = memoryview(bytearray(round_up_page(entry.size_bytes)))
+        try:
+            ok = ssd.read_into(skey, buf)
+        except (KeyError, ValueError):  # evicted or replaced since the lookup
+            return None
+        return (buf[: entry.size_bytes], entry.meta) if ok else None
+
+    def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
+        from_ssd = [m for m in group if m.block.tiers == (Tier.SSD,)]
+        in_dram = [m for m in group if m.block.tiers != (Tier.SSD,)]
+        pinned = self.store.pin_many([m.block.key for m in in_dram], namespace_id=ns) if in_dram else []
+        items, sent = [], []
+        for m in from_ssd:
+            got = self._read_ssd_only(ns, m.block.key)
+            if got is not None:
+                items.append((m.block.key, got[0], got[1]))
+                sent.append(m)
+        for m, p in zip(in_dram, pinned, strict=True):
+            if isinstance(p, PinnedBlock):
+                m.pinned = p
+                items.append((m.block.key, p.view, p.meta))
+                sent.append(m)
+        try:
+            if items:
+                out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
+                for m, item in zip(sent, out, strict=True):
+                    m.ok = item.code == 0
+                    if not m.ok:
+                        log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
+                                    code=item.code, error=item.message)
+        except KvstoredError as exc:
+            log.warning("spill_transfer_failed", peer=address, num_blocks=len(items),
+                        error=str(exc))
+        finally:
+            for m in sent:
+                if m.pinned is not None:
+                    self.store.unpin(m.pinned)
+                    m.pinned = None
+
+    def _end(self, m: _Move) -> bool:
+        b = m.block
+        try:
+            self.master.put_end(b.namespace_id, b.key, m.generation, commit=m.ok,
+                                timeout_s=self.rpc_timeout_s)
+        except NotFound as exc:  # the write lease lapsed: keep the local copy
+            log.warning("spill_end_refused", key=b.key.hex()[:16], generation=m.generation,
+                        error=str(exc))
+            return False
+        except KvstoredError as exc:
+            log.warning("spill_end_failed", key=b.key.hex()[:16], generation=m.generation,
+                        error=str(exc))
+            return False
+        return m.ok
+
+    def spill_batch(self, batch: Sequence[BlockInfo]) -> tuple[int, bool]:
+        """Move one batch (see the module docstring).
+
+        Returns:
+            ``(blocks that left this node, whether the pool had no room)``.
+        """
+        moves, dropped, full = self._start_writes(batch)
+        if not moves:
+            return dropped, full
+        self._fire("put_started", moves=moves)
+        groups: dict[tuple[str, bytes], list[_Move]] = {}
+        for m in moves:
+            groups.setdefault((m.address, m.block.namespace_id), []).append(m)
+        for (address, ns), group in groups.items():
+            self._send(address, ns, group)
+        self._fire("sent", moves=moves)
+        left = dropped
+        ended = list(self._calls.map(self._end, moves))  # the PutEnds overlap too
+        done: dict[bytes, list[BlockInfo]] = {}
+        for m, ok in zip(moves, ended, strict=True):
+            if ok:
+                done.setdefault(m.block.namespace_id, []).append(m.block)
+            else:
+                self._failed(m.block)
+        for ns, blocks in done.items():  # only now: the local copies go (a move)
+            removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
+            for b, gone in zip(blocks, removed, strict=True):
+                if gone:
+                    left += 1
+                    self.counters.blocks_moved += 1
+                    self.counters.bytes_moved += b.size_bytes
+        self._fire("ended", moves=moves)
+        log.info("spill_batch_done", num_placed=len(moves), num_left=left,
+                 used_fraction=round(self.used_fraction(), 3))
+        return left, full
+
+
+def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
+                   max_block_bytes: int) -> Spiller:
+    """A spiller over a real master (``cfg``: the node's ClusterConfig) and TCP peers."""
+    from kvstored.client.master import MasterClient
+    from kvstored.transport.tcp import DataPlaneClient
+
+    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s)
+
+    def transport(address: str) -> Transport:
+        return DataPlaneClient(address, pool_size=cfg.peer_pool_size,
+                               max_block_bytes=max_block_bytes)
+
+    spiller = Spiller(
+        store, master, transport, node_id=node_id, high_watermark=cfg.spill_high_watermark,
+        low_watermark=cfg.spill_low_watermark, batch_blocks=cfg.spill_batch_blocks,
+        interval_s=cfg.spill_interval_s, timeout_s=cfg.spill_timeout_s,
+        rpc_timeout_s=cfg.rpc_timeout_s, hook=hook_from_env())
+    close = spiller.close
+
+    def close_all(timeout_s: float = 30.0) -> None:
+        close(timeout_s)
+        master.close()
+
+    spiller.close = close_all  # type: ignore[method-assign]
+    return spiller
+
+
+class SpillCollector:
+    """Prometheus collector of a spiller's counters (``kvstored_spill_*_total``), read at
+    scrape time; register it on the node's registry."""
+
+    def __init__(self, spiller: Spiller) -> None:
+        self._spiller = spiller
+
+    def describe(self) -> list[Any]:
+        return []  # produced at scrape time only
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = self._spiller.counters
+        for name, doc, value in (
+            ("rounds", "Watermark checks that found the node past its high watermark.", c.rounds),
+            ("blocks_moved", "Blocks moved to a peer and dropped here.", c.blocks_moved),
+            ("bytes_moved", "Bytes of the blocks moved to peers.", c.bytes_moved),
+            ("blocks_deduplicated", "Blocks dropped here because another node held them.",
+             c.blocks_deduplicated),
+            ("blocks_failed", "Moves aborted (the local copy stayed).", c.blocks_failed),
+            ("no_capacity", "Spill rounds stopped because no peer had room.", c.no_capacity),
+        ):
+            yield CounterMetricFamily(f"kvstored_spill_{name}", doc, value=value)

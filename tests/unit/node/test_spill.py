@@ -1,0 +1,315 @@
+"""Spiller (kvstored/node/spill.py) in-process: a real master's membership and placement
+on a FakeClock, real peer nodes behind real data-plane servers, a full source store.
+
+Races are set up at the spiller's hooks (``put_started``, ``sent``), never by sleeping: the
+peer's change event arriving before the writer's PutEnd, the write lease lapsing and a newer
+write of the block opening between the transfer and the PutEnd.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvstored.client.master import ClusterReplica
+from kvstored.clock import FakeClock
+from kvstored.config import NodeConfig
+from kvstored.errors import ReplicaNotReady
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membership, NodeSpec, TierUsage
+from kvstored.master.placement import Placement
+from kvstored.master.records import ReplicaState
+from kvstored.node.core import NodeCore
+from kvstored.node.spill import SpillCollector, Spiller
+from kvstored.tiers.base import Tier
+from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+
+BLOCK = 64 << 10
+SRC_DRAM = 1 << 20  # 16 blocks
+PEER_DRAM = 4 << 20
+WRITE_LEASE_S = 2.0
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def value(i: int) -> bytes:
+    return random.Random(i).randbytes(BLOCK)
+
+
+class InProcMaster:
+    """Membership + placement on a FakeClock, with MasterClient's put_start/put_end."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.index = BlockIndex(64)
+        self.members = Membership(self.index, self.clock, Generations(100), node_lease_s=1000.0,
+                                  unhealthy_after_failures=3)
+        self.placement = Placement(self.members, write_lease_s=WRITE_LEASE_S)
+        self.seq: dict[str, int] = {}
+        self.lock = threading.Lock()  # the spiller calls from several threads; placement is not thread-safe
+
+    def join(self, node_id: str, data_address: str, store: TieredStore | None) -> None:
+        self.members.register(NodeSpec(node_id, 1, "127.0.0.1:1", data_address,
+                                       self._tiers(store, PEER_DRAM)))
+        self.members.sync_inventory(node_id, 1, sync_id=1, blocks=[], last_chunk=True, seq=0)
+        self.seq[node_id] = 0
+
+    @staticmethod
+    def _tiers(store: TieredStore | None, cap: int, used: int = 0) -> tuple[TierUsage, ...]:
+        if store is None:
+            return (TierUsage(Tier.DRAM, cap, used),)
+        return tuple(TierUsage(t.tier, t.capacity_bytes, t.used_bytes, t.num_blocks)
+                     for t in store.stats().tiers)
+
+    def heartbeat(self, node_id: str, store: TieredStore | None, *, cap: int = PEER_DRAM,
+                  used: int = 0) -> None:
+        self.clock.advance(0.001)
+        self.members.heartbeat(node_id, 1, tiers=self._tiers(store, cap, used))
+
+    def report_added(self, node_id: str, keys: Sequence[bytes]) -> None:
+        events = []
+        for k in keys:
+            self.seq[node_id] += 1
+            events.append(BlockEvent(self.seq[node_id], EventKind.ADDED, BlockRef(b"", k, Tier.DRAM, BLOCK)))
+        self.members.report_events(node_id, 1, events)
+
+    # ---- SpillMaster ----
+    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, **kw: Any
+                  ) -> tuple[bool, int, list[ClusterReplica]]:
+        kw.pop("timeout_s", None)
+        with self.lock:
+            out = self.placement.start_put(namespace_id, key, size_bytes, **kw)
+        return out.exists, out.generation, [
+            ClusterReplica(r.node_id, r.epoch, r.tier, size_bytes, out.generation, r.data_address)
+            for r in out.replicas]
+
+    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
+                timeout_s: float | None = None) -> int:
+        with self.lock:
+            return self.placement.end_put(namespace_id, key, generation, commit=commit)
+
+
+class Peer:
+    def __init__(self, node_id: str, max_block_bytes: int = BLOCK) -> None:
+        cfg = NodeConfig(node_id=node_id, dram_size_bytes=PEER_DRAM, ssd_size_bytes=0,
+                         max_block_bytes=max_block_bytes, max_batch_keys=64)
+        self.store = TieredStore(dram_size_bytes=PEER_DRAM, arena_dir=None, max_block_bytes=BLOCK)
+        self.core = NodeCore(self.store, cfg, epoch=1)
+        self.server = DataPlaneServer(self.core, "127.0.0.1:0")
+        self.address = self.server.start()
+
+    def close(self) -> None:
+        self.server.stop(0.0)
+        self.store.close()
+
+
+@pytest.fixture
+def master() -> InProcMaster:
+    return InProcMaster()
+
+
+@pytest.fixture
+def src(master: InProcMaster) -> Iterator[TieredStore]:
+    store = TieredStore(dram_size_bytes=SRC_DRAM, arena_dir=None, max_block_bytes=BLOCK)
+    for i in range(15):  # 15 of 16 blocks: past 90 %; key(0) is the coldest
+        store.put(key(i), value(i))
+    master.join("src", "127.0.0.1:9", store)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def peers(master: InProcMaster) -> Iterator[dict[str, Peer]]:
+    out = {n: Peer(n) for n in ("b", "c")}
+    for n, p in out.items():
+        master.join(n, p.address, p.store)
+    yield out
+    for p in out.values():
+        p.close()
+
+
+def _spiller(src: TieredStore, master: InProcMaster, **kw: Any) -> Spiller:
+    return Spiller(src, master, lambda a: DataPlaneClient(a, pool_size=2, max_block_bytes=BLOCK),
+                   node_id="src", high_watermark=0.9, low_watermark=0.5, batch_blocks=4, **kw)
+
+
+def _present(store: TieredStore, n: int = 15) -> list[int]:
+    return [i for i, ok in enumerate(store.exists([key(i) for i in range(n)])) if ok]
+
+
+def test_moves_the_coldest_blocks_to_the_peer_with_most_room_down_to_the_low_watermark(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    master.heartbeat("b", None, used=2 << 20)  # b has less room than c
+    sp = _spiller(src, master)
+    try:
+        left = sp.run_once()
+    finally:
+        sp.close()
+    assert left == 7 and sp.counters.blocks_moved == 7  # 15 -> 8 blocks = 50 % of 16
+    assert _present(src) == list(range(7, 15))  # the coldest left, the hottest stayed
+    c = peers["c"].store
+    assert [c.get(key(i)) for i in range(7)] == [(value(i), b"") for i in range(7)]
+    assert peers["b"].store.exists([key(i) for i in range(7)]) == [False] * 7
+    assert master.placement.num_open_writes == 0
+    assert all(master.index.replicas(b"", key(i)) == [] for i in range(7))  # until c reports
+    master.report_added("c", [key(i) for i in range(7)])
+    holder_c = master.members.node("c").holder  # type: ignore[union-attr]
+    for i in range(7):
+        got = master.index.replicas(b"", key(i))
+        assert [(r.holder, r.state) for r in got] == [(holder_c, ReplicaState.COMMITTED)]
+    assert sp.run_once() == 0  # at the low watermark now: nothing to do
+    registry = CollectorRegistry()
+    registry.register(SpillCollector(sp))  # type: ignore[arg-type]
+    assert registry.get_sample_value("kvstored_spill_blocks_moved_total") == 7
+    assert registry.get_sample_value("kvstored_spill_bytes_moved_total") == 7 * BLOCK
+
+
+def test_the_peers_event_before_the_writers_put_end_is_still_one_replica(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    seen: list[list[bytes]] = []
+
+    def hook(event: str, moves: list[Any]) -> None:
+        if event == "sent":  # the peers' MasterLinks report the blocks before the PutEnds
+            seen.append([m.block.key for m in moves])
+            for m in moves:
+                assert peers[m.node_id].store.exists([m.block.key]) == [True]
+                master.report_added(m.node_id, [m.block.key])
+
+    sp = _spiller(src, master, hook=hook)
+    try:
+        sp.run_once()
+    finally:
+        sp.close()
+    moved = [k for batch in seen for k in batch]
+    assert len(moved) == 7
+    for k in moved:
+        got = master.index.replicas(b"", k)
+        assert [(r.state, r.tier) for r in got] == [(ReplicaState.COMMITTED, got[0].tier)]
+        assert len(got) == 1
+    assert master.placement.num_open_writes == 0
+
+
+def test_a_full_pool_moves_nothing_and_a_node_never_spills_to_itself(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    for n in ("b", "c"):  # 3.4 MiB of 4 used: a 256 KiB batch would pass 90 %
+        master.heartbeat(n, None, used=int(3.4 * (1 << 20)))
+    master.heartbeat("src", None, cap=SRC_DRAM, used=0)  # a stale view: only the rule keeps it out
+    sp = _spiller(src, master)
+    try:
+        assert sp.run_once() == 0
+    finally:
+        sp.close()
+    assert sp.counters.no_capacity == 1 and sp.counters.blocks_moved == 0
+    assert _present(src) == list(range(15))
+    assert master.placement.num_open_writes == 0
+    assert peers["b"].store.stats().tiers[0].num_blocks == 0
+
+
+def test_a_peer_that_refuses_connections_aborts_the_writes_and_keeps_every_local_copy(
+    src: TieredStore, master: InProcMaster
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    master.join("d", dead, None)
+    sp = _spiller(src, master)
+    try:
+        assert sp.run_once() == 0
+    finally:
+        sp.close()
+    assert sp.counters.blocks_failed == 4  # one batch, aborted; no hot loop on it
+    assert _present(src) == list(range(15))
+    assert master.placement.num_open_writes == 0
+    assert all(master.index.replicas(b"", key(i)) == [] for i in range(15))
+    assert src.stats().pinned_blocks == 0
+
+
+def test_a_lapsed_write_keeps_the_local_copy_and_its_late_end_never_ends_the_newer_write(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    newer: dict[bytes, int] = {}
+
+    def hook(event: str, moves: list[Any]) -> None:
+        if event == "sent" and not newer:  # held between the transfer and the PutEnds
+            master.clock.advance(WRITE_LEASE_S + 1)
+            master.placement.reclaim_expired_writes()
+            k = moves[0].block.key
+            out = master.placement.start_put(b"", k, BLOCK, writer_node_id="b")
+            assert out.generation > moves[0].generation
+            newer[k] = out.generation
+
+    sp = _spiller(src, master, hook=hook)
+    try:
+        assert sp.spill_batch(sp.victims(4 * BLOCK)) == (0, False)
+    finally:
+        sp.close()
+    (k, gen), = newer.items()
+    assert _present(src) == list(range(15))  # every refused end kept its local copy
+    with pytest.raises(ReplicaNotReady):  # the newer write is still open: the late end
+        master.placement.start_put(b"", k, BLOCK)  # did not finalise it
+    rows = master.index.replicas(b"", k)
+    assert [(r.generation, r.state) for r in rows] == [(gen, ReplicaState.WRITING)]
+
+
+def test_items_the_peer_refuses_are_aborted_and_stay_here(
+    src: TieredStore, master: InProcMaster
+) -> None:
+    small = Peer("s", max_block_bytes=BLOCK // 2)  # answers BLOCK_TOO_LARGE per item
+    try:
+        master.join("s", small.address, small.store)
+        sp = _spiller(src, master)
+        try:
+            assert sp.run_once() == 0
+        finally:
+            sp.close()
+        assert sp.counters.blocks_failed == 4
+        assert _present(src) == list(range(15))
+        assert small.store.stats().tiers[0].num_blocks == 0
+        assert master.placement.num_open_writes == 0
+    finally:
+        small.close()
+
+
+def test_ssd_only_victims_are_read_from_their_files_without_promotion(
+    master: InProcMaster, peers: dict[str, Peer], tmp_path: Any
+) -> None:
+    store = TieredStore(dram_size_bytes=4 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                        ssd_size_bytes=1 << 20, ssd_direct_io=False, max_block_bytes=BLOCK)
+    try:
+        n = 0
+        while store.stats().tiers[1].used_bytes <= 0.9 * (1 << 20):  # fill the SSD past 90 %
+            store.put(key(n), value(n))
+            n += 1
+        ssd_only = [b.key for b in store.list_blocks()[0] if b.tiers == (Tier.SSD,)]
+        before = store.stats()
+        master.join("src2", "127.0.0.1:9", store)
+        sp = Spiller(store, master, lambda a: DataPlaneClient(a, pool_size=2, max_block_bytes=BLOCK),
+                     node_id="src2", high_watermark=0.9, low_watermark=0.5, batch_blocks=4)
+        try:
+            left = sp.run_once()
+        finally:
+            sp.close()
+        after = store.stats()
+        assert left > 0 and after.tiers[1].used_bytes <= 0.5 * (1 << 20)
+        assert after.tiers[0].evictions == before.tiers[0].evictions  # nothing promoted/demoted
+        assert after.tiers[1].hits == before.tiers[1].hits
+        moved = ssd_only[:left]  # the SSD-only blocks, coldest first, left first
+        assert store.exists(moved) == [False] * len(moved)
+        for k in moved:
+            i = int.from_bytes(k, "big")
+            got = [p.store.get(k) for p in peers.values()]
+            assert (value(i), b"") in got
+    finally:
+        store.close()
