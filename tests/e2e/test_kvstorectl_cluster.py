@@ -176,7 +176,11 @@ def test_where_blocks_evict_and_metrics_across_three_nodes(
     table = _ctl(addr, "where", *[k.hex() for k in asked])
     assert table.returncode == 0, table.stderr
     assert "first miss" in table.stdout and "3 leading blocks present" in table.stdout
-    m1 = _scrape(master.metrics)
+    # the master's gauges are a snapshot taken once per maintenance tick: wait for the tick
+    # that counts every replica `where` names (n1's puts and n2's copies)
+    num_replicas = sum(len(h) for h in _holders(_json(addr, "where", *[k.hex() for k in keys])))
+    m1 = _wait("the replica gauge counts every replica", lambda: (
+        (s := _scrape(master.metrics))["kvstored_master_replicas"] == num_replicas and s))
     assert m1["kvstored_master_lookups_total"] > m0["kvstored_master_lookups_total"]  # n2's get
     assert (m1["kvstored_master_lookup_blocks_total"]
             - m0["kvstored_master_lookup_blocks_total"]) >= 2
