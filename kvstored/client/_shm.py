@@ -1,7 +1,9 @@
 """The shared-memory path of the client: the mapped arena, and get/put through it.
 
     put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
-    get: PinBlocks  -> copy out of the mapped arena      -> release the pins
+    get: PinBlocks  -> copy out of the mapped arena      -> release the pins (ReleasePins, or
+                                                            with the next request of the
+                                                            control channel)
 
 See kvstored/client/_ops.py for the safety rules of this path (fencing); the release of a
 get's pins is described at :func:`read_shm`.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,9 @@ from kvstored.client._steps import (
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
 from kvstored.v1 import node_pb2 as pb
+
+_clock = time.monotonic
+"""This process's monotonic clock (the node's lease clock on the same host); tests move it."""
 
 if TYPE_CHECKING:
     from kvstored.client._ops import _ReadSink
@@ -139,6 +145,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             start, end = windows.pop()
         lease_s = lease_for(info, deadline)
         session_id = yield Session()
+        pinned_at = _clock()
         resp = yield Call(
             "PinBlocks",
             pb.PinBlocksRequest(
@@ -171,7 +178,13 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             copied = True
             start += cut
         finally:
-            if resp.pin_id:  # after the copy returned; awaited, so the next op sees it
+            control = st.control
+            if resp.pin_id and copied and control is not None and _clock() < pinned_at + lease_s:
+                # The copy returned within the lease by this process's clock (the node's lease
+                # started later, when it granted): the release rides on this client's next
+                # request (kvstored/client/_control.py); the pin holds until that arrives.
+                control.defer_release(resp.pin_id)
+            elif resp.pin_id:  # after the copy returned; awaited, so the next op sees it
                 rel = yield release_call(resp.pin_id)
                 if copied and rel is None:
                     raise Unavailable(

@@ -10,7 +10,9 @@ from dataclasses import replace
 import grpc
 import structlog
 
+from kvstored.client import _control
 from kvstored.client._args import parse_address
+from kvstored.client._control import ControlChannel
 from kvstored.client._orphans import OrphanAcks
 from kvstored.client._shm import ArenaMap
 from kvstored.client._steps import (
@@ -95,6 +97,8 @@ class ClientState:
         self.arena: ArenaMap | None = None
         self.dataplane: DataPlaneClient | None = None
         self.connected = False
+        self.control: ControlChannel | None = None  # the lean control channel (_control.py)
+        self.use_control = False  # set by a driver that can run calls over it
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self._lock = threading.Lock()
 
@@ -149,6 +153,21 @@ class ClientState:
             )
         return "grpc", None, None
 
+    def open_control(self, info: NodeInfo) -> ControlChannel | None:
+        """The node's control channel, if this client may use it (blocking: connects).
+
+        Only over a unix address, when the driver supports it and the node advertises one;
+        a channel that cannot be reached leaves every call on gRPC (logged once).
+        """
+        if not (self.use_control and self.is_unix and info.control_path and _control.enabled()):
+            return None
+        try:
+            return ControlChannel(info.control_path)
+        except OSError as exc:
+            log.info("control_channel_unreachable", address=self.address,
+                     control_path=info.control_path, reason=str(exc))
+            return None
+
     def reuse(self, info: NodeInfo) -> NodeInfo | None:
         """Adopt ``info`` with the current transport if that was set up for the same epoch
         (a transient failure, not a restart); None if the transport must be set up again."""
@@ -160,26 +179,29 @@ class ClientState:
             return self.info
 
     def install(
-        self, info: NodeInfo, arena: ArenaMap | None, dataplane: DataPlaneClient | None
+        self, info: NodeInfo, arena: ArenaMap | None, dataplane: DataPlaneClient | None,
+        control: ControlChannel | None = None,
     ) -> NodeInfo:
         """Adopt a described node and its new transport; returns the info now in use."""
-        old_arena = old_dp = None
+        old_arena = old_dp = old_control = None
         with self._lock:
             done = self.transport_info
             if done is not None and done.epoch == info.epoch:
                 # another thread set up this very node meanwhile: keep its transport
                 self.info = replace(info, transport=done.transport)
                 current = self.info
-                old_arena, old_dp = arena, dataplane
+                old_arena, old_dp, old_control = arena, dataplane, control
             else:
-                old_arena, old_dp = self.arena, self.dataplane
+                old_arena, old_dp, old_control = self.arena, self.dataplane, self.control
                 self.info = self.transport_info = info
-                self.arena, self.dataplane = arena, dataplane
+                self.arena, self.dataplane, self.control = arena, dataplane, control
                 current = info
         if old_arena is not None:
             old_arena.close()
         if old_dp is not None:
             old_dp.close()
+        if old_control is not None:
+            old_control.close(timeout_s=1.0)
         return current
 
     def invalidate(self) -> None:
@@ -192,6 +214,9 @@ class ClientState:
             self.info = self.transport_info = None
             arena, self.arena = self.arena, None
             dp, self.dataplane = self.dataplane, None
+            control, self.control = self.control, None
+        if control is not None:  # its deferred releases first
+            control.close()
         if arena is not None:
             arena.close()
         if dp is not None:
@@ -246,6 +271,7 @@ def node_info_from_proto(resp: pb.DescribeResponse) -> NodeInfo:
         arena_dev=resp.arena_dev, arena_ino=resp.arena_ino,
         max_meta_bytes=resp.max_meta_bytes or 4096, min_key_bytes=resp.min_key_bytes or 1,
         max_key_bytes=resp.max_key_bytes or 64, pin_lease_s=(resp.pin_lease_ms or 30000) / 1000,
+        control_path=resp.control_path,
     )
 
 
@@ -259,8 +285,10 @@ def ensure_ready(st: ClientState) -> Op[NodeInfo]:
     reused = st.reuse(info)
     if reused is not None:
         return reused
-    transport, arena, dp = yield Blocking(lambda _deadline: st.choose_transport(info))
-    return st.install(replace(info, transport=transport), arena, dp)
+    transport, arena, dp, control = yield Blocking(
+        lambda _deadline: (*st.choose_transport(info), st.open_control(info))
+    )
+    return st.install(replace(info, transport=transport), arena, dp, control)
 
 
 def op_describe(st: ClientState) -> Op[NodeInfo]:

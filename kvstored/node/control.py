@@ -39,9 +39,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, KvstoredError
+from kvstored.transport.control import LENGTH_BYTES, MAX_FRAME_BYTES, OPS, SOCKET_SUFFIX, frame
 from kvstored.v1 import node_pb2 as pb
 
 if TYPE_CHECKING:
@@ -49,27 +50,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-LENGTH_BYTES = 4
-MAX_FRAME_BYTES = 64 << 20
-"""Largest ControlRequest accepted (a batch of keys; values never travel here)."""
-SOCKET_SUFFIX = ".ctl"
-
-OPS: dict[str, str] = {  # ControlRequest oneof field -> NodeServicer method
-    "pin_blocks": "PinBlocks",
-    "release_pins": "ReleasePins",
-    "reserve_put": "ReservePut",
-    "commit_put": "CommitPut",
-    "lookup_prefix": "LookupPrefix",
-    "exists": "Exists",
-}
-FIELD_OF: dict[str, str] = {method: field for field, method in OPS.items()}
-"""NodeService method name -> ControlRequest/ControlResponse oneof field."""
-
-
-def frame(message: Message) -> bytes:
-    """``message`` serialized behind its 4-byte big-endian length."""
-    data = message.SerializeToString()
-    return len(data).to_bytes(LENGTH_BYTES, "big") + data
+__all__ = ["SOCKET_SUFFIX", "ControlServer"]
 
 
 class _Context:
