@@ -39,7 +39,7 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from kvstored.client import _hooks
-from kvstored.errors import Unavailable, error_from_code
+from kvstored.errors import DeadlineExceeded, Unavailable, error_from_code
 from kvstored.transport.control import FIELD_OF, FrameTooLarge, frame, recv_frame
 from kvstored.v1 import node_pb2 as pb
 
@@ -63,6 +63,14 @@ class NoAnswer(Unavailable):
     """A control request got no answer (the connection failed or closed); retriable."""
 
 
+class NoAnswerInTime(DeadlineExceeded):
+    """A control request got no answer within its timeout (as a gRPC deadline would)."""
+
+
+NO_ANSWER = (NoAnswer, NoAnswerInTime)
+"""What a request that may have run without its answer arriving raises."""
+
+
 class _Connection:
     """One blocking unix stream connection; one request at a time."""
 
@@ -82,7 +90,8 @@ class _Connection:
         """Send one request and read its response.
 
         Raises:
-            NoAnswer: the connection failed, closed or timed out (close it).
+            NoAnswer: the connection failed or closed; NoAnswerInTime: it timed out
+            (close the connection either way).
         """
         if timeout_s != self._timeout_s:
             self.sock.settimeout(timeout_s)
@@ -90,6 +99,10 @@ class _Connection:
         try:
             self.sock.sendall(frame(req))
             return pb.ControlResponse.FromString(recv_frame(self.sock))
+        except TimeoutError:
+            raise NoAnswerInTime(
+                f"the node did not answer within {timeout_s:.3f} s (control channel)"
+            ) from None
         except (OSError, FrameTooLarge, DecodeError) as exc:
             raise NoAnswer(f"the control channel failed: {exc}") from None
 
@@ -156,7 +169,7 @@ class ControlChannel:
 
         Raises:
             KvstoredError: the node's error for the op (it answered).
-            NoAnswer: no answer arrived (the op may or may not have run).
+            NoAnswer, NoAnswerInTime: no answer arrived (the op may or may not have run).
         """
         field = FIELD_OF[method]
         session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
@@ -222,7 +235,7 @@ class ControlChannel:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
             self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
-        except Unavailable:
+        except (Unavailable, DeadlineExceeded):
             return False  # kept pending: the next request, the flusher or close() sends them
         return True
 

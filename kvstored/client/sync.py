@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstored.client import _control, _hooks, _ops
-from kvstored.client._control import ControlChannel, NoAnswer
+from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
 from kvstored.client.types import Block, NodeInfo, PutResult
@@ -298,7 +298,7 @@ class Client:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
             response = control.call(step.method, step.request, remaining)
-        except NoAnswer:
+        except NO_ANSWER:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
                 self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
                 _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
