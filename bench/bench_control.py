@@ -43,7 +43,7 @@ def _pct(lat_s: list[float], q: float) -> float:
 
 def _timed(fn: Callable[[int], None], iters: int, warmup: int = 20) -> list[float]:
     for i in range(warmup):
-        fn(i)
+        fn(-1 - i)  # warmup calls get negative indexes (their own keys)
     out = []
     for i in range(iters):
         t0 = time.perf_counter()
@@ -90,7 +90,7 @@ def control_overhead_us(addr: str, batch: int = 16, iters: int = 300) -> dict[st
                 assert all(r.stored for r in c.put(_keys(f"put-{name}-{i}", batch), values))
 
             out[f"put_{name}_us"] = statistics.median(_timed(put, iters)) * 1e6
-            c.remove(keys + [k for i in range(iters + 20) for k in _keys(f"put-{name}-{i}", batch)])
+            c.remove(keys + [k for i in range(-20, iters) for k in _keys(f"put-{name}-{i}", batch)])
     out["get_saved_us"] = out["get_grpc_us"] - out["get_channel_us"]
     out["put_saved_us"] = out["put_grpc_us"] - out["put_channel_us"]
     out["batch"] = batch

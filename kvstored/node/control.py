@@ -119,6 +119,10 @@ class ControlServer:
             os.unlink(self.path)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         self._writers.add(writer)
         conn = _Connection(f"unix:{self.path} (control)")
         try:
@@ -135,15 +139,13 @@ class ControlServer:
                     raw = await reader.readexactly(size)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                # a request runs to its end even if the connection drops meanwhile
-                task = asyncio.ensure_future(self._handle(raw, conn))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                response = await asyncio.shield(task)
+                # a dropped connection does not interrupt this (the reader just sees EOF
+                # afterwards); only close() at shutdown waits for it, never cancels it
+                response = await self._handle(raw, conn)
                 writer.write(frame(response))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
             return
         finally:
             self._writers.discard(writer)
