@@ -24,7 +24,9 @@ Unavailable); the driver then treats a granting request as orphaned, as for gRPC
 (a release is idempotent). Fencing is the node's (kvstored/node/sessions.py): pins and
 reservations belong to the session, not to a connection.
 
-Thread-safe: one request at a time per connection; concurrent callers use more connections.
+:class:`ControlChannel` (the blocking client's) is thread-safe: one request at a time per
+connection; concurrent callers use more connections. :class:`AsyncControlChannel` (the
+asyncio client's) is the same on asyncio streams, used from one event loop.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from google.protobuf.message import DecodeError, Message
 
 from kvstored.client import _hooks
 from kvstored.errors import DeadlineExceeded, Unavailable, error_from_code
-from kvstored.transport.control import FIELD_OF, FrameTooLarge, frame, recv_frame
+from kvstored.transport.control import FIELD_OF, MAX_FRAME_BYTES, FrameTooLarge, frame, recv_frame
 from kvstored.v1 import node_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -269,4 +271,174 @@ class ControlChannel:
             self._wake.notify_all()
         for conn in conns:
             conn.close()
+        return left
+
+
+class AsyncControlChannel:
+    """The control channel of an :class:`~kvstored.client.aio.AsyncClient` (asyncio streams).
+
+    The same protocol and release rules as :class:`ControlChannel`. Made in any thread (the
+    first connection is a plain blocking connect, wrapped into the loop on first use); used
+    from one event loop. Deferred releases not carried by a request within
+    :data:`IDLE_RELEASE_S` are sent by a task of that loop.
+
+    Raises:
+        OSError: the first connection cannot be made (the caller stays on gRPC).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            first.settimeout(CONNECT_TIMEOUT_S)
+            first.connect(path)
+            first.setblocking(False)
+        except BaseException:
+            first.close()
+            raise
+        self._first: socket.socket | None = first
+        self._free: list[tuple[Any, Any, int]] = []  # (reader, writer, session id)
+        self._pending: list[int] = []
+        self._flush_task: Any = None
+        self._closed = False
+
+    async def _acquire(self, session_id: int) -> tuple[Any, Any, int]:
+        import asyncio
+
+        if self._closed:
+            raise Unavailable("the client is closed")
+        while self._free:
+            conn = self._free.pop()
+            if not session_id or conn[2] in (0, session_id):
+                return conn
+            conn[1].close()
+        try:
+            if self._first is not None:
+                sock, self._first = self._first, None
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+            else:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(self.path), CONNECT_TIMEOUT_S
+                )
+        except (OSError, TimeoutError) as exc:
+            raise NoAnswer(f"cannot connect to the control channel {self.path}: {exc}") from None
+        return reader, writer, 0
+
+    async def _roundtrip(
+        self, req: pb.ControlRequest, session_id: int, ids: list[int], timeout_s: float
+    ) -> pb.ControlResponse:
+        import asyncio
+
+        try:
+            reader, writer, bound = await self._acquire(session_id)
+        except BaseException:
+            self._give_back(ids)
+            raise
+        try:
+            async with asyncio.timeout(max(timeout_s, 1e-3)):
+                writer.write(frame(req))
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                if size > MAX_FRAME_BYTES:
+                    raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
+                resp = pb.ControlResponse.FromString(await reader.readexactly(size))
+        except TimeoutError:
+            writer.close()
+            self._give_back(ids)
+            raise NoAnswerInTime(
+                f"the node did not answer within {timeout_s:.3f} s (control channel)"
+            ) from None
+        except (OSError, asyncio.IncompleteReadError, FrameTooLarge, DecodeError) as exc:
+            writer.close()
+            self._give_back(ids)
+            raise NoAnswer(f"the control channel failed: {exc}") from None
+        except BaseException:  # cancelled mid-way: the connection is unusable
+            writer.close()
+            self._give_back(ids)
+            raise
+        if self._closed:
+            writer.close()
+        else:
+            self._free.append((reader, writer, session_id or bound))
+        return resp
+
+    def _give_back(self, ids: list[int]) -> None:
+        if ids:
+            self._pending[:0] = ids
+            self._schedule_flush()
+
+    async def call(self, method: str, request: Message, timeout_s: float) -> Any:
+        """As :meth:`ControlChannel.call`, awaited."""
+        field = FIELD_OF[method]
+        session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
+        ids, self._pending = self._pending, []
+        req = pb.ControlRequest(session_id=session_id, release_pin_ids=ids)
+        getattr(req, field).CopyFrom(request)
+        if ids and _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
+        resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        if resp.error_code:
+            raise error_from_code(resp.error_code, resp.error_message)
+        return getattr(resp, field)
+
+    def defer_release(self, pin_id: int) -> None:
+        """Release ``pin_id`` with the next request (its copy has returned); on the loop."""
+        self._pending.append(pin_id)
+        self._schedule_flush()
+        if _hooks._hook is not None:
+            _hooks.fire("pin_release_deferred", pin_id=pin_id)
+
+    def num_pending(self) -> int:
+        """Pin ids deferred and not yet sent."""
+        return len(self._pending)
+
+    def _schedule_flush(self) -> None:
+        import asyncio
+
+        if self._closed or (self._flush_task is not None and not self._flush_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next request or close() sends them
+        self._flush_task = loop.create_task(self._flush_when_idle(), name="kvstored-client-release")
+
+    async def _flush_when_idle(self) -> None:
+        import asyncio
+
+        while self._pending and not self._closed:
+            await asyncio.sleep(IDLE_RELEASE_S)
+            if self._pending and not await self.flush(5.0):
+                await asyncio.sleep(0.1)  # the node is unreachable: try again later
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Send the deferred releases now; True if none is left pending."""
+        ids, self._pending = self._pending, []
+        if not ids:
+            return True
+        if _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
+        try:
+            await self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+        except (Unavailable, DeadlineExceeded):
+            return False
+        return True
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Send the deferred releases, then close every connection (idempotent)."""
+        if not self._closed:
+            await self.flush(timeout_s)
+        self.close()
+
+    def close(self, timeout_s: float = 0.0) -> list[int]:
+        """Close every connection without sending anything; returns the ids left pending."""
+        self._closed = True
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        for _, writer, _ in self._free:
+            writer.close()
+        self._free = []
+        if self._first is not None:
+            self._first.close()
+            self._first = None
+        left, self._pending = self._pending, []
         return left

@@ -5,14 +5,15 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import structlog
 
 from kvstored.client import _control
 from kvstored.client._args import parse_address
-from kvstored.client._control import ControlChannel
 from kvstored.client._orphans import OrphanAcks
 from kvstored.client._shm import ArenaMap
 from kvstored.client._steps import (
@@ -97,8 +98,10 @@ class ClientState:
         self.arena: ArenaMap | None = None
         self.dataplane: DataPlaneClient | None = None
         self.connected = False
-        self.control: ControlChannel | None = None  # the lean control channel (_control.py)
-        self.use_control = False  # set by a driver that can run calls over it
+        self.control: Any = None  # the lean control channel (_control.py), None = gRPC only
+        # set by a driver that can run calls over the channel: ControlChannel (sync) or
+        # AsyncControlChannel (asyncio); None = gRPC only
+        self.control_factory: Callable[[str], Any] | None = None
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self._lock = threading.Lock()
 
@@ -153,16 +156,17 @@ class ClientState:
             )
         return "grpc", None, None
 
-    def open_control(self, info: NodeInfo) -> ControlChannel | None:
+    def open_control(self, info: NodeInfo) -> Any:
         """The node's control channel, if this client may use it (blocking: connects).
 
         Only over a unix address, when the driver supports it and the node advertises one;
         a channel that cannot be reached leaves every call on gRPC (logged once).
         """
-        if not (self.use_control and self.is_unix and info.control_path and _control.enabled()):
+        factory = self.control_factory
+        if not (factory is not None and self.is_unix and info.control_path and _control.enabled()):
             return None
         try:
-            return ControlChannel(info.control_path)
+            return factory(info.control_path)
         except OSError as exc:
             log.info("control_channel_unreachable", address=self.address,
                      control_path=info.control_path, reason=str(exc))
@@ -180,7 +184,7 @@ class ClientState:
 
     def install(
         self, info: NodeInfo, arena: ArenaMap | None, dataplane: DataPlaneClient | None,
-        control: ControlChannel | None = None,
+        control: Any = None,
     ) -> NodeInfo:
         """Adopt a described node and its new transport; returns the info now in use."""
         old_arena = old_dp = old_control = None

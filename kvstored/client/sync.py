@@ -213,7 +213,7 @@ class Client:
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
             transport=transport,
         )
-        self._st.use_control = True  # hot calls over kvstored/client/_control.py when offered
+        self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
         self._channel = grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
         self._stubs: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._session = _SyncSession(self._channel, self._st)

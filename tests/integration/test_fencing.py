@@ -95,9 +95,15 @@ def _used(node: DaemonThread) -> int:
 
 
 def _idle(node: DaemonThread) -> None:
-    """Nothing held: no pins, reservations, quarantine."""
+    """Nothing held: no pins, reservations, quarantine.
+
+    A get's pin over the control channel is released by the client's next request or by its
+    idle flush (kvstored/client/_control.py): waited for, bounded. (From async code, call it
+    with ``asyncio.to_thread`` so the client's loop can run that flush.)"""
     core = node.daemon.core
     assert core is not None
+    wait_until(lambda: core.num_outstanding() == (0, 0, 0), timeout_s=10,
+               what=f"nothing outstanding (now {core.num_outstanding()})")
     assert core.num_outstanding() == (0, 0, 0)
     assert core.quarantined_bytes() == 0
     assert node.daemon.store.stats().pinned_blocks == 0
@@ -287,7 +293,7 @@ def test_cancel_during_reserve_or_pin_rpc_releases_what_it_got(fnode: DaemonThre
                 assert await a.exists(keys) == [False]
                 assert (await a.put(keys, [value_for(keys[0], SIZE)]))[0].stored
             assert await a.get(keys) == [value_for(keys[0], SIZE)]
-            _idle(fnode)
+            await asyncio.to_thread(_idle, fnode)
 
     try:
         asyncio.run(main())

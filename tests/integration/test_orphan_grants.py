@@ -193,7 +193,7 @@ def test_async_grant_whose_answer_never_arrived_is_freed_by_the_clients_ack(
             if op == "put":
                 assert (await a.put(keys, [value]))[0].stored
             assert await a.get(keys) == [value]
-            _idle(onode)
+            await asyncio.to_thread(_idle, onode)  # the loop runs the deferred release
 
     asyncio.run(main())
 
