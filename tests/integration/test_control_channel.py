@@ -9,6 +9,7 @@ and the fallback to gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Iterator
@@ -197,3 +198,31 @@ def test_a_dropped_connection_releases_nothing_of_the_session(
         assert _pins(cnode) == 1  # still the session's
         assert c.lookup_prefix(keys) == 1  # a new connection; carries the release again
         assert _pins(cnode) == 0
+
+
+def test_async_client_defers_the_release_to_its_next_request(
+    cnode: DaemonThread, no_idle_flush: None
+) -> None:
+    from kvstored import AsyncClient
+
+    keys, other = random_keys(1), random_keys(1)
+    sent: list[list[int]] = []
+
+    def record(event: str, **fields: Any) -> None:
+        if event == "control_release_sent":
+            sent.append(fields["pin_ids"])
+
+    async def main() -> None:
+        async with AsyncClient(cnode.unix_address, timeout_s=30) as a:
+            assert (await a.put(keys, [value_for(keys[0], SIZE)]))[0].stored
+            assert await a.get(keys) == [value_for(keys[0], SIZE)]
+            assert a._st.control is not None and a._st.control.num_pending() == 1
+            assert _pins(cnode) == 1  # held until the next request
+            _hooks.install(record)
+            assert await a.exists(other) == [False]  # carries the release
+            _hooks.install(None)
+            assert len(sent) == 1 and len(sent[0]) == 1 and _pins(cnode) == 0
+            assert await a.get(keys) == [value_for(keys[0], SIZE)] and _pins(cnode) == 1
+        assert _pins(cnode) == 0  # close() sent it
+
+    asyncio.run(main())
