@@ -15,15 +15,23 @@ results, and the sync and async clients only differ in how they execute a step::
     Session()               this client's session id (opened with the OpenSession stream on
                             first use, again after it ended)
 
+A driver runs the hot Calls (PinBlocks, ReleasePins, ReservePut, CommitPut, LookupPrefix,
+Exists) over the node's lean control channel when it offers one over a unix socket
+(kvstored/client/_control.py), every other Call over gRPC; the ops do not know which.
+
 So request building, response decoding, validation, chunking, pin release and transport
-choice exist once. Retries wrap a whole operation (every operation is idempotent: puts are
+choice exist once. Module map: _steps (steps, constants, driving), _args (argument checks,
+chunking), _state (ClientState, retries, Describe), _shm (the arena, shared-memory get and
+put), _control (the control channel), this module (the operations). Retries wrap a whole operation (every operation is idempotent: puts are
 first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
 inside the caller's deadline.
 
 Shared-memory path (same host, arena file mappable and the very file the node uses)::
 
     put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
-    get: PinBlocks  -> copy out of the mapped arena      -> ReleasePins (always, also on error)
+    get: PinBlocks  -> copy out of the mapped arena      -> ReleasePins (always, also on error;
+                                                            over the control channel it rides
+                                                            on the next request, see below)
 
 Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
 
@@ -41,7 +49,12 @@ Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
   as LeaseExpired. Lapsed space is quarantined by the node, never reused while this client's
   session lives, so even a late copy never touches another block's bytes.
 - Releases are awaited before the operation returns, so the next operation of this client
-  sees them (``get(K)`` then ``remove(K)`` removes K).
+  sees them (``get(K)`` then ``remove(K)`` removes K). Over the control channel a get whose
+  copy returned within its lease (by this process's clock, which started before the node's)
+  instead hands its pin id to the channel: the id rides on this client's next control
+  request, which the node serves first; a gRPC call, an idle moment (IDLE_RELEASE_S) and
+  close() send it too. Until then the pin holds: the block is neither evicted nor removed.
+  A get that failed or outlived its lease releases explicitly as above.
 """
 
 from __future__ import annotations
