@@ -95,7 +95,9 @@ class _Connection:
             NoAnswer: the connection failed or closed; NoAnswerInTime: it timed out
             (close the connection either way).
         """
-        if timeout_s != self._timeout_s:
+        current = self._timeout_s
+        # settimeout only when the deadline moved noticeably (at most 5% + 5 ms late)
+        if current is None or current < timeout_s or current > timeout_s * 1.05 + 0.005:
             self.sock.settimeout(timeout_s)
             self._timeout_s = timeout_s
         try:
@@ -129,6 +131,7 @@ class ControlChannel:
         self._pending: list[int] = []  # pin ids whose copies returned, not yet released
         self._deferred_at = 0.0  # when the newest pending id was deferred
         self._wake = threading.Condition(self._lock)
+        self._flusher_parked = False  # the flusher waits for a first pending id (untimed)
         self._closed = False
         self._flusher: threading.Thread | None = None
 
@@ -219,7 +222,8 @@ class ControlChannel:
                     target=self._flush_when_idle, name="kvstored-client-release", daemon=True
                 )
                 self._flusher.start()
-            self._wake.notify()
+            if self._flusher_parked:  # else it is in a timed wait and rechecks by itself
+                self._wake.notify()
         if _hooks._hook is not None:
             _hooks.fire("pin_release_deferred", pin_id=pin_id)
 
@@ -245,7 +249,9 @@ class ControlChannel:
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
+                    self._flusher_parked = True
                     self._wake.wait()
+                    self._flusher_parked = False
                 if self._closed:
                     return
                 wait_s = self._deferred_at + IDLE_RELEASE_S - time.monotonic()

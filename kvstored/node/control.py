@@ -86,6 +86,7 @@ class ControlServer:
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._metric_children: dict[tuple[str, str], tuple[Any, Any]] = {}  # (method, code)
 
     async def start(self) -> None:
         """Listen (on the running loop).
@@ -167,6 +168,9 @@ class ControlServer:
                     f"cannot parse the ControlRequest ({len(raw)} bytes): {exc}; the frame is "
                     "not a valid kvstored.v1 protobuf"
                 ) from None
+            if req.release_pin_ids:  # the client's earlier copies have returned (always run)
+                n, expired = core.release_pins_report(list(req.release_pin_ids))
+                out.released.CopyFrom(pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired))
             if req.session_id:
                 if not conn.session_id:
                     conn.session_id = req.session_id
@@ -175,9 +179,6 @@ class ControlServer:
                         f"this control connection belongs to session {conn.session_id}; got a "
                         f"request of session {req.session_id} (open one connection per session)"
                     )
-            if req.release_pin_ids:  # the client's earlier copies have returned
-                n, expired = core.release_pins_report(list(req.release_pin_ids))
-                out.released.CopyFrom(pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired))
             field = req.WhichOneof("op")
             if field is None:
                 return out  # a bare release
@@ -195,6 +196,12 @@ class ControlServer:
             core.rpcs_in_flight -= 1
         if metrics is not None:
             code = ErrorCode(out.error_code).name if out.error_code else "OK"
-            metrics.rpc_requests.labels(method=method, code=code).inc()
-            metrics.rpc_duration.labels(method=method).observe(time.perf_counter() - t0)
+            children = self._metric_children.get((method, code))
+            if children is None:
+                children = self._metric_children[(method, code)] = (
+                    metrics.rpc_requests.labels(method=method, code=code),
+                    metrics.rpc_duration.labels(method=method),
+                )
+            children[0].inc()
+            children[1].observe(time.perf_counter() - t0)
         return out

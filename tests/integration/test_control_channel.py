@@ -165,6 +165,15 @@ def test_a_connection_belongs_to_one_session(cnode: DaemonThread) -> None:
         resp = _ask(s, pb.ControlRequest(session_id=s2, lookup_prefix=probe))
         assert resp.error_code == ErrorCode.INVALID_ARGUMENT and str(s1) in resp.error_message
         assert _ask(s, pb.ControlRequest(session_id=s1, lookup_prefix=probe)).error_code == 0
+        # a refused request still runs its piggybacked release (the client counts it sent)
+        key = random_keys(1)
+        with Client(cnode.unix_address) as c:
+            c.put(key, [b"v" * 100])
+        pin_id, got = core.pin_blocks(key, b"", lease_ms=60_000, epoch=0, session_id=s1)
+        assert pin_id and _pins(cnode) == 1
+        resp = _ask(s, pb.ControlRequest(session_id=s2, release_pin_ids=[pin_id], lookup_prefix=probe))
+        assert resp.error_code == ErrorCode.INVALID_ARGUMENT and resp.released.num_released == 1
+        assert _pins(cnode) == 0
     core.close_session(s1)
     core.close_session(s2)
 
