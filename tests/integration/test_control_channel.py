@@ -235,3 +235,15 @@ def test_async_client_defers_the_release_to_its_next_request(
         assert _pins(cnode) == 0  # close() sent it
 
     asyncio.run(main())
+
+
+def test_an_oversized_frame_closes_only_that_connection(cnode: DaemonThread) -> None:
+    from kvstored.transport.control import MAX_FRAME_BYTES
+
+    path = cnode.daemon._servicer.control_path  # type: ignore[union-attr]
+    with _raw(path) as s:
+        s.sendall((MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+        assert s.recv(16) == b""  # closed by the node, nothing answered
+    with _raw(path) as s:  # the node still serves others
+        ok = _ask(s, pb.ControlRequest(exists=pb.ExistsRequest(keys=random_keys(2))))
+        assert ok.error_code == 0 and list(ok.exists.exists) == [False, False]
