@@ -16,10 +16,15 @@ Everything is measured in the same run on the same machine:
                 (fio-style: 8 threads of aligned preads); and a demotion write (SsdTier.write_files
                 of one batch) next to O_DIRECT writes at queue depth 8
   * lookup      lookup_prefix of 512 keys over the unix socket, p50/p99
+  * control     bench/bench_control.py: per-batch control overhead in us (gRPC vs the lean
+                control channel), single-block get p50, lookup_prefix_512 p99 under a put
+                storm that forces demotion, 4 client processes' aggregate vs 1
 Targets (issue 9): shm get >= 0.9x memcpy at 4 MiB; tcp get >= 0.85x loopback socket at 4 MiB; ssd
 cold get and demotion write >= 0.7x O_DIRECT qd8; lookup p99 <= 0.5 ms.
 JSON: sizes[<size>][<path>].gbps, lookup_prefix_512.p99_ms, ssd_4MiB.ratio (as before), plus
-ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio}, date_utc, machine.
+ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio}, date_utc, machine,
+control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
+clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1}.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Iterator
 
 import numpy as np
 
+import bench_control  # bench/ is on sys.path when this script runs
 from kvstored import Client
 from kvstored.units import format_size, parse_size
 
@@ -409,6 +415,8 @@ def main() -> None:
     ap.add_argument("--ssd-only", action="store_true", help="only the SSD-tier rows (cold get, demotion)")
     ap.add_argument("--ssd-sizes", default="1MiB,4MiB,16MiB")
     ap.add_argument("--ssd-batch", type=int, default=None, help="blocks per cold get (default: --batch; 8 with --quick)")
+    ap.add_argument("--skip-control", action="store_true",
+                    help="skip the control-path rows (per-batch overhead, single get, storm, 4 clients)")
     ap.add_argument("--ssd-reps", type=int, default=5, help="timed SSD gets/writes per size")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in (["4MiB"] if args.quick else args.sizes.split(","))]
@@ -432,6 +440,10 @@ def main() -> None:
                                                   "p50_ms": float("nan"), "p99_ms": float("nan")}
                     results["sizes"][format_size(size)] = res  # type: ignore[index]
                 results["lookup_prefix_512"] = bench_lookup(shm_addr)
+                if not args.skip_control:  # control-path rows (bench/bench_control.py)
+                    print("... control path", file=sys.stderr)
+                    with daemon(tmp, dram="128MiB", ssd_size="1GiB", name="storm") as (storm_addr, _):
+                        results.update(bench_control.run_all(shm_addr, storm_addr))
         ssd: dict[str, object] = {}
         for size in ssd_sizes:
             print(f"... SSD tier, {format_size(size)} blocks", file=sys.stderr)
@@ -494,6 +506,7 @@ def print_table(results: dict[str, object]) -> None:
     if lk:
         print(f"\nlookup_prefix(512 keys) over unix socket: p50 {lk['p50_ms']:.3f} ms, "  # type: ignore[index]
               f"p99 {lk['p99_ms']:.3f} ms (target p99 <= 0.5 ms)")  # type: ignore[index]
+    bench_control.print_rows(results)
     if "store_memory" in results:
         print(f"\nstore metadata (bench/bench_store_memory.py):\n{results['store_memory']}")
 

@@ -14,6 +14,10 @@ Events (``fire(event, **fields)``):
                        size_bytes)
     shm_copy_out_done  get: every pinned block of the chunk is copied out, before ReleasePins
     rpc                a unary RPC is about to be sent (method, plus abort= for CommitPut)
+    pin_release_deferred  get over the control channel: its copy returned and its pin id
+                       (pin_id) waits for the client's next request (kvstored/client/_control.py)
+    control_release_sent  a control request carrying deferred pin releases (pin_ids) is about
+                       to be sent (method: its op, "" for a bare release)
     orphan_ack         an orphan ack is about to be sent (session_id, request_ids): the
                        ReservePut/PinBlocks with these ids got no answer; a grpc.RpcError
                        raised by the hook counts as the ack's RPC failing

@@ -1,7 +1,8 @@
 """The asyncio client (``kvstored.AsyncClient``): the same operations as :class:`Client`.
 
 Both clients run the generators of kvstored.client._ops; this driver awaits gRPC calls on
-grpc.aio and runs blocking steps (shared-memory copies over 256 KiB, data-plane socket I/O)
+grpc.aio (the hot ones on the control channel, kvstored/client/_control.py, when the node
+offers it over a unix socket) and runs blocking steps (shared-memory copies over 256 KiB, data-plane socket I/O)
 in a small named thread pool (``kvstored-client-io``).
 
 Cancellation (``task.cancel()``, ``asyncio.timeout``) is safe by construction:
@@ -30,7 +31,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.client import _hooks, _ops
+from kvstored.client import _control, _hooks, _ops
+from kvstored.client._control import NO_ANSWER, AsyncControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
 from kvstored.client.types import Block, NodeInfo, PutResult
@@ -88,6 +90,7 @@ class AsyncClient:
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
             transport=transport,
         )
+        self._st.control_factory = AsyncControlChannel  # hot calls over it when offered
         self._channel: grpc.aio.Channel | None = None
         self._stubs: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -207,14 +210,22 @@ class AsyncClient:
             if await _wait_through_cancel(fut):
                 raise asyncio.CancelledError
             return fut.result()
+        control = self._st.control
+        if control is not None and step.method in _control.METHODS:
+            def send(timeout: float) -> Any:  # the hot calls over the control channel
+                return control.call(step.method, step.request, timeout)
+        else:
+            if control is not None:  # a gRPC call after a get sees its release
+                await control.flush(max(deadline - time.monotonic(), _ops.RELEASE_TIMEOUT_S))
+            stub = self._stub(step)
+
+            def send(timeout: float) -> Any:
+                return stub(step.request, timeout=timeout)
         remaining = deadline - time.monotonic()
-        stub = self._stub(step)
         if _hooks._hook is not None:
             _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
         if step.release:  # always sent and awaited, shielded; errors -> None
-            task = asyncio.ensure_future(
-                stub(step.request, timeout=max(remaining, _ops.RELEASE_TIMEOUT_S))
-            )
+            task = asyncio.ensure_future(send(max(remaining, _ops.RELEASE_TIMEOUT_S)))
             cancelled = await _wait_through_cancel(task)
             if cancelled:
                 raise asyncio.CancelledError
@@ -224,7 +235,7 @@ class AsyncClient:
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         if step.undo is not None:  # a cancel must not lose what the node grants
-            task = asyncio.ensure_future(stub(step.request, timeout=remaining))
+            task = asyncio.ensure_future(send(remaining))
             if await _wait_through_cancel(task):
                 got = _result_or_none(task)
                 undo = step.undo(got) if got is not None else None
@@ -236,7 +247,7 @@ class AsyncClient:
                 raise asyncio.CancelledError
             pending: Any = task
         else:
-            pending = stub(step.request, timeout=remaining)
+            pending = send(remaining)
         try:
             response = await pending
         except grpc.RpcError as exc:
@@ -244,6 +255,11 @@ class AsyncClient:
                 self._orphaned(step)
                 await self._ack_orphans()
             raise self._st.map_rpc_error(exc) from None
+        except NO_ANSWER:  # the control channel's "no answer"
+            if step.undo is not None:
+                self._orphaned(step)
+                await self._ack_orphans()
+            raise
         self._st.connected = True
         return response
 
@@ -382,6 +398,9 @@ class AsyncClient:
         if self._num_ops:  # other tasks' copies must end before the node may free their space
             self._idle = asyncio.Event()
             await self._idle.wait()
+        control = self._st.control
+        if control is not None:  # deferred pin releases, before the session ends
+            await control.aclose(_ops.RELEASE_TIMEOUT_S)
         if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             await self._ack_orphans()
         for session_id in self._opened:  # the ack: no operation of any of them runs any more

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.client import _hooks, _ops
+from kvstored.client import _control, _hooks, _ops
+from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
 from kvstored.client.types import Block, NodeInfo, PutResult
@@ -150,6 +151,9 @@ class _SyncSession:
                 return False
             call, self._call = self._call, None
             opened, self._opened = self._opened, []
+        control = self._st.control
+        if control is not None:  # deferred pin releases, before the session ends
+            control.flush(_ops.RELEASE_TIMEOUT_S)
         if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             _send_orphan_acks(_release_pins_stub(self._channel), self._st)
         close = self._channel.unary_unary(
@@ -209,6 +213,7 @@ class Client:
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
             transport=transport,
         )
+        self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
         self._channel = grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
         self._stubs: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._session = _SyncSession(self._channel, self._st)
@@ -244,6 +249,12 @@ class Client:
             return step.fn(deadline)
         if isinstance(step, Session):
             return self._session.session_id(deadline)
+        control = self._st.control
+        if control is not None:
+            if step.method in _control.METHODS:
+                return self._execute_control(control, step, deadline)
+            # a gRPC call after a get sees its release (get(K) then remove(K) removes K)
+            control.flush(max(deadline - time.monotonic(), _ops.RELEASE_TIMEOUT_S))
         remaining = deadline - time.monotonic()
         stub = self._stub(step)
         if _hooks._hook is not None:
@@ -264,6 +275,36 @@ class Client:
                 self._st.orphans.add(step.request.session_id, step.request.request_id)
                 _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise self._st.map_rpc_error(exc) from None
+        except BaseException:  # interrupted mid-call: acked with the next call or at close()
+            if step.undo is not None:
+                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+            raise
+        self._st.connected = True
+        return response
+
+    def _execute_control(self, control: ControlChannel, step: Call, deadline: float) -> Any:
+        """A hot call over the control channel; the same rules as the gRPC path above."""
+        remaining = deadline - time.monotonic()
+        if _hooks._hook is not None:
+            _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
+        if step.release:  # always sent and awaited, even past the deadline; errors -> None
+            try:
+                return control.call(step.method, step.request, max(remaining, _ops.RELEASE_TIMEOUT_S))
+            except KvstoredError:
+                return None  # the node frees it when this client's session ends
+        if self._st.orphans:  # acks that failed before: sent ahead of this call
+            _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+        if remaining <= 0:
+            raise DeadlineExceeded(f"deadline passed before calling {step.method}")
+        try:
+            response = control.call(step.method, step.request, remaining)
+        except NO_ANSWER:
+            if step.undo is not None:  # no answer: the node may hold a grant we never saw
+                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+                _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+            raise
+        except KvstoredError:
+            raise  # the node answered: nothing was granted
         except BaseException:  # interrupted mid-call: acked with the next call or at close()
             if step.undo is not None:
                 self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]

@@ -46,7 +46,8 @@ class Block:
 class NodeInfo:
     """What a node says about itself (Describe), plus the transport this client chose.
 
-    Sizes are bytes; ``pin_lease_s`` seconds.
+    Sizes are bytes; ``pin_lease_s`` seconds. ``control_path``: the node's control channel
+    socket ("" = none; kvstored/node/control.py).
     """
 
     node_id: str
@@ -68,6 +69,7 @@ class NodeInfo:
     max_key_bytes: int
     pin_lease_s: float
     transport: str = ""
+    control_path: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict (JSON-ready)."""

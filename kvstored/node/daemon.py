@@ -5,6 +5,8 @@ One process serves, from one asyncio loop:
 - the node gRPC API (grpc.aio) on every ``node.listen`` address (unix socket and TCP,
   loopback by default), plus the scheduler service (``enable_scheduler``);
 - the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
+- the lean control channel (:class:`~kvstored.node.control.ControlServer`) on
+  ``<first unix listen path>.ctl``: the hot ops of local clients, one round trip per batch;
 - Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
 - the lease reaper (an owned task moving lapsed pins/reservations into quarantine; see
   kvstored/node/sessions.py for when their space is freed).
@@ -49,6 +51,7 @@ from kvstored.config import (
 )
 from kvstored.errors import ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
+from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
 from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.service import NodeServicer, add_node_service
@@ -151,6 +154,7 @@ class NodeDaemon:
         self._executor: ThreadPoolExecutor | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._servicer: NodeServicer | None = None
+        self._control: ControlServer | None = None
         self._unix_paths: list[str] = []
         self._stopped = False
         self._started = False
@@ -248,6 +252,7 @@ class NodeDaemon:
                     self.grpc_addresses.append(format_host_port(host, port))
             self._share_local_files()  # sockets exist once bound: modes set before serving
             await server.start()
+            await self._start_control()
             if cfg.data_address:
                 self._data_plane = DataPlaneServer(core, cfg.data_address,
                                                    hook=dataplane_hook_from_env())
@@ -275,6 +280,21 @@ class NodeDaemon:
             data=self.data_address, metrics=self.metrics_address, arena=self.arena_path or "",
             dram_size_bytes=store.arena_size_bytes,
         )
+
+    async def _start_control(self) -> None:
+        """Serve the control channel beside the first unix socket (none without one)."""
+        if not self._unix_paths or self._servicer is None:
+            return
+        path = self._unix_paths[0] + SOCKET_SUFFIX
+        if len(os.fsencode(path)) > UNIX_PATH_MAX_BYTES:
+            log.warning("control_channel_off", reason="socket path too long", path=path)
+            return
+        _prepare_unix_socket(path)
+        self._control = ControlServer(self._servicer, path)
+        await self._control.start()
+        if self.cfg.socket_mode is not None:
+            os.chmod(path, self.cfg.socket_mode)
+        self._servicer.control_path = path
 
     def _share_local_files(self) -> None:
         """Apply ``socket_mode`` to the unix sockets, then ``arena_mode``/``arena_group`` to
@@ -439,10 +459,15 @@ class NodeDaemon:
         if self._server is not None:
             if self._servicer is not None:
                 self._servicer.end_sessions()  # session streams would hold the grace otherwise
+            if self._control is not None:
+                self._control.stop_listening()
             # new RPCs are refused from here on; running handlers finish (bounded)
             grace_s = 0.0 if deadline is None else max(remaining, RPC_FINISH_GRACE_S)
             await self._server.stop(grace=grace_s)
             self._server = None
+        if self._control is not None:
+            await self._control.close()
+            self._control = None
         if self._servicer is not None and self._servicer.remote is not None:
             self._servicer.remote.close()  # no handler runs any more: peer pools and channel
             self._servicer.remote = None

@@ -120,6 +120,7 @@ class NodeServicer:
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
         self.remote: RemoteReads | None = None
+        self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
         self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
 
@@ -194,6 +195,7 @@ class NodeServicer:
             metrics_address=core.metrics_address, arena_dev=dev, arena_ino=ino,
             max_meta_bytes=MAX_META_BYTES, min_key_bytes=cfg.min_key_bytes,
             max_key_bytes=cfg.max_key_bytes, pin_lease_ms=int(cfg.pin_lease_s * 1000),
+            control_path=self.control_path,
         )
 
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:

@@ -38,7 +38,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms")
+    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms", "control_path")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class DescribeResponse(_message.Message):
     MIN_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PIN_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_PATH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     epoch: int
@@ -75,7 +76,8 @@ class DescribeResponse(_message.Message):
     min_key_bytes: int
     max_key_bytes: int
     pin_lease_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ...) -> None: ...
+    control_path: str
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ..., control_path: _Optional[str] = ...) -> None: ...
 
 class PutItem(_message.Message):
     __slots__ = ("key", "value", "meta")
@@ -384,3 +386,45 @@ class ListBlocksResponse(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[BlockInfo]
     truncated: bool
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class ControlRequest(_message.Message):
+    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PINS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_PUT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_PUT_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    release_pin_ids: _containers.RepeatedScalarFieldContainer[int]
+    pin_blocks: PinBlocksRequest
+    release_pins: ReleasePinsRequest
+    reserve_put: ReservePutRequest
+    commit_put: CommitPutRequest
+    lookup_prefix: LookupPrefixRequest
+    exists: ExistsRequest
+    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ...) -> None: ...
+
+class ControlResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PINS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_PUT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_PUT_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    released: ReleasePinsResponse
+    pin_blocks: PinBlocksResponse
+    release_pins: ReleasePinsResponse
+    reserve_put: ReservePutResponse
+    commit_put: CommitPutResponse
+    lookup_prefix: LookupPrefixResponse
+    exists: ExistsResponse
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., released: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., pin_blocks: _Optional[_Union[PinBlocksResponse, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutResponse, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutResponse, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixResponse, _Mapping]] = ..., exists: _Optional[_Union[ExistsResponse, _Mapping]] = ...) -> None: ...

@@ -39,6 +39,16 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str
         time.sleep(0.02)
 
 
+@pytest.fixture(autouse=True, params=["control", "grpc"])
+def control_channel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with the clients' hot calls over the lean control channel (the
+    default) and over gRPC; the spawned client processes inherit the switch."""
+    from kvstored.client import _control
+
+    monkeypatch.setenv(_control.ENV_SWITCH, "1" if request.param == "control" else "0")
+    return str(request.param)
+
+
 @pytest.fixture
 def node() -> Iterator[ServeProcess]:
     d = Path(tempfile.mkdtemp(prefix="kvfe", dir="/tmp"))
@@ -159,10 +169,13 @@ def test_sigkilled_writer_frees_its_space_when_its_session_closes(
         assert b.get([ka]) == [None]
 
 
-def test_client_exiting_without_close_holds_nothing(node: ServeProcess, spawn: Any) -> None:
+def test_client_exiting_without_close_holds_nothing(
+    node: ServeProcess, spawn: Any, control_channel: str
+) -> None:
     key = os.urandom(16)
     with Client(node.unix_address, timeout_s=30) as b:
         assert all(r.stored for r in b.put([key], [big_value(key, SIZE)]))
+        assert (b._st.control is not None) == (control_channel == "control")
         a = spawn(node.unix_address, "get-exit", key, 30.0)
         assert a.stdout.readline().split() == ["got", str(SIZE)]
         assert a.wait(30) == 0

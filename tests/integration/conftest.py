@@ -68,3 +68,14 @@ def node(start_node: NodeFactory) -> DaemonThread:
 def ssd(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Node config overrides for both SSD settings: ``start_node(**ssd)``."""
     return {} if request.param == "ssd_on" else {"ssd_size_bytes": 0, "ssd_dir": None}
+
+
+@pytest.fixture(params=["control", "grpc"])
+def control_channel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both paths of a local client's hot calls: the lean control channel (the default) and
+    gRPC (``KVSTORED_CONTROL_CHANNEL=0``). Also resets the client's lease clock."""
+    from kvstored.client import _control, _shm
+
+    monkeypatch.setenv(_control.ENV_SWITCH, "1" if request.param == "control" else "0")
+    monkeypatch.setattr(_shm, "_clock", _shm._clock)
+    return str(request.param)

@@ -11,7 +11,7 @@ from it_helpers import DaemonThread, random_keys, value_for, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstored import AsyncClient, Client, Namespace, Tier
-from kvstored.client import _ops
+from kvstored.client import _ops, _shm
 
 TRANSPORTS = ["shm", "tcp", "grpc"]
 
@@ -113,8 +113,9 @@ def test_default_address_comes_from_env(node: DaemonThread, monkeypatch: pytest.
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_batches_larger_than_one_request(node: DaemonThread, transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ops, "PIN_CHUNK_KEYS", 3)
-    monkeypatch.setattr(_ops, "MAX_CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(_shm, "PIN_CHUNK_KEYS", 3)  # the shared-memory path's chunking
+    monkeypatch.setattr(_shm, "MAX_CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(_ops, "MAX_CHUNK_BYTES", 50_000)  # the tcp path's
     keys = random_keys(20)
     values = [value_for(k, 20_000) for k in keys]
     with Client(node.address_for(transport), transport=transport) as c:

@@ -19,12 +19,19 @@ from typing import Any
 
 import grpc
 import pytest
-from it_helpers import DaemonThread, random_keys, value_for
+from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client, DeadlineExceeded
 from kvstored.client import _hooks
 
 SIZE = 4 << 20
+
+
+
+@pytest.fixture(autouse=True)
+def _both_control_paths(control_channel: str) -> str:
+    """Every test here runs over the control channel and over gRPC."""
+    return control_channel
 
 
 @pytest.fixture
@@ -43,6 +50,10 @@ def _used(node: DaemonThread) -> int:
 def _idle(node: DaemonThread) -> None:
     core = node.daemon.core
     assert core is not None
+    # a get's pin over the control channel is released by the client's next request, or
+    # by its idle flush (kvstored/client/_control.py): wait for that, bounded
+    wait_until(lambda: core.num_outstanding() == (0, 0, 0), timeout_s=10,
+               what=f"nothing outstanding (now {core.num_outstanding()})")
     assert core.num_outstanding() == (0, 0, 0)
     assert core.quarantined_bytes() == 0
     assert node.daemon.store.stats().pinned_blocks == 0
@@ -182,7 +193,7 @@ def test_async_grant_whose_answer_never_arrived_is_freed_by_the_clients_ack(
             if op == "put":
                 assert (await a.put(keys, [value]))[0].stored
             assert await a.get(keys) == [value]
-            _idle(onode)
+            await asyncio.to_thread(_idle, onode)  # the loop runs the deferred release
 
     asyncio.run(main())
 

@@ -1,0 +1,216 @@
+"""Argument checks and batching helpers of the client: addresses, buffers, keys, chunks.
+
+Every check raises an error that names the argument, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from kvstored.client.types import NodeInfo, PutResult
+from kvstored.errors import InvalidArgument, KeyInvalid, KvstoredError, error_from_code
+from kvstored.tiers.base import Tier
+from kvstored.transport.tcp import parse_host_port
+from kvstored.v1 import common_pb2 as cpb
+
+T = TypeVar("T")
+
+
+def parse_address(address: str) -> tuple[str, bool]:
+    """A node address -> ``(grpc target, is_unix)``.
+
+    Accepts ``unix:PATH``, ``unix://ABS_PATH`` and ``HOST:PORT``.
+
+    Raises:
+        InvalidArgument: anything else.
+    """
+    if not isinstance(address, str) or not address:
+        raise InvalidArgument(f"address must be 'unix:PATH' or 'HOST:PORT'; got {address!r}")
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise InvalidArgument(f"address {address!r} has an empty socket path")
+        return f"unix:{os.path.abspath(path)}", True
+    parse_host_port(address)
+    return address, False
+
+
+def as_byte_view(obj: object, what: str, index: int) -> memoryview:
+    """A C-contiguous buffer as a flat byte memoryview (no copy).
+
+    Raises:
+        InvalidArgument: not a buffer, or not C-contiguous.
+    """
+    try:
+        mv = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument(
+            f"{what} #{index} is a {type(obj).__name__}; pass bytes or another buffer "
+            "(bytearray, memoryview, numpy array)"
+        ) from None
+    if not mv.c_contiguous:
+        raise InvalidArgument(f"{what} #{index} is not C-contiguous; pass a contiguous buffer")
+    if mv.format == "B" and mv.ndim == 1:
+        return mv
+    try:
+        return mv.cast("B")
+    except TypeError:
+        return memoryview(np.frombuffer(mv, dtype=np.uint8))
+
+
+def as_writable_array(obj: object, index: int) -> np.ndarray:
+    """A writable C-contiguous buffer as a flat uint8 numpy array (no copy).
+
+    Raises:
+        InvalidArgument: not a buffer, read-only, or not contiguous.
+    """
+    try:
+        mv = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument(
+            f"buffer #{index} is a {type(obj).__name__}; pass a writable buffer (bytearray, "
+            "numpy array, a torch tensor's .numpy() view)"
+        ) from None
+    if mv.readonly:
+        raise InvalidArgument(f"buffer #{index} is read-only; pass a writable buffer")
+    if not mv.c_contiguous:
+        raise InvalidArgument(f"buffer #{index} is not C-contiguous; pass a contiguous buffer")
+    return np.frombuffer(mv, dtype=np.uint8)
+
+
+def _received(obj: object) -> str:
+    """How an unexpected argument is shown in an error: its type and a short repr."""
+    text = repr(obj)
+    return f"{type(obj).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def require_sequence(obj: object, what: str, expected: str) -> None:
+    """Check that a batch argument is a sized, indexable sequence (not str/bytes, not None).
+
+    Raises:
+        InvalidArgument: naming the argument, what was expected and what was received.
+    """
+    if (
+        obj is None
+        or isinstance(obj, (str, bytes, bytearray, memoryview))
+        or not hasattr(obj, "__len__")
+        or not hasattr(obj, "__getitem__")
+    ):
+        hint = ""
+        if isinstance(obj, (bytes, bytearray, str)) and what == "keys":
+            hint = "; wrap a single key in a list"
+        raise InvalidArgument(f"{what} must be {expected}; got {_received(obj)}{hint}")
+
+
+def _meta_bytes(meta: object, index: int) -> bytes:
+    if meta is None:
+        return b""
+    if isinstance(meta, (bytes, bytearray, memoryview)):
+        return bytes(meta)
+    raise InvalidArgument(
+        f"meta #{index} must be bytes (or None); got {_received(meta)}; encode text first, "
+        "e.g. meta.encode()"
+    )
+
+
+def _key_bytes(key: object, index: int) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    raise KeyInvalid(
+        f"key #{index} is a {type(key).__name__}; keys are bytes (block hashes, e.g. from "
+        "kvstored.block_hashes)"
+    )
+
+
+def _key_error(key: bytes, index: int, info: NodeInfo) -> KeyInvalid | None:
+    lo, hi = info.min_key_bytes, info.max_key_bytes
+    if not key:
+        return KeyInvalid(f"key #{index} is empty; keys are block hashes of {lo}..{hi} bytes")
+    if not lo <= len(key) <= hi:
+        return KeyInvalid(
+            f"key #{index} is {len(key)} bytes; the node accepts keys of {lo}..{hi} bytes"
+        )
+    return None
+
+
+def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
+    """Validate a key list for calls without per-item status.
+
+    Raises:
+        KeyInvalid: naming the first bad key's index.
+        InvalidArgument: ``keys`` is a bytes object (a single key) instead of a sequence.
+    """
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
+    if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
+        return list(keys)  # fast path: every key is valid bytes (C-level checks)
+    out = []
+    for i, k in enumerate(keys):
+        kb = _key_bytes(k, i)
+        err = _key_error(kb, i, info)
+        if err is not None:
+            raise err
+        out.append(kb)
+    return out
+
+
+def status_error(status: cpb.ItemStatus) -> KvstoredError | None:
+    """An item's wire status as an exception (None = OK)."""
+    if status.code == 0:
+        return None
+    return error_from_code(status.code, status.message)
+
+
+_TIER_OF: tuple[Tier | None, ...] = (None, Tier.DRAM, Tier.SSD)
+
+
+def _tier(value: int) -> Tier | None:
+    return _TIER_OF[value] if 0 <= value < len(_TIER_OF) else None
+
+
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+def _tail_first(chunks: Iterable[T]) -> list[T]:
+    """A request's chunks, last first: chain-aware recency across chunks.
+
+    The node touches (pins) or commits each chunk's blocks last-key-first, so within one
+    chunk the head ends up most recent. Sending the chunks themselves tail-first extends
+    that to the whole request: its first key is the most recent and eviction takes the
+    request's tail before its head (also when the request is larger than DRAM).
+    """
+    return list(chunks)[::-1]
+
+
+_Item = tuple[int, bytes, memoryview, bytes]  # index, key, value, meta
+
+
+def _chunks_by_bytes(items: list[_Item], max_bytes: int, max_keys: int) -> Iterator[list[_Item]]:
+    chunk: list[_Item] = []
+    size = 0
+    for it in items:
+        n = len(it[2])
+        if chunk and (size + n > max_bytes or len(chunk) >= max_keys):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(it)
+        size += n
+    if chunk:
+        yield chunk
+
+
+def _result(status: cpb.ItemStatus, stored: bool) -> PutResult:
+    err = status_error(status)
+    return PutResult(False, err) if err is not None else PutResult(stored)

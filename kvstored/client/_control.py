@@ -1,0 +1,450 @@
+"""The client end of the lean control channel (node end: kvstored/node/control.py).
+
+A client of a local node (unix address) whose Describe names a ``control_path`` sends the
+hot calls (PinBlocks, ReleasePins, ReservePut, CommitPut, LookupPrefix, Exists) as
+``ControlRequest`` frames on a unix stream socket instead of gRPC; every other call, and
+every call when the node offers no channel or it cannot be reached, stays on gRPC. Set
+``KVSTORED_CONTROL_CHANNEL=0`` to keep everything on gRPC.
+
+Piggybacked release: a shared-memory get whose copy has returned hands its pin id to
+:meth:`ControlChannel.defer_release` instead of sending ReleasePins; the id travels in the
+``release_pin_ids`` of this client's next request on the channel, which the node serves
+before the request's op. So a get costs one round trip, and until that request arrives the
+pin holds (the block cannot be evicted or removed). Deferred ids are sent at the latest:
+
+- with the next control request (any op, on any connection of this client);
+- before any gRPC call of this client (:meth:`flush`), so ``get(K)`` then ``remove(K)``
+  removes K, and ``stats()`` counts no pin of a finished get;
+- by the idle flusher, once no request carried them for :data:`IDLE_RELEASE_S`;
+- at ``close()`` (and the session's end frees them in any case).
+
+A request that gets no answer (the connection failed) raises :class:`NoAnswer` (retriable
+Unavailable); the driver then treats a granting request as orphaned, as for gRPC
+(kvstored/client/_orphans.py), and the release ids it carried are kept for the next request
+(a release is idempotent). Fencing is the node's (kvstored/node/sessions.py): pins and
+reservations belong to the session, not to a connection.
+
+:class:`ControlChannel` (the blocking client's) is thread-safe: one request at a time per
+connection; concurrent callers use more connections. :class:`AsyncControlChannel` (the
+asyncio client's) is the same on asyncio streams, used from one event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import structlog
+from google.protobuf.message import DecodeError, Message
+
+from kvstored.client import _hooks
+from kvstored.errors import DeadlineExceeded, Unavailable, error_from_code
+from kvstored.transport.control import FIELD_OF, MAX_FRAME_BYTES, FrameTooLarge, frame, recv_frame
+from kvstored.v1 import node_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+ENV_SWITCH = "KVSTORED_CONTROL_CHANNEL"
+"""``0`` (or ``off``/``false``) keeps every call on gRPC."""
+METHODS = frozenset(FIELD_OF)
+"""NodeService methods the channel carries."""
+IDLE_RELEASE_S = 0.01
+"""Deferred pin releases that no request carried for this long are sent on their own."""
+CONNECT_TIMEOUT_S = 1.0
+
+
+def enabled() -> bool:
+    """Whether clients of this process may use the channel (``KVSTORED_CONTROL_CHANNEL``)."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+class NoAnswer(Unavailable):
+    """A control request got no answer (the connection failed or closed); retriable."""
+
+
+class NoAnswerInTime(DeadlineExceeded):
+    """A control request got no answer within its timeout (as a gRPC deadline would)."""
+
+
+NO_ANSWER = (NoAnswer, NoAnswerInTime)
+"""What a request that may have run without its answer arriving raises."""
+
+
+class _Connection:
+    """One blocking unix stream connection; one request at a time."""
+
+    def __init__(self, path: str) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.session_id = 0  # the session the node bound this connection to (0 = none yet)
+        self._timeout_s: float | None = None
+
+    def request(self, req: pb.ControlRequest, timeout_s: float) -> pb.ControlResponse:
+        """Send one request and read its response.
+
+        Raises:
+            NoAnswer: the connection failed or closed; NoAnswerInTime: it timed out
+            (close the connection either way).
+        """
+        current = self._timeout_s
+        # settimeout only when the deadline moved noticeably (at most 5% + 5 ms late)
+        if current is None or current < timeout_s or current > timeout_s * 1.05 + 0.005:
+            self.sock.settimeout(timeout_s)
+            self._timeout_s = timeout_s
+        try:
+            self.sock.sendall(frame(req))
+            return pb.ControlResponse.FromString(recv_frame(self.sock))
+        except TimeoutError:
+            raise NoAnswerInTime(
+                f"the node did not answer within {timeout_s:.3f} s (control channel)"
+            ) from None
+        except (OSError, FrameTooLarge, DecodeError) as exc:
+            raise NoAnswer(f"the control channel failed: {exc}") from None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ControlChannel:
+    """The control channel of one client (a pool of connections to ``path``).
+
+    Args:
+        path: the node's control socket (``DescribeResponse.control_path``).
+
+    Raises:
+        OSError: the first connection cannot be made (the caller stays on gRPC).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._free: list[_Connection] = [_Connection(path)]
+        self._pending: list[int] = []  # pin ids whose copies returned, not yet released
+        self._deferred_at = 0.0  # when the newest pending id was deferred
+        self._wake = threading.Condition(self._lock)
+        self._flusher_parked = False  # the flusher waits for a first pending id (untimed)
+        self._closed = False
+        self._flusher: threading.Thread | None = None
+
+    # ---- requests ------------------------------------------------------------------------
+    def _acquire(self, session_id: int) -> _Connection:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the client is closed")
+            while self._free:
+                conn = self._free.pop()
+                if not session_id or conn.session_id in (0, session_id):
+                    return conn
+                conn.close()  # bound to a session that ended: the node would refuse it
+        try:
+            return _Connection(self.path)
+        except OSError as exc:
+            raise NoAnswer(f"cannot connect to the control channel {self.path}: {exc}") from None
+
+    def _take_pending(self) -> list[int]:
+        with self._lock:
+            ids, self._pending = self._pending, []
+        return ids
+
+    def _give_back(self, ids: list[int]) -> None:
+        if ids:
+            with self._lock:
+                self._pending[:0] = ids
+                self._wake.notify()
+
+    def call(self, method: str, request: Message, timeout_s: float) -> Any:
+        """Run one NodeService call over the channel; carries the deferred releases.
+
+        Args:
+            method: one of :data:`METHODS`.
+            request: its request message (its ``session_id`` binds the connection).
+            timeout_s: how long to wait for the answer.
+
+        Returns:
+            The op's response message.
+
+        Raises:
+            KvstoredError: the node's error for the op (it answered).
+            NoAnswer, NoAnswerInTime: no answer arrived (the op may or may not have run).
+        """
+        field = FIELD_OF[method]
+        session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
+        ids = self._take_pending()
+        req = pb.ControlRequest(session_id=session_id, release_pin_ids=ids)
+        getattr(req, field).CopyFrom(request)
+        if ids and _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
+        resp = self._roundtrip(req, session_id, ids, timeout_s)
+        if resp.error_code:
+            raise error_from_code(resp.error_code, resp.error_message)
+        return getattr(resp, field)
+
+    def _roundtrip(
+        self, req: pb.ControlRequest, session_id: int, ids: list[int], timeout_s: float
+    ) -> pb.ControlResponse:
+        try:
+            conn = self._acquire(session_id)
+        except BaseException:
+            self._give_back(ids)
+            raise
+        try:
+            resp = conn.request(req, max(timeout_s, 1e-3))
+        except BaseException:  # no answer, or interrupted mid-way: the connection is unusable
+            conn.close()
+            self._give_back(ids)  # idempotent: sent again with the next request
+            raise
+        if session_id:
+            conn.session_id = session_id
+        with self._lock:
+            if self._closed:
+                conn.close()
+            else:
+                self._free.append(conn)
+        return resp
+
+    # ---- deferred releases ---------------------------------------------------------------
+    def defer_release(self, pin_id: int) -> None:
+        """Release ``pin_id`` with the next request (its copy has returned)."""
+        with self._lock:
+            self._pending.append(pin_id)
+            self._deferred_at = time.monotonic()
+            if self._flusher is None and not self._closed:
+                self._flusher = threading.Thread(
+                    target=self._flush_when_idle, name="kvstored-client-release", daemon=True
+                )
+                self._flusher.start()
+            if self._flusher_parked:  # else it is in a timed wait and rechecks by itself
+                self._wake.notify()
+        if _hooks._hook is not None:
+            _hooks.fire("pin_release_deferred", pin_id=pin_id)
+
+    def num_pending(self) -> int:
+        """Pin ids deferred and not yet sent."""
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Send the deferred releases now (a bare request); True if none is left pending."""
+        ids = self._take_pending()
+        if not ids:
+            return True
+        if _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
+        try:
+            self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+        except (Unavailable, DeadlineExceeded):
+            return False  # kept pending: the next request, the flusher or close() sends them
+        return True
+
+    def _flush_when_idle(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._flusher_parked = True
+                    self._wake.wait()
+                    self._flusher_parked = False
+                if self._closed:
+                    return
+                wait_s = self._deferred_at + IDLE_RELEASE_S - time.monotonic()
+                if wait_s > 0:
+                    self._wake.wait(wait_s)
+                    continue
+            if not self.flush(timeout_s=5.0):
+                with self._lock:
+                    self._wake.wait(0.1)  # the node is unreachable: try again later
+
+    def close(self, timeout_s: float = 5.0) -> list[int]:
+        """Send the deferred releases, close every connection (idempotent).
+
+        Returns:
+            Pin ids that could not be released here (the caller sends them over gRPC; the
+            session's end frees them in any case).
+        """
+        self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+            conns, self._free = self._free, []
+            left, self._pending = self._pending, []
+            self._wake.notify_all()
+        for conn in conns:
+            conn.close()
+        return left
+
+
+class AsyncControlChannel:
+    """The control channel of an :class:`~kvstored.client.aio.AsyncClient` (asyncio streams).
+
+    The same protocol and release rules as :class:`ControlChannel`. Made in any thread (the
+    first connection is a plain blocking connect, wrapped into the loop on first use); used
+    from one event loop. Deferred releases not carried by a request within
+    :data:`IDLE_RELEASE_S` are sent by a task of that loop.
+
+    Raises:
+        OSError: the first connection cannot be made (the caller stays on gRPC).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            first.settimeout(CONNECT_TIMEOUT_S)
+            first.connect(path)
+            first.setblocking(False)
+        except BaseException:
+            first.close()
+            raise
+        self._first: socket.socket | None = first
+        self._free: list[tuple[Any, Any, int]] = []  # (reader, writer, session id)
+        self._pending: list[int] = []
+        self._flush_task: Any = None
+        self._closed = False
+
+    async def _acquire(self, session_id: int) -> tuple[Any, Any, int]:
+        import asyncio
+
+        if self._closed:
+            raise Unavailable("the client is closed")
+        while self._free:
+            conn = self._free.pop()
+            if not session_id or conn[2] in (0, session_id):
+                return conn
+            conn[1].close()
+        try:
+            if self._first is not None:
+                sock, self._first = self._first, None
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+            else:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(self.path), CONNECT_TIMEOUT_S
+                )
+        except (OSError, TimeoutError) as exc:
+            raise NoAnswer(f"cannot connect to the control channel {self.path}: {exc}") from None
+        return reader, writer, 0
+
+    async def _roundtrip(
+        self, req: pb.ControlRequest, session_id: int, ids: list[int], timeout_s: float
+    ) -> pb.ControlResponse:
+        import asyncio
+
+        try:
+            reader, writer, bound = await self._acquire(session_id)
+        except BaseException:
+            self._give_back(ids)
+            raise
+        try:
+            async with asyncio.timeout(max(timeout_s, 1e-3)):
+                writer.write(frame(req))
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                if size > MAX_FRAME_BYTES:
+                    raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
+                resp = pb.ControlResponse.FromString(await reader.readexactly(size))
+        except TimeoutError:
+            writer.close()
+            self._give_back(ids)
+            raise NoAnswerInTime(
+                f"the node did not answer within {timeout_s:.3f} s (control channel)"
+            ) from None
+        except (OSError, asyncio.IncompleteReadError, FrameTooLarge, DecodeError) as exc:
+            writer.close()
+            self._give_back(ids)
+            raise NoAnswer(f"the control channel failed: {exc}") from None
+        except BaseException:  # cancelled mid-way: the connection is unusable
+            writer.close()
+            self._give_back(ids)
+            raise
+        if self._closed:
+            writer.close()
+        else:
+            self._free.append((reader, writer, session_id or bound))
+        return resp
+
+    def _give_back(self, ids: list[int]) -> None:
+        if ids:
+            self._pending[:0] = ids
+            self._schedule_flush()
+
+    async def call(self, method: str, request: Message, timeout_s: float) -> Any:
+        """As :meth:`ControlChannel.call`, awaited."""
+        field = FIELD_OF[method]
+        session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
+        ids, self._pending = self._pending, []
+        req = pb.ControlRequest(session_id=session_id, release_pin_ids=ids)
+        getattr(req, field).CopyFrom(request)
+        if ids and _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
+        resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        if resp.error_code:
+            raise error_from_code(resp.error_code, resp.error_message)
+        return getattr(resp, field)
+
+    def defer_release(self, pin_id: int) -> None:
+        """Release ``pin_id`` with the next request (its copy has returned); on the loop."""
+        self._pending.append(pin_id)
+        self._schedule_flush()
+        if _hooks._hook is not None:
+            _hooks.fire("pin_release_deferred", pin_id=pin_id)
+
+    def num_pending(self) -> int:
+        """Pin ids deferred and not yet sent."""
+        return len(self._pending)
+
+    def _schedule_flush(self) -> None:
+        import asyncio
+
+        if self._closed or (self._flush_task is not None and not self._flush_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next request or close() sends them
+        self._flush_task = loop.create_task(self._flush_when_idle(), name="kvstored-client-release")
+
+    async def _flush_when_idle(self) -> None:
+        import asyncio
+
+        while self._pending and not self._closed:
+            await asyncio.sleep(IDLE_RELEASE_S)
+            if self._pending and not await self.flush(5.0):
+                await asyncio.sleep(0.1)  # the node is unreachable: try again later
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Send the deferred releases now; True if none is left pending."""
+        ids, self._pending = self._pending, []
+        if not ids:
+            return True
+        if _hooks._hook is not None:
+            _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
+        try:
+            await self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+        except (Unavailable, DeadlineExceeded):
+            return False
+        return True
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Send the deferred releases, then close every connection (idempotent)."""
+        if not self._closed:
+            await self.flush(timeout_s)
+        self.close()
+
+    def close(self, timeout_s: float = 0.0) -> list[int]:
+        """Close every connection without sending anything; returns the ids left pending."""
+        self._closed = True
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        for _, writer, _ in self._free:
+            writer.close()
+        self._free = []
+        if self._first is not None:
+            self._first.close()
+            self._first = None
+        left, self._pending = self._pending, []
+        return left

@@ -1,0 +1,267 @@
+"""The shared-memory path of the client: the mapped arena, and get/put through it.
+
+    put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
+    get: PinBlocks  -> copy out of the mapped arena      -> release the pins (ReleasePins, or
+                                                            with the next request of the
+                                                            control channel)
+
+See kvstored/client/_ops.py for the safety rules of this path (fencing); the release of a
+get's pins is described at :func:`read_shm`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvstored.client import _hooks
+from kvstored.client._args import _chunks, _chunks_by_bytes, _Item, _result, _tail_first, _tier, status_error
+from kvstored.client._orphans import next_request_id
+from kvstored.client._steps import (
+    MAX_CHUNK_BYTES,
+    PIN_CHUNK_KEYS,
+    PREFAULT_MAX_BYTES,
+    Blocking,
+    Call,
+    Op,
+    Session,
+    _undo_pin,
+    _undo_reserve,
+    abort_call,
+    lease_for,
+    release_call,
+)
+from kvstored.client.types import NodeInfo, PutResult
+from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
+from kvstored.v1 import node_pb2 as pb
+
+_clock = time.monotonic
+"""This process's monotonic clock (the node's lease clock on the same host); tests move it."""
+
+if TYPE_CHECKING:
+    from kvstored.client._ops import _ReadSink
+    from kvstored.client._state import ClientState
+
+
+class ArenaMap:
+    """The node's arena file mapped into this process (read-write; prefaulted up to
+    ``PREFAULT_MAX_BYTES``).
+
+    The mapping is read-write because puts write into reserved ranges; a local client can
+    therefore write anywhere in the arena: the shared-memory path trusts the processes that
+    may open the file (the node's user; with ``node.arena_mode = 0o660`` also its group).
+
+    Raises:
+        OSError: the file cannot be opened or mapped.
+        InvalidArgument: the file is not the node's arena (other device/inode) or too small.
+    """
+
+    def __init__(self, path: str, size_bytes: int, dev: int, ino: int) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (dev or ino) and (st.st_dev, st.st_ino) != (dev, ino):
+                raise InvalidArgument(
+                    f"{path} is not the node's arena (different device/inode): the client runs "
+                    "in another filesystem namespace"
+                )
+            if st.st_size < size_bytes:
+                raise InvalidArgument(
+                    f"{path} is {st.st_size} bytes, smaller than the arena ({size_bytes} bytes)"
+                )
+            flags = mmap.MAP_SHARED
+            if size_bytes <= PREFAULT_MAX_BYTES:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)
+            self._mmap = mmap.mmap(fd, size_bytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.size_bytes = size_bytes
+        self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8)
+
+    def region(self, offset: int, size_bytes: int) -> np.ndarray:
+        """``size_bytes`` of the arena at ``offset`` (a view).
+
+        Raises:
+            InternalError: the range is outside the arena (a bug or a corrupt response).
+            Unavailable: the mapping was closed meanwhile (the node restarted).
+        """
+        if self.array.size != self.size_bytes:
+            raise Unavailable(f"the arena mapping of {self.path} was closed (the node restarted)")
+        if offset < 0 or offset + size_bytes > self.size_bytes:
+            raise InternalError(
+                f"node sent arena range [{offset}, {offset + size_bytes}) outside its "
+                f"{self.size_bytes}-byte arena"
+            )
+        return self.array[offset : offset + size_bytes]
+
+    def close(self) -> None:
+        """Unmap (deferred to the garbage collector while copies still hold views)."""
+        self.array = np.empty(0, dtype=np.uint8)
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass
+
+
+
+def _copy_pinned(
+    arena: ArenaMap, blocks: Sequence[pb.PinnedBlock], base: int, sink: _ReadSink, _deadline: float
+) -> None:
+    first = True
+    for j, b in enumerate(blocks):
+        if not b.found:
+            continue
+        src = arena.region(b.offset, b.size_bytes)
+        if first and _hooks._hook is not None and sink.arrays is not None and src.size > 1:
+            first = False  # test seam: copy half, report, then the rest
+            dst = sink._fits(base + j, src.size)
+            if dst is not None:
+                half = src.size // 2
+                np.copyto(dst[:half], src[:half])
+                _hooks.fire("shm_copy_out_mid", offset=b.offset, size_bytes=b.size_bytes)
+                np.copyto(dst[half:], src[half:])
+                sink._done(base + j, src.size, b.meta, _tier(b.tier))
+            continue
+        sink.from_array(base + j, src, b.meta, _tier(b.tier))
+    _hooks.fire("shm_copy_out_done")
+
+
+def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
+    keys = sink.keys
+    arena = st.arena
+    if arena is None:
+        raise Unavailable("the arena mapping was dropped; describe the node again")
+    chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
+    windows = list(_chunks(len(keys), chunk_keys))
+    start, end = windows.pop() if windows else (0, 0)  # tail chunk first: see _tail_first
+    while start < end or windows:
+        if start >= end:
+            start, end = windows.pop()
+        lease_s = lease_for(info, deadline)
+        session_id = yield Session()
+        pinned_at = _clock()
+        resp = yield Call(
+            "PinBlocks",
+            pb.PinBlocksRequest(
+                keys=keys[start:end], namespace_id=st.namespace_id,
+                lease_ms=int(lease_s * 1000), epoch=info.epoch, session_id=session_id,
+                request_id=next_request_id(),
+            ),
+            pb.PinBlocksResponse, undo=_undo_pin,
+        )
+        copied = False
+        try:
+            if len(resp.blocks) != end - start:
+                raise InternalError(f"PinBlocks answered {len(resp.blocks)} items for {end - start} keys")
+            # An SSD hit that could not be promoted because this chunk's own pins fill DRAM
+            # (NoCapacity after the first key) is retried in the next chunk, after release.
+            cut = next(
+                (j for j in range(1, len(resp.blocks))
+                 if resp.blocks[j].status.code == ErrorCode.NO_CAPACITY),
+                len(resp.blocks),
+            )
+            blocks = resp.blocks[:cut]
+            for j, b in enumerate(blocks):
+                sink.check_status(start + j, b.status)
+            num_bytes = sum(b.size_bytes for b in blocks if b.found)
+            if any(b.found for b in blocks):  # empty blocks too: they are hits of 0 bytes
+                yield Blocking(
+                    lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
+                    num_bytes,
+                )
+            copied = True
+            start += cut
+        finally:
+            control = st.control
+            if resp.pin_id and copied and control is not None and _clock() < pinned_at + lease_s:
+                # The copy returned within the lease by this process's clock (the node's lease
+                # started later, when it granted): the release rides on this client's next
+                # request (kvstored/client/_control.py); the pin holds until that arrives.
+                control.defer_release(resp.pin_id)
+            elif resp.pin_id:  # after the copy returned; awaited, so the next op sees it
+                rel = yield release_call(resp.pin_id)
+                if copied and rel is None:
+                    raise Unavailable(
+                        "the node did not confirm the pin release; the read is discarded"
+                    )
+                if copied and resp.pin_id in rel.expired_pin_ids:
+                    raise LeaseExpired(
+                        f"the pins of keys #{start - cut}..#{start - 1} outlived their "
+                        f"{lease_s:.1f} s lease before the copy was done; the read is discarded"
+                    )
+
+
+
+def _copy_into_arena(arena: ArenaMap, writes: list[tuple[int, memoryview]], _deadline: float) -> None:
+    # No lease check here: the node decides at CommitPut whether the lease held.
+    for k, (offset, value) in enumerate(writes):
+        dst, src = arena.region(offset, len(value)), np.frombuffer(value, dtype=np.uint8)
+        if k == 0 and _hooks._hook is not None and src.size > 1:  # test seam: half, report, rest
+            half = src.size // 2
+            np.copyto(dst[:half], src[:half])
+            _hooks.fire("shm_copy_in_mid", offset=offset, size_bytes=src.size)
+            np.copyto(dst[half:], src[half:])
+            continue
+        np.copyto(dst, src)
+    _hooks.fire("shm_copy_in_done")
+
+
+def _put_shm(
+    st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
+    deadline: float,
+) -> Op[None]:
+    arena = st.arena
+    if arena is None:
+        raise Unavailable("the arena mapping was dropped; describe the node again")
+    max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
+    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
+        lease_s = lease_for(info, deadline)
+        session_id = yield Session()
+        resp = yield Call(
+            "ReservePut",
+            pb.ReservePutRequest(
+                items=[pb.ReserveItem(key=k, size_bytes=len(v), meta=m) for _, k, v, m in chunk],
+                namespace_id=st.namespace_id, lease_ms=int(lease_s * 1000), epoch=info.epoch,
+                session_id=session_id, request_id=next_request_id(),
+            ),
+            pb.ReservePutResponse, undo=_undo_reserve,
+        )
+        if len(resp.reservations) != len(chunk):
+            if resp.reservation_id:
+                yield abort_call(resp.reservation_id)
+            raise InternalError(f"ReservePut answered {len(resp.reservations)} items for {len(chunk)}")
+        writes = []
+        for (i, _, value, _), r in zip(chunk, resp.reservations, strict=True):
+            err = status_error(r.status)
+            if err is not None:
+                results[i] = PutResult(False, err)
+            elif r.exists:
+                results[i] = PutResult(False)
+            else:
+                writes.append((r.offset, value))
+        if not resp.reservation_id:
+            continue
+        try:
+            yield Blocking(
+                lambda d, w=writes: _copy_into_arena(arena, w, d), sum(len(v) for _, v in writes)
+            )
+            # the node refuses the commit (LeaseExpired, space freed) if the lease lapsed
+            commit = yield Call(
+                "CommitPut", pb.CommitPutRequest(reservation_id=resp.reservation_id),
+                pb.CommitPutResponse,
+            )
+        except (LeaseExpired, NotFound):
+            raise  # the node already released the reservation
+        except BaseException:
+            yield abort_call(resp.reservation_id)  # after the copy returned
+            raise
+        if len(commit.results) != len(chunk):
+            raise InternalError(f"CommitPut answered {len(commit.results)} items for {len(chunk)}")
+        for (i, *_), r in zip(chunk, commit.results, strict=True):
+            results[i] = _result(r.status, r.stored)

@@ -1,0 +1,307 @@
+"""What a client knows about its node (:class:`ClientState`), retries, and Describe."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import structlog
+
+from kvstored.client import _control
+from kvstored.client._args import parse_address
+from kvstored.client._orphans import OrphanAcks
+from kvstored.client._shm import ArenaMap
+from kvstored.client._steps import (
+    INITIAL_BACKOFF_S,
+    MAX_BACKOFF_S,
+    TRANSPORTS,
+    Blocking,
+    Call,
+    Op,
+)
+from kvstored.client.types import NodeInfo
+from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable, error_from_rpc
+from kvstored.keys import Namespace
+from kvstored.transport.tcp import DataPlaneClient, format_host_port, parse_host_port
+from kvstored.v1 import node_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+
+_shm_fallbacks_logged: set[tuple[str, str]] = set()
+_shm_fallbacks_lock = threading.Lock()
+
+
+def _log_shm_fallback_once(address: str, arena_path: str, reason: str, transport: str) -> None:
+    """Warn once per process and (address, arena) that the arena could not be mapped."""
+    with _shm_fallbacks_lock:
+        if (address, arena_path) in _shm_fallbacks_logged:
+            return
+        _shm_fallbacks_logged.add((address, arena_path))
+    log.warning(
+        "shm_transport_fell_back", address=address, arena_path=arena_path, transport=transport,
+        reason=reason,
+        hint="run the client as the daemon's user or in its group (node.arena_mode = 0o660, "
+        "node.socket_mode = 0o660; see systemd/kvstored-node.service)",
+    )
+
+
+
+MAX_TIMEOUT_S = 86400.0
+"""Longest deadline a call may have, seconds (one day). Longer ones overflow gRPC's deadline
+(a call with ``inf`` failed at once with DEADLINE_EXCEEDED and was retried for ever)."""
+
+
+def check_timeout_s(timeout_s: object) -> None:
+    """Raise InvalidArgument unless ``timeout_s`` is a finite number in (0, MAX_TIMEOUT_S]."""
+    if (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s <= MAX_TIMEOUT_S  # also False for nan and inf
+    ):
+        raise InvalidArgument(
+            f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]; got {timeout_s!r}"
+        )
+
+
+class ClientState:
+    """What a client knows about its node; shared by the sync and async clients.
+
+    Thread-safe: ``install``/``invalidate``/``close`` take a lock; readers take a snapshot.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float,
+        namespace: Namespace | None,
+        transport: str,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
+        check_timeout_s(timeout_s)
+        if namespace is not None and not isinstance(namespace, Namespace):
+            raise InvalidArgument(f"namespace must be a kvstored.Namespace; got {type(namespace).__name__}")
+        self.address = address
+        self.target, self.is_unix = parse_address(address)
+        self.timeout_s = float(timeout_s)
+        self.namespace = namespace
+        self.namespace_id = namespace.id if namespace is not None else b""
+        self.transport = transport
+        self.info: NodeInfo | None = None
+        self.transport_info: NodeInfo | None = None  # the node the transport was set up for
+        self.arena: ArenaMap | None = None
+        self.dataplane: DataPlaneClient | None = None
+        self.connected = False
+        self.control: Any = None  # the lean control channel (_control.py), None = gRPC only
+        # set by a driver that can run calls over the channel: ControlChannel (sync) or
+        # AsyncControlChannel (asyncio); None = gRPC only
+        self.control_factory: Callable[[str], Any] | None = None
+        self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
+        self._lock = threading.Lock()
+
+    def deadline(self, timeout_s: float | None) -> float:
+        t = self.timeout_s if timeout_s is None else timeout_s
+        check_timeout_s(t)
+        return time.monotonic() + t
+
+    def data_address(self, info: NodeInfo) -> str:
+        host, port = parse_host_port(info.data_address)
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1" if self.is_unix else parse_host_port(self.target)[0]
+        return format_host_port(host, port)
+
+    def choose_transport(
+        self, info: NodeInfo
+    ) -> tuple[str, ArenaMap | None, DataPlaneClient | None]:
+        """Pick shm / tcp / grpc for this node (blocking: may map the arena).
+
+        Raises:
+            InvalidArgument: an explicitly requested transport is not possible.
+        """
+        pref = self.transport
+        if pref in ("auto", "shm"):
+            reason = ""
+            if pref == "auto" and not self.is_unix:
+                reason = "the address is TCP (shared memory is only tried over a unix socket)"
+            elif not info.arena_path:
+                reason = "the node has no arena file"
+            else:
+                try:
+                    return "shm", ArenaMap(
+                        info.arena_path, info.arena_size_bytes, info.arena_dev, info.arena_ino
+                    ), None
+                except (OSError, InvalidArgument, ValueError) as exc:
+                    reason = f"cannot map {info.arena_path}: {exc}"
+                    if pref == "auto":
+                        _log_shm_fallback_once(
+                            self.address, info.arena_path, reason,
+                            "tcp" if info.data_address else "grpc",
+                        )
+            if pref == "shm":
+                raise InvalidArgument(f"transport='shm' is not possible: {reason}")
+        if pref in ("auto", "tcp") and info.data_address:
+            return "tcp", None, DataPlaneClient(
+                self.data_address(info), max_block_bytes=info.max_block_bytes,
+                max_meta_bytes=info.max_meta_bytes,
+            )
+        if pref == "tcp":
+            raise InvalidArgument(
+                "transport='tcp' is not possible: the node has no data plane (node.data_address)"
+            )
+        return "grpc", None, None
+
+    def open_control(self, info: NodeInfo) -> Any:
+        """The node's control channel, if this client may use it (blocking: connects).
+
+        Only over a unix address, when the driver supports it and the node advertises one;
+        a channel that cannot be reached leaves every call on gRPC (logged once).
+        """
+        factory = self.control_factory
+        if not (factory is not None and self.is_unix and info.control_path and _control.enabled()):
+            return None
+        try:
+            return factory(info.control_path)
+        except OSError as exc:
+            log.info("control_channel_unreachable", address=self.address,
+                     control_path=info.control_path, reason=str(exc))
+            return None
+
+    def reuse(self, info: NodeInfo) -> NodeInfo | None:
+        """Adopt ``info`` with the current transport if that was set up for the same epoch
+        (a transient failure, not a restart); None if the transport must be set up again."""
+        with self._lock:
+            done = self.transport_info
+            if done is None or done.epoch != info.epoch:
+                return None
+            self.info = replace(info, transport=done.transport)
+            return self.info
+
+    def install(
+        self, info: NodeInfo, arena: ArenaMap | None, dataplane: DataPlaneClient | None,
+        control: Any = None,
+    ) -> NodeInfo:
+        """Adopt a described node and its new transport; returns the info now in use."""
+        old_arena = old_dp = old_control = None
+        with self._lock:
+            done = self.transport_info
+            if done is not None and done.epoch == info.epoch:
+                # another thread set up this very node meanwhile: keep its transport
+                self.info = replace(info, transport=done.transport)
+                current = self.info
+                old_arena, old_dp, old_control = arena, dataplane, control
+            else:
+                old_arena, old_dp, old_control = self.arena, self.dataplane, self.control
+                self.info = self.transport_info = info
+                self.arena, self.dataplane, self.control = arena, dataplane, control
+                current = info
+        if old_arena is not None:
+            old_arena.close()
+        if old_dp is not None:
+            old_dp.close()
+        if old_control is not None:
+            old_control.close(timeout_s=1.0)
+        return current
+
+    def invalidate(self) -> None:
+        """Forget the node (after Unavailable): the next call describes it again."""
+        with self._lock:
+            self.info = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.info = self.transport_info = None
+            arena, self.arena = self.arena, None
+            dp, self.dataplane = self.dataplane, None
+            control, self.control = self.control, None
+        if control is not None:  # its deferred releases first
+            control.close()
+        if arena is not None:
+            arena.close()
+        if dp is not None:
+            dp.close()
+
+    def map_rpc_error(self, exc: grpc.RpcError) -> KvstoredError:
+        """A failed RPC as a KvstoredError; never-connected timeouts become Unavailable."""
+        err = error_from_rpc(exc)
+        if isinstance(err, DeadlineExceeded) and not self.connected:
+            return Unavailable(
+                f"node at {self.address} did not answer within the deadline (is kvstored "
+                f"running there?): {err}"
+            )
+        if isinstance(err, Unavailable) and not self.connected:
+            return Unavailable(f"node at {self.address} is unreachable: {err}")
+        return err
+
+
+def retry_delay(exc: KvstoredError, attempt: int, deadline: float) -> float | None:
+    """Seconds to wait before retrying after ``exc``, or None to give up (not retriable, or
+    the deadline would pass)."""
+    if not exc.retriable:
+        return None
+    base = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * (2**attempt))
+    delay = base / 2 + random.uniform(0, base / 2)
+    if time.monotonic() + delay >= deadline:
+        return None
+    return delay
+
+
+def final_error(exc: KvstoredError, retried: KvstoredError | None, deadline: float) -> KvstoredError:
+    """The error a call that gives up raises: ``exc``, unless the deadline ran out while
+    retrying an earlier error (then that one, e.g. Draining or Unavailable, which says why,
+    instead of a bare DeadlineExceeded that depends on how long the last backoff slept)."""
+    if retried is not None and isinstance(exc, DeadlineExceeded) and time.monotonic() >= deadline:
+        return retried
+    return exc
+
+
+
+# ---- describe -----------------------------------------------------------------------------------
+
+
+def node_info_from_proto(resp: pb.DescribeResponse) -> NodeInfo:
+    """Decode Describe."""
+    return NodeInfo(
+        node_id=resp.node_id, version=resp.version, epoch=resp.epoch, arena_path=resp.arena_path,
+        arena_size_bytes=resp.arena_size_bytes, data_address=resp.data_address,
+        max_block_bytes=resp.max_block_bytes, max_batch_keys=resp.max_batch_keys or 8192,
+        max_inline_bytes=resp.max_inline_bytes, draining=resp.draining,
+        listen_addresses=tuple(resp.listen_addresses), metrics_address=resp.metrics_address,
+        arena_dev=resp.arena_dev, arena_ino=resp.arena_ino,
+        max_meta_bytes=resp.max_meta_bytes or 4096, min_key_bytes=resp.min_key_bytes or 1,
+        max_key_bytes=resp.max_key_bytes or 64, pin_lease_s=(resp.pin_lease_ms or 30000) / 1000,
+        control_path=resp.control_path,
+    )
+
+
+def ensure_ready(st: ClientState) -> Op[NodeInfo]:
+    """Describe the node and set up the transport, once (again after an invalidate)."""
+    info = st.info
+    if info is not None:
+        return info
+    resp = yield Call("Describe", pb.DescribeRequest(), pb.DescribeResponse)
+    info = node_info_from_proto(resp)
+    reused = st.reuse(info)
+    if reused is not None:
+        return reused
+    transport, arena, dp, control = yield Blocking(
+        lambda _deadline: (*st.choose_transport(info), st.open_control(info))
+    )
+    return st.install(replace(info, transport=transport), arena, dp, control)
+
+
+def op_describe(st: ClientState) -> Op[NodeInfo]:
+    """A fresh Describe (transport re-chosen only if the node restarted)."""
+    resp = yield Call("Describe", pb.DescribeRequest(), pb.DescribeResponse)
+    fresh = node_info_from_proto(resp)
+    current = st.info
+    if current is not None and current.epoch == fresh.epoch:
+        return replace(fresh, transport=current.transport)
+    st.invalidate()
+    info = yield from ensure_ready(st)
+    return info
