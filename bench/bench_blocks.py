@@ -294,50 +294,75 @@ def bench_ssd(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[s
             "warm_get_gbps": batch_bytes / statistics.median(warm) / 1e9}
 
 
+def _demote_reps(tier: object, view: memoryview, tmp: pathlib.Path, size: int, batch: int,
+                 reps: int, tag: str, *, keep: bool) -> tuple[list[float], list[float]]:
+    """Timed ``write_files`` of ``reps`` batches (each next to its own O_DIRECT reference);
+    ``keep``: leave each batch on the tier (a full tier then evicts, and reuses, the oldest)."""
+    from kvstored.tiers.ssd_format import store_key
+
+    times: list[float] = []
+    refs: list[float] = []
+    for rep in range(reps):
+        writes = []
+        with tier.lock:  # type: ignore[attr-defined]
+            for j in range(batch):
+                sk = store_key(b"", f"demote:{tag}:{rep}:{j}".encode())
+                w = tier.begin_write(sk, size, namespace_id=b"", meta=b"")  # type: ignore[attr-defined]
+                assert w is not None
+                writes.append((w, view[j * size : (j + 1) * size]))
+        refs.append(odirect_gbps(tmp / "odirect-w.bin", size, batch, write=True, reps=1))
+        t0 = time.perf_counter()
+        ok = tier.write_files(writes)  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - t0)
+        assert all(ok)
+        doomed: list[bytes] = []
+        with tier.lock:  # type: ignore[attr-defined]
+            for w, _ in writes:
+                doomed += tier.end_write(w)  # type: ignore[attr-defined]
+                if not keep:
+                    doomed += tier.drop(w.skey)  # type: ignore[attr-defined]
+        tier.delete_files(doomed)  # type: ignore[attr-defined]
+    return times, refs
+
+
 def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[str, float]:
     """SSD-tier demotion write (in process: ``SsdTier.write_files`` of one batch, as an eviction
     window writes it) vs O_DIRECT writes of the same bytes at qd8 (fsync'd).
 
-    Demotion files are written with O_DIRECT (one new file per block) and not fsync'd (a torn
-    file is a checksum miss after a power loss): the time until the DRAM slots are free again.
-    ``ratio`` is the median over reps of (this rep / the reference measured right before it).
+    Demotion files are written with O_DIRECT and not fsync'd (a torn file is a checksum miss
+    after a power loss): the time until the DRAM slots are free again. ``ratio``: the steady
+    state of a demoting node, a full tier (filled with two batches first) whose every write
+    evicts its LRU block and overwrites that block's file in place; ``fresh_ratio``: an empty
+    tier, one new file per block. Each is the median over reps of (this rep / the reference
+    measured right before it).
     """
     from kvstored.tiers.ssd import SsdTier
-    from kvstored.tiers.ssd_format import store_key
+    from kvstored.tiers.ssd_format import round_up_page
 
     src = _aligned(size * batch)
     src.write(os.urandom(1 << 20) * (size * batch >> 20))
     view = memoryview(src)
-    tier = SsdTier(tmp / "demote-ssd", 4 * size * batch)
-    times: list[float] = []
-    refs: list[float] = []
-    try:
-        for rep in range(reps):
-            writes = []
-            with tier.lock:
-                for j in range(batch):
-                    sk = store_key(b"", f"demote:{rep}:{j}".encode())
-                    w = tier.begin_write(sk, size, namespace_id=b"", meta=b"")
-                    assert w is not None
-                    writes.append((w, view[j * size : (j + 1) * size]))
-            refs.append(odirect_gbps(tmp / "odirect-w.bin", size, batch, write=True, reps=1))
-            t0 = time.perf_counter()
-            ok = tier.write_files(writes)
-            times.append(time.perf_counter() - t0)
-            assert all(ok)
-            with tier.lock:
-                for w, _ in writes:
-                    tier.end_write(w)
-                doomed = [k for w, _ in writes for k in tier.drop(w.skey)]
-            tier.delete_files(doomed)
-    finally:
-        tier.close()
-        shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
-    gbps = size * batch / statistics.median(times) / 1e9
-    ref = statistics.median(refs)
-    pair = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs))
-    return {"demotion_write_gbps": gbps, "odirect_write_gbps": ref, "odirect_qd": QD,
-            "ratio": pair, "batch": batch, "reps": reps}
+    out: dict[str, float] = {"odirect_qd": QD, "batch": batch, "reps": reps}
+    for name, keep in (("fresh", False), ("full", True)):
+        charge = round_up_page(size + 64)  # the trailer of a short key fits the last page
+        tier = SsdTier(tmp / "demote-ssd", 2 * batch * charge if keep else 4 * size * batch)
+        try:
+            if keep:  # fill the tier (untimed): every timed write then evicts and reuses
+                _demote_reps(tier, view, tmp, size, batch, 2, "fill", keep=True)
+                assert tier.used_bytes == tier.capacity_bytes, (tier.used_bytes, tier.capacity_bytes)
+            times, refs = _demote_reps(tier, view, tmp, size, batch, reps, name, keep=keep)
+        finally:
+            tier.close()
+            shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
+        gbps = size * batch / statistics.median(times) / 1e9
+        ratio = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs))
+        if keep:
+            out.update(demotion_write_gbps=gbps, odirect_write_gbps=statistics.median(refs),
+                       ratio=ratio)
+        else:
+            out.update(fresh_gbps=gbps, fresh_odirect_write_gbps=statistics.median(refs),
+                       fresh_ratio=ratio)
+    return out
 
 
 _LOOPBACK_SENDER = """
@@ -489,7 +514,7 @@ def print_table(results: dict[str, object]) -> None:
               f"(target 0.7x; batch {g['batch']}, median of {g['reps']}; same get warm {g['warm_get_gbps']:.2f} GB/s)")
         print(f"{size:>9} {'ssd_demote_write':>16} {w['demotion_write_gbps']:7.2f} {'':>8} {'':>8}  "
               f"{w['ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} {w['odirect_write_gbps']:.2f} GB/s "
-              f"(target 0.7x)")
+              f"(target 0.7x; full tier, evicting; empty tier, new files: {w['fresh_ratio']:.2f}x)")
     lk = results.get("lookup_prefix_512")
     if lk:
         print(f"\nlookup_prefix(512 keys) over unix socket: p50 {lk['p50_ms']:.3f} ms, "  # type: ignore[index]

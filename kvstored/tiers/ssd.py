@@ -127,6 +127,7 @@ class SsdWrite:
     doomed: list[bytes] = field(default_factory=list)  # store keys whose files go first
     entry: SsdEntry | None = None
     seq: int = 0
+    reuse: bytes | None = None  # an evicted block (same charge) whose file this write takes
 
 
 def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
@@ -277,7 +278,14 @@ class SsdTier(SsdRecovery):
             return None
         w = SsdWrite(skey, size_bytes, namespace_id, meta, charge)
         while self.used_bytes + charge > self.capacity_bytes and self.entries:
-            w.doomed += self._evict_lru()
+            victim = next(iter(self.entries))
+            if w.reuse is None and self._charge(victim, self.entries[victim]) == charge:
+                self.evictions += 1  # its file is overwritten in place (see write_file)
+                self.drop(victim)
+                self._deleting.add(victim)
+                w.reuse = victim
+            else:
+                w.doomed += self._evict_lru()
         if self.used_bytes + charge > self.capacity_bytes:  # the rest is writes in flight
             log.debug("ssd_block_skipped", size_bytes=size_bytes, reason="writes_in_flight")
             return None
@@ -295,14 +303,19 @@ class SsdTier(SsdRecovery):
                 written is then returned for :meth:`delete_files`.
         """
         self._writing.discard(w.skey)
+        undone = w.doomed  # evictions write_file never ran to delete (it raised, or no call)
+        if w.reuse is not None:
+            self._deleting.discard(w.reuse)
+            undone.append(w.reuse)
+        w.doomed, w.reuse = [], None
         if w.entry is not None and keep:
             self.entries[w.skey] = w.entry
-            return []
+            return undone
         self.used_bytes -= w.charge_bytes
         if w.entry is None:
             self.put_failures += 1
-            return []
-        return [w.skey]
+            return undone
+        return [*undone, w.skey]
 
     def touch(self, skey: bytes) -> tuple[bytes, bytes] | None:
         """Make a block the most recent (lock held); returns the record for :meth:`persist`."""
@@ -317,6 +330,23 @@ class SsdTier(SsdRecovery):
         )
 
     # ---- I/O phases (no lock) --------------------------------------------------------------
+    def _take_file(self, victim: bytes, tmp: str) -> bool:
+        """Unindex an evicted block and rename its file to ``tmp`` (the write then overwrites
+        its already-allocated pages: no block allocation, ~1.5x faster for 1-4 MiB blocks on
+        ext4). A reader still holding the old file open reads a checksum mismatch: a miss."""
+        try:
+            self._hook("delete", victim)
+            self._db.delete(index_key(victim))
+            os.rename(self.path_of(victim), tmp)
+            return True
+        except Exception as exc:  # the write then creates a new file; a dangling entry is dropped on start
+            log.debug("ssd_file_reuse_failed", error=str(exc))
+            self._unlink(self.path_of(victim))
+            return False
+        finally:
+            with self.lock:
+                self._deleting.discard(victim)
+
     def write_file(self, w: SsdWrite, data: memoryview) -> bool:
         """Write, checksum, rename and index one block (no lock held).
 
@@ -326,7 +356,6 @@ class SsdTier(SsdRecovery):
         """
         self.delete_files(w.doomed)
         w.doomed = []
-        self._hook("write", w.skey)
         size = w.size_bytes
         rel = file_rel(w.skey)
         path = self._path(rel)
@@ -338,9 +367,15 @@ class SsdTier(SsdRecovery):
             if shard not in self._made_shards:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._made_shards.add(shard)
+            reused = w.reuse is not None and self._take_file(w.reuse, tmp)
+            w.reuse = None
+            self._hook("write", w.skey)  # (after the take: a test can crash a reuse here)
             tail = trailer_of(w.skey, size, csum, w.meta)
             stage = "write"
-            refused = write_direct(tmp, data, tail) if self._direct_io else REFUSED_AT_OPEN
+            refused = (
+                write_direct(tmp, data, tail, truncate=not reused) if self._direct_io
+                else REFUSED_AT_OPEN
+            )
             if refused == REFUSED_AT_OPEN and self._direct_io:
                 self._direct_io = False
                 log.info("ssd_direct_io_disabled", directory=self.directory)
@@ -480,6 +515,8 @@ class SsdTier(SsdRecovery):
         """Account a finished read (lock held); a failed one drops the block (if unchanged)."""
         if not reason:
             return []
+        if self.entries.get(skey) is not entry:
+            return []  # evicted (its file maybe reused) while being read: a plain miss
         if reason.startswith("read_error"):
             log.warning("ssd_read_failed", error=reason, size_bytes=entry.size_bytes)
         else:
