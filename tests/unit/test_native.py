@@ -48,7 +48,7 @@ def c_copy_many(tmp_path_factory: pytest.TempPathFactory) -> CopyMany:
     return _build(tmp_path_factory.mktemp("native")).copy_many  # type: ignore[no-any-return]
 
 
-SIZES = [0, 1, 4095, 4097, 256 << 10, (1 << 20) + 3, 5 << 20, (7 << 20) + 11]  # 18+ MiB in all
+SIZES = [0, 1, 4095, 4097, 256 << 10, (1 << 20) + 3, 5 << 20, (7 << 20) + 11, 9 << 20]  # 22+ MiB
 
 
 def _inputs(seed: int) -> list[np.ndarray]:
@@ -71,7 +71,7 @@ def _run(copy: CopyMany, threads: int) -> tuple[bytes, int]:
 @pytest.mark.parametrize("threads", [0, 1, 2, 3, 16])
 def test_native_and_fallback_copy_the_same_bytes(c_copy_many: CopyMany, threads: int) -> None:
     want = b"".join(s.tobytes() for s in _inputs(7))
-    got_c, n_c = _run(c_copy_many, threads)  # threads >= 2: 18 MiB runs the threaded path
+    got_c, n_c = _run(c_copy_many, threads)  # threads >= 2: > 16 MiB runs the threaded path
     got_py, n_py = _run(native.py_copy_many, threads)
     assert n_c == n_py == len(want)
     assert got_c == want
