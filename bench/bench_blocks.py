@@ -16,10 +16,14 @@ Everything is measured in the same run on the same machine:
                 (fio-style: 8 threads of aligned preads); and a demotion write (SsdTier.write_files
                 of one batch) next to O_DIRECT writes at queue depth 8
   * lookup      lookup_prefix of 512 keys over the unix socket, p50/p99
+  * native_copy kvstored.native.copy_many (C, GIL released) of one batch into a mapping, next to
+                its pure-Python fallback and the memcpy reference (bench/bench_native.py)
 Targets (issue 9): shm get >= 0.9x memcpy at 4 MiB; tcp get >= 0.85x loopback socket at 4 MiB; ssd
 cold get and demotion write >= 0.7x O_DIRECT qd8; lookup p99 <= 0.5 ms.
 JSON: sizes[<size>][<path>].gbps, lookup_prefix_512.p99_ms, ssd_4MiB.ratio (as before), plus
-ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio}, date_utc, machine.
+ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio, fresh_ratio},
+native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
+date_utc, machine.
 """
 
 from __future__ import annotations
@@ -466,6 +470,10 @@ def main() -> None:
         results["ssd"] = ssd
         if "4MiB" in ssd:
             results["ssd_4MiB"] = ssd["4MiB"]["cold_get"]  # type: ignore[index]
+    if not args.ssd_only:
+        from bench_native import bench_native_copy  # (bench/ is on sys.path: the script's dir)
+
+        results["native_copy"] = bench_native_copy(sizes, args.batch, 4 * iters)
     if not args.skip_memory and not args.ssd_only:
         mem = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_store_memory.py")],
                              capture_output=True, text=True)
@@ -515,6 +523,10 @@ def print_table(results: dict[str, object]) -> None:
         print(f"{size:>9} {'ssd_demote_write':>16} {w['demotion_write_gbps']:7.2f} {'':>8} {'':>8}  "
               f"{w['ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} {w['odirect_write_gbps']:.2f} GB/s "
               f"(target 0.7x; full tier, evicting; empty tier, new files: {w['fresh_ratio']:.2f}x)")
+    if "native_copy" in results:
+        from bench_native import print_rows
+
+        print_rows(results["native_copy"])  # type: ignore[arg-type]
     lk = results.get("lookup_prefix_512")
     if lk:
         print(f"\nlookup_prefix(512 keys) over unix socket: p50 {lk['p50_ms']:.3f} ms, "  # type: ignore[index]
