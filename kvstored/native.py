@@ -12,6 +12,8 @@ block, what the client did before), with one log line saying why. Measured by
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -71,16 +73,31 @@ def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
     return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, dtype=np.uint8)
 
 
+_fallback_reason: list[str] = []  # logged once, at the fallback's first use
+
+
 def _load() -> ModuleType | None:
     if os.environ.get("KVSTORED_NATIVE", "") == "0":
-        log.info("native_copy_fallback", reason="KVSTORED_NATIVE=0")
+        _fallback_reason.append("KVSTORED_NATIVE=0")
         return None
     try:
-        from kvstored import _native  # type: ignore[attr-defined]
+        return importlib.import_module("kvstored._native")
     except ImportError as exc:
-        log.info("native_copy_fallback", reason=f"kvstored._native not built: {exc}")
+        _fallback_reason.append(f"kvstored._native not built ({exc}); pip install -e . builds it")
         return None
-    return _native
+
+
+def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+    """:func:`py_copy_many`, saying once why the native copy is not used: through structlog
+    where the process configured it, else stdlib logging at INFO (so a bare client or
+    ``kvstorectl`` keeps its stdout clean)."""
+    if _fallback_reason:
+        reason = _fallback_reason.pop()
+        if structlog.is_configured():
+            log.info("native_copy_fallback", reason=reason)
+        else:
+            logging.getLogger(__name__).info("native_copy_fallback: %s", reason)
+    return py_copy_many(pairs, threads)
 
 
 _native_mod = _load()
@@ -93,6 +110,9 @@ native_copy_many: Callable[..., int] | None = (
 )
 """The C ``copy_many`` (None when not built or disabled)."""
 
-copy_many: Callable[..., int] = native_copy_many if native_copy_many is not None else py_copy_many
+copy_many: Callable[..., int] = (
+    native_copy_many if native_copy_many is not None else _fallback_copy_many
+)
 """``copy_many(pairs, threads=0) -> int``: the native copy when available, else
-:func:`py_copy_many`; same arguments, result and errors."""
+:func:`py_copy_many` (one log line at its first use says why); same arguments, result and
+errors."""
