@@ -6,7 +6,8 @@ arrays into consecutive slices of one anonymous mapping (the arena, as the clien
 writes it): ``memcpy`` is one ``numpy.copyto`` per block into preallocated numpy buffers (the
 same reference as bench_blocks' memcpy row), ``fallback`` is :func:`kvstored.native.py_copy_many`
 (what runs without the extension), ``native`` the C ``copy_many`` with its default threads and
-``native_1t`` with one thread. GB/s at the median of ``iters`` batches.
+``native_1t`` with one thread. GB/s at the median of ``iters`` batches; the ratios are the
+median of per-iteration ratios (all copies timed back to back in each iteration).
 """
 
 from __future__ import annotations
@@ -23,14 +24,25 @@ import numpy as np
 from kvstored import native
 
 
-def _gbps(fn: Callable[[], object], nbytes: int, iters: int) -> float:
-    fn()  # warm: fault the pages in
-    times = []
+def _paired(fns: dict[str, Callable[[], object]], nbytes: int, iters: int) -> dict[str, float]:
+    """Each iteration times every copy once, back to back (the machine is shared: pairs
+    taken at the same moment compare better than medians taken minutes apart). Returns
+    GB/s at the median time per copy, and ``<name>_vs_<ref>`` ratios as the median of the
+    per-iteration ratios."""
+    for fn in fns.values():
+        fn()  # warm: fault the pages in
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times) / 1e9
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    out = {f"{k}_gbps": nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+    if "native" in times:
+        for ref in ("fallback", "memcpy"):
+            out[f"native_vs_{ref}"] = statistics.median(
+                r / n for n, r in zip(times["native"], times[ref]))
+    return out
 
 
 def bench_native_copy(sizes: list[int], batch: int = 16, iters: int = 20) -> dict[str, object]:
@@ -45,20 +57,20 @@ def bench_native_copy(sizes: list[int], batch: int = 16, iters: int = 20) -> dic
         arena = mmap.mmap(-1, size * batch)
         region = np.frombuffer(arena, dtype=np.uint8)
         pairs = [(region[j * size : (j + 1) * size], memoryview(s)) for j, s in enumerate(srcs)]
-        total = size * batch
 
         def memcpy() -> None:
             for s, b in zip(srcs, bufs):
                 np.copyto(b, s)
 
-        row = {"memcpy_gbps": _gbps(memcpy, total, iters),
-               "fallback_gbps": _gbps(lambda: native.py_copy_many(pairs), total, iters)}
+        fns: dict[str, Callable[[], object]] = {
+            "memcpy": memcpy, "fallback": lambda: native.py_copy_many(pairs)}
         c = native.native_copy_many
-        nan = float("nan")
-        row["native_gbps"] = _gbps(lambda: c(pairs), total, iters) if c else nan
-        row["native_1t_gbps"] = _gbps(lambda: c(pairs, threads=1), total, iters) if c else nan
-        row["native_vs_fallback"] = row["native_gbps"] / row["fallback_gbps"]
-        row["native_vs_memcpy"] = row["native_gbps"] / row["memcpy_gbps"]
+        if c is not None:
+            fns["native"] = lambda: c(pairs)
+            fns["native_1t"] = lambda: c(pairs, threads=1)
+        row = _paired(fns, size * batch, iters)
+        for k in ("native_gbps", "native_1t_gbps", "native_vs_fallback", "native_vs_memcpy"):
+            row.setdefault(k, float("nan"))
         out[_fmt(size)] = row
         assert bytes(region[-16:]) == srcs[-1][-16:].tobytes()
     return out

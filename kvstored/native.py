@@ -59,6 +59,11 @@ def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
 
 
 def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
+    if (  # the common case (an arena region), without a memoryview round trip
+        type(obj) is np.ndarray and obj.dtype == np.uint8 and obj.ndim == 1
+        and obj.flags.c_contiguous and (obj.flags.writeable or not writable)
+    ):
+        return obj
     try:
         mv = memoryview(obj)  # type: ignore[arg-type]
     except TypeError:
