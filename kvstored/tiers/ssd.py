@@ -12,8 +12,8 @@ Layout of ``ssd_dir``::
 A block is written to the temp name, renamed into place, then indexed, so a crash leaves at
 worst an orphan file and never an index entry for a partial file. A write that has to evict a
 block of the same size (page count) takes that block's file: its index record is deleted,
-the file renamed to the new block's temp name and overwritten in place, so a full tier's
-demotions skip block allocation (1 MiB writes ~1.5x faster on ext4, bench_blocks.py). Each file ends with a
+the file renamed to the new block's name and overwritten in place (an orphan until indexed),
+so a full tier's demotions skip block allocation (1 MiB writes ~1.5x faster on ext4). Each file ends with a
 trailer naming its store key, size, checksum and meta, so a corrupt index (a garbage CURRENT
 file, say) is rebuilt from the block files with a warning instead of refusing to start.
 
@@ -334,14 +334,17 @@ class SsdTier(SsdRecovery, SsdBatchIo):
         )
 
     # ---- I/O phases (no lock) --------------------------------------------------------------
-    def _take_file(self, victim: bytes, tmp: str) -> bool:
-        """Unindex an evicted block and rename its file to ``tmp`` (the write then overwrites
-        its already-allocated pages: no block allocation, ~1.5x faster for 1-4 MiB blocks on
-        ext4). A reader still holding the old file open reads a checksum mismatch: a miss."""
+    def _take_file(self, victim: bytes, path: str) -> bool:
+        """Unindex an evicted block and rename its file to ``path``, the new block's name (the
+        write then overwrites its already-allocated pages in place: no block allocation,
+        ~1.5x faster for 1-4 MiB blocks on ext4). Until the new block is indexed the file is
+        an orphan (deleted on start; were the index lost, its trailer names another key, or
+        its data fails the checksum). A reader still holding the old file open reads a
+        checksum mismatch: a miss."""
         try:
             self._hook("delete", victim)
             self._db.delete(index_key(victim))
-            os.rename(self.path_of(victim), tmp)
+            os.rename(self.path_of(victim), path)
             return True
         except Exception as exc:  # the write then creates a new file; a dangling entry is dropped on start
             log.debug("ssd_file_reuse_failed", error=str(exc))
@@ -366,32 +369,35 @@ class SsdTier(SsdRecovery, SsdBatchIo):
         tmp = path[: -len(DATA_SUFFIX)] + TMP_SUFFIX
         csum = checksum_of(data)
         stage = "open"
+        reused = False
         try:
             shard = rel[:2]
             if shard not in self._made_shards:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._made_shards.add(shard)
-            reused = w.reuse is not None and self._take_file(w.reuse, tmp)
+            reused = w.reuse is not None and self._take_file(w.reuse, path)
             w.reuse = None
+            target = path if reused else tmp
             self._hook("write", w.skey)  # (after the take: a test can crash a reuse here)
             tail = trailer_of(w.skey, size, csum, w.meta)
             stage = "write"
             refused = (
-                write_direct(tmp, data, tail, truncate=not reused) if self._direct_io
+                write_direct(target, data, tail, truncate=not reused) if self._direct_io
                 else REFUSED_AT_OPEN
             )
             if refused == REFUSED_AT_OPEN and self._direct_io:
                 self._direct_io = False
                 log.info("ssd_direct_io_disabled", directory=self.directory)
             if refused:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
                     write_all(fd, data, 0)
                     write_all(fd, memoryview(tail), size)
                 finally:
                     os.close(fd)
             stage = "rename"
-            os.rename(tmp, path)
+            if target != path:
+                os.rename(tmp, path)
             stage = "index"
             self._db.put(
                 index_key(w.skey),
@@ -399,7 +405,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             )
         except Exception as exc:  # OSError, or rocksdict's Exception on an index write
             self._unlink(tmp)
-            if stage == "index":
+            if stage == "index" or reused:
                 self._unlink(path)
             log.warning(
                 "ssd_write_failed", stage=stage, size_bytes=size,

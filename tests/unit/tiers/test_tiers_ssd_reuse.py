@@ -1,7 +1,7 @@
 """SSD tier: a write that evicts a block of the same size overwrites that block's file in place.
 
-The evicted block's index record goes first, then its file is renamed to the new block's temp
-name and overwritten (no block allocation); a crash, a failed write or a write that never runs
+The evicted block's index record goes first, then its file is renamed to the new block's name
+and overwritten (no block allocation), then the new block is indexed; a crash, a failed write or a write that never runs
 leaves neither block behind, and a reader still holding the evicted entry gets a miss.
 """
 
@@ -103,7 +103,7 @@ def test_crash_after_the_take_leaves_neither_block(tmp_path: pathlib.Path, tier:
     assert w is not None and w.reuse == sk(0)
     with pytest.raises(Crash):
         tier.write_file(w, payload(2))
-    assert os.path.exists(tier.path_of(sk(2))[: -len(".blk")] + ".blk.tmp")  # 0's file, taken
+    assert os.path.exists(tier.path_of(sk(2)))  # 0's file, taken: not indexed under 2 yet
     tier.close()  # (the index as a crash leaves it: 0's record deleted, 2's never written)
     t2 = SsdTier(tmp_path / "ssd", 2 * charge(0))
     try:
