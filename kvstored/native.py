@@ -3,11 +3,12 @@
 ``copy_many(pairs)`` copies each ``(dst, src)`` buffer pair (same length, C-contiguous,
 ``dst`` writable). The C version (native/copy.c) takes every buffer first, then copies the
 whole batch with the GIL released (on up to 4 threads, a quarter of the CPUs, when the batch
-holds at least 16 MiB): one call per batch instead of one numpy copy per block. Chosen at import: the extension when
-it was built (``pip install -e .`` builds it where a C compiler exists) and
-``KVSTORED_NATIVE`` is not ``0``; otherwise :func:`py_copy_many` (one ``numpy.copyto`` per
-block, what the client did before), with one log line saying why. Measured by
-``python bench/bench_blocks.py`` (the ``native_copy`` rows).
+holds at least 16 MiB): one call per batch instead of one numpy copy per block. Chosen at
+import: the extension when it was built (``pip install -e .`` builds it where a C compiler
+exists) and ``KVSTORED_NATIVE`` is not ``0``; otherwise :func:`py_copy_many` (one
+``numpy.copyto`` per block, what the client did before), with one log line at its first use
+saying why. Measured by ``python bench/bench_native.py`` (the ``native_copy`` rows of
+bench/bench_blocks.py).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ A block is written to the temp name, renamed into place, then indexed, so a cras
 worst an orphan file and never an index entry for a partial file. A write that has to evict a
 block of the same size (page count) takes that block's file: its index record is deleted,
 the file renamed to the new block's name and overwritten in place (an orphan until indexed),
-so a full tier's demotions skip block allocation (1 MiB writes ~1.5x faster on ext4). Each file ends with a
-trailer naming its store key, size, checksum and meta, so a corrupt index (a garbage CURRENT
+so a full tier's demotions skip block allocation (1 MiB writes ~1.5x faster on ext4).
+Each file ends with a trailer naming its store key, size, checksum and meta, so a corrupt index (a garbage CURRENT
 file, say) is rebuilt from the block files with a warning instead of refusing to start.
 
 Invariants:
@@ -346,7 +346,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             self._db.delete(index_key(victim))
             os.rename(self.path_of(victim), path)
             return True
-        except Exception as exc:  # the write then creates a new file; a dangling entry is dropped on start
+        except Exception as exc:  # the write creates a new file; a dangling entry goes on start
             log.debug("ssd_file_reuse_failed", error=str(exc))
             self._unlink(self.path_of(victim))
             return False

@@ -1,8 +1,9 @@
 """SSD tier: a write that evicts a block of the same size overwrites that block's file in place.
 
 The evicted block's index record goes first, then its file is renamed to the new block's name
-and overwritten (no block allocation), then the new block is indexed; a crash, a failed write or a write that never runs
-leaves neither block behind, and a reader still holding the evicted entry gets a miss.
+and overwritten (no block allocation), then the new block is indexed; a crash, a failed write
+or a write that never runs leaves neither block behind, and a reader still holding the
+evicted entry gets a miss.
 """
 
 from __future__ import annotations
