@@ -186,3 +186,42 @@ def test_different_sizes_do_not_reuse(tmp_path: pathlib.Path) -> None:
         assert t.read_into(sk(2), dest) and bytes(dest[:big]) == bytes(payload(2, big))
     finally:
         t.close()
+
+
+def test_store_demotions_into_a_full_ssd_tier_reuse_files(tmp_path: pathlib.Path) -> None:
+    """Through TieredStore: once the SSD tier is full, each demotion takes the file of the SSD
+    block it evicts (same inode), and every block still stored reads back intact."""
+    from kvstored.tiers.tiered import TieredStore
+
+    page = 4096
+    size = 2 * page + 100  # 3 pages in DRAM, 3 pages (data + trailer) on SSD
+    s = TieredStore(dram_size_bytes=2 * 3 * page, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                    ssd_size_bytes=4 * 3 * page)
+    try:
+        keys = [i.to_bytes(16, "big") for i in range(12)]
+        vals = [bytes([i]) * size for i in range(12)]
+        data = tmp_path / "ssd" / "data"
+        inodes: set[int] = set()
+        reused = 0
+        for i, (k, v) in enumerate(zip(keys, vals)):
+            before = {p.stat().st_ino for p in data.rglob("*.blk")}
+            assert s.put(k, v)
+            after = {p.stat().st_ino for p in data.rglob("*.blk")}
+            if i >= 6:  # DRAM holds 2, the SSD tier 4: from the 7th put on, it is full
+                assert after == before  # the demoted block took its victim's file
+                reused += 1
+            inodes |= after
+        assert reused == 6 and len(inodes) == 4
+        assert s.stats().tiers[1].evictions == 6
+        ssd = s._ssd
+        assert ssd is not None
+        on_ssd = list(ssd.entries)  # (a get would promote, and so demote and evict, again)
+        assert on_ssd == [store_key(b"", k) for k in keys[6:10]]
+        for i, skey in enumerate(on_ssd, start=6):
+            dest = memoryview(mmap.mmap(-1, round_up_page(size)))
+            assert ssd.read_into(skey, dest) and bytes(dest[:size]) == vals[i]
+        for k, v in zip(keys[10:], vals[10:]):  # the two in DRAM
+            assert s.get(k) == (v, b"")
+        assert s.stats().checksum_failures == 0
+    finally:
+        s.close()
