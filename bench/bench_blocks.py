@@ -48,6 +48,7 @@ from typing import Iterator
 import numpy as np
 
 from kvstored import Client
+from kvstored import log as kvlog
 from kvstored.units import format_size, parse_size
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -440,6 +441,7 @@ def main() -> None:
     ap.add_argument("--ssd-batch", type=int, default=None, help="blocks per cold get (default: --batch; 8 with --quick)")
     ap.add_argument("--ssd-reps", type=int, default=5, help="timed SSD gets/writes per size")
     args = ap.parse_args()
+    kvlog.configure(level="warning")  # the in-process SSD tiers' info lines would split the table
     sizes = [parse_size(s) for s in (["4MiB"] if args.quick else args.sizes.split(","))]
     ssd_sizes = [parse_size(s) for s in args.ssd_sizes.split(",")]
     ssd_batch = args.ssd_batch or (8 if args.quick else args.batch)
