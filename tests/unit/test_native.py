@@ -105,3 +105,20 @@ def test_kvstored_native_0_forces_the_fallback() -> None:
     assert out.stdout.split() == ["False", "2", "2", "b'cd'"]  # stdout stays clean
     logged = [ln for ln in out.stderr.splitlines() if "native_copy_fallback" in ln]
     assert len(logged) == 1 and "KVSTORED_NATIVE=0" in logged[0]  # one line, saying why
+
+
+def test_bench_native_rows_have_their_fields() -> None:
+    """bench/bench_native.py (the native_copy rows of bench_blocks) runs; no timing asserted."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_native
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    res = bench_native.bench_native_copy([4096, 1 << 20], batch=2, iters=2)
+    assert res["native_built"] is native.NATIVE
+    for size in ("4KiB", "1MiB"):
+        row = res[size]
+        assert isinstance(row, dict)
+        assert {"memcpy_gbps", "fallback_gbps", "native_gbps", "native_1t_gbps",
+                "native_vs_fallback", "native_vs_memcpy"} <= set(row)
+        assert row["fallback_gbps"] > 0
