@@ -278,3 +278,40 @@ def test_index_lost_while_a_file_was_taken(tmp_path: pathlib.Path, tier: SsdTier
         assert read_back(t2, 1) == bytes(payload(1))
     finally:
         t2.close()
+
+
+def test_reader_holding_the_old_file_open_while_it_is_overwritten(
+    tier: SsdTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A promotion opened block 0's file; before it reads, a write evicts 0 and overwrites
+    that file in place (held by an Event, no sleeps). The reader gets a miss, never 2's or
+    mixed bytes, and it is not counted as corruption."""
+    import threading
+
+    from thread_helpers import in_thread
+
+    assert tier.write(sk(0), payload(0), namespace_id=b"", meta=b"")
+    assert tier.write(sk(1), payload(1), namespace_id=b"", meta=b"")
+    opened, go = threading.Event(), threading.Event()
+    real_read_all = ssd_io.read_all
+
+    def held_read_all(fd: int, buf: memoryview, size: int) -> tuple[int, int]:
+        opened.set()  # the file is open (and its size checked): hold here
+        assert go.wait(10)
+        return real_read_all(fd, buf, size)
+
+    monkeypatch.setattr("kvstored.tiers.ssd.read_all", held_read_all)
+    dest = memoryview(mmap.mmap(-1, round_up_page(BLOCK)))
+    with tier.lock:
+        stale = tier.entries[sk(0)]
+    reader, box = in_thread(lambda: tier.read_file(sk(0), stale, dest))
+    assert opened.wait(10)
+    monkeypatch.setattr("kvstored.tiers.ssd.read_all", real_read_all)  # (the writer's reads)
+    assert tier.write(sk(2), payload(2), namespace_id=b"", meta=b"")  # takes 0's file
+    go.set()
+    reader.join(10)
+    assert box == ["checksum_mismatch"]  # the same inode, now holding 2's bytes
+    with tier.lock:
+        assert tier.end_read(sk(0), stale, box[0]) == []
+    assert tier.checksum_failures == 0
+    assert read_back(tier, 2) == bytes(payload(2))
