@@ -19,12 +19,15 @@ Everything is measured in the same run on the same machine:
   * control     bench/bench_control.py: per-batch control overhead in us (gRPC vs the lean
                 control channel), single-block get p50, lookup_prefix_512 p99 under a put
                 storm that forces demotion, 4 client processes' aggregate vs 1
+  * native_copy kvstored.native.copy_many (C, GIL released) of one batch into a mapping, next to
+                its pure-Python fallback and the memcpy reference (bench/bench_native.py)
 Targets (issue 9): shm get >= 0.9x memcpy at 4 MiB; tcp get >= 0.85x loopback socket at 4 MiB; ssd
 cold get and demotion write >= 0.7x O_DIRECT qd8; lookup p99 <= 0.5 ms.
 JSON: sizes[<size>][<path>].gbps, lookup_prefix_512.p99_ms, ssd_4MiB.ratio (as before), plus
-ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio}, date_utc, machine,
+ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio, fresh_ratio},
+native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
 control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
-clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1}.
+clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1}, date_utc, machine.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import numpy as np
 
 import bench_control  # bench/ is on sys.path when this script runs
 from kvstored import Client
+from kvstored import log as kvlog
 from kvstored.units import format_size, parse_size
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -300,50 +304,75 @@ def bench_ssd(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[s
             "warm_get_gbps": batch_bytes / statistics.median(warm) / 1e9}
 
 
+def _demote_reps(tier: object, view: memoryview, tmp: pathlib.Path, size: int, batch: int,
+                 reps: int, tag: str, *, keep: bool) -> tuple[list[float], list[float]]:
+    """Timed ``write_files`` of ``reps`` batches (each next to its own O_DIRECT reference);
+    ``keep``: leave each batch on the tier (a full tier then evicts, and reuses, the oldest)."""
+    from kvstored.tiers.ssd_format import store_key
+
+    times: list[float] = []
+    refs: list[float] = []
+    for rep in range(reps):
+        writes = []
+        with tier.lock:  # type: ignore[attr-defined]
+            for j in range(batch):
+                sk = store_key(b"", f"demote:{tag}:{rep}:{j}".encode())
+                w = tier.begin_write(sk, size, namespace_id=b"", meta=b"")  # type: ignore[attr-defined]
+                assert w is not None
+                writes.append((w, view[j * size : (j + 1) * size]))
+        refs.append(odirect_gbps(tmp / "odirect-w.bin", size, batch, write=True, reps=1))
+        t0 = time.perf_counter()
+        ok = tier.write_files(writes)  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - t0)
+        assert all(ok)
+        doomed: list[bytes] = []
+        with tier.lock:  # type: ignore[attr-defined]
+            for w, _ in writes:
+                doomed += tier.end_write(w)  # type: ignore[attr-defined]
+                if not keep:
+                    doomed += tier.drop(w.skey)  # type: ignore[attr-defined]
+        tier.delete_files(doomed)  # type: ignore[attr-defined]
+    return times, refs
+
+
 def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[str, float]:
     """SSD-tier demotion write (in process: ``SsdTier.write_files`` of one batch, as an eviction
     window writes it) vs O_DIRECT writes of the same bytes at qd8 (fsync'd).
 
-    Demotion files are written with O_DIRECT (one new file per block) and not fsync'd (a torn
-    file is a checksum miss after a power loss): the time until the DRAM slots are free again.
-    ``ratio`` is the median over reps of (this rep / the reference measured right before it).
+    Demotion files are written with O_DIRECT and not fsync'd (a torn file is a checksum miss
+    after a power loss): the time until the DRAM slots are free again. ``ratio``: the steady
+    state of a demoting node, a full tier (filled with two batches first) whose every write
+    evicts its LRU block and overwrites that block's file in place; ``fresh_ratio``: an empty
+    tier, one new file per block. Each is the median over reps of (this rep / the reference
+    measured right before it).
     """
     from kvstored.tiers.ssd import SsdTier
-    from kvstored.tiers.ssd_format import store_key
+    from kvstored.tiers.ssd_format import round_up_page
 
     src = _aligned(size * batch)
     src.write(os.urandom(1 << 20) * (size * batch >> 20))
     view = memoryview(src)
-    tier = SsdTier(tmp / "demote-ssd", 4 * size * batch)
-    times: list[float] = []
-    refs: list[float] = []
-    try:
-        for rep in range(reps):
-            writes = []
-            with tier.lock:
-                for j in range(batch):
-                    sk = store_key(b"", f"demote:{rep}:{j}".encode())
-                    w = tier.begin_write(sk, size, namespace_id=b"", meta=b"")
-                    assert w is not None
-                    writes.append((w, view[j * size : (j + 1) * size]))
-            refs.append(odirect_gbps(tmp / "odirect-w.bin", size, batch, write=True, reps=1))
-            t0 = time.perf_counter()
-            ok = tier.write_files(writes)
-            times.append(time.perf_counter() - t0)
-            assert all(ok)
-            with tier.lock:
-                for w, _ in writes:
-                    tier.end_write(w)
-                doomed = [k for w, _ in writes for k in tier.drop(w.skey)]
-            tier.delete_files(doomed)
-    finally:
-        tier.close()
-        shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
-    gbps = size * batch / statistics.median(times) / 1e9
-    ref = statistics.median(refs)
-    pair = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs))
-    return {"demotion_write_gbps": gbps, "odirect_write_gbps": ref, "odirect_qd": QD,
-            "ratio": pair, "batch": batch, "reps": reps}
+    out: dict[str, float] = {"odirect_qd": QD, "batch": batch, "reps": reps}
+    for name, keep in (("fresh", False), ("full", True)):
+        charge = round_up_page(size + 64)  # the trailer of a short key fits the last page
+        tier = SsdTier(tmp / "demote-ssd", 2 * batch * charge if keep else 4 * size * batch)
+        try:
+            if keep:  # fill the tier (untimed): every timed write then evicts and reuses
+                _demote_reps(tier, view, tmp, size, batch, 2, "fill", keep=True)
+                assert tier.used_bytes == tier.capacity_bytes, (tier.used_bytes, tier.capacity_bytes)
+            times, refs = _demote_reps(tier, view, tmp, size, batch, reps, name, keep=keep)
+        finally:
+            tier.close()
+            shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
+        gbps = size * batch / statistics.median(times) / 1e9
+        ratio = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs))
+        if keep:
+            out.update(demotion_write_gbps=gbps, odirect_write_gbps=statistics.median(refs),
+                       ratio=ratio)
+        else:
+            out.update(fresh_gbps=gbps, fresh_odirect_write_gbps=statistics.median(refs),
+                       fresh_ratio=ratio)
+    return out
 
 
 _LOOPBACK_SENDER = """
@@ -419,6 +448,7 @@ def main() -> None:
                     help="skip the control-path rows (per-batch overhead, single get, storm, 4 clients)")
     ap.add_argument("--ssd-reps", type=int, default=5, help="timed SSD gets/writes per size")
     args = ap.parse_args()
+    kvlog.configure(level="warning")  # the in-process SSD tiers' info lines would split the table
     sizes = [parse_size(s) for s in (["4MiB"] if args.quick else args.sizes.split(","))]
     ssd_sizes = [parse_size(s) for s in args.ssd_sizes.split(",")]
     ssd_batch = args.ssd_batch or (8 if args.quick else args.batch)
@@ -451,8 +481,12 @@ def main() -> None:
                 "cold_get": bench_ssd(tmp, size, ssd_batch, args.ssd_reps),
                 "demotion_write": bench_demotion_write(tmp, size, ssd_batch, args.ssd_reps)}
         results["ssd"] = ssd
-        if "4MiB" in ssd:
-            results["ssd_4MiB"] = ssd["4MiB"]["cold_get"]  # type: ignore[index]
+        if format_size(4 << 20) in ssd:  # (keys are "4.0 MiB": "4MiB" never matched)
+            results["ssd_4MiB"] = ssd[format_size(4 << 20)]["cold_get"]  # type: ignore[index]
+    if not args.ssd_only:
+        from bench_native import bench_native_copy  # (bench/ is on sys.path: the script's dir)
+
+        results["native_copy"] = bench_native_copy(sizes, args.batch, 4 * iters)
     if not args.skip_memory and not args.ssd_only:
         mem = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_store_memory.py")],
                              capture_output=True, text=True)
@@ -501,7 +535,11 @@ def print_table(results: dict[str, object]) -> None:
               f"(target 0.7x; batch {g['batch']}, median of {g['reps']}; same get warm {g['warm_get_gbps']:.2f} GB/s)")
         print(f"{size:>9} {'ssd_demote_write':>16} {w['demotion_write_gbps']:7.2f} {'':>8} {'':>8}  "
               f"{w['ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} {w['odirect_write_gbps']:.2f} GB/s "
-              f"(target 0.7x)")
+              f"(target 0.7x; full tier, evicting; empty tier, new files: {w['fresh_ratio']:.2f}x)")
+    if "native_copy" in results:
+        from bench_native import print_rows
+
+        print_rows(results["native_copy"])  # type: ignore[arg-type]
     lk = results.get("lookup_prefix_512")
     if lk:
         print(f"\nlookup_prefix(512 keys) over unix socket: p50 {lk['p50_ms']:.3f} ms, "  # type: ignore[index]

@@ -62,11 +62,13 @@ def write_all(fd: int, buf: memoryview, offset: int) -> None:
         done += n
 
 
-def write_direct(tmp: str, data: memoryview, tail: bytes) -> str:
+def write_direct(tmp: str, data: memoryview, tail: bytes, *, truncate: bool = True) -> str:
     """Write ``data | tail`` as the new file ``tmp`` with O_DIRECT: the page-aligned head of
     ``data`` straight from its buffer (an arena slot: no copy, and no dirty page cache that a
     later O_DIRECT read would first have to write back), the last partial page and ``tail``
     through one aligned bounce buffer, in one ``pwritev``; then truncate to the exact length.
+    ``truncate=False`` overwrites an existing file in place (a reused block file: its pages
+    are allocated already, so the write skips block allocation).
 
     Returns:
         "" when written; :data:`REFUSED_AT_OPEN` (the filesystem has no O_DIRECT) or
@@ -79,7 +81,8 @@ def write_direct(tmp: str, data: memoryview, tail: bytes) -> str:
     size = data.nbytes
     head = size // PAGE_BYTES * PAGE_BYTES
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_DIRECT | (os.O_TRUNC if truncate else 0)
+        fd = os.open(tmp, flags, 0o644)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise

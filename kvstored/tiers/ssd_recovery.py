@@ -259,6 +259,10 @@ class SsdRecovery:
                 if f"{shard}/{fname}" not in known:
                     self._unlink(os.path.join(sdir, fname))
                     orphans += 1
+        for shard in (f"{i:02x}" for i in range(256)):  # not later, in a timed demotion
+            if shard not in self._made_shards:
+                os.makedirs(os.path.join(self._data_dir, shard), exist_ok=True)
+                self._made_shards.add(shard)
         trimmed = 0
         while self.used_bytes > self.capacity_bytes and self.entries:
             self.delete_files(self._evict_lru())

@@ -1,0 +1,124 @@
+"""Batch block copies: the optional C extension ``kvstored._native``, else pure Python.
+
+``copy_many(pairs)`` copies each ``(dst, src)`` buffer pair (same length, C-contiguous,
+``dst`` writable). The C version (native/copy.c) takes every buffer first, then copies the
+whole batch with the GIL released (on up to 4 threads, a quarter of the CPUs, when the batch
+holds at least 16 MiB): one call per batch instead of one numpy copy per block. Chosen at
+import: the extension when it was built (``pip install -e .`` builds it where a C compiler
+exists) and ``KVSTORED_NATIVE`` is not ``0``; otherwise :func:`py_copy_many` (one
+``numpy.copyto`` per block, what the client did before), with one log line at its first use
+saying why. Measured by ``python bench/bench_native.py`` (the ``native_copy`` rows of
+bench/bench_blocks.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import structlog
+
+__all__ = ["NATIVE", "copy_many", "native_copy_many", "py_copy_many"]
+
+log = structlog.get_logger(__name__)
+
+CopyPairs = Sequence[tuple[Any, Any]]
+
+
+def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+    """Copy each ``(dst, src)`` pair, one ``numpy.copyto`` per block (the fallback).
+
+    Args:
+        pairs: ``(dst, src)`` objects with the buffer protocol: C-contiguous, the same length
+            in bytes, ``dst`` writable.
+        threads: ignored (accepted for the native signature).
+
+    Returns:
+        The bytes copied.
+
+    Raises:
+        TypeError: a pair is not a ``(dst, src)`` tuple of buffers.
+        ValueError: lengths differ, or ``dst`` is read-only or not C-contiguous.
+    """
+    del threads
+    flat: list[tuple[np.ndarray, np.ndarray]] = []
+    for i, pair in enumerate(pairs):  # all checked before any byte is copied (as in C)
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"copy_many: pair #{i} must be a (dst, src) tuple, got {type(pair).__name__}")
+        dst, src = _flat(pair[0], i, "dst", writable=True), _flat(pair[1], i, "src", writable=False)
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_many: pair #{i}: dst is {dst.nbytes} bytes but src is {src.nbytes}")
+        flat.append((dst, src))
+    for dst, src in flat:
+        np.copyto(dst, src)
+    return sum(d.nbytes for d, _ in flat)
+
+
+def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
+    if (  # the common case (an arena region), without a memoryview round trip
+        type(obj) is np.ndarray and obj.dtype == np.uint8 and obj.ndim == 1
+        and obj.flags.c_contiguous and (obj.flags.writeable or not writable)
+    ):
+        return obj
+    try:
+        mv = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"copy_many: {what} of pair #{i} must be a C-contiguous buffer, got {type(obj).__name__}"
+        ) from None
+    if not mv.c_contiguous or (writable and mv.readonly):
+        raise ValueError(
+            f"copy_many: {what} of pair #{i} must be a {'writable ' if writable else ''}"
+            f"C-contiguous buffer, got {type(obj).__name__}"
+        )
+    return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, dtype=np.uint8)
+
+
+_fallback_reason: list[str] = []  # logged once, at the fallback's first use
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get("KVSTORED_NATIVE", "") == "0":
+        _fallback_reason.append("KVSTORED_NATIVE=0")
+        return None
+    try:
+        return importlib.import_module("kvstored._native")
+    except ImportError as exc:
+        _fallback_reason.append(f"kvstored._native not built ({exc}); pip install -e . builds it")
+        return None
+
+
+def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+    """:func:`py_copy_many`, saying once why the native copy is not used: through structlog
+    where the process configured it, else stdlib logging at INFO (so a bare client or
+    ``kvstorectl`` keeps its stdout clean)."""
+    if _fallback_reason:
+        reason = _fallback_reason.pop()
+        if structlog.is_configured():
+            log.info("native_copy_fallback", reason=reason)
+        else:
+            logging.getLogger(__name__).info("native_copy_fallback: %s", reason)
+    return py_copy_many(pairs, threads)
+
+
+_native_mod = _load()
+
+NATIVE: bool = _native_mod is not None
+"""Whether :func:`copy_many` is the C extension."""
+
+native_copy_many: Callable[..., int] | None = (
+    _native_mod.copy_many if _native_mod is not None else None
+)
+"""The C ``copy_many`` (None when not built or disabled)."""
+
+copy_many: Callable[..., int] = (
+    native_copy_many if native_copy_many is not None else _fallback_copy_many
+)
+"""``copy_many(pairs, threads=0) -> int``: the native copy when available, else
+:func:`py_copy_many` (one log line at its first use says why); same arguments, result and
+errors."""

@@ -1,0 +1,124 @@
+"""kvstored.native: the C copy_many and its pure-Python fallback, on the same inputs."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import mmap
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from kvstored import native
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CopyMany = Callable[..., int]
+
+
+def _build(tmp: pathlib.Path) -> ModuleType:
+    """The extension built from native/copy.c into ``tmp`` (the shared test venv may hold a
+    checkout where ``pip install -e`` has not built it)."""
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler: only the fallback can run here")
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp / "lib"),
+         "--build-temp", str(tmp / "tmp")],
+        cwd=ROOT, check=True, capture_output=True,
+    )
+    (so,) = (tmp / "lib" / "kvstored").glob("_native*.so")
+    loader = importlib.machinery.ExtensionFileLoader("kvstored._native", str(so))
+    spec = importlib.util.spec_from_file_location("kvstored._native", so, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def c_copy_many(tmp_path_factory: pytest.TempPathFactory) -> CopyMany:
+    if native.native_copy_many is not None:
+        return native.native_copy_many
+    return _build(tmp_path_factory.mktemp("native")).copy_many  # type: ignore[no-any-return]
+
+
+SIZES = [0, 1, 4095, 4097, 256 << 10, (1 << 20) + 3, 5 << 20, (7 << 20) + 11, 9 << 20]  # 22+ MiB
+
+
+def _inputs(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, n, dtype=np.uint8) for n in SIZES]
+
+
+def _run(copy: CopyMany, threads: int) -> tuple[bytes, int]:
+    srcs = _inputs(7)
+    arena = mmap.mmap(-1, sum(SIZES) + 1)
+    view = memoryview(arena)
+    pairs, off = [], 0
+    for s in srcs:  # dst: consecutive arena slices (as the client's puts), src: numpy arrays
+        pairs.append((view[off : off + s.size], memoryview(s)))
+        off += s.size
+    n = copy(pairs, threads=threads)
+    return bytes(arena[:off]), n  # (the mapping goes with its last view)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2, 3, 16])
+def test_native_and_fallback_copy_the_same_bytes(c_copy_many: CopyMany, threads: int) -> None:
+    want = b"".join(s.tobytes() for s in _inputs(7))
+    got_c, n_c = _run(c_copy_many, threads)  # threads >= 2: > 16 MiB runs the threaded path
+    got_py, n_py = _run(native.py_copy_many, threads)
+    assert n_c == n_py == len(want)
+    assert got_c == want
+    assert got_py == want
+
+
+@pytest.mark.parametrize("which", ["c", "py"])
+def test_bad_pairs_raise_before_any_byte_is_copied(c_copy_many: CopyMany, which: str) -> None:
+    copy = c_copy_many if which == "c" else native.py_copy_many
+    dst = bytearray(8)
+    with pytest.raises(ValueError, match=r"pair #1: dst is 4 bytes but src is 5"):
+        copy([(dst, b"abcdefgh"), (bytearray(4), b"12345")])
+    assert dst == bytearray(8)  # pair #0 was not copied either
+    with pytest.raises(ValueError, match=r"dst of pair #0 must be a writable"):
+        copy([(b"readonly", b"abcdefgh")])
+    with pytest.raises(TypeError, match=r"pair #0 must be a \(dst, src\) tuple, got list"):
+        copy([[dst, b"abcdefgh"]])
+    with pytest.raises(TypeError, match=r"src of pair #0 must be a C-contiguous buffer, got int"):
+        copy([(dst, 5)])
+    assert copy([]) == 0
+
+
+def test_kvstored_native_0_forces_the_fallback() -> None:
+    env = {**os.environ, "KVSTORED_NATIVE": "0", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO); "
+         "import kvstored.native as n; d = bytearray(2); "
+         "print(n.NATIVE, n.copy_many([(d, b'ab')]), n.copy_many([(d, b'cd')]), bytes(d))"],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.split() == ["False", "2", "2", "b'cd'"]  # stdout stays clean
+    logged = [ln for ln in out.stderr.splitlines() if "native_copy_fallback" in ln]
+    assert len(logged) == 1 and "KVSTORED_NATIVE=0" in logged[0]  # one line, saying why
+
+
+def test_bench_native_rows_have_their_fields() -> None:
+    """bench/bench_native.py (the native_copy rows of bench_blocks) runs; no timing asserted."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_native
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    res = bench_native.bench_native_copy([4096, 1 << 20], batch=2, iters=2)
+    assert res["native_built"] is native.NATIVE
+    for size in ("4KiB", "1MiB"):
+        row = res[size]
+        assert isinstance(row, dict)
+        assert {"memcpy_gbps", "fallback_gbps", "native_gbps", "native_1t_gbps",
+                "native_vs_fallback", "native_vs_memcpy"} <= set(row)
+        assert row["fallback_gbps"] > 0
