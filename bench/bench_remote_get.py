@@ -26,7 +26,12 @@ check that ``ss -ltnp`` shows its listeners on loopback only. Ratio = kvstored t
 node / Mooncake TCP get (target >= 2x, issue 7). Without the venv the row says why.
 
 Usage:  python bench/bench_remote_get.py [--sizes-mib 1,4,16] [--total-mib 512] [--batch 8]
-        [--via-cluster [--mooncake]] [--out bench/results/bench_remote_get.json]
+        [--via-cluster [--mooncake]] [--repeat 3] [--out bench/results/bench_remote_get.json]
+
+``--repeat N`` measures each size N times, interleaved (plain socket, node to node, through
+a node); the table shows medians, and each ratio is the median of the per-repeat ratios
+(each against the plain socket measured just before it), which keeps the ratios usable on
+a loaded machine.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from statistics import median
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -284,6 +290,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="blocks per remote read")
     ap.add_argument("--via-cluster", action="store_true",
                     help="also measure the engine-facing get through a node of a real cluster")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each size this many times, interleaved; medians are printed")
     ap.add_argument("--mooncake", action="store_true",
                     help="with --via-cluster: Mooncake Store's TCP get of the 4 MiB workload")
     ap.add_argument("--out", default="")
@@ -294,17 +302,25 @@ def main() -> None:
         for mib in (int(x) for x in args.sizes_mib.split(",")):
             size = mib * MiB
             count = max(args.batch, args.total_mib // mib)
-            plain = plain_socket_gbps(size, count)
-            ours = remote_get_gbps(size, count, args.batch, workdir)
-            row = {"block_mib": mib, "blocks": count, "remote_get_gbps": round(ours, 3),
-                   "plain_socket_gbps": round(plain, 3), "ratio": round(ours / plain, 3)}
-            line = (f"{mib:>3} MiB  remote get {ours:6.2f} GB/s  plain socket {plain:6.2f} GB/s"
-                    f"  ratio {ours / plain:.2f}")
+            plains, ours, fulls = [], [], []
+            for _ in range(args.repeat):  # interleaved: each ratio against its own reference
+                plains.append(plain_socket_gbps(size, count))
+                ours.append(remote_get_gbps(size, count, args.batch, workdir))
+                if args.via_cluster:
+                    fulls.append(via_cluster_gbps(size, count, args.batch, workdir))
+            plain, mine = median(plains), median(ours)
+            ratio = median([o / p for o, p in zip(ours, plains, strict=True)])
+            row = {"block_mib": mib, "blocks": count, "repeats": args.repeat,
+                   "remote_get_gbps": round(mine, 3), "plain_socket_gbps": round(plain, 3),
+                   "ratio": round(ratio, 3)}
+            line = (f"{mib:>3} MiB  remote get {mine:6.2f} GB/s  plain socket {plain:6.2f} GB/s"
+                    f"  ratio {ratio:.2f}")
             if args.via_cluster:
-                full = via_cluster_gbps(size, count, args.batch, workdir)
+                full = median(fulls)
+                full_ratio = median([f / p for f, p in zip(fulls, plains, strict=True)])
                 row["via_cluster_gbps"] = round(full, 3)
-                row["via_cluster_ratio"] = round(full / plain, 3)
-                line += f"  | through a node {full:6.2f} GB/s  ratio {full / plain:.2f}"
+                row["via_cluster_ratio"] = round(full_ratio, 3)
+                line += f"  | through a node {full:6.2f} GB/s  ratio {full_ratio:.2f}"
                 if args.mooncake and mib == 4:
                     mc, why = mooncake_tcp_get_gbps(size, args.total_mib, args.batch)
                     if mc is None:
