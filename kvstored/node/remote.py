@@ -3,10 +3,10 @@ the peer that holds them over the data plane into its own DRAM, then serves them
 
 ::
 
-    PinBlocks/Get(keys) --local miss--> master LookupPrefix(missing keys, local_node_id=self)
+    PinBlocks/Get(keys) --local miss--> claim the missing blocks (single-flight: a block
+           another request is copying already is waited for, not copied twice)
+        -> master LookupPrefix(claimed keys, local_node_id=self)
         -> best replica per block (node, epoch, tier, size, generation, data address)
-        -> claim the missing blocks (single-flight: a block another request is copying
-           already is waited for, not copied twice)
         -> per peer, peers in parallel: DataPlaneClient.get(keys, deadline)
               (the peer pins, sends each block with its generation when it knows it, unpins)
               each payload is received straight into a local reservation (sink)
