@@ -60,6 +60,8 @@ class PinnedBlock:
         generation: the master's generation of this replica when the node knows it (one
             write has one generation cluster-wide); 0 = unknown. The data plane sends it
             with the block so a reading peer can verify its copy without asking the master.
+            It must be exactly what the master's index holds for this replica (or 0): a
+            reader drops every copy whose generation differs from the one it was named.
     """
 
     key: bytes
