@@ -17,8 +17,21 @@ Ratio = kvstored GB/s / plain GB/s (target >= 0.7 at 4 MiB, issue 7).
 lookups over gRPC, the copy, the verification, the commit, and the copy out of B's shared
 memory into the caller's buffer), ratio against the same plain-socket reference.
 
+``--mooncake`` (with ``--via-cluster``) also measures Mooncake Store's TCP get of the same
+4 MiB workload (``--total-mib`` per run, batches of ``--batch``, a client without a segment
+reading from a separate store process over Mooncake's TCP transfer engine; best of 2 reps),
+the way ``bench/bench_mooncake.py`` runs it: its own venv (``python bench/bench_mooncake.py
+--install``), a private network namespace with only ``lo`` (Mooncake binds 0.0.0.0), and a
+check that ``ss -ltnp`` shows its listeners on loopback only. Ratio = kvstored through a
+node / Mooncake TCP get (target >= 2x, issue 7). Without the venv the row says why.
+
 Usage:  python bench/bench_remote_get.py [--sizes-mib 1,4,16] [--total-mib 512] [--batch 8]
-        [--via-cluster] [--out bench/results/bench_remote_get.json]
+        [--via-cluster [--mooncake]] [--repeat 3] [--out bench/results/bench_remote_get.json]
+
+``--repeat N`` measures each size N times, interleaved (plain socket, node to node, through
+a node); the table shows medians, and each ratio is the median of the per-repeat ratios
+(each against the plain socket measured just before it), which keeps the ratios usable on
+a loaded machine.
 """
 
 from __future__ import annotations
@@ -34,9 +47,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from statistics import median
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvstored import Client  # noqa: E402
 from kvstored.client.master import ClusterReplica  # noqa: E402
@@ -246,6 +261,28 @@ def via_cluster_gbps(size: int, count: int, batch: int, workdir: Path) -> float:
             p.wait(60)
 
 
+def mooncake_tcp_get_gbps(size: int, total_mib: int, batch: int) -> tuple[float | None, str]:
+    """Mooncake Store's TCP get GB/s of ``size`` blocks in batches of ``batch`` (best of 2
+    reps, ``total_mib`` per rep), run as bench_mooncake.py runs it; ``(None, why)`` when it
+    cannot run here."""
+    import bench_mooncake as bm
+
+    if batch not in bm.BATCHES:
+        return None, f"Mooncake is measured in batches of {bm.BATCHES}, not {batch}"
+    py, why = bm.mooncake_python(bm.VENV)
+    if py is None:
+        return None, why
+    ns = argparse.Namespace(venv=str(bm.VENV), sizes=str(size), total=f"{total_mib}MiB",
+                            reps=2, timeout=600.0, quick=False)
+    with tempfile.TemporaryDirectory(prefix="kvbrg-mc-", dir="/tmp") as d:
+        try:
+            res = bm.run_mooncake_in_netns(ns, Path(d))
+        except Exception as exc:  # say exactly why; the kvstored rows stand
+            return None, f"{type(exc).__name__}: {exc}"
+    key = f"{bm.format_size(size)}/b{batch}"
+    return float(res["tcp"]["get"][key]), ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mib", default="1,4,16")
@@ -253,6 +290,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="blocks per remote read")
     ap.add_argument("--via-cluster", action="store_true",
                     help="also measure the engine-facing get through a node of a real cluster")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each size this many times, interleaved; medians are printed")
+    ap.add_argument("--mooncake", action="store_true",
+                    help="with --via-cluster: Mooncake Store's TCP get of the 4 MiB workload")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvbrg", dir="/tmp"))
@@ -261,17 +302,33 @@ def main() -> None:
         for mib in (int(x) for x in args.sizes_mib.split(",")):
             size = mib * MiB
             count = max(args.batch, args.total_mib // mib)
-            plain = plain_socket_gbps(size, count)
-            ours = remote_get_gbps(size, count, args.batch, workdir)
-            row = {"block_mib": mib, "blocks": count, "remote_get_gbps": round(ours, 3),
-                   "plain_socket_gbps": round(plain, 3), "ratio": round(ours / plain, 3)}
-            line = (f"{mib:>3} MiB  remote get {ours:6.2f} GB/s  plain socket {plain:6.2f} GB/s"
-                    f"  ratio {ours / plain:.2f}")
+            plains, ours, fulls = [], [], []
+            for _ in range(args.repeat):  # interleaved: each ratio against its own reference
+                plains.append(plain_socket_gbps(size, count))
+                ours.append(remote_get_gbps(size, count, args.batch, workdir))
+                if args.via_cluster:
+                    fulls.append(via_cluster_gbps(size, count, args.batch, workdir))
+            plain, mine = median(plains), median(ours)
+            ratio = median([o / p for o, p in zip(ours, plains, strict=True)])
+            row = {"block_mib": mib, "blocks": count, "repeats": args.repeat,
+                   "remote_get_gbps": round(mine, 3), "plain_socket_gbps": round(plain, 3),
+                   "ratio": round(ratio, 3)}
+            line = (f"{mib:>3} MiB  remote get {mine:6.2f} GB/s  plain socket {plain:6.2f} GB/s"
+                    f"  ratio {ratio:.2f}")
             if args.via_cluster:
-                full = via_cluster_gbps(size, count, args.batch, workdir)
+                full = median(fulls)
+                full_ratio = median([f / p for f, p in zip(fulls, plains, strict=True)])
                 row["via_cluster_gbps"] = round(full, 3)
-                row["via_cluster_ratio"] = round(full / plain, 3)
-                line += f"  | through a node {full:6.2f} GB/s  ratio {full / plain:.2f}"
+                row["via_cluster_ratio"] = round(full_ratio, 3)
+                line += f"  | through a node {full:6.2f} GB/s  ratio {full_ratio:.2f}"
+                if args.mooncake and mib == 4:
+                    mc, why = mooncake_tcp_get_gbps(size, args.total_mib, args.batch)
+                    if mc is None:
+                        line += f"  | Mooncake TCP get not measured: {why}"
+                    else:
+                        row["mooncake_tcp_get_gbps"] = round(mc, 3)
+                        row["vs_mooncake_ratio"] = round(full / mc, 3)
+                        line += f"  | Mooncake TCP get {mc:6.2f} GB/s  ratio {full / mc:.2f}"
             rows.append(row)
             print(line, flush=True)
     finally:

@@ -3,13 +3,18 @@ the peer that holds them over the data plane into its own DRAM, then serves them
 
 ::
 
-    PinBlocks/Get(keys) --local miss--> master LookupPrefix(missing keys, local_node_id=self)
+    PinBlocks/Get(keys) --local miss--> claim the missing blocks (single-flight: a block
+           another request is copying already is waited for, not copied twice)
+        -> master LookupPrefix(claimed keys, local_node_id=self)
         -> best replica per block (node, epoch, tier, size, generation, data address)
-        -> per peer: DataPlaneClient.get(keys, deadline)   (the peer pins, sends, unpins)
+        -> per peer, peers in parallel: DataPlaneClient.get(keys, deadline)
+              (the peer pins, sends each block with its generation when it knows it, unpins)
               each payload is received straight into a local reservation (sink)
-        -> master LookupPrefix(fetched keys, local_node_id=peer): the peer's replica must
-           still be (node, epoch, generation) as named before the copy, else the copy is
-           aborted (never served)
+        -> verify each copy: a generation the peer sent must equal the one the master
+           named (one write has one generation cluster-wide, so equal = the same bytes);
+           for copies without one, master LookupPrefix(keys, local_node_id=peer): the
+           peer's replica must still be (node, epoch, generation) as named before the
+           copy. Else the copy is aborted (never served)
         -> commit the verified reservations (a normal put on the local store)
     LookupPrefix/Exists (probes): the local answer, extended by the master's answer;
         never pins, renews or fetches anything.
@@ -24,6 +29,10 @@ node's changes within one heartbeat interval; block keys are content hashes, so 
 again carries the same bytes). A block the master names after the copy under a new generation
 on the same epoch of the same source (e.g. the copy's pin promoted it from the source's SSD
 into its DRAM: a new replica) is copied once more against the new name, under the same check.
+When the source itself sends the generation of the replica
+it pinned for the send (GET_FLAG_GENERATION), (b) is that comparison, exact and without a
+master call; a source that does not know its replicas' generations sends 0 and the master
+is asked as above.
 
 Failure: every master call and every transfer runs under the caller's deadline (at most
 ``remote_fetch_timeout_s``); a dead or blackholed peer is a miss, never a hang. Each failed
@@ -34,8 +43,8 @@ The first success after a failure is reported too (it heals the peer).
 Limits: the master's lookup is a longest prefix. A read looks up its missing keys once, as a
 prefix: a block after a cluster-wide miss is not copied (KV blocks form chains; a later
 block without its predecessor is useless). An Exists probe looks up runs, at most
-``exists_max_runs`` lookups. Two requests
-missing the same block at once may both fetch it; the second commit is a no-op.
+``exists_max_runs`` lookups. Two requests missing the same block at once copy it once: the
+second waits for the first's copy, at most until its own deadline (:mod:`.flights`).
 
 Thread-safe: called from the node's store executor threads (blocking).
 """
@@ -53,6 +62,7 @@ import structlog
 
 from kvstored.client.master import ClusterReplica, MasterClient
 from kvstored.errors import DeadlineExceeded, KvstoredError, TransferFailed, Unavailable
+from kvstored.node.flights import Flights
 from kvstored.tiers.base import Reservation, Tier
 from kvstored.transport.base import Transport
 from kvstored.transport.tcp import DataPlaneClient
@@ -80,12 +90,15 @@ class FetchResult:
         num_fetched: blocks copied, verified and committed locally.
         num_dropped: copies aborted because the source's replica changed or vanished.
         num_failed: blocks whose transfer failed (peer dead, slow, or the deadline passed).
+        num_waited: missing blocks another request was copying already; this one waited
+            for that copy (until its own deadline) instead of copying them again.
     """
 
     num_found: int = 0
     num_fetched: int = 0
     num_dropped: int = 0
     num_failed: int = 0
+    num_waited: int = 0
 
 
 class RemoteReads:
@@ -106,6 +119,10 @@ class RemoteReads:
             cluster-wide miss costs one); reads make one (prefix semantics).
         before_verify: test hook, called after the copies arrived and before they are
             verified (e.g. a threading.Event wait that lets a test change the source).
+        before_copy: test hook, called after the lookup and before the data-plane GET of
+            each peer batch (a test changes the source's block there).
+        max_parallel_peers: peers copied from at once (each on its own connection).
+        on_wait: test hook of the single-flight (see :class:`~.flights.Flights`).
     """
 
     def __init__(
@@ -121,6 +138,9 @@ class RemoteReads:
         report_timeout_s: float = 2.0,
         exists_max_runs: int = 8,
         before_verify: Callable[[], None] | None = None,
+        before_copy: Callable[[], None] | None = None,
+        max_parallel_peers: int = 4,
+        on_wait: Callable[[int], None] | None = None,
     ) -> None:
         self.core = core
         self.node_id = node_id
@@ -129,6 +149,10 @@ class RemoteReads:
         self.fetch_timeout_s = fetch_timeout_s
         self.pool_size = pool_size
         self.before_verify = before_verify
+        self.before_copy = before_copy
+        self.flights = Flights(on_wait)
+        self._copiers = ThreadPoolExecutor(max(1, max_parallel_peers),
+                                           thread_name_prefix="kvstored-peer-copy")
         self.report_timeout_s = report_timeout_s
         self.exists_max_runs = exists_max_runs
         self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
@@ -157,6 +181,7 @@ class RemoteReads:
         for t in peers.values():
             t.close()
         self._reporter.shutdown(wait=False, cancel_futures=True)
+        self._copiers.shutdown(wait=False, cancel_futures=True)
 
     def deadline(self, remaining_s: float | None) -> float:
         """Absolute ``time.monotonic()`` deadline: the caller's time left, at most
@@ -264,27 +289,33 @@ class RemoteReads:
         missing = [i for i, p in enumerate(present) if not p]
         if not missing:
             return FetchResult()
-        found = self.find(namespace_id, [keys[i] for i in missing], deadline=deadline)
-        t_found = time.monotonic()
-        by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
-        for j, rep in found.items():
-            if rep.node_id == self.node_id:
-                continue  # ours: evicted or in flux here; never fetch from ourselves
-            by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append(
-                (keys[missing[j]], rep))
-        fetched = dropped = failed = 0
+        flight_keys = [(namespace_id, keys[i]) for i in missing]
+        mine, theirs = self.flights.claim(flight_keys)
+        claimed = [flight_keys[j] for j in mine]
+        fetched = dropped = failed = num_found = 0
+        t_found = t0
         try:
-            with core.put_in_flight():
-                step = max(1, core.cfg.max_batch_keys)
-                for (peer, epoch, address), items in by_peer.items():
-                    for i in range(0, len(items), step):  # the peer's batch limit is ours
-                        f, d, x = self._fill_from(peer, epoch, address, items[i : i + step],
-                                                  namespace_id, deadline)
-                        fetched += f
-                        dropped += d
-                        failed += x
-        except KvstoredError as exc:  # draining: no new copies
-            log.info("remote_fill_refused", error=str(exc))
+            if claimed:  # a request that held the claim may have committed meanwhile
+                still, _ = core.exists([k for _, k in claimed], namespace_id)
+                done = [fk for fk, p in zip(claimed, still, strict=True) if p]
+                self.flights.release(done)
+                mine = [j for j, p in zip(mine, still, strict=True) if not p]
+                claimed = [flight_keys[j] for j in mine]
+            mine_keys = [keys[missing[j]] for j in mine]
+            found = self.find(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
+            num_found = len(found)
+            t_found = time.monotonic()
+            by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
+            for j, rep in found.items():
+                if rep.node_id == self.node_id:
+                    continue  # ours: evicted or in flux here; never fetch from ourselves
+                by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append(
+                    (mine_keys[j], rep))
+            fetched, dropped, failed = self._fill_peers(by_peer, namespace_id, deadline)
+        finally:
+            self.flights.release(claimed)
+        if theirs:
+            self.flights.wait(theirs, deadline)
         with self._lock:
             self.num_fetched += fetched
             self.num_dropped += dropped
@@ -294,10 +325,47 @@ class RemoteReads:
                 if n:
                     core.metrics.remote_blocks.labels(outcome=outcome).inc(n)
         log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
-                  num_dropped=dropped, num_failed=failed,
+                  num_dropped=dropped, num_failed=failed, num_waited=len(missing) - len(mine),
                   lookup_ms=round((t_found - t0) * 1000, 2),
                   duration_ms=round((time.monotonic() - t0) * 1000, 2))
-        return FetchResult(len(found), fetched, dropped, failed)
+        return FetchResult(num_found, fetched, dropped, failed, len(missing) - len(mine))
+
+    def _fill_peers(
+        self, by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]],
+        namespace_id: bytes, deadline: float,
+    ) -> tuple[int, int, int]:
+        """Copy every peer's blocks, peers in parallel (one peer: in this thread); each
+        peer's batches one after another. Returns ``(fetched, dropped, failed)``."""
+        if not by_peer:
+            return 0, 0, 0
+        step = max(1, self.core.cfg.max_batch_keys)
+
+        def from_peer(peer: str, epoch: int, address: str,
+                      items: list[tuple[bytes, ClusterReplica]]) -> tuple[int, int, int]:
+            out = [0, 0, 0]
+            for i in range(0, len(items), step):  # the peer's batch limit is ours
+                for n, got in enumerate(self._fill_from(peer, epoch, address,
+                                                        items[i : i + step], namespace_id,
+                                                        deadline)):
+                    out[n] += got
+            return out[0], out[1], out[2]
+
+        try:
+            with self.core.put_in_flight():
+                jobs = list(by_peer.items())
+                if len(jobs) == 1:
+                    (peer, epoch, address), items = jobs[0]
+                    return from_peer(peer, epoch, address, items)
+                futures = [self._copiers.submit(from_peer, p, e, a, items)
+                           for (p, e, a), items in jobs]
+                totals = [0, 0, 0]
+                for f in futures:  # each job is bounded by the deadline itself
+                    for n, got in enumerate(f.result()):
+                        totals[n] += got
+                return totals[0], totals[1], totals[2]
+        except KvstoredError as exc:  # draining: no new copies
+            log.info("remote_fill_refused", error=str(exc))
+            return 0, 0, 0
 
     def _fill_from(
         self, peer: str, epoch: int, address: str,
@@ -307,6 +375,8 @@ class RemoteReads:
         core = self.core
         keys = [k for k, _ in items]
         reserved: dict[int, Reservation] = {}
+        renamed: list[tuple[bytes, ClusterReplica]] = []
+        t0 = time.monotonic()
 
         def sink(i: int, size_bytes: int, meta: bytes) -> memoryview | None:
             if size_bytes != items[i][1].size_bytes:
@@ -319,6 +389,8 @@ class RemoteReads:
 
         try:
             try:
+                if self.before_copy is not None:
+                    self.before_copy()
                 transport = self._transport_for(address)
                 got = transport.get(keys, namespace_id, sink, deadline=deadline)
             except _TRANSFER_ERRORS as exc:
@@ -331,13 +403,19 @@ class RemoteReads:
                          error=str(exc))
                 return 0, 0, len(keys)
             self._report(peer, epoch, True)
+            t_copied = time.monotonic()
             ok = [i for i, g in enumerate(got) if g.found and i in reserved]
             if self.before_verify is not None:
                 self.before_verify()
-            still = self.find(namespace_id, [keys[i] for i in ok], deadline=deadline,
-                              local_node_id=peer, max_runs=len(ok)) if ok else {}
-            good, renamed = [], []
-            for j, i in enumerate(ok):
+            # The peer sent the generation of the replica it pinned for the send: one write
+            # has one generation cluster-wide, so equal means these are the named bytes.
+            good = [i for i in ok if got[i].generation == items[i][1].generation
+                    and got[i].generation]
+            ask = [i for i in ok if not got[i].generation]  # the peer does not know it
+            still = self.find(namespace_id, [keys[i] for i in ask], deadline=deadline,
+                              local_node_id=peer, max_runs=len(ask)) if ask else {}
+            t_verified = time.monotonic()
+            for j, i in enumerate(ask):
                 named, now = items[i][1], still.get(j)
                 if now is not None and (now.node_id, now.epoch, now.generation) == (
                         named.node_id, named.epoch, named.generation):
@@ -355,6 +433,10 @@ class RemoteReads:
             n = sum(1 for f in flags if f)
             if n:
                 core.count_transfer("tcp", "in", n, sum(r.size_bytes for r in commit))
+            log.debug("remote_batch_done", peer=peer, num_blocks=len(keys),
+                      copy_ms=round((t_copied - t0) * 1000, 2),
+                      verify_ms=round((t_verified - t_copied) * 1000, 2),
+                      commit_ms=round((time.monotonic() - t_verified) * 1000, 2))
         finally:
             core.abort_reserved(list(reserved.values()))
         if renamed:

@@ -57,6 +57,11 @@ class PinnedBlock:
         meta: opaque metadata stored with the block (torch helpers: dtype and shape).
         tier: tier the block was found in before any promotion.
         view: read-only memoryview of the block's bytes (valid until unpinned).
+        generation: the master's generation of this replica when the node knows it (one
+            write has one generation cluster-wide); 0 = unknown. The data plane sends it
+            with the block so a reading peer can verify its copy without asking the master.
+            It must be exactly what the master's index holds for this replica (or 0): a
+            reader drops every copy whose generation differs from the one it was named.
     """
 
     key: bytes
@@ -65,6 +70,7 @@ class PinnedBlock:
     meta: bytes
     tier: Tier
     view: memoryview = field(repr=False, compare=False)
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

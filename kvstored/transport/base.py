@@ -24,6 +24,8 @@ class GetItem:
         tier: the tier it was served from (1 DRAM, 2 SSD, 0 unknown).
         size_bytes: the payload size.
         meta: the block's metadata.
+        generation: the master's generation of the replica the node pinned and sent, when
+            the node knows it; 0 = unknown (the reader then asks the master).
     """
 
     code: int
@@ -32,6 +34,7 @@ class GetItem:
     tier: int
     size_bytes: int
     meta: bytes
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

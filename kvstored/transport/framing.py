@@ -7,7 +7,9 @@ and so will node-to-node transfers. Every size a peer announces is checked again
 Framing (all integers little-endian)::
 
     Request  = ReqHeader(16) + body(body_len) [+ payloads, PUT only]
-      ReqHeader  = magic "KVDP" | version u8 (=1) | op u8 (1=GET, 2=PUT) | flags u16 (=0)
+      ReqHeader  = magic "KVDP" | version u8 (=1) | op u8 (1=GET, 2=PUT) | flags u16
+                   flags: GET_FLAG_GENERATION (1, GET only) = item headers carry the
+                   generation; any other bit is refused
                    | count u32 | body_len u32
       GET body   = ns_len u16 | ns | count x (key_len u16 | key)
       PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
@@ -20,8 +22,11 @@ Framing (all integers little-endian)::
       status != 0: body = UTF-8 message (<= MAX_MSG_BYTES); nothing follows
       GET, OK:   body_len = 0; then count items, in request order:
                    ItemHeader(18) = code u16 | tier u8 | found u8 | size u64 | meta_len u32
-                                    | msg_len u16
+                                    | msg_len u16 [| generation u64, with GET_FLAG_GENERATION]
                    | meta | msg | size payload bytes (only when found)
+                 generation: the master's generation of the replica that was pinned and
+                   sent, when the node knows it (0 = unknown, always 0 on a miss; < 2**63,
+                   as the master issues them)
       PUT, OK:   body = count x (code u16 | stored u8 | msg_len u16 | msg)
 
 Deadlines: a :class:`Reader` and :func:`send_all` take an absolute ``time.monotonic()``
@@ -47,6 +52,11 @@ OP_GET = 1
 OP_PUT = 2
 HEADER = struct.Struct("<4sBBHII")  # magic, version, op, flags|status, count, body_len
 GET_ITEM = struct.Struct("<HBBQIH")  # code, tier, found, size, meta_len, msg_len
+GET_ITEM_GEN = struct.Struct("<HBBQIHQ")  # ... msg_len, generation (GET_FLAG_GENERATION)
+GET_FLAG_GENERATION = 1
+"""Request flag of a GET: every item header carries the replica's generation."""
+MAX_GENERATION = (1 << 63) - 1
+"""Largest generation a GET item may carry (the master's generations are in (0, 2**63))."""
 PUT_ITEM = struct.Struct("<HBH")  # code, stored, msg_len
 PUT_REQ_ITEM = struct.Struct("<QI")  # size, meta_len
 U16 = struct.Struct("<H")
@@ -152,16 +162,22 @@ class FrameLimits:
             per_item += PUT_REQ_ITEM.size + self.max_meta_bytes
         return min(self.max_body_bytes, 2 + self.max_namespace_bytes + count * per_item)
 
-    def check_request_header(self, op: int, count: int, body_len: int) -> None:
-        """Check a request header's announced sizes.
+    def check_request_header(self, op: int, count: int, body_len: int, flags: int = 0) -> None:
+        """Check a request header's op, flags and announced sizes.
 
         Raises:
-            ProtocolError: unknown op.
+            ProtocolError: unknown op, or a flag this side does not know.
             FrameRejected: too many items or too long a body (holding BatchTooLarge or
                 InvalidArgument naming the limit and the setting that raises it).
         """
         if op not in (OP_GET, OP_PUT):
             raise ProtocolError(f"unknown data-plane op {op}; expected 1 (GET) or 2 (PUT)")
+        known = GET_FLAG_GENERATION if op == OP_GET else 0
+        if flags & ~known:
+            raise ProtocolError(
+                f"data-plane request flags {flags:#x} are not supported for op {op} "
+                f"(known: {known:#x})"
+            )
         if count > self.max_items:
             raise FrameRejected(BatchTooLarge(
                 f"data-plane request announces {count} items; at most {self.max_items} per "

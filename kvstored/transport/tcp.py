@@ -54,8 +54,10 @@ from kvstored.errors import (
 )
 from kvstored.transport.base import GetItem, PutItem, Sink
 from kvstored.transport.framing import (
-    GET_ITEM,
+    GET_FLAG_GENERATION,
+    GET_ITEM_GEN,
     HEADER,
+    MAX_GENERATION,
     MAX_MSG_BYTES,
     OP_GET,
     OP_PUT,
@@ -216,7 +218,8 @@ class DataPlaneClient:
         """Fetch blocks; each found payload is received straight into ``sink(...)``'s view.
 
         Every announced size is checked before ``sink`` is asked for memory: a payload over
-        ``max_block_bytes`` or a meta over ``max_meta_bytes`` fails the call.
+        ``max_block_bytes``, a meta over ``max_meta_bytes`` or a generation out of range
+        (>= 2**63, or on a miss) fails the call.
 
         Returns:
             Per key, in order: a :class:`GetItem` (``found`` False = miss; ``code`` != 0 =
@@ -228,20 +231,25 @@ class DataPlaneClient:
             A KvstoredError for a whole-request error.
         """
         request = encode_get_body(keys, namespace_id)
-        request = encode_header(OP_GET, 0, len(keys), len(request)) + request
+        request = encode_header(OP_GET, GET_FLAG_GENERATION, len(keys), len(request)) + request
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)
             self._check_status(reader, OP_GET, len(keys))
             out = []
             for i in range(len(keys)):
-                code, tier, found, size, meta_len, msg_len = GET_ITEM.unpack(
-                    reader.read_exact(GET_ITEM.size)
+                code, tier, found, size, meta_len, msg_len, generation = GET_ITEM_GEN.unpack(
+                    reader.read_exact(GET_ITEM_GEN.size)
                 )
                 if meta_len > self.max_meta_bytes or msg_len > MAX_MSG_BYTES:
                     raise ProtocolError(
                         f"GET item #{i} announces a {meta_len}-byte meta and a {msg_len}-byte "
                         f"message; at most {self.max_meta_bytes} and {MAX_MSG_BYTES}"
+                    )
+                if generation > MAX_GENERATION or (generation and not found):
+                    raise ProtocolError(
+                        f"GET item #{i} announces generation {generation} "
+                        f"(found={bool(found)}); a generation is < 2**63 and only on a hit"
                     )
                 if found and size > self.max_block_bytes:
                     raise ProtocolError(
@@ -258,7 +266,7 @@ class DataPlaneClient:
                         if len(dst) != size:
                             raise InternalError(f"sink returned {len(dst)} bytes for a {size}-byte block")
                         reader.read_into(dst)
-                out.append(GetItem(code, msg, bool(found), tier, size, meta))
+                out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 
         return self._call(run, deadline)  # type: ignore[return-value]

@@ -22,7 +22,9 @@ import structlog
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
 from kvstored.tiers.base import PinnedBlock, Reservation
 from kvstored.transport.framing import (
+    GET_FLAG_GENERATION,
     GET_ITEM,
+    GET_ITEM_GEN,
     HEADER,
     OP_GET,
     OP_PUT,
@@ -307,17 +309,18 @@ class DataPlaneServer:
         op = 0
         code = int(ErrorCode.INTERNAL)
         try:
-            op, _flags, count, body_len = decode_header(reader.read_exact(HEADER.size))
+            op, flags, count, body_len = decode_header(reader.read_exact(HEADER.size))
             with self._lock:
                 self._counters.requests += 1
-            self.limits.check_request_header(op, count, body_len)
+            self.limits.check_request_header(op, count, body_len, flags)
             self._emit("request_started", op=op, count=count)
             with self._header_budget(body_len, reader.deadline):
                 raw = reader.read_exact(body_len)
                 if op == OP_GET:
                     ns, keys = decode_get_body(raw, count)
                     del raw
-                    code = self._handle_get(sock, reader, keys, ns)
+                    code = self._handle_get(sock, reader, keys, ns,
+                                            with_generation=bool(flags & GET_FLAG_GENERATION))
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
@@ -381,8 +384,11 @@ class DataPlaneServer:
                 self._budget_freed.notify_all()
 
     # ---- GET -----------------------------------------------------------------------------
-    def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes) -> int:
+    def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
+                    *, with_generation: bool = False) -> int:
         core = self.core
+        # GET_FLAG_GENERATION: each item header ends with the replica's generation
+        item, tail = (GET_ITEM_GEN, (0,)) if with_generation else (GET_ITEM, ())
         try:
             core.check_batch(len(keys))
             core.check_namespace_id(ns)
@@ -408,16 +414,17 @@ class DataPlaneServer:
                 for b in got:
                     if isinstance(b, PinnedBlock):
                         pending.append(
-                            GET_ITEM.pack(0, int(b.tier), 1, b.size_bytes, len(b.meta), 0) + b.meta
+                            item.pack(0, int(b.tier), 1, b.size_bytes, len(b.meta), 0,
+                                      *((b.generation,) if with_generation else ())) + b.meta
                         )
                         pending.append(b.view)
                         num_blocks += 1
                         num_bytes += b.size_bytes
                     elif b is None:
-                        pending.append(GET_ITEM.pack(0, 0, 0, 0, 0, 0))
+                        pending.append(item.pack(0, 0, 0, 0, 0, 0, *tail))
                     else:
                         msg = short_message(str(b))
-                        pending.append(GET_ITEM.pack(int(b.code), 0, 0, 0, 0, len(msg)) + msg)
+                        pending.append(item.pack(int(b.code), 0, 0, 0, 0, len(msg), *tail) + msg)
                 self._allow_payload(reader, sum(b.size_bytes for b in got if isinstance(b, PinnedBlock)))
                 self._emit("get_before_send", start=start, num_items=len(got))  # pins held
                 send_all(sock, pending, reader.deadline)  # while the chunk's pins are held

@@ -31,6 +31,7 @@ from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
 
 HEADER = struct.Struct("<4sBBHII")
 GET_ITEM = struct.Struct("<HBBQIH")
+GET_ITEM_GEN = struct.Struct("<HBBQIHQ")  # what DataPlaneClient asks for (GET_FLAG_GENERATION)
 EVENT_WAIT_S = 10.0  # a hang guard; every assertion is on what the server did, not on time
 MIB = 1 << 20
 
@@ -145,6 +146,34 @@ def test_count_over_max_batch_keys_is_refused_before_the_body(make_plane: Any) -
         status, msg = read_error_then_eof(s)
     assert status == ErrorCode.BATCH_TOO_LARGE and "65 items" in msg and "max_batch_keys" in msg
     assert p.server.counters().rejected_frames == 1
+
+
+@pytest.mark.parametrize(("op", "flags"), [(1, 2), (1, 0x8000), (2, 1)])
+def test_unknown_request_flags_are_refused(make_plane: Any, op: int, flags: int) -> None:
+    p = make_plane()
+    with p.connect() as s:
+        s.sendall(HEADER.pack(b"KVDP", 1, op, flags, 1, 18))
+        status, msg = read_error_then_eof(s)
+    assert status == ErrorCode.INVALID_ARGUMENT and f"flags {flags:#x}" in msg
+    assert p.server.counters().rejected_frames == 1
+
+
+def test_a_get_with_the_generation_flag_gets_longer_item_headers(make_plane: Any) -> None:
+    p = make_plane()
+    k = random_keys(2)
+    p.core.put_inline([(k[0], b"v" * 100, b"")], b"")
+    frame = get_frame(k)
+    with p.connect() as s:
+        _m, v, op, _flags, count, body_len = HEADER.unpack(frame[:HEADER.size])
+        s.sendall(HEADER.pack(b"KVDP", v, op, 1, count, body_len)  # GET_FLAG_GENERATION
+                  + frame[HEADER.size:])
+        _m, _v, _op, status, count, _bl = HEADER.unpack(recv_exact(s, HEADER.size))
+        assert (status, count) == (0, 2)
+        code, _tier, found, size, meta_len, msg_len, gen = GET_ITEM_GEN.unpack(
+            recv_exact(s, GET_ITEM_GEN.size))
+        assert (code, found, size, meta_len, msg_len, gen) == (0, 1, 100, 0, 0, 0)
+        assert recv_exact(s, 100) == b"v" * 100
+        assert GET_ITEM_GEN.unpack(recv_exact(s, GET_ITEM_GEN.size))[2] == 0  # the miss
 
 
 @pytest.mark.parametrize("op", [1, 2])
@@ -376,12 +405,15 @@ class FakeNode:
         self.thread.join(5)
 
 
-@pytest.mark.parametrize("case", ["huge_block", "huge_meta", "huge_error_message", "item_count"])
+@pytest.mark.parametrize("case", ["huge_block", "huge_meta", "huge_error_message", "item_count",
+                                  "huge_generation", "generation_on_a_miss"])
 def test_the_client_checks_announced_sizes_before_allocating(case: str) -> None:
     ok = HEADER.pack(b"KVDP", 1, 1, 0, 1, 0)
     reply = {
-        "huge_block": ok + GET_ITEM.pack(0, 1, 1, 1 << 62, 0, 0),
-        "huge_meta": ok + GET_ITEM.pack(0, 1, 1, 10, 0xFFFFFFF0, 0),
+        "huge_block": ok + GET_ITEM_GEN.pack(0, 1, 1, 1 << 62, 0, 0, 0),
+        "huge_meta": ok + GET_ITEM_GEN.pack(0, 1, 1, 10, 0xFFFFFFF0, 0, 0),
+        "huge_generation": ok + GET_ITEM_GEN.pack(0, 1, 1, 10, 0, 0, 1 << 63),
+        "generation_on_a_miss": ok + GET_ITEM_GEN.pack(0, 0, 0, 0, 0, 0, 7),
         "huge_error_message": HEADER.pack(b"KVDP", 1, 1, int(ErrorCode.INTERNAL), 0, 0xFFFFFFF0),
         "item_count": HEADER.pack(b"KVDP", 1, 1, 0, 1 << 30, 0),
     }[case]
