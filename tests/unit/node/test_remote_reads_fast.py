@@ -179,15 +179,15 @@ def test_copies_without_a_generation_are_still_verified_through_the_master(
     src.publish(master, [1, 2], gen=5)
     src.generations[key(1)] = 5  # the source knows block 1's generation, not block 2's
 
-    def master_moves_on() -> None:  # held after the copy: block 2 got a new write meanwhile
-        r = master.replicas[key(2)]
-        master.replicas[key(2)] = dataclasses.replace(r, generation=6)
+    def master_moves_on() -> None:  # held after each copy: block 2 got a new write meanwhile
+        r = master.replicas[key(2)]  # (every time: a renamed block is copied once more)
+        master.replicas[key(2)] = dataclasses.replace(r, generation=r.generation + 1)
 
     reads = _reads(local, master, before_verify=master_moves_on)
     try:
         got = reads.fill([key(1), key(2)], b"")
         assert (got.num_fetched, got.num_dropped) == (1, 1)
-        assert master.lookups == 2  # block 2 needed the master's word
+        assert master.lookups == 3  # block 2 needed the master's word (its copy and re-copy)
         assert _local_bytes(local, [1, 2]) == [value(1), None]
     finally:
         reads.close()
