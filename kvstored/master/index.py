@@ -7,16 +7,18 @@ found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
     key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
     block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
     row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
-                    | state u1  (26 bytes per replica, one contiguous array per field;
-                    rows of one block form a singly linked list from head[slot];
-                    block[row] points back to the slot)
-    holder columns  readable[holder] bool, load[holder] f8
+                    | state u1 | hnext i4 | hprev i4  (34 bytes per replica, one contiguous
+                    array per field; rows of one block form a singly linked list from
+                    head[slot]; block[row] points back to the slot; rows of one holder
+                    form a doubly linked list from holder_head[holder], for GC)
+    holder columns  readable[holder] bool, load[holder] f8, holder_head[holder] i8
 
 A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
 A replica is readable only while its holder is readable (alive, healthy, synced): dropping a
 node, a lapsed lease or a superseded epoch flips one flag (O(1)), and its rows can never be
 returned again; :meth:`BlockIndex.collect_garbage` unlinks such rows later, in bounded
-batches, so no call ever walks millions of rows on the loop.
+batches taken from the holder's row list (cost proportional to the garbage, no scan), so no
+call ever walks millions of rows on the loop.
 
 Invariants:
 
@@ -51,8 +53,10 @@ _NO_ROW = -1
 _FREE = 0
 _LOAD_CLIP = 1e9
 ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
-              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8))
-"""The columns of a replica row: 26 bytes per replica."""
+              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
+              ("hnext", np.int32), ("hprev", np.int32))
+"""The columns of a replica row: 34 bytes per replica."""
+_LINKS = ("next", "block", "hnext", "hprev")
 
 
 def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
@@ -93,12 +97,14 @@ class BlockIndex:
         self._retired = np.zeros(16, dtype=np.bool_)
         self._load = np.zeros(16, dtype=np.float64)
         self._holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
+        self._holder_head = np.full(16, _NO_ROW, dtype=np.int64)  # first row of its row list
+        self._garbage_holders: list[int] = []  # retired holders whose rows are not unlinked yet
         self._num_holders = 0
         self._num_dead_rows = 0
 
     def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
         for name, dtype in ROW_FIELDS:
-            arr = np.full(n, _NO_ROW if name in ("next", "block") else 0, dtype=dtype)
+            arr = np.full(n, _NO_ROW if name in _LINKS else 0, dtype=dtype)
             if old is not None:
                 arr[: len(old[name])] = old[name]
             setattr(self, f"_{name}", arr)
@@ -112,6 +118,7 @@ class BlockIndex:
         self._retired = _grow(self._retired, h + 1, False)
         self._load = _grow(self._load, h + 1, 0.0)
         self._holder_rows = _grow(self._holder_rows, h + 1, 0)
+        self._holder_head = _grow(self._holder_head, h + 1, _NO_ROW)
         return h
 
     def _check_holder(self, holder: int) -> None:
@@ -151,6 +158,8 @@ class BlockIndex:
         self._retired[holder] = True
         n = int(self._holder_rows[holder])
         self._num_dead_rows += n
+        if n:
+            self._garbage_holders.append(holder)
         return n
 
     def num_holder_replicas(self, holder: int) -> int:
@@ -177,8 +186,9 @@ class BlockIndex:
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
         arrays = (self._head, self._block_ns, self._bkey, self._holder, self._next,
-                  self._block, self._size, self._gen, self._tier, self._state, self._readable, self._retired,
-                  self._load, self._holder_rows)
+                  self._block, self._size, self._gen, self._tier, self._state, self._hnext,
+                  self._hprev, self._readable, self._retired, self._load, self._holder_rows,
+                  self._holder_head)
         return sum(a.nbytes for a in arrays)
 
     def memory_bytes(self) -> int:
@@ -278,7 +288,32 @@ class BlockIndex:
             prev, row = row, int(self._next[row])
         return _NO_ROW, prev
 
+    def _link_holder(self, holder: int, rows: np.ndarray) -> None:
+        """Put new rows at the front of their holder's row list (one vectorized step)."""
+        if len(rows) == 0:
+            return
+        old = int(self._holder_head[holder])
+        self._hnext[rows[:-1]] = rows[1:]
+        self._hprev[rows[1:]] = rows[:-1]
+        self._hprev[rows[0]] = _NO_ROW
+        last = int(rows[-1])
+        self._hnext[last] = old
+        if old != _NO_ROW:
+            self._hprev[old] = last
+        self._holder_head[holder] = int(rows[0])
+
+    def _unlink_holder(self, row: int) -> None:
+        nxt, prv = int(self._hnext[row]), int(self._hprev[row])
+        if prv == _NO_ROW:
+            self._holder_head[int(self._holder[row])] = nxt
+        else:
+            self._hnext[prv] = nxt
+        if nxt != _NO_ROW:
+            self._hprev[nxt] = prv
+        self._hnext[row] = self._hprev[row] = _NO_ROW
+
     def _unlink(self, slot: int, row: int, prev: int) -> None:
+        self._unlink_holder(row)
         nxt = int(self._next[row])
         if prev == _NO_ROW:
             self._head[slot] = nxt
@@ -344,6 +379,7 @@ class BlockIndex:
         self._block[row] = slot
         self._head[slot] = row
         self._holder_rows[holder] += 1
+        self._link_holder(holder, np.asarray([row], dtype=np.int64))
         return True
 
     def add_replicas_bulk(
@@ -425,6 +461,7 @@ class BlockIndex:
                 self._next[r] = self._head[s]
                 self._head[s] = r
         self._holder_rows[holder] += len(rows)
+        self._link_holder(holder, rows)
         return len(rows)
 
     def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
@@ -597,37 +634,40 @@ class BlockIndex:
     def collect_garbage(self, max_rows: int = 65536) -> int:
         """Unlink up to ``max_rows`` rows of retired holders (bounded Python work per call).
 
-        Finding the rows is one vectorized pass over the row columns; unlinking walks only
-        the chains of the blocks those rows belong to.
+        Each holder keeps its rows in a doubly linked row list (``hnext``/``hprev``), so a
+        call takes the rows of retired holders straight from their lists: its cost is
+        proportional to the rows it unlinks (and their blocks' short chains), never to the
+        size of the index.
 
         Returns:
             Rows unlinked (0 when there is no garbage).
         """
-        if self._num_dead_rows == 0 or max_rows <= 0:
-            return 0
-        used = self._num_rows_used
-        dead = np.flatnonzero((self._state[:used] != _FREE) & self._retired[self._holder[:used]])
         done = 0
-        for row in dead[:max_rows].tolist():
+        while self._garbage_holders and done < max_rows:
+            h = self._garbage_holders[-1]
+            row = int(self._holder_head[h])
+            if row == _NO_ROW:
+                self._garbage_holders.pop()
+                continue
             slot = int(self._block[row])
             _, prev = self._find_row_exact(slot, row)
-            self._holder_rows[int(self._holder[row])] -= 1
+            self._holder_rows[h] -= 1
             self._num_dead_rows -= 1
             self._unlink(slot, row, prev)
             done += 1
         return done
 
     def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
-        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(rows))."""
-        used = self._num_rows_used
-        rows = np.flatnonzero((self._holder[:used] == holder) & (self._state[:used] != _FREE))
-        out = []
-        for row in rows.tolist():
+        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(its rows))."""
+        out: list[tuple[bytes, bytes, Tier]] = []
+        row = int(self._holder_head[holder]) if 0 <= holder < self._num_holders else _NO_ROW
+        while row != _NO_ROW:
             slot = int(self._block[row])
             ns = int(self._block_ns[slot])
             key = self._key_bytes(slot)
             key = self._long_keys.get((ns, key), key)
             out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
+            row = int(self._hnext[row])
         return out
 
 
