@@ -205,6 +205,7 @@ class Membership:
         self.unhealthy_after_failures = int(unhealthy_after_failures)
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
+        self._oldest_heartbeat_s = math.inf  # <= every live node's last_heartbeat_s
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
@@ -237,8 +238,16 @@ class Membership:
             The node ids dropped, sorted.
         """
         now = self.clock()
+        # heartbeats only move last_heartbeat_s forward, so the oldest one seen by the last
+        # scan bounds them all: nothing can have lapsed before it does (O(1) per call, not
+        # O(nodes): every RPC calls this, so a scan each time was O(nodes^2) per second)
+        if now - self._oldest_heartbeat_s <= self.node_lease_s:
+            return []
         gone = sorted(n for n, r in self._nodes.items()
                       if now - r.last_heartbeat_s > self.node_lease_s)
+        lapsed = set(gone)
+        self._oldest_heartbeat_s = min(
+            (r.last_heartbeat_s for n, r in self._nodes.items() if n not in lapsed), default=now)
         for node_id in gone:
             rec = self._nodes[node_id]
             log.warning("node_lease_expired", node_id=node_id, epoch=rec.spec.epoch,
@@ -297,6 +306,7 @@ class Membership:
         else:
             holder = self.index.add_holder()
         same = old is not None and not superseded  # the live daemon reconnecting
+        self._oldest_heartbeat_s = min(self._oldest_heartbeat_s, now)
         rec = NodeRecord(spec=spec, holder=holder, registered_s=now, last_heartbeat_s=now,
                          tiers=tiers, synced=same and old.synced,  # type: ignore[union-attr]
                          applied_seq=old.applied_seq if same else 0,  # type: ignore[union-attr]
@@ -501,4 +511,5 @@ class Membership:
 
     def is_complete(self) -> bool:
         """True when every live node's inventory is synced without a gap."""
-        return all(r.synced and not r.gap for r in self.nodes())
+        self.expire_lapsed()
+        return all(r.synced and not r.gap for r in self._nodes.values())
