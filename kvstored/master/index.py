@@ -32,12 +32,12 @@ Not thread-safe: the master mutates it from its event loop only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
+from kvstored.master.holders import _LOAD_CLIP, _NO_ROW, HolderRows, _grow
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
 from kvstored.master.records import (
     EMPTY_HIT,
@@ -49,11 +49,9 @@ from kvstored.master.records import (
 )
 from kvstored.tiers.base import Tier
 
-_NO_ROW = -1
 MAX_RANKED_REPLICAS = 8
 """Rows of one block a lookup ranks (newest first) once it has found a readable one."""
 _FREE = 0
-_LOAD_CLIP = 1e9
 _LOCAL_SSD_SCORE = 2 * _LOAD_CLIP  # scores below: a local DRAM replica (rank 0)
 ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
               ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
@@ -62,16 +60,7 @@ ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
 _LINKS = ("next", "block", "hnext", "hprev")
 
 
-def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
-    if need <= len(arr):
-        return arr
-    new_len = max(need, 2 * len(arr), 1024)
-    out = np.full(new_len, fill, dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out
-
-
-class BlockIndex:
+class BlockIndex(HolderRows):
     """Cluster block index over packed numpy columns (see the module docstring).
 
     Args:
@@ -111,64 +100,6 @@ class BlockIndex:
             if old is not None:
                 arr[: len(old[name])] = old[name]
             setattr(self, f"_{name}", arr)
-
-    # ---- holders ---------------------------------------------------------------------
-    def add_holder(self) -> int:
-        """A new holder id (starts unreadable; never reused)."""
-        h = self._num_holders
-        self._num_holders += 1
-        self._readable = _grow(self._readable, h + 1, False)
-        self._retired = _grow(self._retired, h + 1, False)
-        self._load = _grow(self._load, h + 1, 0.0)
-        self._holder_rows = _grow(self._holder_rows, h + 1, 0)
-        self._holder_head = _grow(self._holder_head, h + 1, _NO_ROW)
-        return h
-
-    def _check_holder(self, holder: int) -> None:
-        if not 0 <= holder < self._num_holders:
-            raise InvalidArgument(f"unknown holder {holder} (holders: {self._num_holders})")
-
-    def set_readable(self, holder: int, readable: bool) -> None:
-        """Let lookups return (or stop returning) this holder's committed replicas.
-
-        Raises:
-            InvalidArgument: unknown holder, or making a retired holder readable.
-        """
-        self._check_holder(holder)
-        if readable and self._retired[holder]:
-            raise InvalidArgument(f"holder {holder} is retired and can never be readable again")
-        self._readable[holder] = readable
-
-    def is_readable(self, holder: int) -> bool:
-        """Whether lookups may return this holder's replicas."""
-        return 0 <= holder < self._num_holders and bool(self._readable[holder])
-
-    def set_load(self, holder: int, load: float) -> None:
-        """The holder's load (lower is preferred among replicas of equal rank)."""
-        self._check_holder(holder)
-        self._load[holder] = load if math.isfinite(load) and load >= 0 else _LOAD_CLIP
-
-    def retire_holder(self, holder: int) -> int:
-        """Drop every replica of a holder at once (O(1)); rows are unlinked by GC later.
-
-        Returns:
-            How many rows the holder had (all of them are now garbage).
-        """
-        self._check_holder(holder)
-        if self._retired[holder]:
-            return 0
-        self._readable[holder] = False
-        self._retired[holder] = True
-        n = int(self._holder_rows[holder])
-        self._num_dead_rows += n
-        if n:
-            self._garbage_holders.append(holder)
-        return n
-
-    def num_holder_replicas(self, holder: int) -> int:
-        """Replica rows of a holder (0 once retired)."""
-        self._check_holder(holder)
-        return 0 if self._retired[holder] else int(self._holder_rows[holder])
 
     # ---- sizes -----------------------------------------------------------------------
     @property
@@ -290,30 +221,6 @@ class BlockIndex:
                 return row, prev
             prev, row = row, int(self._next[row])
         return _NO_ROW, prev
-
-    def _link_holder(self, holder: int, rows: np.ndarray) -> None:
-        """Put new rows at the front of their holder's row list (one vectorized step)."""
-        if len(rows) == 0:
-            return
-        old = int(self._holder_head[holder])
-        self._hnext[rows[:-1]] = rows[1:]
-        self._hprev[rows[1:]] = rows[:-1]
-        self._hprev[rows[0]] = _NO_ROW
-        last = int(rows[-1])
-        self._hnext[last] = old
-        if old != _NO_ROW:
-            self._hprev[old] = last
-        self._holder_head[holder] = int(rows[0])
-
-    def _unlink_holder(self, row: int) -> None:
-        nxt, prv = int(self._hnext[row]), int(self._hprev[row])
-        if prv == _NO_ROW:
-            self._holder_head[int(self._holder[row])] = nxt
-        else:
-            self._hnext[prv] = nxt
-        if nxt != _NO_ROW:
-            self._hprev[nxt] = prv
-        self._hnext[row] = self._hprev[row] = _NO_ROW
 
     def _unlink(self, slot: int, row: int, prev: int) -> None:
         self._unlink_holder(row)
@@ -643,47 +550,6 @@ class BlockIndex:
         score = rank * (2 * _LOAD_CLIP) + np.minimum(self._load[h], _LOAD_CLIP)
         score[~ok] = np.inf
         return np.where(ok, rows, _NO_ROW), score, h
-
-    # ---- garbage ---------------------------------------------------------------------
-    def collect_garbage(self, max_rows: int = 65536) -> int:
-        """Unlink up to ``max_rows`` rows of retired holders (bounded Python work per call).
-
-        Each holder keeps its rows in a doubly linked row list (``hnext``/``hprev``), so a
-        call takes the rows of retired holders straight from their lists: its cost is
-        proportional to the rows it unlinks (and their blocks' short chains), never to the
-        size of the index.
-
-        Returns:
-            Rows unlinked (0 when there is no garbage).
-        """
-        done = 0
-        while self._garbage_holders and done < max_rows:
-            h = self._garbage_holders[-1]
-            row = int(self._holder_head[h])
-            if row == _NO_ROW:
-                self._garbage_holders.pop()
-                continue
-            slot = int(self._block[row])
-            _, prev = self._find_row_exact(slot, row)
-            self._holder_rows[h] -= 1
-            self._num_dead_rows -= 1
-            self._unlink(slot, row, prev)
-            done += 1
-        return done
-
-    def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
-        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(its rows))."""
-        out: list[tuple[bytes, bytes, Tier]] = []
-        row = int(self._holder_head[holder]) if 0 <= holder < self._num_holders else _NO_ROW
-        while row != _NO_ROW:
-            slot = int(self._block[row])
-            ns = int(self._block_ns[slot])
-            key = self._key_bytes(slot)
-            key = self._long_keys.get((ns, key), key)
-            out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
-            row = int(self._hnext[row])
-        return out
-
 
 __all__ = ["MAX_RANKED_REPLICAS", "MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
            "ReplicaState"]
