@@ -129,6 +129,15 @@ class HolderRows:
             self._hprev[old] = last
         self._holder_head[holder] = int(rows[0])
 
+    def _link_holder_one(self, holder: int, row: int) -> None:
+        """Put one new row at the front of its holder's row list (scalar)."""
+        old = int(self._holder_head[holder])
+        self._hnext[row] = old
+        self._hprev[row] = _NO_ROW
+        if old != _NO_ROW:
+            self._hprev[old] = row
+        self._holder_head[holder] = row
+
     def _unlink_holder(self, row: int) -> None:
         nxt, prv = int(self._hnext[row]), int(self._hprev[row])
         if prv == _NO_ROW:

@@ -173,6 +173,31 @@ class BlockIndex(HolderRows):
         self._tables[ns].insert_many(words, slots)
         return slots
 
+    def _new_block(self, ns: int, key: bytes) -> int:
+        """The slot of a new block for one absent key (scalar path of :meth:`_new_blocks`)."""
+        if self._free_blocks:
+            slot = self._free_blocks.pop()
+        else:
+            slot = self._num_slots
+            self._num_slots += 1
+            self._grow_blocks(self._num_slots)
+        d = key_digest(key)
+        lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
+        self._head[slot] = _NO_ROW
+        self._block_ns[slot] = ns
+        self._bkey[slot, 0] = lo
+        self._bkey[slot, 1] = hi
+        if len(key) != KEY_BYTES:
+            self._long_keys[(ns, d)] = bytes(key)
+        self._tables[ns].insert_words(lo, hi, slot)
+        return slot
+
+    def _new_row(self) -> int:
+        """One free row (scalar path of :meth:`_new_rows`)."""
+        if self._free_rows:
+            return self._free_rows.pop()
+        return int(self._new_rows(1)[0])
+
     def _slot(self, ns: int | None, key: bytes) -> int | None:
         if ns is None:
             return None
@@ -270,7 +295,7 @@ class BlockIndex(HolderRows):
         assert ns is not None
         slot = self._slot(ns, key)
         if slot is None:
-            slot = int(self._new_blocks(ns, keys_to_words([key]), [key])[0])
+            slot = self._new_block(ns, key)
         else:
             row, _ = self._find_row(slot, holder, int(tier))
             if row != _NO_ROW:
@@ -279,7 +304,7 @@ class BlockIndex(HolderRows):
                     self._size[row] = size_bytes
                     self._gen[row] = generation
                 return False
-        row = int(self._new_rows(1)[0])
+        row = self._new_row()
         self._holder[row] = holder
         self._tier[row] = int(tier)
         self._state[row] = int(state)
@@ -289,7 +314,7 @@ class BlockIndex(HolderRows):
         self._block[row] = slot
         self._head[slot] = row
         self._holder_rows[holder] += 1
-        self._link_holder(holder, np.asarray([row], dtype=np.int64))
+        self._link_holder_one(holder, row)
         return True
 
     def add_replicas_bulk(
