@@ -206,9 +206,11 @@ class Membership:
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
         self._oldest_heartbeat_s = math.inf  # <= every live node's last_heartbeat_s
+        self._complete: bool | None = None  # is_complete() cached until a node changes
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
+        self._complete = None  # every change of synced / gap goes through here or _drop
         self.index.set_readable(rec.holder, rec.synced and not rec.gap and rec.healthy)
 
     def _retire(self, holder: int) -> None:
@@ -216,6 +218,7 @@ class Membership:
         self.index.retire_holder(holder)
 
     def _drop(self, rec: NodeRecord) -> None:
+        self._complete = None
         self._retire(rec.holder)
         if rec.pending is not None:
             self._retire(rec.pending.holder)
@@ -512,4 +515,6 @@ class Membership:
     def is_complete(self) -> bool:
         """True when every live node's inventory is synced without a gap."""
         self.expire_lapsed()
-        return all(r.synced and not r.gap for r in self._nodes.values())
+        if self._complete is None:  # (cached: LookupPrefix asks on every call)
+            self._complete = all(r.synced and not r.gap for r in self._nodes.values())
+        return self._complete

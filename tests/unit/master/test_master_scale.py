@@ -1,12 +1,14 @@
 """Costs that must not grow with the node count: a hot block held by every node, lease
-checks on every RPC (expire_lapsed's O(1) fast path keeps lapsing exact)."""
+checks on every RPC (expire_lapsed's O(1) fast path keeps lapsing exact), is_complete on
+every lookup (cached, invalidated by every sync, gap, join and lapse)."""
 
 from __future__ import annotations
 
 import numpy as np
-from master_helpers import LEASE_S, NS, Cluster, blocks, key
+from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 
 from kvstored.master.index import MAX_RANKED_REPLICAS, BlockIndex
+from kvstored.master.membership import BlockEvent, BlockRef, EventKind
 from kvstored.tiers.base import Tier
 
 
@@ -62,3 +64,20 @@ def test_a_silent_node_lapses_exactly_after_its_lease_while_others_heartbeat() -
     c.clock.advance(0.6)  # b: silent LEASE_S + 0.1
     assert c.members.node("b") is None and c.members.node("c") is not None
     assert c.where([ord("c")]) == [("c", Tier.DRAM)] and c.where([ord("a")]) == []
+
+
+def test_is_complete_follows_every_sync_gap_join_and_lapse() -> None:
+    c = Cluster()
+    m = c.members
+    c.join("a", inventory=blocks([1]))
+    assert m.is_complete()
+    m.report_events("a", 1, [BlockEvent(5, EventKind.ADDED, BlockRef(NS, key(2), Tier.DRAM, 1))])
+    assert not m.is_complete()  # a gap (seq 5 after 0)
+    c.sync("a", 1, blocks([1, 2]), seq=5)
+    assert m.is_complete()
+    m.register(spec("b"))
+    assert not m.is_complete()  # b registered, not synced
+    c.clock.advance(LEASE_S / 2)
+    m.heartbeat("a", 1)
+    c.clock.advance(LEASE_S / 2 + 1)
+    assert m.is_complete()  # b lapsed; a alone is synced
