@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvstored import log as kvlog
 from kvstored.config import ClusterConfig
 from kvstored.node.cluster import MasterLink
 from kvstored.tiers.tiered import TieredStore
@@ -119,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_link.json"))
     args = ap.parse_args()
+    kvlog.configure(level="warning")  # no per-block info lines from the store
     rows = []
     for n in [int(s) for s in args.sizes.split(",")]:
         for mode in ("diff", "feed"):

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from kvstored import log as kvlog
 from kvstored.clock import FakeClock
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import Membership
@@ -184,6 +185,7 @@ def main() -> None:
     ap.add_argument("--trace", default="conversation")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
     args = ap.parse_args()
+    kvlog.configure(level="warning")  # the master logs every registration and sync
     trace = [r.hash_ids for r in load_trace(resolve_trace(args.trace))]
     rows = []
     for n in [int(s) for s in args.nodes.split(",")]:
