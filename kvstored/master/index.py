@@ -7,16 +7,18 @@ found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
     key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
     block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
     row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
-                    | state u1  (26 bytes per replica, one contiguous array per field;
-                    rows of one block form a singly linked list from head[slot];
-                    block[row] points back to the slot)
-    holder columns  readable[holder] bool, load[holder] f8
+                    | state u1 | hnext i4 | hprev i4  (34 bytes per replica, one contiguous
+                    array per field; rows of one block form a singly linked list from
+                    head[slot]; block[row] points back to the slot; rows of one holder
+                    form a doubly linked list from holder_head[holder], for GC)
+    holder columns  readable[holder] bool, load[holder] f8, holder_head[holder] i8
 
 A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
 A replica is readable only while its holder is readable (alive, healthy, synced): dropping a
 node, a lapsed lease or a superseded epoch flips one flag (O(1)), and its rows can never be
 returned again; :meth:`BlockIndex.collect_garbage` unlinks such rows later, in bounded
-batches, so no call ever walks millions of rows on the loop.
+batches taken from the holder's row list (cost proportional to the garbage, no scan), so no
+call ever walks millions of rows on the loop.
 
 Invariants:
 
@@ -30,12 +32,12 @@ Not thread-safe: the master mutates it from its event loop only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
+from kvstored.master.holders import _LOAD_CLIP, _NO_ROW, HolderRows, _grow
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
 from kvstored.master.records import (
     EMPTY_HIT,
@@ -47,24 +49,18 @@ from kvstored.master.records import (
 )
 from kvstored.tiers.base import Tier
 
-_NO_ROW = -1
+MAX_RANKED_REPLICAS = 8
+"""Rows of one block a lookup ranks (newest first) once it has found a readable one."""
 _FREE = 0
-_LOAD_CLIP = 1e9
+_LOCAL_SSD_SCORE = 2 * _LOAD_CLIP  # scores below: a local DRAM replica (rank 0)
 ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
-              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8))
-"""The columns of a replica row: 26 bytes per replica."""
+              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
+              ("hnext", np.int32), ("hprev", np.int32))
+"""The columns of a replica row: 34 bytes per replica."""
+_LINKS = ("next", "block", "hnext", "hprev")
 
 
-def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
-    if need <= len(arr):
-        return arr
-    new_len = max(need, 2 * len(arr), 1024)
-    out = np.full(new_len, fill, dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out
-
-
-class BlockIndex:
+class BlockIndex(HolderRows):
     """Cluster block index over packed numpy columns (see the module docstring).
 
     Args:
@@ -93,70 +89,17 @@ class BlockIndex:
         self._retired = np.zeros(16, dtype=np.bool_)
         self._load = np.zeros(16, dtype=np.float64)
         self._holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
+        self._holder_head = np.full(16, _NO_ROW, dtype=np.int64)  # first row of its row list
+        self._garbage_holders: list[int] = []  # retired holders whose rows are not unlinked yet
         self._num_holders = 0
         self._num_dead_rows = 0
 
     def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
         for name, dtype in ROW_FIELDS:
-            arr = np.full(n, _NO_ROW if name in ("next", "block") else 0, dtype=dtype)
+            arr = np.full(n, _NO_ROW if name in _LINKS else 0, dtype=dtype)
             if old is not None:
                 arr[: len(old[name])] = old[name]
             setattr(self, f"_{name}", arr)
-
-    # ---- holders ---------------------------------------------------------------------
-    def add_holder(self) -> int:
-        """A new holder id (starts unreadable; never reused)."""
-        h = self._num_holders
-        self._num_holders += 1
-        self._readable = _grow(self._readable, h + 1, False)
-        self._retired = _grow(self._retired, h + 1, False)
-        self._load = _grow(self._load, h + 1, 0.0)
-        self._holder_rows = _grow(self._holder_rows, h + 1, 0)
-        return h
-
-    def _check_holder(self, holder: int) -> None:
-        if not 0 <= holder < self._num_holders:
-            raise InvalidArgument(f"unknown holder {holder} (holders: {self._num_holders})")
-
-    def set_readable(self, holder: int, readable: bool) -> None:
-        """Let lookups return (or stop returning) this holder's committed replicas.
-
-        Raises:
-            InvalidArgument: unknown holder, or making a retired holder readable.
-        """
-        self._check_holder(holder)
-        if readable and self._retired[holder]:
-            raise InvalidArgument(f"holder {holder} is retired and can never be readable again")
-        self._readable[holder] = readable
-
-    def is_readable(self, holder: int) -> bool:
-        """Whether lookups may return this holder's replicas."""
-        return 0 <= holder < self._num_holders and bool(self._readable[holder])
-
-    def set_load(self, holder: int, load: float) -> None:
-        """The holder's load (lower is preferred among replicas of equal rank)."""
-        self._check_holder(holder)
-        self._load[holder] = load if math.isfinite(load) and load >= 0 else _LOAD_CLIP
-
-    def retire_holder(self, holder: int) -> int:
-        """Drop every replica of a holder at once (O(1)); rows are unlinked by GC later.
-
-        Returns:
-            How many rows the holder had (all of them are now garbage).
-        """
-        self._check_holder(holder)
-        if self._retired[holder]:
-            return 0
-        self._readable[holder] = False
-        self._retired[holder] = True
-        n = int(self._holder_rows[holder])
-        self._num_dead_rows += n
-        return n
-
-    def num_holder_replicas(self, holder: int) -> int:
-        """Replica rows of a holder (0 once retired)."""
-        self._check_holder(holder)
-        return 0 if self._retired[holder] else int(self._holder_rows[holder])
 
     # ---- sizes -----------------------------------------------------------------------
     @property
@@ -177,8 +120,9 @@ class BlockIndex:
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
         arrays = (self._head, self._block_ns, self._bkey, self._holder, self._next,
-                  self._block, self._size, self._gen, self._tier, self._state, self._readable, self._retired,
-                  self._load, self._holder_rows)
+                  self._block, self._size, self._gen, self._tier, self._state, self._hnext,
+                  self._hprev, self._readable, self._retired, self._load, self._holder_rows,
+                  self._holder_head)
         return sum(a.nbytes for a in arrays)
 
     def memory_bytes(self) -> int:
@@ -228,6 +172,31 @@ class BlockIndex:
                 self._long_keys[(ns, key_digest(k))] = bytes(k)
         self._tables[ns].insert_many(words, slots)
         return slots
+
+    def _new_block(self, ns: int, key: bytes) -> int:
+        """The slot of a new block for one absent key (scalar path of :meth:`_new_blocks`)."""
+        if self._free_blocks:
+            slot = self._free_blocks.pop()
+        else:
+            slot = self._num_slots
+            self._num_slots += 1
+            self._grow_blocks(self._num_slots)
+        d = key_digest(key)
+        lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
+        self._head[slot] = _NO_ROW
+        self._block_ns[slot] = ns
+        self._bkey[slot, 0] = lo
+        self._bkey[slot, 1] = hi
+        if len(key) != KEY_BYTES:
+            self._long_keys[(ns, d)] = bytes(key)
+        self._tables[ns].insert_words(lo, hi, slot)
+        return slot
+
+    def _new_row(self) -> int:
+        """One free row (scalar path of :meth:`_new_rows`)."""
+        if self._free_rows:
+            return self._free_rows.pop()
+        return int(self._new_rows(1)[0])
 
     def _slot(self, ns: int | None, key: bytes) -> int | None:
         if ns is None:
@@ -279,6 +248,7 @@ class BlockIndex:
         return _NO_ROW, prev
 
     def _unlink(self, slot: int, row: int, prev: int) -> None:
+        self._unlink_holder(row)
         nxt = int(self._next[row])
         if prev == _NO_ROW:
             self._head[slot] = nxt
@@ -325,7 +295,7 @@ class BlockIndex:
         assert ns is not None
         slot = self._slot(ns, key)
         if slot is None:
-            slot = int(self._new_blocks(ns, keys_to_words([key]), [key])[0])
+            slot = self._new_block(ns, key)
         else:
             row, _ = self._find_row(slot, holder, int(tier))
             if row != _NO_ROW:
@@ -334,7 +304,7 @@ class BlockIndex:
                     self._size[row] = size_bytes
                     self._gen[row] = generation
                 return False
-        row = int(self._new_rows(1)[0])
+        row = self._new_row()
         self._holder[row] = holder
         self._tier[row] = int(tier)
         self._state[row] = int(state)
@@ -344,6 +314,7 @@ class BlockIndex:
         self._block[row] = slot
         self._head[slot] = row
         self._holder_rows[holder] += 1
+        self._link_holder_one(holder, row)
         return True
 
     def add_replicas_bulk(
@@ -425,6 +396,7 @@ class BlockIndex:
                 self._next[r] = self._head[s]
                 self._head[s] = r
         self._holder_rows[holder] += len(rows)
+        self._link_holder(holder, rows)
         return len(rows)
 
     def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
@@ -540,7 +512,11 @@ class BlockIndex:
 
         Stops at the first block without a readable COMMITTED replica. Best = local DRAM >
         local SSD > remote DRAM > remote SSD, then the least loaded holder, then the lowest
-        holder id (deterministic). Never pins, touches or changes anything.
+        holder id (deterministic). A block with more than :data:`MAX_RANKED_REPLICAS` rows
+        (a hot block held by many nodes) is ranked among its newest rows only, unless
+        none of them is readable, so a lookup's cost does not grow with the node count (at
+        1,000 nodes a system prompt's blocks have 1,000 replicas). Never pins, touches or
+        changes anything.
 
         Args:
             namespace_id: the blocks' namespace.
@@ -565,7 +541,8 @@ class BlockIndex:
         first = self._head[slots].astype(np.int64)
         best_row, best_score, best_holder = self._score(first, local_holder)
         cur = self._next[first].astype(np.int64)
-        idx = np.flatnonzero(cur >= 0)
+        idx = np.flatnonzero((cur >= 0) & (best_score >= _LOCAL_SSD_SCORE))
+        level = 1
         while len(idx):
             r = cur[idx]
             row, score, h = self._score(r, local_holder)
@@ -577,7 +554,13 @@ class BlockIndex:
             best_holder[sel] = h[better]
             nxt = self._next[r]
             cur[idx] = nxt
-            idx = idx[nxt >= 0]
+            # a local DRAM replica cannot be beaten: that block's walk ends; past
+            # MAX_RANKED_REPLICAS rows only blocks without a readable replica walk on
+            keep = (nxt >= 0) & (best_score[idx] >= _LOCAL_SSD_SCORE)
+            level += 1
+            if level >= MAX_RANKED_REPLICAS:
+                keep &= best_row[idx] < 0
+            idx = idx[keep]
         missing = np.flatnonzero(best_row < 0)
         count = int(missing[0]) if len(missing) else n
         rows = best_row[:count]
@@ -593,43 +576,5 @@ class BlockIndex:
         score[~ok] = np.inf
         return np.where(ok, rows, _NO_ROW), score, h
 
-    # ---- garbage ---------------------------------------------------------------------
-    def collect_garbage(self, max_rows: int = 65536) -> int:
-        """Unlink up to ``max_rows`` rows of retired holders (bounded Python work per call).
-
-        Finding the rows is one vectorized pass over the row columns; unlinking walks only
-        the chains of the blocks those rows belong to.
-
-        Returns:
-            Rows unlinked (0 when there is no garbage).
-        """
-        if self._num_dead_rows == 0 or max_rows <= 0:
-            return 0
-        used = self._num_rows_used
-        dead = np.flatnonzero((self._state[:used] != _FREE) & self._retired[self._holder[:used]])
-        done = 0
-        for row in dead[:max_rows].tolist():
-            slot = int(self._block[row])
-            _, prev = self._find_row_exact(slot, row)
-            self._holder_rows[int(self._holder[row])] -= 1
-            self._num_dead_rows -= 1
-            self._unlink(slot, row, prev)
-            done += 1
-        return done
-
-    def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
-        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(rows))."""
-        used = self._num_rows_used
-        rows = np.flatnonzero((self._holder[:used] == holder) & (self._state[:used] != _FREE))
-        out = []
-        for row in rows.tolist():
-            slot = int(self._block[row])
-            ns = int(self._block_ns[slot])
-            key = self._key_bytes(slot)
-            key = self._long_keys.get((ns, key), key)
-            out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
-        return out
-
-
-__all__ = ["MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
+__all__ = ["MAX_RANKED_REPLICAS", "MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
            "ReplicaState"]

@@ -217,9 +217,12 @@ class Membership:
         self.num_inventory_syncs = 0
         self.num_event_gaps = 0
         self._incomplete_until_s = self.clock() + max(0.0, float(rejoin_grace_s))
+        self._oldest_heartbeat_s = math.inf  # <= every live node's last_heartbeat_s
+        self._complete: bool | None = None  # is_complete() cached until a node changes
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
+        self._complete = None  # every change of synced / gap goes through here or _drop
         self.index.set_readable(rec.holder, rec.synced and not rec.gap and rec.healthy)
 
     def _retire(self, holder: int) -> None:
@@ -227,6 +230,7 @@ class Membership:
         self.index.retire_holder(holder)
 
     def _drop(self, rec: NodeRecord) -> None:
+        self._complete = None
         self._retire(rec.holder)
         if rec.pending is not None:
             self._retire(rec.pending.holder)
@@ -249,8 +253,16 @@ class Membership:
             The node ids dropped, sorted.
         """
         now = self.clock()
+        # heartbeats only move last_heartbeat_s forward, so the oldest one seen by the last
+        # scan bounds them all: nothing can have lapsed before it does (O(1) per call, not
+        # O(nodes): every RPC calls this, so a scan each time was O(nodes^2) per second)
+        if now - self._oldest_heartbeat_s <= self.node_lease_s:
+            return []
         gone = sorted(n for n, r in self._nodes.items()
                       if now - r.last_heartbeat_s > self.node_lease_s)
+        lapsed = set(gone)
+        self._oldest_heartbeat_s = min(
+            (r.last_heartbeat_s for n, r in self._nodes.items() if n not in lapsed), default=now)
         for node_id in gone:
             rec = self._nodes[node_id]
             log.warning("node_lease_expired", node_id=node_id, epoch=rec.spec.epoch,
@@ -310,6 +322,7 @@ class Membership:
         else:
             holder = self.index.add_holder()
         same = old is not None and not superseded  # the live daemon reconnecting
+        self._oldest_heartbeat_s = min(self._oldest_heartbeat_s, now)
         rec = NodeRecord(spec=spec, holder=holder, registered_s=now, last_heartbeat_s=now,
                          tiers=tiers, synced=same and old.synced,  # type: ignore[union-attr]
                          applied_seq=old.applied_seq if same else 0,  # type: ignore[union-attr]
@@ -520,4 +533,7 @@ class Membership:
         grace is over (a restarted master cannot know which nodes have yet to come back)."""
         if self.clock() < self._incomplete_until_s:
             return False
-        return all(r.synced and not r.gap for r in self.nodes())
+        self.expire_lapsed()
+        if self._complete is None:  # (cached: LookupPrefix asks on every call)
+            self._complete = all(r.synced and not r.gap for r in self._nodes.values())
+        return self._complete

@@ -7,17 +7,19 @@ One owned task talks to the master, one call at a time, in rounds::
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
             Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC
 
-Events are the difference between two snapshots of the store's block listing (DRAM and SSD
-replicas), so every change the store made between two rounds is reported, in order, with
-sequence numbers that have no gaps within one epoch. Events not acknowledged (the call
+Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
+SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
+store is listed only at (re)registration, when the master asks for a resync, or when the
+feed overflowed (it then says so: a resync, never a silent loss). A store without a feed
+(test doubles) is diffed between two listings instead. Either way every change the store
+made between two rounds is reported, in order, with sequence numbers that have no gaps
+within one epoch. Events not acknowledged (the call
 failed) are resent with the same seqs; the master ignores duplicates. Any answer the master
 gives that says it lost track (REREGISTER: it restarted or the lease lapsed; RESYNC: a gap)
 makes the next round start over from registration or inventory, so the master's index
 converges to the node's truth within one heartbeat interval of the master coming back.
 
-Cost: a round lists every block of the store (under the store's lock); fine for the blocks
-of this version's tests and benches, to be replaced by store change hooks (see
-docs/cluster.md). The master being unreachable never affects serving: failures are logged
+The master being unreachable never affects serving: failures are logged
 (rate-limited) and retried next round.
 """
 
@@ -37,6 +39,7 @@ import structlog
 from kvstored.config import ClusterConfig
 from kvstored.errors import KvstoredError, error_from_rpc
 from kvstored.tiers.base import BlockInfo, StoreStats
+from kvstored.tiers.feed import Change
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
@@ -54,6 +57,14 @@ class InventorySource(Protocol):
     def list_blocks(self, *, namespace_id: bytes = b"", limit: int = 10000) -> tuple[list[BlockInfo], bool]: ...
 
     def stats(self) -> StoreStats: ...
+
+
+class _FeedSource(Protocol):
+    """What the link drains when the store has a change feed (``TieredStore.change_feed``)."""
+
+    def reset(self) -> None: ...
+
+    def drain(self, max_events: int | None = None) -> tuple[list[Change], bool]: ...
 
 
 def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, int]:
@@ -106,6 +117,8 @@ class MasterLink:
         self.master_epoch = 0
         self.lease_s = 0.0
         self.num_rounds = 0
+        self.num_listings = 0  # full inventories taken (registration, resync, overflow)
+        self.feed: _FeedSource | None = getattr(store, "change_feed", None)
         self._known: dict[ReplicaKey, int] = {}
         self._unacked: list[pb.BlockEvent] = []
         self._sync_ids = itertools.count(1)
@@ -173,9 +186,15 @@ class MasterLink:
             await asyncio.sleep(self.interval_s())
 
     # ---- one round -------------------------------------------------------------------
+    def _list_inventory(self) -> dict[ReplicaKey, int]:
+        self.num_listings += 1
+        if self.feed is not None:
+            self.feed.reset()  # changes from here on are drained; earlier ones are listed
+        return snapshot_inventory(self.store)
+
     async def _snapshot(self) -> dict[ReplicaKey, int]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, snapshot_inventory, self.store)
+        return await loop.run_in_executor(self.executor, self._list_inventory)
 
     async def run_once(self) -> None:
         """One round: register / resync if needed, report events, heartbeat.
@@ -223,7 +242,7 @@ class MasterLink:
     async def _sync(self) -> None:
         stub = self._ensure_stub()
         snap = await self._snapshot()
-        self._known = snap
+        self._known = snap if self.feed is None else {}
         self._unacked = []  # the snapshot includes every change so far
         sync_id = next(self._sync_ids)
         items = list(snap.items())
@@ -259,10 +278,32 @@ class MasterLink:
                                                    block=_ref(rk, size)))
         self._known = snap
 
+    def _drain_feed(self) -> bool:
+        """Number the feed's changes as events; False when it overflowed (resync owed)."""
+        assert self.feed is not None
+        changes, resync = self.feed.drain()
+        if resync:
+            return False
+        for c in changes:
+            self.seq += 1
+            kind = pb.BLOCK_EVENT_KIND_ADDED if c.added else pb.BLOCK_EVENT_KIND_REMOVED
+            self._unacked.append(pb.BlockEvent(
+                seq=self.seq, kind=kind,
+                block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=c.tier,
+                                  size_bytes=c.size_bytes)))
+        return True
+
     async def _report_events(self) -> None:
         if not (self.registered and self.synced):
             return
-        self._diff(await self._snapshot())
+        if self.feed is None:
+            self._diff(await self._snapshot())
+        elif not await asyncio.get_running_loop().run_in_executor(self.executor, self._drain_feed):
+            log.info("store_feed_overflowed", node_id=self.node_id, seq=self.seq)
+            self.synced = False
+            await self._sync()  # a full inventory replaces the lost events
+            if not self.synced:
+                return
         stub = self._ensure_stub()
         while self._unacked:
             batch = self._unacked[:_MAX_EVENTS_PER_CALL]

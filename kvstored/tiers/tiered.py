@@ -28,6 +28,8 @@ Invariants:
 - First commit wins: two reservations of one block may coexist; the later commit returns
   False and frees its space.
 - Pins are counted per block, not per holder: release each PinnedBlock exactly once.
+- Every change of the DRAM or SSD block map is recorded, in order, in ``change_feed``
+  (feed.py; the cluster link drains it), or the feed says a full inventory is owed.
 
 Callers copy bytes into ``Reservation.view`` / out of ``PinnedBlock.view`` outside the lock.
 """
@@ -52,6 +54,7 @@ from kvstored.errors import (
 )
 from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
+from kvstored.tiers.feed import ChangeFeed, ObservedEntries
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import split_store_key, store_key
 from kvstored.tiers.transit import _AGAIN, TransitMixin, _Transit
@@ -162,6 +165,11 @@ class TieredStore(TransitMixin):
             except BaseException:
                 self._arena.close()
                 raise
+        # the change feed MasterLink drains (feed.py): the tiers' block maps record changes
+        self.change_feed = ChangeFeed()
+        self._dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, self._dram.entries.items())
+        if self._ssd is not None:
+            self._ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, self._ssd.entries.items())
         self.arena_path: str | None = self._arena.path
         self.arena_file_id: tuple[int, int] = self._arena.file_id
         """``(st_dev, st_ino)`` of the mapped arena file, recorded when it was created."""

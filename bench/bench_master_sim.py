@@ -1,0 +1,215 @@
+"""The master driven by N simulated nodes: master CPU per second of cluster time, N = 10..1000.
+
+One process, no gRPC transport: the real ``MasterServicer`` handlers (protobuf requests in,
+protobuf answers out; membership, block index and service logic as in ``kvstored master``)
+are awaited directly, with a :class:`~kvstored.clock.FakeClock` as the master's clock. Each
+simulated node is an engine host that replays the Mooncake conversation trace
+(kvstored/scheduler/traces/, loaded with ``load_trace`` as the scheduler replay does), each
+node from its own offset, at ``--requests-per-node-s`` requests per second of cluster time.
+Per request the node asks the master ``LookupPrefix`` of the request's blocks (the trace's
+``hash_ids``, shared across nodes, so nodes hit each other's blocks), then "puts" the blocks
+it lacks into its own LRU of ``--node-blocks`` blocks (evicting the oldest). Every second of
+cluster time each node sends one ``ReportEvents`` (its puts and evictions since the last
+one, per-epoch seqs) and one ``Heartbeat``. Nodes start with a full LRU, registered and
+synced (``SyncInventory``) before the timed part.
+
+Measured: the process CPU time spent inside master handlers only (node-side bookkeeping and
+request building are outside the timed calls), per second of cluster time, split by RPC.
+Growth is reported as the ratio per 10x nodes (1.0 per 10x = constant; 10 = linear in N,
+which is expected since the load grows with N; more than 10 = superlinear).
+
+Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000] [--seconds 10]
+        [--requests-per-node-s 2] [--node-blocks 2000] [--out bench/results/bench_master_sim.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import asyncio
+import gc
+import json
+import random
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from kvstored import log as kvlog
+from kvstored.clock import FakeClock
+from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.membership import Membership
+from kvstored.master.placement import Placement
+from kvstored.master.service import MasterServicer
+from kvstored.scheduler.trace import load_trace, resolve_trace
+from kvstored.v1 import master_pb2 as pb
+
+NS = b"\x07" * 16
+BLOCK_BYTES = 1 << 20
+LEASE_S = 10.0
+
+
+def _key(hash_id: int) -> bytes:
+    return hash_id.to_bytes(16, "little")
+
+
+class SimNode:
+    """One simulated node: an LRU of block keys, a trace cursor, pending events."""
+
+    def __init__(self, i: int, trace: list[tuple[int, ...]], capacity: int, rng: random.Random):
+        self.node_id = f"sim-{i:04d}"
+        self.epoch = 1_000_000 + i
+        self.trace = trace
+        self.cursor = rng.randrange(len(trace))
+        self.capacity = capacity
+        self.lru: OrderedDict[bytes, None] = OrderedDict()
+        self.seq = 0
+        self.events: list[pb.BlockEvent] = []
+        while len(self.lru) < capacity:  # start full, from the trace's own blocks
+            for h in self.next_request():
+                self.lru[_key(h)] = None
+        while len(self.lru) > capacity:
+            self.lru.popitem(last=False)
+
+    def next_request(self) -> tuple[int, ...]:
+        ids = self.trace[self.cursor]
+        self.cursor = (self.cursor + 1) % len(self.trace)
+        return ids
+
+    def _event(self, kind: int, key: bytes) -> None:
+        self.seq += 1
+        self.events.append(pb.BlockEvent(seq=self.seq, kind=kind, block=pb.BlockRef(
+            namespace_id=NS, key=key, tier=1, size_bytes=BLOCK_BYTES)))
+
+    def put_missing(self, keys: list[bytes]) -> None:
+        for k in keys:
+            if k in self.lru:
+                self.lru.move_to_end(k)
+                continue
+            self.lru[k] = None
+            self._event(pb.BLOCK_EVENT_KIND_ADDED, k)
+            if len(self.lru) > self.capacity:
+                old, _ = self.lru.popitem(last=False)
+                self._event(pb.BLOCK_EVENT_KIND_REMOVED, old)
+
+    def info(self) -> pb.NodeInfo:
+        return pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
+                           grpc_address="127.0.0.1:1", data_address="127.0.0.1:2",
+                           tiers=[self.usage()], transports=["tcp"])
+
+    def usage(self) -> pb.TierCapacity:
+        return pb.TierCapacity(tier=1, capacity_bytes=self.capacity * BLOCK_BYTES,
+                               used_bytes=len(self.lru) * BLOCK_BYTES, num_blocks=len(self.lru))
+
+
+def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
+        trace: list[tuple[int, ...]]) -> dict[str, Any]:
+    clock = FakeClock()
+    members = Membership(BlockIndex(1024), clock, Generations(10), node_lease_s=LEASE_S)
+    servicer = MasterServicer(members, Placement(members, rng=random.Random(1)), master_epoch=1)
+    rng = random.Random(num_nodes)
+    nodes = [SimNode(i, trace, node_blocks, rng) for i in range(num_nodes)]
+    cpu: dict[str, float] = {"Heartbeat": 0.0, "ReportEvents": 0.0, "LookupPrefix": 0.0}
+    calls = {k: 0 for k in cpu}
+    hits = asked = num_events = 0
+
+    async def call(name: str, req: Any, timed: bool = True) -> Any:
+        c = time.process_time()
+        resp = await getattr(servicer, name)(req, None)
+        if timed:
+            cpu[name] += time.process_time() - c
+            calls[name] += 1
+        return resp
+
+    async def main() -> None:
+        nonlocal hits, asked, num_events
+        t0 = time.perf_counter()
+        for n in nodes:  # setup (not timed): register, sync a full LRU
+            await call("RegisterNode", pb.RegisterNodeRequest(node=n.info()), timed=False)
+            await call("SyncInventory", pb.SyncInventoryRequest(
+                node_id=n.node_id, epoch=n.epoch, sync_id=1, last_chunk=True, seq=0,
+                blocks=[pb.BlockRef(namespace_id=NS, key=k, tier=1, size_bytes=BLOCK_BYTES)
+                        for k in n.lru]), timed=False)
+        setup_s = time.perf_counter() - t0
+        carry = [0.0] * num_nodes
+        for _ in range(seconds):
+            gc.collect()
+            # each node: its requests of this second (lookups), then its events, heartbeat
+            order = list(range(num_nodes))
+            rng.shuffle(order)
+            for i in order:
+                n = nodes[i]
+                carry[i] += rate
+                while carry[i] >= 1.0:
+                    carry[i] -= 1.0
+                    keys = [_key(h) for h in n.next_request()]
+                    resp = await call("LookupPrefix", pb.MasterLookupPrefixRequest(
+                        namespace_id=NS, keys=keys, local_node_id=n.node_id))
+                    asked += len(keys)
+                    hits += len(resp.tier)
+                    n.put_missing(keys)
+            for i in order:
+                n = nodes[i]
+                if n.events:
+                    num_events += len(n.events)
+                    resp = await call("ReportEvents", pb.ReportEventsRequest(
+                        node_id=n.node_id, epoch=n.epoch, events=n.events))
+                    assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
+                    assert resp.applied_seq == n.seq
+                    n.events = []
+                resp = await call("Heartbeat", pb.HeartbeatRequest(
+                    node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()], load=1.0,
+                    last_seq=n.seq))
+                assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
+            clock.advance(1.0)
+        run.setup_s = setup_s  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    total = sum(cpu.values())
+    return {"nodes": num_nodes, "seconds": seconds, "requests_per_node_s": rate,
+            "node_blocks": node_blocks, "index_replicas": members.index.num_replicas,
+            "setup_s": round(run.setup_s, 2),  # type: ignore[attr-defined]
+            "master_cpu_s_per_s": total / seconds,
+            "by_rpc_cpu_s_per_s": {k: v / seconds for k, v in cpu.items()},
+            "calls_per_s": {k: v / seconds for k, v in calls.items()},
+            "cpu_us_per_call": {k: (cpu[k] / calls[k] * 1e6 if calls[k] else 0.0) for k in cpu},
+            "events_per_s": num_events / seconds, "hit_fraction": hits / max(asked, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default="10,100,1000")
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--requests-per-node-s", type=float, default=2.0)
+    ap.add_argument("--node-blocks", type=int, default=2000)
+    ap.add_argument("--trace", default="conversation")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
+    args = ap.parse_args()
+    kvlog.configure(level="warning")  # the master logs every registration and sync
+    trace = [r.hash_ids for r in load_trace(resolve_trace(args.trace))]
+    rows = []
+    for n in [int(s) for s in args.nodes.split(",")]:
+        rows.append(run(n, args.seconds, args.requests_per_node_s, args.node_blocks, trace))
+        gc.collect()
+    print("\n| nodes | index replicas | master CPU s per s | x per 10x nodes | Heartbeat us/call |"
+          " ReportEvents us/call | LookupPrefix us/call | events/s | lookups/s | hit fraction |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    prev = None
+    for r in rows:
+        grow = ""
+        if prev is not None:
+            f = r["nodes"] / prev["nodes"]
+            grow = f"x{(r['master_cpu_s_per_s'] / prev['master_cpu_s_per_s']) ** (1 / math.log10(f)):.1f}"
+        u = r["cpu_us_per_call"]
+        print(f"| {r['nodes']:,} | {r['index_replicas']:,} | {r['master_cpu_s_per_s']:.4f} | {grow} | "
+              f"{u['Heartbeat']:.0f} | {u['ReportEvents']:.0f} | {u['LookupPrefix']:.0f} | "
+              f"{r['events_per_s']:,.0f} | {r['calls_per_s']['LookupPrefix']:,.0f} | "
+              f"{r['hit_fraction']:.2f} |")
+        prev = r
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rows": rows}, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
