@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 from collections import Counter
@@ -168,7 +169,12 @@ def test_puts_beyond_one_nodes_size_spread_over_the_pool_and_read_back_through_a
     assert not missing, f"{len(missing)} blocks never readable through n3"
     assert all(_last_tier(n)["evictions"] == 0 for n in nodes.values())  # nothing was lost
     assert "spill_batch_done" in n1.log()
-    assert "spill_batch_done" not in n2.log()  # it only received: no ping-pong
+    # A receiving node may spill too, once reads through n3 promote its SSD blocks into DRAM
+    # and demote others past its own high watermark; what must not happen is blocks bouncing
+    # between nodes: every block moved at most about twice in all.
+    moved = sum(int(m) for n in nodes.values()
+                for m in re.findall(r"spill_batch_done[^\n]*?num_placed=(\d+)", n.log()))
+    assert len(keys) - len(local) <= moved <= 2 * len(keys), moved
 
 
 @pytest.mark.parametrize("hold_at", ["put_started", "sent"])
