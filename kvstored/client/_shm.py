@@ -139,8 +139,12 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
     chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
-    windows = list(_chunks(len(keys), chunk_keys))
-    start, end = windows.pop() if windows else (0, 0)  # tail chunk first: see _tail_first
+    if len(keys) <= chunk_keys:  # one window (the common case: no list of windows)
+        windows: list[tuple[int, int]] = []
+        start, end = 0, len(keys)
+    else:
+        windows = list(_chunks(len(keys), chunk_keys))
+        start, end = windows.pop()  # tail chunk first: see _tail_first
     while start < end or windows:
         if start >= end:
             start, end = windows.pop()
@@ -158,20 +162,28 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         )
         copied = False
         try:
-            if len(resp.blocks) != end - start:
-                raise InternalError(f"PinBlocks answered {len(resp.blocks)} items for {end - start} keys")
+            blocks = resp.blocks
+            n = len(blocks)
+            if n != end - start:
+                raise InternalError(f"PinBlocks answered {n} items for {end - start} keys")
             # An SSD hit that could not be promoted because this chunk's own pins fill DRAM
             # (NoCapacity after the first key) is retried in the next chunk, after release.
-            cut = next(
-                (j for j in range(1, len(resp.blocks))
-                 if resp.blocks[j].status.code == ErrorCode.NO_CAPACITY),
-                len(resp.blocks),
-            )
-            blocks = resp.blocks[:cut]
+            cut = n
+            if n > 1:
+                cut = next(
+                    (j for j in range(1, n) if blocks[j].status.code == ErrorCode.NO_CAPACITY), n
+                )
+                if cut < n:
+                    blocks = blocks[:cut]
+            num_bytes = 0
+            found = False
             for j, b in enumerate(blocks):
-                sink.check_status(start + j, b.status)
-            num_bytes = sum(b.size_bytes for b in blocks if b.found)
-            if any(b.found for b in blocks):  # empty blocks too: they are hits of 0 bytes
+                if b.HasField("status"):  # an item error (an unset status is OK)
+                    sink.check_status(start + j, b.status)
+                if b.found:  # empty blocks too: they are hits of 0 bytes
+                    found = True
+                    num_bytes += b.size_bytes
+            if found:
                 yield Blocking(
                     lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
                     num_bytes,

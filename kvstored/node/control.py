@@ -27,6 +27,13 @@ a request naming another session is refused (InvalidArgument). A request whose c
 drops mid-way still runs to its end (never cancelled half-way); a grant it made whose answer
 never arrived is freed by the client's orphan ack.
 
+Serving without a hop: each connection is an :class:`asyncio.Protocol`; a complete frame is
+handled inside ``data_received`` (the loop's read callback), and the op's coroutine is run
+eagerly there: a request that never suspends (a DRAM pin, a lookup, a commit) is answered in
+that same callback, with no task and no extra turn of the loop. One that suspends (a read
+promoted from SSD on the store executor, a remote fill) continues on a task; reading from
+that connection pauses until it answered, so answers stay in request order.
+
 Thread-safety: everything runs on the event loop that called :meth:`ControlServer.start`.
 """
 
@@ -36,6 +43,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -72,6 +80,127 @@ class _Connection:
         self.ctx = _Context(peer)
 
 
+class _Resume:
+    """Awaitable that continues a coroutine already started by hand (``coro.send(None)``
+    returned ``first``, the future it waits on): a Task awaiting this drives the rest."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro, self._first = coro, first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._first
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # thrown in by the task (only at shutdown)
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+    return await _Resume(coro, first)
+
+
+class _Protocol(asyncio.Protocol):
+    """One control connection: frames in, one answer per frame, in order."""
+
+    def __init__(self, server: ControlServer) -> None:
+        self._server = server
+        self._conn = _Connection(f"unix:{server.path} (control)")
+        self._buf = bytearray()
+        self._frames: list[bytes] = []  # complete frames not yet handled (in order)
+        self._busy = False  # a request suspended and runs on a task
+        self._write_paused = False
+        self._read_paused = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._server._transports.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # a request still running finishes (never cancelled half-way); its answer is dropped
+        self._server._transports.discard(self.transport)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._flow()
+
+    def _flow(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        want = self._busy or self._write_paused
+        if want != self._read_paused:
+            self._read_paused = want
+            if want:
+                t.pause_reading()
+            else:
+                t.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while len(buf) >= LENGTH_BYTES:
+            size = int.from_bytes(buf[:LENGTH_BYTES], "big")
+            if size > MAX_FRAME_BYTES:
+                log.warning("control_frame_too_large", size_bytes=size, limit=MAX_FRAME_BYTES)
+                self._frames.clear()
+                assert self.transport is not None
+                self.transport.close()
+                return
+            end = LENGTH_BYTES + size
+            if len(buf) < end:
+                break
+            self._frames.append(bytes(buf[LENGTH_BYTES:end]))
+            del buf[:end]
+        self._run()
+
+    def _run(self) -> None:
+        frames = self._frames
+        t = self.transport
+        if t is None or t.is_closing():  # the client is gone: run nothing more it sent
+            frames.clear()
+            return
+        while frames and not self._busy:
+            coro = self._server._handle(frames.pop(0), self._conn)
+            try:
+                first = coro.send(None)  # eagerly: most ops answer without suspending
+            except StopIteration as stop:
+                self._answer(stop.value)
+                continue
+            self._busy = True  # it waits (executor, remote fill): finish it on a task
+            task = asyncio.get_running_loop().create_task(_resume(coro, first))
+            self._server._tasks.add(task)
+            task.add_done_callback(self._resumed)
+        self._flow()
+
+    def _resumed(self, task: asyncio.Task[Any]) -> None:
+        self._server._tasks.discard(task)
+        self._busy = False
+        if not task.cancelled() and task.exception() is None:
+            self._answer(task.result())
+        self._run()
+
+    def _answer(self, response: pb.ControlResponse) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(frame(response))
+
+
 class ControlServer:
     """Serves the control channel on one unix socket (see the module docstring).
 
@@ -84,8 +213,8 @@ class ControlServer:
         self._servicer = servicer
         self.path = path
         self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._transports: set[Any] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # requests that suspended, until answered
         self._metric_children: dict[tuple[str, str], tuple[Any, Any]] = {}  # (method, code)
 
     async def start(self) -> None:
@@ -94,7 +223,8 @@ class ControlServer:
         Raises:
             OSError: the socket cannot be created.
         """
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Protocol(self), path=self.path)
 
     def stop_listening(self) -> None:
         """Refuse new connections (open ones are still served)."""
@@ -108,8 +238,8 @@ class ControlServer:
         half-way); their answers are dropped.
         """
         self.stop_listening()
-        for w in list(self._writers):
-            w.close()
+        for t in list(self._transports):
+            t.close()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
         if self._server is not None:
@@ -118,39 +248,6 @@ class ControlServer:
             self._server = None
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        self._writers.add(writer)
-        conn = _Connection(f"unix:{self.path} (control)")
-        try:
-            while True:
-                try:
-                    header = await reader.readexactly(LENGTH_BYTES)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return  # the client closed the connection
-                size = int.from_bytes(header, "big")
-                if size > MAX_FRAME_BYTES:
-                    log.warning("control_frame_too_large", size_bytes=size, limit=MAX_FRAME_BYTES)
-                    return
-                try:
-                    raw = await reader.readexactly(size)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                # a dropped connection does not interrupt this (the reader just sees EOF
-                # afterwards); only close() at shutdown waits for it, never cancels it
-                response = await self._handle(raw, conn)
-                writer.write(frame(response))
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except ConnectionError:
-            return
-        finally:
-            self._writers.discard(writer)
-            writer.close()
 
     async def _handle(self, raw: bytes, conn: _Connection) -> pb.ControlResponse:
         servicer = self._servicer

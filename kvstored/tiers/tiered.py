@@ -541,19 +541,24 @@ class TieredStore(TransitMixin):
         """Tiers of the leading present blocks of a prefix in one namespace; stops at the
         first miss. DRAM is reported when a block is in both tiers."""
         namespace_id = _check_bytes("namespace_id", namespace_id)
-        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
-        out: list[Tier] = []
+        if set(map(type, keys)) - {bytes} or not all(keys):  # (C-level checks: issue 9)
+            keys = [_check_key(k) for k in keys]
+        skeys = list(map(store_key(namespace_id, b"").__add__, keys))  # the namespace's tag + key
         with self._lock:
             self._check_open()
             dram = self._dram.entries
-            ssd = self._ssd.entries if self._ssd is not None else {}
-            for skey in skeys:
-                if skey in dram:
-                    out.append(Tier.DRAM)
-                elif skey in ssd:
-                    out.append(Tier.SSD)
-                else:
-                    break
+            in_dram = list(map(dram.__contains__, skeys))
+            n = in_dram.index(False) if False in in_dram else len(skeys)
+            out = [Tier.DRAM] * n
+            if n < len(skeys) and self._ssd is not None:  # a run of DRAM and SSD blocks
+                ssd = self._ssd.entries
+                for skey, hot in zip(skeys[n:], in_dram[n:]):
+                    if hot:
+                        out.append(Tier.DRAM)
+                    elif skey in ssd:
+                        out.append(Tier.SSD)
+                    else:
+                        break
         return out
 
     def exists(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:

@@ -76,6 +76,25 @@ def data_files(ssd_dir: pathlib.Path) -> list[str]:
 # ---- demotion / promotion --------------------------------------------------------------
 
 
+def test_lookup_prefix_walks_a_mixed_run_and_still_checks_every_key(make: MakeStore) -> None:
+    """The DRAM run is found at C level, then DRAM and SSD blocks alternate (issue 9's fast
+    lookup keeps the per-block tiers, the stop at the first miss, and the key checks)."""
+    from kvstored.errors import KeyInvalid
+
+    s = make(dram_blocks=2)
+    for i in range(5):
+        assert s.put(key(i), val(i), namespace_id=b"ns")
+    # 0-2 were demoted; 3, 4 in DRAM
+    run = [key(3), key(4), key(0), key(4), key(1), key(9), key(2)]
+    assert s.lookup_prefix(run, namespace_id=b"ns") == [Tier.DRAM, Tier.DRAM, Tier.SSD, Tier.DRAM, Tier.SSD]
+    assert s.lookup_prefix([bytearray(key(3)), memoryview(key(0))], namespace_id=b"ns") == [Tier.DRAM, Tier.SSD]
+    assert s.lookup_prefix(run, namespace_id=b"other") == []
+    with pytest.raises(KeyInvalid):  # a bad key after the first miss is still refused
+        s.lookup_prefix([key(9), "not bytes"], namespace_id=b"ns")  # type: ignore[list-item]
+    with pytest.raises(KeyInvalid):
+        s.lookup_prefix([key(3), b""], namespace_id=b"ns")
+
+
 def test_demotion_and_promotion_round_trip(make: MakeStore) -> None:
     s = make(dram_blocks=2)
     for i in range(5):
