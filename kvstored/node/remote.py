@@ -407,20 +407,29 @@ class RemoteReads:
             ok = [i for i, g in enumerate(got) if g.found and i in reserved]
             if self.before_verify is not None:
                 self.before_verify()
-            # The peer sent the generation of the replica it pinned for the send: one write
-            # has one generation cluster-wide, so equal means these are the named bytes.
-            good = [i for i in ok if got[i].generation == items[i][1].generation
-                    and got[i].generation]
-            ask = [i for i in ok if not got[i].generation]  # the peer does not know it
+            # The peer sent the generation of the replica it pinned for the send (its store
+            # stamps one per replica, unique per epoch, and the master indexes the replica
+            # under it): equal to the named one means these are the named bytes, no call.
+            good = [i for i in ok if got[i].generation
+                    and got[i].generation == items[i][1].generation]
+            # Else ask the master: a peer that sent 0 does not know its generations (an
+            # older node); one that sent another generation replaced the block since the
+            # lookup, which is served only if the master names that very replica by now.
+            ask = [i for i in ok if got[i].generation != items[i][1].generation
+                   or not got[i].generation]
             still = self.find(namespace_id, [keys[i] for i in ask], deadline=deadline,
                               local_node_id=peer, max_runs=len(ask)) if ask else {}
             t_verified = time.monotonic()
             for j, i in enumerate(ask):
-                named, now = items[i][1], still.get(j)
-                if now is not None and (now.node_id, now.epoch, now.generation) == (
-                        named.node_id, named.epoch, named.generation):
+                named, now, sent = items[i][1], still.get(j), got[i].generation
+                if now is None or (now.node_id, now.epoch) != (peer, epoch):
+                    continue  # dropped: the source lost it, or restarted
+                if sent:
+                    if now.generation == sent:
+                        good.append(i)  # the master names the replica the peer sent
+                elif now.generation == named.generation:
                     good.append(i)
-                elif now is not None and (now.node_id, now.epoch) == (peer, epoch):
+                else:
                     renamed.append((keys[i], now))  # e.g. our pin promoted it SSD -> DRAM
             if not again:
                 renamed = []  # this is the second copy: renamed again means dropped
