@@ -6,7 +6,9 @@ the node copies what it lacks first, as for the unix socket / gRPC paths. A node
 of a peer (no flag) never goes further: the node asked answers from its store only, so reads
 between nodes cannot chain or loop.
 
-Waits poll observable state (the master's index) with a deadline; no sleeps.
+The copy is verified by the generation the holder stamped and sent (one master lookup per
+read, counted on the master's metrics). Waits poll observable state (the master's index)
+with a deadline; no sleeps.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from typing import Any
 
 from e2e_helpers import value_for
 from test_e2e_cluster import (  # the cluster helpers and fixtures
-    MasterProcess,
     NodeProcess,
     _nodes,
     _wait,
     procs,  # noqa: F401 - fixture
     workdir,  # noqa: F401 - fixture
 )
+from test_kvstorectl_cluster import Master, _scrape  # a master with its metrics port
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
@@ -39,7 +41,7 @@ def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
 def test_an_engine_on_the_tcp_data_plane_reads_a_peers_blocks_and_peers_never_chain(
     workdir: Path, procs: list[Any]
 ) -> None:
-    master = MasterProcess(workdir)
+    master = Master(workdir)
     procs.append(master)
     master.start()
     n1, n2 = NodeProcess(workdir / "n1", master.address, "n1"), NodeProcess(
@@ -65,9 +67,14 @@ def test_an_engine_on_the_tcp_data_plane_reads_a_peers_blocks_and_peers_never_ch
     finally:
         peer.close()
 
+    lookups = "kvstored_master_lookups_total"
     with Client(n2.tcp_address) as c:  # TCP address: transport auto = the TCP data plane
         assert c.describe().transport == "tcp"
+        before = _scrape(master.metrics)[lookups]
         assert c.get(engine_keys, timeout_s=30) == [value_for(k) for k in engine_keys]
+        # one lookup for the read; the copies were verified by the generations n1 sent
+        # (n1 stamped them, reported them, the master named them): no second lookup
+        assert _scrape(master.metrics)[lookups] - before == 1
         held = {b.key for b in c.list_blocks()[0]}
         assert set(engine_keys) <= held  # copied into n2's DRAM by the engine's read
         assert not set(peer_only) & held  # the peer's flagless GET copied nothing
