@@ -8,6 +8,10 @@ moves payloads, straight between sockets and the arena:
 - GET: the server pins a chunk of blocks and sends each payload from the pinned arena view
   with ``sendmsg`` (item header + payload in one call, no copy); the client ``recv_into``'s
   the payload straight into the caller's buffer.
+- GET with ``GET_FLAG_FILL_FROM_PEERS`` (an engine's client: ``fill_from_peers=True``):
+  a cluster node first copies the blocks it lacks from its peers
+  (``DataPlaneServer.fill_from_peers``, set by the daemon), then pins and sends as above.
+  A node's own reads of a peer never set it, so the peer answers from its store only.
 - PUT: the server reserves arena space for an item only once the first byte of that item's
   payload has arrived, ``recv_into``'s the payload straight into the reservation, and commits
   the batch when all of it arrived. A connection that breaks mid-stream, or a request that
