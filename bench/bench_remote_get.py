@@ -3,8 +3,10 @@
 Source: a real ``kvstored serve`` process (its data plane) holding the blocks. Reader: this
 process, a :class:`~kvstored.node.core.NodeCore` over its own DRAM arena with
 :class:`~kvstored.node.remote.RemoteReads`: the whole remote-read path of a node (the
-lookup, here answered by an in-process dict instead of the master's gRPC; the data-plane
-GET received straight into local reservations; the verification lookup; the commit). Each
+lookup, here answered by an in-process dict instead of the master's gRPC, naming each
+replica under the generation the source stamped; the data-plane GET received straight into
+local reservations; the verification by the generation sent, or a second lookup from a
+source that sends none; the commit). Each
 round fetches ``--batch`` blocks, then removes the copies so the next round fetches again.
 
 Reference, same run, same machine: a plain Python socket sender process (``sendall`` of a
@@ -60,6 +62,7 @@ from kvstored.node.core import NodeCore  # noqa: E402
 from kvstored.node.remote import RemoteReads  # noqa: E402
 from kvstored.tiers.base import Tier  # noqa: E402
 from kvstored.tiers.tiered import TieredStore  # noqa: E402
+from kvstored.transport.tcp import DataPlaneClient  # noqa: E402
 
 MiB = 1 << 20
 
@@ -148,7 +151,16 @@ def remote_get_gbps(size: int, count: int, batch: int, workdir: Path) -> float:
             for k in keys:
                 r = c.put([k], [payload])[0]
                 assert r.stored, r
-        replicas = {k: ClusterReplica("bench-src", 1, Tier.DRAM, size, 1, data_addr) for k in keys}
+        # name each replica as the master would from the source's events: under the
+        # generation the source's store stamped (the one its data plane sends)
+        probe = DataPlaneClient(data_addr, max_block_bytes=size)
+        try:
+            sent = probe.get(keys, b"", lambda i, n, meta: None,
+                             deadline=time.monotonic() + 60)
+        finally:
+            probe.close()
+        replicas = {k: ClusterReplica("bench-src", 1, Tier.DRAM, size, it.generation or 1,
+                                      data_addr) for k, it in zip(keys, sent, strict=True)}
 
         def lookup(ns: bytes, ks: Sequence[bytes], local: str, timeout_s: float) -> list[ClusterReplica]:
             out = []

@@ -148,7 +148,7 @@ class ClientState:
         if pref in ("auto", "tcp") and info.data_address:
             return "tcp", None, DataPlaneClient(
                 self.data_address(info), max_block_bytes=info.max_block_bytes,
-                max_meta_bytes=info.max_meta_bytes,
+                max_meta_bytes=info.max_meta_bytes, fill_from_peers=True,  # an engine's reads
             )
         if pref == "tcp":
             raise InvalidArgument(

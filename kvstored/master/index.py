@@ -278,11 +278,14 @@ class BlockIndex(HolderRows):
         size_bytes: int,
         generation: int,
         state: ReplicaState = ReplicaState.COMMITTED,
+        replace_generation: bool = False,
     ) -> bool:
         """Index one replica; idempotent for an existing (block, holder, tier).
 
         An existing row keeps its state unless this one commits it (size and generation are
-        then taken from this call).
+        then taken from this call). With ``replace_generation`` (the holder reported the
+        replica under its own generation: it is the authority on what it holds) an existing
+        COMMITTED row takes this call's size and generation too.
 
         Returns:
             True if a row was added, False if (block, holder, tier) was already indexed.
@@ -299,7 +302,8 @@ class BlockIndex(HolderRows):
         else:
             row, _ = self._find_row(slot, holder, int(tier))
             if row != _NO_ROW:
-                if state is ReplicaState.COMMITTED and self._state[row] != ReplicaState.COMMITTED:
+                if state is ReplicaState.COMMITTED and (
+                        replace_generation or self._state[row] != ReplicaState.COMMITTED):
                     self._state[row] = ReplicaState.COMMITTED
                     self._size[row] = size_bytes
                     self._gen[row] = generation
@@ -325,12 +329,14 @@ class BlockIndex(HolderRows):
         holder: int,
         tiers: Sequence[int] | np.ndarray,
         sizes: Sequence[int] | np.ndarray,
-        generation: int,
+        generation: int | Sequence[int] | np.ndarray,
     ) -> int:
         """Index many COMMITTED replicas of one holder (inventory sync, benchmarks).
 
         Idempotent like :meth:`add_replica`: a (key, tier) repeated in the batch, or one
         the holder already has, is indexed once (existing rows are left as they are).
+        ``generation``: one for every row, or one per key (the holder's own, in ``[1,
+        2**63)``).
 
         Returns:
             Rows added.
@@ -346,6 +352,11 @@ class BlockIndex(HolderRows):
                 f"keys, tiers and sizes must have one entry each; got {n}, {len(tier_arr)}, "
                 f"{len(size_arr)}"
             )
+        gen_arr = np.full(n, generation, dtype=np.uint64) if isinstance(generation, int) \
+            else np.asarray(generation, dtype=np.uint64)
+        if len(gen_arr) != n:
+            raise InvalidArgument(f"generation must be one int or one per key; got "
+                                  f"{len(gen_arr)} for {n} keys")
         if n == 0:
             return 0
         self._check_row_args(holder, Tier.DRAM, 0)
@@ -373,11 +384,13 @@ class BlockIndex(HolderRows):
         if len(first) != n:
             first.sort()
             slots, tier_arr, size_arr = slots[first], tier_arr[first], size_arr[first]
+            gen_arr = gen_arr[first]
         # rows this holder already has (an earlier chunk repeated a block): kept, not doubled
         have = self._has_rows(slots, holder, tier_arr)
         if have.any():
             keep = ~have
             slots, tier_arr, size_arr = slots[keep], tier_arr[keep], size_arr[keep]
+            gen_arr = gen_arr[keep]
             if len(slots) == 0:
                 return 0
         rows = self._new_rows(len(slots))
@@ -385,7 +398,7 @@ class BlockIndex(HolderRows):
         self._tier[rows] = tier_arr
         self._state[rows] = int(ReplicaState.COMMITTED)
         self._size[rows] = size_arr
-        self._gen[rows] = generation
+        self._gen[rows] = gen_arr
         self._block[rows] = slots
         # link: blocks appearing once in this batch are linked in one vectorized step
         if len(np.unique(slots)) == len(slots):

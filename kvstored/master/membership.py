@@ -19,6 +19,12 @@ serves a holder's replicas only while it is *readable*::
     lease lapsed           record dropped, holder retired (its rows GC'd later)
     N transfer failures    unhealthy: unreadable and not placed on; one success heals it
 
+Generations: a replica is indexed under the generation its holder reported for it (the
+node's store stamps one per replica it adds, unique per epoch; kvstored/tiers/feed.py),
+which is what the node's data plane sends with the block, so a reader verifies a copy by
+comparing the two. A later event for the same replica replaces the generation (the holder
+is the authority on what it holds). A BlockRef without one gets a fresh master generation.
+
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
 registration with an epoch older than the live one is refused (a stale daemon).
@@ -107,12 +113,14 @@ class NodeSpec:
 
 @dataclass(frozen=True, slots=True)
 class BlockRef:
-    """One block on a node: namespace id, key, tier and size."""
+    """One block on a node: namespace id, key, tier, size and the holder's generation of
+    the replica (0 = the node does not know it: the master issues one)."""
 
     namespace_id: bytes
     key: bytes
     tier: Tier
     size_bytes: int
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +183,8 @@ class Membership:
     Args:
         index: the block index whose holders this membership owns.
         clock: monotonic seconds (inject :class:`~kvstored.clock.FakeClock` in tests).
-        generations: source of generations for replicas reported by events and syncs.
+        generations: source of generations for replicas a node reports without one (an
+            older node: BlockRef.generation 0); a node's own generation is indexed as sent.
         node_lease_s: a node that has not heartbeated for this long leaves the cluster.
         unhealthy_after_failures: consecutive data-plane failures that make a node unhealthy.
         rejoin_grace_s: seconds after construction during which :meth:`is_complete` is False
@@ -420,7 +429,7 @@ class Membership:
                 self.index.add_replicas_bulk(
                     ns, [r.key for r in refs], holder=pending.holder,
                     tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
-                    generation=gen,
+                    generation=[r.generation or gen for r in refs],  # the holder's, if sent
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -468,9 +477,12 @@ class Membership:
                 return NodeAction.RESYNC, rec.applied_seq
             b = ev.block
             if ev.kind is EventKind.ADDED:
+                # the holder's generation when it sent one (what its data plane sends with
+                # the block: a reader verifies its copy against it), else a fresh one
                 self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
                                        size_bytes=b.size_bytes,
-                                       generation=self.generations.next())
+                                       generation=b.generation or self.generations.next(),
+                                       replace_generation=bool(b.generation))
             elif ev.kind is EventKind.REMOVED:
                 self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier)
             else:

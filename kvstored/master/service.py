@@ -91,7 +91,10 @@ def _usage(items: Any, what: str) -> tuple[TierUsage, ...]:
 def _block(b: pb.BlockRef, what: str) -> BlockRef:
     if not b.key or len(b.key) > MAX_KEY_BYTES:
         raise InvalidArgument(f"{what}: key must have 1..{MAX_KEY_BYTES} bytes, got {len(b.key)}")
-    return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes)
+    if b.generation >= 1 << 63:
+        raise InvalidArgument(f"{what}: generation must be < 2**63, got {b.generation}")
+    return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes,
+                    b.generation)
 
 
 def node_info(rec: NodeRecord) -> pb.NodeInfo:

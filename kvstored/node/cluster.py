@@ -19,6 +19,10 @@ gives that says it lost track (REREGISTER: it restarted or the lease lapsed; RES
 makes the next round start over from registration or inventory, so the master's index
 converges to the node's truth within one heartbeat interval of the master coming back.
 
+Every BlockRef carries the replica's generation (the store stamps one per replica it adds,
+unique per epoch: kvstored/tiers/feed.py); the master indexes the replica under it, so the
+data plane's per-block generation verifies a peer's copy without a master call.
+
 The master being unreachable never affects serving: failures are logged
 (rate-limited) and retried next round.
 """
@@ -49,6 +53,7 @@ _LIST_ALL = 1 << 40
 _MAX_EVENTS_PER_CALL = 8192
 
 ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
+Replica = tuple[int, int]  # (size_bytes, generation)
 
 
 class InventorySource(Protocol):
@@ -67,14 +72,21 @@ class _FeedSource(Protocol):
     def drain(self, max_events: int | None = None) -> tuple[list[Change], bool]: ...
 
 
-def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, int]:
-    """Every replica of the store: ``{(namespace_id, key, tier): size_bytes}`` (no pins)."""
+def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, Replica]:
+    """Every replica of the store: ``{(namespace_id, key, tier): (size_bytes, generation)}``
+    (no pins; generation 0 when the store does not know it)."""
     blocks, _ = store.list_blocks(limit=_LIST_ALL)
-    return {(b.namespace_id, b.key, int(t)): b.size_bytes for b in blocks for t in b.tiers}
+    out: dict[ReplicaKey, Replica] = {}
+    for b in blocks:
+        gens = b.generations or (0,) * len(b.tiers)
+        for t, g in zip(b.tiers, gens, strict=True):
+            out[(b.namespace_id, b.key, int(t))] = (b.size_bytes, g)
+    return out
 
 
-def _ref(rk: ReplicaKey, size: int) -> pb.BlockRef:
-    return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=size)
+def _ref(rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
+    return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=rep[0],
+                       generation=rep[1])
 
 
 class MasterLink:
@@ -119,7 +131,7 @@ class MasterLink:
         self.num_rounds = 0
         self.num_listings = 0  # full inventories taken (registration, resync, overflow)
         self.feed: _FeedSource | None = getattr(store, "change_feed", None)
-        self._known: dict[ReplicaKey, int] = {}
+        self._known: dict[ReplicaKey, Replica] = {}
         self._unacked: list[pb.BlockEvent] = []
         self._sync_ids = itertools.count(1)
         self._channel: grpc.aio.Channel | None = None
@@ -186,13 +198,13 @@ class MasterLink:
             await asyncio.sleep(self.interval_s())
 
     # ---- one round -------------------------------------------------------------------
-    def _list_inventory(self) -> dict[ReplicaKey, int]:
+    def _list_inventory(self) -> dict[ReplicaKey, Replica]:
         self.num_listings += 1
         if self.feed is not None:
             self.feed.reset()  # changes from here on are drained; earlier ones are listed
         return snapshot_inventory(self.store)
 
-    async def _snapshot(self) -> dict[ReplicaKey, int]:
+    async def _snapshot(self) -> dict[ReplicaKey, Replica]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self._list_inventory)
 
@@ -253,7 +265,7 @@ class MasterLink:
             last = i == len(chunks) - 1
             resp = await stub.SyncInventory(
                 pb.SyncInventoryRequest(node_id=self.node_id, epoch=self.epoch, sync_id=sync_id,
-                                        blocks=[_ref(rk, size) for rk, size in chunk],
+                                        blocks=[_ref(rk, rep) for rk, rep in chunk],
                                         last_chunk=last, seq=self.seq if last else 0),
                 timeout=self.cfg.rpc_timeout_s,
             )
@@ -264,18 +276,18 @@ class MasterLink:
         log.info("master_inventory_synced", node_id=self.node_id, num_replicas=len(items),
                  seq=self.seq)
 
-    def _diff(self, snap: dict[ReplicaKey, int]) -> None:
+    def _diff(self, snap: dict[ReplicaKey, Replica]) -> None:
         """Turn the changes since the last snapshot into numbered events."""
         known = self._known
         for rk in [rk for rk in known if rk not in snap or snap[rk] != known[rk]]:
             self.seq += 1
             self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
                                                block=_ref(rk, known[rk])))
-        for rk, size in snap.items():
-            if known.get(rk) != size:
+        for rk, rep in snap.items():
+            if known.get(rk) != rep:
                 self.seq += 1
                 self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
-                                                   block=_ref(rk, size)))
+                                                   block=_ref(rk, rep)))
         self._known = snap
 
     def _drain_feed(self) -> bool:
@@ -290,7 +302,7 @@ class MasterLink:
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
                 block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=c.tier,
-                                  size_bytes=c.size_bytes)))
+                                  size_bytes=c.size_bytes, generation=c.generation)))
         return True
 
     async def _report_events(self) -> None:

@@ -359,6 +359,8 @@ class NodeDaemon:
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
+            if self._data_plane is not None:  # engines on the TCP data plane read the pool too
+                self._data_plane.fill_from_peers = self._servicer.remote.fill
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
 
@@ -469,6 +471,8 @@ class NodeDaemon:
             await self._control.close()
             self._control = None
         if self._servicer is not None and self._servicer.remote is not None:
+            if self._data_plane is not None:
+                self._data_plane.fill_from_peers = None  # TCP GETs stop reading peers
             self._servicer.remote.close()  # no handler runs any more: peer pools and channel
             self._servicer.remote = None
         if self._data_plane is not None:

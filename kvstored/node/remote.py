@@ -8,31 +8,33 @@ the peer that holds them over the data plane into its own DRAM, then serves them
         -> master LookupPrefix(claimed keys, local_node_id=self)
         -> best replica per block (node, epoch, tier, size, generation, data address)
         -> per peer, peers in parallel: DataPlaneClient.get(keys, deadline)
-              (the peer pins, sends each block with its generation when it knows it, unpins)
+              (the peer pins, sends each block with the generation of the replica it
+              pinned, unpins; never with GET_FLAG_FILL_FROM_PEERS: the peer asks nobody)
               each payload is received straight into a local reservation (sink)
-        -> verify each copy: a generation the peer sent must equal the one the master
-           named (one write has one generation cluster-wide, so equal = the same bytes);
-           for copies without one, master LookupPrefix(keys, local_node_id=peer): the
-           peer's replica must still be (node, epoch, generation) as named before the
-           copy. Else the copy is aborted (never served)
+        -> verify each copy: the generation the peer sent equals the one the master named
+           -> good, no master call (the holder stamps one per replica incarnation, unique
+           per epoch, and the master indexes the replica under it). Otherwise master
+           LookupPrefix(keys, local_node_id=peer): a peer that sent 0 (an older node)
+           must still be (node, epoch, generation) as named before the copy; one that
+           sent another generation (it replaced the block since the lookup) is good only
+           if the master names that very replica by now. Else the copy is aborted
         -> commit the verified reservations (a normal put on the local store)
     LookupPrefix/Exists (probes): the local answer, extended by the master's answer;
         never pins, renews or fetches anything.
 
 Correctness: a copy becomes visible only if (a) the data plane delivered every byte of it
 (the peer pinned the block for the whole send; a torn transfer aborts the reservation) and
-(b) the master still names the same generation on the same epoch of the source after the
-copy. A generation is issued once per replica the master learns of (an eviction and a new
-put of the key, a demotion, a restart are new generations), so (b) catches a source that
-dropped or replaced the block meanwhile, as far as the master knows (the master learns of a
-node's changes within one heartbeat interval; block keys are content hashes, so a key put
-again carries the same bytes). A block the master names after the copy under a new generation
-on the same epoch of the same source (e.g. the copy's pin promoted it from the source's SSD
-into its DRAM: a new replica) is copied once more against the new name, under the same check.
-When the source itself sends the generation of the replica
-it pinned for the send (GET_FLAG_GENERATION), (b) is that comparison, exact and without a
-master call; a source that does not know its replicas' generations sends 0 and the master
-is asked as above.
+(b) the generation of the replica the peer pinned is the one the master names for (peer,
+epoch). The holder's store stamps a new generation on every replica it adds (a remove and
+re-put, a copy-in, a restart are new ones; a promotion or demotion keeps the source tier's,
+the same bytes: kvstored/tiers/feed.py) and reports it, so a source that replaced the block
+between the lookup and its pin sends another generation and is dropped, even before the
+master heard of the change. A source that sends 0 does not know its generations (an older
+node): the master is asked after the copy, as far as it knows (it learns of a node's changes
+within one heartbeat interval; block keys are content hashes, so a key put again carries the
+same bytes); a block it names then under a new generation on the same epoch of the same
+source (that node's pin promoted it from SSD: a new master generation) is copied once more
+against the new name, under the same check.
 
 Failure: every master call and every transfer runs under the caller's deadline (at most
 ``remote_fetch_timeout_s``); a dead or blackholed peer is a miss, never a hang. Each failed
@@ -407,20 +409,29 @@ class RemoteReads:
             ok = [i for i, g in enumerate(got) if g.found and i in reserved]
             if self.before_verify is not None:
                 self.before_verify()
-            # The peer sent the generation of the replica it pinned for the send: one write
-            # has one generation cluster-wide, so equal means these are the named bytes.
-            good = [i for i in ok if got[i].generation == items[i][1].generation
-                    and got[i].generation]
-            ask = [i for i in ok if not got[i].generation]  # the peer does not know it
+            # The peer sent the generation of the replica it pinned for the send (its store
+            # stamps one per replica, unique per epoch, and the master indexes the replica
+            # under it): equal to the named one means these are the named bytes, no call.
+            good = [i for i in ok if got[i].generation
+                    and got[i].generation == items[i][1].generation]
+            # Else ask the master: a peer that sent 0 does not know its generations (an
+            # older node); one that sent another generation replaced the block since the
+            # lookup, which is served only if the master names that very replica by now.
+            ask = [i for i in ok if got[i].generation != items[i][1].generation
+                   or not got[i].generation]
             still = self.find(namespace_id, [keys[i] for i in ask], deadline=deadline,
                               local_node_id=peer, max_runs=len(ask)) if ask else {}
             t_verified = time.monotonic()
             for j, i in enumerate(ask):
-                named, now = items[i][1], still.get(j)
-                if now is not None and (now.node_id, now.epoch, now.generation) == (
-                        named.node_id, named.epoch, named.generation):
+                named, now, sent = items[i][1], still.get(j), got[i].generation
+                if now is None or (now.node_id, now.epoch) != (peer, epoch):
+                    continue  # dropped: the source lost it, or restarted
+                if sent:
+                    if now.generation == sent:
+                        good.append(i)  # the master names the replica the peer sent
+                elif now.generation == named.generation:
                     good.append(i)
-                elif now is not None and (now.node_id, now.epoch) == (peer, epoch):
+                else:
                     renamed.append((keys[i], now))  # e.g. our pin promoted it SSD -> DRAM
             if not again:
                 renamed = []  # this is the second copy: renamed again means dropped

@@ -57,10 +57,11 @@ class PinnedBlock:
         meta: opaque metadata stored with the block (torch helpers: dtype and shape).
         tier: tier the block was found in before any promotion.
         view: read-only memoryview of the block's bytes (valid until unpinned).
-        generation: the master's generation of this replica when the node knows it (one
-            write has one generation cluster-wide); 0 = unknown. The data plane sends it
-            with the block so a reading peer can verify its copy without asking the master.
-            It must be exactly what the master's index holds for this replica (or 0): a
+        generation: the generation of the replica whose bytes were pinned (the DRAM entry's,
+            which a promotion inherits from the SSD entry it read; see
+            :mod:`kvstored.tiers.feed`); 0 = unknown. The data plane sends it with the block
+            so a reading peer verifies its copy without asking the master: the master
+            indexes the replica under the generation the node reported for it, and a
             reader drops every copy whose generation differs from the one it was named.
     """
 
@@ -75,13 +76,18 @@ class PinnedBlock:
 
 @dataclass(frozen=True, slots=True)
 class BlockInfo:
-    """Admin view of one block (never pins or touches recency)."""
+    """Admin view of one block (never pins or touches recency).
+
+    ``generations``: the replica's generation per entry of ``tiers`` (empty when the store
+    does not know them).
+    """
 
     key: bytes
     size_bytes: int
     namespace_id: bytes
     tiers: tuple[Tier, ...]
     pinned: bool
+    generations: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,19 +68,25 @@ class DramEntry:
             same namespace and meta.
         skey: the block's store key (the same object as its key in ``DramTier.entries``);
             set by :meth:`DramTier.add`.
+        generation: this replica's generation, unique per daemon start (epoch): stamped by
+            the store's change feed when the entry enters the map (0 until then), or
+            inherited from the SSD replica a promotion read (the same bytes). Sent with the
+            block on the data plane and to the master in events and inventories.
 
     Entries order by offset (``<``), so the tier keeps them in one address-ordered
     ``SortedList`` (8 bytes per block, instead of a dict offset -> key).
     """
 
-    __slots__ = ("offset", "size_bytes", "pins", "info", "skey")
+    __slots__ = ("offset", "size_bytes", "pins", "info", "skey", "generation")
 
-    def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes]) -> None:
+    def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes],
+                 generation: int = 0) -> None:
         self.offset = offset
         self.size_bytes = size_bytes
         self.pins = 0
         self.info = info
         self.skey = b""
+        self.generation = generation
 
     def __lt__(self, other: _HasOffset) -> bool:
         return self.offset < other.offset

@@ -21,11 +21,27 @@ replaying the events recorded between the two onto the listing is harmless, sinc
 event sets a replica's presence and the last one per replica wins).
 
 A new feed starts with ``resync_needed`` set: nothing before it was recorded.
+
+Generations: the feed is also where every replica gets its *generation*, the name the
+master indexes it under and the data plane sends with it (a reader's copy is verified by
+comparing the two, no master call). An entry entering a map with generation 0 is stamped
+with the feed's next one (commit, copy-in, SSD write, recovered SSD entries at start); an
+entry that already carries one keeps it (a promotion or demotion moves the same bytes to
+the other tier, so it inherits the source replica's generation). The counter starts at the
+feed's creation time in ns (``time.time_ns()``, after the daemon took its epoch) and only
+grows, so generations are unique within a daemon start, and two starts never share one as
+long as the wall clock does not step back by more than the time between them and fewer than
+one replica per nanosecond is added (the same clock assumption epochs rely on)::
+
+    remove + re-put of a key     -> a new generation (a reader named the old one drops it)
+    eviction + re-promotion      -> the SSD replica's generation (the same bytes)
+    restart                      -> new generations for everything (SSD recovery included)
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
@@ -46,6 +62,7 @@ class Change(NamedTuple):
         key: the block hash.
         tier: 1 (DRAM) or 2 (SSD).
         size_bytes: the block's size.
+        generation: the replica's generation (see the module docstring).
     """
 
     added: bool
@@ -53,10 +70,12 @@ class Change(NamedTuple):
     key: bytes
     tier: int
     size_bytes: int
+    generation: int = 0
 
 
 class _Sized(Protocol):
     size_bytes: int
+    generation: int
 
 
 class ChangeFeed:
@@ -64,22 +83,38 @@ class ChangeFeed:
 
     Args:
         max_events: events held before overflow (>= 1).
+        first_generation: the first generation :meth:`stamp` hands out (default: now in
+            ns, see the module docstring), in (0, 2**62].
 
     Raises:
-        InvalidArgument: ``max_events < 1``.
+        InvalidArgument: ``max_events < 1`` or ``first_generation`` out of range.
     """
 
-    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS, *,
+                 first_generation: int | None = None) -> None:
         if max_events < 1:
             raise InvalidArgument(f"max_events must be >= 1, got {max_events}")
+        first = time.time_ns() if first_generation is None else int(first_generation)
+        if not 0 < first <= (1 << 62):
+            raise InvalidArgument(f"first_generation must be in (0, 2**62], got {first}")
         self.max_events = int(max_events)
         self._lock = threading.Lock()
-        self._queue: deque[tuple[bool, bytes, int, int]] = deque()
+        self._queue: deque[tuple[bool, bytes, int, int, int]] = deque()
         self._resync = True
+        self._next_generation = first
         self.num_recorded = 0
         self.num_overflows = 0
 
-    def record(self, added: bool, skey: bytes, tier: int, size_bytes: int) -> None:
+    def stamp(self, entry: _Sized) -> int:
+        """Give ``entry`` the next generation unless it carries one already; returns it."""
+        if not entry.generation:
+            with self._lock:
+                entry.generation = self._next_generation
+                self._next_generation += 1
+        return entry.generation
+
+    def record(self, added: bool, skey: bytes, tier: int, size_bytes: int,
+               generation: int = 0) -> None:
         """Append one change (``skey`` a store key); overflow drops the queue, sets the flag."""
         with self._lock:
             self.num_recorded += 1
@@ -90,7 +125,7 @@ class ChangeFeed:
                 self._resync = True
                 self.num_overflows += 1
                 return
-            self._queue.append((added, skey, tier, size_bytes))
+            self._queue.append((added, skey, tier, size_bytes, generation))
 
     @property
     def resync_needed(self) -> bool:
@@ -123,45 +158,51 @@ class ChangeFeed:
             n = len(q) if max_events is None else min(max_events, len(q))
             raw = [q.popleft() for _ in range(n)]
         out = []
-        for added, skey, tier, size in raw:
+        for added, skey, tier, size, gen in raw:
             ns, key = split_store_key(skey)
-            out.append(Change(added, ns, key, tier, size))
+            out.append(Change(added, ns, key, tier, size, gen))
         return out, False
 
 
 class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
     """A tier's block map that records every key it gains or loses in a :class:`ChangeFeed`.
 
-    Values must have ``size_bytes``. Re-setting a key to a value of the same size records
-    nothing; of another size, a removal then an addition. ``move_to_end`` and reads are the
-    plain ``OrderedDict`` ones (no cost added).
+    Values must have ``size_bytes`` and ``generation``; a value entering the map with
+    generation 0 is stamped by the feed (:meth:`ChangeFeed.stamp`). Re-setting a key to a
+    value of the same size and generation (or generation 0: it takes the old one) records
+    nothing; otherwise a removal then an addition. ``move_to_end`` and reads are the plain
+    ``OrderedDict`` ones (no cost added).
 
     Args:
         feed: where changes go.
         tier: the tier this map indexes (1 DRAM, 2 SSD).
-        initial: entries present before observation starts (recorded as nothing).
+        initial: entries present before observation starts (recorded as nothing, stamped).
     """
 
     def __init__(self, feed: ChangeFeed, tier: int, initial: Iterable[tuple[bytes, Any]] = ()):
         super().__init__()
         for k, v in initial:
+            feed.stamp(v)
             OrderedDict.__setitem__(self, k, v)
         self._feed = feed
         self._tier = int(tier)
 
     def __setitem__(self, key: bytes, value: _Sized) -> None:
         old = self.get(key)
+        if old is not None and not value.generation and old.size_bytes == value.size_bytes:
+            value.generation = old.generation  # the same replica, re-set
+        gen = self._feed.stamp(value)
         OrderedDict.__setitem__(self, key, value)
         if old is None:
-            self._feed.record(True, key, self._tier, value.size_bytes)
-        elif old.size_bytes != value.size_bytes:
-            self._feed.record(False, key, self._tier, old.size_bytes)
-            self._feed.record(True, key, self._tier, value.size_bytes)
+            self._feed.record(True, key, self._tier, value.size_bytes, gen)
+        elif old.size_bytes != value.size_bytes or old.generation != gen:
+            self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
+            self._feed.record(True, key, self._tier, value.size_bytes, gen)
 
     def __delitem__(self, key: bytes) -> None:
         old = self[key]
         OrderedDict.__delitem__(self, key)
-        self._feed.record(False, key, self._tier, old.size_bytes)
+        self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
 
     _MISSING = object()
 
@@ -171,17 +212,17 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
                 raise KeyError(key)
             return default
         value = OrderedDict.pop(self, key)
-        self._feed.record(False, key, self._tier, value.size_bytes)
+        self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
         return value
 
     def popitem(self, last: bool = True) -> tuple[bytes, Any]:  # noqa: D102
         key, value = OrderedDict.popitem(self, last)
-        self._feed.record(False, key, self._tier, value.size_bytes)
+        self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
         return key, value
 
     def clear(self) -> None:  # noqa: D102
         for key, value in list(self.items()):
-            self._feed.record(False, key, self._tier, value.size_bytes)
+            self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
         OrderedDict.clear(self)
 
     def setdefault(self, key: bytes, default: Any = None) -> Any:  # noqa: D102

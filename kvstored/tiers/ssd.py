@@ -99,14 +99,21 @@ IO_QUEUE_DEPTH = 8
 
 
 class SsdEntry:
-    """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence)."""
+    """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence).
 
-    __slots__ = ("size_bytes", "checksum", "info")
+    ``generation``: as :class:`~kvstored.tiers.dram.DramEntry`'s (stamped by the change feed,
+    or inherited from the DRAM replica a demotion wrote; never persisted: a restart is a new
+    epoch, whose feed stamps the recovered entries anew).
+    """
 
-    def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes]) -> None:
+    __slots__ = ("size_bytes", "checksum", "info", "generation")
+
+    def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes],
+                 generation: int = 0) -> None:
         self.size_bytes = size_bytes
         self.checksum = checksum
         self.info = info  # (namespace_id, meta), interned
+        self.generation = generation
 
     @property
     def namespace_id(self) -> bytes:
@@ -132,6 +139,7 @@ class SsdWrite:
     entry: SsdEntry | None = None
     seq: int = 0
     reuse: bytes | None = None  # an evicted block (same charge) whose file this write takes
+    generation: int = 0  # a demotion's: the DRAM replica's (0 = the change feed stamps one)
 
 
 def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
@@ -313,6 +321,8 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             undone.append(w.reuse)
         w.doomed, w.reuse = [], None
         if w.entry is not None and keep:
+            if w.generation:
+                w.entry.generation = w.generation
             self.entries[w.skey] = w.entry
             return undone
         self.used_bytes -= w.charge_bytes

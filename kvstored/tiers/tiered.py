@@ -467,6 +467,7 @@ class TieredStore(TransitMixin):
                     PinnedBlock(
                         key=key, offset=off, size_bytes=got.size_bytes, meta=got.meta,
                         tier=tier, view=self.arena[off : off + got.size_bytes].toreadonly(),
+                        generation=got.generation,
                     )
                 )
             for skey in reversed(touched_dram):
@@ -661,9 +662,11 @@ class TieredStore(TransitMixin):
                     continue
                 if len(out) >= limit:
                     return out, True
-                tiers = (Tier.DRAM, Tier.SSD) if skey in ssd_entries else (Tier.DRAM,)
+                s = ssd_entries.get(skey)
+                tiers = (Tier.DRAM, Tier.SSD) if s is not None else (Tier.DRAM,)
+                gens = (e.generation, s.generation) if s is not None else (e.generation,)
                 key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0))
+                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0, gens))
             for skey, s in ssd_entries.items():
                 if skey in self._dram.entries:
                     continue
@@ -672,7 +675,8 @@ class TieredStore(TransitMixin):
                 if len(out) >= limit:
                     return out, True
                 key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, s.size_bytes, s.namespace_id, (Tier.SSD,), False))
+                out.append(BlockInfo(key, s.size_bytes, s.namespace_id, (Tier.SSD,), False,
+                                     (s.generation,)))
         return out, False
 
     # ---- lifecycle ---------------------------------------------------------------------

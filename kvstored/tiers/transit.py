@@ -113,6 +113,8 @@ class TransitMixin:
             if ssd is not None and skey not in ssd.entries:
                 ns, _ = split_store_key(skey)
                 w = ssd.begin_write(skey, e.size_bytes, namespace_id=ns, meta=e.meta)
+                if w is not None:
+                    w.generation = e.generation  # the same bytes: the same generation
             if w is None:
                 dram.remove(skey)
                 dram.evictions += 1
@@ -225,7 +227,7 @@ class TransitMixin:
         if reason or t.removed:
             return None
         self._check_open()
-        entry = DramEntry(off, self._intern_size(size), sentry.info)
+        entry = DramEntry(off, self._intern_size(size), sentry.info, sentry.generation)
         dram.add(skey, entry)
         ssd.hits += 1
         return entry
@@ -319,7 +321,8 @@ class TransitMixin:
             if reason or t.removed or self._closed:
                 dram.allocator.free(t.offset, t.size_bytes)
                 continue
-            dram.add(skey, DramEntry(t.offset, self._intern_size(t.size_bytes), sentry.info))
+            dram.add(skey, DramEntry(t.offset, self._intern_size(t.size_bytes), sentry.info,
+                                     sentry.generation))  # the SSD replica's bytes
             ssd.hits += 1
             done.add(skey)
         self._cond.notify_all()
@@ -352,6 +355,7 @@ class TransitMixin:
                 )
                 if w is None:
                     continue
+                w.generation = e.generation  # the same bytes: the same generation
                 t = _Transit(entry=e)
                 self._demoting[skey] = t
                 try:

@@ -8,8 +8,11 @@ Framing (all integers little-endian)::
 
     Request  = ReqHeader(16) + body(body_len) [+ payloads, PUT only]
       ReqHeader  = magic "KVDP" | version u8 (=1) | op u8 (1=GET, 2=PUT) | flags u16
-                   flags: GET_FLAG_GENERATION (1, GET only) = item headers carry the
-                   generation; any other bit is refused
+                   flags (GET only; any other bit is refused):
+                     GET_FLAG_GENERATION (1) = item headers carry the generation;
+                     GET_FLAG_FILL_FROM_PEERS (2) = a cluster node first copies the blocks
+                       it lacks from its peers (an engine's client sets it; a node reading
+                       a peer never does, so reads between nodes never chain or loop)
                    | count u32 | body_len u32
       GET body   = ns_len u16 | ns | count x (key_len u16 | key)
       PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
@@ -24,9 +27,9 @@ Framing (all integers little-endian)::
                    ItemHeader(18) = code u16 | tier u8 | found u8 | size u64 | meta_len u32
                                     | msg_len u16 [| generation u64, with GET_FLAG_GENERATION]
                    | meta | msg | size payload bytes (only when found)
-                 generation: the master's generation of the replica that was pinned and
-                   sent, when the node knows it (0 = unknown, always 0 on a miss; < 2**63,
-                   as the master issues them)
+                 generation: the generation of the replica that was pinned and sent, as
+                   the node reported it to the master (0 = unknown, always 0 on a miss;
+                   < 2**63)
       PUT, OK:   body = count x (code u16 | stored u8 | msg_len u16 | msg)
 
 Deadlines: a :class:`Reader` and :func:`send_all` take an absolute ``time.monotonic()``
@@ -55,6 +58,11 @@ GET_ITEM = struct.Struct("<HBBQIH")  # code, tier, found, size, meta_len, msg_le
 GET_ITEM_GEN = struct.Struct("<HBBQIHQ")  # ... msg_len, generation (GET_FLAG_GENERATION)
 GET_FLAG_GENERATION = 1
 """Request flag of a GET: every item header carries the replica's generation."""
+GET_FLAG_FILL_FROM_PEERS = 2
+"""Request flag of a GET: a cluster node copies the blocks it lacks from its peers first
+(engines' clients only; a node's reads of its peers never set it: no fetch loops)."""
+GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS
+"""Every flag a GET may carry."""
 MAX_GENERATION = (1 << 63) - 1
 """Largest generation a GET item may carry (the master's generations are in (0, 2**63))."""
 PUT_ITEM = struct.Struct("<HBH")  # code, stored, msg_len
@@ -172,7 +180,7 @@ class FrameLimits:
         """
         if op not in (OP_GET, OP_PUT):
             raise ProtocolError(f"unknown data-plane op {op}; expected 1 (GET) or 2 (PUT)")
-        known = GET_FLAG_GENERATION if op == OP_GET else 0
+        known = GET_FLAGS if op == OP_GET else 0
         if flags & ~known:
             raise ProtocolError(
                 f"data-plane request flags {flags:#x} are not supported for op {op} "

@@ -8,6 +8,10 @@ moves payloads, straight between sockets and the arena:
 - GET: the server pins a chunk of blocks and sends each payload from the pinned arena view
   with ``sendmsg`` (item header + payload in one call, no copy); the client ``recv_into``'s
   the payload straight into the caller's buffer.
+- GET with ``GET_FLAG_FILL_FROM_PEERS`` (an engine's client: ``fill_from_peers=True``):
+  a cluster node first copies the blocks it lacks from its peers
+  (``DataPlaneServer.fill_from_peers``, set by the daemon), then pins and sends as above.
+  A node's own reads of a peer never set it, so the peer answers from its store only.
 - PUT: the server reserves arena space for an item only once the first byte of that item's
   payload has arrived, ``recv_into``'s the payload straight into the reservation, and commits
   the batch when all of it arrived. A connection that breaks mid-stream, or a request that
@@ -54,6 +58,7 @@ from kvstored.errors import (
 )
 from kvstored.transport.base import GetItem, PutItem, Sink
 from kvstored.transport.framing import (
+    GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_ITEM_GEN,
     HEADER,
@@ -100,6 +105,9 @@ class DataPlaneClient:
         max_block_bytes: largest payload the node may announce per item (its
             ``max_block_bytes``); a larger announcement fails the call before any allocation.
         max_meta_bytes: longest per-item metadata the node may announce.
+        fill_from_peers: GETs ask a cluster node to copy the blocks it lacks from its peers
+            first (GET_FLAG_FILL_FROM_PEERS): an engine's client sets it; a node reading a
+            peer must not (reads between nodes never go further, so they cannot loop).
     """
 
     def __init__(
@@ -109,8 +117,10 @@ class DataPlaneClient:
         pool_size: int = 4,
         max_block_bytes: int = DEFAULT_CLIENT_MAX_BLOCK_BYTES,
         max_meta_bytes: int = DEFAULT_CLIENT_MAX_META_BYTES,
+        fill_from_peers: bool = False,
     ) -> None:
         self.address = address
+        self.get_flags = GET_FLAG_GENERATION | (GET_FLAG_FILL_FROM_PEERS if fill_from_peers else 0)
         self._host, self._port = parse_host_port(address)
         self._pool_size = pool_size
         self.max_block_bytes = max_block_bytes
@@ -231,7 +241,7 @@ class DataPlaneClient:
             A KvstoredError for a whole-request error.
         """
         request = encode_get_body(keys, namespace_id)
-        request = encode_header(OP_GET, GET_FLAG_GENERATION, len(keys), len(request)) + request
+        request = encode_header(OP_GET, self.get_flags, len(keys), len(request)) + request
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)

@@ -22,6 +22,7 @@ import structlog
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
 from kvstored.tiers.base import PinnedBlock, Reservation
 from kvstored.transport.framing import (
+    GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_ITEM,
     GET_ITEM_GEN,
@@ -54,6 +55,11 @@ log = structlog.get_logger(__name__)
 GET_CHUNK_KEYS = 64
 """Blocks a GET pins at once on the server (bounds the arena one reader holds)."""
 
+FillFromPeers = Callable[..., object]
+"""``fill(keys, namespace_id, remaining_s=seconds)``: copy the blocks of ``keys`` the node
+lacks from its peers (:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never
+raises for a peer's failure)."""
+
 
 # ---- server --------------------------------------------------------------------------------
 
@@ -81,7 +87,8 @@ tests and tracing. Events: ``request_started(op, count)``, ``payload_awaited(ind
 waits for the first byte of item ``index``; nothing is reserved for it yet),
 ``item_reserved(index, size_bytes)``, ``header_budget_waited(num_bytes)`` (the request waits
 for its share of the request-body budget; called with the server's lock held: do not call
-back into the server), ``get_before_send(start, num_items)`` (a GET chunk is pinned,
+back into the server), ``get_filled(num_keys)`` (a GET with GET_FLAG_FILL_FROM_PEERS asked the node's peers for
+what it lacks, before pinning), ``get_before_send(start, num_items)`` (a GET chunk is pinned,
 none of it sent yet), ``chunk_sent(start, num_items)`` (a GET chunk went out
 while its pins were held), ``request_done(op, code)`` (everything the request held is
 released; code 0 = OK)."""
@@ -134,6 +141,9 @@ class DataPlaneServer:
         self._threads: set[threading.Thread] = set()
         self._ids = itertools.count(1)
         self.address = ""
+        self.fill_from_peers: FillFromPeers | None = None
+        """Set by a cluster node: GETs with GET_FLAG_FILL_FROM_PEERS copy missing blocks
+        from peers first (None: the flag is accepted and does nothing)."""
         self.num_requests_lost = 0
         """Requests whose connection broke mid-request, counted once the request's
         reservations are aborted and its pins released (tests wait on it)."""
@@ -320,7 +330,8 @@ class DataPlaneServer:
                     ns, keys = decode_get_body(raw, count)
                     del raw
                     code = self._handle_get(sock, reader, keys, ns,
-                                            with_generation=bool(flags & GET_FLAG_GENERATION))
+                                            with_generation=bool(flags & GET_FLAG_GENERATION),
+                                            fill=bool(flags & GET_FLAG_FILL_FROM_PEERS))
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
@@ -385,7 +396,7 @@ class DataPlaneServer:
 
     # ---- GET -----------------------------------------------------------------------------
     def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
-                    *, with_generation: bool = False) -> int:
+                    *, with_generation: bool = False, fill: bool = False) -> int:
         core = self.core
         # GET_FLAG_GENERATION: each item header ends with the replica's generation
         item, tail = (GET_ITEM_GEN, (0,)) if with_generation else (GET_ITEM, ())
@@ -395,6 +406,8 @@ class DataPlaneServer:
         except KvstoredError as exc:
             send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
             return int(exc.code)
+        if fill and self.fill_from_peers is not None:  # an engine's read on a cluster node
+            self._fill(keys, ns, reader.deadline)
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
         chunks = core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
@@ -434,6 +447,19 @@ class DataPlaneServer:
             send_all(sock, pending, reader.deadline)
         core.count_transfer("tcp", "out", num_blocks, num_bytes)
         return 0
+
+    def _fill(self, keys: list[bytes], ns: bytes, deadline: float | None) -> None:
+        """Copy the blocks of ``keys`` missing here from peers, within the request's
+        deadline (what could not be copied is a miss of this GET, never an error)."""
+        fill = self.fill_from_peers
+        if fill is None:
+            return
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            fill(keys, ns, remaining_s=remaining)
+        except (KvstoredError, RuntimeError) as exc:  # RuntimeError: the reader closed (stop)
+            log.info("data_plane_fill_failed", num_keys=len(keys), error=str(exc))
+        self._emit("get_filled", num_keys=len(keys))
 
     # ---- PUT -----------------------------------------------------------------------------
     def _handle_put(

@@ -136,16 +136,18 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ...) -> None: ...
 
 class BlockRef(_message.Message):
-    __slots__ = ("namespace_id", "key", "tier", "size_bytes")
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     tier: _common_pb2.Tier
     size_bytes: int
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class SyncInventoryRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "sync_id", "blocks", "last_chunk", "seq")

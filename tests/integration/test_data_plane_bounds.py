@@ -148,7 +148,7 @@ def test_count_over_max_batch_keys_is_refused_before_the_body(make_plane: Any) -
     assert p.server.counters().rejected_frames == 1
 
 
-@pytest.mark.parametrize(("op", "flags"), [(1, 2), (1, 0x8000), (2, 1)])
+@pytest.mark.parametrize(("op", "flags"), [(1, 4), (1, 0x8000), (2, 1), (2, 2)])
 def test_unknown_request_flags_are_refused(make_plane: Any, op: int, flags: int) -> None:
     p = make_plane()
     with p.connect() as s:
@@ -171,9 +171,42 @@ def test_a_get_with_the_generation_flag_gets_longer_item_headers(make_plane: Any
         assert (status, count) == (0, 2)
         code, _tier, found, size, meta_len, msg_len, gen = GET_ITEM_GEN.unpack(
             recv_exact(s, GET_ITEM_GEN.size))
-        assert (code, found, size, meta_len, msg_len, gen) == (0, 1, 100, 0, 0, 0)
+        blocks, _ = p.store.list_blocks()
+        stamped = blocks[0].generations[0]  # what the node reported to the master
+        assert stamped > 0
+        assert (code, found, size, meta_len, msg_len, gen) == (0, 1, 100, 0, 0, stamped)
         assert recv_exact(s, 100) == b"v" * 100
         assert GET_ITEM_GEN.unpack(recv_exact(s, GET_ITEM_GEN.size))[2] == 0  # the miss
+
+
+def test_only_a_get_with_the_fill_flag_asks_the_nodes_peers_first(make_plane: Any) -> None:
+    p = make_plane()
+    k = random_keys(2)
+    here = b"h" * 64
+    p.core.put_inline([(k[0], here, b"")], b"")
+    asked: list[tuple[list[bytes], bytes, float | None]] = []
+
+    def fill(keys: list[bytes], namespace_id: bytes, *, remaining_s: float | None) -> None:
+        asked.append((list(keys), namespace_id, remaining_s))
+        p.core.put_inline([(k[1], b"r" * 64, b"")], b"")  # as a copy from a peer would
+
+    p.server.fill_from_peers = fill
+    plain = DataPlaneClient(p.server.address)  # a node reading a peer: never the flag
+    engine = DataPlaneClient(p.server.address, fill_from_peers=True)
+    try:
+        def sink(i: int, size: int, meta: bytes) -> memoryview:
+            return memoryview(bytearray(size))
+
+        items = plain.get(k, b"", sink, deadline=time.monotonic() + EVENT_WAIT_S)
+        assert [it.found for it in items] == [True, False] and asked == []  # no remote reads
+        items = engine.get(k, b"", sink, deadline=time.monotonic() + EVENT_WAIT_S)
+        assert [it.found for it in items] == [True, True]  # filled before it was pinned
+        assert len(asked) == 1 and asked[0][:2] == (k, b"")
+        assert asked[0][2] is not None and 0 < asked[0][2] <= 30.0  # within the request's deadline
+        assert p.next_event("get_filled") == {"num_keys": 2}
+    finally:
+        plain.close()
+        engine.close()
 
 
 @pytest.mark.parametrize("op", [1, 2])

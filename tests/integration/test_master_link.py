@@ -213,3 +213,62 @@ def test_bad_registrations_get_invalid_argument_with_the_error_code(
             assert list(resp.nodes) == []
 
     _run(tmp_path, scenario)
+
+
+def _indexed_generations(master: Master, i: int) -> dict[Tier, int]:
+    return {r.tier: r.generation
+            for r in master.servicer.index.replicas(NS, key(i), readable_only=True)}
+
+
+def _store_generations(store: TieredStore, i: int) -> dict[Tier, int]:
+    blocks, _ = store.list_blocks(namespace_id=NS, limit=1 << 20)
+    b = next(b for b in blocks if b.key == key(i))
+    return dict(zip(b.tiers, b.generations, strict=True))
+
+
+def test_the_master_indexes_the_generations_the_node_stamped_and_a_restart_renews_them(
+    tmp_path: Path,
+) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, addr: str) -> None:
+        store.put(key(0), b"a" * 100, namespace_id=NS)
+        store.spill_to_ssd()  # block 0 in DRAM and on SSD: one generation, two replicas
+        await link.run_once()  # inventory
+        g0 = _store_generations(store, 0)
+        assert set(g0) == {Tier.DRAM, Tier.SSD} and len(set(g0.values())) == 1
+        assert _indexed_generations(master, 0) == g0
+        store.put(key(1), b"b" * 100, namespace_id=NS)
+        await link.run_once()  # an event
+        g1 = _store_generations(store, 1)
+        assert _indexed_generations(master, 1) == g1
+        store.remove([key(1)], namespace_id=NS)
+        store.put(key(1), b"c" * 100, namespace_id=NS)  # a re-put within one round
+        await link.run_once()
+        assert _indexed_generations(master, 1) == _store_generations(store, 1) != g1
+        # a restart: the SSD replica is recovered by a new store, under a new generation
+        await link.stop(unregister=False)
+        store.close()
+        again = TieredStore(dram_size_bytes=1 << 20, arena_dir=None, node_id="n1",
+                            ssd_dir=tmp_path / "ssd", ssd_size_bytes=8 << 20)
+        link2 = MasterLink(ClusterConfig(master_address=addr), node_id="n1", epoch=78,
+                           grpc_address="127.0.0.1:9000", data_address="127.0.0.1:9001",
+                           store=again, load=lambda: 0.0)
+        try:
+            await link2.run_once()
+            renewed = _store_generations(again, 0)
+            assert set(renewed) == {Tier.SSD} and renewed[Tier.SSD] > max(g0.values())
+            assert _indexed_generations(master, 0) == renewed
+        finally:
+            await link2.stop(unregister=False)
+            again.close()
+        # a generation no data plane can carry is refused, naming the field
+        async with grpc.aio.insecure_channel(addr) as ch:
+            stub = pb_grpc.MasterServiceStub(ch)
+            bad = pb.BlockRef(namespace_id=NS, key=key(5), tier=1, size_bytes=1,
+                              generation=1 << 63)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ReportEvents(pb.ReportEventsRequest(
+                    node_id="n1", epoch=78, events=[pb.BlockEvent(seq=1, kind=1, block=bad)]))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "generation must be < 2**63" in (err.value.details() or "")
+
+    _run(tmp_path, scenario)

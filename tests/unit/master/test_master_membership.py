@@ -227,3 +227,42 @@ def test_bad_registrations_name_the_field(cluster: Cluster, kwargs: dict, match:
     with pytest.raises(InvalidArgument, match=match):
         cluster.members.register(bad)
     assert cluster.members.nodes() == []
+
+
+def _generations(cluster: Cluster, i: int) -> dict[tuple[str, Tier], int]:
+    out = {}
+    for r in cluster.index.replicas(NS, key(i), readable_only=True):
+        owner = cluster.members.record_of_holder(r.holder)
+        assert owner is not None
+        out[(owner.spec.node_id, r.tier)] = r.generation
+    return out
+
+
+def test_the_master_indexes_the_holders_generation_from_inventory_and_events(
+    cluster: Cluster,
+) -> None:
+    # the node's store stamps a generation per replica (kvstored/tiers/feed.py); its data
+    # plane sends it with the block, so the master must index exactly that one
+    cluster.join("a", inventory=[BlockRef(NS, key(0), DRAM, 4096, 1_000_001),
+                                 BlockRef(NS, key(0), SSD, 4096, 1_000_001),
+                                 BlockRef(NS, key(1), DRAM, 4096, 0)])  # an older node: 0
+    assert _generations(cluster, 0) == {("a", DRAM): 1_000_001, ("a", SSD): 1_000_001}
+    issued = _generations(cluster, 1)[("a", DRAM)]
+    assert issued >= 100  # the master's own (Generations(100)) for a replica sent without one
+    add = BlockEvent(1, EventKind.ADDED, BlockRef(NS, key(2), DRAM, 4096, 1_000_002))
+    assert cluster.members.report_events("a", 1, [add]) == (NodeAction.NONE, 1)
+    assert _generations(cluster, 2) == {("a", DRAM): 1_000_002}
+    # remove + re-put within one round: two events, the re-put's new generation wins
+    events = [BlockEvent(2, EventKind.REMOVED, BlockRef(NS, key(2), DRAM, 4096, 1_000_002)),
+              BlockEvent(3, EventKind.ADDED, BlockRef(NS, key(2), DRAM, 4096, 1_000_003))]
+    assert cluster.members.report_events("a", 1, events) == (NodeAction.NONE, 3)
+    assert _generations(cluster, 2) == {("a", DRAM): 1_000_003}
+    # an ADDED for a replica the master indexes already (e.g. under a generation it issued
+    # for a write it placed): the holder's generation replaces it
+    again = BlockEvent(4, EventKind.ADDED, BlockRef(NS, key(1), DRAM, 4096, 1_000_004))
+    assert cluster.members.report_events("a", 1, [again]) == (NodeAction.NONE, 4)
+    assert _generations(cluster, 1) == {("a", DRAM): 1_000_004}
+    # events without a generation (an older node) still get fresh master generations
+    old = BlockEvent(5, EventKind.ADDED, BlockRef(NS, key(3), DRAM, 4096))
+    assert cluster.members.report_events("a", 1, [old]) == (NodeAction.NONE, 5)
+    assert _generations(cluster, 3)[("a", DRAM)] > issued

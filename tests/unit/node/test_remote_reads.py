@@ -3,14 +3,21 @@
 The master is a dict the test controls (key -> the replica it names), so the races are set up
 exactly: the source changing generation between the copy and its verification (held at the
 ``before_verify`` hook), a peer that never answers, probes that must not fetch.
+
+The source here is an *older* node: its data plane sends generation 0 (it does not know its
+replicas' generations), so every copy is verified through the master, the fallback path.
+The source that sends its generations is tested in test_remote_reads_fast.py and
+test_remote_generations.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -19,7 +26,7 @@ from kvstored.config import NodeConfig
 from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import Tier
+from kvstored.tiers.base import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer
 
@@ -64,9 +71,27 @@ class FakeMaster:
         self.reports.append((peer, epoch, ok))
 
 
+def _as_older_node(core: NodeCore) -> None:
+    """Make ``core``'s pinned blocks carry generation 0 (a node that does not know them)."""
+    inner_fn = core.pinned_chunks
+
+    def pinned_chunks(keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
+                      ) -> Iterator[tuple[int, list[Any]]]:
+        inner = inner_fn(keys, namespace_id, chunk_keys=chunk_keys)
+        try:
+            for start, got in inner:
+                yield start, [dataclasses.replace(b, generation=0)
+                              if isinstance(b, PinnedBlock) else b for b in got]
+        finally:
+            inner.close()
+
+    core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+
+
 @pytest.fixture
 def source() -> Iterator[tuple[NodeCore, str]]:
     core = _core("src")
+    _as_older_node(core)
     server = DataPlaneServer(core, "127.0.0.1:0")
     address = server.start()
     yield core, address

@@ -4,6 +4,9 @@
   the drained events applied to the last listing give exactly the store's listing.
 - Overflow sets ``resync_needed`` and drops the queue; the link then lists once and resyncs.
 - A round lists nothing when the feed has not overflowed (listings are counted).
+- Generations: every replica the store adds gets a new one (a remove + re-put too); a
+  promotion or demotion keeps the source replica's; a pin carries the DRAM entry's; a new
+  store (a restart) never reuses one; events and inventories carry them to the master.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ def _store(tmp: Path, *, ssd: bool = True) -> TieredStore:
                        ssd_dir=tmp / "ssd" if ssd else None, ssd_size_bytes=96 << 10 if ssd else 0)
 
 
-def _apply(model: dict[tuple[bytes, bytes, int], int], feed: ChangeFeed) -> None:
+def _apply(model: dict[tuple[bytes, bytes, int], tuple[int, int]], feed: ChangeFeed) -> None:
     changes, resync = feed.drain()
     assert not resync
     for c in changes:
         rk = (c.namespace_id, c.key, c.tier)
+        assert c.generation > 0, f"a change without a generation: {c}"
         if c.added:
             assert rk not in model, f"added twice without a removal: {rk}"
-            model[rk] = c.size_bytes
+            model[rk] = (c.size_bytes, c.generation)
         else:
-            assert model.pop(rk) == c.size_bytes, f"removed with another size: {rk}"
+            assert model.pop(rk) == (c.size_bytes, c.generation), \
+                f"removed with another size or generation: {rk}"
 
 
 _put = st.tuples(st.just("put"), st.integers(0, 7), st.sampled_from(NAMESPACES),
@@ -91,6 +96,38 @@ def test_feed_sees_demotion_promotion_and_ssd_eviction(tmp_path: Path) -> None:
         assert kinds == {(True, 1), (False, 1), (True, 2), (False, 2)}, kinds
 
 
+def _gens(store: TieredStore, key: bytes) -> dict[int, int]:
+    blocks, _ = store.list_blocks(limit=1 << 20)
+    b = next(b for b in blocks if b.key == key)
+    return {int(t): g for t, g in zip(b.tiers, b.generations, strict=True)}
+
+
+def test_generations_new_per_replica_inherited_across_tiers(tmp_path: Path) -> None:
+    with _store(tmp_path) as store:
+        key = b"\x42" * 16
+        store.put(key, b"a" * 9000)
+        g1 = _gens(store, key)[1]
+        assert g1 > 0
+        pinned = store.pin_many([key])[0]
+        assert pinned.generation == g1  # the data plane sends what the master is told
+        store.unpin(pinned)
+        store.remove([key])
+        store.put(key, b"b" * 9000)  # a re-put with other bytes: a new replica
+        g2 = _gens(store, key)[1]
+        assert g2 > g1
+        store.spill_to_ssd()  # demotion writes the DRAM replica's bytes: its generation
+        assert _gens(store, key) == {1: g2, 2: g2}
+        for i in range(12):  # push it out of DRAM (64 KiB): SSD only now
+            store.put(bytes([i]) * 16, b"c" * 9000)
+        assert _gens(store, key) == {2: g2}
+        pinned = store.pin_many([key])[0]  # promotion reads the SSD replica: its generation
+        assert pinned.generation == g2 and _gens(store, key)[1] == g2
+        store.unpin(pinned)
+    with _store(tmp_path) as again:  # a restart: SSD recovered, stamped anew
+        assert again.exists([key]) == [True]
+        assert min(_gens(again, key).values()) > g2
+
+
 def test_overflow_sets_resync_and_never_loses_silently(tmp_path: Path) -> None:
     with _store(tmp_path, ssd=False) as store:
         store.change_feed.max_events = 4
@@ -112,7 +149,7 @@ class _FakeStub:
     """Answers MasterService calls like a master that applies everything."""
 
     def __init__(self) -> None:
-        self.replicas: dict[tuple[bytes, bytes, int], int] = {}
+        self.replicas: dict[tuple[bytes, bytes, int], tuple[int, int]] = {}
         self.sync_calls = 0
         self.applied = 0
 
@@ -125,7 +162,7 @@ class _FakeStub:
             self._sync_id = req.sync_id
             self.replicas = {}
         for b in req.blocks:
-            self.replicas[(b.namespace_id, b.key, b.tier)] = b.size_bytes
+            self.replicas[(b.namespace_id, b.key, b.tier)] = (b.size_bytes, b.generation)
         self.applied = req.seq if req.last_chunk else self.applied
         return pb.SyncInventoryResponse()
 
@@ -135,7 +172,7 @@ class _FakeStub:
             self.applied = e.seq
             rk = (e.block.namespace_id, e.block.key, e.block.tier)
             if e.kind == pb.BLOCK_EVENT_KIND_ADDED:
-                self.replicas[rk] = e.block.size_bytes
+                self.replicas[rk] = (e.block.size_bytes, e.block.generation)
             else:
                 self.replicas.pop(rk, None)
         return pb.ReportEventsResponse(applied_seq=self.applied)
@@ -153,9 +190,12 @@ def test_master_link_drains_the_feed_and_lists_only_on_register_or_overflow(tmp_
             listed.append(1)
             return real_list(**kw)
 
-        def truth() -> dict[tuple[bytes, bytes, int], int]:
+        def truth() -> dict[tuple[bytes, bytes, int], tuple[int, int]]:
             blocks, _ = real_list(limit=1 << 30)
-            return {(b.namespace_id, b.key, int(t)): b.size_bytes for b in blocks for t in b.tiers}
+            got = {(b.namespace_id, b.key, int(t)): (b.size_bytes, g)
+                   for b in blocks for t, g in zip(b.tiers, b.generations, strict=True)}
+            assert all(g > 0 for _, g in got.values())
+            return got
 
         store.list_blocks = counting_list  # type: ignore[method-assign]
         stub = _FakeStub()
