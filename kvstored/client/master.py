@@ -12,7 +12,7 @@ from types import TracebackType
 
 import grpc
 
-from kvstored.errors import error_from_rpc
+from kvstored.errors import InternalError, KvstoredError, error_from_code, error_from_rpc
 from kvstored.tiers.base import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -183,3 +183,72 @@ class MasterClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return resp.num_replicas
+
+    def put_start_batch(
+        self, items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]:
+        """:meth:`put_start` of many blocks in one call (``PutStartBatch``).
+
+        Args:
+            items: ``(namespace_id, key, size_bytes)`` per block (at most 4096); the other
+                arguments apply to every item, as in :meth:`put_start`.
+
+        Returns:
+            Per item, in order: ``(exists, generation, replicas)`` as :meth:`put_start`
+            returns, or the error it would have raised (NoCapacity, ReplicaNotReady,
+            InvalidArgument...), returned, not raised.
+
+        Raises:
+            InvalidArgument: too many items or an unknown policy (the whole call).
+        """
+        req = pb.PutStartBatchRequest(
+            items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n) for ns, k, n in items],
+            writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports)
+        try:
+            resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items):
+            raise InternalError(f"PutStartBatch answered {len(resp.results)} results for "
+                                f"{len(items)} items")
+        out: list[tuple[bool, int, list[ClusterReplica]] | KvstoredError] = []
+        for r in resp.results:
+            if r.outcome in (pb.PUT_START_OUTCOME_PLACED, pb.PUT_START_OUTCOME_EXISTS):
+                out.append((r.outcome == pb.PUT_START_OUTCOME_EXISTS, r.generation, [
+                    ClusterReplica(x.node_id, x.epoch, Tier(x.tier), x.size_bytes, x.generation,
+                                   x.data_address) for x in r.replicas]))
+            else:
+                out.append(error_from_code(r.error_code, r.message))
+        return out
+
+    def put_end_batch(
+        self, items: Sequence[tuple[bytes, bytes, int, bool]], *, timeout_s: float | None = None
+    ) -> list[int | KvstoredError]:
+        """:meth:`put_end` of many writes in one call (``PutEndBatch``).
+
+        Args:
+            items: ``(namespace_id, key, generation, commit)`` per write (at most 4096).
+
+        Returns:
+            Per item, in order: the replicas committed (or dropped), or the error
+            :meth:`put_end` would have raised (NotFound: a stale end, refused), returned.
+
+        Raises:
+            InvalidArgument: too many items (the whole call).
+        """
+        req = pb.PutEndBatchRequest(items=[
+            pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+            for ns, k, g, c in items])
+        try:
+            resp = self._stub.PutEndBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items):
+            raise InternalError(f"PutEndBatch answered {len(resp.results)} results for "
+                                f"{len(items)} items")
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.results]

@@ -6,23 +6,25 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
 ``[cluster] spill_high_watermark`` moves blocks out until it is at or below
 ``spill_low_watermark``, two-phase through the master::
 
-    victims = the coldest unpinned blocks (SSD-only blocks first when the last tier is SSD,
-              then DRAM in LRU order; chain recency makes chain tails the coldest)
-    per block:  PutStart(key, size, writer=me, exclude_writer, max_used_fraction=high,
-                         headroom_bytes=batch, holder_reports)     -> generation G, peer P
+    victims = store.coldest_blocks(batch): the store's eviction order walked from its cold
+              end, bounded (SSD-only blocks first when the last tier is SSD, then DRAM in
+              LRU order; chain recency makes chain tails the coldest); no store listing
+    one call:   PutStartBatch(victims, writer=me, exclude_writer, max_used_fraction=high,
+                              headroom_bytes=batch, holder_reports)
+                per block -> generation G, peer P (each item is one PutStart)
                   exists (another node holds it)  -> drop the local copy (one copy suffices)
                   NoCapacity (every peer is full) -> stop: local eviction, as without spill
     hook("put_started")
-    per peer:   pin the local DRAM copies; read SSD-only victims straight from their files
-                (checksum verified, never promoted: promoting would demote other blocks into
-                the very tier that is full) -> DataPlaneClient(P).put(keys, views) under a
-                deadline (the peer reserves as bytes arrive; a broken connection aborts its
-                reservations) -> unpin
+    per peer:   store.read_for_export: pins the local DRAM copies, reads SSD-only victims
+                from their files (checksum verified, never promoted: promoting would demote
+                other blocks into the very tier that is full) -> DataPlaneClient(P).put(keys,
+                views) under a deadline (the peer reserves as bytes arrive; a broken
+                connection aborts its reservations) -> release
     hook("sent")
-    per block:  PutEnd(G, commit) if the peer stored it -> only then drop the local copy
-                (a move, not a second replica); PutEnd(G, abort) on any failure (the local
-                copy stays: nothing lost). A refused end (NotFound: the write lease lapsed)
-                keeps the local copy too.
+    one call:   PutEndBatch: per block PutEnd(G, commit) if the peer stored it, else
+                PutEnd(G, abort); a block leaves here only once its own item was accepted
+                (a move, not a second replica); an abort, a refused end (NotFound: the
+                write lease lapsed) or a failed call keeps the local copy (nothing lost).
     hook("ended")
 
 Why this is safe:
@@ -42,10 +44,8 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
-Runs on one daemon thread (``kvstored-spill``); the PutStarts (and the PutEnds) of a batch
-are issued at once from a small pool (``kvstored-spill-rpc``, one thread per batch block)
-so their round trips overlap; store calls are thread-safe; master calls are blocking gRPC
-with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
+Runs on one daemon thread (``kvstored-spill``): two master calls per batch (not per
+block); store calls are thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
 points above (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
 
@@ -56,15 +56,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.tiers.base import BlockInfo, PinnedBlock, StoreStats, Tier, TierStats
-from kvstored.tiers.ssd_format import round_up_page, store_key
+from kvstored.tiers.base import BlockInfo, StoreStats, Tier, TierStats
+from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.base import Transport
 
 log = structlog.get_logger(__name__)
@@ -73,31 +72,29 @@ Hook = Callable[..., None]
 HOOK_ENV = "KVSTORED_TEST_SPILL_HOOK"
 RETRY_AFTER_FAILURE_S = 5.0
 """A block whose move failed is not tried again for this long (no hot loop on one block)."""
-_LIST_ALL = 1 << 30
 
 
 class SpillStore(Protocol):
     """What the spiller needs of the node's store (TieredStore implements it)."""
 
     def stats(self) -> StoreStats: ...
-    def list_blocks(self, *, namespace_id: bytes | None = None, limit: int = 10000
-                    ) -> tuple[list[BlockInfo], bool]: ...
-    def pin_many(self, keys: Sequence[bytes], *, namespace_id: bytes = b"",
-                 may_block: bool = True) -> list[Any]: ...
-    def unpin(self, block: PinnedBlock) -> None: ...
+    def coldest_blocks(self, limit: int, *, exclude: Any = ()) -> list[BlockInfo]: ...
+    def read_for_export(self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+                        ) -> list[ExportedBlock | None]: ...
+    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None: ...
     def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]: ...
 
 
 class SpillMaster(Protocol):
-    """The master's two-phase put (:class:`~kvstored.client.master.MasterClient` is one)."""
+    """The master's batched two-phase put (:class:`~kvstored.client.master.MasterClient`)."""
 
-    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, *,
-                  writer_node_id: str = "", exclude_writer: bool = False,
-                  max_used_fraction: float = 0.0, headroom_bytes: int = 0,
-                  holder_reports: bool = False, timeout_s: float | None = None
-                  ) -> tuple[bool, int, list[Any]]: ...
-    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
-                timeout_s: float | None = None) -> int: ...
+    def put_start_batch(self, items: Sequence[tuple[bytes, bytes, int]], *,
+                        writer_node_id: str = "", exclude_writer: bool = False,
+                        max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+                        holder_reports: bool = False, timeout_s: float | None = None
+                        ) -> list[tuple[bool, int, list[Any]] | KvstoredError]: ...
+    def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
+                      timeout_s: float | None = None) -> list[int | KvstoredError]: ...
 
 
 @dataclass(slots=True)
@@ -128,7 +125,6 @@ class _Move:
     address: str
     node_id: str
     ok: bool = False
-    pinned: PinnedBlock | None = field(default=None, repr=False)
 
 
 def last_tier(stats: StoreStats) -> TierStats:
@@ -210,7 +206,6 @@ class Spiller:
         self._peers: dict[str, Transport] = {}
         self._failed_at: dict[tuple[bytes, bytes], float] = {}
         self._stop = threading.Event()
-        self._calls = ThreadPoolExecutor(self.batch_blocks, thread_name_prefix="kvstored-spill-rpc")
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -229,7 +224,6 @@ class Spiller:
         for t in self._peers.values():
             t.close()
         self._peers.clear()
-        self._calls.shutdown(wait=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -251,21 +245,18 @@ class Spiller:
     def victims(self, need_bytes: int) -> list[BlockInfo]:
         """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
 
-        SSD-only blocks come first when the last tier is SSD (they were demoted longest
-        ago), then DRAM blocks in LRU order; blocks whose move failed lately are skipped.
+        The store's eviction order from its cold end (``coldest_blocks``: SSD-only blocks
+        first when the last tier is SSD, they were demoted longest ago; then DRAM blocks in
+        LRU order), bounded: no listing of the store. Blocks whose move failed lately are
+        skipped.
         """
-        blocks, _ = self.store.list_blocks(limit=_LIST_ALL)
-        if last_tier(self.store.stats()).tier is Tier.SSD:
-            blocks = [b for b in blocks if b.tiers == (Tier.SSD,)] + [
-                b for b in blocks if b.tiers != (Tier.SSD,)]
         now = time.monotonic()
-        self._failed_at = {k: t for k, t in self._failed_at.items()
-                           if now - t < RETRY_AFTER_FAILURE_S}
+        if self._failed_at:
+            self._failed_at = {k: t for k, t in self._failed_at.items()
+                               if now - t < RETRY_AFTER_FAILURE_S}
         out: list[BlockInfo] = []
         covered = 0
-        for b in blocks:
-            if b.pinned or (b.namespace_id, b.key) in self._failed_at:
-                continue
+        for b in self.store.coldest_blocks(self.batch_blocks, exclude=self._failed_at):
             out.append(b)
             covered += b.size_bytes
             if len(out) >= self.batch_blocks or covered >= need_bytes:
@@ -309,19 +300,16 @@ class Spiller:
         self.counters.blocks_failed += 1
         self._failed_at[(b.namespace_id, b.key)] = time.monotonic()
 
-    def _put_start(self, b: BlockInfo, headroom: int) -> tuple[bool, int, list[Any]] | KvstoredError:
-        try:
-            return self.master.put_start(
-                b.namespace_id, b.key, b.size_bytes, writer_node_id=self.node_id,
-                exclude_writer=True, max_used_fraction=self.high, headroom_bytes=headroom,
-                holder_reports=True, timeout_s=self.rpc_timeout_s)
-        except KvstoredError as exc:
-            return exc
-
     def _start_writes(self, batch: Sequence[BlockInfo]) -> tuple[list[_Move], int, bool]:
-        """PutStart every block of the batch (concurrently: the round trips overlap)."""
+        """PutStart every block of the batch in one PutStartBatch call."""
         headroom = sum(b.size_bytes for b in batch)
-        outcomes = list(self._calls.map(lambda b: self._put_start(b, headroom), batch))
+        try:
+            outcomes = self.master.put_start_batch(
+                [(b.namespace_id, b.key, b.size_bytes) for b in batch],
+                writer_node_id=self.node_id, exclude_writer=True, max_used_fraction=self.high,
+                headroom_bytes=headroom, holder_reports=True, timeout_s=self.rpc_timeout_s)
+        except KvstoredError as exc:
+            outcomes = [exc] * len(batch)
         moves: list[_Move] = []
         dropped = 0
         full = False
@@ -347,70 +335,46 @@ class Spiller:
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
         return moves, dropped, full
 
-    def _read_ssd_only(self, ns: bytes, key: bytes) -> tuple[memoryview, bytes] | None:
-        """An SSD-only block's bytes and meta, read and checksum-verified from its file
-        without promoting it (None: gone meanwhile, unreadable, or no SSD tier)."""
-        ssd = getattr(self.store, "_ssd", None)  # TieredStore's SSD tier (same package family)
-        if ssd is None:
-            return None
-        skey = store_key(ns, key)
-        with ssd.lock:
-            entry = ssd.entries.get(skey)
-        if entry is None:
-            return None
-        buf = memoryview(bytearray(round_up_page(entry.size_bytes)))
-        try:
-            ok = ssd.read_into(skey, buf)
-        except (KeyError, ValueError):  # evicted or replaced since the lookup
-            return None
-        return (buf[: entry.size_bytes], entry.meta) if ok else None
-
     def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
-        from_ssd = [m for m in group if m.block.tiers == (Tier.SSD,)]
-        in_dram = [m for m in group if m.block.tiers != (Tier.SSD,)]
-        pinned = self.store.pin_many([m.block.key for m in in_dram], namespace_id=ns) if in_dram else []
-        items, sent = [], []
-        for m in from_ssd:
-            got = self._read_ssd_only(ns, m.block.key)
-            if got is not None:
-                items.append((m.block.key, got[0], got[1]))
-                sent.append(m)
-        for m, p in zip(in_dram, pinned, strict=True):
-            if isinstance(p, PinnedBlock):
-                m.pinned = p
-                items.append((m.block.key, p.view, p.meta))
-                sent.append(m)
+        """One data-plane PUT of a peer's moves (DRAM copies pinned in place, SSD-only ones
+        read from their files; never promoted), released afterwards."""
+        exported = self.store.read_for_export([m.block.key for m in group], namespace_id=ns)
         try:
-            if items:
-                out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
-                for m, item in zip(sent, out, strict=True):
-                    m.ok = item.code == 0
-                    if not m.ok:
-                        log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
-                                    code=item.code, error=item.message)
+            sent = [(m, e) for m, e in zip(group, exported, strict=True) if e is not None]
+            if not sent:
+                return
+            items = [(e.key, e.view, e.meta) for _, e in sent]
+            out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
+            for (m, _), item in zip(sent, out, strict=True):
+                m.ok = item.code == 0
+                if not m.ok:
+                    log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
+                                code=item.code, error=item.message)
         except KvstoredError as exc:
-            log.warning("spill_transfer_failed", peer=address, num_blocks=len(items),
+            log.warning("spill_transfer_failed", peer=address, num_blocks=len(group),
                         error=str(exc))
         finally:
-            for m in sent:
-                if m.pinned is not None:
-                    self.store.unpin(m.pinned)
-                    m.pinned = None
+            self.store.release_export(exported)
 
-    def _end(self, m: _Move) -> bool:
-        b = m.block
+    def _end(self, moves: Sequence[_Move]) -> list[bool]:
+        """PutEnd every move in one PutEndBatch call: per move, True only when it was a
+        commit and the master accepted exactly its generation."""
         try:
-            self.master.put_end(b.namespace_id, b.key, m.generation, commit=m.ok,
-                                timeout_s=self.rpc_timeout_s)
-        except NotFound as exc:  # the write lease lapsed: keep the local copy
-            log.warning("spill_end_refused", key=b.key.hex()[:16], generation=m.generation,
-                        error=str(exc))
-            return False
+            ended = self.master.put_end_batch(
+                [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in moves],
+                timeout_s=self.rpc_timeout_s)
         except KvstoredError as exc:
-            log.warning("spill_end_failed", key=b.key.hex()[:16], generation=m.generation,
-                        error=str(exc))
-            return False
-        return m.ok
+            log.warning("spill_end_failed", num_blocks=len(moves), error=str(exc))
+            return [False] * len(moves)
+        out = []
+        for m, n in zip(moves, ended, strict=True):
+            if isinstance(n, KvstoredError):  # NotFound: the write lease lapsed; keep the copy
+                log.warning("spill_end_refused" if isinstance(n, NotFound) else "spill_end_failed",
+                            key=m.block.key.hex()[:16], generation=m.generation, error=str(n))
+                out.append(False)
+            else:
+                out.append(m.ok)
+        return out
 
     def spill_batch(self, batch: Sequence[BlockInfo]) -> tuple[int, bool]:
         """Move one batch (see the module docstring).
@@ -429,7 +393,7 @@ class Spiller:
             self._send(address, ns, group)
         self._fire("sent", moves=moves)
         left = dropped
-        ended = list(self._calls.map(self._end, moves))  # the PutEnds overlap too
+        ended = self._end(moves)
         done: dict[bytes, list[BlockInfo]] = {}
         for m, ok in zip(moves, ended, strict=True):
             if ok:

@@ -56,6 +56,7 @@ class InProcMaster:
         self.placement = Placement(self.members, write_lease_s=WRITE_LEASE_S)
         self.seq: dict[str, int] = {}
         self.lock = threading.Lock()  # the spiller calls from several threads; placement is not thread-safe
+        self.calls: list[str] = []  # "start" / "end" per master call
 
     def join(self, node_id: str, data_address: str, store: TieredStore | None) -> None:
         self.members.register(NodeSpec(node_id, 1, "127.0.0.1:1", data_address,
@@ -82,20 +83,22 @@ class InProcMaster:
             events.append(BlockEvent(self.seq[node_id], EventKind.ADDED, BlockRef(b"", k, Tier.DRAM, BLOCK)))
         self.members.report_events(node_id, 1, events)
 
-    # ---- SpillMaster ----
-    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, **kw: Any
-                  ) -> tuple[bool, int, list[ClusterReplica]]:
+    # ---- SpillMaster (MasterClient's batched calls, answered by the real placement) ----
+    def put_start_batch(self, items: Sequence[tuple[bytes, bytes, int]], **kw: Any
+                        ) -> list[Any]:
         kw.pop("timeout_s", None)
+        self.calls.append("start")
         with self.lock:
-            out = self.placement.start_put(namespace_id, key, size_bytes, **kw)
-        return out.exists, out.generation, [
-            ClusterReplica(r.node_id, r.epoch, r.tier, size_bytes, out.generation, r.data_address)
-            for r in out.replicas]
+            outs = self.placement.start_put_batch(items, **kw)
+        return [out if isinstance(out, Exception) else (out.exists, out.generation, [
+            ClusterReplica(r.node_id, r.epoch, r.tier, size, out.generation, r.data_address)
+            for r in out.replicas]) for (_, _, size), out in zip(items, outs, strict=True)]
 
-    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
-                timeout_s: float | None = None) -> int:
+    def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
+                      timeout_s: float | None = None) -> list[Any]:
+        self.calls.append("end")
         with self.lock:
-            return self.placement.end_put(namespace_id, key, generation, commit=commit)
+            return self.placement.end_put_batch(items)
 
 
 class Peer:
