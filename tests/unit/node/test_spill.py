@@ -159,6 +159,7 @@ def test_moves_the_coldest_blocks_to_the_peer_with_most_room_down_to_the_low_wat
     finally:
         sp.close()
     assert left == 7 and sp.counters.blocks_moved == 7  # 15 -> 8 blocks = 50 % of 16
+    assert master.calls == ["start", "end"] * 2  # one PutStartBatch + one PutEndBatch a batch
     assert _present(src) == list(range(7, 15))  # the coldest left, the hottest stayed
     c = peers["c"].store
     assert [c.get(key(i)) for i in range(7)] == [(value(i), b"") for i in range(7)]
