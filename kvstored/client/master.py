@@ -6,9 +6,10 @@ what ``kvstorectl --address MASTER nodes`` and the cluster tests use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, TypeVar
 
 import grpc
 
@@ -17,6 +18,7 @@ from kvstored.tiers.base import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
+T = TypeVar("T")
 _HEALTH = {pb.NODE_HEALTH_HEALTHY: "healthy", pb.NODE_HEALTH_UNHEALTHY: "unhealthy",
            pb.NODE_HEALTH_SYNCING: "syncing"}
 
@@ -50,6 +52,7 @@ class MasterClient:
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._single_puts = False  # the master predates PutStartBatch: one call per item
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
@@ -200,9 +203,17 @@ class MasterClient:
             returns, or the error it would have raised (NoCapacity, ReplicaNotReady,
             InvalidArgument...), returned, not raised.
 
+        A master without the batched calls (an older version: UNIMPLEMENTED) is asked
+        with one :meth:`put_start` per item instead, from then on.
+
         Raises:
             InvalidArgument: too many items or an unknown policy (the whole call).
         """
+        if self._single_puts:
+            return [self._one(self.put_start, ns, k, n, writer_node_id=writer_node_id,
+                              exclude_writer=exclude_writer, max_used_fraction=max_used_fraction,
+                              headroom_bytes=headroom_bytes, holder_reports=holder_reports,
+                              timeout_s=timeout_s) for ns, k, n in items]
         req = pb.PutStartBatchRequest(
             items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n) for ns, k, n in items],
             writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
@@ -211,6 +222,12 @@ class MasterClient:
         try:
             resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_start_batch(
+                    items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+                    max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+                    holder_reports=holder_reports, timeout_s=timeout_s)
             raise error_from_rpc(exc) from None
         if len(resp.results) != len(items):
             raise InternalError(f"PutStartBatch answered {len(resp.results)} results for "
@@ -237,18 +254,38 @@ class MasterClient:
             Per item, in order: the replicas committed (or dropped), or the error
             :meth:`put_end` would have raised (NotFound: a stale end, refused), returned.
 
+        A master without the batched calls is asked with one :meth:`put_end` per item.
+
         Raises:
             InvalidArgument: too many items (the whole call).
         """
+        if self._single_puts:
+            return [self._one(self.put_end, ns, k, g, commit=c, timeout_s=timeout_s)
+                    for ns, k, g, c in items]
         req = pb.PutEndBatchRequest(items=[
             pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
             for ns, k, g, c in items])
         try:
             resp = self._stub.PutEndBatch(req, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_end_batch(items, timeout_s=timeout_s)
             raise error_from_rpc(exc) from None
         if len(resp.results) != len(items):
             raise InternalError(f"PutEndBatch answered {len(resp.results)} results for "
                                 f"{len(items)} items")
         return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
                 for r in resp.results]
+
+    @staticmethod
+    def _one(call: Callable[..., T], *args: Any, **kw: Any) -> T | KvstoredError:
+        try:
+            return call(*args, **kw)
+        except KvstoredError as exc:
+            return exc
+
+
+def _unimplemented(exc: grpc.RpcError) -> bool:
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED

@@ -145,3 +145,39 @@ def test_the_batched_rpcs_over_the_wire_answer_like_the_single_calls(tmp_path: P
             await daemon.stop()
 
     asyncio.run(main())
+
+
+def test_a_master_without_the_batched_rpcs_is_asked_one_item_at_a_time() -> None:
+    import grpc
+
+    from kvstored.master.service import MasterServicer, add_master_service
+    from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+    class OldMaster(MasterServicer):  # as a master before PutStartBatch: UNIMPLEMENTED
+        PutStartBatch = pb_grpc.MasterServiceServicer.PutStartBatch
+        PutEndBatch = pb_grpc.MasterServiceServicer.PutEndBatch
+
+    c = _cluster()
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        add_master_service(server, OldMaster(c.members, c.placement, master_epoch=1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            def calls() -> None:
+                with MasterClient(f"127.0.0.1:{port}", timeout_s=10) as mc:
+                    out = mc.put_start_batch([(NS, key(1), MiB), (NS, key(7), MiB), (NS, b"", 1)],
+                                             **SPILL)
+                    assert isinstance(out[0], tuple) and not out[0][0] and out[1][0] is True
+                    assert isinstance(out[2], InvalidArgument)
+                    gen = out[0][1]
+                    ended = mc.put_end_batch([(NS, key(1), gen + 1, True), (NS, key(1), gen, True)])
+                    assert isinstance(ended[0], NotFound) and ended[1] == 0
+
+            await asyncio.to_thread(calls)
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+    assert c.placement.num_open_writes == 0
