@@ -45,8 +45,11 @@ Why this is safe:
   watermark with the block and the whole batch added; a node never spills to itself.
 
 Runs on one daemon thread (``kvstored-spill``): two master calls per batch (not per
-block); store calls are thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
-points above (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
+block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
+N+1 was measured and gave nothing on 2 shared cores, docs/cluster.md); store calls are
+thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
+``hook(event, **fields)`` at the three points above
+(``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
 
 from __future__ import annotations

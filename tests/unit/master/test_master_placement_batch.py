@@ -95,7 +95,8 @@ def test_a_stale_end_in_a_batch_is_refused_alone_and_never_ends_the_newer_write(
 def test_a_batch_over_the_item_limit_is_refused_whole_and_opens_nothing() -> None:
     c = _cluster()
     too_many = [(NS, key(i), 1) for i in range(MAX_BATCH_ITEMS + 1)]
-    with pytest.raises(InvalidArgument, match=f"{MAX_BATCH_ITEMS + 1} items .* limit is {MAX_BATCH_ITEMS}"):
+    limit = f"{MAX_BATCH_ITEMS + 1} items .* limit is {MAX_BATCH_ITEMS}"
+    with pytest.raises(InvalidArgument, match=limit):
         c.placement.start_put_batch(too_many, **SPILL)
     with pytest.raises(InvalidArgument, match="limit is"):
         c.placement.end_put_batch([(NS, key(i), 1, False) for i in range(MAX_BATCH_ITEMS + 1)])
