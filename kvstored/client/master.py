@@ -209,29 +209,57 @@ class MasterClient:
         Raises:
             InvalidArgument: too many items or an unknown policy (the whole call).
         """
+        return self.put_end_and_start_batch(
+            (), items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports, timeout_s=timeout_s)[1]
+
+    def put_end_and_start_batch(
+        self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+        items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]]:
+        """:meth:`put_end_batch` of ``ends``, then :meth:`put_start_batch` of ``items``, in
+        one call (``PutStartBatch`` carrying the ends: spill ends a batch on the call that
+        starts the next).
+
+        Returns:
+            ``(per end as put_end_batch answers, per item as put_start_batch answers)``.
+
+        Raises:
+            InvalidArgument: too many items or ends, or an unknown policy (the whole call).
+            InternalError: the master answered another number of results (a master that
+                ignores the carried ends): nothing may be assumed ended.
+        """
         if self._single_puts:
-            return [self._one(self.put_start, ns, k, n, writer_node_id=writer_node_id,
-                              exclude_writer=exclude_writer, max_used_fraction=max_used_fraction,
-                              headroom_bytes=headroom_bytes, holder_reports=holder_reports,
-                              timeout_s=timeout_s) for ns, k, n in items]
+            ended = self.put_end_batch(ends, timeout_s=timeout_s) if ends else []
+            return ended, [
+                self._one(self.put_start, ns, k, n, writer_node_id=writer_node_id,
+                          exclude_writer=exclude_writer, max_used_fraction=max_used_fraction,
+                          headroom_bytes=headroom_bytes, holder_reports=holder_reports,
+                          timeout_s=timeout_s) for ns, k, n in items]
         req = pb.PutStartBatchRequest(
             items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n) for ns, k, n in items],
             writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
             max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
-            holder_reports=holder_reports)
+            holder_reports=holder_reports,
+            ends=[pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+                  for ns, k, g, c in ends])
         try:
             resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as exc:
             if _unimplemented(exc):
                 self._single_puts = True
-                return self.put_start_batch(
-                    items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+                return self.put_end_and_start_batch(
+                    ends, items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
                     max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
                     holder_reports=holder_reports, timeout_s=timeout_s)
             raise error_from_rpc(exc) from None
-        if len(resp.results) != len(items):
-            raise InternalError(f"PutStartBatch answered {len(resp.results)} results for "
-                                f"{len(items)} items")
+        if len(resp.results) != len(items) or len(resp.end_results) != len(ends):
+            raise InternalError(
+                f"PutStartBatch answered {len(resp.results)} results for {len(items)} items "
+                f"and {len(resp.end_results)} for {len(ends)} ends")
         out: list[tuple[bool, int, list[ClusterReplica]] | KvstoredError] = []
         for r in resp.results:
             if r.outcome in (pb.PUT_START_OUTCOME_PLACED, pb.PUT_START_OUTCOME_EXISTS):
@@ -240,7 +268,8 @@ class MasterClient:
                                    x.data_address) for x in r.replicas]))
             else:
                 out.append(error_from_code(r.error_code, r.message))
-        return out
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.end_results], out
 
     def put_end_batch(
         self, items: Sequence[tuple[bytes, bytes, int, bool]], *, timeout_s: float | None = None

@@ -287,13 +287,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
             raise InvalidArgument(f"unknown placement policy {request.policy}")
         items = [(bytes(i.namespace_id), bytes(i.key), i.size_bytes) for i in request.items]
+        resp = pb.PutStartBatchResponse()
+        if request.ends:  # the carried ends first: their space is released before placing
+            self._end_batch(request.ends, resp.end_results)
         outs = self.placement.start_put_batch(
             items, writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
             policy=policy, exclude_writer=request.exclude_writer,
             max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
             holder_reports=request.holder_reports,
         )
-        resp = pb.PutStartBatchResponse()
         for (_, _, size), out in zip(items, outs, strict=True):
             if isinstance(out, KvstoredError):
                 self.metrics.put_starts.labels(result=out.code.name).inc()
@@ -315,19 +317,22 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutEndBatch(  # noqa: N802
         self, request: pb.PutEndBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndBatchResponse:
-        items = [(bytes(i.namespace_id), bytes(i.key), i.generation, i.commit)
-                 for i in request.items]
-        outs = self.placement.end_put_batch(items)
         resp = pb.PutEndBatchResponse()
+        self._end_batch(request.items, resp.results)
+        return resp
+
+    def _end_batch(self, requests: Any, results: Any) -> None:
+        """``end_put_batch`` of PutEndRequests, one PutEndResult appended per request."""
+        items = [(bytes(i.namespace_id), bytes(i.key), i.generation, i.commit) for i in requests]
+        outs = self.placement.end_put_batch(items)
         for (_, _, _, commit), n in zip(items, outs, strict=True):
             outcome = "commit" if commit else "abort"
             if isinstance(n, KvstoredError):
                 self.metrics.put_ends.labels(outcome=outcome, result=n.code.name).inc()
-                resp.results.add(error_code=int(n.code), message=str(n))
+                results.add(error_code=int(n.code), message=str(n))
             else:
                 self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
-                resp.results.add(num_replicas=n)
-        return resp
+                results.add(num_replicas=n)
 
     @_rpc
     async def ListNodes(  # noqa: N802

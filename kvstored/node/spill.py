@@ -21,10 +21,12 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
                 views) under a deadline (the peer reserves as bytes arrive; a broken
                 connection aborts its reservations) -> release
     hook("sent")
-    one call:   PutEndBatch: per block PutEnd(G, commit) if the peer stored it, else
-                PutEnd(G, abort); a block leaves here only once its own item was accepted
-                (a move, not a second replica); an abort, a refused end (NotFound: the
-                write lease lapsed) or a failed call keeps the local copy (nothing lost).
+    the ends:   carried on the next batch's PutStartBatch (the last batch's: a PutEndBatch):
+                per block PutEnd(G, commit) if the peer stored it, else PutEnd(G, abort);
+                a block leaves here only once its own end was accepted (a move, not a
+                second replica), before the next batch is sent; an abort, a refused end
+                (NotFound: the write lease lapsed) or a failed call keeps the local copy
+                (nothing lost). Until then the batch's blocks are no victims.
     hook("ended")
 
 Why this is safe:
@@ -44,10 +46,10 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
-Runs on one daemon thread (``kvstored-spill``): two master calls per batch (not per
+Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
 block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
-N+1 was measured and gave nothing on 2 shared cores, docs/cluster.md); store calls are
-thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
+N+1 on a second thread was measured and gave nothing on 2 shared cores; carrying the ends
+on the next start saves a call's CPU, docs/cluster.md); store calls are thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
 ``hook(event, **fields)`` at the three points above
 (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
@@ -58,7 +60,7 @@ import importlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,6 +100,12 @@ class SpillMaster(Protocol):
                         ) -> list[tuple[bool, int, list[Any]] | KvstoredError]: ...
     def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
                       timeout_s: float | None = None) -> list[int | KvstoredError]: ...
+    def put_end_and_start_batch(
+        self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+        items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[Any]] | KvstoredError]]: ...
 
 
 @dataclass(slots=True)
@@ -245,21 +253,24 @@ class Spiller:
         t = last_tier(self.store.stats())
         return t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
 
-    def victims(self, need_bytes: int) -> list[BlockInfo]:
+    def victims(self, need_bytes: int, *, busy: Collection[tuple[bytes, bytes]] = ()
+                ) -> list[BlockInfo]:
         """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
 
         The store's eviction order from its cold end (``coldest_blocks``: SSD-only blocks
         first when the last tier is SSD, they were demoted longest ago; then DRAM blocks in
-        LRU order), bounded: no listing of the store. Blocks whose move failed lately are
-        skipped.
+        LRU order), bounded: no listing of the store. Blocks whose move failed lately and
+        ``busy`` ones (``(namespace_id, key)``: a batch whose ends are not yet accepted)
+        are skipped.
         """
         now = time.monotonic()
         if self._failed_at:
             self._failed_at = {k: t for k, t in self._failed_at.items()
                                if now - t < RETRY_AFTER_FAILURE_S}
+        skip = set(self._failed_at) | set(busy) if busy else self._failed_at
         out: list[BlockInfo] = []
         covered = 0
-        for b in self.store.coldest_blocks(self.batch_blocks, exclude=self._failed_at):
+        for b in self.store.coldest_blocks(self.batch_blocks, exclude=skip):
             out.append(b)
             covered += b.size_bytes
             if len(out) >= self.batch_blocks or covered >= need_bytes:
@@ -270,6 +281,10 @@ class Spiller:
         """Spill batches until the last tier is at or below the low watermark, no peer has
         room, or a batch moves nothing.
 
+        A batch's PutEnds ride on the PutStartBatch of the next batch (one master call per
+        batch); its local copies go once that call accepted them, before the next batch is
+        sent, and meanwhile they are no victims. The last batch's ends are a PutEndBatch.
+
         Returns:
             Blocks that left this node (moved or deduplicated).
         """
@@ -278,18 +293,28 @@ class Spiller:
             return 0
         self.counters.rounds += 1
         total = 0
-        while not self._stop.is_set():
-            t = last_tier(self.store.stats())
-            need = t.used_bytes - int(self.low * t.capacity_bytes)
-            if need <= 0:
-                break
-            batch = self.victims(need)
-            if not batch:
-                break
-            moved, full = self.spill_batch(batch)
-            total += moved
-            if full or not moved:
-                break
+        sent: list[_Move] = []  # transferred; their ends go with the next PutStartBatch
+        try:
+            while not self._stop.is_set():
+                t = last_tier(self.store.stats())
+                need = (t.used_bytes - int(self.low * t.capacity_bytes)
+                        - sum(m.block.size_bytes for m in sent if m.ok))
+                busy = {(m.block.namespace_id, m.block.key) for m in sent}
+                batch = self.victims(need, busy=busy) if need > 0 else []
+                if not batch:
+                    break
+                ending, sent = sent, []
+                moves, dropped, full, ended = self._start_writes(batch, ending)
+                left = self._finish(ending, ended, dropped) if ending else dropped
+                total += left
+                if moves:
+                    self._transfer(moves)
+                    sent = moves
+                if full or not (any(m.ok for m in moves) or dropped) or (ending and not left):
+                    break  # no room, or a batch moved nothing: no hot loop
+        finally:
+            if sent:
+                total += self._finish(sent, self._end(sent), 0)
         return total
 
     # ---- one batch ---------------------------------------------------------------------
@@ -303,16 +328,20 @@ class Spiller:
         self.counters.blocks_failed += 1
         self._failed_at[(b.namespace_id, b.key)] = time.monotonic()
 
-    def _start_writes(self, batch: Sequence[BlockInfo]) -> tuple[list[_Move], int, bool]:
-        """PutStart every block of the batch in one PutStartBatch call."""
+    def _start_writes(self, batch: Sequence[BlockInfo], ending: Sequence[_Move] = ()
+                      ) -> tuple[list[_Move], int, bool, list[bool]]:
+        """PutStart every block of the batch in one PutStartBatch call, which also carries
+        the PutEnds of ``ending`` (the previous batch; per move see :meth:`_accepted`)."""
         headroom = sum(b.size_bytes for b in batch)
         try:
-            outcomes = self.master.put_start_batch(
+            ends, outcomes = self.master.put_end_and_start_batch(
+                [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in ending],
                 [(b.namespace_id, b.key, b.size_bytes) for b in batch],
                 writer_node_id=self.node_id, exclude_writer=True, max_used_fraction=self.high,
                 headroom_bytes=headroom, holder_reports=True, timeout_s=self.rpc_timeout_s)
-        except KvstoredError as exc:
-            outcomes = [exc] * len(batch)
+        except KvstoredError as exc:  # nothing may be assumed ended: every copy stays
+            ends, outcomes = [exc] * len(ending), [exc] * len(batch)
+        ended = self._accepted(ending, ends)
         moves: list[_Move] = []
         dropped = 0
         full = False
@@ -336,7 +365,7 @@ class Spiller:
                     dropped += 1
                 continue
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
-        return moves, dropped, full
+        return moves, dropped, full, ended
 
     def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
         """One data-plane PUT of a peer's moves (DRAM copies pinned in place, SSD-only ones
@@ -360,8 +389,7 @@ class Spiller:
             self.store.release_export(exported)
 
     def _end(self, moves: Sequence[_Move]) -> list[bool]:
-        """PutEnd every move in one PutEndBatch call: per move, True only when it was a
-        commit and the master accepted exactly its generation."""
+        """PutEnd every move in one PutEndBatch call (per move see :meth:`_accepted`)."""
         try:
             ended = self.master.put_end_batch(
                 [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in moves],
@@ -369,6 +397,12 @@ class Spiller:
         except KvstoredError as exc:
             log.warning("spill_end_failed", num_blocks=len(moves), error=str(exc))
             return [False] * len(moves)
+        return self._accepted(moves, ended)
+
+    def _accepted(self, moves: Sequence[_Move], ended: Sequence[int | KvstoredError]
+                  ) -> list[bool]:
+        """Per move: True only when it was a commit and the master accepted exactly its
+        generation (a refused or failed end keeps the local copy)."""
         out = []
         for m, n in zip(moves, ended, strict=True):
             if isinstance(n, KvstoredError):  # NotFound: the write lease lapsed; keep the copy
@@ -380,14 +414,19 @@ class Spiller:
         return out
 
     def spill_batch(self, batch: Sequence[BlockInfo]) -> tuple[int, bool]:
-        """Move one batch (see the module docstring).
+        """Move one batch on its own: PutStartBatch, transfer, PutEndBatch, removal.
 
         Returns:
             ``(blocks that left this node, whether the pool had no room)``.
         """
-        moves, dropped, full = self._start_writes(batch)
+        moves, dropped, full, _ = self._start_writes(batch)
         if not moves:
             return dropped, full
+        self._transfer(moves)
+        return self._finish(moves, self._end(moves), dropped), full
+
+    def _transfer(self, moves: list[_Move]) -> None:
+        """Send placed moves, one data-plane PUT per (peer, namespace)."""
         self._fire("put_started", moves=moves)
         groups: dict[tuple[str, bytes], list[_Move]] = {}
         for m in moves:
@@ -395,8 +434,14 @@ class Spiller:
         for (address, ns), group in groups.items():
             self._send(address, ns, group)
         self._fire("sent", moves=moves)
+
+    def _finish(self, moves: Sequence[_Move], ended: Sequence[bool], dropped: int) -> int:
+        """Only now, for the moves whose end was accepted (``ended``): drop the local copies.
+
+        Returns:
+            ``dropped`` + the blocks that left this node.
+        """
         left = dropped
-        ended = self._end(moves)
         done: dict[bytes, list[BlockInfo]] = {}
         for m, ok in zip(moves, ended, strict=True):
             if ok:
@@ -413,7 +458,7 @@ class Spiller:
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))
-        return left, full
+        return left
 
 
 def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,

@@ -463,7 +463,7 @@ class PutStartItem(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchRequest(_message.Message):
-    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports")
+    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "ends")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +472,7 @@ class PutStartBatchRequest(_message.Message):
     MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
     writer_node_id: str
     num_replicas: int
@@ -480,7 +481,8 @@ class PutStartBatchRequest(_message.Message):
     max_used_fraction: float
     headroom_bytes: int
     holder_reports: bool
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ...) -> None: ...
+    ends: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("outcome", "generation", "replicas", "error_code", "message")
@@ -497,10 +499,12 @@ class PutStartResult(_message.Message):
     def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PutStartBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "end_results")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    END_RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
+    end_results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., end_results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
 
 class PutEndBatchRequest(_message.Message):
     __slots__ = ("items",)

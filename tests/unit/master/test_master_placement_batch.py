@@ -182,3 +182,41 @@ def test_a_master_without_the_batched_rpcs_is_asked_one_item_at_a_time() -> None
 
     asyncio.run(main())
     assert c.placement.num_open_writes == 0
+
+
+def test_ends_carried_on_a_start_batch_apply_first_each_one_put_end(tmp_path: Path) -> None:
+    cfg = MasterConfig(listen=["127.0.0.1:0"], data_dir=tmp_path, node_lease_s=5.0,
+                       write_lease_s=2.0)
+    daemon = MasterDaemon(cfg, clock=FakeClock())
+
+    async def main() -> None:
+        await daemon.start()
+        try:
+            m = daemon.membership
+            assert m is not None
+            from master_helpers import spec
+            m.register(spec("a", port=7000))
+            m.sync_inventory("a", 1, sync_id=1, blocks=[], last_chunk=True)
+            m.register(spec("b", port=7100, dram_cap=10 * MiB, ssd_cap=0))  # room: 9 MiB
+            m.sync_inventory("b", 1, sync_id=1, blocks=[], last_chunk=True)
+
+            def calls() -> None:
+                with MasterClient(daemon.grpc_addresses[0], timeout_s=10) as mc:
+                    opened = mc.put_start_batch([(NS, key(i), MiB) for i in range(9)], **SPILL)
+                    gens = [o[1] for o in opened]  # type: ignore[index]
+                    ends = [(NS, key(i), g, False) for i, g in enumerate(gens)]
+                    ends.append((NS, key(0), gens[0], False))  # the same end again: stale
+                    ended, started = mc.put_end_and_start_batch(ends, [(NS, key(30), MiB)],
+                                                                **SPILL)
+                    assert ended[:9] == [1] * 9  # each abort dropped its placeholder
+                    assert isinstance(ended[9], NotFound)
+                    assert isinstance(started[0], tuple)  # fits: the aborts released b first
+                    assert [r.node_id for r in started[0][2]] == ["b"]
+                    assert mc.put_end_batch([(NS, key(30), started[0][1], False)]) == [1]
+
+            await asyncio.to_thread(calls)
+            assert daemon.placement is not None and daemon.placement.num_open_writes == 0
+        finally:
+            await daemon.stop()
+
+    asyncio.run(main())
