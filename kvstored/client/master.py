@@ -219,7 +219,8 @@ class MasterClient:
         items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
         exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
         holder_reports: bool = False, timeout_s: float | None = None,
-    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]]:
+    ) -> tuple[list[int | KvstoredError],
+               list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]]:
         """:meth:`put_end_batch` of ``ends``, then :meth:`put_start_batch` of ``items``, in
         one call (``PutStartBatch`` carrying the ends: spill ends a batch on the call that
         starts the next).

@@ -49,7 +49,8 @@ Why this is safe:
 Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
 block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
 N+1 on a second thread was measured and gave nothing on 2 shared cores; carrying the ends
-on the next start saves a call's CPU, docs/cluster.md); store calls are thread-safe; master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
+on the next start saves a call's CPU, docs/cluster.md); store calls are thread-safe;
+master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
 ``hook(event, **fields)`` at the three points above
 (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
