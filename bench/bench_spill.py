@@ -2,8 +2,8 @@
 data-plane PUT of the same bytes.
 
 Cluster: a real master and two real nodes (DRAM only). Node A is filled to just below its
-high watermark (0.9), then one more batch is put: from that moment A spills (PutStart per
-block over gRPC, one data-plane PUT per batch to B, PutEnd per block, drop the local copy)
+high watermark (0.9), then one more batch is put: from that moment A spills (one PutStartBatch
+over gRPC, one data-plane PUT to B and one PutEndBatch per batch, drop the local copies)
 until it is at its low watermark (0.5). Timed: from the put that crossed the watermark to
 A's DRAM at the low watermark (A's Stats polled every 5 ms).
 

@@ -6,17 +6,19 @@ what ``kvstorectl --address MASTER nodes`` and the cluster tests use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.errors import error_from_rpc
+from kvstored.errors import InternalError, KvstoredError, error_from_code, error_from_rpc
 from kvstored.tiers.base import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
+T = TypeVar("T")
 _HEALTH = {pb.NODE_HEALTH_HEALTHY: "healthy", pb.NODE_HEALTH_UNHEALTHY: "unhealthy",
            pb.NODE_HEALTH_SYNCING: "syncing"}
 
@@ -50,6 +52,7 @@ class MasterClient:
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._single_puts = False  # the master predates PutStartBatch: one call per item
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
@@ -183,3 +186,136 @@ class MasterClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return resp.num_replicas
+
+    def put_start_batch(
+        self, items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]:
+        """:meth:`put_start` of many blocks in one call (``PutStartBatch``).
+
+        Args:
+            items: ``(namespace_id, key, size_bytes)`` per block (at most 4096); the other
+                arguments apply to every item, as in :meth:`put_start`.
+
+        Returns:
+            Per item, in order: ``(exists, generation, replicas)`` as :meth:`put_start`
+            returns, or the error it would have raised (NoCapacity, ReplicaNotReady,
+            InvalidArgument...), returned, not raised.
+
+        A master without the batched calls (an older version: UNIMPLEMENTED) is asked
+        with one :meth:`put_start` per item instead, from then on.
+
+        Raises:
+            InvalidArgument: too many items or an unknown policy (the whole call).
+        """
+        return self.put_end_and_start_batch(
+            (), items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports, timeout_s=timeout_s)[1]
+
+    def put_end_and_start_batch(
+        self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+        items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[list[int | KvstoredError],
+               list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]]:
+        """:meth:`put_end_batch` of ``ends``, then :meth:`put_start_batch` of ``items``, in
+        one call (``PutStartBatch`` carrying the ends: spill ends a batch on the call that
+        starts the next).
+
+        Returns:
+            ``(per end as put_end_batch answers, per item as put_start_batch answers)``.
+
+        Raises:
+            InvalidArgument: too many items or ends, or an unknown policy (the whole call).
+            InternalError: the master answered another number of results (a master that
+                ignores the carried ends): nothing may be assumed ended.
+        """
+        if self._single_puts:
+            ended = self.put_end_batch(ends, timeout_s=timeout_s) if ends else []
+            return ended, [
+                self._one(self.put_start, ns, k, n, writer_node_id=writer_node_id,
+                          exclude_writer=exclude_writer, max_used_fraction=max_used_fraction,
+                          headroom_bytes=headroom_bytes, holder_reports=holder_reports,
+                          timeout_s=timeout_s) for ns, k, n in items]
+        req = pb.PutStartBatchRequest(
+            items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n) for ns, k, n in items],
+            writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports,
+            ends=[pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+                  for ns, k, g, c in ends])
+        try:
+            resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_end_and_start_batch(
+                    ends, items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+                    max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+                    holder_reports=holder_reports, timeout_s=timeout_s)
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items) or len(resp.end_results) != len(ends):
+            raise InternalError(
+                f"PutStartBatch answered {len(resp.results)} results for {len(items)} items "
+                f"and {len(resp.end_results)} for {len(ends)} ends")
+        out: list[tuple[bool, int, list[ClusterReplica]] | KvstoredError] = []
+        for r in resp.results:
+            if r.outcome in (pb.PUT_START_OUTCOME_PLACED, pb.PUT_START_OUTCOME_EXISTS):
+                out.append((r.outcome == pb.PUT_START_OUTCOME_EXISTS, r.generation, [
+                    ClusterReplica(x.node_id, x.epoch, Tier(x.tier), x.size_bytes, x.generation,
+                                   x.data_address) for x in r.replicas]))
+            else:
+                out.append(error_from_code(r.error_code, r.message))
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.end_results], out
+
+    def put_end_batch(
+        self, items: Sequence[tuple[bytes, bytes, int, bool]], *, timeout_s: float | None = None
+    ) -> list[int | KvstoredError]:
+        """:meth:`put_end` of many writes in one call (``PutEndBatch``).
+
+        Args:
+            items: ``(namespace_id, key, generation, commit)`` per write (at most 4096).
+
+        Returns:
+            Per item, in order: the replicas committed (or dropped), or the error
+            :meth:`put_end` would have raised (NotFound: a stale end, refused), returned.
+
+        A master without the batched calls is asked with one :meth:`put_end` per item.
+
+        Raises:
+            InvalidArgument: too many items (the whole call).
+        """
+        if self._single_puts:
+            return [self._one(self.put_end, ns, k, g, commit=c, timeout_s=timeout_s)
+                    for ns, k, g, c in items]
+        req = pb.PutEndBatchRequest(items=[
+            pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+            for ns, k, g, c in items])
+        try:
+            resp = self._stub.PutEndBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_end_batch(items, timeout_s=timeout_s)
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items):
+            raise InternalError(f"PutEndBatch answered {len(resp.results)} results for "
+                                f"{len(items)} items")
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.results]
+
+    @staticmethod
+    def _one(call: Callable[..., T], *args: Any, **kw: Any) -> T | KvstoredError:
+        try:
+            return call(*args, **kw)
+        except KvstoredError as exc:
+            return exc
+
+
+def _unimplemented(exc: grpc.RpcError) -> bool:
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED

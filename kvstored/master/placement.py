@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import structlog
 
-from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
+from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.master.index import MAX_SIZE_BYTES, ReplicaState
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.tiers.base import Tier
@@ -53,6 +55,14 @@ from kvstored.tiers.base import Tier
 log = structlog.get_logger(__name__)
 
 MAX_REPLICAS = 8
+MAX_BATCH_ITEMS = 4096
+"""Items of one PutStartBatch / PutEndBatch."""
+
+
+def _check_batch(num_items: int) -> None:
+    if num_items > MAX_BATCH_ITEMS:
+        raise InvalidArgument(
+            f"{num_items} items in one batched put call; the limit is {MAX_BATCH_ITEMS}")
 
 
 class PlacementPolicy(StrEnum):
@@ -351,6 +361,56 @@ class Placement:
         if commit:
             return self.index.commit_generation(namespace_id, key, generation)
         return self.index.abort_generation(namespace_id, key, generation)
+
+    def start_put_batch(
+        self, items: Sequence[tuple[bytes, bytes, int]], **options: Any
+    ) -> list[PutStartOutcome | KvstoredError]:
+        """:meth:`start_put` of each ``(namespace_id, key, size_bytes)``, in order.
+
+        Each item is exactly one ``start_put`` with the same ``options`` (its own
+        generation, its own ``exists`` and capacity check, seeing the items placed before
+        it); one item's error never stops the others.
+
+        Args:
+            items: the blocks, at most :data:`MAX_BATCH_ITEMS`.
+            options: keyword arguments of :meth:`start_put` (``writer_node_id``...).
+
+        Returns:
+            Per item: the outcome, or the error ``start_put`` raised for it (NoCapacity,
+            ReplicaNotReady, InvalidArgument...).
+
+        Raises:
+            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items.
+        """
+        _check_batch(len(items))
+        out: list[PutStartOutcome | KvstoredError] = []
+        for ns, key, size in items:
+            try:
+                out.append(self.start_put(ns, key, size, **options))
+            except KvstoredError as exc:
+                out.append(exc)
+        return out
+
+    def end_put_batch(
+        self, items: Sequence[tuple[bytes, bytes, int, bool]]
+    ) -> list[int | KvstoredError]:
+        """:meth:`end_put` of each ``(namespace_id, key, generation, commit)``, in order.
+
+        Returns:
+            Per item: the replicas committed (or dropped), or the error ``end_put`` raised
+            (NotFound: a stale end, refused and changing nothing).
+
+        Raises:
+            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items.
+        """
+        _check_batch(len(items))
+        out: list[int | KvstoredError] = []
+        for ns, key, gen, commit in items:
+            try:
+                out.append(self.end_put(ns, key, gen, commit=commit))
+            except KvstoredError as exc:
+                out.append(exc)
+        return out
 
     @property
     def num_open_writes(self) -> int:

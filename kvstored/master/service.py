@@ -17,7 +17,13 @@ import grpc
 import numpy as np
 import structlog
 
-from kvstored.errors import ERROR_CODE_METADATA_KEY, InternalError, InvalidArgument, KvstoredError
+from kvstored.errors import (
+    ERROR_CODE_METADATA_KEY,
+    InternalError,
+    InvalidArgument,
+    KvstoredError,
+    NoCapacity,
+)
 from kvstored.master import admin
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import (
@@ -275,6 +281,61 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             raise
         self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
         return pb.PutEndResponse(num_replicas=n)
+
+    @_rpc
+    async def PutStartBatch(  # noqa: N802
+        self, request: pb.PutStartBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutStartBatchResponse:
+        policy = _POLICY_FROM_PB.get(request.policy)
+        if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
+            raise InvalidArgument(f"unknown placement policy {request.policy}")
+        items = [(bytes(i.namespace_id), bytes(i.key), i.size_bytes) for i in request.items]
+        resp = pb.PutStartBatchResponse()
+        if request.ends:  # the carried ends first: their space is released before placing
+            self._end_batch(request.ends, resp.end_results)
+        outs = self.placement.start_put_batch(
+            items, writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
+            policy=policy, exclude_writer=request.exclude_writer,
+            max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
+            holder_reports=request.holder_reports,
+        )
+        for (_, _, size), out in zip(items, outs, strict=True):
+            if isinstance(out, KvstoredError):
+                self.metrics.put_starts.labels(result=out.code.name).inc()
+                resp.results.add(
+                    outcome=(pb.PUT_START_OUTCOME_NO_CAPACITY if isinstance(out, NoCapacity)
+                             else pb.PUT_START_OUTCOME_ERROR),
+                    error_code=int(out.code), message=str(out))
+                continue
+            self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
+            resp.results.add(
+                outcome=pb.PUT_START_OUTCOME_EXISTS if out.exists else pb.PUT_START_OUTCOME_PLACED,
+                generation=out.generation,
+                replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=int(r.tier),
+                                        size_bytes=size, generation=out.generation,
+                                        data_address=r.data_address) for r in out.replicas])
+        return resp
+
+    @_rpc
+    async def PutEndBatch(  # noqa: N802
+        self, request: pb.PutEndBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutEndBatchResponse:
+        resp = pb.PutEndBatchResponse()
+        self._end_batch(request.items, resp.results)
+        return resp
+
+    def _end_batch(self, requests: Any, results: Any) -> None:
+        """``end_put_batch`` of PutEndRequests, one PutEndResult appended per request."""
+        items = [(bytes(i.namespace_id), bytes(i.key), i.generation, i.commit) for i in requests]
+        outs = self.placement.end_put_batch(items)
+        for (_, _, _, commit), n in zip(items, outs, strict=True):
+            outcome = "commit" if commit else "abort"
+            if isinstance(n, KvstoredError):
+                self.metrics.put_ends.labels(outcome=outcome, result=n.code.name).inc()
+                results.add(error_code=int(n.code), message=str(n))
+            else:
+                self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
+                results.add(num_replicas=n)
 
     @_rpc
     async def ListNodes(  # noqa: N802

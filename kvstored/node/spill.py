@@ -6,23 +6,27 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
 ``[cluster] spill_high_watermark`` moves blocks out until it is at or below
 ``spill_low_watermark``, two-phase through the master::
 
-    victims = the coldest unpinned blocks (SSD-only blocks first when the last tier is SSD,
-              then DRAM in LRU order; chain recency makes chain tails the coldest)
-    per block:  PutStart(key, size, writer=me, exclude_writer, max_used_fraction=high,
-                         headroom_bytes=batch, holder_reports)     -> generation G, peer P
+    victims = store.coldest_blocks(batch): the store's eviction order walked from its cold
+              end, bounded (SSD-only blocks first when the last tier is SSD, then DRAM in
+              LRU order; chain recency makes chain tails the coldest); no store listing
+    one call:   PutStartBatch(victims, writer=me, exclude_writer, max_used_fraction=high,
+                              headroom_bytes=batch, holder_reports)
+                per block -> generation G, peer P (each item is one PutStart)
                   exists (another node holds it)  -> drop the local copy (one copy suffices)
                   NoCapacity (every peer is full) -> stop: local eviction, as without spill
     hook("put_started")
-    per peer:   pin the local DRAM copies; read SSD-only victims straight from their files
-                (checksum verified, never promoted: promoting would demote other blocks into
-                the very tier that is full) -> DataPlaneClient(P).put(keys, views) under a
-                deadline (the peer reserves as bytes arrive; a broken connection aborts its
-                reservations) -> unpin
+    per peer:   store.read_for_export: pins the local DRAM copies, reads SSD-only victims
+                from their files (checksum verified, never promoted: promoting would demote
+                other blocks into the very tier that is full) -> DataPlaneClient(P).put(keys,
+                views) under a deadline (the peer reserves as bytes arrive; a broken
+                connection aborts its reservations) -> release
     hook("sent")
-    per block:  PutEnd(G, commit) if the peer stored it -> only then drop the local copy
-                (a move, not a second replica); PutEnd(G, abort) on any failure (the local
-                copy stays: nothing lost). A refused end (NotFound: the write lease lapsed)
-                keeps the local copy too.
+    the ends:   carried on the next batch's PutStartBatch (the last batch's: a PutEndBatch):
+                per block PutEnd(G, commit) if the peer stored it, else PutEnd(G, abort);
+                a block leaves here only once its own end was accepted (a move, not a
+                second replica), before the next batch is sent; an abort, a refused end
+                (NotFound: the write lease lapsed) or a failed call keeps the local copy
+                (nothing lost). Until then the batch's blocks are no victims.
     hook("ended")
 
 Why this is safe:
@@ -42,11 +46,13 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
-Runs on one daemon thread (``kvstored-spill``); the PutStarts (and the PutEnds) of a batch
-are issued at once from a small pool (``kvstored-spill-rpc``, one thread per batch block)
-so their round trips overlap; store calls are thread-safe; master calls are blocking gRPC
-with ``rpc_timeout_s``. Test seam: ``hook(event, **fields)`` at the three
-points above (``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
+Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
+block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
+N+1 on a second thread was measured and gave nothing on 2 shared cores; carrying the ends
+on the next start saves a call's CPU, docs/cluster.md); store calls are thread-safe;
+master calls are blocking gRPC with ``rpc_timeout_s``. Test seam:
+``hook(event, **fields)`` at the three points above
+(``KVSTORED_TEST_SPILL_HOOK=module:function`` installs one in a daemon).
 """
 
 from __future__ import annotations
@@ -55,16 +61,15 @@ import importlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.tiers.base import BlockInfo, PinnedBlock, StoreStats, Tier, TierStats
-from kvstored.tiers.ssd_format import round_up_page, store_key
+from kvstored.tiers.base import BlockInfo, StoreStats, Tier, TierStats
+from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.base import Transport
 
 log = structlog.get_logger(__name__)
@@ -73,31 +78,35 @@ Hook = Callable[..., None]
 HOOK_ENV = "KVSTORED_TEST_SPILL_HOOK"
 RETRY_AFTER_FAILURE_S = 5.0
 """A block whose move failed is not tried again for this long (no hot loop on one block)."""
-_LIST_ALL = 1 << 30
 
 
 class SpillStore(Protocol):
     """What the spiller needs of the node's store (TieredStore implements it)."""
 
     def stats(self) -> StoreStats: ...
-    def list_blocks(self, *, namespace_id: bytes | None = None, limit: int = 10000
-                    ) -> tuple[list[BlockInfo], bool]: ...
-    def pin_many(self, keys: Sequence[bytes], *, namespace_id: bytes = b"",
-                 may_block: bool = True) -> list[Any]: ...
-    def unpin(self, block: PinnedBlock) -> None: ...
+    def coldest_blocks(self, limit: int, *, exclude: Any = ()) -> list[BlockInfo]: ...
+    def read_for_export(self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+                        ) -> list[ExportedBlock | None]: ...
+    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None: ...
     def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]: ...
 
 
 class SpillMaster(Protocol):
-    """The master's two-phase put (:class:`~kvstored.client.master.MasterClient` is one)."""
+    """The master's batched two-phase put (:class:`~kvstored.client.master.MasterClient`)."""
 
-    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, *,
-                  writer_node_id: str = "", exclude_writer: bool = False,
-                  max_used_fraction: float = 0.0, headroom_bytes: int = 0,
-                  holder_reports: bool = False, timeout_s: float | None = None
-                  ) -> tuple[bool, int, list[Any]]: ...
-    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
-                timeout_s: float | None = None) -> int: ...
+    def put_start_batch(self, items: Sequence[tuple[bytes, bytes, int]], *,
+                        writer_node_id: str = "", exclude_writer: bool = False,
+                        max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+                        holder_reports: bool = False, timeout_s: float | None = None
+                        ) -> list[tuple[bool, int, list[Any]] | KvstoredError]: ...
+    def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
+                      timeout_s: float | None = None) -> list[int | KvstoredError]: ...
+    def put_end_and_start_batch(
+        self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+        items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[Any]] | KvstoredError]]: ...
 
 
 @dataclass(slots=True)
@@ -128,7 +137,6 @@ class _Move:
     address: str
     node_id: str
     ok: bool = False
-    pinned: PinnedBlock | None = field(default=None, repr=False)
 
 
 def last_tier(stats: StoreStats) -> TierStats:
@@ -210,7 +218,6 @@ class Spiller:
         self._peers: dict[str, Transport] = {}
         self._failed_at: dict[tuple[bytes, bytes], float] = {}
         self._stop = threading.Event()
-        self._calls = ThreadPoolExecutor(self.batch_blocks, thread_name_prefix="kvstored-spill-rpc")
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -229,7 +236,6 @@ class Spiller:
         for t in self._peers.values():
             t.close()
         self._peers.clear()
-        self._calls.shutdown(wait=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -248,24 +254,24 @@ class Spiller:
         t = last_tier(self.store.stats())
         return t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
 
-    def victims(self, need_bytes: int) -> list[BlockInfo]:
+    def victims(self, need_bytes: int, *, busy: Collection[tuple[bytes, bytes]] = ()
+                ) -> list[BlockInfo]:
         """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
 
-        SSD-only blocks come first when the last tier is SSD (they were demoted longest
-        ago), then DRAM blocks in LRU order; blocks whose move failed lately are skipped.
+        The store's eviction order from its cold end (``coldest_blocks``: SSD-only blocks
+        first when the last tier is SSD, they were demoted longest ago; then DRAM blocks in
+        LRU order), bounded: no listing of the store. Blocks whose move failed lately and
+        ``busy`` ones (``(namespace_id, key)``: a batch whose ends are not yet accepted)
+        are skipped.
         """
-        blocks, _ = self.store.list_blocks(limit=_LIST_ALL)
-        if last_tier(self.store.stats()).tier is Tier.SSD:
-            blocks = [b for b in blocks if b.tiers == (Tier.SSD,)] + [
-                b for b in blocks if b.tiers != (Tier.SSD,)]
         now = time.monotonic()
-        self._failed_at = {k: t for k, t in self._failed_at.items()
-                           if now - t < RETRY_AFTER_FAILURE_S}
+        if self._failed_at:
+            self._failed_at = {k: t for k, t in self._failed_at.items()
+                               if now - t < RETRY_AFTER_FAILURE_S}
+        skip = set(self._failed_at) | set(busy) if busy else self._failed_at
         out: list[BlockInfo] = []
         covered = 0
-        for b in blocks:
-            if b.pinned or (b.namespace_id, b.key) in self._failed_at:
-                continue
+        for b in self.store.coldest_blocks(self.batch_blocks, exclude=skip):
             out.append(b)
             covered += b.size_bytes
             if len(out) >= self.batch_blocks or covered >= need_bytes:
@@ -276,6 +282,10 @@ class Spiller:
         """Spill batches until the last tier is at or below the low watermark, no peer has
         room, or a batch moves nothing.
 
+        A batch's PutEnds ride on the PutStartBatch of the next batch (one master call per
+        batch); its local copies go once that call accepted them, before the next batch is
+        sent, and meanwhile they are no victims. The last batch's ends are a PutEndBatch.
+
         Returns:
             Blocks that left this node (moved or deduplicated).
         """
@@ -284,18 +294,28 @@ class Spiller:
             return 0
         self.counters.rounds += 1
         total = 0
-        while not self._stop.is_set():
-            t = last_tier(self.store.stats())
-            need = t.used_bytes - int(self.low * t.capacity_bytes)
-            if need <= 0:
-                break
-            batch = self.victims(need)
-            if not batch:
-                break
-            moved, full = self.spill_batch(batch)
-            total += moved
-            if full or not moved:
-                break
+        sent: list[_Move] = []  # transferred; their ends go with the next PutStartBatch
+        try:
+            while not self._stop.is_set():
+                t = last_tier(self.store.stats())
+                need = (t.used_bytes - int(self.low * t.capacity_bytes)
+                        - sum(m.block.size_bytes for m in sent if m.ok))
+                busy = {(m.block.namespace_id, m.block.key) for m in sent}
+                batch = self.victims(need, busy=busy) if need > 0 else []
+                if not batch:
+                    break
+                ending, sent = sent, []
+                moves, dropped, full, ended = self._start_writes(batch, ending)
+                left = self._finish(ending, ended, dropped) if ending else dropped
+                total += left
+                if moves:
+                    self._transfer(moves)
+                    sent = moves
+                if full or not (any(m.ok for m in moves) or dropped) or (ending and not left):
+                    break  # no room, or a batch moved nothing: no hot loop
+        finally:
+            if sent:
+                total += self._finish(sent, self._end(sent), 0)
         return total
 
     # ---- one batch ---------------------------------------------------------------------
@@ -309,19 +329,20 @@ class Spiller:
         self.counters.blocks_failed += 1
         self._failed_at[(b.namespace_id, b.key)] = time.monotonic()
 
-    def _put_start(self, b: BlockInfo, headroom: int) -> tuple[bool, int, list[Any]] | KvstoredError:
-        try:
-            return self.master.put_start(
-                b.namespace_id, b.key, b.size_bytes, writer_node_id=self.node_id,
-                exclude_writer=True, max_used_fraction=self.high, headroom_bytes=headroom,
-                holder_reports=True, timeout_s=self.rpc_timeout_s)
-        except KvstoredError as exc:
-            return exc
-
-    def _start_writes(self, batch: Sequence[BlockInfo]) -> tuple[list[_Move], int, bool]:
-        """PutStart every block of the batch (concurrently: the round trips overlap)."""
+    def _start_writes(self, batch: Sequence[BlockInfo], ending: Sequence[_Move] = ()
+                      ) -> tuple[list[_Move], int, bool, list[bool]]:
+        """PutStart every block of the batch in one PutStartBatch call, which also carries
+        the PutEnds of ``ending`` (the previous batch; per move see :meth:`_accepted`)."""
         headroom = sum(b.size_bytes for b in batch)
-        outcomes = list(self._calls.map(lambda b: self._put_start(b, headroom), batch))
+        try:
+            ends, outcomes = self.master.put_end_and_start_batch(
+                [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in ending],
+                [(b.namespace_id, b.key, b.size_bytes) for b in batch],
+                writer_node_id=self.node_id, exclude_writer=True, max_used_fraction=self.high,
+                headroom_bytes=headroom, holder_reports=True, timeout_s=self.rpc_timeout_s)
+        except KvstoredError as exc:  # nothing may be assumed ended: every copy stays
+            ends, outcomes = [exc] * len(ending), [exc] * len(batch)
+        ended = self._accepted(ending, ends)
         moves: list[_Move] = []
         dropped = 0
         full = False
@@ -345,82 +366,68 @@ class Spiller:
                     dropped += 1
                 continue
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
-        return moves, dropped, full
-
-    def _read_ssd_only(self, ns: bytes, key: bytes) -> tuple[memoryview, bytes] | None:
-        """An SSD-only block's bytes and meta, read and checksum-verified from its file
-        without promoting it (None: gone meanwhile, unreadable, or no SSD tier)."""
-        ssd = getattr(self.store, "_ssd", None)  # TieredStore's SSD tier (same package family)
-        if ssd is None:
-            return None
-        skey = store_key(ns, key)
-        with ssd.lock:
-            entry = ssd.entries.get(skey)
-        if entry is None:
-            return None
-        buf = memoryview(bytearray(round_up_page(entry.size_bytes)))
-        try:
-            ok = ssd.read_into(skey, buf)
-        except (KeyError, ValueError):  # evicted or replaced since the lookup
-            return None
-        return (buf[: entry.size_bytes], entry.meta) if ok else None
+        return moves, dropped, full, ended
 
     def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
-        from_ssd = [m for m in group if m.block.tiers == (Tier.SSD,)]
-        in_dram = [m for m in group if m.block.tiers != (Tier.SSD,)]
-        pinned = self.store.pin_many([m.block.key for m in in_dram], namespace_id=ns) if in_dram else []
-        items, sent = [], []
-        for m in from_ssd:
-            got = self._read_ssd_only(ns, m.block.key)
-            if got is not None:
-                items.append((m.block.key, got[0], got[1]))
-                sent.append(m)
-        for m, p in zip(in_dram, pinned, strict=True):
-            if isinstance(p, PinnedBlock):
-                m.pinned = p
-                items.append((m.block.key, p.view, p.meta))
-                sent.append(m)
+        """One data-plane PUT of a peer's moves (DRAM copies pinned in place, SSD-only ones
+        read from their files; never promoted), released afterwards."""
+        exported = self.store.read_for_export([m.block.key for m in group], namespace_id=ns)
         try:
-            if items:
-                out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
-                for m, item in zip(sent, out, strict=True):
-                    m.ok = item.code == 0
-                    if not m.ok:
-                        log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
-                                    code=item.code, error=item.message)
+            sent = [(m, e) for m, e in zip(group, exported, strict=True) if e is not None]
+            if not sent:
+                return
+            items = [(e.key, e.view, e.meta) for _, e in sent]
+            out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
+            for (m, _), item in zip(sent, out, strict=True):
+                m.ok = item.code == 0
+                if not m.ok:
+                    log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
+                                code=item.code, error=item.message)
         except KvstoredError as exc:
-            log.warning("spill_transfer_failed", peer=address, num_blocks=len(items),
+            log.warning("spill_transfer_failed", peer=address, num_blocks=len(group),
                         error=str(exc))
         finally:
-            for m in sent:
-                if m.pinned is not None:
-                    self.store.unpin(m.pinned)
-                    m.pinned = None
+            self.store.release_export(exported)
 
-    def _end(self, m: _Move) -> bool:
-        b = m.block
+    def _end(self, moves: Sequence[_Move]) -> list[bool]:
+        """PutEnd every move in one PutEndBatch call (per move see :meth:`_accepted`)."""
         try:
-            self.master.put_end(b.namespace_id, b.key, m.generation, commit=m.ok,
-                                timeout_s=self.rpc_timeout_s)
-        except NotFound as exc:  # the write lease lapsed: keep the local copy
-            log.warning("spill_end_refused", key=b.key.hex()[:16], generation=m.generation,
-                        error=str(exc))
-            return False
+            ended = self.master.put_end_batch(
+                [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in moves],
+                timeout_s=self.rpc_timeout_s)
         except KvstoredError as exc:
-            log.warning("spill_end_failed", key=b.key.hex()[:16], generation=m.generation,
-                        error=str(exc))
-            return False
-        return m.ok
+            log.warning("spill_end_failed", num_blocks=len(moves), error=str(exc))
+            return [False] * len(moves)
+        return self._accepted(moves, ended)
+
+    def _accepted(self, moves: Sequence[_Move], ended: Sequence[int | KvstoredError]
+                  ) -> list[bool]:
+        """Per move: True only when it was a commit and the master accepted exactly its
+        generation (a refused or failed end keeps the local copy)."""
+        out = []
+        for m, n in zip(moves, ended, strict=True):
+            if isinstance(n, KvstoredError):  # NotFound: the write lease lapsed; keep the copy
+                log.warning("spill_end_refused" if isinstance(n, NotFound) else "spill_end_failed",
+                            key=m.block.key.hex()[:16], generation=m.generation, error=str(n))
+                out.append(False)
+            else:
+                out.append(m.ok)
+        return out
 
     def spill_batch(self, batch: Sequence[BlockInfo]) -> tuple[int, bool]:
-        """Move one batch (see the module docstring).
+        """Move one batch on its own: PutStartBatch, transfer, PutEndBatch, removal.
 
         Returns:
             ``(blocks that left this node, whether the pool had no room)``.
         """
-        moves, dropped, full = self._start_writes(batch)
+        moves, dropped, full, _ = self._start_writes(batch)
         if not moves:
             return dropped, full
+        self._transfer(moves)
+        return self._finish(moves, self._end(moves), dropped), full
+
+    def _transfer(self, moves: list[_Move]) -> None:
+        """Send placed moves, one data-plane PUT per (peer, namespace)."""
         self._fire("put_started", moves=moves)
         groups: dict[tuple[str, bytes], list[_Move]] = {}
         for m in moves:
@@ -428,8 +435,14 @@ class Spiller:
         for (address, ns), group in groups.items():
             self._send(address, ns, group)
         self._fire("sent", moves=moves)
+
+    def _finish(self, moves: Sequence[_Move], ended: Sequence[bool], dropped: int) -> int:
+        """Only now, for the moves whose end was accepted (``ended``): drop the local copies.
+
+        Returns:
+            ``dropped`` + the blocks that left this node.
+        """
         left = dropped
-        ended = list(self._calls.map(self._end, moves))  # the PutEnds overlap too
         done: dict[bytes, list[BlockInfo]] = {}
         for m, ok in zip(moves, ended, strict=True):
             if ok:
@@ -446,7 +459,7 @@ class Spiller:
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))
-        return left, full
+        return left
 
 
 def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,

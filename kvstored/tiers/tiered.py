@@ -8,6 +8,7 @@ DRAM and on SSD: the same key under two namespaces names two blocks, and every o
 
 Transfers between the tiers (DEMOTING, PROMOTING), eviction and the lock order are in
 transit.py (module docstring: the state machine and why no disk I/O runs under the lock).
+Reading blocks out for export (spill: coldest first, never promoting) is in export.py.
 
 Invariants:
 
@@ -54,6 +55,7 @@ from kvstored.errors import (
 )
 from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
+from kvstored.tiers.export import ExportMixin
 from kvstored.tiers.feed import ChangeFeed, ObservedEntries
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import split_store_key, store_key
@@ -98,7 +100,7 @@ def _check_bytes(name: str, value: object) -> bytes:
     return bytes(value)
 
 
-class TieredStore(TransitMixin):
+class TieredStore(TransitMixin, ExportMixin):
     """The block store of one node: DRAM arena + optional SSD tier, LRU with pins.
 
     Thread-safe: one lock guards all metadata, never held during disk I/O (module docstring).

@@ -39,6 +39,14 @@ class BlockEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BLOCK_EVENT_KIND_UNSPECIFIED: _ClassVar[BlockEventKind]
     BLOCK_EVENT_KIND_ADDED: _ClassVar[BlockEventKind]
     BLOCK_EVENT_KIND_REMOVED: _ClassVar[BlockEventKind]
+
+class PutStartOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUT_START_OUTCOME_UNSPECIFIED: _ClassVar[PutStartOutcome]
+    PUT_START_OUTCOME_PLACED: _ClassVar[PutStartOutcome]
+    PUT_START_OUTCOME_EXISTS: _ClassVar[PutStartOutcome]
+    PUT_START_OUTCOME_NO_CAPACITY: _ClassVar[PutStartOutcome]
+    PUT_START_OUTCOME_ERROR: _ClassVar[PutStartOutcome]
 NODE_ACTION_UNSPECIFIED: NodeAction
 NODE_ACTION_REREGISTER: NodeAction
 NODE_ACTION_RESYNC: NodeAction
@@ -56,6 +64,11 @@ PLACEMENT_POLICY_RANDOM: PlacementPolicy
 BLOCK_EVENT_KIND_UNSPECIFIED: BlockEventKind
 BLOCK_EVENT_KIND_ADDED: BlockEventKind
 BLOCK_EVENT_KIND_REMOVED: BlockEventKind
+PUT_START_OUTCOME_UNSPECIFIED: PutStartOutcome
+PUT_START_OUTCOME_PLACED: PutStartOutcome
+PUT_START_OUTCOME_EXISTS: PutStartOutcome
+PUT_START_OUTCOME_NO_CAPACITY: PutStartOutcome
+PUT_START_OUTCOME_ERROR: PutStartOutcome
 
 class TierCapacity(_message.Message):
     __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks")
@@ -440,3 +453,79 @@ class ListNodeBlocksResponse(_message.Message):
     epoch: int
     num_replicas: int
     def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+
+class PutStartItem(_message.Message):
+    __slots__ = ("namespace_id", "key", "size_bytes")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    size_bytes: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class PutStartBatchRequest(_message.Message):
+    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "ends")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WRITER_FIELD_NUMBER: _ClassVar[int]
+    MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
+    writer_node_id: str
+    num_replicas: int
+    policy: PlacementPolicy
+    exclude_writer: bool
+    max_used_fraction: float
+    headroom_bytes: int
+    holder_reports: bool
+    ends: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+
+class PutStartResult(_message.Message):
+    __slots__ = ("outcome", "generation", "replicas", "error_code", "message")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    outcome: PutStartOutcome
+    generation: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
+    error_code: int
+    message: str
+    def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PutStartBatchResponse(_message.Message):
+    __slots__ = ("results", "end_results")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    END_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    end_results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., end_results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+
+class PutEndBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+
+class PutEndResult(_message.Message):
+    __slots__ = ("num_replicas", "error_code", "message")
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    num_replicas: int
+    error_code: int
+    message: str
+    def __init__(self, num_replicas: _Optional[int] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PutEndBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...

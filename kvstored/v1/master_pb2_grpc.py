@@ -106,6 +106,16 @@ class MasterServiceStub:
                 request_serializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.FromString,
                 _registered_method=True)
+        self.PutStartBatch = channel.unary_unary(
+                '/kvstored.v1.MasterService/PutStartBatch',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.PutStartBatchRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.PutStartBatchResponse.FromString,
+                _registered_method=True)
+        self.PutEndBatch = channel.unary_unary(
+                '/kvstored.v1.MasterService/PutEndBatch',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -208,6 +218,21 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutStartBatch(self, request, context):
+        """PutStart / PutEnd of many blocks in one call (spill: one call per batch). Each item is
+        exactly one PutStart / PutEnd (own generation, own stale-end refusal), answered in
+        request order; an item's failure never fails the others. At most 4096 items.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutEndBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +295,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ListNodeBlocks,
                     request_deserializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.SerializeToString,
+            ),
+            'PutStartBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutStartBatch,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.PutStartBatchRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.PutStartBatchResponse.SerializeToString,
+            ),
+            'PutEndBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutEndBatch,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -608,6 +643,60 @@ class MasterService:
             '/kvstored.v1.MasterService/ListNodeBlocks',
             kvstored_dot_v1_dot_master__pb2.ListNodeBlocksRequest.SerializeToString,
             kvstored_dot_v1_dot_master__pb2.ListNodeBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStartBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/PutStartBatch',
+            kvstored_dot_v1_dot_master__pb2.PutStartBatchRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.PutStartBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutEndBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/PutEndBatch',
+            kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,7 @@ class InProcMaster:
         self.placement = Placement(self.members, write_lease_s=WRITE_LEASE_S)
         self.seq: dict[str, int] = {}
         self.lock = threading.Lock()  # the spiller calls from several threads; placement is not thread-safe
+        self.calls: list[str] = []  # "start" / "end" per master call
 
     def join(self, node_id: str, data_address: str, store: TieredStore | None) -> None:
         self.members.register(NodeSpec(node_id, 1, "127.0.0.1:1", data_address,
@@ -82,20 +83,31 @@ class InProcMaster:
             events.append(BlockEvent(self.seq[node_id], EventKind.ADDED, BlockRef(b"", k, Tier.DRAM, BLOCK)))
         self.members.report_events(node_id, 1, events)
 
-    # ---- SpillMaster ----
-    def put_start(self, namespace_id: bytes, key: bytes, size_bytes: int, **kw: Any
-                  ) -> tuple[bool, int, list[ClusterReplica]]:
+    # ---- SpillMaster (MasterClient's batched calls, answered by the real placement) ----
+    def put_start_batch(self, items: Sequence[tuple[bytes, bytes, int]], **kw: Any
+                        ) -> list[Any]:
         kw.pop("timeout_s", None)
+        self.calls.append("start")
         with self.lock:
-            out = self.placement.start_put(namespace_id, key, size_bytes, **kw)
-        return out.exists, out.generation, [
-            ClusterReplica(r.node_id, r.epoch, r.tier, size_bytes, out.generation, r.data_address)
-            for r in out.replicas]
+            outs = self.placement.start_put_batch(items, **kw)
+        return [out if isinstance(out, Exception) else (out.exists, out.generation, [
+            ClusterReplica(r.node_id, r.epoch, r.tier, size, out.generation, r.data_address)
+            for r in out.replicas]) for (_, _, size), out in zip(items, outs, strict=True)]
 
-    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
-                timeout_s: float | None = None) -> int:
+    def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
+                      timeout_s: float | None = None) -> list[Any]:
+        self.calls.append("end")
         with self.lock:
-            return self.placement.end_put(namespace_id, key, generation, commit=commit)
+            return self.placement.end_put_batch(items)
+
+    def put_end_and_start_batch(self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+                                items: Sequence[tuple[bytes, bytes, int]], **kw: Any
+                                ) -> tuple[list[Any], list[Any]]:
+        if ends:
+            self.calls.append("end+")
+        with self.lock:
+            ended = self.placement.end_put_batch(ends)
+        return ended, self.put_start_batch(items, **kw)
 
 
 class Peer:
@@ -156,6 +168,8 @@ def test_moves_the_coldest_blocks_to_the_peer_with_most_room_down_to_the_low_wat
     finally:
         sp.close()
     assert left == 7 and sp.counters.blocks_moved == 7  # 15 -> 8 blocks = 50 % of 16
+    # one master call a batch: its ends ride on the next batch's start; the last's on its own
+    assert master.calls == ["start", "end+", "start", "end"]
     assert _present(src) == list(range(7, 15))  # the coldest left, the hottest stayed
     c = peers["c"].store
     assert [c.get(key(i)) for i in range(7)] == [(value(i), b"") for i in range(7)]
@@ -313,3 +327,55 @@ def test_ssd_only_victims_are_read_from_their_files_without_promotion(
             assert (value(i), b"") in got
     finally:
         store.close()
+
+
+def test_ends_carried_on_the_next_start_are_refused_when_stale_and_keep_the_local_copies(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    first: list[bytes] = []
+    newer: dict[bytes, int] = {}
+
+    def hook(event: str, moves: list[Any]) -> None:
+        if event == "sent" and not first:  # batch 1 sent; its ends ride on batch 2's start
+            first.extend(m.block.key for m in moves)
+            master.clock.advance(WRITE_LEASE_S + 1)  # ...by when their write lease lapsed
+            master.placement.reclaim_expired_writes()
+            out = master.placement.start_put(b"", first[0], BLOCK, writer_node_id="b")
+            newer[first[0]] = out.generation
+
+    sp = _spiller(src, master, hook=hook)
+    try:
+        sp.run_once()
+    finally:
+        sp.close()
+    assert master.calls[:2] == ["start", "end+"]  # batch 1's ends were carried
+    assert src.exists(first) == [True] * 4  # every refused end kept its local copy
+    assert sp.counters.blocks_failed >= 4
+    with pytest.raises(ReplicaNotReady):  # the newer write is still open
+        master.placement.start_put(b"", first[0], BLOCK)
+    rows = master.index.replicas(b"", first[0])
+    assert [(r.generation, r.state) for r in rows] == [(newer[first[0]], ReplicaState.WRITING)]
+
+
+def test_a_failed_start_that_carried_ends_keeps_every_local_copy(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    from kvstored.errors import Unavailable
+
+    plain = master.put_end_and_start_batch
+
+    def flaky(ends: Any, items: Any, **kw: Any) -> Any:
+        if ends:  # the master goes away on the call that carries batch 1's ends
+            raise Unavailable("master unreachable")
+        return plain(ends, items, **kw)
+
+    master.put_end_and_start_batch = flaky  # type: ignore[method-assign]
+    sp = _spiller(src, master)
+    try:
+        assert sp.run_once() == 0
+    finally:
+        sp.close()
+    assert _present(src) == list(range(15))  # nothing may be assumed ended: all stay
+    assert sp.counters.blocks_moved == 0 and sp.counters.blocks_failed == 4 + 3  # both batches
+    assert master.placement.num_open_writes == 4  # batch 1's writes: left to their lease
+    assert sum(p.store.stats().tiers[0].num_blocks for p in peers.values()) == 4

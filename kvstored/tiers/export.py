@@ -1,0 +1,197 @@
+"""Reading blocks out of the store for export (spill): coldest first, never promoting.
+
+A mixin of :class:`~kvstored.tiers.tiered.TieredStore` (its state: ``_lock``, ``_dram``,
+``_ssd``, ``_demoting``, ``_promoting``, ``arena``). A node that moves its coldest blocks
+to a peer (kvstored/node/spill.py) must neither list the whole store per batch nor promote
+the blocks it moves (a promotion would demote other blocks into the very tier that is
+full), nor count its reads as gets or make its victims recent::
+
+    coldest_blocks(limit)        the eviction order, walked from its cold end, bounded:
+                                 SSD-only blocks first (SSD LRU order) when the store has
+                                 an SSD tier, then DRAM blocks (DRAM LRU order; chain
+                                 recency puts chain tails first); pinned and in-transit
+                                 blocks skipped
+    read_for_export(keys)        DRAM block  -> pinned in place (no recency touch)
+                                 SSD-only    -> read from its file into a private buffer,
+                                                checksum-verified (a bad file is dropped,
+                                                as a promotion would); DRAM untouched
+    release_export(blocks)       unpins the DRAM ones
+
+Neither method waits on another thread's disk I/O; only ``read_for_export`` does disk I/O
+(its own reads, the lock released).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvstored.tiers.base import BlockInfo, PinnedBlock, Tier
+from kvstored.tiers.ssd_format import round_up_page, split_store_key, store_key
+
+if TYPE_CHECKING:
+    from kvstored.tiers.dram import DramEntry, DramTier
+    from kvstored.tiers.ssd import SsdEntry, SsdTier
+
+DEFAULT_MAX_SCAN = 4096
+"""Entries :meth:`ExportMixin.coldest_blocks` examines at most per call."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedBlock:
+    """A block read for export; hand it back with ``release_export`` once sent.
+
+    Attributes:
+        key: the block hash.
+        namespace_id: its namespace.
+        size_bytes: its size.
+        meta: its opaque metadata.
+        tier: DRAM (``view`` is the pinned arena bytes) or SSD (``view`` is a private,
+            checksum-verified copy read from the block's file; nothing pinned).
+        view: read-only bytes of the block, valid until released.
+        pinned: the DRAM pin (None for an SSD read).
+    """
+
+    key: bytes
+    namespace_id: bytes
+    size_bytes: int
+    meta: bytes
+    tier: Tier
+    view: memoryview = field(repr=False, compare=False)
+    pinned: PinnedBlock | None = field(default=None, repr=False, compare=False)
+
+
+class ExportMixin:
+    """``coldest_blocks`` / ``read_for_export`` / ``release_export`` (module docstring)."""
+
+    _lock: threading.Lock
+    _dram: DramTier
+    _ssd: SsdTier | None
+    _demoting: dict[bytes, Any]
+    _promoting: dict[bytes, Any]
+    arena: memoryview
+
+    def _check_open(self) -> None: ...
+    def _pin(self, entry: DramEntry) -> None: ...
+    def unpin(self, block: PinnedBlock) -> None: ...
+
+    def coldest_blocks(
+        self, limit: int, *, exclude: Collection[tuple[bytes, bytes]] = (),
+        max_scan: int = DEFAULT_MAX_SCAN,
+    ) -> list[BlockInfo]:
+        """Up to ``limit`` unpinned blocks in eviction order, coldest first.
+
+        SSD-only blocks first when the store has an SSD tier (it is then the last tier:
+        they were demoted longest ago), in SSD LRU order; then DRAM blocks in LRU order.
+        Skipped: pinned blocks, blocks being demoted or promoted, ``exclude``. Walks at most
+        ``max_scan`` entries from the cold end of each map, so a call costs O(limit +
+        skipped), never O(blocks stored). Never pins, touches recency or counts a get.
+
+        Args:
+            limit: most blocks returned (>= 0).
+            exclude: ``(namespace_id, key)`` pairs to skip (blocks whose move failed lately).
+            max_scan: most entries examined per tier.
+
+        Returns:
+            BlockInfo per block (``tiers`` = ``(SSD,)`` for an SSD-only block, else DRAM
+            first, plus SSD when it also has an SSD copy), coldest first.
+
+        Raises:
+            Unavailable: the store is closed.
+        """
+        out: list[BlockInfo] = []
+        if limit <= 0:
+            return out
+        with self._lock:
+            self._check_open()
+            dram, ssd = self._dram.entries, self._ssd.entries if self._ssd is not None else {}
+            if self._ssd is not None and self._ssd.capacity_bytes > 0:
+                for n, (skey, s) in enumerate(ssd.items()):
+                    if len(out) >= limit or n >= max_scan:
+                        break
+                    if skey in dram or skey in self._promoting:
+                        continue
+                    ns, key = split_store_key(skey)
+                    if (ns, key) in exclude:
+                        continue
+                    out.append(BlockInfo(key, s.size_bytes, ns, (Tier.SSD,), False))
+            for n, (skey, e) in enumerate(dram.items()):
+                if len(out) >= limit or n >= max_scan:
+                    break
+                if e.pins > 0 or skey in self._demoting or skey in self._promoting:
+                    continue
+                ns, key = split_store_key(skey)
+                if (ns, key) in exclude:
+                    continue
+                tiers = (Tier.DRAM, Tier.SSD) if skey in ssd else (Tier.DRAM,)
+                out.append(BlockInfo(key, e.size_bytes, ns, tiers, False))
+        return out
+
+    def read_for_export(
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+    ) -> list[ExportedBlock | None]:
+        """Blocks of one namespace for sending elsewhere, without promoting any.
+
+        A DRAM block is pinned in place; an SSD-only block is read from its file into a
+        private page-aligned buffer and verified against its checksum (a block whose file
+        is bad is dropped, counted in ``checksum_failures``, and answered None, as a
+        promotion would). Never promotes, demotes, touches recency or counts a get.
+        Release every returned block with :meth:`release_export`.
+
+        Args:
+            keys: block keys.
+            namespace_id: their namespace.
+
+        Returns:
+            Per key: the block, or None (absent, gone meanwhile, or its file unreadable).
+
+        Raises:
+            Unavailable: the store is closed.
+        """
+        skeys = [store_key(namespace_id, bytes(k)) for k in keys]
+        out: list[ExportedBlock | None] = [None] * len(skeys)
+        reads: list[tuple[int, bytes, SsdEntry, memoryview]] = []
+        with self._lock:
+            self._check_open()
+            dram, ssd = self._dram, self._ssd
+            for i, (key, skey) in enumerate(zip(keys, skeys, strict=True)):
+                e = dram.entries.get(skey)
+                if e is not None:
+                    self._pin(e)
+                    view = self.arena[e.offset : e.offset + e.size_bytes].toreadonly()
+                    pin = PinnedBlock(key=bytes(key), offset=e.offset, size_bytes=e.size_bytes,
+                                      meta=e.meta, tier=Tier.DRAM, view=view)
+                    out[i] = ExportedBlock(bytes(key), namespace_id, e.size_bytes, e.meta,
+                                           Tier.DRAM, view, pin)
+                    continue
+                s = ssd.entries.get(skey) if ssd is not None else None
+                if s is not None:
+                    buf = memoryview(mmap.mmap(-1, round_up_page(max(s.size_bytes, 1))))
+                    reads.append((i, skey, s, buf))
+        if not reads:
+            return out
+        assert ssd is not None
+        reasons = ssd.read_files([(skey, s, buf) for _, skey, s, buf in reads])
+        doomed: list[bytes] = []
+        with self._lock:
+            for (i, skey, s, buf), reason in zip(reads, reasons, strict=True):
+                doomed += ssd.end_read(skey, s, reason)
+                if not reason:
+                    out[i] = ExportedBlock(bytes(keys[i]), namespace_id, s.size_bytes, s.meta,
+                                           Tier.SSD, buf[: s.size_bytes].toreadonly())
+        if doomed:
+            ssd.delete_files(doomed)
+        return out
+
+    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None:
+        """Release blocks :meth:`read_for_export` returned (each exactly once; None skipped).
+
+        Raises:
+            NotFound: a DRAM block released twice.
+        """
+        for b in blocks:
+            if b is not None and b.pinned is not None:
+                self.unpin(b.pinned)
