@@ -252,9 +252,13 @@ class Spiller:
         """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
 
         SSD-only blocks come first when the last tier is SSD (they were demoted longest
-        ago), then DRAM blocks in LRU order; blocks whose move failed lately are skipped.
+        ago), then remote-fill copies (``BlockInfo.copy``: a peer holds them, so PutStart
+        answers *exists* and the copy is dropped, never moved), then DRAM blocks in LRU
+        order; blocks whose move failed lately are skipped.
         """
         blocks, _ = self.store.list_blocks(limit=_LIST_ALL)
+        blocks = [b for b in blocks if getattr(b, "copy", False)] + [
+            b for b in blocks if not getattr(b, "copy", False)]
         if last_tier(self.store.stats()).tier is Tier.SSD:
             blocks = [b for b in blocks if b.tiers == (Tier.SSD,)] + [
                 b for b in blocks if b.tiers != (Tier.SSD,)]

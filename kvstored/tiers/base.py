@@ -82,6 +82,8 @@ class BlockInfo:
     namespace_id: bytes
     tiers: tuple[Tier, ...]
     pinned: bool
+    copy: bool = False
+    """A remote-fill copy of a block a peer holds (a duplicate in the pool; spare.py)."""
 
 
 @dataclass(frozen=True, slots=True)

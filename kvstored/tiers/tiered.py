@@ -70,13 +70,15 @@ _INTERN_MAX_ENTRIES = 65536
 class _Pending:
     """A reservation's bookkeeping (the caller holds the public :class:`Reservation`)."""
 
-    __slots__ = ("skey", "offset", "size_bytes", "info")
+    __slots__ = ("skey", "offset", "size_bytes", "info", "copy")
 
-    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes]):
+    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes],
+                 copy: bool = False):
         self.skey = skey
         self.offset = offset
         self.size_bytes = size_bytes
         self.info = info
+        self.copy = copy  # a remote-fill copy of a peer's block (spare.py)
 
 
 def _check_key(key: object) -> bytes:
@@ -235,7 +237,8 @@ class TieredStore(TransitMixin):
 
     # ---- put ---------------------------------------------------------------------------
     def reserve(
-        self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b""
+        self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
+        copy: bool = False,
     ) -> Reservation | None:
         """Reserve arena space for a block the caller will write.
 
@@ -248,6 +251,11 @@ class TieredStore(TransitMixin):
             size_bytes: exact block size, 0 <= size <= ``max_block_bytes``.
             namespace_id: the block's namespace (part of its identity; b"" is one too).
             meta: opaque metadata returned with the block.
+            copy: the block is a remote-fill copy of a block a peer holds (node/remote.py):
+                room is made only by evicting what drops no block from the pool (other
+                copies, blocks on SSD, demotions the SSD takes as is; tiers/spare.py), and
+                the committed block is marked a copy (evicted first, dropped, not demoted).
+                False (a local put) also unmarks a copy of the same key already here.
 
         Returns:
             The reservation, or None when the block is already stored (complete) in either
@@ -258,7 +266,8 @@ class TieredStore(TransitMixin):
             InvalidArgument: negative size, non-bytes or too long (> 255 bytes) namespace,
                 non-bytes meta.
             BlockTooLarge: ``size_bytes > max_block_bytes``.
-            NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress.
+            NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress, or
+                (``copy``) no room can be made without dropping a block.
             Unavailable: the store is closed.
         """
         key = _check_key(key)
@@ -275,11 +284,14 @@ class TieredStore(TransitMixin):
         with self._lock:
             self._check_open()
             if self._has(skey):
+                if not copy:
+                    self._dram.copies.pop(skey, None)  # written here too: no mere duplicate
                 return None
-            offset = self._allocate(size_bytes)
+            offset = self._allocate(size_bytes, copy=copy)
             rid = next(self._reservation_ids)
             self._reservations[rid] = _Pending(
-                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta)
+                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta),
+                copy,
             )
             self._reserved_bytes += self._dram.round_up(size_bytes)
             view = self.arena[offset : offset + size_bytes]
@@ -300,8 +312,12 @@ class TieredStore(TransitMixin):
     def _commit_locked(self, pending: _Pending) -> bool:
         if self._has(pending.skey):
             self._dram.allocator.free(pending.offset, pending.size_bytes)
+            if not pending.copy:
+                self._dram.copies.pop(pending.skey, None)
             return False
         self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
+        if pending.copy:
+            self._dram.copies[pending.skey] = None
         self._puts += 1
         return True
 
@@ -658,7 +674,8 @@ class TieredStore(TransitMixin):
                     return out, True
                 tiers = (Tier.DRAM, Tier.SSD) if skey in ssd_entries else (Tier.DRAM,)
                 key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0))
+                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0,
+                                     copy=skey in self._dram.copies))
             for skey, s in ssd_entries.items():
                 if skey in self._dram.entries:
                     continue
