@@ -390,6 +390,8 @@ class RemoteReads:
                 if isinstance(got.error, NoCapacity):
                     with self._lock:
                         self.num_skipped += 1
+                    if core.metrics is not None:
+                        core.metrics.remote_blocks.labels(outcome="skipped").inc()
                 return None  # already here meanwhile, or no room: skip the payload (a miss)
             reserved[i] = got
             return got.view

@@ -36,13 +36,31 @@ if TYPE_CHECKING:
     from kvstored.tiers.ssd import SsdTier
 
 
-def candidates(dram: DramTier) -> Iterator[bytes]:
-    """Eviction candidates (store keys): the copies, oldest first, then every other block
-    in LRU order. The caller stops iterating before it changes the tier."""
+MAX_COPY_SCAN = 256
+"""Most non-copy blocks (LRU first) a copy's allocation looks at for a spareable victim."""
+
+
+def candidates(dram: DramTier, *, copy: bool = False, ssd: SsdTier | None = None
+               ) -> Iterator[bytes]:
+    """Eviction candidates (store keys): the copies, oldest first, then the other blocks in
+    LRU order. The caller stops iterating before it changes the tier.
+
+    For a copy's allocation (``copy``) the scan is bounded, so a full node of unique
+    blocks refuses a copy in O(copies + :data:`MAX_COPY_SCAN`) under the store lock, never
+    O(blocks): without an SSD tier no other block is spareable; with one, only the
+    :data:`MAX_COPY_SCAN` least recent blocks are looked at (blocks on SSD, or demotable
+    into the SSD's free space, are the LRU ones in practice).
+    """
     copies = dram.copies
     yield from copies
+    if copy and ssd is None:
+        return
+    left = MAX_COPY_SCAN if copy else -1
     for skey in dram.entries:
+        if left == 0:
+            return
         if skey not in copies:
+            left -= 1
             yield skey
 
 

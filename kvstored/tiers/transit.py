@@ -181,7 +181,7 @@ class TransitMixin:
             if copy:
                 spares = spares_pool(dram, self._ssd)
                 evictable = lambda k: self._evictable(k) and spares(k)  # noqa: E731
-            for skey in candidates(dram):  # copies, then LRU first; pinned blocks are rare
+            for skey in candidates(dram, copy=copy, ssd=self._ssd):  # copies, then LRU first
                 if not evictable(skey):
                     continue
                 if tries >= MAX_WINDOW_TRIES:

@@ -17,6 +17,7 @@ import pytest
 from kvstored.client.master import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import NoCapacity
+from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.node.spill import Spiller
@@ -102,6 +103,27 @@ def test_a_local_put_evicts_copies_first_and_a_local_put_of_a_copy_unmarks_it(
     assert copies(dram_only) == {key(7)}
     put(dram_only, [3])  # full: the copy goes, not the LRU unique block 1
     assert dram_only.exists([key(i) for i in (1, 2, 3, 7, 8)]) == [True, True, True, False, True]
+
+
+def test_a_copy_refused_by_a_full_dram_only_store_looks_at_its_copies_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = TieredStore(dram_size_bytes=512 * 4096, arena_dir=None, max_block_bytes=BLOCK)
+    try:
+        for i in range(511):
+            assert store.put(key(i), b"x" * 4096)
+        res = store.reserve(key(600), 4096, copy=True)  # the last free page
+        assert isinstance(res, Reservation)
+        store.commit(res)
+        assert store.pin_many([key(600)])[0] is not None  # pinned: no victim at all
+        looked: list[bytes] = []
+        inner = store._evictable
+        monkeypatch.setattr(store, "_evictable", lambda k: looked.append(k) or inner(k))
+        with pytest.raises(NoCapacity):
+            store.reserve(key(601), 4096, copy=True)
+        assert looked == [store_key(b"", key(600))]  # not the 511 unique blocks: O(copies)
+    finally:
+        store.close()
 
 
 def test_pinned_copies_are_not_evicted_for_a_copy(dram_only: TieredStore) -> None:
@@ -203,6 +225,7 @@ def test_a_fill_through_a_full_dram_only_node_skips_copies_and_keeps_every_uniqu
     server = DataPlaneServer(src, "127.0.0.1:0")
     address = server.start()
     master = _Master()
+    dst.metrics = NodeMetrics()
     reads = RemoteReads(dst, node_id="dst", lookup=master.lookup, report=master.report)
     try:
         for i in (11, 12, 13):
@@ -212,6 +235,10 @@ def test_a_fill_through_a_full_dram_only_node_skips_copies_and_keeps_every_uniqu
         got = reads.fill([key(11), key(12), key(13)], b"")
         assert got.num_fetched == 1  # the one free slot
         assert reads.num_skipped == 2
+        assert dst.metrics.registry.get_sample_value(
+            "kvstored_remote_blocks_total", {"outcome": "skipped"}) == 2
+        assert dst.metrics.registry.get_sample_value(  # a skipped copy is no put error
+            "kvstored_item_errors_total", {"code": "NO_CAPACITY"}) is None
         assert dst.store.exists([key(i) for i in (1, 2, 3)]) == [True] * 3
         assert dst.store.get(key(11)) == (value(11), b"")
         got = reads.fill([key(12), key(13)], b"")  # room only by evicting the copy of 11
