@@ -102,4 +102,3 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
             return False
         need += charge
     return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)
-

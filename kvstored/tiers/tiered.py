@@ -23,6 +23,10 @@ Invariants:
 - A failed demotion (ENOSPC, EIO) drops the evicted block (a later miss), is counted in
   ``put_failures`` and logged as a warning; no other block is touched.
 - Tiers are inclusive: an SSD hit is promoted into DRAM and keeps its SSD copy.
+- A read never costs the pool a block: a remote fill's copy (``reserve(copy=True)``) makes
+  room only from free space, other copies, blocks on SSD and demotions the SSD takes
+  without evicting (spare.py), else NoCapacity; copies are evicted first by every
+  allocation and dropped, never demoted.
 - Chain-aware recency: ``pin_many`` touches its hits last-key-first and ``commit_many``
   inserts last-first, so the head of a chain is the most recent and is evicted last.
 - First commit wins: two reservations of one block may coexist; the later commit returns
