@@ -105,7 +105,8 @@ class NodeMetrics:
             "kvstored_remote_blocks_total",
             "Blocks a read copied from peers, by outcome: fetched (copied, verified, "
             "committed), dropped (the source changed during the copy), failed (the transfer "
-            "failed or timed out).",
+            "failed or timed out), skipped (no room for the copy without dropping a block the "
+            "pool holds nowhere else: a miss).",
             ["outcome"], registry=r,
         )
         self.lookup_blocks = Counter(

@@ -327,11 +327,16 @@ class NodeCore:
         self,
         items: Sequence[tuple[bytes, int, bytes]],
         namespace_id: bytes,
+        *,
+        copy: bool = False,
     ) -> list[Reservation | PutOutcome]:
         """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
 
         A key repeated within the batch is an ok no-op after its first (valid) occurrence:
-        first writer wins, as across batches.
+        first writer wins, as across batches. ``copy``: the items are remote-fill copies of
+        blocks a peer holds (``TieredStore.reserve(copy=True)``: a copy never evicts a block
+        the pool holds nowhere else; no room is the item's NoCapacity, not counted as an
+        item error).
 
         The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
         returned Reservation. Used by the inline put and the data plane.
@@ -340,7 +345,8 @@ class NodeCore:
         seen: set[bytes] = set()
         try:
             for i, (key, size, meta) in enumerate(items):
-                out.append(self.reserve_one(i, key, size, meta, namespace_id, seen=seen))
+                out.append(self.reserve_one(i, key, size, meta, namespace_id, seen=seen,
+                                            copy=copy))
         except BaseException:
             self.abort_reserved(out)
             raise
@@ -348,7 +354,7 @@ class NodeCore:
 
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
-        *, seen: set[bytes] | None = None,
+        *, seen: set[bytes] | None = None, copy: bool = False,
     ) -> Reservation | PutOutcome:
         """Validate and reserve item ``index`` of a batch (no lease).
 
@@ -368,7 +374,10 @@ class NodeCore:
                 return PutOutcome(False)
             seen.add(key)
         try:
-            res = self.store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta)
+            res = self.store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
+                                     copy=copy)
+        except NoCapacity as exc:
+            return PutOutcome(False, exc if copy else self._count_item_error(exc))
         except KvstoredError as exc:
             return PutOutcome(False, self._count_item_error(exc))
         return PutOutcome(False) if res is None else res

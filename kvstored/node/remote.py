@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from kvstored.client.master import ClusterReplica, MasterClient
-from kvstored.errors import DeadlineExceeded, KvstoredError, TransferFailed, Unavailable
+from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
 from kvstored.tiers.base import Reservation, Tier
 from kvstored.transport.base import Transport
@@ -165,6 +165,7 @@ class RemoteReads:
         self.num_fetched = 0
         self.num_dropped = 0
         self.num_failed = 0
+        self.num_skipped = 0  # copies skipped: no room without dropping a block (a miss)
 
     def _pooled(self, address: str) -> Transport:
         with self._lock:
@@ -383,9 +384,17 @@ class RemoteReads:
         def sink(i: int, size_bytes: int, meta: bytes) -> memoryview | None:
             if size_bytes != items[i][1].size_bytes:
                 return None  # not the replica the master named: do not copy it
-            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id)[0]
+            # copy=True: a read never costs the pool a block. Room for the copy comes only
+            # from free space, other copies, or demotions the SSD takes as is; never from
+            # evicting a block the pool holds nowhere else (tiers/spare.py).
+            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id, copy=True)[0]
             if not isinstance(got, Reservation):
-                return None  # already here meanwhile, or no room: skip the payload
+                if isinstance(got.error, NoCapacity):
+                    with self._lock:
+                        self.num_skipped += 1
+                    if core.metrics is not None:
+                        core.metrics.remote_blocks.labels(outcome="skipped").inc()
+                return None  # already here meanwhile, or no room: skip the payload (a miss)
             reserved[i] = got
             return got.view
 

@@ -259,10 +259,11 @@ class Spiller:
         """The coldest unpinned blocks, at most a batch, until ``need_bytes`` are covered.
 
         The store's eviction order from its cold end (``coldest_blocks``: SSD-only blocks
-        first when the last tier is SSD, they were demoted longest ago; then DRAM blocks in
-        LRU order), bounded: no listing of the store. Blocks whose move failed lately and
-        ``busy`` ones (``(namespace_id, key)``: a batch whose ends are not yet accepted)
-        are skipped.
+        first when the last tier is SSD, they were demoted longest ago; then remote-fill
+        copies (``BlockInfo.copy``: a peer holds them, so PutStart answers *exists* and the
+        copy is dropped, never moved); then DRAM blocks in LRU order), bounded: no listing
+        of the store. Blocks whose move failed lately and ``busy`` ones (``(namespace_id,
+        key)``: a batch whose ends are not yet accepted) are skipped.
         """
         now = time.monotonic()
         if self._failed_at:

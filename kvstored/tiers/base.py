@@ -88,6 +88,8 @@ class BlockInfo:
     tiers: tuple[Tier, ...]
     pinned: bool
     generations: tuple[int, ...] = ()
+    copy: bool = False
+    """A remote-fill copy of a block a peer holds (a duplicate in the pool; spare.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,10 @@ class DramTier:
         self.allocator = BlockAllocator(arena.size_bytes)
         self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
         self.by_offset: SortedList = SortedList()
+        self.copies: OrderedDict[bytes, None] = OrderedDict()
+        """Store keys of the committed blocks that are remote-fill copies of a peer's block
+        (duplicates in the pool), oldest copy first; evicted before any other block and
+        dropped, never demoted (spare.py)."""
         self.hits = 0
         self.evictions = 0
         self.pinned_blocks = 0
@@ -298,6 +302,7 @@ class DramTier:
         it; the demoter frees it). Raises KeyError if not present."""
         entry = self.entries.pop(skey)
         self.by_offset.remove(entry)
+        self.copies.pop(skey, None)
         return entry
 
     def entry_at(self, offset: int) -> DramEntry | None:

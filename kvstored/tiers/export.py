@@ -85,7 +85,9 @@ class ExportMixin:
         """Up to ``limit`` unpinned blocks in eviction order, coldest first.
 
         SSD-only blocks first when the store has an SSD tier (it is then the last tier:
-        they were demoted longest ago), in SSD LRU order; then DRAM blocks in LRU order.
+        they were demoted longest ago), in SSD LRU order; then remote-fill copies (oldest
+        first: duplicates of a peer's block, ``BlockInfo.copy``); then DRAM blocks in LRU
+        order.
         Skipped: pinned blocks, blocks being demoted or promoted, ``exclude``. Walks at most
         ``max_scan`` entries from the cold end of each map, so a call costs O(limit +
         skipped), never O(blocks stored). Never pins, touches recency or counts a get.
@@ -118,16 +120,22 @@ class ExportMixin:
                     if (ns, key) in exclude:
                         continue
                     out.append(BlockInfo(key, s.size_bytes, ns, (Tier.SSD,), False))
-            for n, (skey, e) in enumerate(dram.items()):
-                if len(out) >= limit or n >= max_scan:
-                    break
-                if e.pins > 0 or skey in self._demoting or skey in self._promoting:
-                    continue
-                ns, key = split_store_key(skey)
-                if (ns, key) in exclude:
-                    continue
-                tiers = (Tier.DRAM, Tier.SSD) if skey in ssd else (Tier.DRAM,)
-                out.append(BlockInfo(key, e.size_bytes, ns, tiers, False))
+            copies = self._dram.copies  # remote-fill copies (spare.py): a peer holds them
+            for pass_copies in (True, False):  # copies first (oldest first), then DRAM LRU
+                source = ((k, dram[k]) for k in copies if k in dram) if pass_copies else dram.items()
+                for n, (skey, e) in enumerate(source):
+                    if len(out) >= limit or n >= max_scan:
+                        break
+                    if not pass_copies and skey in copies:
+                        continue  # taken in the first pass
+                    if e.pins > 0 or skey in self._demoting or skey in self._promoting:
+                        continue
+                    ns, key = split_store_key(skey)
+                    if (ns, key) in exclude:
+                        continue
+                    tiers = (Tier.DRAM, Tier.SSD) if skey in ssd else (Tier.DRAM,)
+                    out.append(BlockInfo(key, e.size_bytes, ns, tiers, False,
+                                         copy=pass_copies))
         return out
 
     def read_for_export(

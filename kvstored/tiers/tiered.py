@@ -24,6 +24,10 @@ Invariants:
 - A failed demotion (ENOSPC, EIO) drops the evicted block (a later miss), is counted in
   ``put_failures`` and logged as a warning; no other block is touched.
 - Tiers are inclusive: an SSD hit is promoted into DRAM and keeps its SSD copy.
+- A read never costs the pool a block: a remote fill's copy (``reserve(copy=True)``) makes
+  room only from free space, other copies, blocks on SSD and demotions the SSD takes
+  without evicting (spare.py), else NoCapacity; copies are evicted first by every
+  allocation and dropped, never demoted.
 - Chain-aware recency: ``pin_many`` touches its hits last-key-first and ``commit_many``
   inserts last-first, so the head of a chain is the most recent and is evicted last.
 - First commit wins: two reservations of one block may coexist; the later commit returns
@@ -72,13 +76,15 @@ _INTERN_MAX_ENTRIES = 65536
 class _Pending:
     """A reservation's bookkeeping (the caller holds the public :class:`Reservation`)."""
 
-    __slots__ = ("skey", "offset", "size_bytes", "info")
+    __slots__ = ("skey", "offset", "size_bytes", "info", "copy")
 
-    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes]):
+    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes],
+                 copy: bool = False):
         self.skey = skey
         self.offset = offset
         self.size_bytes = size_bytes
         self.info = info
+        self.copy = copy  # a remote-fill copy of a peer's block (spare.py)
 
 
 def _check_key(key: object) -> bytes:
@@ -237,7 +243,8 @@ class TieredStore(TransitMixin, ExportMixin):
 
     # ---- put ---------------------------------------------------------------------------
     def reserve(
-        self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b""
+        self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
+        copy: bool = False,
     ) -> Reservation | None:
         """Reserve arena space for a block the caller will write.
 
@@ -250,6 +257,11 @@ class TieredStore(TransitMixin, ExportMixin):
             size_bytes: exact block size, 0 <= size <= ``max_block_bytes``.
             namespace_id: the block's namespace (part of its identity; b"" is one too).
             meta: opaque metadata returned with the block.
+            copy: the block is a remote-fill copy of a block a peer holds (node/remote.py):
+                room is made only by evicting what drops no block from the pool (other
+                copies, blocks on SSD, demotions the SSD takes as is; tiers/spare.py), and
+                the committed block is marked a copy (evicted first, dropped, not demoted).
+                False (a local put) also unmarks a copy of the same key already here.
 
         Returns:
             The reservation, or None when the block is already stored (complete) in either
@@ -260,7 +272,8 @@ class TieredStore(TransitMixin, ExportMixin):
             InvalidArgument: negative size, non-bytes or too long (> 255 bytes) namespace,
                 non-bytes meta.
             BlockTooLarge: ``size_bytes > max_block_bytes``.
-            NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress.
+            NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress, or
+                (``copy``) no room can be made without dropping a block.
             Unavailable: the store is closed.
         """
         key = _check_key(key)
@@ -277,11 +290,14 @@ class TieredStore(TransitMixin, ExportMixin):
         with self._lock:
             self._check_open()
             if self._has(skey):
+                if not copy:
+                    self._dram.copies.pop(skey, None)  # written here too: no mere duplicate
                 return None
-            offset = self._allocate(size_bytes)
+            offset = self._allocate(size_bytes, copy=copy)
             rid = next(self._reservation_ids)
             self._reservations[rid] = _Pending(
-                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta)
+                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta),
+                copy,
             )
             self._reserved_bytes += self._dram.round_up(size_bytes)
             view = self.arena[offset : offset + size_bytes]
@@ -302,8 +318,12 @@ class TieredStore(TransitMixin, ExportMixin):
     def _commit_locked(self, pending: _Pending) -> bool:
         if self._has(pending.skey):
             self._dram.allocator.free(pending.offset, pending.size_bytes)
+            if not pending.copy:
+                self._dram.copies.pop(pending.skey, None)
             return False
         self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
+        if pending.copy:
+            self._dram.copies[pending.skey] = None
         self._puts += 1
         return True
 
@@ -668,7 +688,8 @@ class TieredStore(TransitMixin, ExportMixin):
                 tiers = (Tier.DRAM, Tier.SSD) if s is not None else (Tier.DRAM,)
                 gens = (e.generation, s.generation) if s is not None else (e.generation,)
                 key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0, gens))
+                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0, gens,
+                                     copy=skey in self._dram.copies))
             for skey, s in ssd_entries.items():
                 if skey in self._dram.entries:
                     continue

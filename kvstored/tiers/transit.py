@@ -47,6 +47,7 @@ import structlog
 from kvstored.errors import KvstoredError, NoCapacity, Unavailable
 from kvstored.tiers.dram import DramEntry
 from kvstored.tiers.eviction import MAX_WINDOW_TRIES, victim_window
+from kvstored.tiers.spare import candidates, spares_pool, window_spares_pool
 from kvstored.tiers.ssd_format import split_store_key
 
 if TYPE_CHECKING:
@@ -110,7 +111,9 @@ class TransitMixin:
         for skey in skeys:
             e = dram.entries[skey]
             w = None
-            if ssd is not None and skey not in ssd.entries:
+            if skey in dram.copies:
+                pass  # a peer holds it: dropped, never demoted (spare.py)
+            elif ssd is not None and skey not in ssd.entries:
                 ns, _ = split_store_key(skey)
                 w = ssd.begin_write(skey, e.size_bytes, namespace_id=ns, meta=e.meta)
                 if w is not None:
@@ -144,13 +147,20 @@ class TransitMixin:
             if doomed:
                 self._unlocked(ssd.delete_files, doomed)
 
-    def _allocate(self, size_bytes: int) -> int:
+    def _allocate(self, size_bytes: int, *, copy: bool = False) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
-        while demotions write).
+        while demotions write). Copies (remote-fill duplicates) are evicted first.
+
+        Args:
+            size_bytes: the block's exact size.
+            copy: the space is for a remote-fill copy: evict only what drops no block from
+                the pool (other copies, blocks on SSD, demotions the SSD takes without
+                evicting; spare.py).
 
         Raises:
             NoCapacity: the block can never fit beside the pinned, reserved and promoting
-                blocks; in that case nothing is evicted.
+                blocks (nothing is evicted then); or, for a copy, no room can be made
+                without dropping a block.
             Unavailable: the store was closed while waiting.
         """
         alloc, dram = self._dram.allocator, self._dram
@@ -169,13 +179,19 @@ class TransitMixin:
                     f"{self._reserved_bytes} reserved by writes and promotions in progress"
                 )
             window = None
-            for skey, e in dram.entries.items():  # LRU first; pinned blocks are rare here
-                if e.pins or skey in self._demoting:
+            evictable = self._evictable
+            if copy:
+                spares = spares_pool(dram, self._ssd)
+                evictable = lambda k: self._evictable(k) and spares(k)  # noqa: E731
+            for skey in candidates(dram, copy=copy, ssd=self._ssd):  # copies, then LRU first
+                if not evictable(skey):
                     continue
                 if tries >= MAX_WINDOW_TRIES:
                     window = [skey]  # plain LRU: its space merges with later victims'
-                    break
-                window = victim_window(dram, skey, need, self._evictable)
+                else:
+                    window = victim_window(dram, skey, need, evictable)
+                if window is not None and copy and not window_spares_pool(dram, self._ssd, window):
+                    window = None  # the SSD cannot take these demotions as is
                 if window is not None:
                     break
                 tries += 1
@@ -183,6 +199,11 @@ class TransitMixin:
                 self._evict_window(window)
             elif self._demoting:
                 self._cond.wait()  # a demotion in flight will free space
+            elif copy:
+                raise NoCapacity(
+                    f"DRAM tier has no room for a {size_bytes}-byte copy of a peer's block "
+                    "without dropping a block the pool holds nowhere else"
+                )
             else:
                 raise NoCapacity(
                     f"DRAM tier cannot fit a {size_bytes}-byte block: every block is pinned "

@@ -1,0 +1,104 @@
+"""Which blocks an allocation may evict: a read never costs the pool a block.
+
+A remote fill (node/remote.py) copies a peer's block into local DRAM so the engine can read
+it through shared memory. Such a *copy* is a duplicate in the pool: the peer still holds the
+block. Making room for it by evicting a block of this node's last tier (DRAM on a DRAM-only
+node; a DRAM block not on SSD when the SSD cannot take it) would trade a block the pool
+holds nowhere else for one it holds already: the tester's DRAM-only pool lost 46 of 110
+blocks that way by reading them all through one node. So a copy's reservation
+(``TieredStore.reserve(..., copy=True)``) may only use, in this order of preference:
+
+1. free arena space;
+2. other copies (dropped: their peer holds them), oldest copy first;
+3. blocks already on SSD (their DRAM space is freed, the SSD copy stays);
+4. DRAM-only blocks the SSD tier can take *without evicting any SSD block* (demoted).
+
+Anything else is spared: when no window of such victims frees the space, the reservation
+raises :class:`~kvstored.errors.NoCapacity` and the copy is skipped (the engine's read
+misses that block and recomputes it; the pool stays whole).
+
+Every allocation (a local put, a promotion, a copy) tries the copies first, and an evicted
+copy is dropped, never demoted to SSD (it would spend SSD space on a block a peer holds).
+Copies are kept in ``DramTier.copies`` (commit order); the mark goes when the block leaves
+DRAM and when a local writer puts the same key (then the engine made it here too, so it is
+no longer "only a duplicate"). Pure metadata: callers hold the store lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from kvstored.tiers.ssd_format import round_up_page, trailer_bytes
+
+if TYPE_CHECKING:
+    from kvstored.tiers.dram import DramTier
+    from kvstored.tiers.ssd import SsdTier
+
+
+MAX_COPY_SCAN = 256
+"""Most non-copy blocks (LRU first) a copy's allocation looks at for a spareable victim."""
+
+
+def candidates(dram: DramTier, *, copy: bool = False, ssd: SsdTier | None = None
+               ) -> Iterator[bytes]:
+    """Eviction candidates (store keys): the copies, oldest first, then the other blocks in
+    LRU order. The caller stops iterating before it changes the tier.
+
+    For a copy's allocation (``copy``) the scan is bounded, so a full node of unique
+    blocks refuses a copy in O(copies + :data:`MAX_COPY_SCAN`) under the store lock, never
+    O(blocks): without an SSD tier no other block is spareable; with one, only the
+    :data:`MAX_COPY_SCAN` least recent blocks are looked at (blocks on SSD, or demotable
+    into the SSD's free space, are the LRU ones in practice).
+    """
+    copies = dram.copies
+    yield from copies
+    if copy and ssd is None:
+        return
+    left = MAX_COPY_SCAN if copy else -1
+    for skey in dram.entries:
+        if left == 0:
+            return
+        if skey not in copies:
+            left -= 1
+            yield skey
+
+
+def demote_charge(ssd: SsdTier, skey: bytes, dram: DramTier) -> int | None:
+    """SSD bytes a demotion of DRAM block ``skey`` would charge, 0 when evicting it from DRAM
+    costs the SSD nothing (on SSD already), None when it cannot be demoted as is (no SSD
+    tier, or its file is being written or deleted: evicting it would drop it)."""
+    if skey in ssd.entries:
+        return 0
+    if skey in ssd._writing or skey in ssd._deleting:  # noqa: SLF001 (same package)
+        return None
+    e = dram.entries[skey]
+    return round_up_page(e.size_bytes + trailer_bytes(skey, e.meta))
+
+
+def spares_pool(dram: DramTier, ssd: SsdTier | None) -> Callable[[bytes], bool]:
+    """Per block: may a copy's allocation evict it (a copy, or demotable to SSD as is)?"""
+
+    def ok(skey: bytes) -> bool:
+        if skey in dram.copies:
+            return True
+        return ssd is not None and demote_charge(ssd, skey, dram) is not None
+
+    return ok
+
+
+def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes]) -> bool:
+    """Whether evicting ``window`` drops no block from the pool: each victim is a copy or
+    on SSD already, and the SSD's free space covers all the others' demotions at once (so
+    ``SsdTier.begin_write`` evicts nothing for them)."""
+    need = 0
+    for skey in window:
+        if skey in dram.copies:
+            continue
+        if ssd is None:
+            return False
+        charge = demote_charge(ssd, skey, dram)
+        if charge is None:
+            return False
+        need += charge
+    return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)
