@@ -230,7 +230,10 @@ def test_a_fill_through_a_full_dram_only_node_skips_copies_and_keeps_every_uniqu
     try:
         for i in (11, 12, 13):
             src.put_inline([(key(i), value(i), b"")], b"")
-            master.replicas[key(i)] = ClusterReplica("src", 7, Tier.DRAM, BLOCK, 0, address)
+        # the master names each replica under the generation its holder stamped (feed.py)
+        gens = {b.key: b.generations[0] for b in src.store.list_blocks()[0]}
+        for i in (11, 12, 13):
+            master.replicas[key(i)] = ClusterReplica("src", 7, Tier.DRAM, BLOCK, gens[key(i)], address)
         dst.put_inline([(key(i), value(i), b"") for i in (1, 2, 3)], b"")
         got = reads.fill([key(11), key(12), key(13)], b"")
         assert got.num_fetched == 1  # the one free slot
