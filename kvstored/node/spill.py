@@ -12,7 +12,9 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
     one call:   PutStartBatch(victims, writer=me, exclude_writer, max_used_fraction=high,
                               headroom_bytes=batch, holder_reports)
                 per block -> generation G, peer P (each item is one PutStart)
-                  exists (another node holds it)  -> drop the local copy (one copy suffices)
+                  exists (another node holds it)  -> drop the local block if it is a remote-fill
+                                                     copy; an original stays (the other
+                                                     replica may be a copy of it)
                   NoCapacity (every peer is full) -> stop: local eviction, as without spill
     hook("put_started")
     per peer:   store.read_for_export: pins the local DRAM copies, reads SSD-only victims
@@ -361,10 +363,16 @@ class Spiller:
                 self._failed(b)
                 continue
             exists, gen, replicas = out
-            if exists:  # another node holds it already: one copy in the pool suffices
-                if self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
+            if exists:  # another node holds it already
+                # Only a remote-fill copy is dropped for that: the other replica may itself be
+                # a copy of this very block (the master does not know which replicas are
+                # copies), and dropping the original would leave the pool a copy that every
+                # allocation evicts first. An original stays; it is no victim for a while.
+                if b.copy and self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
                     self.counters.blocks_deduplicated += 1
                     dropped += 1
+                elif not b.copy:
+                    self._failed(b)
                 continue
             moves.append(_Move(b, gen, replicas[0].data_address, replicas[0].node_id))
         return moves, dropped, full, ended

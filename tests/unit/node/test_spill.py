@@ -379,3 +379,23 @@ def test_a_failed_start_that_carried_ends_keeps_every_local_copy(
     assert sp.counters.blocks_moved == 0 and sp.counters.blocks_failed == 4 + 3  # both batches
     assert master.placement.num_open_writes == 4  # batch 1's writes: left to their lease
     assert sum(p.store.stats().tiers[0].num_blocks for p in peers.values()) == 4
+
+
+def test_a_block_another_node_holds_is_dropped_only_when_it_is_a_copy(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """Tester's data-loss path: d holds a fill copy of c's block; c's spiller hears
+    *exists* and must not drop its original (d's copy is evicted first everywhere)."""
+    assert src.remove([key(1)]) == [True]
+    res = src.reserve(key(1), BLOCK, copy=True)  # key(1) here: a remote-fill copy
+    assert res is not None
+    res.view[:] = value(1)
+    assert src.commit(res)
+    master.report_added("b", [key(0), key(1)])  # b holds both (say, copies of ours)
+    sp = _spiller(src, master)
+    try:
+        sp.run_once()
+    finally:
+        sp.close()
+    assert src.exists([key(0), key(1)]) == [True, False]  # the original stayed, the copy went
+    assert sp.counters.blocks_deduplicated == 1
