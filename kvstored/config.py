@@ -301,6 +301,12 @@ class MasterConfig(_Model):
     """A put started and not ended within this is aborted, seconds. Default 30."""
     unhealthy_after_failures: int = Field(default=3, ge=1)
     """Consecutive data-plane failures after which a node is unhealthy. Default 3."""
+    unhealthy_retry_s: float = Field(default=0.0, ge=0)
+    """An unhealthy node that keeps heartbeating is tried again (on probation: readable, not
+    placed on until a transfer with it succeeds) after this long, seconds; 0 (the default) =
+    one ``node_lease_s``. A failure on probation marks it unhealthy again and doubles this."""
+    unhealthy_retry_max_s: float = Field(default=0.0, ge=0)
+    """Cap of the doubled retry time, seconds; 0 (the default) = 8 x the retry time."""
     placement_policy: Literal["local-first", "most-free", "random"] = "local-first"
     """Default placement policy of new replicas."""
     gc_interval_s: float = Field(default=1.0, gt=0)

@@ -18,6 +18,9 @@ serves a holder's replicas only while it is *readable*::
     event seq > last+1     gap: holder unreadable until the next full sync (RESYNC)
     lease lapsed           record dropped, holder retired (its rows GC'd later)
     N transfer failures    unhealthy: unreadable and not placed on; one success heals it
+    unhealthy_retry_s      a heartbeat after this long unhealthy puts it on probation (half-open):
+                           readable again, still not placed on; one failure -> unhealthy at once
+                           (retry doubled, up to unhealthy_retry_max_s); one success heals it
 
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
@@ -145,11 +148,15 @@ class NodeRecord:
     gap: bool = False
     consecutive_failures: int = 0
     healthy: bool = True
+    probation: bool = False  # unhealthy, but readable again to try it (half-open breaker)
+    unhealthy_since_s: float = 0.0  # when it was (last) marked unhealthy
+    retry_s: float = 0.0  # unhealthy this long (while heartbeating) -> probation
     pending: _PendingSync | None = field(default=None, repr=False)
 
     @property
     def health(self) -> NodeHealth:
-        """SYNCING until the inventory is complete, then HEALTHY or UNHEALTHY."""
+        """SYNCING until the inventory is complete, then HEALTHY or UNHEALTHY (also while
+        on probation: ``probation`` says so)."""
         if not self.healthy:
             return NodeHealth.UNHEALTHY
         return NodeHealth.SYNCING if not self.synced or self.gap else NodeHealth.HEALTHY
@@ -183,9 +190,18 @@ class Membership:
             re-register (each does within one heartbeat, a third of a lease at most), so its
             lookups must not claim a complete answer meanwhile (the daemon passes one node
             lease when ``data_dir`` shows an earlier start; 0 = none).
+        unhealthy_retry_s: an unhealthy node that heartbeats this long after it was marked
+            is put on probation (a circuit breaker's half-open state): its replicas are
+            readable again, but it is not chosen for new replicas until a transfer with it
+            succeeds (healed); one more failure marks it unhealthy again at once. None = one
+            node lease. Without this a node that stalled briefly (SIGSTOP, a GC pause) would
+            stay unhealthy forever: only a transfer heals, and no one transfers with a node
+            the master no longer names.
+        unhealthy_retry_max_s: each failure on probation doubles the node's retry time, up
+            to this cap (None = 8 x ``unhealthy_retry_s``); healing resets it.
 
     Raises:
-        InvalidArgument: a non-positive lease or failure count.
+        InvalidArgument: a non-positive lease or failure count, a negative retry time.
     """
 
     def __init__(
@@ -197,6 +213,8 @@ class Membership:
         node_lease_s: float = 10.0,
         unhealthy_after_failures: int = 3,
         rejoin_grace_s: float = 0.0,
+        unhealthy_retry_s: float | None = None,
+        unhealthy_retry_max_s: float | None = None,
     ) -> None:
         if not (math.isfinite(node_lease_s) and node_lease_s > 0):
             raise InvalidArgument(f"node_lease_s must be > 0, got {node_lease_s}")
@@ -204,6 +222,12 @@ class Membership:
             raise InvalidArgument(
                 f"unhealthy_after_failures must be >= 1, got {unhealthy_after_failures}"
             )
+        retry_s = node_lease_s if unhealthy_retry_s is None else unhealthy_retry_s
+        retry_max_s = 8 * retry_s if unhealthy_retry_max_s is None else unhealthy_retry_max_s
+        if not (math.isfinite(retry_s) and retry_s >= 0 and math.isfinite(retry_max_s)):
+            raise InvalidArgument(f"unhealthy_retry_s must be >= 0, got {unhealthy_retry_s}")
+        self.unhealthy_retry_s = float(retry_s)
+        self.unhealthy_retry_max_s = max(float(retry_s), float(retry_max_s))
         self.index = index
         self.clock = clock
         self.generations = generations
@@ -223,7 +247,8 @@ class Membership:
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
         self._complete = None  # every change of synced / gap goes through here or _drop
-        self.index.set_readable(rec.holder, rec.synced and not rec.gap and rec.healthy)
+        self.index.set_readable(rec.holder,
+                                rec.synced and not rec.gap and (rec.healthy or rec.probation))
 
     def _retire(self, holder: int) -> None:
         self._by_holder.pop(holder, None)
@@ -370,6 +395,12 @@ class Membership:
         self.index.set_load(rec.holder, rec.load)
         if rec.synced and not rec.gap and last_seq > rec.applied_seq:
             self._open_gap(rec, last_seq)
+        if (not rec.healthy and not rec.probation
+                and rec.last_heartbeat_s - rec.unhealthy_since_s >= rec.retry_s):
+            rec.probation = True  # half-open: readable again; a transfer decides
+            self._refresh(rec)
+            log.info("node_on_probation", node_id=node_id, epoch=epoch,
+                     unhealthy_s=round(rec.last_heartbeat_s - rec.unhealthy_since_s, 3))
         if rec.gap or (not rec.synced and rec.pending is None):
             return NodeAction.RESYNC
         return NodeAction.NONE
@@ -481,7 +512,8 @@ class Membership:
     # ---- health ----------------------------------------------------------------------
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:
         """Record one data-plane transfer with a node (``unhealthy_after_failures``
-        consecutive failures make it unhealthy; a success heals it).
+        consecutive failures make it unhealthy; a success heals it; a failure while on
+        probation makes it unhealthy again at once, its retry time doubled up to the cap).
 
         A report about another epoch than the live one is ignored.
 
@@ -497,15 +529,27 @@ class Membership:
         if ok:
             rec.consecutive_failures = 0
             if not rec.healthy:
-                log.info("node_healthy_again", node_id=node_id, epoch=epoch)
+                log.info("node_healthy_again", node_id=node_id, epoch=epoch,
+                         probation=rec.probation)
             rec.healthy = True
+            rec.probation = False
         else:
             rec.consecutive_failures += 1
-            if rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
-                rec.healthy = False
+            if rec.probation:  # the trial failed: open the breaker again, back off
+                rec.probation = False
+                rec.unhealthy_since_s = self.clock()
+                rec.retry_s = min(2 * rec.retry_s, self.unhealthy_retry_max_s)
                 self.num_unhealthy_marks += 1
                 log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
-                            num_failures=rec.consecutive_failures)
+                            num_failures=rec.consecutive_failures, on_probation=True,
+                            retry_s=rec.retry_s)
+            elif rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
+                rec.healthy = False
+                rec.unhealthy_since_s = self.clock()
+                rec.retry_s = self.unhealthy_retry_s
+                self.num_unhealthy_marks += 1
+                log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
+                            num_failures=rec.consecutive_failures, retry_s=rec.retry_s)
         self._refresh(rec)
         return rec.health
 

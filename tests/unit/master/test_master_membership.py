@@ -15,6 +15,7 @@ from kvstored.master.membership import (
     NodeAction,
     NodeHealth,
 )
+from kvstored.master.placement import PlacementPolicy
 from kvstored.tiers.base import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -202,6 +203,97 @@ def test_data_plane_failures_make_a_node_unhealthy_and_one_success_heals_it() ->
     assert c.where([0]) == [("a", DRAM)]
     with pytest.raises(NotFound, match="'zz'"):
         m.report_transfer("zz", 1, ok=False)
+
+
+def _spill_targets(c: Cluster) -> list[str]:
+    return [r.spec.node_id for r in c.placement.order_candidates(
+        4096, "b", PlacementPolicy.MOST_FREE, exclude_writer=True)]
+
+
+def _mark_unhealthy(c: Cluster, node_id: str) -> None:
+    for _ in range(3):
+        c.members.report_transfer(node_id, 1, ok=False)
+    assert c.members.node(node_id).health is NodeHealth.UNHEALTHY  # type: ignore[union-attr]
+
+
+def test_an_unhealthy_node_that_heartbeats_is_tried_again_after_the_retry_time() -> None:
+    # the half-open state of a circuit breaker: a node that stalled (SIGSTOP) and came back
+    c = Cluster(failures=3)  # unhealthy_retry_s defaults to one node lease
+    c.join("a", inventory=blocks([0]))
+    c.join("b", inventory=blocks([0]))
+    m = c.members
+    assert m.unhealthy_retry_s == LEASE_S and m.unhealthy_retry_max_s == 8 * LEASE_S
+    _mark_unhealthy(c, "a")
+    assert c.where([0]) == [("b", DRAM)] and _spill_targets(c) == []
+    c.clock.advance(LEASE_S * 0.6)
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    m.heartbeat("b", 1)
+    c.clock.advance(LEASE_S * 0.39)  # 0.99 lease unhealthy: still closed
+    m.heartbeat("a", 1)
+    m.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S * 0.01)
+    with capture_logs() as logs:
+        assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert [e["event"] for e in logs] == ["node_on_probation"]
+    rec = m.node("a")
+    assert rec is not None and rec.probation and rec.health is NodeHealth.UNHEALTHY
+    assert c.where([0]) == [("a", DRAM)]  # readable again: a reader tries it...
+    assert _spill_targets(c) == []  # ...but no new replica goes there before a success
+    # the trial fails: unhealthy again at once, and the retry time doubles
+    with capture_logs() as logs:
+        assert m.report_transfer("a", 1, ok=False) is NodeHealth.UNHEALTHY
+    assert [e["event"] for e in logs] == ["node_unhealthy"] and logs[0]["retry_s"] == 2 * LEASE_S
+    assert not rec.probation and c.where([0]) == [("b", DRAM)]
+    assert m.num_unhealthy_marks == 2
+    for _ in range(3):  # 1.5 leases, heartbeating: still closed (the retry is 2 leases now)
+        c.clock.advance(LEASE_S / 2)
+        m.heartbeat("a", 1)
+        m.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S / 2)
+    m.heartbeat("a", 1)
+    assert rec.probation and c.where([0]) == [("a", DRAM)]
+    # the trial succeeds: healed, a spill target again, and the retry time is reset
+    assert m.report_transfer("a", 1, ok=True) is NodeHealth.HEALTHY
+    assert not rec.probation and _spill_targets(c) == ["a"]
+    _mark_unhealthy(c, "a")
+    assert rec.retry_s == LEASE_S
+
+
+def test_the_retry_time_backs_off_up_to_its_cap() -> None:
+    c = Cluster(failures=1)
+    c.members = m = Membership(c.index, c.clock, c.gens, node_lease_s=LEASE_S,
+                               unhealthy_after_failures=1, unhealthy_retry_s=1.0,
+                               unhealthy_retry_max_s=3.0)
+    c.placement.membership = m
+    c.join("a", inventory=blocks([0]))
+    m.report_transfer("a", 1, ok=False)
+    waits = []
+    for _ in range(4):
+        rec = m.node("a")
+        assert rec is not None and not rec.probation
+        waits.append(rec.retry_s)
+        c.clock.advance(rec.retry_s)
+        m.heartbeat("a", 1)
+        assert rec.probation
+        m.report_transfer("a", 1, ok=False)
+    assert waits == [1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(InvalidArgument, match="unhealthy_retry_s"):
+        Membership(c.index, c.clock, c.gens, unhealthy_retry_s=-1.0)
+
+
+def test_a_silent_unhealthy_node_is_not_tried_again() -> None:
+    # the probation needs a sign of life: one that stays silent leaves with its lease
+    c = Cluster(failures=1)
+    c.join("a", inventory=blocks([0]))
+    c.join("b", inventory=blocks([0]))
+    c.members.report_transfer("a", 1, ok=False)
+    c.clock.advance(LEASE_S * 0.9)
+    c.members.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S * 0.2)
+    assert c.members.expire_lapsed() == ["a"]
 
 
 def test_unregister_drops_the_node_at_once(cluster: Cluster) -> None:
