@@ -26,6 +26,13 @@ Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old e
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
 registration with an epoch older than the live one is refused (a stale daemon).
 
+Restart or duplicate: a newer epoch of a node whose lease is live is a restart when it
+registers with the gRPC or the data-plane address of the live epoch (the old process must
+be gone: it held that port), and else a *duplicate candidate* (:meth:`duplicate_of`): the
+caller probes the live epoch's data address (the servicer: a TCP connect) and passes the
+epoch it found answering; that registration is refused (AlreadyExists, naming both daemons'
+addresses and the lease left) and the live daemon keeps the id and its blocks.
+
 Time comes from an injected clock; every public method first expires lapsed leases, so no
 answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
 """
@@ -40,7 +47,7 @@ from enum import IntEnum
 import structlog
 
 from kvstored.clock import Clock
-from kvstored.errors import InvalidArgument, NotFound
+from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.tiers.base import Tier
 
@@ -298,15 +305,35 @@ class Membership:
         return gone
 
     # ---- registration ----------------------------------------------------------------
-    def register(self, spec: NodeSpec) -> RegisterOutcome:
+    def duplicate_of(self, spec: NodeSpec) -> NodeRecord | None:
+        """The live record ``spec`` may duplicate: a newer epoch of the same node id, while
+        the live epoch's lease runs, with neither of its addresses (else it is a restart:
+        the old process must be gone, it held the port). None when it cannot be one."""
+        self.expire_lapsed()
+        old = self._nodes.get(spec.node_id)
+        if old is None or spec.epoch <= old.spec.epoch:
+            return None
+        if (spec.grpc_address == old.spec.grpc_address
+                or spec.data_address == old.spec.data_address):
+            return None
+        return old
+
+    def register(self, spec: NodeSpec, *, live_epoch_answering: int = 0) -> RegisterOutcome:
         """Register one daemon start of a node (a new epoch supersedes the older one).
 
         Registering the live epoch again (a reconnect) keeps its replicas readable until
         the next inventory sync replaces them.
 
+        Args:
+            live_epoch_answering: the epoch of :meth:`duplicate_of`'s record when the caller
+                found its daemon still answering on its data address (0: not probed, or
+                nothing answered): if that epoch is still the live one and ``spec`` is still
+                a duplicate candidate, the registration is refused.
+
         Raises:
             InvalidArgument: empty or too long node id, epoch not positive, malformed
                 address, bad tier, or an epoch older than the node's live one.
+            AlreadyExists: another live daemon holds the node id (see above).
         """
         if not spec.node_id or len(spec.node_id) > MAX_NODE_ID_CHARS:
             raise InvalidArgument(
@@ -321,7 +348,20 @@ class Membership:
             if t.tier not in (Tier.DRAM, Tier.SSD) or t.capacity_bytes < 0 or t.used_bytes < 0:
                 raise InvalidArgument(f"bad tier capacity {t!r} of node {spec.node_id!r}")
             tiers[t.tier] = t
-        self.expire_lapsed()
+        dup = self.duplicate_of(spec)
+        if dup is not None and live_epoch_answering and dup.spec.epoch == live_epoch_answering:
+            left_s = self.lease_left_s(dup)
+            log.warning("node_id_duplicate_refused", node_id=spec.node_id,
+                        live_epoch=dup.spec.epoch, live_grpc=dup.spec.grpc_address,
+                        live_data=dup.spec.data_address, grpc=spec.grpc_address,
+                        data=spec.data_address, lease_left_s=round(left_s, 3))
+            raise AlreadyExists(
+                f"node id {spec.node_id!r} is held by a live daemon (epoch {dup.spec.epoch}, "
+                f"gRPC {dup.spec.grpc_address}, data {dup.spec.data_address}, answering; its "
+                f"lease has {left_s:.1f} s left); this daemon (gRPC {spec.grpc_address}, data "
+                f"{spec.data_address}) is refused: give it another --node-id, or stop the "
+                "other daemon first"
+            )
         now = self.clock()
         old = self._nodes.get(spec.node_id)
         superseded = False

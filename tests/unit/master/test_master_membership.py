@@ -6,7 +6,7 @@ import pytest
 from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 from structlog.testing import capture_logs
 
-from kvstored.errors import InvalidArgument, NotFound
+from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
 from kvstored.master.membership import (
     BlockEvent,
     BlockRef,
@@ -319,3 +319,62 @@ def test_bad_registrations_name_the_field(cluster: Cluster, kwargs: dict, match:
     with pytest.raises(InvalidArgument, match=match):
         cluster.members.register(bad)
     assert cluster.members.nodes() == []
+
+
+def test_a_second_daemon_with_a_live_node_id_is_refused_and_the_first_keeps_its_blocks(
+    cluster: Cluster,
+) -> None:
+    cluster.join("a", epoch=1, inventory=blocks([0, 1]), port=7000)
+    m = cluster.members
+    cluster.clock.advance(LEASE_S / 4)
+    other = spec("a", epoch=2, port=7100)  # another process: neither of a's addresses
+    live = m.duplicate_of(other)
+    assert live is not None and live.spec.epoch == 1
+    with capture_logs() as logs, pytest.raises(AlreadyExists) as err:
+        m.register(other, live_epoch_answering=1)  # its data port answered the probe
+    msg = str(err.value)
+    for part in ("'a'", "epoch 1", "127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7100",
+                 "127.0.0.1:7101", f"{LEASE_S * 0.75:.1f} s left", "--node-id"):
+        assert part in msg, (part, msg)
+    assert [e["event"] for e in logs] == ["node_id_duplicate_refused"]
+    # the live daemon keeps its id, its epoch and its blocks
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert cluster.where([0, 1], local="a") == [("a", DRAM)] * 2
+    assert m.heartbeat("a", 2) is NodeAction.REREGISTER
+
+
+def test_a_restart_within_the_lease_is_not_a_duplicate() -> None:
+    c = Cluster()
+    c.join("a", epoch=1, inventory=blocks([0]), port=7000)
+    m = c.members
+    # the same gRPC or data address: the old process is gone (it held the port)
+    assert m.duplicate_of(spec("a", epoch=2, port=7000)) is None
+    moved_grpc = spec("a", epoch=2)
+    moved_grpc = type(moved_grpc)(**{**{f: getattr(moved_grpc, f) for f in moved_grpc.__slots__},
+                                     "grpc_address": "127.0.0.1:9999"})
+    assert m.duplicate_of(moved_grpc) is None
+    # an older or the same epoch is never a duplicate candidate (stale / reconnect)
+    assert m.duplicate_of(spec("a", epoch=1, port=7100)) is None
+    # new addresses whose old data port did not answer (SIGKILLed, ports changed): a restart
+    assert m.duplicate_of(spec("a", epoch=2, port=7100)) is not None
+    assert m.register(spec("a", epoch=2, port=7100)).superseded_epoch
+    # a probe answer about an epoch no longer live refuses nothing
+    assert m.register(spec("a", epoch=3, port=7200), live_epoch_answering=1).superseded_epoch
+    assert m.node("a").spec.epoch == 3  # type: ignore[union-attr]
+    # past the old lease, any address is fine
+    c.clock.advance(LEASE_S + 1)
+    assert m.duplicate_of(spec("a", epoch=4, port=7300)) is None
+
+
+def test_the_duplicate_probe_tells_a_listening_data_port_from_a_closed_one() -> None:
+    import asyncio
+    import socket
+
+    from kvstored.master.service import data_port_answers
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        addr = f"127.0.0.1:{srv.getsockname()[1]}"
+        assert asyncio.run(data_port_answers(addr)) is True
+    assert asyncio.run(data_port_answers(addr)) is False  # closed now: refused
