@@ -29,6 +29,7 @@ from __future__ import annotations
 import grp
 import os
 import pathlib
+import re
 import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -62,6 +63,17 @@ MAX_BLOCK_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - GRPC_SLACK_BYTES
 """Largest ``max_block_bytes`` / ``max_inline_bytes`` (2 GiB - 1 MiB - 1 byte): an inline Put
 carries a whole block in one gRPC message."""
 DEFAULT_MAX_BLOCK_BYTES = 64 << 20
+MAX_NODE_ID_CHARS = 128
+NODE_ID_RE = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_NODE_ID_CHARS)
+"""What a node id may be (the master refuses others): 1..128 printable ASCII characters,
+no spaces (a host name fits)."""
+
+
+def node_id_problem(node_id: str) -> str | None:
+    """Why ``node_id`` is not a valid node id (without the value), or None when it is."""
+    if NODE_ID_RE.fullmatch(node_id):
+        return None
+    return f"must have 1..{MAX_NODE_ID_CHARS} printable ASCII characters without spaces"
 PAGE_BYTES = 4096
 """The DRAM arena is a whole number of pages; blocks occupy whole pages of it."""
 
@@ -228,6 +240,14 @@ class NodeConfig(_Model):
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
     """Where each explicitly set field came from (``"env var KVSTORED_NODE__X"``), for errors."""
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id_valid(cls, v: str) -> str:
+        problem = node_id_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("ssd_dir", "arena_dir", mode="before")
     @classmethod

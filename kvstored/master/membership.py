@@ -47,13 +47,12 @@ from enum import IntEnum
 import structlog
 
 from kvstored.clock import Clock
+from kvstored.config import node_id_problem
 from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.tiers.base import Tier
 
 log = structlog.get_logger(__name__)
-
-MAX_NODE_ID_CHARS = 128
 
 
 class NodeHealth(IntEnum):
@@ -335,10 +334,9 @@ class Membership:
                 address, bad tier, or an epoch older than the node's live one.
             AlreadyExists: another live daemon holds the node id (see above).
         """
-        if not spec.node_id or len(spec.node_id) > MAX_NODE_ID_CHARS:
-            raise InvalidArgument(
-                f"node_id must have 1..{MAX_NODE_ID_CHARS} characters, got {spec.node_id!r}"
-            )
+        problem = node_id_problem(spec.node_id)
+        if problem is not None:
+            raise InvalidArgument(f"node_id {problem}, got {spec.node_id!r}")
         if not 0 < spec.epoch < (1 << 64):
             raise InvalidArgument(f"epoch must be a positive 64-bit integer, got {spec.epoch}")
         _check_host_port("grpc_address", spec.grpc_address)
