@@ -62,3 +62,19 @@ def test_an_empty_node_id_exits_2_naming_the_flag(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert "--node-id" in out.stderr and "1..128 printable ASCII" in out.stderr
     assert "master_link_failed" not in out.stderr
+
+
+def test_a_held_ssd_dir_exits_2_like_every_config_error(short_dir: Path) -> None:
+    import fcntl
+
+    (short_dir / "ssd").mkdir()
+    fd = os.open(short_dir / "ssd" / "kvstored.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live daemon holds it
+        os.pwrite(fd, b"4242\n", 0)
+        r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", "8MiB")
+    finally:
+        os.close(fd)
+    assert r.returncode == 2, r.stderr
+    assert "already in use by another kvstored process (pid 4242)" in r.stderr
+    assert "Traceback" not in r.stderr
