@@ -101,3 +101,18 @@ def test_a_node_command_sent_to_the_master_says_which_kind_of_server_it_reached(
     out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, "status"])
     assert out.exit_code == EXIT_BAD_ARGS, out.output
     assert "the other kind of kvstored process" in out.output.replace("\n", " ")
+
+
+@pytest.mark.parametrize("command", ["where", "evict"])
+def test_cluster_commands_check_key_length_and_hex_like_the_client(
+    master: tuple[str, Membership], command: str,
+) -> None:
+    addr, _ = master
+    good = "11" * 16
+    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, good,
+                                    "0001"])
+    assert out.exit_code == EXIT_BAD_ARGS, out.output
+    assert "key #1 is 2 bytes; the node accepts keys of 16..64 bytes" in out.output
+    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, "1" * 33])
+    assert out.exit_code == EXIT_BAD_ARGS
+    assert "has an odd number of hex digits (33)" in out.output, out.output
