@@ -116,3 +116,29 @@ def test_cluster_commands_check_key_length_and_hex_like_the_client(
     out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, "1" * 33])
     assert out.exit_code == EXIT_BAD_ARGS
     assert "has an odd number of hex digits (33)" in out.output, out.output
+
+
+def test_an_unreachable_master_error_names_its_code_once() -> None:
+    # regression: "kvstorectl: UNAVAILABLE: UNAVAILABLE: failed to connect..."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    for out_mode in ("table", "json"):
+        out = CliRunner().invoke(main, ["--timeout-s", "1", "--address", f"127.0.0.1:{free}",
+                                        "--output", out_mode, "nodes"])
+        assert out.exit_code == EXIT_UNREACHABLE
+        err = out.stderr
+        assert err.startswith("kvstorectl: UNAVAILABLE: ") and err.count("UNAVAILABLE") == 1, err
+        if out_mode == "json":
+            msg = json.loads(out.stdout)["error"]
+            assert msg["code"] == "UNAVAILABLE" and "UNAVAILABLE" not in msg["message"]
+
+
+def test_emit_error_keeps_a_distinct_code_in_the_message(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from kvstored.cli import output
+
+    output.emit_error("table", "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED: Deadline Exceeded")
+    output.emit_error("table", "INTERNAL", "PERMISSION_DENIED: no")
+    assert capsys.readouterr().err.splitlines() == [
+        "kvstorectl: DEADLINE_EXCEEDED: Deadline Exceeded", "kvstorectl: INTERNAL: PERMISSION_DENIED: no"]
