@@ -8,6 +8,7 @@ import random
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -142,3 +143,24 @@ def test_emit_error_keeps_a_distinct_code_in_the_message(capsys: pytest.CaptureF
     output.emit_error("table", "INTERNAL", "PERMISSION_DENIED: no")
     assert capsys.readouterr().err.splitlines() == [
         "kvstorectl: DEADLINE_EXCEEDED: Deadline Exceeded", "kvstorectl: INTERNAL: PERMISSION_DENIED: no"]
+
+
+def test_the_readme_namespace_file_loads_as_the_engines_namespace(tmp_path: Any) -> None:
+    import re
+    from pathlib import Path
+
+    from kvstored.cli.kvstorectl import _load_namespace_file
+    from kvstored.keys import Namespace
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    m = re.search(r"<!-- readme-test: skip [^>]*test_kvstorectl_nodes\.py -->\n```toml\n(.*?)```",
+                  readme, re.S)
+    assert m, "README lost its namespace-file example"
+    want = Namespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", kv_dtype="bfloat16",
+                     block_size=256)
+    flat = tmp_path / "ns.toml"
+    flat.write_text(m.group(1))
+    assert _load_namespace_file(str(flat)).id == want.id
+    table = tmp_path / "ns2.toml"
+    table.write_text("[namespace]\n" + m.group(1))
+    assert _load_namespace_file(str(table)).id == want.id
