@@ -26,12 +26,10 @@ Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old e
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
 registration with an epoch older than the live one is refused (a stale daemon).
 
-Restart or duplicate: a newer epoch of a node whose lease is live is a restart when it
-registers with the gRPC or the data-plane address of the live epoch (the old process must
-be gone: it held that port), and else a *duplicate candidate* (:meth:`duplicate_of`): the
-caller probes the live epoch's data address (the servicer: a TCP connect) and passes the
-epoch it found answering; that registration is refused (AlreadyExists, naming both daemons'
-addresses and the lease left) and the live daemon keeps the id and its blocks.
+Restart or duplicate: a newer epoch of a live node is a restart if it has the gRPC or the
+data address of the live epoch (the old process is gone: it held that port), else a
+*duplicate candidate* (:meth:`duplicate_of`): the servicer probes the live epoch's data
+port and, if it answers, the registration is refused (AlreadyExists); the live one stays.
 
 Time comes from an injected clock; every public method first expires lapsed leases, so no
 answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
@@ -196,15 +194,12 @@ class Membership:
             re-register (each does within one heartbeat, a third of a lease at most), so its
             lookups must not claim a complete answer meanwhile (the daemon passes one node
             lease when ``data_dir`` shows an earlier start; 0 = none).
-        unhealthy_retry_s: an unhealthy node that heartbeats this long after it was marked
-            is put on probation (a circuit breaker's half-open state): its replicas are
-            readable again, but it is not chosen for new replicas until a transfer with it
-            succeeds (healed); one more failure marks it unhealthy again at once. None = one
-            node lease. Without this a node that stalled briefly (SIGSTOP, a GC pause) would
-            stay unhealthy forever: only a transfer heals, and no one transfers with a node
-            the master no longer names.
-        unhealthy_retry_max_s: each failure on probation doubles the node's retry time, up
-            to this cap (None = 8 x ``unhealthy_retry_s``); healing resets it.
+        unhealthy_retry_s: an unhealthy node heartbeating this long after it was marked is
+            put on probation (a circuit breaker's half-open state: readable, not placed on,
+            see the table above); None = one node lease. (Only a transfer heals, and no one
+            transfers with a node the master does not name.)
+        unhealthy_retry_max_s: cap of the retry time, doubled by each failure on probation
+            (None = 8 x ``unhealthy_retry_s``); healing resets it.
 
     Raises:
         InvalidArgument: a non-positive lease or failure count, a negative retry time.
