@@ -29,6 +29,7 @@ from __future__ import annotations
 import grp
 import os
 import pathlib
+import re
 import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -62,6 +63,17 @@ MAX_BLOCK_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - GRPC_SLACK_BYTES
 """Largest ``max_block_bytes`` / ``max_inline_bytes`` (2 GiB - 1 MiB - 1 byte): an inline Put
 carries a whole block in one gRPC message."""
 DEFAULT_MAX_BLOCK_BYTES = 64 << 20
+MAX_NODE_ID_CHARS = 128
+NODE_ID_RE = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_NODE_ID_CHARS)
+"""What a node id may be (the master refuses others): 1..128 printable ASCII characters,
+no spaces (a host name fits)."""
+
+
+def node_id_problem(node_id: str) -> str | None:
+    """Why ``node_id`` is not a valid node id (without the value), or None when it is."""
+    if NODE_ID_RE.fullmatch(node_id):
+        return None
+    return f"must have 1..{MAX_NODE_ID_CHARS} printable ASCII characters without spaces"
 PAGE_BYTES = 4096
 """The DRAM arena is a whole number of pages; blocks occupy whole pages of it."""
 
@@ -229,6 +241,14 @@ class NodeConfig(_Model):
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
     """Where each explicitly set field came from (``"env var KVSTORED_NODE__X"``), for errors."""
 
+    @field_validator("node_id")
+    @classmethod
+    def _node_id_valid(cls, v: str) -> str:
+        problem = node_id_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
     @field_validator("ssd_dir", "arena_dir", mode="before")
     @classmethod
     def _path_not_empty(cls, v: Any) -> Any:
@@ -301,6 +321,12 @@ class MasterConfig(_Model):
     """A put started and not ended within this is aborted, seconds. Default 30."""
     unhealthy_after_failures: int = Field(default=3, ge=1)
     """Consecutive data-plane failures after which a node is unhealthy. Default 3."""
+    unhealthy_retry_s: float = Field(default=0.0, ge=0)
+    """An unhealthy node that keeps heartbeating is tried again (on probation: readable, not
+    placed on until a transfer with it succeeds) after this long, seconds; 0 (the default) =
+    one ``node_lease_s``. A failure on probation marks it unhealthy again and doubles this."""
+    unhealthy_retry_max_s: float = Field(default=0.0, ge=0)
+    """Cap of the doubled retry time, seconds; 0 (the default) = 8 x the retry time."""
     placement_policy: Literal["local-first", "most-free", "random"] = "local-first"
     """Default placement policy of new replicas."""
     gc_interval_s: float = Field(default=1.0, gt=0)

@@ -27,6 +27,7 @@ class ErrorCode(IntEnum):
     NOT_FOUND = 300
     REPLICA_NOT_READY = 301
     LEASE_EXPIRED = 302
+    ALREADY_EXISTS = 303
     TRANSFER_FAILED = 400
     UNAVAILABLE = 500
     DEADLINE_EXCEEDED = 501
@@ -112,6 +113,13 @@ class LeaseExpired(KvstoredError):
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class AlreadyExists(KvstoredError):
+    """The name is taken, e.g. a node id a live daemon of another address registered."""
+
+    code = ErrorCode.ALREADY_EXISTS
+    grpc_status = grpc.StatusCode.ALREADY_EXISTS
+
+
 class TransferFailed(KvstoredError):
     """A data-plane transfer failed; the engine should treat the blocks as misses."""
 
@@ -175,7 +183,7 @@ class ConfigInvalid(KvstoredError):
 _BY_CODE: dict[ErrorCode, type[KvstoredError]] = {}
 for _cls in (
     InvalidArgument, KeyInvalid, BlockTooLarge, NamespaceMismatch, BatchTooLarge, DtypeMismatch,
-    NoCapacity, NotFound, ReplicaNotReady, LeaseExpired, TransferFailed, Unavailable,
+    NoCapacity, NotFound, ReplicaNotReady, LeaseExpired, AlreadyExists, TransferFailed, Unavailable,
     DeadlineExceeded, Draining, InternalError, StorageIOError, ChecksumMismatch, ConfigInvalid,
 ):
     _BY_CODE[_cls.code] = _cls
@@ -202,6 +210,7 @@ _GRPC_FALLBACK: dict[grpc.StatusCode, type[KvstoredError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.RESOURCE_EXHAUSTED: NoCapacity,
     grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.DATA_LOSS: ChecksumMismatch,
 }
 

@@ -34,11 +34,30 @@ import sys
 import click
 
 from kvstored.cli import output
-from kvstored.errors import InvalidArgument, NotFound
+from kvstored.errors import InvalidArgument, KeyInvalid, NotFound
 
 NAMESPACE_ID_HEX_DIGITS = 32
 _SCAN_LIMIT = 1_000_000
 EXIT_HOLDER_FAILED = 4  # kvstorectl's EXIT_SERVER_ERROR
+
+
+def check_key_lengths(keys: list[bytes], min_key_bytes: int = 16, max_key_bytes: int = 64
+                      ) -> None:
+    """Refuse keys a node would refuse, with the client's message (kvstored/client/_args.py).
+
+    The bounds are the nodes' defaults (``node.min_key_bytes`` 16, ``node.max_key_bytes``
+    64): a master does not know its nodes' settings; a node's own are checked by the client.
+
+    Raises:
+        KeyInvalid: naming the first bad key's index and its length.
+    """
+    for i, k in enumerate(keys):
+        if not k:
+            raise KeyInvalid(f"key #{i} is empty; keys are block hashes of "
+                             f"{min_key_bytes}..{max_key_bytes} bytes")
+        if not min_key_bytes <= len(k) <= max_key_bytes:
+            raise KeyInvalid(f"key #{i} is {len(k)} bytes; the node accepts keys of "
+                             f"{min_key_bytes}..{max_key_bytes} bytes")
 
 
 def master_client(obj: Any) -> Any:
@@ -125,6 +144,7 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
     with master_client(obj) as m:
         ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else namespace_id
         ns = ns or b""
+        check_key_lengths(keys)
         per_key, complete = m.list_replicas(ns, keys)
     leading = 0
     while leading < len(per_key) and any(r["readable"] for r in per_key[leading]):
@@ -294,9 +314,7 @@ def evict_command(*, keys_command_cls: type[click.Command], common_options: Any,
         """Remove blocks from every node holding them (--address MASTER)."""
         hex_keys = [k for raw in (*keys_args, *keys_opt) for k in raw.replace(",", " ").split()]
         keys = [_parse_hex(k, "key") for k in hex_keys]
-        for k, h in zip(keys, hex_keys, strict=True):
-            if not k:
-                raise InvalidArgument(f"key {h!r} is empty")
+        check_key_lengths(keys)
         evict(obj, keys, prefix, namespace_hex, node, click.get_current_context().exit)
 
     return evict_cmd

@@ -267,10 +267,18 @@ def _load_namespace_file(path: str) -> Any:
     return Namespace.from_dict(data)
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def _parse_hex(value: str, what: str) -> bytes:
     try:
         return bytes.fromhex(value)
     except ValueError:
+        if value and set(value) <= _HEX_DIGITS:  # hex, but half a byte short
+            raise InvalidArgument(
+                f"{what} {value!r} has an odd number of hex digits ({len(value)}); each byte "
+                "is two"
+            ) from None
         raise InvalidArgument(f"{what} {value!r} is not hex") from None
 
 
@@ -485,6 +493,7 @@ def where(
 ) -> None:
     """Which tier holds each block of a prefix (given as keys, or as tokens + namespace);
     against a master: every replica of every block, across the cluster."""
+    from kvstored.client._args import check_keys
     from kvstored.keys import Namespace, block_hashes
 
     hex_keys = [k for raw in (*keys_args, *keys_opt) for k in raw.replace(",", " ").split()]
@@ -520,6 +529,7 @@ def where(
         return
     ns_override = None
     with obj.client(namespace) as c:
+        check_keys(keys, c.describe())  # the node's own key bounds, the client's message
         if namespace_id_hex is not None:  # any unique prefix, as `blocks` takes it
             ns_override = resolve_namespace_prefix(c, namespace_id_hex)
         tiers = c.where(keys, namespace_id=ns_override)

@@ -44,7 +44,13 @@ def emit(output: str, data: Any, tables: Callable[[Any], Sequence[Table]], *,
 
 
 def emit_error(output: str, code: str, message: str) -> None:
-    """Report a failed command: JSON on stdout in json mode, always a line on stderr."""
+    """Report a failed command: JSON on stdout in json mode, always a line on stderr.
+
+    A message that already starts with ``code`` (a gRPC failure without a kvstored error
+    code is ``"UNAVAILABLE: failed to connect..."``, kvstored/errors.py) is not prefixed
+    twice.
+    """
+    message = message.removeprefix(f"{code}: ")
     if output == "json":
         emit_json({"error": {"code": code, "message": message}})
     sys.stderr.write(f"kvstorectl: {code}: {message}\n")

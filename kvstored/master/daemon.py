@@ -123,6 +123,8 @@ class MasterDaemon:
         self.membership = Membership(
             self.index, self.clock, Generations(self.epoch), node_lease_s=cfg.node_lease_s,
             unhealthy_after_failures=cfg.unhealthy_after_failures,
+            unhealthy_retry_s=cfg.unhealthy_retry_s or None,  # 0: one node lease
+            unhealthy_retry_max_s=cfg.unhealthy_retry_max_s or None,
             rejoin_grace_s=cfg.node_lease_s if restarted else 0.0,  # nodes may yet come back
         )
         self.placement = Placement(self.membership, policy=PlacementPolicy(cfg.placement_policy),

@@ -18,6 +18,9 @@ serves a holder's replicas only while it is *readable*::
     event seq > last+1     gap: holder unreadable until the next full sync (RESYNC)
     lease lapsed           record dropped, holder retired (its rows GC'd later)
     N transfer failures    unhealthy: unreadable and not placed on; one success heals it
+    unhealthy_retry_s      a heartbeat after this long unhealthy puts it on probation (half-open):
+                           readable again, still not placed on; one failure -> unhealthy at once
+                           (retry doubled, up to unhealthy_retry_max_s); one success heals it
 
 Generations: a replica is indexed under the generation its holder reported for it (the
 node's store stamps one per replica it adds, unique per epoch; kvstored/tiers/feed.py),
@@ -28,6 +31,11 @@ is the authority on what it holds). A BlockRef without one gets a fresh master g
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
 registration with an epoch older than the live one is refused (a stale daemon).
+
+Restart or duplicate: a newer epoch of a live node is a restart if it has the gRPC or the
+data address of the live epoch (the old process is gone: it held that port), else a
+*duplicate candidate* (:meth:`duplicate_of`): the servicer probes the live epoch's data
+port and, if it answers, the registration is refused (AlreadyExists); the live one stays.
 
 Time comes from an injected clock; every public method first expires lapsed leases, so no
 answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
@@ -43,13 +51,12 @@ from enum import IntEnum
 import structlog
 
 from kvstored.clock import Clock
-from kvstored.errors import InvalidArgument, NotFound
+from kvstored.config import node_id_problem
+from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.tiers.base import Tier
 
 log = structlog.get_logger(__name__)
-
-MAX_NODE_ID_CHARS = 128
 
 
 class NodeHealth(IntEnum):
@@ -153,11 +160,15 @@ class NodeRecord:
     gap: bool = False
     consecutive_failures: int = 0
     healthy: bool = True
+    probation: bool = False  # unhealthy, but readable again to try it (half-open breaker)
+    unhealthy_since_s: float = 0.0  # when it was (last) marked unhealthy
+    retry_s: float = 0.0  # unhealthy this long (while heartbeating) -> probation
     pending: _PendingSync | None = field(default=None, repr=False)
 
     @property
     def health(self) -> NodeHealth:
-        """SYNCING until the inventory is complete, then HEALTHY or UNHEALTHY."""
+        """SYNCING until the inventory is complete, then HEALTHY or UNHEALTHY (also while
+        on probation: ``probation`` says so)."""
         if not self.healthy:
             return NodeHealth.UNHEALTHY
         return NodeHealth.SYNCING if not self.synced or self.gap else NodeHealth.HEALTHY
@@ -192,9 +203,15 @@ class Membership:
             re-register (each does within one heartbeat, a third of a lease at most), so its
             lookups must not claim a complete answer meanwhile (the daemon passes one node
             lease when ``data_dir`` shows an earlier start; 0 = none).
+        unhealthy_retry_s: an unhealthy node heartbeating this long after it was marked is
+            put on probation (a circuit breaker's half-open state: readable, not placed on,
+            see the table above); None = one node lease. (Only a transfer heals, and no one
+            transfers with a node the master does not name.)
+        unhealthy_retry_max_s: cap of the retry time, doubled by each failure on probation
+            (None = 8 x ``unhealthy_retry_s``); healing resets it.
 
     Raises:
-        InvalidArgument: a non-positive lease or failure count.
+        InvalidArgument: a non-positive lease or failure count, a negative retry time.
     """
 
     def __init__(
@@ -206,6 +223,8 @@ class Membership:
         node_lease_s: float = 10.0,
         unhealthy_after_failures: int = 3,
         rejoin_grace_s: float = 0.0,
+        unhealthy_retry_s: float | None = None,
+        unhealthy_retry_max_s: float | None = None,
     ) -> None:
         if not (math.isfinite(node_lease_s) and node_lease_s > 0):
             raise InvalidArgument(f"node_lease_s must be > 0, got {node_lease_s}")
@@ -213,6 +232,12 @@ class Membership:
             raise InvalidArgument(
                 f"unhealthy_after_failures must be >= 1, got {unhealthy_after_failures}"
             )
+        retry_s = node_lease_s if unhealthy_retry_s is None else unhealthy_retry_s
+        retry_max_s = 8 * retry_s if unhealthy_retry_max_s is None else unhealthy_retry_max_s
+        if not (math.isfinite(retry_s) and retry_s >= 0 and math.isfinite(retry_max_s)):
+            raise InvalidArgument(f"unhealthy_retry_s must be >= 0, got {unhealthy_retry_s}")
+        self.unhealthy_retry_s = float(retry_s)
+        self.unhealthy_retry_max_s = max(float(retry_s), float(retry_max_s))
         self.index = index
         self.clock = clock
         self.generations = generations
@@ -232,7 +257,8 @@ class Membership:
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
         self._complete = None  # every change of synced / gap goes through here or _drop
-        self.index.set_readable(rec.holder, rec.synced and not rec.gap and rec.healthy)
+        self.index.set_readable(rec.holder,
+                                rec.synced and not rec.gap and (rec.healthy or rec.probation))
 
     def _retire(self, holder: int) -> None:
         self._by_holder.pop(holder, None)
@@ -282,20 +308,39 @@ class Membership:
         return gone
 
     # ---- registration ----------------------------------------------------------------
-    def register(self, spec: NodeSpec) -> RegisterOutcome:
+    def duplicate_of(self, spec: NodeSpec) -> NodeRecord | None:
+        """The live record ``spec`` may duplicate: a newer epoch of the same node id, while
+        the live epoch's lease runs, with neither of its addresses (else it is a restart:
+        the old process must be gone, it held the port). None when it cannot be one."""
+        self.expire_lapsed()
+        old = self._nodes.get(spec.node_id)
+        if old is None or spec.epoch <= old.spec.epoch:
+            return None
+        if (spec.grpc_address == old.spec.grpc_address
+                or spec.data_address == old.spec.data_address):
+            return None
+        return old
+
+    def register(self, spec: NodeSpec, *, live_epoch_answering: int = 0) -> RegisterOutcome:
         """Register one daemon start of a node (a new epoch supersedes the older one).
 
         Registering the live epoch again (a reconnect) keeps its replicas readable until
         the next inventory sync replaces them.
 
+        Args:
+            live_epoch_answering: the epoch of :meth:`duplicate_of`'s record when the caller
+                found its daemon still answering on its data address (0: not probed, or
+                nothing answered): if that epoch is still the live one and ``spec`` is still
+                a duplicate candidate, the registration is refused.
+
         Raises:
             InvalidArgument: empty or too long node id, epoch not positive, malformed
                 address, bad tier, or an epoch older than the node's live one.
+            AlreadyExists: another live daemon holds the node id (see above).
         """
-        if not spec.node_id or len(spec.node_id) > MAX_NODE_ID_CHARS:
-            raise InvalidArgument(
-                f"node_id must have 1..{MAX_NODE_ID_CHARS} characters, got {spec.node_id!r}"
-            )
+        problem = node_id_problem(spec.node_id)
+        if problem is not None:
+            raise InvalidArgument(f"node_id {problem}, got {spec.node_id!r}")
         if not 0 < spec.epoch < (1 << 64):
             raise InvalidArgument(f"epoch must be a positive 64-bit integer, got {spec.epoch}")
         _check_host_port("grpc_address", spec.grpc_address)
@@ -305,7 +350,20 @@ class Membership:
             if t.tier not in (Tier.DRAM, Tier.SSD) or t.capacity_bytes < 0 or t.used_bytes < 0:
                 raise InvalidArgument(f"bad tier capacity {t!r} of node {spec.node_id!r}")
             tiers[t.tier] = t
-        self.expire_lapsed()
+        dup = self.duplicate_of(spec)
+        if dup is not None and live_epoch_answering and dup.spec.epoch == live_epoch_answering:
+            left_s = self.lease_left_s(dup)
+            log.warning("node_id_duplicate_refused", node_id=spec.node_id,
+                        live_epoch=dup.spec.epoch, live_grpc=dup.spec.grpc_address,
+                        live_data=dup.spec.data_address, grpc=spec.grpc_address,
+                        data=spec.data_address, lease_left_s=round(left_s, 3))
+            raise AlreadyExists(
+                f"node id {spec.node_id!r} is held by a live daemon (epoch {dup.spec.epoch}, "
+                f"gRPC {dup.spec.grpc_address}, data {dup.spec.data_address}, answering; its "
+                f"lease has {left_s:.1f} s left); this daemon (gRPC {spec.grpc_address}, data "
+                f"{spec.data_address}) is refused: give it another --node-id, or stop the "
+                "other daemon first"
+            )
         now = self.clock()
         old = self._nodes.get(spec.node_id)
         superseded = False
@@ -379,6 +437,12 @@ class Membership:
         self.index.set_load(rec.holder, rec.load)
         if rec.synced and not rec.gap and last_seq > rec.applied_seq:
             self._open_gap(rec, last_seq)
+        if (not rec.healthy and not rec.probation
+                and rec.last_heartbeat_s - rec.unhealthy_since_s >= rec.retry_s):
+            rec.probation = True  # half-open: readable again; a transfer decides
+            self._refresh(rec)
+            log.info("node_on_probation", node_id=node_id, epoch=epoch,
+                     unhealthy_s=round(rec.last_heartbeat_s - rec.unhealthy_since_s, 3))
         if rec.gap or (not rec.synced and rec.pending is None):
             return NodeAction.RESYNC
         return NodeAction.NONE
@@ -493,7 +557,8 @@ class Membership:
     # ---- health ----------------------------------------------------------------------
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:
         """Record one data-plane transfer with a node (``unhealthy_after_failures``
-        consecutive failures make it unhealthy; a success heals it).
+        consecutive failures make it unhealthy; a success heals it; a failure while on
+        probation makes it unhealthy again at once, its retry time doubled up to the cap).
 
         A report about another epoch than the live one is ignored.
 
@@ -509,15 +574,27 @@ class Membership:
         if ok:
             rec.consecutive_failures = 0
             if not rec.healthy:
-                log.info("node_healthy_again", node_id=node_id, epoch=epoch)
+                log.info("node_healthy_again", node_id=node_id, epoch=epoch,
+                         probation=rec.probation)
             rec.healthy = True
+            rec.probation = False
         else:
             rec.consecutive_failures += 1
-            if rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
-                rec.healthy = False
+            if rec.probation:  # the trial failed: open the breaker again, back off
+                rec.probation = False
+                rec.unhealthy_since_s = self.clock()
+                rec.retry_s = min(2 * rec.retry_s, self.unhealthy_retry_max_s)
                 self.num_unhealthy_marks += 1
                 log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
-                            num_failures=rec.consecutive_failures)
+                            num_failures=rec.consecutive_failures, on_probation=True,
+                            retry_s=rec.retry_s)
+            elif rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
+                rec.healthy = False
+                rec.unhealthy_since_s = self.clock()
+                rec.retry_s = self.unhealthy_retry_s
+                self.num_unhealthy_marks += 1
+                log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
+                            num_failures=rec.consecutive_failures, retry_s=rec.retry_s)
         self._refresh(rec)
         return rec.health
 

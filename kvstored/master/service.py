@@ -8,6 +8,8 @@ INTERNAL and is logged with its traceback.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -143,7 +145,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         n = request.node
         spec = NodeSpec(n.node_id, n.epoch, n.grpc_address, n.data_address,
                         _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",))
-        out = self.membership.register(spec)
+        live = self.membership.duplicate_of(spec)
+        answering = live is not None and await data_port_answers(live.spec.data_address)
+        out = self.membership.register(
+            spec, live_epoch_answering=live.spec.epoch if live is not None and answering else 0)
         return pb.RegisterNodeResponse(node_lease_ms=self._lease_ms(),
                                        master_epoch=self.master_epoch,
                                        superseded_epoch=out.superseded_epoch)
@@ -391,6 +396,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                       state=int(e.state)) for e in entries],
             next_page_token=token, epoch=epoch, num_replicas=num,
         )
+
+
+DUPLICATE_PROBE_TIMEOUT_S = 1.0
+
+
+async def data_port_answers(address: str, timeout_s: float = DUPLICATE_PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connect to a node's data address (``host:port``) is accepted.
+
+    Tells a second daemon that took a live node's id from a restart of that node (whose
+    old process is gone): a refused connect (nothing listens) is False; an accepted one
+    is True, and so is no answer within ``timeout_s`` (a stopped or partitioned process
+    may still be alive: refusing the newcomer is the safe side, it loses nothing stored).
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+    except TimeoutError:
+        return True
+    except (OSError, ValueError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 def _check_keys(namespace_id: bytes, keys: Any) -> None:

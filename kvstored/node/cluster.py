@@ -24,7 +24,10 @@ unique per epoch: kvstored/tiers/feed.py); the master indexes the replica under 
 data plane's per-block generation verifies a peer's copy without a master call.
 
 The master being unreachable never affects serving: failures are logged
-(rate-limited) and retried next round.
+(rate-limited) and retried next round. One answer is final: the daemon's first registration
+refused as a duplicate (AlreadyExists: another live daemon holds the node id); the daemon
+waits for that first answer at start (:meth:`MasterLink.wait_first_registration`) and
+exits with a configuration error.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import grpc
 import structlog
 
 from kvstored.config import ClusterConfig
-from kvstored.errors import KvstoredError, error_from_rpc
+from kvstored.errors import AlreadyExists, KvstoredError, error_from_rpc
 from kvstored.tiers.base import BlockInfo, StoreStats
 from kvstored.tiers.feed import Change
 from kvstored.v1 import master_pb2 as pb
@@ -138,6 +141,9 @@ class MasterLink:
         self._stub: pb_grpc.MasterServiceStub | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
+        self.num_registrations = 0
+        self.refused: AlreadyExists | None = None  # the first registration, as a duplicate
+        self._first_answer = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------
     def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
@@ -174,6 +180,18 @@ class MasterLink:
             self._channel = None
             self._stub = None
 
+    async def wait_first_registration(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for the master's answer to the first registration
+        (an unreachable master is no error: the link keeps retrying).
+
+        Raises:
+            AlreadyExists: the master refused it: another live daemon holds the node id.
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._first_answer.wait(), timeout_s)
+        if self.refused is not None:
+            raise self.refused
+
     def interval_s(self) -> float:
         """Seconds between rounds: the configured interval, at most a third of the lease."""
         if self.lease_s > 0:
@@ -189,10 +207,13 @@ class MasterLink:
                     self._last_error = ""
             except (KvstoredError, grpc.RpcError) as exc:
                 err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
-                if str(err) != self._last_error:  # rate-limit: log each distinct failure once
+                # rate-limit: log each distinct failure once (a duplicate's message names
+                # the lease left, which changes every round)
+                what = "AlreadyExists" if isinstance(err, AlreadyExists) else str(err)
+                if what != self._last_error:
                     log.warning("master_link_failed", master=self.cfg.master_address,
                                 error=str(err))
-                    self._last_error = str(err)
+                    self._last_error = what
             except Exception:
                 log.exception("master_link_bug")
             await asyncio.sleep(self.interval_s())
@@ -216,7 +237,10 @@ class MasterLink:
         """
         self.num_rounds += 1
         if not self.registered:
-            await self._register()
+            try:
+                await self._register()
+            finally:
+                self._first_answer.set()
         if not self.synced:
             await self._sync()
         await self._report_events()
@@ -242,8 +266,15 @@ class MasterLink:
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
                            tiers=self._tiers(), transports=["tcp"])
-        resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
-                                       timeout=self.cfg.rpc_timeout_s)
+        try:
+            resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
+                                           timeout=self.cfg.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            err = error_from_rpc(exc)
+            if isinstance(err, AlreadyExists) and self.num_registrations == 0:
+                self.refused = err
+            raise err from None
+        self.num_registrations += 1
         self.registered = True
         self.synced = False
         self.lease_s = resp.node_lease_ms / 1000.0

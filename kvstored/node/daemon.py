@@ -49,7 +49,7 @@ from kvstored.config import (
     check_node_host,
     resolve_group,
 )
-from kvstored.errors import ConfigInvalid, KvstoredError
+from kvstored.errors import AlreadyExists, ConfigInvalid, KvstoredError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
@@ -352,6 +352,10 @@ class NodeDaemon:
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
         )
         await self.master_link.start()
+        try:  # a duplicate --node-id is a configuration error: exit 2, never take over
+            await self.master_link.wait_first_registration(min(2.0, self.cluster.rpc_timeout_s))
+        except AlreadyExists as exc:
+            raise ConfigInvalid(f"--node-id {self.cfg.node_id!r} (node.node_id): {exc}") from None
         if self._servicer is not None:  # reads across the pool (kvstored/node/remote.py)
             from kvstored.node.remote import master_reads
 

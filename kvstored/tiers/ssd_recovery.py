@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import structlog
 from rocksdict import Options, Rdict
 
-from kvstored.errors import StorageIOError
+from kvstored.errors import ConfigInvalid, StorageIOError
 from kvstored.tiers.ssd_format import (
     BLOCK_PREFIX,
     DATA_SUFFIX,
@@ -55,6 +55,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 LOCK_FILE = "kvstored.lock"
+
+
+class SsdDirInUse(ConfigInvalid, StorageIOError):
+    """The SSD directory is locked by another live process: a configuration error (two
+    daemons given one ``node.ssd_dir``; the daemon exits 2), also a StorageIOError."""
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -108,7 +113,7 @@ class SsdRecovery:
                 pass
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StorageIOError(
+                raise SsdDirInUse(
                     f"cannot open SSD tier at {self.directory}: the directory is already in "
                     f"use by another kvstored process (pid {holder or 'unknown'}); give each "
                     "daemon its own node.ssd_dir"

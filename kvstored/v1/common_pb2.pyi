@@ -18,6 +18,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_FOUND: _ClassVar[ErrorCode]
     REPLICA_NOT_READY: _ClassVar[ErrorCode]
     LEASE_EXPIRED: _ClassVar[ErrorCode]
+    ALREADY_EXISTS: _ClassVar[ErrorCode]
     TRANSFER_FAILED: _ClassVar[ErrorCode]
     UNAVAILABLE: _ClassVar[ErrorCode]
     DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
@@ -43,6 +44,7 @@ NO_CAPACITY: ErrorCode
 NOT_FOUND: ErrorCode
 REPLICA_NOT_READY: ErrorCode
 LEASE_EXPIRED: ErrorCode
+ALREADY_EXISTS: ErrorCode
 TRANSFER_FAILED: ErrorCode
 UNAVAILABLE: ErrorCode
 DEADLINE_EXCEEDED: ErrorCode

@@ -213,3 +213,34 @@ def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
     assert _nodes(addr) == {}
     with MasterClient(addr) as m:
         assert _where(m, k1) == {}
+
+
+def test_a_second_daemon_with_the_same_node_id_exits_2_and_the_first_keeps_its_blocks(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = MasterProcess(workdir)
+    procs.append(master)
+    master.start()
+    n1 = NodeProcess(workdir / "n1", master.address, "n1")
+    procs.append(n1)
+    n1.start()
+    keys = [os.urandom(16) for _ in range(3)]
+    with Client(n1.unix_address) as c:
+        assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
+    with MasterClient(master.address) as m:
+        _wait("n1's blocks indexed", lambda: len(_where(m, keys)) == len(keys))
+    epoch = _nodes(master.address)["n1"]["epoch"]
+    # the same --node-id, its own ports and SSD dir: a second daemon, not a restart
+    dup = NodeProcess(workdir / "dup", master.address, "n1")
+    rc = subprocess.run(dup.args, env=dup.env, cwd=dup.workdir, capture_output=True, text=True,
+                        timeout=60)
+    assert rc.returncode == 2, rc.stderr[-3000:]
+    assert "--node-id 'n1'" in rc.stderr and "held by a live daemon" in rc.stderr
+    assert n1.data in rc.stderr and "s left" in rc.stderr
+    # the first keeps the id, its epoch and its blocks
+    assert _nodes(master.address)["n1"]["epoch"] == epoch
+    with MasterClient(master.address) as m:
+        assert set(v[0] for v in _where(m, keys).values()) == {"n1"} and len(_where(m, keys)) == 3
+    with Client(n1.unix_address) as c:
+        assert c.get(keys) == [value_for(k) for k in keys]
+    assert "stale daemon" not in n1.log() and "master_asks_reregister" not in n1.log()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from e2e_helpers import value_for
 from test_e2e_cluster import (  # the cluster helpers and fixtures
     MasterProcess,
@@ -122,11 +123,12 @@ def test_put_through_one_node_get_through_another_and_a_killed_holder_misses(
     assert "remote_fetch_failed" in n3.log()
 
 
-def test_a_blackholed_holder_is_a_miss_within_the_deadline_then_unhealthy(
-    workdir: Path, procs: list[Any]
+def test_a_blackholed_holder_is_a_miss_within_the_deadline_then_unhealthy_then_heals(
+    workdir: Path, procs: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a long node lease: the stopped node stays a member, so only the transfer failures
-    # can take it out of lookups
+    # can take it out of lookups; continued, it heartbeats and is tried again after 2 s
+    monkeypatch.setenv("KVSTORED_MASTER__UNHEALTHY_RETRY_S", "2")
     master, (n1, n2, n3) = _cluster(workdir, procs, lease_s=120.0)
     only_n2, both = _keys(3), _keys(3)
     _put(n2, only_n2 + both)
@@ -150,5 +152,12 @@ def test_a_blackholed_holder_is_a_miss_within_the_deadline_then_unhealthy(
             assert c.get(only_n2, timeout_s=30) == [None] * 3  # no readable replica: a miss
     finally:
         n2.proc.send_signal(signal.SIGCONT)
+    # SIGCONT: n2 heartbeats, is put on probation after the retry time (its replicas are
+    # named again), the read through n3 succeeds and that success heals it
+    with Client(n3.unix_address) as c:
+        _wait("n2's blocks readable through n3 again",
+              lambda: c.get(only_n2, timeout_s=30) == [value_for(k) for k in only_n2])
+    _wait("n2 healthy again", lambda: _nodes(master.address)["n2"]["health"] == "healthy")
     log = n3.log()
     assert "peer_transfer_reported" in log and "remote_fetch_failed" in log
+    assert "node_on_probation" in master.log_path.read_text()

@@ -51,3 +51,30 @@ def test_serve_ssd_cap_larger_than_the_disk_is_refused_before_binding(short_dir:
     assert r.returncode == 2 and "node.ssd_size_bytes (flag --ssd-size)" in r.stderr, r.stderr
     assert not (short_dir / "x.sock").exists()
     assert not [n for n in os.listdir(short_dir) if n.endswith(".arena")]
+
+
+def test_an_empty_node_id_exits_2_naming_the_flag(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.main", "node", "--master", "127.0.0.1:1",
+         "--node-id", "", "--listen", f"unix:{tmp_path}/n.sock"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--node-id" in out.stderr and "1..128 printable ASCII" in out.stderr
+    assert "master_link_failed" not in out.stderr
+
+
+def test_a_held_ssd_dir_exits_2_like_every_config_error(short_dir: Path) -> None:
+    import fcntl
+
+    (short_dir / "ssd").mkdir()
+    fd = os.open(short_dir / "ssd" / "kvstored.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live daemon holds it
+        os.pwrite(fd, b"4242\n", 0)
+        r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", "8MiB")
+    finally:
+        os.close(fd)
+    assert r.returncode == 2, r.stderr
+    assert "already in use by another kvstored process (pid 4242)" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -131,3 +131,22 @@ def test_missing_or_dead_socket_fails_at_once_with_exit_3(tmp_path: Path) -> Non
     code, _, err = _ctl(f"unix:{plain}", "blocks")
     assert code == EXIT_UNREACHABLE and "not a unix socket" in err
     assert time.monotonic() - start < 10
+
+
+def test_where_refuses_keys_the_client_would_refuse_with_its_message(
+    start_node: NodeFactory,
+) -> None:
+    # regression: `where 0001` (2 bytes) was shown `missing`, where the client raises
+    node = start_node()
+    (a,) = random_keys(1)
+    for bad, what in (("0001", "key #1 is 2 bytes; the node accepts keys of 16..64 bytes"),
+                      ("ab" * 65, "key #1 is 65 bytes; the node accepts keys of 16..64 bytes")):
+        code, _, err = _ctl(node.unix_address, "where", a.hex(), bad)
+        assert code == EXIT_BAD_ARGS and what in err, err
+    with Client(node.unix_address) as kv, pytest.raises(Exception, match="2 bytes; the node"):
+        kv.get([a, bytes.fromhex("0001")])  # the same words
+    code, _, err = _ctl(node.unix_address, "where", "a" * 33)
+    assert code == EXIT_BAD_ARGS and "has an odd number of hex digits (33)" in err, err
+    assert "is not hex" not in err
+    code, _, err = _ctl(node.unix_address, "where", "zz" * 16)
+    assert code == EXIT_BAD_ARGS and "is not hex" in err, err

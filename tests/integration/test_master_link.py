@@ -11,6 +11,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -272,3 +273,58 @@ def test_the_master_indexes_the_generations_the_node_stamped_and_a_restart_renew
             assert "generation must be < 2**63" in (err.value.details() or "")
 
     _run(tmp_path, scenario)
+
+
+def test_a_duplicate_node_id_is_refused_while_the_live_daemon_answers(tmp_path: Path) -> None:
+    import socket
+
+    from kvstored.errors import AlreadyExists
+
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, addr: str) -> None:
+        with socket.socket() as live_data:  # the live daemon's data port, listening
+            live_data.bind(("127.0.0.1", 0))
+            live_data.listen()
+            data = f"127.0.0.1:{live_data.getsockname()[1]}"
+            async with grpc.aio.insecure_channel(addr) as ch:
+                await pb_grpc.MasterServiceStub(ch).RegisterNode(pb.RegisterNodeRequest(
+                    node=pb.NodeInfo(node_id="n1", epoch=5, grpc_address="127.0.0.1:9100",
+                                     data_address=data)))
+            await link.start()  # epoch 77 from other addresses: a second daemon
+            with pytest.raises(AlreadyExists, match=r"'n1'.*epoch 5.*127\.0\.0\.1:9100") as err:
+                await link.wait_first_registration(5.0)
+            assert "127.0.0.1:9001" in str(err.value) and "s left" in str(err.value)
+            await link.stop(unregister=False)
+            rec = master.members.node("n1")
+            assert rec is not None and rec.spec.epoch == 5 and not link.registered
+        # the live daemon's port closed (it is gone): the same start is a restart now
+        await link.run_once()
+        rec = master.members.node("n1")
+        assert link.registered and rec is not None and rec.spec.epoch == 77
+
+    _run(tmp_path, scenario)
+
+
+def test_an_unreachable_master_is_no_error_at_start(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        with socket_closed_port() as port:
+            link.cfg = ClusterConfig(master_address=f"127.0.0.1:{port}")
+            await link.start()
+            await link.wait_first_registration(5.0)  # UNAVAILABLE: answered, not refused
+            assert link.refused is None and not link.registered
+
+    _run(tmp_path, scenario)
+
+
+def socket_closed_port() -> Any:
+    """A context giving a loopback port nothing listens on."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield port
+
+    return ctx()

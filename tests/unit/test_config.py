@@ -181,3 +181,20 @@ def test_unknown_arena_group_is_refused_by_the_host_check() -> None:
     cfg = load_config(environ={"KVSTORED_NODE__ARENA_GROUP": "kvstored-no-such-group"}).node
     with pytest.raises(ConfigInvalid, match=r"node.arena_group \(env var KVSTORED_NODE__ARENA_GROUP\)"):
         check_node_host(cfg)
+
+
+@pytest.mark.parametrize("node_id", ["", "two words", "x" * 129, "tab\there", "gpu\u00e9"])
+def test_a_bad_node_id_is_a_config_error_naming_the_flag(node_id: str) -> None:
+    with pytest.raises(ConfigInvalid, match=r"node.node_id \(flag --node-id\): must have "
+                                            r"1..128 printable ASCII"):
+        load_config(overrides={"node": {"node_id": node_id}}, environ={},
+                    override_sources={"node.node_id": "--node-id"})
+
+
+def test_good_node_ids_pass_and_the_master_accepts_exactly_the_same() -> None:
+    from kvstored.config import node_id_problem
+
+    for good in ("n1", "gpu-0.rack7", "x" * 128, "a:b@c_d"):
+        assert load_config(overrides={"node": {"node_id": good}}, environ={}).node.node_id == good
+        assert node_id_problem(good) is None
+    assert node_id_problem("") is not None and node_id_problem("a b") is not None

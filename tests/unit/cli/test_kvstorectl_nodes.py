@@ -8,6 +8,7 @@ import random
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -101,3 +102,65 @@ def test_a_node_command_sent_to_the_master_says_which_kind_of_server_it_reached(
     out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, "status"])
     assert out.exit_code == EXIT_BAD_ARGS, out.output
     assert "the other kind of kvstored process" in out.output.replace("\n", " ")
+
+
+@pytest.mark.parametrize("command", ["where", "evict"])
+def test_cluster_commands_check_key_length_and_hex_like_the_client(
+    master: tuple[str, Membership], command: str,
+) -> None:
+    addr, _ = master
+    good = "11" * 16
+    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, good,
+                                    "0001"])
+    assert out.exit_code == EXIT_BAD_ARGS, out.output
+    assert "key #1 is 2 bytes; the node accepts keys of 16..64 bytes" in out.output
+    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, "1" * 33])
+    assert out.exit_code == EXIT_BAD_ARGS
+    assert "has an odd number of hex digits (33)" in out.output, out.output
+
+
+def test_an_unreachable_master_error_names_its_code_once() -> None:
+    # regression: "kvstorectl: UNAVAILABLE: UNAVAILABLE: failed to connect..."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    for out_mode in ("table", "json"):
+        out = CliRunner().invoke(main, ["--timeout-s", "1", "--address", f"127.0.0.1:{free}",
+                                        "--output", out_mode, "nodes"])
+        assert out.exit_code == EXIT_UNREACHABLE
+        err = out.stderr
+        assert err.startswith("kvstorectl: UNAVAILABLE: ") and err.count("UNAVAILABLE") == 1, err
+        if out_mode == "json":
+            msg = json.loads(out.stdout)["error"]
+            assert msg["code"] == "UNAVAILABLE" and "UNAVAILABLE" not in msg["message"]
+
+
+def test_emit_error_keeps_a_distinct_code_in_the_message(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from kvstored.cli import output
+
+    output.emit_error("table", "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED: Deadline Exceeded")
+    output.emit_error("table", "INTERNAL", "PERMISSION_DENIED: no")
+    assert capsys.readouterr().err.splitlines() == [
+        "kvstorectl: DEADLINE_EXCEEDED: Deadline Exceeded", "kvstorectl: INTERNAL: PERMISSION_DENIED: no"]
+
+
+def test_the_readme_namespace_file_loads_as_the_engines_namespace(tmp_path: Any) -> None:
+    import re
+    from pathlib import Path
+
+    from kvstored.cli.kvstorectl import _load_namespace_file
+    from kvstored.keys import Namespace
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    m = re.search(r"<!-- readme-test: skip [^>]*test_kvstorectl_nodes\.py -->\n```toml\n(.*?)```",
+                  readme, re.S)
+    assert m, "README lost its namespace-file example"
+    want = Namespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", kv_dtype="bfloat16",
+                     block_size=256)
+    flat = tmp_path / "ns.toml"
+    flat.write_text(m.group(1))
+    assert _load_namespace_file(str(flat)).id == want.id
+    table = tmp_path / "ns2.toml"
+    table.write_text("[namespace]\n" + m.group(1))
+    assert _load_namespace_file(str(table)).id == want.id

@@ -6,7 +6,7 @@ import pytest
 from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 from structlog.testing import capture_logs
 
-from kvstored.errors import InvalidArgument, NotFound
+from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
 from kvstored.master.membership import (
     BlockEvent,
     BlockRef,
@@ -15,6 +15,7 @@ from kvstored.master.membership import (
     NodeAction,
     NodeHealth,
 )
+from kvstored.master.placement import PlacementPolicy
 from kvstored.tiers.base import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -204,6 +205,97 @@ def test_data_plane_failures_make_a_node_unhealthy_and_one_success_heals_it() ->
         m.report_transfer("zz", 1, ok=False)
 
 
+def _spill_targets(c: Cluster) -> list[str]:
+    return [r.spec.node_id for r in c.placement.order_candidates(
+        4096, "b", PlacementPolicy.MOST_FREE, exclude_writer=True)]
+
+
+def _mark_unhealthy(c: Cluster, node_id: str) -> None:
+    for _ in range(3):
+        c.members.report_transfer(node_id, 1, ok=False)
+    assert c.members.node(node_id).health is NodeHealth.UNHEALTHY  # type: ignore[union-attr]
+
+
+def test_an_unhealthy_node_that_heartbeats_is_tried_again_after_the_retry_time() -> None:
+    # the half-open state of a circuit breaker: a node that stalled (SIGSTOP) and came back
+    c = Cluster(failures=3)  # unhealthy_retry_s defaults to one node lease
+    c.join("a", inventory=blocks([0]))
+    c.join("b", inventory=blocks([0]))
+    m = c.members
+    assert m.unhealthy_retry_s == LEASE_S and m.unhealthy_retry_max_s == 8 * LEASE_S
+    _mark_unhealthy(c, "a")
+    assert c.where([0]) == [("b", DRAM)] and _spill_targets(c) == []
+    c.clock.advance(LEASE_S * 0.6)
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    m.heartbeat("b", 1)
+    c.clock.advance(LEASE_S * 0.39)  # 0.99 lease unhealthy: still closed
+    m.heartbeat("a", 1)
+    m.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S * 0.01)
+    with capture_logs() as logs:
+        assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert [e["event"] for e in logs] == ["node_on_probation"]
+    rec = m.node("a")
+    assert rec is not None and rec.probation and rec.health is NodeHealth.UNHEALTHY
+    assert c.where([0]) == [("a", DRAM)]  # readable again: a reader tries it...
+    assert _spill_targets(c) == []  # ...but no new replica goes there before a success
+    # the trial fails: unhealthy again at once, and the retry time doubles
+    with capture_logs() as logs:
+        assert m.report_transfer("a", 1, ok=False) is NodeHealth.UNHEALTHY
+    assert [e["event"] for e in logs] == ["node_unhealthy"] and logs[0]["retry_s"] == 2 * LEASE_S
+    assert not rec.probation and c.where([0]) == [("b", DRAM)]
+    assert m.num_unhealthy_marks == 2
+    for _ in range(3):  # 1.5 leases, heartbeating: still closed (the retry is 2 leases now)
+        c.clock.advance(LEASE_S / 2)
+        m.heartbeat("a", 1)
+        m.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S / 2)
+    m.heartbeat("a", 1)
+    assert rec.probation and c.where([0]) == [("a", DRAM)]
+    # the trial succeeds: healed, a spill target again, and the retry time is reset
+    assert m.report_transfer("a", 1, ok=True) is NodeHealth.HEALTHY
+    assert not rec.probation and _spill_targets(c) == ["a"]
+    _mark_unhealthy(c, "a")
+    assert rec.retry_s == LEASE_S
+
+
+def test_the_retry_time_backs_off_up_to_its_cap() -> None:
+    c = Cluster(failures=1)
+    c.members = m = Membership(c.index, c.clock, c.gens, node_lease_s=LEASE_S,
+                               unhealthy_after_failures=1, unhealthy_retry_s=1.0,
+                               unhealthy_retry_max_s=3.0)
+    c.placement.membership = m
+    c.join("a", inventory=blocks([0]))
+    m.report_transfer("a", 1, ok=False)
+    waits = []
+    for _ in range(4):
+        rec = m.node("a")
+        assert rec is not None and not rec.probation
+        waits.append(rec.retry_s)
+        c.clock.advance(rec.retry_s)
+        m.heartbeat("a", 1)
+        assert rec.probation
+        m.report_transfer("a", 1, ok=False)
+    assert waits == [1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(InvalidArgument, match="unhealthy_retry_s"):
+        Membership(c.index, c.clock, c.gens, unhealthy_retry_s=-1.0)
+
+
+def test_a_silent_unhealthy_node_is_not_tried_again() -> None:
+    # the probation needs a sign of life: one that stays silent leaves with its lease
+    c = Cluster(failures=1)
+    c.join("a", inventory=blocks([0]))
+    c.join("b", inventory=blocks([0]))
+    c.members.report_transfer("a", 1, ok=False)
+    c.clock.advance(LEASE_S * 0.9)
+    c.members.heartbeat("b", 1)
+    assert c.where([0]) == [("b", DRAM)]
+    c.clock.advance(LEASE_S * 0.2)
+    assert c.members.expire_lapsed() == ["a"]
+
+
 def test_unregister_drops_the_node_at_once(cluster: Cluster) -> None:
     cluster.join("a", inventory=blocks([0]))
     assert cluster.members.unregister("a", 2) is False
@@ -266,3 +358,62 @@ def test_the_master_indexes_the_holders_generation_from_inventory_and_events(
     old = BlockEvent(5, EventKind.ADDED, BlockRef(NS, key(3), DRAM, 4096))
     assert cluster.members.report_events("a", 1, [old]) == (NodeAction.NONE, 5)
     assert _generations(cluster, 3)[("a", DRAM)] > issued
+
+
+def test_a_second_daemon_with_a_live_node_id_is_refused_and_the_first_keeps_its_blocks(
+    cluster: Cluster,
+) -> None:
+    cluster.join("a", epoch=1, inventory=blocks([0, 1]), port=7000)
+    m = cluster.members
+    cluster.clock.advance(LEASE_S / 4)
+    other = spec("a", epoch=2, port=7100)  # another process: neither of a's addresses
+    live = m.duplicate_of(other)
+    assert live is not None and live.spec.epoch == 1
+    with capture_logs() as logs, pytest.raises(AlreadyExists) as err:
+        m.register(other, live_epoch_answering=1)  # its data port answered the probe
+    msg = str(err.value)
+    for part in ("'a'", "epoch 1", "127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7100",
+                 "127.0.0.1:7101", f"{LEASE_S * 0.75:.1f} s left", "--node-id"):
+        assert part in msg, (part, msg)
+    assert [e["event"] for e in logs] == ["node_id_duplicate_refused"]
+    # the live daemon keeps its id, its epoch and its blocks
+    assert m.heartbeat("a", 1) is NodeAction.NONE
+    assert cluster.where([0, 1], local="a") == [("a", DRAM)] * 2
+    assert m.heartbeat("a", 2) is NodeAction.REREGISTER
+
+
+def test_a_restart_within_the_lease_is_not_a_duplicate() -> None:
+    c = Cluster()
+    c.join("a", epoch=1, inventory=blocks([0]), port=7000)
+    m = c.members
+    # the same gRPC or data address: the old process is gone (it held the port)
+    assert m.duplicate_of(spec("a", epoch=2, port=7000)) is None
+    moved_grpc = spec("a", epoch=2)
+    moved_grpc = type(moved_grpc)(**{**{f: getattr(moved_grpc, f) for f in moved_grpc.__slots__},
+                                     "grpc_address": "127.0.0.1:9999"})
+    assert m.duplicate_of(moved_grpc) is None
+    # an older or the same epoch is never a duplicate candidate (stale / reconnect)
+    assert m.duplicate_of(spec("a", epoch=1, port=7100)) is None
+    # new addresses whose old data port did not answer (SIGKILLed, ports changed): a restart
+    assert m.duplicate_of(spec("a", epoch=2, port=7100)) is not None
+    assert m.register(spec("a", epoch=2, port=7100)).superseded_epoch
+    # a probe answer about an epoch no longer live refuses nothing
+    assert m.register(spec("a", epoch=3, port=7200), live_epoch_answering=1).superseded_epoch
+    assert m.node("a").spec.epoch == 3  # type: ignore[union-attr]
+    # past the old lease, any address is fine
+    c.clock.advance(LEASE_S + 1)
+    assert m.duplicate_of(spec("a", epoch=4, port=7300)) is None
+
+
+def test_the_duplicate_probe_tells_a_listening_data_port_from_a_closed_one() -> None:
+    import asyncio
+    import socket
+
+    from kvstored.master.service import data_port_answers
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        addr = f"127.0.0.1:{srv.getsockname()[1]}"
+        assert asyncio.run(data_port_answers(addr)) is True
+    assert asyncio.run(data_port_answers(addr)) is False  # closed now: refused

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from kvstored.errors import NoCapacity, StorageIOError
+from kvstored.errors import ConfigInvalid, NoCapacity, StorageIOError
 from kvstored.tiers.base import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import file_rel, index_key, store_key
 from kvstored.tiers.tiered import TieredStore
@@ -197,6 +197,7 @@ def test_second_store_on_same_dir_is_refused_with_a_clear_error(
     s.put(key(0), val(0))
     with pytest.raises(StorageIOError) as err:
         make()
+    assert isinstance(err.value, ConfigInvalid)  # a configuration error: the daemon exits 2
     msg = str(err.value)
     assert str(tmp_path / "ssd") in msg and "already in use by another kvstored process" in msg
     assert f"pid {os.getpid()}" in msg and "LOCK" not in msg
@@ -210,7 +211,7 @@ def test_second_store_on_same_dir_is_refused_with_a_clear_error(
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
-    assert "StorageIOError" in proc.stdout and "already in use by another kvstored process" in proc.stdout
+    assert "SsdDirInUse" in proc.stdout and "already in use by another kvstored process" in proc.stdout
     assert s.get(key(0)) == (val(0), b"")  # the owner is unharmed
     assert s.spill_to_ssd() == 1
     s.close()
