@@ -21,7 +21,11 @@ converges to the node's truth within one heartbeat interval of the master coming
 
 Every BlockRef carries the replica's generation (the store stamps one per replica it adds,
 unique per epoch: kvstored/tiers/feed.py); the master indexes the replica under it, so the
-data plane's per-block generation verifies a peer's copy without a master call.
+data plane's per-block generation verifies a peer's copy without a master call. It also
+carries ``copy``: the DRAM replica is a remote-fill copy of a peer's block (the store evicts
+it first, tiers/spare.py), so the master never counts it as the block's original (placement's
+``exists`` for spill, lookups ranking); a local put of the same key re-reports the replica
+ADDED with ``copy=False`` (the feed records it, kvstored/tiers/feed.py).
 
 The master being unreachable never affects serving: failures are logged
 (rate-limited) and retried next round.
@@ -53,7 +57,7 @@ _LIST_ALL = 1 << 40
 _MAX_EVENTS_PER_CALL = 8192
 
 ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
-Replica = tuple[int, int]  # (size_bytes, generation)
+Replica = tuple[int, int, bool]  # (size_bytes, generation, copy)
 
 
 class InventorySource(Protocol):
@@ -73,20 +77,22 @@ class _FeedSource(Protocol):
 
 
 def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, Replica]:
-    """Every replica of the store: ``{(namespace_id, key, tier): (size_bytes, generation)}``
-    (no pins; generation 0 when the store does not know it)."""
+    """Every replica of the store: ``{(namespace_id, key, tier): (size_bytes, generation,
+    copy)}`` (no pins; generation 0 when the store does not know it; ``copy`` only on the
+    DRAM replica of a remote-fill copy)."""
     blocks, _ = store.list_blocks(limit=_LIST_ALL)
     out: dict[ReplicaKey, Replica] = {}
     for b in blocks:
         gens = b.generations or (0,) * len(b.tiers)
         for t, g in zip(b.tiers, gens, strict=True):
-            out[(b.namespace_id, b.key, int(t))] = (b.size_bytes, g)
+            out[(b.namespace_id, b.key, int(t))] = (b.size_bytes, g,
+                                                    b.copy and int(t) == 1)  # 1 = DRAM
     return out
 
 
 def _ref(rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
     return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=rep[0],
-                       generation=rep[1])
+                       generation=rep[1], copy=rep[2])
 
 
 class MasterLink:
@@ -279,11 +285,11 @@ class MasterLink:
     def _diff(self, snap: dict[ReplicaKey, Replica]) -> None:
         """Turn the changes since the last snapshot into numbered events."""
         known = self._known
-        for rk in [rk for rk in known if rk not in snap or snap[rk] != known[rk]]:
+        for rk in [rk for rk in known if rk not in snap or snap[rk][:2] != known[rk][:2]]:
             self.seq += 1
             self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
                                                block=_ref(rk, known[rk])))
-        for rk, rep in snap.items():
+        for rk, rep in snap.items():  # a changed copy mark alone: ADDED again (re-report)
             if known.get(rk) != rep:
                 self.seq += 1
                 self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
@@ -302,7 +308,8 @@ class MasterLink:
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
                 block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=c.tier,
-                                  size_bytes=c.size_bytes, generation=c.generation)))
+                                  size_bytes=c.size_bytes, generation=c.generation,
+                                  copy=c.copy)))
         return True
 
     async def _report_events(self) -> None:
