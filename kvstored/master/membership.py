@@ -114,13 +114,16 @@ class NodeSpec:
 @dataclass(frozen=True, slots=True)
 class BlockRef:
     """One block on a node: namespace id, key, tier, size and the holder's generation of
-    the replica (0 = the node does not know it: the master issues one)."""
+    the replica (0 = the node does not know it: the master issues one); ``copy``: the
+    replica is a remote-fill copy of another node's block (an ADDED event of an indexed
+    replica sets or clears it)."""
 
     namespace_id: bytes
     key: bytes
     tier: Tier
     size_bytes: int
     generation: int = 0
+    copy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +433,7 @@ class Membership:
                     ns, [r.key for r in refs], holder=pending.holder,
                     tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
                     generation=[r.generation or gen for r in refs],  # the holder's, if sent
+                    copies=[r.copy for r in refs],
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -482,7 +486,7 @@ class Membership:
                 self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
                                        size_bytes=b.size_bytes,
                                        generation=b.generation or self.generations.next(),
-                                       replace_generation=bool(b.generation))
+                                       replace_generation=bool(b.generation), copy=b.copy)
             elif ev.kind is EventKind.REMOVED:
                 self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier)
             else:

@@ -100,7 +100,7 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
     if b.generation >= 1 << 63:
         raise InvalidArgument(f"{what}: generation must be < 2**63, got {b.generation}")
     return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes,
-                    b.generation)
+                    b.generation, b.copy)
 
 
 def node_info(rec: NodeRecord) -> pb.NodeInfo:
@@ -366,7 +366,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=int(v.tier),
                                  size_bytes=v.size_bytes, generation=v.generation,
                                  state=int(v.state), readable=v.readable,
-                                 grpc_address=v.grpc_address, data_address=v.data_address)
+                                 grpc_address=v.grpc_address, data_address=v.data_address,
+                                 copy=v.copy)
                 for v in views])
         return resp
 
