@@ -163,7 +163,11 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
             load=request.load, last_seq=request.last_seq,
         )
-        return pb.HeartbeatResponse(action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms())
+        promote = self.membership.promotions.take(request.node_id) \
+            if action is NodeAction.NONE else []
+        return pb.HeartbeatResponse(
+            action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
+            promote_copies=[pb.BlockKey(namespace_id=ns, key=k) for ns, k in promote])
 
     @_rpc
     async def SyncInventory(  # noqa: N802

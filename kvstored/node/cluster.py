@@ -5,7 +5,9 @@ One owned task talks to the master, one call at a time, in rounds::
     round:  [REREGISTER pending] RegisterNode(node, epoch, addresses, tiers, transports)
             [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
-            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC
+            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC,
+                                                         promote_copies: copies to keep
+                                                         (TieredStore.keep_copies)
 
 Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
 SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
@@ -136,6 +138,7 @@ class MasterLink:
         self.lease_s = 0.0
         self.num_rounds = 0
         self.num_listings = 0  # full inventories taken (registration, resync, overflow)
+        self.num_copies_kept = 0  # copies the master asked to keep as originals
         self.feed: _FeedSource | None = getattr(store, "change_feed", None)
         self._known: dict[ReplicaKey, Replica] = {}
         self._unacked: list[pb.BlockEvent] = []
@@ -348,3 +351,10 @@ class MasterLink:
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)
+        keep = getattr(self.store, "keep_copies", None)
+        if resp.promote_copies and keep is not None:  # the pool's last replicas: keep them
+            blocks = [(bytes(b.namespace_id), bytes(b.key)) for b in resp.promote_copies]
+            n = await asyncio.get_running_loop().run_in_executor(self.executor, keep, blocks)
+            self.num_copies_kept += n
+            log.info("master_promoted_copies", node_id=self.node_id, num_asked=len(blocks),
+                     num_kept=n)

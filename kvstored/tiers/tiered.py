@@ -328,6 +328,23 @@ class TieredStore(TransitMixin, ExportMixin):
         self._puts += 1
         return True
 
+    def keep_copies(self, blocks: Sequence[tuple[bytes, bytes]]) -> int:
+        """Unmark remote-fill copies: each is kept as an original from now on (the master
+        asks when a copy became the pool's last replica; master/copies.py). The change
+        feed re-reports each one ADDED with ``copy=False``.
+
+        Args:
+            blocks: ``(namespace_id, key)`` pairs; absent or non-copy blocks are skipped.
+
+        Returns:
+            Copies unmarked.
+        """
+        n = 0
+        with self._lock:
+            for namespace_id, key in blocks:
+                n += self._dram.copies.pop(store_key(namespace_id, key), False) is None
+        return n
+
     def commit(self, reservation: Reservation) -> bool:
         """Make a reserved block visible (most recent in DRAM). Never waits for disk I/O.
 

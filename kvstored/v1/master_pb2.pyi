@@ -141,12 +141,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms")
+    __slots__ = ("action", "node_lease_ms", "promote_copies")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ...) -> None: ...
+    promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ...) -> None: ...
 
 class BlockRef(_message.Message):
     __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy")
@@ -533,3 +535,11 @@ class PutEndBatchResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+
+class BlockKey(_message.Message):
+    __slots__ = ("namespace_id", "key")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ...) -> None: ...

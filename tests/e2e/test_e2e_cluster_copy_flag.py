@@ -5,6 +5,8 @@ into its DRAM (remote fill). ``kvstorectl where --output json`` against the mast
 shows b's replicas with ``"copy": true`` and a's with ``false`` (the table marks "copy"),
 and a lookup asked for a third party names a's original, never b's copy. A local put of
 the same blocks through b makes them originals there: ``where`` says ``false`` for both.
+And when a removes blocks whose only other replicas are b's copies, the master asks b (on
+its heartbeat answer) to keep them: they turn into originals, not "evict first" duplicates.
 Waits poll observable state with a deadline, never sleeps.
 """
 
@@ -65,3 +67,22 @@ def test_a_fill_copy_shows_as_a_copy_in_where_and_a_local_put_makes_it_an_origin
         assert [r.stored for r in cl.put(keys, [_value(k) for k in keys])] == [False] * 4
     _wait("b's replicas indexed as originals",
           lambda: _copies(master.address, keys) == [{"a": False, "b": False}] * 4)
+
+
+def test_removing_the_original_promotes_the_remaining_copy(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master, nodes = _cluster(workdir, procs, {"a": ("16MiB", "0"), "b": ("16MiB", "0")})
+    keys = [os.urandom(16) for _ in range(3)]
+    with Client(nodes["a"].unix_address) as cl:
+        assert all(r.stored for r in cl.put(keys, [_value(k) for k in keys]))
+    _wait("a's blocks indexed", lambda: _copies(master.address, keys) == [{"a": False}] * 3)
+    with Client(nodes["b"].unix_address) as cl:
+        assert cl.get(keys, timeout_s=30) == [_value(k) for k in keys]
+    _wait("b's copies indexed as copies",
+          lambda: _copies(master.address, keys) == [{"a": False, "b": True}] * 3)
+    with Client(nodes["a"].unix_address) as cl:
+        assert cl.remove(keys[:2]) == [True, True]
+    # b's own ADDED(copy=False) re-reports: it unmarked them (the master only asked)
+    _wait("b keeps the last replicas as originals", lambda: _copies(master.address, keys)
+          == [{"b": False}] * 2 + [{"a": False, "b": True}])

@@ -128,3 +128,31 @@ def test_lookup_prefers_an_original_over_a_copy_at_equal_tier_rank(copy_load: fl
     c.members.report_events("a", 1, [BlockEvent(1, EventKind.ADDED, _ref(1))])
     if copy_load == 0.0:  # both originals now: the idle one
         assert c.where([1]) == [("a", Tier.DRAM)]
+
+
+def test_a_removed_original_that_leaves_only_copies_queues_one_promotion() -> None:
+    c = Cluster()
+    c.join("a", inventory=[_ref(1), _ref(2), _ref(3)])
+    c.join("b", inventory=[_ref(1, copy=True), _ref(2, copy=True)])
+    c.join("c", inventory=[_ref(1, copy=True), _ref(2)])
+    rm = [BlockEvent(s, EventKind.REMOVED, _ref(i)) for s, i in ((1, 1), (2, 2), (3, 3))]
+    assert c.members.report_events("a", 1, rm)[1] == 3
+    # key 1: copies only on b and c -> the lowest holder (b) keeps it; key 2: c holds an
+    # original; key 3: no replica left
+    assert c.members.promotions.take("b") == [(NS, key(1))]
+    assert c.members.promotions.take("c") == []
+    assert c.members.promotions.take("b") == []  # sent once
+    # b's copy re-reported as an original: nothing to promote when c's copy goes
+    c.members.report_events("b", 1, [BlockEvent(1, EventKind.ADDED, _ref(1))])
+    c.members.report_events("c", 1, [BlockEvent(1, EventKind.REMOVED, _ref(1, copy=True))])
+    assert c.members.promotions.take("b") == [] and _copies(c, 1) == {"b": False}
+
+
+def test_no_promotion_while_an_original_remains_on_an_unreadable_node() -> None:
+    c = Cluster(failures=1)
+    c.join("a", inventory=[_ref(1)])
+    c.join("b", inventory=[_ref(1)])
+    c.join("d", inventory=[_ref(1, copy=True)])
+    c.members.report_transfer("b", 1, ok=False)  # b unhealthy: its original may come back
+    c.members.report_events("a", 1, [BlockEvent(1, EventKind.REMOVED, _ref(1))])
+    assert c.members.promotions.take("d") == []

@@ -5,6 +5,8 @@ remote-fill copies (kvstored/tiers/feed.py "Copies", node/cluster.py).
 - A local put of the copied key -> the same replica ADDED again with ``copy=False``.
 - A copy evicted or removed -> only its REMOVED (no re-report of a block that is gone).
 - MasterLink's inventory and events carry the flag in ``BlockRef.copy``.
+- A heartbeat answer's ``promote_copies`` unmarks those copies (absent ones are skipped);
+  the next round re-reports them as originals.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class _Stub:
     def __init__(self) -> None:
         self.refs: dict[bytes, bool] = {}
         self.applied = 0
+        self.promote: list[pb.BlockKey] = []
 
     async def RegisterNode(self, req: Any, timeout: float) -> Any:  # noqa: N802 (gRPC names)
         return pb.RegisterNodeResponse(node_lease_ms=10000, master_epoch=1)
@@ -96,7 +99,8 @@ class _Stub:
         return pb.ReportEventsResponse(applied_seq=self.applied)
 
     async def Heartbeat(self, req: Any, timeout: float) -> Any:  # noqa: N802
-        return pb.HeartbeatResponse(node_lease_ms=10000)
+        keep, self.promote = self.promote, []
+        return pb.HeartbeatResponse(node_lease_ms=10000, promote_copies=keep)
 
 
 def test_master_link_sends_the_copy_flag_in_inventories_and_events() -> None:
@@ -118,5 +122,31 @@ def test_master_link_sends_the_copy_flag_in_inventories_and_events() -> None:
             store.put(_key(3), bytes([3]) * BLOCK)
             await link.run_once()
             assert stub.refs[_key(3)] is False
+
+        asyncio.run(main())
+
+
+def test_a_heartbeat_promotion_keeps_the_copy_and_reports_it_as_an_original() -> None:
+    with _store() as store:
+        stub = _Stub()
+        link = MasterLink(ClusterConfig(master_address="127.0.0.1:1"), node_id="n", epoch=1,
+                          grpc_address="127.0.0.1:2", data_address="127.0.0.1:3", store=store,
+                          load=lambda: 0.0)
+        link._stub = stub  # type: ignore[assignment]
+
+        async def main() -> None:
+            _fill_copy(store, 1)
+            _fill_copy(store, 2)
+            await link.run_once()
+            assert stub.refs == {_key(1): True, _key(2): True}
+            stub.promote = [pb.BlockKey(key=_key(1)), pb.BlockKey(key=_key(9))]  # 9: absent
+            await link.run_once()  # the answer arrives after this round's events
+            assert link.num_copies_kept == 1
+            await link.run_once()
+            assert stub.refs == {_key(1): False, _key(2): True}
+            for i in range(10, 13):  # one eviction: the remaining copy goes first, not key 1
+                store.put(_key(i), bytes([i]) * BLOCK)
+            held = {b.key for b in store.list_blocks()[0]}
+            assert _key(1) in held and _key(2) not in held
 
         asyncio.run(main())
