@@ -10,9 +10,10 @@ JSON output (sorted keys)::
     where   {"num_blocks", "num_leading_present", "namespace_id", "complete",
              "blocks": [{"index", "key", "present", "in_prefix",
                          "replicas": [{"node_id", "epoch", "tier", "size_bytes",
-                                       "generation", "state", "readable"}]}]}
+                                       "generation", "state", "readable", "copy"}]}]}
             (present: some replica is readable; in_prefix: index < num_leading_present,
-            i.e. before the first block missing cluster-wide)
+            i.e. before the first block missing cluster-wide; copy: a remote-fill copy of
+            another node's block, which its holder evicts first; the table marks it "copy")
     blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
              "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state"}]}
     evict   {"num_removed", "num_kept", "num_not_indexed", "not_indexed": [key hex],
@@ -149,7 +150,7 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
     leading = 0
     while leading < len(per_key) and any(r["readable"] for r in per_key[leading]):
         leading += 1
-    keep = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable")
+    keep = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable", "copy")
     data = {
         "num_blocks": len(keys), "num_leading_present": leading, "namespace_id": ns.hex(),
         "complete": complete,
@@ -169,6 +170,7 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
                 rows.append((b["index"], b["key"], "-", "missing", "-", mark))
             for r in b["replicas"]:
                 state = r["state"] if r["readable"] else f"{r['state']} (not readable)"
+                state += " copy" if r["copy"] else ""
                 rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, mark))
         title = (f"prefix of {d['num_blocks']} blocks: {d['num_leading_present']} leading "
                  f"blocks present cluster-wide"

@@ -86,8 +86,9 @@ class MasterAdminClient(MasterClient):
         Returns:
             ``(per_key, complete)``: per key a list of ``{"node_id", "epoch", "tier",
             "size_bytes", "generation", "state", "readable", "grpc_address",
-            "data_address"}`` (empty: missing cluster-wide); ``complete`` is False while
-            some node is still (re)syncing.
+            "data_address", "copy"}`` (empty: missing cluster-wide; ``copy``: a remote-fill
+            copy of another node's block); ``complete`` is False while some node is still
+            (re)syncing.
 
         Raises:
             InvalidArgument: too many keys, or an empty or oversized key.
@@ -100,7 +101,8 @@ class MasterAdminClient(MasterClient):
         out = [[{"node_id": r.node_id, "epoch": r.epoch, "tier": _tier_name(r.tier),
                  "size_bytes": r.size_bytes, "generation": r.generation,
                  "state": _STATE.get(r.state, "unknown"), "readable": r.readable,
-                 "grpc_address": r.grpc_address, "data_address": r.data_address}
+                 "grpc_address": r.grpc_address, "data_address": r.data_address,
+                 "copy": r.copy}
                 for r in b.replicas] for b in resp.blocks]
         return out, resp.complete
 

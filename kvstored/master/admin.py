@@ -38,6 +38,7 @@ class ReplicaView:
         readable: lookups may return it (committed, node synced and healthy).
         grpc_address: the node's gRPC API (``Remove`` goes there).
         data_address: the node's data plane.
+        copy: the holder reported it as a remote-fill copy of another node's block.
     """
 
     node_id: str
@@ -49,6 +50,7 @@ class ReplicaView:
     readable: bool
     grpc_address: str
     data_address: str
+    copy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,8 @@ def list_replicas(membership: Membership, namespace_id: bytes,
             s = rec.spec
             readable = index.is_readable(r.holder) and r.state is ReplicaState.COMMITTED
             views.append(ReplicaView(s.node_id, s.epoch, r.tier, r.size_bytes, r.generation,
-                                     r.state, readable, s.grpc_address, s.data_address))
+                                     r.state, readable, s.grpc_address, s.data_address,
+                                     r.copy))
         views.sort(key=lambda v: (not v.readable, int(v.tier), v.node_id))
         out.append(views)
     return out

@@ -7,7 +7,8 @@ found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
     key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
     block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
     row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
-                    | state u1 | hnext i4 | hprev i4  (34 bytes per replica, one contiguous
+                    | state u1 (| COPY_BIT: a remote-fill copy) | hnext i4 | hprev i4
+                    (34 bytes per replica, one contiguous
                     array per field; rows of one block form a singly linked list from
                     head[slot]; block[row] points back to the slot; rows of one holder
                     form a doubly linked list from holder_head[holder], for GC)
@@ -40,11 +41,13 @@ from kvstored.errors import InvalidArgument
 from kvstored.master.holders import _LOAD_CLIP, _NO_ROW, HolderRows, _grow
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
 from kvstored.master.records import (
+    COPY_BIT,
     EMPTY_HIT,
     MAX_SIZE_BYTES,
     Generations,
     PrefixHit,
     Replica,
+    STATE_MASK,
     ReplicaState,
 )
 from kvstored.tiers.base import Tier
@@ -52,7 +55,8 @@ from kvstored.tiers.base import Tier
 MAX_RANKED_REPLICAS = 8
 """Rows of one block a lookup ranks (newest first) once it has found a readable one."""
 _FREE = 0
-_LOCAL_SSD_SCORE = 2 * _LOAD_CLIP  # scores below: a local DRAM replica (rank 0)
+_RANK_SCORE = 4 * _LOAD_CLIP  # per tier rank; a copy adds half of it, the load at most 1/4
+_LOCAL_SSD_SCORE = _RANK_SCORE  # scores below: a local DRAM replica (rank 0)
 ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
               ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
               ("hnext", np.int32), ("hprev", np.int32))
@@ -279,13 +283,15 @@ class BlockIndex(HolderRows):
         generation: int,
         state: ReplicaState = ReplicaState.COMMITTED,
         replace_generation: bool = False,
+        copy: bool = False,
     ) -> bool:
         """Index one replica; idempotent for an existing (block, holder, tier).
 
-        An existing row keeps its state unless this one commits it (size and generation are
-        then taken from this call). With ``replace_generation`` (the holder reported the
-        replica under its own generation: it is the authority on what it holds) an existing
-        COMMITTED row takes this call's size and generation too.
+        An existing row keeps its state unless this one commits it (size, generation and
+        ``copy`` are then taken from this call). With ``replace_generation`` (the holder
+        reported the replica under its own generation: it is the authority on what it
+        holds) an existing COMMITTED row takes this call's size, generation and ``copy``
+        too. ``copy`` (a remote-fill copy, COMMITTED only) is kept in the state byte.
 
         Returns:
             True if a row was added, False if (block, holder, tier) was already indexed.
@@ -302,16 +308,17 @@ class BlockIndex(HolderRows):
         else:
             row, _ = self._find_row(slot, holder, int(tier))
             if row != _NO_ROW:
-                if state is ReplicaState.COMMITTED and (
-                        replace_generation or self._state[row] != ReplicaState.COMMITTED):
-                    self._state[row] = ReplicaState.COMMITTED
+                if state is ReplicaState.COMMITTED and (replace_generation or (
+                        self._state[row] & STATE_MASK) != ReplicaState.COMMITTED):
+                    self._state[row] = ReplicaState.COMMITTED | (COPY_BIT if copy else 0)
                     self._size[row] = size_bytes
                     self._gen[row] = generation
                 return False
         row = self._new_row()
         self._holder[row] = holder
         self._tier[row] = int(tier)
-        self._state[row] = int(state)
+        self._state[row] = int(state) | (COPY_BIT if copy and state is ReplicaState.COMMITTED
+                                         else 0)
         self._size[row] = size_bytes
         self._gen[row] = generation
         self._next[row] = self._head[slot]
@@ -330,8 +337,11 @@ class BlockIndex(HolderRows):
         tiers: Sequence[int] | np.ndarray,
         sizes: Sequence[int] | np.ndarray,
         generation: int | Sequence[int] | np.ndarray,
+        copies: Sequence[bool] | np.ndarray | None = None,
     ) -> int:
         """Index many COMMITTED replicas of one holder (inventory sync, benchmarks).
+
+        ``copies``: per key, a remote-fill copy (see :meth:`add_replica`); None = none.
 
         Idempotent like :meth:`add_replica`: a (key, tier) repeated in the batch, or one
         the holder already has, is indexed once (existing rows are left as they are).
@@ -354,6 +364,12 @@ class BlockIndex(HolderRows):
             )
         gen_arr = np.full(n, generation, dtype=np.uint64) if isinstance(generation, int) \
             else np.asarray(generation, dtype=np.uint64)
+        state_arr = np.full(n, int(ReplicaState.COMMITTED), dtype=np.uint8)
+        if copies is not None:
+            if len(copies) != n:
+                raise InvalidArgument(f"copies must have one entry per key; got {len(copies)} "
+                                      f"for {n} keys")
+            state_arr[np.asarray(copies, dtype=np.bool_)] |= COPY_BIT
         if len(gen_arr) != n:
             raise InvalidArgument(f"generation must be one int or one per key; got "
                                   f"{len(gen_arr)} for {n} keys")
@@ -384,19 +400,19 @@ class BlockIndex(HolderRows):
         if len(first) != n:
             first.sort()
             slots, tier_arr, size_arr = slots[first], tier_arr[first], size_arr[first]
-            gen_arr = gen_arr[first]
+            gen_arr, state_arr = gen_arr[first], state_arr[first]
         # rows this holder already has (an earlier chunk repeated a block): kept, not doubled
         have = self._has_rows(slots, holder, tier_arr)
         if have.any():
             keep = ~have
             slots, tier_arr, size_arr = slots[keep], tier_arr[keep], size_arr[keep]
-            gen_arr = gen_arr[keep]
+            gen_arr, state_arr = gen_arr[keep], state_arr[keep]
             if len(slots) == 0:
                 return 0
         rows = self._new_rows(len(slots))
         self._holder[rows] = holder
         self._tier[rows] = tier_arr
-        self._state[rows] = int(ReplicaState.COMMITTED)
+        self._state[rows] = state_arr
         self._size[rows] = size_arr
         self._gen[rows] = gen_arr
         self._block[rows] = slots
@@ -461,12 +477,13 @@ class BlockIndex(HolderRows):
         row = int(self._head[slot])
         while row != _NO_ROW:
             h = int(self._holder[row])
-            st = int(self._state[row])
+            raw = int(self._state[row])
+            st = raw & STATE_MASK
             if not self._retired[h] and (
                 not readable_only or (self._readable[h] and st == ReplicaState.COMMITTED)
             ):
                 out.append(Replica(h, Tier(int(self._tier[row])), int(self._size[row]),
-                                   int(self._gen[row]), ReplicaState(st)))
+                                   int(self._gen[row]), ReplicaState(st), bool(raw & COPY_BIT)))
             row = int(self._next[row])
         return out
 
@@ -524,8 +541,9 @@ class BlockIndex(HolderRows):
         """Longest prefix present cluster-wide and the best replica of each of its blocks.
 
         Stops at the first block without a readable COMMITTED replica. Best = local DRAM >
-        local SSD > remote DRAM > remote SSD, then the least loaded holder, then the lowest
-        holder id (deterministic). A block with more than :data:`MAX_RANKED_REPLICAS` rows
+        local SSD > remote DRAM > remote SSD, then an original over a remote-fill copy
+        (its owner is the safer, and usually the less busy, source), then the least loaded
+        holder, then the lowest holder id (deterministic). A block with more than :data:`MAX_RANKED_REPLICAS` rows
         (a hot block held by many nodes) is ranked among its newest rows only, unless
         none of them is readable, so a lookup's cost does not grow with the node count (at
         1,000 nodes a system prompt's blocks have 1,000 replicas). Never pins, touches or
@@ -583,9 +601,11 @@ class BlockIndex(HolderRows):
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row or -1 if unreadable, score: lower is better, holder) of some rows."""
         h = self._holder[rows].astype(np.int64)
-        ok = (self._state[rows] == ReplicaState.COMMITTED) & self._readable[h]
-        rank = np.where(h == local_holder, 0.0, 2.0) + (self._tier[rows] == Tier.SSD)
-        score = rank * (2 * _LOAD_CLIP) + np.minimum(self._load[h], _LOAD_CLIP)
+        st = self._state[rows]
+        ok = ((st & STATE_MASK) == ReplicaState.COMMITTED) & self._readable[h]
+        rank = np.where(h == local_holder, 0.0, 2.0) + (self._tier[rows] == Tier.SSD) \
+            + 0.5 * (st >= COPY_BIT)
+        score = rank * _RANK_SCORE + np.minimum(self._load[h], _LOAD_CLIP)
         score[~ok] = np.inf
         return np.where(ok, rows, _NO_ROW), score, h
 

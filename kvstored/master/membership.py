@@ -28,6 +28,10 @@ which is what the node's data plane sends with the block, so a reader verifies a
 comparing the two. A later event for the same replica replaces the generation (the holder
 is the authority on what it holds). A BlockRef without one gets a fresh master generation.
 
+Copies: ``BlockRef.copy`` marks a remote-fill copy (indexed per replica); an ADDED event of
+an indexed replica sets or clears it. A REMOVED event that leaves a block only copies
+queues a promotion for one copy holder (master/copies.py; sent on its Heartbeat answer).
+
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
 registration with an epoch older than the live one is refused (a stale daemon).
@@ -53,6 +57,7 @@ import structlog
 from kvstored.clock import Clock
 from kvstored.config import node_id_problem
 from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
+from kvstored.master.copies import Promotions, copy_to_promote
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.tiers.base import Tier
 
@@ -121,13 +126,16 @@ class NodeSpec:
 @dataclass(frozen=True, slots=True)
 class BlockRef:
     """One block on a node: namespace id, key, tier, size and the holder's generation of
-    the replica (0 = the node does not know it: the master issues one)."""
+    the replica (0 = the node does not know it: the master issues one); ``copy``: the
+    replica is a remote-fill copy of another node's block (an ADDED event of an indexed
+    replica sets or clears it)."""
 
     namespace_id: bytes
     key: bytes
     tier: Tier
     size_bytes: int
     generation: int = 0
+    copy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +253,7 @@ class Membership:
         self.unhealthy_after_failures = int(unhealthy_after_failures)
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
+        self.promotions = Promotions()  # copies to keep as originals (master/copies.py)
         # counters since this master started (exported by kvstored.master.metrics)
         self.num_lease_expiries = 0
         self.num_unhealthy_marks = 0
@@ -271,6 +280,7 @@ class Membership:
             self._retire(rec.pending.holder)
             rec.pending = None
         del self._nodes[rec.spec.node_id]
+        self.promotions.forget(rec.spec.node_id)
 
     def _live(self, node_id: str, epoch: int) -> NodeRecord | None:
         """The record of (node, epoch) if registered and its lease has not lapsed."""
@@ -494,6 +504,7 @@ class Membership:
                     ns, [r.key for r in refs], holder=pending.holder,
                     tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
                     generation=[r.generation or gen for r in refs],  # the holder's, if sent
+                    copies=[r.copy for r in refs],
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -546,13 +557,22 @@ class Membership:
                 self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
                                        size_bytes=b.size_bytes,
                                        generation=b.generation or self.generations.next(),
-                                       replace_generation=bool(b.generation))
+                                       replace_generation=bool(b.generation), copy=b.copy)
             elif ev.kind is EventKind.REMOVED:
-                self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier)
+                if self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder,
+                                             tier=b.tier):
+                    self._promote_if_only_copies(b.namespace_id, b.key)
             else:
                 raise InvalidArgument(f"event {ev.seq}: kind must be ADDED or REMOVED, got {ev.kind!r}")
             rec.applied_seq = ev.seq
         return NodeAction.NONE, rec.applied_seq
+
+    def _promote_if_only_copies(self, namespace_id: bytes, key: bytes) -> None:
+        """A block lost a replica: if only copies remain, ask one holder to keep its copy."""
+        holder = copy_to_promote(self.index, namespace_id, key)
+        owner = self._by_holder.get(holder) if holder is not None else None
+        if owner is not None:
+            self.promotions.add(owner.spec.node_id, namespace_id, key)
 
     # ---- health ----------------------------------------------------------------------
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:

@@ -24,7 +24,8 @@ one, else DRAM) must stay at or below that fraction of its capacity after the bl
 bytes placed there and not yet ended, and the headroom (the spiller's batch). So a peer is a
 candidate only well below its own high watermark, and no two nodes send blocks back and
 forth. Candidates are then ordered by free bytes of that tier; ``exists`` counts only
-replicas on other nodes than the writer's, and a writer answered ``exists`` (it drops its
+replicas on other nodes than the writer's that are originals (a remote-fill copy, which its
+holder evicts first, never makes a spilled block "exist"), and a writer answered ``exists`` (it drops its
 copy) is remembered for one node lease: its replica then neither counts for another
 spiller's ``exists`` nor is a candidate, so two nodes never both drop a block citing each
 other's copy.
@@ -249,8 +250,8 @@ class Placement:
         Args:
             num_replicas: replicas wanted (1..8); fewer are placed when fewer nodes have room.
             exclude_writer, max_used_fraction, headroom_bytes: see :meth:`order_candidates`
-                (spill); with ``exclude_writer`` only replicas on other nodes count for
-                ``exists``.
+                (spill); with ``exclude_writer`` only originals (no remote-fill copy) on
+                other nodes count for ``exists``.
             holder_reports: the holders report the replica by their own events; the
                 commit then only closes the write (see the module docstring).
 
@@ -275,7 +276,8 @@ class Placement:
         avoid: frozenset[int] = frozenset()
         if exclude_writer and readable:
             writer = self.membership.node(writer_node_id)
-            readable = [r for r in readable if writer is None or r.holder != writer.holder]
+            readable = [r for r in readable
+                        if not r.copy and (writer is None or r.holder != writer.holder)]
             now = self.membership.clock()
             dropping = self._dropping.get((namespace_id, key))
             if dropping is not None and dropping[1] > now:

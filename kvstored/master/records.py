@@ -23,6 +23,13 @@ class ReplicaState(IntEnum):
     COMMITTED = 2
 
 
+COPY_BIT = 0x80
+"""Set in a row's ``state`` byte (with COMMITTED) when the replica is a remote-fill copy of
+another node's block (``BlockRef.copy``): packed there, so a replica stays 34 bytes."""
+STATE_MASK = 0x7F
+"""The :class:`ReplicaState` bits of a row's ``state`` byte."""
+
+
 @dataclass(frozen=True, slots=True)
 class Replica:
     """One replica of one block, as the index knows it.
@@ -33,6 +40,8 @@ class Replica:
         size_bytes: the block's size.
         generation: the write that created it (placement) or the event that reported it.
         state: WRITING (placed, not committed) or COMMITTED.
+        copy: the holder reported it as a remote-fill copy of another node's block (a
+            duplicate it evicts first): never counted as the block's original.
     """
 
     holder: int
@@ -40,6 +49,7 @@ class Replica:
     size_bytes: int
     generation: int
     state: ReplicaState
+    copy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
     if b.generation >= 1 << 63:
         raise InvalidArgument(f"{what}: generation must be < 2**63, got {b.generation}")
     return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes,
-                    b.generation)
+                    b.generation, b.copy)
 
 
 def node_info(rec: NodeRecord) -> pb.NodeInfo:
@@ -168,7 +168,11 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
             load=request.load, last_seq=request.last_seq,
         )
-        return pb.HeartbeatResponse(action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms())
+        promote = self.membership.promotions.take(request.node_id) \
+            if action is NodeAction.NONE else []
+        return pb.HeartbeatResponse(
+            action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
+            promote_copies=[pb.BlockKey(namespace_id=ns, key=k) for ns, k in promote])
 
     @_rpc
     async def SyncInventory(  # noqa: N802
@@ -371,7 +375,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=int(v.tier),
                                  size_bytes=v.size_bytes, generation=v.generation,
                                  state=int(v.state), readable=v.readable,
-                                 grpc_address=v.grpc_address, data_address=v.data_address)
+                                 grpc_address=v.grpc_address, data_address=v.data_address,
+                                 copy=v.copy)
                 for v in views])
         return resp
 

@@ -5,7 +5,9 @@ One owned task talks to the master, one call at a time, in rounds::
     round:  [REREGISTER pending] RegisterNode(node, epoch, addresses, tiers, transports)
             [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
-            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC
+            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC,
+                                                         promote_copies: copies to keep
+                                                         (TieredStore.keep_copies)
 
 Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
 SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
@@ -21,7 +23,11 @@ converges to the node's truth within one heartbeat interval of the master coming
 
 Every BlockRef carries the replica's generation (the store stamps one per replica it adds,
 unique per epoch: kvstored/tiers/feed.py); the master indexes the replica under it, so the
-data plane's per-block generation verifies a peer's copy without a master call.
+data plane's per-block generation verifies a peer's copy without a master call. It also
+carries ``copy``: the DRAM replica is a remote-fill copy of a peer's block (the store evicts
+it first, tiers/spare.py), so the master never counts it as the block's original (placement's
+``exists`` for spill, lookups ranking); a local put of the same key re-reports the replica
+ADDED with ``copy=False`` (the feed records it, kvstored/tiers/feed.py).
 
 The master being unreachable never affects serving: failures are logged
 (rate-limited) and retried next round. One answer is final: the daemon's first registration
@@ -56,7 +62,7 @@ _LIST_ALL = 1 << 40
 _MAX_EVENTS_PER_CALL = 8192
 
 ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
-Replica = tuple[int, int]  # (size_bytes, generation)
+Replica = tuple[int, int, bool]  # (size_bytes, generation, copy)
 
 
 class InventorySource(Protocol):
@@ -76,20 +82,22 @@ class _FeedSource(Protocol):
 
 
 def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, Replica]:
-    """Every replica of the store: ``{(namespace_id, key, tier): (size_bytes, generation)}``
-    (no pins; generation 0 when the store does not know it)."""
+    """Every replica of the store: ``{(namespace_id, key, tier): (size_bytes, generation,
+    copy)}`` (no pins; generation 0 when the store does not know it; ``copy`` only on the
+    DRAM replica of a remote-fill copy)."""
     blocks, _ = store.list_blocks(limit=_LIST_ALL)
     out: dict[ReplicaKey, Replica] = {}
     for b in blocks:
         gens = b.generations or (0,) * len(b.tiers)
         for t, g in zip(b.tiers, gens, strict=True):
-            out[(b.namespace_id, b.key, int(t))] = (b.size_bytes, g)
+            out[(b.namespace_id, b.key, int(t))] = (b.size_bytes, g,
+                                                    b.copy and int(t) == 1)  # 1 = DRAM
     return out
 
 
 def _ref(rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
     return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=rep[0],
-                       generation=rep[1])
+                       generation=rep[1], copy=rep[2])
 
 
 class MasterLink:
@@ -133,6 +141,7 @@ class MasterLink:
         self.lease_s = 0.0
         self.num_rounds = 0
         self.num_listings = 0  # full inventories taken (registration, resync, overflow)
+        self.num_copies_kept = 0  # copies the master asked to keep as originals
         self.feed: _FeedSource | None = getattr(store, "change_feed", None)
         self._known: dict[ReplicaKey, Replica] = {}
         self._unacked: list[pb.BlockEvent] = []
@@ -310,11 +319,11 @@ class MasterLink:
     def _diff(self, snap: dict[ReplicaKey, Replica]) -> None:
         """Turn the changes since the last snapshot into numbered events."""
         known = self._known
-        for rk in [rk for rk in known if rk not in snap or snap[rk] != known[rk]]:
+        for rk in [rk for rk in known if rk not in snap or snap[rk][:2] != known[rk][:2]]:
             self.seq += 1
             self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
                                                block=_ref(rk, known[rk])))
-        for rk, rep in snap.items():
+        for rk, rep in snap.items():  # a changed copy mark alone: ADDED again (re-report)
             if known.get(rk) != rep:
                 self.seq += 1
                 self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
@@ -333,7 +342,8 @@ class MasterLink:
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
                 block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=c.tier,
-                                  size_bytes=c.size_bytes, generation=c.generation)))
+                                  size_bytes=c.size_bytes, generation=c.generation,
+                                  copy=c.copy)))
         return True
 
     async def _report_events(self) -> None:
@@ -372,3 +382,10 @@ class MasterLink:
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)
+        keep = getattr(self.store, "keep_copies", None)
+        if resp.promote_copies and keep is not None:  # the pool's last replicas: keep them
+            blocks = [(bytes(b.namespace_id), bytes(b.key)) for b in resp.promote_copies]
+            n = await asyncio.get_running_loop().run_in_executor(self.executor, keep, blocks)
+            self.num_copies_kept += n
+            log.info("master_promoted_copies", node_id=self.node_id, num_asked=len(blocks),
+                     num_kept=n)

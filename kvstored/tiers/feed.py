@@ -36,6 +36,17 @@ one replica per nanosecond is added (the same clock assumption epochs rely on)::
     remove + re-put of a key     -> a new generation (a reader named the old one drops it)
     eviction + re-promotion      -> the SSD replica's generation (the same bytes)
     restart                      -> new generations for everything (SSD recovery included)
+
+Copies: a DRAM replica that is a remote-fill copy of a peer's block (``DramTier.copies``,
+tiers/spare.py) is reported with ``copy=True``, so the master knows which replicas are mere
+duplicates. The store's copy marks are an :class:`ObservedCopies` map: a copy is marked
+before its entry enters the DRAM map (its one ADDED event says ``copy``), and a mark that
+goes while the block stays in DRAM (a local put of the same key made it an original)
+records the same replica ADDED again with ``copy=False``::
+
+    copy commit                  -> ADDED (ns, key, DRAM, size, gen, copy=True)
+    local put of a copied key    -> ADDED (ns, key, DRAM, size, gen, copy=False)  (re-report)
+    copy evicted / removed       -> REMOVED (as any block; the mark goes silently)
 """
 
 from __future__ import annotations
@@ -63,6 +74,8 @@ class Change(NamedTuple):
         tier: 1 (DRAM) or 2 (SSD).
         size_bytes: the block's size.
         generation: the replica's generation (see the module docstring).
+        copy: (ADDED only) the replica is a remote-fill copy of a peer's block; an ADDED
+            change of a replica already reported re-reports it with its current mark.
     """
 
     added: bool
@@ -71,6 +84,7 @@ class Change(NamedTuple):
     tier: int
     size_bytes: int
     generation: int = 0
+    copy: bool = False
 
 
 class _Sized(Protocol):
@@ -99,7 +113,7 @@ class ChangeFeed:
             raise InvalidArgument(f"first_generation must be in (0, 2**62], got {first}")
         self.max_events = int(max_events)
         self._lock = threading.Lock()
-        self._queue: deque[tuple[bool, bytes, int, int, int]] = deque()
+        self._queue: deque[tuple[bool, bytes, int, int, int, bool]] = deque()
         self._resync = True
         self._next_generation = first
         self.num_recorded = 0
@@ -114,7 +128,7 @@ class ChangeFeed:
         return entry.generation
 
     def record(self, added: bool, skey: bytes, tier: int, size_bytes: int,
-               generation: int = 0) -> None:
+               generation: int = 0, copy: bool = False) -> None:
         """Append one change (``skey`` a store key); overflow drops the queue, sets the flag."""
         with self._lock:
             self.num_recorded += 1
@@ -125,7 +139,7 @@ class ChangeFeed:
                 self._resync = True
                 self.num_overflows += 1
                 return
-            self._queue.append((added, skey, tier, size_bytes, generation))
+            self._queue.append((added, skey, tier, size_bytes, generation, copy))
 
     @property
     def resync_needed(self) -> bool:
@@ -158,9 +172,9 @@ class ChangeFeed:
             n = len(q) if max_events is None else min(max_events, len(q))
             raw = [q.popleft() for _ in range(n)]
         out = []
-        for added, skey, tier, size, gen in raw:
+        for added, skey, tier, size, gen, copy in raw:
             ns, key = split_store_key(skey)
-            out.append(Change(added, ns, key, tier, size, gen))
+            out.append(Change(added, ns, key, tier, size, gen, copy))
         return out, False
 
 
@@ -177,6 +191,10 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
         feed: where changes go.
         tier: the tier this map indexes (1 DRAM, 2 SSD).
         initial: entries present before observation starts (recorded as nothing, stamped).
+
+    Attributes:
+        copies: the store keys marked remote-fill copies (an :class:`ObservedCopies` of
+            the DRAM map, or None): an added key in it is recorded with ``copy=True``.
     """
 
     def __init__(self, feed: ChangeFeed, tier: int, initial: Iterable[tuple[bytes, Any]] = ()):
@@ -186,6 +204,7 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
             OrderedDict.__setitem__(self, k, v)
         self._feed = feed
         self._tier = int(tier)
+        self.copies: ObservedCopies | None = None
 
     def __setitem__(self, key: bytes, value: _Sized) -> None:
         old = self.get(key)
@@ -193,11 +212,12 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
             value.generation = old.generation  # the same replica, re-set
         gen = self._feed.stamp(value)
         OrderedDict.__setitem__(self, key, value)
+        copy = self.copies is not None and key in self.copies
         if old is None:
-            self._feed.record(True, key, self._tier, value.size_bytes, gen)
+            self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
         elif old.size_bytes != value.size_bytes or old.generation != gen:
             self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
-            self._feed.record(True, key, self._tier, value.size_bytes, gen)
+            self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
 
     def __delitem__(self, key: bytes) -> None:
         old = self[key]
@@ -234,4 +254,60 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
         raise TypeError("ObservedEntries cannot be pickled")
 
 
-__all__ = ["DEFAULT_MAX_EVENTS", "Change", "ChangeFeed", "ObservedEntries"]
+class ObservedCopies(OrderedDict):  # type: ignore[type-arg]
+    """``DramTier.copies`` (store key -> None, oldest copy first) that re-reports a block
+    whose mark changes while it stays in DRAM (see the module docstring).
+
+    A key marked while its entry is not in the DRAM map yet records nothing (the entry's
+    own ADDED event carries the mark); a mark dropped while the entry is still there (a
+    local put of the same key) records ADDED with ``copy=False``; a mark dropped after the
+    entry left (eviction, removal: its REMOVED is recorded) records nothing.
+
+    Args:
+        feed: where changes go.
+        entries: the DRAM tier's observed block map (its ``copies`` is set to this map).
+        initial: store keys marked before observation starts.
+    """
+
+    def __init__(self, feed: ChangeFeed, entries: ObservedEntries, initial: Iterable[bytes] = ()):
+        super().__init__((k, None) for k in initial)
+        self._feed = feed
+        self._entries = entries
+        entries.copies = self
+
+    def _report(self, key: bytes, copy: bool) -> None:
+        e = self._entries.get(key)
+        if e is not None:
+            self._feed.record(True, key, self._entries._tier, e.size_bytes, e.generation, copy)  # noqa: SLF001
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        new = key not in self
+        OrderedDict.__setitem__(self, key, value)
+        if new:
+            self._report(key, True)
+
+    def __delitem__(self, key: bytes) -> None:
+        OrderedDict.__delitem__(self, key)
+        self._report(key, False)
+
+    _MISSING = object()
+
+    def pop(self, key: bytes, default: Any = _MISSING) -> Any:  # noqa: D102 (OrderedDict.pop)
+        if key not in self:
+            if default is ObservedCopies._MISSING:
+                raise KeyError(key)
+            return default
+        value = OrderedDict.pop(self, key)
+        self._report(key, False)
+        return value
+
+    def popitem(self, last: bool = True) -> tuple[bytes, Any]:  # noqa: D102
+        key, value = OrderedDict.popitem(self, last)
+        self._report(key, False)
+        return key, value
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ObservedCopies cannot be pickled")
+
+
+__all__ = ["DEFAULT_MAX_EVENTS", "Change", "ChangeFeed", "ObservedCopies", "ObservedEntries"]

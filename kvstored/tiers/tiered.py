@@ -60,7 +60,7 @@ from kvstored.errors import (
 from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
 from kvstored.tiers.export import ExportMixin
-from kvstored.tiers.feed import ChangeFeed, ObservedEntries
+from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import split_store_key, store_key
 from kvstored.tiers.transit import _AGAIN, TransitMixin, _Transit
@@ -176,6 +176,7 @@ class TieredStore(TransitMixin, ExportMixin):
         # the change feed MasterLink drains (feed.py): the tiers' block maps record changes
         self.change_feed = ChangeFeed()
         self._dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, self._dram.entries.items())
+        self._dram.copies = ObservedCopies(self.change_feed, self._dram.entries, self._dram.copies)
         if self._ssd is not None:
             self._ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, self._ssd.entries.items())
         self.arena_path: str | None = self._arena.path
@@ -321,11 +322,28 @@ class TieredStore(TransitMixin, ExportMixin):
             if not pending.copy:
                 self._dram.copies.pop(pending.skey, None)
             return False
-        self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
-        if pending.copy:
+        if pending.copy:  # marked first: the entry's one ADDED event says copy (feed.py)
             self._dram.copies[pending.skey] = None
+        self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
         self._puts += 1
         return True
+
+    def keep_copies(self, blocks: Sequence[tuple[bytes, bytes]]) -> int:
+        """Unmark remote-fill copies: each is kept as an original from now on (the master
+        asks when a copy became the pool's last replica; master/copies.py). The change
+        feed re-reports each one ADDED with ``copy=False``.
+
+        Args:
+            blocks: ``(namespace_id, key)`` pairs; absent or non-copy blocks are skipped.
+
+        Returns:
+            Copies unmarked.
+        """
+        n = 0
+        with self._lock:
+            for namespace_id, key in blocks:
+                n += self._dram.copies.pop(store_key(namespace_id, key), False) is None
+        return n
 
     def commit(self, reservation: Reservation) -> bool:
         """Make a reserved block visible (most recent in DRAM). Never waits for disk I/O.

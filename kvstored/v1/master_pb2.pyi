@@ -141,26 +141,30 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms")
+    __slots__ = ("action", "node_lease_ms", "promote_copies")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ...) -> None: ...
+    promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ...) -> None: ...
 
 class BlockRef(_message.Message):
-    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation")
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     tier: _common_pb2.Tier
     size_bytes: int
     generation: int
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    copy: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class SyncInventoryRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "sync_id", "blocks", "last_chunk", "seq")
@@ -375,7 +379,7 @@ class ListReplicasRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReplicaDetail(_message.Message):
-    __slots__ = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable", "grpc_address", "data_address")
+    __slots__ = ("node_id", "epoch", "tier", "size_bytes", "generation", "state", "readable", "grpc_address", "data_address", "copy")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -385,6 +389,7 @@ class ReplicaDetail(_message.Message):
     READABLE_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tier: _common_pb2.Tier
@@ -394,7 +399,8 @@ class ReplicaDetail(_message.Message):
     readable: bool
     grpc_address: str
     data_address: str
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., readable: _Optional[bool] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ...) -> None: ...
+    copy: bool
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., readable: _Optional[bool] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class BlockReplicas(_message.Message):
     __slots__ = ("key", "replicas")
@@ -529,3 +535,11 @@ class PutEndBatchResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+
+class BlockKey(_message.Message):
+    __slots__ = ("namespace_id", "key")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    key: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ...) -> None: ...

@@ -33,7 +33,8 @@ def _store(tmp: Path, *, ssd: bool = True) -> TieredStore:
                        ssd_dir=tmp / "ssd" if ssd else None, ssd_size_bytes=96 << 10 if ssd else 0)
 
 
-def _apply(model: dict[tuple[bytes, bytes, int], tuple[int, int]], feed: ChangeFeed) -> None:
+def _apply(model: dict[tuple[bytes, bytes, int], tuple[int, int, bool]], feed: ChangeFeed
+           ) -> None:
     changes, resync = feed.drain()
     assert not resync
     for c in changes:
@@ -41,9 +42,9 @@ def _apply(model: dict[tuple[bytes, bytes, int], tuple[int, int]], feed: ChangeF
         assert c.generation > 0, f"a change without a generation: {c}"
         if c.added:
             assert rk not in model, f"added twice without a removal: {rk}"
-            model[rk] = (c.size_bytes, c.generation)
+            model[rk] = (c.size_bytes, c.generation, c.copy)
         else:
-            assert model.pop(rk) == (c.size_bytes, c.generation), \
+            assert model.pop(rk)[:2] == (c.size_bytes, c.generation), \
                 f"removed with another size or generation: {rk}"
 
 
