@@ -364,10 +364,10 @@ class Spiller:
                 continue
             exists, gen, replicas = out
             if exists:  # another node holds it already
-                # Only a remote-fill copy is dropped for that: the other replica may itself be
-                # a copy of this very block (the master does not know which replicas are
-                # copies), and dropping the original would leave the pool a copy that every
-                # allocation evicts first. An original stays; it is no victim for a while.
+                # Only a remote-fill copy is dropped for that. The master's spill `exists`
+                # counts originals only, but it hears of changes a heartbeat late (the other
+                # original may be gone already), and a lost original leaves the pool a copy
+                # that every allocation evicts first. An original stays; no victim for a while.
                 if b.copy and self.store.remove([b.key], namespace_id=b.namespace_id)[0]:
                     self.counters.blocks_deduplicated += 1
                     dropped += 1
