@@ -52,6 +52,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from kvstored.errors import (
     DeadlineExceeded,
     InternalError,
@@ -94,6 +96,8 @@ __all__ = [
 DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
 
+log = structlog.get_logger(__name__)
+
 
 # ---- client --------------------------------------------------------------------------------
 
@@ -115,7 +119,9 @@ class DataPlaneClient:
             peer must not (reads between nodes never go further, so they cannot loop).
         peer_export: GETs read the blocks for a copy (GET_FLAG_PEER_EXPORT): the node
             sends them without promoting, touching recency or counting a get. Set by a
-            node reading a peer (node/remote.py); an engine's client must not.
+            node reading a peer (node/remote.py); an engine's client must not. A node older
+            than the flag refuses it: the client then drops the flag for this node (one
+            extra round trip, logged) and reads it as before.
 
     Raises:
         InvalidArgument: both ``fill_from_peers`` and ``peer_export``.
@@ -258,8 +264,9 @@ class DataPlaneClient:
             TransferFailed: the connection broke, or the node announced more than the limits.
             A KvstoredError for a whole-request error.
         """
-        request = encode_get_body(keys, namespace_id)
-        request = encode_header(OP_GET, self.get_flags, len(keys), len(request)) + request
+        body = encode_get_body(keys, namespace_id)
+        flags = self.get_flags
+        request = encode_header(OP_GET, flags, len(keys), len(body)) + body
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)
@@ -297,7 +304,17 @@ class DataPlaneClient:
                 out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 
-        return self._call(run, deadline)  # type: ignore[return-value]
+        try:
+            return self._call(run, deadline)  # type: ignore[return-value]
+        except InvalidArgument as exc:
+            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
+                raise
+            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
+            # read it as before from now on (it pins, and may promote, what it sends).
+            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
+            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
+            request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
+            return self._call(run, deadline)  # type: ignore[return-value]
 
     def put(
         self,

@@ -10,6 +10,8 @@ a DataPlaneClient (``peer_export=True``, as node/remote.py's) and through Remote
 - A bad SSD file is a miss (the block dropped), never wrong bytes.
 - An engine's GET (no flag) still promotes and counts; both flags at once are refused.
 - RemoteReads copies an SSD-only block of a peer without promoting it there.
+- A source older than the flag refuses it: the client drops the flag for that node and
+  reads it as before.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from kvstored.node.remote import RemoteReads
 from kvstored.tiers.base import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport import framing
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
+    GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
     OP_GET,
     FrameLimits,
@@ -244,3 +248,26 @@ def test_remote_reads_copy_an_ssd_only_block_without_promoting_it_on_the_source(
     finally:
         reads.close()
         local.store.close()
+
+
+def test_a_source_older_than_the_flag_is_read_as_before(
+    source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An older node knows GET flags 1 and 2 only: it refuses 4 and closes the connection.
+    monkeypatch.setattr(framing, "GET_FLAGS", GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS)
+    client = DataPlaneClient(source.address, max_block_bytes=BLOCK, peer_export=True)
+    bufs: dict[int, bytearray] = {}
+
+    def sink(i: int, size: int, meta: bytes) -> memoryview:
+        bufs[i] = bytearray(size)
+        return memoryview(bufs[i])
+
+    try:
+        for _ in range(2):  # the second GET goes straight to the old way: no refusal
+            items = client.get([key(1)], b"", sink, deadline=time.monotonic() + 10)
+            assert items[0].found and bytes(bufs[0]) == value(1)
+        assert client.get_flags == GET_FLAG_GENERATION  # the export flag dropped for this node
+        assert source.server.counters().rejected_frames == 1
+        assert source.tiers(1)[0] is Tier.DRAM  # the older node's pin promoted it
+    finally:
+        client.close()
