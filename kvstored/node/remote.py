@@ -9,7 +9,8 @@ the peer that holds them over the data plane into its own DRAM, then serves them
         -> best replica per block (node, epoch, tier, size, generation, data address)
         -> per peer, peers in parallel: DataPlaneClient.get(keys, deadline)
               (the peer pins, sends each block with the generation of the replica it
-              pinned, unpins; never with GET_FLAG_FILL_FROM_PEERS: the peer asks nobody)
+              pinned, unpins; never with GET_FLAG_FILL_FROM_PEERS: the peer asks nobody;
+              with GET_FLAG_PEER_EXPORT: it neither promotes nor touches what it sends)
               each payload is received straight into a local reservation (sink)
         -> verify each copy: the generation the peer sent equals the one the master named
            -> good, no master call (the holder stamps one per replica incarnation, unique
@@ -174,6 +175,7 @@ class RemoteReads:
                 t = self._peers[address] = DataPlaneClient(
                     address, pool_size=self.pool_size,
                     max_block_bytes=self.core.cfg.max_block_bytes,
+                    peer_export=True,  # the peer sends without promoting or touching
                 )
             return t
 

@@ -53,6 +53,8 @@ class ExportedBlock:
             checksum-verified copy read from the block's file; nothing pinned).
         view: read-only bytes of the block, valid until released.
         pinned: the DRAM pin (None for an SSD read).
+        generation: the generation of the replica read (the DRAM entry's or, for an
+            SSD-only block, the SSD entry's: a read for export keeps it; 0 = unknown).
     """
 
     key: bytes
@@ -62,6 +64,7 @@ class ExportedBlock:
     tier: Tier
     view: memoryview = field(repr=False, compare=False)
     pinned: PinnedBlock | None = field(default=None, repr=False, compare=False)
+    generation: int = 0
 
 
 class ExportMixin:
@@ -171,9 +174,10 @@ class ExportMixin:
                     self._pin(e)
                     view = self.arena[e.offset : e.offset + e.size_bytes].toreadonly()
                     pin = PinnedBlock(key=bytes(key), offset=e.offset, size_bytes=e.size_bytes,
-                                      meta=e.meta, tier=Tier.DRAM, view=view)
+                                      meta=e.meta, tier=Tier.DRAM, view=view,
+                                      generation=e.generation)
                     out[i] = ExportedBlock(bytes(key), namespace_id, e.size_bytes, e.meta,
-                                           Tier.DRAM, view, pin)
+                                           Tier.DRAM, view, pin, e.generation)
                     continue
                 s = ssd.entries.get(skey) if ssd is not None else None
                 if s is not None:
@@ -189,7 +193,8 @@ class ExportMixin:
                 doomed += ssd.end_read(skey, s, reason)
                 if not reason:
                     out[i] = ExportedBlock(bytes(keys[i]), namespace_id, s.size_bytes, s.meta,
-                                           Tier.SSD, buf[: s.size_bytes].toreadonly())
+                                           Tier.SSD, buf[: s.size_bytes].toreadonly(),
+                                           generation=s.generation)
         if doomed:
             ssd.delete_files(doomed)
         return out

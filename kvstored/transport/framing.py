@@ -13,6 +13,10 @@ Framing (all integers little-endian)::
                      GET_FLAG_FILL_FROM_PEERS (2) = a cluster node first copies the blocks
                        it lacks from its peers (an engine's client sets it; a node reading
                        a peer never does, so reads between nodes never chain or loop)
+                     GET_FLAG_PEER_EXPORT (4) = a node copying the blocks into its own
+                       store (node/remote.py): the source sends them without promoting an
+                       SSD-only block into its DRAM, touching recency or counting a get
+                       (TieredStore.read_for_export); refused together with flag 2
                    | count u32 | body_len u32
       GET body   = ns_len u16 | ns | count x (key_len u16 | key)
       PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
@@ -61,7 +65,13 @@ GET_FLAG_GENERATION = 1
 GET_FLAG_FILL_FROM_PEERS = 2
 """Request flag of a GET: a cluster node copies the blocks it lacks from its peers first
 (engines' clients only; a node's reads of its peers never set it: no fetch loops)."""
-GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS
+GET_FLAG_PEER_EXPORT = 4
+"""Request flag of a GET: a peer node reads the blocks to copy them (node/remote.py sets
+it). The source serves them through ``read_for_export``: a DRAM block pinned in place for
+the send, an SSD-only block read from its file (checksum-verified) into a private buffer,
+nothing promoted, touched or counted as a get (the reader keeps its own copy). Refused
+together with GET_FLAG_FILL_FROM_PEERS (a node's read of a peer asks nobody else)."""
+GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT
 """Every flag a GET may carry."""
 MAX_GENERATION = (1 << 63) - 1
 """Largest generation a GET item may carry (the master's generations are in (0, 2**63))."""
@@ -174,7 +184,8 @@ class FrameLimits:
         """Check a request header's op, flags and announced sizes.
 
         Raises:
-            ProtocolError: unknown op, or a flag this side does not know.
+            ProtocolError: unknown op, a flag this side does not know, or GET flags 2 and
+                4 together.
             FrameRejected: too many items or too long a body (holding BatchTooLarge or
                 InvalidArgument naming the limit and the setting that raises it).
         """
@@ -185,6 +196,12 @@ class FrameLimits:
             raise ProtocolError(
                 f"data-plane request flags {flags:#x} are not supported for op {op} "
                 f"(known: {known:#x})"
+            )
+        both = GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT
+        if op == OP_GET and flags & both == both:
+            raise ProtocolError(
+                f"data-plane GET flags {flags:#x} set both GET_FLAG_FILL_FROM_PEERS (2) and "
+                "GET_FLAG_PEER_EXPORT (4): a peer's export read never fills from other peers"
             )
         if count > self.max_items:
             raise FrameRejected(BatchTooLarge(

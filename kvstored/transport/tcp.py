@@ -12,6 +12,9 @@ moves payloads, straight between sockets and the arena:
   a cluster node first copies the blocks it lacks from its peers
   (``DataPlaneServer.fill_from_peers``, set by the daemon), then pins and sends as above.
   A node's own reads of a peer never set it, so the peer answers from its store only.
+- GET with ``GET_FLAG_PEER_EXPORT`` (a node copying a peer's blocks: ``peer_export=True``):
+  the server sends the blocks through ``read_for_export`` (no promotion, no recency touch,
+  no get counted; an SSD-only block read from its file into a private buffer).
 - PUT: the server reserves arena space for an item only once the first byte of that item's
   payload has arrived, ``recv_into``'s the payload straight into the reservation, and commits
   the batch when all of it arrived. A connection that breaks mid-stream, or a request that
@@ -49,9 +52,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from kvstored.errors import (
     DeadlineExceeded,
     InternalError,
+    InvalidArgument,
     TransferFailed,
     Unavailable,
     error_from_code,
@@ -60,6 +66,7 @@ from kvstored.transport.base import GetItem, PutItem, Sink
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
+    GET_FLAG_PEER_EXPORT,
     GET_ITEM_GEN,
     HEADER,
     MAX_GENERATION,
@@ -89,6 +96,8 @@ __all__ = [
 DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
 
+log = structlog.get_logger(__name__)
+
 
 # ---- client --------------------------------------------------------------------------------
 
@@ -108,6 +117,14 @@ class DataPlaneClient:
         fill_from_peers: GETs ask a cluster node to copy the blocks it lacks from its peers
             first (GET_FLAG_FILL_FROM_PEERS): an engine's client sets it; a node reading a
             peer must not (reads between nodes never go further, so they cannot loop).
+        peer_export: GETs read the blocks for a copy (GET_FLAG_PEER_EXPORT): the node
+            sends them without promoting, touching recency or counting a get. Set by a
+            node reading a peer (node/remote.py); an engine's client must not. A node older
+            than the flag refuses it: the client then drops the flag for this node (one
+            extra round trip, logged) and reads it as before.
+
+    Raises:
+        InvalidArgument: both ``fill_from_peers`` and ``peer_export``.
     """
 
     def __init__(
@@ -118,9 +135,16 @@ class DataPlaneClient:
         max_block_bytes: int = DEFAULT_CLIENT_MAX_BLOCK_BYTES,
         max_meta_bytes: int = DEFAULT_CLIENT_MAX_META_BYTES,
         fill_from_peers: bool = False,
+        peer_export: bool = False,
     ) -> None:
+        if fill_from_peers and peer_export:
+            raise InvalidArgument(
+                "DataPlaneClient: fill_from_peers=True and peer_export=True; a peer's export "
+                "read never fills from other peers (pick one)"
+            )
         self.address = address
-        self.get_flags = GET_FLAG_GENERATION | (GET_FLAG_FILL_FROM_PEERS if fill_from_peers else 0)
+        self.get_flags = (GET_FLAG_GENERATION | (GET_FLAG_FILL_FROM_PEERS if fill_from_peers else 0)
+                          | (GET_FLAG_PEER_EXPORT if peer_export else 0))
         self._host, self._port = parse_host_port(address)
         self._pool_size = pool_size
         self.max_block_bytes = max_block_bytes
@@ -240,8 +264,9 @@ class DataPlaneClient:
             TransferFailed: the connection broke, or the node announced more than the limits.
             A KvstoredError for a whole-request error.
         """
-        request = encode_get_body(keys, namespace_id)
-        request = encode_header(OP_GET, self.get_flags, len(keys), len(request)) + request
+        body = encode_get_body(keys, namespace_id)
+        flags = self.get_flags
+        request = encode_header(OP_GET, flags, len(keys), len(body)) + body
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)
@@ -279,7 +304,17 @@ class DataPlaneClient:
                 out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 
-        return self._call(run, deadline)  # type: ignore[return-value]
+        try:
+            return self._call(run, deadline)  # type: ignore[return-value]
+        except InvalidArgument as exc:
+            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
+                raise
+            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
+            # read it as before from now on (it pins, and may promote, what it sends).
+            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
+            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
+            request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
+            return self._call(run, deadline)  # type: ignore[return-value]
 
     def put(
         self,

@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
+from kvstored.node.peer_export import export_chunks
 from kvstored.tiers.base import PinnedBlock, Reservation
+from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
+    GET_FLAG_PEER_EXPORT,
     GET_ITEM,
     GET_ITEM_GEN,
     HEADER,
@@ -331,7 +334,8 @@ class DataPlaneServer:
                     del raw
                     code = self._handle_get(sock, reader, keys, ns,
                                             with_generation=bool(flags & GET_FLAG_GENERATION),
-                                            fill=bool(flags & GET_FLAG_FILL_FROM_PEERS))
+                                            fill=bool(flags & GET_FLAG_FILL_FROM_PEERS),
+                                            peer_export=bool(flags & GET_FLAG_PEER_EXPORT))
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
@@ -396,7 +400,8 @@ class DataPlaneServer:
 
     # ---- GET -----------------------------------------------------------------------------
     def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
-                    *, with_generation: bool = False, fill: bool = False) -> int:
+                    *, with_generation: bool = False, fill: bool = False,
+                    peer_export: bool = False) -> int:
         core = self.core
         # GET_FLAG_GENERATION: each item header ends with the replica's generation
         item, tail = (GET_ITEM_GEN, (0,)) if with_generation else (GET_ITEM, ())
@@ -410,10 +415,15 @@ class DataPlaneServer:
             self._fill(keys, ns, reader.deadline)
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
-        chunks = core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
+        # GET_FLAG_PEER_EXPORT (a peer copying the blocks): read_for_export, nothing promoted,
+        # touched or counted as a get; DRAM blocks pinned in place as below (node/peer_export.py)
+        chunks: Iterator[tuple[int, list[Any]]] = (
+            export_chunks(core, keys, ns, chunk_keys=self.get_chunk_keys) if peer_export
+            else core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
+        )
         # closing() unpins the current chunk only after send_all returned or raised: the
         # kernel then holds its own copy, so no pin is released while it is still read.
-        with contextlib.closing(chunks):
+        with contextlib.closing(chunks):  # type: ignore[type-var]
             while True:
                 try:
                     start, got = next(chunks)
@@ -425,7 +435,7 @@ class DataPlaneServer:
                         return int(exc.code)
                     raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
                 for b in got:
-                    if isinstance(b, PinnedBlock):
+                    if isinstance(b, (PinnedBlock, ExportedBlock)):
                         pending.append(
                             item.pack(0, int(b.tier), 1, b.size_bytes, len(b.meta), 0,
                                       *((b.generation,) if with_generation else ())) + b.meta
@@ -438,7 +448,8 @@ class DataPlaneServer:
                     else:
                         msg = short_message(str(b))
                         pending.append(item.pack(int(b.code), 0, 0, 0, 0, len(msg), *tail) + msg)
-                self._allow_payload(reader, sum(b.size_bytes for b in got if isinstance(b, PinnedBlock)))
+                self._allow_payload(reader, sum(b.size_bytes for b in got
+                                                if isinstance(b, (PinnedBlock, ExportedBlock))))
                 self._emit("get_before_send", start=start, num_items=len(got))  # pins held
                 send_all(sock, pending, reader.deadline)  # while the chunk's pins are held
                 self._emit("chunk_sent", start=start, num_items=len(got))

@@ -147,10 +147,11 @@ def test_puts_beyond_one_nodes_size_spread_over_the_pool_and_read_back_through_a
     assert held["n2"] > 0 and held["n3"] > 0, held
     assert held["n2"] + held["n3"] >= len(keys) - 32 - 40, held  # n1: 8 + 0.6 x 16 MiB
     assert all(sum(t["used_bytes"] for t in view[n]["tiers"]) > 0 for n in ("n2", "n3"))
-    # Reading through n3 promotes n1's SSD blocks into its DRAM, which demotes others to
-    # its SSD, so n1 may spill again meanwhile: a block moved after n3 looked it up is a
-    # miss (the heartbeat-interval window, docs/cluster.md), never wrong bytes; read the
-    # misses again once the index names where they went.
+    # Reading through n3 copies blocks into n3's DRAM; their sources send them without
+    # promoting (GET_FLAG_PEER_EXPORT), so n1's and n2's tiers do not churn. n3's copies may
+    # still demote n3's own blocks and make it spill meanwhile: a block moved after n3
+    # looked it up is a miss (the heartbeat-interval window, docs/cluster.md), never wrong
+    # bytes; read the misses again once the index names where they went.
     missing = list(keys)
     for _ in range(10):
         with Client(n3.unix_address) as c:
@@ -169,9 +170,9 @@ def test_puts_beyond_one_nodes_size_spread_over_the_pool_and_read_back_through_a
     assert not missing, f"{len(missing)} blocks never readable through n3"
     assert all(_last_tier(n)["evictions"] == 0 for n in nodes.values())  # nothing was lost
     assert "spill_batch_done" in n1.log()
-    # A receiving node may spill too, once reads through n3 promote its SSD blocks into DRAM
-    # and demote others past its own high watermark; what must not happen is blocks bouncing
-    # between nodes: every block moved at most about twice in all.
+    # A receiving node may spill too (n3, once its copies demote its own blocks past its
+    # high watermark); what must not happen is blocks bouncing between nodes: every block
+    # moved at most about twice in all.
     moved = sum(int(m) for n in nodes.values()
                 for m in re.findall(r"spill_batch_done[^\n]*?num_placed=(\d+)", n.log()))
     assert len(keys) - len(local) <= moved <= 2 * len(keys), moved

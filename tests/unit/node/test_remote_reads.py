@@ -71,6 +71,10 @@ class FakeMaster:
         self.reports.append((peer, epoch, ok))
 
 
+EXPORTED: dict[int, list[bytes]] = {}
+"""Per source core (``id``): the keys its data plane read for a peer (GET_FLAG_PEER_EXPORT)."""
+
+
 def _as_older_node(core: NodeCore) -> None:
     """Make ``core``'s pinned blocks carry generation 0 (a node that does not know them)."""
     inner_fn = core.pinned_chunks
@@ -86,6 +90,16 @@ def _as_older_node(core: NodeCore) -> None:
             inner.close()
 
     core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+    inner_export = core.store.read_for_export  # a peer's GET (GET_FLAG_PEER_EXPORT)
+
+    exported = EXPORTED.setdefault(id(core), [])
+
+    def read_for_export(keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Any]:
+        exported.extend(keys)
+        return [dataclasses.replace(b, generation=0) if b is not None else None
+                for b in inner_export(keys, namespace_id=namespace_id)]
+
+    core.store.read_for_export = read_for_export  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -97,6 +111,7 @@ def source() -> Iterator[tuple[NodeCore, str]]:
     yield core, address
     server.stop(0.0)
     core.store.close()
+    EXPORTED.pop(id(core), None)
 
 
 @pytest.fixture
@@ -311,7 +326,7 @@ def test_probes_extend_the_local_answer_and_never_fetch_or_pin(
         assert reads.exists(b"", [key(3), key(2)], [False, False], [])[0] == [False, True]
         assert _local_bytes(local, [1, 2]) == [None, None]  # nothing was copied
         assert src.store.stats().pinned_blocks == 0
-        assert src.store.stats().hits == 0  # the source's blocks were not read
+        assert EXPORTED[id(src)] == []  # the source's blocks were not read
     finally:
         reads.close()
 

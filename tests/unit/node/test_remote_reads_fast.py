@@ -71,6 +71,8 @@ class Source:
     node_id: str
     generations: dict[bytes, int]
     """What the source's pinned blocks say their generation is (absent = 0, unknown)."""
+    exported: list[bytes] = dataclasses.field(default_factory=list)
+    """Keys the source's data plane read for a peer (GET_FLAG_PEER_EXPORT), in order."""
 
     def publish(self, master: FakeMaster, ids: list[int], gen: int) -> None:
         for i in ids:
@@ -79,7 +81,8 @@ class Source:
                                                      len(value(i)), gen, self.address)
 
 
-def _with_generations(core: NodeCore, generations: dict[bytes, int]) -> None:
+def _with_generations(core: NodeCore, generations: dict[bytes, int],
+                      exported: list[bytes] | None = None) -> None:
     """Make ``core``'s pinned blocks carry ``generations`` (as a node that knows them)."""
     inner_fn = core.pinned_chunks
 
@@ -94,6 +97,15 @@ def _with_generations(core: NodeCore, generations: dict[bytes, int]) -> None:
             inner.close()
 
     core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+    inner_export = core.store.read_for_export  # a peer's GET (GET_FLAG_PEER_EXPORT)
+
+    def read_for_export(keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Any]:
+        if exported is not None:
+            exported.extend(keys)
+        return [dataclasses.replace(b, generation=generations.get(b.key, 0)) if b is not None else None
+                for b in inner_export(keys, namespace_id=namespace_id)]
+
+    core.store.read_for_export = read_for_export  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -103,10 +115,11 @@ def make_source() -> Iterator[Any]:
     def factory(node_id: str = "src") -> Source:
         core = _core(node_id)
         gens: dict[bytes, int] = {}
-        _with_generations(core, gens)
+        exported: list[bytes] = []
+        _with_generations(core, gens, exported)
         server = DataPlaneServer(core, "127.0.0.1:0")
         made.append((server, core))
-        return Source(core, server.start(), node_id, gens)
+        return Source(core, server.start(), node_id, gens, exported)
 
     yield factory
     for server, core in made:
@@ -224,7 +237,8 @@ def test_a_second_read_of_a_block_being_copied_waits_for_that_copy(
         assert (r2[0].num_fetched, r2[0].num_waited, r2[0].num_found) == (0, 2, 0)
         assert not arrived.is_set()  # read 2 never reached a copy of its own
         assert _local_bytes(local, [1, 2]) == [value(1), value(2)]
-        assert src.core.store.stats().hits == 2  # each block left the source once
+        assert sorted(src.exported) == [key(1), key(2)]  # each block left the source once
+        assert src.core.store.stats().hits == 0  # a peer's read is no engine hit there
         assert len(reads.flights) == 0
     finally:
         go.set()
