@@ -8,6 +8,8 @@ Time is a fake clock; a lapse is made by advancing it and calling ``reap_expired
 
 from __future__ import annotations
 
+import pathlib
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -183,3 +185,18 @@ def test_hot_path_looks_up_no_labelled_child_after_first_use(
     assert calls == []
     _check(core, 0, 0)
     assert _sample(core, "kvstored_transfer_blocks_total", transport="shm", direction="out") == 8
+
+
+def test_bench_core_metrics_runs_and_has_its_fields() -> None:
+    """bench/bench_core_metrics.py (node-side metrics cost, metrics on vs off) runs; no timing
+    asserted."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "bench"))
+    try:
+        import bench_core_metrics
+    finally:
+        sys.path.remove(str(root / "bench"))
+    best = bench_core_metrics.measure(held=3, iters=5, rounds=1)
+    assert set(best) == {"get", "put", "lookup"}
+    for op in best.values():
+        assert set(op) == {"off", "on"} and all(t > 0 for t in op.values())
