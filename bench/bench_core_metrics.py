@@ -47,7 +47,8 @@ class _Node:
         self.store = TieredStore(
             dram_size_bytes=cfg.dram_size_bytes, arena_dir=None, max_block_bytes=cfg.max_block_bytes
         )
-        self.core = NodeCore(self.store, cfg, epoch=1, metrics=NodeMetrics() if with_metrics else None)
+        metrics = NodeMetrics() if with_metrics else None
+        self.core = NodeCore(self.store, cfg, epoch=1, metrics=metrics)
         self.keys = [_key(i) for i in range(16)]
         self.core.put_inline([(k, b"x" * BLOCK_BYTES, b"") for k in self.keys], b"")
         self.sid = self.core.open_session("bench")
@@ -108,7 +109,9 @@ def measure(held: int, iters: int, rounds: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--iters", type=int, default=500, help="calls per timed round")
     ap.add_argument("--rounds", type=int, default=9, help="timed rounds per node and op")
     ap.add_argument("--held", type=int, nargs="+", default=[0, 1000], help="other pins held")
@@ -116,12 +119,17 @@ def main() -> None:
     args = ap.parse_args()
     kvlog.configure(level="warning")
     res: dict[str, dict[str, float]] = {}
-    print(f"{'held pins':>9} {'op':>7} {'no metrics us':>14} {'metrics us':>11} {'metrics cost us':>16} {'ratio':>6}")
+    print(
+        f"{'held pins':>9} {'op':>7} {'no metrics us':>14} {'metrics us':>11} "
+        f"{'metrics cost us':>16} {'ratio':>6}"
+    )
     for held in args.held:
         best = measure(held, args.iters, args.rounds)
         for op in ("get", "put", "lookup"):
             a, b = best[op]["off"], best[op]["on"]
-            res[f"{op}_held{held}"] = {"no_metrics_us": a, "metrics_us": b, "cost_us": b - a, "ratio": b / a}
+            res[f"{op}_held{held}"] = {
+                "no_metrics_us": a, "metrics_us": b, "cost_us": b - a, "ratio": b / a,
+            }
             print(f"{held:>9} {op:>7} {a:>14.2f} {b:>11.2f} {b - a:>16.2f} {b / a:>6.2f}")
     if args.json:
         with open(args.json, "w") as f:
