@@ -147,6 +147,7 @@ class NodeCore:
         if metrics is not None:
             metrics.quarantined_bytes.set_function(self.leases.quarantined_bytes)
             metrics.sessions_active.set_function(self.leases.num_sessions)
+            metrics.watch_leases(self.leases.num_active)
 
     # ---- state -------------------------------------------------------------------------
     @property
@@ -278,7 +279,7 @@ class NodeCore:
 
     def _count_item_error(self, err: KvstoredError) -> KvstoredError:
         if self.metrics is not None:
-            self.metrics.item_errors.labels(code=err.code.name).inc()
+            self.metrics.count_item_error(err.code.name)
         return err
 
     def lease_s(self, lease_ms: int) -> float:
@@ -307,7 +308,6 @@ class NodeCore:
                     "acknowledged it never received its answer; nothing was granted"
                 )
             raise Unavailable(f"session {session_id} ended during the call; open a new session")
-        self._set_lease_gauge(kind)
         if self.test_hook is not None:
             self.test_hook(f"{'reserve_put' if kind == 'reservation' else 'pin_blocks'}_held")
         return lease_id
@@ -317,10 +317,6 @@ class NodeCore:
             self.unpin_all(items)
         else:
             self.abort_reserved(items)
-
-    def _set_lease_gauge(self, kind: str) -> None:
-        if self.metrics is not None:
-            self.metrics.lease_active.labels(kind=kind).set(self.leases.num_active(kind))
 
     # ---- puts ----------------------------------------------------------------------------
     def reserve_items(
@@ -482,7 +478,6 @@ class NodeCore:
             NotFound: unknown id (already committed/aborted, or from before a restart).
         """
         state, lease = self.leases.take("reservation", reservation_id)
-        self._set_lease_gauge("reservation")
         if state is LeaseState.UNKNOWN:
             raise NotFound(
                 f"reservation {reservation_id} is unknown: already committed or aborted, or "
@@ -663,7 +658,6 @@ class NodeCore:
                 expired.append(pin_id)
         for lease in released:
             self.unpin_all(lease.items)
-        self._set_lease_gauge("pin")
         return num_in_time, expired
 
     def release_orphans(self, session_id: int, request_ids: Sequence[int]) -> int:
@@ -685,8 +679,6 @@ class NodeCore:
                 "orphan_grants_released", session_id=session_id, num_leases=len(leases),
                 num_bytes=sum(x.num_bytes for x in leases),
             )
-            self._set_lease_gauge("pin")
-            self._set_lease_gauge("reservation")
         return len(leases)
 
     def get_inline(
@@ -738,8 +730,7 @@ class NodeCore:
         self.check_namespace_id(namespace_id)
         tiers = self.store.lookup_prefix(keys, namespace_id=namespace_id)
         if self.metrics is not None:
-            self.metrics.lookup_blocks.inc(len(keys))
-            self.metrics.lookup_hit_blocks.inc(len(tiers))
+            self.metrics.count_lookup(len(keys), len(tiers))
         return tiers
 
     def exists(
@@ -792,10 +783,7 @@ class NodeCore:
                 quarantined_bytes=lease.num_bytes,
             )
             if self.metrics is not None:
-                self.metrics.lease_expired.labels(kind=lease.kind).inc()
-        if moved:
-            self._set_lease_gauge("pin")
-            self._set_lease_gauge("reservation")
+                self.metrics.count_lease_expired(lease.kind)
         return len(moved)
 
     def open_session(self, peer: str = "") -> int:
@@ -811,8 +799,6 @@ class NodeCore:
             self._release(lease.kind, lease.items)
         if leases:
             log.info("session_closed_with_leases", session_id=session_id, num_leases=len(leases))
-            self._set_lease_gauge("pin")
-            self._set_lease_gauge("reservation")
 
     def quarantined_bytes(self) -> int:
         """Bytes in quarantine over all sessions."""
@@ -828,8 +814,6 @@ class NodeCore:
         self, transport: str, direction: str, num_blocks: int, num_bytes: int
     ) -> None:
         """Count payload moved by a transport (shm, tcp, grpc) in a direction (in, out)."""
-        if self.metrics is not None and num_blocks:
-            labels = {"transport": transport, "direction": direction}
-            self.metrics.transfer_blocks.labels(**labels).inc(num_blocks)
-            self.metrics.transfer_bytes.labels(**labels).inc(num_bytes)
+        if self.metrics is not None:
+            self.metrics.count_transfer(transport, direction, num_blocks, num_bytes)
 
