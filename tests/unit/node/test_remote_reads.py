@@ -12,29 +12,24 @@ test_remote_generations.py.
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
+from remote_helpers import FakeMaster, key, local_fixture, make_core, with_generations
+from remote_helpers import local_bytes as _local_bytes
+from remote_helpers import make_reads as _reads
 
 from kvstored.client.master import ClusterReplica
-from kvstored.config import NodeConfig
 from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import PinnedBlock, Tier
-from kvstored.tiers.tiered import TieredStore
+from kvstored.tiers.base import Tier
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:
@@ -42,56 +37,13 @@ def value(i: int) -> bytes:
 
 
 def _core(node_id: str) -> NodeCore:
-    cfg = NodeConfig(node_id=node_id, dram_size_bytes=4 << 20, ssd_size_bytes=0,
-                     max_block_bytes=BLOCK, max_batch_keys=64)
-    store = TieredStore(dram_size_bytes=cfg.dram_size_bytes, arena_dir=None,
-                        max_block_bytes=BLOCK)
-    return NodeCore(store, cfg, epoch=7)
-
-
-class FakeMaster:
-    """Names one replica per key; ``lookup`` answers the longest present prefix."""
-
-    def __init__(self) -> None:
-        self.replicas: dict[bytes, ClusterReplica] = {}
-        self.reports: list[tuple[str, int, bool]] = []
-        self.lookups = 0
-
-    def lookup(self, namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
-               ) -> list[ClusterReplica]:
-        self.lookups += 1
-        out = []
-        for k in keys:
-            if k not in self.replicas:
-                break
-            out.append(self.replicas[k])
-        return out
-
-    def report(self, peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
-        self.reports.append((peer, epoch, ok))
-
-
-def _as_older_node(core: NodeCore) -> None:
-    """Make ``core``'s pinned blocks carry generation 0 (a node that does not know them)."""
-    inner_fn = core.pinned_chunks
-
-    def pinned_chunks(keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-                      ) -> Iterator[tuple[int, list[Any]]]:
-        inner = inner_fn(keys, namespace_id, chunk_keys=chunk_keys)
-        try:
-            for start, got in inner:
-                yield start, [dataclasses.replace(b, generation=0)
-                              if isinstance(b, PinnedBlock) else b for b in got]
-        finally:
-            inner.close()
-
-    core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+    return make_core(node_id, block_bytes=BLOCK)
 
 
 @pytest.fixture
 def source() -> Iterator[tuple[NodeCore, str]]:
     core = _core("src")
-    _as_older_node(core)
+    with_generations(core, {})  # an older node: generation 0 on every block
     server = DataPlaneServer(core, "127.0.0.1:0")
     address = server.start()
     yield core, address
@@ -99,11 +51,7 @@ def source() -> Iterator[tuple[NodeCore, str]]:
     core.store.close()
 
 
-@pytest.fixture
-def local() -> Iterator[NodeCore]:
-    core = _core("dst")
-    yield core
-    core.store.close()
+local = local_fixture(BLOCK)
 
 
 def _publish(master: FakeMaster, src: NodeCore, address: str, ids: list[int], gen: int = 1) -> None:
@@ -119,15 +67,6 @@ def _eventually(cond: object, timeout_s: float = 10.0) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-def _reads(local: NodeCore, master: FakeMaster, **kw: object) -> RemoteReads:
-    return RemoteReads(local, node_id="dst", lookup=master.lookup, report=master.report, **kw)  # type: ignore[arg-type]
-
-
-def _local_bytes(core: NodeCore, ids: list[int]) -> list[bytes | None]:
-    out = core.get_inline([key(i) for i in ids], b"", budget_bytes=1 << 30)
-    return [o.value if o.found else None for o in out]
 
 
 def test_fill_copies_missing_blocks_from_the_peer_with_identical_bytes(
