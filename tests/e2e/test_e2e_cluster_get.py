@@ -13,7 +13,6 @@ tests/unit/node/test_remote_reads.py.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path

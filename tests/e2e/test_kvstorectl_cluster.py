@@ -17,7 +17,6 @@ import re
 import shutil
 import socket
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
