@@ -3,7 +3,8 @@ test_fill_spares_pool.py): in-process node cores, a master the test controls, an
 whose pinned blocks carry chosen generations.
 
 The master is a dict (key -> the replica it names): :class:`FakeMaster` answers the longest
-present prefix and records the peer reports. :func:`with_generations` makes a source's data
+present prefix and records the peer reports. :class:`DataPlanes` serves source cores and
+stops them at teardown. :func:`with_generations` makes a source's data
 plane send the generations the test sets (``{}``: 0 for every block, an older node that does
 not know them).
 """
@@ -23,6 +24,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.tiers.base import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.tcp import DataPlaneServer
 
 
 def key(i: int) -> bytes:
@@ -85,6 +87,26 @@ def with_generations(core: NodeCore, generations: dict[bytes, int]) -> None:
             inner.close()
 
     core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+
+
+class DataPlanes:
+    """Source nodes' data planes started by a test; :meth:`close` stops them and closes
+    their stores."""
+
+    def __init__(self) -> None:
+        self._made: list[tuple[DataPlaneServer, NodeCore]] = []
+
+    def serve(self, core: NodeCore) -> str:
+        """Start ``core``'s data plane on a port-0 loopback address; returns HOST:PORT."""
+        server = DataPlaneServer(core, "127.0.0.1:0")
+        self._made.append((server, core))
+        return server.start()
+
+    def close(self) -> None:
+        for server, core in self._made:
+            server.stop(0.0)
+            core.store.close()
+        self._made.clear()
 
 
 def make_reads(local: NodeCore, master: FakeMaster, **kw: object) -> RemoteReads:

@@ -18,14 +18,13 @@ from collections.abc import Iterator
 
 import pytest
 from remote_helpers import FakeMaster as _FakeMaster
-from remote_helpers import key, local_fixture, make_core
+from remote_helpers import DataPlanes, key, local_fixture, make_core
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.tiers.base import Tier
-from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 32 << 10
 
@@ -57,18 +56,14 @@ class FakeMaster(_FakeMaster):
 
 @pytest.fixture
 def make_source(tmp_path: pathlib.Path) -> Iterator[object]:
-    made: list[tuple[DataPlaneServer, NodeCore]] = []
+    planes = DataPlanes()
 
     def factory(**kw: object) -> tuple[NodeCore, str]:
         core = _core("src", **kw)  # type: ignore[arg-type]
-        server = DataPlaneServer(core, "127.0.0.1:0")
-        made.append((server, core))
-        return core, server.start()
+        return core, planes.serve(core)
 
     yield factory
-    for server, core in made:
-        server.stop(0.0)
-        core.store.close()
+    planes.close()
 
 
 local = local_fixture(BLOCK)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from remote_helpers import FakeMaster, key, local_fixture, make_core, with_generations
+from remote_helpers import DataPlanes, FakeMaster, key, local_fixture, make_core, with_generations
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 
@@ -27,7 +27,6 @@ from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.tiers.base import Tier
-from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
 
@@ -44,11 +43,9 @@ def _core(node_id: str) -> NodeCore:
 def source() -> Iterator[tuple[NodeCore, str]]:
     core = _core("src")
     with_generations(core, {})  # an older node: generation 0 on every block
-    server = DataPlaneServer(core, "127.0.0.1:0")
-    address = server.start()
-    yield core, address
-    server.stop(0.0)
-    core.store.close()
+    planes = DataPlanes()
+    yield core, planes.serve(core)
+    planes.close()
 
 
 local = local_fixture(BLOCK)

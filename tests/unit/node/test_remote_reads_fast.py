@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from remote_helpers import FakeMaster, key, local_fixture, make_core, with_generations
+from remote_helpers import DataPlanes, FakeMaster, key, local_fixture, make_core, with_generations
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 from thread_helpers import completes, in_thread
@@ -22,7 +22,6 @@ from thread_helpers import completes, in_thread
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.tiers.base import Tier
-from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
 
@@ -52,20 +51,16 @@ class Source:
 
 @pytest.fixture
 def make_source() -> Iterator[Any]:
-    made: list[tuple[DataPlaneServer, NodeCore]] = []
+    planes = DataPlanes()
 
     def factory(node_id: str = "src") -> Source:
         core = _core(node_id)
         gens: dict[bytes, int] = {}
         with_generations(core, gens)
-        server = DataPlaneServer(core, "127.0.0.1:0")
-        made.append((server, core))
-        return Source(core, server.start(), node_id, gens)
+        return Source(core, planes.serve(core), node_id, gens)
 
     yield factory
-    for server, core in made:
-        server.stop(0.0)
-        core.store.close()
+    planes.close()
 
 
 local = local_fixture(BLOCK)
