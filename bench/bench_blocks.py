@@ -58,6 +58,7 @@ from typing import Iterator
 import numpy as np
 
 import bench_control  # bench/ is on sys.path when this script runs
+from bench_common import percentile, timed
 from kvstored import Client
 from kvstored import log as kvlog
 from kvstored.units import format_size, parse_size
@@ -130,20 +131,8 @@ def redis_server(tmp: pathlib.Path) -> Iterator[int | None]:
         proc.wait(10)
 
 
-def timed(fn: Callable[[int], None], iters: int, warmup: int = 1) -> list[float]:
-    for i in range(warmup):
-        fn(-1 - i)
-    out = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        fn(i)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def summarize(lat_s: list[float], batch_bytes: int) -> dict[str, float]:
-    lat_sorted = sorted(lat_s)
-    p99 = lat_sorted[min(len(lat_sorted) - 1, int(round(0.99 * (len(lat_sorted) - 1))))]
+    p99 = percentile(lat_s, 0.99)
     return {
         "gbps": batch_bytes / statistics.median(lat_s) / 1e9,
         "p50_ms": statistics.median(lat_s) * 1e3,

@@ -19,7 +19,6 @@ address; ``--storm-address`` another with a small DRAM tier and an SSD tier).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -30,26 +29,17 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from bench_common import percentile as _pct  # bench/ is on sys.path when this script runs
+from bench_common import timed, write_json
+
 from kvstored import Client
 from kvstored.client import _control
 
 SMALL = 4 << 10
 
 
-def _pct(lat_s: list[float], q: float) -> float:
-    s = sorted(lat_s)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 def _timed(fn: Callable[[int], None], iters: int, warmup: int = 20) -> list[float]:
-    for i in range(warmup):
-        fn(-1 - i)  # warmup calls get negative indexes (their own keys)
-    out = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        fn(i)
-        out.append(time.perf_counter() - t0)
-    return out
+    return timed(fn, iters, warmup)  # warmup calls get negative indexes (their own keys)
 
 
 @contextmanager
@@ -238,9 +228,7 @@ def main() -> None:
     args = ap.parse_args()
     res = run_all(args.address, args.storm_address)
     print_rows(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(res, args.json)
 
 
 if __name__ == "__main__":

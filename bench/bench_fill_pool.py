@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from test_e2e_cluster import _wait  # noqa: E402 (the e2e cluster helpers)
+from cluster_helpers import _wait  # noqa: E402 (the e2e cluster helpers)
 from test_e2e_cluster_fill import _held, _value  # noqa: E402
 from test_e2e_cluster_put import _cluster, _settled, _used_fraction  # noqa: E402
 

@@ -13,13 +13,13 @@ median of per-iteration ratios (all copies timed back to back in each iteration)
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
+from bench_common import write_json  # bench/ is on sys.path when this script runs
 
 from kvstored import native
 
@@ -103,9 +103,7 @@ def main() -> None:
     sizes = [int(s[:-3]) << (20 if s.endswith("MiB") else 10) for s in args.sizes.split(",")]
     res = bench_native_copy(sizes, args.batch, args.iters)
     print_rows(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(res, args.json)
 
 
 if __name__ == "__main__":

@@ -101,11 +101,15 @@ def _check_node(m: Any, node_id: str) -> None:
         )
 
 
-def resolve_namespace(m: Any, prefix: str) -> bytes:
-    """The namespace id a hex prefix names, among the blocks the master indexes.
+def namespace_hex_prefix(prefix: str, *, too_long_hint: str = "") -> str:
+    """``--namespace-id``'s value, stripped and lower-cased: hex digits, at most a whole id.
+
+    Args:
+        prefix: as the user typed it.
+        too_long_hint: appended to the error of a value longer than an id.
 
     Raises:
-        InvalidArgument: not hex, too long, no match, ambiguous, or too many blocks to check.
+        InvalidArgument: empty, not hex, or longer than ``NAMESPACE_ID_HEX_DIGITS``.
     """
     text = prefix.strip().lower()
     if not text or any(ch not in "0123456789abcdef" for ch in text):
@@ -113,8 +117,18 @@ def resolve_namespace(m: Any, prefix: str) -> bytes:
     if len(text) > NAMESPACE_ID_HEX_DIGITS:
         raise InvalidArgument(
             f"--namespace-id {prefix!r} has {len(text)} hex digits; a namespace id has "
-            f"{NAMESPACE_ID_HEX_DIGITS}"
+            f"{NAMESPACE_ID_HEX_DIGITS}{too_long_hint}"
         )
+    return text
+
+
+def resolve_namespace(m: Any, prefix: str) -> bytes:
+    """The namespace id a hex prefix names, among the blocks the master indexes.
+
+    Raises:
+        InvalidArgument: not hex, too long, no match, ambiguous, or too many blocks to check.
+    """
+    text = namespace_hex_prefix(prefix)
     if len(text) == NAMESPACE_ID_HEX_DIGITS:
         return bytes.fromhex(text)
     seen: set[str] = set()

@@ -282,7 +282,7 @@ def _parse_hex(value: str, what: str) -> bytes:
         raise InvalidArgument(f"{what} {value!r} is not hex") from None
 
 
-NAMESPACE_ID_HEX_DIGITS = 32
+NAMESPACE_ID_HEX_DIGITS = cluster.NAMESPACE_ID_HEX_DIGITS
 _RESOLVE_LIMIT = 1_000_000  # the node's MAX_LIST_LIMIT
 
 
@@ -296,14 +296,8 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
         InvalidArgument: not hex; no stored block's namespace id starts with it; more than one
             does (each is listed); or the node holds too many blocks to prove it unique.
     """
-    text = prefix.strip().lower()
-    if not text or any(ch not in "0123456789abcdef" for ch in text):
-        raise InvalidArgument(f"--namespace-id {prefix!r} is not hex")
-    if len(text) > NAMESPACE_ID_HEX_DIGITS:
-        raise InvalidArgument(
-            f"--namespace-id {prefix!r} has {len(text)} hex digits; a namespace id has "
-            f"{NAMESPACE_ID_HEX_DIGITS} (give all of them or a unique prefix)"
-        )
+    text = cluster.namespace_hex_prefix(
+        prefix, too_long_hint=" (give all of them or a unique prefix)")
     if len(text) == NAMESPACE_ID_HEX_DIGITS:
         return _parse_hex(text, "--namespace-id")
     blocks, truncated = client.list_blocks(None, _RESOLVE_LIMIT)

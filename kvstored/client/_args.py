@@ -41,19 +41,24 @@ def parse_address(address: str) -> tuple[str, bool]:
     return address, False
 
 
+def _memoryview_of(obj: object, what: str, index: int, expected: str) -> memoryview:
+    """``memoryview(obj)``; not a buffer -> InvalidArgument naming ``what #index``, its type
+    and ``expected``."""
+    try:
+        return memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument(
+            f"{what} #{index} is a {type(obj).__name__}; pass {expected}") from None
+
+
 def as_byte_view(obj: object, what: str, index: int) -> memoryview:
     """A C-contiguous buffer as a flat byte memoryview (no copy).
 
     Raises:
         InvalidArgument: not a buffer, or not C-contiguous.
     """
-    try:
-        mv = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidArgument(
-            f"{what} #{index} is a {type(obj).__name__}; pass bytes or another buffer "
-            "(bytearray, memoryview, numpy array)"
-        ) from None
+    mv = _memoryview_of(obj, what, index, "bytes or another buffer (bytearray, memoryview, "
+                        "numpy array)")
     if not mv.c_contiguous:
         raise InvalidArgument(f"{what} #{index} is not C-contiguous; pass a contiguous buffer")
     if mv.format == "B" and mv.ndim == 1:
@@ -70,13 +75,8 @@ def as_writable_array(obj: object, index: int) -> np.ndarray:
     Raises:
         InvalidArgument: not a buffer, read-only, or not contiguous.
     """
-    try:
-        mv = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidArgument(
-            f"buffer #{index} is a {type(obj).__name__}; pass a writable buffer (bytearray, "
-            "numpy array, a torch tensor's .numpy() view)"
-        ) from None
+    mv = _memoryview_of(obj, "buffer", index, "a writable buffer (bytearray, numpy array, a "
+                        "torch tensor's .numpy() view)")
     if mv.readonly:
         raise InvalidArgument(f"buffer #{index} is read-only; pass a writable buffer")
     if not mv.c_contiguous:

@@ -65,6 +65,14 @@ class MasterClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
+    def _call(self, method: Callable[..., Any], request: Any, timeout_s: float | None) -> Any:
+        """``method(request)`` with ``timeout_s`` (None/0: the client's ``timeout_s``); a gRPC
+        error raised as the matching :class:`~kvstored.errors.KvstoredError`."""
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
     def list_nodes(self) -> dict[str, object]:
         """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
 
@@ -73,10 +81,7 @@ class MasterClient:
             "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
             "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
         """
-        try:
-            resp = self._stub.ListNodes(pb.ListNodesRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        resp = self._call(self._stub.ListNodes, pb.ListNodesRequest(), None)
         nodes = []
         for st in resp.nodes:
             n = st.node
@@ -110,10 +115,7 @@ class MasterClient:
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id)
-        try:
-            resp = self._stub.LookupPrefix(req, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
         nodes = list(resp.nodes)
         return [
             ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
@@ -133,10 +135,7 @@ class MasterClient:
         """
         req = pb.ReportTransferRequest(node_id=node_id, epoch=epoch, ok=ok,
                                        reporter_node_id=reporter_node_id)
-        try:
-            resp = self._stub.ReportTransfer(req, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        resp = self._call(self._stub.ReportTransfer, req, timeout_s)
         return _HEALTH.get(resp.health, "unknown")
 
     # ---- two-phase put (spill, tests) -------------------------------------------------
@@ -160,10 +159,7 @@ class MasterClient:
             writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
             max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
             holder_reports=holder_reports)
-        try:
-            resp = self._stub.PutStart(req, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        resp = self._call(self._stub.PutStart, req, timeout_s)
         return resp.exists, resp.generation, [
             ClusterReplica(r.node_id, r.epoch, Tier(r.tier), r.size_bytes, r.generation,
                            r.data_address) for r in resp.replicas]
@@ -181,10 +177,7 @@ class MasterClient:
         """
         req = pb.PutEndRequest(namespace_id=namespace_id, key=key, generation=generation,
                                commit=commit)
-        try:
-            resp = self._stub.PutEnd(req, timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        resp = self._call(self._stub.PutEnd, req, timeout_s)
         return resp.num_replicas
 
     def put_start_batch(

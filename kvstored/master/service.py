@@ -58,6 +58,19 @@ _ACTION_TO_PB = {NodeAction.NONE: pb.NODE_ACTION_UNSPECIFIED,
                  NodeAction.REREGISTER: pb.NODE_ACTION_REREGISTER,
                  NodeAction.RESYNC: pb.NODE_ACTION_RESYNC}
 
+
+def _policy_of(value: int) -> PlacementPolicy | None:
+    """The placement policy a request names (None: unspecified, the master's default).
+
+    Raises:
+        InvalidArgument: ``value`` is no known ``PlacementPolicy``.
+    """
+    policy = _POLICY_FROM_PB.get(value)
+    if policy is None and value != pb.PLACEMENT_POLICY_UNSPECIFIED:
+        raise InvalidArgument(f"unknown placement policy {value}")
+    return policy
+
+
 R = TypeVar("R")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
 
@@ -255,9 +268,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutStart(  # noqa: N802
         self, request: pb.PutStartRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutStartResponse:
-        policy = _POLICY_FROM_PB.get(request.policy)
-        if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
-            raise InvalidArgument(f"unknown placement policy {request.policy}")
+        policy = _policy_of(request.policy)
         try:
             out = self.placement.start_put(
                 bytes(request.namespace_id), bytes(request.key), request.size_bytes,
@@ -295,9 +306,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutStartBatch(  # noqa: N802
         self, request: pb.PutStartBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutStartBatchResponse:
-        policy = _POLICY_FROM_PB.get(request.policy)
-        if policy is None and request.policy != pb.PLACEMENT_POLICY_UNSPECIFIED:
-            raise InvalidArgument(f"unknown placement policy {request.policy}")
+        policy = _policy_of(request.policy)
         items = [(bytes(i.namespace_id), bytes(i.key), i.size_bytes) for i in request.items]
         resp = pb.PutStartBatchResponse()
         if request.ends:  # the carried ends first: their space is released before placing

@@ -1,5 +1,10 @@
-"""Helpers of the cluster fault tests: a network namespace joined to the root one by a veth
-pair, faults on that link (partition, a blackholed port), and cluster set-up.
+"""Helpers of the cluster e2e tests: real ``kvstored master`` / ``kvstored node`` processes
+on port-0 loopback addresses, the ``workdir`` / ``procs`` fixtures, polls with a deadline, and
+faults on a network namespace's link.
+
+:class:`MasterProcess` and :class:`NodeProcess` wrap the daemons (the master reports its
+epoch, gRPC and, with ``metrics_listen``, /metrics address on stdout). :func:`_wait` polls a
+condition until ``WAIT_S``; :func:`wait_healthy` polls the master's node table.
 
 A :class:`Netns` owns ``kvf<uid>`` (namespace) and ``kvf<uid>a``/``kvf<uid>b`` (the veth's root
 and namespace ends) with the /30 ``10.213.X.0``: ``X.1`` on the root end, ``X.2`` in the
@@ -18,17 +23,164 @@ data plane hangs while its heartbeats flow).
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import READY_TIMEOUT_S
-from test_e2e_cluster import MasterProcess, NodeProcess, _nodes, _wait
+from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
+
+from kvstored import Client
+from kvstored.client.master import MasterClient
+from kvstored.tiers.base import Tier
+
+LEASE_S = 4.0
+WAIT_S = 45.0
 
 _counter = itertools.count(1)
+
+
+class MasterProcess:
+    """``python -m kvstored.cli.main master`` on a port-0 loopback address.
+
+    Args:
+        workdir: holds ``master.log`` and the master's data dir.
+        metrics_listen: also serve /metrics on a port-0 loopback address (``self.metrics``,
+            ``HOST:PORT``).
+    """
+
+    def __init__(self, workdir: Path, *, metrics_listen: bool = False) -> None:
+        self.log_path = workdir / "master.log"
+        self.args = [sys.executable, "-m", "kvstored.cli.main", "master",
+                     "--listen", "127.0.0.1:0", "--data-dir", str(workdir / "master"),
+                     "--node-lease-s", str(LEASE_S)]
+        if metrics_listen:
+            self.args += ["--metrics-listen", "127.0.0.1:0"]
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.metrics = ""
+        self.epoch = 0
+
+    def start(self) -> MasterProcess:
+        """Start the master; returns when it printed ``ready``.
+
+        Raises:
+            AssertionError: not ready within ``READY_TIMEOUT_S`` (the log's tail attached).
+        """
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True)
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                parts = line.split()
+                if line.startswith("kvstored master epoch "):
+                    self.epoch = int(parts[3])
+                elif line.startswith("listening grpc "):
+                    self.address = parts[2]
+                elif line.startswith("listening metrics "):
+                    self.metrics = parts[2].removeprefix("http://").removesuffix("/metrics")
+                elif line.strip() == "ready":
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(READY_TIMEOUT_S):
+            self.kill()
+            raise AssertionError("kvstored master did not become ready:\n"
+                                 + self.log_path.read_text()[-3000:])
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the master if it runs, and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+class NodeProcess(ServeProcess):
+    """``kvstored node --master ADDR`` with the same flags as the serve helper."""
+
+    def __init__(self, workdir: Path, master: str, node_id: str, *, dram_size: str = "4MiB",
+                 ssd_size: str = "64MiB") -> None:
+        workdir.mkdir(exist_ok=True)
+        super().__init__(workdir, node_id=node_id, dram_size=dram_size, ssd_size=ssd_size)
+        self.args[self.args.index("serve")] = "node"
+        self.args += ["--master", master, "--metrics-address", ""]
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kvcl", dir="/tmp"))  # short: unix socket paths
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    started: list[Any] = []
+    yield started
+    for p in reversed(started):
+        p.kill()
+
+
+def _ctl(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvstored.cli.kvstorectl", "--address", address, *args],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def _nodes(master: str) -> dict[str, dict[str, Any]]:
+    out = _ctl(master, "nodes", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    return {n["node_id"]: n for n in json.loads(out.stdout)["nodes"]}
+
+
+def _wait(what: str, cond: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _where(m: MasterClient, keys: list[bytes]) -> dict[bytes, tuple[str, Tier]]:
+    """Per key (each looked up alone): the node and tier of its best replica, if any."""
+    out = {}
+    for k in keys:
+        got, _ = m.lookup_prefix(b"", [k])
+        if got:
+            out[k] = (got[0].node_id, got[0].tier)
+    return out
+
+
+def _keys(n: int) -> list[bytes]:
+    """``n`` random 16-byte keys."""
+    return [os.urandom(16) for _ in range(n)]
+
+
+def _put(node: NodeProcess, keys: list[bytes]) -> None:
+    """Put ``value_for(k)`` of every key through ``node``; asserts every one is stored."""
+    with Client(node.unix_address) as c:
+        assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
+
+
+def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
+    """The master names ``node_id`` for every key when asked from that node."""
+    got, _ = m.lookup_prefix(b"", keys, local_node_id=node_id)
+    return len(got) == len(keys) and {r.node_id for r in got} == {node_id}
 
 
 def _checked(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -122,14 +274,23 @@ def node_in_netns(ns: Netns, workdir: Path, master: str, node_id: str) -> NodePr
     return n
 
 
-def start_master(workdir: Path, procs: list[Any], *, lease_s: float,
-                 listen_host: str = "127.0.0.1") -> MasterProcess:
-    """A started :class:`MasterProcess` with ``lease_s`` listening on ``listen_host``."""
-    master = MasterProcess(workdir)
-    master.args[master.args.index("--node-lease-s") + 1] = str(lease_s)
+def start_master(workdir: Path, procs: list[Any], *, lease_s: float | None = None,
+                 listen_host: str = "127.0.0.1", metrics_listen: bool = False) -> MasterProcess:
+    """A started :class:`MasterProcess` (added to ``procs``) with ``lease_s`` (None:
+    ``LEASE_S``) listening on ``listen_host``."""
+    master = MasterProcess(workdir, metrics_listen=metrics_listen)
+    if lease_s is not None:
+        master.args[master.args.index("--node-lease-s") + 1] = str(lease_s)
     master.args[master.args.index("--listen") + 1] = f"{listen_host}:0"
     procs.append(master)
     return master.start()
+
+
+def start_each(nodes: list[NodeProcess], procs: list[Any]) -> None:
+    """Start ``nodes`` one after the other (each added to ``procs`` first)."""
+    for n in nodes:
+        procs.append(n)
+        n.start()
 
 
 def start_nodes(nodes: list[NodeProcess], procs: list[Any], env: dict[str, str]) -> None:

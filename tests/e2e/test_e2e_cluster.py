@@ -12,145 +12,42 @@ The exact orders and races are pinned by the FakeClock unit tests in tests/unit/
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
+from cluster_helpers import (  # MasterProcess, WAIT_S: re-exported for older importers
+    LEASE_S,
+    WAIT_S,  # noqa: F401
+    MasterProcess,  # noqa: F401
+    NodeProcess,
+    _ctl,
+    _nodes,
+    _wait,
+    _where,
+    procs,  # noqa: F401 - fixture
+    start_each,
+    start_master,
+    wait_healthy,
+    workdir,  # noqa: F401 - fixture
+)
+from e2e_helpers import value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.tiers.base import Tier
 
-LEASE_S = 4.0
-WAIT_S = 45.0
-
-
-class MasterProcess:
-    """``python -m kvstored.cli.main master`` on a port-0 loopback address."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.log_path = workdir / "master.log"
-        self.args = [sys.executable, "-m", "kvstored.cli.main", "master",
-                     "--listen", "127.0.0.1:0", "--data-dir", str(workdir / "master"),
-                     "--node-lease-s", str(LEASE_S)]
-        self.proc: subprocess.Popen[str] | None = None
-        self.address = ""
-        self.epoch = 0
-
-    def start(self) -> MasterProcess:
-        log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True)
-        log.close()
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                parts = line.split()
-                if line.startswith("kvstored master epoch "):
-                    self.epoch = int(parts[3])
-                elif line.startswith("listening grpc "):
-                    self.address = parts[2]
-                elif line.strip() == "ready":
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(READY_TIMEOUT_S):
-            self.kill()
-            raise AssertionError("kvstored master did not become ready:\n"
-                                 + self.log_path.read_text()[-3000:])
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-class NodeProcess(ServeProcess):
-    """``kvstored node --master ADDR`` with the same flags as the serve helper."""
-
-    def __init__(self, workdir: Path, master: str, node_id: str) -> None:
-        workdir.mkdir(exist_ok=True)
-        super().__init__(workdir, node_id=node_id, dram_size="4MiB", ssd_size="64MiB")
-        self.args[self.args.index("serve")] = "node"
-        self.args += ["--master", master, "--metrics-address", ""]
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvcl", dir="/tmp"))  # short: unix socket paths
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for p in reversed(started):
-        p.kill()
-
-
-def _ctl(master: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvstored.cli.kvstorectl", "--address", master, *args],
-        capture_output=True, text=True, timeout=60,
-    )
-
-
-def _nodes(master: str) -> dict[str, dict[str, Any]]:
-    out = _ctl(master, "nodes", "--output", "json")
-    assert out.returncode == 0, out.stderr
-    return {n["node_id"]: n for n in json.loads(out.stdout)["nodes"]}
-
-
-def _wait(what: str, cond: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _where(m: MasterClient, keys: list[bytes]) -> dict[bytes, tuple[str, Tier]]:
-    """Per key (each looked up alone): the node and tier of its best replica, if any."""
-    out = {}
-    for k in keys:
-        got, _ = m.lookup_prefix(b"", [k])
-        if got:
-            out[k] = (got[0].node_id, got[0].tier)
-    return out
-
 
 def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
     workdir: Path, procs: list[Any]
 ) -> None:
-    master = MasterProcess(workdir)
-    procs.append(master)
-    master.start()
+    master = start_master(workdir, procs)
     addr = master.address
     n1 = NodeProcess(workdir / "n1", addr, "n1")
     n2 = NodeProcess(workdir / "n2", addr, "n2")
-    procs += [n1, n2]
-    n1.start()
-    n2.start()
-    nodes = _wait("both nodes healthy", lambda: (
-        (n := _nodes(addr)) and {k: v["health"] for k, v in n.items()}
-        == {"n1": "healthy", "n2": "healthy"} and n))
+    start_each([n1, n2], procs)
+    nodes = wait_healthy(addr, {"n1", "n2"})
     assert nodes["n1"]["grpc_address"] == n1.tcp_address
     assert nodes["n2"]["data_address"] == n2.data
     assert {t["tier"] for t in nodes["n1"]["tiers"]} == {"DRAM", "SSD"}

@@ -18,22 +18,28 @@ deadline; no sleep stands in for synchronisation.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import Netns, node_in_netns, start_master, start_nodes, wait_healthy
-from e2e_helpers import value_for
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (
+    Netns,
     NodeProcess,
+    _indexed,
+    _keys,
     _nodes,
+    _put,
     _wait,
+    node_in_netns,
     procs,  # noqa: F401 - fixture
+    start_master,
+    start_nodes,
+    wait_healthy,
     workdir,  # noqa: F401 - fixture
 )
+from e2e_helpers import value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
@@ -52,20 +58,6 @@ def netns() -> Iterator[Netns]:
         yield ns.create()
     finally:
         ns.close()
-
-
-def _keys(n: int) -> list[bytes]:
-    return [os.urandom(16) for _ in range(n)]
-
-
-def _put(node: NodeProcess, keys: list[bytes]) -> None:
-    with Client(node.unix_address) as c:
-        assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
-
-
-def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
-    got, _ = m.lookup_prefix(b"", keys, local_node_id=node_id)
-    return len(got) == len(keys) and {r.node_id for r in got} == {node_id}
 
 
 def _timed_get(c: Client, keys: list[bytes]) -> tuple[list[bytes | None], float]:

@@ -28,28 +28,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster_helpers import start_master, start_nodes, wait_healthy
-from e2e_helpers import small_value_for, value_for
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (
     WAIT_S,
     MasterProcess,
     NodeProcess,
+    _indexed,
     _nodes,
     _wait,
     procs,  # noqa: F401 - fixture
+    start_master,
+    start_nodes,
+    wait_healthy,
     workdir,  # noqa: F401 - fixture
 )
+from e2e_helpers import small_value_for, value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.tiers.base import Tier
 
 HERE = Path(__file__).parent
-
-
-def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
-    got, _ = m.lookup_prefix(b"", keys, local_node_id=node_id)
-    return len(got) == len(keys) and {r.node_id for r in got} == {node_id}
 
 
 def _committed(path: Path) -> list[bytes]:

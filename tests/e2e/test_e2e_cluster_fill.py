@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (  # the cluster helpers and fixtures
     _wait,
     procs,  # noqa: F401 - fixture
     workdir,  # noqa: F401 - fixture

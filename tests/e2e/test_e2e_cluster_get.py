@@ -13,22 +13,27 @@ tests/unit/node/test_remote_reads.py.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import value_for
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (
     MasterProcess,
     NodeProcess,
+    _indexed,
+    _keys,
     _nodes,
+    _put,
     _wait,
     procs,  # noqa: F401 - fixture
+    start_each,
+    start_master,
+    wait_healthy,
     workdir,  # noqa: F401 - fixture
 )
+from e2e_helpers import value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
@@ -39,36 +44,13 @@ SLACK_S = 3.0  # scheduling noise of a loaded 2-core machine, on top of the fetc
 
 def _cluster(workdir: Path, procs: list[Any], *, lease_s: float | None = None
              ) -> tuple[MasterProcess, list[NodeProcess]]:
-    master = MasterProcess(workdir)
-    if lease_s is not None:
-        master.args[master.args.index("--node-lease-s") + 1] = str(lease_s)
-    procs.append(master)
-    master.start()
-    nodes = []
-    for name in ("n1", "n2", "n3"):
-        n = NodeProcess(workdir / name, master.address, name)
+    master = start_master(workdir, procs, lease_s=lease_s)
+    nodes = [NodeProcess(workdir / name, master.address, name) for name in ("n1", "n2", "n3")]
+    for n in nodes:
         n.env["KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S"] = str(FETCH_TIMEOUT_S)
-        procs.append(n)
-        n.start()
-        nodes.append(n)
-    _wait("three nodes healthy", lambda: {k: v["health"] for k, v in _nodes(master.address).items()}
-          == {"n1": "healthy", "n2": "healthy", "n3": "healthy"})
+    start_each(nodes, procs)
+    wait_healthy(master.address, {"n1", "n2", "n3"})
     return master, nodes
-
-
-def _put(node: NodeProcess, keys: list[bytes]) -> None:
-    with Client(node.unix_address) as c:
-        assert all(r.stored for r in c.put(keys, [value_for(k) for k in keys]))
-
-
-def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
-    """The master names ``node_id`` for every key when asked from that node."""
-    got, _ = m.lookup_prefix(b"", keys, local_node_id=node_id)
-    return len(got) == len(keys) and {r.node_id for r in got} == {node_id}
-
-
-def _keys(n: int) -> list[bytes]:
-    return [os.urandom(16) for _ in range(n)]
 
 
 def test_put_through_one_node_get_through_another_and_a_killed_holder_misses(

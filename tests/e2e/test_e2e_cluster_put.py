@@ -27,13 +27,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (
     MasterProcess,
     NodeProcess,
+    _keys,
     _nodes,
     _wait,
     _where,
     procs,  # noqa: F401 - fixture
+    start_each,
+    wait_healthy,
     workdir,  # noqa: F401 - fixture
 )
 
@@ -61,10 +64,6 @@ def _value(key: bytes) -> bytes:
         0, 256, BLOCK, dtype=np.uint8).tobytes()
 
 
-def _keys(n: int) -> list[bytes]:
-    return [os.urandom(16) for _ in range(n)]
-
-
 def _cluster(workdir: Path, procs: list[Any], sizes: dict[str, tuple[str, str]], *,
              policy: str | None = None, env: dict[str, dict[str, str]] | None = None
              ) -> tuple[MasterProcess, dict[str, NodeProcess]]:
@@ -73,18 +72,13 @@ def _cluster(workdir: Path, procs: list[Any], sizes: dict[str, tuple[str, str]],
         master.args += ["--placement-policy", policy]
     procs.append(master)
     master.start()
-    nodes = {}
-    for name, (dram, ssd) in sizes.items():
-        n = NodeProcess(workdir / name, master.address, name)
-        n.args[n.args.index("--dram-size") + 1] = dram
-        n.args[n.args.index("--ssd-size") + 1] = ssd
+    nodes = {name: NodeProcess(workdir / name, master.address, name, dram_size=dram,
+                               ssd_size=ssd) for name, (dram, ssd) in sizes.items()}
+    for name, n in nodes.items():
         n.env.update(SPILL_ENV)
         n.env.update((env or {}).get(name, {}))
-        procs.append(n)
-        n.start()
-        nodes[name] = n
-    _wait("every node healthy", lambda: {k: v["health"] for k, v in _nodes(master.address).items()}
-          == dict.fromkeys(sizes, "healthy"))
+    start_each(list(nodes.values()), procs)
+    wait_healthy(master.address, set(sizes))
     return master, nodes
 
 

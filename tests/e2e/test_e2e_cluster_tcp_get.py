@@ -18,39 +18,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e_helpers import value_for
-from test_e2e_cluster import (  # the cluster helpers and fixtures
+from cluster_helpers import (
     NodeProcess,
-    _nodes,
+    _indexed,
     _wait,
     procs,  # noqa: F401 - fixture
+    start_each,
+    start_master,
+    wait_healthy,
     workdir,  # noqa: F401 - fixture
 )
-from test_kvstorectl_cluster import Master, _scrape  # a master with its metrics port
+from e2e_helpers import value_for
+from test_kvstorectl_cluster import _scrape
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.transport.tcp import DataPlaneClient
 
 
-def _indexed(m: MasterClient, keys: list[bytes], node_id: str) -> bool:
-    got, _ = m.lookup_prefix(b"", keys, local_node_id=node_id)
-    return len(got) == len(keys) and {r.node_id for r in got} == {node_id}
-
-
 def test_an_engine_on_the_tcp_data_plane_reads_a_peers_blocks_and_peers_never_chain(
     workdir: Path, procs: list[Any]
 ) -> None:
-    master = Master(workdir)
-    procs.append(master)
-    master.start()
+    master = start_master(workdir, procs, metrics_listen=True)
     n1, n2 = NodeProcess(workdir / "n1", master.address, "n1"), NodeProcess(
         workdir / "n2", master.address, "n2")
-    for n in (n1, n2):
-        procs.append(n)
-        n.start()
-    _wait("two nodes healthy", lambda: {k: v["health"] for k, v in _nodes(master.address).items()}
-          == {"n1": "healthy", "n2": "healthy"})
+    start_each([n1, n2], procs)
+    wait_healthy(master.address, {"n1", "n2"})
     peer_only, engine_keys = [os.urandom(16) for _ in range(3)], [os.urandom(16) for _ in range(3)]
     with Client(n1.unix_address) as c:
         assert all(r.stored for r in c.put(peer_only + engine_keys,

@@ -16,87 +16,28 @@ import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
+from cluster_helpers import MasterProcess, NodeProcess, _ctl, _wait, start_each, start_master
+from e2e_helpers import value_for
 
 from kvstored import Client
 
-LEASE_S = 4.0
-WAIT_S = 45.0
-
-
-class Master:
-    """``kvstored master`` on port-0 loopback addresses, with /metrics."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.log_path = workdir / "master.log"
-        self.args = [sys.executable, "-m", "kvstored.cli.main", "master",
-                     "--listen", "127.0.0.1:0", "--data-dir", str(workdir / "master"),
-                     "--node-lease-s", str(LEASE_S), "--metrics-listen", "127.0.0.1:0"]
-        self.proc: subprocess.Popen[str] | None = None
-        self.address = ""
-        self.metrics = ""
-
-    def start(self) -> Master:
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True)
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                parts = line.split()
-                if line.startswith("listening grpc "):
-                    self.address = parts[2]
-                elif line.startswith("listening metrics "):
-                    self.metrics = parts[2].removeprefix("http://").removesuffix("/metrics")
-                elif line.strip() == "ready":
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(READY_TIMEOUT_S):
-            self.kill()
-            raise AssertionError("master not ready:\n" + self.log_path.read_text()[-3000:])
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-class Node(ServeProcess):
-    """``kvstored node --master ADDR`` (the serve helper's flags)."""
-
-    def __init__(self, workdir: Path, master: str, node_id: str) -> None:
-        workdir.mkdir(exist_ok=True)
-        super().__init__(workdir, node_id=node_id, dram_size="8MiB", ssd_size="32MiB")
-        self.args[self.args.index("serve")] = "node"
-        self.args += ["--master", master, "--metrics-address", ""]
-
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[Master, dict[str, Node]]]:
+def cluster() -> Iterator[tuple[MasterProcess, dict[str, NodeProcess]]]:
     workdir = Path(tempfile.mkdtemp(prefix="kvctl", dir="/tmp"))  # short unix socket paths
     started: list[Any] = []
     try:
-        master = Master(workdir).start()
-        started.append(master)
-        nodes = {}
-        for name in ("n1", "n2", "n3"):
-            nodes[name] = Node(workdir / name, master.address, name)
-            started.append(nodes[name])
-            nodes[name].start()
+        master = start_master(workdir, started, metrics_listen=True)
+        nodes = {name: NodeProcess(workdir / name, master.address, name, dram_size="8MiB",
+                                   ssd_size="32MiB") for name in ("n1", "n2", "n3")}
+        start_each(list(nodes.values()), started)
         _wait("three healthy nodes", lambda: sorted(
             n["node_id"] for n in _json(master.address, "nodes")["nodes"]
             if n["health"] == "healthy") == ["n1", "n2", "n3"])
@@ -107,28 +48,10 @@ def cluster() -> Iterator[tuple[Master, dict[str, Node]]]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _ctl(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvstored.cli.kvstorectl", "--address", address, *args],
-        capture_output=True, text=True, timeout=60,
-    )
-
-
 def _json(address: str, *args: str) -> Any:
     out = _ctl(address, *args, "--output", "json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def _wait(what: str, cond: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _scrape(address: str) -> dict[str, float]:
@@ -149,7 +72,7 @@ def _free_port() -> int:
 
 
 def test_where_blocks_evict_and_metrics_across_three_nodes(
-    cluster: tuple[Master, dict[str, Node]]
+    cluster: tuple[MasterProcess, dict[str, NodeProcess]]
 ) -> None:
     master, nodes = cluster
     addr = master.address
@@ -229,7 +152,7 @@ def test_where_blocks_evict_and_metrics_across_three_nodes(
 
 
 def test_bad_input_exit_codes_and_node_commands_unchanged(
-    cluster: tuple[Master, dict[str, Node]]
+    cluster: tuple[MasterProcess, dict[str, NodeProcess]]
 ) -> None:
     master, nodes = cluster
     addr = master.address

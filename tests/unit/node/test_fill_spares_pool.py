@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from remote_helpers import FakeMaster as _Master
+from remote_helpers import key, make_core
 
 from kvstored.client.master import ClusterReplica
-from kvstored.config import NodeConfig
 from kvstored.errors import NoCapacity
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
@@ -27,10 +28,6 @@ from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:
@@ -196,28 +193,8 @@ def test_the_spiller_takes_copies_first(dram_only: TieredStore) -> None:
 # ---- through RemoteReads: a fill of a full node ------------------------------------------------
 
 
-class _Master:
-    def __init__(self) -> None:
-        self.replicas: dict[bytes, ClusterReplica] = {}
-
-    def lookup(self, namespace_id: bytes, keys: list[bytes], local: str, timeout_s: float
-               ) -> list[ClusterReplica]:
-        out = []
-        for k in keys:
-            if k not in self.replicas:
-                break
-            out.append(self.replicas[k])
-        return out
-
-    def report(self, peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
-        return None
-
-
 def _core(node_id: str, dram_bytes: int) -> NodeCore:
-    cfg = NodeConfig(node_id=node_id, dram_size_bytes=dram_bytes, ssd_size_bytes=0,
-                     max_block_bytes=BLOCK, max_batch_keys=64)
-    store = TieredStore(dram_size_bytes=dram_bytes, arena_dir=None, max_block_bytes=BLOCK)
-    return NodeCore(store, cfg, epoch=7)
+    return make_core(node_id, block_bytes=BLOCK, dram_bytes=dram_bytes)
 
 
 def test_a_fill_through_a_full_dram_only_node_skips_copies_and_keeps_every_unique_block() -> None:

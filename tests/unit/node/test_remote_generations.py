@@ -14,23 +14,19 @@ inventory). Races are held at ``before_copy`` / ``before_verify``; nothing waits
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
+from remote_helpers import FakeMaster as _FakeMaster
+from remote_helpers import DataPlanes, key, local_fixture, make_core
+from remote_helpers import local_bytes as _local_bytes
+from remote_helpers import make_reads as _reads
 
 from kvstored.client.master import ClusterReplica
-from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
-from kvstored.node.remote import RemoteReads
 from kvstored.tiers.base import Tier
-from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 32 << 10
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int, salt: int = 0) -> bytes:
@@ -39,11 +35,7 @@ def value(i: int, salt: int = 0) -> bytes:
 
 def _core(node_id: str, *, dram_bytes: int = 4 << 20, ssd_dir: pathlib.Path | None = None
           ) -> NodeCore:
-    cfg = NodeConfig(node_id=node_id, dram_size_bytes=dram_bytes, ssd_size_bytes=0,
-                     max_block_bytes=BLOCK, max_batch_keys=64)
-    store = TieredStore(dram_size_bytes=dram_bytes, arena_dir=None, max_block_bytes=BLOCK,
-                        ssd_dir=ssd_dir, ssd_size_bytes=4 << 20 if ssd_dir else 0)
-    return NodeCore(store, cfg, epoch=7)
+    return make_core(node_id, block_bytes=BLOCK, dram_bytes=dram_bytes, ssd_dir=ssd_dir)
 
 
 def generation_of(core: NodeCore, k: bytes, tier: Tier) -> int:
@@ -53,25 +45,8 @@ def generation_of(core: NodeCore, k: bytes, tier: Tier) -> int:
     return dict(zip(b.tiers, b.generations, strict=True))[tier]
 
 
-class FakeMaster:
-    """Names one replica per key; ``lookup`` answers the longest present prefix."""
-
-    def __init__(self) -> None:
-        self.replicas: dict[bytes, ClusterReplica] = {}
-        self.lookups = 0
-
-    def lookup(self, namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
-               ) -> list[ClusterReplica]:
-        self.lookups += 1
-        out = []
-        for k in keys:
-            if k not in self.replicas:
-                break
-            out.append(self.replicas[k])
-        return out
-
-    def report(self, peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
-        return None
+class FakeMaster(_FakeMaster):
+    """The helpers' master, naming replicas under the generation their source stamped."""
 
     def name(self, src: NodeCore, address: str, i: int, tier: Tier = Tier.DRAM) -> None:
         """Index the source's replica of block ``i`` as its events would."""
@@ -81,34 +56,17 @@ class FakeMaster:
 
 @pytest.fixture
 def make_source(tmp_path: pathlib.Path) -> Iterator[object]:
-    made: list[tuple[DataPlaneServer, NodeCore]] = []
+    planes = DataPlanes()
 
     def factory(**kw: object) -> tuple[NodeCore, str]:
         core = _core("src", **kw)  # type: ignore[arg-type]
-        server = DataPlaneServer(core, "127.0.0.1:0")
-        made.append((server, core))
-        return core, server.start()
+        return core, planes.serve(core)
 
     yield factory
-    for server, core in made:
-        server.stop(0.0)
-        core.store.close()
+    planes.close()
 
 
-@pytest.fixture
-def local() -> Iterator[NodeCore]:
-    core = _core("dst")
-    yield core
-    core.store.close()
-
-
-def _reads(local: NodeCore, master: FakeMaster, **kw: object) -> RemoteReads:
-    return RemoteReads(local, node_id="dst", lookup=master.lookup, report=master.report, **kw)  # type: ignore[arg-type]
-
-
-def _local_bytes(core: NodeCore, ids: list[int]) -> list[bytes | None]:
-    out = core.get_inline([key(i) for i in ids], b"", budget_bytes=1 << 30)
-    return [o.value if o.found else None for o in out]
+local = local_fixture(BLOCK)
 
 
 def test_a_copy_is_verified_by_the_sources_generation_without_a_second_lookup(
