@@ -13,6 +13,7 @@ The exact orders and races are pinned by the FakeClock unit tests in tests/unit/
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
