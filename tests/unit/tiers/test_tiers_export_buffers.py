@@ -8,6 +8,7 @@ test checks the bytes a caller sees are the block's own, whichever buffer they l
 from __future__ import annotations
 
 import pathlib
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -85,3 +86,17 @@ def test_the_pool_keeps_a_bounded_number_of_bytes(
     pooled = store._export_pool
     assert pooled is not None and sum(len(b.mm) for b in pooled) <= 4 * 3 * K
     assert len(pooled) == 2  # each buffer: 2 blocks of 3 pages; the newest two kept
+
+
+def test_bench_export_ssd_runs_and_has_its_fields(tmp_path: pathlib.Path) -> None:
+    """bench/bench_export_ssd.py (export vs engine cold get of SSD-only blocks) runs; no
+    timing asserted."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "bench"))
+    try:
+        import bench_export_ssd
+    finally:
+        sys.path.remove(str(root / "bench"))
+    got = bench_export_ssd.run_size(64 << 10, 256 << 10, 1, str(tmp_path))
+    assert set(got) == {"blocks", "engine_gbps", "export_gbps", "ratio"}
+    assert got["blocks"] == 4 and all(v > 0 for v in got.values())
