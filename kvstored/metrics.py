@@ -130,6 +130,9 @@ class NodeMetrics:
         # labelled children, created on first use (a series appears once it has counted)
         self._transfer: dict[tuple[str, str], tuple[Counter, Counter]] = {}
         self._item_errors: dict[str, Counter] = {}
+        self._rpc: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._remote_blocks: dict[str, Counter] = {}
+        self._dataplane: dict[tuple[str, str], Counter] = {}
 
     # ---- per-request counting, O(1) (cached children) ------------------------------------
     def count_transfer(
@@ -159,6 +162,34 @@ class NodeMetrics:
         child = self._item_errors.get(code)
         if child is None:
             child = self._item_errors[code] = self.item_errors.labels(code=code)
+        child.inc()
+
+    def count_rpc(self, method: str, code: str, duration_s: float) -> None:
+        """Count one gRPC call of ``method`` that ended with ``code`` after ``duration_s`` s."""
+        children = self._rpc.get((method, code))
+        if children is None:
+            children = self._rpc[(method, code)] = (
+                self.rpc_requests.labels(method=method, code=code),
+                self.rpc_duration.labels(method=method),
+            )
+        children[0].inc()
+        children[1].observe(duration_s)
+
+    def count_remote_blocks(self, outcome: str, n: int = 1) -> None:
+        """Count ``n`` blocks a read copied from peers with ``outcome`` (fetched, dropped,
+        failed, skipped); 0 counts nothing."""
+        if not n:
+            return
+        child = self._remote_blocks.get(outcome)
+        if child is None:
+            child = self._remote_blocks[outcome] = self.remote_blocks.labels(outcome=outcome)
+        child.inc(n)
+
+    def count_dataplane_request(self, op: str, code: str) -> None:
+        """Count one TCP data-plane request of ``op`` (get | put | unknown) ending in ``code``."""
+        child = self._dataplane.get((op, code))
+        if child is None:
+            child = self._dataplane[(op, code)] = self.dataplane_requests.labels(op=op, code=code)
         child.inc()
 
     def count_lookup(self, num_keys: int, num_hits: int) -> None:

@@ -509,24 +509,42 @@ class NodeCore:
 
     # ---- gets ----------------------------------------------------------------------------
     def pin_items(
-        self, keys: Sequence[bytes], namespace_id: bytes, *, may_block: bool = True
+        self, keys: Sequence[bytes], namespace_id: bytes, *, may_block: bool = True,
+        cut: bool = False,
     ) -> list[PinnedBlock | None | KvstoredError]:
         """Validate keys and pin the good ones (no lease); bad keys get their own error.
 
-        The caller must ``store.unpin`` every returned PinnedBlock.
+        The caller must ``store.unpin`` every returned PinnedBlock. With ``cut`` (a chunked
+        read that reads again from the first NoCapacity after its first key), the store
+        stops at that key: it and every key after it get NoCapacity and are neither pinned
+        nor counted (gets, misses, item errors), so a key is counted once per request
+        whatever the chunking (issue 9).
         """
         errors = [self.key_error(i, k) for i, k in enumerate(keys)]
         good = [k for k, e in zip(keys, errors, strict=True) if e is None]
-        pinned = iter(
-            self.store.pin_many(good, namespace_id=namespace_id, may_block=may_block)
-            if good else ()
+        cut_from = None if not cut else (1 if errors and errors[0] is None else 0)
+        got_good = (
+            self.store.pin_many(
+                good, namespace_id=namespace_id, may_block=may_block, cut_from=cut_from
+            )
+            if good else []
         )
+        end = len(keys)
+        if len(got_good) < len(good):  # cut at the first good key the store did not return
+            end = [i for i, e in enumerate(errors) if e is None][len(got_good)]
+        pinned = iter(got_good)
         out: list[PinnedBlock | None | KvstoredError] = []
-        for err in errors:
+        for err in errors[:end]:
             got = next(pinned) if err is None else self._count_item_error(err)
             if isinstance(got, KvstoredError) and err is None:
                 self._count_item_error(got)
             out.append(got)
+        if end < len(keys):
+            deferred = NoCapacity(
+                f"DRAM is full of this read's own pins at key #{end}; read again from there "
+                "once they are released"
+            )
+            out.extend([deferred] * (len(keys) - end))
         return out
 
     def pinned_chunks(
@@ -550,7 +568,7 @@ class NodeCore:
         num_chunks = 0
         try:
             while i < n:
-                got = self.pin_items(keys[i : i + chunk_keys], namespace_id)
+                got = self.pin_items(keys[i : i + chunk_keys], namespace_id, cut=True)
                 num_chunks += 1
                 cut = len(got)
                 for j in range(1, len(got)):
@@ -619,7 +637,8 @@ class NodeCore:
         self.check_batch(len(keys))
         self.check_namespace_id(namespace_id)
         self.leases.check_session(session_id)
-        got = self.pin_items(keys, namespace_id, may_block=may_block)
+        # cut: the shm client reads again from the first NoCapacity after the first key
+        got = self.pin_items(keys, namespace_id, may_block=may_block, cut=True)
         pinned = [b for b in got if isinstance(b, PinnedBlock)]
         if not pinned:
             return 0, got
@@ -695,12 +714,14 @@ class NodeCore:
         out: list[GetOutcome] = []
         used = num = 0
         full = False
+        unserved: list[PinnedBlock] = []
         with contextlib.closing(self.pinned_chunks(keys, namespace_id)) as chunks:
             for start, got in chunks:
                 for j, b in enumerate(got):
                     if isinstance(b, PinnedBlock):
                         if full or (num and used + b.size_bytes > budget_bytes):
                             full = True
+                            unserved.append(b)  # asked for again in the client's next call
                             out.append(GetOutcome(False, error=BatchTooLarge(
                                 f"inline response budget of {budget_bytes} bytes reached at key "
                                 f"#{start + j}; fetch the remaining keys in another call or use "
@@ -720,6 +741,8 @@ class NodeCore:
                             f"inline response budget of {budget_bytes} bytes reached before key #{i}"
                         )))
                     break
+        if unserved:
+            self.store.uncount_reads(unserved)
         self.count_transfer("grpc", "out", num, used)
         return out
 

@@ -327,8 +327,7 @@ class RemoteReads:
             self.num_failed += failed
         if core.metrics is not None:
             for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed)):
-                if n:
-                    core.metrics.remote_blocks.labels(outcome=outcome).inc(n)
+                core.metrics.count_remote_blocks(outcome, n)
         log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
                   num_dropped=dropped, num_failed=failed, num_waited=len(missing) - len(mine),
                   lookup_ms=round((t_found - t0) * 1000, 2),
@@ -395,7 +394,7 @@ class RemoteReads:
                     with self._lock:
                         self.num_skipped += 1
                     if core.metrics is not None:
-                        core.metrics.remote_blocks.labels(outcome="skipped").inc()
+                        core.metrics.count_remote_blocks("skipped")
                 return None  # already here meanwhile, or no room: skip the payload (a miss)
             reserved[i] = got
             return got.view

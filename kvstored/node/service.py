@@ -402,8 +402,7 @@ def _wrap(
                     ) from None
                 response = await fn(request, context)
                 if metrics is not None:
-                    metrics.rpc_requests.labels(method=name, code="OK").inc()
-                    metrics.rpc_duration.labels(method=name).observe(time.perf_counter() - t0)
+                    metrics.count_rpc(name, "OK", time.perf_counter() - t0)
                 return response
             except KvstoredError as exc:
                 err = exc
@@ -412,8 +411,7 @@ def _wrap(
                 log.exception("rpc_failed_internally")
                 err = InternalError(f"internal error in {name}; see the node's log")
             if metrics is not None:
-                metrics.rpc_requests.labels(method=name, code=ErrorCode(err.code).name).inc()
-                metrics.rpc_duration.labels(method=name).observe(time.perf_counter() - t0)
+                metrics.count_rpc(name, ErrorCode(err.code).name, time.perf_counter() - t0)
             await context.abort(err.grpc_status, str(err), trailing_metadata=grpc_trailing_metadata(err))
             raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 

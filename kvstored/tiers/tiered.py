@@ -54,6 +54,7 @@ from kvstored.errors import (
     InvalidArgument,
     KeyInvalid,
     KvstoredError,
+    NoCapacity,
     NotFound,
     Unavailable,
 )
@@ -424,7 +425,8 @@ class TieredStore(TransitMixin, ExportMixin):
 
     # ---- get ---------------------------------------------------------------------------
     def pin_many(
-        self, keys: Sequence[bytes], *, namespace_id: bytes = b"", may_block: bool = True
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b"", may_block: bool = True,
+        cut_from: int | None = None,
     ) -> list[PinnedBlock | None | KvstoredError]:
         """Pin blocks of one namespace in DRAM for reading, promoting SSD hits first.
 
@@ -440,11 +442,16 @@ class TieredStore(TransitMixin, ExportMixin):
             may_block: False = never wait (for the event loop): if any key is an SSD-only or
                 promoting block, nothing is pinned or counted and every item is
                 :data:`~kvstored.tiers.base.NEEDS_IO`.
+            cut_from: for a chunked read that reads again from a cut (NodeCore.pinned_chunks,
+                the shm client's PinBlocks windows): the first key at index >= ``cut_from``
+                whose SSD block cannot be promoted (NoCapacity) ends the call there; it and
+                the keys after it are neither pinned nor counted (the next chunk reads and
+                counts them), and the list returned is that much shorter. None: every key.
 
         Returns:
-            Per key: a PinnedBlock, None (miss, including a block dropped for a bad checksum),
-            or NoCapacity (an SSD hit could not be promoted: DRAM all pinned). Errors count
-            as misses and hold no pin.
+            Per key (a prefix of ``keys`` when cut): a PinnedBlock, None (miss, including a
+            block dropped for a bad checksum), or NoCapacity (an SSD hit could not be
+            promoted: DRAM all pinned). Errors count as misses and hold no pin.
 
         Raises:
             KeyInvalid: a key is empty or not bytes (nothing is pinned then).
@@ -490,6 +497,11 @@ class TieredStore(TransitMixin, ExportMixin):
                         touched_ssd.append(skey)
                     break
                 if not isinstance(got, DramEntry):
+                    if cut_from is not None and len(out) >= cut_from and isinstance(
+                        got, NoCapacity
+                    ):
+                        self._gets -= 1  # read (and counted) again by the next chunk
+                        break
                     self._misses += 1
                     out.append(got)
                     continue
@@ -518,6 +530,16 @@ class TieredStore(TransitMixin, ExportMixin):
         if ssd is not None and records:
             ssd.persist(records)
         return out
+
+    def uncount_reads(self, blocks: Sequence[PinnedBlock]) -> None:
+        """Take back the gets and hits :meth:`pin_many` counted for ``blocks``: pinned but
+        not sent, because the reader asks for them again (past the inline Get's budget), so
+        a key is counted once per request (issue 9). Pins are untouched; the SSD read of a
+        promoted block stays counted on the SSD tier (it happened)."""
+        with self._lock:
+            self._gets -= len(blocks)
+            self._hits -= len(blocks)
+            self._dram.hits -= sum(1 for b in blocks if b.tier is Tier.DRAM)
 
     def touch_many(
         self, keys: Sequence[bytes], *, namespace_id: bytes = b"", ssd_keys: Collection[bytes] = ()

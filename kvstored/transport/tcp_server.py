@@ -281,7 +281,7 @@ class DataPlaneServer:
                 code_name = ErrorCode(code).name
             except ValueError:
                 code_name = str(code)
-            metrics.dataplane_requests.labels(op=op_name, code=code_name).inc()
+            metrics.count_dataplane_request(op_name, code_name)
 
     def _serve_connection(self, sock: socket.socket, peer: object) -> None:
         metrics = self.core.metrics
