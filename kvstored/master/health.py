@@ -9,6 +9,12 @@ by the node's own heartbeats::
                              -> unhealthy at once (retry doubled, up to unhealthy_retry_max_s);
                              one success heals it
 
+A node's *state* as the views show it (``kvstorectl nodes``, ``kvstored_master_nodes``)
+is one of :data:`NODE_STATES`: ``syncing`` until its inventory is complete (or while an
+event gap is open), ``probation`` while unhealthy on probation, else ``healthy`` or
+``unhealthy`` (``NodeStatus.health`` stays UNHEALTHY on probation; ``NodeStatus.probation``
+says so).
+
 Registration: a spec is checked here (:func:`check_spec`), and so is the rule that tells a
 restart from a *duplicate* (:func:`may_duplicate`: a newer epoch of a live node with
 neither of its addresses; the servicer probes the live one and, if it answers, the
@@ -34,6 +40,9 @@ if TYPE_CHECKING:
     from kvstored.master.membership import NodeRecord, NodeSpec, TierUsage
 
 log = structlog.get_logger("kvstored.master.membership")  # the events' logger, as before
+NODE_STATES = ("healthy", "unhealthy", "probation", "syncing")
+"""What :func:`node_state` answers (the ``state`` label of ``kvstored_master_nodes``)."""
+
 
 class NodeHealth(IntEnum):
     """Mirrors ``kvstored.v1.NodeHealth``."""
@@ -41,6 +50,14 @@ class NodeHealth(IntEnum):
     HEALTHY = 1
     UNHEALTHY = 2
     SYNCING = 3
+
+
+def node_state(rec: NodeRecord) -> str:
+    """The node's state for the views: one of :data:`NODE_STATES` (``probation``: unhealthy,
+    on probation; see the module docstring)."""
+    if rec.probation and not rec.healthy:
+        return "probation"
+    return rec.health.name.lower()
 
 
 # ---- the circuit breaker -----------------------------------------------------------------
@@ -157,5 +174,5 @@ def duplicate_refused(live: NodeSpec, spec: NodeSpec, lease_left_s: float) -> Al
     )
 
 
-__all__ = ["NodeHealth", "check_spec", "duplicate_refused", "may_duplicate", "on_heartbeat",
-           "on_transfer"]
+__all__ = ["NODE_STATES", "NodeHealth", "check_spec", "duplicate_refused", "may_duplicate",
+           "node_state", "on_heartbeat", "on_transfer"]
