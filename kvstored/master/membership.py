@@ -28,7 +28,9 @@ is the authority on what it holds). A BlockRef without one gets a fresh master g
 
 Copies: ``BlockRef.copy`` marks a remote-fill copy (indexed per replica); an ADDED event of
 an indexed replica sets or clears it. A REMOVED event that leaves a block only copies
-queues a promotion for one copy holder (master/copies.py; sent on its Heartbeat answer).
+queues a promotion for one copy holder (master/copies.py; sent on its Heartbeat answer),
+and so does :meth:`Membership.collect_garbage` unlinking a retired holder's original (a
+node that died, left, restarted or resynced without the block: no REMOVED event).
 
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
@@ -528,6 +530,16 @@ class Membership:
         owner = self._by_holder.get(holder) if holder is not None else None
         if owner is not None:
             self.promotions.add(owner.spec.node_id, namespace_id, key)
+
+    def collect_garbage(self, max_rows: int = 65536) -> int:
+        """Unlink up to ``max_rows`` rows of retired holders (:meth:`BlockIndex.collect_garbage`),
+        queueing a promotion for each block whose last original went with them.
+
+        Returns:
+            Rows unlinked.
+        """
+        return self.index.collect_garbage(max_rows,
+                                          on_only_copies=self._promote_if_only_copies)
 
     # ---- health ----------------------------------------------------------------------
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:
