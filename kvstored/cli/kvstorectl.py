@@ -33,6 +33,7 @@ JSON output (sorted keys, stable for scripts)::
              "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "health", "load",
                         "num_replicas", "lease_left_s", "last_seq",
                         "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
+            (health: "healthy", "unhealthy", "probation" or "syncing")
     errors  {"error": {"code", "message"}}
 """
 

@@ -79,7 +79,9 @@ class MasterClient:
         Returns:
             ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
-            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
+            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``; health
+            is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
+            named, nothing is placed on it) or "syncing"
         """
         resp = self._call(self._stub.ListNodes, pb.ListNodesRequest(), None)
         nodes = []
@@ -87,7 +89,9 @@ class MasterClient:
             n = st.node
             nodes.append({
                 "node_id": n.node_id, "epoch": n.epoch, "grpc_address": n.grpc_address,
-                "data_address": n.data_address, "health": _HEALTH.get(st.health, "unknown"),
+                "data_address": n.data_address,
+                "health": "probation" if st.probation and st.health == pb.NODE_HEALTH_UNHEALTHY
+                else _HEALTH.get(st.health, "unknown"),
                 "load": st.load, "num_replicas": st.num_replicas,
                 "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,

@@ -14,8 +14,15 @@ index converges through the ordinary event path (no second source of truth)::
 A promotion is a hint: a copy already evicted when it arrives is simply absent (ignored),
 a lost answer leaves the copy evictable first as before (no block is lost by a promotion,
 only possibly not saved). Per node at most :data:`MAX_PENDING_PROMOTIONS` are queued (the
-oldest are dropped first). Not done here: a holder that dies or unregisters (its rows are
-retired, not removed one by one) does not trigger promotions.
+oldest are dropped first).
+
+A holder that dies, unregisters, restarts (new epoch) or resyncs without the block sends
+no REMOVED event: its rows are retired at once (O(1)) and unlinked later by GC, which
+walks them anyway; for each original it unlinks that leaves only copies it queues the same
+promotion (``Membership.collect_garbage``), so the promotion comes up to a GC backlog
+later (8192 rows per ``gc_interval_s``). A node that restarts keeps its SSD blocks: if its
+new inventory is not in yet, its block may be promoted on a copy holder too (a hint: two
+originals, nothing lost).
 """
 
 from __future__ import annotations

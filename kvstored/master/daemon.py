@@ -159,7 +159,7 @@ class MasterDaemon:
         assert self.membership is not None and self.placement is not None
         gone = self.membership.expire_lapsed()
         aborted = self.placement.reclaim_expired_writes()
-        unlinked = self.index.collect_garbage(_GC_ROWS_PER_TICK)
+        unlinked = self.membership.collect_garbage(_GC_ROWS_PER_TICK)  # (and promotes)
         if aborted:
             self.metrics.write_lease_expiries.inc(aborted)
         self.metrics.sample(self.membership, epoch=self.epoch)

@@ -3,21 +3,27 @@
 A mixin of :class:`~kvstored.master.index.BlockIndex` (split out to keep index.py short);
 it owns the holder columns and each holder's doubly linked row list (``hnext``/``hprev``
 row columns from ``holder_head[holder]``), which GC walks instead of scanning the index.
+While GC unlinks a retired holder's original, it can report the blocks left with copies
+only (``on_only_copies``: the membership promotes one, master/copies.py), since a holder
+that died, left or resynced loses its rows without REMOVED events.
 Not thread-safe (the master's loop only).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
+from kvstored.master.records import COPY_BIT, STATE_MASK, ReplicaState
 from kvstored.tiers.base import Tier
 
 _NO_ROW = -1
 _LOAD_CLIP = 1e9
+_COMMITTED = int(ReplicaState.COMMITTED)  # (a plain int: numpy scalars compare faster)
 
 
 def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
@@ -46,6 +52,9 @@ class HolderRows:
         _hprev: np.ndarray
         _block: np.ndarray
         _block_ns: np.ndarray
+        _head: np.ndarray
+        _next: np.ndarray
+        _state: np.ndarray
         _tier: np.ndarray
         _ns_ids: list[bytes]
         _long_keys: dict[tuple[int, bytes], bytes]
@@ -149,7 +158,8 @@ class HolderRows:
         self._hnext[row] = self._hprev[row] = _NO_ROW
 
     # ---- garbage ---------------------------------------------------------------------
-    def collect_garbage(self, max_rows: int = 65536) -> int:
+    def collect_garbage(self, max_rows: int = 65536, *,
+                        on_only_copies: Callable[[bytes, bytes], None] | None = None) -> int:
         """Unlink up to ``max_rows`` rows of retired holders (bounded Python work per call).
 
         Each holder keeps its rows in a doubly linked row list (``hnext``/``hprev``), so a
@@ -157,10 +167,18 @@ class HolderRows:
         proportional to the rows it unlinks (and their blocks' short chains), never to the
         size of the index.
 
+        Args:
+            on_only_copies: called with ``(namespace_id, key)`` when an unlinked row was a
+                committed original and the block's remaining rows of holders not retired
+                are all committed copies (at least one): the block lost its last original
+                without a REMOVED event (once per block and call; after this call's rows
+                are unlinked).
+
         Returns:
             Rows unlinked (0 when there is no garbage).
         """
         done = 0
+        lost: list[int] = []  # slots whose unlinked row was a committed original
         while self._garbage_holders and done < max_rows:
             h = self._garbage_holders[-1]
             row = int(self._holder_head[h])
@@ -168,12 +186,39 @@ class HolderRows:
                 self._garbage_holders.pop()
                 continue
             slot = int(self._block[row])
+            if on_only_copies is not None and int(self._state[row]) == _COMMITTED:
+                lost.append(slot)  # (no COPY_BIT: an original)
             _, prev = self._find_row_exact(slot, row)
             self._holder_rows[h] -= 1
             self._num_dead_rows -= 1
             self._unlink(slot, row, prev)
             done += 1
+        if lost and on_only_copies is not None:
+            # slots are not reused within this call (GC never adds a block); a slot freed
+            # by it has no row left, so it is no candidate
+            for slot in self._only_copies_left(np.unique(np.asarray(lost, dtype=np.int64))):
+                ns = int(self._block_ns[slot])
+                key = self._key_bytes(slot)
+                on_only_copies(self._ns_ids[ns], self._long_keys.get((ns, key), key))
         return done
+
+    def _only_copies_left(self, slots: np.ndarray) -> list[int]:
+        """The slots whose rows of holders not retired are all committed copies (at least
+        one): a vectorized walk of their chains, one level per step."""
+        bad = np.zeros(len(slots), dtype=np.bool_)
+        found = np.zeros(len(slots), dtype=np.bool_)
+        cur = self._head[slots].astype(np.int64)
+        idx = np.flatnonzero(cur >= 0)
+        while len(idx):
+            r = cur[idx]
+            live = ~self._retired[self._holder[r]]
+            st = self._state[r]
+            copy = ((st & STATE_MASK) == _COMMITTED) & ((st & COPY_BIT) != 0)
+            found[idx] |= live
+            bad[idx] |= live & ~copy
+            cur[idx] = self._next[r]
+            idx = idx[(cur[idx] >= 0) & ~bad[idx]]
+        return slots[found & ~bad].tolist()
 
     def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
         """(namespace_id, key, tier) of every row of a holder (admin and tests; O(its rows))."""

@@ -17,10 +17,8 @@ serves a holder's replicas only while it is *readable*::
     event seq = last+1     applied to the current holder
     event seq > last+1     gap: holder unreadable until the next full sync (RESYNC)
     lease lapsed           record dropped, holder retired (its rows GC'd later)
-    N transfer failures    unhealthy: unreadable and not placed on; one success heals it
-    unhealthy_retry_s      a heartbeat after this long unhealthy puts it on probation (half-open):
-                           readable again, still not placed on; one failure -> unhealthy at once
-                           (retry doubled, up to unhealthy_retry_max_s); one success heals it
+    N transfer failures    unhealthy: unreadable and not placed on (master/health.py: the
+                           circuit breaker, its probation and the registration checks)
 
 Generations: a replica is indexed under the generation its holder reported for it (the
 node's store stamps one per replica it adds, unique per epoch; kvstored/tiers/feed.py),
@@ -30,7 +28,9 @@ is the authority on what it holds). A BlockRef without one gets a fresh master g
 
 Copies: ``BlockRef.copy`` marks a remote-fill copy (indexed per replica); an ADDED event of
 an indexed replica sets or clears it. A REMOVED event that leaves a block only copies
-queues a promotion for one copy holder (master/copies.py; sent on its Heartbeat answer).
+queues a promotion for one copy holder (master/copies.py; sent on its Heartbeat answer),
+and so does :meth:`Membership.collect_garbage` unlinking a retired holder's original (a
+node that died, left, restarted or resynced without the block: no REMOVED event).
 
 Epoch fencing: a holder belongs to exactly one (node, epoch); expiry of an old epoch only
 ever retires that epoch's holder, so it can never erase blocks a newer epoch reported. A
@@ -38,8 +38,9 @@ registration with an epoch older than the live one is refused (a stale daemon).
 
 Restart or duplicate: a newer epoch of a live node is a restart if it has the gRPC or the
 data address of the live epoch (the old process is gone: it held that port), else a
-*duplicate candidate* (:meth:`duplicate_of`): the servicer probes the live epoch's data
-port and, if it answers, the registration is refused (AlreadyExists); the live one stays.
+*duplicate candidate* (:meth:`duplicate_of`, rule in master/health.py): the servicer probes
+the live epoch's data port and, if it answers, the registration is refused (AlreadyExists);
+the live one stays.
 
 Time comes from an injected clock; every public method first expires lapsed leases, so no
 answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
@@ -55,21 +56,14 @@ from enum import IntEnum
 import structlog
 
 from kvstored.clock import Clock
-from kvstored.config import node_id_problem
-from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
+from kvstored.errors import InvalidArgument, NotFound
+from kvstored.master import health
 from kvstored.master.copies import Promotions, copy_to_promote
+from kvstored.master.health import NodeHealth
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.tiers.base import Tier
 
 log = structlog.get_logger(__name__)
-
-
-class NodeHealth(IntEnum):
-    """Mirrors ``kvstored.v1.NodeHealth``."""
-
-    HEALTHY = 1
-    UNHEALTHY = 2
-    SYNCING = 3
 
 
 class NodeAction(IntEnum):
@@ -190,12 +184,6 @@ class RegisterOutcome:
     superseded_epoch: bool
 
 
-def _check_host_port(what: str, value: str) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"{what} must be HOST:PORT with a port in 1..65535, got {value!r}")
-
-
 class Membership:
     """Registered nodes, their leases and health, kept in step with the :class:`BlockIndex`.
 
@@ -213,7 +201,7 @@ class Membership:
             lease when ``data_dir`` shows an earlier start; 0 = none).
         unhealthy_retry_s: an unhealthy node heartbeating this long after it was marked is
             put on probation (a circuit breaker's half-open state: readable, not placed on,
-            see the table above); None = one node lease. (Only a transfer heals, and no one
+            master/health.py); None = one node lease. (Only a transfer heals, and no one
             transfers with a node the master does not name.)
         unhealthy_retry_max_s: cap of the retry time, doubled by each failure on probation
             (None = 8 x ``unhealthy_retry_s``); healing resets it.
@@ -324,12 +312,7 @@ class Membership:
         the old process must be gone, it held the port). None when it cannot be one."""
         self.expire_lapsed()
         old = self._nodes.get(spec.node_id)
-        if old is None or spec.epoch <= old.spec.epoch:
-            return None
-        if (spec.grpc_address == old.spec.grpc_address
-                or spec.data_address == old.spec.data_address):
-            return None
-        return old
+        return old if old is not None and health.may_duplicate(old.spec, spec) else None
 
     def register(self, spec: NodeSpec, *, live_epoch_answering: int = 0) -> RegisterOutcome:
         """Register one daemon start of a node (a new epoch supersedes the older one).
@@ -348,32 +331,10 @@ class Membership:
                 address, bad tier, or an epoch older than the node's live one.
             AlreadyExists: another live daemon holds the node id (see above).
         """
-        problem = node_id_problem(spec.node_id)
-        if problem is not None:
-            raise InvalidArgument(f"node_id {problem}, got {spec.node_id!r}")
-        if not 0 < spec.epoch < (1 << 64):
-            raise InvalidArgument(f"epoch must be a positive 64-bit integer, got {spec.epoch}")
-        _check_host_port("grpc_address", spec.grpc_address)
-        _check_host_port("data_address", spec.data_address)
-        tiers: dict[Tier, TierUsage] = {}
-        for t in spec.tiers:
-            if t.tier not in (Tier.DRAM, Tier.SSD) or t.capacity_bytes < 0 or t.used_bytes < 0:
-                raise InvalidArgument(f"bad tier capacity {t!r} of node {spec.node_id!r}")
-            tiers[t.tier] = t
+        tiers = health.check_spec(spec)
         dup = self.duplicate_of(spec)
         if dup is not None and live_epoch_answering and dup.spec.epoch == live_epoch_answering:
-            left_s = self.lease_left_s(dup)
-            log.warning("node_id_duplicate_refused", node_id=spec.node_id,
-                        live_epoch=dup.spec.epoch, live_grpc=dup.spec.grpc_address,
-                        live_data=dup.spec.data_address, grpc=spec.grpc_address,
-                        data=spec.data_address, lease_left_s=round(left_s, 3))
-            raise AlreadyExists(
-                f"node id {spec.node_id!r} is held by a live daemon (epoch {dup.spec.epoch}, "
-                f"gRPC {dup.spec.grpc_address}, data {dup.spec.data_address}, answering; its "
-                f"lease has {left_s:.1f} s left); this daemon (gRPC {spec.grpc_address}, data "
-                f"{spec.data_address}) is refused: give it another --node-id, or stop the "
-                "other daemon first"
-            )
+            raise health.duplicate_refused(dup.spec, spec, self.lease_left_s(dup))
         now = self.clock()
         old = self._nodes.get(spec.node_id)
         superseded = False
@@ -447,12 +408,8 @@ class Membership:
         self.index.set_load(rec.holder, rec.load)
         if rec.synced and not rec.gap and last_seq > rec.applied_seq:
             self._open_gap(rec, last_seq)
-        if (not rec.healthy and not rec.probation
-                and rec.last_heartbeat_s - rec.unhealthy_since_s >= rec.retry_s):
-            rec.probation = True  # half-open: readable again; a transfer decides
+        if health.on_heartbeat(rec):  # on probation now: readable again
             self._refresh(rec)
-            log.info("node_on_probation", node_id=node_id, epoch=epoch,
-                     unhealthy_s=round(rec.last_heartbeat_s - rec.unhealthy_since_s, 3))
         if rec.gap or (not rec.synced and rec.pending is None):
             return NodeAction.RESYNC
         return NodeAction.NONE
@@ -574,6 +531,16 @@ class Membership:
         if owner is not None:
             self.promotions.add(owner.spec.node_id, namespace_id, key)
 
+    def collect_garbage(self, max_rows: int = 65536) -> int:
+        """Unlink up to ``max_rows`` rows of retired holders (:meth:`BlockIndex.collect_garbage`),
+        queueing a promotion for each block whose last original went with them.
+
+        Returns:
+            Rows unlinked.
+        """
+        return self.index.collect_garbage(max_rows,
+                                          on_only_copies=self._promote_if_only_copies)
+
     # ---- health ----------------------------------------------------------------------
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool) -> NodeHealth:
         """Record one data-plane transfer with a node (``unhealthy_after_failures``
@@ -591,30 +558,11 @@ class Membership:
             raise NotFound(f"node {node_id!r} is not registered")
         if rec.spec.epoch != epoch:
             return rec.health
-        if ok:
-            rec.consecutive_failures = 0
-            if not rec.healthy:
-                log.info("node_healthy_again", node_id=node_id, epoch=epoch,
-                         probation=rec.probation)
-            rec.healthy = True
-            rec.probation = False
-        else:
-            rec.consecutive_failures += 1
-            if rec.probation:  # the trial failed: open the breaker again, back off
-                rec.probation = False
-                rec.unhealthy_since_s = self.clock()
-                rec.retry_s = min(2 * rec.retry_s, self.unhealthy_retry_max_s)
-                self.num_unhealthy_marks += 1
-                log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
-                            num_failures=rec.consecutive_failures, on_probation=True,
-                            retry_s=rec.retry_s)
-            elif rec.healthy and rec.consecutive_failures >= self.unhealthy_after_failures:
-                rec.healthy = False
-                rec.unhealthy_since_s = self.clock()
-                rec.retry_s = self.unhealthy_retry_s
-                self.num_unhealthy_marks += 1
-                log.warning("node_unhealthy", node_id=node_id, epoch=epoch,
-                            num_failures=rec.consecutive_failures, retry_s=rec.retry_s)
+        if health.on_transfer(rec, ok=ok, now_s=self.clock(),
+                              unhealthy_after_failures=self.unhealthy_after_failures,
+                              retry_s=self.unhealthy_retry_s,
+                              retry_max_s=self.unhealthy_retry_max_s):
+            self.num_unhealthy_marks += 1
         self._refresh(rec)
         return rec.health
 

@@ -10,7 +10,8 @@ Exported on ``http://METRICS_LISTEN/metrics`` (prometheus_client's WSGI server t
     kvstored_master_put_ends_total{outcome,result}     PutEnd: commit|abort x ok|<ErrorCode name>
     kvstored_master_write_lease_expiries_total         writes aborted because their lease lapsed
     kvstored_master_admin_requests_total{method}       ListNodes / ListReplicas / ListNodeBlocks
-    kvstored_master_nodes{state}                       live nodes: healthy | unhealthy | syncing
+    kvstored_master_nodes{state}                       live nodes: healthy | unhealthy |
+                                                       probation | syncing
     kvstored_master_replicas                           replicas indexed (WRITING included)
     kvstored_master_blocks                             blocks indexed
     kvstored_master_garbage_rows                       rows of dropped nodes not yet unlinked
@@ -35,20 +36,19 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvstored.master.membership import Membership, NodeHealth
+from kvstored.master.health import NODE_STATES, node_state
+from kvstored.master.membership import Membership
 
 _LOOKUP_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
-_STATES = {NodeHealth.HEALTHY: "healthy", NodeHealth.UNHEALTHY: "unhealthy",
-           NodeHealth.SYNCING: "syncing"}
 
 
 @dataclass(frozen=True, slots=True)
 class MasterSample:
     """The master's state as of one :meth:`MasterMetrics.sample` call (read by scrapes)."""
 
-    nodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_STATES.values(), 0))
+    nodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NODE_STATES, 0))
     num_replicas: int = 0
     num_blocks: int = 0
     num_garbage_rows: int = 0
@@ -105,9 +105,9 @@ class MasterMetrics:
         Returns:
             The new sample (also kept for scrapes).
         """
-        nodes = dict.fromkeys(_STATES.values(), 0)
+        nodes = dict.fromkeys(NODE_STATES, 0)
         for rec in membership.nodes():
-            nodes[_STATES[rec.health]] += 1
+            nodes[node_state(rec)] += 1
         index = membership.index
         self._sample = MasterSample(
             nodes=nodes, num_replicas=index.num_replicas, num_blocks=index.num_blocks,

@@ -364,7 +364,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         nodes = [
             pb.NodeStatus(node=node_info(r), health=int(r.health), load=r.load,
                           num_replicas=self.index.num_holder_replicas(r.holder),
-                          lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq)
+                          lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq,
+                          probation=r.probation and not r.healthy)
             for r in m.nodes()
         ]
         return pb.ListNodesResponse(nodes=nodes, master_epoch=self.master_epoch,

@@ -345,20 +345,22 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq")
+    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation")
     NODE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PROBATION_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     health: NodeHealth
     load: float
     num_replicas: int
     lease_left_s: float
     last_seq: int
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    probation: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "master_epoch", "num_replicas")

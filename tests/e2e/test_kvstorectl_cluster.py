@@ -191,3 +191,32 @@ def test_bad_input_exit_codes_and_node_commands_unchanged(
         assert key.hex() in {b["key"] for b in listed["blocks"]}
         assert set(listed["blocks"][0]) == {"key", "size_bytes", "namespace_id", "tiers",
                                             "pinned"}
+
+
+def test_a_node_on_probation_shows_as_probation_in_nodes_and_metrics(
+    cluster: tuple[MasterProcess, dict[str, NodeProcess]]
+) -> None:
+    # three failed transfers make n3 unhealthy; heartbeating for its retry time (one node
+    # lease) puts it on probation, which nodes and the metrics name; a success heals it
+    from kvstored.client.master import MasterClient
+
+    master, _ = cluster
+    addr = master.address
+    epoch = {n["node_id"]: n["epoch"] for n in _json(addr, "nodes")["nodes"]}["n3"]
+    with MasterClient(addr, timeout_s=10) as m:
+        for _ in range(3):
+            m.report_transfer("n3", epoch, ok=False, reporter_node_id="n1")
+        assert {n["node_id"]: n["health"] for n in m.list_nodes()["nodes"]}["n3"] in (
+            "unhealthy", "probation")
+        _wait("n3 on probation", lambda: {
+            n["node_id"]: n["health"] for n in _json(addr, "nodes")["nodes"]} == {
+            "n1": "healthy", "n2": "healthy", "n3": "probation"})
+        table = _ctl(addr, "nodes")
+        assert table.returncode == 0 and re.search(r"n3 .*probation", table.stdout), table.stdout
+        _wait("the probation gauge", lambda: (
+            (s := _scrape(master.metrics))["kvstored_master_nodes{state=\"probation\"}"] == 1
+            and s["kvstored_master_nodes{state=\"unhealthy\"}"] == 0))
+        assert m.report_transfer("n3", epoch, ok=True, reporter_node_id="n1") == "healthy"
+    _wait("three healthy nodes again", lambda: (
+        (s := _scrape(master.metrics))["kvstored_master_nodes{state=\"healthy\"}"] == 3
+        and s["kvstored_master_nodes{state=\"probation\"}"] == 0))

@@ -83,6 +83,30 @@ def test_nodes_table_shows_every_column_untruncated(master: tuple[str, Membershi
         assert text in out.output, text
 
 
+def test_a_node_on_probation_shows_as_probation(master: tuple[str, Membership]) -> None:
+    addr, members = master
+    for _ in range(3):  # unhealthy_after_failures (3) failed transfers: unhealthy
+        members.report_transfer("gpu1", 1796000000000000000, ok=False)
+    health = {n["node_id"]: n["health"] for n in json.loads(CliRunner().invoke(
+        main, ["--address", addr, "nodes", "--output", "json"]).output)["nodes"]}
+    assert health == {"gpu1": "unhealthy", "gpu2": "syncing"}
+    clock = members.clock
+    assert isinstance(clock, FakeClock)
+    for _ in range(2):  # one node lease (the retry time) unhealthy, heartbeating
+        clock.advance(5.0)
+        members.heartbeat("gpu1", 1796000000000000000)
+        members.heartbeat("gpu2", 42)
+    out = CliRunner().invoke(main, ["--address", addr, "nodes", "--output", "json"])
+    assert out.exit_code == 0, out.output
+    g1, g2 = json.loads(out.output)["nodes"]
+    assert (g1["node_id"], g1["health"], g2["health"]) == ("gpu1", "probation", "syncing")
+    table = CliRunner().invoke(main, ["nodes", "--address", addr])
+    assert table.exit_code == 0 and "probation" in table.output, table.output
+    members.report_transfer("gpu1", 1796000000000000000, ok=True)  # the trial heals it
+    out = CliRunner().invoke(main, ["--address", addr, "nodes", "--output", "json"])
+    assert json.loads(out.output)["nodes"][0]["health"] == "healthy"
+
+
 def test_nodes_exit_codes_for_an_unreachable_master_and_a_node_socket() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -122,6 +122,15 @@ def test_admin_rpcs_and_metrics_over_the_wire(tmp_path: Path) -> None:
             assert after["kvstored_master_write_lease_expiries_total"] == 1
             assert after["kvstored_master_admin_requests_total{method=\"ListReplicas\"}"] == 2
             assert after["kvstored_master_admin_requests_total{method=\"ListNodeBlocks\"}"] == 4
+            assert after["kvstored_master_nodes{state=\"probation\"}"] == 0
+            clock.advance(2.0)  # b unhealthy for one lease (its retry time) and heartbeating
+            for n in ("a", "b", "c"):
+                m.heartbeat(n, 1)
+            daemon.maintain_once()
+            tried = await asyncio.to_thread(scrape, daemon.metrics_address)
+            assert tried["kvstored_master_nodes{state=\"probation\"}"] == 1  # b, on probation
+            assert tried["kvstored_master_nodes{state=\"unhealthy\"}"] == 0
+            assert tried["kvstored_master_nodes{state=\"healthy\"}"] == 1
             clock.advance(6.0)  # everyone silent past the 5 s lease
             daemon.maintain_once()
             gone = await asyncio.to_thread(scrape, daemon.metrics_address)
