@@ -14,21 +14,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from remote_helpers import FakeMaster, key, make_core
 from thread_helpers import completes, in_thread
 
 from kvstored.client.master import ClusterReplica
-from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.tiers.base import PinnedBlock, Tier
-from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:
@@ -36,32 +31,7 @@ def value(i: int) -> bytes:
 
 
 def _core(node_id: str) -> NodeCore:
-    cfg = NodeConfig(node_id=node_id, dram_size_bytes=4 << 20, ssd_size_bytes=0,
-                     max_block_bytes=BLOCK, max_batch_keys=64)
-    store = TieredStore(dram_size_bytes=cfg.dram_size_bytes, arena_dir=None,
-                        max_block_bytes=BLOCK)
-    return NodeCore(store, cfg, epoch=7)
-
-
-class FakeMaster:
-    """Names one replica per key; ``lookup`` answers the longest present prefix."""
-
-    def __init__(self) -> None:
-        self.replicas: dict[bytes, ClusterReplica] = {}
-        self.lookups = 0
-
-    def lookup(self, namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
-               ) -> list[ClusterReplica]:
-        self.lookups += 1
-        out = []
-        for k in keys:
-            if k not in self.replicas:
-                break
-            out.append(self.replicas[k])
-        return out
-
-    def report(self, peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
-        return None  # healthy peers only here
+    return make_core(node_id, block_bytes=BLOCK)
 
 
 @dataclasses.dataclass
