@@ -262,8 +262,7 @@ def test_a_copy_held_mid_send_pins_its_source_so_eviction_and_reuse_cannot_touch
         with MasterClient(address) as m:  # the master has heard of all of it
             _wait("fillers indexed on src", lambda: all(_indexed(m, [f], "src") for f in fillers))
     finally:
-        with open(fifo, "wb"):  # release the held send
-            pass
+        open(fifo, "wb").close()  # release the held send
         reader.join(60)
     assert got == [[value_for(k)]]
     with Client(dst.unix_address) as c:

@@ -54,7 +54,7 @@ def labels_calls(monkeypatch: pytest.MonkeyPatch) -> LabelsCalls:
 
 
 class _Aborted(Exception):
-    pass
+    """What the fake gRPC context raises on abort."""
 
 
 class _Context:
