@@ -71,9 +71,11 @@ class FakeMaster:
         self.reports.append((peer, epoch, ok))
 
 
-def with_generations(core: NodeCore, generations: dict[bytes, int]) -> None:
-    """Make ``core``'s pinned blocks carry ``generations`` (absent: 0, unknown), as a node
-    that knows them (or, with ``{}``, an older node that does not)."""
+def with_generations(core: NodeCore, generations: dict[bytes, int],
+                      exported: list[bytes] | None = None) -> None:
+    """Make what ``core``'s data plane sends carry ``generations`` (absent: 0, unknown), for an
+    engine GET (pinned_chunks) and a peer's GET (read_for_export) alike; the keys a peer's GET
+    read are appended to ``exported`` when given."""
     inner_fn = core.pinned_chunks
 
     def pinned_chunks(keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
@@ -87,6 +89,15 @@ def with_generations(core: NodeCore, generations: dict[bytes, int]) -> None:
             inner.close()
 
     core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
+    inner_export = core.store.read_for_export  # a peer's GET (GET_FLAG_PEER_EXPORT)
+
+    def read_for_export(keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Any]:
+        if exported is not None:
+            exported.extend(keys)
+        return [dataclasses.replace(b, generation=generations.get(b.key, 0)) if b is not None else None
+                for b in inner_export(keys, namespace_id=namespace_id)]
+
+    core.store.read_for_export = read_for_export  # type: ignore[method-assign]
 
 
 class DataPlanes:

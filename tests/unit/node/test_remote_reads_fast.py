@@ -10,17 +10,17 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from remote_helpers import FakeMaster, key, make_core
+from remote_helpers import FakeMaster, key, make_core, with_generations
 from thread_helpers import completes, in_thread
 
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.tiers.base import Tier
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10
@@ -51,31 +51,6 @@ class Source:
                                                      len(value(i)), gen, self.address)
 
 
-def _with_generations(core: NodeCore, generations: dict[bytes, int],
-                      exported: list[bytes] | None = None) -> None:
-    """Make ``core``'s pinned blocks carry ``generations`` (as a node that knows them)."""
-    inner_fn = core.pinned_chunks
-
-    def pinned_chunks(keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-                      ) -> Iterator[tuple[int, list[Any]]]:
-        inner = inner_fn(keys, namespace_id, chunk_keys=chunk_keys)
-        try:
-            for start, got in inner:
-                yield start, [dataclasses.replace(b, generation=generations.get(b.key, 0))
-                              if isinstance(b, PinnedBlock) else b for b in got]
-        finally:
-            inner.close()
-
-    core.pinned_chunks = pinned_chunks  # type: ignore[method-assign]
-    inner_export = core.store.read_for_export  # a peer's GET (GET_FLAG_PEER_EXPORT)
-
-    def read_for_export(keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Any]:
-        if exported is not None:
-            exported.extend(keys)
-        return [dataclasses.replace(b, generation=generations.get(b.key, 0)) if b is not None else None
-                for b in inner_export(keys, namespace_id=namespace_id)]
-
-    core.store.read_for_export = read_for_export  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -86,7 +61,7 @@ def make_source() -> Iterator[Any]:
         core = _core(node_id)
         gens: dict[bytes, int] = {}
         exported: list[bytes] = []
-        _with_generations(core, gens, exported)
+        with_generations(core, gens, exported)
         server = DataPlaneServer(core, "127.0.0.1:0")
         made.append((server, core))
         return Source(core, server.start(), node_id, gens, exported)
