@@ -33,7 +33,7 @@ lookup_prefix_512.p99_ms, ssd_4MiB.ratio (as before), plus
 ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio, fresh_ratio},
 native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
 control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
-clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1}, date_utc, machine.
+clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1, memcpy_1_gbps, memcpy_4_gbps, memcpy_ratio_4_to_1, ratio_vs_memcpy}, date_utc, machine.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Measured against a daemon of the same run (over its unix socket):
                     into a DRAM tier too small for them, so every put forces a demotion to SSD
                     (target p99 <= 1 ms; quiet target 0.5 ms is bench_blocks' lookup row)
   * clients         shm get_into GB/s of 1 client process and the aggregate of 4 at once, all
-                    reading the same blocks (target 4 >= 1.5x 1)
+                    reading the same blocks (target 4 >= 1.5x 1), next to 1 and 4 processes doing
+                    the same copies with numpy alone (what the cores and memory allow)
 
 Also runnable on its own: ``python bench/bench_control.py ADDRESS`` (a running daemon's unix
 address; ``--storm-address`` another with a small DRAM tier and an SSD tier).
@@ -161,25 +162,58 @@ with Client(addr, timeout_s=60) as c:
 print(n * size * batch / el / 1e9)
 """
 
+_COPIER = """
+import sys, time, numpy as np
+size, batch, start_at, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+src = [np.full(size, j, dtype=np.uint8) for j in range(batch)]
+bufs = [np.empty(size, dtype=np.uint8) for _ in range(batch)]
+for s, b in zip(src, bufs):
+    np.copyto(b, s)
+while time.time() < start_at:
+    time.sleep(0.001)
+t0 = time.perf_counter(); n = 0
+while time.perf_counter() - t0 < seconds:
+    for s, b in zip(src, bufs):
+        np.copyto(b, s)
+    n += 1
+el = time.perf_counter() - t0
+print(n * size * batch / el / 1e9)
+"""
+
+
+def _run_at_once(k: int, argv: list[str]) -> float:
+    """Start ``k`` processes of ``argv`` (its ``START_AT`` replaced by a common start time) and
+    return the sum of the GB/s each prints last."""
+    start_at = str(time.time() + 2.0)  # every process is set up (arena mapped) by then
+    procs = [subprocess.Popen([start_at if a == "START_AT" else a for a in argv],
+                              stdout=subprocess.PIPE, text=True) for _ in range(k)]
+    return sum(float(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs)
+
 
 def clients_gbps(addr: str, size: int = 1 << 20, batch: int = 16, seconds: float = 3.0,
                  counts: tuple[int, ...] = (1, 4)) -> dict[str, float]:
-    """shm get_into GB/s of 1 client process, and the aggregate of 4 at once."""
+    """shm get_into GB/s of 1 client process, and the aggregate of 4 at once.
+
+    The reference is the same thing without kvstored: 1 and 4 processes each copying one
+    batch of the same shape over and over with numpy (``memcpy_{k}_gbps``), so
+    ``memcpy_ratio_4_to_1`` is what this machine's cores and memory allow and
+    ``ratio_vs_memcpy`` = ``ratio_4_to_1 / memcpy_ratio_4_to_1``.
+    """
     rng = np.random.default_rng(4)
     with Client(addr, timeout_s=60.0) as c:
         keys = [f"clients:{j}".encode().ljust(16, b".") for j in range(batch)]
         c.put(keys, [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(batch)])
         out: dict[str, float] = {"block_bytes": size, "batch": batch}
         for k in counts:
-            start_at = time.time() + 2.0  # every reader has mapped the arena by then
-            procs = [subprocess.Popen(
-                [sys.executable, "-c", _READER, addr, str(size), str(batch), str(start_at), str(seconds)],
-                stdout=subprocess.PIPE, text=True) for _ in range(k)]
-            got = [float(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
-            out[f"clients_{k}_gbps"] = sum(got)
+            out[f"clients_{k}_gbps"] = _run_at_once(
+                k, [sys.executable, "-c", _READER, addr, str(size), str(batch), "START_AT", str(seconds)])
+            out[f"memcpy_{k}_gbps"] = _run_at_once(
+                k, [sys.executable, "-c", _COPIER, str(size), str(batch), "START_AT", str(seconds)])
         c.remove(keys)
     if 1 in counts and 4 in counts:
         out["ratio_4_to_1"] = out["clients_4_gbps"] / out["clients_1_gbps"]
+        out["memcpy_ratio_4_to_1"] = out["memcpy_4_gbps"] / out["memcpy_1_gbps"]
+        out["ratio_vs_memcpy"] = out["ratio_4_to_1"] / out["memcpy_ratio_4_to_1"]
     return out
 
 
@@ -218,6 +252,10 @@ def print_rows(res: dict[str, object]) -> None:
         print(f"shm get_into, {cl['batch']} x {cl['block_bytes'] >> 20} MiB: 1 client {cl['clients_1_gbps']:.2f} GB/s, "  # type: ignore[index]
               f"4 clients at once {cl['clients_4_gbps']:.2f} GB/s aggregate = {cl['ratio_4_to_1']:.2f}x "  # type: ignore[index]
               f"(target 1.5x; {os.cpu_count()} cores)")
+        if "memcpy_ratio_4_to_1" in cl:
+            print(f"  reference, numpy copies of the same batch: 1 process {cl['memcpy_1_gbps']:.2f} GB/s, "  # type: ignore[index]
+                  f"4 at once {cl['memcpy_4_gbps']:.2f} GB/s = {cl['memcpy_ratio_4_to_1']:.2f}x; "  # type: ignore[index]
+                  f"kvstored's scaling is {cl['ratio_vs_memcpy']:.2f}x of the machine's")  # type: ignore[index]
 
 
 def main() -> None:
