@@ -579,8 +579,13 @@ def nodes(obj: CtlContext) -> None:
              f"{n['lease_left_s']:.1f} s")
             for n in d["nodes"]
         ]
-        title = (f"nodes ({len(d['nodes'])}; master epoch {d['master_epoch']}, "
-                 f"{d['num_replicas']} replicas)")
+        rows += [  # nodes that left: shown as such, never silently dropped from the view
+            (n["node_id"], n["grpc_address"], n["epoch"], n["reason"], "-", "-", "-",
+             f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
+            for n in d.get("departed", [])
+        ]
+        title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
+                 f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
         cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
                 "load", "replicas", "lease left"]
         return [output.rows_table(title, cols, rows)]

@@ -81,7 +81,10 @@ class MasterClient:
             "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
             "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``; health
             is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
-            named, nothing is placed on it) or "syncing"
+            named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
+            "epoch", "grpc_address", "data_address", "reason", "departed_s_ago",
+            "num_replicas"}]``, the nodes that left recently (reason "expired": its lease
+            lapsed; "left": it unregistered), newest first, until they register again
         """
         resp = self._call(self._stub.ListNodes, pb.ListNodesRequest(), None)
         nodes = []
@@ -98,8 +101,14 @@ class MasterClient:
                            "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
                           for t in n.tiers if t.tier in (1, 2)],
             })
+        departed = [
+            {"node_id": d.node.node_id, "epoch": d.node.epoch, "grpc_address": d.node.grpc_address,
+             "data_address": d.node.data_address, "reason": d.reason,
+             "departed_s_ago": round(d.departed_s_ago, 3), "num_replicas": d.num_replicas}
+            for d in resp.departed
+        ]
         return {"master_epoch": resp.master_epoch, "num_replicas": resp.num_replicas,
-                "nodes": nodes}
+                "nodes": nodes, "departed": departed}
 
     def lookup_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",

@@ -58,6 +58,7 @@ import structlog
 from kvstored.clock import Clock
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master import health
+from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.copies import Promotions, copy_to_promote
 from kvstored.master.health import NodeHealth
 from kvstored.master.index import BlockIndex, Generations
@@ -241,6 +242,7 @@ class Membership:
         self.unhealthy_after_failures = int(unhealthy_after_failures)
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
+        self.departed = DepartedNodes()  # the admin view's nodes that left (never consulted)
         self.promotions = Promotions()  # copies to keep as originals (master/copies.py)
         # counters since this master started (exported by kvstored.master.metrics)
         self.num_lease_expiries = 0
@@ -261,7 +263,9 @@ class Membership:
         self._by_holder.pop(holder, None)
         self.index.retire_holder(holder)
 
-    def _drop(self, rec: NodeRecord) -> None:
+    def _drop(self, rec: NodeRecord, reason: str) -> None:
+        self.departed.add(rec.spec.node_id, rec.spec, reason, self.clock(),
+                          self.index.num_holder_replicas(rec.holder))
         self._complete = None
         self._retire(rec.holder)
         if rec.pending is not None:
@@ -301,7 +305,7 @@ class Membership:
             log.warning("node_lease_expired", node_id=node_id, epoch=rec.spec.epoch,
                         num_replicas=self.index.num_holder_replicas(rec.holder),
                         silent_s=round(now - rec.last_heartbeat_s, 3))
-            self._drop(rec)
+            self._drop(rec, EXPIRED)
             self.num_lease_expiries += 1
         return gone
 
@@ -367,6 +371,7 @@ class Membership:
                          gap=same and old.gap)  # type: ignore[union-attr]
         self._nodes[spec.node_id] = rec
         self._by_holder[holder] = rec
+        self.departed.forget(spec.node_id)
         self._refresh(rec)
         log.info("node_registered", node_id=spec.node_id, epoch=spec.epoch,
                  grpc=spec.grpc_address, data=spec.data_address)
@@ -381,7 +386,7 @@ class Membership:
         rec = self._live(node_id, epoch)
         if rec is None:
             return False
-        self._drop(rec)
+        self._drop(rec, LEFT)
         log.info("node_unregistered", node_id=node_id, epoch=epoch)
         return True
 

@@ -368,8 +368,19 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                           probation=r.probation and not r.healthy)
             for r in m.nodes()
         ]
+        now = m.clock()
+        departed = [
+            pb.DepartedNode(
+                node=pb.NodeInfo(node_id=node_id, epoch=d.spec.epoch,  # type: ignore[attr-defined]
+                                 grpc_address=d.spec.grpc_address,  # type: ignore[attr-defined]
+                                 data_address=d.spec.data_address,  # type: ignore[attr-defined]
+                                 transports=list(d.spec.transports)),  # type: ignore[attr-defined]
+                reason=d.reason, departed_s_ago=max(0.0, now - d.departed_s),
+                num_replicas=d.num_replicas)
+            for node_id, d in m.departed.recent(now)
+        ]
         return pb.ListNodesResponse(nodes=nodes, master_epoch=self.master_epoch,
-                                    num_replicas=self.index.num_replicas)
+                                    num_replicas=self.index.num_replicas, departed=departed)
 
     @_rpc
     async def ListReplicas(  # noqa: N802

@@ -363,14 +363,28 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes", "master_epoch", "num_replicas")
+    __slots__ = ("nodes", "master_epoch", "num_replicas", "departed")
     NODES_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     master_epoch: int
     num_replicas: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+    departed: _containers.RepeatedCompositeFieldContainer[DepartedNode]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ..., departed: _Optional[_Iterable[_Union[DepartedNode, _Mapping]]] = ...) -> None: ...
+
+class DepartedNode(_message.Message):
+    __slots__ = ("node", "reason", "departed_s_ago", "num_replicas")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    reason: str
+    departed_s_ago: float
+    num_replicas: int
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., reason: _Optional[str] = ..., departed_s_ago: _Optional[float] = ..., num_replicas: _Optional[int] = ...) -> None: ...
 
 class ListReplicasRequest(_message.Message):
     __slots__ = ("namespace_id", "keys")

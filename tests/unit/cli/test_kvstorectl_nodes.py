@@ -107,6 +107,51 @@ def test_a_node_on_probation_shows_as_probation(master: tuple[str, Membership]) 
     assert json.loads(out.output)["nodes"][0]["health"] == "healthy"
 
 
+def test_a_lapsed_node_and_a_node_that_left_are_shown_as_departed_until_they_return(
+    master: tuple[str, Membership],
+) -> None:
+    # regression (second tester, session 2): a node whose lease lapsed vanished from the view
+    addr, members = master
+    clock = members.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(6.0)
+    members.heartbeat("gpu2", 42)
+    clock.advance(5.0)  # gpu1 silent for 11 s > its 10 s lease; gpu2 renewed 5 s ago
+    assert members.unregister("gpu2", 42)
+    clock.advance(2.5)
+    out = CliRunner().invoke(main, ["--address", addr, "nodes", "--output", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["nodes"] == [] and data["num_replicas"] == 0
+    assert [(d["node_id"], d["reason"], d["num_replicas"], d["departed_s_ago"])
+            for d in data["departed"]] == [("gpu2", "left", 0, 2.5), ("gpu1", "expired", 7, 2.5)]
+    assert data["departed"][1]["grpc_address"] == "10.0.0.5:7070"
+    table = CliRunner().invoke(main, ["nodes", "--address", addr])
+    assert table.exit_code == 0, table.output
+    for text in ("0 live, 2 departed", "expired", "left", "had 7", "gone 2.5 s ago"):
+        assert text in table.output, text
+    # a node that registers again is live, not departed
+    members.register(NodeSpec("gpu1", 1796000000000000001, "10.0.0.5:7070", "10.0.0.5:7071", ()))
+    data = json.loads(CliRunner().invoke(main, ["--address", addr, "nodes", "--output",
+                                               "json"]).output)
+    assert [n["node_id"] for n in data["nodes"]] == ["gpu1"]
+    assert [d["node_id"] for d in data["departed"]] == ["gpu2"]
+
+
+def test_departed_nodes_are_bounded_in_number_and_age() -> None:
+    from kvstored.master.departed import DepartedNodes
+
+    d = DepartedNodes(max_nodes=2, keep_s=10.0)
+    for i, name in enumerate(["a", "b", "c"]):
+        d.add(name, None, "expired", float(i), i)
+    assert [n for n, _ in d.recent(2.0)] == ["c", "b"]  # a, the oldest, was dropped
+    d.add("b", None, "left", 5.0, 9)  # b again: one record, now the newest
+    assert [(n, r.reason) for n, r in d.recent(5.0)] == [("b", "left"), ("c", "expired")]
+    assert [n for n, _ in d.recent(14.0)] == ["b"]  # c left at 2.0: older than 10 s
+    d.forget("b")
+    assert d.recent(14.0) == []
+
+
 def test_nodes_exit_codes_for_an_unreachable_master_and_a_node_socket() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
