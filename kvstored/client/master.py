@@ -136,6 +136,33 @@ class MasterClient:
                                   strict=True)
         ], resp.complete
 
+    def lookup_each(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None,
+    ) -> tuple[dict[int, ClusterReplica], bool] | None:
+        """Cluster-wide presence of every key (an Exists probe; never pins anything).
+
+        Returns:
+            ``({index into keys: best replica}, complete)`` for the keys present anywhere,
+            or None when the master is older and answered only the leading prefix (the
+            caller looks up runs with :meth:`lookup_prefix` then).
+
+        Raises:
+            InvalidArgument: too many keys, or an empty or oversized key.
+        """
+        req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
+                                           local_node_id=local_node_id, every_key=True)
+        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
+        if not resp.every_key:
+            return None
+        nodes = list(resp.nodes)
+        return {
+            int(k): ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g,
+                                   nodes[i].data_address)
+            for k, i, t, s, g in zip(resp.key_index, resp.node_index, resp.tier,
+                                     resp.size_bytes, resp.generation, strict=True)
+        }, resp.complete
+
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
                         timeout_s: float | None = None) -> str:
         """Report one data-plane transfer with ``node_id`` (epoch ``epoch``) to the master.

@@ -564,9 +564,41 @@ class BlockIndex(HolderRows):
         missing = np.flatnonzero(slots < 0)
         if len(missing):
             slots = slots[: int(missing[0])]
-        n = len(slots)
-        if n == 0:
+        if len(slots) == 0:
             return EMPTY_HIT
+        best_row, best_holder = self._best(slots, local_holder)
+        missing = np.flatnonzero(best_row < 0)
+        count = int(missing[0]) if len(missing) else len(slots)
+        rows = best_row[:count]
+        return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
+
+    def lookup_each(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
+    ) -> tuple[np.ndarray, PrefixHit]:
+        """The best replica of every one of ``keys`` present cluster-wide, misses skipped.
+
+        Per-key presence (an Exists probe), where :meth:`lookup_prefix` stops at the first
+        miss; the best replica is chosen the same way. Never changes anything.
+
+        Returns:
+            ``(positions, hit)``: int64 indexes into ``keys`` of the present blocks, in
+            order, and their best replicas as columns (row i is ``keys[positions[i]]``).
+        """
+        ns = self._ns(namespace_id, create=False)
+        if ns is None or not keys:
+            return np.zeros(0, np.int64), EMPTY_HIT
+        slots = self._tables[ns].get_many(keys_to_words(keys))
+        positions = np.flatnonzero(slots >= 0)
+        if len(positions) == 0:
+            return positions, EMPTY_HIT
+        best_row, best_holder = self._best(slots[positions], local_holder)
+        ok = best_row >= 0
+        rows = best_row[ok]
+        return positions[ok], PrefixHit(best_holder[ok], self._tier[rows], self._size[rows],
+                                        self._gen[rows])
+
+    def _best(self, slots: np.ndarray, local_holder: int) -> tuple[np.ndarray, np.ndarray]:
+        """(best row or -1 when no replica is readable, its holder) of each block slot."""
         # level 0: every block's first row (a block in the table always has one); most
         # blocks have one replica, so later levels touch few blocks
         first = self._head[slots].astype(np.int64)
@@ -592,10 +624,7 @@ class BlockIndex(HolderRows):
             if level >= MAX_RANKED_REPLICAS:
                 keep &= best_row[idx] < 0
             idx = idx[keep]
-        missing = np.flatnonzero(best_row < 0)
-        count = int(missing[0]) if len(missing) else n
-        rows = best_row[:count]
-        return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
+        return best_row, best_holder
 
     def _score(self, rows: np.ndarray, local_holder: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -246,9 +246,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         m = self.membership
         m.expire_lapsed()
         local = m.node(request.local_node_id) if request.local_node_id else None
-        hit = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
-                                       local_holder=local.holder if local else -1)
-        resp = pb.MasterLookupPrefixResponse(complete=m.is_complete())
+        holder = local.holder if local else -1
+        resp = pb.MasterLookupPrefixResponse(complete=m.is_complete(), every_key=request.every_key)
+        if request.every_key:
+            positions, hit = self.index.lookup_each(bytes(request.namespace_id),
+                                                    list(request.keys), local_holder=holder)
+            resp.key_index.extend(positions.tolist())
+        else:
+            hit = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
+                                           local_holder=holder)
         if not len(hit):
             return resp
         holders, node_index = np.unique(hit.holders, return_inverse=True)

@@ -77,6 +77,9 @@ log = structlog.get_logger(__name__)
 
 LookupFn = Callable[[bytes, Sequence[bytes], str, float], list[ClusterReplica]]
 """``lookup(namespace_id, keys, local_node_id, timeout_s)`` -> best replica per leading block."""
+LookupEachFn = Callable[[bytes, Sequence[bytes], str, float], "dict[int, ClusterReplica] | None"]
+"""``lookup_each(namespace_id, keys, local_node_id, timeout_s)`` -> {key index: best replica}
+of every key present cluster-wide, or None when the master cannot answer per key (older)."""
 ReportFn = Callable[[str, int, bool, float], None]
 """``report(peer node_id, peer epoch, ok, timeout_s)``: one transfer's outcome."""
 
@@ -119,7 +122,10 @@ class RemoteReads:
         report_timeout_s: deadline of one ReportTransfer call (reports are sent from one
             background thread, in order, so they never cost the reader's deadline).
         exists_max_runs: most master lookups one Exists probe makes (each run after a
-            cluster-wide miss costs one); reads make one (prefix semantics).
+            cluster-wide miss costs one) when there is no ``lookup_each`` or the master is
+            too old for it; reads make one (prefix semantics).
+        lookup_each: the master's per-key lookup (see :data:`LookupEachFn`): an Exists
+            probe then asks once for every key, whatever the misses between them.
         before_verify: test hook, called after the copies arrived and before they are
             verified (e.g. a threading.Event wait that lets a test change the source).
         before_copy: test hook, called after the lookup and before the data-plane GET of
@@ -144,8 +150,10 @@ class RemoteReads:
         before_copy: Callable[[], None] | None = None,
         max_parallel_peers: int = 4,
         on_wait: Callable[[int], None] | None = None,
+        lookup_each: LookupEachFn | None = None,
     ) -> None:
         self.core = core
+        self.lookup_each = lookup_each
         self.node_id = node_id
         self.lookup = lookup
         self.report = report
@@ -259,8 +267,18 @@ class RemoteReads:
         missing = [i for i, p in enumerate(present) if not p]
         if not missing:
             return present, tiers
-        found = self.find(namespace_id, [keys[i] for i in missing],
-                          deadline=self.deadline(remaining_s), max_runs=self.exists_max_runs)
+        deadline = self.deadline(remaining_s)
+        ask = [keys[i] for i in missing]
+        found: dict[int, ClusterReplica] | None = None
+        left = deadline - time.monotonic()
+        if self.lookup_each is not None and left >= _MIN_RPC_S:
+            try:
+                found = self.lookup_each(namespace_id, ask, self.node_id, left)
+            except KvstoredError as exc:
+                log.info("remote_lookup_failed", error=str(exc))
+                return present, tiers
+        if found is None:  # no per-key lookup (an older master): runs past the misses
+            found = self.find(namespace_id, ask, deadline=deadline, max_runs=self.exists_max_runs)
         present = list(present)
         tiers = list(tiers)
         for j, rep in found.items():
@@ -523,13 +541,18 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                                       timeout_s=timeout_s)
         return got
 
+    def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
+                    ) -> dict[int, ClusterReplica] | None:
+        got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s)
+        return None if got is None else got[0]
+
     def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
         client.report_transfer(peer, epoch, ok=ok, reporter_node_id=node_id,
                                timeout_s=timeout_s)
 
     reads = RemoteReads(core, node_id=node_id, lookup=lookup, report=report,
                         fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
-                        report_timeout_s=rpc_timeout_s)
+                        report_timeout_s=rpc_timeout_s, lookup_each=lookup_each)
     close = reads.close
 
     def close_all() -> None:

@@ -253,30 +253,36 @@ class ReplicaRef(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class MasterLookupPrefixRequest(_message.Message):
-    __slots__ = ("namespace_id", "keys", "local_node_id")
+    __slots__ = ("namespace_id", "keys", "local_node_id", "every_key")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EVERY_KEY_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     local_node_id: str
-    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ...) -> None: ...
+    every_key: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ..., every_key: _Optional[bool] = ...) -> None: ...
 
 class MasterLookupPrefixResponse(_message.Message):
-    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete")
+    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete", "key_index", "every_key")
     NODES_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    KEY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    EVERY_KEY_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[ReplicaNode]
     node_index: _containers.RepeatedScalarFieldContainer[int]
     tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
     size_bytes: _containers.RepeatedScalarFieldContainer[int]
     generation: _containers.RepeatedScalarFieldContainer[int]
     complete: bool
-    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ...) -> None: ...
+    key_index: _containers.RepeatedScalarFieldContainer[int]
+    every_key: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., key_index: _Optional[_Iterable[int]] = ..., every_key: _Optional[bool] = ...) -> None: ...
 
 class ReplicaNode(_message.Message):
     __slots__ = ("node_id", "epoch", "data_address")

@@ -85,6 +85,17 @@ def test_put_through_one_node_get_through_another_and_a_killed_holder_misses(
     with MasterClient(master.address) as m:  # n3 reports its copies like any put
         _wait("the copies indexed on n3", lambda: _indexed(m, a + b, "n3"))
 
+    # exists answers each key, however many cluster-wide misses lie between them (it used
+    # to look up at most 8 runs: the keys after the 8th miss read False)
+    many, gaps = _keys(12), _keys(12)
+    _put(n2, many)
+    with MasterClient(master.address) as m:
+        _wait("many indexed on n2", lambda: _indexed(m, many, "n2"))
+    with Client(n1.unix_address) as c:
+        assert c.exists([k for pair in zip(many, gaps, strict=True) for k in pair]) == [
+            True, False] * 12
+        assert c.list_blocks()[0] and not set(many) & {x.key for x in c.list_blocks()[0]}
+
     # SIGKILL the only holder of c_keys: misses at once (never wrong bytes), and gone from
     # the index once its lease lapses
     c_keys = _keys(4)

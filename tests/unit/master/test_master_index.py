@@ -84,6 +84,27 @@ def test_prefix_stops_at_the_first_block_missing_cluster_wide() -> None:
     assert len(ix.lookup_prefix(b"\x22" * 16, [key(0)])) == 0
 
 
+def test_lookup_each_answers_every_present_block_past_misses_with_the_prefix_ranking() -> None:
+    ix, (a, b) = _index(2)
+    for i in (0, 1, 3, 6):
+        _add(ix, i, a, SSD)
+    for i in (1, 6):
+        _add(ix, i, b, DRAM)
+    _add(ix, 4, a, DRAM, state=ReplicaState.WRITING)  # being written: missing
+    keys = [key(i) for i in range(8)]
+    positions, hit = ix.lookup_each(NS, keys, local_holder=a)
+    assert positions.tolist() == [0, 1, 3, 6]
+    # the same best replica lookup_prefix picks (local SSD beats remote DRAM)
+    assert hit.holders.tolist() == [a, a, a, a] and hit.tiers.tolist() == [SSD] * 4
+    positions, hit = ix.lookup_each(NS, keys, local_holder=-1)
+    assert (positions.tolist(), hit.holders.tolist()) == ([0, 1, 3, 6], [a, b, a, b])
+    assert hit.sizes.tolist() == [100, 101, 103, 106]
+    ix.set_readable(b, False)  # an unreadable holder's replicas are not answered
+    ix.set_readable(a, False)
+    assert ix.lookup_each(NS, keys)[0].tolist() == []
+    assert ix.lookup_each(b"\x22" * 16, keys)[0].tolist() == []
+
+
 def test_retired_holder_is_never_returned_and_gc_unlinks_its_rows_in_bounded_batches() -> None:
     ix, (a, b) = _index(2)
     n = ix.add_replicas_bulk(NS, [key(i) for i in range(50)], holder=a, tiers=[1] * 50,

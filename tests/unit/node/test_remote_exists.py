@@ -1,0 +1,54 @@
+"""RemoteReads.exists: one per-key master lookup, however many misses lie between the keys;
+an older master (no per-key answer) falls back to looking up runs past the misses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from remote_helpers import FakeMaster, key, make_core, make_reads
+
+from kvstored.client.master import ClusterReplica
+from kvstored.tiers.base import Tier
+
+
+class PerKeyMaster(FakeMaster):
+    """Also answers per key (``lookup_each``), or None like an older master (``old``)."""
+
+    def __init__(self, *, old: bool = False) -> None:
+        super().__init__()
+        self.old = old
+        self.each_lookups = 0
+
+    def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
+                    timeout_s: float) -> dict[int, ClusterReplica] | None:
+        self.each_lookups += 1
+        if self.old:
+            return None
+        return {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
+
+
+def _probe(master: PerKeyMaster) -> list[bool]:
+    core = make_core("dst", block_bytes=4096)
+    reads = make_reads(core, master, lookup_each=master.lookup_each)
+    try:
+        for i in range(0, 40, 2):  # 20 present blocks, each after a cluster-wide miss
+            master.replicas[key(i)] = ClusterReplica("src", 7, Tier.DRAM, 100, 1, "127.0.0.1:1")
+        keys = [key(i) for i in range(1, 41)]
+        present, _ = reads.exists(b"", keys, [False] * len(keys), [])
+        return present
+    finally:
+        reads.close()
+        core.store.close()
+
+
+def test_exists_asks_the_master_once_per_probe_and_sees_every_key() -> None:
+    master = PerKeyMaster()
+    assert _probe(master) == [False, True] * 19 + [False, False]
+    assert (master.each_lookups, master.lookups) == (1, 0)
+
+
+def test_an_older_master_is_asked_in_runs_up_to_the_limit() -> None:
+    master = PerKeyMaster(old=True)
+    got = _probe(master)
+    assert (master.each_lookups, master.lookups) == (1, 8)  # exists_max_runs
+    assert got[:14] == [False, True] * 7 and not any(got[14:])  # the first run finds none
