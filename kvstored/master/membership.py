@@ -243,7 +243,7 @@ class Membership:
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
         self.departed = DepartedNodes()  # the admin view's nodes that left (never consulted)
-        self.promotions = Promotions()  # copies to keep as originals (master/copies.py)
+        self.promotions = Promotions(clock, self.node_lease_s)  # copies to keep (master/copies.py)
         # counters since this master started (exported by kvstored.master.metrics)
         self.num_lease_expiries = 0
         self.num_unhealthy_marks = 0
@@ -520,7 +520,10 @@ class Membership:
                                        size_bytes=b.size_bytes,
                                        generation=b.generation or self.generations.next(),
                                        replace_generation=bool(b.generation), copy=b.copy)
+                if not b.copy:  # a promotion asked of this node, if any, is done
+                    self.promotions.settle(node_id, b.namespace_id, b.key)
             elif ev.kind is EventKind.REMOVED:
+                self.promotions.settle(node_id, b.namespace_id, b.key)  # its copy is gone
                 if self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder,
                                              tier=b.tier):
                     self._promote_if_only_copies(b.namespace_id, b.key)

@@ -16,7 +16,7 @@ from master_helpers import NS, Cluster, MiB, key
 from kvstored.errors import InvalidArgument
 from kvstored.master.admin import list_replicas
 from kvstored.master.index import ROW_FIELDS, BlockIndex
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, TierUsage
+from kvstored.master.membership import BlockEvent, BlockRef, EventKind, NodeAction, TierUsage
 from kvstored.master.records import ReplicaState
 from kvstored.tiers.base import Tier
 
@@ -146,6 +146,46 @@ def test_a_removed_original_that_leaves_only_copies_queues_one_promotion() -> No
     c.members.report_events("b", 1, [BlockEvent(1, EventKind.ADDED, _ref(1))])
     c.members.report_events("c", 1, [BlockEvent(1, EventKind.REMOVED, _ref(1, copy=True))])
     assert c.members.promotions.take("b") == [] and _copies(c, 1) == {"b": False}
+
+
+def test_a_promotion_is_sent_again_until_the_holder_settles_it_and_then_never() -> None:
+    # regression (session 2 note): a promotion whose heartbeat answer was lost was never
+    # re-sent, so the pool's last replicas stayed "evict first"
+    from kvstored.master.copies import MAX_PROMOTION_SENDS
+
+    c = Cluster()
+    c.join("a", inventory=[_ref(1), _ref(2)])
+    c.join("b", inventory=[_ref(1, copy=True), _ref(2, copy=True)])
+    rm = [BlockEvent(s, EventKind.REMOVED, _ref(i)) for s, i in ((1, 1), (2, 2))]
+    c.members.report_events("a", 1, rm)
+    p = c.members.promotions
+    assert sorted(p.take("b")) == [(NS, key(1)), (NS, key(2))]  # this answer is lost
+    c.clock.advance(p.resend_after_s * 0.9)
+    c.members.heartbeat("b", 1)
+    assert p.take("b") == []  # not yet: the answer may still be on its way
+    c.clock.advance(p.resend_after_s * 0.2)
+    c.members.heartbeat("b", 1)
+    assert sorted(p.take("b")) == [(NS, key(1)), (NS, key(2))]
+    # b promotes 1 (ADDED, an original now) and evicted its copy of 2 (REMOVED): settled
+    c.members.report_events("b", 1, [BlockEvent(1, EventKind.ADDED, _ref(1)),
+                                     BlockEvent(2, EventKind.REMOVED, _ref(2, copy=True))])
+    assert p.num_pending("b") == 0 and _copies(c, 1) == {"b": False}
+    c.clock.advance(p.resend_after_s * 0.9)
+    c.members.heartbeat("b", 1)
+    c.clock.advance(p.resend_after_s * 0.9)
+    assert p.take("b") == []
+    # a holder that never acts on one: sent MAX_PROMOTION_SENDS times, then given up
+    c.join("d", inventory=[_ref(3, copy=True)])
+    c.join("e", inventory=[_ref(3)])
+    c.members.report_events("e", 1, [BlockEvent(1, EventKind.REMOVED, _ref(3))])
+    sends = 0
+    for _ in range(MAX_PROMOTION_SENDS + 3):
+        assert c.members.heartbeat("d", 1) is NodeAction.NONE  # d stays in, never settles
+        sends += len(p.take("d"))
+        c.clock.advance(p.resend_after_s * 0.5)
+        c.members.heartbeat("d", 1)
+        c.clock.advance(p.resend_after_s * 0.5)
+    assert sends == MAX_PROMOTION_SENDS and p.num_pending("d") == 0
 
 
 def test_no_promotion_while_an_original_remains_on_an_unreadable_node() -> None:
