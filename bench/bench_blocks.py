@@ -30,7 +30,9 @@ Targets (issue 9): shm get >= 0.9x memcpy at 4 MiB; tcp get >= 0.85x loopback so
 cold get and demotion write >= 0.7x O_DIRECT qd8; lookup p99 <= 0.5 ms.
 JSON: sizes[<size>][<path>].gbps (paths also memcpy_ws_get/put up to 512 MiB of working set),
 lookup_prefix_512.p99_ms, ssd_4MiB.ratio (as before), plus
-ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio, fresh_ratio},
+ssd[<size>].cold_get / .demotion_write {.._gbps, odirect_.._gbps, ratio, fresh_ratio,
+fresh_vs_new_files_ratio} / .cold_get_full_dram {ssd_get_gbps, odirect_write_read_gbps, ratio}
+(bench/bench_ssd_extra.py),
 native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
 control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
 clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1, memcpy_1_gbps, memcpy_4_gbps, memcpy_ratio_4_to_1, ratio_vs_memcpy}, date_utc, machine.
@@ -58,6 +60,7 @@ from typing import Iterator
 import numpy as np
 
 import bench_control  # bench/ is on sys.path when this script runs
+import bench_ssd_extra
 from bench_common import percentile, timed
 from kvstored import Client
 from kvstored import log as kvlog
@@ -327,9 +330,11 @@ def bench_ssd(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[s
 
 
 def _demote_reps(tier: object, view: memoryview, tmp: pathlib.Path, size: int, batch: int,
-                 reps: int, tag: str, *, keep: bool) -> tuple[list[float], list[float]]:
+                 reps: int, tag: str, *, keep: bool, new_refs: list[float] | None = None
+                 ) -> tuple[list[float], list[float]]:
     """Timed ``write_files`` of ``reps`` batches (each next to its own O_DIRECT reference);
-    ``keep``: leave each batch on the tier (a full tier then evicts, and reuses, the oldest)."""
+    ``keep``: leave each batch on the tier (a full tier then evicts, and reuses, the oldest);
+    ``new_refs``: also measure O_DIRECT writes into new files right before each rep."""
     from kvstored.tiers.ssd_format import store_key
 
     times: list[float] = []
@@ -342,6 +347,8 @@ def _demote_reps(tier: object, view: memoryview, tmp: pathlib.Path, size: int, b
                 w = tier.begin_write(sk, size, namespace_id=b"", meta=b"")  # type: ignore[attr-defined]
                 assert w is not None
                 writes.append((w, view[j * size : (j + 1) * size]))
+        if new_refs is not None:
+            new_refs.append(bench_ssd_extra.odirect_new_files_gbps(tmp, view, size, batch))
         refs.append(odirect_gbps(tmp / "odirect-w.bin", size, batch, write=True, reps=1))
         t0 = time.perf_counter()
         ok = tier.write_files(writes)  # type: ignore[attr-defined]
@@ -382,7 +389,9 @@ def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3
             if keep:  # fill the tier (untimed): every timed write then evicts and reuses
                 _demote_reps(tier, view, tmp, size, batch, 2, "fill", keep=True)
                 assert tier.used_bytes == tier.capacity_bytes, (tier.used_bytes, tier.capacity_bytes)
-            times, refs = _demote_reps(tier, view, tmp, size, batch, reps, name, keep=keep)
+            new_refs: list[float] = []
+            times, refs = _demote_reps(tier, view, tmp, size, batch, reps, name, keep=keep,
+                                       new_refs=None if keep else new_refs)
         finally:
             tier.close()
             shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
@@ -393,7 +402,9 @@ def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3
                        ratio=ratio)
         else:
             out.update(fresh_gbps=gbps, fresh_odirect_write_gbps=statistics.median(refs),
-                       fresh_ratio=ratio)
+                       fresh_ratio=ratio, odirect_new_files_gbps=statistics.median(new_refs),
+                       fresh_vs_new_files_ratio=statistics.median(
+                           size * batch / t / 1e9 / r for t, r in zip(times, new_refs)))
     return out
 
 
@@ -501,7 +512,9 @@ def main() -> None:
             print(f"... SSD tier, {format_size(size)} blocks", file=sys.stderr)
             ssd[format_size(size)] = {
                 "cold_get": bench_ssd(tmp, size, ssd_batch, args.ssd_reps),
-                "demotion_write": bench_demotion_write(tmp, size, ssd_batch, args.ssd_reps)}
+                "demotion_write": bench_demotion_write(tmp, size, ssd_batch, args.ssd_reps),
+                "cold_get_full_dram": bench_ssd_extra.bench_cold_get_full_dram(
+                    tmp, size, ssd_batch, args.ssd_reps)}
         results["ssd"] = ssd
         if format_size(4 << 20) in ssd:  # (keys are "4.0 MiB": "4MiB" never matched)
             results["ssd_4MiB"] = ssd[format_size(4 << 20)]["cold_get"]  # type: ignore[index]
@@ -561,6 +574,15 @@ def print_table(results: dict[str, object]) -> None:
         print(f"{size:>9} {'ssd_demote_write':>16} {w['demotion_write_gbps']:7.2f} {'':>8} {'':>8}  "
               f"{w['ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} {w['odirect_write_gbps']:.2f} GB/s "
               f"(target 0.7x; full tier, evicting; empty tier, new files: {w['fresh_ratio']:.2f}x)")
+        if "fresh_vs_new_files_ratio" in w:
+            print(f"{size:>9} {'ssd_demote_fresh':>16} {w['fresh_gbps']:7.2f} {'':>8} {'':>8}  "
+                  f"{w['fresh_vs_new_files_ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} into new files "
+                  f"{w['odirect_new_files_gbps']:.2f} GB/s (empty tier; {w['fresh_ratio']:.2f}x the overwrite reference)")
+        f = row.get("cold_get_full_dram")
+        if f:
+            print(f"{size:>9} {'ssd_get_fulldram':>16} {f['ssd_get_gbps']:7.2f} {'':>8} {'':>8}  "
+                  f"{f['ratio']:.2f}x O_DIRECT write+read qd{f['odirect_qd']} {f['odirect_write_read_gbps']:.2f} GB/s "
+                  f"(cold get into a full DRAM tier: each promotion demotes a block)")
     if "native_copy" in results:
         from bench_native import print_rows
 

@@ -178,6 +178,20 @@ def _tier(value: int) -> Tier | None:
     return _TIER_OF[value] if 0 <= value < len(_TIER_OF) else None
 
 
+_DRAM_WIRE = int(Tier.DRAM)  # an int: list.count compares it at C speed
+
+
+def tiers_of(wire: list[int]) -> list[Tier | None]:
+    """The :class:`Tier` of each wire value of a LookupPrefix answer (``_TIER_OF`` per value).
+
+    An answer all in DRAM (the common one) is built without a per-key lookup (issue 9:
+    ~24 -> ~8 us for 512 keys).
+    """
+    if wire.count(_DRAM_WIRE) == len(wire):
+        return [Tier.DRAM] * len(wire)
+    return list(map(_TIER_OF.__getitem__, wire))
+
+
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(n, start + size)

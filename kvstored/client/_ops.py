@@ -82,6 +82,7 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     parse_address,
     require_sequence,
     status_error,
+    tiers_of,
 )
 from kvstored.client._shm import ArenaMap, _copy_into_arena, _copy_pinned, _put_shm, _read_shm  # noqa: F401
 from kvstored.client._state import (  # noqa: F401
@@ -424,7 +425,7 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
             pb.LookupPrefixRequest(keys=checked[start:end], namespace_id=st.namespace_id),
             pb.LookupPrefixResponse,
         )
-        tiers.extend(map(_TIER_OF.__getitem__, resp.tiers[: resp.num_hit_blocks]))
+        tiers += tiers_of(resp.tiers[: resp.num_hit_blocks])
         if resp.num_hit_blocks < end - start:
             break
     return tiers

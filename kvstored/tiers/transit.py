@@ -275,6 +275,7 @@ class TransitMixin:
         for e in held.values():
             self._pin(e)
         try:
+            self._make_room_many(skeys)
             for skey in skeys:
                 if skey in seen or skey in dram.entries or skey in self._promoting:
                     continue
@@ -316,6 +317,59 @@ class TransitMixin:
             done = self._finish_promotions(todo, reasons)
         self._check_open()
         return done
+
+    def _make_room_many(self, skeys: list[bytes]) -> None:
+        """Evict, in one :meth:`_evict_window` (its demotions written several at once), the
+        victims a batch's SSD-only blocks need, before :meth:`_promote_many` allocates them
+        one by one (lock held; released during the writes). Best effort: each allocation
+        still makes its own room if this fell short (fragmentation, a change meanwhile), so
+        this only turns one-block demotion writes (queue depth 1) into one batch.
+
+        Victims are chosen as :meth:`_allocate` would choose them, LRU first (copies first),
+        each through :func:`~kvstored.tiers.eviction.victim_window` for one block's size;
+        blocks of the batch itself are pinned (held) by the caller, so never victims. The
+        batch's SSD entries are made the most recent first, so the demotions' SSD evictions
+        take other blocks.
+        """
+        ssd, dram = self._ssd, self._dram
+        assert ssd is not None
+        alloc = dram.allocator
+        needs: list[int] = []
+        for skey in dict.fromkeys(skeys):  # (unique, in order)
+            if skey in dram.entries or skey in self._promoting:
+                continue
+            sentry = ssd.entries.get(skey)
+            if sentry is not None:
+                ssd.entries.move_to_end(skey)
+                needs.append(alloc.round_up(sentry.size_bytes))
+        free = alloc.free_bytes
+        while needs and free >= needs[0]:  # what fits already (optimistic: free may be split)
+            free -= needs.pop(0)
+        if len(needs) < 2:
+            return  # nothing to batch: _allocate evicts for a single block as before
+        chosen: dict[bytes, None] = {}
+
+        def evictable(k: bytes) -> bool:
+            return k not in chosen and self._evictable(k)
+
+        tries = 0
+        lru = candidates(dram, ssd=ssd)  # copies, then LRU first; one pass for the whole batch
+        for need in needs:
+            window = None
+            for skey in lru:
+                if not evictable(skey):
+                    continue
+                window = victim_window(dram, skey, need, evictable)
+                if window is not None:
+                    break
+                tries += 1
+                if tries >= MAX_WINDOW_TRIES:
+                    break
+            if window is None:
+                break  # the per-block allocations take it from here
+            chosen.update(dict.fromkeys(window))
+        if len(chosen) > 1:
+            self._evict_window(list(chosen))
 
     def _pin(self, entry: DramEntry) -> None:
         raise NotImplementedError

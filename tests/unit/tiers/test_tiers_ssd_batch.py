@@ -283,3 +283,54 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
         assert s2.get(key(0)) == (val(0), b"")
     finally:
         s2.close()
+
+
+def test_a_batch_get_into_a_full_dram_tier_demotes_its_victims_in_parallel(
+    store: TieredStore,
+) -> None:
+    for i in range(12):
+        store.put(key(i), val(i))  # DRAM: 4..11 (full, DRAM-only); SSD: 0..3
+    keys = [key(i) for i in range(4)]
+    assert store.lookup_prefix(keys) == [Tier.SSD] * 4
+    assert store._ssd is not None
+    hook = BarrierIo("write", 4)  # the four demotions that make room, in flight together
+    store._ssd.io_hook = hook
+    pins = store.pin_many(keys)
+    store._ssd.io_hook = None
+    try:
+        assert [bytes(p.view) for p in pins] == [val(i) for i in range(4)]  # type: ignore[union-attr]
+    finally:
+        for p in pins:
+            if isinstance(p, PinnedBlock):
+                store.unpin(p)
+    assert hook.passed == 4
+    victims = [key(i) for i in range(4, 8)]  # the LRU DRAM blocks, demoted, not dropped
+    assert store.lookup_prefix(victims) == [Tier.SSD] * 4
+    assert [store.get(k) for k in victims] == [(val(i), b"") for i in range(4, 8)]
+    assert store._ssd.put_failures == 0
+
+
+def test_batch_room_making_never_evicts_the_batchs_own_ssd_blocks(tmp_path: pathlib.Path) -> None:
+    probe = SsdTier(tmp_path / "probe", 64 * BLOCK)
+    charge = probe._charge(store_key(b"", key(0)), probe._entry(len(val(0)), 0, b"", b""))
+    probe.close()
+    s = TieredStore(
+        dram_size_bytes=8 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+        ssd_size_bytes=8 * charge,  # room for 8 blocks: each demotion then evicts one
+    )
+    try:
+        for i in range(16):
+            s.put(key(i), val(i))  # DRAM: 8..15 (DRAM-only); SSD: 0..7 (full), 0 its LRU
+        keys = [key(i) for i in range(4)]  # the SSD's four LRU blocks
+        assert s.lookup_prefix(keys) == [Tier.SSD] * 4
+        pins = s.pin_many(keys)  # demotes 8..11 into the full SSD: it must evict 4..7
+        try:
+            assert [bytes(p.view) for p in pins] == [val(i) for i in range(4)]  # type: ignore[union-attr]
+        finally:
+            for p in pins:
+                if isinstance(p, PinnedBlock):
+                    s.unpin(p)
+        assert s.lookup_prefix([key(i) for i in range(4, 8)]) == []  # the SSD's victims
+        assert s.lookup_prefix([key(i) for i in range(8, 12)]) == [Tier.SSD] * 4
+    finally:
+        s.close()
