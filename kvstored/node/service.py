@@ -50,7 +50,7 @@ from kvstored.errors import (
     KvstoredError,
 )
 from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
-from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Tier
+from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.remote import RemoteReads
@@ -119,6 +119,7 @@ class NodeServicer:
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
+        self._has_ssd = has_ssd
         self.remote: RemoteReads | None = None
         self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
@@ -213,21 +214,40 @@ class NodeServicer:
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
-        rid, out = await self._maybe_io(
-            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
-            session_id=req.session_id, request_id=req.request_id,
+        kwargs = dict(lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
+                      request_id=req.request_id)
+        core = self.core
+        # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
+        # free space holds the batch, node/shm_put.py); a batch that needs an eviction, which
+        # may demote to SSD (disk I/O), goes to the store executor
+        rid, got = core.reserve_put_items(
+            items, req.namespace_id, may_block=not self._has_ssd, **kwargs
         )
-        return pb.ReservePutResponse(
-            reservation_id=rid,
-            reservations=[
-                pb.Reservation(status=item_status(o.error), exists=o.exists, offset=o.offset)
-                for o in out
-            ],
-        )
+        if got is NEEDS_IO:
+            rid, got = await self._maybe_io(
+                core.reserve_put_items, items, req.namespace_id, **kwargs
+            )
+        resp = pb.ReservePutResponse(reservation_id=rid)
+        add = resp.reservations.add
+        for x in got:  # type: ignore[attr-defined]
+            if isinstance(x, Reservation):
+                add(offset=x.offset)  # an unset status is OK
+            elif x.error is None:
+                add(exists=True)
+            else:
+                add(status=item_status(x.error))
+        return resp
 
     async def CommitPut(self, req: pb.CommitPutRequest, ctx: Any) -> pb.CommitPutResponse:
-        out = await self._inline(self.core.commit_put, req.reservation_id, abort=req.abort)
-        return pb.CommitPutResponse(results=_put_results(out))
+        out = self.core.commit_put(req.reservation_id, abort=req.abort)
+        resp = pb.CommitPutResponse()
+        add = resp.results.add
+        for o in out:
+            if o.error is None:
+                add(stored=o.stored)  # an unset status is OK
+            else:
+                add(status=item_status(o.error))
+        return resp
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
         keys = list(req.keys)
