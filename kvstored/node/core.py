@@ -53,7 +53,7 @@ from kvstored.errors import (
 )
 from kvstored.keys import format_hash
 from kvstored.node.sessions import NO_SESSION, Lease, LeaseBook, LeaseState
-from kvstored.node.shm_put import (  # noqa: F401  (ReserveOutcome re-exported)
+from kvstored.node.local_put import (  # noqa: F401  (ReserveOutcome re-exported)
     MAX_META_BYTES,
     PutOutcome,
     ReserveOutcome,
@@ -375,37 +375,6 @@ class NodeCore(ShmPutMixin):
         for x in items:
             if isinstance(x, Reservation):
                 self.store.abort(x)
-
-    def put_inline(
-        self, items: Sequence[tuple[bytes, memoryview | bytes, bytes]], namespace_id: bytes
-    ) -> list[PutOutcome]:
-        """Store small values carried in the request (gRPC Put).
-
-        Returns:
-            Per item, in order: stored, already present, or its own error.
-
-        Raises:
-            Draining: the node is shutting down.
-            BatchTooLarge, InvalidArgument: for the whole call.
-        """
-        self.check_batch(len(items))
-        self.check_namespace_id(namespace_id)
-        with self.put_in_flight():
-            reserved = self.reserve_items(
-                [(k, len(v), m) for k, v, m in items], namespace_id
-            )
-            try:
-                num_bytes = 0
-                for (_, value, _), r in zip(items, reserved, strict=True):
-                    if isinstance(r, Reservation):
-                        r.view[:] = value
-                        num_bytes += r.size_bytes
-            except BaseException:
-                self.abort_reserved(reserved)
-                raise
-            out = self.commit_reserved(reserved)
-        self.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
-        return out
 
     # ---- gets ----------------------------------------------------------------------------
     def pin_items(

@@ -5,9 +5,11 @@ holds its lock during disk I/O (tiers/tiered.py), so the metadata calls of the h
 (LookupPrefix, Exists, CommitPut, ReleasePins, Stats) run on the loop and never wait for a
 disk. PinBlocks pins on the loop when every block is a DRAM hit or a miss; when one needs a
 promotion from SSD it runs in the named, bounded store executor (``kvstored-store-*``),
-where only that request waits for its read. Calls that may do disk I/O (ReservePut: demotion;
-Remove: file deletion) or copy payloads (inline Put/Get, ListBlocks) run in the executor.
-Without an SSD tier ReservePut and Remove are metadata-only and run on the loop.
+where only that request waits for its read. ReservePut, and an inline Put of at most
+LOOP_PUT_MAX_BYTES, run on the loop when the batch fits in free space (or there is no SSD
+tier: evictions are metadata only), else in the executor (an eviction may demote: disk I/O).
+Remove (file deletion) and calls that copy larger payloads (inline Put/Get, ListBlocks) run
+in the executor; without an SSD tier Remove is metadata-only and runs on the loop.
 
 Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
 until the client goes away. The session is closed in the core (which releases what it held;
@@ -63,6 +65,9 @@ SERVICE_NAME = "kvstored.v1.NodeService"
 T = TypeVar("T")
 
 _OK = cpb.ItemStatus()
+LOOP_PUT_MAX_BYTES = 64 << 10
+"""An inline Put carrying at most this many value bytes is stored on the event loop (the
+copy takes microseconds); larger ones are copied in the store executor."""
 
 
 def item_status(err: KvstoredError | None) -> cpb.ItemStatus:
@@ -77,7 +82,10 @@ def _tier(t: Tier | None) -> int:
 
 
 def _put_results(outcomes: list[PutOutcome]) -> list[pb.PutResult]:
-    return [pb.PutResult(status=item_status(o.error), stored=o.stored) for o in outcomes]
+    return [  # an unset status is OK
+        pb.PutResult(stored=o.stored) if o.error is None else pb.PutResult(status=item_status(o.error))
+        for o in outcomes
+    ]
 
 
 def _get_result(o: GetOutcome) -> pb.GetResult:
@@ -201,7 +209,13 @@ class NodeServicer:
 
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
-        out = await self._run(self.core.put_inline, items, req.namespace_id)
+        out: Any = NEEDS_IO
+        if sum(len(v) for _, v, _ in items) <= LOOP_PUT_MAX_BYTES:
+            # small values (the control channel's one-round-trip put): copied and committed
+            # on the loop unless an eviction is needed that may demote to SSD (disk I/O)
+            out = self.core.put_inline(items, req.namespace_id, may_block=not self._has_ssd)
+        if out is NEEDS_IO:
+            out = await self._run(self.core.put_inline, items, req.namespace_id)
         return pb.PutResponse(results=_put_results(out))
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
@@ -218,7 +232,7 @@ class NodeServicer:
                       request_id=req.request_id)
         core = self.core
         # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
-        # free space holds the batch, node/shm_put.py); a batch that needs an eviction, which
+        # free space holds the batch, node/local_put.py); a batch that needs an eviction, which
         # may demote to SSD (disk I/O), goes to the store executor
         rid, got = core.reserve_put_items(
             items, req.namespace_id, may_block=not self._has_ssd, **kwargs
@@ -240,14 +254,7 @@ class NodeServicer:
 
     async def CommitPut(self, req: pb.CommitPutRequest, ctx: Any) -> pb.CommitPutResponse:
         out = self.core.commit_put(req.reservation_id, abort=req.abort)
-        resp = pb.CommitPutResponse()
-        add = resp.results.add
-        for o in out:
-            if o.error is None:
-                add(stored=o.stored)  # an unset status is OK
-            else:
-                add(status=item_status(o.error))
-        return resp
+        return pb.CommitPutResponse(results=_put_results(out))
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
         keys = list(req.keys)

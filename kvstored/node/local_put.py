@@ -1,4 +1,4 @@
-"""The node's shared-memory put: ReservePut and CommitPut of a whole batch (a NodeCore mixin).
+"""The node's local put paths, a batch at a time (a NodeCore mixin).
 
 ::
 
@@ -6,6 +6,8 @@
                     lock, one extent) --> Lease([Reservation | PutOutcome ...]) --> id
     commit_put  --> LeaseBook.take (the holder's ack) --> TieredStore.commit_many (one lock,
                     head last so it is most recent) --> per item: stored / existed / error
+    put_inline  --> the same reserve (no lease) --> copy the request's values in --> commit
+                    (gRPC Put, and the control channel's one-round-trip put of small batches)
 
 Per batch, not per key: the store lock, the lease record and the transfer metrics are taken
 once; per key there remain the item checks, the store's index insert and change-feed event,
@@ -144,10 +146,24 @@ class ShmPutMixin:
         self.check_batch(len(items))
         self.check_namespace_id(namespace_id)
         self.leases.check_session(session_id)
+        got = self._reserve_batch(items, namespace_id, may_block)
+        if got is NEEDS_IO:
+            return 0, NEEDS_IO
+        out, num_bytes, reserved = got  # type: ignore[misc]
+        if not reserved:
+            return 0, out
+        rid = self._record_lease("reservation", session_id, out, num_bytes, lease_ms, request_id)
+        return rid, out
+
+    def _reserve_batch(
+        self, items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes, may_block: bool
+    ) -> tuple[list[ReservedItem], int, bool] | object:
+        """Validate and reserve a batch (no lease): ``(items, bytes reserved, any reserved)``,
+        or NEEDS_IO (``may_block=False``: nothing reserved or counted)."""
         cfg = self.cfg
         lo, hi = max(cfg.min_key_bytes, 1), cfg.max_key_bytes
-        max_block = min(cfg.max_block_bytes, self.store.max_block_bytes)
         store_max = self.store.max_block_bytes
+        max_block = min(cfg.max_block_bytes, store_max)
         errors: list[tuple[int, KvstoredError]] = []
         valid: list[int] = []
         for i, (key, size, meta) in enumerate(items):
@@ -168,8 +184,8 @@ class ShmPutMixin:
                 items if len(valid) == len(items) else [items[i] for i in valid],
                 namespace_id=namespace_id, may_block=may_block,
             )
-            if got is NEEDS_IO:
-                return 0, NEEDS_IO
+        if got is NEEDS_IO:
+            return NEEDS_IO
         assert isinstance(got, list)
         out: list[ReservedItem] = [EXISTED] * len(items)
         for i, err in errors:
@@ -185,10 +201,46 @@ class ShmPutMixin:
                 reserved = True
             else:
                 out[i] = PutOutcome(False, self._count_item_error(r))
-        if not reserved:
-            return 0, out
-        rid = self._record_lease("reservation", session_id, out, num_bytes, lease_ms, request_id)
-        return rid, out
+        return out, num_bytes, reserved
+
+    def put_inline(
+        self, items: Sequence[tuple[bytes, memoryview | bytes, bytes]], namespace_id: bytes,
+        *, may_block: bool = True,
+    ) -> list[PutOutcome] | object:
+        """Store small values carried in the request (gRPC Put, the control channel's Put).
+
+        The node copies each value into its reservation and commits the batch; nothing is
+        leased (the node is the writer, and its copy returns before the commit).
+
+        Args:
+            may_block: False (the event loop): answer NEEDS_IO, storing nothing, when the
+                batch needs an eviction (see :meth:`reserve_put_items`).
+
+        Returns:
+            Per item, in order: stored, already present, or its own error (or NEEDS_IO).
+
+        Raises:
+            Draining: the node is shutting down.
+            BatchTooLarge, InvalidArgument: for the whole call.
+        """
+        self.check_batch(len(items))
+        self.check_namespace_id(namespace_id)
+        with self.put_in_flight():
+            got = self._reserve_batch([(k, len(v), m) for k, v, m in items], namespace_id,
+                                      may_block)
+            if got is NEEDS_IO:
+                return NEEDS_IO
+            reserved, num_bytes, _ = got  # type: ignore[misc]
+            try:
+                for (_, value, _), r in zip(items, reserved, strict=True):
+                    if isinstance(r, Reservation):
+                        r.view[:] = value
+            except BaseException:
+                self.abort_reserved(reserved)
+                raise
+            out = self._commit_items(reserved)
+        self.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
+        return out
 
     def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
         """Commit (or abort) a reservation of :meth:`reserve_put` after the client wrote it.
@@ -227,20 +279,24 @@ class ShmPutMixin:
         if abort:
             self.abort_reserved(items)
             return [EXISTED if isinstance(x, Reservation) else x for x in items]  # type: ignore[misc]
+        out = self._commit_items(items)  # type: ignore[arg-type]
+        self.count_transfer(
+            "shm", "in", sum(o is STORED for o in out),
+            sum(x.size_bytes for x in items if isinstance(x, Reservation)),
+        )
+        return out
+
+    def _commit_items(self, items: Sequence[ReservedItem]) -> list[PutOutcome]:
+        """Commit the Reservations among ``items`` (one store call); per item its outcome."""
         reservations = [x for x in items if isinstance(x, Reservation)]
         flags = self.store.commit_many(reservations)
         if len(reservations) == len(items):
-            out = [STORED if f else EXISTED for f in flags]
-        else:
-            it = iter(flags)
-            out = [
-                (STORED if next(it) else EXISTED) if isinstance(x, Reservation) else x  # type: ignore[misc]
-                for x in items
-            ]
-        self.count_transfer(
-            "shm", "in", sum(flags), sum(r.size_bytes for r in reservations)
-        )
-        return out
+            return [STORED if f else EXISTED for f in flags]
+        it = iter(flags)
+        return [
+            (STORED if next(it) else EXISTED) if isinstance(x, Reservation) else x  # type: ignore[misc]
+            for x in items
+        ]
 
 
 __all__ = [
