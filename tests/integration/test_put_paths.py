@@ -8,6 +8,7 @@ holds the batch, and in its store executor when an eviction (a demotion to SSD) 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from it_helpers import DaemonThread, random_keys, value_for
 
-from kvstored import Client
+from kvstored import AsyncClient, Client
 from kvstored.client import _hooks
 from kvstored.client._steps import INLINE_PUT_MAX_BYTES
 
@@ -79,3 +80,19 @@ def test_reserve_runs_on_the_loop_unless_an_eviction_is_needed(start_node: Any) 
                 assert len(threads) == 1 and threads[0].startswith("kvstored-store"), (n, threads)
         for keys in (batches[0], batches[-1]):  # demoted, not lost; the newest in DRAM
             assert c.get(keys) == [value_for(k, size) for k in keys]
+
+
+def test_the_async_client_takes_the_same_paths(node: DaemonThread, rpcs: list[str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(node.unix_address, transport="shm") as a:
+            await a.exists(random_keys(1))
+            for size, expected in ((4 << 10, ["Put"]), (256 << 10, ["ReservePut", "CommitPut"])):
+                keys = random_keys(BATCH)
+                values = [value_for(k, size) for k in keys]
+                rpcs.clear()
+                assert all(r.stored for r in await a.put(keys, values))
+                assert rpcs == expected, size
+                with Client(node.unix_address, transport="shm") as reader:
+                    assert reader.get(keys) == values
+
+    asyncio.run(main())
