@@ -225,6 +225,10 @@ def _chunks_by_bytes(items: list[_Item], max_bytes: int, max_keys: int) -> Itera
         yield chunk
 
 
+_STORED, _EXISTED = PutResult(True), PutResult(False)  # frozen: shared by every put
+
+
 def _result(status: cpb.ItemStatus, stored: bool) -> PutResult:
-    err = status_error(status)
-    return PutResult(False, err) if err is not None else PutResult(stored)
+    if not status.code:
+        return _STORED if stored else _EXISTED
+    return PutResult(False, error_from_code(status.code, status.message))

@@ -22,13 +22,15 @@ Exists) over the node's lean control channel when it offers one over a unix sock
 So request building, response decoding, validation, chunking, pin release and transport
 choice exist once. Module map: _steps (steps, constants, driving), _args (argument checks,
 chunking), _state (ClientState, retries, Describe), _shm (the arena, shared-memory get and
-put), _control (the control channel), this module (the operations). Retries wrap a whole operation (every operation is idempotent: puts are
+put), _put (the put and its paths), _control (the control channel), this module (the other
+operations). Retries wrap a whole operation (every operation is idempotent: puts are
 first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
 inside the caller's deadline.
 
 Shared-memory path (same host, arena file mappable and the very file the node uses)::
 
     put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
+         (a batch of <= INLINE_PUT_MAX_BYTES: one Put on the control channel, _put.py)
     get: PinBlocks  -> copy out of the mapped arena      -> ReleasePins (always, also on error;
                                                             over the control channel it rides
                                                             on the next request, see below)
@@ -84,6 +86,7 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     status_error,
     tiers_of,
 )
+from kvstored.client._put import _put_grpc, _put_tcp, op_put  # noqa: F401  (the put)
 from kvstored.client._shm import ArenaMap, _copy_into_arena, _copy_pinned, _put_shm, _read_shm  # noqa: F401
 from kvstored.client._state import (  # noqa: F401
     MAX_TIMEOUT_S,
@@ -120,13 +123,11 @@ from kvstored.client._steps import (  # noqa: F401
     lease_for,
     release_call,
 )
-from kvstored.client.types import Block, NodeInfo, PutResult
+from kvstored.client.types import Block, NodeInfo
 from kvstored.errors import (
-    BlockTooLarge,
     ErrorCode,
     InternalError,
     InvalidArgument,
-    KvstoredError,
     Unavailable,
 )
 from kvstored.keys import format_hash
@@ -314,101 +315,6 @@ def op_get_into(
         return [None if s is None else (s, sink.metas[i]) for i, s in enumerate(sink.sizes)]
     return list(sink.sizes)
 
-
-
-def _put_tcp(
-    st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
-    deadline: float,
-) -> Op[None]:
-    dp = st.dataplane
-    if dp is None:
-        raise Unavailable("the data-plane client was dropped; describe the node again")
-    max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
-    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
-        wire = [(k, v, m) for _, k, v, m in chunk]
-        got = yield Blocking(
-            lambda d, wire=wire: dp.put(wire, st.namespace_id, deadline=d),
-            sum(len(v) for _, _, v, _ in chunk),
-        )
-        for (i, *_), r in zip(chunk, got, strict=True):
-            results[i] = _result(cpb.ItemStatus(code=r.code, message=r.message), r.stored)
-
-
-def _put_grpc(
-    st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
-    deadline: float,
-) -> Op[None]:
-    for chunk in _tail_first(_chunks_by_bytes(items, max(1, info.max_inline_bytes), info.max_batch_keys)):
-        resp = yield Call(
-            "Put",
-            pb.PutRequest(
-                items=[pb.PutItem(key=k, value=bytes(v), meta=m) for _, k, v, m in chunk],
-                namespace_id=st.namespace_id,
-            ),
-            pb.PutResponse,
-        )
-        if len(resp.results) != len(chunk):
-            raise InternalError(f"Put answered {len(resp.results)} items for {len(chunk)}")
-        for (i, *_), r in zip(chunk, resp.results, strict=True):
-            results[i] = _result(r.status, r.stored)
-
-
-def op_put(
-    st: ClientState,
-    keys: Sequence[object],
-    values: Sequence[object],
-    metas: Sequence[bytes] | None,
-    deadline: float,
-) -> Op[list[PutResult]]:
-    """Put a batch; bad items get their own error, good ones go over the chosen transport."""
-    if isinstance(keys, (bytes, bytearray, str)):
-        raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
-    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
-    require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
-    if metas is not None:
-        require_sequence(metas, "metas", "None or a sequence (list) with one bytes (or None) per key")
-    if len(values) != len(keys):
-        raise InvalidArgument(f"got {len(keys)} keys but {len(values)} values; pass one value per key")
-    if metas is not None and len(metas) != len(keys):
-        raise InvalidArgument(f"got {len(keys)} keys but {len(metas)} metas; pass one meta per key")
-    info = yield from ensure_ready(st)
-    results: list[PutResult | None] = [None] * len(keys)
-    items: list[_Item] = []
-    for i, key in enumerate(keys):
-        try:
-            kb = _key_bytes(key, i)
-            err: KvstoredError | None = _key_error(kb, i, info)
-            value = as_byte_view(values[i], "value", i)
-            meta = _meta_bytes(metas[i], i) if metas is not None else b""
-        except InvalidArgument as exc:
-            results[i] = PutResult(False, exc)
-            continue
-        if err is None and len(value) > info.max_block_bytes:
-            err = BlockTooLarge(
-                f"value #{i} ({format_hash(kb)}) is {len(value)} bytes; the node's limit is "
-                f"{info.max_block_bytes} bytes (node.max_block_bytes)"
-            )
-        if err is None and len(meta) > info.max_meta_bytes:
-            err = InvalidArgument(
-                f"meta #{i} is {len(meta)} bytes; at most {info.max_meta_bytes} bytes are stored "
-                "with a block"
-            )
-        if err is not None:
-            results[i] = PutResult(False, err)
-        else:
-            items.append((i, kb, value, meta))
-    if items:
-        total = sum(len(v) for _, _, v, _ in items)
-        if info.transport == "shm":
-            yield from _put_shm(st, info, items, results, deadline)
-        elif info.transport == "tcp" and total > min(INLINE_PUT_MAX_BYTES, info.max_inline_bytes):
-            yield from _put_tcp(st, info, items, results, deadline)
-        else:
-            yield from _put_grpc(st, info, items, results, deadline)
-    missing = [i for i, r in enumerate(results) if r is None]
-    if missing:
-        raise InternalError(f"no result for put items {missing[:8]}")
-    return results  # type: ignore[return-value]
 
 
 # ---- probes and admin ---------------------------------------------------------------------------

@@ -49,11 +49,16 @@ from kvstored.errors import (
     KvstoredError,
     LeaseExpired,
     NoCapacity,
-    NotFound,
     Unavailable,
 )
 from kvstored.keys import format_hash
 from kvstored.node.sessions import NO_SESSION, Lease, LeaseBook, LeaseState
+from kvstored.node.local_put import (  # noqa: F401  (ReserveOutcome re-exported)
+    MAX_META_BYTES,
+    PutOutcome,
+    ReserveOutcome,
+    ShmPutMixin,
+)
 from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
 from kvstored.transport.framing import FrameLimits
 
@@ -64,31 +69,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_META_BYTES = 4096
-"""Largest per-block metadata accepted, bytes."""
 MAX_NAMESPACE_ID_BYTES = 64
 """Longest namespace id accepted, bytes (Namespace.id is 16)."""
 MAX_LEASE_S = 600.0
 """Longest lease a client may ask for, seconds."""
 DEFAULT_LIST_LIMIT = 10000
 MAX_LIST_LIMIT = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class PutOutcome:
-    """Result of storing one block: ``stored`` False with no error = it already existed."""
-
-    stored: bool
-    error: KvstoredError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveOutcome:
-    """Result of reserving one block: an arena offset to write at, already stored, or an error."""
-
-    offset: int = 0
-    exists: bool = False
-    error: KvstoredError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +88,7 @@ class GetOutcome:
     error: KvstoredError | None = None
 
 
-class NodeCore:
+class NodeCore(ShmPutMixin):
     """Validation, leases and draining in front of a :class:`TieredStore`.
 
     Args:
@@ -389,123 +375,6 @@ class NodeCore:
         for x in items:
             if isinstance(x, Reservation):
                 self.store.abort(x)
-
-    def put_inline(
-        self, items: Sequence[tuple[bytes, memoryview | bytes, bytes]], namespace_id: bytes
-    ) -> list[PutOutcome]:
-        """Store small values carried in the request (gRPC Put).
-
-        Returns:
-            Per item, in order: stored, already present, or its own error.
-
-        Raises:
-            Draining: the node is shutting down.
-            BatchTooLarge, InvalidArgument: for the whole call.
-        """
-        self.check_batch(len(items))
-        self.check_namespace_id(namespace_id)
-        with self.put_in_flight():
-            reserved = self.reserve_items(
-                [(k, len(v), m) for k, v, m in items], namespace_id
-            )
-            try:
-                num_bytes = 0
-                for (_, value, _), r in zip(items, reserved, strict=True):
-                    if isinstance(r, Reservation):
-                        r.view[:] = value
-                        num_bytes += r.size_bytes
-            except BaseException:
-                self.abort_reserved(reserved)
-                raise
-            out = self.commit_reserved(reserved)
-        self.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
-        return out
-
-    def reserve_put(
-        self,
-        items: Sequence[tuple[bytes, int, bytes]],
-        namespace_id: bytes,
-        *,
-        lease_ms: int = 0,
-        epoch: int = 0,
-        session_id: int = NO_SESSION,
-        request_id: int = 0,
-    ) -> tuple[int, list[ReserveOutcome]]:
-        """Reserve arena space for the shared-memory put path, under a lease and a session.
-
-        Returns:
-            ``(reservation_id, outcomes)``; ``reservation_id`` is 0 when nothing was reserved
-            (every item existed or failed). Commit or abort with :meth:`commit_put`; a lease
-            not committed within ``lease_ms`` is quarantined by :meth:`reap_expired` (freed on
-            the client's CommitPut or when its session ends, never on a timer).
-
-        Raises:
-            Draining, Unavailable (epoch mismatch; session not open), BatchTooLarge,
-            InvalidArgument, NoCapacity (the session's quarantine is over its bound).
-        """
-        self.check_epoch(epoch)
-        self.check_batch(len(items))
-        self.check_namespace_id(namespace_id)
-        self.leases.check_session(session_id)
-        with self.put_in_flight():
-            reserved = self.reserve_items(items, namespace_id)
-        outcomes = [
-            ReserveOutcome(offset=x.offset)
-            if isinstance(x, Reservation)
-            else ReserveOutcome(exists=x.error is None, error=x.error)
-            for x in reserved
-        ]
-        if not any(isinstance(x, Reservation) for x in reserved):
-            return 0, outcomes
-        num_bytes = sum(x.size_bytes for x in reserved if isinstance(x, Reservation))
-        rid = self._record_lease(
-            "reservation", session_id, list(reserved), num_bytes, lease_ms, request_id
-        )
-        return rid, outcomes
-
-    def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
-        """Commit (or abort) a reservation of :meth:`reserve_put` after the client wrote it.
-
-        Either call is the client's acknowledgement: a quarantined reservation (lease lapsed)
-        is freed by it, and a commit of one is refused.
-
-        Returns:
-            Per item of the original ReservePut, in order.
-
-        Raises:
-            LeaseExpired: the lease lapsed before the commit (or the session ended); nothing
-                was stored and the space is freed now.
-            NotFound: unknown id (already committed/aborted, or from before a restart).
-        """
-        state, lease = self.leases.take("reservation", reservation_id)
-        if state is LeaseState.UNKNOWN:
-            raise NotFound(
-                f"reservation {reservation_id} is unknown: already committed or aborted, or "
-                "the node restarted"
-            )
-        if lease is None:  # released when its session ended
-            if abort:
-                return []
-            raise LeaseExpired(
-                f"reservation {reservation_id} was already released (its lease lapsed or its "
-                "session ended); nothing was stored, retry the put"
-            )
-        if state is LeaseState.QUARANTINED and not abort:
-            self.abort_reserved(lease.items)  # acked: the client's copy is over
-            raise LeaseExpired(
-                f"reservation {reservation_id} outlived its lease before the commit; nothing "
-                "was stored, retry the put"
-            )
-        if abort:
-            self.abort_reserved(lease.items)
-            return [
-                PutOutcome(False) if isinstance(x, Reservation) else x  # type: ignore[misc]
-                for x in lease.items
-            ]
-        out = self.commit_reserved(lease.items)  # type: ignore[arg-type]
-        num_bytes = sum(x.size_bytes for x in lease.items if isinstance(x, Reservation))
-        self.count_transfer("shm", "in", sum(1 for o in out if o.stored), num_bytes)
-        return out
 
     # ---- gets ----------------------------------------------------------------------------
     def pin_items(

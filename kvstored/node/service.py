@@ -5,9 +5,11 @@ holds its lock during disk I/O (tiers/tiered.py), so the metadata calls of the h
 (LookupPrefix, Exists, CommitPut, ReleasePins, Stats) run on the loop and never wait for a
 disk. PinBlocks pins on the loop when every block is a DRAM hit or a miss; when one needs a
 promotion from SSD it runs in the named, bounded store executor (``kvstored-store-*``),
-where only that request waits for its read. Calls that may do disk I/O (ReservePut: demotion;
-Remove: file deletion) or copy payloads (inline Put/Get, ListBlocks) run in the executor.
-Without an SSD tier ReservePut and Remove are metadata-only and run on the loop.
+where only that request waits for its read. ReservePut, and an inline Put of at most
+LOOP_PUT_MAX_BYTES, run on the loop when the batch fits in free space (or there is no SSD
+tier: evictions are metadata only), else in the executor (an eviction may demote: disk I/O).
+Remove (file deletion) and calls that copy larger payloads (inline Put/Get, ListBlocks) run
+in the executor; without an SSD tier Remove is metadata-only and runs on the loop.
 
 Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
 until the client goes away. The session is closed in the core (which releases what it held;
@@ -50,7 +52,7 @@ from kvstored.errors import (
     KvstoredError,
 )
 from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
-from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Tier
+from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.remote import RemoteReads
@@ -63,6 +65,9 @@ SERVICE_NAME = "kvstored.v1.NodeService"
 T = TypeVar("T")
 
 _OK = cpb.ItemStatus()
+LOOP_PUT_MAX_BYTES = 64 << 10
+"""An inline Put carrying at most this many value bytes is stored on the event loop (the
+copy takes microseconds); larger ones are copied in the store executor."""
 
 
 def item_status(err: KvstoredError | None) -> cpb.ItemStatus:
@@ -77,7 +82,10 @@ def _tier(t: Tier | None) -> int:
 
 
 def _put_results(outcomes: list[PutOutcome]) -> list[pb.PutResult]:
-    return [pb.PutResult(status=item_status(o.error), stored=o.stored) for o in outcomes]
+    return [  # an unset status is OK
+        pb.PutResult(stored=o.stored) if o.error is None else pb.PutResult(status=item_status(o.error))
+        for o in outcomes
+    ]
 
 
 def _get_result(o: GetOutcome) -> pb.GetResult:
@@ -119,6 +127,7 @@ class NodeServicer:
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
         self._maybe_io = self._run if has_ssd else self._inline
+        self._has_ssd = has_ssd
         self.remote: RemoteReads | None = None
         self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
@@ -200,7 +209,13 @@ class NodeServicer:
 
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
-        out = await self._run(self.core.put_inline, items, req.namespace_id)
+        out: Any = NEEDS_IO
+        if sum(len(v) for _, v, _ in items) <= LOOP_PUT_MAX_BYTES:
+            # small values (the control channel's one-round-trip put): copied and committed
+            # on the loop unless an eviction is needed that may demote to SSD (disk I/O)
+            out = self.core.put_inline(items, req.namespace_id, may_block=not self._has_ssd)
+        if out is NEEDS_IO:
+            out = await self._run(self.core.put_inline, items, req.namespace_id)
         return pb.PutResponse(results=_put_results(out))
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
@@ -213,20 +228,32 @@ class NodeServicer:
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
-        rid, out = await self._maybe_io(
-            self.core.reserve_put, items, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
-            session_id=req.session_id, request_id=req.request_id,
+        kwargs = dict(lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
+                      request_id=req.request_id)
+        core = self.core
+        # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
+        # free space holds the batch, node/local_put.py); a batch that needs an eviction, which
+        # may demote to SSD (disk I/O), goes to the store executor
+        rid, got = core.reserve_put_items(
+            items, req.namespace_id, may_block=not self._has_ssd, **kwargs
         )
-        return pb.ReservePutResponse(
-            reservation_id=rid,
-            reservations=[
-                pb.Reservation(status=item_status(o.error), exists=o.exists, offset=o.offset)
-                for o in out
-            ],
-        )
+        if got is NEEDS_IO:
+            rid, got = await self._maybe_io(
+                core.reserve_put_items, items, req.namespace_id, **kwargs
+            )
+        resp = pb.ReservePutResponse(reservation_id=rid)
+        add = resp.reservations.add
+        for x in got:  # type: ignore[attr-defined]
+            if isinstance(x, Reservation):
+                add(offset=x.offset)  # an unset status is OK
+            elif x.error is None:
+                add(exists=True)
+            else:
+                add(status=item_status(x.error))
+        return resp
 
     async def CommitPut(self, req: pb.CommitPutRequest, ctx: Any) -> pb.CommitPutResponse:
-        out = await self._inline(self.core.commit_put, req.reservation_id, abort=req.abort)
+        out = self.core.commit_put(req.reservation_id, abort=req.abort)
         return pb.CommitPutResponse(results=_put_results(out))
 
     async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:

@@ -59,6 +59,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
+from kvstored.tiers.batch_put import BatchPutMixin
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
 from kvstored.tiers.export import ExportMixin
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
@@ -107,7 +108,7 @@ def _check_bytes(name: str, value: object) -> bytes:
     return bytes(value)
 
 
-class TieredStore(TransitMixin, ExportMixin):
+class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
     """The block store of one node: DRAM arena + optional SSD tier, LRU with pins.
 
     Thread-safe: one lock guards all metadata, never held during disk I/O (module docstring).
@@ -127,6 +128,8 @@ class TieredStore(TransitMixin, ExportMixin):
         StorageIOError: the arena file or the SSD directory/index cannot be opened (the SSD
             directory is in use by another kvstored process, say).
     """
+
+    _pending_cls = _Pending  # (batch_put.py makes these too)
 
     def __init__(
         self,

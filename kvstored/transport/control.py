@@ -14,7 +14,8 @@ from google.protobuf.message import Message
 
 LENGTH_BYTES = 4
 MAX_FRAME_BYTES = 64 << 20
-"""Largest frame accepted either way (batches of keys and offsets; values never travel here)."""
+"""Largest frame accepted either way (batches of keys and offsets; values only in the Put of
+a small batch, client/_put.py)."""
 SOCKET_SUFFIX = ".ctl"
 """The channel's socket is the node's first unix listen path plus this suffix."""
 
@@ -25,6 +26,7 @@ OPS: dict[str, str] = {  # ControlRequest/ControlResponse oneof field -> NodeSer
     "commit_put": "CommitPut",
     "lookup_prefix": "LookupPrefix",
     "exists": "Exists",
+    "put": "Put",  # small batches only: their values travel inline (client/_put.py)
 }
 FIELD_OF: dict[str, str] = {method: field for field, method in OPS.items()}
 """NodeService method name -> oneof field (the methods the channel serves)."""

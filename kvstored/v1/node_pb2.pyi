@@ -388,7 +388,7 @@ class ListBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists")
+    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
     PIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +397,7 @@ class ControlRequest(_message.Message):
     COMMIT_PUT_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     release_pin_ids: _containers.RepeatedScalarFieldContainer[int]
     pin_blocks: PinBlocksRequest
@@ -405,10 +406,11 @@ class ControlRequest(_message.Message):
     commit_put: CommitPutRequest
     lookup_prefix: LookupPrefixRequest
     exists: ExistsRequest
-    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ...) -> None: ...
+    put: PutRequest
+    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ...) -> None: ...
 
 class ControlResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists")
+    __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
@@ -418,6 +420,7 @@ class ControlResponse(_message.Message):
     COMMIT_PUT_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     released: ReleasePinsResponse
@@ -427,4 +430,5 @@ class ControlResponse(_message.Message):
     commit_put: CommitPutResponse
     lookup_prefix: LookupPrefixResponse
     exists: ExistsResponse
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., released: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., pin_blocks: _Optional[_Union[PinBlocksResponse, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutResponse, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutResponse, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixResponse, _Mapping]] = ..., exists: _Optional[_Union[ExistsResponse, _Mapping]] = ...) -> None: ...
+    put: PutResponse
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., released: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., pin_blocks: _Optional[_Union[PinBlocksResponse, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutResponse, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutResponse, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixResponse, _Mapping]] = ..., exists: _Optional[_Union[ExistsResponse, _Mapping]] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,167 @@
+"""The client's put (a sans-I/O operation, see kvstored/client/_ops.py): checks, then a path.
+
+::
+
+    op_put --> per item: key, value buffer, meta checked (bad items get their own error)
+           --> shm, batch <= INLINE_PUT_MAX_BYTES, control channel open:
+                   Put (values inline) on the control channel: ONE round trip; the node
+                   copies the values in and commits before it answers
+           --> shm otherwise:  ReservePut -> copy into the arena -> CommitPut (_shm.py)
+           --> tcp (large):    the data plane's PUT
+           --> else:           Put, inline (gRPC, or the control channel when open)
+
+Every path reports a put done only once the node answered its commit, so a put that
+returned is readable by any other client. Why small batches go inline and larger ones keep
+two round trips (no commit is left in flight when put() returns, and no space is reserved
+ahead of the keys): README.md "One round trip per put?".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvstored.client._args import (
+    _chunks_by_bytes,
+    _Item,
+    _key_bytes,
+    _key_error,
+    _meta_bytes,
+    _result,
+    _tail_first,
+    as_byte_view,
+    require_sequence,
+)
+from kvstored.client._shm import _put_shm
+from kvstored.client._state import ClientState, ensure_ready
+from kvstored.client._steps import INLINE_PUT_MAX_BYTES, MAX_CHUNK_BYTES, Blocking, Call, Op
+from kvstored.client.types import NodeInfo, PutResult
+from kvstored.errors import BlockTooLarge, InternalError, InvalidArgument, KvstoredError, Unavailable
+from kvstored.keys import format_hash
+from kvstored.transport.control import MAX_FRAME_BYTES
+from kvstored.v1 import common_pb2 as cpb
+from kvstored.v1 import node_pb2 as pb
+
+CONTROL_PUT_MAX_BYTES = MAX_FRAME_BYTES // 2
+"""Most value bytes one inline Put carries on the control channel (its frames are bounded)."""
+
+
+def _put_tcp(
+    st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
+    deadline: float,
+) -> Op[None]:
+    dp = st.dataplane
+    if dp is None:
+        raise Unavailable("the data-plane client was dropped; describe the node again")
+    max_bytes = max(1, min(MAX_CHUNK_BYTES, info.arena_size_bytes // 4))
+    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
+        wire = [(k, v, m) for _, k, v, m in chunk]
+        got = yield Blocking(
+            lambda d, wire=wire: dp.put(wire, st.namespace_id, deadline=d),
+            sum(len(v) for _, _, v, _ in chunk),
+        )
+        for (i, *_), r in zip(chunk, got, strict=True):
+            results[i] = _result(cpb.ItemStatus(code=r.code, message=r.message), r.stored)
+
+
+def _put_grpc(
+    st: ClientState, info: NodeInfo, items: list[_Item], results: list[PutResult | None],
+    deadline: float,
+) -> Op[None]:
+    max_bytes = max(1, info.max_inline_bytes)
+    if st.control is not None:  # the Put may travel on the control channel
+        max_bytes = min(max_bytes, CONTROL_PUT_MAX_BYTES)
+    for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
+        resp = yield Call(
+            "Put",
+            pb.PutRequest(
+                items=[pb.PutItem(key=k, value=bytes(v), meta=m) for _, k, v, m in chunk],
+                namespace_id=st.namespace_id,
+            ),
+            pb.PutResponse,
+        )
+        if len(resp.results) != len(chunk):
+            raise InternalError(f"Put answered {len(resp.results)} items for {len(chunk)}")
+        for (i, *_), r in zip(chunk, resp.results, strict=True):
+            results[i] = _result(r.status, r.stored)
+
+
+def _check_items(
+    keys: Sequence[object], values: Sequence[object], metas: Sequence[object] | None,
+    info: NodeInfo, results: list[PutResult | None],
+) -> list[_Item]:
+    """The valid items ``(index, key, value view, meta)``; a bad one gets its own error."""
+    lo, hi = max(info.min_key_bytes, 1), info.max_key_bytes
+    max_block = info.max_block_bytes
+    items: list[_Item] = []
+    for i, key in enumerate(keys):
+        meta_in = None if metas is None else metas[i]
+        try:
+            value = as_byte_view(values[i], "value", i)
+        except InvalidArgument as exc:
+            results[i] = PutResult(False, exc)
+            continue
+        if type(key) is bytes and lo <= len(key) <= hi and meta_in is None and len(value) <= max_block:
+            items.append((i, key, value, b""))  # the common case: nothing more to check
+            continue
+        try:
+            kb = _key_bytes(key, i)
+            err: KvstoredError | None = _key_error(kb, i, info)
+            meta = _meta_bytes(meta_in, i)
+        except InvalidArgument as exc:
+            results[i] = PutResult(False, exc)
+            continue
+        if err is None and len(value) > max_block:
+            err = BlockTooLarge(
+                f"value #{i} ({format_hash(kb)}) is {len(value)} bytes; the node's limit is "
+                f"{max_block} bytes (node.max_block_bytes)"
+            )
+        if err is None and len(meta) > info.max_meta_bytes:
+            err = InvalidArgument(
+                f"meta #{i} is {len(meta)} bytes; at most {info.max_meta_bytes} bytes are stored "
+                "with a block"
+            )
+        if err is not None:
+            results[i] = PutResult(False, err)
+        else:
+            items.append((i, kb, value, meta))
+    return items
+
+
+def op_put(
+    st: ClientState,
+    keys: Sequence[object],
+    values: Sequence[object],
+    metas: Sequence[bytes] | None,
+    deadline: float,
+) -> Op[list[PutResult]]:
+    """Put a batch; bad items get their own error, good ones go over the chosen transport."""
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
+    if metas is not None:
+        require_sequence(metas, "metas", "None or a sequence (list) with one bytes (or None) per key")
+    if len(values) != len(keys):
+        raise InvalidArgument(f"got {len(keys)} keys but {len(values)} values; pass one value per key")
+    if metas is not None and len(metas) != len(keys):
+        raise InvalidArgument(f"got {len(keys)} keys but {len(metas)} metas; pass one meta per key")
+    info = yield from ensure_ready(st)
+    results: list[PutResult | None] = [None] * len(keys)
+    items = _check_items(keys, values, metas, info, results)
+    if items:
+        total = sum(len(v) for _, _, v, _ in items)
+        inline = min(INLINE_PUT_MAX_BYTES, info.max_inline_bytes)
+        if info.transport == "shm":
+            if (st.control is not None and total <= inline
+                    and len(items) <= info.max_batch_keys):
+                yield from _put_grpc(st, info, items, results, deadline)  # one round trip
+            else:
+                yield from _put_shm(st, info, items, results, deadline)
+        elif info.transport == "tcp" and total > inline:
+            yield from _put_tcp(st, info, items, results, deadline)
+        else:
+            yield from _put_grpc(st, info, items, results, deadline)
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing:
+        raise InternalError(f"no result for put items {missing[:8]}")
+    return results  # type: ignore[return-value]
