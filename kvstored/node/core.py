@@ -520,6 +520,17 @@ class NodeCore:
         nor counted (gets, misses, item errors), so a key is counted once per request
         whatever the chunking (issue 9).
         """
+        if self._keys_valid(keys):  # the common case: one pass, no per-key lists
+            got = self.store.pin_many(
+                keys, namespace_id=namespace_id, may_block=may_block,
+                cut_from=1 if cut else None,
+            )
+            for x in got:
+                if isinstance(x, KvstoredError):
+                    self._count_item_error(x)
+            if len(got) < len(keys):
+                got.extend([self._deferred(len(got))] * (len(keys) - len(got)))
+            return got
         errors = [self.key_error(i, k) for i, k in enumerate(keys)]
         good = [k for k, e in zip(keys, errors, strict=True) if e is None]
         cut_from = None if not cut else (1 if errors and errors[0] is None else 0)
@@ -540,12 +551,22 @@ class NodeCore:
                 self._count_item_error(got)
             out.append(got)
         if end < len(keys):
-            deferred = NoCapacity(
-                f"DRAM is full of this read's own pins at key #{end}; read again from there "
-                "once they are released"
-            )
-            out.extend([deferred] * (len(keys) - end))
+            out.extend([self._deferred(end)] * (len(keys) - end))
         return out
+
+    @staticmethod
+    def _deferred(index: int) -> NoCapacity:
+        return NoCapacity(
+            f"DRAM is full of this read's own pins at key #{index}; read again from there "
+            "once they are released"
+        )
+
+    def _keys_valid(self, keys: Sequence[bytes]) -> bool:
+        """True when every key is bytes of an accepted length (C-level checks only)."""
+        if not keys or not set(map(type, keys)) <= {bytes}:
+            return False
+        lens = set(map(len, keys))
+        return min(lens) >= max(self.cfg.min_key_bytes, 1) and max(lens) <= self.cfg.max_key_bytes
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
@@ -599,13 +620,18 @@ class NodeCore:
         )
 
     def unpin_all(self, blocks: Sequence[object]) -> None:
-        """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""
-        for b in blocks:
-            if isinstance(b, PinnedBlock):
-                try:
-                    self.store.unpin(b)
-                except KvstoredError as exc:  # store closed or already released
-                    log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
+        """Unpin every PinnedBlock among ``blocks`` (one store call); a stale pin is logged,
+        never raised."""
+        pins = [b for b in blocks if isinstance(b, PinnedBlock)]
+        if not pins:
+            return
+        try:
+            stale = self.store.unpin_many(pins)
+        except KvstoredError as exc:  # the store is closed
+            log.debug("unpin_skipped", num_blocks=len(pins), error=str(exc))
+            return
+        for b in stale:  # already released
+            log.debug("unpin_skipped", key=format_hash(b.key), error="not pinned")
 
     def pin_blocks(
         self,
@@ -675,8 +701,10 @@ class NodeCore:
                 num_in_time += 1
             elif state is not LeaseState.UNKNOWN:
                 expired.append(pin_id)
-        for lease in released:
-            self.unpin_all(lease.items)
+        if len(released) == 1:
+            self.unpin_all(released[0].items)
+        elif released:
+            self.unpin_all([b for lease in released for b in lease.items])
         return num_in_time, expired
 
     def release_orphans(self, session_id: int, request_ids: Sequence[int]) -> int:
