@@ -84,6 +84,27 @@ def as_writable_array(obj: object, index: int) -> np.ndarray:
     return np.frombuffer(mv, dtype=np.uint8)
 
 
+def as_writable_view(obj: object, index: int) -> memoryview:
+    """A writable C-contiguous buffer as a flat byte memoryview (no copy): what
+    :func:`as_writable_array` checks, without building a numpy array (get_into's hot path).
+
+    Raises:
+        InvalidArgument: not a buffer, read-only, or not contiguous.
+    """
+    mv = _memoryview_of(obj, "buffer", index, "a writable buffer (bytearray, numpy array, a "
+                        "torch tensor's .numpy() view)")
+    if mv.readonly:
+        raise InvalidArgument(f"buffer #{index} is read-only; pass a writable buffer")
+    if not mv.c_contiguous:
+        raise InvalidArgument(f"buffer #{index} is not C-contiguous; pass a contiguous buffer")
+    if mv.format == "B" and mv.ndim == 1:
+        return mv
+    try:
+        return mv.cast("B")
+    except TypeError:  # a format memoryview cannot cast (e.g. a numpy structured dtype)
+        return memoryview(np.frombuffer(mv, dtype=np.uint8))
+
+
 def _received(obj: object) -> str:
     """How an unexpected argument is shown in an error: its type and a short repr."""
     text = repr(obj)
