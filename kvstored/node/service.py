@@ -242,7 +242,10 @@ class NodeServicer:
             keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
             session_id=req.session_id, may_block=False, request_id=req.request_id,
         )
-        if any(b is NEEDS_IO for b in got):
+        first = got[0] if got else None  # NEEDS_IO is all or nothing for the store's keys
+        if first is NEEDS_IO or (
+            not isinstance(first, PinnedBlock) and any(b is NEEDS_IO for b in got)
+        ):
             pin_id, got = await self._run(
                 self.core.pin_blocks, keys, req.namespace_id,
                 lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,

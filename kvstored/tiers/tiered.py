@@ -547,12 +547,12 @@ class TieredStore(TransitMixin, ExportMixin):
         self._hits += n
         dram.hits += n
         arena = self.arena
-        round_up = dram.allocator.round_up
+        unit = dram.allocator.alignment_bytes  # round_up, inlined: (size or 1) to whole units
         out = []
         for key, e in zip(keys, hits, strict=True):
             if e.pins == 0:
                 dram.pinned_blocks += 1
-                self._pinned_bytes += round_up(e.size_bytes)
+                self._pinned_bytes += ((e.size_bytes or 1) + unit - 1) // unit * unit
             e.pins += 1
             off, size = e.offset, e.size_bytes
             out.append(PinnedBlock(
@@ -620,6 +620,7 @@ class TieredStore(TransitMixin, ExportMixin):
         stale: list[PinnedBlock] = []
         dram = self._dram
         entries = dram.entries
+        unit = dram.allocator.alignment_bytes
         freed = False
         with self._lock:
             for b in blocks:
@@ -635,7 +636,7 @@ class TieredStore(TransitMixin, ExportMixin):
                 e.pins -= 1  # type: ignore[attr-defined]
                 if e.pins == 0:  # type: ignore[attr-defined]
                     dram.pinned_blocks -= 1
-                    self._pinned_bytes -= dram.round_up(e.size_bytes)  # type: ignore[attr-defined]
+                    self._pinned_bytes -= ((e.size_bytes or 1) + unit - 1) // unit * unit  # type: ignore[attr-defined]
                     freed = True
             if freed:
                 self._cond.notify_all()
