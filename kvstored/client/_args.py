@@ -69,24 +69,8 @@ def as_byte_view(obj: object, what: str, index: int) -> memoryview:
         return memoryview(np.frombuffer(mv, dtype=np.uint8))
 
 
-def as_writable_array(obj: object, index: int) -> np.ndarray:
-    """A writable C-contiguous buffer as a flat uint8 numpy array (no copy).
-
-    Raises:
-        InvalidArgument: not a buffer, read-only, or not contiguous.
-    """
-    mv = _memoryview_of(obj, "buffer", index, "a writable buffer (bytearray, numpy array, a "
-                        "torch tensor's .numpy() view)")
-    if mv.readonly:
-        raise InvalidArgument(f"buffer #{index} is read-only; pass a writable buffer")
-    if not mv.c_contiguous:
-        raise InvalidArgument(f"buffer #{index} is not C-contiguous; pass a contiguous buffer")
-    return np.frombuffer(mv, dtype=np.uint8)
-
-
 def as_writable_view(obj: object, index: int) -> memoryview:
-    """A writable C-contiguous buffer as a flat byte memoryview (no copy): what
-    :func:`as_writable_array` checks, without building a numpy array (get_into's hot path).
+    """A writable C-contiguous buffer as a flat byte memoryview (no copy; get_into's buffers).
 
     Raises:
         InvalidArgument: not a buffer, read-only, or not contiguous.

@@ -22,7 +22,7 @@ Exists) over the node's lean control channel when it offers one over a unix sock
 So request building, response decoding, validation, chunking, pin release and transport
 choice exist once. Module map: _steps (steps, constants, driving), _args (argument checks,
 chunking), _state (ClientState, retries, Describe), _shm (the arena, shared-memory get and
-put), _control (the control channel), this module (the operations). Retries wrap a whole operation (every operation is idempotent: puts are
+put), _fastget (get_into's one-copy batch), _control (the control channel), this module (the operations). Retries wrap a whole operation (every operation is idempotent: puts are
 first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
 inside the caller's deadline.
 
@@ -77,7 +77,6 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     _tail_first,
     _tier,
     as_byte_view,
-    as_writable_array,
     as_writable_view,
     check_keys,
     parse_address,
@@ -138,16 +137,9 @@ from kvstored.v1 import node_pb2 as pb
 
 
 class _ReadSink:
-    """Where a read's blocks go: caller buffers (get_into), bytes (get) or Blocks.
+    """Where a read's blocks go: caller buffers (get_into: ``views``), bytes (get) or Blocks (``want_meta``: _fastget.py)."""
 
-    ``views``: the caller's buffers as flat writable byte memoryviews (get_into), else None.
-    ``want_meta``: False when the caller returns no metas (a get_into fast path may then
-    leave ``metas`` and ``tiers`` unset: kvstored/client/_fastget.py).
-    """
-
-    def __init__(
-        self, keys: list[bytes], buffers: Sequence[object] | None, want_meta: bool = True
-    ) -> None:
+    def __init__(self, keys: list[bytes], buffers: Sequence[object] | None, want_meta: bool = True) -> None:
         n = len(keys)
         self.keys = keys
         self.want_meta = want_meta
@@ -275,10 +267,8 @@ def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float
         pending = again + pending[len(batch) :]
 
 
-def op_read(
-    st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float,
-    want_meta: bool = True,
-) -> Op[_ReadSink]:
+def op_read(st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float,
+            want_meta: bool = True) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     if buffers is not None:

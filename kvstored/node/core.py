@@ -53,6 +53,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import format_hash
+from kvstored.node.pins import pin_items
 from kvstored.node.sessions import NO_SESSION, Lease, LeaseBook, LeaseState
 from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
 from kvstored.transport.framing import FrameLimits
@@ -520,53 +521,7 @@ class NodeCore:
         nor counted (gets, misses, item errors), so a key is counted once per request
         whatever the chunking (issue 9).
         """
-        if self._keys_valid(keys):  # the common case: one pass, no per-key lists
-            got = self.store.pin_many(
-                keys, namespace_id=namespace_id, may_block=may_block,
-                cut_from=1 if cut else None,
-            )
-            for x in got:
-                if isinstance(x, KvstoredError):
-                    self._count_item_error(x)
-            if len(got) < len(keys):
-                got.extend([self._deferred(len(got))] * (len(keys) - len(got)))
-            return got
-        errors = [self.key_error(i, k) for i, k in enumerate(keys)]
-        good = [k for k, e in zip(keys, errors, strict=True) if e is None]
-        cut_from = None if not cut else (1 if errors and errors[0] is None else 0)
-        got_good = (
-            self.store.pin_many(
-                good, namespace_id=namespace_id, may_block=may_block, cut_from=cut_from
-            )
-            if good else []
-        )
-        end = len(keys)
-        if len(got_good) < len(good):  # cut at the first good key the store did not return
-            end = [i for i, e in enumerate(errors) if e is None][len(got_good)]
-        pinned = iter(got_good)
-        out: list[PinnedBlock | None | KvstoredError] = []
-        for err in errors[:end]:
-            got = next(pinned) if err is None else self._count_item_error(err)
-            if isinstance(got, KvstoredError) and err is None:
-                self._count_item_error(got)
-            out.append(got)
-        if end < len(keys):
-            out.extend([self._deferred(end)] * (len(keys) - end))
-        return out
-
-    @staticmethod
-    def _deferred(index: int) -> NoCapacity:
-        return NoCapacity(
-            f"DRAM is full of this read's own pins at key #{index}; read again from there "
-            "once they are released"
-        )
-
-    def _keys_valid(self, keys: Sequence[bytes]) -> bool:
-        """True when every key is bytes of an accepted length (C-level checks only)."""
-        if not keys or not set(map(type, keys)) <= {bytes}:
-            return False
-        lens = set(map(len, keys))
-        return min(lens) >= max(self.cfg.min_key_bytes, 1) and max(lens) <= self.cfg.max_key_bytes
+        return pin_items(self, keys, namespace_id, may_block=may_block, cut=cut)
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
