@@ -69,8 +69,8 @@ def as_byte_view(obj: object, what: str, index: int) -> memoryview:
         return memoryview(np.frombuffer(mv, dtype=np.uint8))
 
 
-def as_writable_array(obj: object, index: int) -> np.ndarray:
-    """A writable C-contiguous buffer as a flat uint8 numpy array (no copy).
+def as_writable_view(obj: object, index: int) -> memoryview:
+    """A writable C-contiguous buffer as a flat byte memoryview (no copy; get_into's buffers).
 
     Raises:
         InvalidArgument: not a buffer, read-only, or not contiguous.
@@ -81,7 +81,12 @@ def as_writable_array(obj: object, index: int) -> np.ndarray:
         raise InvalidArgument(f"buffer #{index} is read-only; pass a writable buffer")
     if not mv.c_contiguous:
         raise InvalidArgument(f"buffer #{index} is not C-contiguous; pass a contiguous buffer")
-    return np.frombuffer(mv, dtype=np.uint8)
+    if mv.format == "B" and mv.ndim == 1:
+        return mv
+    try:
+        return mv.cast("B")
+    except TypeError:  # a format memoryview cannot cast (e.g. a numpy structured dtype)
+        return memoryview(np.frombuffer(mv, dtype=np.uint8))
 
 
 def _received(obj: object) -> str:

@@ -22,9 +22,9 @@ Exists) over the node's lean control channel when it offers one over a unix sock
 So request building, response decoding, validation, chunking, pin release and transport
 choice exist once. Module map: _steps (steps, constants, driving), _args (argument checks,
 chunking), _state (ClientState, retries, Describe), _shm (the arena, shared-memory get and
-put), _put (the put and its paths), _control (the control channel), this module (the other
-operations). Retries wrap a whole operation (every operation is idempotent: puts are
-first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
+put), _put (the put and its paths), _fastget (get_into's one-copy batch), _control (the
+control channel), this module (the other operations). Retries wrap a whole operation (every
+operation is idempotent: puts are first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
 inside the caller's deadline.
 
 Shared-memory path (same host, arena file mappable and the very file the node uses)::
@@ -61,7 +61,7 @@ Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,7 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     _tail_first,
     _tier,
     as_byte_view,
-    as_writable_array,
+    as_writable_view,
     check_keys,
     parse_address,
     require_sequence,
@@ -139,16 +139,17 @@ from kvstored.v1 import node_pb2 as pb
 
 
 class _ReadSink:
-    """Where a read's blocks go: caller buffers (get_into), bytes (get) or Blocks."""
+    """Where a read's blocks go: caller buffers (get_into: ``views``), bytes (get) or Blocks (``want_meta``: _fastget.py)."""
 
-    def __init__(self, keys: list[bytes], buffers: Sequence[object] | None) -> None:
+    def __init__(self, keys: list[bytes], buffers: Sequence[object] | None, want_meta: bool = True) -> None:
         n = len(keys)
         self.keys = keys
-        self.arrays: list[np.ndarray] | None = None
+        self.want_meta = want_meta
+        self.views: list[memoryview] | None = None
         if buffers is not None:
             if len(buffers) != n:
                 raise InvalidArgument(f"got {n} keys but {len(buffers)} buffers; pass one buffer per key")
-            self.arrays = [as_writable_array(b, i) for i, b in enumerate(buffers)]
+            self.views = [as_writable_view(b, i) for i, b in enumerate(buffers)]
         self.values: list[bytes | bytearray | None] = [None] * n
         self.sizes: list[int | None] = [None] * n
         self.metas: list[bytes] = [b""] * n
@@ -164,16 +165,16 @@ class _ReadSink:
             raise type(err)(f"key #{i} ({format_hash(self.keys[i])}): {err}")
 
     def _fits(self, i: int, size: int) -> np.ndarray | None:
-        assert self.arrays is not None
-        arr = self.arrays[i]
-        if size > arr.size:
-            self.too_small.append(f"key #{i} is {size} bytes but buffer #{i} holds {arr.size}")
+        assert self.views is not None
+        view = self.views[i]
+        if size > len(view):
+            self.too_small.append(f"key #{i} is {size} bytes but buffer #{i} holds {len(view)}")
             return None
-        return arr[:size]
+        return np.frombuffer(view, dtype=np.uint8, count=size)
 
     def from_array(self, i: int, src: np.ndarray, meta: bytes, tier: Tier | None) -> None:
         size = src.size
-        if self.arrays is not None:
+        if self.views is not None:
             dst = self._fits(i, size)
             if dst is None:
                 return
@@ -183,7 +184,7 @@ class _ReadSink:
         self._done(i, size, meta, tier)
 
     def from_bytes(self, i: int, value: bytes, meta: bytes, tier: Tier | None) -> None:
-        if self.arrays is not None:
+        if self.views is not None:
             dst = self._fits(i, len(value))
             if dst is None:
                 return
@@ -195,7 +196,7 @@ class _ReadSink:
     def tcp_target(self, base: int) -> Callable[[int, int, bytes], memoryview | None]:
         def target(j: int, size: int, meta: bytes) -> memoryview | None:
             i = base + j
-            if self.arrays is not None:
+            if self.views is not None:
                 dst = self._fits(i, size)
                 return None if dst is None else memoryview(dst)
             buf = bytearray(size)
@@ -268,15 +269,14 @@ def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float
         pending = again + pending[len(batch) :]
 
 
-def op_read(
-    st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float
-) -> Op[_ReadSink]:
+def op_read(st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float,
+            want_meta: bool = True) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     if buffers is not None:
         require_sequence(buffers, "buffers", "a sequence (list) with one writable buffer per key")
     info = yield from ensure_ready(st)
-    sink = _ReadSink(check_keys(keys, info), buffers)
+    sink = _ReadSink(check_keys(keys, info), buffers, want_meta)
     if not sink.keys:
         return sink
     if info.transport == "shm":
@@ -310,7 +310,7 @@ def op_get_into(
     return_meta: bool,
     deadline: float,
 ) -> Op[list[Any]]:
-    sink = yield from op_read(st, keys, buffers, deadline)
+    sink = yield from op_read(st, keys, buffers, deadline, return_meta)
     if return_meta:
         return [None if s is None else (s, sink.metas[i]) for i, s in enumerate(sink.sizes)]
     return list(sink.sizes)

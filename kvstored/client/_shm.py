@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvstored.client import _hooks
+from kvstored.client import _fastget, _hooks
 from kvstored.client._args import _chunks, _chunks_by_bytes, _Item, _result, _tail_first, _tier, status_error
 from kvstored.client._orphans import next_request_id
 from kvstored.client._steps import (
@@ -84,6 +84,8 @@ class ArenaMap:
         self.path = path
         self.size_bytes = size_bytes
         self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.view: memoryview = memoryview(self._mmap)
+        """The whole mapping as bytes (get_into's fast path slices it: _fastget.py)."""
 
     def region(self, offset: int, size_bytes: int) -> np.ndarray:
         """``size_bytes`` of the arena at ``offset`` (a view).
@@ -104,6 +106,11 @@ class ArenaMap:
     def close(self) -> None:
         """Unmap (deferred to the garbage collector while copies still hold views)."""
         self.array = np.empty(0, dtype=np.uint8)
+        view, self.view = self.view, memoryview(b"")
+        try:
+            view.release()  # slices of it still in use keep the mapping until they go
+        except BufferError:
+            pass
         try:
             self._mmap.close()
         except BufferError:
@@ -119,7 +126,7 @@ def _copy_pinned(
         if not b.found:
             continue
         src = arena.region(b.offset, b.size_bytes)
-        if first and _hooks._hook is not None and sink.arrays is not None and src.size > 1:
+        if first and _hooks._hook is not None and sink.views is not None and src.size > 1:
             first = False  # test seam: copy half, report, then the rest
             dst = sink._fits(base + j, src.size)
             if dst is not None:
@@ -166,28 +173,34 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             n = len(blocks)
             if n != end - start:
                 raise InternalError(f"PinBlocks answered {n} items for {end - start} keys")
-            # An SSD hit that could not be promoted because this chunk's own pins fill DRAM
-            # (NoCapacity after the first key) is retried in the next chunk, after release.
             cut = n
-            if n > 1:
-                cut = next(
-                    (j for j in range(1, n) if blocks[j].status.code == ErrorCode.NO_CAPACITY), n
-                )
-                if cut < n:
-                    blocks = blocks[:cut]
-            num_bytes = 0
-            found = False
-            for j, b in enumerate(blocks):
-                if b.HasField("status"):  # an item error (an unset status is OK)
-                    sink.check_status(start + j, b.status)
-                if b.found:  # empty blocks too: they are hits of 0 bytes
-                    found = True
-                    num_bytes += b.size_bytes
-            if found:
-                yield Blocking(
-                    lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
-                    num_bytes,
-                )
+            plan = None if sink.views is None else _fastget.plan_copies(arena, blocks, start, sink)
+            if plan is not None:  # get_into, every block found: one pass, one copy
+                yield Blocking(lambda d, plan=plan: _fastget.copy_planned(plan, d), plan[3])
+                _fastget.record(plan, blocks, start, sink)
+            else:
+                # An SSD hit that could not be promoted because this chunk's own pins fill
+                # DRAM (NoCapacity after the first key) is retried in the next chunk, after
+                # release.
+                if n > 1:
+                    cut = next(
+                        (j for j in range(1, n) if blocks[j].status.code == ErrorCode.NO_CAPACITY), n
+                    )
+                    if cut < n:
+                        blocks = blocks[:cut]
+                num_bytes = 0
+                found = False
+                for j, b in enumerate(blocks):
+                    if b.HasField("status"):  # an item error (an unset status is OK)
+                        sink.check_status(start + j, b.status)
+                    if b.found:  # empty blocks too: they are hits of 0 bytes
+                        found = True
+                        num_bytes += b.size_bytes
+                if found:
+                    yield Blocking(
+                        lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
+                        num_bytes,
+                    )
             copied = True
             start += cut
         finally:

@@ -266,8 +266,12 @@ class ControlServer:
                     "not a valid kvstored.v1 protobuf"
                 ) from None
             if req.release_pin_ids:  # the client's earlier copies have returned (always run)
-                n, expired = core.release_pins_report(list(req.release_pin_ids))
-                out.released.CopyFrom(pb.ReleasePinsResponse(num_released=n, expired_pin_ids=expired))
+                n, expired = core.release_pins_report(req.release_pin_ids)
+                released = out.released
+                released.SetInParent()
+                released.num_released = n
+                if expired:
+                    released.expired_pin_ids.extend(expired)
             if req.session_id:
                 if not conn.session_id:
                     conn.session_id = req.session_id
@@ -280,14 +284,19 @@ class ControlServer:
             if field is None:
                 return out  # a bare release
             method = OPS[field]
-            response = await getattr(servicer, method)(getattr(req, field), conn.ctx)
-            getattr(out, field).CopyFrom(response)
+            if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy
+                await servicer.PinBlocks(req.pin_blocks, conn.ctx, into=out.pin_blocks)
+            else:
+                response = await getattr(servicer, method)(getattr(req, field), conn.ctx)
+                getattr(out, field).CopyFrom(response)
         except KvstoredError as exc:
+            out.ClearField("op")
             out.error_code, out.error_message = int(exc.code), str(exc)
             log.debug("control_op_failed", method=method, code=exc.code.name, error=str(exc))
         except Exception:
             log.exception("control_op_failed_internally", method=method)
             err = InternalError(f"internal error in {method} (control channel); see the node's log")
+            out.ClearField("op")
             out.error_code, out.error_message = int(err.code), str(err)
         finally:
             core.rpcs_in_flight -= 1

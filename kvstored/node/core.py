@@ -52,6 +52,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import format_hash
+from kvstored.node.pins import pin_items
 from kvstored.node.sessions import NO_SESSION, Lease, LeaseBook, LeaseState
 from kvstored.node.local_put import (  # noqa: F401  (ReserveOutcome re-exported)
     MAX_META_BYTES,
@@ -389,32 +390,7 @@ class NodeCore(ShmPutMixin):
         nor counted (gets, misses, item errors), so a key is counted once per request
         whatever the chunking (issue 9).
         """
-        errors = [self.key_error(i, k) for i, k in enumerate(keys)]
-        good = [k for k, e in zip(keys, errors, strict=True) if e is None]
-        cut_from = None if not cut else (1 if errors and errors[0] is None else 0)
-        got_good = (
-            self.store.pin_many(
-                good, namespace_id=namespace_id, may_block=may_block, cut_from=cut_from
-            )
-            if good else []
-        )
-        end = len(keys)
-        if len(got_good) < len(good):  # cut at the first good key the store did not return
-            end = [i for i, e in enumerate(errors) if e is None][len(got_good)]
-        pinned = iter(got_good)
-        out: list[PinnedBlock | None | KvstoredError] = []
-        for err in errors[:end]:
-            got = next(pinned) if err is None else self._count_item_error(err)
-            if isinstance(got, KvstoredError) and err is None:
-                self._count_item_error(got)
-            out.append(got)
-        if end < len(keys):
-            deferred = NoCapacity(
-                f"DRAM is full of this read's own pins at key #{end}; read again from there "
-                "once they are released"
-            )
-            out.extend([deferred] * (len(keys) - end))
-        return out
+        return pin_items(self, keys, namespace_id, may_block=may_block, cut=cut)
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
@@ -468,13 +444,18 @@ class NodeCore(ShmPutMixin):
         )
 
     def unpin_all(self, blocks: Sequence[object]) -> None:
-        """Unpin every PinnedBlock among ``blocks``; a stale pin is logged, never raised."""
-        for b in blocks:
-            if isinstance(b, PinnedBlock):
-                try:
-                    self.store.unpin(b)
-                except KvstoredError as exc:  # store closed or already released
-                    log.debug("unpin_skipped", key=format_hash(b.key), error=str(exc))
+        """Unpin every PinnedBlock among ``blocks`` (one store call); a stale pin is logged,
+        never raised."""
+        pins = [b for b in blocks if isinstance(b, PinnedBlock)]
+        if not pins:
+            return
+        try:
+            stale = self.store.unpin_many(pins)
+        except KvstoredError as exc:  # the store is closed
+            log.debug("unpin_skipped", num_blocks=len(pins), error=str(exc))
+            return
+        for b in stale:  # already released
+            log.debug("unpin_skipped", key=format_hash(b.key), error="not pinned")
 
     def pin_blocks(
         self,
@@ -544,8 +525,10 @@ class NodeCore(ShmPutMixin):
                 num_in_time += 1
             elif state is not LeaseState.UNKNOWN:
                 expired.append(pin_id)
-        for lease in released:
-            self.unpin_all(lease.items)
+        if len(released) == 1:
+            self.unpin_all(released[0].items)
+        elif released:
+            self.unpin_all([b for lease in released for b in lease.items])
         return num_in_time, expired
 
     def release_orphans(self, session_id: int, request_ids: Sequence[int]) -> int:

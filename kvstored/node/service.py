@@ -256,7 +256,11 @@ class NodeServicer:
         out = self.core.commit_put(req.reservation_id, abort=req.abort)
         return pb.CommitPutResponse(results=_put_results(out))
 
-    async def PinBlocks(self, req: pb.PinBlocksRequest, ctx: Any) -> pb.PinBlocksResponse:
+    async def PinBlocks(
+        self, req: pb.PinBlocksRequest, ctx: Any, into: pb.PinBlocksResponse | None = None
+    ) -> pb.PinBlocksResponse:
+        """PinBlocks; ``into``: fill this (empty) message instead of a new one (the control
+        channel passes its response's field, saving a copy)."""
         keys = list(req.keys)
         await self._fill_from_peers(keys, req.namespace_id, ctx)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
@@ -265,24 +269,31 @@ class NodeServicer:
             keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
             session_id=req.session_id, may_block=False, request_id=req.request_id,
         )
-        if any(b is NEEDS_IO for b in got):
+        first = got[0] if got else None  # NEEDS_IO is all or nothing for the store's keys
+        if first is NEEDS_IO or (
+            not isinstance(first, PinnedBlock) and any(b is NEEDS_IO for b in got)
+        ):
             pin_id, got = await self._run(
                 self.core.pin_blocks, keys, req.namespace_id,
                 lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
                 request_id=req.request_id,
             )
-        blocks = []
+        out = pb.PinBlocksResponse() if into is None else into
+        out.pin_id = pin_id
+        add = out.blocks.add
         for b in got:
+            # set field by field: keyword construction costs ~3 us per message (upb), this ~0.4
+            m = add()
             if isinstance(b, PinnedBlock):
-                blocks.append(pb.PinnedBlock(
-                    found=True, offset=b.offset, size_bytes=b.size_bytes, meta=b.meta,
-                    tier=int(b.tier),
-                ))
-            elif b is None:
-                blocks.append(pb.PinnedBlock())
-            else:
-                blocks.append(pb.PinnedBlock(status=item_status(b)))
-        return pb.PinBlocksResponse(pin_id=pin_id, blocks=blocks)
+                m.found = True
+                m.offset = b.offset
+                m.size_bytes = b.size_bytes
+                if b.meta:
+                    m.meta = b.meta
+                m.tier = b.tier
+            elif b is not None:
+                m.status.CopyFrom(item_status(b))
+        return out
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
         num_orphans = 0

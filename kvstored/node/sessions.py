@@ -67,8 +67,10 @@ Thread-safe.
 from __future__ import annotations
 
 import collections
+import os
 import secrets
 import threading
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -79,6 +81,27 @@ NO_SESSION = 0
 """Session id of callers without a session (their quarantine ends only with their ack)."""
 _EXPIRED_MEMORY = 4096  # ids of leases released by a session end, to answer LeaseExpired
 _ORPHAN_TOMBSTONES = 4096  # per session: orphan-acked request ids whose request had not arrived
+_IDS_PER_DRAW = 512  # lease ids drawn from the OS's random source at once (one read per draw)
+
+
+class _RandomIds:
+    """Random 63-bit ids, never 0, drawn from ``os.urandom`` in batches (caller holds a lock).
+
+    As unpredictable as one ``secrets.randbits(63)`` per id (the same source), without a
+    system call per lease: a lease id is also what lets a holder release a pin, so ids stay
+    unguessable rather than sequential.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: list[int] = []
+
+    def next(self) -> int:
+        ids = self._ids
+        while not ids:
+            ids.extend(x >> 1 for x in array("Q", os.urandom(8 * _IDS_PER_DRAW)) if x >> 1)
+        return ids.pop()
 
 
 class LeaseState(Enum):
@@ -142,6 +165,7 @@ class LeaseBook:
         self._num_active: dict[str, int] = {"pin": 0, "reservation": 0}  # len(_leases) by kind
         self._quarantined: dict[int, Lease] = {}  # by lease id
         self._expired: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self._ids = _RandomIds()
 
     # ---- sessions --------------------------------------------------------------------------
     def open_session(self, peer: str = "") -> int:
@@ -227,8 +251,8 @@ class LeaseBook:
                 del sess.orphaned[request_id]
                 return None
             while True:
-                lease_id = secrets.randbits(63)
-                if lease_id and lease_id not in self._leases and lease_id not in self._quarantined:
+                lease_id = self._ids.next()
+                if lease_id not in self._leases and lease_id not in self._quarantined:
                     break
             self._leases[lease_id] = Lease(
                 kind, lease_id, session_id, self.clock() + lease_s, items, num_bytes, request_id

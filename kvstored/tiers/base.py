@@ -46,9 +46,13 @@ class Reservation:
     reservation_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class PinnedBlock:
     """A block pinned in the DRAM arena for reading; release with ``TieredStore.unpin``.
+
+    Read-only by convention: not a frozen dataclass because a frozen one costs ~1 us to
+    build and a 16-block get builds 16 on the node's event loop (issue 9); hashing and
+    equality are those of the frozen form (``view`` and ``entry`` excluded).
 
     Attributes:
         key: the block hash.
@@ -63,6 +67,9 @@ class PinnedBlock:
             so a reading peer verifies its copy without asking the master: the master
             indexes the replica under the generation the node reported for it, and a
             reader drops every copy whose generation differs from the one it was named.
+        entry: the store's record of the pinned block (a ``DramEntry``), so that
+            ``TieredStore.unpin_many`` finds it without a search; None = look it up by
+            offset. Opaque to everyone but the store.
     """
 
     key: bytes
@@ -72,6 +79,7 @@ class PinnedBlock:
     tier: Tier
     view: memoryview = field(repr=False, compare=False)
     generation: int = 0
+    entry: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

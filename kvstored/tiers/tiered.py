@@ -460,14 +460,21 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             KeyInvalid: a key is empty or not bytes (nothing is pinned then).
             Unavailable: the store is closed.
         """
-        checked = [_check_key(k) for k in keys]
+        if set(map(type, keys)) <= {bytes} and all(keys):  # C-level checks (hot path)
+            checked = list(keys)
+        else:
+            checked = [_check_key(k) for k in keys]
         namespace_id = _check_bytes("namespace_id", namespace_id)
-        skeys = [store_key(namespace_id, k) for k in checked]
+        tag = store_key(namespace_id, b"")  # a store key is the namespace's tag + the key
+        skeys = [tag + k for k in checked]
         out: list[PinnedBlock | None | KvstoredError] = []
         records: list[tuple[bytes, bytes] | None] = []
         with self._lock:
             self._check_open()
             dram, ssd = self._dram, self._ssd
+            hits = list(map(dram.entries.get, skeys))
+            if None not in hits:  # every key a DRAM hit: no promotion, wait or miss (hot path)
+                return self._pin_dram_hits(checked, hits)  # type: ignore[arg-type]
             if not may_block and ssd is not None and any(
                 k not in dram.entries and (k in ssd.entries or k in self._promoting) for k in skeys
             ):
@@ -522,7 +529,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
                     PinnedBlock(
                         key=key, offset=off, size_bytes=got.size_bytes, meta=got.meta,
                         tier=tier, view=self.arena[off : off + got.size_bytes].toreadonly(),
-                        generation=got.generation,
+                        generation=got.generation, entry=got,
                     )
                 )
             for skey in reversed(touched_dram):
@@ -532,6 +539,32 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
                 records = [ssd.touch(skey) for skey in reversed(touched_ssd)]
         if ssd is not None and records:
             ssd.persist(records)
+        return out
+
+    def _pin_dram_hits(self, keys: list[bytes], hits: list[DramEntry]) -> list[PinnedBlock]:
+        """:meth:`pin_many` when every key is a DRAM hit (lock held): the same pins, counts
+        and recency (touched last-key-first), in one pass without the per-key tier checks."""
+        dram = self._dram
+        n = len(hits)
+        self._gets += n
+        self._hits += n
+        dram.hits += n
+        arena = self.arena
+        unit = dram.allocator.alignment_bytes  # round_up, inlined: (size or 1) to whole units
+        out = []
+        for key, e in zip(keys, hits, strict=True):
+            if e.pins == 0:
+                dram.pinned_blocks += 1
+                self._pinned_bytes += ((e.size_bytes or 1) + unit - 1) // unit * unit
+            e.pins += 1
+            off, size = e.offset, e.size_bytes
+            out.append(PinnedBlock(
+                key, off, size, e.info[1], Tier.DRAM, arena[off : off + size].toreadonly(),
+                e.generation, e,
+            ))
+        move_to_end = dram.entries.move_to_end
+        for e in reversed(hits):
+            move_to_end(e.skey)
         return out
 
     def uncount_reads(self, blocks: Sequence[PinnedBlock]) -> None:
@@ -576,15 +609,41 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             NotFound: the block is not pinned (released twice, or never pinned).
         """
+        if self.unpin_many([block]):
+            raise NotFound(f"block {block.key[:8].hex()} is not pinned")
+
+    def unpin_many(self, blocks: Sequence[PinnedBlock]) -> list[PinnedBlock]:
+        """Release pins taken by :meth:`pin_many` (each returned PinnedBlock once), under one
+        lock acquisition, waking waiters once.
+
+        Returns:
+            The blocks that were not pinned (released twice, never pinned); the others are
+            released. Never raises for them, so one stale block does not keep the rest pinned.
+        """
+        stale: list[PinnedBlock] = []
+        dram = self._dram
+        entries = dram.entries
+        unit = dram.allocator.alignment_bytes
+        freed = False
         with self._lock:
-            e = self._dram.entry_at(block.offset)
-            if e is None or split_store_key(e.skey)[1] != block.key or e.pins <= 0:
-                raise NotFound(f"block {block.key[:8].hex()} is not pinned")
-            e.pins -= 1
-            if e.pins == 0:
-                self._dram.pinned_blocks -= 1
-                self._pinned_bytes -= self._dram.round_up(e.size_bytes)
+            for b in blocks:
+                e = b.entry
+                if e is None or entries.get(e.skey) is not e:  # type: ignore[attr-defined]
+                    e = dram.entry_at(b.offset)  # not made by pin_many, or no longer indexed
+                    if e is None or split_store_key(e.skey)[1] != b.key:
+                        stale.append(b)
+                        continue
+                if e.pins <= 0:  # type: ignore[attr-defined]
+                    stale.append(b)
+                    continue
+                e.pins -= 1  # type: ignore[attr-defined]
+                if e.pins == 0:  # type: ignore[attr-defined]
+                    dram.pinned_blocks -= 1
+                    self._pinned_bytes -= ((e.size_bytes or 1) + unit - 1) // unit * unit  # type: ignore[attr-defined]
+                    freed = True
+            if freed:
                 self._cond.notify_all()
+        return stale
 
     def get(self, key: bytes, *, namespace_id: bytes = b"") -> tuple[bytes, bytes] | None:
         """Copy one block out: ``(value, meta)``, or None on a miss.
