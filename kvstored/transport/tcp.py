@@ -40,7 +40,11 @@ never released while this request may still write it (the fencing rule of DESIGN
 Server: :class:`~kvstored.transport.tcp_server.DataPlaneServer` (re-exported here).
 Client: :class:`DataPlaneClient`, a small pool of blocking sockets, every call under the
 caller's deadline; it checks every size the server announces (item count, payload, meta,
-message) before allocating for it.
+message) before allocating for it. A GET expected to move at least
+``2 * stream_min_bytes`` is split into contiguous runs of keys sent as separate requests on
+up to ``max_streams`` pooled connections at once, each received by its own thread straight
+into the caller's memory; one failed stream fails the whole GET, and ``get`` returns only
+after every stream stopped writing (:mod:`kvstored.transport.tcp_streams`).
 
 Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 """
@@ -51,6 +55,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import structlog
 
@@ -87,6 +93,12 @@ from kvstored.transport.framing import (
     tune_socket,
 )
 from kvstored.transport.tcp_server import DataPlaneCounters, DataPlaneServer
+from kvstored.transport.tcp_streams import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_STREAM_MIN_BYTES,
+    StreamSet,
+    plan_streams,
+)
 
 __all__ = [
     "DataPlaneClient", "DataPlaneCounters", "DataPlaneServer", "GetItem", "PutItem", "Sink",
@@ -97,6 +109,10 @@ DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
 
 log = structlog.get_logger(__name__)
+
+
+class _SiblingFailed(TransferFailed):
+    """This stream of a split GET stopped because another stream of it failed."""
 
 
 # ---- client --------------------------------------------------------------------------------
@@ -122,9 +138,14 @@ class DataPlaneClient:
             node reading a peer (node/remote.py); an engine's client must not. A node older
             than the flag refuses it: the client then drops the flag for this node (one
             extra round trip, logged) and reads it as before.
+        max_streams: most connections one GET uses at once (1 = never split); default one
+            per core, at most 4.
+        stream_min_bytes: expected payload per stream below which a GET is not split
+            further (default 8 MiB).
 
     Raises:
-        InvalidArgument: both ``fill_from_peers`` and ``peer_export``.
+        InvalidArgument: both ``fill_from_peers`` and ``peer_export``, or ``max_streams`` /
+            ``stream_min_bytes`` < 1.
     """
 
     def __init__(
@@ -136,7 +157,14 @@ class DataPlaneClient:
         max_meta_bytes: int = DEFAULT_CLIENT_MAX_META_BYTES,
         fill_from_peers: bool = False,
         peer_export: bool = False,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        stream_min_bytes: int = DEFAULT_STREAM_MIN_BYTES,
     ) -> None:
+        if max_streams < 1 or stream_min_bytes < 1:
+            raise InvalidArgument(
+                f"DataPlaneClient: max_streams={max_streams} and stream_min_bytes="
+                f"{stream_min_bytes}; both must be >= 1"
+            )
         if fill_from_peers and peer_export:
             raise InvalidArgument(
                 "DataPlaneClient: fill_from_peers=True and peer_export=True; a peer's export "
@@ -149,9 +177,17 @@ class DataPlaneClient:
         self._pool_size = pool_size
         self.max_block_bytes = max_block_bytes
         self.max_meta_bytes = max_meta_bytes
+        self.max_streams = max_streams
+        self.stream_min_bytes = stream_min_bytes
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._streams: ThreadPoolExecutor | None = None  # max_streams - 1 workers, made on first use
+        self._avg_block_bytes = 0
+        """Running average of the blocks this client received (the split hint of a GET
+        whose caller gave no sizes)."""
+        self.num_split_gets = 0
+        """GETs sent as more than one stream (tests and benches read it)."""
 
     def _connect(self, deadline: float) -> socket.socket:
         remaining = deadline - time.monotonic()
@@ -195,28 +231,51 @@ class DataPlaneClient:
                 return
         sock.close()
 
-    def _call(self, fn: Callable[[socket.socket, Reader], object], deadline: float) -> object:
-        """Run one request on a pooled connection; a stale pooled connection is retried once."""
+    def _call(
+        self, fn: Callable[[socket.socket, Reader], object], deadline: float,
+        streams: StreamSet | None = None,
+    ) -> object:
+        """Run one request on a pooled connection; a stale pooled connection is retried once.
+
+        ``streams``: the request is one stream of a split GET: its socket is registered there
+        while in use (so a failing sibling can shut it down), a failure aborts the siblings,
+        and a stream whose siblings failed neither starts nor retries.
+        """
         for _attempt in range(2):
             sock, reused = self._acquire(deadline)
+            if streams is not None and not streams.enter(sock):
+                self._release(sock)  # untouched: still in sync
+                raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed")
             reader = Reader(sock, deadline)
             try:
-                result = fn(sock, reader)
-            except (TimeoutError, socket.timeout):
+                try:
+                    result = fn(sock, reader)
+                finally:
+                    if streams is not None:
+                        streams.leave(sock)
+            except BaseException as exc:
                 sock.close()
-                raise DeadlineExceeded(
-                    f"data plane at {self.address} did not finish the request within the deadline"
-                ) from None
-            except ProtocolError as exc:
-                sock.close()
-                raise TransferFailed(f"data plane at {self.address} sent a malformed frame: {exc}") from None
-            except (ConnectionError, OSError) as exc:
-                sock.close()
-                if reused and reader.num_received == 0 and time.monotonic() < deadline:
+                aborted = streams is not None and streams.failed  # a sibling shut this down
+                if (not aborted and isinstance(exc, (ConnectionError, OSError))
+                        and not isinstance(exc, TimeoutError)
+                        and reused and reader.num_received == 0 and time.monotonic() < deadline):
                     continue  # the node closed an idle pooled connection: use a fresh one
-                raise TransferFailed(f"data-plane connection to {self.address} failed: {exc}") from None
-            except BaseException:
-                sock.close()
+                if streams is not None:
+                    streams.abort(sock)  # stop the siblings before anything is reported
+                if aborted:
+                    raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed") from None
+                if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError
+                    raise DeadlineExceeded(
+                        f"data plane at {self.address} did not finish the request within the deadline"
+                    ) from None
+                if isinstance(exc, ProtocolError):
+                    raise TransferFailed(
+                        f"data plane at {self.address} sent a malformed frame: {exc}"
+                    ) from None
+                if isinstance(exc, (ConnectionError, OSError)):
+                    raise TransferFailed(
+                        f"data-plane connection to {self.address} failed: {exc}"
+                    ) from None
                 raise
             if reader.buffered:
                 sock.close()  # trailing bytes: out of sync, do not reuse
@@ -247,13 +306,29 @@ class DataPlaneClient:
         return int(body_len)
 
     def get(
-        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float,
+        size_hints: Sequence[int] | None = None,
     ) -> list[GetItem]:
         """Fetch blocks; each found payload is received straight into ``sink(...)``'s view.
 
         Every announced size is checked before ``sink`` is asked for memory: a payload over
         ``max_block_bytes``, a meta over ``max_meta_bytes`` or a generation out of range
         (>= 2**63, or on a miss) fails the call.
+
+        A batch expected to move at least ``2 * stream_min_bytes`` goes out as up to
+        ``max_streams`` requests at once, one per contiguous run of keys, each on its own
+        connection and thread. ``sink`` is then called from those threads, one at a time.
+        Either way the call returns or raises only once nothing writes into a view ``sink``
+        handed out any more, and a failure of any request fails the whole call (no item is
+        reported found).
+
+        Args:
+            keys: the block keys, in order.
+            namespace_id: their namespace.
+            sink: where each found payload goes (see :data:`~kvstored.transport.base.Sink`).
+            deadline: absolute ``time.monotonic()`` seconds for the whole call.
+            size_hints: the expected bytes of each key (e.g. the caller's buffer sizes) to
+                plan the split; None = this client's running average block size.
 
         Returns:
             Per key, in order: a :class:`GetItem` (``found`` False = miss; ``code`` != 0 =
@@ -262,39 +337,117 @@ class DataPlaneClient:
         Raises:
             Unavailable: cannot connect.  DeadlineExceeded: the deadline passed.
             TransferFailed: the connection broke, or the node announced more than the limits.
+            InvalidArgument: ``size_hints`` is not one per key.
             A KvstoredError for a whole-request error.
         """
-        body = encode_get_body(keys, namespace_id)
+        if size_hints is None:
+            size_hints = [self._avg_block_bytes] * len(keys)
+        elif len(size_hints) != len(keys):
+            raise InvalidArgument(f"size_hints has {len(size_hints)} items for {len(keys)} keys")
+        runs = (plan_streams(size_hints, self.max_streams, self.stream_min_bytes)
+                if self.max_streams > 1 else [(0, len(keys))])
         flags = self.get_flags
-        request = encode_header(OP_GET, flags, len(keys), len(body)) + body
+        try:
+            out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+        except InvalidArgument as exc:
+            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
+                raise
+            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
+            # read it as before from now on (it pins, and may promote, what it sends).
+            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
+            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
+            out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+        sizes = [it.size_bytes for it in out if it.found]
+        if sizes:
+            avg = sum(sizes) // len(sizes)
+            self._avg_block_bytes = avg if not self._avg_block_bytes else (self._avg_block_bytes + avg) // 2
+        return out
+
+    def _get_runs(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        runs: list[tuple[int, int]],
+    ) -> list[GetItem]:
+        """One request per run of keys; runs after the first on the stream threads."""
+        if len(runs) == 1:
+            return self._get_run(keys, namespace_id, sink, deadline, 0, None)
+        streams = StreamSet()
+        lock = threading.Lock()
+
+        def locked_sink(i: int, size: int, meta: bytes) -> memoryview | None:
+            with lock:
+                return sink(i, size, meta)
+
+        pool = self._stream_pool()
+        futures: list[Future[list[GetItem]]] = [
+            pool.submit(self._get_run, keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams)
+            for lo, hi in runs[1:]
+        ]
+        lo, hi = runs[0]
+        errors: list[BaseException] = []
+        results: list[list[GetItem]] = []
+        try:
+            results.append(self._get_run(keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams))
+        except BaseException as exc:  # noqa: BLE001  (re-raised below, after the siblings stopped)
+            errors.append(exc)
+        wait_futures(futures)  # every stream has left its last recv_into
+        for f in futures:
+            exc = f.exception()
+            if exc is not None:
+                errors.append(exc)
+            else:
+                results.append(f.result())
+        if errors:
+            first = [e for e in errors if not isinstance(e, _SiblingFailed)] or errors
+            raise first[0]
+        self.num_split_gets += 1
+        return [it for part in results for it in part]
+
+    def _stream_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the data-plane client is closed")
+            if self._streams is None:
+                self._streams = ThreadPoolExecutor(
+                    self.max_streams - 1, thread_name_prefix="kvstored-dp-stream"
+                )
+            return self._streams
+
+    def _get_run(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        base: int, streams: StreamSet | None,
+    ) -> list[GetItem]:
+        """One GET request for ``keys`` (``sink`` indices offset by ``base``)."""
+        body = encode_get_body(keys, namespace_id)
+        request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
+        count = len(keys)
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)
-            self._check_status(reader, OP_GET, len(keys))
+            self._check_status(reader, OP_GET, count)
             out = []
-            for i in range(len(keys)):
+            for i in range(count):
                 code, tier, found, size, meta_len, msg_len, generation = GET_ITEM_GEN.unpack(
                     reader.read_exact(GET_ITEM_GEN.size)
                 )
                 if meta_len > self.max_meta_bytes or msg_len > MAX_MSG_BYTES:
                     raise ProtocolError(
-                        f"GET item #{i} announces a {meta_len}-byte meta and a {msg_len}-byte "
+                        f"GET item #{base + i} announces a {meta_len}-byte meta and a {msg_len}-byte "
                         f"message; at most {self.max_meta_bytes} and {MAX_MSG_BYTES}"
                     )
                 if generation > MAX_GENERATION or (generation and not found):
                     raise ProtocolError(
-                        f"GET item #{i} announces generation {generation} "
+                        f"GET item #{base + i} announces generation {generation} "
                         f"(found={bool(found)}); a generation is < 2**63 and only on a hit"
                     )
                 if found and size > self.max_block_bytes:
                     raise ProtocolError(
-                        f"GET item #{i} announces a {size}-byte block; the node's limit is "
+                        f"GET item #{base + i} announces a {size}-byte block; the node's limit is "
                         f"{self.max_block_bytes} bytes"
                     )
                 meta = reader.read_exact(meta_len) if meta_len else b""
                 msg = reader.read_exact(msg_len).decode("utf-8", "replace") if msg_len else ""
                 if found:
-                    dst = sink(i, size, meta)
+                    dst = sink(base + i, size, meta)
                     if dst is None:
                         reader.skip(size)
                     else:
@@ -304,17 +457,7 @@ class DataPlaneClient:
                 out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 
-        try:
-            return self._call(run, deadline)  # type: ignore[return-value]
-        except InvalidArgument as exc:
-            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
-                raise
-            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
-            # read it as before from now on (it pins, and may promote, what it sends).
-            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
-            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
-            request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
-            return self._call(run, deadline)  # type: ignore[return-value]
+        return self._call(run, deadline, streams)  # type: ignore[return-value]
 
     def put(
         self,
@@ -355,9 +498,12 @@ class DataPlaneClient:
         return self._call(run, deadline)  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Close every pooled connection; idempotent."""
+        """Close every pooled connection and the stream threads; idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            pool, self._streams = self._streams, None
         for sock in idle:
             sock.close()
+        if pool is not None:
+            pool.shutdown(wait=False)
