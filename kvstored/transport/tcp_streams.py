@@ -65,16 +65,16 @@ def plan_streams(size_hints: Sequence[int], max_streams: int, stream_min_bytes: 
     k = min(max_streams, n, total // max(1, stream_min_bytes))
     if k <= 1:
         return [(0, n)]
-    runs: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for i, s in enumerate(sizes):
-        acc += s
-        left_runs = k - len(runs) - 1  # runs still to open after the one being filled
-        if left_runs and acc * k >= total * (len(runs) + 1) and n - (i + 1) >= left_runs:
-            runs.append((start, i + 1))
-            start = i + 1
-    runs.append((start, n))
-    return [r for r in runs if r[0] < r[1]]
+    prefix = [0]
+    for x in sizes:
+        prefix.append(prefix[-1] + x)
+    cuts = [0]
+    for j in range(1, k):  # cut j: the prefix closest to j/k of the bytes, >= 1 key per run
+        target = total * j / k
+        lo, hi = cuts[-1] + 1, n - (k - j)
+        cuts.append(min(range(lo, hi + 1), key=lambda p: (abs(prefix[p] - target), p)))
+    cuts.append(n)
+    return list(zip(cuts, cuts[1:]))
 
 
 class StreamSet:

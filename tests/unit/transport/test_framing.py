@@ -20,6 +20,7 @@ from kvstored.transport.framing import (
     decode_put_body,
     encode_get_body,
     encode_put_body,
+    send_all,
 )
 
 LIMITS = FrameLimits(
@@ -106,3 +107,60 @@ def test_reader_fill_waits_for_one_byte_and_keeps_it() -> None:
         reader.fill()
         assert reader.buffered >= 1
         assert reader.read_exact(3) == b"abc"
+
+
+def _in_thread(fn: object, guard_s: float = 10.0) -> list[object]:
+    """Run ``fn`` on a thread; its result or exception (a hang guard, not a timing check)."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001  (the caller asserts on it)
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(guard_s)
+    assert not t.is_alive(), "the socket call outlived its deadline (no kernel timeout armed?)"
+    return out
+
+
+def test_a_silent_peer_ends_a_whole_payload_read_at_the_deadline() -> None:
+    # Under a deadline the socket blocks in the kernel (one MSG_WAITALL recv per payload);
+    # SO_RCVTIMEO, armed to what is left before each call, is what ends it.
+    a, b = socket.socketpair()
+    with a, b:
+        reader = Reader(a, deadline=time.monotonic() + 0.2)
+        b.sendall(b"x" * 1000)  # part of the payload, then nothing
+        out = _in_thread(lambda: reader.read_into(memoryview(bytearray(1 << 20))))
+        assert isinstance(out[0], TimeoutError)
+        assert reader.num_received == 1000
+        reader.deadline = time.monotonic() + 0.2
+        assert isinstance(_in_thread(lambda: reader.read_exact(16))[0], TimeoutError)
+
+
+def test_a_payload_arriving_in_pieces_is_received_whole() -> None:
+    a, b = socket.socketpair()
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with a, b:
+        reader = Reader(a, deadline=time.monotonic() + 20)
+
+        def send() -> None:
+            for i in range(0, len(payload), 100_000):
+                b.sendall(payload[i : i + 100_000])
+
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        dst = bytearray(len(payload))
+        reader.read_into(memoryview(dst))
+        t.join(10)
+        assert dst == payload and reader.buffered == 0
+
+
+def test_send_all_to_a_peer_that_stops_reading_ends_at_the_deadline() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        big = memoryview(bytearray(64 << 20))  # far more than the socket buffers hold
+        out = _in_thread(lambda: send_all(a, [big], time.monotonic() + 0.3))
+        assert isinstance(out[0], TimeoutError)
