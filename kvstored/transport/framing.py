@@ -17,8 +17,13 @@ Framing (all integers little-endian)::
                        store (node/remote.py): the source sends them without promoting an
                        SSD-only block into its DRAM, touching recency or counting a get
                        (TieredStore.read_for_export); refused together with flag 2
+                     GET_FLAG_RANGES (8) = each key is followed by offset u64 | length u64:
+                       the item's payload is bytes [offset, offset + length) of the block,
+                       clipped to its size (range_bytes); the item header still carries the
+                       whole block's size (a client reads one large block over several
+                       streams, one range each)
                    | count u32 | body_len u32
-      GET body   = ns_len u16 | ns | count x (key_len u16 | key)
+      GET body   = ns_len u16 | ns | count x (key_len u16 | key [| offset u64 | length u64])
       PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
       PUT payloads: the count values back to back; item i is exactly size_i bytes (items the
                    server rejects are still sent and skipped, so the stream stays in sync)
@@ -30,7 +35,8 @@ Framing (all integers little-endian)::
       GET, OK:   body_len = 0; then count items, in request order:
                    ItemHeader(18) = code u16 | tier u8 | found u8 | size u64 | meta_len u32
                                     | msg_len u16 [| generation u64, with GET_FLAG_GENERATION]
-                   | meta | msg | size payload bytes (only when found)
+                   | meta | msg | size payload bytes (only when found; with
+                   GET_FLAG_RANGES, range_bytes(size, offset, length) of them)
                  generation: the generation of the replica that was pinned and sent, as
                    the node reported it to the master (0 = unknown, always 0 on a miss;
                    < 2**63)
@@ -79,8 +85,21 @@ it). The source serves them through ``read_for_export``: a DRAM block pinned in 
 the send, an SSD-only block read from its file (checksum-verified) into a private buffer,
 nothing promoted, touched or counted as a get (the reader keeps its own copy). Refused
 together with GET_FLAG_FILL_FROM_PEERS (a node's read of a peer asks nobody else)."""
-GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT
+GET_FLAG_RANGES = 8
+"""Request flag of a GET: every key carries a byte range (offset u64, length u64) and the
+item's payload is that range of the block (:func:`range_bytes` bytes); the item header keeps
+the block's whole size. A node older than the flag refuses it (the client then reads whole
+blocks)."""
+GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT | GET_FLAG_RANGES
 """Every flag a GET may carry."""
+RANGE = struct.Struct("<QQ")  # offset, length (GET_FLAG_RANGES)
+RANGE_TO_END = (1 << 64) - 1
+"""A range length meaning "to the end of the block"."""
+
+
+def range_bytes(size_bytes: int, offset: int, length: int) -> int:
+    """Payload bytes of the range ``[offset, offset + length)`` of a ``size_bytes`` block."""
+    return max(0, min(length, size_bytes - offset))
 MAX_GENERATION = (1 << 63) - 1
 """Largest generation a GET item may carry (the master's generations are in (0, 2**63))."""
 PUT_ITEM = struct.Struct("<HBH")  # code, stored, msg_len
@@ -191,11 +210,13 @@ class FrameLimits:
     max_request_payload_bytes: int
     max_body_bytes: int
 
-    def max_body_for(self, op: int, count: int) -> int:
+    def max_body_for(self, op: int, count: int, flags: int = 0) -> int:
         """The largest body a well-formed request of ``op`` with ``count`` items can have."""
         per_item = 2 + self.max_key_bytes
         if op == OP_PUT:
             per_item += PUT_REQ_ITEM.size + self.max_meta_bytes
+        elif flags & GET_FLAG_RANGES:
+            per_item += RANGE.size
         return min(self.max_body_bytes, 2 + self.max_namespace_bytes + count * per_item)
 
     def check_request_header(self, op: int, count: int, body_len: int, flags: int = 0) -> None:
@@ -226,7 +247,7 @@ class FrameLimits:
                 f"data-plane request announces {count} items; at most {self.max_items} per "
                 "request (node.max_batch_keys); split the batch"
             ))
-        limit = self.max_body_for(op, count)
+        limit = self.max_body_for(op, count, flags)
         if body_len > limit:
             raise FrameRejected(InvalidArgument(
                 f"data-plane request announces a {body_len}-byte body for {count} items; at most "
@@ -437,12 +458,17 @@ class Body:
         return int(U16.unpack(self.take(2))[0])
 
 
-def encode_get_body(keys: Sequence[bytes], namespace_id: bytes) -> bytes:
-    """A GET request body."""
+def encode_get_body(
+    keys: Sequence[bytes], namespace_id: bytes,
+    ranges: Sequence[tuple[int, int]] | None = None,
+) -> bytes:
+    """A GET request body; ``ranges``: one ``(offset, length)`` per key (GET_FLAG_RANGES)."""
     parts = [U16.pack(len(namespace_id)), namespace_id]
-    for k in keys:
+    for i, k in enumerate(keys):
         parts.append(U16.pack(len(k)))
         parts.append(k)
+        if ranges is not None:
+            parts.append(RANGE.pack(*ranges[i]))
     return b"".join(parts)
 
 
@@ -455,6 +481,22 @@ def decode_get_body(raw: bytes, count: int) -> tuple[bytes, list[bytes]]:
     body = Body(raw)
     ns = body.take(body.u16())
     return ns, [body.take(body.u16()) for _ in range(count)]
+
+
+def decode_get_ranges_body(raw: bytes, count: int) -> tuple[bytes, list[bytes], list[tuple[int, int]]]:
+    """``(namespace id, keys, ranges)`` of a GET body with GET_FLAG_RANGES.
+
+    Raises:
+        ProtocolError: truncated body.
+    """
+    body = Body(raw)
+    ns = body.take(body.u16())
+    keys, ranges = [], []
+    for _ in range(count):
+        keys.append(body.take(body.u16()))
+        offset, length = RANGE.unpack(body.take(RANGE.size))
+        ranges.append((int(offset), int(length)))
+    return ns, keys, ranges
 
 
 def encode_put_body(items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes) -> bytes:

@@ -73,6 +73,7 @@ from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
+    GET_FLAG_RANGES,
     GET_ITEM_GEN,
     HEADER,
     MAX_GENERATION,
@@ -88,7 +89,9 @@ from kvstored.transport.framing import (
     encode_header,
     encode_put_body,
     format_host_port,
+    RANGE_TO_END,
     parse_host_port,
+    range_bytes,
     send_all,
     tune_socket,
 )
@@ -96,7 +99,9 @@ from kvstored.transport.tcp_server import DataPlaneCounters, DataPlaneServer
 from kvstored.transport.tcp_streams import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_STREAM_MIN_BYTES,
+    SharedBlock,
     StreamSet,
+    plan_ranges,
     plan_streams,
 )
 
@@ -188,6 +193,8 @@ class DataPlaneClient:
         whose caller gave no sizes)."""
         self.num_split_gets = 0
         """GETs sent as more than one stream (tests and benches read it)."""
+        self.ranges_ok = True
+        """False once the node refused GET_FLAG_RANGES (an older node): whole blocks only."""
 
     def _connect(self, deadline: float) -> socket.socket:
         remaining = deadline - time.monotonic()
@@ -346,17 +353,34 @@ class DataPlaneClient:
             raise InvalidArgument(f"size_hints has {len(size_hints)} items for {len(keys)} keys")
         runs = (plan_streams(size_hints, self.max_streams, self.stream_min_bytes)
                 if self.max_streams > 1 else [(0, len(keys))])
-        flags = self.get_flags
-        try:
-            out = self._get_runs(keys, namespace_id, sink, deadline, runs)
-        except InvalidArgument as exc:
-            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
-                raise
-            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
-            # read it as before from now on (it pins, and may promote, what it sends).
-            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
-            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
-            out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+        while True:
+            ranges = [(0, RANGE_TO_END)]
+            if len(keys) == 1 and self.ranges_ok and self.max_streams > 1:
+                ranges = plan_ranges(size_hints[0], self.max_streams, self.stream_min_bytes,
+                                     RANGE_TO_END)
+            flags = self.get_flags
+            try:
+                if len(ranges) > 1:
+                    out = self._get_ranges(keys[0], namespace_id, sink, deadline, ranges)
+                else:
+                    out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+                break
+            except InvalidArgument as exc:
+                if "request flags" not in str(exc):
+                    raise
+                if len(ranges) > 1:
+                    # A node older than GET_FLAG_RANGES refuses it (and closed the
+                    # connection): read whole blocks from it from now on.
+                    self.ranges_ok = False
+                    log.info("data_plane_ranges_refused", address=self.address, error=str(exc))
+                    continue
+                if not flags & GET_FLAG_PEER_EXPORT:
+                    raise
+                # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the
+                # connection): read it as before from now on (it pins, and may promote,
+                # what it sends).
+                self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
+                log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
         sizes = [it.size_bytes for it in out if it.found]
         if sizes:
             avg = sum(sizes) // len(sizes)
@@ -370,23 +394,48 @@ class DataPlaneClient:
         """One request per run of keys; runs after the first on the stream threads."""
         if len(runs) == 1:
             return self._get_run(keys, namespace_id, sink, deadline, 0, None)
-        streams = StreamSet()
         lock = threading.Lock()
 
         def locked_sink(i: int, size: int, meta: bytes) -> memoryview | None:
             with lock:
                 return sink(i, size, meta)
 
+        parts = self._run_streams([
+            lambda streams, lo=lo, hi=hi: self._get_run(
+                keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams)
+            for lo, hi in runs
+        ])
+        return [it for part in parts for it in part]
+
+    def _get_ranges(
+        self, key: bytes, namespace_id: bytes, sink: Sink, deadline: float,
+        ranges: list[tuple[int, int]],
+    ) -> list[GetItem]:
+        """One block as byte ranges, one request (stream) each (GET_FLAG_RANGES)."""
+        shared = SharedBlock(sink)
+        parts = self._run_streams([
+            lambda streams, rng=rng: self._get_run(
+                [key], namespace_id, sink, deadline, 0, streams, rng=rng, shared=shared)
+            for rng in ranges
+        ])
+        items = [p[0] for p in parts]
+        failed = next((it for it in items if it.code), None)
+        if failed is not None:
+            return [failed]
+        if all(it.found for it in items) and not shared.mismatch:
+            return [items[0]]
+        return [GetItem(0, "", False, 0, 0, b"", 0)]  # evicted or replaced between the pins
+
+    def _run_streams(self, calls: list[Callable[[StreamSet], list[GetItem]]]) -> list[list[GetItem]]:
+        """Run ``calls`` at once (the first on this thread); all of them have returned when
+        this does. The first failure (not a sibling's "stopped") is raised."""
+        streams = StreamSet()
         pool = self._stream_pool()
-        futures: list[Future[list[GetItem]]] = [
-            pool.submit(self._get_run, keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams)
-            for lo, hi in runs[1:]
-        ]
-        lo, hi = runs[0]
+        futures: list[Future[list[GetItem]]] = [pool.submit(c, streams) for c in calls[1:]]
         errors: list[BaseException] = []
         results: list[list[GetItem]] = []
         try:
-            results.append(self._get_run(keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams))
+            results.append(calls[0](streams))
         except BaseException as exc:  # noqa: BLE001  (re-raised below, after the siblings stopped)
             errors.append(exc)
         wait_futures(futures)  # every stream has left its last recv_into
@@ -400,7 +449,7 @@ class DataPlaneClient:
             first = [e for e in errors if not isinstance(e, _SiblingFailed)] or errors
             raise first[0]
         self.num_split_gets += 1
-        return [it for part in results for it in part]
+        return results
 
     def _stream_pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -414,11 +463,14 @@ class DataPlaneClient:
 
     def _get_run(
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
-        base: int, streams: StreamSet | None,
+        base: int, streams: StreamSet | None, *,
+        rng: tuple[int, int] | None = None, shared: SharedBlock | None = None,
     ) -> list[GetItem]:
-        """One GET request for ``keys`` (``sink`` indices offset by ``base``)."""
-        body = encode_get_body(keys, namespace_id)
-        request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
+        """One GET request for ``keys`` (``sink`` indices offset by ``base``); ``rng``: only
+        that byte range of each block (GET_FLAG_RANGES), into ``shared``'s view."""
+        flags = self.get_flags | (GET_FLAG_RANGES if rng is not None else 0)
+        body = encode_get_body(keys, namespace_id, None if rng is None else [rng] * len(keys))
+        request = encode_header(OP_GET, flags, len(keys), len(body)) + body
         count = len(keys)
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
@@ -447,13 +499,15 @@ class DataPlaneClient:
                 meta = reader.read_exact(meta_len) if meta_len else b""
                 msg = reader.read_exact(msg_len).decode("utf-8", "replace") if msg_len else ""
                 if found:
-                    dst = sink(base + i, size, meta)
+                    n = size if rng is None else range_bytes(size, *rng)
+                    dst = (sink(base + i, size, meta) if shared is None
+                           else shared.view_for(size, meta, generation))
                     if dst is None:
-                        reader.skip(size)
+                        reader.skip(n)
                     else:
                         if len(dst) != size:
                             raise InternalError(f"sink returned {len(dst)} bytes for a {size}-byte block")
-                        reader.read_into(dst)
+                        reader.read_into(dst if rng is None else dst[rng[0] : rng[0] + n])
                 out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 

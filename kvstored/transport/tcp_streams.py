@@ -8,7 +8,11 @@ requests on separate pooled connections, each for a contiguous run of the keys, 
 received by its own thread straight into the caller's buffers (``recv_into`` releases the
 GIL), so the receive copies run on several cores at once. The node serves each connection
 on its own thread; every request pins and sends its own blocks and carries each replica's
-generation, exactly as a single request would.
+generation, exactly as a single request would. A GET of one large block is split the same
+way into byte ranges (GET_FLAG_RANGES, :func:`plan_ranges`), one request each, all landing
+in the one view the sink gave (:class:`SharedBlock`); the block counts as found only if
+every range came from the same replica (same size, meta and non-zero generation), else it
+is a miss (it was evicted or replaced between the pins).
 
 Rules that make it safe:
 
@@ -26,8 +30,8 @@ Rules that make it safe:
   indices.
 
 Source: the split mirrors what Mooncake's transfer engine does for a batch (slices spread over
-several connections/workers) and what iperf's ``-P`` measures; here the unit is a whole block
-(a key), so one block is never split across streams.
+several connections/workers) and what iperf's ``-P`` measures; the unit is a whole block
+(a key) for a batch, a byte range for a lone large block.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
+
+from kvstored.transport.base import Sink
 
 DEFAULT_MAX_STREAMS = max(1, min(4, os.cpu_count() or 1))
 """Connections one GET may use at once: one per core, at most 4 (on 2 cores, 4 streams
@@ -114,3 +120,61 @@ class StreamSet:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # already closed or broken: its stream fails on its own
+
+
+RANGE_ALIGN_BYTES = 64 << 10
+"""Range boundaries of a split block are multiples of this (whole pages, whole segments)."""
+
+
+def plan_ranges(size_hint: int, max_streams: int, stream_min_bytes: int, to_end: int) -> list[tuple[int, int]]:
+    """Split one block of about ``size_hint`` bytes into ``(offset, length)`` byte ranges.
+
+    Args:
+        size_hint: the block's expected size (e.g. the caller's buffer).
+        max_streams: most ranges (>= 1).
+        stream_min_bytes: each range should be at least this long.
+        to_end: the length meaning "to the end of the block" (the last range gets it, so a
+            block longer than the hint is still covered whole).
+
+    Returns:
+        ``[(0, to_end)]`` when the block is too small to split; else 2..max_streams ranges,
+        back to back from offset 0.
+    """
+    k = min(max_streams, max(0, size_hint) // max(1, stream_min_bytes))
+    if k <= 1:
+        return [(0, to_end)]
+    step = -(-size_hint // k)
+    step = -(-step // RANGE_ALIGN_BYTES) * RANGE_ALIGN_BYTES
+    out = [(i * step, step) for i in range(k - 1) if i * step < size_hint]
+    out.append((len(out) * step, to_end))
+    return out
+
+
+class SharedBlock:
+    """One block read as byte ranges over several streams: one sink call, one view for all.
+
+    The first range whose header arrives asks the sink for the view; every other range must
+    announce the same size, meta and (non-zero) generation, i.e. the very replica the first
+    one pinned, else the parts may come from two replicas and the block is reported a miss.
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._first: tuple[int, bytes, int] | None = None
+        self._view: memoryview | None = None
+        self.mismatch = False
+
+    def view_for(self, size: int, meta: bytes, generation: int) -> memoryview | None:
+        """The view for the range just announced, or None: skip it (a mismatch, or the
+        sink declined the block)."""
+        with self._lock:
+            if self._first is None:
+                self._first = (size, meta, generation)
+                self._view = self._sink(0, size, meta)
+                if not generation:
+                    self.mismatch = True  # no generation: the parts cannot be matched
+            elif self._first != (size, meta, generation):
+                self.mismatch = True
+                return None
+            return self._view

@@ -23,7 +23,7 @@ from kvstored.config import NodeConfig
 from kvstored.errors import TransferFailed
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.framing import GET_ITEM_GEN, HEADER
+from kvstored.transport.framing import GET_ITEM_GEN, HEADER, RANGE, RANGE_TO_END
 from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
 
 MIB = 1 << 20
@@ -32,10 +32,11 @@ HANG_GUARD_S = 10.0
 
 
 class Proxy:
-    """Forwards data-plane connections to ``target``; per connection, by the first request:
+    """Forwards data-plane connections to ``target``; per connection, by its first request:
 
     - its body holds ``cut_key``: forward ``cut_after`` response bytes, then close both sides;
-    - its body holds ``hold_key``: forward the request, hold the response until ``release``.
+    - its body holds ``hold_key``: hold the request (the node does not see it) until
+      ``release`` is set, then forward it.
     """
 
     def __init__(self, target: str) -> None:
@@ -44,7 +45,7 @@ class Proxy:
         self.cut_after = 0
         self.hold_key: bytes | None = None
         self.release = threading.Event()
-        self.held = threading.Event()  # a held connection's request reached the server
+        self.held = threading.Event()  # a held request is waiting at the proxy
         self.cut = threading.Event()  # a cut connection was closed mid-response
         self.lsock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.lsock.getsockname()[1]}"
@@ -81,11 +82,11 @@ class Proxy:
         try:
             head = self._recv_exact(c, HEADER.size)
             body = self._recv_exact(c, HEADER.unpack(head)[5])
-            u.sendall(head + body)
             cut = self.cut_key is not None and self.cut_key in body
             if self.hold_key is not None and self.hold_key in body:
                 self.held.set()
                 self.release.wait(HANG_GUARD_S)
+            u.sendall(head + body)
             sent = 0
             while True:
                 want = 1 << 16
@@ -122,9 +123,14 @@ def plane() -> Iterator[Any]:
                      ssd_size_bytes=0, max_block_bytes=4 * MIB, log_level="warning")
     store = TieredStore.from_config(cfg)
     core = NodeCore(store, cfg, epoch=1)
-    server = DataPlaneServer(core, "127.0.0.1:0")
+    done: list[int] = []  # codes of finished requests (the hook runs on the server's threads)
+    server = DataPlaneServer(
+        core, "127.0.0.1:0",
+        hook=lambda ev, **f: done.append(f["code"]) if ev == "request_done" else None,
+    )
     server.start()
     proxy = Proxy(server.address)
+    server.done = done  # type: ignore[attr-defined]
     yield store, server, proxy
     proxy.close()
     server.stop(0)
@@ -224,3 +230,88 @@ def test_one_stream_torn_mid_payload_fails_the_whole_get_and_stops_the_other(
         proxy.release.set()
         dp.close()
     wait_until(lambda: store.stats().pinned_blocks == 0, what="the node to release its pins")
+
+
+def test_a_lone_large_block_is_read_as_ranges_into_its_one_buffer(plane: Any) -> None:
+    store, server, _ = plane
+    keys, values = _put(store, 1)
+    before = server.counters().requests
+    asked: list[tuple[int, int]] = []
+    buf = bytearray(BLOCK)
+
+    def sink(i: int, size: int, meta: bytes) -> memoryview:
+        asked.append((i, size))
+        return memoryview(buf)
+
+    # 3 streams, 256 KiB minimum, the hint 1.5x the block: ranges of 512 KiB, the last one
+    # empty (the block is smaller than the hint); every byte still lands once, in order.
+    dp = DataPlaneClient(server.address, max_streams=3, stream_min_bytes=BLOCK // 4)
+    try:
+        got = dp.get(keys, b"", sink, deadline=time.monotonic() + 30, size_hints=[BLOCK * 3 // 2])
+    finally:
+        dp.close()
+    assert dp.num_split_gets == 1
+    assert server.counters().requests - before == 3  # one request per range
+    assert asked == [(0, BLOCK)]  # one sink call for the block, whatever the ranges
+    assert got[0].found and got[0].size_bytes == BLOCK and got[0].generation > 0
+    assert bytes(buf) == values[0]
+    wait_until(lambda: store.stats().pinned_blocks == 0, what="the node to release its pins")
+
+
+def test_a_block_replaced_between_its_range_pins_is_a_miss(plane: Any) -> None:
+    """The second range's request is held at the proxy until the first range was served
+    and the block replaced by other bytes (a new replica, a new generation): the ranges
+    come from two replicas, so the block must be a miss, never a mix of the two."""
+    store, server, proxy = plane
+    keys, values = _put(store, 1)
+    proxy.hold_key = RANGE.pack(BLOCK // 2, RANGE_TO_END)  # the second range's request
+    buf = bytearray(BLOCK)
+    dp = DataPlaneClient(proxy.address, max_streams=2, stream_min_bytes=BLOCK // 2)
+    outcome: list[object] = []
+
+    def run() -> None:
+        outcome.append(dp.get(keys, b"", lambda i, size, meta: memoryview(buf),
+                              deadline=time.monotonic() + 60, size_hints=[BLOCK]))
+
+    t = threading.Thread(target=run, daemon=True)
+    try:
+        t.start()
+        assert proxy.held.wait(HANG_GUARD_S), "the second range never reached the proxy"
+        wait_until(lambda: server.done == [0], what="the first range to be served")
+        assert store.remove(keys) == [True]
+        other = value_for(keys[0][::-1], BLOCK)
+        assert store.put(keys[0], other)
+        proxy.release.set()
+        t.join(HANG_GUARD_S)
+        assert not t.is_alive()
+    finally:
+        proxy.release.set()
+        dp.close()
+    got = outcome[0]
+    assert isinstance(got, list) and not got[0].found, got  # not a mix of two replicas
+    assert bytes(buf[: BLOCK // 2]) == values[0][: BLOCK // 2]  # the first range landed
+    assert not any(buf[BLOCK // 2 :])  # the other replica's range was skipped, not written
+
+
+def test_a_node_refusing_ranges_is_read_whole_from_then_on(
+    plane: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstored.transport import framing
+
+    store, server, _ = plane
+    keys, values = _put(store, 1)
+    # An older node knows GET flags 1, 2 and 4 only: it refuses 8 and closes the connection.
+    monkeypatch.setattr(framing, "GET_FLAGS", 1 | 2 | 4)
+    buf = bytearray(BLOCK)
+    dp = DataPlaneClient(server.address, max_streams=2, stream_min_bytes=BLOCK // 2)
+    refused = []
+    try:
+        for _ in range(2):  # the second GET goes straight to whole blocks: no refusal
+            got = dp.get(keys, b"", lambda i, size, meta: memoryview(buf),
+                         deadline=time.monotonic() + 30, size_hints=[BLOCK])
+            assert got[0].found and bytes(buf) == values[0]
+            refused.append(server.counters().rejected_frames)
+    finally:
+        dp.close()
+    assert not dp.ranges_ok and dp.num_split_gets == 0
+    assert refused == [2, 2]  # both range requests of the first GET, then none

@@ -10,16 +10,20 @@ import pytest
 
 from kvstored.errors import BatchTooLarge, BlockTooLarge, InvalidArgument
 from kvstored.transport.framing import (
+    GET_FLAG_RANGES,
     OP_GET,
     OP_PUT,
     FrameLimits,
     FrameRejected,
+    RANGE_TO_END,
     ProtocolError,
     Reader,
     decode_get_body,
+    decode_get_ranges_body,
     decode_put_body,
     encode_get_body,
     encode_put_body,
+    range_bytes,
     send_all,
 )
 
@@ -49,6 +53,19 @@ def test_request_headers_over_a_limit_are_rejected(op: int, count: int, body_len
         LIMITS.check_request_header(op, count, body_len)
     assert type(exc_info.value.error) is error
     LIMITS.check_request_header(op, count - 1 if count > 1 else 1, 0)  # within: no error
+
+
+def test_a_ranged_get_body_round_trips_and_is_bounded_with_its_ranges() -> None:
+    keys = [b"k" * 16, b"j" * 64]
+    ranges = [(0, 1 << 20), (1 << 20, RANGE_TO_END)]
+    raw = encode_get_body(keys, b"ns", ranges)
+    assert decode_get_ranges_body(raw, 2) == (b"ns", keys, ranges)
+    assert LIMITS.max_body_for(OP_GET, 2, GET_FLAG_RANGES) == 2 + 64 + 2 * (66 + 16)
+    LIMITS.check_request_header(OP_GET, 2, len(raw), GET_FLAG_RANGES)
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_get_ranges_body(raw[:-1], 2)
+    assert [range_bytes(10, 0, 4), range_bytes(10, 8, 4), range_bytes(10, 12, 4),
+            range_bytes(10, 4, RANGE_TO_END)] == [4, 2, 0, 6]
 
 
 def test_unknown_op_is_a_protocol_error() -> None:

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from kvstored.transport.tcp_streams import StreamSet, plan_streams
+from kvstored.transport.framing import RANGE_TO_END
+from kvstored.transport.tcp_streams import StreamSet, plan_ranges, plan_streams
 
 MIB = 1 << 20
 
@@ -51,3 +52,12 @@ def test_abort_shuts_down_the_siblings_not_the_origin() -> None:
         a_peer.sendall(b"x")
         assert a.recv(1) == b"x"  # the origin is left to its own stream
         assert not streams.enter(socket.socket())  # a failed set starts no new stream
+
+
+def test_a_lone_block_is_split_into_aligned_ranges_the_last_to_the_end() -> None:
+    end = RANGE_TO_END
+    assert plan_ranges(16 * MIB, 2, 8 * MIB, end) == [(0, 8 * MIB), (8 * MIB, end)]
+    assert plan_ranges(15 * MIB, 2, 8 * MIB, end) == [(0, end)]  # < 2 x 8 MiB: whole
+    assert plan_ranges(12 * MIB + 1, 2, 4 * MIB, end) == [(0, 6 * MIB + (64 << 10)), (6 * MIB + (64 << 10), end)]
+    parts = plan_ranges(64 * MIB, 4, 8 * MIB, end)
+    assert parts == [(0, 16 * MIB), (16 * MIB, 16 * MIB), (32 * MIB, 16 * MIB), (48 * MIB, end)]
