@@ -43,8 +43,10 @@ caller's deadline; it checks every size the server announces (item count, payloa
 message) before allocating for it. A GET expected to move at least
 ``2 * stream_min_bytes`` is split into contiguous runs of keys sent as separate requests on
 up to ``max_streams`` pooled connections at once, each received by its own thread straight
-into the caller's memory; one failed stream fails the whole GET, and ``get`` returns only
-after every stream stopped writing (:mod:`kvstored.transport.tcp_streams`).
+into the caller's memory; a GET of one block that large is split into byte ranges of it
+(GET_FLAG_RANGES) the same way. One failed stream fails the whole GET, a block whose ranges
+came from two replicas is a miss, and ``get`` returns only after every stream stopped
+writing (:mod:`kvstored.transport.tcp_streams`).
 
 Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 """
@@ -323,8 +325,9 @@ class DataPlaneClient:
         (>= 2**63, or on a miss) fails the call.
 
         A batch expected to move at least ``2 * stream_min_bytes`` goes out as up to
-        ``max_streams`` requests at once, one per contiguous run of keys, each on its own
-        connection and thread. ``sink`` is then called from those threads, one at a time.
+        ``max_streams`` requests at once, one per contiguous run of keys (for a single key:
+        one per byte range of the block), each on its own connection and thread. ``sink``
+        is then called from those threads, one at a time (once per block).
         Either way the call returns or raises only once nothing writes into a view ``sink``
         handed out any more, and a failure of any request fails the whole call (no item is
         reported found).
