@@ -294,8 +294,9 @@ class DataPlaneServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = Reader(sock)
             while not self._stopping.is_set():
-                reader.deadline = None
-                sock.settimeout(self.idle_timeout_s)
+                # The idle wait is a deadline too: the socket stays in blocking mode with a
+                # kernel timeout (framing.arm_kernel_timeout), no mode switch per request.
+                reader.deadline = time.monotonic() + self.idle_timeout_s
                 try:
                     reader.fill()  # the first byte of the next request
                 except (PeerClosed, TimeoutError, OSError):
