@@ -354,7 +354,8 @@ class DataPlaneClient:
             size_hints = [self._avg_block_bytes] * len(keys)
         elif len(size_hints) != len(keys):
             raise InvalidArgument(f"size_hints has {len(size_hints)} items for {len(keys)} keys")
-        runs = (plan_streams(size_hints, self.max_streams, self.stream_min_bytes)
+        # Runs of >= stream_min_bytes each; up to max_streams of them in flight at once.
+        runs = (plan_streams(size_hints, len(keys), self.stream_min_bytes)
                 if self.max_streams > 1 else [(0, len(keys))])
         while True:
             ranges = [(0, RANGE_TO_END)]
@@ -394,21 +395,32 @@ class DataPlaneClient:
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
         runs: list[tuple[int, int]],
     ) -> list[GetItem]:
-        """One request per run of keys; runs after the first on the stream threads."""
+        """One request per run of keys, on up to ``max_streams`` streams that each take the
+        next run not yet sent (so a stream whose thread is held up, on a busy machine, delays
+        only the run it holds, not a fixed half of the batch)."""
         if len(runs) == 1:
             return self._get_run(keys, namespace_id, sink, deadline, 0, None)
         lock = threading.Lock()
+        results: list[list[GetItem] | None] = [None] * len(runs)
+        taken = [0]
 
         def locked_sink(i: int, size: int, meta: bytes) -> memoryview | None:
             with lock:
                 return sink(i, size, meta)
 
-        parts = self._run_streams([
-            lambda streams, lo=lo, hi=hi: self._get_run(
-                keys[lo:hi], namespace_id, locked_sink, deadline, lo, streams)
-            for lo, hi in runs
-        ])
-        return [it for part in parts for it in part]
+        def stream(streams: StreamSet) -> list[GetItem]:
+            while True:
+                with lock:
+                    j = taken[0]
+                    if j >= len(runs) or streams.failed:
+                        return []
+                    taken[0] = j + 1
+                lo, hi = runs[j]
+                results[j] = self._get_run(keys[lo:hi], namespace_id, locked_sink, deadline,
+                                           lo, streams)
+
+        self._run_streams([stream] * min(self.max_streams, len(runs)))
+        return [it for part in results for it in (part or ())]
 
     def _get_ranges(
         self, key: bytes, namespace_id: bytes, sink: Sink, deadline: float,
