@@ -112,6 +112,10 @@ __all__ = [
     "format_host_port", "parse_host_port", "tune_socket",
 ]
 
+RUNS_PER_STREAM = 2
+"""Runs a split GET is cut into per stream: each stream takes the next run when it is done
+with one, so a stream held up (a busy core) delays one run, not a fixed share; more runs
+add a request's round trip each."""
 DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
 
@@ -354,8 +358,8 @@ class DataPlaneClient:
             size_hints = [self._avg_block_bytes] * len(keys)
         elif len(size_hints) != len(keys):
             raise InvalidArgument(f"size_hints has {len(size_hints)} items for {len(keys)} keys")
-        # Runs of >= stream_min_bytes each; up to max_streams of them in flight at once.
-        runs = (plan_streams(size_hints, len(keys), self.stream_min_bytes)
+        # Up to RUNS_PER_STREAM runs of >= stream_min_bytes per stream; max_streams in flight.
+        runs = (plan_streams(size_hints, RUNS_PER_STREAM * self.max_streams, self.stream_min_bytes)
                 if self.max_streams > 1 else [(0, len(keys))])
         while True:
             ranges = [(0, RANGE_TO_END)]
