@@ -4,9 +4,11 @@ One TCP connection over loopback tops out where the *receiving* side's kernel co
 (``copy_to_user`` of every segment into the caller's memory) saturates one core: on the 2-core
 VM of issue 9 the receiver spends ~0.25 CPU-s per GB, the sender ~0.14, so one stream cannot
 pass ~4 GB/s however idle the other core is. A large batch therefore goes out as a few
-requests on separate pooled connections, each for a contiguous run of the keys, each
-received by its own thread straight into the caller's buffers (``recv_into`` releases the
-GIL), so the receive copies run on several cores at once. The node serves each connection
+requests on separate pooled connections, each for a contiguous run of the keys (2 runs per
+stream; a stream takes the next run when it is done with one, so a stream whose thread is
+held up delays one run, not a fixed share), each received by its own thread straight into
+the caller's buffers (``recv_into`` releases the GIL), so the receive copies run on several
+cores at once. The node serves each connection
 on its own thread; every request pins and sends its own blocks and carries each replica's
 generation, exactly as a single request would. A GET of one large block is split the same
 way into byte ranges (GET_FLAG_RANGES, :func:`plan_ranges`), one request each, all landing
