@@ -40,7 +40,13 @@ never released while this request may still write it (the fencing rule of DESIGN
 Server: :class:`~kvstored.transport.tcp_server.DataPlaneServer` (re-exported here).
 Client: :class:`DataPlaneClient`, a small pool of blocking sockets, every call under the
 caller's deadline; it checks every size the server announces (item count, payload, meta,
-message) before allocating for it.
+message) before allocating for it. A GET expected to move at least
+``2 * stream_min_bytes`` is split into contiguous runs of keys sent as separate requests on
+up to ``max_streams`` pooled connections at once, each received by its own thread straight
+into the caller's memory; a GET of one block that large is split into byte ranges of it
+(GET_FLAG_RANGES) the same way. One failed stream fails the whole GET, a block whose ranges
+came from two replicas is a miss, and ``get`` returns only after every stream stopped
+writing (:mod:`kvstored.transport.tcp_streams`).
 
 Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 """
@@ -51,6 +57,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import structlog
 
@@ -67,6 +75,7 @@ from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
+    GET_FLAG_RANGES,
     GET_ITEM_GEN,
     HEADER,
     MAX_GENERATION,
@@ -82,21 +91,39 @@ from kvstored.transport.framing import (
     encode_header,
     encode_put_body,
     format_host_port,
+    RANGE_TO_END,
     parse_host_port,
+    range_bytes,
     send_all,
     tune_socket,
 )
 from kvstored.transport.tcp_server import DataPlaneCounters, DataPlaneServer
+from kvstored.transport.tcp_streams import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_STREAM_MIN_BYTES,
+    SharedBlock,
+    StreamSet,
+    plan_ranges,
+    plan_streams,
+)
 
 __all__ = [
     "DataPlaneClient", "DataPlaneCounters", "DataPlaneServer", "GetItem", "PutItem", "Sink",
     "format_host_port", "parse_host_port", "tune_socket",
 ]
 
+RUNS_PER_STREAM = 2
+"""Runs a split GET is cut into per stream: each stream takes the next run when it is done
+with one, so a stream held up (a busy core) delays one run, not a fixed share; more runs
+add a request's round trip each."""
 DEFAULT_CLIENT_MAX_BLOCK_BYTES = 64 << 20
 DEFAULT_CLIENT_MAX_META_BYTES = 4096
 
 log = structlog.get_logger(__name__)
+
+
+class _SiblingFailed(TransferFailed):
+    """This stream of a split GET stopped because another stream of it failed."""
 
 
 # ---- client --------------------------------------------------------------------------------
@@ -122,9 +149,14 @@ class DataPlaneClient:
             node reading a peer (node/remote.py); an engine's client must not. A node older
             than the flag refuses it: the client then drops the flag for this node (one
             extra round trip, logged) and reads it as before.
+        max_streams: most connections one GET uses at once (1 = never split); default one
+            per core, at most 4.
+        stream_min_bytes: expected payload per stream below which a GET is not split
+            further (default 8 MiB).
 
     Raises:
-        InvalidArgument: both ``fill_from_peers`` and ``peer_export``.
+        InvalidArgument: both ``fill_from_peers`` and ``peer_export``, or ``max_streams`` /
+            ``stream_min_bytes`` < 1.
     """
 
     def __init__(
@@ -136,7 +168,14 @@ class DataPlaneClient:
         max_meta_bytes: int = DEFAULT_CLIENT_MAX_META_BYTES,
         fill_from_peers: bool = False,
         peer_export: bool = False,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        stream_min_bytes: int = DEFAULT_STREAM_MIN_BYTES,
     ) -> None:
+        if max_streams < 1 or stream_min_bytes < 1:
+            raise InvalidArgument(
+                f"DataPlaneClient: max_streams={max_streams} and stream_min_bytes="
+                f"{stream_min_bytes}; both must be >= 1"
+            )
         if fill_from_peers and peer_export:
             raise InvalidArgument(
                 "DataPlaneClient: fill_from_peers=True and peer_export=True; a peer's export "
@@ -149,9 +188,19 @@ class DataPlaneClient:
         self._pool_size = pool_size
         self.max_block_bytes = max_block_bytes
         self.max_meta_bytes = max_meta_bytes
+        self.max_streams = max_streams
+        self.stream_min_bytes = stream_min_bytes
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._streams: ThreadPoolExecutor | None = None  # max_streams - 1 workers, made on first use
+        self._avg_block_bytes = 0
+        """Running average of the blocks this client received (the split hint of a GET
+        whose caller gave no sizes)."""
+        self.num_split_gets = 0
+        """GETs sent as more than one stream (tests and benches read it)."""
+        self.ranges_ok = True
+        """False once the node refused GET_FLAG_RANGES (an older node): whole blocks only."""
 
     def _connect(self, deadline: float) -> socket.socket:
         remaining = deadline - time.monotonic()
@@ -195,28 +244,51 @@ class DataPlaneClient:
                 return
         sock.close()
 
-    def _call(self, fn: Callable[[socket.socket, Reader], object], deadline: float) -> object:
-        """Run one request on a pooled connection; a stale pooled connection is retried once."""
+    def _call(
+        self, fn: Callable[[socket.socket, Reader], object], deadline: float,
+        streams: StreamSet | None = None,
+    ) -> object:
+        """Run one request on a pooled connection; a stale pooled connection is retried once.
+
+        ``streams``: the request is one stream of a split GET: its socket is registered there
+        while in use (so a failing sibling can shut it down), a failure aborts the siblings,
+        and a stream whose siblings failed neither starts nor retries.
+        """
         for _attempt in range(2):
             sock, reused = self._acquire(deadline)
+            if streams is not None and not streams.enter(sock):
+                self._release(sock)  # untouched: still in sync
+                raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed")
             reader = Reader(sock, deadline)
             try:
-                result = fn(sock, reader)
-            except (TimeoutError, socket.timeout):
+                try:
+                    result = fn(sock, reader)
+                finally:
+                    if streams is not None:
+                        streams.leave(sock)
+            except BaseException as exc:
                 sock.close()
-                raise DeadlineExceeded(
-                    f"data plane at {self.address} did not finish the request within the deadline"
-                ) from None
-            except ProtocolError as exc:
-                sock.close()
-                raise TransferFailed(f"data plane at {self.address} sent a malformed frame: {exc}") from None
-            except (ConnectionError, OSError) as exc:
-                sock.close()
-                if reused and reader.num_received == 0 and time.monotonic() < deadline:
+                aborted = streams is not None and streams.failed  # a sibling shut this down
+                if (not aborted and isinstance(exc, (ConnectionError, OSError))
+                        and not isinstance(exc, TimeoutError)
+                        and reused and reader.num_received == 0 and time.monotonic() < deadline):
                     continue  # the node closed an idle pooled connection: use a fresh one
-                raise TransferFailed(f"data-plane connection to {self.address} failed: {exc}") from None
-            except BaseException:
-                sock.close()
+                if streams is not None:
+                    streams.abort(sock)  # stop the siblings before anything is reported
+                if aborted:
+                    raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed") from None
+                if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError
+                    raise DeadlineExceeded(
+                        f"data plane at {self.address} did not finish the request within the deadline"
+                    ) from None
+                if isinstance(exc, ProtocolError):
+                    raise TransferFailed(
+                        f"data plane at {self.address} sent a malformed frame: {exc}"
+                    ) from None
+                if isinstance(exc, (ConnectionError, OSError)):
+                    raise TransferFailed(
+                        f"data-plane connection to {self.address} failed: {exc}"
+                    ) from None
                 raise
             if reader.buffered:
                 sock.close()  # trailing bytes: out of sync, do not reuse
@@ -247,13 +319,30 @@ class DataPlaneClient:
         return int(body_len)
 
     def get(
-        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float,
+        size_hints: Sequence[int] | None = None,
     ) -> list[GetItem]:
         """Fetch blocks; each found payload is received straight into ``sink(...)``'s view.
 
         Every announced size is checked before ``sink`` is asked for memory: a payload over
         ``max_block_bytes``, a meta over ``max_meta_bytes`` or a generation out of range
         (>= 2**63, or on a miss) fails the call.
+
+        A batch expected to move at least ``2 * stream_min_bytes`` goes out as up to
+        ``max_streams`` requests at once, one per contiguous run of keys (for a single key:
+        one per byte range of the block), each on its own connection and thread. ``sink``
+        is then called from those threads, one at a time (once per block).
+        Either way the call returns or raises only once nothing writes into a view ``sink``
+        handed out any more, and a failure of any request fails the whole call (no item is
+        reported found).
+
+        Args:
+            keys: the block keys, in order.
+            namespace_id: their namespace.
+            sink: where each found payload goes (see :data:`~kvstored.transport.base.Sink`).
+            deadline: absolute ``time.monotonic()`` seconds for the whole call.
+            size_hints: the expected bytes of each key (e.g. the caller's buffer sizes) to
+                plan the split; None = this client's running average block size.
 
         Returns:
             Per key, in order: a :class:`GetItem` (``found`` False = miss; ``code`` != 0 =
@@ -262,59 +351,186 @@ class DataPlaneClient:
         Raises:
             Unavailable: cannot connect.  DeadlineExceeded: the deadline passed.
             TransferFailed: the connection broke, or the node announced more than the limits.
+            InvalidArgument: ``size_hints`` is not one per key.
             A KvstoredError for a whole-request error.
         """
-        body = encode_get_body(keys, namespace_id)
-        flags = self.get_flags
+        if size_hints is None:
+            size_hints = [self._avg_block_bytes] * len(keys)
+        elif len(size_hints) != len(keys):
+            raise InvalidArgument(f"size_hints has {len(size_hints)} items for {len(keys)} keys")
+        # Up to RUNS_PER_STREAM runs of >= stream_min_bytes per stream; max_streams in flight.
+        runs = (plan_streams(size_hints, RUNS_PER_STREAM * self.max_streams, self.stream_min_bytes)
+                if self.max_streams > 1 else [(0, len(keys))])
+        while True:
+            ranges = [(0, RANGE_TO_END)]
+            if len(keys) == 1 and self.ranges_ok and self.max_streams > 1:
+                ranges = plan_ranges(size_hints[0], self.max_streams, self.stream_min_bytes,
+                                     RANGE_TO_END)
+            flags = self.get_flags
+            try:
+                if len(ranges) > 1:
+                    out = self._get_ranges(keys[0], namespace_id, sink, deadline, ranges)
+                else:
+                    out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+                break
+            except InvalidArgument as exc:
+                if "request flags" not in str(exc):
+                    raise
+                if len(ranges) > 1:
+                    # A node older than GET_FLAG_RANGES refuses it (and closed the
+                    # connection): read whole blocks from it from now on.
+                    self.ranges_ok = False
+                    log.info("data_plane_ranges_refused", address=self.address, error=str(exc))
+                    continue
+                if not flags & GET_FLAG_PEER_EXPORT:
+                    raise
+                # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the
+                # connection): read it as before from now on (it pins, and may promote,
+                # what it sends).
+                self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
+                log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
+        sizes = [it.size_bytes for it in out if it.found]
+        if sizes:
+            avg = sum(sizes) // len(sizes)
+            self._avg_block_bytes = avg if not self._avg_block_bytes else (self._avg_block_bytes + avg) // 2
+        return out
+
+    def _get_runs(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        runs: list[tuple[int, int]],
+    ) -> list[GetItem]:
+        """One request per run of keys, on up to ``max_streams`` streams that each take the
+        next run not yet sent (so a stream whose thread is held up, on a busy machine, delays
+        only the run it holds, not a fixed half of the batch)."""
+        if len(runs) == 1:
+            return self._get_run(keys, namespace_id, sink, deadline, 0, None)
+        lock = threading.Lock()
+        results: list[list[GetItem] | None] = [None] * len(runs)
+        taken = [0]
+
+        def locked_sink(i: int, size: int, meta: bytes) -> memoryview | None:
+            with lock:
+                return sink(i, size, meta)
+
+        def stream(streams: StreamSet) -> list[GetItem]:
+            while True:
+                with lock:
+                    j = taken[0]
+                    if j >= len(runs) or streams.failed:
+                        return []
+                    taken[0] = j + 1
+                lo, hi = runs[j]
+                results[j] = self._get_run(keys[lo:hi], namespace_id, locked_sink, deadline,
+                                           lo, streams)
+
+        self._run_streams([stream] * min(self.max_streams, len(runs)))
+        return [it for part in results for it in (part or ())]
+
+    def _get_ranges(
+        self, key: bytes, namespace_id: bytes, sink: Sink, deadline: float,
+        ranges: list[tuple[int, int]],
+    ) -> list[GetItem]:
+        """One block as byte ranges, one request (stream) each (GET_FLAG_RANGES)."""
+        shared = SharedBlock(sink)
+        parts = self._run_streams([
+            lambda streams, rng=rng: self._get_run(
+                [key], namespace_id, sink, deadline, 0, streams, rng=rng, shared=shared)
+            for rng in ranges
+        ])
+        items = [p[0] for p in parts]
+        failed = next((it for it in items if it.code), None)
+        if failed is not None:
+            return [failed]
+        if all(it.found for it in items) and not shared.mismatch:
+            return [items[0]]
+        return [GetItem(0, "", False, 0, 0, b"", 0)]  # evicted or replaced between the pins
+
+    def _run_streams(self, calls: list[Callable[[StreamSet], list[GetItem]]]) -> list[list[GetItem]]:
+        """Run ``calls`` at once (the first on this thread); all of them have returned when
+        this does. The first failure (not a sibling's "stopped") is raised."""
+        streams = StreamSet()
+        pool = self._stream_pool()
+        futures: list[Future[list[GetItem]]] = [pool.submit(c, streams) for c in calls[1:]]
+        errors: list[BaseException] = []
+        results: list[list[GetItem]] = []
+        try:
+            results.append(calls[0](streams))
+        except BaseException as exc:  # noqa: BLE001  (re-raised below, after the siblings stopped)
+            errors.append(exc)
+        wait_futures(futures)  # every stream has left its last recv_into
+        for f in futures:
+            exc = f.exception()
+            if exc is not None:
+                errors.append(exc)
+            else:
+                results.append(f.result())
+        if errors:
+            first = [e for e in errors if not isinstance(e, _SiblingFailed)] or errors
+            raise first[0]
+        self.num_split_gets += 1
+        return results
+
+    def _stream_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the data-plane client is closed")
+            if self._streams is None:
+                self._streams = ThreadPoolExecutor(
+                    self.max_streams - 1, thread_name_prefix="kvstored-dp-stream"
+                )
+            return self._streams
+
+    def _get_run(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        base: int, streams: StreamSet | None, *,
+        rng: tuple[int, int] | None = None, shared: SharedBlock | None = None,
+    ) -> list[GetItem]:
+        """One GET request for ``keys`` (``sink`` indices offset by ``base``); ``rng``: only
+        that byte range of each block (GET_FLAG_RANGES), into ``shared``'s view."""
+        flags = self.get_flags | (GET_FLAG_RANGES if rng is not None else 0)
+        body = encode_get_body(keys, namespace_id, None if rng is None else [rng] * len(keys))
         request = encode_header(OP_GET, flags, len(keys), len(body)) + body
+        count = len(keys)
 
         def run(sock: socket.socket, reader: Reader) -> list[GetItem]:
             send_all(sock, [request], deadline)
-            self._check_status(reader, OP_GET, len(keys))
+            self._check_status(reader, OP_GET, count)
             out = []
-            for i in range(len(keys)):
+            for i in range(count):
                 code, tier, found, size, meta_len, msg_len, generation = GET_ITEM_GEN.unpack(
                     reader.read_exact(GET_ITEM_GEN.size)
                 )
                 if meta_len > self.max_meta_bytes or msg_len > MAX_MSG_BYTES:
                     raise ProtocolError(
-                        f"GET item #{i} announces a {meta_len}-byte meta and a {msg_len}-byte "
+                        f"GET item #{base + i} announces a {meta_len}-byte meta and a {msg_len}-byte "
                         f"message; at most {self.max_meta_bytes} and {MAX_MSG_BYTES}"
                     )
                 if generation > MAX_GENERATION or (generation and not found):
                     raise ProtocolError(
-                        f"GET item #{i} announces generation {generation} "
+                        f"GET item #{base + i} announces generation {generation} "
                         f"(found={bool(found)}); a generation is < 2**63 and only on a hit"
                     )
                 if found and size > self.max_block_bytes:
                     raise ProtocolError(
-                        f"GET item #{i} announces a {size}-byte block; the node's limit is "
+                        f"GET item #{base + i} announces a {size}-byte block; the node's limit is "
                         f"{self.max_block_bytes} bytes"
                     )
                 meta = reader.read_exact(meta_len) if meta_len else b""
                 msg = reader.read_exact(msg_len).decode("utf-8", "replace") if msg_len else ""
                 if found:
-                    dst = sink(i, size, meta)
+                    n = size if rng is None else range_bytes(size, *rng)
+                    dst = (sink(base + i, size, meta) if shared is None
+                           else shared.view_for(size, meta, generation))
                     if dst is None:
-                        reader.skip(size)
+                        reader.skip(n)
                     else:
                         if len(dst) != size:
                             raise InternalError(f"sink returned {len(dst)} bytes for a {size}-byte block")
-                        reader.read_into(dst)
+                        reader.read_into(dst if rng is None else dst[rng[0] : rng[0] + n])
                 out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
             return out
 
-        try:
-            return self._call(run, deadline)  # type: ignore[return-value]
-        except InvalidArgument as exc:
-            if not flags & GET_FLAG_PEER_EXPORT or "request flags" not in str(exc):
-                raise
-            # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the connection):
-            # read it as before from now on (it pins, and may promote, what it sends).
-            self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
-            log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
-            request = encode_header(OP_GET, self.get_flags, len(keys), len(body)) + body
-            return self._call(run, deadline)  # type: ignore[return-value]
+        return self._call(run, deadline, streams)  # type: ignore[return-value]
 
     def put(
         self,
@@ -355,9 +571,12 @@ class DataPlaneClient:
         return self._call(run, deadline)  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Close every pooled connection; idempotent."""
+        """Close every pooled connection and the stream threads; idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            pool, self._streams = self._streams, None
         for sock in idle:
             sock.close()
+        if pool is not None:
+            pool.shutdown(wait=False)

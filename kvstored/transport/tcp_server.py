@@ -27,6 +27,7 @@ from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
+    GET_FLAG_RANGES,
     GET_ITEM,
     GET_ITEM_GEN,
     HEADER,
@@ -39,12 +40,14 @@ from kvstored.transport.framing import (
     ProtocolError,
     Reader,
     decode_get_body,
+    decode_get_ranges_body,
     decode_header,
     decode_put_body,
     encode_header,
     error_response,
     format_host_port,
     parse_host_port,
+    range_bytes,
     send_all,
     short_message,
     tune_socket,
@@ -291,8 +294,9 @@ class DataPlaneServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = Reader(sock)
             while not self._stopping.is_set():
-                reader.deadline = None
-                sock.settimeout(self.idle_timeout_s)
+                # The idle wait is a deadline too: the socket stays in blocking mode with a
+                # kernel timeout (framing.arm_kernel_timeout), no mode switch per request.
+                reader.deadline = time.monotonic() + self.idle_timeout_s
                 try:
                     reader.fill()  # the first byte of the next request
                 except (PeerClosed, TimeoutError, OSError):
@@ -330,12 +334,17 @@ class DataPlaneServer:
             with self._header_budget(body_len, reader.deadline):
                 raw = reader.read_exact(body_len)
                 if op == OP_GET:
-                    ns, keys = decode_get_body(raw, count)
+                    ranges = None
+                    if flags & GET_FLAG_RANGES:
+                        ns, keys, ranges = decode_get_ranges_body(raw, count)
+                    else:
+                        ns, keys = decode_get_body(raw, count)
                     del raw
                     code = self._handle_get(sock, reader, keys, ns,
                                             with_generation=bool(flags & GET_FLAG_GENERATION),
                                             fill=bool(flags & GET_FLAG_FILL_FROM_PEERS),
-                                            peer_export=bool(flags & GET_FLAG_PEER_EXPORT))
+                                            peer_export=bool(flags & GET_FLAG_PEER_EXPORT),
+                                            ranges=ranges)
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
@@ -401,7 +410,8 @@ class DataPlaneServer:
     # ---- GET -----------------------------------------------------------------------------
     def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
                     *, with_generation: bool = False, fill: bool = False,
-                    peer_export: bool = False) -> int:
+                    peer_export: bool = False,
+                    ranges: list[tuple[int, int]] | None = None) -> int:
         core = self.core
         # GET_FLAG_GENERATION: each item header ends with the replica's generation
         item, tail = (GET_ITEM_GEN, (0,)) if with_generation else (GET_ITEM, ())
@@ -434,22 +444,29 @@ class DataPlaneServer:
                         send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
                         return int(exc.code)
                     raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
-                for b in got:
+                chunk_bytes = 0
+                for j, b in enumerate(got):
                     if isinstance(b, (PinnedBlock, ExportedBlock)):
                         pending.append(
                             item.pack(0, int(b.tier), 1, b.size_bytes, len(b.meta), 0,
                                       *((b.generation,) if with_generation else ())) + b.meta
                         )
-                        pending.append(b.view)
+                        view, n = b.view, b.size_bytes
+                        if ranges is not None:  # GET_FLAG_RANGES: that part of the block only
+                            offset, length = ranges[start + j]
+                            n = range_bytes(b.size_bytes, offset, length)
+                            view = view[offset : offset + n]
+                        if n:
+                            pending.append(view)
                         num_blocks += 1
-                        num_bytes += b.size_bytes
+                        num_bytes += n
+                        chunk_bytes += n
                     elif b is None:
                         pending.append(item.pack(0, 0, 0, 0, 0, 0, *tail))
                     else:
                         msg = short_message(str(b))
                         pending.append(item.pack(int(b.code), 0, 0, 0, 0, len(msg), *tail) + msg)
-                self._allow_payload(reader, sum(b.size_bytes for b in got
-                                                if isinstance(b, (PinnedBlock, ExportedBlock))))
+                self._allow_payload(reader, chunk_bytes)
                 self._emit("get_before_send", start=start, num_items=len(got))  # pins held
                 send_all(sock, pending, reader.deadline)  # while the chunk's pins are held
                 self._emit("chunk_sent", start=start, num_items=len(got))

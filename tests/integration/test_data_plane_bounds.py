@@ -148,7 +148,7 @@ def test_count_over_max_batch_keys_is_refused_before_the_body(make_plane: Any) -
     assert p.server.counters().rejected_frames == 1
 
 
-@pytest.mark.parametrize(("op", "flags"), [(1, 8), (1, 6), (1, 0x8000), (2, 1), (2, 2), (2, 4)])
+@pytest.mark.parametrize(("op", "flags"), [(1, 16), (1, 6), (1, 0x8000), (2, 1), (2, 2), (2, 4)])
 def test_unknown_request_flags_are_refused(make_plane: Any, op: int, flags: int) -> None:
     """Unknown bits, GET flags 2 (fill from peers) and 4 (peer export) together, any PUT flag."""
     p = make_plane()

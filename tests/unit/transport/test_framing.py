@@ -10,16 +10,21 @@ import pytest
 
 from kvstored.errors import BatchTooLarge, BlockTooLarge, InvalidArgument
 from kvstored.transport.framing import (
+    GET_FLAG_RANGES,
     OP_GET,
     OP_PUT,
     FrameLimits,
     FrameRejected,
+    RANGE_TO_END,
     ProtocolError,
     Reader,
     decode_get_body,
+    decode_get_ranges_body,
     decode_put_body,
     encode_get_body,
     encode_put_body,
+    range_bytes,
+    send_all,
 )
 
 LIMITS = FrameLimits(
@@ -48,6 +53,19 @@ def test_request_headers_over_a_limit_are_rejected(op: int, count: int, body_len
         LIMITS.check_request_header(op, count, body_len)
     assert type(exc_info.value.error) is error
     LIMITS.check_request_header(op, count - 1 if count > 1 else 1, 0)  # within: no error
+
+
+def test_a_ranged_get_body_round_trips_and_is_bounded_with_its_ranges() -> None:
+    keys = [b"k" * 16, b"j" * 64]
+    ranges = [(0, 1 << 20), (1 << 20, RANGE_TO_END)]
+    raw = encode_get_body(keys, b"ns", ranges)
+    assert decode_get_ranges_body(raw, 2) == (b"ns", keys, ranges)
+    assert LIMITS.max_body_for(OP_GET, 2, GET_FLAG_RANGES) == 2 + 64 + 2 * (66 + 16)
+    LIMITS.check_request_header(OP_GET, 2, len(raw), GET_FLAG_RANGES)
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_get_ranges_body(raw[:-1], 2)
+    assert [range_bytes(10, 0, 4), range_bytes(10, 8, 4), range_bytes(10, 12, 4),
+            range_bytes(10, 4, RANGE_TO_END)] == [4, 2, 0, 6]
 
 
 def test_unknown_op_is_a_protocol_error() -> None:
@@ -106,3 +124,60 @@ def test_reader_fill_waits_for_one_byte_and_keeps_it() -> None:
         reader.fill()
         assert reader.buffered >= 1
         assert reader.read_exact(3) == b"abc"
+
+
+def _in_thread(fn: object, guard_s: float = 10.0) -> list[object]:
+    """Run ``fn`` on a thread; its result or exception (a hang guard, not a timing check)."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001  (the caller asserts on it)
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(guard_s)
+    assert not t.is_alive(), "the socket call outlived its deadline (no kernel timeout armed?)"
+    return out
+
+
+def test_a_silent_peer_ends_a_whole_payload_read_at_the_deadline() -> None:
+    # Under a deadline the socket blocks in the kernel (one MSG_WAITALL recv per payload);
+    # SO_RCVTIMEO, armed to what is left before each call, is what ends it.
+    a, b = socket.socketpair()
+    with a, b:
+        reader = Reader(a, deadline=time.monotonic() + 0.2)
+        b.sendall(b"x" * 1000)  # part of the payload, then nothing
+        out = _in_thread(lambda: reader.read_into(memoryview(bytearray(1 << 20))))
+        assert isinstance(out[0], TimeoutError)
+        assert reader.num_received == 1000
+        reader.deadline = time.monotonic() + 0.2
+        assert isinstance(_in_thread(lambda: reader.read_exact(16))[0], TimeoutError)
+
+
+def test_a_payload_arriving_in_pieces_is_received_whole() -> None:
+    a, b = socket.socketpair()
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with a, b:
+        reader = Reader(a, deadline=time.monotonic() + 20)
+
+        def send() -> None:
+            for i in range(0, len(payload), 100_000):
+                b.sendall(payload[i : i + 100_000])
+
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        dst = bytearray(len(payload))
+        reader.read_into(memoryview(dst))
+        t.join(10)
+        assert dst == payload and reader.buffered == 0
+
+
+def test_send_all_to_a_peer_that_stops_reading_ends_at_the_deadline() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        big = memoryview(bytearray(64 << 20))  # far more than the socket buffers hold
+        out = _in_thread(lambda: send_all(a, [big], time.monotonic() + 0.3))
+        assert isinstance(out[0], TimeoutError)
