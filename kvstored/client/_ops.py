@@ -231,7 +231,7 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     keys = sink.keys
     for start, end in _tail_first(_chunks(len(keys), info.max_batch_keys)):
         chunk = keys[start:end]
-        hints = None if sink.arrays is None else [a.size for a in sink.arrays[start:end]]
+        hints = None if sink.views is None else [len(v) for v in sink.views[start:end]]
         items = yield Blocking(  # hints (buffer sizes) let a large get_into use several streams
             lambda d, chunk=chunk, start=start, hints=hints: dp.get(
                 chunk, st.namespace_id, sink.tcp_target(start), deadline=d, size_hints=hints)
