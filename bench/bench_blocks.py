@@ -61,7 +61,7 @@ import numpy as np
 
 import bench_control  # bench/ is on sys.path when this script runs
 import bench_ssd_extra
-from bench_common import percentile, timed
+from bench_common import finite_or_none, percentile, timed
 from kvstored import Client
 from kvstored import log as kvlog
 from kvstored.units import format_size, parse_size
@@ -530,7 +530,7 @@ def main() -> None:
     print_table(results)
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(finite_or_none(results), indent=2, allow_nan=False))
     print(f"\nwrote {out}")
 
 

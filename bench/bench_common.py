@@ -6,6 +6,7 @@ Imported as ``bench_common`` (bench/ is on ``sys.path`` when a bench script runs
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 
@@ -33,4 +34,15 @@ def write_json(res: object, path: str | None) -> None:
     """Write ``res`` as indented JSON to ``path`` (None: nothing)."""
     if path:
         with open(path, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump(finite_or_none(res), f, indent=2, allow_nan=False)
+
+
+def finite_or_none(obj: object) -> object:
+    """``obj`` with every NaN/inf float replaced by None (strict JSON: jq, browsers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj

@@ -90,15 +90,17 @@ def control_overhead_us(addr: str, batch: int = 16, iters: int = 300) -> dict[st
 
 
 def single_get_us(addr: str, iters: int = 1000) -> dict[str, float]:
-    """One 4 KiB block per get_into over the channel: p50/p99 in us."""
+    """One 4 KiB block per get_into: p50/p99 in us, and whether the hot calls went over the
+    control channel (``channel``; False under KVSTORED_CONTROL_CHANNEL=0: gRPC)."""
     buf = np.empty(SMALL, dtype=np.uint8)
     with Client(addr, timeout_s=30.0) as c:
         keys = _keys("single", 1)
         c.put(keys, [np.ones(SMALL, dtype=np.uint8)])
         lat = _timed(lambda _: c.get_into(keys, [buf]) and None, iters)
+        channel = c._st.control is not None
         c.remove(keys)
     return {"p50_us": statistics.median(lat) * 1e6, "p99_us": _pct(lat, 0.99) * 1e6,
-            "block_bytes": SMALL, "channel": True}
+            "block_bytes": SMALL, "channel": channel}
 
 
 _STORM = """
@@ -240,7 +242,8 @@ def print_rows(res: dict[str, object]) -> None:
                   f"   saved {c[f'{op}_saved_us']:6.0f} us per batch")  # type: ignore[index]
     s = res.get("single_get")
     if s:
-        print(f"single-block get ({s['block_bytes'] // 1024} KiB, unix socket, channel): "  # type: ignore[index]
+        via = "control channel" if s.get("channel", True) else "gRPC: KVSTORED_CONTROL_CHANNEL=0"
+        print(f"single-block get ({s['block_bytes'] // 1024} KiB, unix socket, {via}): "  # type: ignore[index]
               f"p50 {s['p50_us']:.0f} us, p99 {s['p99_us']:.0f} us (target p50 <= 150 us)")  # type: ignore[index]
     lk = res.get("lookup_prefix_512_storm")
     if lk:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from bench_blocks import daemon, free_port, machine, redis_server  # noqa: E402
+from bench_common import finite_or_none  # noqa: E402
 
 from kvstored import Client  # noqa: E402
 from kvstored.units import format_size, parse_size  # noqa: E402
@@ -475,7 +476,7 @@ def main() -> None:
     print_table(results)
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(finite_or_none(results), indent=2, allow_nan=False))
     print(f"\nwrote {out}")
 
 

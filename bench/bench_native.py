@@ -49,7 +49,8 @@ def bench_native_copy(sizes: list[int], batch: int = 16, iters: int = 20) -> dic
     """``{"native_built": bool, "<size>": {memcpy_gbps, fallback_gbps, native_gbps,
     native_1t_gbps, native_vs_fallback, native_vs_memcpy}}`` (native fields NaN when the
     extension is not built)."""
-    out: dict[str, object] = {"native_built": native.native_copy_many is not None, "batch": batch}
+    out: dict[str, object] = {"native_built": native.native_copy_many is not None, "batch": batch,
+                              "fallback_reason": native.FALLBACK_REASON}
     for size in sizes:
         rng = np.random.default_rng(size)
         srcs = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(batch)]
@@ -82,7 +83,7 @@ def _fmt(size: int) -> str:
 
 def print_rows(res: dict[str, object]) -> None:
     """One line per size: GB/s of each copy and the native ratios."""
-    built = "built" if res["native_built"] else "NOT built: fallback only"
+    built = "built" if res["native_built"] else f"not used: {res.get('fallback_reason') or 'not built'}; fallback only"
     print(f"\nnative copy_many (kvstored._native {built}), batch of {res['batch']} into one mapping:")
     for size, row in res.items():
         if not isinstance(row, dict):

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-__all__ = ["NATIVE", "copy_many", "native_copy_many", "py_copy_many"]
+__all__ = ["FALLBACK_REASON", "NATIVE", "copy_many", "native_copy_many", "py_copy_many"]
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +110,9 @@ _native_mod = _load()
 
 NATIVE: bool = _native_mod is not None
 """Whether :func:`copy_many` is the C extension."""
+FALLBACK_REASON: str = _fallback_reason[0] if _fallback_reason else ""
+"""Why :func:`copy_many` is the pure-Python fallback ("" when it is the C extension):
+``KVSTORED_NATIVE=0``, or the import error of an extension that was not built."""
 
 native_copy_many: Callable[..., int] | None = (
     _native_mod.copy_many if _native_mod is not None else None

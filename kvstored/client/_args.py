@@ -51,6 +51,18 @@ def _memoryview_of(obj: object, what: str, index: int, expected: str) -> memoryv
             f"{what} #{index} is a {type(obj).__name__}; pass {expected}") from None
 
 
+def _refuse_objects(obj: object, mv: memoryview, what: str, index: int) -> None:
+    """A buffer of Python object pointers (numpy ``dtype=object``) -> InvalidArgument: its
+    bytes are heap addresses, and writing into it would plant pointers that crash the
+    process (found by a tester: get_into into an object array, then a segfault)."""
+    if mv.format == "O" or (isinstance(obj, np.ndarray) and obj.dtype.hasobject):
+        dtype = obj.dtype if isinstance(obj, np.ndarray) else mv.format
+        raise InvalidArgument(
+            f"{what} #{index} holds Python objects (dtype {dtype}); pass a buffer of plain "
+            "bytes or numbers (e.g. numpy uint8/float16, bytearray)"
+        )
+
+
 def as_byte_view(obj: object, what: str, index: int) -> memoryview:
     """A C-contiguous buffer as a flat byte memoryview (no copy).
 
@@ -63,6 +75,7 @@ def as_byte_view(obj: object, what: str, index: int) -> memoryview:
         raise InvalidArgument(f"{what} #{index} is not C-contiguous; pass a contiguous buffer")
     if mv.format == "B" and mv.ndim == 1:
         return mv
+    _refuse_objects(obj, mv, what, index)
     try:
         return mv.cast("B")
     except TypeError:
@@ -83,6 +96,7 @@ def as_writable_view(obj: object, index: int) -> memoryview:
         raise InvalidArgument(f"buffer #{index} is not C-contiguous; pass a contiguous buffer")
     if mv.format == "B" and mv.ndim == 1:
         return mv
+    _refuse_objects(obj, mv, "buffer", index)
     try:
         return mv.cast("B")
     except TypeError:  # a format memoryview cannot cast (e.g. a numpy structured dtype)

@@ -58,7 +58,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["SOCKET_SUFFIX", "ControlServer"]
+__all__ = ["MAX_BUFFERED_BYTES", "SOCKET_SUFFIX", "ControlServer"]
+
+MAX_BUFFERED_BYTES = 256 << 20
+"""Default bound of the bytes of partial frames the channel holds over all its connections."""
 
 
 class _Context:
@@ -129,6 +132,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         # a request still running finishes (never cancelled half-way); its answer is dropped
+        self._drop_buffer()
         self._server._transports.discard(self.transport)
 
     def pause_writing(self) -> None:
@@ -153,7 +157,32 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        server = self._server
+        if server.buffered_bytes + len(data) > server.max_buffered_bytes:
+            # frames arriving slower than they are sent, on many connections at once: drop
+            # this one rather than let partial frames take the node's memory (a tester's
+            # 8 connections of 63 MiB half-frames took 500 MiB)
+            log.warning("control_buffer_budget_exceeded", buffered_bytes=server.buffered_bytes,
+                        incoming_bytes=len(data), limit=server.max_buffered_bytes)
+            self._drop_buffer()
+            self._frames.clear()
+            assert self.transport is not None
+            self.transport.close()
+            return
         buf += data
+        server.buffered_bytes += len(data)
+        before = len(buf)
+        try:
+            self._split(buf)
+        finally:
+            server.buffered_bytes -= before - len(buf)
+        self._run()
+
+    def _drop_buffer(self) -> None:
+        self._server.buffered_bytes -= len(self._buf)
+        self._buf.clear()
+
+    def _split(self, buf: bytearray) -> None:
         while len(buf) >= LENGTH_BYTES:
             size = int.from_bytes(buf[:LENGTH_BYTES], "big")
             if size > MAX_FRAME_BYTES:
@@ -167,7 +196,6 @@ class _Protocol(asyncio.Protocol):
                 break
             self._frames.append(bytes(buf[LENGTH_BYTES:end]))
             del buf[:end]
-        self._run()
 
     def _run(self) -> None:
         frames = self._frames
@@ -207,11 +235,18 @@ class ControlServer:
     Args:
         servicer: the gRPC servicer whose methods serve the ops.
         path: the socket path (created; the caller removes a stale one first).
+        max_buffered_bytes: bytes of frames still arriving, over all connections, the
+            channel holds at most; a connection whose data would pass it is closed
+            (``control_buffer_budget_exceeded``). One frame is at most
+            ``MAX_FRAME_BYTES`` (64 MiB).
     """
 
-    def __init__(self, servicer: NodeServicer, path: str) -> None:
+    def __init__(self, servicer: NodeServicer, path: str, *,
+                 max_buffered_bytes: int = MAX_BUFFERED_BYTES) -> None:
         self._servicer = servicer
         self.path = path
+        self.max_buffered_bytes = int(max_buffered_bytes)
+        self.buffered_bytes = 0  # partial frames held by every connection together
         self._server: asyncio.AbstractServer | None = None
         self._transports: set[Any] = set()
         self._tasks: set[asyncio.Task[Any]] = set()  # requests that suspended, until answered

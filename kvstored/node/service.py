@@ -107,6 +107,22 @@ def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
     return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
 
 
+def _need_session(method: str, session_id: int) -> None:
+    """Refuse a shared-memory grant without a session (InvalidArgument).
+
+    A pin or a reservation hands a client arena space it copies on its own. If its lease
+    lapses, the grant is quarantined until the client acknowledges it or its session ends:
+    only then can the space be reused without a late copy touching it. A caller without a
+    session could never be known to be gone, so its lapsed grants would stay quarantined
+    for good (found by a tester: a crashed sessionless caller leaked DRAM until a restart).
+    """
+    if not session_id:
+        raise InvalidArgument(
+            f"{method} grants shared-memory space and needs a session: open one with "
+            "OpenSession (a stream; the session ends with it) and pass its session_id (got 0)"
+        )
+
+
 class NodeServicer:
     """The node's gRPC methods (see protos/kvstored/v1/node.proto).
 
@@ -227,6 +243,7 @@ class NodeServicer:
         return pb.GetResponse(results=[_get_result(o) for o in out])
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
+        _need_session("ReservePut", req.session_id)
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
         kwargs = dict(lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
                       request_id=req.request_id)
@@ -261,6 +278,7 @@ class NodeServicer:
     ) -> pb.PinBlocksResponse:
         """PinBlocks; ``into``: fill this (empty) message instead of a new one (the control
         channel passes its response's field, saving a copy)."""
+        _need_session("PinBlocks", req.session_id)
         keys = list(req.keys)
         await self._fill_from_peers(keys, req.namespace_id, ctx)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a

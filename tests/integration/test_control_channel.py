@@ -249,6 +249,33 @@ def test_an_oversized_frame_closes_only_that_connection(cnode: DaemonThread) -> 
         assert ok.error_code == 0 and list(ok.exists.exists) == [False, False]
 
 
+def test_partial_frames_over_the_buffer_budget_close_the_connection_that_passes_it(
+    cnode: DaemonThread,
+) -> None:
+    # regression (tester): 8 connections of 63 MiB half-frames took 500 MiB of the node
+    control = cnode.daemon._control  # type: ignore[attr-defined]
+    path = cnode.daemon._servicer.control_path  # type: ignore[union-attr]
+    control.max_buffered_bytes = 1 << 20
+    part = 600 << 10
+    try:
+        with _raw(path) as first, _raw(path) as second:
+            first.sendall((2 << 20).to_bytes(4, "big") + bytes(part))
+            wait_until(lambda: control.buffered_bytes == 4 + part, what="the first half-frame held")
+            try:  # closed by the node while it sends: it would pass the budget
+                second.sendall((2 << 20).to_bytes(4, "big") + bytes(part))
+                assert second.recv(16) == b""
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            wait_until(lambda: control.buffered_bytes == 4 + part, what="the second one dropped")
+            assert control.buffered_bytes == 4 + part  # the first one is untouched
+            with _raw(path) as third:  # the node still serves small requests
+                ok = _ask(third, pb.ControlRequest(exists=pb.ExistsRequest(keys=random_keys(1))))
+                assert ok.error_code == 0
+        wait_until(lambda: control.buffered_bytes == 0, what="the closed connections' bytes freed")
+    finally:
+        control.max_buffered_bytes = 256 << 20
+
+
 def _read_frame(s: socket.socket) -> pb.ControlResponse:
     size = int.from_bytes(s.recv(4, socket.MSG_WAITALL), "big")
     return pb.ControlResponse.FromString(s.recv(size, socket.MSG_WAITALL))

@@ -69,11 +69,15 @@ def test_server_validates_each_item_of_a_raw_put(node: DaemonThread) -> None:
                          ErrorCode.KEY_INVALID, ErrorCode.INVALID_ARGUMENT]
         assert [r.stored for r in resp.results] == [True, False, False, False, True, False, False]
 
+        stream = ch.unary_stream("/kvstored.v1.NodeService/OpenSession",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.SessionEvent.FromString)(pb.OpenSessionRequest())
+        sid = next(stream).session_id
         reserve = pb.ReservePutRequest(items=[
             pb.ReserveItem(key=random_keys(1)[0], size_bytes=10),
             pb.ReserveItem(key=b"", size_bytes=10),
             pb.ReserveItem(key=random_keys(1)[0], size_bytes=LIMIT + 1),
-        ])
+        ], session_id=sid)
         r = _raw(ch, "ReservePut", pb.ReservePutResponse)(reserve, timeout=10)
         assert [x.status.code for x in r.reservations] == [0, ErrorCode.KEY_INVALID, ErrorCode.BLOCK_TOO_LARGE]
         commit = _raw(ch, "CommitPut", pb.CommitPutResponse)(
@@ -81,10 +85,11 @@ def test_server_validates_each_item_of_a_raw_put(node: DaemonThread) -> None:
         assert len(commit.results) == 3
 
         pins = _raw(ch, "PinBlocks", pb.PinBlocksResponse)(
-            pb.PinBlocksRequest(keys=[keys[0], b"", b"x" * 100]), timeout=10)
+            pb.PinBlocksRequest(keys=[keys[0], b"", b"x" * 100], session_id=sid), timeout=10)
         assert [b.status.code for b in pins.blocks] == [0, ErrorCode.KEY_INVALID, ErrorCode.KEY_INVALID]
         assert pins.blocks[0].found and pins.blocks[0].size_bytes == 1000
         _raw(ch, "ReleasePins", pb.ReleasePinsResponse)(pb.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10)
+        stream.cancel()
     assert node.daemon.store.stats().pinned_blocks == 0
 
 
@@ -200,6 +205,16 @@ def test_buffer_too_small_names_index_and_sizes(node: DaemonThread, transport: s
             c.get_into(keys[:1], [b"immutable" * 20])
         with pytest.raises(InvalidArgument, match="one buffer per key"):
             c.get_into(keys, [bytearray(100)])
+        # buffers of Python object pointers: refused both ways (regression: get_into wrote
+        # block bytes over the pointers and the process segfaulted; put stored heap addresses)
+        with pytest.raises(InvalidArgument, match=r"buffer #0 holds Python objects"):
+            c.get_into(keys[2:], [np.empty(16, dtype=object)])
+        objs = np.array([b"a", 1, None] * 4, dtype=object)
+        bad_put = random_keys(1)
+        (r,) = c.put(bad_put, [objs])  # a bad value is that item's error, as for a bad key
+        assert not r.ok and isinstance(r.error, InvalidArgument), r
+        assert "value #0 holds Python objects" in str(r.error)
+        assert c.exists(bad_put) == [False]
         # the connection / pins are fine afterwards
         assert c.get(keys) == [b"x" * 100, b"y" * 5000, b"z" * 10]
     wait_until(lambda: node.daemon.store.stats().pinned_blocks == 0, what="pins released")

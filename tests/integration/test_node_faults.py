@@ -15,7 +15,7 @@ import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client, Draining, LeaseExpired, Tier, Unavailable
-from kvstored.errors import error_from_rpc
+from kvstored.errors import InvalidArgument, error_from_rpc
 from kvstored.v1 import node_pb2 as pb
 
 HEADER = struct.Struct("<4sBBHII")
@@ -238,13 +238,19 @@ def test_lapsed_leases_are_quarantined_until_the_session_ends(start_node: object
             raw("CommitPut", pb.CommitPutResponse)(pb.CommitPutRequest(reservation_id=res.reservation_id), timeout=10)
         assert isinstance(error_from_rpc(info.value), LeaseExpired)
 
-        # a caller without a session: its lapsed pin stays quarantined until it acknowledges
-        pins = raw("PinBlocks", pb.PinBlocksResponse)(pb.PinBlocksRequest(keys=keys[:1]), timeout=10)
-        wait_until(lambda: core.quarantined_bytes() == 10_000, what="the sessionless pin to lapse")
-        assert node.daemon.store.stats().pinned_blocks == 1
-        rel = raw("ReleasePins", pb.ReleasePinsResponse)(pb.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10)
-        assert list(rel.expired_pin_ids) == [pins.pin_id] and rel.num_released == 0
+        # a caller without a session gets no grant at all: nobody could ever tell it is gone,
+        # so a lapsed grant of its would stay quarantined for good (a tester's leak)
+        for method, req, resp in (
+            ("PinBlocks", pb.PinBlocksRequest(keys=keys[:1]), pb.PinBlocksResponse),
+            ("ReservePut", pb.ReservePutRequest(items=[pb.ReserveItem(key=keys[1], size_bytes=4096)]),
+             pb.ReservePutResponse),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                raw(method, resp)(req, timeout=10)
+            err = error_from_rpc(info.value)
+            assert isinstance(err, InvalidArgument) and "needs a session" in str(err), err
         assert core.quarantined_bytes() == 0 and node.daemon.store.stats().pinned_blocks == 0
+        assert core.leases.num_active("pin") == 0 and core.leases.num_active("reservation") == 0
     with Client(node.unix_address) as c:
         assert c.exists(keys) == [True, False]
 
