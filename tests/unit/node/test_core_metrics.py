@@ -13,25 +13,11 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from core_helpers import FakeClock, key, unit_core
 from prometheus_client.metrics import MetricWrapperBase
 
-from kvstored.config import NodeConfig
 from kvstored.errors import LeaseExpired
-from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
-from kvstored.tiers.tiered import TieredStore
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "big") * 4
 
 
 @pytest.fixture
@@ -41,15 +27,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def core(clock: FakeClock) -> Iterator[NodeCore]:
-    cfg = NodeConfig(
-        node_id="unit", dram_size_bytes=1 << 20, ssd_size_bytes=0, max_block_bytes=64 << 10,
-        pin_lease_s=5.0, max_quarantine_bytes_per_session=1 << 20,
-    )
-    store = TieredStore(
-        dram_size_bytes=cfg.dram_size_bytes, arena_dir=None, max_block_bytes=cfg.max_block_bytes
-    )
-    yield NodeCore(store, cfg, epoch=1, metrics=NodeMetrics(), clock=clock)
-    store.close()
+    yield from unit_core(clock)
 
 
 def _sample(core: NodeCore, name: str, **labels: str) -> float:
