@@ -1,4 +1,5 @@
-"""Run a call in a thread and prove it does not block (tests that hold an I/O at a hook).
+"""Run a call in a thread and prove it does not block (tests that hold an I/O at a hook);
+poll a condition with a hang guard.
 
 Importable from every test directory: the suite's root conftest puts tests/ on sys.path.
 """
@@ -6,6 +7,7 @@ Importable from every test directory: the suite's root conftest puts tests/ on s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +38,13 @@ def completes(fn: Callable[[], Any], *, timeout_s: float = 10.0,
     if isinstance(res, BaseException):
         raise res
     return res
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; fail the test after ``timeout_s`` (a hang guard, not a
+    timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)

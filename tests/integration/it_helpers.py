@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from thread_helpers import wait_until  # noqa: F401  (re-exported: the tests import it from here)
 
 from kvstored.config import NodeConfig
 from kvstored.node.daemon import NodeDaemon
@@ -83,16 +83,6 @@ class DaemonThread:
     def address_for(self, transport: str) -> str:
         """shm needs the unix socket; tcp/grpc use the TCP address (like a remote client)."""
         return self.unix_address if transport in ("shm", "auto") else self.tcp_address
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout_s`` (a hang guard, not a
-    timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def value_for(key: bytes, size: int) -> bytes:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from remote_helpers import FakeMaster, key, make_reads
+from thread_helpers import wait_until
 
 from kvstored.client.master import ClusterReplica
 from kvstored.config import NodeConfig
@@ -123,11 +124,18 @@ def test_data_plane_and_remote_reads_reuse_their_children(labels_calls: LabelsCa
         got = reads.fill([key(i) for i in batch], b"")
         assert got.num_fetched == 2
 
+    def served() -> float | None:  # the source counts a GET after its last byte went out,
+        assert src.metrics is not None  # so possibly after the reader already returned
+        return src.metrics.registry.get_sample_value(
+            "kvstored_dataplane_requests_total", {"op": "get", "code": "OK"})
+
     try:
         round_trip()
+        wait_until(lambda: served() == 1, what="the first GET counted by the source")
         labels_calls.start()
         for _ in range(3):
             round_trip()
+        wait_until(lambda: served() == 4, what="every GET counted by the source")
     finally:
         reads.close()
         server.stop(0.0)
