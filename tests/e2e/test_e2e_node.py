@@ -98,10 +98,13 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
     # the three requests in flight, each held at a point the test chooses (it is the client)
     channel = grpc.insecure_channel(node.unix_address)
     stub = node_pb2_grpc.NodeServiceStub(channel)
-    pins = stub.PinBlocks(node_pb2.PinBlocksRequest(keys=keys[:3]), timeout=10)
+    session = stub.OpenSession(node_pb2.OpenSessionRequest())  # shm grants need a session
+    sid = next(session).session_id
+    pins = stub.PinBlocks(node_pb2.PinBlocksRequest(keys=keys[:3], session_id=sid), timeout=10)
     assert pins.pin_id and all(b.found for b in pins.blocks)
     res = stub.ReservePut(node_pb2.ReservePutRequest(
-        items=[node_pb2.ReserveItem(key=shm_key, size_bytes=len(value_for(shm_key)))]), timeout=10)
+        items=[node_pb2.ReserveItem(key=shm_key, size_bytes=len(value_for(shm_key)))],
+        session_id=sid), timeout=10)
     assert res.reservation_id and not res.reservations[0].exists
     host, port = node.data.rsplit(":", 1)
     dp = socket.create_connection((host, int(port)), timeout=30)
@@ -151,6 +154,7 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
         for k, b in zip(keys[:3], pins.blocks, strict=True):
             assert m[b.offset : b.offset + b.size_bytes] == value_for(k)
     assert stub.ReleasePins(node_pb2.ReleasePinsRequest(pin_ids=[pins.pin_id]), timeout=10).num_released == 1
+    session.cancel()
     channel.close()
 
     assert node.wait() == 0, node.log()
