@@ -8,8 +8,8 @@ sleeps: every wait is on an Event or a polled condition under a hang guard.
 
 from __future__ import annotations
 
+import contextlib
 import socket
-import struct
 import threading
 import time
 import uuid
@@ -111,10 +111,8 @@ class Proxy:
         self.release.set()
         self.lsock.close()
         for s in self._socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
 
 
 @pytest.fixture

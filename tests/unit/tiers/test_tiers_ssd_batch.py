@@ -285,6 +285,17 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
         s2.close()
 
 
+def _pinned_bytes(store: TieredStore, keys: list[bytes]) -> list[bytes | None]:
+    """Pin ``keys`` in one batch, read each pinned block's bytes, unpin them all."""
+    pins = store.pin_many(keys)
+    try:
+        return [bytes(p.view) if isinstance(p, PinnedBlock) else None for p in pins]
+    finally:
+        for p in pins:
+            if isinstance(p, PinnedBlock):
+                store.unpin(p)
+
+
 def test_a_batch_get_into_a_full_dram_tier_demotes_its_victims_in_parallel(
     store: TieredStore,
 ) -> None:
@@ -295,14 +306,9 @@ def test_a_batch_get_into_a_full_dram_tier_demotes_its_victims_in_parallel(
     assert store._ssd is not None
     hook = BarrierIo("write", 4)  # the four demotions that make room, in flight together
     store._ssd.io_hook = hook
-    pins = store.pin_many(keys)
+    got = _pinned_bytes(store, keys)
     store._ssd.io_hook = None
-    try:
-        assert [bytes(p.view) for p in pins] == [val(i) for i in range(4)]  # type: ignore[union-attr]
-    finally:
-        for p in pins:
-            if isinstance(p, PinnedBlock):
-                store.unpin(p)
+    assert got == [val(i) for i in range(4)]
     assert hook.passed == 4
     victims = [key(i) for i in range(4, 8)]  # the LRU DRAM blocks, demoted, not dropped
     assert store.lookup_prefix(victims) == [Tier.SSD] * 4
@@ -323,13 +329,8 @@ def test_batch_room_making_never_evicts_the_batchs_own_ssd_blocks(tmp_path: path
             s.put(key(i), val(i))  # DRAM: 8..15 (DRAM-only); SSD: 0..7 (full), 0 its LRU
         keys = [key(i) for i in range(4)]  # the SSD's four LRU blocks
         assert s.lookup_prefix(keys) == [Tier.SSD] * 4
-        pins = s.pin_many(keys)  # demotes 8..11 into the full SSD: it must evict 4..7
-        try:
-            assert [bytes(p.view) for p in pins] == [val(i) for i in range(4)]  # type: ignore[union-attr]
-        finally:
-            for p in pins:
-                if isinstance(p, PinnedBlock):
-                    s.unpin(p)
+        # demotes 8..11 into the full SSD: it must evict 4..7
+        assert _pinned_bytes(s, keys) == [val(i) for i in range(4)]
         assert s.lookup_prefix([key(i) for i in range(4, 8)]) == []  # the SSD's victims
         assert s.lookup_prefix([key(i) for i in range(8, 12)]) == [Tier.SSD] * 4
     finally:
