@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from kvstored import log as kvlog
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
 
 from bench_common import write_json

@@ -64,7 +64,7 @@ def _percentiles(samples_ns: list[int]) -> dict[str, float]:
 
 def run_packed(n: int, lookups: int) -> dict[str, Any]:
     from kvstored.master.index import BlockIndex
-    from kvstored.tiers.base import Tier
+    from kvstored.types import Tier
 
     rng = np.random.default_rng(n)
     gc.collect()

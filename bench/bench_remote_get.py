@@ -60,7 +60,7 @@ from kvstored.client.master import ClusterReplica  # noqa: E402
 from kvstored.config import NodeConfig  # noqa: E402
 from kvstored.node.core import NodeCore  # noqa: E402
 from kvstored.node.remote import RemoteReads  # noqa: E402
-from kvstored.tiers.base import Tier  # noqa: E402
+from kvstored.types import Tier  # noqa: E402
 from kvstored.tiers.tiered import TieredStore  # noqa: E402
 from kvstored.transport.tcp import DataPlaneClient  # noqa: E402
 

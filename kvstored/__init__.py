@@ -28,7 +28,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import Namespace, block_hashes, hash_block
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 __version__ = "0.1.0"
 

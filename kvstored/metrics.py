@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvstored.tiers.base import StoreStats
+from kvstored.types import StoreStats
 
 LEASE_KINDS = ("pin", "reservation")
 

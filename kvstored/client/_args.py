@@ -13,7 +13,7 @@ import numpy as np
 
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import InvalidArgument, KeyInvalid, KvstoredError, error_from_code
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.transport.tcp import parse_host_port
 from kvstored.v1 import common_pb2 as cpb
 

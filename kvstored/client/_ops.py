@@ -131,7 +131,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import format_hash
-from kvstored.tiers.base import BlockInfo, Tier
+from kvstored.types import BlockInfo, Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 

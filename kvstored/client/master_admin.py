@@ -16,7 +16,7 @@ import grpc
 
 from kvstored.client.master import MasterClient
 from kvstored.errors import error_from_rpc
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import node_pb2 as node_pb
 from kvstored.v1 import node_pb2_grpc as node_grpc

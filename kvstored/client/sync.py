@@ -20,7 +20,7 @@ from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
-from kvstored.tiers.base import BlockInfo, Tier
+from kvstored.types import BlockInfo, Tier
 from kvstored.v1 import node_pb2 as pb
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from kvstored.errors import KvstoredError
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 @dataclass(frozen=True, slots=True)

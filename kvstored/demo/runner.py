@@ -35,7 +35,7 @@ from kvstored.demo.models import LoadedModel, load_model
 from kvstored.demo.store import InProcessStore
 from kvstored.errors import InvalidArgument
 from kvstored.keys import Namespace
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 MISS_QUESTION = QUESTIONS[1]
 HIT_QUESTION = QUESTIONS[0]

@@ -20,7 +20,7 @@ import numpy as np
 
 from kvstored.client.types import Block, PutResult
 from kvstored.errors import InvalidArgument, KeyInvalid
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def _check_keys(keys: Sequence[bytes]) -> None:

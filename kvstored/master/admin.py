@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.membership import Membership
 from kvstored.master.records import ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 MAX_PAGE_BLOCKS = 10000
 DEFAULT_PAGE_BLOCKS = 1000

@@ -34,7 +34,7 @@ import structlog
 
 from kvstored.config import node_id_problem
 from kvstored.errors import AlreadyExists, InvalidArgument
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 if TYPE_CHECKING:
     from kvstored.master.membership import NodeRecord, NodeSpec, TierUsage

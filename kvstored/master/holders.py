@@ -19,7 +19,7 @@ import numpy as np
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.records import COPY_BIT, STATE_MASK, ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 _NO_ROW = -1
 _LOAD_CLIP = 1e9

@@ -50,7 +50,7 @@ from kvstored.master.records import (
     STATE_MASK,
     ReplicaState,
 )
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 MAX_RANKED_REPLICAS = 8
 """Rows of one block a lookup ranks (newest first) once it has found a readable one."""

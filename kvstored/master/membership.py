@@ -62,7 +62,7 @@ from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.copies import Promotions, copy_to_promote
 from kvstored.master.health import NodeHealth
 from kvstored.master.index import BlockIndex, Generations
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
 

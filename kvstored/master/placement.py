@@ -51,7 +51,7 @@ import structlog
 from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.master.index import MAX_SIZE_BYTES, ReplicaState
 from kvstored.master.membership import Membership, NodeRecord
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
 

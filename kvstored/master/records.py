@@ -10,7 +10,7 @@ from enum import IntEnum
 import numpy as np
 
 from kvstored.errors import InvalidArgument
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 MAX_SIZE_BYTES = (1 << 32) - 1
 """Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""

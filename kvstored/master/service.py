@@ -40,7 +40,7 @@ from kvstored.master.membership import (
 )
 from kvstored.master.metrics import MasterMetrics
 from kvstored.master.placement import Placement, PlacementPolicy
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 

@@ -51,7 +51,7 @@ import structlog
 
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError, error_from_rpc
-from kvstored.tiers.base import BlockInfo, StoreStats
+from kvstored.types import BlockInfo, StoreStats
 from kvstored.tiers.feed import Change
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc

@@ -60,7 +60,7 @@ from kvstored.node.local_put import (  # noqa: F401  (ReserveOutcome re-exported
     ReserveOutcome,
     ShmPutMixin,
 )
-from kvstored.tiers.base import PinnedBlock, Reservation, StoreStats, Tier
+from kvstored.types import PinnedBlock, Reservation, StoreStats, Tier
 from kvstored.transport.framing import FrameLimits
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 from kvstored.errors import BlockTooLarge, KvstoredError, LeaseExpired, NotFound
 from kvstored.node.sessions import NO_SESSION, LeaseBook, LeaseState
-from kvstored.tiers.base import NEEDS_IO, Reservation
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import Reservation
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

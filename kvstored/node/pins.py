@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvstored.errors import KvstoredError, NoCapacity
-from kvstored.tiers.base import PinnedBlock
+from kvstored.types import PinnedBlock
 
 if TYPE_CHECKING:
     from kvstored.node.core import NodeCore

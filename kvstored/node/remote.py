@@ -66,7 +66,7 @@ import structlog
 from kvstored.client.master import ClusterReplica, MasterClient
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
-from kvstored.tiers.base import Reservation, Tier
+from kvstored.types import Reservation, Tier
 from kvstored.transport.base import Transport
 from kvstored.transport.tcp import DataPlaneClient
 

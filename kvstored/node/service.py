@@ -52,7 +52,8 @@ from kvstored.errors import (
     KvstoredError,
 )
 from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
-from kvstored.tiers.base import NEEDS_IO, PinnedBlock, Reservation, Tier
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import PinnedBlock, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.remote import RemoteReads

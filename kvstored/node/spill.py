@@ -70,7 +70,7 @@ from typing import Any, Protocol
 import structlog
 
 from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.tiers.base import BlockInfo, StoreStats, Tier, TierStats
+from kvstored.types import BlockInfo, StoreStats, Tier, TierStats
 from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.base import Transport
 

@@ -47,7 +47,7 @@ from kvstored.scheduler.core import (
     Scheduler,
 )
 from kvstored.scheduler.costmodel import CostModel, CostProfile
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)

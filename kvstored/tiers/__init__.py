@@ -4,6 +4,6 @@ This package has no gRPC dependency: the node service is a thin adapter over
 :class:`kvstored.tiers.tiered.TieredStore`.
 """
 
-from kvstored.tiers.base import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
+from kvstored.types import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 
 __all__ = ["BlockInfo", "PinnedBlock", "Reservation", "StoreStats", "Tier", "TierStats"]

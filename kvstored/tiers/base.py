@@ -1,126 +1,14 @@
-"""Value objects shared by the tiers, the node service and the client.
+"""What the store core answers besides value objects (those live in :mod:`kvstored.types`).
 
 The store core (``TieredStore`` in tiered.py) is thread-safe behind one lock; callers copy
 bytes into/out of arena views *outside* that lock while they hold a reservation (put) or a
 pin (get). A reservation is invisible to readers until committed.
-
-    put:  reserve(key, size) -> Reservation(view)  ->  caller fills view  ->  commit | abort
-    get:  pin_many(keys) -> [PinnedBlock(view) | None | error]  ->  caller copies  ->  unpin
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from enum import IntEnum
 
 
 NEEDS_IO: object = type("NeedsIo", (), {"__repr__": lambda self: "NEEDS_IO"})()
 """Result of ``TieredStore.pin_many(..., may_block=False)`` for every key when one of them
 would need disk I/O (an SSD-only or promoting block): nothing was pinned or counted; call
 again with ``may_block=True`` from a thread that may block."""
-
-
-class Tier(IntEnum):
-    """Where a replica lives on a node (mirrors ``kvstored.v1.Tier``)."""
-
-    DRAM = 1
-    SSD = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """Arena space reserved for one block being written.
-
-    Attributes:
-        key: the block hash.
-        offset: byte offset of the block in the arena.
-        size_bytes: the block's exact size.
-        view: writable memoryview of ``size_bytes`` bytes at ``offset``.
-        reservation_id: identifies the reservation for commit/abort.
-    """
-
-    key: bytes
-    offset: int
-    size_bytes: int
-    view: memoryview = field(repr=False, compare=False)
-    reservation_id: int
-
-
-@dataclass(slots=True, unsafe_hash=True)
-class PinnedBlock:
-    """A block pinned in the DRAM arena for reading; release with ``TieredStore.unpin``.
-
-    Read-only by convention: not a frozen dataclass because a frozen one costs ~1 us to
-    build and a 16-block get builds 16 on the node's event loop (issue 9); hashing and
-    equality are those of the frozen form (``view`` and ``entry`` excluded).
-
-    Attributes:
-        key: the block hash.
-        offset: byte offset in the arena.
-        size_bytes: block size.
-        meta: opaque metadata stored with the block (torch helpers: dtype and shape).
-        tier: tier the block was found in before any promotion.
-        view: read-only memoryview of the block's bytes (valid until unpinned).
-        generation: the generation of the replica whose bytes were pinned (the DRAM entry's,
-            which a promotion inherits from the SSD entry it read; see
-            :mod:`kvstored.tiers.feed`); 0 = unknown. The data plane sends it with the block
-            so a reading peer verifies its copy without asking the master: the master
-            indexes the replica under the generation the node reported for it, and a
-            reader drops every copy whose generation differs from the one it was named.
-        entry: the store's record of the pinned block (a ``DramEntry``), so that
-            ``TieredStore.unpin_many`` finds it without a search; None = look it up by
-            offset. Opaque to everyone but the store.
-    """
-
-    key: bytes
-    offset: int
-    size_bytes: int
-    meta: bytes
-    tier: Tier
-    view: memoryview = field(repr=False, compare=False)
-    generation: int = 0
-    entry: object = field(default=None, repr=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockInfo:
-    """Admin view of one block (never pins or touches recency).
-
-    ``generations``: the replica's generation per entry of ``tiers`` (empty when the store
-    does not know them).
-    """
-
-    key: bytes
-    size_bytes: int
-    namespace_id: bytes
-    tiers: tuple[Tier, ...]
-    pinned: bool
-    generations: tuple[int, ...] = ()
-    copy: bool = False
-    """A remote-fill copy of a block a peer holds (a duplicate in the pool; spare.py)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TierStats:
-    """Counters of one tier."""
-
-    tier: Tier
-    capacity_bytes: int
-    used_bytes: int
-    num_blocks: int
-    hits: int
-    evictions: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    """Counters of the whole store since start."""
-
-    tiers: tuple[TierStats, ...]
-    gets: int
-    hits: int
-    misses: int
-    puts: int
-    put_failures: int
-    checksum_failures: int
-    pinned_blocks: int

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstored.errors import InvalidArgument, KeyInvalid, KvstoredError
-from kvstored.tiers.base import NEEDS_IO, Reservation
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import Reservation
 from kvstored.tiers.ssd_format import store_key
 
 if TYPE_CHECKING:

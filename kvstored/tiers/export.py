@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvstored.errors import NotFound
-from kvstored.tiers.base import BlockInfo, PinnedBlock, Tier
+from kvstored.types import BlockInfo, PinnedBlock, Tier
 from kvstored.tiers.ssd_format import round_up_page, split_store_key, store_key
 
 if TYPE_CHECKING:

@@ -58,7 +58,8 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.tiers.base import NEEDS_IO, BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
 from kvstored.tiers.batch_put import BatchPutMixin
 from kvstored.tiers.dram import DramArena, DramEntry, DramTier
 from kvstored.tiers.export import ExportMixin

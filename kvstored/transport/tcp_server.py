@@ -21,7 +21,7 @@ import structlog
 
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
 from kvstored.node.peer_export import export_chunks
-from kvstored.tiers.base import PinnedBlock, Reservation
+from kvstored.types import PinnedBlock, Reservation
 from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,

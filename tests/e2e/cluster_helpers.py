@@ -40,7 +40,7 @@ from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 LEASE_S = 4.0
 WAIT_S = 45.0

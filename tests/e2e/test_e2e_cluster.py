@@ -37,7 +37,7 @@ from e2e_helpers import value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def test_master_and_two_nodes_register_heartbeat_leave_and_restart(

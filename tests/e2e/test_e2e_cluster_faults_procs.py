@@ -45,7 +45,7 @@ from e2e_helpers import small_value_for, value_for
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 HERE = Path(__file__).parent
 

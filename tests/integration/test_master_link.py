@@ -24,7 +24,7 @@ from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membersh
 from kvstored.master.placement import Placement
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.node.cluster import MasterLink
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc

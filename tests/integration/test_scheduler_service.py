@@ -20,7 +20,7 @@ from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.ctl import scheduler as scheduler_cmd
 from kvstored.scheduler.service import SchedulerServicer, add_scheduler_service
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2 as pb, scheduler_pb2_grpc
 
 KEYS = [bytes([i]) * 16 for i in range(32)]

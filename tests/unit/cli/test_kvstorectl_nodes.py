@@ -20,7 +20,7 @@ from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import BlockRef, Membership, NodeSpec, TierUsage
 from kvstored.master.placement import Placement
 from kvstored.master.service import MasterServicer, add_master_service
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 @pytest.fixture

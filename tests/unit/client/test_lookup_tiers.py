@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstored.client._args import tiers_of
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import node_pb2 as pb
 
 

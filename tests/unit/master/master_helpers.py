@@ -8,7 +8,7 @@ from kvstored.clock import FakeClock
 from kvstored.master.index import BlockIndex, Generations
 from kvstored.master.membership import BlockRef, Membership, NodeSpec, TierUsage
 from kvstored.master.placement import Placement
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 NS = b"\x11" * 16
 LEASE_S = 10.0

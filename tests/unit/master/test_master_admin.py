@@ -10,7 +10,7 @@ from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.admin import list_node_blocks, list_replicas
 from kvstored.master.membership import BlockRef
 from kvstored.master.records import ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def _where(c: Cluster, keys: list[bytes]) -> list[list[tuple[str, Tier, str, bool]]]:

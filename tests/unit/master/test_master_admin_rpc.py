@@ -17,7 +17,7 @@ from kvstored.clock import FakeClock
 from kvstored.config import MasterConfig
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.daemon import MasterDaemon
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 

@@ -18,7 +18,7 @@ from kvstored.master.admin import list_replicas
 from kvstored.master.index import ROW_FIELDS, BlockIndex
 from kvstored.master.membership import BlockEvent, BlockRef, EventKind, NodeAction, TierUsage
 from kvstored.master.records import ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 GEN = 1 << 40
 

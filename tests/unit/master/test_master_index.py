@@ -9,7 +9,7 @@ from master_helpers import NS, key
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.index import MAX_SIZE_BYTES, BlockIndex, ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from master_helpers import NS, key
 
 from kvstored.master.index import BlockIndex, ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 class _Spy(np.ndarray):

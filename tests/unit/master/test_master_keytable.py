@@ -9,7 +9,7 @@ from master_helpers import NS
 
 from kvstored.master.index import BlockIndex
 from kvstored.master.keytable import KeyTable, key_digest, keys_to_words
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 # few distinct low words force long probe runs and collisions of home positions
 KEYS = st.builds(lambda lo, hi: lo.to_bytes(8, "little") + hi.to_bytes(8, "little"),

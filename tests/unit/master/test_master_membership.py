@@ -16,7 +16,7 @@ from kvstored.master.membership import (
     NodeHealth,
 )
 from kvstored.master.placement import PlacementPolicy
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
 

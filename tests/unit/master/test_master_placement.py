@@ -10,7 +10,7 @@ from master_helpers import LEASE_S, MiB, NS, Cluster, blocks, key
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.master.index import ReplicaState
 from kvstored.master.placement import PlacementPolicy
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def _three(c: Cluster) -> None:

@@ -17,7 +17,7 @@ from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotRea
 from kvstored.master.daemon import MasterDaemon
 from kvstored.master.membership import BlockRef, TierUsage
 from kvstored.master.placement import MAX_BATCH_ITEMS, PutStartOutcome
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 SPILL = dict(writer_node_id="a", exclude_writer=True, max_used_fraction=0.9, holder_reports=True)
 

@@ -9,7 +9,7 @@ from master_helpers import NS, Cluster, MiB, key
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound
 from kvstored.master.membership import BlockEvent, BlockRef, EventKind, TierUsage
 from kvstored.master.records import ReplicaState
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def _usage(c: Cluster, node_id: str, *, dram: tuple[int, int], ssd: tuple[int, int] = (0, 0)) -> None:

@@ -15,7 +15,7 @@ from kvstored.config import MasterConfig
 from kvstored.master.daemon import MasterDaemon
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import BlockRef
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 

@@ -9,7 +9,7 @@ from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 
 from kvstored.master.index import MAX_RANKED_REPLICAS, BlockIndex
 from kvstored.master.membership import BlockEvent, BlockRef, EventKind
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 def _hot_index(num_holders: int) -> tuple[BlockIndex, list[int]]:

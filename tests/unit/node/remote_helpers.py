@@ -22,7 +22,7 @@ from kvstored.client.master import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import PinnedBlock
+from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer
 

@@ -22,7 +22,7 @@ from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.node.spill import Spiller
-from kvstored.tiers.base import Reservation, Tier
+from kvstored.types import Reservation, Tier
 from kvstored.tiers.ssd_format import round_up_page, store_key, trailer_bytes
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer

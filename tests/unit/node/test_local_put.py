@@ -11,7 +11,8 @@ from core_helpers import FakeClock, key, unit_core
 from kvstored.errors import BlockTooLarge, KeyInvalid, LeaseExpired
 from kvstored.node.core import NodeCore
 from kvstored.node.local_put import EXISTED, STORED, PutOutcome
-from kvstored.tiers.base import NEEDS_IO, Reservation
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import Reservation
 
 BATCH = 16
 

@@ -20,7 +20,7 @@ from kvstored.errors import (
 )
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import MAX_META_BYTES, NodeCore
-from kvstored.tiers.base import PinnedBlock, Reservation, Tier
+from kvstored.types import PinnedBlock, Reservation, Tier
 from kvstored.tiers.tiered import TieredStore
 
 EPOCH = 1234

@@ -12,7 +12,7 @@ from core_helpers import FakeClock, key, unit_core
 
 from kvstored.errors import LeaseExpired, NoCapacity, NotFound, Unavailable
 from kvstored.node.core import NodeCore
-from kvstored.tiers.base import PinnedBlock
+from kvstored.types import PinnedBlock
 
 
 @pytest.fixture

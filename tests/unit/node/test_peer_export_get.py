@@ -29,7 +29,7 @@ from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport import framing

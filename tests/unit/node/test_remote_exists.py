@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from remote_helpers import FakeMaster, key, make_core, make_reads
 
 from kvstored.client.master import ClusterReplica
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 
 class PerKeyMaster(FakeMaster):

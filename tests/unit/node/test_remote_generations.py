@@ -24,7 +24,7 @@ from remote_helpers import make_reads as _reads
 
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 
 BLOCK = 32 << 10
 

@@ -26,7 +26,7 @@ from kvstored.client.master import ClusterReplica
 from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10

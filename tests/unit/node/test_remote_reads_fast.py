@@ -20,7 +20,7 @@ from thread_helpers import completes, in_thread
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.transport.tcp import DataPlaneServer
 
 BLOCK = 64 << 10

@@ -23,7 +23,7 @@ from kvstored.errors import InvalidArgument
 from kvstored.metrics import NodeMetrics
 from kvstored.node import service
 from kvstored.node.core import NodeCore
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneServer
 from kvstored.v1 import node_pb2 as pb

@@ -27,7 +27,7 @@ from kvstored.master.placement import Placement
 from kvstored.master.records import ReplicaState
 from kvstored.node.core import NodeCore
 from kvstored.node.spill import SpillCollector, Spiller
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
 

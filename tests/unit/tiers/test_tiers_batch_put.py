@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kvstored.errors import InvalidArgument, KeyInvalid
-from kvstored.tiers.base import NEEDS_IO, Reservation
+from kvstored.tiers.base import NEEDS_IO
+from kvstored.types import Reservation
 from kvstored.tiers.tiered import TieredStore
 
 ARENA = 1 << 20

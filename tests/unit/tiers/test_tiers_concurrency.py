@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from kvstored.errors import NoCapacity
-from kvstored.tiers.base import PinnedBlock
+from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096

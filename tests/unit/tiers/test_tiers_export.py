@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
 

@@ -15,7 +15,7 @@ import pytest
 
 from kvstored.errors import NotFound
 from kvstored.tiers import export
-from kvstored.tiers.base import Tier
+from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096

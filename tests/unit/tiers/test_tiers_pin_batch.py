@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvstored.errors import NotFound
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from kvstored.errors import ConfigInvalid, NoCapacity, StorageIOError
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import file_rel, index_key, store_key
 from kvstored.tiers.tiered import TieredStore
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd import READ_CHUNK_BYTES, SsdTier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore

@@ -18,7 +18,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
 

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import threading
 
 from kvstored.errors import NoCapacity
-from kvstored.tiers.base import PinnedBlock, Reservation, Tier
+from kvstored.types import PinnedBlock, Reservation, Tier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
 

@@ -17,7 +17,7 @@ from thread_helpers import completes, in_thread
 
 from kvstored.errors import Unavailable
 
-from kvstored.tiers.base import PinnedBlock, Tier
+from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
 
