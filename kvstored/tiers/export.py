@@ -33,11 +33,10 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvstored.errors import NotFound
-from kvstored.types import BlockInfo, PinnedBlock, Tier
+from kvstored.types import BlockInfo, ExportedBlock, PinnedBlock, Tier
 from kvstored.tiers.ssd_format import round_up_page, split_store_key, store_key
 
 if TYPE_CHECKING:
@@ -63,35 +62,6 @@ class ExportBuffer:
     def __init__(self, num_bytes: int) -> None:
         self.mm = mmap.mmap(-1, num_bytes)
         self.live = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ExportedBlock:
-    """A block read for export; hand it back with ``release_export`` once sent.
-
-    Attributes:
-        key: the block hash.
-        namespace_id: its namespace.
-        size_bytes: its size.
-        meta: its opaque metadata.
-        tier: DRAM (``view`` is the pinned arena bytes) or SSD (``view`` is a private,
-            checksum-verified copy read from the block's file; nothing pinned).
-        view: read-only bytes of the block, valid until released.
-        pinned: the DRAM pin (None for an SSD read).
-        generation: the generation of the replica read (the DRAM entry's or, for an
-            SSD-only block, the SSD entry's: a read for export keeps it; 0 = unknown).
-    """
-
-    key: bytes
-    namespace_id: bytes
-    size_bytes: int
-    meta: bytes
-    tier: Tier
-    view: memoryview = field(repr=False, compare=False)
-    pinned: PinnedBlock | None = field(default=None, repr=False, compare=False)
-    generation: int = 0
-    buffer: ExportBuffer | None = field(default=None, repr=False, compare=False)
-    """The mapping an SSD read's ``view`` lies in (None for a DRAM block)."""
 
 
 class ExportMixin:
@@ -280,7 +250,7 @@ class ExportMixin:
             if b.pinned is not None:
                 self.unpin(b.pinned)
             elif b.buffer is not None:
-                freed.append(b.buffer)
+                freed.append(cast(ExportBuffer, b.buffer))  # the store made it
         if freed:
             with self._lock:
                 for buffer in freed:
