@@ -24,7 +24,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 
 def key(i: int) -> bytes:

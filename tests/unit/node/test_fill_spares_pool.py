@@ -25,7 +25,7 @@ from kvstored.node.spill import Spiller
 from kvstored.types import Reservation, Tier
 from kvstored.tiers.ssd_format import round_up_page, store_key, trailer_bytes
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 

@@ -41,7 +41,8 @@ from kvstored.transport.framing import (
     FrameLimits,
     ProtocolError,
 )
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 32 << 10
 DRAM_BYTES = 256 << 10  # 8 blocks

@@ -27,7 +27,7 @@ from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import PinnedBlock, Tier
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 

@@ -21,7 +21,7 @@ from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import Tier
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 

@@ -25,7 +25,7 @@ from kvstored.node import service
 from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.v1 import node_pb2 as pb
 
 BLOCK = 4 << 10

@@ -29,7 +29,8 @@ from kvstored.node.core import NodeCore
 from kvstored.node.spill import SpillCollector, Spiller
 from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 SRC_DRAM = 1 << 20  # 16 blocks
