@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads

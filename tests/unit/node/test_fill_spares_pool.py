@@ -16,7 +16,7 @@ import pytest
 from remote_helpers import FakeMaster as _Master
 from remote_helpers import key, make_core
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NoCapacity
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.node.core import NodeCore

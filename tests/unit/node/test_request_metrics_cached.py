@@ -17,7 +17,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from remote_helpers import FakeMaster, key, make_reads
 from thread_helpers import wait_until
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.metrics import NodeMetrics

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
 from kvstored.errors import ReplicaNotReady
