@@ -249,7 +249,10 @@ class VersionedBlockSource(Protocol):
     Nothing is pinned, so the block may be evicted or replaced while the reader copies; the
     reader keeps its copy only when :meth:`check_generations` says every region still holds
     the replica it was told about (the generation did not change), else it drops the copy
-    and counts a miss (or retries through a granted read).
+    and counts a miss (or retries through a granted read). Sound only because a generation
+    names one write (unique per epoch; kvstored/tiers/feed.py): a block evicted and written
+    again, or another block written over the region, never shows the located generation at
+    that offset. The check must run after the copy completed.
     """
 
     def locate_blocks(
