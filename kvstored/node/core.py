@@ -359,10 +359,6 @@ class NodeCore:
         if self.metrics is not None:
             self.metrics.count_transfer(transport, direction, num_blocks, num_bytes)
 
-    def count_item_error(self, err: KvstoredError) -> KvstoredError:
-        """See :meth:`RequestLimits.count_item_error`."""
-        return self.limits.count_item_error(err)
-
     def count_dataplane_request(self, op: str, code: str) -> None:
         """Count one data-plane request by op (``get``, ``put``) and ErrorCode name."""
         if self.metrics is not None:
