@@ -114,8 +114,8 @@ def test_a_copy_refused_by_a_full_dram_only_store_looks_at_its_copies_only(
         store.commit(res)
         assert store.pin_many([key(600)])[0] is not None  # pinned: no victim at all
         looked: list[bytes] = []
-        inner = store._evictable
-        monkeypatch.setattr(store, "_evictable", lambda k: looked.append(k) or inner(k))
+        inner = store._transit.evictable
+        monkeypatch.setattr(store._transit, "evictable", lambda k: looked.append(k) or inner(k))
         with pytest.raises(NoCapacity):
             store.reserve(key(601), 4096, copy=True)
         assert looked == [store_key(b"", key(600))]  # not the 511 unique blocks: O(copies)

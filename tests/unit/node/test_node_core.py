@@ -203,7 +203,7 @@ def test_duplicate_key_within_one_put_batch_first_writer_wins(core: NodeCore, pa
         # the duplicate is answered "exists": the client writes nothing for it
         assert [r.exists for r in res] == [False, False, True] and res[2].error is None
         held = core.leases._leases[rid].items
-        assert len(core.store._reservations) == 2
+        assert len(core.store._state.pending) == 2
         for r, (_, v, _) in zip(held, items, strict=True):
             if isinstance(r, Reservation):
                 r.view[:] = v
