@@ -15,8 +15,9 @@ beyond its private caches)::
 
 Locking. One ``threading.Lock`` (:attr:`StoreState.lock`, not reentrant) guards every field
 here and all metadata of both tiers (the SSD tier is given the same lock object). It is the
-only lock taken while calling into a tier; the SSD tier's phases never take another, and
-the change feed's own lock (feed.py) is only ever taken inside it. No disk I/O ever runs
+only lock taken while calling into a tier; the SSD tier's phases never take another. The
+change feed's own lock (feed.py) may be taken while it is held, never the other way round
+(a drain takes only the feed's lock, so it never waits for the store). No disk I/O ever runs
 under it (transit.py: :meth:`StoreState.unlocked`). :attr:`StoreState.cond` (on the same
 lock) wakes readers waiting for a promotion and allocators waiting for a demotion or a
 release.
