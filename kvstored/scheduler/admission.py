@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 from sortedcontainers import SortedList
 
+from kvstored.errors import InvalidArgument
 from kvstored.scheduler.config import AdmissionMode, SchedulerConfig
 from kvstored.scheduler.decode_table import DecodeInstance, DecodePool
 from kvstored.scheduler.lengths import OutputLengthModel, pick_decode_quantile
@@ -41,7 +42,8 @@ DecodePick = tuple[DecodeInstance, float, float, float]
 """(instance, load judged for admission, its TBT with the request (s), its own load with the
 request)."""
 LoadSource = Callable[[], float]
-"""Returns the mean prefill load now (the core's ``mean_prefill_load``)."""
+"""Reads one of the scheduler's estimates now (the mean prefill load, the uniform decode
+time), so a strategy sees the value at the moment it decides."""
 
 
 class Admission(Protocol):
@@ -192,7 +194,7 @@ class MeasuredAdmission:
     def __init__(self, mode: AdmissionMode, config: SchedulerConfig) -> None:
         if mode not in (AdmissionMode.NONE, AdmissionMode.REJECT_AT_DECODE,
                         AdmissionMode.EARLY):
-            raise ValueError(f"MeasuredAdmission does not implement {mode!r}")
+            raise InvalidArgument(f"MeasuredAdmission does not implement {mode!r}")
         self.mode: AdmissionMode = mode
         self.checks_ttft = mode is not AdmissionMode.NONE
         self.enforces_decode = mode is not AdmissionMode.NONE
@@ -239,7 +241,7 @@ class PredictedAdmission:
     def __init__(self, mode: AdmissionMode, config: SchedulerConfig,
                  uniform_decode_s: LoadSource) -> None:
         if mode not in (AdmissionMode.PREDICTED, AdmissionMode.PREDICTED_LENGTH):
-            raise ValueError(f"PredictedAdmission does not implement {mode!r}")
+            raise InvalidArgument(f"PredictedAdmission does not implement {mode!r}")
         self.mode: AdmissionMode = mode
         self._uniform = uniform_decode_s if mode is AdmissionMode.PREDICTED else None
         self._mean_scope = _mean_scope(config)
@@ -419,4 +421,4 @@ def make_admission(config: SchedulerConfig, *, prefill_load: LoadSource,
         return AdaptiveAdmission(config, prefill_load)
     if mode is AdmissionMode.PREDICTED_QUANTILE:
         return QuantileAdmission(config, prefill_load)
-    raise ValueError(f"unknown admission mode {mode!r}")
+    raise InvalidArgument(f"unknown admission mode {mode!r}")
