@@ -260,10 +260,8 @@ class Scheduler:
             balancing_threshold=cfg.kvcache_balancing_threshold, rng=self._rng,
         )
         chosen = pc.instance
-        t_x, t_p, local_used, fetched = pc.transfer_s, pc.prefill_s, pc.local_blocks, \
-            pc.fetched_blocks
-        q = pc.queue_s
-        ttft = pc.ttft_s
+        t_x, t_p, q, ttft = pc.transfer_s, pc.prefill_s, pc.queue_s, pc.ttft_s
+        local_used, fetched = pc.local_blocks, pc.fetched_blocks
         finish = now + ttft
 
         strategy = self.strategy
