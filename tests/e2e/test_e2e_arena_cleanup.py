@@ -30,7 +30,7 @@ def _dead_pid() -> int:
 
 def _cleanup(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kvstored.cli.main", "cleanup", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture
