@@ -64,6 +64,7 @@ import structlog
 
 from kvstored.errors import (
     DeadlineExceeded,
+    ErrorCode,
     InternalError,
     InvalidArgument,
     TransferFailed,
@@ -424,7 +425,34 @@ class DataPlaneClient:
                                            lo, streams)
 
         self._run_streams([stream] * min(self.max_streams, len(runs)))
-        return [it for part in results for it in (part or ())]
+        out = [it for part in results for it in (part or ())]
+        return self._read_again_no_capacity(keys, namespace_id, sink, deadline, out)
+
+    def _read_again_no_capacity(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        out: list[GetItem],
+    ) -> list[GetItem]:
+        """Read the items a split GET got NoCapacity for again, in one request.
+
+        The streams of one GET pin their chunks at once on the node: one stream's pins can
+        fill DRAM while another asks for SSD blocks to be promoted, which the node answers
+        NoCapacity (it cuts a chunk only at its own pins). Once every stream is done, one
+        request for those keys alone is streamed by the node chunk by chunk, as any read
+        larger than DRAM is; what is NoCapacity then (others' pins) stays a miss.
+
+        Returns:
+            ``out`` with those items replaced by the second read's.
+        """
+        again = [i for i, it in enumerate(out) if it.code == ErrorCode.NO_CAPACITY]
+        if not again or time.monotonic() >= deadline:
+            return out
+        retried = self._get_run(
+            [keys[i] for i in again], namespace_id,
+            lambda j, size, meta: sink(again[j], size, meta), deadline, 0, None,
+        )
+        for i, it in zip(again, retried, strict=True):
+            out[i] = it
+        return out
 
     def _get_ranges(
         self, key: bytes, namespace_id: bytes, sink: Sink, deadline: float,
