@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pytest
-from remote_helpers import DataPlanes, FakeMaster, key, local_bytes, make_core, make_reads, with_generations
+from remote_helpers import (
+    DataPlanes,
+    FakeMaster,
+    key,
+    local_bytes,
+    make_core,
+    make_reads,
+    with_generations,
+)
 
 from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
