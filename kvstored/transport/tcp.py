@@ -230,11 +230,12 @@ class DataPlaneClient:
             ) from None
         return sock
 
-    def _acquire(self, deadline: float) -> tuple[socket.socket, bool]:
+    def _acquire(self, deadline: float, *, fresh: bool = False) -> tuple[socket.socket, bool]:
+        """A pooled idle connection (``reused`` True) or a new one; ``fresh``: always new."""
         with self._lock:
             if self._closed:
                 raise Unavailable("the data-plane client is closed")
-            if self._idle:
+            if self._idle and not fresh:
                 return self._idle.pop(), True
         return self._connect(deadline), False
 
@@ -249,14 +250,17 @@ class DataPlaneClient:
         self, fn: Callable[[socket.socket, Reader], object], deadline: float,
         streams: StreamSet | None = None,
     ) -> object:
-        """Run one request on a pooled connection; a stale pooled connection is retried once.
+        """Run one request on a pooled connection; a stale pooled connection is retried once,
+        on a new connection.
 
         ``streams``: the request is one stream of a split GET: its socket is registered there
         while in use (so a failing sibling can shut it down), a failure aborts the siblings,
         and a stream whose siblings failed neither starts nor retries.
         """
-        for _attempt in range(2):
-            sock, reused = self._acquire(deadline)
+        for attempt in range(2):
+            # the retry after a dead pooled connection uses a new one: the other idle ones
+            # may be just as dead (the node restarted on the same address)
+            sock, reused = self._acquire(deadline, fresh=attempt > 0)
             if streams is not None and not streams.enter(sock):
                 self._release(sock)  # untouched: still in sync
                 raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed")
