@@ -18,7 +18,8 @@ from it_helpers import random_keys
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 MIB = 1 << 20
 
