@@ -16,6 +16,7 @@ ack sent in the caller's time added.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 from e2e_helpers import ServeProcess, value_for
 
-from kvstored import Client, KvstoredError
+from kvstored import AsyncClient, Client, KvstoredError
 from kvstored.client import _hooks
 
 TIMEOUT_S = 1.0
@@ -111,3 +112,36 @@ def test_calls_end_by_their_deadline_while_the_node_is_stopped_and_acks_are_pend
         put = c.put(keys[2:], values[2:])
         assert put[0].stored
         assert c.get(keys) == values
+
+
+def test_async_calls_end_by_their_deadline_while_the_node_is_stopped(node: ServeProcess) -> None:
+    keys = [os.urandom(16) for _ in range(2)]
+    values = [value_for(k) for k in keys]
+
+    async def timed(coro: Any) -> float:
+        t0 = time.monotonic()
+        try:
+            await coro
+        except KvstoredError:
+            pass
+        return time.monotonic() - t0
+
+    async def main() -> None:
+        async with AsyncClient(node.unix_address, timeout_s=30) as a:
+            assert all(r.stored for r in await a.put(keys, values))
+            assert await a.get(keys[:1]) == values[:1]
+            node.signal(signal.SIGSTOP)
+            took = [await timed(a.get(keys[:1], timeout_s=TIMEOUT_S)),
+                    await timed(a.get(keys, timeout_s=TIMEOUT_S))]
+            assert max(took) < TIMEOUT_S + MARGIN_S, f"calls took {took} s"
+            node.signal(signal.SIGCONT)
+            await asyncio.to_thread(_wait_until, lambda: _quiet(node), "the orphaned grants freed")
+            assert await a.get(keys) == values
+
+    asyncio.run(main())
+
+
+def _quiet(node: ServeProcess) -> bool:
+    with Client(node.unix_address, timeout_s=30) as c:
+        s = c.stats()
+    return s["pinned_blocks"] == 0 and s["quarantined_bytes"] == 0
