@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -295,6 +296,71 @@ def master(
     except KvstoredError as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="TOML config file (its node.arena_dir is the directory cleaned).")
+@click.option("--arena-dir", metavar="DIR",
+              help="Arena directory (default: node.arena_dir, /dev/shm unless configured).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.argument("paths", nargs=-1, metavar="[ARENA_FILE]...")
+def cleanup(config_path: str | None, arena_dir: str | None, dry_run: bool,
+            paths: tuple[str, ...]) -> None:
+    """Remove arena files that node daemons which died (SIGKILL, OOM) left in the arena dir.
+
+    A daemon reclaims only its own node's stale file at start; other nodes' files are left to
+    this command. Prints one line per kvstored arena file: ``removed PATH (...)`` (or ``would
+    remove`` with --dry-run), or ``keep PATH (owner pid N is running)``. With ARENA_FILEs,
+    only those: one whose owner runs is refused (exit 1).
+    """
+    from kvstored.config import load_config
+    from kvstored.tiers.dram import ArenaInUse, list_arena_files, remove_stale_arena
+    from kvstored.units import format_size
+
+    if arena_dir is None:
+        try:
+            arena_dir = str(load_config(config_path).node.arena_dir)
+        except ConfigInvalid as exc:
+            click.echo(f"kvstored: {exc}", err=True)
+            sys.exit(2)
+    found = list_arena_files(arena_dir)
+    if paths:
+        by_path = {f.path: f for f in found}
+        wanted = [os.path.join(arena_dir, p) if os.sep not in p else p for p in paths]
+        unknown = [p for p in wanted if p not in by_path]
+        if unknown:
+            click.echo(f"kvstored: not a kvstored arena file in {arena_dir}: "
+                       f"{', '.join(unknown)}", err=True)
+            sys.exit(2)
+        found = [by_path[p] for p in wanted]
+    failed = False
+    num_removed = num_bytes = 0
+    for f in found:
+        what = f"{f.path} (node {f.node_name}, pid {f.pid}, {format_size(f.size_bytes)})"
+        if f.owner_running:
+            if paths:
+                click.echo(f"kvstored: refusing {f.path}: its owner pid {f.pid} is running",
+                           err=True)
+                failed = True
+            else:
+                click.echo(f"keep {f.path} (owner pid {f.pid} is running)")
+            continue
+        if dry_run:
+            click.echo(f"would remove {what}")
+            continue
+        try:
+            remove_stale_arena(f)
+        except (ArenaInUse, OSError) as exc:
+            click.echo(f"kvstored: cannot remove {f.path}: {exc}", err=True)
+            failed = True
+            continue
+        click.echo(f"removed {what}")
+        num_removed += 1
+        num_bytes += f.size_bytes
+    if not dry_run:
+        click.echo(f"{num_removed} stale arena file(s) removed, {format_size(num_bytes)} freed")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

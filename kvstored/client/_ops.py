@@ -7,8 +7,10 @@ results, and the sync and async clients only differ in how they execute a step::
                             thrown into the generator). ``undo``: what to send if the caller
                             is cancelled while the RPC is in flight (the driver waits for the
                             response, sends undo(response), then raises the cancellation);
-                            ``release=True``: a release/abort, always sent and awaited (at least
-                            RELEASE_TIMEOUT_S), shielded from cancellation, errors -> None
+                            ``release=True``: a release/abort, always sent (with
+                            RELEASE_TIMEOUT_S), shielded from cancellation, awaited until the
+                            caller's deadline (plus PAST_DEADLINE_S), then left to go on in
+                            the background; errors -> None
     Blocking(fn)            blocking work: shared-memory copies, data-plane socket I/O
                             -> ``fn(deadline)``'s result (async: run in a named thread pool;
                             a cancellation waits for it to finish before it is delivered)

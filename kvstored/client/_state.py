@@ -14,7 +14,7 @@ import structlog
 
 from kvstored.client import _control
 from kvstored.client._args import parse_address
-from kvstored.client._orphans import OrphanAcks
+from kvstored.client._orphans import Background, OrphanAcks
 from kvstored.client._shm import ArenaMap
 from kvstored.client._steps import (
     INITIAL_BACKOFF_S,
@@ -103,6 +103,7 @@ class ClientState:
         # AsyncControlChannel (asyncio); None = gRPC only
         self.control_factory: Callable[[str], Any] | None = None
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
+        self.background = Background()  # acks and late releases still in flight
         self._lock = threading.Lock()
 
     def deadline(self, timeout_s: float | None) -> float:

@@ -30,7 +30,8 @@ INITIAL_BACKOFF_S = 0.02
 MAX_BACKOFF_S = 0.5
 MAX_LEASE_S = 600.0
 RELEASE_TIMEOUT_S = 5.0
-"""Least time a release/abort RPC is given, even past the caller's deadline."""
+"""Time a release/abort RPC is given; the caller waits for it only until its own deadline
+(plus kvstored.client._orphans.PAST_DEADLINE_S), then it goes on in the background."""
 PREFAULT_MAX_BYTES = 8 << 30
 """Arenas up to this size are prefaulted when mapped (MAP_POPULATE: no page faults in the
 first copies); larger ones fault in lazily so that mapping stays fast."""

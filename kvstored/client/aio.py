@@ -13,7 +13,8 @@ Cancellation (``task.cancel()``, ``asyncio.timeout``) is safe by construction:
 - a ReservePut/PinBlocks in flight when the cancellation lands is awaited, and what it got is
   released at once (``Call.undo``); one that ends without an answer is acked as an orphan
   (kvstored/client/_orphans.py), so the node frees what it granted;
-- releases and aborts are shielded and awaited.
+- releases and aborts are shielded and awaited until the call's deadline (then they go on
+  in the background, and ``close()`` waits for them); orphan acks always go in the background.
 
 A cancelled call therefore returns only after its copy finished, which takes at most the
 copy's own time (the data plane's socket I/O is bounded by the call's deadline).
@@ -34,7 +35,7 @@ import grpc
 from kvstored.client import _control, _hooks, _ops
 from kvstored.client._control import NO_ANSWER, AsyncControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
-from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
+from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -177,7 +178,10 @@ class AsyncClient:
             return self._session_id
 
     async def _ack_orphans(self) -> None:
-        """Send every pending orphan ack (kvstored/client/_orphans.py); failed ones stay pending."""
+        """Send every pending orphan ack and await the answers (at close(): no deadline).
+
+        A failed one stays pending (kvstored/client/_orphans.py).
+        """
         stub = self._stub(_ORPHAN_ACK_STEP)
         for req in self._st.orphans.take():
             try:
@@ -187,11 +191,40 @@ class AsyncClient:
                         request_ids=list(req.orphan_request_ids),
                     )
                 await stub(req, timeout=ORPHAN_ACK_TIMEOUT_S)
-            except grpc.RpcError:  # node unreachable: the next call sends it
+            except grpc.RpcError:  # node unreachable
                 self._st.orphans.put_back(req)
             except BaseException:  # cancelled meanwhile: kept for the next call
                 self._st.orphans.put_back(req)
                 raise
+
+    def _start_orphan_acks(self) -> None:
+        """Start the pending orphan acks as tasks; the caller does not wait for them."""
+        stub = self._stub(_ORPHAN_ACK_STEP)
+        self._st.orphans.send_in_background(
+            lambda req: asyncio.ensure_future(stub(req, timeout=ORPHAN_ACK_TIMEOUT_S)),
+            self._st.background,
+        )
+
+    async def _release_in_time(self, send: Callable[[float], Any], remaining: float) -> Any:
+        """Send a release/abort with :data:`_ops.RELEASE_TIMEOUT_S`, shielded from cancels;
+        wait for it only until the caller's deadline (plus :data:`PAST_DEADLINE_S`).
+
+        Returns:
+            The response, or None if it failed or is still on its way (it goes on in the
+            background; the node frees what it names when this client's session ends anyway).
+
+        Raises:
+            CancelledError: the caller was cancelled meanwhile (after the wait above).
+        """
+        task = asyncio.ensure_future(send(_ops.RELEASE_TIMEOUT_S))
+        wait_s = max(remaining, 0.0) + PAST_DEADLINE_S
+        waiter = asyncio.ensure_future(asyncio.wait([task], timeout=wait_s))
+        cancelled = await _wait_through_cancel(waiter)
+        if not task.done():
+            self._st.background.add(task)
+        if cancelled:
+            raise asyncio.CancelledError
+        return _result_or_none(task) if task.done() else None
 
     def _orphaned(self, step: Call) -> None:
         """A granting call ended without an answer: its grant (if any) is orphaned."""
@@ -215,23 +248,19 @@ class AsyncClient:
             def send(timeout: float) -> Any:  # the hot calls over the control channel
                 return control.call(step.method, step.request, timeout)
         else:
-            if control is not None:  # a gRPC call after a get sees its release
-                await control.flush(max(deadline - time.monotonic(), _ops.RELEASE_TIMEOUT_S))
+            if control is not None:  # a gRPC call after a get sees its release (in time)
+                await control.flush(max(deadline - time.monotonic(), 0.0) + PAST_DEADLINE_S)
             stub = self._stub(step)
 
             def send(timeout: float) -> Any:
                 return stub(step.request, timeout=timeout)
-        remaining = deadline - time.monotonic()
         if _hooks._hook is not None:
             _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
-        if step.release:  # always sent and awaited, shielded; errors -> None
-            task = asyncio.ensure_future(send(max(remaining, _ops.RELEASE_TIMEOUT_S)))
-            cancelled = await _wait_through_cancel(task)
-            if cancelled:
-                raise asyncio.CancelledError
-            return _result_or_none(task)
-        if self._st.orphans:  # acks that failed before: sent ahead of this call
-            await self._ack_orphans()
+        if step.release:  # always sent, shielded; awaited until the deadline; errors -> None
+            return await self._release_in_time(send, deadline - time.monotonic())
+        if self._st.orphans:  # acks that failed before: started with this call, not awaited
+            self._start_orphan_acks()
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         if step.undo is not None:  # a cancel must not lose what the node grants
@@ -241,9 +270,9 @@ class AsyncClient:
                 undo = step.undo(got) if got is not None else None
                 if undo is not None:
                     await self._execute(undo, deadline)
-                elif got is None:  # no answer: ack the orphan, shielded from the cancel
+                elif got is None:  # no answer: ack the orphan (in the background)
                     self._orphaned(step)
-                    await _wait_through_cancel(asyncio.ensure_future(self._ack_orphans()))
+                    self._start_orphan_acks()
                 raise asyncio.CancelledError
             pending: Any = task
         else:
@@ -253,12 +282,12 @@ class AsyncClient:
         except grpc.RpcError as exc:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
                 self._orphaned(step)
-                await self._ack_orphans()
+                self._start_orphan_acks()
             raise self._st.map_rpc_error(exc) from None
         except NO_ANSWER:  # the control channel's "no answer"
             if step.undo is not None:
                 self._orphaned(step)
-                await self._ack_orphans()
+                self._start_orphan_acks()
             raise
         self._st.connected = True
         return response
@@ -401,6 +430,9 @@ class AsyncClient:
         control = self._st.control
         if control is not None:  # deferred pin releases, before the session ends
             await control.aclose(_ops.RELEASE_TIMEOUT_S)
+        background = self._st.background.futures()  # acks, late releases (a failed ack: pending)
+        if background:
+            await asyncio.wait(background)
         if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             await self._ack_orphans()
         for session_id in self._opened:  # the ack: no operation of any of them runs any more

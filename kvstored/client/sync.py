@@ -15,7 +15,7 @@ import grpc
 from kvstored.client import _control, _hooks, _ops
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
-from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S
+from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
@@ -27,7 +27,10 @@ T = TypeVar("T")
 
 
 def _send_orphan_acks(stub: grpc.UnaryUnaryMultiCallable, st: ClientState) -> None:
-    """Send every pending orphan ack (kvstored/client/_orphans.py); a failed one stays pending."""
+    """Send every pending orphan ack and wait for the answers (at close(): no deadline).
+
+    A failed one stays pending (kvstored/client/_orphans.py).
+    """
     for req in st.orphans.take():
         try:
             if _hooks._hook is not None:
@@ -36,11 +39,45 @@ def _send_orphan_acks(stub: grpc.UnaryUnaryMultiCallable, st: ClientState) -> No
                     request_ids=list(req.orphan_request_ids),
                 )
             stub(req, timeout=ORPHAN_ACK_TIMEOUT_S)
-        except grpc.RpcError:  # node unreachable, stopped meanwhile: the next call sends it
+        except grpc.RpcError:  # node unreachable, stopped meanwhile
             st.orphans.put_back(req)
         except BaseException:
             st.orphans.put_back(req)
             raise
+
+
+def _start_orphan_acks(stub: grpc.UnaryUnaryMultiCallable, st: ClientState) -> None:
+    """Start the pending orphan acks in the background: the caller does not wait for them."""
+    st.orphans.send_in_background(
+        lambda req: stub.future(req, timeout=ORPHAN_ACK_TIMEOUT_S), st.background
+    )
+
+
+def _wait_background(st: ClientState) -> None:
+    """Wait for the RPCs started in the background (each ends within its own timeout)."""
+    for fut in st.background.futures():
+        with contextlib.suppress(grpc.RpcError, grpc.FutureCancelledError):
+            fut.exception()
+
+
+def _release_in_time(
+    stub: grpc.UnaryUnaryMultiCallable, request: Any, st: ClientState, remaining: float
+) -> Any:
+    """Send a release/abort with :data:`_ops.RELEASE_TIMEOUT_S`; wait for it only until the
+    caller's deadline (plus :data:`PAST_DEADLINE_S`).
+
+    Returns:
+        The response, or None if it failed or is still on its way (it goes on in the
+        background; the node frees what it names when this client's session ends anyway).
+    """
+    fut = stub.future(request, timeout=_ops.RELEASE_TIMEOUT_S)
+    try:
+        return fut.result(timeout=max(remaining, 0.0) + PAST_DEADLINE_S)
+    except grpc.FutureTimeoutError:
+        st.background.add(fut)
+        return None
+    except grpc.RpcError:
+        return None
 
 
 def _release_pins_stub(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
@@ -154,6 +191,7 @@ class _SyncSession:
         control = self._st.control
         if control is not None:  # deferred pin releases, before the session ends
             control.flush(_ops.RELEASE_TIMEOUT_S)
+        _wait_background(self._st)  # acks and releases still in flight (a failed ack: pending)
         if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             _send_orphan_acks(_release_pins_stub(self._channel), self._st)
         close = self._channel.unary_unary(
@@ -253,19 +291,17 @@ class Client:
         if control is not None:
             if step.method in _control.METHODS:
                 return self._execute_control(control, step, deadline)
-            # a gRPC call after a get sees its release (get(K) then remove(K) removes K)
-            control.flush(max(deadline - time.monotonic(), _ops.RELEASE_TIMEOUT_S))
-        remaining = deadline - time.monotonic()
+            # a gRPC call after a get sees its release (get(K) then remove(K) removes K);
+            # within the caller's time: releases it cannot send stay pending, sent later
+            control.flush(max(deadline - time.monotonic(), 0.0) + PAST_DEADLINE_S)
         stub = self._stub(step)
         if _hooks._hook is not None:
             _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
-        if step.release:  # always sent and awaited, even past the deadline; errors -> None
-            try:
-                return stub(step.request, timeout=max(remaining, _ops.RELEASE_TIMEOUT_S))
-            except grpc.RpcError:
-                return None  # the node frees it when this client's session ends
-        if self._st.orphans:  # acks that failed before: sent ahead of this call
-            _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+        if step.release:  # always sent; awaited until the deadline, then in the background
+            return _release_in_time(stub, step.request, self._st, deadline - time.monotonic())
+        if self._st.orphans:  # acks that failed before: started with this call, not awaited
+            _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
@@ -273,7 +309,7 @@ class Client:
         except grpc.RpcError as exc:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
                 self._st.orphans.add(step.request.session_id, step.request.request_id)
-                _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+                _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise self._st.map_rpc_error(exc) from None
         except BaseException:  # interrupted mid-call: acked with the next call or at close()
             if step.undo is not None:
@@ -284,16 +320,22 @@ class Client:
 
     def _execute_control(self, control: ControlChannel, step: Call, deadline: float) -> Any:
         """A hot call over the control channel; the same rules as the gRPC path above."""
-        remaining = deadline - time.monotonic()
         if _hooks._hook is not None:
             _hooks.fire("rpc", method=step.method, abort=getattr(step.request, "abort", False))
-        if step.release:  # always sent and awaited, even past the deadline; errors -> None
+        if step.release:  # always sent; awaited until the deadline, then in the background
+            remaining = max(deadline - time.monotonic(), 0.0) + PAST_DEADLINE_S
             try:
-                return control.call(step.method, step.request, max(remaining, _ops.RELEASE_TIMEOUT_S))
+                return control.call(step.method, step.request, remaining)
+            except NO_ANSWER:  # sent again over gRPC, in the background (it is idempotent)
+                self._st.background.add(
+                    self._stub(step).future(step.request, timeout=_ops.RELEASE_TIMEOUT_S)
+                )
+                return None
             except KvstoredError:
                 return None  # the node frees it when this client's session ends
-        if self._st.orphans:  # acks that failed before: sent ahead of this call
-            _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+        if self._st.orphans:  # acks that failed before: started with this call, not awaited
+            _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
@@ -301,7 +343,7 @@ class Client:
         except NO_ANSWER:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
                 self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
-                _send_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
+                _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise
         except KvstoredError:
             raise  # the node answered: nothing was granted

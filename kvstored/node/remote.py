@@ -5,7 +5,7 @@ the peer that holds them over the data plane into its own DRAM, then serves them
 
     PinBlocks/Get(keys) --local miss--> claim the missing blocks (single-flight: a block
            another request is copying already is waited for, not copied twice)
-        -> master LookupPrefix(claimed keys, local_node_id=self)
+        -> master LookupPrefix(claimed keys, every_key, local_node_id=self): per key
         -> best replica per block (node, epoch, tier, size, generation, data address)
         -> per peer, peers in parallel: DataPlaneClient.get(keys, deadline)
               (the peer pins, sends each block with the generation of the replica it
@@ -43,10 +43,11 @@ transfer is reported to the master (ReportTransfer), which marks the peer unheal
 ``unhealthy_after_failures`` consecutive failures, so later lookups choose another replica.
 The first success after a failure is reported too (it heals the peer).
 
-Limits: the master's lookup is a longest prefix. A read looks up its missing keys once, as a
-prefix: a block after a cluster-wide miss is not copied (KV blocks form chains; a later
-block without its predecessor is useless). An Exists probe looks up runs, at most
-``exists_max_runs`` lookups. Two requests missing the same block at once copy it once: the
+Limits: a read is per key, like the get that asks for it: it looks up its missing keys with
+one per-key master lookup (``lookup_each``), so a block after a cluster-wide miss is copied
+too (only ``lookup_prefix`` is a prefix operation); with a master too old for it, in runs
+past the misses (one longest-prefix lookup per run, within the deadline). An Exists probe
+does the same, at most ``exists_max_runs`` lookups for an older master. Two requests missing the same block at once copy it once: the
 second waits for the first's copy, at most until its own deadline (:mod:`.flights`).
 
 Thread-safe: called from the node's store executor threads (blocking).
@@ -123,9 +124,9 @@ class RemoteReads:
             background thread, in order, so they never cost the reader's deadline).
         exists_max_runs: most master lookups one Exists probe makes (each run after a
             cluster-wide miss costs one) when there is no ``lookup_each`` or the master is
-            too old for it; reads make one (prefix semantics).
-        lookup_each: the master's per-key lookup (see :data:`LookupEachFn`): an Exists
-            probe then asks once for every key, whatever the misses between them.
+            too old for it (a read then looks up runs until its deadline: it is per key).
+        lookup_each: the master's per-key lookup (see :data:`LookupEachFn`): a read and an
+            Exists probe then ask once for every key, whatever the misses between them.
         before_verify: test hook, called after the copies arrived and before they are
             verified (e.g. a threading.Event wait that lets a test change the source).
         before_copy: test hook, called after the lookup and before the data-plane GET of
@@ -234,6 +235,28 @@ class RemoteReads:
             start += len(got) + 1
         return out
 
+    def find_each(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float
+    ) -> dict[int, ClusterReplica]:
+        """The master's best replica of every one of ``keys`` present cluster-wide, by index
+        (never pins): a read is per key, so a cluster-wide miss hides nothing after it.
+
+        One per-key lookup (``lookup_each``); a master that cannot answer per key (older, or
+        no ``lookup_each``) is asked in runs past the misses (:meth:`find`, one lookup per
+        run, until the keys or the deadline run out). A master that cannot be reached
+        answers nothing (a miss, logged).
+        """
+        left = deadline - time.monotonic()
+        if self.lookup_each is not None and left >= _MIN_RPC_S:
+            try:
+                found = self.lookup_each(namespace_id, keys, self.node_id, left)
+            except KvstoredError as exc:
+                log.info("remote_lookup_failed", error=str(exc))
+                return {}
+            if found is not None:
+                return found
+        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys))
+
     def extend_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], local: list[Tier], *,
         remaining_s: float | None = None,
@@ -325,7 +348,7 @@ class RemoteReads:
                 mine = [j for j, p in zip(mine, still, strict=True) if not p]
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
-            found = self.find(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
+            found = self.find_each(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
             num_found = len(found)
             t_found = time.monotonic()
             by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}

@@ -26,6 +26,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -96,7 +97,7 @@ class DramEntry:
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
-_ARENA_FILE = re.compile(r"^kvstored-.*-(\d+)\.arena$")
+_ARENA_FILE = re.compile(r"^kvstored-(?P<node>.*)-(?P<pid>\d+)\.arena$")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -109,30 +110,93 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reclaim_stale_arenas(arena_dir: str | os.PathLike[str]) -> int:
-    """Unlink arena files left by daemons that died without closing (SIGKILL, OOM kill).
+def arena_file_name(node_id: str, pid: int) -> str:
+    """The arena file name of node ``node_id``'s daemon ``pid``: ``kvstored-<node>-<pid>.arena``
+    (characters outside ``[A-Za-z0-9_.-]`` of the node id become ``_``)."""
+    return f"kvstored-{_SAFE_NAME.sub('_', node_id)}-{pid}.arena"
 
-    A file ``kvstored-<node>-<pid>.arena`` whose pid is not running holds tmpfs memory that
-    nobody can free otherwise. Files of live processes are never touched.
+
+@dataclass(frozen=True, slots=True)
+class ArenaFile:
+    """One kvstored arena file found in an arena directory.
+
+    Attributes:
+        path: the file's path.
+        node_name: the node id in its name (as made safe by :func:`arena_file_name`).
+        pid: the pid of the daemon that created it.
+        size_bytes: its size (tmpfs memory it may hold).
+        owner_running: a process with that pid runs (its daemon, or a later process that
+            reused the pid: either way the file is left alone).
+    """
+
+    path: str
+    node_name: str
+    pid: int
+    size_bytes: int
+    owner_running: bool
+
+
+def list_arena_files(arena_dir: str | os.PathLike[str]) -> list[ArenaFile]:
+    """Every kvstored arena file in ``arena_dir``, by name; none if the directory is missing.
+
+    Reads names and sizes only (never opens or maps a file).
+    """
+    try:
+        names = sorted(os.listdir(arena_dir))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _ARENA_FILE.match(name)
+        if m is None:
+            continue
+        path = os.path.join(os.fspath(arena_dir), name)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue  # removed meanwhile
+        pid = int(m.group("pid"))
+        found.append(ArenaFile(path, m.group("node"), pid, size, _pid_alive(pid)))
+    return found
+
+
+class ArenaInUse(Exception):
+    """The arena file's owner pid runs: it is not removed."""
+
+
+def remove_stale_arena(f: ArenaFile) -> None:
+    """Unlink arena file ``f`` if its owner is (still) not running.
+
+    Raises:
+        ArenaInUse: its owner pid runs (checked again now, not trusted from ``f``).
+        OSError: the unlink failed (FileNotFoundError: someone removed it already).
+    """
+    if _pid_alive(f.pid):
+        raise ArenaInUse(f"{f.path}: its owner pid {f.pid} is running")
+    os.unlink(f.path)
+    log.info("stale_arena_removed", path=f.path, size_bytes=f.size_bytes)
+
+
+def reclaim_own_stale_arenas(arena_dir: str | os.PathLike[str], node_id: str) -> int:
+    """Unlink the arena files an earlier daemon of node ``node_id`` left when it died.
+
+    A file ``kvstored-<node>-<pid>.arena`` of this node whose pid is not running holds tmpfs
+    memory nobody frees otherwise (SIGKILL, OOM kill). Files of other nodes of the host are
+    never touched, dead or alive: ``kvstored cleanup`` names and removes those.
 
     Returns:
         Number of files removed.
     """
+    name = _SAFE_NAME.sub("_", node_id)
     removed = 0
-    try:
-        names = os.listdir(arena_dir)
-    except OSError:
-        return 0
-    for name in names:
-        m = _ARENA_FILE.match(name)
-        if m is None or _pid_alive(int(m.group(1))):
+    for f in list_arena_files(arena_dir):
+        if f.node_name != name or f.owner_running:
             continue
         try:
-            os.unlink(os.path.join(arena_dir, name))
-        except OSError:
+            remove_stale_arena(f)
+        except (ArenaInUse, OSError):
             continue
         removed += 1
-        log.info("stale_arena_reclaimed", path=os.path.join(os.fspath(arena_dir), name))
     return removed
 
 
@@ -167,8 +231,8 @@ class DramArena:
         if arena_dir is None:
             self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         else:
-            reclaim_stale_arenas(arena_dir)
-            name = f"kvstored-{_SAFE_NAME.sub('_', node_id)}-{os.getpid()}.arena"
+            reclaim_own_stale_arenas(arena_dir, node_id)  # never another node's file
+            name = arena_file_name(node_id, os.getpid())
             path = os.path.join(os.fspath(arena_dir), name)
             st = os.statvfs(os.fspath(arena_dir))
             free_bytes = st.f_bavail * st.f_frsize

@@ -64,6 +64,7 @@ import structlog
 
 from kvstored.errors import (
     DeadlineExceeded,
+    ErrorCode,
     InternalError,
     InvalidArgument,
     TransferFailed,
@@ -228,11 +229,12 @@ class DataPlaneClient:
             ) from None
         return sock
 
-    def _acquire(self, deadline: float) -> tuple[socket.socket, bool]:
+    def _acquire(self, deadline: float, *, fresh: bool = False) -> tuple[socket.socket, bool]:
+        """A pooled idle connection (``reused`` True) or a new one; ``fresh``: always new."""
         with self._lock:
             if self._closed:
                 raise Unavailable("the data-plane client is closed")
-            if self._idle:
+            if self._idle and not fresh:
                 return self._idle.pop(), True
         return self._connect(deadline), False
 
@@ -247,14 +249,17 @@ class DataPlaneClient:
         self, fn: Callable[[socket.socket, Reader], object], deadline: float,
         streams: StreamSet | None = None,
     ) -> object:
-        """Run one request on a pooled connection; a stale pooled connection is retried once.
+        """Run one request on a pooled connection; a stale pooled connection is retried once,
+        on a new connection.
 
         ``streams``: the request is one stream of a split GET: its socket is registered there
         while in use (so a failing sibling can shut it down), a failure aborts the siblings,
         and a stream whose siblings failed neither starts nor retries.
         """
-        for _attempt in range(2):
-            sock, reused = self._acquire(deadline)
+        for attempt in range(2):
+            # the retry after a dead pooled connection uses a new one: the other idle ones
+            # may be just as dead (the node restarted on the same address)
+            sock, reused = self._acquire(deadline, fresh=attempt > 0)
             if streams is not None and not streams.enter(sock):
                 self._release(sock)  # untouched: still in sync
                 raise _SiblingFailed(f"a sibling stream of this GET to {self.address} failed")
@@ -423,7 +428,34 @@ class DataPlaneClient:
                                            lo, streams)
 
         self._run_streams([stream] * min(self.max_streams, len(runs)))
-        return [it for part in results for it in (part or ())]
+        out = [it for part in results for it in (part or ())]
+        return self._read_again_no_capacity(keys, namespace_id, sink, deadline, out)
+
+    def _read_again_no_capacity(
+        self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
+        out: list[GetItem],
+    ) -> list[GetItem]:
+        """Read the items a split GET got NoCapacity for again, in one request.
+
+        The streams of one GET pin their chunks at once on the node: one stream's pins can
+        fill DRAM while another asks for SSD blocks to be promoted, which the node answers
+        NoCapacity (it cuts a chunk only at its own pins). Once every stream is done, one
+        request for those keys alone is streamed by the node chunk by chunk, as any read
+        larger than DRAM is; what is NoCapacity then (others' pins) stays a miss.
+
+        Returns:
+            ``out`` with those items replaced by the second read's.
+        """
+        again = [i for i, it in enumerate(out) if it.code == ErrorCode.NO_CAPACITY]
+        if not again or time.monotonic() >= deadline:
+            return out
+        retried = self._get_run(
+            [keys[i] for i in again], namespace_id,
+            lambda j, size, meta: sink(again[j], size, meta), deadline, 0, None,
+        )
+        for i, it in zip(again, retried, strict=True):
+            out[i] = it
+        return out
 
     def _get_ranges(
         self, key: bytes, namespace_id: bytes, sink: Sink, deadline: float,

@@ -309,23 +309,23 @@ def test_master_unreachable_is_a_miss_not_an_error(local: NodeCore) -> None:
     assert reads.extend_prefix(b"", [key(1)], []) == []
 
 
-def test_a_read_copies_the_cluster_prefix_only_and_counts_outcomes(
+def test_a_read_copies_past_a_cluster_wide_miss_and_counts_outcomes(
     source: tuple[NodeCore, str], local: NodeCore
 ) -> None:
     from kvstored.metrics import NodeMetrics
 
     src, address = source
-    master = FakeMaster()
+    master = FakeMaster()  # an older master: no per-key lookup, only longest prefixes
     _publish(master, src, address, [1, 3])  # 2 is missing cluster-wide
     local.metrics = NodeMetrics()
     reads = _reads(local, master)
     try:
         got = reads.fill([key(1), key(2), key(3)], b"")
-        assert (got.num_found, got.num_fetched) == (1, 1)
-        assert master.lookups == 2  # the read's lookup and the copy's verification
-        assert _local_bytes(local, [1, 2, 3]) == [value(1), None, None]
+        assert (got.num_found, got.num_fetched) == (2, 2)  # a read is per key
+        assert master.lookups == 3  # two runs (past the miss) and the copies' verification
+        assert _local_bytes(local, [1, 2, 3]) == [value(1), None, value(3)]
         assert local.metrics.registry.get_sample_value(
-            "kvstored_remote_blocks_total", {"outcome": "fetched"}) == 1
+            "kvstored_remote_blocks_total", {"outcome": "fetched"}) == 2
     finally:
         reads.close()
 
