@@ -27,6 +27,30 @@ QUESTIONS = (
 )
 """The first question doubles as a sanity check that the model still knows general facts."""
 
+QUESTION_ROOM_TOKENS = 64
+"""Room left in the context after the shared part for a question and the chat template's tail."""
+
+
+def fit_to_context(num_tokens: int, context_tokens: int, max_new_tokens: int,
+                   block_size: int = 1) -> int:
+    """The shared length to build for a target of ``num_tokens``, so that the prompt fits.
+
+    A prompt is the shared part, a question and the chat template's tail (at most
+    :data:`QUESTION_ROOM_TOKENS`), and its answer takes ``max_new_tokens`` more: the shared part
+    is capped to what the model's context leaves and rounded down to whole blocks (at least one).
+
+    Args:
+        num_tokens: the target shared length in tokens.
+        context_tokens: the model's context length in tokens (``max_position_embeddings``).
+        max_new_tokens: the answer length in tokens.
+        block_size: round down to a multiple of this many tokens (1: no rounding).
+
+    Returns:
+        The shared length in tokens: ``<= num_tokens``, a multiple of ``block_size``.
+    """
+    room = (context_tokens - max_new_tokens - QUESTION_ROOM_TOKENS) // block_size * block_size
+    return max(block_size, min(num_tokens, room) // block_size * block_size)
+
 
 @lru_cache(maxsize=None)
 def module_text(name: str) -> str:
