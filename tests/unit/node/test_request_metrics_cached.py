@@ -183,7 +183,8 @@ def test_a_get_is_counted_after_its_last_byte_so_a_reader_may_return_first() -> 
         master.replicas[key(1)] = ClusterReplica("src", 7, Tier.DRAM, BLOCK, pinned.generation,
                                                  address)
         assert reads.fill([key(1)], b"").num_fetched == 1  # the reader has every byte
-        assert served.count("chunk_sent") == 1 and served.count("request_done") == 0
+        served.wait_for(1, "chunk_sent")  # the source is held there from now on
+        assert served.count("request_done") == 0
         assert counted() is None  # a scrape now sees no GET: the race
         release.set()
         served.wait_for(1, "request_done", op=OP_GET)
