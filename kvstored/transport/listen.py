@@ -43,7 +43,8 @@ def check_listen_address(address: str) -> str | None:
             Port 0 (any free port) and other schemes are not checked.
 
     Returns:
-        A short reason (``"address already in use"``, ``"host does not resolve"``, ...).
+        A short reason (the OS's, ``"Address already in use"``, as the data plane's and the
+        metrics' bind errors say it; ``"host 'x' does not resolve (...)"``, ...).
     """
     if address.startswith("unix:"):
         path = address.removeprefix("unix:").removeprefix("//")  # unix:PATH, unix:///ABS
@@ -71,8 +72,7 @@ def check_listen_address(address: str) -> str | None:
             try:
                 sock.bind(sockaddr)
             except OSError as exc:
-                reasons.append(exc.strerror.lower() if exc.strerror else errno.errorcode.get(
-                    exc.errno or 0, str(exc)))
+                reasons.append(exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc)))
                 continue
         return None  # one bindable address is enough for gRPC
     return reasons[0] if reasons else f"host {host!r} resolves to no address"

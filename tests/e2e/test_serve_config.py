@@ -100,5 +100,5 @@ def test_a_port_in_use_is_one_clean_message(short_dir: Path, daemon: str) -> Non
             setting = "master.listen"
     assert r.returncode == 2, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "[info" not in ln]
-    assert errors == [(f"kvstored: cannot listen on {addr}: address already in use; "
+    assert errors == [(f"kvstored: cannot listen on {addr}: Address already in use; "
                        f"change {setting}")], r.stderr

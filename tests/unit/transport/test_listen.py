@@ -31,10 +31,10 @@ def test_a_port_in_use_is_refused_before_grpc_is_asked() -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         addr = f"127.0.0.1:{held.getsockname()[1]}"
-        assert check_listen_address(addr) == "address already in use"
+        assert check_listen_address(addr) == "Address already in use"
         with pytest.raises(ConfigInvalid) as err:
             add_grpc_port(server, addr, "node.listen")
-    assert str(err.value) == f"cannot listen on {addr}: address already in use; change node.listen"
+    assert str(err.value) == f"cannot listen on {addr}: Address already in use; change node.listen"
     assert server.asked == []
 
 
