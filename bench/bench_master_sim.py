@@ -25,10 +25,10 @@ Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000] [--seconds 10]
 from __future__ import annotations
 
 import argparse
-import math
 import asyncio
 import gc
 import json
+import math
 import random
 import time
 from collections import OrderedDict
@@ -37,10 +37,8 @@ from typing import Any
 
 from kvstored import log as kvlog
 from kvstored.clock import FakeClock
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import Membership
-from kvstored.master.placement import Placement
 from kvstored.master.service import MasterServicer
+from kvstored.master.state import MasterState
 from kvstored.scheduler.trace import load_trace, resolve_trace
 from kvstored.v1 import master_pb2 as pb
 
@@ -105,8 +103,8 @@ class SimNode:
 def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
         trace: list[tuple[int, ...]]) -> dict[str, Any]:
     clock = FakeClock()
-    members = Membership(BlockIndex(1024), clock, Generations(10), node_lease_s=LEASE_S)
-    servicer = MasterServicer(members, Placement(members, rng=random.Random(1)), master_epoch=1)
+    servicer = MasterServicer(MasterState(epoch=1, clock=clock, node_lease_s=LEASE_S,
+                                          first_generation=10, rng=random.Random(1)))
     rng = random.Random(num_nodes)
     nodes = [SimNode(i, trace, node_blocks, rng) for i in range(num_nodes)]
     cpu: dict[str, float] = {"Heartbeat": 0.0, "ReportEvents": 0.0, "LookupPrefix": 0.0}
@@ -167,7 +165,7 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
     asyncio.run(main())
     total = sum(cpu.values())
     return {"nodes": num_nodes, "seconds": seconds, "requests_per_node_s": rate,
-            "node_blocks": node_blocks, "index_replicas": members.index.num_replicas,
+            "node_blocks": node_blocks, "index_replicas": servicer.index.num_replicas,
             "setup_s": round(run.setup_s, 2),  # type: ignore[attr-defined]
             "master_cpu_s_per_s": total / seconds,
             "by_rpc_cpu_s_per_s": {k: v / seconds for k, v in cpu.items()},

@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import structlog
 
-from kvstored.tiers.ssd import SsdEntry
+from kvstored.tiers.ssd_format import SsdEntry
 from kvstored.tiers.tiered import TieredStore
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
@@ -57,11 +57,11 @@ def main() -> None:
     dt = time.perf_counter() - t0
     gc.collect()
     grown = rss_bytes() - base
-    key_bytes = sys.getsizeof(next(iter(store._dram.entries)))
+    key_bytes = sys.getsizeof(next(iter(store._state.dram.entries)))
     st = store.stats()
     assert st.tiers[0].num_blocks == n
 
-    entries = store._dram.entries
+    entries = store._state.dram.entries
     sample = next(iter(entries.values()))
     heap_rec = sys.getsizeof(sample) + sys.getsizeof(sample.offset)
     heap_od = sys.getsizeof(entries) / n

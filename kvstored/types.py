@@ -1,17 +1,23 @@
 """Wire-level value types shared by every layer: tiers, replicas as the node pins and reserves
 them, and the admin view of a block.
 
-A leaf module: no I/O, no gRPC, imports only the standard library. The tiers build these
-objects; the transport, the node, the master and the client read them.
+A leaf module: no I/O, no gRPC, imports only the standard library (and, for typing only,
+kvstored.errors, another leaf). The tiers build these objects; the transport, the node, the
+master and the client read them.
 
     put:  reserve(key, size) -> Reservation(view)  ->  caller fills view  ->  commit | abort
     get:  pin_many(keys) -> [PinnedBlock(view) | None | error]  ->  caller copies  ->  unpin
+    export: read_for_export(keys) -> [ExportedBlock(view) | None]  ->  send  ->  release_export
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvstored.errors import KvstoredError
 
 
 class Tier(IntEnum):
@@ -38,6 +44,17 @@ class Reservation:
     size_bytes: int
     view: memoryview = field(repr=False, compare=False)
     reservation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """Result of storing one block: ``stored`` False with no error = it already existed.
+
+    ``error`` is the item's own error (a ``KvstoredError``: the block was not stored).
+    """
+
+    stored: bool
+    error: KvstoredError | None = None
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -74,6 +91,37 @@ class PinnedBlock:
     view: memoryview = field(repr=False, compare=False)
     generation: int = 0
     entry: object = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedBlock:
+    """A block read for export (``TieredStore.read_for_export``); hand it back with
+    ``release_export`` once sent.
+
+    Attributes:
+        key: the block hash.
+        namespace_id: its namespace.
+        size_bytes: its size.
+        meta: its opaque metadata.
+        tier: DRAM (``view`` is the pinned arena bytes) or SSD (``view`` is a private,
+            checksum-verified copy read from the block's file; nothing pinned).
+        view: read-only bytes of the block, valid until released.
+        pinned: the DRAM pin (None for an SSD read).
+        generation: the generation of the replica read (the DRAM entry's or, for an
+            SSD-only block, the SSD entry's: a read for export keeps it; 0 = unknown).
+        buffer: the mapping an SSD read's ``view`` lies in (None for a DRAM block); opaque
+            to everyone but the store (an ``ExportBuffer`` of kvstored/tiers/export.py).
+    """
+
+    key: bytes
+    namespace_id: bytes
+    size_bytes: int
+    meta: bytes
+    tier: Tier
+    view: memoryview = field(repr=False, compare=False)
+    pinned: PinnedBlock | None = field(default=None, repr=False, compare=False)
+    generation: int = 0
+    buffer: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

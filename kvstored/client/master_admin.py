@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from kvstored.client.master import MasterClient
+from kvstored.transport.master_rpc import MasterClient
 from kvstored.errors import error_from_rpc
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.membership import Membership
-from kvstored.master.records import ReplicaState
+from kvstored.master.types import ReplicaState
 from kvstored.types import Tier
 
 MAX_PAGE_BLOCKS = 10000

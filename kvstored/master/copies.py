@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from kvstored.master.index import BlockIndex
-from kvstored.master.records import ReplicaState
+from kvstored.master.types import ReplicaState
 
 MAX_PENDING_PROMOTIONS = 4096
 """Promotions queued for one node before the oldest are dropped (one heartbeat's worth)."""

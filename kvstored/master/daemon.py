@@ -37,11 +37,9 @@ import structlog
 from kvstored.clock import Clock, MonotonicClock
 from kvstored.config import MasterConfig
 from kvstored.errors import ConfigInvalid, InvalidArgument
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import Membership
 from kvstored.master.metrics import MasterMetrics
-from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.master.state import MasterState
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.listen import add_grpc_port
 
@@ -85,7 +83,8 @@ def next_master_epoch(data_dir: pathlib.Path, now_ns: int | None = None) -> int:
 
 
 class MasterDaemon:
-    """The master process: membership, index, placement, MasterService, maintenance.
+    """The master process: one term's :class:`~kvstored.master.state.MasterState` (built at
+    start), the MasterService over it, maintenance.
 
     Args:
         cfg: the master's settings (validated).
@@ -97,9 +96,7 @@ class MasterDaemon:
         self.clock: Clock = clock or MonotonicClock()
         self.epoch = 0
         self.grpc_addresses: list[str] = []
-        self.index = BlockIndex()
-        self.membership: Membership | None = None
-        self.placement: Placement | None = None
+        self.state: MasterState | None = None  # this term's (built by start())
         self.metrics = MasterMetrics()
         self.metrics_address = ""
         self._httpd: Any = None
@@ -121,19 +118,11 @@ class MasterDaemon:
             raise ConfigInvalid("master.listen is empty; give at least one HOST:PORT")
         restarted = (pathlib.Path(cfg.data_dir) / STATE_FILE).exists()
         self.epoch = next_master_epoch(pathlib.Path(cfg.data_dir))
-        self.membership = Membership(
-            self.index, self.clock, Generations(self.epoch), node_lease_s=cfg.node_lease_s,
-            unhealthy_after_failures=cfg.unhealthy_after_failures,
-            unhealthy_retry_s=cfg.unhealthy_retry_s or None,  # 0: one node lease
-            unhealthy_retry_max_s=cfg.unhealthy_retry_max_s or None,
-            rejoin_grace_s=cfg.node_lease_s if restarted else 0.0,  # nodes may yet come back
-        )
-        self.placement = Placement(self.membership, policy=PlacementPolicy(cfg.placement_policy),
-                                   write_lease_s=cfg.write_lease_s)
+        self.state = MasterState.from_config(cfg, self.clock, epoch=self.epoch,
+                                             restarted=restarted)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", 64 << 20)])
-        add_master_service(server, MasterServicer(self.membership, self.placement,
-                                                  master_epoch=self.epoch, metrics=self.metrics))
+        add_master_service(server, MasterServicer(self.state, metrics=self.metrics))
         for addr in cfg.listen:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
@@ -142,7 +131,7 @@ class MasterDaemon:
             self.grpc_addresses.append(f"{host}:{bound}")
         self._server = server
         await server.start()
-        self.metrics.sample(self.membership, epoch=self.epoch)
+        self.metrics.sample(self.state.membership, epoch=self.epoch)
         if cfg.metrics_listen:
             self._start_metrics(cfg.metrics_listen)
         self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
@@ -151,14 +140,13 @@ class MasterDaemon:
                  node_lease_s=cfg.node_lease_s, placement_policy=cfg.placement_policy)
 
     def maintain_once(self) -> tuple[list[str], int, int]:
-        """One maintenance step: (nodes expired, writes aborted, replica rows unlinked)."""
-        assert self.membership is not None and self.placement is not None
-        gone = self.membership.expire_lapsed()
-        aborted = self.placement.reclaim_expired_writes()
-        unlinked = self.membership.collect_garbage(_GC_ROWS_PER_TICK)  # (and promotes)
+        """One maintenance step of this term (:meth:`MasterState.maintain`): (nodes expired,
+        writes aborted, replica rows unlinked)."""
+        assert self.state is not None, "start() first"
+        gone, aborted, unlinked = self.state.maintain(_GC_ROWS_PER_TICK)  # (and promotes)
         if aborted:
             self.metrics.write_lease_expiries.inc(aborted)
-        self.metrics.sample(self.membership, epoch=self.epoch)
+        self.metrics.sample(self.state.membership, epoch=self.epoch)
         return gone, aborted, unlinked
 
     def _start_metrics(self, address: str) -> None:

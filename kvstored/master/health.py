@@ -27,29 +27,21 @@ index and the counters. Not thread-safe: loop only.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import structlog
 
 from kvstored.config import node_id_problem
 from kvstored.errors import AlreadyExists, InvalidArgument
+from kvstored.master.types import NodeSpec, TierUsage
 from kvstored.types import Tier
 
 if TYPE_CHECKING:
-    from kvstored.master.membership import NodeRecord, NodeSpec, TierUsage
+    from kvstored.master.membership import NodeRecord
 
 log = structlog.get_logger("kvstored.master.membership")  # the events' logger, as before
 NODE_STATES = ("healthy", "unhealthy", "probation", "syncing")
 """What :func:`node_state` answers (the ``state`` label of ``kvstored_master_nodes``)."""
-
-
-class NodeHealth(IntEnum):
-    """Mirrors ``kvstored.v1.NodeHealth``."""
-
-    HEALTHY = 1
-    UNHEALTHY = 2
-    SYNCING = 3
 
 
 def node_state(rec: NodeRecord) -> str:
@@ -174,5 +166,5 @@ def duplicate_refused(live: NodeSpec, spec: NodeSpec, lease_left_s: float) -> Al
     )
 
 
-__all__ = ["NODE_STATES", "NodeHealth", "check_spec", "duplicate_refused", "may_duplicate",
+__all__ = ["NODE_STATES", "check_spec", "duplicate_refused", "may_duplicate",
            "node_state", "on_heartbeat", "on_transfer"]

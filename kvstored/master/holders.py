@@ -1,85 +1,63 @@
-"""Holders of the master's block index: readability, load, retirement, row lists and GC.
+"""HolderRows: the holders of the master's block index (readability, load, retirement, GC).
 
-A mixin of :class:`~kvstored.master.index.BlockIndex` (split out to keep index.py short);
-it owns the holder columns and each holder's doubly linked row list (``hnext``/``hprev``
-row columns from ``holder_head[holder]``), which GC walks instead of scanning the index.
-While GC unlinks a retired holder's original, it can report the blocks left with copies
-only (``on_only_copies``: the membership promotes one, master/copies.py), since a holder
-that died, left or resynced loses its rows without REMOVED events.
-Not thread-safe (the master's loop only).
+A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
+A replica is readable only while its holder is readable (alive, healthy, synced): dropping a
+node, a lapsed lease or a superseded epoch flips one flag (O(1)), and its rows can never be
+returned again; :meth:`HolderRows.collect_garbage` unlinks such rows later, in bounded
+batches taken from the holder's row list (``hnext``/``hprev`` row columns from
+``holder_head[holder]``: cost proportional to the garbage, no scan), so no call ever walks
+millions of rows on the loop. While GC unlinks a retired holder's original, it can report
+the blocks left with copies only (``on_only_copies``: the membership promotes one,
+master/copies.py), since a holder that died, left or resynced loses its rows without
+REMOVED events.
+
+Composed into :class:`~kvstored.master.index.BlockIndex` over the same
+:class:`~kvstored.master.columns.IndexColumns`. Retired holders never become readable again
+(ids are not reused). Not thread-safe (the master's loop only).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
-from kvstored.master.records import COPY_BIT, STATE_MASK, ReplicaState
+from kvstored.master.columns import NO_ROW, IndexColumns
+from kvstored.master.types import COPY_BIT, STATE_MASK, ReplicaState
 from kvstored.types import Tier
 
-_NO_ROW = -1
-_LOAD_CLIP = 1e9
+LOAD_CLIP = 1e9
+"""Largest load a holder is ranked by (a non-finite or negative report counts as this)."""
 _COMMITTED = int(ReplicaState.COMMITTED)  # (a plain int: numpy scalars compare faster)
 
 
-def _grow(arr: np.ndarray, need: int, fill: int | float | bool = 0) -> np.ndarray:
-    if need <= len(arr):
-        return arr
-    new_len = max(need, 2 * len(arr), 1024)
-    out = np.full(new_len, fill, dtype=arr.dtype)
-    out[: len(arr)] = arr
-    return out
-
-
 class HolderRows:
-    """Holder state and per-holder row lists of a BlockIndex (a mixin; see the module)."""
+    """Holder state and per-holder row lists of a block index (see the module docstring).
 
-    if TYPE_CHECKING:
-        _readable: np.ndarray
-        _retired: np.ndarray
-        _load: np.ndarray
-        _holder_rows: np.ndarray
-        _holder_head: np.ndarray
-        _garbage_holders: list[int]
-        _num_holders: int
-        _num_dead_rows: int
-        _holder: np.ndarray
-        _hnext: np.ndarray
-        _hprev: np.ndarray
-        _block: np.ndarray
-        _block_ns: np.ndarray
-        _head: np.ndarray
-        _next: np.ndarray
-        _state: np.ndarray
-        _tier: np.ndarray
-        _ns_ids: list[bytes]
-        _long_keys: dict[tuple[int, bytes], bytes]
+    Args:
+        cols: the index's columns (shared with the index that composes this).
+    """
 
-        def _find_row_exact(self, slot: int, target: int) -> tuple[int, int]: ...
-
-        def _unlink(self, slot: int, row: int, prev: int) -> None: ...
-
-        def _key_bytes(self, slot: int) -> bytes: ...
+    def __init__(self, cols: IndexColumns) -> None:
+        self._cols = cols
+        self.num_holders = 0
+        self.num_dead_rows = 0  # rows of retired holders not unlinked yet
+        self._garbage: list[int] = []  # retired holders whose rows are not unlinked yet
 
     # ---- holders ---------------------------------------------------------------------
     def add_holder(self) -> int:
         """A new holder id (starts unreadable; never reused)."""
-        h = self._num_holders
-        self._num_holders += 1
-        self._readable = _grow(self._readable, h + 1, False)
-        self._retired = _grow(self._retired, h + 1, False)
-        self._load = _grow(self._load, h + 1, 0.0)
-        self._holder_rows = _grow(self._holder_rows, h + 1, 0)
-        self._holder_head = _grow(self._holder_head, h + 1, _NO_ROW)
+        h = self.num_holders
+        self.num_holders += 1
+        self._cols.grow_holders(h + 1)
         return h
 
-    def _check_holder(self, holder: int) -> None:
-        if not 0 <= holder < self._num_holders:
-            raise InvalidArgument(f"unknown holder {holder} (holders: {self._num_holders})")
+    def check_holder(self, holder: int) -> None:
+        """Raises InvalidArgument for a holder id never handed out."""
+        if not 0 <= holder < self.num_holders:
+            raise InvalidArgument(f"unknown holder {holder} (holders: {self.num_holders})")
 
     def set_readable(self, holder: int, readable: bool) -> None:
         """Let lookups return (or stop returning) this holder's committed replicas.
@@ -87,19 +65,20 @@ class HolderRows:
         Raises:
             InvalidArgument: unknown holder, or making a retired holder readable.
         """
-        self._check_holder(holder)
-        if readable and self._retired[holder]:
+        self.check_holder(holder)
+        c = self._cols
+        if readable and c.retired[holder]:
             raise InvalidArgument(f"holder {holder} is retired and can never be readable again")
-        self._readable[holder] = readable
+        c.readable[holder] = readable
 
     def is_readable(self, holder: int) -> bool:
         """Whether lookups may return this holder's replicas."""
-        return 0 <= holder < self._num_holders and bool(self._readable[holder])
+        return 0 <= holder < self.num_holders and bool(self._cols.readable[holder])
 
     def set_load(self, holder: int, load: float) -> None:
         """The holder's load (lower is preferred among replicas of equal rank)."""
-        self._check_holder(holder)
-        self._load[holder] = load if math.isfinite(load) and load >= 0 else _LOAD_CLIP
+        self.check_holder(holder)
+        self._cols.load[holder] = load if math.isfinite(load) and load >= 0 else LOAD_CLIP
 
     def retire_holder(self, holder: int) -> int:
         """Drop every replica of a holder at once (O(1)); rows are unlinked by GC later.
@@ -107,55 +86,23 @@ class HolderRows:
         Returns:
             How many rows the holder had (all of them are now garbage).
         """
-        self._check_holder(holder)
-        if self._retired[holder]:
+        self.check_holder(holder)
+        c = self._cols
+        if c.retired[holder]:
             return 0
-        self._readable[holder] = False
-        self._retired[holder] = True
-        n = int(self._holder_rows[holder])
-        self._num_dead_rows += n
+        c.readable[holder] = False
+        c.retired[holder] = True
+        n = int(c.holder_rows[holder])
+        self.num_dead_rows += n
         if n:
-            self._garbage_holders.append(holder)
+            self._garbage.append(holder)
         return n
 
     def num_holder_replicas(self, holder: int) -> int:
         """Replica rows of a holder (0 once retired)."""
-        self._check_holder(holder)
-        return 0 if self._retired[holder] else int(self._holder_rows[holder])
-
-    # ---- holder row lists -------------------------------------------------------------
-    def _link_holder(self, holder: int, rows: np.ndarray) -> None:
-        """Put new rows at the front of their holder's row list (one vectorized step)."""
-        if len(rows) == 0:
-            return
-        old = int(self._holder_head[holder])
-        self._hnext[rows[:-1]] = rows[1:]
-        self._hprev[rows[1:]] = rows[:-1]
-        self._hprev[rows[0]] = _NO_ROW
-        last = int(rows[-1])
-        self._hnext[last] = old
-        if old != _NO_ROW:
-            self._hprev[old] = last
-        self._holder_head[holder] = int(rows[0])
-
-    def _link_holder_one(self, holder: int, row: int) -> None:
-        """Put one new row at the front of its holder's row list (scalar)."""
-        old = int(self._holder_head[holder])
-        self._hnext[row] = old
-        self._hprev[row] = _NO_ROW
-        if old != _NO_ROW:
-            self._hprev[old] = row
-        self._holder_head[holder] = row
-
-    def _unlink_holder(self, row: int) -> None:
-        nxt, prv = int(self._hnext[row]), int(self._hprev[row])
-        if prv == _NO_ROW:
-            self._holder_head[int(self._holder[row])] = nxt
-        else:
-            self._hnext[prv] = nxt
-        if nxt != _NO_ROW:
-            self._hprev[nxt] = prv
-        self._hnext[row] = self._hprev[row] = _NO_ROW
+        self.check_holder(holder)
+        c = self._cols
+        return 0 if c.retired[holder] else int(c.holder_rows[holder])
 
     # ---- garbage ---------------------------------------------------------------------
     def collect_garbage(self, max_rows: int = 65536, *,
@@ -177,58 +124,56 @@ class HolderRows:
         Returns:
             Rows unlinked (0 when there is no garbage).
         """
+        c = self._cols
         done = 0
         lost: list[int] = []  # slots whose unlinked row was a committed original
-        while self._garbage_holders and done < max_rows:
-            h = self._garbage_holders[-1]
-            row = int(self._holder_head[h])
-            if row == _NO_ROW:
-                self._garbage_holders.pop()
+        while self._garbage and done < max_rows:
+            h = self._garbage[-1]
+            row = int(c.holder_head[h])
+            if row == NO_ROW:
+                self._garbage.pop()
                 continue
-            slot = int(self._block[row])
-            if on_only_copies is not None and int(self._state[row]) == _COMMITTED:
+            slot = int(c.block[row])
+            if on_only_copies is not None and int(c.state[row]) == _COMMITTED:
                 lost.append(slot)  # (no COPY_BIT: an original)
-            _, prev = self._find_row_exact(slot, row)
-            self._holder_rows[h] -= 1
-            self._num_dead_rows -= 1
-            self._unlink(slot, row, prev)
+            _, prev = c.find_row_exact(slot, row)
+            c.holder_rows[h] -= 1
+            self.num_dead_rows -= 1
+            c.unlink(slot, row, prev)
             done += 1
         if lost and on_only_copies is not None:
             # slots are not reused within this call (GC never adds a block); a slot freed
             # by it has no row left, so it is no candidate
             for slot in self._only_copies_left(np.unique(np.asarray(lost, dtype=np.int64))):
-                ns = int(self._block_ns[slot])
-                key = self._key_bytes(slot)
-                on_only_copies(self._ns_ids[ns], self._long_keys.get((ns, key), key))
+                on_only_copies(*c.key_of(slot))
         return done
 
     def _only_copies_left(self, slots: np.ndarray) -> list[int]:
         """The slots whose rows of holders not retired are all committed copies (at least
         one): a vectorized walk of their chains, one level per step."""
+        c = self._cols
         bad = np.zeros(len(slots), dtype=np.bool_)
         found = np.zeros(len(slots), dtype=np.bool_)
-        cur = self._head[slots].astype(np.int64)
+        cur = c.head[slots].astype(np.int64)
         idx = np.flatnonzero(cur >= 0)
         while len(idx):
             r = cur[idx]
-            live = ~self._retired[self._holder[r]]
-            st = self._state[r]
+            live = ~c.retired[c.holder[r]]
+            st = c.state[r]
             copy = ((st & STATE_MASK) == _COMMITTED) & ((st & COPY_BIT) != 0)
             found[idx] |= live
             bad[idx] |= live & ~copy
-            cur[idx] = self._next[r]
+            cur[idx] = c.next[r]
             idx = idx[(cur[idx] >= 0) & ~bad[idx]]
         return slots[found & ~bad].tolist()
 
     def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
         """(namespace_id, key, tier) of every row of a holder (admin and tests; O(its rows))."""
+        c = self._cols
         out: list[tuple[bytes, bytes, Tier]] = []
-        row = int(self._holder_head[holder]) if 0 <= holder < self._num_holders else _NO_ROW
-        while row != _NO_ROW:
-            slot = int(self._block[row])
-            ns = int(self._block_ns[slot])
-            key = self._key_bytes(slot)
-            key = self._long_keys.get((ns, key), key)
-            out.append((self._ns_ids[ns], key, Tier(int(self._tier[row]))))
-            row = int(self._hnext[row])
+        row = int(c.holder_head[holder]) if 0 <= holder < self.num_holders else NO_ROW
+        while row != NO_ROW:
+            ns_id, key = c.key_of(int(c.block[row]))
+            out.append((ns_id, key, Tier(int(c.tier[row]))))
+            row = int(c.hnext[row])
         return out

@@ -1,25 +1,17 @@
 """BlockIndex: the master's map (namespace id, block hash) -> replicas, packed in numpy columns.
 
-The master holds metadata for every replica in the cluster (10M and more), so a replica is
-not a Python object: it is one row of fixed-width numpy columns, and a block is one int slot
-found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
+A facade over parts composed on one :class:`~kvstored.master.columns.IndexColumns` (the
+packed storage: key tables, block, row and holder columns; its module docstring draws
+them), each part one concern::
 
-    key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
-    block columns   head[slot] -> first row | ns[slot] u2 | key words[slot] 2 x u8
-    row columns     holder u4 | next i4 | block i4 | size u4 | generation u8 | tier u1
-                    | state u1 (| COPY_BIT: a remote-fill copy) | hnext i4 | hprev i4
-                    (34 bytes per replica, one contiguous
-                    array per field; rows of one block form a singly linked list from
-                    head[slot]; block[row] points back to the slot; rows of one holder
-                    form a doubly linked list from holder_head[holder], for GC)
-    holder columns  readable[holder] bool, load[holder] f8, holder_head[holder] i8
+    columns.py      storage and its primitives (slots, rows, chains, holder row lists)
+    holders.py      holders: readability, load, retirement, GC of retired holders' rows
+    ranking.py      which replica a lookup returns (vectorized, bounded per block)
+    generations.py  generations and the rows of one two-phase write (commit / abort)
+    index.py        this: replicas added, removed and listed; lookups
 
-A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync).
-A replica is readable only while its holder is readable (alive, healthy, synced): dropping a
-node, a lapsed lease or a superseded epoch flips one flag (O(1)), and its rows can never be
-returned again; :meth:`BlockIndex.collect_garbage` unlinks such rows later, in bounded
-batches taken from the holder's row list (cost proportional to the garbage, no scan), so no
-call ever walks millions of rows on the loop.
+A *holder* is one incarnation of a node as the membership sees it: (node id, epoch, sync);
+a replica is readable only while its holder is readable (master/holders.py).
 
 Invariants:
 
@@ -33,38 +25,33 @@ Not thread-safe: the master mutates it from its event loop only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kvstored.errors import InvalidArgument
-from kvstored.master.holders import _LOAD_CLIP, _NO_ROW, HolderRows, _grow
-from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest, keys_to_words
-from kvstored.master.records import (
+from kvstored.master import generations
+from kvstored.master.columns import NO_ROW, IndexColumns
+from kvstored.master.holders import HolderRows
+from kvstored.master.keytable import KEY_BYTES, keys_to_words
+from kvstored.master.ranking import best_rows
+from kvstored.master.types import (
     COPY_BIT,
     EMPTY_HIT,
     MAX_SIZE_BYTES,
-    Generations,
+    STATE_MASK,
     PrefixHit,
     Replica,
-    STATE_MASK,
     ReplicaState,
 )
 from kvstored.types import Tier
 
-MAX_RANKED_REPLICAS = 8
-"""Rows of one block a lookup ranks (newest first) once it has found a readable one."""
-_FREE = 0
-_RANK_SCORE = 4 * _LOAD_CLIP  # per tier rank; a copy adds half of it, the load at most 1/4
-_LOCAL_SSD_SCORE = _RANK_SCORE  # scores below: a local DRAM replica (rank 0)
-ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
-              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
-              ("hnext", np.int32), ("hprev", np.int32))
-"""The columns of a replica row: 34 bytes per replica."""
-_LINKS = ("next", "block", "hnext", "hprev")
+
+def _has_long(keys: Sequence[bytes]) -> bool:
+    return any(len(k) != KEY_BYTES for k in keys)
 
 
-class BlockIndex(HolderRows):
+class BlockIndex:
     """Cluster block index over packed numpy columns (see the module docstring).
 
     Args:
@@ -72,167 +59,104 @@ class BlockIndex(HolderRows):
     """
 
     def __init__(self, initial_blocks: int = 1024) -> None:
-        n = max(16, int(initial_blocks))
-        self._ns_ids: list[bytes] = []
-        self._ns_index: dict[bytes, int] = {}
-        self._tables: list[KeyTable] = []
-        # block columns
-        self._head = np.full(n, _NO_ROW, dtype=np.int32)
-        self._block_ns = np.zeros(n, dtype=np.uint16)
-        self._bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
-        self._num_slots = 0  # high-water mark of block slots
-        self._free_blocks: list[int] = []
-        self._long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
-        # row columns: one contiguous array per field (numpy gathers from contiguous columns
-        # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
-        self._alloc_row_columns(n)
-        self._num_rows_used = 0  # high-water mark
-        self._free_rows: list[int] = []
-        # holder columns
-        self._readable = np.zeros(16, dtype=np.bool_)
-        self._retired = np.zeros(16, dtype=np.bool_)
-        self._load = np.zeros(16, dtype=np.float64)
-        self._holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
-        self._holder_head = np.full(16, _NO_ROW, dtype=np.int64)  # first row of its row list
-        self._garbage_holders: list[int] = []  # retired holders whose rows are not unlinked yet
-        self._num_holders = 0
-        self._num_dead_rows = 0
+        self._cols = IndexColumns(initial_blocks)
+        self._holders = HolderRows(self._cols)
 
-    def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
-        for name, dtype in ROW_FIELDS:
-            arr = np.full(n, _NO_ROW if name in _LINKS else 0, dtype=dtype)
-            if old is not None:
-                arr[: len(old[name])] = old[name]
-            setattr(self, f"_{name}", arr)
+    @property
+    def columns(self) -> IndexColumns:
+        """The packed storage (read by tests and benchmarks that measure it; mutate it only
+        through this index)."""
+        return self._cols
 
     # ---- sizes -----------------------------------------------------------------------
     @property
     def num_replicas(self) -> int:
         """Replicas of holders not retired (readable or not), WRITING included."""
-        return self._num_rows_used - len(self._free_rows) - self._num_dead_rows
+        c = self._cols
+        return c.num_rows_used - len(c.free_rows) - self._holders.num_dead_rows
 
     @property
     def num_blocks(self) -> int:
         """Blocks with at least one row (garbage rows of retired holders included)."""
-        return sum(len(t) for t in self._tables)
+        return self._cols.num_blocks
 
     @property
     def num_garbage_rows(self) -> int:
         """Rows of retired holders not yet unlinked by :meth:`collect_garbage`."""
-        return self._num_dead_rows
+        return self._holders.num_dead_rows
 
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
-        arrays = (self._head, self._block_ns, self._bkey, self._holder, self._next,
-                  self._block, self._size, self._gen, self._tier, self._state, self._hnext,
-                  self._hprev, self._readable, self._retired, self._load, self._holder_rows,
-                  self._holder_head)
-        return sum(a.nbytes for a in arrays)
+        return self._cols.column_bytes()
 
     def memory_bytes(self) -> int:
         """Bytes of every numpy structure (columns and key tables, capacity included);
         excludes the small Python lists of free slots and keys longer than 16 bytes."""
-        return self.column_bytes() + sum(t.nbytes for t in self._tables)
+        return self._cols.column_bytes() + self._cols.table_bytes()
 
-    # ---- internals -------------------------------------------------------------------
-    def _ns(self, namespace_id: bytes, *, create: bool) -> int | None:
-        got = self._ns_index.get(namespace_id)
-        if got is None and create:
-            if len(self._ns_ids) >= 0xFFFF:
-                raise InvalidArgument(
-                    f"too many namespaces in the index ({len(self._ns_ids)}); the limit is 65535"
-                )
-            got = len(self._ns_ids)
-            self._ns_ids.append(namespace_id)
-            self._ns_index[namespace_id] = got
-            self._tables.append(KeyTable())
-        return got
+    # ---- holders (master/holders.py) -------------------------------------------------
+    def add_holder(self) -> int:
+        """A new holder id (starts unreadable; never reused)."""
+        return self._holders.add_holder()
 
-    def _grow_blocks(self, need: int) -> None:
-        if need > len(self._head):
-            self._head = _grow(self._head, need, _NO_ROW)
-            self._block_ns = _grow(self._block_ns, need, 0)
-            grown = np.zeros((len(self._head), 2), dtype=np.uint64)
-            grown[: len(self._bkey)] = self._bkey
-            self._bkey = grown
+    def set_readable(self, holder: int, readable: bool) -> None:
+        """Let lookups return (or stop returning) this holder's committed replicas.
 
-    def _new_slots(self, count: int) -> np.ndarray:
-        take = min(count, len(self._free_blocks))
-        reused = [self._free_blocks.pop() for _ in range(take)]
-        start = self._num_slots
-        self._num_slots += count - take
-        self._grow_blocks(self._num_slots)
-        return np.concatenate([np.asarray(reused, dtype=np.int64),
-                               np.arange(start, self._num_slots, dtype=np.int64)])
+        Raises:
+            InvalidArgument: unknown holder, or making a retired holder readable.
+        """
+        self._holders.set_readable(holder, readable)
 
-    def _new_blocks(self, ns: int, words: np.ndarray, keys: Sequence[bytes]) -> np.ndarray:
-        """Block slots for distinct absent keys (``words`` their 16-byte forms)."""
-        slots = self._new_slots(len(words))
-        self._head[slots] = _NO_ROW
-        self._block_ns[slots] = ns
-        self._bkey[slots] = words
-        for k in keys:
-            if len(k) != KEY_BYTES:
-                self._long_keys[(ns, key_digest(k))] = bytes(k)
-        self._tables[ns].insert_many(words, slots)
-        return slots
+    def is_readable(self, holder: int) -> bool:
+        """Whether lookups may return this holder's replicas."""
+        return self._holders.is_readable(holder)
 
-    def _new_block(self, ns: int, key: bytes) -> int:
-        """The slot of a new block for one absent key (scalar path of :meth:`_new_blocks`)."""
-        if self._free_blocks:
-            slot = self._free_blocks.pop()
-        else:
-            slot = self._num_slots
-            self._num_slots += 1
-            self._grow_blocks(self._num_slots)
-        d = key_digest(key)
-        lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
-        self._head[slot] = _NO_ROW
-        self._block_ns[slot] = ns
-        self._bkey[slot, 0] = lo
-        self._bkey[slot, 1] = hi
-        if len(key) != KEY_BYTES:
-            self._long_keys[(ns, d)] = bytes(key)
-        self._tables[ns].insert_words(lo, hi, slot)
-        return slot
+    def set_load(self, holder: int, load: float) -> None:
+        """The holder's load (lower is preferred among replicas of equal rank).
 
-    def _new_row(self) -> int:
-        """One free row (scalar path of :meth:`_new_rows`)."""
-        if self._free_rows:
-            return self._free_rows.pop()
-        return int(self._new_rows(1)[0])
+        Raises:
+            InvalidArgument: unknown holder.
+        """
+        self._holders.set_load(holder, load)
 
-    def _slot(self, ns: int | None, key: bytes) -> int | None:
-        if ns is None:
-            return None
-        got = self._tables[ns].get(key)
-        return None if got < 0 else got
+    def retire_holder(self, holder: int) -> int:
+        """Drop every replica of a holder at once (O(1)); rows are unlinked by GC later.
 
-    def _new_rows(self, count: int) -> np.ndarray:
-        take = min(count, len(self._free_rows))
-        rows = [self._free_rows.pop() for _ in range(take)]
-        fresh = count - take
-        if fresh:
-            start = self._num_rows_used
-            end = start + fresh
-            if end > len(self._holder):
-                old = {name: getattr(self, f"_{name}") for name, _ in ROW_FIELDS}
-                self._alloc_row_columns(max(end, 2 * len(self._holder)), old)
-            self._num_rows_used = end
-            return np.concatenate([np.asarray(rows, dtype=np.int64),
-                                   np.arange(start, end, dtype=np.int64)])
-        return np.asarray(rows, dtype=np.int64)
+        Returns:
+            How many rows the holder had (all of them are now garbage).
 
-    def _key_bytes(self, slot: int) -> bytes:
-        return self._bkey[slot].astype("<u8").tobytes()
+        Raises:
+            InvalidArgument: unknown holder.
+        """
+        return self._holders.retire_holder(holder)
 
-    @staticmethod
-    def _has_long(keys: Sequence[bytes]) -> bool:
-        return any(len(k) != KEY_BYTES for k in keys)
+    def num_holder_replicas(self, holder: int) -> int:
+        """Replica rows of a holder (0 once retired).
 
+        Raises:
+            InvalidArgument: unknown holder.
+        """
+        return self._holders.num_holder_replicas(holder)
+
+    def collect_garbage(self, max_rows: int = 65536, *,
+                        on_only_copies: Callable[[bytes, bytes], None] | None = None) -> int:
+        """Unlink up to ``max_rows`` rows of retired holders (:meth:`HolderRows.collect_garbage
+        <kvstored.master.holders.HolderRows.collect_garbage>`: bounded work, its callback).
+
+        Returns:
+            Rows unlinked (0 when there is no garbage).
+        """
+        return self._holders.collect_garbage(max_rows, on_only_copies=on_only_copies)
+
+    def holder_keys(self, holder: int) -> list[tuple[bytes, bytes, Tier]]:
+        """(namespace_id, key, tier) of every row of a holder (admin and tests; O(its rows))."""
+        return self._holders.holder_keys(holder)
+
+    # ---- replicas --------------------------------------------------------------------
     def _check_row_args(self, holder: int, tier: Tier, size_bytes: int) -> None:
-        self._check_holder(holder)
-        if self._retired[holder]:
+        self._holders.check_holder(holder)
+        c = self._cols
+        if c.retired[holder]:
             raise InvalidArgument(f"holder {holder} is retired; register the node again")
         if tier not in (Tier.DRAM, Tier.SSD):
             raise InvalidArgument(f"tier must be DRAM or SSD, got {tier!r}")
@@ -241,37 +165,6 @@ class BlockIndex(HolderRows):
                 f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}"
             )
 
-    def _find_row(self, slot: int, holder: int, tier: int) -> tuple[int, int]:
-        """(row, previous row) of (holder, tier) in a block's chain, or (-1, last row)."""
-        prev = _NO_ROW
-        row = int(self._head[slot])
-        while row != _NO_ROW:
-            if int(self._holder[row]) == holder and int(self._tier[row]) == tier:
-                return row, prev
-            prev, row = row, int(self._next[row])
-        return _NO_ROW, prev
-
-    def _unlink(self, slot: int, row: int, prev: int) -> None:
-        self._unlink_holder(row)
-        nxt = int(self._next[row])
-        if prev == _NO_ROW:
-            self._head[slot] = nxt
-        else:
-            self._next[prev] = nxt
-        self._state[row] = _FREE
-        self._next[row] = _NO_ROW
-        self._block[row] = _NO_ROW
-        self._free_rows.append(row)
-        if nxt == _NO_ROW and prev == _NO_ROW:  # the block has no row left
-            ns = int(self._block_ns[slot])
-            lo, hi = (int(w) for w in self._bkey[slot])
-            deleted = self._tables[ns].delete_words(lo, hi)
-            assert deleted
-            if self._long_keys:
-                self._long_keys.pop((ns, self._key_bytes(slot)), None)
-            self._free_blocks.append(slot)
-
-    # ---- replicas --------------------------------------------------------------------
     def add_replica(
         self,
         namespace_id: bytes,
@@ -299,33 +192,34 @@ class BlockIndex(HolderRows):
         Raises:
             InvalidArgument: unknown or retired holder, bad tier or size.
         """
+        c = self._cols
         self._check_row_args(holder, tier, size_bytes)
-        ns = self._ns(namespace_id, create=True)
+        ns = c.ns(namespace_id, create=True)
         assert ns is not None
-        slot = self._slot(ns, key)
+        slot = c.slot(ns, key)
         if slot is None:
-            slot = self._new_block(ns, key)
+            slot = c.new_block(ns, key)
         else:
-            row, _ = self._find_row(slot, holder, int(tier))
-            if row != _NO_ROW:
+            row, _ = c.find_row(slot, holder, int(tier))
+            if row != NO_ROW:
                 if state is ReplicaState.COMMITTED and (replace_generation or (
-                        self._state[row] & STATE_MASK) != ReplicaState.COMMITTED):
-                    self._state[row] = ReplicaState.COMMITTED | (COPY_BIT if copy else 0)
-                    self._size[row] = size_bytes
-                    self._gen[row] = generation
+                        c.state[row] & STATE_MASK) != ReplicaState.COMMITTED):
+                    c.state[row] = ReplicaState.COMMITTED | (COPY_BIT if copy else 0)
+                    c.size[row] = size_bytes
+                    c.gen[row] = generation
                 return False
-        row = self._new_row()
-        self._holder[row] = holder
-        self._tier[row] = int(tier)
-        self._state[row] = int(state) | (COPY_BIT if copy and state is ReplicaState.COMMITTED
-                                         else 0)
-        self._size[row] = size_bytes
-        self._gen[row] = generation
-        self._next[row] = self._head[slot]
-        self._block[row] = slot
-        self._head[slot] = row
-        self._holder_rows[holder] += 1
-        self._link_holder_one(holder, row)
+        row = c.new_row()
+        c.holder[row] = holder
+        c.tier[row] = int(tier)
+        c.state[row] = int(state) | (COPY_BIT if copy and state is ReplicaState.COMMITTED
+                                     else 0)
+        c.size[row] = size_bytes
+        c.gen[row] = generation
+        c.next[row] = c.head[slot]
+        c.block[row] = slot
+        c.head[slot] = row
+        c.holder_rows[holder] += 1
+        c.link_holder_one(holder, row)
         return True
 
     def add_replicas_bulk(
@@ -354,6 +248,7 @@ class BlockIndex(HolderRows):
         Raises:
             InvalidArgument: unknown or retired holder, lengths differ, bad tier or size.
         """
+        c = self._cols
         n = len(keys)
         tier_arr = np.asarray(tiers, dtype=np.int64)
         size_arr = np.asarray(sizes, dtype=np.int64)
@@ -381,18 +276,18 @@ class BlockIndex(HolderRows):
             raise InvalidArgument(f"tier must be DRAM (1) or SSD (2), got {int(bad)}")
         if (size_arr < 0).any() or (size_arr > MAX_SIZE_BYTES).any():
             raise InvalidArgument(f"every size_bytes must be in [0, {MAX_SIZE_BYTES}]")
-        ns = self._ns(namespace_id, create=True)
+        ns = c.ns(namespace_id, create=True)
         assert ns is not None
         words = keys_to_words(keys)
         _, first_of, inverse = np.unique(words.view(np.dtype((np.void, 16))).ravel(),
                                             return_index=True, return_inverse=True)
         uwords = words[first_of]
-        uslots = self._tables[ns].get_many(uwords)
+        uslots = c.tables[ns].get_many(uwords)
         absent = np.flatnonzero(uslots < 0)
         if len(absent):
-            uslots[absent] = self._new_blocks(ns, uwords[absent],
+            uslots[absent] = c.new_blocks(ns, uwords[absent],
                                               [keys[int(first_of[i])] for i in absent]
-                                              if self._has_long(keys) else [])
+                                              if _has_long(keys) else [])
         slots = uslots[inverse.ravel()]
         # one row per distinct (slot, tier); duplicates in the batch are dropped
         combo = slots * 4 + tier_arr
@@ -409,36 +304,37 @@ class BlockIndex(HolderRows):
             gen_arr, state_arr = gen_arr[keep], state_arr[keep]
             if len(slots) == 0:
                 return 0
-        rows = self._new_rows(len(slots))
-        self._holder[rows] = holder
-        self._tier[rows] = tier_arr
-        self._state[rows] = state_arr
-        self._size[rows] = size_arr
-        self._gen[rows] = gen_arr
-        self._block[rows] = slots
+        rows = c.new_rows(len(slots))
+        c.holder[rows] = holder
+        c.tier[rows] = tier_arr
+        c.state[rows] = state_arr
+        c.size[rows] = size_arr
+        c.gen[rows] = gen_arr
+        c.block[rows] = slots
         # link: blocks appearing once in this batch are linked in one vectorized step
         if len(np.unique(slots)) == len(slots):
-            self._next[rows] = self._head[slots]
-            self._head[slots] = rows
+            c.next[rows] = c.head[slots]
+            c.head[slots] = rows
         else:
             for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
-                self._next[r] = self._head[s]
-                self._head[s] = r
-        self._holder_rows[holder] += len(rows)
-        self._link_holder(holder, rows)
+                c.next[r] = c.head[s]
+                c.head[s] = r
+        c.holder_rows[holder] += len(rows)
+        c.link_holder(holder, rows)
         return len(rows)
 
     def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
         """Per slot: whether ``holder`` already has a row of that tier (vectorized walk)."""
+        c = self._cols
         found = np.zeros(len(slots), dtype=np.bool_)
-        cur = self._head[slots].astype(np.int64)
+        cur = c.head[slots].astype(np.int64)
         while True:
             idx = np.flatnonzero(cur >= 0)
             if len(idx) == 0:
                 return found
             r = cur[idx]
-            found[idx] |= (self._holder[r] == holder) & (self._tier[r] == tiers[idx])
-            cur[idx] = self._next[r]
+            found[idx] |= (c.holder[r] == holder) & (c.tier[r] == tiers[idx])
+            cur[idx] = c.next[r]
 
     def remove_replica(self, namespace_id: bytes, key: bytes, *, holder: int, tier: Tier) -> bool:
         """Drop one replica (a node evicted or removed it).
@@ -446,19 +342,20 @@ class BlockIndex(HolderRows):
         Returns:
             True if it was indexed.
         """
-        ns = self._ns(namespace_id, create=False)
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
         if ns is None:
             return False
-        slot = self._slot(ns, key)
+        slot = c.slot(ns, key)
         if slot is None:
             return False
-        row, prev = self._find_row(slot, holder, int(tier))
-        if row == _NO_ROW:
+        row, prev = c.find_row(slot, holder, int(tier))
+        if row == NO_ROW:
             return False
-        self._holder_rows[holder] -= 1
-        if self._retired[holder]:  # a garbage row unlinked before GC reached it
-            self._num_dead_rows -= 1
-        self._unlink(slot, row, prev)
+        c.holder_rows[holder] -= 1
+        if c.retired[holder]:  # a garbage row unlinked before GC reached it
+            self._holders.num_dead_rows -= 1
+        c.unlink(slot, row, prev)
         return True
 
     def replicas(self, namespace_id: bytes, key: bytes, *, readable_only: bool = False) -> list[Replica]:
@@ -467,41 +364,30 @@ class BlockIndex(HolderRows):
         Args:
             readable_only: only COMMITTED replicas of readable holders.
         """
-        ns = self._ns(namespace_id, create=False)
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
         if ns is None:
             return []
-        slot = self._slot(ns, key)
+        slot = c.slot(ns, key)
         if slot is None:
             return []
         out = []
-        row = int(self._head[slot])
-        while row != _NO_ROW:
-            h = int(self._holder[row])
-            raw = int(self._state[row])
+        row = int(c.head[slot])
+        while row != NO_ROW:
+            h = int(c.holder[row])
+            raw = int(c.state[row])
             st = raw & STATE_MASK
-            if not self._retired[h] and (
-                not readable_only or (self._readable[h] and st == ReplicaState.COMMITTED)
+            if not c.retired[h] and (
+                not readable_only or (c.readable[h] and st == ReplicaState.COMMITTED)
             ):
-                out.append(Replica(h, Tier(int(self._tier[row])), int(self._size[row]),
-                                   int(self._gen[row]), ReplicaState(st), bool(raw & COPY_BIT)))
-            row = int(self._next[row])
+                out.append(Replica(h, Tier(int(c.tier[row])), int(c.size[row]),
+                                   int(c.gen[row]), ReplicaState(st), bool(raw & COPY_BIT)))
+            row = int(c.next[row])
         return out
 
-    def _generation_rows(self, namespace_id: bytes, key: bytes, generation: int) -> list[tuple[int, int, int]]:
-        ns = self._ns(namespace_id, create=False)
-        if ns is None:
-            return []
-        slot = self._slot(ns, key)
-        if slot is None:
-            return []
-        out = []
-        prev, row = _NO_ROW, int(self._head[slot])
-        while row != _NO_ROW:
-            if (int(self._gen[row]) == generation and self._state[row] == ReplicaState.WRITING
-                    and not self._retired[int(self._holder[row])]):
-                out.append((slot, row, prev))
-            prev, row = row, int(self._next[row])
-        return out
+    def _write_slot(self, namespace_id: bytes, key: bytes) -> int | None:
+        c = self._cols
+        return c.slot(c.ns(namespace_id, create=False), key)
 
     def commit_generation(self, namespace_id: bytes, key: bytes, generation: int) -> int:
         """Commit the WRITING replicas of one write (PutEnd commit).
@@ -510,10 +396,8 @@ class BlockIndex(HolderRows):
             Replicas committed; 0 when no WRITING replica of that generation exists (a
             stale or unknown write: the caller refuses it).
         """
-        rows = self._generation_rows(namespace_id, key, generation)
-        for _, row, _ in rows:
-            self._state[row] = int(ReplicaState.COMMITTED)
-        return len(rows)
+        return generations.commit_write(self._cols, self._write_slot(namespace_id, key),
+                                        generation)
 
     def abort_generation(self, namespace_id: bytes, key: bytes, generation: int) -> int:
         """Drop the WRITING replicas of one write (PutEnd abort, or a lapsed write lease).
@@ -521,33 +405,20 @@ class BlockIndex(HolderRows):
         Returns:
             Replicas dropped (0: no such write in progress).
         """
-        rows = self._generation_rows(namespace_id, key, generation)
-        for slot, row, _ in reversed(rows):  # unlink tail-first so earlier prevs stay valid
-            _, prev = self._find_row_exact(slot, row)
-            self._holder_rows[int(self._holder[row])] -= 1
-            self._unlink(slot, row, prev)
-        return len(rows)
+        return generations.abort_write(self._cols, self._write_slot(namespace_id, key),
+                                       generation)
 
-    def _find_row_exact(self, slot: int, target: int) -> tuple[int, int]:
-        prev, row = _NO_ROW, int(self._head[slot])
-        while row != _NO_ROW and row != target:
-            prev, row = row, int(self._next[row])
-        return row, prev
-
-    # ---- lookup ----------------------------------------------------------------------
+    # ---- lookup (ranking: master/ranking.py) -----------------------------------------
     def lookup_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
     ) -> PrefixHit:
         """Longest prefix present cluster-wide and the best replica of each of its blocks.
 
         Stops at the first block without a readable COMMITTED replica. Best = local DRAM >
-        local SSD > remote DRAM > remote SSD, then an original over a remote-fill copy
-        (its owner is the safer, and usually the less busy, source), then the least loaded
-        holder, then the lowest holder id (deterministic). A block with more than :data:`MAX_RANKED_REPLICAS` rows
-        (a hot block held by many nodes) is ranked among its newest rows only, unless
-        none of them is readable, so a lookup's cost does not grow with the node count (at
-        1,000 nodes a system prompt's blocks have 1,000 replicas). Never pins, touches or
-        changes anything.
+        local SSD > remote DRAM > remote SSD, then an original over a remote-fill copy, then
+        the least loaded holder, then the lowest holder id (deterministic; master/ranking.py,
+        which also bounds the rows ranked per block). Never pins, touches or changes
+        anything.
 
         Args:
             namespace_id: the blocks' namespace.
@@ -557,20 +428,21 @@ class BlockIndex(HolderRows):
         Returns:
             The best replica of each leading present block, as columns.
         """
-        ns = self._ns(namespace_id, create=False)
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
         if ns is None or not keys:
             return EMPTY_HIT
-        slots = self._tables[ns].get_many(keys_to_words(keys))
+        slots = c.tables[ns].get_many(keys_to_words(keys))
         missing = np.flatnonzero(slots < 0)
         if len(missing):
             slots = slots[: int(missing[0])]
         if len(slots) == 0:
             return EMPTY_HIT
-        best_row, best_holder = self._best(slots, local_holder)
+        best_row, best_holder = best_rows(c, slots, local_holder)
         missing = np.flatnonzero(best_row < 0)
         count = int(missing[0]) if len(missing) else len(slots)
         rows = best_row[:count]
-        return PrefixHit(best_holder[:count], self._tier[rows], self._size[rows], self._gen[rows])
+        return PrefixHit(best_holder[:count], c.tier[rows], c.size[rows], c.gen[rows])
 
     def lookup_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
@@ -584,59 +456,16 @@ class BlockIndex(HolderRows):
             ``(positions, hit)``: int64 indexes into ``keys`` of the present blocks, in
             order, and their best replicas as columns (row i is ``keys[positions[i]]``).
         """
-        ns = self._ns(namespace_id, create=False)
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
         if ns is None or not keys:
             return np.zeros(0, np.int64), EMPTY_HIT
-        slots = self._tables[ns].get_many(keys_to_words(keys))
+        slots = c.tables[ns].get_many(keys_to_words(keys))
         positions = np.flatnonzero(slots >= 0)
         if len(positions) == 0:
             return positions, EMPTY_HIT
-        best_row, best_holder = self._best(slots[positions], local_holder)
+        best_row, best_holder = best_rows(c, slots[positions], local_holder)
         ok = best_row >= 0
         rows = best_row[ok]
-        return positions[ok], PrefixHit(best_holder[ok], self._tier[rows], self._size[rows],
-                                        self._gen[rows])
-
-    def _best(self, slots: np.ndarray, local_holder: int) -> tuple[np.ndarray, np.ndarray]:
-        """(best row or -1 when no replica is readable, its holder) of each block slot."""
-        # level 0: every block's first row (a block in the table always has one); most
-        # blocks have one replica, so later levels touch few blocks
-        first = self._head[slots].astype(np.int64)
-        best_row, best_score, best_holder = self._score(first, local_holder)
-        cur = self._next[first].astype(np.int64)
-        idx = np.flatnonzero((cur >= 0) & (best_score >= _LOCAL_SSD_SCORE))
-        level = 1
-        while len(idx):
-            r = cur[idx]
-            row, score, h = self._score(r, local_holder)
-            bs = best_score[idx]
-            better = (row >= 0) & ((score < bs) | ((score == bs) & (h < best_holder[idx])))
-            sel = idx[better]
-            best_row[sel] = r[better]
-            best_score[sel] = score[better]
-            best_holder[sel] = h[better]
-            nxt = self._next[r]
-            cur[idx] = nxt
-            # a local DRAM replica cannot be beaten: that block's walk ends; past
-            # MAX_RANKED_REPLICAS rows only blocks without a readable replica walk on
-            keep = (nxt >= 0) & (best_score[idx] >= _LOCAL_SSD_SCORE)
-            level += 1
-            if level >= MAX_RANKED_REPLICAS:
-                keep &= best_row[idx] < 0
-            idx = idx[keep]
-        return best_row, best_holder
-
-    def _score(self, rows: np.ndarray, local_holder: int
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row or -1 if unreadable, score: lower is better, holder) of some rows."""
-        h = self._holder[rows].astype(np.int64)
-        st = self._state[rows]
-        ok = ((st & STATE_MASK) == ReplicaState.COMMITTED) & self._readable[h]
-        rank = np.where(h == local_holder, 0.0, 2.0) + (self._tier[rows] == Tier.SSD) \
-            + 0.5 * (st >= COPY_BIT)
-        score = rank * _RANK_SCORE + np.minimum(self._load[h], _LOAD_CLIP)
-        score[~ok] = np.inf
-        return np.where(ok, rows, _NO_ROW), score, h
-
-__all__ = ["MAX_RANKED_REPLICAS", "MAX_SIZE_BYTES", "ROW_FIELDS", "BlockIndex", "Generations", "PrefixHit", "Replica",
-           "ReplicaState"]
+        return positions[ok], PrefixHit(best_holder[ok], c.tier[rows], c.size[rows],
+                                        c.gen[rows])

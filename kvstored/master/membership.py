@@ -51,95 +51,29 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 import structlog
 
 from kvstored.clock import Clock
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master import health
-from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.copies import Promotions, copy_to_promote
-from kvstored.master.health import NodeHealth
-from kvstored.master.index import BlockIndex, Generations
+from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
+from kvstored.master.generations import Generations
+from kvstored.master.index import BlockIndex
+from kvstored.master.types import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    NodeAction,
+    NodeHealth,
+    NodeSpec,
+    RegisterOutcome,
+    TierUsage,
+)
 from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
-
-
-class NodeAction(IntEnum):
-    """What a node must do next (mirrors ``kvstored.v1.NodeAction``)."""
-
-    NONE = 0
-    REREGISTER = 1
-    RESYNC = 2
-
-
-class EventKind(IntEnum):
-    """Mirrors ``kvstored.v1.BlockEventKind``."""
-
-    ADDED = 1
-    REMOVED = 2
-
-
-@dataclass(frozen=True, slots=True)
-class TierUsage:
-    """Capacity and usage of one tier of a node, bytes."""
-
-    tier: Tier
-    capacity_bytes: int
-    used_bytes: int = 0
-    num_blocks: int = 0
-
-    @property
-    def free_bytes(self) -> int:
-        """Capacity not used (never negative)."""
-        return max(0, self.capacity_bytes - self.used_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """What a node tells the master when it registers.
-
-    Attributes:
-        node_id: unique name of the node (1-128 characters).
-        epoch: the daemon start (ns); larger for every restart.
-        grpc_address: ``host:port`` of its gRPC API.
-        data_address: ``host:port`` of its data plane.
-        tiers: capacity (and usage) per tier.
-        transports: data-plane transports it speaks, e.g. ``("tcp",)``.
-    """
-
-    node_id: str
-    epoch: int
-    grpc_address: str
-    data_address: str
-    tiers: tuple[TierUsage, ...]
-    transports: tuple[str, ...] = ("tcp",)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRef:
-    """One block on a node: namespace id, key, tier, size and the holder's generation of
-    the replica (0 = the node does not know it: the master issues one); ``copy``: the
-    replica is a remote-fill copy of another node's block (an ADDED event of an indexed
-    replica sets or clears it)."""
-
-    namespace_id: bytes
-    key: bytes
-    tier: Tier
-    size_bytes: int
-    generation: int = 0
-    copy: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvent:
-    """One ordered change on a node (``seq`` 1, 2, 3... per epoch)."""
-
-    seq: int
-    kind: EventKind
-    block: BlockRef
 
 
 @dataclass(slots=True)
@@ -175,14 +109,6 @@ class NodeRecord:
         if not self.healthy:
             return NodeHealth.UNHEALTHY
         return NodeHealth.SYNCING if not self.synced or self.gap else NodeHealth.HEALTHY
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterOutcome:
-    """Answer to a registration."""
-
-    lease_s: float
-    superseded_epoch: bool
 
 
 class Membership:

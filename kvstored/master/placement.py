@@ -43,14 +43,25 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import structlog
 
-from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.master.index import MAX_SIZE_BYTES, ReplicaState
+from kvstored.errors import (
+    InvalidArgument,
+    KvstoredError,
+    NoCapacity,
+    NotFound,
+    ReplicaNotReady,
+)
 from kvstored.master.membership import Membership, NodeRecord
+from kvstored.master.types import (
+    MAX_SIZE_BYTES,
+    PlacedReplica,
+    PlacementPolicy,
+    PutStartOutcome,
+    ReplicaState,
+)
 from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
@@ -64,40 +75,6 @@ def _check_batch(num_items: int) -> None:
     if num_items > MAX_BATCH_ITEMS:
         raise InvalidArgument(
             f"{num_items} items in one batched put call; the limit is {MAX_BATCH_ITEMS}")
-
-
-class PlacementPolicy(StrEnum):
-    """How ``start_put`` orders candidate nodes."""
-
-    LOCAL_FIRST = "local-first"
-    MOST_FREE = "most-free"
-    RANDOM = "random"
-
-
-@dataclass(frozen=True, slots=True)
-class PlacedReplica:
-    """Where one replica of a write goes."""
-
-    node_id: str
-    epoch: int
-    holder: int
-    tier: Tier
-    data_address: str
-
-
-@dataclass(frozen=True, slots=True)
-class PutStartOutcome:
-    """Answer to ``start_put``.
-
-    Attributes:
-        exists: the block is already committed somewhere readable (nothing to write).
-        generation: the write's generation (0 when ``exists``).
-        replicas: where to write, in policy order (empty when ``exists``).
-    """
-
-    exists: bool
-    generation: int
-    replicas: tuple[PlacedReplica, ...]
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""MasterService: the thin grpc.aio adapter over membership, index and placement.
+"""MasterService: the thin grpc.aio adapter over one term's MasterState (master/state.py).
 
 Every method decodes its request, calls the plain-Python components on the event loop (one
 loop, no locks) and encodes the answer. A :class:`KvstoredError` becomes a gRPC status with
@@ -28,18 +28,19 @@ from kvstored.errors import (
 )
 from kvstored.master import admin
 from kvstored.master.index import BlockIndex
-from kvstored.master.membership import (
+from kvstored.master.membership import Membership, NodeRecord
+from kvstored.master.metrics import MasterMetrics
+from kvstored.master.placement import Placement
+from kvstored.master.state import MasterState
+from kvstored.master.types import (
     BlockEvent,
     BlockRef,
     EventKind,
-    Membership,
     NodeAction,
-    NodeRecord,
     NodeSpec,
+    PlacementPolicy,
     TierUsage,
 )
-from kvstored.master.metrics import MasterMetrics
-from kvstored.master.placement import Placement, PlacementPolicy
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -131,22 +132,41 @@ def node_info(rec: NodeRecord) -> pb.NodeInfo:
 
 
 class MasterServicer(pb_grpc.MasterServiceServicer):
-    """gRPC adapter over one master's components.
+    """gRPC adapter over one master term's :class:`~kvstored.master.state.MasterState`.
 
     Args:
-        membership: nodes, leases and health (owns ``membership.index``).
-        placement: two-phase puts over the same membership.
-        master_epoch: this master start's epoch (reported to nodes and kvstorectl).
+        state: the term's index, membership and placement (swap in a new term's with
+            :meth:`set_state`).
         metrics: where lookups, puts and admin calls are counted (a fresh registry if None).
     """
 
-    def __init__(self, membership: Membership, placement: Placement, *, master_epoch: int,
-                 metrics: MasterMetrics | None = None) -> None:
-        self.membership = membership
-        self.placement = placement
-        self.index: BlockIndex = membership.index
-        self.master_epoch = master_epoch
+    def __init__(self, state: MasterState, *, metrics: MasterMetrics | None = None) -> None:
+        self.state = state
         self.metrics = metrics if metrics is not None else MasterMetrics()
+
+    def set_state(self, state: MasterState) -> None:
+        """Serve a new term's state from the next call on (the old one is dropped whole)."""
+        self.state = state
+
+    @property
+    def membership(self) -> Membership:
+        """The current term's membership."""
+        return self.state.membership
+
+    @property
+    def placement(self) -> Placement:
+        """The current term's placement."""
+        return self.state.placement
+
+    @property
+    def index(self) -> BlockIndex:
+        """The current term's block index."""
+        return self.state.index
+
+    @property
+    def master_epoch(self) -> int:
+        """The current term's epoch (reported to nodes and kvstorectl)."""
+        return self.state.epoch
 
     def _lease_ms(self) -> int:
         return int(self.membership.node_lease_s * 1000)

@@ -4,7 +4,7 @@ One process serves, from one asyncio loop:
 
 - the node gRPC API (grpc.aio) on every ``node.listen`` address (unix socket and TCP,
   loopback by default), plus the scheduler service (``enable_scheduler``);
-- the TCP data plane (:class:`~kvstored.transport.tcp.DataPlaneServer`, its own threads);
+- the TCP data plane (:class:`~kvstored.transport.tcp_server.DataPlaneServer`, its own threads);
 - the lean control channel (:class:`~kvstored.node.control.ControlServer`) on
   ``<first unix listen path>.ctl``: the hot ops of local clients, one round trip per batch;
 - Prometheus ``/metrics`` (prometheus_client's WSGI server thread);
@@ -57,7 +57,8 @@ from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.listen import add_grpc_port
-from kvstored.transport.tcp import DataPlaneServer, format_host_port, parse_host_port
+from kvstored.transport.tcp import format_host_port, parse_host_port
+from kvstored.transport.tcp_server import DataPlaneServer
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -1,54 +1,46 @@
-"""The node's local put paths, a batch at a time (a NodeCore mixin).
+"""The node's put paths without a lease: reserve, copy in, commit or abort, a batch at a time.
 
 ::
 
-    reserve_put --> validate each item (its own error) --> TieredStore.reserve_many (one
-                    lock, one extent) --> Lease([Reservation | PutOutcome ...]) --> id
-    commit_put  --> LeaseBook.take (the holder's ack) --> TieredStore.commit_many (one lock,
-                    head last so it is most recent) --> per item: stored / existed / error
-    put_inline  --> the same reserve (no lease) --> copy the request's values in --> commit
-                    (gRPC Put, and the control channel's one-round-trip put of small batches)
+    reserve_batch --> validate each item (its own error) --> TieredStore.reserve_many (one
+                      lock, one extent) --> per item: Reservation | PutOutcome
+    commit_items  --> TieredStore.commit_many (one lock, head last so it is most recent)
+                      --> per item: stored / existed / error
+    put_inline    --> the same reserve --> copy the request's values in --> commit
+                      (gRPC Put, and the control channel's one-round-trip put of small batches)
+    reserve_one   --> one item at a time, reserved once its payload arrives (the data plane)
 
-Per batch, not per key: the store lock, the lease record and the transfer metrics are taken
-once; per key there remain the item checks, the store's index insert and change-feed event,
-and one response item. ``may_block=False`` (the event loop) reserves only what fits in free
-space and answers :data:`~kvstored.tiers.base.NEEDS_IO` (nothing reserved, nothing counted)
-when an eviction, which may demote to SSD, would be needed; the servicer then runs the call
-again in its store executor.
+The writer of these reservations is the node itself (a gRPC handler copying a request's
+values, a data-plane thread receiving into them, a remote fill copying a peer's block), so
+they carry no lease: the writer aborts only after its own copy returned (self-fenced). The
+shared-memory put, whose writer is a client, takes the same reservations under a lease and
+a session in kvstored/node/grants.py.
 
-Safety is unchanged (fencing: kvstored/node/sessions.py): a reservation is invisible to
-readers until its commit; a lease that lapses quarantines its space, which only the client's
-ack (CommitPut / abort, answered LeaseExpired) or its session's end frees; an orphaned
-grant is freed by the client's orphan ack.
+Per batch, not per key: the store lock and the transfer metrics are taken once; per key
+there remain the item checks, the store's index insert and change-feed event, and one
+response item. ``may_block=False`` (the event loop) reserves only what fits in free space
+and answers :data:`~kvstored.tiers.base.NEEDS_IO` (nothing reserved, nothing counted) when
+an eviction, which may demote to SSD, would be needed; the servicer then runs the call again
+in its store executor.
+
+Thread-safe (the store is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvstored.errors import BlockTooLarge, KvstoredError, LeaseExpired, NotFound
-from kvstored.node.sessions import NO_SESSION, LeaseBook, LeaseState
+from kvstored.errors import BlockTooLarge, KvstoredError, NoCapacity
+from kvstored.node.limits import MAX_META_BYTES
 from kvstored.tiers.base import NEEDS_IO
-from kvstored.types import Reservation
+from kvstored.types import PutOutcome, Reservation
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from kvstored.config import NodeConfig
+    from kvstored.metrics import NodeMetrics
+    from kvstored.node.limits import DrainGate, RequestLimits
     from kvstored.tiers.tiered import TieredStore
-
-MAX_META_BYTES = 4096
-"""Largest per-block metadata accepted, bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class PutOutcome:
-    """Result of storing one block: ``stored`` False with no error = it already existed."""
-
-    stored: bool
-    error: KvstoredError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,105 +57,115 @@ EXISTED = PutOutcome(False)
 """Shared outcomes (frozen): no object per key on the hot path."""
 
 ReservedItem = Reservation | PutOutcome
-"""One item of a reservation lease: reserved, or its final outcome (existed, or an error)."""
+"""One item of a reservation: reserved, or its final outcome (existed, or an error)."""
 
 
-class ShmPutMixin:
-    """ReservePut / CommitPut of :class:`~kvstored.node.core.NodeCore` (see the module docstring)."""
+class LocalPuts:
+    """Reserve / commit / abort and the inline put of one node (see the module docstring).
 
-    store: TieredStore
-    cfg: NodeConfig
-    leases: LeaseBook
-    check_epoch: Callable[[int], None]
-    check_batch: Callable[[int], None]
-    check_namespace_id: Callable[[bytes], None]
-    put_in_flight: Callable[[], AbstractContextManager[None]]
-    put_item_error: Callable[[int, bytes, int, bytes], KvstoredError | None]
-    _count_item_error: Callable[[KvstoredError], KvstoredError]
-    _record_lease: Callable[..., int]
-    abort_reserved: Callable[[Sequence[object]], None]
-    count_transfer: Callable[[str, str, int, int], None]
+    Args:
+        store: the block store (thread-safe).
+        limits: the request limits (item checks, item error counts).
+        gate: the drain gate (a draining node refuses new puts).
+        metrics: where to count transfers; None = nowhere.
+    """
 
-    def reserve_put(
+    def __init__(
+        self, store: TieredStore, limits: RequestLimits, gate: DrainGate,
+        metrics: NodeMetrics | None,
+    ) -> None:
+        self._store = store
+        self._limits = limits
+        self._gate = gate
+        self._metrics = metrics
+
+    def reserve_items(
         self,
         items: Sequence[tuple[bytes, int, bytes]],
         namespace_id: bytes,
         *,
-        lease_ms: int = 0,
-        epoch: int = 0,
-        session_id: int = NO_SESSION,
-        request_id: int = 0,
-    ) -> tuple[int, list[ReserveOutcome]]:
-        """Reserve arena space for the shared-memory put path, under a lease and a session.
+        copy: bool = False,
+    ) -> list[Reservation | PutOutcome]:
+        """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
+
+        A key repeated within the batch is an ok no-op after its first (valid) occurrence:
+        first writer wins, as across batches. ``copy``: the items are remote-fill copies of
+        blocks a peer holds (``TieredStore.reserve(copy=True)``: a copy never evicts a block
+        the pool holds nowhere else; no room is the item's NoCapacity, not counted as an
+        item error).
+
+        The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
+        returned Reservation; if this raises, what it reserved is aborted.
+        """
+        out: list[Reservation | PutOutcome] = []
+        seen: set[bytes] = set()
+        try:
+            for i, (key, size, meta) in enumerate(items):
+                out.append(self.reserve_one(i, key, size, meta, namespace_id, seen=seen,
+                                            copy=copy))
+        except BaseException:
+            self.abort_reserved(out)
+            raise
+        return out
+
+    def reserve_one(
+        self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
+        *, seen: set[bytes] | None = None, copy: bool = False,
+    ) -> Reservation | PutOutcome:
+        """Validate and reserve item ``index`` of a batch (no lease).
+
+        Used by the data plane to reserve each item only once its payload starts arriving.
 
         Returns:
-            ``(reservation_id, outcomes)``; ``reservation_id`` is 0 when nothing was reserved
-            (every item existed or failed). Commit or abort with :meth:`commit_put`; a lease
-            not committed within ``lease_ms`` is quarantined by :meth:`reap_expired` (freed on
-            the client's CommitPut or when its session ends, never on a timer).
-
-        Raises:
-            Draining, Unavailable (epoch mismatch; session not open), BatchTooLarge,
-            InvalidArgument, NoCapacity (the session's quarantine is over its bound).
+            A Reservation the caller must commit or abort, or the item's outcome (already
+            stored, or its own error, counted in metrics). ``seen`` (the batch's keys so far)
+            makes a later duplicate of a key in the same batch an ok no-op: first writer wins
+            within a batch too.
         """
-        rid, got = self.reserve_put_items(
-            items, namespace_id, lease_ms=lease_ms, epoch=epoch, session_id=session_id,
-            request_id=request_id,
-        )
-        assert isinstance(got, list)
-        return rid, [
-            ReserveOutcome(offset=x.offset)
-            if isinstance(x, Reservation)
-            else ReserveOutcome(exists=x.error is None, error=x.error)
-            for x in got
-        ]
+        limits = self._limits
+        err = limits.put_item_error(index, key, size_bytes, meta)
+        if err is not None:
+            return PutOutcome(False, limits.count_item_error(err))
+        if seen is not None:
+            if key in seen:
+                return PutOutcome(False)
+            seen.add(key)
+        try:
+            res = self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
+                                      copy=copy)
+        except NoCapacity as exc:
+            return PutOutcome(False, exc if copy else limits.count_item_error(exc))
+        except KvstoredError as exc:
+            return PutOutcome(False, limits.count_item_error(exc))
+        return PutOutcome(False) if res is None else res
 
-    def reserve_put_items(
-        self,
-        items: Sequence[tuple[bytes, int, bytes]],
-        namespace_id: bytes,
-        *,
-        lease_ms: int = 0,
-        epoch: int = 0,
-        session_id: int = NO_SESSION,
-        request_id: int = 0,
-        may_block: bool = True,
-    ) -> tuple[int, list[ReservedItem] | object]:
-        """:meth:`reserve_put` without the per-item outcome objects (the servicer's form).
+    def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:
+        """Commit every Reservation among ``items`` (head first, so the head is most recent)."""
+        reservations = [x for x in items if isinstance(x, Reservation)]
+        flags = iter(self._store.commit_many(reservations))
+        return [PutOutcome(next(flags)) if isinstance(x, Reservation) else x for x in items]
 
-        Args:
-            may_block: False (the event loop): reserve only from free space, else answer
-                ``(0, NEEDS_IO)`` with nothing reserved, recorded or counted.
+    def abort_reserved(self, items: Sequence[object]) -> None:
+        """Abort every Reservation among ``items`` (idempotent)."""
+        for x in items:
+            if isinstance(x, Reservation):
+                self._store.abort(x)
 
-        Returns:
-            ``(reservation_id, items)``: per item a Reservation (write at its offset), or its
-            PutOutcome (``error`` None: stored already or repeated in the batch). Or
-            ``(0, NEEDS_IO)``.
-
-        Raises:
-            As :meth:`reserve_put`.
-        """
-        self.check_epoch(epoch)
-        self.check_batch(len(items))
-        self.check_namespace_id(namespace_id)
-        self.leases.check_session(session_id)
-        got = self._reserve_batch(items, namespace_id, may_block)
-        if got is NEEDS_IO:
-            return 0, NEEDS_IO
-        out, num_bytes, reserved = got  # type: ignore[misc]
-        if not reserved:
-            return 0, out
-        rid = self._record_lease("reservation", session_id, out, num_bytes, lease_ms, request_id)
-        return rid, out
-
-    def _reserve_batch(
+    def reserve_batch(
         self, items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes, may_block: bool
     ) -> tuple[list[ReservedItem], int, bool] | object:
         """Validate and reserve a batch (no lease): ``(items, bytes reserved, any reserved)``,
-        or NEEDS_IO (``may_block=False``: nothing reserved or counted)."""
-        cfg = self.cfg
+        or NEEDS_IO (``may_block=False``: nothing reserved or counted).
+
+        The caller commits (:meth:`commit_items`) or aborts every Reservation returned.
+
+        Raises:
+            Draining: the node is shutting down (nothing reserved).
+        """
+        limits = self._limits
+        cfg = limits.cfg
         lo, hi = max(cfg.min_key_bytes, 1), cfg.max_key_bytes
-        store_max = self.store.max_block_bytes
+        store_max = self._store.max_block_bytes
         max_block = min(cfg.max_block_bytes, store_max)
         errors: list[tuple[int, KvstoredError]] = []
         valid: list[int] = []
@@ -171,7 +173,7 @@ class ShmPutMixin:
             if lo <= len(key) <= hi and 0 <= size <= max_block and len(meta) <= MAX_META_BYTES:
                 valid.append(i)
                 continue
-            err = self.put_item_error(i, key, size, meta)
+            err = limits.put_item_error(i, key, size, meta)
             if err is None and size > store_max:
                 err = BlockTooLarge(
                     f"block #{i} is {size} bytes; the store's limit is {store_max} bytes"
@@ -180,8 +182,8 @@ class ShmPutMixin:
                 valid.append(i)
             else:
                 errors.append((i, err))
-        with self.put_in_flight():
-            got = self.store.reserve_many(
+        with self._gate.put_in_flight():
+            got = self._store.reserve_many(
                 items if len(valid) == len(items) else [items[i] for i in valid],
                 namespace_id=namespace_id, may_block=may_block,
             )
@@ -190,7 +192,7 @@ class ShmPutMixin:
         assert isinstance(got, list)
         out: list[ReservedItem] = [EXISTED] * len(items)
         for i, err in errors:
-            out[i] = PutOutcome(False, self._count_item_error(err))
+            out[i] = PutOutcome(False, limits.count_item_error(err))
         num_bytes = 0
         reserved = False
         for i, r in zip(valid, got, strict=True):
@@ -201,7 +203,7 @@ class ShmPutMixin:
                 num_bytes += r.size_bytes
                 reserved = True
             else:
-                out[i] = PutOutcome(False, self._count_item_error(r))
+                out[i] = PutOutcome(False, limits.count_item_error(r))
         return out, num_bytes, reserved
 
     def put_inline(
@@ -215,7 +217,7 @@ class ShmPutMixin:
 
         Args:
             may_block: False (the event loop): answer NEEDS_IO, storing nothing, when the
-                batch needs an eviction (see :meth:`reserve_put_items`).
+                batch needs an eviction (see :meth:`reserve_batch`).
 
         Returns:
             Per item, in order: stored, already present, or its own error (or NEEDS_IO).
@@ -224,13 +226,15 @@ class ShmPutMixin:
             Draining: the node is shutting down.
             BatchTooLarge, InvalidArgument: for the whole call.
         """
-        self.check_batch(len(items))
-        self.check_namespace_id(namespace_id)
-        with self.put_in_flight():
-            got = self._reserve_batch([(k, len(v), m) for k, v, m in items], namespace_id,
-                                      may_block)
+        self._limits.check_batch(len(items))
+        self._limits.check_namespace_id(namespace_id)
+        with self._gate.put_in_flight():
+            got = self.reserve_batch([(k, len(v), m) for k, v, m in items], namespace_id,
+                                     may_block)
             if got is NEEDS_IO:
                 return NEEDS_IO
+            reserved: list[ReservedItem]
+            num_bytes: int
             reserved, num_bytes, _ = got  # type: ignore[misc]
             try:
                 for (_, value, _), r in zip(items, reserved, strict=True):
@@ -239,68 +243,26 @@ class ShmPutMixin:
             except BaseException:
                 self.abort_reserved(reserved)
                 raise
-            out = self._commit_items(reserved)
-        self.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
+            out = self.commit_items(reserved)
+        if self._metrics is not None:
+            self._metrics.count_transfer("grpc", "in", sum(1 for o in out if o.stored), num_bytes)
         return out
 
-    def commit_put(self, reservation_id: int, *, abort: bool = False) -> list[PutOutcome]:
-        """Commit (or abort) a reservation of :meth:`reserve_put` after the client wrote it.
-
-        Either call is the client's acknowledgement: a quarantined reservation (lease lapsed)
-        is freed by it, and a commit of one is refused.
-
-        Returns:
-            Per item of the original ReservePut, in order.
-
-        Raises:
-            LeaseExpired: the lease lapsed before the commit (or the session ended); nothing
-                was stored and the space is freed now.
-            NotFound: unknown id (already committed/aborted, or from before a restart).
-        """
-        state, lease = self.leases.take("reservation", reservation_id)
-        if state is LeaseState.UNKNOWN:
-            raise NotFound(
-                f"reservation {reservation_id} is unknown: already committed or aborted, or "
-                "the node restarted"
-            )
-        if lease is None:  # released when its session ended
-            if abort:
-                return []
-            raise LeaseExpired(
-                f"reservation {reservation_id} was already released (its lease lapsed or its "
-                "session ended); nothing was stored, retry the put"
-            )
-        items = lease.items
-        if state is LeaseState.QUARANTINED and not abort:
-            self.abort_reserved(items)  # acked: the client's copy is over
-            raise LeaseExpired(
-                f"reservation {reservation_id} outlived its lease before the commit; nothing "
-                "was stored, retry the put"
-            )
-        if abort:
-            self.abort_reserved(items)
-            return [EXISTED if isinstance(x, Reservation) else x for x in items]  # type: ignore[misc]
-        out = self._commit_items(items)  # type: ignore[arg-type]
-        self.count_transfer(
-            "shm", "in", sum(o is STORED for o in out),
-            sum(x.size_bytes for x in items if isinstance(x, Reservation)),
-        )
-        return out
-
-    def _commit_items(self, items: Sequence[ReservedItem]) -> list[PutOutcome]:
-        """Commit the Reservations among ``items`` (one store call); per item its outcome."""
+    def commit_items(self, items: Sequence[ReservedItem]) -> list[PutOutcome]:
+        """Commit the Reservations among ``items`` (one store call); per item its outcome
+        (the shared :data:`STORED` / :data:`EXISTED`, or the item's own outcome)."""
         reservations = [x for x in items if isinstance(x, Reservation)]
-        flags = self.store.commit_many(reservations)
+        flags = self._store.commit_many(reservations)
         if len(reservations) == len(items):
             return [STORED if f else EXISTED for f in flags]
         it = iter(flags)
         return [
-            (STORED if next(it) else EXISTED) if isinstance(x, Reservation) else x  # type: ignore[misc]
+            (STORED if next(it) else EXISTED) if isinstance(x, Reservation) else x
             for x in items
         ]
 
 
 __all__ = [
-    "EXISTED", "MAX_META_BYTES", "STORED", "PutOutcome", "ReserveOutcome", "ReservedItem",
-    "ShmPutMixin",
+    "EXISTED", "MAX_META_BYTES", "STORED", "LocalPuts", "PutOutcome", "ReserveOutcome",
+    "ReservedItem",
 ]

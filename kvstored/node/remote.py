@@ -63,11 +63,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from kvstored.client.master import ClusterReplica, MasterClient
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
 from kvstored.types import Reservation, Tier
 from kvstored.transport.base import Transport
+from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.tcp import DataPlaneClient
 
 if TYPE_CHECKING:

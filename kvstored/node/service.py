@@ -11,7 +11,8 @@ tier: evictions are metadata only), else in the executor (an eviction may demote
 Remove (file deletion) and calls that copy larger payloads (inline Put/Get, ListBlocks) run
 in the executor; without an SSD tier Remove is metadata-only and runs on the loop.
 
-Sessions: ``OpenSession`` is a server stream that sends the session id once and stays open
+Sessions (a grant needs one: enforced in kvstored/node/grants.py for every caller):
+``OpenSession`` is a server stream that sends the session id once and stays open
 until the client goes away. The session is closed in the core (which releases what it held;
 fencing rule: kvstored/node/sessions.py) on ``CloseSession`` (the client's ack), or when the
 stream ends and the client's process is gone: the request names the client's pid, the node
@@ -51,9 +52,12 @@ from kvstored.errors import (
     InvalidArgument,
     KvstoredError,
 )
-from kvstored.node.core import MAX_META_BYTES, GetOutcome, NodeCore, PutOutcome
+from kvstored.node.core import NodeCore
+from kvstored.node.grants import require_session
+from kvstored.node.limits import MAX_META_BYTES
+from kvstored.node.reads import GetOutcome
 from kvstored.tiers.base import NEEDS_IO
-from kvstored.types import PinnedBlock, Reservation, Tier
+from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.remote import RemoteReads
@@ -106,22 +110,6 @@ def _time_left(ctx: Any) -> float | None:
 def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
     """Trailing metadata carrying a KvstoredError's code."""
     return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
-
-
-def _need_session(method: str, session_id: int) -> None:
-    """Refuse a shared-memory grant without a session (InvalidArgument).
-
-    A pin or a reservation hands a client arena space it copies on its own. If its lease
-    lapses, the grant is quarantined until the client acknowledges it or its session ends:
-    only then can the space be reused without a late copy touching it. A caller without a
-    session could never be known to be gone, so its lapsed grants would stay quarantined
-    for good (found by a tester: a crashed sessionless caller leaked DRAM until a restart).
-    """
-    if not session_id:
-        raise InvalidArgument(
-            f"{method} grants shared-memory space and needs a session: open one with "
-            "OpenSession (a stream; the session ends with it) and pass its session_id (got 0)"
-        )
 
 
 class NodeServicer:
@@ -244,7 +232,6 @@ class NodeServicer:
         return pb.GetResponse(results=[_get_result(o) for o in out])
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
-        _need_session("ReservePut", req.session_id)
         items = [(it.key, it.size_bytes, it.meta) for it in req.items]
         kwargs = dict(lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
                       request_id=req.request_id)
@@ -279,7 +266,7 @@ class NodeServicer:
     ) -> pb.PinBlocksResponse:
         """PinBlocks; ``into``: fill this (empty) message instead of a new one (the control
         channel passes its response's field, saving a copy)."""
-        _need_session("PinBlocks", req.session_id)
+        require_session("PinBlocks", req.session_id)  # before a fill from peers (core checks too)
         keys = list(req.keys)
         await self._fill_from_peers(keys, req.namespace_id, ctx)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a

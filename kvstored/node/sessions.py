@@ -19,7 +19,7 @@ Who the "writer" is, per path:
   the node releases everything the session held, quarantined space included. (A client in
   another pid namespace names a pid the node cannot see or that is another process: the
   first falls back to the stream's end, the second only delays the release.)
-- The node's own TCP data-plane threads (kvstored/transport/tcp.py) receive into and send
+- The node's own TCP data-plane threads (kvstored/transport/tcp_server.py) receive into and send
   out of reservations and pins they took themselves, without a lease, and abort/unpin them
   only after their own recv/send returned: a data-plane connection is its own session and
   is self-fenced (tested in tests/integration/test_fencing.py).
@@ -35,9 +35,10 @@ quarantined pin keeps its block pinned, so its bytes cannot change under a late 
 (ReleasePins reports it in ``expired_pin_ids`` and the client reports LeaseExpired).
 Quarantined bytes are counted per session and bounded by
 ``node.max_quarantine_bytes_per_session``: a session over the bound gets NoCapacity for new
-pins and reservations, so a stuck client costs capacity, never correctness. Callers without a
-session (session id 0, e.g. raw gRPC tools) share one pseudo-session that never ends: their
-lapsed leases stay quarantined until they ack.
+pins and reservations, so a stuck client costs capacity, never correctness. A grant needs a
+session: kvstored/node/grants.py refuses session id 0 for every caller. The book still keeps
+a pseudo-session ``NO_SESSION`` that never ends (a lease recorded under it would stay
+quarantined until its ack), so that id 0 never names a real session.
 
 ::
 
@@ -78,7 +79,7 @@ from enum import Enum
 from kvstored.errors import NoCapacity, Unavailable
 
 NO_SESSION = 0
-"""Session id of callers without a session (their quarantine ends only with their ack)."""
+"""The id that names no session (grants refuse it; the book's pseudo-session never ends)."""
 _EXPIRED_MEMORY = 4096  # ids of leases released by a session end, to answer LeaseExpired
 _ORPHAN_TOMBSTONES = 4096  # per session: orphan-acked request ids whose request had not arrived
 _IDS_PER_DRAW = 512  # lease ids drawn from the OS's random source at once (one read per draw)

@@ -70,9 +70,8 @@ from typing import Any, Protocol
 import structlog
 
 from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.types import BlockInfo, StoreStats, Tier, TierStats
-from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.base import Transport
+from kvstored.types import BlockInfo, ExportedBlock, StoreStats, Tier, TierStats
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +93,7 @@ class SpillStore(Protocol):
 
 
 class SpillMaster(Protocol):
-    """The master's batched two-phase put (:class:`~kvstored.client.master.MasterClient`)."""
+    """The master's batched two-phase put (:class:`~kvstored.transport.master_rpc.MasterClient`)."""
 
     def put_start_batch(self, items: Sequence[tuple[bytes, bytes, int]], *,
                         writer_node_id: str = "", exclude_writer: bool = False,
@@ -474,7 +473,7 @@ class Spiller:
 def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
                    max_block_bytes: int) -> Spiller:
     """A spiller over a real master (``cfg``: the node's ClusterConfig) and TCP peers."""
-    from kvstored.client.master import MasterClient
+    from kvstored.transport.master_rpc import MasterClient
     from kvstored.transport.tcp import DataPlaneClient
 
     master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s)

@@ -1,7 +1,10 @@
 """SLO-aware scheduler (Mooncake's "Conductor"): cost model, placement, admission, replay.
 
 - :mod:`kvstored.scheduler.costmodel`: prefill / transfer / decode-step predictions.
-- :mod:`kvstored.scheduler.core`: the pure scheduler (instances, policies, admission modes).
+- :mod:`kvstored.scheduler.core`: the pure scheduler, a facade over :mod:`~kvstored.scheduler.prefill`
+  (prefill choice), :mod:`~kvstored.scheduler.decode_table` (decode side) and
+  :mod:`~kvstored.scheduler.admission` (one strategy per admission mode); value types in
+  :mod:`~kvstored.scheduler.types`.
 - :mod:`kvstored.scheduler.sim`: discrete-event replay of Mooncake traces through the core.
 - :mod:`kvstored.scheduler.service`: the gRPC SchedulerService (hosted by ``kvstored serve``).
 - :mod:`kvstored.scheduler.cli` / :mod:`kvstored.scheduler.ctl`: ``kvstored replay|calibrate``,
@@ -11,7 +14,9 @@ See docs/scheduler.md.
 """
 
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.core import (
+from kvstored.scheduler.core import Scheduler
+from kvstored.scheduler.costmodel import CostModel, CostProfile
+from kvstored.scheduler.types import (
     Decision,
     HandoffDecision,
     InstanceSpec,
@@ -20,9 +25,7 @@ from kvstored.scheduler.core import (
     RejectReason,
     Role,
     ScheduleRequest,
-    Scheduler,
 )
-from kvstored.scheduler.costmodel import CostModel, CostProfile
 
 __all__ = [
     "AdmissionMode",

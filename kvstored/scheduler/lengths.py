@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kvstored.scheduler.core import Scheduler, _Decode
+    from kvstored.scheduler.decode_table import DecodeInstance, DecodeTable
 
 MAX_TOKENS = 1 << 17
 """Largest output length the grid represents (longer ones are clipped)."""
@@ -247,11 +247,13 @@ def linear_quantile(const: float, alpha: float, beta: float, mean_n: float, mean
 
 
 def pick_decode_quantile(
-    sched: Scheduler, live: Sequence[_Decode], nows: Sequence[tuple[int, float, float]],
+    table: DecodeTable, lengths: OutputLengthModel,
+    decode_coefficients: tuple[float, float, float], num_indexes: int,
+    live: Sequence[DecodeInstance], nows: Sequence[tuple[int, float, float]],
     vnow: Sequence[float], now: float, t_join: float, input_tokens: int, tbt_slo_s: float,
     admit_probability: float,
-) -> tuple[_Decode, float, float, float]:
-    """``predicted-quantile``'s choice of decode instance (a private helper of the core).
+) -> tuple[DecodeInstance, float, float, float]:
+    """``predicted-quantile``'s choice of decode instance (kvstored/scheduler/admission.py).
 
     For every live decode instance: the distribution of its load at ``t_join`` with the new
     request added (module doc), summarised as the ``admit_probability`` quantile. The instance
@@ -260,7 +262,10 @@ def pick_decode_quantile(
     ``predicted-length``).
 
     Args:
-        sched: the scheduler (its decode table, cost model and length model are read).
+        table: the decode table (read only); ``lengths`` its rows' length distributions
+            (a row is added when the table holds more than it has).
+        decode_coefficients: the cost model's ``(d0, db, dc)`` of the decode step time.
+        num_indexes: decode instance indexes handed out (the table's instance columns).
         live: live decode instances; ``nows`` their (num_running, context_tokens, step_s) now;
             ``vnow`` their token clocks now.
         now / t_join: the current time and the predicted end of the request's prefill, s.
@@ -271,12 +276,12 @@ def pick_decode_quantile(
     Returns:
         (instance, its quantile load, its expected TBT with the request (s), its expected load).
     """
-    tab = sched._table
-    lm = sched.lengths
+    tab = table
+    lm = lengths
     h = tab.hi
     if lm.quantiles.shape[0] < h:  # rows added before this mode was in use
         lm.set_row(h - 1, np.ones(NUM_QUANTILES), 0)
-    k = sched._num_decode_idx
+    k = num_indexes
     inv = np.zeros(k)
     vclock = np.zeros(k)
     for d, (_, _, step), v in zip(live, nows, vnow, strict=True):
@@ -289,7 +294,7 @@ def pick_decode_quantile(
     gen_now = np.where(run, vclock[inst] - tab.vjoin[:h], 0.0)
     quant = lm.quantiles[:h]
     inp = tab.inp[:h]
-    d0, db, dc = sched.cost.decode_coefficients
+    d0, db, dc = decode_coefficients
 
     def moments(rate: np.ndarray) -> tuple[np.ndarray, ...]:
         r = rate[inst]
@@ -304,7 +309,7 @@ def pick_decode_quantile(
         inv[i] = 2.0 / (1.0 / inv[i] + later)
     mean_n, mean_ctx, s0, s1, s2 = moments(inv)
     z = admit_z(admit_probability)
-    best: _Decode | None = None
+    best: DecodeInstance | None = None
     best_q = best_mean = best_tbt = 0.0
     for d, (n_rep, ctx_rep, _) in zip(live, nows, strict=True):
         i = d.idx

@@ -35,18 +35,23 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvstored.errors import ERROR_CODE_METADATA_KEY, InvalidArgument, KvstoredError, NotFound
+from kvstored.errors import (
+    ERROR_CODE_METADATA_KEY,
+    InvalidArgument,
+    KvstoredError,
+    NotFound,
+)
 from kvstored.scheduler.config import SchedulerConfig
-from kvstored.scheduler.core import (
+from kvstored.scheduler.core import Scheduler
+from kvstored.scheduler.costmodel import CostModel, CostProfile
+from kvstored.scheduler.types import (
     Clock,
     Decision,
     InstanceSpec,
     RejectReason,
     Role,
     ScheduleRequest,
-    Scheduler,
 )
-from kvstored.scheduler.costmodel import CostModel, CostProfile
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 

@@ -31,9 +31,10 @@ import numpy as np
 from kvstored.errors import InvalidArgument
 from kvstored.scheduler.cache import BlockCache, EvictionPolicy
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.core import InstanceSpec, RejectReason, Role, ScheduleRequest, Scheduler
+from kvstored.scheduler.core import Scheduler
 from kvstored.scheduler.costmodel import CostModel, CostProfile
 from kvstored.scheduler.trace import TRACE_BLOCK_TOKENS, TraceRecord
+from kvstored.scheduler.types import InstanceSpec, RejectReason, Role, ScheduleRequest
 
 ProgressFn = Callable[[int], None]
 """Called with the number of requests that arrived since the previous call."""

@@ -14,7 +14,7 @@ straight into its own buffers. With ``arena_dir=None`` the arena is an anonymous
     +------+------+------+-----+      k9 -> (offset=...,   size, pins=0)  <- most recent
     0      4K     8K
 
-Not thread-safe on its own: :class:`kvstored.tiers.tiered.TieredStore` calls it under its lock.
+Not thread-safe on its own: the store's components call it under the store lock (state.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from operator import attrgetter
 from sortedcontainers import SortedKeyList
 
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
+from kvstored.types import Tier, TierStats
 
 log = structlog.get_logger(__name__)
 
@@ -251,13 +252,16 @@ _OFFSET = attrgetter("offset")
 
 
 class DramTier:
-    """Allocator plus LRU index of committed blocks in one arena.
+    """Allocator plus LRU index of committed blocks in one arena (a
+    :class:`~kvstored.tiers.base.TierBackend`).
 
     Reservations (blocks being written) and promotions in flight own allocator space but are
     not in ``entries``, so they are never evicted. ``by_offset`` holds the committed blocks'
     entries in address order (what eviction uses to free contiguous space). Callers hold the
     store lock.
     """
+
+    tier = Tier.DRAM
 
     def __init__(self, arena: DramArena) -> None:
         self.arena = arena
@@ -278,6 +282,24 @@ class DramTier:
     def capacity_bytes(self) -> int:
         """Hard cap of the tier (the arena size)."""
         return self.allocator.capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Arena bytes allocated: committed blocks, reservations and promotions in flight,
+        each rounded up to the allocation unit (4096)."""
+        return self.allocator.used_bytes
+
+    def stats(self) -> TierStats:
+        """The tier's counters and usage now (store lock held)."""
+        return TierStats(
+            tier=Tier.DRAM, capacity_bytes=self.allocator.capacity_bytes,
+            used_bytes=self.allocator.used_bytes, num_blocks=len(self.entries),
+            hits=self.hits, evictions=self.evictions,
+        )
+
+    def close(self) -> None:
+        """Unmap the arena and unlink its file (:meth:`DramArena.close`); idempotent."""
+        self.arena.close()
 
     def round_up(self, size_bytes: int) -> int:
         """Arena bytes a block of ``size_bytes`` occupies."""

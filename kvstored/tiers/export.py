@@ -1,7 +1,9 @@
 """Reading blocks out of the store for export (spill): coldest first, never promoting.
 
-A mixin of :class:`~kvstored.tiers.tiered.TieredStore` (its state: ``_lock``, ``_dram``,
-``_ssd``, ``_demoting``, ``_promoting``, ``arena``). A node that moves its coldest blocks
+:class:`Exports` is the store component (built with the
+:class:`~kvstored.tiers.state.StoreState` and the :class:`~kvstored.tiers.reads.Reads` that
+releases pins) behind ``TieredStore.coldest_blocks`` / ``read_for_export`` /
+``release_export``; the contracts are on the facade (tiered.py). A node that moves its coldest blocks
 to a peer (kvstored/node/spill.py) must neither list the whole store per batch nor promote
 the blocks it moves (a promotion would demote other blocks into the very tier that is
 full), nor count its reads as gets or make its victims recent::
@@ -31,21 +33,20 @@ Neither method waits on another thread's disk I/O; only ``read_for_export`` does
 from __future__ import annotations
 
 import mmap
-import threading
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from kvstored.errors import NotFound
-from kvstored.types import BlockInfo, PinnedBlock, Tier
 from kvstored.tiers.ssd_format import round_up_page, split_store_key, store_key
+from kvstored.types import BlockInfo, ExportedBlock, PinnedBlock, Tier
 
 if TYPE_CHECKING:
-    from kvstored.tiers.dram import DramEntry, DramTier
-    from kvstored.tiers.ssd import SsdEntry, SsdTier
+    from kvstored.tiers.reads import Reads
+    from kvstored.tiers.ssd_format import SsdEntry
+    from kvstored.tiers.state import StoreState
 
 DEFAULT_MAX_SCAN = 4096
-"""Entries :meth:`ExportMixin.coldest_blocks` examines at most per call."""
+"""Entries :meth:`Exports.coldest_blocks` examines at most per call."""
 EXPORT_POOL_MAX_BYTES = 64 << 20
 """Most bytes of released read buffers a store keeps for its next exports."""
 
@@ -58,101 +59,55 @@ class ExportBuffer:
         live: blocks read into it not yet released; at 0 it goes back to the pool.
     """
 
-    __slots__ = ("mm", "live")
+    __slots__ = ("live", "mm")
 
     def __init__(self, num_bytes: int) -> None:
         self.mm = mmap.mmap(-1, num_bytes)
         self.live = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ExportedBlock:
-    """A block read for export; hand it back with ``release_export`` once sent.
+class Exports:
+    """``coldest_blocks`` / ``read_for_export`` / ``release_export`` of one store (module
+    docstring; contracts on ``TieredStore``).
+
+    Args:
+        state: the store's shared state.
+        reads: releases the DRAM pins of exported blocks.
 
     Attributes:
-        key: the block hash.
-        namespace_id: its namespace.
-        size_bytes: its size.
-        meta: its opaque metadata.
-        tier: DRAM (``view`` is the pinned arena bytes) or SSD (``view`` is a private,
-            checksum-verified copy read from the block's file; nothing pinned).
-        view: read-only bytes of the block, valid until released.
-        pinned: the DRAM pin (None for an SSD read).
-        generation: the generation of the replica read (the DRAM entry's or, for an
-            SSD-only block, the SSD entry's: a read for export keeps it; 0 = unknown).
+        pool: released read buffers kept for the next exports (newest last), or None
+            before the first release; changed with the store lock held.
     """
 
-    key: bytes
-    namespace_id: bytes
-    size_bytes: int
-    meta: bytes
-    tier: Tier
-    view: memoryview = field(repr=False, compare=False)
-    pinned: PinnedBlock | None = field(default=None, repr=False, compare=False)
-    generation: int = 0
-    buffer: ExportBuffer | None = field(default=None, repr=False, compare=False)
-    """The mapping an SSD read's ``view`` lies in (None for a DRAM block)."""
-
-
-class ExportMixin:
-    """``coldest_blocks`` / ``read_for_export`` / ``release_export`` (module docstring)."""
-
-    _lock: threading.Lock
-    _dram: DramTier
-    _ssd: SsdTier | None
-    _demoting: dict[bytes, Any]
-    _promoting: dict[bytes, Any]
-    arena: memoryview
-
-    _export_pool: list[ExportBuffer] | None = None  # per store, made on first use
-
-    def _check_open(self) -> None: ...
-    def _pin(self, entry: DramEntry) -> None: ...
-    def unpin(self, block: PinnedBlock) -> None: ...
+    def __init__(self, state: StoreState, reads: Reads) -> None:
+        self._state = state
+        self._reads = reads
+        self.pool: list[ExportBuffer] | None = None
 
     def coldest_blocks(
         self, limit: int, *, exclude: Collection[tuple[bytes, bytes]] = (),
         max_scan: int = DEFAULT_MAX_SCAN,
     ) -> list[BlockInfo]:
-        """Up to ``limit`` unpinned blocks in eviction order, coldest first.
-
-        SSD-only blocks first when the store has an SSD tier (it is then the last tier:
-        they were demoted longest ago), in SSD LRU order; then remote-fill copies (oldest
-        first: duplicates of a peer's block, ``BlockInfo.copy``); then DRAM blocks in LRU
-        order.
-        Skipped: pinned blocks, blocks being demoted or promoted, ``exclude``. Walks at most
-        ``max_scan`` entries from the cold end of each map, so a call costs O(limit +
-        skipped), never O(blocks stored). Never pins, touches recency or counts a get.
-
-        Args:
-            limit: most blocks returned (>= 0).
-            exclude: ``(namespace_id, key)`` pairs to skip (blocks whose move failed lately).
-            max_scan: most entries examined per tier.
-
-        Returns:
-            BlockInfo per block (``tiers`` = ``(SSD,)`` for an SSD-only block, else DRAM
-            first, plus SSD when it also has an SSD copy), coldest first.
-
-        Raises:
-            Unavailable: the store is closed.
-        """
+        """``TieredStore.coldest_blocks`` (contract there)."""
         out: list[BlockInfo] = []
         if limit <= 0:
             return out
-        with self._lock:
-            self._check_open()
-            dram, ssd = self._dram.entries, self._ssd.entries if self._ssd is not None else {}
-            if self._ssd is not None and self._ssd.capacity_bytes > 0:
+        st = self._state
+        with st.lock:
+            st.check_open()
+            demoting, promoting = st.demoting, st.promoting
+            dram, ssd = st.dram.entries, st.ssd.entries if st.ssd is not None else {}
+            if st.ssd is not None and st.ssd.capacity_bytes > 0:
                 for n, (skey, s) in enumerate(ssd.items()):
                     if len(out) >= limit or n >= max_scan:
                         break
-                    if skey in dram or skey in self._promoting:
+                    if skey in dram or skey in promoting:
                         continue
                     ns, key = split_store_key(skey)
                     if (ns, key) in exclude:
                         continue
                     out.append(BlockInfo(key, s.size_bytes, ns, (Tier.SSD,), False))
-            copies = self._dram.copies  # remote-fill copies (spare.py): a peer holds them
+            copies = st.dram.copies  # remote-fill copies (spare.py): a peer holds them
             for pass_copies in (True, False):  # copies first (oldest first), then DRAM LRU
                 source = ((k, dram[k]) for k in copies if k in dram) if pass_copies else dram.items()
                 for n, (skey, e) in enumerate(source):
@@ -160,7 +115,7 @@ class ExportMixin:
                         break
                     if not pass_copies and skey in copies:
                         continue  # taken in the first pass
-                    if e.pins > 0 or skey in self._demoting or skey in self._promoting:
+                    if e.pins > 0 or skey in demoting or skey in promoting:
                         continue
                     ns, key = split_store_key(skey)
                     if (ns, key) in exclude:
@@ -173,37 +128,21 @@ class ExportMixin:
     def read_for_export(
         self, keys: Sequence[bytes], *, namespace_id: bytes = b""
     ) -> list[ExportedBlock | None]:
-        """Blocks of one namespace for sending elsewhere, without promoting any.
-
-        A DRAM block is pinned in place; an SSD-only block is read from its file into a
-        private page-aligned buffer and verified against its checksum (a block whose file
-        is bad is dropped, counted in ``checksum_failures``, and answered None, as a
-        promotion would). Never promotes, demotes, touches recency or counts a get.
-        Release every returned block with :meth:`release_export`.
-
-        Args:
-            keys: block keys.
-            namespace_id: their namespace.
-
-        Returns:
-            Per key: the block, or None (absent, gone meanwhile, or its file unreadable).
-
-        Raises:
-            Unavailable: the store is closed.
-        """
+        """``TieredStore.read_for_export`` (contract there)."""
         skeys = [store_key(namespace_id, bytes(k)) for k in keys]
         out: list[ExportedBlock | None] = [None] * len(skeys)
         reads: list[tuple[int, bytes, SsdEntry, memoryview]] = []
         found: list[tuple[int, bytes, SsdEntry]] = []
         buffer: ExportBuffer | None = None
-        with self._lock:
-            self._check_open()
-            dram, ssd = self._dram, self._ssd
+        st = self._state
+        with st.lock:
+            st.check_open()
+            dram, ssd = st.dram, st.ssd
             for i, (key, skey) in enumerate(zip(keys, skeys, strict=True)):
                 e = dram.entries.get(skey)
                 if e is not None:
-                    self._pin(e)
-                    view = self.arena[e.offset : e.offset + e.size_bytes].toreadonly()
+                    st.pin(e)
+                    view = st.arena[e.offset : e.offset + e.size_bytes].toreadonly()
                     pin = PinnedBlock(key=bytes(key), offset=e.offset, size_bytes=e.size_bytes,
                                       meta=e.meta, tier=Tier.DRAM, view=view,
                                       generation=e.generation)
@@ -214,7 +153,7 @@ class ExportMixin:
                 if s is not None:
                     found.append((i, skey, s))
             if found:
-                buffer = self._take_export_buffer(
+                buffer = self._take_buffer(
                     sum(round_up_page(max(s.size_bytes, 1)) for _, _, s in found))
         if buffer is None:
             return out
@@ -225,7 +164,7 @@ class ExportMixin:
             off += round_up_page(max(s.size_bytes, 1))
         reasons = ssd.read_files([(skey, s, buf) for _, skey, s, buf in reads])
         doomed: list[bytes] = []
-        with self._lock:
+        with st.lock:
             for (i, skey, s, buf), reason in zip(reads, reasons, strict=True):
                 doomed += ssd.end_read(skey, s, reason)
                 if not reason:
@@ -234,14 +173,14 @@ class ExportMixin:
                                            Tier.SSD, buf[: s.size_bytes].toreadonly(),
                                            generation=s.generation, buffer=buffer)
             if not buffer.live:  # every read failed: nothing refers to it
-                self._give_export_buffer(buffer)
+                self._give_buffer(buffer)
         if doomed:
             ssd.delete_files(doomed)
         return out
 
-    def _take_export_buffer(self, num_bytes: int) -> ExportBuffer:
+    def _take_buffer(self, num_bytes: int) -> ExportBuffer:
         """The smallest pooled buffer of at least ``num_bytes``, else a new one (lock held)."""
-        pool = self._export_pool
+        pool = self.pool
         if pool:
             fits = [b for b in pool if len(b.mm) >= num_bytes]
             if fits:
@@ -250,25 +189,22 @@ class ExportMixin:
                 return best
         return ExportBuffer(num_bytes)
 
-    def _give_export_buffer(self, buffer: ExportBuffer) -> None:
+    def _give_buffer(self, buffer: ExportBuffer) -> None:
         """Keep a buffer no block refers to any more for a next export (lock held); the
         pool keeps the newest up to :data:`EXPORT_POOL_MAX_BYTES` (a larger one is dropped,
         freed once the last view of it goes)."""
         if len(buffer.mm) > EXPORT_POOL_MAX_BYTES:
             return
-        pool = self._export_pool
+        pool = self.pool
         if pool is None:
-            pool = self._export_pool = []
+            pool = self.pool = []
         pool.append(buffer)
         total = sum(len(b.mm) for b in pool)
         while total > EXPORT_POOL_MAX_BYTES:
             total -= len(pool.pop(0).mm)
 
     def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None:
-        """Release blocks :meth:`read_for_export` returned (each exactly once; None skipped).
-
-        An SSD block's view is reused by a later export once every block of its call is
-        released: never read a view after releasing it.
+        """``TieredStore.release_export`` (contract there).
 
         Raises:
             NotFound: a block released twice.
@@ -278,14 +214,14 @@ class ExportMixin:
             if b is None:
                 continue
             if b.pinned is not None:
-                self.unpin(b.pinned)
+                self._reads.unpin(b.pinned)
             elif b.buffer is not None:
-                freed.append(b.buffer)
+                freed.append(cast(ExportBuffer, b.buffer))  # the store made it
         if freed:
-            with self._lock:
+            with self._state.lock:
                 for buffer in freed:
                     buffer.live -= 1
                     if buffer.live == 0:
-                        self._give_export_buffer(buffer)
+                        self._give_buffer(buffer)
                     elif buffer.live < 0:
                         raise NotFound("an SSD block read for export was released twice")

@@ -56,15 +56,16 @@ import errno
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
+from kvstored.tiers import ssd_batch
 from kvstored.tiers.ssd_format import (
     DATA_SUFFIX,
     TMP_SUFFIX,
+    SsdEntry,
+    SsdWrite,
     checksum_of,
     encode_record,
     file_rel,
@@ -79,15 +80,15 @@ from kvstored.tiers.ssd_io import (
     READ_CHUNK_BYTES,
     REFUSED_AT_OPEN,
     read_all,
+    unlink_quietly,
     write_all,
     write_direct,
 )
-from kvstored.tiers.ssd_batch import SsdBatchIo
-from kvstored.tiers.ssd_recovery import SsdRecovery
+from kvstored.tiers.ssd_recovery import DATA_DIR, recover
+from kvstored.types import Tier, TierStats
 
 __all__ = [
-    "READ_CHUNK_BYTES", "SsdEntry", "SsdTier", "checksum_of", "file_rel", "round_up_page",
-    "store_key",
+    "READ_CHUNK_BYTES", "SsdTier", "checksum_of", "file_rel", "round_up_page", "store_key",
 ]
 
 log = structlog.get_logger(__name__)
@@ -98,59 +99,16 @@ IO_QUEUE_DEPTH = 8
 """Blocks of one batch read or written at once (threads of the tier's I/O pool)."""
 
 
-class SsdEntry:
-    """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence).
-
-    ``generation``: as :class:`~kvstored.tiers.dram.DramEntry`'s (stamped by the change feed,
-    or inherited from the DRAM replica a demotion wrote; never persisted: a restart is a new
-    epoch, whose feed stamps the recovered entries anew).
-    """
-
-    __slots__ = ("size_bytes", "checksum", "info", "generation")
-
-    def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes],
-                 generation: int = 0) -> None:
-        self.size_bytes = size_bytes
-        self.checksum = checksum
-        self.info = info  # (namespace_id, meta), interned
-        self.generation = generation
-
-    @property
-    def namespace_id(self) -> bytes:
-        """Namespace the block was stored under (b"" = none)."""
-        return self.info[0]
-
-    @property
-    def meta(self) -> bytes:
-        """Opaque metadata stored with the block."""
-        return self.info[1]
-
-
-@dataclass(slots=True)
-class SsdWrite:
-    """A write between :meth:`SsdTier.begin_write` and :meth:`SsdTier.end_write`."""
-
-    skey: bytes
-    size_bytes: int
-    namespace_id: bytes
-    meta: bytes
-    charge_bytes: int
-    doomed: list[bytes] = field(default_factory=list)  # store keys whose files go first
-    entry: SsdEntry | None = None
-    seq: int = 0
-    reuse: bytes | None = None  # an evicted block (same charge) whose file this write takes
-    generation: int = 0  # a demotion's: the DRAM replica's (0 = the change feed stamps one)
-
-
 def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
     return (namespace_id, meta)
 
 
-class SsdTier(SsdRecovery, SsdBatchIo):
-    """Capped directory of block files with a persistent rocksdict index and an LRU.
+class SsdTier:
+    """Capped directory of block files with a persistent rocksdict index and an LRU (a
+    :class:`~kvstored.tiers.base.TierBackend`).
 
-    Opening takes the directory's lock file, then rebuilds the in-memory index from the
-    persistent one: entries whose file is missing or has the wrong size are dropped, orphan
+    Opening (ssd_recovery.recover) takes the directory's lock file, then rebuilds the
+    in-memory index from the persistent one: entries whose file is missing or has the wrong size are dropped, orphan
     and temp files are deleted, version-1 records are migrated, and the cap is enforced (LRU
     blocks are deleted until the directory fits). An index RocksDB cannot open is moved to
     ``index.corrupt`` and rebuilt from the block files' trailers (warning
@@ -171,6 +129,8 @@ class SsdTier(SsdRecovery, SsdBatchIo):
         StorageIOError: the directory is in use by another kvstored process, or it (or its
             index) cannot be created.
     """
+
+    tier = Tier.SSD
 
     io_hook: IoHook | None
     """Called as ``io_hook(op, store_key)`` (op: "write", "read", "delete") before each disk
@@ -193,10 +153,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             raise ValueError(f"SSD io_threads must be >= 1, got {io_threads}")
         self.directory = os.fspath(directory)
         self.capacity_bytes = int(capacity_bytes)
-        self.used_bytes = 0
-        self.entries: OrderedDict[bytes, SsdEntry] = OrderedDict()
         self.hits = 0
-        self.evictions = 0
         self.checksum_failures = 0
         self.put_failures = 0
         self.io_hook = None
@@ -206,21 +163,17 @@ class SsdTier(SsdRecovery, SsdBatchIo):
         self._direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._intern_info = intern_info
         self._intern_size = intern_size
-        self._seq = 0
-        self._data_dir = os.path.join(self.directory, "data")
-        self._index_dir = os.path.join(self.directory, "index")
-        self._made_shards: set[str] = set()
+        self._data_dir = os.path.join(self.directory, DATA_DIR)
         self._closed = False
-        self._io_threads = int(io_threads)
-        self._pool: ThreadPoolExecutor | None = None  # made on the first batch
-        self._pool_lock = threading.Lock()
-        self._lock_fd = self._take_dir_lock()
-        try:
-            self._db, from_files = self._open_index()
-            self._rebuild(from_files)
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
+        self._io = ssd_batch.IoPool(io_threads)  # its threads are made on the first batch
+        found = recover(self.directory, self.capacity_bytes, make_entry=self._entry)
+        self._lock_fd = found.lock_fd
+        self._db = found.db
+        self.entries: OrderedDict[bytes, SsdEntry] = found.entries
+        self.used_bytes = found.used_bytes
+        self.evictions = found.num_trimmed  # the blocks trimmed to fit the cap
+        self._seq = found.next_seq
+        self._made_shards = found.made_shards
 
     def _path(self, rel: str) -> str:
         return os.path.join(self._data_dir, rel)
@@ -235,18 +188,12 @@ class SsdTier(SsdRecovery, SsdBatchIo):
     def _charge(self, skey: bytes, e: SsdEntry) -> int:
         return round_up_page(e.size_bytes + trailer_bytes(skey, e.meta))
 
-    def _file_ok(self, skey: bytes, e: SsdEntry, rel: str) -> bool:
-        st = os.stat(self._path(rel))
-        return st.st_size == e.size_bytes + trailer_bytes(skey, e.meta)
-
-    @staticmethod
-    def _unlink(path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("ssd_unlink_failed", path=path, error=str(exc))
+    def stats(self) -> TierStats:
+        """The tier's counters and usage now (lock held)."""
+        return TierStats(
+            tier=Tier.SSD, capacity_bytes=self.capacity_bytes, used_bytes=self.used_bytes,
+            num_blocks=len(self.entries), hits=self.hits, evictions=self.evictions,
+        )
 
     def _hook(self, op: str, skey: bytes) -> None:
         hook = self.io_hook
@@ -358,7 +305,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             return True
         except Exception as exc:  # the write creates a new file; a dangling entry goes on start
             log.debug("ssd_file_reuse_failed", error=str(exc))
-            self._unlink(self.path_of(victim))
+            unlink_quietly(self.path_of(victim))
             return False
         finally:
             with self.lock:
@@ -414,9 +361,9 @@ class SsdTier(SsdRecovery, SsdBatchIo):
                 encode_record(size, csum, w.seq, w.namespace_id, rel, w.meta),
             )
         except Exception as exc:  # OSError, or rocksdict's Exception on an index write
-            self._unlink(tmp)
+            unlink_quietly(tmp)
             if stage == "index" or reused:
-                self._unlink(path)
+                unlink_quietly(path)
             log.warning(
                 "ssd_write_failed", stage=stage, size_bytes=size,
                 error=getattr(exc, "strerror", None) or str(exc),
@@ -499,6 +446,16 @@ class SsdTier(SsdRecovery, SsdBatchIo):
             )
         return self.drop(skey, entry)
 
+    def read_files(self, reads: Sequence[ssd_batch.ReadItem]) -> list[str]:
+        """:meth:`read_file` of several blocks, up to ``io_threads`` at once (no lock held;
+        ssd_batch.read_files: one block's failure is its own reason, never the others')."""
+        return ssd_batch.read_files(self._io, self.read_file, reads)
+
+    def write_files(self, writes: Sequence[ssd_batch.WriteItem]) -> list[bool]:
+        """:meth:`write_file` of several blocks, up to ``io_threads`` at once (no lock held;
+        ssd_batch.write_files: per block, in order, True if written)."""
+        return ssd_batch.write_files(self._io, self.write_file, writes)
+
     def delete_files(self, skeys: Iterable[bytes]) -> None:
         """Delete the index records and files of dropped blocks (no lock held).
 
@@ -517,7 +474,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
                     self._db.delete(index_key(skey))
                 except Exception as exc:  # the file goes anyway; a dangling entry is dropped on start
                     log.warning("ssd_index_delete_failed", error=str(exc))
-                self._unlink(self._path(file_rel(skey)))
+                unlink_quietly(self._path(file_rel(skey)))
             finally:
                 with self.lock:
                     self._deleting.discard(skey)
@@ -577,8 +534,7 @@ class SsdTier(SsdRecovery, SsdBatchIo):
         if self._closed:
             return
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._io.shutdown()
         try:
             self._db.flush()
         finally:

@@ -1,7 +1,10 @@
 """The SSD tier's I/O pool: a batch's block reads and writes, several at once.
 
-A mixin of :class:`~kvstored.tiers.ssd.SsdTier` (state: ``_io_threads``, ``_pool``,
-``_pool_lock``; per block it calls the tier's :meth:`read_file` / :meth:`write_file`).
+:class:`IoPool` is the named, bounded pool ("kvstored-ssd-io") an
+:class:`~kvstored.tiers.ssd.SsdTier` is built with; :func:`read_files` and
+:func:`write_files` run the tier's one-block :meth:`~kvstored.tiers.ssd.SsdTier.read_file`
+/ :meth:`~kvstored.tiers.ssd.SsdTier.write_file` over a batch on it, so that one block's
+failure never loses the others' results. No lock is held by any of them.
 """
 
 from __future__ import annotations
@@ -9,71 +12,92 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 if TYPE_CHECKING:
-    from kvstored.tiers.ssd import SsdEntry, SsdWrite
+    from kvstored.tiers.ssd_format import SsdEntry, SsdWrite
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+R = TypeVar("R")
 
-class SsdBatchIo:
-    """:meth:`read_files` / :meth:`write_files` on a lazily made pool ("kvstored-ssd-io")."""
+ReadItem = tuple[bytes, "SsdEntry", memoryview]
+"""``(store key, entry, dest)``: one block read, as ``SsdTier.read_file`` takes it."""
+WriteItem = tuple["SsdWrite", memoryview]
+"""``(write, data)``: one block write, as ``SsdTier.write_file`` takes it."""
 
-    _io_threads: int
-    _pool: ThreadPoolExecutor | None
-    _pool_lock: threading.Lock
 
-    read_file: Callable[[bytes, SsdEntry, memoryview], str]
-    write_file: Callable[[SsdWrite, memoryview], bool]
+class IoPool:
+    """Runs a function over a batch, up to ``num_threads`` items at once, on a thread pool
+    made on first use (thread-safe).
 
-    def _io_pool(self) -> ThreadPoolExecutor:
+    Args:
+        num_threads: threads of the pool = the queue depth of a batch (>= 1).
+    """
+
+    def __init__(self, num_threads: int) -> None:
+        self.num_threads = int(num_threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(item) for item in items]``, in order; inline when there is at most one item
+        or one thread. An exception of ``fn`` propagates (wrap ``fn`` to keep the others)."""
+        if len(items) <= 1 or self.num_threads == 1:
+            return [fn(item) for item in items]
         pool = self._pool
         if pool is None:
-            with self._pool_lock:
+            with self._lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(
-                        max_workers=self._io_threads, thread_name_prefix="kvstored-ssd-io"
+                        max_workers=self.num_threads, thread_name_prefix="kvstored-ssd-io"
                     )
                 pool = self._pool
-        return pool
+        return list(pool.map(fn, items))
 
-    def read_files(self, reads: Sequence[tuple[bytes, SsdEntry, memoryview]]) -> list[str]:
-        """:meth:`read_file` of several blocks, up to ``io_threads`` at once (no lock held).
+    def shutdown(self) -> None:
+        """Wait for the batches in flight and stop the threads (if any were made)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
-        Args:
-            reads: ``(store key, entry, dest)`` per block, as for :meth:`read_file`.
 
-        Returns:
-            Per block, in order: "" or the reason it failed (an unexpected exception in one
-            read is that block's ``"read_error: ..."``; the others still complete).
-        """
-        def one(item: tuple[bytes, SsdEntry, memoryview]) -> str:
-            try:
-                return self.read_file(*item)
-            except Exception as exc:  # never lose the other reads' results
-                return f"read_error: {exc}"
+def read_files(
+    pool: IoPool, read_file: Callable[[bytes, SsdEntry, memoryview], str],
+    reads: Sequence[ReadItem],
+) -> list[str]:
+    """``read_file`` of several blocks, up to the pool's threads at once (no lock held).
 
-        if len(reads) <= 1 or self._io_threads == 1:
-            return [one(r) for r in reads]
-        return list(self._io_pool().map(one, reads))
+    Returns:
+        Per block, in order: "" or the reason it failed (an unexpected exception in one
+        read is that block's ``"read_error: ..."``; the others still complete).
+    """
+    def one(item: ReadItem) -> str:
+        try:
+            return read_file(*item)
+        except Exception as exc:  # never lose the other reads' results
+            return f"read_error: {exc}"
 
-    def write_files(self, writes: Sequence[tuple[SsdWrite, memoryview]]) -> list[bool]:
-        """:meth:`write_file` of several blocks, up to ``io_threads`` at once (no lock held).
+    return pool.map(one, reads)
 
-        Returns:
-            Per block, in order: True if written (an unexpected exception counts as False).
-        """
-        def one(item: tuple[SsdWrite, memoryview]) -> bool:
-            try:
-                return self.write_file(*item)
-            except Exception as exc:
-                log.warning("ssd_write_failed", stage="unexpected", error=str(exc))
-                return False
 
-        if len(writes) <= 1 or self._io_threads == 1:
-            return [one(w) for w in writes]
-        return list(self._io_pool().map(one, writes))
+def write_files(
+    pool: IoPool, write_file: Callable[[SsdWrite, memoryview], bool],
+    writes: Sequence[WriteItem],
+) -> list[bool]:
+    """``write_file`` of several blocks, up to the pool's threads at once (no lock held).
 
+    Returns:
+        Per block, in order: True if written (an unexpected exception counts as False,
+        logged as the warning ``ssd_write_failed``).
+    """
+    def one(item: WriteItem) -> bool:
+        try:
+            return write_file(*item)
+        except Exception as exc:
+            log.warning("ssd_write_failed", stage="unexpected", error=str(exc))
+            return False
+
+    return pool.map(one, writes)

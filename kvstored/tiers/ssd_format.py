@@ -1,6 +1,8 @@
-"""On-disk formats of the SSD tier: store keys, file names, index records, block trailers.
+"""On-disk formats of the SSD tier: store keys, file names, index records, block trailers,
+and the in-memory records of its blocks (:class:`SsdEntry`) and writes (:class:`SsdWrite`).
 
-Pure functions, no I/O. See :mod:`kvstored.tiers.ssd` for the directory layout.
+Pure functions and value types, no I/O. See :mod:`kvstored.tiers.ssd` for the directory
+layout.
 
 Store key. The store's identity of a block is ``(namespace_id, key)``: the same key under two
 namespaces names two blocks. Both tiers index blocks in memory by one bytes object, the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from dataclasses import dataclass, field
 
 import xxhash
 
@@ -226,3 +229,48 @@ def decode_record(rec: bytes) -> tuple[int, int, int, int, bytes, str, bytes]:
     if p + meta_len != len(rec):
         raise ValueError("record length mismatch")
     return ver, size, csum, seq, bytes(ns), name, bytes(meta)
+
+
+class SsdEntry:
+    """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence).
+
+    ``generation``: as :class:`~kvstored.tiers.dram.DramEntry`'s (stamped by the change feed,
+    or inherited from the DRAM replica a demotion wrote; never persisted: a restart is a new
+    epoch, whose feed stamps the recovered entries anew).
+    """
+
+    __slots__ = ("size_bytes", "checksum", "info", "generation")
+
+    def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes],
+                 generation: int = 0) -> None:
+        self.size_bytes = size_bytes
+        self.checksum = checksum
+        self.info = info  # (namespace_id, meta), interned
+        self.generation = generation
+
+    @property
+    def namespace_id(self) -> bytes:
+        """Namespace the block was stored under (b"" = none)."""
+        return self.info[0]
+
+    @property
+    def meta(self) -> bytes:
+        """Opaque metadata stored with the block."""
+        return self.info[1]
+
+
+@dataclass(slots=True)
+class SsdWrite:
+    """A write between :meth:`~kvstored.tiers.ssd.SsdTier.begin_write` and
+    :meth:`~kvstored.tiers.ssd.SsdTier.end_write`."""
+
+    skey: bytes
+    size_bytes: int
+    namespace_id: bytes
+    meta: bytes
+    charge_bytes: int
+    doomed: list[bytes] = field(default_factory=list)  # store keys whose files go first
+    entry: SsdEntry | None = None
+    seq: int = 0
+    reuse: bytes | None = None  # an evicted block (same charge) whose file this write takes
+    generation: int = 0  # a demotion's: the DRAM replica's (0 = the change feed stamps one)

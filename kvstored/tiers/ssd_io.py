@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 
+import structlog
 import xxhash
 
 from kvstored.tiers.ssd_format import PAGE_BYTES, round_up_page
@@ -20,6 +21,8 @@ READ_CHUNK_BYTES = 16 << 20
 Large on purpose: with O_DIRECT the bytes arrive by DMA (not through the CPU cache), so small
 chunks save no memory traffic but cap the bytes in flight per thread; measured on this VM, 16
 MiB blocks promote ~1.4x faster with 16 MiB chunks than with 1 MiB ones."""
+
+log = structlog.get_logger(__name__)
 
 REFUSED_AT_OPEN = "refused_at_open"
 REFUSED_BUFFER = "refused_buffer"
@@ -108,3 +111,14 @@ def write_direct(tmp: str, data: memoryview, tail: bytes, *, truncate: bool = Tr
         bounce.close()
         os.close(fd)
     return ""
+
+
+def unlink_quietly(path: str) -> None:
+    """Unlink ``path``: a missing file is no error; any other OSError is logged as the
+    warning ``ssd_unlink_failed`` (the file is then an orphan, deleted on the next start)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("ssd_unlink_failed", path=path, error=str(exc))

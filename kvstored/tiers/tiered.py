@@ -2,13 +2,24 @@
 
 No gRPC in here: the node service is a thin adapter over this class.
 
+A facade: its public methods are the store's contract (below and on each method); the work
+is done by components built once over one shared :class:`~kvstored.tiers.state.StoreState`
+(state.py: the diagram, the lock and the invariants of the shared fields)::
+
+    reserve, reserve_many, commit, commit_many, abort, put,   -> Reservations (reservations.py)
+      keep_copies, remove
+    pin_many, unpin, unpin_many, uncount_reads, touch_many,   -> Reads (reads.py)
+      get, lookup_prefix, exists, stats, list_blocks
+    coldest_blocks, read_for_export, release_export           -> Exports (export.py)
+    spill_to_ssd (and every eviction, demotion, promotion)    -> Transit (transit.py)
+
 Identity: a block is ``(namespace_id, key)`` (one *store key*, ssd_format.store_key), in
 DRAM and on SSD: the same key under two namespaces names two blocks, and every operation
 (put, pin, lookup, exists, remove) sees only its own namespace. ``b""`` is a namespace too.
 
-Transfers between the tiers (DEMOTING, PROMOTING), eviction and the lock order are in
-transit.py (module docstring: the state machine and why no disk I/O runs under the lock).
-Reading blocks out for export (spill: coldest first, never promoting) is in export.py.
+Transfers between the tiers (DEMOTING, PROMOTING) and eviction are in transit.py (module
+docstring: the state machine and why no disk I/O runs under the lock). Reading blocks out
+for export (spill: coldest first, never promoting) is in export.py.
 
 Invariants:
 
@@ -41,75 +52,35 @@ Callers copy bytes into ``Reservation.view`` / out of ``PinnedBlock.view`` outsi
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import os
 import threading
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-import structlog
-
-from kvstored.errors import (
-    BlockTooLarge,
-    InvalidArgument,
-    KeyInvalid,
-    KvstoredError,
-    NoCapacity,
-    NotFound,
-    Unavailable,
-)
-from kvstored.tiers.base import NEEDS_IO
-from kvstored.types import BlockInfo, PinnedBlock, Reservation, StoreStats, Tier, TierStats
-from kvstored.tiers.batch_put import BatchPutMixin
-from kvstored.tiers.dram import DramArena, DramEntry, DramTier
-from kvstored.tiers.export import ExportMixin
+from kvstored.errors import InvalidArgument, KvstoredError, StorageIOError
+from kvstored.tiers.dram import DramArena, DramTier
+from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
+from kvstored.tiers.reads import Reads
+from kvstored.tiers.reservations import Reservations
 from kvstored.tiers.ssd import SsdTier
-from kvstored.tiers.ssd_format import split_store_key, store_key
-from kvstored.tiers.transit import _AGAIN, TransitMixin, _Transit
+from kvstored.tiers.state import Interner, StoreState
+from kvstored.tiers.transit import Transit
+from kvstored.types import (
+    BlockInfo,
+    ExportedBlock,
+    PinnedBlock,
+    Reservation,
+    StoreStats,
+    Tier,
+)
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
 
-log = structlog.get_logger(__name__)
 
-_INTERN_MAX_ENTRIES = 65536
-
-
-class _Pending:
-    """A reservation's bookkeeping (the caller holds the public :class:`Reservation`)."""
-
-    __slots__ = ("skey", "offset", "size_bytes", "info", "copy")
-
-    def __init__(self, skey: bytes, offset: int, size_bytes: int, info: tuple[bytes, bytes],
-                 copy: bool = False):
-        self.skey = skey
-        self.offset = offset
-        self.size_bytes = size_bytes
-        self.info = info
-        self.copy = copy  # a remote-fill copy of a peer's block (spare.py)
-
-
-def _check_key(key: object) -> bytes:
-    if type(key) is bytes and key:
-        return key
-    if not isinstance(key, (bytes, bytearray, memoryview)):
-        raise KeyInvalid(f"block key must be bytes, got {type(key).__name__}")
-    key = bytes(key)
-    if not key:
-        raise KeyInvalid("block key is empty; pass the block hash bytes")
-    return key
-
-
-def _check_bytes(name: str, value: object) -> bytes:
-    if type(value) is bytes:
-        return value
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise InvalidArgument(f"{name} must be bytes, got {type(value).__name__}")
-    return bytes(value)
-
-
-class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
+class TieredStore:
     """The block store of one node: DRAM arena + optional SSD tier, LRU with pins.
 
     Thread-safe: one lock guards all metadata, never held during disk I/O (module docstring).
@@ -128,9 +99,14 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         InvalidArgument: a size is not positive.
         StorageIOError: the arena file or the SSD directory/index cannot be opened (the SSD
             directory is in use by another kvstored process, say).
-    """
 
-    _pending_cls = _Pending  # (batch_put.py makes these too)
+    Attributes:
+        change_feed: every change of the tiers' block maps, in order (feed.py).
+        arena_path: the arena file's path (None for an anonymous arena).
+        arena_file_id: ``(st_dev, st_ino)`` of the mapped arena file, recorded when it was
+            created.
+        arena_size_bytes: the arena's size.
+    """
 
     def __init__(
         self,
@@ -143,8 +119,6 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         ssd_direct_io: bool = True,
         max_block_bytes: int = 64 << 20,
     ) -> None:
-        from kvstored.errors import StorageIOError
-
         if dram_size_bytes < 4096:
             raise InvalidArgument(
                 f"dram_size_bytes must be at least 4096, got {dram_size_bytes}; "
@@ -154,52 +128,42 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             raise InvalidArgument(f"max_block_bytes must be > 0, got {max_block_bytes}")
         if ssd_size_bytes < 0:
             raise InvalidArgument(f"ssd_size_bytes must be >= 0, got {ssd_size_bytes}")
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._info_table: dict[tuple[bytes, bytes], tuple[bytes, bytes]] = {}
-        self._size_table: dict[int, int] = {}
-        self.max_block_bytes = int(max_block_bytes)
+        lock = threading.Lock()
+        interner = Interner()
         try:
-            self._arena = DramArena(dram_size_bytes, arena_dir=arena_dir, node_id=node_id)
+            arena = DramArena(dram_size_bytes, arena_dir=arena_dir, node_id=node_id)
         except OSError as exc:
             raise StorageIOError(
                 f"cannot create the {dram_size_bytes}-byte DRAM arena in {arena_dir}: "
                 f"{exc.strerror or exc}; check node.arena_dir and node.dram_size_bytes"
             ) from exc
-        self._dram = DramTier(self._arena)
-        self._ssd: SsdTier | None = None
+        dram = DramTier(arena)
+        ssd: SsdTier | None = None
         if ssd_dir is not None and ssd_size_bytes > 0:
             try:
-                self._ssd = SsdTier(
+                ssd = SsdTier(
                     ssd_dir, ssd_size_bytes, direct_io=ssd_direct_io,
-                    intern_info=self._intern_info, intern_size=self._intern_size,
-                    lock=self._lock,
+                    intern_info=interner.info, intern_size=interner.size, lock=lock,
                 )
             except BaseException:
-                self._arena.close()
+                arena.close()
                 raise
         # the change feed MasterLink drains (feed.py): the tiers' block maps record changes
         self.change_feed = ChangeFeed()
-        self._dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, self._dram.entries.items())
-        self._dram.copies = ObservedCopies(self.change_feed, self._dram.entries, self._dram.copies)
-        if self._ssd is not None:
-            self._ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, self._ssd.entries.items())
-        self.arena_path: str | None = self._arena.path
-        self.arena_file_id: tuple[int, int] = self._arena.file_id
-        """``(st_dev, st_ino)`` of the mapped arena file, recorded when it was created."""
-        self.arena: memoryview = self._arena.view
-        self.arena_size_bytes: int = self._arena.size_bytes
-        self._reservations: dict[int, _Pending] = {}
-        self._reservation_ids = itertools.count(1)
-        self._reserved_bytes = 0  # reservations + promotions in flight
-        self._pinned_bytes = 0
-        self._demoting: dict[bytes, _Transit] = {}
-        self._promoting: dict[bytes, _Transit] = {}
-        self._gets = 0
-        self._hits = 0
-        self._misses = 0
-        self._puts = 0
-        self._closed = False
+        dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, dram.entries.items())
+        dram.copies = ObservedCopies(self.change_feed, dram.entries, dram.copies)
+        if ssd is not None:
+            ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, ssd.entries.items())
+        self._state = state = StoreState(
+            lock=lock, dram=dram, ssd=ssd, interner=interner, max_block_bytes=max_block_bytes,
+        )
+        self._transit = Transit(state)
+        self._reservations = Reservations(state, self._transit)
+        self._reads = Reads(state, self._transit)
+        self._exports = Exports(state, self._reads)
+        self.arena_path: str | None = arena.path
+        self.arena_file_id: tuple[int, int] = arena.file_id
+        self.arena_size_bytes: int = arena.size_bytes
 
     @classmethod
     def from_config(cls, cfg: NodeConfig) -> TieredStore:
@@ -214,38 +178,15 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             max_block_bytes=cfg.max_block_bytes,
         )
 
-    # ---- helpers (lock held) -----------------------------------------------------------
-    def _intern_info(self, namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
-        """One shared ``(namespace_id, meta)`` tuple per distinct pair; bounded table."""
-        info = (namespace_id, meta)
-        got = self._info_table.get(info)
-        if got is not None:
-            return got
-        if len(self._info_table) < _INTERN_MAX_ENTRIES:
-            self._info_table[info] = info
-        return info
+    @property
+    def arena(self) -> memoryview:
+        """A writable view of the whole arena (block bytes at ``offset``); empty once closed."""
+        return self._state.arena
 
-    def _intern_size(self, size_bytes: int) -> int:
-        """One shared int object per distinct block size; bounded table."""
-        got = self._size_table.get(size_bytes)
-        if got is not None:
-            return got
-        if len(self._size_table) < _INTERN_MAX_ENTRIES:
-            self._size_table[size_bytes] = size_bytes
-        return size_bytes
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise Unavailable("the block store is closed")
-
-    def _has(self, skey: bytes) -> bool:
-        return skey in self._dram.entries or (self._ssd is not None and skey in self._ssd.entries)
-
-    def _pin(self, entry: DramEntry) -> None:
-        if entry.pins == 0:
-            self._dram.pinned_blocks += 1
-            self._pinned_bytes += self._dram.round_up(entry.size_bytes)
-        entry.pins += 1
+    @property
+    def max_block_bytes(self) -> int:
+        """The largest block accepted, in bytes."""
+        return self._state.max_block_bytes
 
     # ---- put ---------------------------------------------------------------------------
     def reserve(
@@ -282,56 +223,45 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
                 (``copy``) no room can be made without dropping a block.
             Unavailable: the store is closed.
         """
-        key = _check_key(key)
-        namespace_id = _check_bytes("namespace_id", namespace_id)
-        meta = _check_bytes("meta", meta)
-        if not isinstance(size_bytes, int) or size_bytes < 0:
-            raise InvalidArgument(f"size_bytes must be an int >= 0, got {size_bytes!r}")
-        if size_bytes > self.max_block_bytes:
-            raise BlockTooLarge(
-                f"block of {size_bytes} bytes exceeds max_block_bytes={self.max_block_bytes}; "
-                "raise node.max_block_bytes or use smaller blocks"
-            )
-        skey = store_key(namespace_id, key)
-        with self._lock:
-            self._check_open()
-            if self._has(skey):
-                if not copy:
-                    self._dram.copies.pop(skey, None)  # written here too: no mere duplicate
-                return None
-            offset = self._allocate(size_bytes, copy=copy)
-            rid = next(self._reservation_ids)
-            self._reservations[rid] = _Pending(
-                skey, offset, self._intern_size(size_bytes), self._intern_info(namespace_id, meta),
-                copy,
-            )
-            self._reserved_bytes += self._dram.round_up(size_bytes)
-            view = self.arena[offset : offset + size_bytes]
-        return Reservation(
-            key=key, offset=offset, size_bytes=size_bytes, view=view, reservation_id=rid
+        return self._reservations.reserve(
+            key, size_bytes, namespace_id=namespace_id, meta=meta, copy=copy
         )
 
-    def _take_pending(self, reservation: Reservation) -> _Pending:
-        pending = self._reservations.pop(reservation.reservation_id, None)
-        if pending is None:
-            raise NotFound(
-                f"reservation {reservation.reservation_id} is unknown: already committed or "
-                "aborted"
-            )
-        self._reserved_bytes -= self._dram.round_up(pending.size_bytes)
-        return pending
+    def reserve_many(
+        self,
+        items: Sequence[tuple[bytes, int, bytes]],
+        *,
+        namespace_id: bytes = b"",
+        may_block: bool = True,
+    ) -> list[Reservation | KvstoredError | None] | object:
+        """Reserve arena space for a batch of blocks of one namespace (a local put).
 
-    def _commit_locked(self, pending: _Pending) -> bool:
-        if self._has(pending.skey):
-            self._dram.allocator.free(pending.offset, pending.size_bytes)
-            if not pending.copy:
-                self._dram.copies.pop(pending.skey, None)
-            return False
-        if pending.copy:  # marked first: the entry's one ADDED event says copy (feed.py)
-            self._dram.copies[pending.skey] = None
-        self._dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
-        self._puts += 1
-        return True
+        Fill each ``reservation.view`` (outside any lock), then :meth:`commit_many` or
+        :meth:`abort` each. A key repeated in the batch is reserved once (later occurrences
+        are None: first writer wins within a batch too). The local put also unmarks a
+        remote-fill copy of a key it finds stored (as ``reserve(copy=False)``).
+
+        Args:
+            items: ``(key, size_bytes, meta)`` per block, already validated by the caller
+                (non-empty bytes key, ``0 <= size_bytes <= max_block_bytes``, bytes meta;
+                NodeCore.put_item_error); anything else raises, reserving nothing.
+            namespace_id: the blocks' namespace.
+            may_block: False = never wait (for the event loop): if any block would need an
+                eviction (no single free extent holds the batch), nothing is reserved and the
+                call answers :data:`~kvstored.tiers.base.NEEDS_IO`; call again with
+                ``may_block=True`` from a thread that may block (reservations.py).
+
+        Returns:
+            Per item: a Reservation the caller must commit or abort; None when the block is
+            stored already (or repeated in the batch); or the item's error (NoCapacity,
+            Unavailable once the store closed). Or ``NEEDS_IO`` (``may_block=False``
+            only): nothing was reserved or changed.
+
+        Raises:
+            InvalidArgument, KeyInvalid: an item the caller did not validate (nothing reserved).
+            Unavailable: the store is closed.
+        """
+        return self._reservations.reserve_many(items, namespace_id=namespace_id, may_block=may_block)
 
     def keep_copies(self, blocks: Sequence[tuple[bytes, bytes]]) -> int:
         """Unmark remote-fill copies: each is kept as an original from now on (the master
@@ -344,11 +274,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Returns:
             Copies unmarked.
         """
-        n = 0
-        with self._lock:
-            for namespace_id, key in blocks:
-                n += self._dram.copies.pop(store_key(namespace_id, key), False) is None
-        return n
+        return self._reservations.keep_copies(blocks)
 
     def commit(self, reservation: Reservation) -> bool:
         """Make a reserved block visible (most recent in DRAM). Never waits for disk I/O.
@@ -360,8 +286,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             NotFound: the reservation was already committed or aborted.
         """
-        with self._lock:
-            return self._commit_locked(self._take_pending(reservation))
+        return self._reservations.commit(reservation)
 
     def commit_many(self, reservations: Sequence[Reservation]) -> list[bool]:
         """Commit a batch (one prefix, head first) so that the head ends up most recent.
@@ -372,26 +297,11 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             NotFound: one of the reservations is unknown; none of the batch is committed then.
         """
-        with self._lock:
-            for r in reservations:
-                if r.reservation_id not in self._reservations:
-                    raise NotFound(
-                        f"reservation {r.reservation_id} is unknown: already committed or aborted"
-                    )
-            out = [False] * len(reservations)
-            for i in range(len(reservations) - 1, -1, -1):
-                out[i] = self._commit_locked(self._take_pending(reservations[i]))
-            return out
+        return self._reservations.commit_many(reservations)
 
     def abort(self, reservation: Reservation) -> None:
         """Drop a reservation and free its space; idempotent (unknown ids are ignored)."""
-        with self._lock:
-            pending = self._reservations.pop(reservation.reservation_id, None)
-            if pending is None:
-                return
-            self._reserved_bytes -= self._dram.round_up(pending.size_bytes)
-            self._dram.allocator.free(pending.offset, pending.size_bytes)
-            self._cond.notify_all()
+        self._reservations.abort(reservation)
 
     def put(
         self,
@@ -412,20 +322,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             The errors of :meth:`reserve`; InvalidArgument for a non-contiguous buffer.
         """
-        src = memoryview(data)
-        if not src.c_contiguous:
-            raise InvalidArgument("put data must be a C-contiguous buffer")
-        if src.format != "B" or src.ndim != 1:
-            src = src.cast("B")
-        res = self.reserve(key, src.nbytes, namespace_id=namespace_id, meta=meta)
-        if res is None:
-            return False
-        try:
-            res.view[:] = src
-        except BaseException:
-            self.abort(res)
-            raise
-        return self.commit(res)
+        return self._reservations.put(key, data, namespace_id=namespace_id, meta=meta)
 
     # ---- get ---------------------------------------------------------------------------
     def pin_many(
@@ -461,122 +358,16 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             KeyInvalid: a key is empty or not bytes (nothing is pinned then).
             Unavailable: the store is closed.
         """
-        if set(map(type, keys)) <= {bytes} and all(keys):  # C-level checks (hot path)
-            checked = list(keys)
-        else:
-            checked = [_check_key(k) for k in keys]
-        namespace_id = _check_bytes("namespace_id", namespace_id)
-        tag = store_key(namespace_id, b"")  # a store key is the namespace's tag + the key
-        skeys = [tag + k for k in checked]
-        out: list[PinnedBlock | None | KvstoredError] = []
-        records: list[tuple[bytes, bytes] | None] = []
-        with self._lock:
-            self._check_open()
-            dram, ssd = self._dram, self._ssd
-            hits = list(map(dram.entries.get, skeys))
-            if None not in hits:  # every key a DRAM hit: no promotion, wait or miss (hot path)
-                return self._pin_dram_hits(checked, hits)  # type: ignore[arg-type]
-            if not may_block and ssd is not None and any(
-                k not in dram.entries and (k in ssd.entries or k in self._promoting) for k in skeys
-            ):
-                return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]
-            touched_dram: list[bytes] = []
-            touched_ssd: list[bytes] = []
-            promoted_now: set[bytes] = set()
-            if ssd is not None and len(skeys) > 1:  # read a batch's SSD blocks at once
-                promoted_now = self._promote_many(skeys)
-            for key, skey in zip(checked, skeys, strict=True):
-                self._gets += 1
-                tier = Tier.DRAM
-                got: DramEntry | KvstoredError | None = None
-                while True:
-                    got = dram.entries.get(skey)
-                    if got is not None or ssd is None:
-                        break
-                    if skey in self._promoting:
-                        self._cond.wait()  # another reader is reading this very block
-                        self._check_open()
-                        continue
-                    if skey not in ssd.entries:
-                        break
-                    promoted = self._promote(skey)
-                    if promoted is _AGAIN:
-                        continue
-                    got = promoted  # type: ignore[assignment]
-                    if isinstance(got, DramEntry):
-                        tier = Tier.SSD
-                        touched_ssd.append(skey)
-                    break
-                if not isinstance(got, DramEntry):
-                    if cut_from is not None and len(out) >= cut_from and isinstance(
-                        got, NoCapacity
-                    ):
-                        self._gets -= 1  # read (and counted) again by the next chunk
-                        break
-                    self._misses += 1
-                    out.append(got)
-                    continue
-                if skey in promoted_now:
-                    promoted_now.discard(skey)  # (a duplicate key later is a DRAM hit)
-                    tier = Tier.SSD
-                    touched_ssd.append(skey)
-                if tier is Tier.DRAM:
-                    dram.hits += 1
-                self._hits += 1
-                self._pin(got)
-                touched_dram.append(skey)
-                off = got.offset
-                out.append(
-                    PinnedBlock(
-                        key=key, offset=off, size_bytes=got.size_bytes, meta=got.meta,
-                        tier=tier, view=self.arena[off : off + got.size_bytes].toreadonly(),
-                        generation=got.generation, entry=got,
-                    )
-                )
-            for skey in reversed(touched_dram):
-                if skey in dram.entries:
-                    dram.entries.move_to_end(skey)
-            if ssd is not None:
-                records = [ssd.touch(skey) for skey in reversed(touched_ssd)]
-        if ssd is not None and records:
-            ssd.persist(records)
-        return out
-
-    def _pin_dram_hits(self, keys: list[bytes], hits: list[DramEntry]) -> list[PinnedBlock]:
-        """:meth:`pin_many` when every key is a DRAM hit (lock held): the same pins, counts
-        and recency (touched last-key-first), in one pass without the per-key tier checks."""
-        dram = self._dram
-        n = len(hits)
-        self._gets += n
-        self._hits += n
-        dram.hits += n
-        arena = self.arena
-        unit = dram.allocator.alignment_bytes  # round_up, inlined: (size or 1) to whole units
-        out = []
-        for key, e in zip(keys, hits, strict=True):
-            if e.pins == 0:
-                dram.pinned_blocks += 1
-                self._pinned_bytes += ((e.size_bytes or 1) + unit - 1) // unit * unit
-            e.pins += 1
-            off, size = e.offset, e.size_bytes
-            out.append(PinnedBlock(
-                key, off, size, e.info[1], Tier.DRAM, arena[off : off + size].toreadonly(),
-                e.generation, e,
-            ))
-        move_to_end = dram.entries.move_to_end
-        for e in reversed(hits):
-            move_to_end(e.skey)
-        return out
+        return self._reads.pin_many(
+            keys, namespace_id=namespace_id, may_block=may_block, cut_from=cut_from
+        )
 
     def uncount_reads(self, blocks: Sequence[PinnedBlock]) -> None:
         """Take back the gets and hits :meth:`pin_many` counted for ``blocks``: pinned but
         not sent, because the reader asks for them again (past the inline Get's budget), so
         a key is counted once per request (issue 9). Pins are untouched; the SSD read of a
         promoted block stays counted on the SSD tier (it happened)."""
-        with self._lock:
-            self._gets -= len(blocks)
-            self._hits -= len(blocks)
-            self._dram.hits -= sum(1 for b in blocks if b.tier is Tier.DRAM)
+        self._reads.uncount_reads(blocks)
 
     def touch_many(
         self, keys: Sequence[bytes], *, namespace_id: bytes = b"", ssd_keys: Collection[bytes] = ()
@@ -588,21 +379,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         in ``ssd_keys`` (read from SSD) are touched on the SSD tier too, as ``pin_many`` does.
         Absent keys are skipped. Never pins, promotes or counts a get.
         """
-        skeys = [store_key(namespace_id, k) for k in keys]
-        records = []
-        with self._lock:
-            if self._closed:
-                return
-            dram, ssd = self._dram, self._ssd
-            for skey in reversed(skeys):
-                if skey in dram.entries:
-                    dram.entries.move_to_end(skey)
-            if ssd is not None and ssd_keys:
-                for key, skey in zip(reversed(keys), reversed(skeys), strict=True):
-                    if key in ssd_keys:
-                        records.append(ssd.touch(skey))
-        if ssd is not None and records:
-            ssd.persist(records)
+        self._reads.touch_many(keys, namespace_id=namespace_id, ssd_keys=ssd_keys)
 
     def unpin(self, block: PinnedBlock) -> None:
         """Release one pin taken by :meth:`pin_many` (once per returned PinnedBlock).
@@ -610,8 +387,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             NotFound: the block is not pinned (released twice, or never pinned).
         """
-        if self.unpin_many([block]):
-            raise NotFound(f"block {block.key[:8].hex()} is not pinned")
+        self._reads.unpin(block)
 
     def unpin_many(self, blocks: Sequence[PinnedBlock]) -> list[PinnedBlock]:
         """Release pins taken by :meth:`pin_many` (each returned PinnedBlock once), under one
@@ -621,30 +397,7 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             The blocks that were not pinned (released twice, never pinned); the others are
             released. Never raises for them, so one stale block does not keep the rest pinned.
         """
-        stale: list[PinnedBlock] = []
-        dram = self._dram
-        entries = dram.entries
-        unit = dram.allocator.alignment_bytes
-        freed = False
-        with self._lock:
-            for b in blocks:
-                e = b.entry
-                if e is None or entries.get(e.skey) is not e:  # type: ignore[attr-defined]
-                    e = dram.entry_at(b.offset)  # not made by pin_many, or no longer indexed
-                    if e is None or split_store_key(e.skey)[1] != b.key:
-                        stale.append(b)
-                        continue
-                if e.pins <= 0:  # type: ignore[attr-defined]
-                    stale.append(b)
-                    continue
-                e.pins -= 1  # type: ignore[attr-defined]
-                if e.pins == 0:  # type: ignore[attr-defined]
-                    dram.pinned_blocks -= 1
-                    self._pinned_bytes -= ((e.size_bytes or 1) + unit - 1) // unit * unit  # type: ignore[attr-defined]
-                    freed = True
-            if freed:
-                self._cond.notify_all()
-        return stale
+        return self._reads.unpin_many(blocks)
 
     def get(self, key: bytes, *, namespace_id: bytes = b"") -> tuple[bytes, bytes] | None:
         """Copy one block out: ``(value, meta)``, or None on a miss.
@@ -652,48 +405,17 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Raises:
             NoCapacity: an SSD hit could not be promoted (DRAM all pinned).
         """
-        got = self.pin_many([key], namespace_id=namespace_id)[0]
-        if got is None:
-            return None
-        if isinstance(got, KvstoredError):
-            raise got
-        try:
-            return bytes(got.view), got.meta
-        finally:
-            self.unpin(got)
+        return self._reads.get(key, namespace_id=namespace_id)
 
     # ---- probes and admin (never pin, never touch recency, not counted, never wait on I/O)
     def lookup_prefix(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Tier]:
         """Tiers of the leading present blocks of a prefix in one namespace; stops at the
         first miss. DRAM is reported when a block is in both tiers."""
-        namespace_id = _check_bytes("namespace_id", namespace_id)
-        if set(map(type, keys)) - {bytes} or not all(keys):  # (C-level checks: issue 9)
-            keys = [_check_key(k) for k in keys]
-        skeys = list(map(store_key(namespace_id, b"").__add__, keys))  # the namespace's tag + key
-        with self._lock:
-            self._check_open()
-            dram = self._dram.entries
-            in_dram = list(map(dram.__contains__, skeys))
-            n = in_dram.index(False) if False in in_dram else len(skeys)
-            out = [Tier.DRAM] * n
-            if n < len(skeys) and self._ssd is not None:  # a run of DRAM and SSD blocks
-                ssd = self._ssd.entries
-                for skey, hot in zip(skeys[n:], in_dram[n:]):
-                    if hot:
-                        out.append(Tier.DRAM)
-                    elif skey in ssd:
-                        out.append(Tier.SSD)
-                    else:
-                        break
-        return out
+        return self._reads.lookup_prefix(keys, namespace_id=namespace_id)
 
     def exists(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
         """Per key: stored (committed) in any tier, in this namespace."""
-        namespace_id = _check_bytes("namespace_id", namespace_id)
-        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
-        with self._lock:
-            self._check_open()
-            return [self._has(k) for k in skeys]
+        return self._reads.exists(keys, namespace_id=namespace_id)
 
     def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
         """Delete blocks of one namespace from every tier (file deletion outside the lock).
@@ -702,67 +424,11 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
             Per key: True if removed; False if absent or pinned (a pinned block is kept in
             every tier).
         """
-        namespace_id = _check_bytes("namespace_id", namespace_id)
-        skeys = [store_key(namespace_id, _check_key(k)) for k in keys]
-        out: list[bool] = []
-        doomed: list[bytes] = []
-        with self._lock:
-            self._check_open()
-            dram, ssd = self._dram, self._ssd
-            for skey in skeys:
-                entry = dram.entries.get(skey)
-                if entry is not None and entry.pins > 0:
-                    out.append(False)
-                    continue
-                removed = False
-                if entry is not None:
-                    t = self._demoting.get(skey)
-                    if t is not None:
-                        dram.forget(skey)  # the demoter frees the space when its write ends
-                        t.removed = True
-                    else:
-                        dram.remove(skey)
-                    removed = True
-                t = self._promoting.get(skey)
-                if t is not None:
-                    t.removed = True
-                if ssd is not None:
-                    dropped = ssd.drop(skey)
-                    doomed += dropped
-                    removed = removed or bool(dropped)
-                out.append(removed)
-            self._cond.notify_all()
-        if doomed and ssd is not None:
-            ssd.delete_files(doomed)
-        return out
+        return self._reservations.remove(keys, namespace_id=namespace_id)
 
     def stats(self) -> StoreStats:
         """Counters since start and current usage of each tier (never waits on disk I/O)."""
-        with self._lock:
-            dram = self._dram
-            tiers = [
-                TierStats(
-                    tier=Tier.DRAM, capacity_bytes=dram.capacity_bytes,
-                    used_bytes=dram.allocator.used_bytes, num_blocks=len(dram.entries),
-                    hits=dram.hits, evictions=dram.evictions,
-                )
-            ]
-            ssd = self._ssd
-            put_failures = checksum_failures = 0
-            if ssd is not None:
-                tiers.append(
-                    TierStats(
-                        tier=Tier.SSD, capacity_bytes=ssd.capacity_bytes,
-                        used_bytes=ssd.used_bytes, num_blocks=len(ssd.entries),
-                        hits=ssd.hits, evictions=ssd.evictions,
-                    )
-                )
-                put_failures, checksum_failures = ssd.put_failures, ssd.checksum_failures
-            return StoreStats(
-                tiers=tuple(tiers), gets=self._gets, hits=self._hits, misses=self._misses,
-                puts=self._puts, put_failures=put_failures, checksum_failures=checksum_failures,
-                pinned_blocks=dram.pinned_blocks,
-            )
+        return self._reads.stats()
 
     def list_blocks(
         self, *, namespace_id: bytes | None = None, limit: int = 10000
@@ -777,56 +443,103 @@ class TieredStore(TransitMixin, ExportMixin, BatchPutMixin):
         Returns:
             ``(blocks, truncated)``; ``truncated`` is True when more blocks matched.
         """
-        if limit < 0:
-            raise InvalidArgument(f"limit must be >= 0, got {limit}")
-        out: list[BlockInfo] = []
-        with self._lock:
-            ssd_entries = self._ssd.entries if self._ssd is not None else {}
-            for skey, e in self._dram.entries.items():
-                if namespace_id and e.namespace_id != namespace_id:
-                    continue
-                if len(out) >= limit:
-                    return out, True
-                s = ssd_entries.get(skey)
-                tiers = (Tier.DRAM, Tier.SSD) if s is not None else (Tier.DRAM,)
-                gens = (e.generation, s.generation) if s is not None else (e.generation,)
-                key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, e.size_bytes, e.namespace_id, tiers, e.pins > 0, gens,
-                                     copy=skey in self._dram.copies))
-            for skey, s in ssd_entries.items():
-                if skey in self._dram.entries:
-                    continue
-                if namespace_id and s.namespace_id != namespace_id:
-                    continue
-                if len(out) >= limit:
-                    return out, True
-                key = split_store_key(skey)[1]
-                out.append(BlockInfo(key, s.size_bytes, s.namespace_id, (Tier.SSD,), False,
-                                     (s.generation,)))
-        return out, False
+        return self._reads.list_blocks(namespace_id=namespace_id, limit=limit)
+
+    # ---- export (a peer's read, spill; export.py) ----------------------------------------
+    def coldest_blocks(
+        self, limit: int, *, exclude: Collection[tuple[bytes, bytes]] = (),
+        max_scan: int = DEFAULT_MAX_SCAN,
+    ) -> list[BlockInfo]:
+        """Up to ``limit`` unpinned blocks in eviction order, coldest first.
+
+        SSD-only blocks first when the store has an SSD tier (it is then the last tier:
+        they were demoted longest ago), in SSD LRU order; then remote-fill copies (oldest
+        first: duplicates of a peer's block, ``BlockInfo.copy``); then DRAM blocks in LRU
+        order.
+        Skipped: pinned blocks, blocks being demoted or promoted, ``exclude``. Walks at most
+        ``max_scan`` entries from the cold end of each map, so a call costs O(limit +
+        skipped), never O(blocks stored). Never pins, touches recency or counts a get.
+
+        Args:
+            limit: most blocks returned (>= 0).
+            exclude: ``(namespace_id, key)`` pairs to skip (blocks whose move failed lately).
+            max_scan: most entries examined per tier.
+
+        Returns:
+            BlockInfo per block (``tiers`` = ``(SSD,)`` for an SSD-only block, else DRAM
+            first, plus SSD when it also has an SSD copy), coldest first.
+
+        Raises:
+            Unavailable: the store is closed.
+        """
+        return self._exports.coldest_blocks(limit, exclude=exclude, max_scan=max_scan)
+
+    def read_for_export(
+        self, keys: Sequence[bytes], *, namespace_id: bytes = b""
+    ) -> list[ExportedBlock | None]:
+        """Blocks of one namespace for sending elsewhere, without promoting any.
+
+        A DRAM block is pinned in place; an SSD-only block is read from its file into a
+        private page-aligned buffer and verified against its checksum (a block whose file
+        is bad is dropped, counted in ``checksum_failures``, and answered None, as a
+        promotion would). Never promotes, demotes, touches recency or counts a get.
+        Release every returned block with :meth:`release_export`.
+
+        Args:
+            keys: block keys.
+            namespace_id: their namespace.
+
+        Returns:
+            Per key: the block, or None (absent, gone meanwhile, or its file unreadable).
+
+        Raises:
+            Unavailable: the store is closed.
+        """
+        return self._exports.read_for_export(keys, namespace_id=namespace_id)
+
+    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None:
+        """Release blocks :meth:`read_for_export` returned (each exactly once; None skipped).
+
+        An SSD block's view is reused by a later export once every block of its call is
+        released: never read a view after releasing it.
+
+        Raises:
+            NotFound: a block released twice.
+        """
+        self._exports.release_export(blocks)
 
     # ---- lifecycle ---------------------------------------------------------------------
+    def spill_to_ssd(self) -> int:
+        """Write every DRAM-only block to the SSD tier (graceful shutdown), LRU first.
+
+        DRAM keeps its copies; each block is DEMOTING while written (lock released), so the
+        store keeps serving. Blocks that fail to write are counted in ``put_failures``.
+
+        Returns:
+            Number of blocks written (0 without an SSD tier).
+        """
+        return self._transit.spill_to_ssd()
+
     def start_prefault(self) -> None:
         """Fault the DRAM arena in from a background thread (see ``DramArena.start_prefault``)."""
-        self._arena.start_prefault()
+        self._state.dram.arena.start_prefault()
 
     def close(self) -> None:
         """Wait for transfers between tiers, flush and close the SSD index, unmap and unlink
         the arena; idempotent. Views handed out earlier must not be used afterwards."""
-        with self._lock:
-            if self._closed:
+        st = self._state
+        with st.lock:
+            if st.closed:
                 return
-            self._closed = True
-            self._cond.notify_all()
-            while self._demoting or self._promoting:
-                self._cond.wait()
-            try:
-                if self._ssd is not None:
-                    self._ssd.close()
-            finally:
-                self._reservations.clear()
-                self.arena = memoryview(b"")
-                self._arena.close()
+            st.closed = True
+            st.cond.notify_all()
+            while st.demoting or st.promoting:
+                st.cond.wait()
+            st.pending.clear()
+            st.arena = memoryview(b"")
+            with contextlib.ExitStack() as closing:  # slowest tier first; each one closed
+                for tier in st.tiers:
+                    closing.callback(tier.close)
 
     def __enter__(self) -> TieredStore:
         return self

@@ -37,7 +37,7 @@ the only reader of its pins -- has already returned from its last ``recv_into``/
 into the kernel), and only then aborts the reservations and releases the pins. So space is
 never released while this request may still write it (the fencing rule of DESIGN.md s. 6).
 
-Server: :class:`~kvstored.transport.tcp_server.DataPlaneServer` (re-exported here).
+Server: :class:`~kvstored.transport.tcp_server.DataPlaneServer` (import it from there).
 Client: :class:`DataPlaneClient`, a small pool of blocking sockets, every call under the
 caller's deadline; it checks every size the server announces (item count, payload, meta,
 message) before allocating for it. A GET expected to move at least
@@ -97,7 +97,6 @@ from kvstored.transport.framing import (
     send_all,
     tune_socket,
 )
-from kvstored.transport.tcp_server import DataPlaneCounters, DataPlaneServer
 from kvstored.transport.tcp_streams import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_STREAM_MIN_BYTES,
@@ -108,8 +107,8 @@ from kvstored.transport.tcp_streams import (
 )
 
 __all__ = [
-    "DataPlaneClient", "DataPlaneCounters", "DataPlaneServer", "GetItem", "PutItem", "Sink",
-    "format_host_port", "parse_host_port", "tune_socket",
+    "DataPlaneClient", "GetItem", "PutItem", "Sink", "format_host_port", "parse_host_port",
+    "tune_socket",
 ]
 
 RUNS_PER_STREAM = 2

@@ -20,9 +20,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
-from kvstored.node.peer_export import export_chunks
-from kvstored.types import PinnedBlock, Reservation
-from kvstored.tiers.export import ExportedBlock
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
@@ -52,9 +49,10 @@ from kvstored.transport.framing import (
     short_message,
     tune_socket,
 )
+from kvstored.types import ExportedBlock, PinnedBlock, PutOutcome, Reservation
 
 if TYPE_CHECKING:
-    from kvstored.node.core import NodeCore, PutOutcome
+    from kvstored.transport.base import BlockServer
 
 log = structlog.get_logger(__name__)
 
@@ -104,8 +102,9 @@ class DataPlaneServer:
     """The node's TCP data-plane listener: one daemon thread per connection.
 
     Args:
-        core: request handling (validation, draining, metrics) over the store; limits come
-            from ``core.cfg`` (``max_batch_keys``, ``max_key_bytes``, ``max_block_bytes`` and
+        core: the node it serves (the :class:`~kvstored.transport.base.BlockServer` port:
+            validation, draining, the blocks and the space, metrics); limits come from
+            ``core.cfg`` (``max_batch_keys``, ``max_key_bytes``, ``max_block_bytes`` and
             the ``dataplane_*`` fields).
         address: ``host:port`` to listen on (port 0 = any free port).
         max_connections: connections served at once (default ``dataplane_max_connections``);
@@ -119,7 +118,7 @@ class DataPlaneServer:
 
     def __init__(
         self,
-        core: NodeCore,
+        core: BlockServer,
         address: str,
         *,
         max_connections: int | None = None,
@@ -277,19 +276,15 @@ class DataPlaneServer:
             self.hook(event, **fields)
 
     def _count(self, op: int, code: int) -> None:
-        metrics = self.core.metrics
-        if metrics is not None:
-            op_name = {OP_GET: "get", OP_PUT: "put"}.get(op, "unknown")
-            try:
-                code_name = ErrorCode(code).name
-            except ValueError:
-                code_name = str(code)
-            metrics.count_dataplane_request(op_name, code_name)
+        op_name = {OP_GET: "get", OP_PUT: "put"}.get(op, "unknown")
+        try:
+            code_name = ErrorCode(code).name
+        except ValueError:
+            code_name = str(code)
+        self.core.count_dataplane_request(op_name, code_name)
 
     def _serve_connection(self, sock: socket.socket, peer: object) -> None:
-        metrics = self.core.metrics
-        if metrics is not None:
-            metrics.dataplane_connections.inc()
+        self.core.count_dataplane_connection(1)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = Reader(sock)
@@ -318,8 +313,7 @@ class DataPlaneServer:
                 sock.close()
             except OSError:
                 pass
-            if metrics is not None:
-                metrics.dataplane_connections.dec()
+            self.core.count_dataplane_connection(-1)
 
     def _serve_request(self, sock: socket.socket, reader: Reader, peer: object) -> bool:
         """One request under ``reader.deadline``; False = close the connection."""
@@ -426,9 +420,9 @@ class DataPlaneServer:
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
         # GET_FLAG_PEER_EXPORT (a peer copying the blocks): read_for_export, nothing promoted,
-        # touched or counted as a get; DRAM blocks pinned in place as below (node/peer_export.py)
+        # touched or counted as a get; DRAM blocks pinned in place as below (node/reads.py)
         chunks: Iterator[tuple[int, list[Any]]] = (
-            export_chunks(core, keys, ns, chunk_keys=self.get_chunk_keys) if peer_export
+            core.export_chunks(keys, ns, chunk_keys=self.get_chunk_keys) if peer_export
             else core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
         )
         # closing() unpins the current chunk only after send_all returned or raised: the

@@ -27,7 +27,8 @@ from kvstored.config import NodeConfig
 from kvstored.errors import ErrorCode, TransferFailed
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 HEADER = struct.Struct("<4sBBHII")
 GET_ITEM = struct.Struct("<HBBQIH")

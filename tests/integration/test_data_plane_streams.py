@@ -24,7 +24,8 @@ from kvstored.errors import TransferFailed
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.framing import GET_ITEM_GEN, HEADER, RANGE, RANGE_TO_END
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 MIB = 1 << 20
 BLOCK = MIB

@@ -19,13 +19,13 @@ import pytest
 from kvstored.clock import FakeClock
 from kvstored.config import ClusterConfig
 from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membership
-from kvstored.master.placement import Placement
+from kvstored.master.membership import Membership
 from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.master.state import MasterState
+from kvstored.master.types import BlockEvent, BlockRef, EventKind
 from kvstored.node.cluster import MasterLink
-from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
@@ -42,15 +42,14 @@ class Master:
 
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self.servicer = MasterServicer(*self._fresh(), master_epoch=1)
+        self.servicer = MasterServicer(self._fresh())
 
-    def _fresh(self) -> tuple[Membership, Placement]:
-        members = Membership(BlockIndex(16), self.clock, Generations(10), node_lease_s=LEASE_S)
-        return members, Placement(members, rng=random.Random(1))
+    def _fresh(self) -> MasterState:
+        return MasterState(epoch=1, clock=self.clock, node_lease_s=LEASE_S, initial_blocks=16,
+                           first_generation=10, rng=random.Random(1))
 
     def restart(self) -> None:
-        m, p = self._fresh()
-        self.servicer.membership, self.servicer.placement, self.servicer.index = m, p, m.index
+        self.servicer.set_state(self._fresh())
 
     @property
     def members(self) -> Membership:

@@ -204,7 +204,8 @@ def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str)
     # a pin held by a client shows as one active pin lease and one pinned block until released
     core = node.daemon.core
     assert core is not None
-    pin_id, _ = node.call(lambda: core.pin_blocks([keys[5]], b""))
+    sid = node.call(core.open_session)
+    pin_id, _ = node.call(lambda: core.pin_blocks([keys[5]], b"", session_id=sid))
     scrape = _scrape(node)
     assert m("kvstored_lease_active", kind="pin") == 1 and m("kvstored_store_pinned_blocks") == 1
     assert core.release_pins([pin_id]) == 1

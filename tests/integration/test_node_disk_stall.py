@@ -45,7 +45,7 @@ def test_dram_gets_and_metadata_rpcs_complete_while_an_ssd_read_is_held(
         assert a.lookup_prefix_tiers(ssd_keys) == [Tier.SSD, Tier.SSD]
         assert a.lookup_prefix_tiers(dram_keys) == [Tier.DRAM, Tier.DRAM]
     store = node.daemon.store
-    assert store._ssd is not None
+    assert store._state.ssd is not None
     entered, release = threading.Event(), threading.Event()
     target = store_key(b"", ssd_keys[0])
 
@@ -54,7 +54,7 @@ def test_dram_gets_and_metadata_rpcs_complete_while_an_ssd_read_is_held(
             entered.set()
             assert release.wait(60)
 
-    store._ssd.io_hook = hook
+    store._state.ssd.io_hook = hook
     try:
         with Client(addr, transport=transport, timeout_s=20) as a, \
                 Client(addr, transport=transport, timeout_s=20) as b:
@@ -71,4 +71,4 @@ def test_dram_gets_and_metadata_rpcs_complete_while_an_ssd_read_is_held(
             assert box == [[value_for(ssd_keys[0], size)]]
     finally:
         release.set()
-        store._ssd.io_hook = None
+        store._state.ssd.io_hook = None

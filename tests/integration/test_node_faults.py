@@ -262,8 +262,11 @@ def test_draining_node_refuses_new_work_but_finishes_what_is_in_flight(node: Dae
     core = node.daemon.core
     assert core is not None
     # in flight when the drain starts: a read holding a pin, a write holding a reservation
-    pin_id, _ = node.call(lambda: core.pin_blocks(keys[:1], b""))
-    res_id, (reservation,) = node.call(lambda: core.reserve_put([(keys[2], 5, b"")], b""))
+    sid = node.call(core.open_session)
+    pin_id, _ = node.call(lambda: core.pin_blocks(keys[:1], b"", session_id=sid))
+    res_id, (reservation,) = node.call(
+        lambda: core.reserve_put([(keys[2], 5, b"")], b"", session_id=sid)
+    )
     node.call(core.start_draining)
     for transport in ("shm", "tcp", "grpc"):
         with Client(node.address_for(transport), transport=transport, timeout_s=5) as c:

@@ -16,16 +16,18 @@ from click.testing import CliRunner
 
 from kvstored.cli.kvstorectl import EXIT_BAD_ARGS, EXIT_UNREACHABLE, main
 from kvstored.clock import FakeClock
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import BlockRef, Membership, NodeSpec, TierUsage
-from kvstored.master.placement import Placement
+from kvstored.master.membership import Membership
 from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.master.state import MasterState
+from kvstored.master.types import BlockRef, NodeSpec, TierUsage
 from kvstored.types import Tier
 
 
 @pytest.fixture
 def master() -> Iterator[tuple[str, Membership]]:
-    members = Membership(BlockIndex(16), FakeClock(), Generations(5), node_lease_s=10.0)
+    state = MasterState(epoch=99, clock=FakeClock(), node_lease_s=10.0, initial_blocks=16,
+                        first_generation=5, rng=random.Random(0))
+    members = state.membership
     members.register(NodeSpec("gpu1", 1796000000000000000, "10.0.0.5:7070", "10.0.0.5:7071",
                               (TierUsage(Tier.DRAM, 8 << 30, 2 << 30, 7),
                                TierUsage(Tier.SSD, 200 << 30, 0, 0))))
@@ -41,8 +43,7 @@ def master() -> Iterator[tuple[str, Membership]]:
 
     async def serve() -> None:
         server = grpc.aio.server()
-        add_master_service(server, MasterServicer(members, Placement(members, rng=random.Random(0)),
-                                                  master_epoch=99))
+        add_master_service(server, MasterServicer(state))
         port.append(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         ready.set()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 
 from kvstored.clock import FakeClock
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import BlockRef, Membership, NodeSpec, TierUsage
-from kvstored.master.placement import Placement
+from kvstored.master.state import MasterState
+from kvstored.master.types import BlockRef, NodeSpec, TierUsage
 from kvstored.types import Tier
 
 NS = b"\x11" * 16
@@ -34,17 +33,19 @@ def blocks(keys: range | list[int], tier: Tier = Tier.DRAM, size: int = 4096) ->
 
 
 class Cluster:
-    """Membership + index + placement on a FakeClock, with one-line scenario steps."""
+    """A MasterState (membership + index + placement) on a FakeClock, with one-line scenario
+    steps."""
 
     def __init__(self, *, lease_s: float = LEASE_S, failures: int = 3, seed: int = 7,
                  write_lease_s: float = 30.0) -> None:
         self.clock = FakeClock()
-        self.index = BlockIndex(16)
-        self.gens = Generations(100)
-        self.members = Membership(self.index, self.clock, self.gens, node_lease_s=lease_s,
-                                  unhealthy_after_failures=failures)
-        self.placement = Placement(self.members, write_lease_s=write_lease_s,
-                                   rng=random.Random(seed))
+        self.state = MasterState(epoch=100, clock=self.clock, node_lease_s=lease_s,
+                                 unhealthy_after_failures=failures, write_lease_s=write_lease_s,
+                                 rng=random.Random(seed), initial_blocks=16)
+        self.index = self.state.index
+        self.gens = self.state.generations
+        self.members = self.state.membership
+        self.placement = self.state.placement
         self._sync_ids = 0
 
     def join(self, node_id: str, epoch: int = 1, inventory: list[BlockRef] | None = None,

@@ -8,8 +8,7 @@ from master_helpers import NS, Cluster, blocks, key
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.admin import list_node_blocks, list_replicas
-from kvstored.master.membership import BlockRef
-from kvstored.master.records import ReplicaState
+from kvstored.master.types import BlockRef, ReplicaState
 from kvstored.types import Tier
 
 

@@ -43,8 +43,8 @@ def test_admin_rpcs_and_metrics_over_the_wire(tmp_path: Path) -> None:
     async def main() -> None:
         await daemon.start()
         try:
-            m, p = daemon.membership, daemon.placement
-            assert m is not None and p is not None
+            assert daemon.state is not None
+            m, p = daemon.state.membership, daemon.state.placement
             addr = daemon.grpc_addresses[0]
             assert daemon.metrics_address and not daemon.metrics_address.endswith(":0")
             before = await asyncio.to_thread(scrape, daemon.metrics_address)

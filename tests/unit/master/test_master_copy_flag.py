@@ -15,9 +15,16 @@ from master_helpers import NS, Cluster, MiB, key
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.admin import list_replicas
-from kvstored.master.index import ROW_FIELDS, BlockIndex
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, NodeAction, TierUsage
-from kvstored.master.records import ReplicaState
+from kvstored.master.columns import ROW_FIELDS, IndexColumns
+from kvstored.master.index import BlockIndex
+from kvstored.master.types import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    NodeAction,
+    ReplicaState,
+    TierUsage,
+)
 from kvstored.types import Tier
 
 GEN = 1 << 40
@@ -63,7 +70,8 @@ def test_index_keeps_the_flag_per_replica_and_an_added_event_sets_or_clears_it()
     with pytest.raises(InvalidArgument, match="copies must have one entry per key"):
         idx.add_replicas_bulk(NS, [key(5)], holder=h, tiers=[1], sizes=[1], generation=9,
                               copies=[True, True])
-    assert sum(a.itemsize for a in (getattr(idx, f"_{n}") for n, _ in ROW_FIELDS)) == 34
+    cols = IndexColumns(16)
+    assert sum(getattr(cols, n).itemsize for n, _ in ROW_FIELDS) == 34
     assert idx.remove_replica(NS, key(3), holder=h, tier=Tier.DRAM)
     assert idx.replicas(NS, key(3)) == []
 

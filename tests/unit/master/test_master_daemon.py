@@ -32,8 +32,8 @@ def test_maintenance_expires_nodes_aborts_writes_and_collects_garbage(tmp_path: 
     async def main() -> None:
         await daemon.start()
         try:
-            m, p = daemon.membership, daemon.placement
-            assert m is not None and p is not None
+            assert daemon.state is not None
+            m, p = daemon.state.membership, daemon.state.placement
             m.register(spec("a"))
             m.sync_inventory("a", 1, sync_id=1, blocks=blocks(range(10)), last_chunk=True)
             m.register(spec("b"))
@@ -46,7 +46,8 @@ def test_maintenance_expires_nodes_aborts_writes_and_collects_garbage(tmp_path: 
             assert daemon.maintain_once() == ([], 1, 0)  # the write's lease lapsed
             clock.advance(5.5)  # both silent past the 5 s lease
             assert daemon.maintain_once() == (["a", "b"], 0, 10)  # a's 10 rows unlinked
-            assert daemon.index.num_blocks == 0 and daemon.index.num_garbage_rows == 0
+            index = daemon.state.index
+            assert index.num_blocks == 0 and index.num_garbage_rows == 0
         finally:
             await daemon.stop()
 

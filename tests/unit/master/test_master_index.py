@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from master_helpers import NS, key
 
 from kvstored.errors import InvalidArgument
-from kvstored.master.index import MAX_SIZE_BYTES, BlockIndex, ReplicaState
+from kvstored.master.index import BlockIndex
+from kvstored.master.types import MAX_SIZE_BYTES, ReplicaState
 from kvstored.types import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD

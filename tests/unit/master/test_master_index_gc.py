@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from master_helpers import NS, key
 
-from kvstored.master.index import BlockIndex, ReplicaState
+from kvstored.master.index import BlockIndex
+from kvstored.master.types import ReplicaState
 from kvstored.types import Tier
 
 
@@ -39,8 +40,9 @@ def test_gc_of_a_dropped_holder_takes_only_its_rows_and_never_scans_the_index() 
     ix.add_replica(NS, key(0), holder=live, tier=Tier.DRAM, size_bytes=1, generation=1)  # shared block
     assert ix.retire_holder(dropped) == n_dropped
     assert len(ix.lookup_prefix(NS, [key(1)])) == 0  # invisible at once
-    for name in ("_holder", "_state", "_block", "_next", "_tier", "_retired", "_hnext", "_hprev"):
-        setattr(ix, name, getattr(ix, name).view(_Spy))
+    cols = ix.columns
+    for name in ("holder", "state", "block", "next", "tier", "retired", "hnext", "hprev"):
+        setattr(cols, name, getattr(cols, name).view(_Spy))
     _Spy.largest = 0
     batches = []
     while got := ix.collect_garbage(max_rows=128):

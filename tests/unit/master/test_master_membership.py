@@ -7,15 +7,15 @@ from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 from structlog.testing import capture_logs
 
 from kvstored.errors import AlreadyExists, InvalidArgument, NotFound
-from kvstored.master.membership import (
+from kvstored.master.membership import Membership
+from kvstored.master.types import (
     BlockEvent,
     BlockRef,
     EventKind,
-    Membership,
     NodeAction,
     NodeHealth,
+    PlacementPolicy,
 )
-from kvstored.master.placement import PlacementPolicy
 from kvstored.types import Tier
 
 DRAM, SSD = Tier.DRAM, Tier.SSD

@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from master_helpers import LEASE_S, MiB, NS, Cluster, blocks, key
+from master_helpers import LEASE_S, NS, Cluster, MiB, blocks, key
 
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
-from kvstored.master.index import ReplicaState
-from kvstored.master.placement import PlacementPolicy
+from kvstored.master.types import PlacementPolicy, ReplicaState
 from kvstored.types import Tier
 
 

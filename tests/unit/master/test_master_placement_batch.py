@@ -15,8 +15,8 @@ from kvstored.clock import FakeClock
 from kvstored.config import MasterConfig
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.master.daemon import MasterDaemon
-from kvstored.master.membership import BlockRef, TierUsage
-from kvstored.master.placement import MAX_BATCH_ITEMS, PutStartOutcome
+from kvstored.master.placement import MAX_BATCH_ITEMS
+from kvstored.master.types import BlockRef, PutStartOutcome, TierUsage
 from kvstored.types import Tier
 
 SPILL = dict(writer_node_id="a", exclude_writer=True, max_used_fraction=0.9, holder_reports=True)
@@ -112,8 +112,8 @@ def test_the_batched_rpcs_over_the_wire_answer_like_the_single_calls(tmp_path: P
     async def main() -> None:
         await daemon.start()
         try:
-            m = daemon.membership
-            assert m is not None
+            assert daemon.state is not None
+            m = daemon.state.membership
             from master_helpers import spec
             m.register(spec("a", port=7000))
             m.sync_inventory("a", 1, sync_id=1, blocks=[], last_chunk=True)
@@ -141,7 +141,7 @@ def test_the_batched_rpcs_over_the_wire_answer_like_the_single_calls(tmp_path: P
                         mc.put_end_batch([(NS, key(1), 1, False)] * (MAX_BATCH_ITEMS + 1))
 
             await asyncio.to_thread(calls)
-            assert daemon.placement is not None and daemon.placement.num_open_writes == 0
+            assert daemon.state is not None and daemon.state.placement.num_open_writes == 0
         finally:
             await daemon.stop()
 
@@ -162,7 +162,7 @@ def test_a_master_without_the_batched_rpcs_is_asked_one_item_at_a_time() -> None
 
     async def main() -> None:
         server = grpc.aio.server()
-        add_master_service(server, OldMaster(c.members, c.placement, master_epoch=1))
+        add_master_service(server, OldMaster(c.state))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
@@ -192,8 +192,8 @@ def test_ends_carried_on_a_start_batch_apply_first_each_one_put_end(tmp_path: Pa
     async def main() -> None:
         await daemon.start()
         try:
-            m = daemon.membership
-            assert m is not None
+            assert daemon.state is not None
+            m = daemon.state.membership
             from master_helpers import spec
             m.register(spec("a", port=7000))
             m.sync_inventory("a", 1, sync_id=1, blocks=[], last_chunk=True)
@@ -215,7 +215,7 @@ def test_ends_carried_on_a_start_batch_apply_first_each_one_put_end(tmp_path: Pa
                     assert mc.put_end_batch([(NS, key(30), started[0][1], False)]) == [1]
 
             await asyncio.to_thread(calls)
-            assert daemon.placement is not None and daemon.placement.num_open_writes == 0
+            assert daemon.state is not None and daemon.state.placement.num_open_writes == 0
         finally:
             await daemon.stop()
 

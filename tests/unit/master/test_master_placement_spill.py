@@ -7,8 +7,13 @@ import pytest
 from master_helpers import NS, Cluster, MiB, key
 
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, TierUsage
-from kvstored.master.records import ReplicaState
+from kvstored.master.types import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    ReplicaState,
+    TierUsage,
+)
 from kvstored.types import Tier
 
 

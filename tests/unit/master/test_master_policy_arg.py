@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvstored.errors import InvalidArgument
-from kvstored.master.placement import PlacementPolicy
 from kvstored.master.service import _policy_of
+from kvstored.master.types import PlacementPolicy
 from kvstored.v1 import master_pb2 as pb
 
 

@@ -14,7 +14,7 @@ from kvstored.clock import FakeClock
 from kvstored.config import MasterConfig
 from kvstored.master.daemon import MasterDaemon
 from kvstored.master.index import BlockIndex
-from kvstored.master.membership import BlockRef
+from kvstored.master.types import BlockRef
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -101,8 +101,8 @@ def test_the_daemon_gc_tick_asks_the_copy_holder_on_its_heartbeat(tmp_path: Path
     async def main() -> None:
         await daemon.start()
         try:
-            m = daemon.membership
-            assert m is not None
+            assert daemon.state is not None
+            m = daemon.state.membership
             m.register(spec("a", port=7000))
             m.sync_inventory("a", 1, sync_id=1, blocks=[_ref(1), _ref(2)], last_chunk=True)
             m.register(spec("b", port=7100))

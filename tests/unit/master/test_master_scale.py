@@ -5,10 +5,14 @@ every lookup (cached, invalidated by every sync, gap, join and lapse)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
 
-from kvstored.master.index import MAX_RANKED_REPLICAS, BlockIndex
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind
+from kvstored.master import ranking
+from kvstored.master.columns import IndexColumns
+from kvstored.master.index import BlockIndex
+from kvstored.master.ranking import MAX_RANKED_REPLICAS
+from kvstored.master.types import BlockEvent, BlockRef, EventKind
 from kvstored.types import Tier
 
 
@@ -22,16 +26,17 @@ def _hot_index(num_holders: int) -> tuple[BlockIndex, list[int]]:
     return ix, hs
 
 
-def test_a_block_held_by_many_nodes_is_ranked_in_bounded_steps() -> None:
+def test_a_block_held_by_many_nodes_is_ranked_in_bounded_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     ix, hs = _hot_index(200)
     steps = []
-    score = ix._score
+    score = ranking.score_rows
 
-    def counting(rows: np.ndarray, local: int) -> object:
+    def counting(cols: IndexColumns, rows: np.ndarray, local: int) -> object:
         steps.append(len(rows))
-        return score(rows, local)
+        return score(cols, rows, local)
 
-    ix._score = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(ranking, "score_rows", counting)
     got = list(ix.lookup_prefix(NS, [key(0)]))
     assert len(steps) == MAX_RANKED_REPLICAS, steps
     assert got[0].holder == hs[-1]  # least loaded among the newest rows

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 
 def key(i: int) -> bytes:

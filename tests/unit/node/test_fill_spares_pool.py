@@ -16,7 +16,7 @@ import pytest
 from remote_helpers import FakeMaster as _Master
 from remote_helpers import key, make_core
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NoCapacity
 from kvstored.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
@@ -25,7 +25,7 @@ from kvstored.node.spill import Spiller
 from kvstored.types import Reservation, Tier
 from kvstored.tiers.ssd_format import round_up_page, store_key, trailer_bytes
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 
@@ -114,8 +114,8 @@ def test_a_copy_refused_by_a_full_dram_only_store_looks_at_its_copies_only(
         store.commit(res)
         assert store.pin_many([key(600)])[0] is not None  # pinned: no victim at all
         looked: list[bytes] = []
-        inner = store._evictable
-        monkeypatch.setattr(store, "_evictable", lambda k: looked.append(k) or inner(k))
+        inner = store._transit.evictable
+        monkeypatch.setattr(store._transit, "evictable", lambda k: looked.append(k) or inner(k))
         with pytest.raises(NoCapacity):
             store.reserve(key(601), 4096, copy=True)
         assert looked == [store_key(b"", key(600))]  # not the 511 unique blocks: O(copies)

@@ -50,7 +50,7 @@ def test_a_batch_reservation_is_invisible_to_readers_until_its_commit(core: Node
     # another reader (no session of the writer's) sees none of it before the commit
     assert core.exists(keys, b"")[0] == [False] * BATCH
     assert core.lookup_prefix(keys, b"") == []
-    pin_id, got = core.pin_blocks(keys, b"")
+    pin_id, got = core.pin_blocks(keys, b"", session_id=core.open_session("reader"))
     assert pin_id == 0 and got == [None] * BATCH
     assert core.commit_put(rid) == [STORED] * BATCH
     assert core.exists(keys, b"")[0] == [True] * BATCH

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from core_helpers import FakeClock, key, unit_core
 
-from kvstored.errors import LeaseExpired, NoCapacity, NotFound, Unavailable
+from kvstored.errors import InvalidArgument, LeaseExpired, NoCapacity, NotFound, Unavailable
 from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock
 
@@ -32,6 +32,24 @@ def _used(core: NodeCore) -> int:
 def _lapse(core: NodeCore, clock: FakeClock) -> int:
     clock.now += core.cfg.pin_lease_s + 1
     return core.reap_expired()
+
+
+@pytest.mark.parametrize("grant", ["pin_blocks", "reserve_put", "reserve_put_items"])
+def test_an_in_process_grant_without_a_session_is_refused_and_grants_nothing(
+    core: NodeCore, grant: str
+) -> None:
+    # the rule lives in the grants component, so no caller (servicer, control channel,
+    # in-process code) can take space that no session end would ever free
+    core.put_inline([(key(1), b"a" * 100, b"")], b"")
+    base = _used(core)
+    call = getattr(core, grant)
+    args = ([key(1)], b"") if grant == "pin_blocks" else ([(key(2), 4096, b"")], b"")
+    with pytest.raises(InvalidArgument, match="needs a session.*got 0"):
+        call(*args, session_id=0)
+    with pytest.raises(TypeError, match="session_id"):
+        call(*args)  # the session is a required argument
+    assert core.num_outstanding() == (0, 0, 0) and core.store.stats().pinned_blocks == 0
+    assert _used(core) == base
 
 
 def test_session_end_frees_active_and_quarantined_leases_at_once(core: NodeCore, clock: FakeClock) -> None:
@@ -119,7 +137,7 @@ def test_session_ending_during_a_reserve_releases_it(core: NodeCore) -> None:
 
 def test_shutdown_releases_quarantine(core: NodeCore, clock: FakeClock) -> None:
     core.put_inline([(key(1), b"a" * 100, b"")], b"")
-    core.pin_blocks([key(1)], b"")  # sessionless: quarantined until acked
+    core.pin_blocks([key(1)], b"", session_id=core.open_session())  # quarantined until acked
     assert _lapse(core, clock) == 1
     assert core.quarantined_bytes() == 100 and core.store.stats().pinned_blocks == 1
     core.release_all()
@@ -162,10 +180,10 @@ def test_orphan_ack_of_another_request_or_session_frees_nothing(core: NodeCore) 
     assert core.release_orphans(sid, [5]) == 0
     core.close_session(sid)
     assert core.release_orphans(sid, [5]) == 0  # a closed session: nothing left to free
-    # sessionless callers share one pseudo-session: one's ack never frees another's grant
-    nosess_pin, _ = core.pin_blocks([key(1)], b"", request_id=5)
+    # an orphan ack without a session (0) never frees a session's grant
+    third_pin, _ = core.pin_blocks([key(1)], b"", session_id=core.open_session(), request_id=5)
     assert core.release_orphans(0, [5]) == 0 and core.store.stats().pinned_blocks == 1
-    assert core.release_pins_report([nosess_pin]) == (1, [])
+    assert core.release_pins_report([third_pin]) == (1, [])
 
 
 def test_grant_arriving_after_its_orphan_ack_is_refused_and_released(core: NodeCore) -> None:

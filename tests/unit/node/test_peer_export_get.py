@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.node.core import NodeCore
@@ -41,7 +41,8 @@ from kvstored.transport.framing import (
     FrameLimits,
     ProtocolError,
 )
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 32 << 10
 DRAM_BYTES = 256 << 10  # 8 blocks
@@ -86,10 +87,10 @@ class Source:
 
     def order(self) -> tuple[list[bytes], list[bytes]]:
         """(DRAM LRU order, SSD LRU order) of store keys, coldest first."""
-        ssd = self.store._ssd
+        ssd = self.store._state.ssd
         assert ssd is not None
-        with self.store._lock:
-            return list(self.store._dram.entries), list(ssd.entries)
+        with self.store._state.lock:
+            return list(self.store._state.dram.entries), list(ssd.entries)
 
     def close(self) -> None:
         self.server.stop(0.0)
@@ -182,7 +183,7 @@ def test_a_peer_get_holds_the_dram_pin_for_the_whole_send(tmp_path: pathlib.Path
 
 
 def test_a_bad_ssd_file_is_a_miss_of_a_peer_get_never_wrong_bytes(source: Source) -> None:
-    ssd = source.store._ssd
+    ssd = source.store._state.ssd
     assert ssd is not None
     with open(ssd._path(file_rel(store_key(b"", key(2)))), "r+b") as f:
         b = f.read(1)  # flip one payload byte: same size, wrong checksum

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from remote_helpers import FakeMaster, key, make_core, make_reads
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.types import Tier
 
 

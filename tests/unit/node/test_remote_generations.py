@@ -22,7 +22,7 @@ from remote_helpers import DataPlanes, key, local_fixture, make_core
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.types import Tier
 

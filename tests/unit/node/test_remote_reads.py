@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from remote_helpers import FakeMaster, key, make_core
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import PinnedBlock, Tier
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 

@@ -17,11 +17,11 @@ import pytest
 from remote_helpers import FakeMaster, key, make_core, with_generations
 from thread_helpers import completes, in_thread
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.types import Tier
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 64 << 10
 

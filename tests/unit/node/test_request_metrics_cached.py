@@ -18,7 +18,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from remote_helpers import FakeMaster, key, make_reads
 from thread_helpers import HOOK_WAIT_S, HookEvents
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.metrics import NodeMetrics
@@ -27,7 +27,7 @@ from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.framing import OP_GET
-from kvstored.transport.tcp import DataPlaneServer
+from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.v1 import node_pb2 as pb
 
 BLOCK = 4 << 10

@@ -17,19 +17,28 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvstored.client.master import ClusterReplica
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
 from kvstored.errors import ReplicaNotReady
-from kvstored.master.index import BlockIndex, Generations
-from kvstored.master.membership import BlockEvent, BlockRef, EventKind, Membership, NodeSpec, TierUsage
+from kvstored.master.generations import Generations
+from kvstored.master.index import BlockIndex
+from kvstored.master.membership import Membership
 from kvstored.master.placement import Placement
-from kvstored.master.records import ReplicaState
+from kvstored.master.types import (
+    BlockEvent,
+    BlockRef,
+    EventKind,
+    NodeSpec,
+    ReplicaState,
+    TierUsage,
+)
 from kvstored.node.core import NodeCore
 from kvstored.node.spill import SpillCollector, Spiller
-from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
-from kvstored.transport.tcp import DataPlaneClient, DataPlaneServer
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import Tier
 
 BLOCK = 64 << 10
 SRC_DRAM = 1 << 20  # 16 blocks

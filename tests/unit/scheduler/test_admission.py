@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 from sched_helpers import ManualClock, make_profile
 
+from kvstored.scheduler.admission import AdaptiveAdmission
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.core import InstanceSpec, RejectReason, Role, ScheduleRequest, Scheduler
+from kvstored.scheduler.core import Scheduler
 from kvstored.scheduler.costmodel import CostModel
+from kvstored.scheduler.types import InstanceSpec, RejectReason, Role, ScheduleRequest
 
 PREFILL = 0.1 + 0.16 + 1e-9 * 1600**2  # prefill(1600, 0) of the test profile
 
@@ -135,16 +137,19 @@ def test_cancel_before_prefill_frees_the_decode_plan(clock: ManualClock) -> None
 
 def test_adaptive_margin_follows_prefill_pressure(clock: ManualClock) -> None:
     s = make(AdmissionMode.PREDICTED_ADAPTIVE, clock, ttft_slo_s=10.0)
-    assert s._admission_margin(AdmissionMode.PREDICTED_ADAPTIVE) == 0.0  # no errors yet
+    adaptive = s.strategy
+    assert isinstance(adaptive, AdaptiveAdmission)
+    assert adaptive.margin() == 0.0  # no errors yet
     for i in range(101):
-        s._record_error(-0.5 + i / 100)  # errors spread evenly over [-0.5, 0.5]
+        adaptive.record_error(-0.5 + i / 100)  # errors spread evenly over [-0.5, 0.5]
     # idle prefill: a wasted prefill costs nothing, admit unless surely over (min error)
-    assert s._admission_margin(AdmissionMode.PREDICTED_ADAPTIVE) == pytest.approx(-0.5)
+    assert adaptive.margin() == pytest.approx(-0.5)
     s.report_prefill_load("p0", 10.0)  # queue = TTFT SLO: saturated, c = 1 -> median
-    assert s._admission_margin(AdmissionMode.PREDICTED_ADAPTIVE) == pytest.approx(0.0)
+    assert adaptive.margin() == pytest.approx(0.0)
     s.report_prefill_load("p0", 5.0)  # c = 0.5 -> the 1/3 quantile
-    assert s._admission_margin(AdmissionMode.PREDICTED_ADAPTIVE) == pytest.approx(-0.17)
-    assert s._admission_margin(AdmissionMode.PREDICTED) == 0.0
+    assert adaptive.margin() == pytest.approx(-0.17)
+    # the other modes judge the prediction as it is: no margin
+    assert not isinstance(make(AdmissionMode.PREDICTED, clock).strategy, AdaptiveAdmission)
 
 
 def test_adaptive_records_prediction_errors_at_handoff(clock: ManualClock) -> None:
@@ -152,7 +157,8 @@ def test_adaptive_records_prediction_errors_at_handoff(clock: ManualClock) -> No
     s.schedule(req("r1"))
     clock.advance(PREFILL)
     s.start_decode("r1")
-    assert len(s._errors) == 1 and s._errors[0] == pytest.approx(0.0)
+    assert isinstance(s.strategy, AdaptiveAdmission)
+    assert len(s.strategy.errors) == 1 and s.strategy.errors[0] == pytest.approx(0.0)
 
 
 def test_decode_refusal_without_and_with_repick(clock: ManualClock) -> None:

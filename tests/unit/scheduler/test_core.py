@@ -7,8 +7,9 @@ from sched_helpers import DictIndex, ManualClock, make_profile
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.core import InstanceSpec, RejectReason, Role, ScheduleRequest, Scheduler
+from kvstored.scheduler.core import Scheduler
 from kvstored.scheduler.costmodel import CostModel
+from kvstored.scheduler.types import InstanceSpec, RejectReason, Role, ScheduleRequest
 
 KEYS = [f"k{i}".encode() for i in range(100)]  # 100 blocks of 16 tokens = 1600 tokens
 NO_CACHE = 0.1 + 0.16 + 1e-9 * 1600**2  # prefill(1600, 0)

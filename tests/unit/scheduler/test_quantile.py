@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from sched_helpers import ManualClock, make_profile
 
+from kvstored.scheduler.admission import QuantileAdmission
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.core import InstanceSpec, RejectReason, Role, ScheduleRequest, Scheduler
+from kvstored.scheduler.core import Scheduler
 from kvstored.scheduler.costmodel import CostModel
 from kvstored.scheduler.lengths import NUM_QUANTILES, OutputLengthModel, survival
+from kvstored.scheduler.types import InstanceSpec, RejectReason, Role, ScheduleRequest
 
 PREFILL = 0.1 + 0.16 + 1e-9 * 1600**2  # prefill(1600, 0) of the test profile
 STEP = 0.01 + 0.001 + 1e-6 * 1600  # decode step with one 1600-token request
@@ -32,6 +34,12 @@ def make(clock: ManualClock, mode: AdmissionMode = AdmissionMode.PREDICTED_QUANT
     return s
 
 
+def _lengths(s: Scheduler) -> OutputLengthModel:
+    """The quantile strategy's output-length model."""
+    assert isinstance(s.strategy, QuantileAdmission)
+    return s.strategy.lengths
+
+
 def req(rid: str, out: int = 0) -> ScheduleRequest:
     return ScheduleRequest(rid, [], 1600, expected_output_tokens=out)
 
@@ -39,9 +47,9 @@ def req(rid: str, out: int = 0) -> ScheduleRequest:
 def bimodal_history(s: Scheduler, short: int = 100, long: int = 100) -> None:
     """Completed requests: ``short`` of 5 tokens and ``long`` of 1000 tokens (one bucket)."""
     for _ in range(short):
-        s.lengths.observe(1600, 5)
+        _lengths(s).observe(1600, 5)
     for _ in range(long):
-        s.lengths.observe(1600, 1000)
+        _lengths(s).observe(1600, 1000)
 
 
 def start_r1(s: Scheduler, c: ManualClock, out: int = 0) -> None:
@@ -184,9 +192,9 @@ def test_rows_follow_requests_from_prefill_to_decode(clock: ManualClock) -> None
     assert s.start_decode("r2").admitted
     _, rec = s._running["r2"]
     assert rec.slot == 0 and s._pending == {}
-    assert s.lengths.quantiles[rec.slot].tolist() == [40.0] * NUM_QUANTILES
-    assert s.lengths.predicted[rec.slot] == 40
+    assert _lengths(s).quantiles[rec.slot].tolist() == [40.0] * NUM_QUANTILES
+    assert _lengths(s).predicted[rec.slot] == 40
     clock.advance(40 * STEP)
     assert s.finish_request("r2", 20)
-    assert s.lengths.num_observed == 1
-    assert s.lengths._err_n == 1 and s.lengths._err_sq == pytest.approx(math.log(2) ** 2)
+    assert _lengths(s).num_observed == 1
+    assert _lengths(s)._err_n == 1 and _lengths(s)._err_sq == pytest.approx(math.log(2) ** 2)

@@ -1,4 +1,4 @@
-"""TieredStore.reserve_many (kvstored/tiers/batch_put.py): a put batch under one lock, carved
+"""TieredStore.reserve_many (kvstored/tiers/reservations.py): a put batch under one lock, carved
 out of one extent, invisible until committed, every block freed on its own."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_a_reserved_batch_is_invisible_to_readers_until_committed(store: TieredS
 def test_batch_blocks_are_carved_from_one_extent_and_each_freed_on_its_own(
     store: TieredStore,
 ) -> None:
-    alloc = store._dram.allocator  # noqa: SLF001
+    alloc = store._state.dram.allocator  # noqa: SLF001
     sizes = [1, 4096, 4097, 0, 12000, 8192]
     res = store.reserve_many([(key(i), n, b"") for i, n in enumerate(sizes)])
     assert isinstance(res, list)
@@ -81,23 +81,23 @@ def test_batch_blocks_are_carved_from_one_extent_and_each_freed_on_its_own(
 
 
 def test_an_aborted_batch_frees_its_space(store: TieredStore) -> None:
-    alloc = store._dram.allocator  # noqa: SLF001
+    alloc = store._state.dram.allocator  # noqa: SLF001
     res = store.reserve_many([(key(i), 10000, b"") for i in range(16)])
     assert isinstance(res, list) and alloc.used_bytes == 16 * alloc.round_up(10000)
     for r in res:
         store.abort(r)  # type: ignore[arg-type]
     assert alloc.used_bytes == 0 and alloc.num_free_extents == 1
-    assert store._reserved_bytes == 0  # noqa: SLF001
+    assert store._state.reserved_bytes == 0  # noqa: SLF001
     assert store.exists([key(i) for i in range(16)]) == [False] * 16
 
 
 def test_stored_and_repeated_keys_reserve_nothing(store: TieredStore) -> None:
     assert store.put(key(1), b"x" * 100)
-    used = store._dram.allocator.used_bytes  # noqa: SLF001
+    used = store._state.dram.allocator.used_bytes  # noqa: SLF001
     res = store.reserve_many([(key(1), 100, b""), (key(2), 100, b""), (key(2), 100, b"")])
     assert isinstance(res, list)
     assert res[0] is None and isinstance(res[1], Reservation) and res[2] is None
-    assert store._dram.allocator.used_bytes == used + 4096  # noqa: SLF001
+    assert store._state.dram.allocator.used_bytes == used + 4096  # noqa: SLF001
     assert store.commit_many([res[1]]) == [True]  # type: ignore[list-item]
 
 
@@ -110,7 +110,7 @@ def test_bad_items_raise_and_reserve_nothing(store: TieredStore) -> None:
     ):
         with pytest.raises(exc):
             store.reserve_many(items)  # type: ignore[arg-type]
-        assert store._dram.allocator.used_bytes == 0  # noqa: SLF001
+        assert store._state.dram.allocator.used_bytes == 0  # noqa: SLF001
 
 
 def test_no_room_without_an_eviction_is_needs_io_on_the_loop_and_changes_nothing(
@@ -123,11 +123,11 @@ def test_no_room_without_an_eviction_is_needs_io_on_the_loop_and_changes_nothing
     try:
         for i in range(16):  # DRAM full of committed blocks
             assert s.put(key(i), np.full(4096, i, np.uint8))
-        before = (s._dram.allocator.used_bytes, list(s._dram.entries), s.stats().tiers)  # noqa: SLF001
+        before = (s._state.dram.allocator.used_bytes, list(s._state.dram.entries), s.stats().tiers)  # noqa: SLF001
         assert s.reserve_many([(key(100), 4096, b""), (key(101), 4096, b"")],
                               may_block=False) is NEEDS_IO
-        assert (s._dram.allocator.used_bytes, list(s._dram.entries), s.stats().tiers) == before  # noqa: SLF001
-        assert not s._reservations and s._reserved_bytes == 0  # noqa: SLF001
+        assert (s._state.dram.allocator.used_bytes, list(s._state.dram.entries), s.stats().tiers) == before  # noqa: SLF001
+        assert not s._state.pending and s._state.reserved_bytes == 0  # noqa: SLF001
         res = s.reserve_many([(key(100), 4096, b""), (key(101), 4096, b"")])
         assert isinstance(res, list) and all(isinstance(r, Reservation) for r in res)
         assert s.exists([key(0), key(1)]) == [True, True]  # demoted to SSD, not lost

@@ -71,9 +71,9 @@ def test_racing_threads_never_see_wrong_bytes(tmp_path: pathlib.Path, with_ssd: 
         assert not errors, errors[0]
         st = s.stats()
         assert st.pinned_blocks == 0 and st.checksum_failures == 0
-        s._dram.allocator.check_invariants()
-        assert s._dram.allocator.used_bytes == sum(
-            s._dram.round_up(e.size_bytes) for e in s._dram.entries.values()
+        s._state.dram.allocator.check_invariants()
+        assert s._state.dram.allocator.used_bytes == sum(
+            s._state.dram.round_up(e.size_bytes) for e in s._state.dram.entries.values()
         )
         for i in range(NUM_KEYS):
             got = s.get(key(i))

@@ -84,7 +84,7 @@ def test_export_pins_dram_in_place_reads_ssd_from_the_file_and_never_promotes_or
 
 
 def test_a_bad_ssd_file_is_never_exported_and_the_block_is_dropped(store: TieredStore) -> None:
-    ssd = store._ssd
+    ssd = store._state.ssd
     assert ssd is not None
     path = ssd._path(file_rel(store_key(b"", key(1))))
     with open(path, "r+b") as f:  # flip one payload byte: same size, wrong checksum

@@ -83,7 +83,7 @@ def test_the_pool_keeps_a_bounded_number_of_bytes(
     held = [store.read_for_export([key(i), key(i + 1)]) for i in (0, 2, 4, 6)]  # 4 buffers
     for got in held:
         store.release_export(got)
-    pooled = store._export_pool
+    pooled = store._exports.pool
     assert pooled is not None and sum(len(b.mm) for b in pooled) <= 4 * 3 * K
     assert len(pooled) == 2  # each buffer: 2 blocks of 3 pages; the newest two kept
 

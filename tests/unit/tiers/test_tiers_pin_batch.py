@@ -34,7 +34,7 @@ def store() -> Iterator[TieredStore]:
 
 
 def _order(s: TieredStore) -> list[bytes]:
-    return [sk[-16:] for sk in s._dram.entries]  # LRU first
+    return [sk[-16:] for sk in s._state.dram.entries]  # LRU first
 
 
 def test_all_dram_hits_pin_count_and_touch_like_the_per_key_path(store: TieredStore) -> None:
@@ -92,13 +92,13 @@ def test_unpin_many_wakes_the_stores_waiters_once_per_batch(store: TieredStore) 
     pins = store.pin_many([key(i) for i in range(4)])
     woken = threading.Event()
     calls: list[int] = []
-    real = store._cond.notify_all
+    real = store._state.cond.notify_all
 
     def counting() -> None:
         calls.append(1)
         real()
         woken.set()
 
-    store._cond.notify_all = counting  # type: ignore[method-assign]
+    store._state.cond.notify_all = counting  # type: ignore[method-assign]
     store.unpin_many(pins)
     assert woken.is_set() and calls == [1]

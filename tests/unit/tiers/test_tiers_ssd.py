@@ -318,7 +318,7 @@ def test_direct_io_refused_falls_back_to_buffered(
     assert s.get(key(0)) == (val(0), b"")
     assert refused == [where]
     assert s.stats().checksum_failures == 0
-    assert s._ssd is not None and s._ssd._direct_io is (where == "read")
+    assert s._state.ssd is not None and s._state.ssd._direct_io is (where == "read")
 
 
 def odirect_supported(d: pathlib.Path) -> bool:
@@ -343,7 +343,7 @@ def test_direct_io_read_on_disk_dir(make: MakeStore, tmp_path: pathlib.Path) -> 
     assert s.stats().checksum_failures == 0
     if not odirect_supported(tmp_path):
         return  # this filesystem refuses O_DIRECT: the buffered fallback was exercised
-    assert s._ssd is not None and s._ssd._direct_io is True
+    assert s._state.ssd is not None and s._state.ssd._direct_io is True
 
 
 # ---- restart ---------------------------------------------------------------------------
@@ -498,7 +498,7 @@ def test_index_write_error_leaves_no_file(
     make: MakeStore, tmp_path: pathlib.Path
 ) -> None:
     s = make(dram_blocks=1)
-    ssd_tier = s._ssd
+    ssd_tier = s._state.ssd
     assert ssd_tier is not None
 
     class BrokenDb:

@@ -54,8 +54,8 @@ def store(tmp_path: pathlib.Path) -> Iterator[TieredStore]:
         ssd_size_bytes=64 * BLOCK,
     )
     yield s
-    if s._ssd is not None:
-        s._ssd.io_hook = None
+    if s._state.ssd is not None:
+        s._state.ssd.io_hook = None
     s.close()
 
 
@@ -67,8 +67,8 @@ def test_a_batch_get_reads_its_ssd_blocks_in_parallel_into_dram(store: TieredSto
     for i in range(8, 12):
         store.remove([key(i)])  # room for four promotions without demotions
     hook = BarrierIo("read", 4)
-    assert store._ssd is not None
-    store._ssd.io_hook = hook
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = hook
     pins = store.pin_many(keys)
     try:
         assert all(isinstance(p, PinnedBlock) for p in pins), pins
@@ -89,9 +89,9 @@ def test_batch_promotion_never_evicts_a_dram_hit_of_the_same_get(store: TieredSt
     for i in range(16):
         store.put(key(i), val(i))  # DRAM: 8..15 (full); SSD: 0..7
     # key 8 is the LRU DRAM block: promoting key 0 would evict it unless the get holds it
-    assert store._ssd is not None
+    assert store._state.ssd is not None
     reads: list[bytes] = []
-    store._ssd.io_hook = lambda op, skey: reads.append(skey) if op == "read" else None
+    store._state.ssd.io_hook = lambda op, skey: reads.append(skey) if op == "read" else None
     pins = store.pin_many([key(8), key(0), key(1)])
     try:
         assert [p.tier for p in pins] == [Tier.DRAM, Tier.SSD, Tier.SSD]  # type: ignore[union-attr]
@@ -112,11 +112,11 @@ def test_demotions_of_one_eviction_window_write_in_parallel(tmp_path: pathlib.Pa
     try:
         for i in range(12):
             s.put(key(i), val(i, 2 * K - 5))  # 2 pages each: DRAM (24 pages) is full
-        assert s._ssd is not None
+        assert s._state.ssd is not None
         hook = BarrierIo("write", 2)
-        s._ssd.io_hook = hook
+        s._state.ssd.io_hook = hook
         s.put(key(100), val(100, 4 * K - 5))  # needs 4 pages: a window of two victims
-        s._ssd.io_hook = None
+        s._state.ssd.io_hook = None
         assert hook.passed == 2
         assert s.lookup_prefix([key(0), key(1)]) == [Tier.SSD, Tier.SSD]
         assert s.get(key(0)) == (val(0, 2 * K - 5), b"")
@@ -239,7 +239,7 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
     for i in range(16):
         s.put(key(i), val(i))  # DRAM: 8..15 (full, DRAM-only); SSD: 0..7
     s.remove([key(8)])  # room for one promotion; the second needs a demotion
-    assert s._ssd is not None
+    assert s._state.ssd is not None
     entered, release = threading.Event(), threading.Event()
 
     def hold_write(op: str, skey: bytes) -> None:
@@ -247,7 +247,7 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
             entered.set()
             assert release.wait(30), "held write never released"
 
-    s._ssd.io_hook = hold_write
+    s._state.ssd.io_hook = hold_write
     box: list[object] = []
 
     def reader() -> None:
@@ -262,10 +262,10 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
     closer = threading.Thread(target=s.close, daemon=True)
     closer.start()
     for _ in range(1000):
-        if s._closed:
+        if s._state.closed:
             break
         closer.join(0.01)
-    assert s._closed
+    assert s._state.closed
     release.set()
     t.join(10)
     closer.join(10)
@@ -273,7 +273,7 @@ def test_close_while_a_batch_promotion_makes_room_keeps_its_blocks_on_ssd(
     from kvstored.errors import Unavailable
 
     assert isinstance(box[0], Unavailable)
-    assert s._ssd.checksum_failures == 0  # nothing was read, so nothing was judged bad
+    assert s._state.ssd.checksum_failures == 0  # nothing was read, so nothing was judged bad
     s2 = TieredStore(
         dram_size_bytes=8 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
         ssd_size_bytes=64 * BLOCK,
@@ -303,17 +303,17 @@ def test_a_batch_get_into_a_full_dram_tier_demotes_its_victims_in_parallel(
         store.put(key(i), val(i))  # DRAM: 4..11 (full, DRAM-only); SSD: 0..3
     keys = [key(i) for i in range(4)]
     assert store.lookup_prefix(keys) == [Tier.SSD] * 4
-    assert store._ssd is not None
+    assert store._state.ssd is not None
     hook = BarrierIo("write", 4)  # the four demotions that make room, in flight together
-    store._ssd.io_hook = hook
+    store._state.ssd.io_hook = hook
     got = _pinned_bytes(store, keys)
-    store._ssd.io_hook = None
+    store._state.ssd.io_hook = None
     assert got == [val(i) for i in range(4)]
     assert hook.passed == 4
     victims = [key(i) for i in range(4, 8)]  # the LRU DRAM blocks, demoted, not dropped
     assert store.lookup_prefix(victims) == [Tier.SSD] * 4
     assert [store.get(k) for k in victims] == [(val(i), b"") for i in range(4, 8)]
-    assert store._ssd.put_failures == 0
+    assert store._state.ssd.put_failures == 0
 
 
 def test_batch_room_making_never_evicts_the_batchs_own_ssd_blocks(tmp_path: pathlib.Path) -> None:

@@ -216,7 +216,7 @@ def test_store_demotions_into_a_full_ssd_tier_reuse_files(
         assert in_place == [False] * 4 + [True] * 6
         assert s.stats().tiers[1].evictions == 6
         assert len(list((tmp_path / "ssd" / "data").rglob("*.blk"))) == 4
-        ssd = s._ssd
+        ssd = s._state.ssd
         assert ssd is not None
         on_ssd = list(ssd.entries)  # (a get would promote, and so demote and evict, again)
         assert on_ssd == [store_key(b"", k) for k in keys[6:10]]

@@ -364,15 +364,15 @@ def test_mixed_sizes_one_large_put_evicts_a_contiguous_window_not_34_blocks() ->
         keys = [key(i) for i in range(64)]
         for i, k in enumerate(keys):
             s.put(k, val(i, MiB))
-        assert [s._dram.entries[store_key(b"", k)].offset for k in keys] == [i * MiB for i in range(64)]
+        assert [s._state.dram.entries[store_key(b"", k)].offset for k in keys] == [i * MiB for i in range(64)]
         for p in s.pin_many(keys[:64:2]):
             s.unpin(p)  # type: ignore[arg-type]
         assert s.put(key(100), val(100, 4 * MiB)) is True
         assert s.stats().tiers[0].evictions == 4
         gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]
         assert gone == [1, 2, 3, 4]  # the LRU block (1) and the window right of it
-        assert s._dram.entries[store_key(b"", key(100))].offset == 1 * MiB
-        s._dram.allocator.check_invariants()
+        assert s._state.dram.entries[store_key(b"", key(100))].offset == 1 * MiB
+        s._state.dram.allocator.check_invariants()
         # the next large put starts from the next LRU block (3 is gone: 5 is next)
         assert s.put(key(101), val(101, 2 * MiB)) is True
         gone = [i for i, ok in enumerate(s.exists(keys)) if not ok]

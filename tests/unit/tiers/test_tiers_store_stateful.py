@@ -175,7 +175,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     # ---- held disk I/O (SSD machine only) ------------------------------------------------
     def _start_held(self, kind: str, k: int, fn: object) -> None:
-        ssd = self.s._ssd
+        ssd = self.s._state.ssd
         assert ssd is not None
         entered, release = threading.Event(), threading.Event()
         target = sk(k)
@@ -240,8 +240,8 @@ class StoreMachine(RuleBasedStateMachine):
         t, release, box, kind, k = self.held  # type: ignore[misc]
         release.set()
         self.held = None
-        assert self.s._ssd is not None
-        self.s._ssd.io_hook = None
+        assert self.s._state.ssd is not None
+        self.s._state.ssd.io_hook = None
         (res,) = box
         if isinstance(res, NoCapacity):
             self._check_no_capacity_is_legit()
@@ -259,15 +259,15 @@ class StoreMachine(RuleBasedStateMachine):
     # ---- invariants ----------------------------------------------------------------------
     @invariant()
     def no_byte_owned_twice_and_within_cap(self) -> None:
-        dram = self.s._dram
+        dram = self.s._state.dram
         alloc = dram.allocator
         alloc.check_invariants()
         regions = [(e.offset, alloc.round_up(e.size_bytes)) for e in dram.entries.values()]
-        regions += [(p.offset, alloc.round_up(p.size_bytes)) for p in self.s._reservations.values()]
-        ssd = self.s._ssd
-        for t in self.s._promoting.values():
+        regions += [(p.offset, alloc.round_up(p.size_bytes)) for p in self.s._state.pending.values()]
+        ssd = self.s._state.ssd
+        for t in self.s._state.promoting.values():
             regions.append((t.offset, alloc.round_up(t.size_bytes)))
-        for t in self.s._demoting.values():
+        for t in self.s._state.demoting.values():
             if t.removed:  # unindexed by remove, still owned until its write ends
                 assert t.entry is not None
                 regions.append((t.entry.offset, alloc.round_up(t.entry.size_bytes)))
@@ -285,18 +285,18 @@ class StoreMachine(RuleBasedStateMachine):
     def pinned_blocks_stay_put(self) -> None:
         counts: dict[bytes, int] = {}
         for k, p, payload in self.pins:
-            entry = self.s._dram.entries.get(sk(k))
+            entry = self.s._state.dram.entries.get(sk(k))
             assert entry is not None and entry.offset == p.offset, "pinned block evicted"
             assert bytes(p.view) == payload
             counts[sk(k)] = counts.get(sk(k), 0) + 1
-        for k, e in self.s._dram.entries.items():
+        for k, e in self.s._state.dram.entries.items():
             assert e.pins == counts.get(k, 0)
         assert self.s.stats().pinned_blocks == len(counts)
 
     @invariant()
     def dram_bytes_are_the_committed_ones(self) -> None:
         arena = self.s.arena
-        for k, e in self.s._dram.entries.items():
+        for k, e in self.s._state.dram.entries.items():
             assert bytes(arena[e.offset : e.offset + e.size_bytes]) == self.expected[k]
 
     def teardown(self) -> None:
@@ -324,7 +324,7 @@ class StoreWithSsdMachine(StoreMachine):
 
     @invariant()
     def ssd_blocks_match_files(self) -> None:
-        ssd = self.s._ssd
+        ssd = self.s._state.ssd
         assert ssd is not None
         for skey, e in ssd.entries.items():
             if skey in self.expected:

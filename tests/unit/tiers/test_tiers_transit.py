@@ -56,8 +56,8 @@ def store(tmp_path: pathlib.Path) -> Iterator[TieredStore]:
         ssd_size_bytes=40 * BLOCK,
     )
     yield s
-    if s._ssd is not None:
-        s._ssd.io_hook = None
+    if s._state.ssd is not None:
+        s._state.ssd.io_hook = None
     s.close()
 
 
@@ -69,8 +69,8 @@ def test_dram_hits_lookups_exists_stats_do_not_wait_for_a_held_promotion_read(
     assert store.lookup_prefix([key(0)]) == [Tier.SSD]
     store.remove([key(2)])  # room for the promotion, so it needs no demotion
     held = HeldIo("read", store_key(b"", key(0)))
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     reader, box = in_thread(lambda: store.get(key(0)))
     assert held.entered.wait(10)
     # key(0) is PROMOTING now; everything about other blocks completes at once
@@ -99,8 +99,8 @@ def test_a_second_reader_of_a_promoting_block_shares_its_read(store: TieredStore
         store.put(key(i), val(i))
     store.remove([key(2)])
     held = HeldIo("read", store_key(b"", key(0)))
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     r1, b1 = in_thread(lambda: store.get(key(0)))
     assert held.entered.wait(10)
     r2, b2 = in_thread(lambda: store.get(key(0)))
@@ -117,12 +117,12 @@ def test_dram_ops_do_not_wait_for_a_held_demotion_and_a_demoting_block_stays_rea
     for i in range(4):
         store.put(key(i), val(i))  # DRAM full; LRU = 0
     held = HeldIo("write")
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     writer, box = in_thread(lambda: store.put(key(7), val(7)))
     assert held.entered.wait(10)
     assert held.calls[-1] == ("write", store_key(b"", key(0)))
-    assert store._demoting.keys() == {store_key(b"", key(0))}
+    assert store._state.demoting.keys() == {store_key(b"", key(0))}
     # key(0) is DEMOTING: still served from DRAM; other blocks unaffected
     assert completes(lambda: store.get(key(0))) == (val(0), b"")
     assert completes(lambda: store.get(key(2))) == (val(2), b"")
@@ -142,22 +142,22 @@ def test_remove_during_a_held_demotion_leaves_no_copy_in_either_tier(
     for i in range(4):
         store.put(key(i), val(i))
     held = HeldIo("write")
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     writer, box = in_thread(lambda: store.put(key(7), val(7)))
     assert held.entered.wait(10)
     assert completes(lambda: store.remove([key(0)])) == [True]
     assert completes(lambda: store.exists([key(0)])) == [False]
     # its arena space is still owned by the demotion: not reused while the write reads it
-    used = store._dram.allocator.used_bytes
+    used = store._state.dram.allocator.used_bytes
     assert used == 4 * BLOCK
     held.release.set()
     writer.join(10)
     assert box == [True]
     assert store.exists([key(0)]) == [False]
     assert not (tmp_path / "ssd" / "data" / file_rel(store_key(b"", key(0)))).exists()
-    store._dram.allocator.check_invariants()
-    assert store._dram.allocator.used_bytes == 4 * BLOCK  # 1, 2, 3 and 7
+    store._state.dram.allocator.check_invariants()
+    assert store._state.dram.allocator.used_bytes == 4 * BLOCK  # 1, 2, 3 and 7
     assert store.stats().tiers[1].used_bytes == 0
 
 
@@ -166,8 +166,8 @@ def test_remove_during_a_held_promotion_does_not_resurrect_the_block(store: Tier
         store.put(key(i), val(i))
     store.remove([key(2)])
     held = HeldIo("read", store_key(b"", key(0)))
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     reader, box = in_thread(lambda: store.get(key(0)))
     assert held.entered.wait(10)
     assert completes(lambda: store.remove([key(0)])) == [True]
@@ -175,8 +175,8 @@ def test_remove_during_a_held_promotion_does_not_resurrect_the_block(store: Tier
     reader.join(10)
     assert box == [None]  # a miss, never a block that was removed
     assert store.exists([key(0)]) == [False]
-    store._dram.allocator.check_invariants()
-    assert store._reserved_bytes == 0
+    store._state.dram.allocator.check_invariants()
+    assert store._state.reserved_bytes == 0
 
 
 def test_close_waits_for_a_held_transfer(store: TieredStore) -> None:
@@ -184,16 +184,16 @@ def test_close_waits_for_a_held_transfer(store: TieredStore) -> None:
         store.put(key(i), val(i))
     store.remove([key(2)])
     held = HeldIo("read", store_key(b"", key(0)))
-    assert store._ssd is not None
-    store._ssd.io_hook = held
+    assert store._state.ssd is not None
+    store._state.ssd.io_hook = held
     reader, box = in_thread(lambda: store.get(key(0)))
     assert held.entered.wait(10)
     closer, _ = in_thread(store.close)
     for _ in range(1000):  # until close() has marked the store closed and waits
-        if store._closed:
+        if store._state.closed:
             break
         closer.join(0.01)
-    assert store._closed and closer.is_alive()  # waiting for the promotion in flight
+    assert store._state.closed and closer.is_alive()  # waiting for the promotion in flight
     held.release.set()
     reader.join(10)
     closer.join(10)

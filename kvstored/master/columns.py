@@ -1,0 +1,321 @@
+"""IndexColumns: the packed numpy storage of the master's block index, and its primitives.
+
+The master holds metadata for every replica in the cluster (10M and more), so a replica is
+not a Python object: it is one row of fixed-width numpy columns, and a block is one int slot
+found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
+
+    key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
+    block columns   head[slot] -> first row | block_ns[slot] u2 | bkey[slot] 2 x u8
+    row columns     holder u4 | next i4 | block i4 | size u4 | gen u8 | tier u1
+                    | state u1 (| COPY_BIT: a remote-fill copy) | hnext i4 | hprev i4
+                    (34 bytes per replica, one contiguous
+                    array per field; rows of one block form a singly linked list from
+                    head[slot]; block[row] points back to the slot; rows of one holder
+                    form a doubly linked list from holder_head[holder], for GC)
+    holder columns  readable[holder] bool, retired bool, load f8, holder_rows i8,
+                    holder_head i8
+
+This module owns the storage and the moves that keep it consistent (allocating and freeing
+slots and rows, growing the columns, linking and unlinking a row in its block's chain and its
+holder's list); what the rows mean (holders, ranking, generations) lives in the modules that
+compose it (master/holders.py, master/ranking.py, master/generations.py, master/index.py).
+
+Invariants kept here:
+
+- A block with no row is not in its namespace's key table, and its slot is free.
+- A free row has state 0 and no links.
+
+Columns are reallocated when they grow: hold the :class:`IndexColumns`, never an array.
+Not thread-safe: the master mutates it from its event loop only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvstored.errors import InvalidArgument
+from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest
+
+NO_ROW = -1
+"""The link value "no row" (end of a chain or list, an empty block, a free row)."""
+FREE_STATE = 0
+"""The ``state`` byte of a free row."""
+ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
+              ("size", np.uint32), ("gen", np.uint64), ("tier", np.uint8), ("state", np.uint8),
+              ("hnext", np.int32), ("hprev", np.int32))
+"""The columns of a replica row: 34 bytes per replica."""
+_LINKS = ("next", "block", "hnext", "hprev")
+
+
+def grow(arr: np.ndarray, need: int, fill: float = 0) -> np.ndarray:
+    """``arr`` with at least ``need`` items (doubled, at least 1024; new items ``fill``)."""
+    if need <= len(arr):
+        return arr
+    new_len = max(need, 2 * len(arr), 1024)
+    out = np.full(new_len, fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out
+
+
+class IndexColumns:
+    """Namespaces, key tables and the block, row and holder columns (see the module docstring).
+
+    Attributes are the columns themselves (read and written by the index's modules).
+
+    Args:
+        initial_blocks: block slots and replica rows allocated up front (grown by doubling).
+    """
+
+    # row columns, set by _alloc_row_columns (one per ROW_FIELDS entry)
+    holder: np.ndarray
+    next: np.ndarray
+    block: np.ndarray
+    size: np.ndarray
+    gen: np.ndarray
+    tier: np.ndarray
+    state: np.ndarray
+    hnext: np.ndarray
+    hprev: np.ndarray
+
+    def __init__(self, initial_blocks: int = 1024) -> None:
+        n = max(16, int(initial_blocks))
+        self.ns_ids: list[bytes] = []
+        self.ns_index: dict[bytes, int] = {}
+        self.tables: list[KeyTable] = []
+        # block columns
+        self.head = np.full(n, NO_ROW, dtype=np.int32)
+        self.block_ns = np.zeros(n, dtype=np.uint16)
+        self.bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
+        self.num_slots = 0  # high-water mark of block slots
+        self.free_blocks: list[int] = []
+        self.long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
+        # row columns: one contiguous array per field (numpy gathers from contiguous columns
+        # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
+        self._alloc_row_columns(n)
+        self.num_rows_used = 0  # high-water mark
+        self.free_rows: list[int] = []
+        # holder columns
+        self.readable = np.zeros(16, dtype=np.bool_)
+        self.retired = np.zeros(16, dtype=np.bool_)
+        self.load = np.zeros(16, dtype=np.float64)
+        self.holder_rows = np.zeros(16, dtype=np.int64)  # rows per holder (live + dead)
+        self.holder_head = np.full(16, NO_ROW, dtype=np.int64)  # first row of its row list
+
+    def _alloc_row_columns(self, n: int, old: dict[str, np.ndarray] | None = None) -> None:
+        for name, dtype in ROW_FIELDS:
+            arr = np.full(n, NO_ROW if name in _LINKS else 0, dtype=dtype)
+            if old is not None:
+                arr[: len(old[name])] = old[name]
+            setattr(self, name, arr)
+
+    # ---- sizes -----------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        """Blocks with at least one row."""
+        return sum(len(t) for t in self.tables)
+
+    def column_bytes(self) -> int:
+        """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
+        arrays = (self.head, self.block_ns, self.bkey, self.holder, self.next,
+                  self.block, self.size, self.gen, self.tier, self.state, self.hnext,
+                  self.hprev, self.readable, self.retired, self.load, self.holder_rows,
+                  self.holder_head)
+        return sum(a.nbytes for a in arrays)
+
+    def table_bytes(self) -> int:
+        """Bytes of the key tables (capacity included)."""
+        return sum(t.nbytes for t in self.tables)
+
+    # ---- namespaces and keys ---------------------------------------------------------
+    def ns(self, namespace_id: bytes, *, create: bool) -> int | None:
+        """The namespace's small id (None when absent and not ``create``).
+
+        Raises:
+            InvalidArgument: creating the 65536th namespace.
+        """
+        got = self.ns_index.get(namespace_id)
+        if got is None and create:
+            if len(self.ns_ids) >= 0xFFFF:
+                raise InvalidArgument(
+                    f"too many namespaces in the index ({len(self.ns_ids)}); the limit is 65535"
+                )
+            got = len(self.ns_ids)
+            self.ns_ids.append(namespace_id)
+            self.ns_index[namespace_id] = got
+            self.tables.append(KeyTable())
+        return got
+
+    def slot(self, ns: int | None, key: bytes) -> int | None:
+        """The block slot of ``key`` in namespace ``ns``, or None."""
+        if ns is None:
+            return None
+        got = self.tables[ns].get(key)
+        return None if got < 0 else got
+
+    def key_bytes(self, slot: int) -> bytes:
+        """The 16-byte form of a slot's key (a longer key's digest)."""
+        return self.bkey[slot].astype("<u8").tobytes()
+
+    def key_of(self, slot: int) -> tuple[bytes, bytes]:
+        """``(namespace_id, key)`` of a block slot, the key as it was indexed."""
+        ns = int(self.block_ns[slot])
+        key = self.key_bytes(slot)
+        return self.ns_ids[ns], self.long_keys.get((ns, key), key)
+
+    # ---- allocation ------------------------------------------------------------------
+    def _grow_blocks(self, need: int) -> None:
+        if need > len(self.head):
+            self.head = grow(self.head, need, NO_ROW)
+            self.block_ns = grow(self.block_ns, need, 0)
+            grown = np.zeros((len(self.head), 2), dtype=np.uint64)
+            grown[: len(self.bkey)] = self.bkey
+            self.bkey = grown
+
+    def _new_slots(self, count: int) -> np.ndarray:
+        take = min(count, len(self.free_blocks))
+        reused = [self.free_blocks.pop() for _ in range(take)]
+        start = self.num_slots
+        self.num_slots += count - take
+        self._grow_blocks(self.num_slots)
+        return np.concatenate([np.asarray(reused, dtype=np.int64),
+                               np.arange(start, self.num_slots, dtype=np.int64)])
+
+    def new_blocks(self, ns: int, words: np.ndarray, keys: Sequence[bytes]) -> np.ndarray:
+        """Block slots for distinct absent keys (``words`` their 16-byte forms; ``keys`` the
+        keys themselves when any is not 16 bytes long, else empty)."""
+        slots = self._new_slots(len(words))
+        self.head[slots] = NO_ROW
+        self.block_ns[slots] = ns
+        self.bkey[slots] = words
+        for k in keys:
+            if len(k) != KEY_BYTES:
+                self.long_keys[(ns, key_digest(k))] = bytes(k)
+        self.tables[ns].insert_many(words, slots)
+        return slots
+
+    def new_block(self, ns: int, key: bytes) -> int:
+        """The slot of a new block for one absent key (scalar path of :meth:`new_blocks`)."""
+        if self.free_blocks:
+            slot = self.free_blocks.pop()
+        else:
+            slot = self.num_slots
+            self.num_slots += 1
+            self._grow_blocks(self.num_slots)
+        d = key_digest(key)
+        lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
+        self.head[slot] = NO_ROW
+        self.block_ns[slot] = ns
+        self.bkey[slot, 0] = lo
+        self.bkey[slot, 1] = hi
+        if len(key) != KEY_BYTES:
+            self.long_keys[(ns, d)] = bytes(key)
+        self.tables[ns].insert_words(lo, hi, slot)
+        return slot
+
+    def new_row(self) -> int:
+        """One free row (scalar path of :meth:`new_rows`)."""
+        if self.free_rows:
+            return self.free_rows.pop()
+        return int(self.new_rows(1)[0])
+
+    def new_rows(self, count: int) -> np.ndarray:
+        """``count`` free rows (reused ones first, then fresh ones; columns grow as needed)."""
+        take = min(count, len(self.free_rows))
+        rows = [self.free_rows.pop() for _ in range(take)]
+        fresh = count - take
+        if fresh:
+            start = self.num_rows_used
+            end = start + fresh
+            if end > len(self.holder):
+                old = {name: getattr(self, name) for name, _ in ROW_FIELDS}
+                self._alloc_row_columns(max(end, 2 * len(self.holder)), old)
+            self.num_rows_used = end
+            return np.concatenate([np.asarray(rows, dtype=np.int64),
+                                   np.arange(start, end, dtype=np.int64)])
+        return np.asarray(rows, dtype=np.int64)
+
+    def grow_holders(self, need: int) -> None:
+        """Holder columns for at least ``need`` holders (new ones unreadable, not retired)."""
+        self.readable = grow(self.readable, need, False)
+        self.retired = grow(self.retired, need, False)
+        self.load = grow(self.load, need, 0.0)
+        self.holder_rows = grow(self.holder_rows, need, 0)
+        self.holder_head = grow(self.holder_head, need, NO_ROW)
+
+    # ---- chains ----------------------------------------------------------------------
+    def find_row(self, slot: int, holder: int, tier: int) -> tuple[int, int]:
+        """(row, previous row) of (holder, tier) in a block's chain, or (-1, last row)."""
+        prev = NO_ROW
+        row = int(self.head[slot])
+        while row != NO_ROW:
+            if int(self.holder[row]) == holder and int(self.tier[row]) == tier:
+                return row, prev
+            prev, row = row, int(self.next[row])
+        return NO_ROW, prev
+
+    def find_row_exact(self, slot: int, target: int) -> tuple[int, int]:
+        """(``target``, previous row) in a block's chain (``target`` is in it)."""
+        prev, row = NO_ROW, int(self.head[slot])
+        while row != NO_ROW and row != target:
+            prev, row = row, int(self.next[row])
+        return row, prev
+
+    def link_holder(self, holder: int, rows: np.ndarray) -> None:
+        """Put new rows at the front of their holder's row list (one vectorized step)."""
+        if len(rows) == 0:
+            return
+        old = int(self.holder_head[holder])
+        self.hnext[rows[:-1]] = rows[1:]
+        self.hprev[rows[1:]] = rows[:-1]
+        self.hprev[rows[0]] = NO_ROW
+        last = int(rows[-1])
+        self.hnext[last] = old
+        if old != NO_ROW:
+            self.hprev[old] = last
+        self.holder_head[holder] = int(rows[0])
+
+    def link_holder_one(self, holder: int, row: int) -> None:
+        """Put one new row at the front of its holder's row list (scalar)."""
+        old = int(self.holder_head[holder])
+        self.hnext[row] = old
+        self.hprev[row] = NO_ROW
+        if old != NO_ROW:
+            self.hprev[old] = row
+        self.holder_head[holder] = row
+
+    def _unlink_holder(self, row: int) -> None:
+        nxt, prv = int(self.hnext[row]), int(self.hprev[row])
+        if prv == NO_ROW:
+            self.holder_head[int(self.holder[row])] = nxt
+        else:
+            self.hnext[prv] = nxt
+        if nxt != NO_ROW:
+            self.hprev[nxt] = prv
+        self.hnext[row] = self.hprev[row] = NO_ROW
+
+    def unlink(self, slot: int, row: int, prev: int) -> None:
+        """Free ``row`` (``prev`` its predecessor in the block's chain): out of its holder's
+        list and its block's chain; a block left with no row leaves its key table.
+
+        The caller keeps ``holder_rows`` (and any dead-row count) in step.
+        """
+        self._unlink_holder(row)
+        nxt = int(self.next[row])
+        if prev == NO_ROW:
+            self.head[slot] = nxt
+        else:
+            self.next[prev] = nxt
+        self.state[row] = FREE_STATE
+        self.next[row] = NO_ROW
+        self.block[row] = NO_ROW
+        self.free_rows.append(row)
+        if nxt == NO_ROW and prev == NO_ROW:  # the block has no row left
+            ns = int(self.block_ns[slot])
+            lo, hi = (int(w) for w in self.bkey[slot])
+            deleted = self.tables[ns].delete_words(lo, hi)
+            assert deleted
+            if self.long_keys:
+                self.long_keys.pop((ns, self.key_bytes(slot)), None)
+            self.free_blocks.append(slot)

@@ -1,0 +1,213 @@
+"""Value types of the master: replica state, replicas and lookup answers of the block index;
+what nodes report (specs, tier usage, block refs and events) and are told (actions, health);
+placement's policies and answers.
+
+Frozen values and enums only: no component state lives here, so every master module (and a
+fresh :class:`~kvstored.master.state.MasterState` of a new term) shares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+import numpy as np
+
+from kvstored.types import Tier
+
+MAX_SIZE_BYTES = (1 << 32) - 1
+"""Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""
+
+
+class ReplicaState(IntEnum):
+    """State of a replica (mirrors ``kvstored.v1.ReplicaState``)."""
+
+    WRITING = 1
+    COMMITTED = 2
+
+
+COPY_BIT = 0x80
+"""Set in a row's ``state`` byte (with COMMITTED) when the replica is a remote-fill copy of
+another node's block (``BlockRef.copy``): packed there, so a replica stays 34 bytes."""
+STATE_MASK = 0x7F
+"""The :class:`ReplicaState` bits of a row's ``state`` byte."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One replica of one block, as the index knows it.
+
+    Attributes:
+        holder: the holder (node incarnation) id of the membership.
+        tier: DRAM or SSD on that node.
+        size_bytes: the block's size.
+        generation: the write that created it (placement) or the event that reported it.
+        state: WRITING (placed, not committed) or COMMITTED.
+        copy: the holder reported it as a remote-fill copy of another node's block (a
+            duplicate it evicts first): never counted as the block's original.
+    """
+
+    holder: int
+    tier: Tier
+    size_bytes: int
+    generation: int
+    state: ReplicaState
+    copy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """Answer of :meth:`BlockIndex.lookup_prefix`: the best replica of each leading block,
+    as columns (no Python object per block on the hot path).
+
+    Attributes:
+        holders: ``(num_blocks,)`` int64, the holder of each block's best replica.
+        tiers: ``(num_blocks,)`` uint8, its tier (1 DRAM, 2 SSD).
+        sizes: ``(num_blocks,)`` uint32, its size in bytes.
+        generations: ``(num_blocks,)`` uint64, its generation.
+    """
+
+    holders: np.ndarray
+    tiers: np.ndarray
+    sizes: np.ndarray
+    generations: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.holders)
+
+    def __iter__(self) -> Iterator[Replica]:
+        """Per-block :class:`Replica` objects (convenience for tests and admin views)."""
+        for h, t, s, g in zip(self.holders.tolist(), self.tiers.tolist(), self.sizes.tolist(),
+                              self.generations.tolist(), strict=True):
+            yield Replica(h, Tier(t), s, g, ReplicaState.COMMITTED)
+
+
+EMPTY_HIT = PrefixHit(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8),
+                       np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint64))
+"""The answer for a prefix whose first block is missing."""
+
+
+class NodeAction(IntEnum):
+    """What a node must do next (mirrors ``kvstored.v1.NodeAction``)."""
+
+    NONE = 0
+    REREGISTER = 1
+    RESYNC = 2
+
+
+class NodeHealth(IntEnum):
+    """Mirrors ``kvstored.v1.NodeHealth``."""
+
+    HEALTHY = 1
+    UNHEALTHY = 2
+    SYNCING = 3
+
+
+class EventKind(IntEnum):
+    """Mirrors ``kvstored.v1.BlockEventKind``."""
+
+    ADDED = 1
+    REMOVED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """Capacity and usage of one tier of a node, bytes."""
+
+    tier: Tier
+    capacity_bytes: int
+    used_bytes: int = 0
+    num_blocks: int = 0
+
+    @property
+    def free_bytes(self) -> int:
+        """Capacity not used (never negative)."""
+        return max(0, self.capacity_bytes - self.used_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """What a node tells the master when it registers.
+
+    Attributes:
+        node_id: unique name of the node (1-128 characters).
+        epoch: the daemon start (ns); larger for every restart.
+        grpc_address: ``host:port`` of its gRPC API.
+        data_address: ``host:port`` of its data plane.
+        tiers: capacity (and usage) per tier.
+        transports: data-plane transports it speaks, e.g. ``("tcp",)``.
+    """
+
+    node_id: str
+    epoch: int
+    grpc_address: str
+    data_address: str
+    tiers: tuple[TierUsage, ...]
+    transports: tuple[str, ...] = ("tcp",)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRef:
+    """One block on a node: namespace id, key, tier, size and the holder's generation of
+    the replica (0 = the node does not know it: the master issues one); ``copy``: the
+    replica is a remote-fill copy of another node's block (an ADDED event of an indexed
+    replica sets or clears it)."""
+
+    namespace_id: bytes
+    key: bytes
+    tier: Tier
+    size_bytes: int
+    generation: int = 0
+    copy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """One ordered change on a node (``seq`` 1, 2, 3... per epoch)."""
+
+    seq: int
+    kind: EventKind
+    block: BlockRef
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterOutcome:
+    """Answer to a registration."""
+
+    lease_s: float
+    superseded_epoch: bool
+
+
+class PlacementPolicy(StrEnum):
+    """How ``start_put`` orders candidate nodes."""
+
+    LOCAL_FIRST = "local-first"
+    MOST_FREE = "most-free"
+    RANDOM = "random"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedReplica:
+    """Where one replica of a write goes."""
+
+    node_id: str
+    epoch: int
+    holder: int
+    tier: Tier
+    data_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutStartOutcome:
+    """Answer to ``start_put``.
+
+    Attributes:
+        exists: the block is already committed somewhere readable (nothing to write).
+        generation: the write's generation (0 when ``exists``).
+        replicas: where to write, in policy order (empty when ``exists``).
+    """
+
+    exists: bool
+    generation: int
+    replicas: tuple[PlacedReplica, ...]

@@ -1,0 +1,357 @@
+"""MasterClient: the synchronous wrapper of the master's gRPC stub, shared by node and client.
+
+Engines never call the master themselves: they talk to their local node. A node uses this
+wrapper for its remote reads and spills (kvstored/node/remote.py, spill.py); the client
+package re-exports it as ``kvstored.client.master.MasterClient`` for
+``kvstorectl --address MASTER nodes`` and the cluster tests. It lives below both (here in
+transport/) so that node/ never imports client/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from kvstored.errors import InternalError, KvstoredError, error_from_code, error_from_rpc
+from kvstored.types import Tier
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+_HEALTH = {pb.NODE_HEALTH_HEALTHY: "healthy", pb.NODE_HEALTH_UNHEALTHY: "unhealthy",
+           pb.NODE_HEALTH_SYNCING: "syncing"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReplica:
+    """The best replica of one block, as the master answers a cluster lookup."""
+
+    node_id: str
+    epoch: int
+    tier: Tier
+    size_bytes: int
+    generation: int
+    data_address: str
+
+
+class MasterClient:
+    """Blocking calls to a master at ``host:port``; use as a context manager.
+
+    Args:
+        address: the master's ``host:port``.
+        timeout_s: deadline of each call, seconds.
+
+    Raises (from every call):
+        Unavailable: the master could not be reached within the deadline (retriable).
+        DeadlineExceeded: the call did not finish within ``timeout_s``.
+    """
+
+    def __init__(self, address: str, *, timeout_s: float = 5.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._single_puts = False  # the master predates PutStartBatch: one call per item
+
+    def close(self) -> None:
+        """Close the channel (idempotent)."""
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., Any], request: Any, timeout_s: float | None) -> Any:
+        """``method(request)`` with ``timeout_s`` (None/0: the client's ``timeout_s``); a gRPC
+        error raised as the matching :class:`~kvstored.errors.KvstoredError`."""
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    def list_nodes(self) -> dict[str, object]:
+        """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
+
+        Returns:
+            ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
+            "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
+            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``; health
+            is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
+            named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
+            "epoch", "grpc_address", "data_address", "reason", "departed_s_ago",
+            "num_replicas"}]``, the nodes that left recently (reason "expired": its lease
+            lapsed; "left": it unregistered), newest first, until they register again
+        """
+        resp = self._call(self._stub.ListNodes, pb.ListNodesRequest(), None)
+        nodes = []
+        for st in resp.nodes:
+            n = st.node
+            nodes.append({
+                "node_id": n.node_id, "epoch": n.epoch, "grpc_address": n.grpc_address,
+                "data_address": n.data_address,
+                "health": "probation" if st.probation and st.health == pb.NODE_HEALTH_UNHEALTHY
+                else _HEALTH.get(st.health, "unknown"),
+                "load": st.load, "num_replicas": st.num_replicas,
+                "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
+                "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
+                           "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
+                          for t in n.tiers if t.tier in (1, 2)],
+            })
+        departed = [
+            {"node_id": d.node.node_id, "epoch": d.node.epoch, "grpc_address": d.node.grpc_address,
+             "data_address": d.node.data_address, "reason": d.reason,
+             "departed_s_ago": round(d.departed_s_ago, 3), "num_replicas": d.num_replicas}
+            for d in resp.departed
+        ]
+        return {"master_epoch": resp.master_epoch, "num_replicas": resp.num_replicas,
+                "nodes": nodes, "departed": departed}
+
+    def lookup_prefix(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None,
+    ) -> tuple[list[ClusterReplica], bool]:
+        """Cluster-wide longest prefix (never pins anything).
+
+        Returns:
+            ``(replicas, complete)``: the best replica of each leading block present
+            cluster-wide; ``complete`` is False while some node is still (re)syncing.
+
+        Args:
+            timeout_s: this call's deadline (default: the client's ``timeout_s``).
+
+        Raises:
+            InvalidArgument: too many keys, or an empty or oversized key.
+        """
+        req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
+                                           local_node_id=local_node_id)
+        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
+        nodes = list(resp.nodes)
+        return [
+            ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
+            for i, t, s, g in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
+                                  strict=True)
+        ], resp.complete
+
+    def lookup_each(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None,
+    ) -> tuple[dict[int, ClusterReplica], bool] | None:
+        """Cluster-wide presence of every key (an Exists probe; never pins anything).
+
+        Returns:
+            ``({index into keys: best replica}, complete)`` for the keys present anywhere,
+            or None when the master is older and answered only the leading prefix (the
+            caller looks up runs with :meth:`lookup_prefix` then).
+
+        Raises:
+            InvalidArgument: too many keys, or an empty or oversized key.
+        """
+        req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
+                                           local_node_id=local_node_id, every_key=True)
+        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
+        if not resp.every_key:
+            return None
+        nodes = list(resp.nodes)
+        return {
+            int(k): ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g,
+                                   nodes[i].data_address)
+            for k, i, t, s, g in zip(resp.key_index, resp.node_index, resp.tier,
+                                     resp.size_bytes, resp.generation, strict=True)
+        }, resp.complete
+
+    def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
+                        timeout_s: float | None = None) -> str:
+        """Report one data-plane transfer with ``node_id`` (epoch ``epoch``) to the master.
+
+        Returns:
+            The peer's health after the report ("healthy", "unhealthy", "syncing").
+
+        Raises:
+            NotFound: the peer is not registered.
+        """
+        req = pb.ReportTransferRequest(node_id=node_id, epoch=epoch, ok=ok,
+                                       reporter_node_id=reporter_node_id)
+        resp = self._call(self._stub.ReportTransfer, req, timeout_s)
+        return _HEALTH.get(resp.health, "unknown")
+
+    # ---- two-phase put (spill, tests) -------------------------------------------------
+    def put_start(
+        self, namespace_id: bytes, key: bytes, size_bytes: int, *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[bool, int, list[ClusterReplica]]:
+        """Open a write of one block on the master (placement and a new generation).
+
+        Returns:
+            ``(exists, generation, replicas)``: ``exists`` True = already committed
+            elsewhere (nothing to write); else where to write and the write's generation.
+
+        Raises:
+            NoCapacity: no candidate node has room.  ReplicaNotReady: another write of the
+            block is open (retriable).  InvalidArgument: bad key, size or limits.
+        """
+        req = pb.PutStartRequest(
+            namespace_id=namespace_id, key=key, size_bytes=size_bytes,
+            writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports)
+        resp = self._call(self._stub.PutStart, req, timeout_s)
+        return resp.exists, resp.generation, [
+            ClusterReplica(r.node_id, r.epoch, Tier(r.tier), r.size_bytes, r.generation,
+                           r.data_address) for r in resp.replicas]
+
+    def put_end(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool,
+                timeout_s: float | None = None) -> int:
+        """Commit or abort exactly the write ``generation`` of a block.
+
+        Returns:
+            Replicas committed (or dropped); see ``Placement.end_put``.
+
+        Raises:
+            NotFound: that write is not open (ended, its write lease lapsed, or replaced by
+            a newer write): a stale end is refused.
+        """
+        req = pb.PutEndRequest(namespace_id=namespace_id, key=key, generation=generation,
+                               commit=commit)
+        resp = self._call(self._stub.PutEnd, req, timeout_s)
+        return resp.num_replicas
+
+    def put_start_batch(
+        self, items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]:
+        """:meth:`put_start` of many blocks in one call (``PutStartBatch``).
+
+        Args:
+            items: ``(namespace_id, key, size_bytes)`` per block (at most 4096); the other
+                arguments apply to every item, as in :meth:`put_start`.
+
+        Returns:
+            Per item, in order: ``(exists, generation, replicas)`` as :meth:`put_start`
+            returns, or the error it would have raised (NoCapacity, ReplicaNotReady,
+            InvalidArgument...), returned, not raised.
+
+        A master without the batched calls (an older version: UNIMPLEMENTED) is asked
+        with one :meth:`put_start` per item instead, from then on.
+
+        Raises:
+            InvalidArgument: too many items or an unknown policy (the whole call).
+        """
+        return self.put_end_and_start_batch(
+            (), items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports, timeout_s=timeout_s)[1]
+
+    def put_end_and_start_batch(
+        self, ends: Sequence[tuple[bytes, bytes, int, bool]],
+        items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
+        exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
+        holder_reports: bool = False, timeout_s: float | None = None,
+    ) -> tuple[list[int | KvstoredError],
+               list[tuple[bool, int, list[ClusterReplica]] | KvstoredError]]:
+        """:meth:`put_end_batch` of ``ends``, then :meth:`put_start_batch` of ``items``, in
+        one call (``PutStartBatch`` carrying the ends: spill ends a batch on the call that
+        starts the next).
+
+        Returns:
+            ``(per end as put_end_batch answers, per item as put_start_batch answers)``.
+
+        Raises:
+            InvalidArgument: too many items or ends, or an unknown policy (the whole call).
+            InternalError: the master answered another number of results (a master that
+                ignores the carried ends): nothing may be assumed ended.
+        """
+        if self._single_puts:
+            ended = self.put_end_batch(ends, timeout_s=timeout_s) if ends else []
+            return ended, [
+                self._one(self.put_start, ns, k, n, writer_node_id=writer_node_id,
+                          exclude_writer=exclude_writer, max_used_fraction=max_used_fraction,
+                          headroom_bytes=headroom_bytes, holder_reports=holder_reports,
+                          timeout_s=timeout_s) for ns, k, n in items]
+        req = pb.PutStartBatchRequest(
+            items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n) for ns, k, n in items],
+            writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            holder_reports=holder_reports,
+            ends=[pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+                  for ns, k, g, c in ends])
+        try:
+            resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_end_and_start_batch(
+                    ends, items, writer_node_id=writer_node_id, exclude_writer=exclude_writer,
+                    max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+                    holder_reports=holder_reports, timeout_s=timeout_s)
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items) or len(resp.end_results) != len(ends):
+            raise InternalError(
+                f"PutStartBatch answered {len(resp.results)} results for {len(items)} items "
+                f"and {len(resp.end_results)} for {len(ends)} ends")
+        out: list[tuple[bool, int, list[ClusterReplica]] | KvstoredError] = []
+        for r in resp.results:
+            if r.outcome in (pb.PUT_START_OUTCOME_PLACED, pb.PUT_START_OUTCOME_EXISTS):
+                out.append((r.outcome == pb.PUT_START_OUTCOME_EXISTS, r.generation, [
+                    ClusterReplica(x.node_id, x.epoch, Tier(x.tier), x.size_bytes, x.generation,
+                                   x.data_address) for x in r.replicas]))
+            else:
+                out.append(error_from_code(r.error_code, r.message))
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.end_results], out
+
+    def put_end_batch(
+        self, items: Sequence[tuple[bytes, bytes, int, bool]], *, timeout_s: float | None = None
+    ) -> list[int | KvstoredError]:
+        """:meth:`put_end` of many writes in one call (``PutEndBatch``).
+
+        Args:
+            items: ``(namespace_id, key, generation, commit)`` per write (at most 4096).
+
+        Returns:
+            Per item, in order: the replicas committed (or dropped), or the error
+            :meth:`put_end` would have raised (NotFound: a stale end, refused), returned.
+
+        A master without the batched calls is asked with one :meth:`put_end` per item.
+
+        Raises:
+            InvalidArgument: too many items (the whole call).
+        """
+        if self._single_puts:
+            return [self._one(self.put_end, ns, k, g, commit=c, timeout_s=timeout_s)
+                    for ns, k, g, c in items]
+        req = pb.PutEndBatchRequest(items=[
+            pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
+            for ns, k, g, c in items])
+        try:
+            resp = self._stub.PutEndBatch(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            if _unimplemented(exc):
+                self._single_puts = True
+                return self.put_end_batch(items, timeout_s=timeout_s)
+            raise error_from_rpc(exc) from None
+        if len(resp.results) != len(items):
+            raise InternalError(f"PutEndBatch answered {len(resp.results)} results for "
+                                f"{len(items)} items")
+        return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
+                for r in resp.results]
+
+    @staticmethod
+    def _one(call: Callable[..., T], *args: Any, **kw: Any) -> T | KvstoredError:
+        try:
+            return call(*args, **kw)
+        except KvstoredError as exc:
+            return exc
+
+
+def _unimplemented(exc: grpc.RpcError) -> bool:
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED
