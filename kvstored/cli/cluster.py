@@ -13,9 +13,11 @@ JSON output (sorted keys)::
                                        "generation", "state", "readable", "copy"}]}]}
             (present: some replica is readable; in_prefix: index < num_leading_present,
             i.e. before the first block missing cluster-wide; copy: a remote-fill copy of
-            another node's block, which its holder evicts first; the table marks it "copy")
+            another node's block, which its holder evicts first; the tables of both views
+            mark it "copy": "committed copy")
     blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
-             "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state"}]}
+             "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state",
+                         "copy"}]}
     evict   {"num_removed", "num_kept", "num_not_indexed", "not_indexed": [key hex],
              "nodes": [{"node_id", "grpc_address", "num_requested", "removed", "kept",
                         "error"}]}
@@ -74,6 +76,45 @@ def master_client(obj: Any) -> Any:
             f"this asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
         )
     return MasterAdminClient(obj.address, timeout_s=obj.timeout_s)
+
+
+def require_master(obj: Any, command: str) -> str:
+    """Refuse, in one message, an address that is not a master's, for a master-only command.
+
+    Args:
+        obj: kvstorectl's context (``address``, ``timeout_s``).
+        command: the command's name, for the message (``"nodes"``).
+
+    Returns:
+        The master's address (``HOST:PORT``).
+
+    Raises:
+        InvalidArgument: the address is unset, a unix socket, or answers gRPC without the
+            master's service (a node); the message names the command, the address and the flag.
+        Unavailable: nothing answers at the TCP address within ``--timeout-s``.
+    """
+    fix = "give --address MASTER_HOST:PORT"
+    if not obj.address or obj.address.startswith("unix:"):
+        raise InvalidArgument(f"{command} asks the master: {fix} (got {obj.address!r})")
+    if not is_master_address(obj):
+        raise InvalidArgument(
+            f"{command} asks the master: {obj.address} is not a master (a node?); {fix}")
+    return str(obj.address)
+
+
+def state_label(state: str, *, readable: bool = True, copy: bool = False) -> str:
+    """How the tables of ``where`` and ``blocks --node`` name a replica's state.
+
+    Args:
+        state: ``"writing"`` or ``"committed"``.
+        readable: lookups may return it (``where`` knows; ``blocks`` lists only what is indexed).
+        copy: a remote-fill copy of another node's block.
+
+    Returns:
+        e.g. ``"committed"``, ``"committed copy"``, ``"writing (not readable)"``.
+    """
+    label = state if readable else f"{state} (not readable)"
+    return label + " copy" if copy else label
 
 
 def is_master_address(obj: Any) -> bool:
@@ -183,8 +224,7 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
             if not b["replicas"]:
                 rows.append((b["index"], b["key"], "-", "missing", "-", mark))
             for r in b["replicas"]:
-                state = r["state"] if r["readable"] else f"{r['state']} (not readable)"
-                state += " copy" if r["copy"] else ""
+                state = state_label(r["state"], readable=r["readable"], copy=r["copy"])
                 rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, mark))
         title = (f"prefix of {d['num_blocks']} blocks: {d['num_leading_present']} leading "
                  f"blocks present cluster-wide"
@@ -224,7 +264,7 @@ def blocks(obj: Any, node_id: str, namespace_id: bytes | None, limit: int,
         from kvstored.units import format_size
 
         rows = [(b["key"], b["namespace_id"][:16] or "-", b["tier"], format_size(b["size_bytes"]),
-                 b["generation"], b["state"]) for b in d["blocks"]]
+                 b["generation"], state_label(b["state"], copy=b["copy"])) for b in d["blocks"]]
         title = (f"blocks indexed on {d['node_id']} (epoch {d['epoch']}): {d['count']} of "
                  f"{d['num_replicas']}"
                  + (f", more with --page-token {d['next_page_token']}" if d["truncated"] else ""))
@@ -272,6 +312,7 @@ def evict(obj: Any, keys: list[bytes], prefix: str | None, namespace_hex: str | 
     if bool(keys) == (prefix is not None):
         raise InvalidArgument("give block keys (KEY_HEX... or --keys) or --prefix HEX, not both "
                               "and not neither")
+    require_master(obj, "evict")
     with master_client(obj) as m:
         if node is not None:
             _check_node(m, node)

@@ -557,11 +557,8 @@ def nodes(obj: CtlContext) -> None:
     """Cluster membership from the master (--address MASTER): epoch, health, usage, load."""
     from kvstored.client.master import MasterClient
 
-    if not obj.address or obj.address.startswith("unix:"):
-        raise InvalidArgument(
-            f"nodes asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
-        )
-    with MasterClient(obj.address, timeout_s=obj.timeout_s) as m:
+    address = cluster.require_master(obj, "nodes")
+    with MasterClient(address, timeout_s=obj.timeout_s) as m:
         data = m.list_nodes()
 
     def tables(d: dict[str, Any]) -> list[Any]:

@@ -115,7 +115,7 @@ class MasterAdminClient(MasterClient):
         Returns:
             ``{"node_id", "epoch", "num_replicas", "next_page_token" (hex, "" on the last
             page), "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation",
-            "state"}]}`` (ids and keys in hex).
+            "state", "copy"}]}`` (ids and keys in hex; ``copy`` as in :meth:`list_replicas`).
 
         Raises:
             NotFound: no live node has this id.
@@ -133,7 +133,8 @@ class MasterAdminClient(MasterClient):
             "next_page_token": resp.next_page_token.hex(),
             "blocks": [{"namespace_id": b.namespace_id.hex(), "key": b.key.hex(),
                         "tier": _tier_name(b.tier), "size_bytes": b.size_bytes,
-                        "generation": b.generation, "state": _STATE.get(b.state, "unknown")}
+                        "generation": b.generation, "state": _STATE.get(b.state, "unknown"),
+                        "copy": b.copy}
                        for b in resp.blocks],
         }
 

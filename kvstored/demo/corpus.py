@@ -2,16 +2,25 @@
 
 Each prompt length gets its own document (a different run of modules), so the first
 question at every length is a genuine miss even though all documents come from one pool.
+
+The text is the same in every process on a host (so are the prompts and their block hashes):
+it is rendered once per process in a fresh interpreter, with object addresses removed, since
+pydoc renders live values (``<object object at 0x7f...>`` defaults, logging's handlers and
+root level, ``tempfile.tempdir``) that differ from process to process.
 """
 
 from __future__ import annotations
 
-import importlib
-import pydoc
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
+
+from kvstored.errors import InternalError, InvalidArgument
 
 MODULES = (
     "collections", "json", "pathlib", "functools", "itertools", "heapq", "textwrap",
@@ -27,11 +36,77 @@ QUESTIONS = (
 )
 """The first question doubles as a sanity check that the model still knows general facts."""
 
+QUESTION_ROOM_TOKENS = 64
+"""Room left in the context after the shared part for a question and the chat template's tail."""
 
-@lru_cache(maxsize=None)
+
+def fit_to_context(num_tokens: int, context_tokens: int, max_new_tokens: int,
+                   block_size: int = 1) -> int:
+    """The shared length to build for a target of ``num_tokens``, so that the prompt fits.
+
+    A prompt is the shared part, a question and the chat template's tail (at most
+    :data:`QUESTION_ROOM_TOKENS`), and its answer takes ``max_new_tokens`` more: the shared part
+    is capped to what the model's context leaves and rounded down to whole blocks (at least one).
+
+    Args:
+        num_tokens: the target shared length in tokens.
+        context_tokens: the model's context length in tokens (``max_position_embeddings``).
+        max_new_tokens: the answer length in tokens.
+        block_size: round down to a multiple of this many tokens (1: no rounding).
+
+    Returns:
+        The shared length in tokens: ``<= num_tokens``, a multiple of ``block_size``.
+    """
+    room = (context_tokens - max_new_tokens - QUESTION_ROOM_TOKENS) // block_size * block_size
+    return max(block_size, min(num_tokens, room) // block_size * block_size)
+
+
+_RENDER = """
+import importlib, json, pydoc, re, sys
+def render(name):
+    text = pydoc.render_doc(importlib.import_module(name), renderer=pydoc.plaintext)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+sys.stdout.write(json.dumps({name: render(name) for name in json.loads(sys.argv[1])}))
+"""
+RENDER_TIMEOUT_S = 300.0
+
+
+@cache
+def _rendered_modules() -> dict[str, str]:
+    """pydoc's text of every module of :data:`MODULES`, from a fresh interpreter (once).
+
+    The child runs without site packages, user site or this process's ``PYTHON*`` variables,
+    with a fixed hash seed, importing only the standard library.
+
+    Raises:
+        InternalError: the interpreter failed or ran past :data:`RENDER_TIMEOUT_S`.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONHASHSEED"] = "0"
+    cmd = [sys.executable, "-S", "-s", "-P", "-c", _RENDER, json.dumps(list(MODULES))]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=RENDER_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise InternalError(
+            f"rendering the demo documents took over {RENDER_TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        raise InternalError(f"rendering the demo documents failed (exit {proc.returncode}): "
+                            f"{proc.stderr[-2000:]}")
+    texts: dict[str, str] = json.loads(proc.stdout)
+    return texts
+
+
 def module_text(name: str) -> str:
-    """pydoc's plain-text help of a standard-library module."""
-    return pydoc.render_doc(importlib.import_module(name), renderer=pydoc.plaintext)
+    """pydoc's plain-text help of a module of :data:`MODULES`, the same in every process.
+
+    Raises:
+        InvalidArgument: ``name`` is not in :data:`MODULES`.
+        InternalError: the rendering interpreter failed.
+    """
+    if name not in MODULES:
+        raise InvalidArgument(f"module_text renders the modules of MODULES; got {name!r}")
+    return _rendered_modules()[name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kvstored.demo.corpus import QUESTIONS, build_prompts
+from kvstored.demo.corpus import QUESTIONS, build_prompts, fit_to_context
 from kvstored.demo.daemon import ManagedDaemon
 from kvstored.demo.engine import KV_LAYOUT, Prefill, PrefixCacheEngine
 from kvstored.demo.models import LoadedModel, load_model
@@ -230,9 +230,8 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
     # Target lengths are the tokens shared by all questions about a document, rounded down to
     # whole blocks; each prompt adds its question (~20-40 tokens). Room is left for the
     # question and the answer inside the model's context.
-    bs = options.block_size
-    max_shared = (loaded.max_positions - options.max_new_tokens - 64) // bs * bs
-    lengths = [max(bs, min(n, max_shared) // bs * bs) for n in options.lengths]
+    lengths = [fit_to_context(n, loaded.max_positions, options.max_new_tokens, options.block_size)
+               for n in options.lengths]
 
     questions = (MISS_QUESTION, HIT_QUESTION)
     prompts = []

@@ -84,6 +84,25 @@ def find_model(python: Path) -> Path:
     return path
 
 
+def model_context_tokens(model: Path) -> int:
+    """The model's context length in tokens, as vLLM derives it: ``max_position_embeddings``.
+
+    Raises:
+        InvalidArgument: ``model/config.json`` is unreadable or has no positive
+            ``max_position_embeddings`` (the message names the file and what it held).
+    """
+    config = model / "config.json"
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InvalidArgument(f"cannot read the context length from {config}: {exc}") from None
+    if not isinstance(value, int) or value <= 0:
+        raise InvalidArgument(
+            f"{config} has max_position_embeddings={value!r}; expected a positive integer"
+        )
+    return value
+
+
 def build_prompts(model: Path, shared_tokens: int, questions: Sequence[str], index: int = 0
                   ) -> tuple[str, list[list[int]]]:
     """Chat prompts (token ids) of questions over one pydoc document of ~``shared_tokens``.
@@ -163,12 +182,20 @@ class EngineProcess:
 
 def engine_spec(model: Path, prompts: list[list[int]], steps: list[dict[str, Any]], *,
                 connector: str | None = "kvstored", extra_config: dict[str, Any] | None = None,
-                dtype: str = "float32") -> dict[str, Any]:
-    """A :func:`~kvstored.integrations.vllm.run_engine` spec."""
+                dtype: str = "float32", context_tokens: int | None = None) -> dict[str, Any]:
+    """A :func:`~kvstored.integrations.vllm.run_engine` spec.
+
+    Args:
+        context_tokens: the model's context length; ``max_model_len`` (the longest prompt plus
+            256 tokens) is capped to it (vLLM refuses a larger one). None: no cap.
+    """
+    max_model_len = max(len(p) for p in prompts) + 256
+    if context_tokens is not None:
+        max_model_len = min(max_model_len, context_tokens)
     return {
         "model": str(model), "dtype": dtype, "connector": connector,
         "extra_config": extra_config or {}, "prompts": prompts, "steps": steps,
-        "max_model_len": max(len(p) for p in prompts) + 256,
+        "max_model_len": max_model_len,
     }
 
 
@@ -190,25 +217,37 @@ class VllmDemoRow:
 def run_vllm_demo(
     lengths: Sequence[int], *, address: str | None = None, dtype: str = "float32",
     max_new_tokens: int = 24, progress: Callable[[str], None] = lambda m: None,
+    on_row: Callable[[VllmDemoRow], None] = lambda r: None,
 ) -> list[VllmDemoRow]:
     """Two engine processes in turn against one daemon, per prompt length.
 
     Args:
-        lengths: target prompt lengths in tokens.
+        lengths: target prompt lengths in tokens, each capped so that the prompt and its answer
+            fit in the model's context (:func:`~kvstored.demo.corpus.fit_to_context`; said
+            through ``progress``).
         address: a running daemon; default: a private one in a temp dir.
         dtype: model and KV dtype (float32 is ~3x faster than bfloat16 on CPU).
         max_new_tokens: greedy answer length.
+        progress: receives one-line progress messages.
+        on_row: receives each row as soon as its length is done (a later failure keeps them).
 
     Raises:
+        InvalidArgument: no lengths, or the model's config names no context length.
         VllmUnavailable: no vLLM venv. KvstoredError: an engine or the daemon failed.
     """
-    from kvstored.demo.corpus import QUESTIONS
+    from kvstored.demo.corpus import QUESTIONS, fit_to_context
     from kvstored.demo.daemon import ManagedDaemon
 
     if not lengths:
         raise InvalidArgument("run_vllm_demo needs at least one prompt length")
     python = find_vllm_python()
     model = find_model(python)
+    context = model_context_tokens(model)
+    shared_lengths = [fit_to_context(n, context, max_new_tokens) for n in lengths]
+    for n, shared in zip(lengths, shared_lengths):
+        if shared < n:
+            progress(f"{n} tokens do not fit the model's context ({context} tokens with "
+                     f"{max_new_tokens} to answer): using {shared}")
     rows: list[VllmDemoRow] = []
     with tempfile.TemporaryDirectory(prefix="kvstored-vllm-demo-") as tmp:
         work = Path(tmp)
@@ -219,26 +258,34 @@ def run_vllm_demo(
             daemon.start()
             address = daemon.address
         try:
-            for i, n in enumerate(lengths):
+            for i, n in enumerate(shared_lengths):
                 title, prompts = build_prompts(model, n, QUESTIONS[1:2], index=i)
                 prompt = prompts[0]
+                if len(prompt) + max_new_tokens > context:
+                    raise InvalidArgument(
+                        f"a {len(prompt)}-token prompt and {max_new_tokens} new tokens exceed "
+                        f"the model's context ({context} tokens); choose smaller --lengths"
+                    )
                 steps = [{"prompt": 0, "max_tokens": 1}, {"prompt": 0, "max_tokens": max_new_tokens}]
                 results = []
                 for which in ("miss", "hit"):
                     progress(f"{len(prompt)} tokens: engine process for the {which} (vLLM "
                              "startup takes ~30 s)")
                     spec = engine_spec(model, [prompt], steps, dtype=dtype,
-                                       extra_config={"address": address})
+                                       extra_config={"address": address},
+                                       context_tokens=context)
                     results.append(EngineProcess(python, spec, work / "engines").result())
                 miss, hit = results[0]["steps"], results[1]["steps"]
-                rows.append(VllmDemoRow(
+                row = VllmDemoRow(
                     prompt_tokens=len(prompt), ttft_miss_s=miss[0]["wall_s"],
                     ttft_hit_s=hit[0]["wall_s"],
                     speedup=miss[0]["wall_s"] / max(hit[0]["wall_s"], 1e-9),
                     hit_tokens=hit[0]["num_cached_tokens"],
                     answers_equal=miss[1]["token_ids"] == hit[1]["token_ids"],
                     answer_miss=miss[1]["text"], answer_hit=hit[1]["text"], document=title,
-                ))
+                )
+                rows.append(row)
+                on_row(row)
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -250,9 +297,20 @@ def rows_to_dicts(rows: Sequence[VllmDemoRow]) -> list[dict[str, Any]]:
     return [asdict(r) for r in rows]
 
 
+def row_line(row: VllmDemoRow) -> str:
+    """One finished row as a line of text (printed as each length finishes)."""
+    return (f"{row.prompt_tokens} tokens: TTFT miss {row.ttft_miss_s:.3f} s, hit "
+            f"{row.ttft_hit_s:.3f} s ({row.speedup:.1f}x), {row.hit_tokens} hit tokens, "
+            f"same answer: {'yes' if row.answers_equal else 'NO'}")
+
+
 def run_vllm_demo_cli(*, lengths: Sequence[int], address: str | None, dtype: str, output: str,
                       max_new_tokens: int, save_json: str | None, err: Any) -> None:
     """``kvstored demo --engine vllm``: run :func:`run_vllm_demo` and print a table or JSON.
+
+    Each row goes to ``err`` as soon as its length finishes. When an engine or the daemon
+    fails, the rows already finished are still printed (and saved), with the error; the
+    JSON report then has an ``"error"`` field.
 
     Exits 2 when no vLLM venv is found, 1 when an engine or the daemon failed.
     """
@@ -260,32 +318,43 @@ def run_vllm_demo_cli(*, lengths: Sequence[int], address: str | None, dtype: str
     from rich.markup import escape
     from rich.table import Table
 
+    rows: list[VllmDemoRow] = []
+
+    def on_row(row: VllmDemoRow) -> None:
+        rows.append(row)
+        err.print(escape(row_line(row)))
+
+    error: str | None = None
     try:
-        rows = run_vllm_demo(lengths, address=address, dtype=dtype,
-                             max_new_tokens=max_new_tokens,
-                             progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
+        run_vllm_demo(lengths, address=address, dtype=dtype, max_new_tokens=max_new_tokens,
+                      progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), on_row=on_row)
     except VllmUnavailable as exc:
         err.print(f"kvstored demo --engine vllm: {escape(str(exc))}")
         sys.exit(2)
     except KvstoredError as exc:
-        err.print(f"kvstored demo --engine vllm: {type(exc).__name__}: {escape(str(exc))}")
-        sys.exit(1)
-    report = {"engine": "vllm", "dtype": dtype, "rows": rows_to_dicts(rows)}
+        error = f"{type(exc).__name__}: {exc}"
+    report: dict[str, Any] = {"engine": "vllm", "dtype": dtype, "rows": rows_to_dicts(rows)}
+    if error is not None:
+        report["error"] = error
     text = json.dumps(report, indent=2)
-    if save_json is not None:
+    if save_json is not None and (rows or error is None):
         Path(save_json).write_text(text + "\n")
     if output == "json":
         print(text)
-        return
-    console = Console() if sys.stdout.isatty() else Console(width=132)
-    table = Table(title="vLLM + KvstoredConnector: TTFT of process 1 (miss) vs process 2 (hit)")
-    for col in ("tokens", "miss s", "hit s", "speedup", "hit tokens", "same answer"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r.prompt_tokens), f"{r.ttft_miss_s:.3f}", f"{r.ttft_hit_s:.3f}",
-                      f"{r.speedup:.1f}x", str(r.hit_tokens), "yes" if r.answers_equal else "NO")
-    console.print(table)
-    for r in rows:
-        console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({escape(r.document)})")
-        console.print(f"  miss A: {escape(repr(r.answer_miss.strip()))}")
-        console.print(f"  hit  A: {escape(repr(r.answer_hit.strip()))}")
+    elif rows:
+        console = Console() if sys.stdout.isatty() else Console(width=132)
+        table = Table(title="vLLM + KvstoredConnector: TTFT of process 1 (miss) vs process 2 (hit)")
+        for col in ("tokens", "miss s", "hit s", "speedup", "hit tokens", "same answer"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(str(r.prompt_tokens), f"{r.ttft_miss_s:.3f}", f"{r.ttft_hit_s:.3f}",
+                          f"{r.speedup:.1f}x", str(r.hit_tokens),
+                          "yes" if r.answers_equal else "NO")
+        console.print(table)
+        for r in rows:
+            console.print(f"[bold]{r.prompt_tokens} tokens[/bold] ({escape(r.document)})")
+            console.print(f"  miss A: {escape(repr(r.answer_miss.strip()))}")
+            console.print(f"  hit  A: {escape(repr(r.answer_hit.strip()))}")
+    if error is not None:
+        err.print(f"kvstored demo --engine vllm: {escape(error)}")
+        sys.exit(1)

@@ -55,7 +55,8 @@ class ReplicaView:
 
 @dataclass(frozen=True, slots=True)
 class NodeBlockView:
-    """One replica indexed on a node (a row of ``kvstorectl blocks --node``)."""
+    """One replica indexed on a node (a row of ``kvstorectl blocks --node``; ``copy`` as in
+    :class:`ReplicaView`)."""
 
     namespace_id: bytes
     key: bytes
@@ -63,6 +64,7 @@ class NodeBlockView:
     size_bytes: int
     generation: int
     state: ReplicaState
+    copy: bool = False
 
 
 def list_replicas(membership: Membership, namespace_id: bytes,
@@ -161,6 +163,6 @@ def list_node_blocks(
                       if r.holder == rec.holder and int(r.tier) == tier), None)
         if found is not None:
             entries.append(NodeBlockView(ns, key, Tier(tier), found.size_bytes,
-                                         found.generation, found.state))
+                                         found.generation, found.state, found.copy))
     token = _encode_token(*page[-1]) if len(rows) > limit else b""
     return entries, token, rec.spec.epoch, index.num_holder_replicas(rec.holder)

@@ -41,6 +41,7 @@ from kvstored.master.metrics import MasterMetrics
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.transport.listen import add_grpc_port
 
 log = structlog.get_logger(__name__)
 
@@ -126,12 +127,7 @@ class MasterDaemon:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
                 raise ConfigInvalid(f"master.listen entry {addr!r} is not HOST:PORT")
-            try:
-                bound = server.add_insecure_port(addr)
-            except RuntimeError as exc:
-                raise ConfigInvalid(
-                    f"cannot listen on {addr} (in use or not permitted): {exc}; change master.listen"
-                ) from None
+            bound = add_grpc_port(server, addr, "master.listen")
             self.grpc_addresses.append(f"{host}:{bound}")
         self._server = server
         await server.start()

@@ -445,7 +445,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.ListNodeBlocksResponse(
             blocks=[pb.NodeBlockEntry(namespace_id=e.namespace_id, key=e.key, tier=int(e.tier),
                                       size_bytes=e.size_bytes, generation=e.generation,
-                                      state=int(e.state)) for e in entries],
+                                      state=int(e.state), copy=e.copy) for e in entries],
             next_page_token=token, epoch=epoch, num_replicas=num,
         )
 

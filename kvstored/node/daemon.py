@@ -56,6 +56,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.tcp import format_host_port, parse_host_port
 from kvstored.transport.tcp_server import DataPlaneServer
 
@@ -238,13 +239,7 @@ class NodeDaemon:
             if self._enable_scheduler:
                 self._add_scheduler(server)
             for addr in listen:
-                try:
-                    port = server.add_insecure_port(addr)
-                except RuntimeError as exc:
-                    raise ConfigInvalid(
-                        f"cannot listen on {addr} (in use or not permitted): {exc}; "
-                        "change node.listen"
-                    ) from None
+                port = add_grpc_port(server, addr, "node.listen")
                 if addr.startswith("unix:"):
                     self._unix_paths.append(addr[len("unix:") :])
                     self.grpc_addresses.append(addr)

@@ -455,20 +455,22 @@ class ListNodeBlocksRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., any_namespace: _Optional[bool] = ..., namespace_id: _Optional[bytes] = ..., limit: _Optional[int] = ..., page_token: _Optional[bytes] = ...) -> None: ...
 
 class NodeBlockEntry(_message.Message):
-    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "state")
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "state", "copy")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     tier: _common_pb2.Tier
     size_bytes: int
     generation: int
     state: ReplicaState
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ...) -> None: ...
+    copy: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class ListNodeBlocksResponse(_message.Message):
     __slots__ = ("blocks", "next_page_token", "epoch", "num_replicas")

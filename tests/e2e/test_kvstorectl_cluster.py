@@ -119,7 +119,16 @@ def test_where_blocks_evict_and_metrics_across_three_nodes(
     assert first["count"] == 4 and first["truncated"] and first["next_page_token"]
     rest = _json(addr, "blocks", "--node", "n1", "--page-token", first["next_page_token"])
     assert [b["key"] for b in first["blocks"] + rest["blocks"]] == [b["key"] for b in full["blocks"]]
-    assert "blocks indexed on n2" in _ctl(addr, "blocks", "--node", "n2").stdout
+    # n2's copies: `blocks --node` and `where` name them the same way ("committed copy")
+    on_n2 = _json(addr, "blocks", "--node", "n2")
+    assert {b["key"]: (b["state"], b["copy"]) for b in on_n2["blocks"]} == {
+        k.hex(): ("committed", True) for k in keys[2:4]}
+    assert {b["copy"] for b in full["blocks"]} == {False}
+    listed = _ctl(addr, "blocks", "--node", "n2")
+    assert "blocks indexed on n2" in listed.stdout
+    assert listed.stdout.count("committed copy") == 2, listed.stdout
+    located = _ctl(addr, "where", keys[2].hex())
+    assert located.stdout.count("committed copy") == 1, located.stdout
 
     # evict two keys cluster-wide: both holders remove them through their own Remove
     ev = _json(addr, "evict", keys[2].hex(), "--keys", keys[3].hex())
@@ -144,11 +153,12 @@ def test_where_blocks_evict_and_metrics_across_three_nodes(
         == m1["kvstored_master_replicas"] - 5 and s))
     assert m2["kvstored_master_nodes{state=\"healthy\"}"] == 3
     # where calls (3 json + 1 table + 2 polls at least) and evict-by-keys calls (2) each
-    # asked ListReplicas once; blocks --node asked ListNodeBlocks once per page
+    # asked ListReplicas once; blocks --node asked ListNodeBlocks once per page (4 + 2: n2's
+    # JSON listing and its table)
     assert (m2["kvstored_master_admin_requests_total{method=\"ListReplicas\"}"]
             - m1["kvstored_master_admin_requests_total{method=\"ListReplicas\"}"]) >= 3
     assert (m2["kvstored_master_admin_requests_total{method=\"ListNodeBlocks\"}"]
-            - m1.get("kvstored_master_admin_requests_total{method=\"ListNodeBlocks\"}", 0)) == 4 + 1
+            - m1.get("kvstored_master_admin_requests_total{method=\"ListNodeBlocks\"}", 0)) == 4 + 2
 
 
 def test_bad_input_exit_codes_and_node_commands_unchanged(
@@ -169,8 +179,12 @@ def test_bad_input_exit_codes_and_node_commands_unchanged(
     assert out.returncode == 2 and "give --node NODE_ID" in out.stderr
     out = _ctl(n1.unix_address, "blocks", "--node", "n1")
     assert out.returncode == 2 and "asks the master" in out.stderr
-    out = _ctl(n1.tcp_address, "evict", "--prefix", "a")
-    assert out.returncode == 2 and "UNIMPLEMENTED" in out.stderr
+    for args in (("nodes",), ("evict", "--prefix", "a")):  # a node's address: one clean line
+        out = _ctl(n1.tcp_address, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr == (f"kvstorectl: INVALID_ARGUMENT: {args[0]} asks the master: "
+                              f"{n1.tcp_address} is not a master (a node?); give --address "
+                              "MASTER_HOST:PORT\n"), out.stderr
     down = f"127.0.0.1:{_free_port()}"
     for args in (("nodes",), ("where", "00" * 16), ("evict", "00" * 16)):
         out = _ctl(down, "--timeout-s", "2", *args)

@@ -78,3 +78,27 @@ def test_a_held_ssd_dir_exits_2_like_every_config_error(short_dir: Path) -> None
     assert r.returncode == 2, r.stderr
     assert "already in use by another kvstored process (pid 4242)" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("daemon", ["serve", "master"])
+def test_a_port_in_use_is_one_clean_message(short_dir: Path, daemon: str) -> None:
+    """No raw gRPC log line (``add_port.cc ... Failed to add port``) before the message."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        addr = f"127.0.0.1:{held.getsockname()[1]}"
+        if daemon == "serve":
+            r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", "0", "--listen", addr)
+            setting = "node.listen"
+        else:
+            r = subprocess.run(
+                [sys.executable, "-m", "kvstored.cli.main", "master", "--listen", addr,
+                 "--metrics-listen", "", "--data-dir", str(short_dir / "master")],
+                capture_output=True, text=True, timeout=60, cwd=short_dir, check=False)
+            setting = "master.listen"
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "[info" not in ln]
+    assert errors == [(f"kvstored: cannot listen on {addr}: Address already in use; "
+                       f"change {setting}")], r.stderr

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from thread_helpers import HookEvents
 
 from kvstored import AsyncClient, Client, Namespace, Tier
 from kvstored.client import _ops, _shm
+from kvstored.transport.framing import OP_GET
 
 TRANSPORTS = ["shm", "tcp", "grpc"]
 
@@ -179,14 +181,16 @@ def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str)
         # reads: 1 SSD hit (promoted, which demotes one more), 1 DRAM hit, 1 miss
         assert c.get([keys[0], keys[5], miss[0]]) == [value_for(keys[0], mib), value_for(keys[5], mib), None]
         assert c.lookup_prefix([keys[5], keys[4], miss[0], keys[3]]) == 2
+    # The data-plane server counts a GET's bytes after its last send returns, so the client
+    # can hold every byte before the counter moves: wait for the server's request_done,
+    # reported after the count (a scrape raced it under load).
+    served = HookEvents()
+    data_plane = node.daemon._data_plane
+    assert data_plane is not None
+    data_plane.hook = served.hook
     with Client(node.tcp_address, transport="tcp") as c:
         assert c.get([keys[5]]) == [value_for(keys[5], mib)]
-    # The data-plane server counts a GET's bytes after its last send returns, so the client
-    # can hold every byte before the counter moves: wait for it (a flake under load before).
-    wait_until(
-        lambda: _scrape(node).get(("kvstored_transfer_bytes_total", (("direction", "out"), ("transport", "tcp"))), 0.0) == mib,
-        what="the tcp GET counted",
-    )
+    served.wait_for(1, "request_done", op=OP_GET)
     scrape = _scrape(node)
     assert (m("kvstored_store_gets_total"), m("kvstored_store_hits_total"), m("kvstored_store_misses_total")) == (4, 3, 1)
     assert m("kvstored_tier_hits_total", tier="SSD") == 1 and m("kvstored_tier_hits_total", tier="DRAM") == 2

@@ -9,13 +9,14 @@ children; these tests patch ``MetricWrapperBase.labels`` to record any call afte
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from remote_helpers import FakeMaster, key, make_reads
-from thread_helpers import wait_until
+from thread_helpers import HOOK_WAIT_S, HookEvents
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
@@ -25,6 +26,7 @@ from kvstored.node import service
 from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.framing import OP_GET
 from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.v1 import node_pb2 as pb
 
@@ -106,10 +108,15 @@ def _core(node_id: str) -> NodeCore:
 
 def test_data_plane_and_remote_reads_reuse_their_children(labels_calls: LabelsCalls) -> None:
     src, dst = _core("src"), _core("dst")
-    server = DataPlaneServer(src, "127.0.0.1:0")
+    # The source counts a GET after its last byte went out, so possibly after the reader
+    # returned: the test waits for the server's request_done (reported after the count).
+    served = HookEvents()
+    server = DataPlaneServer(src, "127.0.0.1:0", hook=served.hook)
     address = server.start()
     master = FakeMaster()
-    reads = make_reads(dst, master)
+    # a deadline far above any load (this test is about metric children, not deadlines: a
+    # fill that ran out of time under load counted a new outcome child)
+    reads = make_reads(dst, master, fetch_timeout_s=60.0)
     ids = iter(range(1, 1000))
 
     def round_trip() -> None:
@@ -124,18 +131,13 @@ def test_data_plane_and_remote_reads_reuse_their_children(labels_calls: LabelsCa
         got = reads.fill([key(i) for i in batch], b"")
         assert got.num_fetched == 2
 
-    def served() -> float | None:  # the source counts a GET after its last byte went out,
-        assert src.metrics is not None  # so possibly after the reader already returned
-        return src.metrics.registry.get_sample_value(
-            "kvstored_dataplane_requests_total", {"op": "get", "code": "OK"})
-
     try:
         round_trip()
-        wait_until(lambda: served() == 1, what="the first GET counted by the source")
+        served.wait_for(1, "request_done", op=OP_GET)  # the first GET counted by the source
         labels_calls.start()
         for _ in range(3):
             round_trip()
-        wait_until(lambda: served() == 4, what="every GET counted by the source")
+        served.wait_for(4, "request_done", op=OP_GET)
     finally:
         reads.close()
         server.stop(0.0)
@@ -147,3 +149,49 @@ def test_data_plane_and_remote_reads_reuse_their_children(labels_calls: LabelsCa
         "kvstored_remote_blocks_total", {"outcome": "fetched"}) == 8
     assert src.metrics.registry.get_sample_value(
         "kvstored_dataplane_requests_total", {"op": "get", "code": "OK"}) == 4
+
+
+def test_a_get_is_counted_after_its_last_byte_so_a_reader_may_return_first() -> None:
+    """The race the data-plane metric tests wait out: held between its last send and its
+    count, the source has sent every byte (the reader returns) and counted nothing yet; its
+    ``request_done`` comes after the count, so a test waits for that event."""
+    release = threading.Event()
+    served = HookEvents()
+
+    def hold_after_send(event: str, **fields: Any) -> None:
+        served.hook(event, **fields)
+        if event == "chunk_sent":
+            assert release.wait(HOOK_WAIT_S), "the test never released the source"
+
+    src, dst = _core("src"), _core("dst")
+    server = DataPlaneServer(src, "127.0.0.1:0", hook=hold_after_send)
+    address = server.start()
+    master = FakeMaster()
+    reads = make_reads(dst, master, fetch_timeout_s=60.0)
+    assert src.metrics is not None
+
+    def counted() -> float | None:
+        assert src.metrics is not None
+        return src.metrics.registry.get_sample_value(
+            "kvstored_dataplane_requests_total", {"op": "get", "code": "OK"})
+
+    try:
+        src.put_inline([(key(1), b"\x01" * BLOCK, b"")], b"")
+        pinned = src.store.pin_many([key(1)])[0]
+        assert isinstance(pinned, PinnedBlock)
+        src.store.unpin(pinned)
+        master.replicas[key(1)] = ClusterReplica("src", 7, Tier.DRAM, BLOCK, pinned.generation,
+                                                 address)
+        assert reads.fill([key(1)], b"").num_fetched == 1  # the reader has every byte
+        served.wait_for(1, "chunk_sent")  # the source is held there from now on
+        assert served.count("request_done") == 0
+        assert counted() is None  # a scrape now sees no GET: the race
+        release.set()
+        served.wait_for(1, "request_done", op=OP_GET)
+        assert counted() == 1
+    finally:
+        release.set()
+        reads.close()
+        server.stop(0.0)
+        src.store.close()
+        dst.store.close()
