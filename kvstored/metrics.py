@@ -7,7 +7,7 @@ store are not sampled into variables: :class:`StoreCollector` reads ``store.stat
 scrape, and ``kvstored_lease_active`` reads the lease book's counts at scrape time
 (:meth:`NodeMetrics.watch_leases`).
 
-Hot path (issue 9): a request costs O(1) here, whatever the node holds. The labelled children
+Hot path: a request costs O(1) here, whatever the node holds. The labelled children
 of the counters a node bumps per request are looked up once and cached (``.labels(...)`` costs
 a few microseconds per call); a request's blocks and bytes are counted with one ``inc`` each,
 never per block; no gauge is recomputed per request.

@@ -203,7 +203,7 @@ _DRAM_WIRE = int(Tier.DRAM)  # an int: list.count compares it at C speed
 def tiers_of(wire: list[int]) -> list[Tier | None]:
     """The :class:`Tier` of each wire value of a LookupPrefix answer (``_TIER_OF`` per value).
 
-    An answer all in DRAM (the common one) is built without a per-key lookup (issue 9:
+    An answer all in DRAM (the common one) is built without a per-key lookup (measured:
     ~24 -> ~8 us for 512 keys).
     """
     if wire.count(_DRAM_WIRE) == len(wire):

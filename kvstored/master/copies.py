@@ -16,9 +16,9 @@ It stays queued until the holder's events settle it (ADDED with ``copy=False``: 
 REMOVED: the copy is gone) and is sent again on a heartbeat answer ``resend_after_s`` after
 the last send (one node lease by default), at most :data:`MAX_PROMOTION_SENDS` times, so a
 lost answer or a node that restarted its link meanwhile still gets it; a holder that never
-settles it is left evictable first as before (no block is lost by a promotion, only
-possibly not saved). Per node at most :data:`MAX_PENDING_PROMOTIONS` are queued (the
-oldest are dropped first).
+settles it keeps the block marked as a copy, evictable first (no block is lost by a
+promotion, only possibly not saved). Per node at most :data:`MAX_PENDING_PROMOTIONS` are
+queued (the oldest are dropped first).
 
 A holder that dies, unregisters, restarts (new epoch) or resyncs without the block sends
 no REMOVED event: its rows are retired at once (O(1)) and unlinked later by GC, which

@@ -39,7 +39,7 @@ from kvstored.types import Tier
 if TYPE_CHECKING:
     from kvstored.master.membership import NodeRecord
 
-log = structlog.get_logger("kvstored.master.membership")  # the events' logger, as before
+log = structlog.get_logger("kvstored.master.membership")  # node events share one logger name
 NODE_STATES = ("healthy", "unhealthy", "probation", "syncing")
 """What :func:`node_state` answers (the ``state`` label of ``kvstored_master_nodes``)."""
 

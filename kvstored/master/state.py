@@ -1,7 +1,7 @@
 """MasterState: everything one master term owns, built together in one place.
 
-A *term* is the span during which one master process leads (today: one start of
-``kvstored master``; with leader election, one leadership). The master keeps no block
+A *term* is the span during which one master process leads: one start of
+``kvstored master`` (under leader election, one leadership). The master keeps no block
 metadata on disk, so a term starts empty and is rebuilt from the nodes' inventories (they
 re-register and resync when their heartbeats are answered REREGISTER)::
 

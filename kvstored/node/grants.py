@@ -20,7 +20,7 @@ for every caller (the gRPC servicer, the control channel, in-process code and te
 grant's lease lapses, it is quarantined until the holder acknowledges it or its session
 ends, and only then can the space be reused without a late copy touching it. A caller
 without a session could never be known to be gone, so its lapsed grants would stay
-quarantined for good (found by a tester: a crashed sessionless caller leaked DRAM until a
+quarantined for good (a crashed sessionless caller would hold its DRAM until a
 restart).
 
 The node's own writers and readers (the data plane, the inline put and get, a remote fill)

@@ -1,7 +1,8 @@
 """Client sessions, leases and quarantine: the node's fencing rule.
 
-The rule (DESIGN.md section 6, "Fencing"): space that a writer or reader may still touch is
-never handed to anyone else. Time alone never makes a copy safe; only one of these does:
+The rule (docs/architecture.md#fencing-and-sessions): space that a writer or reader may
+still touch is never handed to anyone else. Time alone never makes a copy safe; only one of
+these does:
 
 1. the holder said it is done: CommitPut / CommitPut(abort) / ReleasePins (an *ack*);
 2. the holder's **session** is gone: the writer can no longer touch the space.
@@ -55,9 +56,10 @@ know about, so it can neither ack nor copy into it. Each granting request carrie
 client-chosen ``request_id`` (unique per session); the lease records it, and the client's
 acknowledgement "I never received request R" (``ReleasePins.orphan_request_ids``,
 :meth:`LeaseBook.release_orphans`) frees that grant, active or quarantined. A request acked
-before it arrived leaves a tombstone, so its grant is refused when it does arrive. Only
-grants under a real session are tracked (sessionless callers share one pseudo-session, so
-their request ids could collide).
+before it arrived leaves a tombstone, so its grant is refused when it does arrive. Every
+grant is under a real session (kvstored/node/grants.py refuses id 0), so request ids are
+tracked per session; a lease the book records under ``NO_SESSION`` is not tracked by request
+id (that pseudo-session is no one client's, so its request ids could collide).
 
 Locking: ``LeaseBook._lock`` guards every table here and is never held while calling the
 store: methods return the leases whose items the caller must unpin/abort.
@@ -246,7 +248,7 @@ class LeaseBook:
             sess = self._sessions.get(session_id)
             if sess is None:
                 return None
-            if session_id == NO_SESSION:  # shared by many callers: their ids may collide
+            if session_id == NO_SESSION:  # no one client's session: request ids could collide
                 request_id = 0
             if request_id and request_id in sess.orphaned:
                 del sess.orphaned[request_id]
@@ -267,11 +269,12 @@ class LeaseBook:
     def release_orphans(self, session_id: int, request_ids: list[int]) -> list[Lease]:
         """The client never received the answers to these requests: free what they granted.
 
-        Idempotent. Only for real sessions: the pseudo-session ``NO_SESSION`` is shared by
-        unrelated callers whose request ids may collide, so its grants are not tracked by
-        request id (they are freed by their lease id's ack only). A request id with no lease (never arrived yet, already released, or 0)
-        releases nothing; one that has not arrived yet is remembered (bounded per session) so
-        that its grant is refused when it does (:meth:`add` returns None).
+        Idempotent. Only for real sessions: the pseudo-session ``NO_SESSION`` (grants refuse
+        it) is no one client's, so its leases are not tracked by request id (they are freed
+        by their lease id's ack only). A request id with no lease (never arrived yet,
+        already released, or 0) releases nothing; one that has not arrived yet is remembered
+        (bounded per session) so that its grant is refused when it does (:meth:`add` returns
+        None).
 
         Args:
             session_id: the session the requests were sent under.
@@ -281,7 +284,7 @@ class LeaseBook:
             The leases to release (active or quarantined).
         """
         out: list[Lease] = []
-        if session_id == NO_SESSION:  # request ids of sessionless callers are not tracked
+        if session_id == NO_SESSION:  # the pseudo-session's leases have no request ids
             return out
         with self._lock:
             sess = self._sessions.get(session_id)
@@ -381,6 +384,6 @@ class LeaseBook:
             return sum(s.quarantined_bytes for s in self._sessions.values())
 
     def num_sessions(self) -> int:
-        """Open client sessions (the pseudo-session of sessionless callers not counted)."""
+        """Open client sessions (the pseudo-session ``NO_SESSION`` not counted)."""
         with self._lock:
             return len(self._sessions) - 1

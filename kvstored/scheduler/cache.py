@@ -4,9 +4,10 @@ Three eviction policies, all exact (no sampling):
 
 - ``lru``: plain LRU; a request's blocks are touched head first, so its tail is the most recent
   and its head is evicted first.
-- ``store``: the store's policy (kvstored.tiers.tiered, DESIGN §4): LRU with chain-aware
-  recency; hits are touched and new blocks inserted *tail first*, so the head of a chain is the
-  most recent and chain tails go before heads (a lost head would orphan the rest).
+- ``store``: the store's policy (kvstored.tiers.tiered; docs/architecture.md#tiers-and-eviction):
+  LRU with chain-aware recency; hits are touched and new blocks inserted *tail first*, so the
+  head of a chain is the most recent and chain tails go before heads (a lost head would orphan
+  the rest).
 - ``lfu``: least frequently used, ties broken by least recent.
 
 Keys are any hashable (trace hash ids are ints). Not thread-safe.

@@ -19,7 +19,7 @@ full), nor count its reads as gets or make its victims recent::
                                                 as a promotion would); DRAM untouched
     release_export(blocks)       unpins the DRAM ones; hands the SSD reads' buffer back
 
-Buffers (issue 9): a call's SSD-only blocks are read into one page-aligned anonymous mapping
+Buffers: a call's SSD-only blocks are read into one page-aligned anonymous mapping
 (each block at a page-aligned offset, as O_DIRECT needs), taken from a small pool per store
 and handed back to it once every block read into it is released; the pool keeps at most
 :data:`EXPORT_POOL_MAX_BYTES`. A fresh mapping per block cost an mmap, its page faults and

@@ -247,7 +247,7 @@ class Reads:
     def lookup_prefix(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Tier]:
         """``TieredStore.lookup_prefix`` (contract there)."""
         namespace_id = check_bytes("namespace_id", namespace_id)
-        if set(map(type, keys)) - {bytes} or not all(keys):  # (C-level checks: issue 9)
+        if set(map(type, keys)) - {bytes} or not all(keys):  # C-level checks; per key on a failure
             keys = [check_key(k) for k in keys]
         skeys = list(map(store_key(namespace_id, b"").__add__, keys))  # the namespace's tag + key
         st = self._state

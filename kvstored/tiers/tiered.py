@@ -365,7 +365,7 @@ class TieredStore:
     def uncount_reads(self, blocks: Sequence[PinnedBlock]) -> None:
         """Take back the gets and hits :meth:`pin_many` counted for ``blocks``: pinned but
         not sent, because the reader asks for them again (past the inline Get's budget), so
-        a key is counted once per request (issue 9). Pins are untouched; the SSD read of a
+        a key is counted once per request. Pins are untouched; the SSD read of a
         promoted block stays counted on the SSD tier (it happened)."""
         self._reads.uncount_reads(blocks)
 

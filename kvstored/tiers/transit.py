@@ -343,7 +343,7 @@ class Transit:
         while needs and free >= needs[0]:  # what fits already (optimistic: free may be split)
             free -= needs.pop(0)
         if len(needs) < 2:
-            return  # nothing to batch: allocate() evicts for a single block as before
+            return  # nothing to batch: allocate() evicts for a single block itself
         chosen: dict[bytes, None] = {}
 
         def evictable(k: bytes) -> bool:

@@ -16,7 +16,7 @@ Framing (all integers little-endian)::
                      GET_FLAG_PEER_EXPORT (4) = a node copying the blocks into its own
                        store (node/remote.py): the source sends them without promoting an
                        SSD-only block into its DRAM, touching recency or counting a get
-                       (TieredStore.read_for_export); refused together with flag 2
+                       (TieredStore.read_for_export); refused when combined with flag 2
                      GET_FLAG_RANGES (8) = each key is followed by offset u64 | length u64:
                        the item's payload is bytes [offset, offset + length) of the block,
                        clipped to its size (range_bytes); the item header still carries the
@@ -48,7 +48,7 @@ of it, so a peer trickling one byte at a time cannot stretch a request past its 
 Under a deadline the socket is in blocking mode with the kernel's own timeout
 (``SO_RCVTIMEO``/``SO_SNDTIMEO``) set to what is left before each call, so a payload is one
 ``recv_into(..., MSG_WAITALL)`` and a GET chunk one ``sendmsg``, instead of a ``poll`` plus a
-``recv`` per 64 KiB segment (3x fewer syscalls and no Python step per segment; issue 9). A
+``recv`` per 64 KiB segment (3x fewer syscalls and no Python step per segment). A
 call the kernel timeout cuts short returns what it moved (or EAGAIN: TimeoutError), and the
 next call finds the deadline passed. (A signal that interrupts a call before it moved a byte
 restarts it with the timeout set before it: the one case where a call may wait a little past

@@ -35,7 +35,8 @@ GET's blocks as each chunk is pinned); every socket call waits only for what is 
 When it passes, the connection thread -- the only writer into the request's reservations and
 the only reader of its pins -- has already returned from its last ``recv_into``/``sendmsg`` (``sendmsg`` copies
 into the kernel), and only then aborts the reservations and releases the pins. So space is
-never released while this request may still write it (the fencing rule of DESIGN.md s. 6).
+never released while this request may still write it (the fencing rule:
+docs/architecture.md#fencing-and-sessions).
 
 Server: :class:`~kvstored.transport.tcp_server.DataPlaneServer` (import it from there).
 Client: :class:`DataPlaneClient`, a small pool of blocking sockets, every call under the
@@ -148,7 +149,8 @@ class DataPlaneClient:
             sends them without promoting, touching recency or counting a get. Set by a
             node reading a peer (node/remote.py); an engine's client must not. A node older
             than the flag refuses it: the client then drops the flag for this node (one
-            extra round trip, logged) and reads it as before.
+            extra round trip, logged) and reads without it (that node pins, and may
+            promote, what it sends).
         max_streams: most connections one GET uses at once (1 = never split); default one
             per core, at most 4.
         stream_min_bytes: expected payload per stream below which a GET is not split
@@ -389,8 +391,8 @@ class DataPlaneClient:
                 if not flags & GET_FLAG_PEER_EXPORT:
                     raise
                 # A node older than GET_FLAG_PEER_EXPORT refuses it (and closed the
-                # connection): read it as before from now on (it pins, and may promote,
-                # what it sends).
+                # connection): read without the flag from now on (that node pins, and may
+                # promote, what it sends).
                 self.get_flags = flags & ~GET_FLAG_PEER_EXPORT
                 log.info("data_plane_peer_export_refused", address=self.address, error=str(exc))
         sizes = [it.size_bytes for it in out if it.found]

@@ -1,8 +1,8 @@
 """Several TCP streams for one large GET: the split policy and the abort registry.
 
 One TCP connection over loopback tops out where the *receiving* side's kernel copy
-(``copy_to_user`` of every segment into the caller's memory) saturates one core: on the 2-core
-VM of issue 9 the receiver spends ~0.25 CPU-s per GB, the sender ~0.14, so one stream cannot
+(``copy_to_user`` of every segment into the caller's memory) saturates one core: on a 2-core
+VM (measured) the receiver spends ~0.25 CPU-s per GB, the sender ~0.14, so one stream cannot
 pass ~4 GB/s however idle the other core is. A large batch therefore goes out as a few
 requests on separate pooled connections, each for a contiguous run of the keys (2 runs per
 stream; a stream takes the next run when it is done with one, so a stream whose thread is
