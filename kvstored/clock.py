@@ -14,7 +14,8 @@ from typing import Protocol
 class Clock(Protocol):
     """Monotonic seconds (float); only differences are meaningful."""
 
-    def __call__(self) -> float: ...
+    def __call__(self) -> float:
+        """The current time in seconds; never goes backwards. Thread-safe, never blocks."""
 
 
 class MonotonicClock:

@@ -68,17 +68,25 @@ Replica = tuple[int, int, bool]  # (size_bytes, generation, copy)
 class InventorySource(Protocol):
     """What the link reads from the node's store (a :class:`TieredStore` fits)."""
 
-    def list_blocks(self, *, namespace_id: bytes = b"", limit: int = 10000) -> tuple[list[BlockInfo], bool]: ...
+    def list_blocks(self, *, namespace_id: bytes = b"", limit: int = 10000) -> tuple[list[BlockInfo], bool]:
+        """Up to ``limit`` blocks (of ``namespace_id``; b"" = every namespace), as
+        ``(blocks, truncated)``; ``truncated`` is True when more matched. Never pins or touches
+        recency."""
 
-    def stats(self) -> StoreStats: ...
+    def stats(self) -> StoreStats:
+        """The store's counters and per-tier usage now; never waits on disk I/O."""
 
 
 class _FeedSource(Protocol):
     """What the link drains when the store has a change feed (``TieredStore.change_feed``)."""
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Drop queued changes and clear the resync flag; called just before a full listing."""
 
-    def drain(self, max_events: int | None = None) -> tuple[list[Change], bool]: ...
+    def drain(self, max_events: int | None = None) -> tuple[list[Change], bool]:
+        """Take up to ``max_events`` queued changes (None: all), oldest first, as ``(changes,
+        resync_needed)``; when ``resync_needed`` the changes are empty and the caller must
+        :meth:`reset` and send a full inventory."""
 
 
 def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, Replica]:

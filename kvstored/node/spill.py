@@ -84,12 +84,27 @@ RETRY_AFTER_FAILURE_S = 5.0
 class SpillStore(Protocol):
     """What the spiller needs of the node's store (TieredStore implements it)."""
 
-    def stats(self) -> StoreStats: ...
-    def coldest_blocks(self, limit: int, *, exclude: Any = ()) -> list[BlockInfo]: ...
+    def stats(self) -> StoreStats:
+        """Counters and per-tier usage now (the spiller reads the last tier's fill ratio)."""
+
+    def coldest_blocks(self, limit: int, *, exclude: Any = ()) -> list[BlockInfo]:
+        """Up to ``limit`` unpinned blocks in eviction order, coldest first, skipping
+        ``exclude`` and blocks in transit; never pins, touches recency or counts a get."""
+
     def read_for_export(self, keys: Sequence[bytes], *, namespace_id: bytes = b""
-                        ) -> list[ExportedBlock | None]: ...
-    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None: ...
-    def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]: ...
+                        ) -> list[ExportedBlock | None]:
+        """Per key the block to send elsewhere (DRAM pinned in place, SSD read and verified
+        into a private buffer), or None when absent or unreadable; never promotes. The caller
+        releases every returned block once with :meth:`release_export`."""
+
+    def release_export(self, blocks: Sequence[ExportedBlock | None]) -> None:
+        """Release what :meth:`read_for_export` returned (each block once; None skipped).
+
+        Raises ``NotFound`` for a block released twice."""
+
+    def remove(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
+        """Delete blocks from every tier; per key True if removed, False if absent or pinned
+        (a pinned block is kept)."""
 
 
 class SpillMaster(Protocol):
@@ -99,15 +114,28 @@ class SpillMaster(Protocol):
                         writer_node_id: str = "", exclude_writer: bool = False,
                         max_used_fraction: float = 0.0, headroom_bytes: int = 0,
                         holder_reports: bool = False, timeout_s: float | None = None
-                        ) -> list[tuple[bool, int, list[Any]] | KvstoredError]: ...
+                        ) -> list[tuple[bool, int, list[Any]] | KvstoredError]:
+        """PutStartBatch: per ``(namespace_id, key, size_bytes)`` item, in order, ``(exists,
+        generation, replicas)`` or the error that item got (returned, not raised).
+
+        Raises ``InvalidArgument`` (the whole call: too many items) and the RPC's errors."""
+
     def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
-                      timeout_s: float | None = None) -> list[int | KvstoredError]: ...
+                      timeout_s: float | None = None) -> list[int | KvstoredError]:
+        """PutEndBatch: per ``(namespace_id, key, generation, commit)`` write, in order, the
+        replicas committed (or dropped), or the item's error (NotFound: a stale end)."""
+
     def put_end_and_start_batch(
         self, ends: Sequence[tuple[bytes, bytes, int, bool]],
         items: Sequence[tuple[bytes, bytes, int]], *, writer_node_id: str = "",
         exclude_writer: bool = False, max_used_fraction: float = 0.0, headroom_bytes: int = 0,
         holder_reports: bool = False, timeout_s: float | None = None,
-    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[Any]] | KvstoredError]]: ...
+    ) -> tuple[list[int | KvstoredError], list[tuple[bool, int, list[Any]] | KvstoredError]]:
+        """:meth:`put_end_batch` of ``ends`` then :meth:`put_start_batch` of ``items`` in one
+        call; ``(per end, per item)`` as those answer.
+
+        Raises ``InternalError`` when the master answered another number of results (then
+        nothing may be assumed ended)."""
 
 
 @dataclass(slots=True)

@@ -159,7 +159,9 @@ class PrefixIndex(Protocol):
 
     def match_prefix(
         self, keys: Sequence[Hashable], node_ids: Sequence[str]
-    ) -> Mapping[str, tuple[int, int]]: ...
+    ) -> Mapping[str, tuple[int, int]]:
+        """``node_id -> (num_blocks, num_ssd_blocks)`` for the nodes of ``node_ids`` that hold
+        a leading run of ``keys`` (contract in the class docstring)."""
 
 
 class NoPrefixIndex:

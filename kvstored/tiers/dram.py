@@ -43,6 +43,8 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 class _HasOffset(Protocol):
+    """Anything placed in the arena: ``offset`` is its first byte's offset in the arena."""
+
     offset: int
 
 

@@ -88,6 +88,8 @@ class Change(NamedTuple):
 
 
 class _Sized(Protocol):
+    """A tier entry the feed records: its payload size in bytes and its generation."""
+
     size_bytes: int
     generation: int
 
