@@ -54,7 +54,7 @@ def _memoryview_of(obj: object, what: str, index: int, expected: str) -> memoryv
 def _refuse_objects(obj: object, mv: memoryview, what: str, index: int) -> None:
     """A buffer of Python object pointers (numpy ``dtype=object``) -> InvalidArgument: its
     bytes are heap addresses, and writing into it would plant pointers that crash the
-    process (found by a tester: get_into into an object array, then a segfault)."""
+    process (get_into into an object array would segfault)."""
     if mv.format == "O" or (isinstance(obj, np.ndarray) and obj.dtype.hasobject):
         dtype = obj.dtype if isinstance(obj, np.ndarray) else mv.format
         raise InvalidArgument(

@@ -160,8 +160,8 @@ class _Protocol(asyncio.Protocol):
         server = self._server
         if server.buffered_bytes + len(data) > server.max_buffered_bytes:
             # frames arriving slower than they are sent, on many connections at once: drop
-            # this one rather than let partial frames take the node's memory (a tester's
-            # 8 connections of 63 MiB half-frames took 500 MiB)
+            # this one rather than let partial frames take the node's memory (unbounded,
+            # 8 connections of 63 MiB half-frames would hold 500 MiB)
             log.warning("control_buffer_budget_exceeded", buffered_bytes=server.buffered_bytes,
                         incoming_bytes=len(data), limit=server.max_buffered_bytes)
             self._drop_buffer()

@@ -2,7 +2,7 @@
 
 With blocks of mixed sizes, evicting LRU blocks one by one until an allocation fits can free
 far more than needed: when the LRU order alternates by address, each victim leaves an isolated
-hole (measured before this module: 64 MiB of 1 MiB blocks, one 4 MiB put evicted 34 blocks).
+hole (measured with plain LRU: 64 MiB of 1 MiB blocks, one 4 MiB put evicted 34 blocks).
 Instead, the LRU victim ``v`` is taken together with just enough of its address neighbours::
 
     arena:  | b0 | v  | b2 | b3 | b4 | b5 |      need = 4 units, every block 1 unit
@@ -22,8 +22,7 @@ help this allocation) and the next LRU block is tried.
 Bounded cost: a window may take at most :data:`MAX_WINDOW_ITEMS` extents on each side of
 ``v`` (O(k log n) per candidate, k <= 2 x MAX_WINDOW_ITEMS), and one allocation tries at most
 :data:`MAX_WINDOW_TRIES` candidates whose window cannot reach ``need``; after that it falls
-back to plain LRU eviction (evict ``v`` alone: its space merges with later victims'), as
-before this module. So the scan stays O(1) per victim even when small blocks (4 KiB probes,
+back to plain LRU eviction (evict ``v`` alone: its space merges with later victims'). So the scan stays O(1) per victim even when small blocks (4 KiB probes,
 say) sit at the LRU head and a 4 MiB allocation could only be met by 1024 of them.
 Pure metadata: callers hold the store lock.
 """

@@ -4,8 +4,8 @@ A remote fill (node/remote.py) copies a peer's block into local DRAM so the engi
 it through shared memory. Such a *copy* is a duplicate in the pool: the peer still holds the
 block. Making room for it by evicting a block of this node's last tier (DRAM on a DRAM-only
 node; a DRAM block not on SSD when the SSD cannot take it) would trade a block the pool
-holds nowhere else for one it holds already: the tester's DRAM-only pool lost 46 of 110
-blocks that way by reading them all through one node. So a copy's reservation
+holds nowhere else for one it holds already (a DRAM-only pool read in full through one node
+would lose blocks that way: 46 of 110 when measured). So a copy's reservation
 (``TieredStore.reserve(..., copy=True)``) may only use, in this order of preference:
 
 1. free arena space;
