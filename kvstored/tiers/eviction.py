@@ -22,8 +22,9 @@ help this allocation) and the next LRU block is tried.
 Bounded cost: a window may take at most :data:`MAX_WINDOW_ITEMS` extents on each side of
 ``v`` (O(k log n) per candidate, k <= 2 x MAX_WINDOW_ITEMS), and one allocation tries at most
 :data:`MAX_WINDOW_TRIES` candidates whose window cannot reach ``need``; after that it falls
-back to plain LRU eviction (evict ``v`` alone: its space merges with later victims'). So the scan stays O(1) per victim even when small blocks (4 KiB probes,
-say) sit at the LRU head and a 4 MiB allocation could only be met by 1024 of them.
+back to plain LRU eviction (evict ``v`` alone: its space merges with later victims'). So
+the scan stays O(1) per victim even when small blocks (4 KiB probes, say) sit at the LRU
+head and a 4 MiB allocation could only be met by 1024 of them.
 Pure metadata: callers hold the store lock.
 """
 
