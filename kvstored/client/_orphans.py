@@ -52,8 +52,11 @@ class RpcFuture(Protocol):
     """What :class:`Background` needs of an RPC in flight: a ``grpc.Future`` or an
     ``asyncio.Future`` (a callback when it ends, and how it ended)."""
 
-    def add_done_callback(self, fn: Callable[[Any], object]) -> None: ...
-    def cancelled(self) -> bool: ...
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """Call ``fn(future)`` once the RPC ended (at once if it already has)."""
+
+    def cancelled(self) -> bool:
+        """True if the RPC was cancelled before it got an answer."""
 
 
 def failed(fut: Any) -> bool:

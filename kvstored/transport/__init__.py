@@ -5,6 +5,7 @@ serves through the :class:`~kvstored.transport.base.BlockServer` port it impleme
 - ``control.py``: framing of the lean control channel (node/control.py, client/_control.py).
 - ``framing.py``: the TCP data plane's frame codec, limits and deadline-bounded socket I/O
   (docs/architecture.md#data-plane).
+- ``listen.py``: binding a gRPC server's listen addresses, one clean error per unusable one.
 - ``master_rpc.py``: MasterClient, the master's gRPC stub wrapper shared by node and client.
 - ``tcp.py``: the TCP data-plane client (a pool of blocking sockets) and the protocol's rules.
 - ``tcp_server.py``: the TCP data-plane server (DataPlaneServer).
