@@ -1,16 +1,14 @@
-"""The KvstoredError hierarchy and its wire mapping.
+"""The KvstoredError hierarchy and the ErrorCode table (a leaf: no gRPC, no I/O).
 
 Each subclass has a class-level ``code`` (an :class:`ErrorCode`, mirrored from
-``protos/kvstored/v1/common.proto``), ``retriable`` and ``grpc_status``. The servicer turns a
-KvstoredError into a gRPC status whose trailing metadata carries ``kvstored-error-code``; the
-client maps it back with :func:`error_from_code`. A miss is never an error.
+``protos/kvstored/v1/common.proto``) and ``retriable``. The gRPC status each code travels as,
+and the way back from a failed call, live in :mod:`kvstored.rpc_status`; the wire code alone
+maps back through :func:`error_from_code`. A miss is never an error.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
-
-import grpc
 
 
 class ErrorCode(IntEnum):
@@ -43,14 +41,12 @@ class KvstoredError(Exception):
 
     code: ErrorCode = ErrorCode.INTERNAL
     retriable: bool = False
-    grpc_status: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
 
 class InvalidArgument(KvstoredError, ValueError):
     """Bad input: the message says what was wrong, what was received, and what fixes it."""
 
     code = ErrorCode.INVALID_ARGUMENT
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class KeyInvalid(InvalidArgument):
@@ -88,14 +84,12 @@ class NoCapacity(KvstoredError):
 
     code = ErrorCode.NO_CAPACITY
     retriable = True
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class NotFound(KvstoredError):
     """A referenced reservation or pin does not exist (not a block miss)."""
 
     code = ErrorCode.NOT_FOUND
-    grpc_status = grpc.StatusCode.NOT_FOUND
 
 
 class ReplicaNotReady(KvstoredError):
@@ -103,21 +97,18 @@ class ReplicaNotReady(KvstoredError):
 
     code = ErrorCode.REPLICA_NOT_READY
     retriable = True
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class LeaseExpired(KvstoredError):
     """A pin or reservation outlived its lease and was reclaimed."""
 
     code = ErrorCode.LEASE_EXPIRED
-    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class AlreadyExists(KvstoredError):
     """The name is taken, e.g. a node id a live daemon of another address registered."""
 
     code = ErrorCode.ALREADY_EXISTS
-    grpc_status = grpc.StatusCode.ALREADY_EXISTS
 
 
 class TransferFailed(KvstoredError):
@@ -125,7 +116,6 @@ class TransferFailed(KvstoredError):
 
     code = ErrorCode.TRANSFER_FAILED
     retriable = True
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class Unavailable(KvstoredError):
@@ -133,7 +123,6 @@ class Unavailable(KvstoredError):
 
     code = ErrorCode.UNAVAILABLE
     retriable = True
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class DeadlineExceeded(KvstoredError):
@@ -141,7 +130,6 @@ class DeadlineExceeded(KvstoredError):
 
     code = ErrorCode.DEADLINE_EXCEEDED
     retriable = True
-    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class Draining(KvstoredError):
@@ -149,7 +137,6 @@ class Draining(KvstoredError):
 
     code = ErrorCode.DRAINING
     retriable = True
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class InternalError(KvstoredError):
@@ -163,21 +150,18 @@ class StorageIOError(KvstoredError):
 
     code = ErrorCode.STORAGE_IO
     retriable = True
-    grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
 class ChecksumMismatch(KvstoredError):
     """Stored bytes failed their checksum; the block was dropped (a miss)."""
 
     code = ErrorCode.CHECKSUM_MISMATCH
-    grpc_status = grpc.StatusCode.DATA_LOSS
 
 
 class ConfigInvalid(KvstoredError):
     """A configuration file, env var or flag is invalid; the message names the key."""
 
     code = ErrorCode.CONFIG_INVALID
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 _BY_CODE: dict[ErrorCode, type[KvstoredError]] = {}
@@ -187,8 +171,6 @@ for _cls in (
     DeadlineExceeded, Draining, InternalError, StorageIOError, ChecksumMismatch, ConfigInvalid,
 ):
     _BY_CODE[_cls.code] = _cls
-
-ERROR_CODE_METADATA_KEY = "kvstored-error-code"
 
 
 def error_class(code: int) -> type[KvstoredError]:
@@ -203,38 +185,3 @@ def error_from_code(code: int, message: str) -> KvstoredError:
     """Build the exception for a wire error code and message."""
     return error_class(code)(message)
 
-
-_GRPC_FALLBACK: dict[grpc.StatusCode, type[KvstoredError]] = {
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: NoCapacity,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.DATA_LOSS: ChecksumMismatch,
-}
-
-
-def error_from_rpc(exc: grpc.RpcError) -> KvstoredError:
-    """Map a failed gRPC call to a KvstoredError (trailing metadata first, status second)."""
-    code_fn = getattr(exc, "code", None)
-    status = code_fn() if callable(code_fn) else grpc.StatusCode.UNKNOWN
-    details_fn = getattr(exc, "details", None)
-    details = (details_fn() if callable(details_fn) else None) or str(status)
-    trailing_fn = getattr(exc, "trailing_metadata", None)
-    trailing = trailing_fn() if callable(trailing_fn) else None
-    for key, value in trailing or ():
-        if key == ERROR_CODE_METADATA_KEY:
-            try:
-                return error_from_code(int(value), details)
-            except ValueError:
-                break
-    if status == grpc.StatusCode.UNIMPLEMENTED:
-        # the address answers gRPC but is another kind of server (e.g. a master asked for a
-        # node's method, or the reverse)
-        return InvalidArgument(  # not retriable: the address is wrong, not busy
-            f"UNIMPLEMENTED: {details}: the server at this address does not offer this call; "
-            "is it the other kind of kvstored process (a master where a node is expected, or "
-            "a node where a master is expected)?"
-        )
-    return _GRPC_FALLBACK.get(status, InternalError)(f"{status.name}: {details}")

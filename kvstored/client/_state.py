@@ -25,8 +25,9 @@ from kvstored.client._steps import (
     Op,
 )
 from kvstored.client.types import NodeInfo
-from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable, error_from_rpc
+from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 from kvstored.keys import Namespace
+from kvstored.rpc_status import error_from_rpc
 from kvstored.transport.tcp import DataPlaneClient, format_host_port, parse_host_port
 from kvstored.v1 import node_pb2 as pb
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
+from kvstored.rpc_status import error_from_rpc
 from kvstored.transport.master_rpc import MasterClient
-from kvstored.errors import error_from_rpc
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import node_pb2 as node_pb

@@ -20,7 +20,6 @@ import numpy as np
 import structlog
 
 from kvstored.errors import (
-    ERROR_CODE_METADATA_KEY,
     InternalError,
     InvalidArgument,
     KvstoredError,
@@ -41,6 +40,7 @@ from kvstored.master.types import (
     PlacementPolicy,
     TierUsage,
 )
+from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -88,8 +88,8 @@ def _rpc(fn: Handler[R]) -> Handler[R]:
         except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
             log.exception("master_rpc_failed", method=fn.__name__)
             err = InternalError(f"{type(exc).__name__}: {exc}")
-        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(int(err.code))),))
-        await context.abort(err.grpc_status, str(err))
+        context.set_trailing_metadata(grpc_trailing_metadata(err))
+        await context.abort(grpc_status(err), str(err))
         raise AssertionError("unreachable")  # context.abort raises
 
     return wrapper

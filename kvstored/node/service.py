@@ -21,7 +21,7 @@ process whose connection was dropped) keeps the session until the pidfd reports 
 (``loop.add_reader``; no polling). :meth:`NodeServicer.end_sessions` ends everything at
 shutdown so the server's grace period is not spent waiting for the streams.
 
-Errors: a :class:`KvstoredError` becomes a gRPC status (its ``grpc_status``) whose trailing
+Errors: a :class:`KvstoredError` becomes a gRPC status (kvstored/rpc_status.py) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
 with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
 INVALID_ARGUMENT (error code INVALID_ARGUMENT) instead of an opaque deserialization failure.
@@ -46,7 +46,6 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from kvstored.errors import (
-    ERROR_CODE_METADATA_KEY,
     ErrorCode,
     InternalError,
     InvalidArgument,
@@ -56,6 +55,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
 from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.reads import GetOutcome
+from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
 
@@ -105,11 +105,6 @@ def _time_left(ctx: Any) -> float | None:
         return ctx.time_remaining()  # type: ignore[no-any-return]
     except AttributeError:
         return None
-
-
-def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata carrying a KvstoredError's code."""
-    return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
 
 
 class NodeServicer:
@@ -456,7 +451,7 @@ def _wrap(
                 err = InternalError(f"internal error in {name}; see the node's log")
             if metrics is not None:
                 metrics.count_rpc(name, ErrorCode(err.code).name, time.perf_counter() - t0)
-            await context.abort(err.grpc_status, str(err), trailing_metadata=grpc_trailing_metadata(err))
+            await context.abort(grpc_status(err), str(err), trailing_metadata=grpc_trailing_metadata(err))
             raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
     return handle

@@ -23,7 +23,8 @@ import click
 import grpc
 from rich.table import Table
 
-from kvstored.errors import Unavailable, error_from_rpc
+from kvstored.errors import Unavailable
+from kvstored.rpc_status import error_from_rpc
 from kvstored.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _ROLE_NAMES = {scheduler_pb2.INSTANCE_ROLE_PREFILL: "prefill",

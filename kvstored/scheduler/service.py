@@ -35,12 +35,8 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvstored.errors import (
-    ERROR_CODE_METADATA_KEY,
-    InvalidArgument,
-    KvstoredError,
-    NotFound,
-)
+from kvstored.errors import InvalidArgument, KvstoredError, NotFound
+from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.scheduler.config import SchedulerConfig
 from kvstored.scheduler.core import Scheduler
 from kvstored.scheduler.costmodel import CostModel, CostProfile
@@ -267,8 +263,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     # ---- helpers ---------------------------------------------------------------------
     async def _abort(self, context: grpc.aio.ServicerContext, exc: KvstoredError) -> None:
-        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(int(exc.code))),))
-        await context.abort(exc.grpc_status, str(exc))
+        context.set_trailing_metadata(grpc_trailing_metadata(exc))
+        await context.abort(grpc_status(exc), str(exc))
 
     def _refresh_load_gauges(self) -> None:
         for st in self.core.describe():

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.errors import InternalError, KvstoredError, error_from_code, error_from_rpc
+from kvstored.errors import InternalError, KvstoredError, error_from_code
+from kvstored.rpc_status import error_from_rpc
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc

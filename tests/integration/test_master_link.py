@@ -18,12 +18,13 @@ import pytest
 
 from kvstored.clock import FakeClock
 from kvstored.config import ClusterConfig
-from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode
+from kvstored.errors import ErrorCode
 from kvstored.master.membership import Membership
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.master.types import BlockEvent, BlockRef, EventKind
 from kvstored.node.cluster import MasterLink
+from kvstored.rpc_status import ERROR_CODE_METADATA_KEY
 from kvstored.tiers.tiered import TieredStore
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb

@@ -20,7 +20,7 @@ from kvstored import (
     KeyInvalid,
     Namespace,
 )
-from kvstored.errors import error_from_rpc
+from kvstored.rpc_status import error_from_rpc
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 

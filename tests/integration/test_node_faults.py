@@ -15,7 +15,8 @@ import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client, Draining, LeaseExpired, Tier, Unavailable
-from kvstored.errors import InvalidArgument, error_from_rpc
+from kvstored.errors import InvalidArgument
+from kvstored.rpc_status import error_from_rpc
 from kvstored.v1 import node_pb2 as pb
 
 HEADER = struct.Struct("<4sBBHII")

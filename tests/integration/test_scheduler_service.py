@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode
+from kvstored.errors import ErrorCode
+from kvstored.rpc_status import ERROR_CODE_METADATA_KEY
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.ctl import scheduler as scheduler_cmd
 from kvstored.scheduler.service import SchedulerServicer, add_scheduler_service

@@ -17,8 +17,9 @@ import pytest
 
 from kvstored import errors
 from kvstored.config import NodeConfig
-from kvstored.errors import ERROR_CODE_METADATA_KEY, ErrorCode, KvstoredError, error_from_rpc
-from kvstored.node.service import NodeServicer, add_node_service, grpc_trailing_metadata
+from kvstored.errors import ErrorCode, KvstoredError
+from kvstored.node.service import NodeServicer, add_node_service
+from kvstored.rpc_status import ERROR_CODE_METADATA_KEY, error_from_rpc, grpc_status, grpc_trailing_metadata
 from kvstored.v1 import node_pb2 as pb
 
 CODES = [c for c in ErrorCode if c != ErrorCode.OK]
@@ -50,7 +51,7 @@ def test_every_code_has_exactly_one_class() -> None:
 def test_round_trip_through_status_and_metadata(code: ErrorCode) -> None:
     cls = errors.error_class(code)
     original = cls(f"something about {code.name} went wrong")
-    rpc_error = _FakeRpcError(original.grpc_status, str(original), grpc_trailing_metadata(original))
+    rpc_error = _FakeRpcError(grpc_status(original), str(original), grpc_trailing_metadata(original))
     back = error_from_rpc(rpc_error)
     assert type(back) is cls
     assert str(back) == str(original)
@@ -139,7 +140,7 @@ def test_round_trip_through_a_real_server(server: _Server, channel: grpc.Channel
     server.core.error = cls(f"server says {code.name}")
     with pytest.raises(grpc.RpcError) as info:
         _stats_call(channel)(pb.StatsRequest(), timeout=5)
-    assert info.value.code() == cls.grpc_status
+    assert info.value.code() == grpc_status(cls(""))
     back = error_from_rpc(info.value)
     assert type(back) is cls
     assert str(back) == f"server says {code.name}"

@@ -1,0 +1,105 @@
+"""The gRPC side of the error model: ErrorCode <-> gRPC status, in one table.
+
+A servicer turns a :class:`~kvstored.errors.KvstoredError` into the gRPC status
+:func:`grpc_status` names, with the error's code in the trailing metadata under
+:data:`ERROR_CODE_METADATA_KEY` (:func:`grpc_trailing_metadata`). A client maps a failed call
+back with :func:`error_from_rpc`: the code in the metadata first; without one (a proxy, a
+server that is not kvstored, a transport failure) the gRPC status alone picks the class
+(:data:`_ERROR_BY_STATUS`). Kept apart from :mod:`kvstored.errors` so the error hierarchy, a
+leaf every layer imports, does not load gRPC.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from kvstored.errors import (
+    AlreadyExists,
+    ChecksumMismatch,
+    DeadlineExceeded,
+    ErrorCode,
+    InternalError,
+    InvalidArgument,
+    KvstoredError,
+    NoCapacity,
+    NotFound,
+    Unavailable,
+    error_from_code,
+)
+
+ERROR_CODE_METADATA_KEY = "kvstored-error-code"
+
+_S = grpc.StatusCode
+GRPC_STATUS_BY_CODE: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.INVALID_ARGUMENT: _S.INVALID_ARGUMENT,
+    ErrorCode.KEY_INVALID: _S.INVALID_ARGUMENT,
+    ErrorCode.BLOCK_TOO_LARGE: _S.INVALID_ARGUMENT,
+    ErrorCode.NAMESPACE_MISMATCH: _S.INVALID_ARGUMENT,
+    ErrorCode.BATCH_TOO_LARGE: _S.INVALID_ARGUMENT,
+    ErrorCode.DTYPE_MISMATCH: _S.INVALID_ARGUMENT,
+    ErrorCode.NO_CAPACITY: _S.RESOURCE_EXHAUSTED,
+    ErrorCode.NOT_FOUND: _S.NOT_FOUND,
+    ErrorCode.REPLICA_NOT_READY: _S.UNAVAILABLE,
+    ErrorCode.LEASE_EXPIRED: _S.FAILED_PRECONDITION,
+    ErrorCode.ALREADY_EXISTS: _S.ALREADY_EXISTS,
+    ErrorCode.TRANSFER_FAILED: _S.UNAVAILABLE,
+    ErrorCode.UNAVAILABLE: _S.UNAVAILABLE,
+    ErrorCode.DEADLINE_EXCEEDED: _S.DEADLINE_EXCEEDED,
+    ErrorCode.DRAINING: _S.UNAVAILABLE,
+    ErrorCode.INTERNAL: _S.INTERNAL,
+    ErrorCode.STORAGE_IO: _S.UNAVAILABLE,
+    ErrorCode.CHECKSUM_MISMATCH: _S.DATA_LOSS,
+    ErrorCode.CONFIG_INVALID: _S.INVALID_ARGUMENT,
+}
+"""The gRPC status a servicer answers for each ErrorCode (codes missing here: INTERNAL)."""
+
+# the way back for a status that came without kvstored's metadata (anything else: InternalError)
+_ERROR_BY_STATUS: dict[grpc.StatusCode, type[KvstoredError]] = {
+    _S.UNAVAILABLE: Unavailable,
+    _S.DEADLINE_EXCEEDED: DeadlineExceeded,
+    _S.INVALID_ARGUMENT: InvalidArgument,
+    _S.RESOURCE_EXHAUSTED: NoCapacity,
+    _S.NOT_FOUND: NotFound,
+    _S.ALREADY_EXISTS: AlreadyExists,
+    _S.DATA_LOSS: ChecksumMismatch,
+}
+
+
+def grpc_status(err: KvstoredError) -> grpc.StatusCode:
+    """The gRPC status a servicer answers ``err`` with (by its ``code``; INTERNAL if unlisted)."""
+    return GRPC_STATUS_BY_CODE.get(err.code, _S.INTERNAL)
+
+
+def grpc_trailing_metadata(err: KvstoredError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata carrying a KvstoredError's code (``((key, "<int code>"),)``)."""
+    return ((ERROR_CODE_METADATA_KEY, str(int(err.code))),)
+
+
+def error_from_rpc(exc: grpc.RpcError) -> KvstoredError:
+    """Map a failed gRPC call to a KvstoredError (trailing metadata first, status second).
+
+    Never raises: an unknown code or status becomes :class:`~kvstored.errors.InternalError`;
+    UNIMPLEMENTED (the address serves another kind of kvstored process) becomes a
+    non-retriable :class:`~kvstored.errors.InvalidArgument` saying so.
+    """
+    code_fn = getattr(exc, "code", None)
+    status = code_fn() if callable(code_fn) else _S.UNKNOWN
+    details_fn = getattr(exc, "details", None)
+    details = (details_fn() if callable(details_fn) else None) or str(status)
+    trailing_fn = getattr(exc, "trailing_metadata", None)
+    trailing = trailing_fn() if callable(trailing_fn) else None
+    for key, value in trailing or ():
+        if key == ERROR_CODE_METADATA_KEY:
+            try:
+                return error_from_code(int(value), details)
+            except ValueError:
+                break
+    if status == _S.UNIMPLEMENTED:
+        # the address answers gRPC but is another kind of server (e.g. a master asked for a
+        # node's method, or the reverse)
+        return InvalidArgument(  # not retriable: the address is wrong, not busy
+            f"UNIMPLEMENTED: {details}: the server at this address does not offer this call; "
+            "is it the other kind of kvstored process (a master where a node is expected, or "
+            "a node where a master is expected)?"
+        )
+    return _ERROR_BY_STATUS.get(status, InternalError)(f"{status.name}: {details}")
