@@ -48,6 +48,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from kvstored.addresses import default_socket_path
 from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.units import format_size, parse_size
 
@@ -123,24 +124,6 @@ def _round_down_page(n: int) -> int:
 
 def _round_up_page(n: int) -> int:
     return -(-n // PAGE_BYTES) * PAGE_BYTES
-
-
-def default_runtime_dir() -> pathlib.Path:
-    """Where the daemon puts its unix socket by default (per user, on local disk)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    if base and os.path.isdir(base):
-        return pathlib.Path(base) / "kvstored"
-    return pathlib.Path(f"/tmp/kvstored-{os.getuid()}")
-
-
-def default_socket_path() -> pathlib.Path:
-    """The default unix socket of the local node daemon."""
-    return default_runtime_dir() / "node.sock"
-
-
-def default_address() -> str:
-    """The address a client uses when none is given: ``$KVSTORED_ADDRESS`` or the unix socket."""
-    return os.environ.get("KVSTORED_ADDRESS") or f"unix:{default_socket_path()}"
 
 
 def default_ssd_dir() -> pathlib.Path:

@@ -36,6 +36,7 @@ import sys
 
 import click
 
+from kvstored.addresses import is_unix_address
 from kvstored.cli import output
 from kvstored.errors import InvalidArgument, KeyInvalid, NotFound
 
@@ -71,7 +72,7 @@ def master_client(obj: Any) -> Any:
     """
     from kvstored.client.master_admin import MasterAdminClient
 
-    if not obj.address or obj.address.startswith("unix:"):
+    if not obj.address or is_unix_address(obj.address):
         raise InvalidArgument(
             f"this asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
         )
@@ -94,7 +95,7 @@ def require_master(obj: Any, command: str) -> str:
         Unavailable: nothing answers at the TCP address within ``--timeout-s``.
     """
     fix = "give --address MASTER_HOST:PORT"
-    if not obj.address or obj.address.startswith("unix:"):
+    if not obj.address or is_unix_address(obj.address):
         raise InvalidArgument(f"{command} asks the master: {fix} (got {obj.address!r})")
     if not is_master_address(obj):
         raise InvalidArgument(
@@ -123,7 +124,7 @@ def is_master_address(obj: Any) -> bool:
     Raises:
         Unavailable: nothing answers at the TCP address within ``--timeout-s``.
     """
-    if not obj.address or obj.address.startswith("unix:"):
+    if not obj.address or is_unix_address(obj.address):
         return False
     with master_client(obj) as m:
         return bool(m.is_master())

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kvstored.addresses import default_address, is_unix_address, unix_socket_path
 from kvstored.cli import cluster, output
 from kvstored.cli.main import LazyGroup
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
@@ -78,7 +79,6 @@ class CtlContext:
                 socket that does not exist, is not a socket, or refuses connections.
         """
         from kvstored.client import Client
-        from kvstored.config import default_address
 
         check_unix_socket(self.address or default_address())
         return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
@@ -95,11 +95,12 @@ def check_unix_socket(address: str) -> None:
     import socket
     import stat
 
-    if not address.startswith("unix:"):
+    if not is_unix_address(address):
         return
-    path = address[len("unix:") :]
-    path = path[2:] if path.startswith("//") else path
-    path = os.path.abspath(path) if path else path
+    try:
+        path = unix_socket_path(address)
+    except InvalidArgument:  # an empty path: reported below as a missing socket file
+        path = ""
     hint = "is kvstored running? start it with `kvstored serve`, or pass --address"
     try:
         mode = os.stat(path).st_mode

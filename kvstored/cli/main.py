@@ -194,16 +194,17 @@ async def _serve_with_master(loaded: Any) -> None:
 
     The node stops first (it unregisters, drains and spills), then the master.
     """
+    from kvstored.addresses import format_host_port, parse_host_port
     from kvstored.master.daemon import MasterDaemon
     from kvstored.node.daemon import NodeDaemon
 
     master = MasterDaemon(loaded.master)
     await master.start()
     try:
-        host, _, port = master.grpc_addresses[0].rpartition(":")
-        if host in ("0.0.0.0", "[::]", "::"):  # the node dials it: a wildcard is not an address
-            host = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
-        cluster = loaded.cluster.model_copy(update={"master_address": f"{host}:{port}"})
+        host, port = parse_host_port(master.grpc_addresses[0])
+        if host in ("0.0.0.0", "::"):  # the node dials it: a wildcard is not an address
+            host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+        cluster = loaded.cluster.model_copy(update={"master_address": format_host_port(host, port)})
         lines = [f"kvstored master epoch {master.epoch}"]
         lines += [f"listening master {a}" for a in master.grpc_addresses]
         if master.metrics_address:

@@ -1,11 +1,10 @@
-"""Argument checks and batching helpers of the client: addresses, buffers, keys, chunks.
+"""Argument checks and batching helpers of the client: buffers, keys, chunks.
 
 Every check raises an error that names the argument, what was expected and what was received.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -14,31 +13,9 @@ import numpy as np
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import InvalidArgument, KeyInvalid, KvstoredError, error_from_code
 from kvstored.types import Tier
-from kvstored.transport.tcp import parse_host_port
 from kvstored.v1 import common_pb2 as cpb
 
 T = TypeVar("T")
-
-
-def parse_address(address: str) -> tuple[str, bool]:
-    """A node address -> ``(grpc target, is_unix)``.
-
-    Accepts ``unix:PATH``, ``unix://ABS_PATH`` and ``HOST:PORT``.
-
-    Raises:
-        InvalidArgument: anything else.
-    """
-    if not isinstance(address, str) or not address:
-        raise InvalidArgument(f"address must be 'unix:PATH' or 'HOST:PORT'; got {address!r}")
-    if address.startswith("unix:"):
-        path = address[len("unix:") :]
-        if path.startswith("//"):
-            path = path[2:]
-        if not path:
-            raise InvalidArgument(f"address {address!r} has an empty socket path")
-        return f"unix:{os.path.abspath(path)}", True
-    parse_host_port(address)
-    return address, False
 
 
 def _memoryview_of(obj: object, what: str, index: int, expected: str) -> memoryview:

@@ -83,7 +83,6 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     as_byte_view,
     as_writable_view,
     check_keys,
-    parse_address,
     require_sequence,
     status_error,
     tiers_of,

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import structlog
 
+from kvstored.addresses import format_host_port, parse_address, parse_host_port
 from kvstored.client import _control
-from kvstored.client._args import parse_address
 from kvstored.client._orphans import Background, OrphanAcks
 from kvstored.client._shm import ArenaMap
 from kvstored.client._steps import (
@@ -28,7 +28,7 @@ from kvstored.client.types import NodeInfo
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.rpc_status import error_from_rpc
-from kvstored.transport.tcp import DataPlaneClient, format_host_port, parse_host_port
+from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 
 log = structlog.get_logger(__name__)

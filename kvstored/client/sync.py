@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kvstored.addresses import default_address
 from kvstored.client import _control, _hooks, _ops
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
 from kvstored.client.types import Block, NodeInfo, PutResult
-from kvstored.config import default_address
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.types import BlockInfo, Tier

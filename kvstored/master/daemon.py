@@ -152,7 +152,7 @@ class MasterDaemon:
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
 
-        from kvstored.transport.framing import format_host_port, parse_host_port
+        from kvstored.addresses import format_host_port, parse_host_port
 
         try:
             host, port = parse_host_port(address)

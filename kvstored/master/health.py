@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from kvstored.addresses import parse_host_port
 from kvstored.config import node_id_problem
 from kvstored.errors import AlreadyExists, InvalidArgument
 from kvstored.master.types import NodeSpec, TierUsage
@@ -112,8 +113,11 @@ def on_transfer(rec: NodeRecord, *, ok: bool, now_s: float, unhealthy_after_fail
 
 # ---- registration ------------------------------------------------------------------------
 def _check_host_port(what: str, value: str) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        port = parse_host_port(value)[1]
+    except InvalidArgument:
+        port = 0
+    if port == 0:
         raise InvalidArgument(f"{what} must be HOST:PORT with a port in 1..65535, got {value!r}")
 
 

@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import structlog
 
+from kvstored.addresses import parse_host_port
 from kvstored.errors import (
     InternalError,
     InvalidArgument,
@@ -461,10 +462,9 @@ async def data_port_answers(address: str, timeout_s: float = DUPLICATE_PROBE_TIM
     is True, and so is no answer within ``timeout_s`` (a stopped or partitioned process
     may still be alive: refusing the newcomer is the safe side, it loses nothing stored).
     """
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+        host, port = parse_host_port(address)  # InvalidArgument is a ValueError
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     except TimeoutError:
         return True
     except (OSError, ValueError):

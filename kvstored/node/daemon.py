@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from kvstored.addresses import format_host_port, parse_host_port
 from kvstored.config import (
     GRPC_MAX_MESSAGE_BYTES,
     GRPC_SLACK_BYTES,
@@ -57,7 +58,6 @@ from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.listen import add_grpc_port
-from kvstored.transport.tcp import format_host_port, parse_host_port
 from kvstored.transport.tcp_server import DataPlaneServer
 
 if TYPE_CHECKING:

@@ -117,7 +117,7 @@ def scheduler(ctx: click.Context) -> None:
     """Scheduler policy, counters, and every instance with its load."""
     from kvstored.cli import output
     from kvstored.cli.kvstorectl import EXIT_SERVER_ERROR, EXIT_UNREACHABLE
-    from kvstored.config import default_address
+    from kvstored.addresses import default_address
     from kvstored.errors import DeadlineExceeded, KvstoredError
 
     obj = ctx.obj

@@ -132,23 +132,6 @@ class FrameRejected(Exception):
         self.error = error
 
 
-def parse_host_port(address: str) -> tuple[str, int]:
-    """Split ``"host:port"`` / ``"[v6]:port"``.
-
-    Raises:
-        InvalidArgument: malformed address.
-    """
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise InvalidArgument(f"expected HOST:PORT for a TCP address, got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def format_host_port(host: str, port: int) -> str:
-    """``host:port``, bracketing IPv6 hosts."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def tune_socket(sock: socket.socket) -> None:
     """TCP_NODELAY, big buffers and keepalive on a data-plane socket."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -63,6 +63,7 @@ from concurrent.futures import wait as wait_futures
 
 import structlog
 
+from kvstored.addresses import parse_host_port
 from kvstored.errors import (
     DeadlineExceeded,
     ErrorCode,
@@ -92,9 +93,7 @@ from kvstored.transport.framing import (
     encode_get_body,
     encode_header,
     encode_put_body,
-    format_host_port,
     RANGE_TO_END,
-    parse_host_port,
     range_bytes,
     send_all,
     tune_socket,
@@ -109,7 +108,7 @@ from kvstored.transport.tcp_streams import (
 )
 
 __all__ = [
-    "DataPlaneClient", "GetItem", "PutItem", "Sink", "format_host_port", "parse_host_port",
+    "DataPlaneClient", "GetItem", "PutItem", "Sink",
     "tune_socket",
 ]
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from kvstored.addresses import format_host_port, parse_host_port
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
@@ -42,8 +43,6 @@ from kvstored.transport.framing import (
     decode_put_body,
     encode_header,
     error_response,
-    format_host_port,
-    parse_host_port,
     range_bytes,
     send_all,
     short_message,
