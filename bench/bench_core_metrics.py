@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from kvstored import log as kvlog
 from kvstored.config import NodeConfig
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
 

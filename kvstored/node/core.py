@@ -45,7 +45,7 @@ from kvstored.types import (
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
-    from kvstored.metrics import NodeMetrics
+    from kvstored.node.metrics import NodeMetrics
     from kvstored.tiers.tiered import TieredStore
     from kvstored.transport.framing import FrameLimits
 

@@ -51,7 +51,7 @@ from kvstored.config import (
     resolve_group,
 )
 from kvstored.errors import AlreadyExists, ConfigInvalid, KvstoredError
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
 from kvstored.node.fault_hooks import dataplane_hook_from_env

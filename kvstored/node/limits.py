@@ -37,7 +37,7 @@ from kvstored.transport.framing import FrameLimits
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
-    from kvstored.metrics import NodeMetrics
+    from kvstored.node.metrics import NodeMetrics
 
 MAX_NAMESPACE_ID_BYTES = 64
 """Longest namespace id accepted, bytes (Namespace.id is 16)."""

@@ -43,7 +43,7 @@ from kvstored.node.limits import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, keys_valid
 from kvstored.types import ExportedBlock, PinnedBlock, Tier
 
 if TYPE_CHECKING:
-    from kvstored.metrics import NodeMetrics
+    from kvstored.node.metrics import NodeMetrics
     from kvstored.node.limits import DrainGate, RequestLimits
     from kvstored.tiers.tiered import TieredStore
 

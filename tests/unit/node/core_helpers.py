@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvstored.config import NodeConfig
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
 

@@ -18,7 +18,7 @@ from remote_helpers import key, make_core
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NoCapacity
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
 from kvstored.node.spill import Spiller

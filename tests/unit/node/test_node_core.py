@@ -18,7 +18,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.limits import MAX_META_BYTES
 from kvstored.types import PinnedBlock, Reservation, Tier

@@ -312,7 +312,7 @@ def test_master_unreachable_is_a_miss_not_an_error(local: NodeCore) -> None:
 def test_a_read_copies_past_a_cluster_wide_miss_and_counts_outcomes(
     source: tuple[NodeCore, str], local: NodeCore
 ) -> None:
-    from kvstored.metrics import NodeMetrics
+    from kvstored.node.metrics import NodeMetrics
 
     src, address = source
     master = FakeMaster()  # an older master: no per-key lookup, only longest prefixes

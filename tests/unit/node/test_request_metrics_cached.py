@@ -2,7 +2,7 @@
 
 ``.labels(...)`` costs microseconds a call. The gRPC handlers (node/service.py), the TCP data
 plane's per-request counter (transport/tcp_server.py) and the remote-read outcomes
-(node/remote.py) count through :class:`~kvstored.metrics.NodeMetrics` helpers that cache the
+(node/remote.py) count through :class:`~kvstored.node.metrics.NodeMetrics` helpers that cache the
 children; these tests patch ``MetricWrapperBase.labels`` to record any call after a warm-up.
 """
 
@@ -21,7 +21,7 @@ from thread_helpers import HOOK_WAIT_S, HookEvents
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
-from kvstored.metrics import NodeMetrics
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node import service
 from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock, Tier

@@ -1,4 +1,5 @@
-"""Every Prometheus metric kvstored exports, declared in one place.
+"""Every Prometheus metric a node daemon exports, declared in one place (the master's are in
+kvstored/master/metrics.py).
 
 Names follow ``kvstored_<subsystem>_<what>_<unit>``; counters end in ``_total``. Each daemon
 owns a :class:`NodeMetrics` with its own :class:`~prometheus_client.CollectorRegistry`, so
