@@ -38,11 +38,12 @@ import click
 
 from kvstored.addresses import is_unix_address
 from kvstored.cli import output
+from kvstored.cli.ctl_common import EXIT_SERVER_ERROR
 from kvstored.errors import InvalidArgument, KeyInvalid, NotFound
 
 NAMESPACE_ID_HEX_DIGITS = 32
 _SCAN_LIMIT = 1_000_000
-EXIT_HOLDER_FAILED = 4  # kvstorectl's EXIT_SERVER_ERROR
+EXIT_HOLDER_FAILED = EXIT_SERVER_ERROR
 
 
 def check_key_lengths(keys: list[bytes], min_key_bytes: int = 16, max_key_bytes: int = 64

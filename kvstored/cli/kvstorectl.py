@@ -2,8 +2,9 @@
 
 Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix socket),
 ``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
-``where``, ``nodes`` and ``evict`` (ask a master: ``--address MASTER``) (and ``scheduler``
-when kvstored.scheduler is installed).
+``where``, ``nodes`` and ``evict`` (ask a master: ``--address MASTER``) and ``scheduler``
+(kvstored/cli/scheduler.py). What the commands share (``ctx.obj``, options, exit codes) is in
+kvstored/cli/ctl_common.py.
 
 Node or master: ``where`` and ``blocks`` against a TCP address first probe it (one
 ``ListNodes`` call a node answers UNIMPLEMENTED): a node (or any unix socket) gets the
@@ -39,143 +40,22 @@ JSON output (sorted keys, stable for scripts)::
 
 from __future__ import annotations
 
-import functools
 import json
 import pathlib
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from kvstored.addresses import default_address, is_unix_address, unix_socket_path
+from kvstored.addresses import is_unix_address
 from kvstored.cli import cluster, output
+from kvstored.cli.ctl_common import CtlContext, common_options, handle_errors
 from kvstored.cli.main import LazyGroup
-from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_BAD_ARGS = 2
-EXIT_UNREACHABLE = 3
-EXIT_SERVER_ERROR = 4
-
-F = TypeVar("F", bound=Callable[..., Any])
+from kvstored.errors import InvalidArgument
 
 
-@dataclass
-class CtlContext:
-    """What every kvstorectl command receives as ``ctx.obj``."""
 
-    address: str | None
-    timeout_s: float
-    output: str
-
-    def client(self, namespace: Any = None) -> Any:
-        """A client for admin calls (gRPC only: admin calls never move bulk bytes).
-
-        Raises:
-            Unavailable: at once (not after ``--timeout-s``) when the address is a unix
-                socket that does not exist, is not a socket, or refuses connections.
-        """
-        from kvstored.client import Client
-
-        check_unix_socket(self.address or default_address())
-        return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
-
-
-def check_unix_socket(address: str) -> None:
-    """Fail fast for a ``unix:`` address nobody can be listening on (TCP addresses pass).
-
-    Raises:
-        Unavailable: the socket file is missing, is not a socket, or refuses connections;
-            the message names the path.
-    """
-    import os
-    import socket
-    import stat
-
-    if not is_unix_address(address):
-        return
-    try:
-        path = unix_socket_path(address)
-    except InvalidArgument:  # an empty path: reported below as a missing socket file
-        path = ""
-    hint = "is kvstored running? start it with `kvstored serve`, or pass --address"
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise Unavailable(f"no kvstored socket at {path}: the file does not exist; {hint}") from None
-    except OSError as exc:
-        raise Unavailable(f"cannot reach the socket {path}: {exc.strerror}") from None
-    if not stat.S_ISSOCK(mode):
-        raise Unavailable(f"{path} is not a unix socket; {hint}")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            raise Unavailable(
-                f"nothing listens on {path} (a stale socket of a stopped daemon); {hint}"
-            ) from None
-        except PermissionError:
-            raise Unavailable(
-                f"permission denied connecting to {path}: run as the daemon's user or its group"
-            ) from None
-        except OSError:
-            pass  # let the client report it within its deadline
-
-
-def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    if value is not None and isinstance(ctx.obj, CtlContext):
-        setattr(ctx.obj, param.name or "", value)
-    return value
-
-
-def _common_options(fn: F) -> F:
-    """``--address``, ``--timeout-s`` and ``--output`` also after the command name."""
-    for decorator in (
-        click.option("--output", type=click.Choice(["table", "json"]), default=None,
-                     expose_value=False, callback=_override, is_eager=True,
-                     help="Same as the global --output."),
-        click.option("--timeout-s", type=click.FloatRange(min=0.001), default=None,
-                     expose_value=False, callback=_override, is_eager=True,
-                     help="Same as the global --timeout-s."),
-        click.option("--address", default=None, expose_value=False, callback=_override,
-                     is_eager=True, help="Same as the global --address."),
-    ):
-        fn = decorator(fn)
-    return fn
-
-
-def _handle_errors(fn: F) -> F:
-    """Map failures to exit codes and print them (JSON in json mode)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx = click.get_current_context()
-        out = ctx.obj.output if isinstance(ctx.obj, CtlContext) else "table"
-        try:
-            return fn(*args, **kwargs)
-        except (Unavailable, DeadlineExceeded) as exc:
-            output.emit_error(out, exc.code.name, str(exc))
-            ctx.exit(EXIT_UNREACHABLE)
-        except InvalidArgument as exc:
-            output.emit_error(out, exc.code.name, str(exc))
-            ctx.exit(EXIT_BAD_ARGS)
-        except KvstoredError as exc:
-            output.emit_error(out, exc.code.name, str(exc))
-            ctx.exit(EXIT_SERVER_ERROR)
-        except (click.exceptions.Exit, click.ClickException):
-            raise
-        except Exception as exc:  # a bug or an OS error: report, exit 1
-            output.emit_error(out, type(exc).__name__, str(exc))
-            ctx.exit(EXIT_ERROR)
-
-    return wrapper  # type: ignore[return-value]
-
-
-@click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.scheduler.ctl:scheduler"})
+@click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.cli.scheduler:scheduler"})
 @click.option("--address", default=None, metavar="unix:PATH|HOST:PORT",
               help="Node address (default: $KVSTORED_ADDRESS or the local unix socket).")
 @click.option("--timeout-s", type=click.FloatRange(min=0.001), default=5.0, show_default=True,
@@ -193,9 +73,9 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @main.command()
-@_common_options
+@common_options
 @click.pass_obj
-@_handle_errors
+@handle_errors
 def status(obj: CtlContext) -> None:
     """Node id, epoch, addresses, draining, and tier usage."""
     with obj.client() as c:
@@ -231,9 +111,9 @@ def status(obj: CtlContext) -> None:
 
 
 @main.command()
-@_common_options
+@common_options
 @click.pass_obj
-@_handle_errors
+@handle_errors
 def stats(obj: CtlContext) -> None:
     """Counters (gets, hits, puts, failures, pins) and tier usage."""
     with obj.client() as c:
@@ -329,9 +209,9 @@ def resolve_namespace_prefix(client: Any, prefix: str) -> bytes:
 @click.option("--namespace-file", type=click.Path(dir_okay=False), metavar="NS.toml",
               help="Only blocks of the namespace in this TOML/JSON file.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
-@_common_options
+@common_options
 @click.pass_obj
-@_handle_errors
+@handle_errors
 def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
            namespace_id: str | None, namespace_file: str | None, limit: int) -> None:
     """List stored blocks (never pins, never touches recency); --node: from the master."""
@@ -468,9 +348,9 @@ def _read_tokens(path: str) -> list[int]:
 @click.option("--tp-size", type=int, default=1, show_default=True)
 @click.option("--tp-rank", type=int, default=0, show_default=True)
 @click.option("--tenant-salt", default="", show_default=False)
-@_common_options
+@common_options
 @click.pass_obj
-@_handle_errors
+@handle_errors
 def where(
     obj: CtlContext,
     keys_args: tuple[str, ...],
@@ -551,9 +431,9 @@ def where(
 
 
 @main.command()
-@_common_options
+@common_options
 @click.pass_obj
-@_handle_errors
+@handle_errors
 def nodes(obj: CtlContext) -> None:
     """Cluster membership from the master (--address MASTER): epoch, health, usage, load."""
     from kvstored.client.master import MasterClient
@@ -592,8 +472,8 @@ def nodes(obj: CtlContext) -> None:
 
 
 main.add_command(cluster.evict_command(keys_command_cls=KeysInOrderCommand,
-                                       common_options=_common_options,
-                                       handle_errors=_handle_errors, parse_hex=_parse_hex))
+                                       common_options=common_options,
+                                       handle_errors=handle_errors, parse_hex=_parse_hex))
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,8 @@ from it_helpers import NodeFactory, random_keys, value_for
 
 from kvstored import Client, Namespace
 from kvstored.cli import output
-from kvstored.cli.kvstorectl import EXIT_BAD_ARGS, EXIT_OK, EXIT_UNREACHABLE, main
+from kvstored.cli.ctl_common import EXIT_BAD_ARGS, EXIT_OK, EXIT_UNREACHABLE
+from kvstored.cli.kvstorectl import main
 
 
 def _ctl(address: str, *args: str) -> tuple[int, str, str]:

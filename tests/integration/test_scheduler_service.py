@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from kvstored.cli.scheduler import scheduler as scheduler_cmd
 from kvstored.errors import ErrorCode
 from kvstored.rpc_status import ERROR_CODE_METADATA_KEY
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
-from kvstored.scheduler.ctl import scheduler as scheduler_cmd
 from kvstored.scheduler.service import SchedulerServicer, add_scheduler_service
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2 as pb, scheduler_pb2_grpc

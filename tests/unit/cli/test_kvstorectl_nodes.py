@@ -14,7 +14,8 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from kvstored.cli.kvstorectl import EXIT_BAD_ARGS, EXIT_UNREACHABLE, main
+from kvstored.cli.ctl_common import EXIT_BAD_ARGS, EXIT_UNREACHABLE
+from kvstored.cli.kvstorectl import main
 from kvstored.clock import FakeClock
 from kvstored.master.membership import Membership
 from kvstored.master.service import MasterServicer, add_master_service

@@ -1,0 +1,140 @@
+"""What kvstorectl's commands share: ``ctx.obj`` (:class:`CtlContext`), the per-command
+``--address/--timeout-s/--output`` options, error-to-exit-code mapping, and the exit codes.
+
+Used by kvstored/cli/kvstorectl.py, kvstored/cli/cluster.py and kvstored/cli/scheduler.py.
+Exit codes (named constants, stable for scripts): 0 ok, 1 error (a bug or an OS error),
+2 bad arguments, 3 node or master unreachable, 4 server error.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from kvstored.addresses import default_address, is_unix_address, unix_socket_path
+from kvstored.cli import output
+from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_BAD_ARGS = 2
+EXIT_UNREACHABLE = 3
+EXIT_SERVER_ERROR = 4
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class CtlContext:
+    """What every kvstorectl command receives as ``ctx.obj``."""
+
+    address: str | None
+    timeout_s: float
+    output: str
+
+    def client(self, namespace: Any = None) -> Any:
+        """A client for admin calls (gRPC only: admin calls never move bulk bytes).
+
+        Raises:
+            Unavailable: at once (not after ``--timeout-s``) when the address is a unix
+                socket that does not exist, is not a socket, or refuses connections.
+        """
+        from kvstored.client import Client
+
+        check_unix_socket(self.address or default_address())
+        return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
+
+
+def check_unix_socket(address: str) -> None:
+    """Fail fast for a ``unix:`` address nobody can be listening on (TCP addresses pass).
+
+    Raises:
+        Unavailable: the socket file is missing, is not a socket, or refuses connections;
+            the message names the path.
+    """
+    import os
+    import socket
+    import stat
+
+    if not is_unix_address(address):
+        return
+    try:
+        path = unix_socket_path(address)
+    except InvalidArgument:  # an empty path: reported below as a missing socket file
+        path = ""
+    hint = "is kvstored running? start it with `kvstored serve`, or pass --address"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise Unavailable(f"no kvstored socket at {path}: the file does not exist; {hint}") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot reach the socket {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise Unavailable(f"{path} is not a unix socket; {hint}")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            raise Unavailable(
+                f"nothing listens on {path} (a stale socket of a stopped daemon); {hint}"
+            ) from None
+        except PermissionError:
+            raise Unavailable(
+                f"permission denied connecting to {path}: run as the daemon's user or its group"
+            ) from None
+        except OSError:
+            pass  # let the client report it within its deadline
+
+
+def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None and isinstance(ctx.obj, CtlContext):
+        setattr(ctx.obj, param.name or "", value)
+    return value
+
+
+def common_options(fn: F) -> F:
+    """``--address``, ``--timeout-s`` and ``--output`` also after the command name."""
+    for decorator in (
+        click.option("--output", type=click.Choice(["table", "json"]), default=None,
+                     expose_value=False, callback=_override, is_eager=True,
+                     help="Same as the global --output."),
+        click.option("--timeout-s", type=click.FloatRange(min=0.001), default=None,
+                     expose_value=False, callback=_override, is_eager=True,
+                     help="Same as the global --timeout-s."),
+        click.option("--address", default=None, expose_value=False, callback=_override,
+                     is_eager=True, help="Same as the global --address."),
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def handle_errors(fn: F) -> F:
+    """Map failures to exit codes and print them (JSON in json mode)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        out = ctx.obj.output if isinstance(ctx.obj, CtlContext) else "table"
+        try:
+            return fn(*args, **kwargs)
+        except (Unavailable, DeadlineExceeded) as exc:
+            output.emit_error(out, exc.code.name, str(exc))
+            ctx.exit(EXIT_UNREACHABLE)
+        except InvalidArgument as exc:
+            output.emit_error(out, exc.code.name, str(exc))
+            ctx.exit(EXIT_BAD_ARGS)
+        except KvstoredError as exc:
+            output.emit_error(out, exc.code.name, str(exc))
+            ctx.exit(EXIT_SERVER_ERROR)
+        except (click.exceptions.Exit, click.ClickException):
+            raise
+        except Exception as exc:  # a bug or an OS error: report, exit 1
+            output.emit_error(out, type(exc).__name__, str(exc))
+            ctx.exit(EXIT_ERROR)
+
+    return wrapper  # type: ignore[return-value]
