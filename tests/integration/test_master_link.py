@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from helpers import key
 
 from kvstored.clock import FakeClock
 from kvstored.config import ClusterConfig
@@ -32,10 +33,6 @@ from kvstored.v1 import master_pb2_grpc as pb_grpc
 
 NS = b"\x33" * 16
 LEASE_S = 10.0
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "big") * 4
 
 
 class Master:

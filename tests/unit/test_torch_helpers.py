@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch (the [torch] extra) is not installed")
 
+from helpers import key  # noqa: E402
+
 from kvstored.client.torch import (  # noqa: E402
     DTYPE_CODES,
     decode_tensor_meta,
@@ -37,10 +39,6 @@ DTYPES = [
 ]
 
 
-def _key(i: int) -> bytes:
-    return bytes([i]) * 16
-
-
 def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """Random bit patterns of any dtype (bf16/fp8 included, NaN patterns too for floats)."""
     g = torch.Generator().manual_seed(seed)
@@ -60,17 +58,17 @@ def _bits(t: torch.Tensor) -> bytes:
 def test_round_trip_is_bit_exact_for_every_dtype(dtype: torch.dtype) -> None:
     store = InProcessStore()
     tensors = [_random((3, 5, 7), dtype, seed=1), _random((64,), dtype, seed=2)]
-    results = put_tensors(store, [_key(1), _key(2)], tensors)
+    results = put_tensors(store, [key(1), key(2)], tensors)
     assert all(r.ok and r.stored for r in results)
 
-    got = get_tensors(store, [_key(1), _key(2), _key(3)], dtype=dtype)
+    got = get_tensors(store, [key(1), key(2), key(3)], dtype=dtype)
     assert got[2] is None
     for want, have in zip(tensors, got[:2]):
         assert have is not None and have.dtype == dtype and have.shape == want.shape
         assert _bits(have) == _bits(want)
 
     outs = [torch.empty((3, 5, 7), dtype=dtype), torch.empty((64,), dtype=dtype)]
-    assert get_tensors_into(store, [_key(1), _key(2)], outs) == [True, True]
+    assert get_tensors_into(store, [key(1), key(2)], outs) == [True, True]
     for want, have in zip(tensors, outs):
         assert _bits(have) == _bits(want)
 
@@ -78,7 +76,7 @@ def test_round_trip_is_bit_exact_for_every_dtype(dtype: torch.dtype) -> None:
 def test_get_into_writes_straight_into_the_tensor_memory() -> None:
     store = InProcessStore()
     src = _random((4, 256), torch.bfloat16)
-    put_tensors(store, [_key(1)], [src])
+    put_tensors(store, [key(1)], [src])
     out = torch.zeros((4, 256), dtype=torch.bfloat16)
     ptr = out.data_ptr()
     seen: list[int] = []
@@ -89,7 +87,7 @@ def test_get_into_writes_straight_into_the_tensor_memory() -> None:
         return real(keys, buffers, return_meta=return_meta)
 
     store.get_into = spy  # type: ignore[method-assign]
-    assert get_tensors_into(store, [_key(1)], [out]) == [True]
+    assert get_tensors_into(store, [key(1)], [out]) == [True]
     assert seen == [ptr]  # the client got the tensor's own memory: no staging copy
     assert torch.equal(out.view(torch.int16), src.view(torch.int16))
 
@@ -98,18 +96,18 @@ def test_non_contiguous_tensors_round_trip() -> None:
     store = InProcessStore()
     base = _random((8, 6), torch.float32)
     src = base.t()  # non-contiguous
-    put_tensors(store, [_key(1)], [src])
-    (got,) = get_tensors(store, [_key(1)])
+    put_tensors(store, [key(1)], [src])
+    (got,) = get_tensors(store, [key(1)])
     assert got is not None and got.shape == (6, 8) and _bits(got) == _bits(src)
     out_base = torch.zeros((8, 6))
     out = out_base.t()
-    assert get_tensors_into(store, [_key(1)], [out]) == [True]
+    assert get_tensors_into(store, [key(1)], [out]) == [True]
     assert _bits(out) == _bits(src) and out.data_ptr() == out_base.data_ptr()
 
 
 def test_miss_leaves_the_out_tensor_untouched() -> None:
     out = torch.full((4,), 7.0)
-    assert get_tensors_into(InProcessStore(), [_key(9)], [out]) == [False]
+    assert get_tensors_into(InProcessStore(), [key(9)], [out]) == [False]
     assert torch.equal(out, torch.full((4,), 7.0))
 
 
@@ -127,9 +125,9 @@ def test_get_tensors_mismatch_names_index_expected_and_found(  # type: ignore[no
 ) -> None:
     dtype, shape = stored
     store = InProcessStore()
-    put_tensors(store, [_key(1), _key(2)], [_random(shape, dtype), _random(shape, dtype)])
+    put_tensors(store, [key(1), key(2)], [_random(shape, dtype), _random(shape, dtype)])
     with pytest.raises(DtypeMismatch) as info:
-        get_tensors(store, [_key(5), _key(2)], dtype=expected_dtype, shape=expected_shape)
+        get_tensors(store, [key(5), key(2)], dtype=expected_dtype, shape=expected_shape)
     msg = str(info.value)
     assert "key 1" in msg
     assert f"found dtype={str(dtype).removeprefix('torch.')} shape={shape}" in msg
@@ -140,29 +138,29 @@ def test_get_tensors_mismatch_names_index_expected_and_found(  # type: ignore[no
 def test_get_into_same_size_other_dtype_raises_not_garbage() -> None:
     """float32 (2,2) and int32 (2,2) and bfloat16 (2,4) all have 16 bytes: must still raise."""
     store = InProcessStore()
-    put_tensors(store, [_key(1)], [torch.arange(4, dtype=torch.float32).reshape(2, 2)])
+    put_tensors(store, [key(1)], [torch.arange(4, dtype=torch.float32).reshape(2, 2)])
     for out in (torch.empty((2, 2), dtype=torch.int32), torch.empty((2, 4), dtype=torch.bfloat16),
                 torch.empty((4,), dtype=torch.float32)):
         with pytest.raises(DtypeMismatch, match=r"key 0: expected dtype=\w+ shape=\(.*\); found "
                                                 r"dtype=float32 shape=\(2, 2\)"):
-            get_tensors_into(store, [_key(1)], [out])
+            get_tensors_into(store, [key(1)], [out])
 
 
 def test_get_into_buffer_too_small_becomes_a_dtype_mismatch() -> None:
     store = InProcessStore()
-    put_tensors(store, [_key(1)], [torch.zeros((4, 4), dtype=torch.float32)])
+    put_tensors(store, [key(1)], [torch.zeros((4, 4), dtype=torch.float32)])
     with pytest.raises(DtypeMismatch, match=r"key 0: expected dtype=float16 shape=\(4, 4\); found "
                                             r"dtype=float32 shape=\(4, 4\)"):
-        get_tensors_into(store, [_key(1)], [torch.empty((4, 4), dtype=torch.float16)])
+        get_tensors_into(store, [key(1)], [torch.empty((4, 4), dtype=torch.float16)])
 
 
 def test_block_without_tensor_header_is_refused() -> None:
     store = InProcessStore()
-    store.put([_key(1), _key(2)], [b"\x00" * 16, b"\x00" * 16], metas=[b"", b"something else"])
+    store.put([key(1), key(2)], [b"\x00" * 16, b"\x00" * 16], metas=[b"", b"something else"])
     with pytest.raises(DtypeMismatch, match="key 0: the block carries no tensor metadata"):
-        get_tensors(store, [_key(1)])
+        get_tensors(store, [key(1)])
     with pytest.raises(DtypeMismatch, match="key 0: .*not a tensor header"):
-        get_tensors_into(store, [_key(2)], [torch.empty((4,), dtype=torch.float32)])
+        get_tensors_into(store, [key(2)], [torch.empty((4,), dtype=torch.float32)])
 
 
 def test_meta_encoding_is_small_versioned_and_stable() -> None:
@@ -189,11 +187,11 @@ def test_meta_encoding_is_small_versioned_and_stable() -> None:
 def test_bad_arguments_raise_invalid_argument() -> None:
     store = InProcessStore()
     with pytest.raises(InvalidArgument, match="same length"):
-        put_tensors(store, [_key(1)], [])
+        put_tensors(store, [key(1)], [])
     with pytest.raises(InvalidArgument, match="torch.Tensor"):
-        put_tensors(store, [_key(1)], [b"raw"])  # type: ignore[list-item]
+        put_tensors(store, [key(1)], [b"raw"])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="same length"):
-        get_tensors_into(store, [_key(1), _key(2)], [torch.empty(1)])
+        get_tensors_into(store, [key(1), key(2)], [torch.empty(1)])
     with pytest.raises(InvalidArgument, match="no tensor-header code"):
         encode_tensor_meta(torch.complex32, (1,))
 
@@ -217,14 +215,14 @@ def test_async_helpers_round_trip() -> None:
     async def main() -> None:
         store = AsyncStore()
         src = _random((5, 5), torch.float8_e4m3fn)
-        await put_tensors_async(store, [_key(1)], [src])
-        (got,) = await get_tensors_async(store, [_key(1)], dtype=torch.float8_e4m3fn)
+        await put_tensors_async(store, [key(1)], [src])
+        (got,) = await get_tensors_async(store, [key(1)], dtype=torch.float8_e4m3fn)
         assert got is not None and _bits(got) == _bits(src)
         out = torch.empty((5, 5), dtype=torch.float8_e4m3fn)
-        assert await get_tensors_into_async(store, [_key(1)], [out]) == [True]
+        assert await get_tensors_into_async(store, [key(1)], [out]) == [True]
         assert _bits(out) == _bits(src)
         with pytest.raises(DtypeMismatch):
-            await get_tensors_into_async(store, [_key(1)], [torch.empty((5, 5), dtype=torch.int8)])
+            await get_tensors_into_async(store, [key(1)], [torch.empty((5, 5), dtype=torch.int8)])
 
     asyncio.run(main())
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from helpers import key
+
 from kvstored.clock import FakeClock
 from kvstored.master.state import MasterState
 from kvstored.master.types import BlockRef, NodeSpec, TierUsage
@@ -12,11 +14,6 @@ from kvstored.types import Tier
 NS = b"\x11" * 16
 LEASE_S = 10.0
 MiB = 1 << 20
-
-
-def key(i: int) -> bytes:
-    """A 16-byte block hash."""
-    return i.to_bytes(4, "big") * 4
 
 
 def spec(node_id: str, epoch: int = 1, *, dram_cap: int = 64 * MiB, dram_used: int = 0,

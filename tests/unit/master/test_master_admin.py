@@ -4,7 +4,8 @@ bad input, and that they are probes (nothing pinned, renewed or changed)."""
 from __future__ import annotations
 
 import pytest
-from master_helpers import NS, Cluster, blocks, key
+from helpers import key
+from master_helpers import NS, Cluster, blocks
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.admin import list_node_blocks, list_replicas

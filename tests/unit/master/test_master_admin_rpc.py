@@ -10,7 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from master_helpers import NS, blocks, key, spec
+from helpers import key
+from master_helpers import NS, blocks, spec
 
 from kvstored.client.master_admin import MasterAdminClient
 from kvstored.clock import FakeClock

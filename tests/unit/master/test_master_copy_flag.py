@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import pytest
-from master_helpers import NS, Cluster, MiB, key
+from helpers import key
+from master_helpers import NS, Cluster, MiB
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.admin import list_replicas

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from master_helpers import NS, key
+from helpers import key
+from master_helpers import NS
 
 from kvstored.errors import InvalidArgument
 from kvstored.master.index import BlockIndex

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from master_helpers import NS, key
+from helpers import key
+from master_helpers import NS
 
 from kvstored.master.index import BlockIndex
 from kvstored.master.types import ReplicaState

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
+from helpers import key
+from master_helpers import LEASE_S, NS, Cluster, blocks, spec
 from structlog.testing import capture_logs
 
 from kvstored.errors import AlreadyExists, InvalidArgument, NotFound

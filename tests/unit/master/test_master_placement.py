@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from master_helpers import LEASE_S, NS, Cluster, MiB, blocks, key
+from helpers import key
+from master_helpers import LEASE_S, NS, Cluster, MiB, blocks
 
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound, ReplicaNotReady
 from kvstored.master.types import PlacementPolicy, ReplicaState

@@ -8,7 +8,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from master_helpers import NS, Cluster, MiB, key
+from helpers import key
+from master_helpers import NS, Cluster, MiB
 
 from kvstored.client.master import MasterClient
 from kvstored.clock import FakeClock

@@ -4,7 +4,8 @@ whose replica the holder reports itself (one replica, never two)."""
 from __future__ import annotations
 
 import pytest
-from master_helpers import NS, Cluster, MiB, key
+from helpers import key
+from master_helpers import NS, Cluster, MiB
 
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound
 from kvstored.master.types import (

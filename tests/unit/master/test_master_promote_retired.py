@@ -8,7 +8,8 @@ import asyncio
 from pathlib import Path
 
 import grpc
-from master_helpers import LEASE_S, NS, Cluster, key, spec
+from helpers import key
+from master_helpers import LEASE_S, NS, Cluster, spec
 
 from kvstored.clock import FakeClock
 from kvstored.config import MasterConfig

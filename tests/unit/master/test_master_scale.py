@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from master_helpers import LEASE_S, NS, Cluster, blocks, key, spec
+from helpers import key
+from master_helpers import LEASE_S, NS, Cluster, blocks, spec
 
 from kvstored.master import ranking
 from kvstored.master.columns import IndexColumns

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from master_helpers import NS, blocks, key, spec
+from helpers import key
+from master_helpers import NS, blocks, spec
 
 from kvstored.clock import FakeClock
 from kvstored.config import MasterConfig

@@ -20,11 +20,6 @@ class FakeClock:
         return self.now
 
 
-def key(i: int) -> bytes:
-    """Block ``i``'s 16-byte key."""
-    return i.to_bytes(4, "big") * 4
-
-
 def unit_core(clock: FakeClock, *, max_quarantine_bytes: int = 1 << 20) -> Iterator[NodeCore]:
     """A NodeCore on 1 MiB of DRAM (no SSD; blocks up to 64 KiB; 5 s pin lease; metrics on)
     reading ``clock``; yields it once and closes its store (use with ``yield from``)."""

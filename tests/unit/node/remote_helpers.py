@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from helpers import key
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
@@ -25,11 +26,6 @@ from kvstored.node.remote import RemoteReads
 from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.tcp_server import DataPlaneServer
-
-
-def key(i: int) -> bytes:
-    """Block ``i``'s 16-byte key (big-endian ``i``)."""
-    return i.to_bytes(16, "big")
 
 
 def make_core(node_id: str, *, block_bytes: int, dram_bytes: int = 4 << 20,

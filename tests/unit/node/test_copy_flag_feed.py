@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from helpers import key
+
 from kvstored.config import ClusterConfig
 from kvstored.node.cluster import MasterLink
 from kvstored.tiers.tiered import TieredStore
@@ -22,16 +24,12 @@ from kvstored.v1 import master_pb2 as pb
 BLOCK = 4096
 
 
-def _key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
-
-
 def _store() -> TieredStore:
     return TieredStore(dram_size_bytes=4 * BLOCK, arena_dir=None, node_id="copy")
 
 
 def _fill_copy(store: TieredStore, i: int) -> None:
-    res = store.reserve(_key(i), BLOCK, copy=True)
+    res = store.reserve(key(i), BLOCK, copy=True)
     assert res is not None
     res.view[:] = bytes([i]) * BLOCK
     assert store.commit(res)
@@ -48,14 +46,14 @@ def test_copy_commit_is_one_added_with_copy_and_a_local_put_clears_it() -> None:
         store.change_feed.reset()
         _fill_copy(store, 1)
         got = _changes(store)
-        assert [(a, k, c) for a, k, c, _ in got] == [(True, _key(1), True)]
+        assert [(a, k, c) for a, k, c, _ in got] == [(True, key(1), True)]
         gen = got[0][3]
-        assert not store.put(_key(1), bytes([1]) * BLOCK)  # a local writer: no longer a copy
-        assert _changes(store) == [(True, _key(1), False, gen)]  # same replica, re-reported
-        assert not store.put(_key(1), bytes([1]) * BLOCK)  # an original stays one: no event
+        assert not store.put(key(1), bytes([1]) * BLOCK)  # a local writer: no longer a copy
+        assert _changes(store) == [(True, key(1), False, gen)]  # same replica, re-reported
+        assert not store.put(key(1), bytes([1]) * BLOCK)  # an original stays one: no event
         assert _changes(store) == []
-        store.put(_key(2), bytes([2]) * BLOCK)
-        assert [(a, k, c) for a, k, c, _ in _changes(store)] == [(True, _key(2), False)]
+        store.put(key(2), bytes([2]) * BLOCK)
+        assert [(a, k, c) for a, k, c, _ in _changes(store)] == [(True, key(2), False)]
 
 
 def test_a_copy_that_leaves_dram_is_only_removed() -> None:
@@ -64,12 +62,12 @@ def test_a_copy_that_leaves_dram_is_only_removed() -> None:
         _fill_copy(store, 1)
         _fill_copy(store, 2)
         _changes(store)
-        assert store.remove([_key(1)]) == [True]
-        assert [(a, k) for a, k, _, _ in _changes(store)] == [(False, _key(1))]
+        assert store.remove([key(1)]) == [True]
+        assert [(a, k) for a, k, _, _ in _changes(store)] == [(False, key(1))]
         for i in range(10, 14):  # local puts fill DRAM: the copy is evicted first
-            store.put(_key(i), bytes([i]) * BLOCK)
+            store.put(key(i), bytes([i]) * BLOCK)
         got = _changes(store)
-        assert (False, _key(2)) in [(a, k) for a, k, _, _ in got]
+        assert (False, key(2)) in [(a, k) for a, k, _, _ in got]
         assert all(not c for a, _, c, _ in got if a), f"an original reported as a copy: {got}"
 
 
@@ -113,15 +111,15 @@ def test_master_link_sends_the_copy_flag_in_inventories_and_events() -> None:
 
         async def main() -> None:
             _fill_copy(store, 1)
-            store.put(_key(2), b"x" * 10)
+            store.put(key(2), b"x" * 10)
             await link.run_once()  # registration: the inventory says which is a copy
-            assert stub.refs == {_key(1): True, _key(2): False}
+            assert stub.refs == {key(1): True, key(2): False}
             _fill_copy(store, 3)
             await link.run_once()
-            assert stub.refs[_key(3)] is True
-            store.put(_key(3), bytes([3]) * BLOCK)
+            assert stub.refs[key(3)] is True
+            store.put(key(3), bytes([3]) * BLOCK)
             await link.run_once()
-            assert stub.refs[_key(3)] is False
+            assert stub.refs[key(3)] is False
 
         asyncio.run(main())
 
@@ -138,15 +136,15 @@ def test_a_heartbeat_promotion_keeps_the_copy_and_reports_it_as_an_original() ->
             _fill_copy(store, 1)
             _fill_copy(store, 2)
             await link.run_once()
-            assert stub.refs == {_key(1): True, _key(2): True}
-            stub.promote = [pb.BlockKey(key=_key(1)), pb.BlockKey(key=_key(9))]  # 9: absent
+            assert stub.refs == {key(1): True, key(2): True}
+            stub.promote = [pb.BlockKey(key=key(1)), pb.BlockKey(key=key(9))]  # 9: absent
             await link.run_once()  # the answer arrives after this round's events
             assert link.num_copies_kept == 1
             await link.run_once()
-            assert stub.refs == {_key(1): False, _key(2): True}
+            assert stub.refs == {key(1): False, key(2): True}
             for i in range(10, 13):  # one eviction: the remaining copy goes first, not key 1
-                store.put(_key(i), bytes([i]) * BLOCK)
+                store.put(key(i), bytes([i]) * BLOCK)
             held = {b.key for b in store.list_blocks()[0]}
-            assert _key(1) in held and _key(2) not in held
+            assert key(1) in held and key(2) not in held
 
         asyncio.run(main())

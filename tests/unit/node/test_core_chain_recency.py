@@ -6,16 +6,13 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
 
 BLOCK = 4096
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "big") * 4
 
 
 @pytest.fixture

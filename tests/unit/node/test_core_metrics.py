@@ -13,7 +13,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from core_helpers import FakeClock, key, unit_core
+from helpers import key
+from core_helpers import FakeClock, unit_core
 from prometheus_client.metrics import MetricWrapperBase
 
 from kvstored.errors import LeaseExpired

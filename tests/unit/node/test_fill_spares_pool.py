@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import key
 from remote_helpers import FakeMaster as _Master
-from remote_helpers import key, make_core
+from remote_helpers import make_core
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NoCapacity

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from core_helpers import FakeClock, key, unit_core
+from helpers import key
+from core_helpers import FakeClock, unit_core
 
 from kvstored.errors import BlockTooLarge, KeyInvalid, LeaseExpired
 from kvstored.node.core import NodeCore

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.config import NodeConfig
 from kvstored.errors import (
@@ -36,10 +37,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "big") * 4  # 16 bytes
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from core_helpers import FakeClock, key, unit_core
+from helpers import key
+from core_helpers import FakeClock, unit_core
 
 from kvstored.errors import InvalidArgument, LeaseExpired, NoCapacity, NotFound, Unavailable
 from kvstored.node.core import NodeCore

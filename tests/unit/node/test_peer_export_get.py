@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import key
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
@@ -46,10 +47,6 @@ from kvstored.transport.tcp_server import DataPlaneServer
 
 BLOCK = 32 << 10
 DRAM_BYTES = 256 << 10  # 8 blocks
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:

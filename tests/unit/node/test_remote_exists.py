@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remote_helpers import FakeMaster, key, make_core, make_reads
+from helpers import key
+from remote_helpers import FakeMaster, make_core, make_reads
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.types import Tier

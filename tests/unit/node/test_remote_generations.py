@@ -17,8 +17,9 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 from remote_helpers import FakeMaster as _FakeMaster
-from remote_helpers import DataPlanes, key, local_fixture, make_core
+from remote_helpers import DataPlanes, local_fixture, make_core
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 

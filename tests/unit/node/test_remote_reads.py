@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from remote_helpers import FakeMaster, key, make_core
+from helpers import key
+from remote_helpers import FakeMaster, make_core
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NotFound

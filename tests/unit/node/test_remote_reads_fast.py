@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from remote_helpers import FakeMaster, key, make_core, with_generations
+from helpers import key
+from remote_helpers import FakeMaster, make_core, with_generations
 from thread_helpers import completes, in_thread
 
 from kvstored.transport.master_rpc import ClusterReplica

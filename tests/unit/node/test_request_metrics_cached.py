@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
-from remote_helpers import FakeMaster, key, make_reads
+from helpers import key
+from remote_helpers import FakeMaster, make_reads
 from thread_helpers import HOOK_WAIT_S, HookEvents
 
 from kvstored.transport.master_rpc import ClusterReplica

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from helpers import key
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.clock import FakeClock
@@ -44,10 +45,6 @@ BLOCK = 64 << 10
 SRC_DRAM = 1 << 20  # 16 blocks
 PEER_DRAM = 4 << 20
 WRITE_LEASE_S = 2.0
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:

@@ -8,6 +8,7 @@ import os
 import pathlib
 
 import pytest
+from helpers import key
 
 from kvstored.tiers.base import TierBackend
 from kvstored.tiers.dram import DramTier
@@ -25,10 +26,6 @@ from kvstored.types import Tier
 
 K = 4096
 BLOCK = 3 * K - 100
-
-
-def key(i: int) -> bytes:
-    return b"backend-%08d" % i
 
 
 def sk(i: int) -> bytes:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import key
 
 from kvstored.errors import InvalidArgument, KeyInvalid
 from kvstored.tiers.base import NEEDS_IO
@@ -15,10 +16,6 @@ from kvstored.types import Reservation
 from kvstored.tiers.tiered import TieredStore
 
 ARENA = 1 << 20
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "big") * 4
 
 
 @pytest.fixture

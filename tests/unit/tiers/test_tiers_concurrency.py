@@ -7,6 +7,7 @@ import random
 import threading
 
 import pytest
+from helpers import key
 
 from kvstored.errors import NoCapacity
 from kvstored.types import PinnedBlock
@@ -14,10 +15,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 NUM_KEYS = 40
-
-
-def key(i: int) -> bytes:
-    return b"race-key-%07d" % i
 
 
 def value(i: int) -> bytes:
@@ -52,7 +49,7 @@ def test_racing_threads_never_see_wrong_bytes(tmp_path: pathlib.Path, with_ssd: 
                     got = s.pin_many(chain)
                     for k, p in zip(chain, got, strict=True):
                         if isinstance(p, PinnedBlock):
-                            j = int(k.split(b"-")[-1])
+                            j = int.from_bytes(k, "big")
                             assert bytes(p.view) == value(j), "wrong bytes served"
                             s.unpin(p)
                         else:

@@ -8,6 +8,7 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.types import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
@@ -15,10 +16,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 BLOCK = 3 * K
-
-
-def key(i: int) -> bytes:
-    return b"export-%08d" % i
 
 
 def val(i: int) -> bytes:
@@ -37,7 +34,7 @@ def store(tmp_path: pathlib.Path) -> Iterator[TieredStore]:
 
 
 def _keys(blocks: list) -> list[int]:
-    return [int(b.key[len(b"export-"):]) for b in blocks]
+    return [int.from_bytes(b.key, "big") for b in blocks]
 
 
 def test_coldest_blocks_follow_the_eviction_order_and_skip_pinned_excluded_and_beyond_the_scan(

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.errors import NotFound
 from kvstored.tiers import export
@@ -20,10 +21,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 BLOCK = 3 * K - 100  # not a page multiple: each block still starts on a page boundary
-
-
-def key(i: int) -> bytes:
-    return b"exbuf-%08d" % i
 
 
 def val(i: int) -> bytes:

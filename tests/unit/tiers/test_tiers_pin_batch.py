@@ -12,16 +12,13 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.errors import NotFound
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 @pytest.fixture

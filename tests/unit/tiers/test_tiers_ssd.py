@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from structlog.testing import capture_logs
+from helpers import key
 
 from kvstored.errors import ConfigInvalid, NoCapacity, StorageIOError
 from kvstored.types import PinnedBlock, Tier
@@ -20,10 +21,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 BLOCK = 2 * K + 100  # takes 3 units in DRAM and on SSD
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def val(i: int, size: int = BLOCK) -> bytes:

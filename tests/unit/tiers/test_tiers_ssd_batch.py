@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd import READ_CHUNK_BYTES, SsdTier
@@ -21,10 +22,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 BLOCK = 3 * K
-
-
-def key(i: int) -> bytes:
-    return b"batch-%08d" % i
 
 
 def val(i: int, n: int = BLOCK - 5) -> bytes:

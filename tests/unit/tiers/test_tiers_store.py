@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 
 from kvstored.config import NodeConfig
 from kvstored.errors import (
@@ -23,10 +24,6 @@ from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
 
 K = 4096
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def val(i: int, size: int = K) -> bytes:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from helpers import key
 from thread_helpers import completes, in_thread
 
 from kvstored.errors import Unavailable
@@ -23,10 +24,6 @@ from kvstored.tiers.tiered import TieredStore
 
 K = 4096
 BLOCK = 3 * K
-
-
-def key(i: int) -> bytes:
-    return b"transit-%08d" % i
 
 
 def val(i: int) -> bytes:

@@ -1,0 +1,17 @@
+"""Small helpers every test directory shares (block keys).
+
+Importable from every test directory: pytest puts tests/ on ``sys.path`` (the suite's root
+conftest lives there). Polling and thread helpers are in tests/thread_helpers.py; the clock
+tests advance by hand is :class:`kvstored.clock.FakeClock`.
+"""
+
+from __future__ import annotations
+
+
+def key(i: int) -> bytes:
+    """Block ``i``'s 16-byte key (``i`` big-endian): distinct for distinct ``i`` in 0..2**128-1.
+
+    Raises:
+        OverflowError: ``i`` is negative or does not fit in 16 bytes.
+    """
+    return i.to_bytes(16, "big")
