@@ -1,23 +1,15 @@
-"""What the NodeCore unit tests share: a settable clock, keys, and a small DRAM-only core."""
+"""What the NodeCore unit tests share: a small DRAM-only core (keys: tests/helpers.py; the
+clock: kvstored.clock.FakeClock)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
-
-
-class FakeClock:
-    """Monotonic seconds the test sets by hand (``now``)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def unit_core(clock: FakeClock, *, max_quarantine_bytes: int = 1 << 20) -> Iterator[NodeCore]:

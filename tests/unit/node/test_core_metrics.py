@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import key
-from core_helpers import FakeClock, unit_core
+from core_helpers import unit_core
 from prometheus_client.metrics import MetricWrapperBase
 
+from kvstored.clock import FakeClock
 from kvstored.errors import LeaseExpired
 from kvstored.node.core import NodeCore
 
@@ -60,7 +61,7 @@ def _check(core: NodeCore, pins: int, reservations: int) -> None:
 
 
 def _lapse(core: NodeCore, clock: FakeClock) -> int:
-    clock.now += core.cfg.pin_lease_s + 1
+    clock.advance(core.cfg.pin_lease_s + 1)
     return core.reap_expired()
 
 

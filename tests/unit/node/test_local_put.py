@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import key
-from core_helpers import FakeClock, unit_core
+from core_helpers import unit_core
 
+from kvstored.clock import FakeClock
 from kvstored.errors import BlockTooLarge, KeyInvalid, LeaseExpired
 from kvstored.node.core import NodeCore
 from kvstored.node.local_put import EXISTED, STORED, PutOutcome
@@ -84,7 +85,7 @@ def test_a_lapsed_batch_reservation_is_refused_at_commit_and_then_freed(
     base = _used(core)
     rid, items = core.reserve_put_items(_batch(0), b"", session_id=sid)
     _write(core, items)  # type: ignore[arg-type]
-    clock.now += core.cfg.pin_lease_s + 1
+    clock.advance(core.cfg.pin_lease_s + 1)
     assert core.reap_expired() == 1
     assert _used(core) == base + BATCH * 8192  # quarantined: nothing freed on a timer
     with pytest.raises(LeaseExpired):

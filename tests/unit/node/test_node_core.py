@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import key
 
+from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
 from kvstored.errors import (
     BatchTooLarge,
@@ -26,17 +27,6 @@ from kvstored.types import PinnedBlock, Reservation, Tier
 from kvstored.tiers.tiered import TieredStore
 
 EPOCH = 1234
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

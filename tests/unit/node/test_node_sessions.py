@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import key
-from core_helpers import FakeClock, unit_core
+from core_helpers import unit_core
 
+from kvstored.clock import FakeClock
 from kvstored.errors import InvalidArgument, LeaseExpired, NoCapacity, NotFound, Unavailable
 from kvstored.node.core import NodeCore
 from kvstored.types import PinnedBlock
@@ -31,7 +32,7 @@ def _used(core: NodeCore) -> int:
 
 
 def _lapse(core: NodeCore, clock: FakeClock) -> int:
-    clock.now += core.cfg.pin_lease_s + 1
+    clock.advance(core.cfg.pin_lease_s + 1)
     return core.reap_expired()
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from sched_helpers import ManualClock, make_profile
+from sched_helpers import make_profile
 
+from kvstored.clock import FakeClock
 from kvstored.scheduler.costmodel import CostModel
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+def clock() -> FakeClock:
+    return FakeClock(0.0)
 
 
 @pytest.fixture

@@ -1,23 +1,11 @@
-"""Helpers of the scheduler unit tests: hand-made cost profiles, a manual clock, a fixed index."""
+"""Helpers of the scheduler unit tests: hand-made cost profiles and a fixed index (the clock
+is kvstored.clock.FakeClock, started at 0 s by the ``clock`` fixture)."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
 from kvstored.scheduler.costmodel import CostProfile
-
-
-class ManualClock:
-    """A clock the test advances by hand (seconds)."""
-
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
 
 
 class DictIndex:

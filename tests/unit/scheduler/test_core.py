@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from sched_helpers import DictIndex, ManualClock, make_profile
+from sched_helpers import DictIndex, make_profile
 
+from kvstored.clock import FakeClock
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.core import Scheduler
@@ -16,7 +17,7 @@ NO_CACHE = 0.1 + 0.16 + 1e-9 * 1600**2  # prefill(1600, 0)
 HALF = 0.1 + 1e-4 * 800 + 1e-9 * (1600**2 - 800**2)  # prefill(1600, 800)
 
 
-def make(policy: Policy, clock: ManualClock, table: dict[str, tuple[int, int]] | None = None,
+def make(policy: Policy, clock: FakeClock, table: dict[str, tuple[int, int]] | None = None,
          **profile_over: object) -> Scheduler:
     cfg = SchedulerConfig(policy=policy, admission=AdmissionMode.NONE, block_tokens=16,
                           instance_ttl_s=None)
@@ -32,7 +33,7 @@ def req(rid: str, n: int = 1600) -> ScheduleRequest:
     return ScheduleRequest(rid, KEYS[: (n + 15) // 16], n, expected_output_tokens=10)
 
 
-def test_cache_aware_prefers_the_node_holding_the_prefix(clock: ManualClock) -> None:
+def test_cache_aware_prefers_the_node_holding_the_prefix(clock: FakeClock) -> None:
     s = make(Policy.CACHE_AWARE, clock, {"a": (50, 0)})
     d = s.schedule(req("r1"))
     assert d.admitted and d.prefill_instance_id == "p0"
@@ -42,7 +43,7 @@ def test_cache_aware_prefers_the_node_holding_the_prefix(clock: ManualClock) -> 
     assert d.prefill_finish_s == pytest.approx(d.predicted_ttft_s)
 
 
-def test_queue_outweighs_the_cache(clock: ManualClock) -> None:
+def test_queue_outweighs_the_cache(clock: FakeClock) -> None:
     s = make(Policy.CACHE_AWARE, clock, {"a": (50, 0)})
     s.report_prefill_load("p0", 1.0)
     d = s.schedule(req("r1"))
@@ -50,7 +51,7 @@ def test_queue_outweighs_the_cache(clock: ManualClock) -> None:
     assert d.predicted_ttft_s == pytest.approx(NO_CACHE)
 
 
-def test_kvcache_centric_fetches_only_when_faster(clock: ManualClock) -> None:
+def test_kvcache_centric_fetches_only_when_faster(clock: FakeClock) -> None:
     # remote DRAM at 1 s per block: fetching 50 blocks (50 s) loses to recomputing (0.26 s)
     slow = make(Policy.KVCACHE_CENTRIC, clock, {"a": (50, 0)})
     slow.report_prefill_load("p0", 1.0)
@@ -68,7 +69,7 @@ def test_kvcache_centric_fetches_only_when_faster(clock: ManualClock) -> None:
     assert d.predicted_ttft_s == pytest.approx(0.05 + HALF)
 
 
-def test_kvcache_centric_fetches_the_rest_from_a_longer_remote_prefix(clock: ManualClock) -> None:
+def test_kvcache_centric_fetches_the_rest_from_a_longer_remote_prefix(clock: FakeClock) -> None:
     # a holds 20 blocks; b holds 60, its last 10 only on SSD; b is busy, so use a and fetch
     # blocks 20..59 from b: 30 from DRAM at 1 ms, 10 from SSD at 2 ms per block
     s = make(Policy.KVCACHE_CENTRIC, clock, {"a": (20, 0), "b": (60, 10)},
@@ -88,14 +89,14 @@ def test_kvcache_centric_fetches_the_rest_from_a_longer_remote_prefix(clock: Man
     assert d.prefix_node_id is None and d.replicate_keys == ()
 
 
-def test_local_ssd_blocks_cost_ssd_bandwidth(clock: ManualClock) -> None:
+def test_local_ssd_blocks_cost_ssd_bandwidth(clock: FakeClock) -> None:
     s = make(Policy.CACHE_AWARE, clock, {"a": (50, 10)})
     d = s.schedule(req("r1"))
     assert d.prefill_instance_id == "p0"
     assert d.predicted_transfer_s == pytest.approx(40 * 1e-5 + 10 * 1e-3)
 
 
-def test_load_balancing_ignores_the_cache(clock: ManualClock) -> None:
+def test_load_balancing_ignores_the_cache(clock: FakeClock) -> None:
     s = make(Policy.LOAD_BALANCING, clock, {"b": (90, 0)})
     s.report_prefill_load("p1", 0.2)
     d = s.schedule(req("r1"))
@@ -106,7 +107,7 @@ def test_load_balancing_ignores_the_cache(clock: ManualClock) -> None:
     assert d2.prefill_instance_id == "p1" and d2.local_blocks == 90
 
 
-def test_random_policy_is_seeded(clock: ManualClock) -> None:
+def test_random_policy_is_seeded(clock: FakeClock) -> None:
     picks = []
     for _ in range(2):
         s = make(Policy.RANDOM, clock)
@@ -115,7 +116,7 @@ def test_random_policy_is_seeded(clock: ManualClock) -> None:
     assert set(picks[0]) == {"p0", "p1"}
 
 
-def test_admitted_work_queues_up(clock: ManualClock) -> None:
+def test_admitted_work_queues_up(clock: FakeClock) -> None:
     s = make(Policy.CACHE_AWARE, clock)
     s.schedule(req("r1"))
     s.schedule(req("r2"))
@@ -129,7 +130,7 @@ def test_admitted_work_queues_up(clock: ManualClock) -> None:
     assert d.predicted_queue_s == pytest.approx(NO_CACHE)
 
 
-def test_no_instance_and_bad_requests(clock: ManualClock) -> None:
+def test_no_instance_and_bad_requests(clock: FakeClock) -> None:
     s = Scheduler(SchedulerConfig(instance_ttl_s=None), CostModel(make_profile(), 16), clock)
     d = s.schedule(req("r1"))
     assert not d.admitted and d.reason is RejectReason.NO_INSTANCE
@@ -149,7 +150,7 @@ def test_no_instance_and_bad_requests(clock: ManualClock) -> None:
         s.register_instance(InstanceSpec("p0", "a", Role.DECODE))
 
 
-def test_stale_instances_are_skipped(clock: ManualClock) -> None:
+def test_stale_instances_are_skipped(clock: FakeClock) -> None:
     cfg = SchedulerConfig(policy=Policy.CACHE_AWARE, admission=AdmissionMode.NONE,
                           instance_ttl_s=10.0)
     s = Scheduler(cfg, CostModel(make_profile(), 16), clock)

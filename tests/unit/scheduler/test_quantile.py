@@ -11,8 +11,9 @@ import math
 
 import numpy as np
 import pytest
-from sched_helpers import ManualClock, make_profile
+from sched_helpers import make_profile
 
+from kvstored.clock import FakeClock
 from kvstored.scheduler.admission import QuantileAdmission
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.core import Scheduler
@@ -24,7 +25,7 @@ PREFILL = 0.1 + 0.16 + 1e-9 * 1600**2  # prefill(1600, 0) of the test profile
 STEP = 0.01 + 0.001 + 1e-6 * 1600  # decode step with one 1600-token request
 
 
-def make(clock: ManualClock, mode: AdmissionMode = AdmissionMode.PREDICTED_QUANTILE,
+def make(clock: FakeClock, mode: AdmissionMode = AdmissionMode.PREDICTED_QUANTILE,
          **cfg: object) -> Scheduler:
     conf = SchedulerConfig(policy=Policy.CACHE_AWARE, admission=mode, block_tokens=16,
                            instance_ttl_s=None, tbt_slo_s=1.0, **cfg)  # type: ignore[arg-type]
@@ -52,7 +53,7 @@ def bimodal_history(s: Scheduler, short: int = 100, long: int = 100) -> None:
         _lengths(s).observe(1600, 1000)
 
 
-def start_r1(s: Scheduler, c: ManualClock, out: int = 0) -> None:
+def start_r1(s: Scheduler, c: FakeClock, out: int = 0) -> None:
     assert s.schedule(req("r1", out)).admitted
     c.advance(PREFILL)
     assert s.start_decode("r1").admitted
@@ -112,11 +113,11 @@ def test_survival_is_conditioned_on_tokens_generated() -> None:
 
 
 # ---- admission decisions ----------------------------------------------------------------
-def test_exact_lengths_decide_as_predicted_length(clock: ManualClock) -> None:
+def test_exact_lengths_decide_as_predicted_length(clock: FakeClock) -> None:
     """sigma 0 is the per-request limit: r1 with 1000 tokens still holds the slot when r2's
     prefill ends (refused at arrival); with 10 tokens it is gone (admitted, handoff fits)."""
     for out, admitted in ((1000, False), (10, True)):
-        c = ManualClock()
+        c = FakeClock(0.0)
         s = make(c, length_sigma=0.0)
         start_r1(s, c, out)
         d = s.schedule(req("r2", 100))
@@ -130,12 +131,12 @@ def test_exact_lengths_decide_as_predicted_length(clock: ManualClock) -> None:
             assert d.reason is RejectReason.TBT_SLO
 
 
-def test_admits_by_probability_of_fitting(clock: ManualClock) -> None:
+def test_admits_by_probability_of_fitting(clock: FakeClock) -> None:
     """Lengths unknown, history half 5 / half 1000 tokens. r2 arrives as r1 starts: r1 is gone
     by r2's join (after ~21 tokens) with probability ~1/2. Requiring 0.4 admits, requiring 0.6
     refuses."""
     for q, admitted in ((0.4, True), (0.6, False)):
-        c = ManualClock()
+        c = FakeClock(0.0)
         s = make(c, admit_probability=q)
         bimodal_history(s)
         start_r1(s, c)
@@ -144,12 +145,12 @@ def test_admits_by_probability_of_fitting(clock: ManualClock) -> None:
         assert d.predicted_decode_load == pytest.approx(1.0, abs=0.2)
 
 
-def test_a_request_found_running_is_a_long_one(clock: ManualClock) -> None:
+def test_a_request_found_running_is_a_long_one(clock: FakeClock) -> None:
     """The inspection paradox: once r1 has generated 50 tokens it is past the short mode, so it
     will surely still be running when r2's prefill ends: refused even at probability 0.05,
     which admits when r1 has just started."""
     for wait_tokens, admitted in ((0, True), (50, False)):
-        c = ManualClock()
+        c = FakeClock(0.0)
         s = make(c, admit_probability=0.05)
         bimodal_history(s)
         start_r1(s, c)
@@ -160,14 +161,14 @@ def test_a_request_found_running_is_a_long_one(clock: ManualClock) -> None:
             assert d.reason is RejectReason.TBT_SLO
 
 
-def test_default_probability_follows_prefill_pressure(clock: ManualClock) -> None:
+def test_default_probability_follows_prefill_pressure(clock: FakeClock) -> None:
     """admit_probability None = c / (1 + c), c = mean prefill load. A second prefill instance
     p1 idle (c = 0: admit whatever may fit) or with a full 60 s queue (c = (0 + 60) / (2 * 30) =
     1 -> 0.5); r2 goes to the idle p0 either way. History 40% short / 60% long: r2 fits with
     probability ~0.4, enough for an idle prefill side, not for a saturated one."""
     results = {}
     for queued_s in (0.0, 60.0):
-        c = ManualClock()
+        c = FakeClock(0.0)
         s = make(c)
         s.register_instance(InstanceSpec("p1", "b", Role.PREFILL))
         bimodal_history(s, short=80, long=120)
@@ -179,7 +180,7 @@ def test_default_probability_follows_prefill_pressure(clock: ManualClock) -> Non
     assert results == {0.0: True, 60.0: False}
 
 
-def test_rows_follow_requests_from_prefill_to_decode(clock: ManualClock) -> None:
+def test_rows_follow_requests_from_prefill_to_decode(clock: FakeClock) -> None:
     """The length distribution of a request moves with it to its decode-table row (here a
     different row: r1, cancelled in prefill, freed a lower one), and a finished request feeds
     the history (with its predicted length, for the predictor's error)."""
