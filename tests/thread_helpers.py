@@ -9,7 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 HOOK_WAIT_S = 60.0
 """Hang guard of :meth:`HookEvents.wait_for` (never reached when the event comes)."""
@@ -43,14 +45,20 @@ def completes(fn: Callable[[], Any], *, timeout_s: float = 10.0,
     return res
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout_s`` (a hang guard, not a
-    timing assertion)."""
+def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "condition", *,
+               interval_s: float = 0.01) -> T:
+    """Poll ``predicate`` every ``interval_s`` seconds until it returns something truthy, and
+    return that; fail the test after ``timeout_s`` (a hang guard, not a timing assertion).
+
+    Raises:
+        AssertionError: ``predicate`` stayed falsy for ``timeout_s`` seconds; names ``what``.
+    """
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (got := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(interval_s)
+    return got
 
 
 class HookEvents:

@@ -25,18 +25,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_helpers import READY_TIMEOUT_S, ServeProcess, value_for
+from thread_helpers import wait_until
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
@@ -117,21 +115,6 @@ class NodeProcess(ServeProcess):
         self.args += ["--master", master, "--metrics-address", ""]
 
 
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvcl", dir="/tmp"))  # short: unix socket paths
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for p in reversed(started):
-        p.kill()
-
-
 def _ctl(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvstored.cli.kvstorectl", "--address", address, *args],
@@ -146,14 +129,8 @@ def _nodes(master: str) -> dict[str, dict[str, Any]]:
 
 
 def _wait(what: str, cond: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    """``cond()``'s first truthy value, polled every 0.2 s for up to ``WAIT_S``."""
+    return wait_until(cond, WAIT_S, what, interval_s=0.2)
 
 
 def _where(m: MasterClient, keys: list[bytes]) -> dict[bytes, tuple[str, Tier]]:

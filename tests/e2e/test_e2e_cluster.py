@@ -27,11 +27,9 @@ from cluster_helpers import (  # MasterProcess, WAIT_S: re-exported for older im
     _nodes,
     _wait,
     _where,
-    procs,  # noqa: F401 - fixture
     start_each,
     start_master,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 from e2e_helpers import value_for
 

@@ -21,8 +21,6 @@ from typing import Any
 
 from test_e2e_cluster import (  # the cluster helpers and fixtures
     _wait,
-    procs,  # noqa: F401 - fixture
-    workdir,  # noqa: F401 - fixture
 )
 from test_e2e_cluster_put import _cluster, _value
 

@@ -33,11 +33,9 @@ from cluster_helpers import (
     _put,
     _wait,
     node_in_netns,
-    procs,  # noqa: F401 - fixture
     start_master,
     start_nodes,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 from e2e_helpers import value_for
 

@@ -35,11 +35,9 @@ from cluster_helpers import (
     _indexed,
     _nodes,
     _wait,
-    procs,  # noqa: F401 - fixture
     start_master,
     start_nodes,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 from e2e_helpers import small_value_for, value_for
 

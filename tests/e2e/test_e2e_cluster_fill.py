@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 from cluster_helpers import (  # the cluster helpers and fixtures
     _wait,
-    procs,  # noqa: F401 - fixture
-    workdir,  # noqa: F401 - fixture
 )
 from test_e2e_cluster_put import _cluster, _settled, _used_fraction
 

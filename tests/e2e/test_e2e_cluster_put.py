@@ -34,10 +34,8 @@ from cluster_helpers import (
     _nodes,
     _wait,
     _where,
-    procs,  # noqa: F401 - fixture
     start_each,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 
 from kvstored import Client

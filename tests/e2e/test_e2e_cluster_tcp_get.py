@@ -22,11 +22,9 @@ from cluster_helpers import (
     NodeProcess,
     _indexed,
     _wait,
-    procs,  # noqa: F401 - fixture
     start_each,
     start_master,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 from e2e_helpers import value_for
 from test_kvstorectl_cluster import _scrape

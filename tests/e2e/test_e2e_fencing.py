@@ -8,12 +8,9 @@ that quarantined bytes return to 0. Lease lapses are observed through Stats, nev
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,21 +19,14 @@ from typing import Any
 import pytest
 from e2e_fence_client import big_value
 from e2e_helpers import ServeProcess
+from thread_helpers import wait_until
 
 from kvstored import Client
 
 HERE = Path(__file__).resolve().parent
 SIZE = 32 << 20
+WAIT_S = 60.0  # hang guard of every poll here
 ENV = {"KVSTORED_NODE__PIN_LEASE_S": "1", "KVSTORED_NODE__MAX_BLOCK_BYTES": "32MiB"}
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
-    """Poll ``predicate`` (a hang guard, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture(autouse=True, params=["control", "grpc"])
@@ -50,12 +40,10 @@ def control_channel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.fixture
-def node() -> Iterator[ServeProcess]:
-    d = Path(tempfile.mkdtemp(prefix="kvfe", dir="/tmp"))
-    p = ServeProcess(d, node_id="fence", dram_size="80MiB", ssd_size="256MiB", env=ENV).start()
+def node(workdir: Path) -> Iterator[ServeProcess]:
+    p = ServeProcess(workdir, node_id="fence", dram_size="80MiB", ssd_size="256MiB", env=ENV).start()
     yield p
     p.kill()
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -101,7 +89,7 @@ def test_sigstopped_writer_never_overwrites_another_clients_block(node: ServePro
     assert a.stdout.readline().strip() == "copy_mid"
     a.send_signal(signal.SIGSTOP)  # stopped half-way through its copy into its reservation
     with Client(node.unix_address, timeout_s=30) as b:
-        wait_until(lambda: _lapsed(node, "reservation") == 1, what="A's lease to lapse")
+        wait_until(lambda: _lapsed(node, "reservation") == 1, WAIT_S, what="A's lease to lapse")
         quarantined_while_stopped = _stats(b)["quarantined_bytes"]
         assert all(r.stored for r in b.put([kb], [big_value(kb, SIZE)]))
         assert b.get([kb]) == [big_value(kb, SIZE)]
@@ -111,7 +99,7 @@ def test_sigstopped_writer_never_overwrites_another_clients_block(node: ServePro
         line = a.stdout.readline().split()
         assert line[0] == "error" and line[1] in ("LeaseExpired", "DeadlineExceeded"), line
         assert a.wait(30) == 0
-        wait_until(lambda: _stats(b)["num_sessions"] == 1, what="A's session to end")  # B's left
+        wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="A's session to end")  # B's left
         assert _stats(b)["quarantined_bytes"] == 0
         assert b.get([kb]) == [big_value(kb, SIZE)], "B's block holds foreign bytes"
         assert quarantined_while_stopped == SIZE
@@ -127,7 +115,7 @@ def test_sigstopped_reader_keeps_its_block_pinned_until_it_is_done(node: ServePr
         a = spawn(node.unix_address, "get-into", ka, 1.0)
         assert a.stdout.readline().strip() == "copy_mid"
         a.send_signal(signal.SIGSTOP)  # stopped half-way through its copy out of its pin
-        wait_until(lambda: _lapsed(node, "pin") == 1, what="A's pin lease to lapse")
+        wait_until(lambda: _lapsed(node, "pin") == 1, WAIT_S, what="A's pin lease to lapse")
         quarantined_while_stopped = _stats(b)["quarantined_bytes"]
         assert b.remove([ka]) == [False]  # still pinned: its bytes cannot change under A
         assert all(r.stored for r in b.put([kb], [big_value(kb, SIZE)]))
@@ -139,7 +127,7 @@ def test_sigstopped_reader_keeps_its_block_pinned_until_it_is_done(node: ServePr
         assert a.stdout.readline().split() == ["bytes", "ok"]  # late, never foreign bytes
         assert quarantined_while_stopped == SIZE
         assert a.wait(30) == 0
-        wait_until(lambda: _stats(b)["num_sessions"] == 1, what="A's session to end")  # B's left
+        wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="A's session to end")  # B's left
         s = _stats(b)
         assert s["quarantined_bytes"] == 0 and s["pinned_blocks"] == 0
         assert b.get([ka, kb]) == [big_value(ka, SIZE), big_value(kb, SIZE)]
@@ -157,10 +145,10 @@ def test_sigkilled_writer_frees_its_space_when_its_session_closes(
         assert a.stdout.readline().strip() == "copy_mid"
         assert _dram_used(b) == baseline + SIZE and _stats(b)["num_sessions"] == 1
         if lapsed:
-            wait_until(lambda: _stats(b)["quarantined_bytes"] == SIZE, what="A's lease to lapse")
+            wait_until(lambda: _stats(b)["quarantined_bytes"] == SIZE, WAIT_S, what="A's lease to lapse")
         a.kill()  # SIGKILL mid-copy: its socket closes, so does its session
         a.wait(30)
-        wait_until(lambda: _stats(b)["num_sessions"] == 0, what="A's session to end")
+        wait_until(lambda: _stats(b)["num_sessions"] == 0, WAIT_S, what="A's session to end")
         s = _stats(b)
         assert s["quarantined_bytes"] == 0 and s["pinned_blocks"] == 0
         assert _dram_used(b) == baseline  # freed by the session's end, not by a timer
@@ -179,6 +167,6 @@ def test_client_exiting_without_close_holds_nothing(
         a = spawn(node.unix_address, "get-exit", key, 30.0)
         assert a.stdout.readline().split() == ["got", str(SIZE)]
         assert a.wait(30) == 0
-        wait_until(lambda: _stats(b)["num_sessions"] == 1, what="the exited client's session to end")
+        wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="the exited client's session to end")
         assert _stats(b)["pinned_blocks"] == 0
         assert b.remove([key]) == [True]

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +23,6 @@ from kvstored import Client, Draining, Namespace, Tier, block_hashes
 from kvstored.v1 import node_pb2, node_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kve2e", dir="/tmp"))  # short: unix socket paths
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -14,19 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from test_readme import Block, read_blocks
+from thread_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "test_readme_cluster.py"
@@ -144,21 +142,9 @@ class Runner:
         return codes
 
 
-def _wait(what: str, cond: object) -> object:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        got = cond()  # type: ignore[operator]
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvrc", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def _wait(what: str, cond: Callable[[], object]) -> object:
+    """``cond()``'s first truthy value, polled every 0.2 s for up to ``WAIT_S``."""
+    return wait_until(cond, WAIT_S, what, interval_s=0.2)
 
 
 def test_the_readme_has_the_cluster_blocks() -> None:

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvsc", dir="/tmp"))  # unix socket paths are <= 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _serve(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -28,29 +17,29 @@ def _serve(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subp
                           env={**os.environ, **(env or {})}, cwd=workdir)
 
 
-def test_serve_max_block_bytes_2gib_is_a_config_error_not_an_overflow(short_dir: Path) -> None:
-    r = _serve(short_dir, "--dram-size", "4GiB", env={"KVSTORED_NODE__MAX_BLOCK_BYTES": "2GiB"})
+def test_serve_max_block_bytes_2gib_is_a_config_error_not_an_overflow(workdir: Path) -> None:
+    r = _serve(workdir, "--dram-size", "4GiB", env={"KVSTORED_NODE__MAX_BLOCK_BYTES": "2GiB"})
     assert r.returncode == 2, r.stderr
     assert "KVSTORED_NODE__MAX_BLOCK_BYTES" in r.stderr and "2146435071" in r.stderr
     assert "Traceback" not in r.stderr and "OverflowError" not in r.stderr
-    assert not (short_dir / "x.sock").exists()
+    assert not (workdir / "x.sock").exists()
 
 
-def test_serve_empty_ssd_dir_is_refused(short_dir: Path) -> None:
-    cmd = [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{short_dir}/x.sock",
+def test_serve_empty_ssd_dir_is_refused(workdir: Path) -> None:
+    cmd = [sys.executable, "-m", "kvstored.cli.main", "serve", "--listen", f"unix:{workdir}/x.sock",
            "--metrics-address", "", "--data-address", "127.0.0.1:0", "--ssd-dir", ""]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=short_dir)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=workdir)
     assert r.returncode == 2 and "node.ssd_dir (flag --ssd-dir): is empty" in r.stderr, r.stderr
-    assert os.listdir(short_dir) == []  # nothing created in the current directory
+    assert os.listdir(workdir) == []  # nothing created in the current directory
 
 
-def test_serve_ssd_cap_larger_than_the_disk_is_refused_before_binding(short_dir: Path) -> None:
-    st = os.statvfs(short_dir)
+def test_serve_ssd_cap_larger_than_the_disk_is_refused_before_binding(workdir: Path) -> None:
+    st = os.statvfs(workdir)
     too_big = st.f_blocks * st.f_frsize + (1 << 30)
-    r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", str(too_big))
+    r = _serve(workdir, "--dram-size", "1MiB", "--ssd-size", str(too_big))
     assert r.returncode == 2 and "node.ssd_size_bytes (flag --ssd-size)" in r.stderr, r.stderr
-    assert not (short_dir / "x.sock").exists()
-    assert not [n for n in os.listdir(short_dir) if n.endswith(".arena")]
+    assert not (workdir / "x.sock").exists()
+    assert not [n for n in os.listdir(workdir) if n.endswith(".arena")]
 
 
 def test_an_empty_node_id_exits_2_naming_the_flag(tmp_path: Path) -> None:
@@ -64,15 +53,15 @@ def test_an_empty_node_id_exits_2_naming_the_flag(tmp_path: Path) -> None:
     assert "master_link_failed" not in out.stderr
 
 
-def test_a_held_ssd_dir_exits_2_like_every_config_error(short_dir: Path) -> None:
+def test_a_held_ssd_dir_exits_2_like_every_config_error(workdir: Path) -> None:
     import fcntl
 
-    (short_dir / "ssd").mkdir()
-    fd = os.open(short_dir / "ssd" / "kvstored.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    (workdir / "ssd").mkdir()
+    fd = os.open(workdir / "ssd" / "kvstored.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live daemon holds it
         os.pwrite(fd, b"4242\n", 0)
-        r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", "8MiB")
+        r = _serve(workdir, "--dram-size", "1MiB", "--ssd-size", "8MiB")
     finally:
         os.close(fd)
     assert r.returncode == 2, r.stderr

@@ -5,24 +5,13 @@ no master port. SIGTERM stops the combined process cleanly (node first, then mas
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from e2e_helpers import ServeProcess, value_for
 
 from kvstored import Client
 from kvstored.client.master_admin import MasterAdminClient
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvsm", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _master_line(p: ServeProcess) -> str:

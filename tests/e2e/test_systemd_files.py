@@ -17,8 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,10 +49,9 @@ def _env_file(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvsd", dir="/tmp"))  # short: unix socket paths
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def tmp(workdir: Path) -> Path:
+    """The suite's short ``workdir`` (unix socket paths)."""
+    return workdir
 
 
 def _relocate(text: str, tmp: Path) -> str:

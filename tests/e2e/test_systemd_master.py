@@ -19,10 +19,8 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,12 +59,11 @@ def _base_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def tmp() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvsm", dir="/tmp"))  # short: unix socket paths
-    (d / "run").mkdir()
-    (d / "state").mkdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def tmp(workdir: Path) -> Path:
+    """The suite's short ``workdir`` (unix socket paths) with the unit's run/ and state/."""
+    (workdir / "run").mkdir()
+    (workdir / "state").mkdir()
+    return workdir
 
 
 def _start(unit: Path, config: Path, env: dict[str, str], tmp: Path, name: str

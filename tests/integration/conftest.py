@@ -9,10 +9,9 @@ or parametrizes both with the ``ssd`` fixture.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +20,9 @@ from it_helpers import DaemonThread, NodeFactory
 from kvstored.config import NodeConfig
 
 @pytest.fixture
-def sock_dir() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="kvd", dir="/tmp")  # short: unix socket paths are <= 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def sock_dir(workdir: Path) -> str:
+    """The suite's short ``workdir`` as a string (unix socket paths are <= 107 bytes)."""
+    return str(workdir)
 
 
 
