@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 from cluster_helpers import (  # MasterProcess, WAIT_S: re-exported for older importers
-    LEASE_S,
     WAIT_S,  # noqa: F401
     MasterProcess,  # noqa: F401
     NodeProcess,
@@ -36,6 +35,24 @@ from e2e_helpers import value_for
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.types import Tier
+from kvstored.v1 import master_pb2, master_pb2_grpc
+
+
+def _register_witness(master: str, node_id: str) -> None:
+    """Register a node that never heartbeats (nothing listens at its addresses): the master
+    drops it, as "expired", one node lease after now."""
+    info = master_pb2.NodeInfo(node_id=node_id, epoch=1, grpc_address="127.0.0.1:1",
+                               data_address="127.0.0.1:1")
+    with grpc.insecure_channel(master) as ch:
+        master_pb2_grpc.MasterServiceStub(ch).RegisterNode(
+            master_pb2.RegisterNodeRequest(node=info), timeout=30)
+
+
+def _departed(master: str) -> dict[str, str]:
+    """``node_id -> reason`` of the nodes that left recently ("expired" or "left")."""
+    with MasterClient(master) as m:
+        departed = m.list_nodes()["departed"]
+    return {d["node_id"]: d["reason"] for d in departed}  # type: ignore[index,union-attr]
 
 
 def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
@@ -77,6 +94,7 @@ def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
 
     # SIGKILL n2 and restart it at once: a new epoch; its SSD blocks come back, DRAM ones not
     n2.kill()
+    _register_witness(addr, "witness")  # lapses one lease after n2's last heartbeat, or later
     n2b = NodeProcess(workdir / "n2", addr, "n2")
     procs.append(n2b)
     n2b.start()
@@ -92,8 +110,9 @@ def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
         where = _wait("n2's SSD blocks re-registered",
                       lambda: (w := _where(m, k2)) and set(w) == truth and w)
         assert set(where.values()) == {("n2", Tier.SSD)}
-        # the old epoch's lease passes: what the new epoch reported stays
-        time.sleep(LEASE_S + 1.0)
+        # the old epoch's lease passes (the master has dropped the witness, registered after
+        # n2's last heartbeat, for its lapsed lease): what the new epoch reported stays
+        _wait("the witness's lease to lapse", lambda: _departed(addr).get("witness") == "expired")
         assert set(_where(m, k2)) == truth
         assert _nodes(addr)["n2"]["epoch"] == nodes["n2"]["epoch"]
 
@@ -103,7 +122,8 @@ def test_master_and_two_nodes_register_heartbeat_leave_and_restart(
         assert _where(m, k2) == {}
         assert set(_where(m, k1).values()) == {("n1", Tier.DRAM)}
     assert _nodes(addr)["n1"]["health"] == "healthy"
-    assert "node_lease_expired" in master.log_path.read_text()
+    expired = [ln for ln in master.log_path.read_text().splitlines() if "node_lease_expired" in ln]
+    assert any("n2" in ln for ln in expired), expired  # (the witness's is there too)
     # SIGTERM: the node leaves the cluster as its drain begins, before it exits
     assert n1.terminate() == 0, n1.log()
     assert _nodes(addr) == {}
