@@ -64,7 +64,11 @@ def test_dram_gets_and_metadata_rpcs_complete_while_an_ssd_read_is_held(
             assert completes(lambda: b.get(dram_keys)) == [value_for(k, size) for k in dram_keys]
             assert completes(lambda: b.lookup_prefix(dram_keys)) == 2
             assert completes(lambda: b.exists(ssd_keys + dram_keys)) == [True] * 4
-            assert completes(b.stats)["pinned_blocks"] >= 0
+            # Stats answers with this node's counters as of now: the six blocks put, b's two
+            # DRAM hits, and no hit yet for the SSD read still held
+            stats = completes(b.stats)
+            assert stats["node_id"] == node.daemon.cfg.node_id
+            assert (stats["puts"], stats["hits"]) == (6, 2), stats
             assert reader.is_alive()
             release.set()
             reader.join(20)
