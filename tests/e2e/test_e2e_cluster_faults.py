@@ -49,6 +49,9 @@ NODE_ENV = {"KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S": str(FETCH_TIMEOUT_S),
             "KVSTORED_CLUSTER__RPC_TIMEOUT_S": "1"}
 
 
+pytestmark = pytest.mark.netns  # every test here partitions a node in a network namespace
+
+
 @pytest.fixture
 def netns() -> Iterator[Netns]:
     ns = Netns()

@@ -50,6 +50,7 @@ except VllmUnavailable as exc:
     SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
 
 pytestmark = [
+    pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),

@@ -7,12 +7,11 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
 from structlog.testing import capture_logs
-from helpers import key
+from helpers import key, odirect_supported
 
 from kvstored.errors import ConfigInvalid, NoCapacity, StorageIOError
 from kvstored.types import PinnedBlock, Tier
@@ -283,6 +282,7 @@ def test_version_1_index_records_are_migrated_to_namespace_scoped_identity(
     assert data_files(ssd) == sorted([_file_rel(key(0), b"nsA"), _file_rel(key(1))])
 
 
+@pytest.mark.ssd
 @pytest.mark.parametrize("where", ["open", "read"])
 def test_direct_io_refused_falls_back_to_buffered(
     make: MakeStore, monkeypatch: pytest.MonkeyPatch, where: str, tmp_path: pathlib.Path
@@ -318,20 +318,13 @@ def test_direct_io_refused_falls_back_to_buffered(
     assert s._state.ssd is not None and s._state.ssd._direct_io is (where == "read")
 
 
-def odirect_supported(d: pathlib.Path) -> bool:
-    try:
-        os.close(os.open(d / "probe", os.O_CREAT | os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False
-    return True
-
-
 def fcntl_flags(fd: int) -> int:
     import fcntl
 
     return fcntl.fcntl(fd, fcntl.F_GETFL)
 
 
+@pytest.mark.ssd
 def test_direct_io_read_on_disk_dir(make: MakeStore, tmp_path: pathlib.Path) -> None:
     s = make(dram_blocks=1, ssd_direct_io=True)
     s.put(key(0), val(0))
@@ -547,6 +540,7 @@ def tiny_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10)
 
 
+@pytest.mark.ssd
 def test_real_enospc_on_small_filesystem(make: MakeStore, tiny_tmpfs: pathlib.Path) -> None:
     # The SSD cap (1 MiB) is larger than the filesystem (256 KiB): the device fills first.
     size = 40 * K

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from helpers import key
+from helpers import key, odirect_supported
 
 from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd import READ_CHUNK_BYTES, SsdTier
@@ -158,19 +158,12 @@ def test_streaming_checksum_covers_every_chunk(tmp_path: pathlib.Path, where: in
         t.close()
 
 
-def _odirect_ok(d: pathlib.Path) -> bool:
-    try:
-        os.close(os.open(d / "probe", os.O_CREAT | os.O_WRONLY | os.O_DIRECT))
-    except OSError:
-        return False
-    return True
-
-
+@pytest.mark.ssd
 @pytest.mark.parametrize("size", [4096, 3 * 4096 + 123, 100])
 def test_demotion_writes_with_o_direct_from_an_aligned_buffer(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    if not _odirect_ok(tmp_path):
+    if not odirect_supported(tmp_path):
         pytest.skip(f"{tmp_path} refuses O_DIRECT: the buffered path is the only one here")
     import mmap
 
