@@ -40,6 +40,7 @@ from cluster_helpers import (
 from e2e_helpers import value_for
 
 from kvstored import Client
+from kvstored.addresses import parse_host_port
 from kvstored.client.master import MasterClient
 
 LEASE_S = 2.0
@@ -129,7 +130,7 @@ def test_a_data_port_blackholed_while_heartbeating_misses_in_time_then_unhealthy
         _wait("both indexed on n1", lambda: _indexed(m, both, "n1"))
         _wait("both indexed on n2", lambda: _indexed(m, both, "n2"))
     epoch = _nodes(master.address)["n2"]["epoch"]
-    netns.blackhole_port(int(n2.data.rsplit(":", 1)[1]))  # gRPC to the master still flows
+    netns.blackhole_port(parse_host_port(n2.data)[1])  # gRPC to the master still flows
     failures = 3  # the master's unhealthy_after_failures (default)
     with Client(n3.unix_address) as c:
         for _ in range(failures):

@@ -20,6 +20,7 @@ import pytest
 from e2e_helpers import ServeProcess, value_for
 
 from kvstored import Client, Draining, Namespace, Tier, block_hashes
+from kvstored.addresses import parse_host_port
 from kvstored.v1 import node_pb2, node_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
@@ -97,8 +98,7 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_flushes_the_index(
         items=[node_pb2.ReserveItem(key=shm_key, size_bytes=len(value_for(shm_key)))],
         session_id=sid), timeout=10)
     assert res.reservation_id and not res.reservations[0].exists
-    host, port = node.data.rsplit(":", 1)
-    dp = socket.create_connection((host, int(port)), timeout=30)
+    dp = socket.create_connection(parse_host_port(node.data), timeout=30)
     tcp_value = value_for(tcp_key)
     with Client(node.unix_address) as c:
         used = c.stats()["tiers"][0]["used_bytes"]

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from it_helpers import random_keys, value_for, wait_until
 
+from kvstored.addresses import parse_host_port
 from kvstored.config import NodeConfig
 from kvstored.errors import ErrorCode, TransferFailed
 from kvstored.node.core import NodeCore
@@ -45,8 +46,7 @@ class Plane:
     events: queue.Queue[tuple[str, dict[str, Any]]]
 
     def connect(self) -> socket.socket:
-        host, port = self.server.address.rsplit(":", 1)
-        return socket.create_connection((host, int(port)), timeout=EVENT_WAIT_S)
+        return socket.create_connection(parse_host_port(self.server.address), timeout=EVENT_WAIT_S)
 
     def next_event(self, name: str) -> dict[str, Any]:
         """The next event called ``name`` (earlier other events are dropped)."""
@@ -489,15 +489,14 @@ def test_a_daemon_applies_the_data_plane_bounds_from_its_config(start_node: Any,
         dataplane_request_timeout_s=1.0,
     )
     dp = node.daemon._data_plane
-    host, port = node.daemon.data_address.rsplit(":", 1)
     key = random_keys(1)[0]
-    with socket.create_connection((host, int(port)), timeout=EVENT_WAIT_S) as s:
+    with socket.create_connection(parse_host_port(node.daemon.data_address), timeout=EVENT_WAIT_S) as s:
         s.sendall(put_frame([key], [1 << 62]))
         status, _msg = read_error_then_eof(s)
     assert status == ErrorCode.BLOCK_TOO_LARGE and dp.counters().rejected_frames == 1
     used = node.daemon.store.stats().tiers[0].used_bytes
     stop, sent = threading.Event(), [0]
-    with socket.create_connection((host, int(port)), timeout=EVENT_WAIT_S) as s:
+    with socket.create_connection(parse_host_port(node.daemon.data_address), timeout=EVENT_WAIT_S) as s:
         s.sendall(put_frame([key], [64 << 10]))
         t = threading.Thread(target=_trickle, args=(s, value_for(key, 64 << 10), stop, sent), daemon=True)
         t.start()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from it_helpers import random_keys, value_for, wait_until
 
+from kvstored.addresses import parse_host_port
 from kvstored.config import NodeConfig
 from kvstored.errors import TransferFailed
 from kvstored.node.core import NodeCore
@@ -77,8 +78,7 @@ class Proxy:
         return out
 
     def _serve(self, c: socket.socket) -> None:
-        host, port = self.target.rsplit(":", 1)
-        u = socket.create_connection((host, int(port)))
+        u = socket.create_connection(parse_host_port(self.target))
         self._socks += [c, u]
         try:
             head = self._recv_exact(c, HEADER.size)

@@ -23,6 +23,7 @@ import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client, LeaseExpired
+from kvstored.addresses import parse_host_port
 from kvstored.client import _hooks, _shm
 
 SIZE = 4 << 20  # > 256 KiB: the async client copies on its I/O threads
@@ -399,8 +400,7 @@ def test_data_plane_reservation_is_never_reclaimed_by_lease_or_reaper(fnode: Dae
     value = value_for(keys[0], SIZE)
     baseline = _used(fnode)
     body = struct.pack("<H", 0) + struct.pack("<H", 16) + keys[0] + struct.pack("<QI", SIZE, 0)
-    host, port = fnode.daemon.data_address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
+    with socket.create_connection(parse_host_port(fnode.daemon.data_address), timeout=30) as s:
         s.sendall(HEADER.pack(b"KVDP", 1, 2, 0, 1, len(body)) + body + value[: SIZE // 2])
         wait_until(lambda: _used(fnode) == baseline + SIZE, what="the data plane to reserve")
         # however late the peer is, nothing but the receiving thread itself can free the space

@@ -20,6 +20,7 @@ from kvstored import (
     KeyInvalid,
     Namespace,
 )
+from kvstored.addresses import parse_host_port
 from kvstored.rpc_status import error_from_rpc
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
@@ -235,8 +236,7 @@ def test_garbage_protobuf_is_invalid_argument(node: DaemonThread, method: str) -
 
 
 def test_garbage_on_the_data_plane_closes_only_that_connection(node: DaemonThread) -> None:
-    host, port = node.daemon.data_address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with socket.create_connection(parse_host_port(node.daemon.data_address), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         header = s.recv(16)
         magic, _version, _op, status, _count, body_len = struct.unpack("<4sBBHII", header)

@@ -15,6 +15,7 @@ import pytest
 from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client, Draining, LeaseExpired, Tier, Unavailable
+from kvstored.addresses import parse_host_port
 from kvstored.errors import InvalidArgument
 from kvstored.rpc_status import error_from_rpc
 from kvstored.v1 import node_pb2 as pb
@@ -35,8 +36,7 @@ def _put_frame(keys: list[bytes], sizes: list[int]) -> bytes:
 
 
 def _connect_data_plane(node: DaemonThread) -> socket.socket:
-    host, port = node.daemon.data_address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
+    return socket.create_connection(parse_host_port(node.daemon.data_address), timeout=10)
 
 
 @pytest.mark.parametrize("cut", ["after_header", "mid_second_payload", "before_last_byte"])
