@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import ServeProcess, value_for
+from thread_helpers import wait_until
 
 from kvstored import AsyncClient, Client, KvstoredError
 from kvstored.client import _hooks
@@ -46,13 +45,11 @@ def control_channel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.fixture
-def node() -> Iterator[ServeProcess]:
-    d = Path(tempfile.mkdtemp(prefix="kvdl", dir="/tmp"))
-    p = ServeProcess(d, node_id="deadline", dram_size="16MiB", ssd_size="64MiB").start()
+def node(workdir: Path) -> Iterator[ServeProcess]:
+    p = ServeProcess(workdir, node_id="deadline", dram_size="16MiB", ssd_size="64MiB").start()
     yield p
     p.signal(signal.SIGCONT)
     p.kill()
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -63,15 +60,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     except KvstoredError:
         pass
     return time.monotonic() - t0
-
-
-def _wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Poll ``predicate`` (a hang guard, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_calls_end_by_their_deadline_while_the_node_is_stopped_and_acks_are_pending(
@@ -106,8 +94,8 @@ def test_calls_end_by_their_deadline_while_the_node_is_stopped_and_acks_are_pend
 
         node.signal(signal.SIGCONT)
         # fencing unchanged: every grant whose answer never came is freed by the node
-        _wait_until(lambda: (s := c.stats())["pinned_blocks"] == 0
-                    and s["quarantined_bytes"] == 0, "the orphaned grants freed")
+        wait_until(lambda: (s := c.stats())["pinned_blocks"] == 0
+                   and s["quarantined_bytes"] == 0, 60.0, "the orphaned grants freed", interval_s=0.05)
         assert c.get(keys[:2]) == values[:2]
         put = c.put(keys[2:], values[2:])
         assert put[0].stored
@@ -135,7 +123,7 @@ def test_async_calls_end_by_their_deadline_while_the_node_is_stopped(node: Serve
                     await timed(a.get(keys, timeout_s=TIMEOUT_S))]
             assert max(took) < TIMEOUT_S + MARGIN_S, f"calls took {took} s"
             node.signal(signal.SIGCONT)
-            await asyncio.to_thread(_wait_until, lambda: _quiet(node), "the orphaned grants freed")
+            await asyncio.to_thread(wait_until, lambda: _quiet(node), 60.0, "the orphaned grants freed")
             assert await a.get(keys) == values
 
     asyncio.run(main())
