@@ -47,7 +47,6 @@ from typing import Any
 
 import click
 
-from kvstored.addresses import is_unix_address
 from kvstored.cli import cluster, output
 from kvstored.cli.ctl_common import CtlContext, common_options, handle_errors
 from kvstored.cli.main import LazyGroup

@@ -18,11 +18,9 @@ from cluster_helpers import (
     _nodes,
     _put,
     _wait,
-    procs,  # noqa: F401 - fixture
     start_each,
     start_master,
     wait_healthy,
-    workdir,  # noqa: F401 - fixture
 )
 from e2e_helpers import value_for
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 
 def _serve(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -70,7 +71,7 @@ def test_a_held_ssd_dir_exits_2_like_every_config_error(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize("daemon", ["serve", "master"])
-def test_a_port_in_use_is_one_clean_message(short_dir: Path, daemon: str) -> None:
+def test_a_port_in_use_is_one_clean_message(workdir: Path, daemon: str) -> None:
     """No raw gRPC log line (``add_port.cc ... Failed to add port``) before the message."""
     import socket
 
@@ -79,13 +80,13 @@ def test_a_port_in_use_is_one_clean_message(short_dir: Path, daemon: str) -> Non
         held.listen()
         addr = f"127.0.0.1:{held.getsockname()[1]}"
         if daemon == "serve":
-            r = _serve(short_dir, "--dram-size", "1MiB", "--ssd-size", "0", "--listen", addr)
+            r = _serve(workdir, "--dram-size", "1MiB", "--ssd-size", "0", "--listen", addr)
             setting = "node.listen"
         else:
             r = subprocess.run(
                 [sys.executable, "-m", "kvstored.cli.main", "master", "--listen", addr,
-                 "--metrics-listen", "", "--data-dir", str(short_dir / "master")],
-                capture_output=True, text=True, timeout=60, cwd=short_dir, check=False)
+                 "--metrics-listen", "", "--data-dir", str(workdir / "master")],
+                capture_output=True, text=True, timeout=60, cwd=workdir, check=False)
             setting = "master.listen"
     assert r.returncode == 2, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "[info" not in ln]
