@@ -74,6 +74,29 @@ byte view of exactly ``size_bytes``, or None to discard it. Called only after th
 checked ``size_bytes`` against its limit."""
 
 
+COMPLETED_ATTR = "completed"
+"""The attribute of an error raised by :meth:`Transport.get` that lists what arrived whole."""
+
+
+def completed_items(exc: BaseException, num_keys: int) -> list[GetItem | None]:
+    """What a failed :meth:`Transport.get` of ``num_keys`` keys had completely received.
+
+    Per key, in order: the :class:`GetItem` whose header and (when found) whole payload
+    arrived before the failure, or None (not received, or its payload only in part: its
+    sink view holds torn bytes and must be discarded). A transport that attached nothing,
+    or a list of another length, reads as all None (nothing kept).
+    """
+    got = getattr(exc, COMPLETED_ATTR, None)
+    if not isinstance(got, list) or len(got) != num_keys:
+        return [None] * num_keys
+    return got
+
+
+def attach_completed(exc: BaseException, items: list[GetItem | None]) -> None:
+    """Attach to ``exc`` the items a failed GET received whole (see :func:`completed_items`)."""
+    setattr(exc, COMPLETED_ATTR, items)
+
+
 class Transport(Protocol):
     """A batched, deadline-bounded bulk transfer to one node.
 
@@ -84,7 +107,15 @@ class Transport(Protocol):
     """
 
     def get(self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float) -> list[GetItem]:
-        """Fetch blocks; each found payload goes straight into ``sink(...)``'s view."""
+        """Fetch blocks; each found payload goes straight into ``sink(...)``'s view.
+
+        A GET that fails after some items arrived whole raises its error with those items
+        attached (:func:`attach_completed`; the caller reads them with
+        :func:`completed_items`), so a caller may keep them: a broken connection or a
+        passed deadline loses only what had not arrived. An item whose payload arrived only
+        in part is never among them. Nothing writes into a sink view once ``get`` returned
+        or raised.
+        """
         ...
 
     def put(

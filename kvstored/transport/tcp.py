@@ -47,7 +47,9 @@ up to ``max_streams`` pooled connections at once, each received by its own threa
 into the caller's memory; a GET of one block that large is split into byte ranges of it
 (GET_FLAG_RANGES) the same way. One failed stream fails the whole GET, a block whose ranges
 came from two replicas is a miss, and ``get`` returns only after every stream stopped
-writing (:mod:`kvstored.transport.tcp_streams`).
+writing (:mod:`kvstored.transport.tcp_streams`). A failed GET raises with the items that
+arrived whole attached (``completed``, :func:`~kvstored.transport.base.completed_items`):
+the caller keeps those, never an item whose payload arrived in part.
 
 Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 """
@@ -69,11 +71,12 @@ from kvstored.errors import (
     ErrorCode,
     InternalError,
     InvalidArgument,
+    KvstoredError,
     TransferFailed,
     Unavailable,
     error_from_code,
 )
-from kvstored.transport.base import GetItem, PutItem, Sink
+from kvstored.transport.base import GetItem, PutItem, Sink, attach_completed
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
@@ -338,8 +341,13 @@ class DataPlaneClient:
         one per byte range of the block), each on its own connection and thread. ``sink``
         is then called from those threads, one at a time (once per block).
         Either way the call returns or raises only once nothing writes into a view ``sink``
-        handed out any more, and a failure of any request fails the whole call (no item is
-        reported found).
+        handed out any more, and a failure of any request fails the whole call. The error
+        it raises carries, as ``completed`` (read it with
+        :func:`~kvstored.transport.base.completed_items`), per key the :class:`GetItem`
+        whose payload had arrived whole before the failure, or None: a caller may keep
+        those; an item whose payload arrived only in part is None (its view holds torn
+        bytes). A block read as byte ranges is kept only when every range arrived, so it
+        is None after any failure.
 
         Args:
             keys: the block keys, in order.
@@ -358,6 +366,7 @@ class DataPlaneClient:
             TransferFailed: the connection broke, or the node announced more than the limits.
             InvalidArgument: ``size_hints`` is not one per key.
             A KvstoredError for a whole-request error.
+            Each with ``completed`` attached (above).
         """
         if size_hints is None:
             size_hints = [self._avg_block_bytes] * len(keys)
@@ -366,7 +375,10 @@ class DataPlaneClient:
         # Up to RUNS_PER_STREAM runs of >= stream_min_bytes per stream; max_streams in flight.
         runs = (plan_streams(size_hints, RUNS_PER_STREAM * self.max_streams, self.stream_min_bytes)
                 if self.max_streams > 1 else [(0, len(keys))])
+        # done[i]: item i once its header and whole payload arrived (kept on a failure)
+        done: list[GetItem | None] = [None] * len(keys)
         while True:
+            done[:] = [None] * len(keys)  # a refused request (retried below) received nothing
             ranges = [(0, RANGE_TO_END)]
             if len(keys) == 1 and self.ranges_ok and self.max_streams > 1:
                 ranges = plan_ranges(size_hints[0], self.max_streams, self.stream_min_bytes,
@@ -376,9 +388,13 @@ class DataPlaneClient:
                 if len(ranges) > 1:
                     out = self._get_ranges(keys[0], namespace_id, sink, deadline, ranges)
                 else:
-                    out = self._get_runs(keys, namespace_id, sink, deadline, runs)
+                    out = self._get_runs(keys, namespace_id, sink, deadline, runs,
+                                         done.__setitem__)
                 break
-            except InvalidArgument as exc:
+            except KvstoredError as exc:
+                attach_completed(exc, done)
+                if not isinstance(exc, InvalidArgument):
+                    raise
                 if "request flags" not in str(exc):
                     raise
                 if len(ranges) > 1:
@@ -402,13 +418,14 @@ class DataPlaneClient:
 
     def _get_runs(
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
-        runs: list[tuple[int, int]],
+        runs: list[tuple[int, int]], on_item: Callable[[int, GetItem], None],
     ) -> list[GetItem]:
         """One request per run of keys, on up to ``max_streams`` streams that each take the
         next run not yet sent (so a stream whose thread is held up, on a busy machine, delays
-        only the run it holds, not a fixed half of the batch)."""
+        only the run it holds, not a fixed half of the batch). ``on_item(index, item)``:
+        called for each item once it arrived whole, from the stream's thread."""
         if len(runs) == 1:
-            return self._get_run(keys, namespace_id, sink, deadline, 0, None)
+            return self._get_run(keys, namespace_id, sink, deadline, 0, None, on_item=on_item)
         lock = threading.Lock()
         results: list[list[GetItem] | None] = [None] * len(runs)
         taken = [0]
@@ -426,15 +443,15 @@ class DataPlaneClient:
                     taken[0] = j + 1
                 lo, hi = runs[j]
                 results[j] = self._get_run(keys[lo:hi], namespace_id, locked_sink, deadline,
-                                           lo, streams)
+                                           lo, streams, on_item=on_item)
 
         self._run_streams([stream] * min(self.max_streams, len(runs)))
         out = [it for part in results for it in (part or ())]
-        return self._read_again_no_capacity(keys, namespace_id, sink, deadline, out)
+        return self._read_again_no_capacity(keys, namespace_id, sink, deadline, out, on_item)
 
     def _read_again_no_capacity(
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
-        out: list[GetItem],
+        out: list[GetItem], on_item: Callable[[int, GetItem], None],
     ) -> list[GetItem]:
         """Read the items a split GET got NoCapacity for again, in one request.
 
@@ -453,6 +470,7 @@ class DataPlaneClient:
         retried = self._get_run(
             [keys[i] for i in again], namespace_id,
             lambda j, size, meta: sink(again[j], size, meta), deadline, 0, None,
+            on_item=lambda j, it: on_item(again[j], it),
         )
         for i, it in zip(again, retried, strict=True):
             out[i] = it
@@ -516,9 +534,12 @@ class DataPlaneClient:
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,
         base: int, streams: StreamSet | None, *,
         rng: tuple[int, int] | None = None, shared: SharedBlock | None = None,
+        on_item: Callable[[int, GetItem], None] | None = None,
     ) -> list[GetItem]:
         """One GET request for ``keys`` (``sink`` indices offset by ``base``); ``rng``: only
-        that byte range of each block (GET_FLAG_RANGES), into ``shared``'s view."""
+        that byte range of each block (GET_FLAG_RANGES), into ``shared``'s view.
+        ``on_item(base + i, item)``: called once item ``i``'s header and whole payload
+        arrived (so a failure later in the request keeps it)."""
         flags = self.get_flags | (GET_FLAG_RANGES if rng is not None else 0)
         body = encode_get_body(keys, namespace_id, None if rng is None else [rng] * len(keys))
         request = encode_header(OP_GET, flags, len(keys), len(body)) + body
@@ -559,7 +580,10 @@ class DataPlaneClient:
                         if len(dst) != size:
                             raise InternalError(f"sink returned {len(dst)} bytes for a {size}-byte block")
                         reader.read_into(dst if rng is None else dst[rng[0] : rng[0] + n])
-                out.append(GetItem(code, msg, bool(found), tier, size, meta, generation))
+                got = GetItem(code, msg, bool(found), tier, size, meta, generation)
+                out.append(got)
+                if on_item is not None:
+                    on_item(base + i, got)
             return out
 
         return self._call(run, deadline, streams)  # type: ignore[return-value]
