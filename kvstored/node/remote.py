@@ -24,7 +24,8 @@ the peer that holds them over the data plane into its own DRAM, then serves them
         never pins, renews or fetches anything.
 
 Correctness: a copy becomes visible only if (a) the data plane delivered every byte of it
-(the peer pinned the block for the whole send; a torn transfer aborts the reservation) and
+(the peer pinned the block for the whole send; a torn block's reservation is aborted, while
+the blocks of a failed transfer that had arrived whole are verified and kept) and
 (b) the generation of the replica the peer pinned is the one the master names for (peer,
 epoch). The holder's store stamps a new generation on every replica it adds (a remove and
 re-put, a copy-in, a restart are new ones; a promotion or demotion keeps the source tier's,
@@ -67,7 +68,7 @@ import structlog
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
 from kvstored.types import Reservation, Tier
-from kvstored.transport.base import Transport
+from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.tcp import DataPlaneClient
 
@@ -440,41 +441,51 @@ class RemoteReads:
             reserved[i] = got
             return got.view
 
+        failed = 0
         try:
+            got: list[GetItem | None]
             try:
                 if self.before_copy is not None:
                     self.before_copy()
                 transport = self._transport_for(address)
-                got = transport.get(keys, namespace_id, sink, deadline=deadline)
+                got = list(transport.get(keys, namespace_id, sink, deadline=deadline))
             except _TRANSFER_ERRORS as exc:
                 self._report(peer, epoch, False)
+                # The blocks that arrived whole before the failure are kept (verified and
+                # committed below); the rest, a torn one included, are aborted: a slow or
+                # broken tail costs only the tail.
+                got = completed_items(exc, len(keys))
+                failed = sum(1 for g in got if g is None)
                 log.warning("remote_fetch_failed", peer=peer, address=address,
-                            num_blocks=len(keys), error=str(exc))
-                return 0, 0, len(keys)
+                            num_blocks=len(keys), num_kept=len(keys) - failed, error=str(exc))
+                if failed == len(keys):
+                    return 0, 0, len(keys)
             except KvstoredError as exc:  # the peer refused the request (draining...): a miss
                 log.info("remote_fetch_refused", peer=peer, num_blocks=len(keys),
                          error=str(exc))
                 return 0, 0, len(keys)
-            self._report(peer, epoch, True)
+            else:
+                self._report(peer, epoch, True)
             t_copied = time.monotonic()
-            ok = [i for i, g in enumerate(got) if g.found and i in reserved]
+            # the generation the peer sent, per block that arrived whole into a reservation
+            sent_gen = {i: g.generation for i, g in enumerate(got)
+                        if g is not None and g.found and i in reserved}
+            ok = list(sent_gen)
             if self.before_verify is not None:
                 self.before_verify()
             # The peer sent the generation of the replica it pinned for the send (its store
             # stamps one per replica, unique per epoch, and the master indexes the replica
             # under it): equal to the named one means these are the named bytes, no call.
-            good = [i for i in ok if got[i].generation
-                    and got[i].generation == items[i][1].generation]
+            good = [i for i in ok if sent_gen[i] and sent_gen[i] == items[i][1].generation]
             # Else ask the master: a peer that sent 0 does not know its generations (an
             # older node); one that sent another generation replaced the block since the
             # lookup, which is served only if the master names that very replica by now.
-            ask = [i for i in ok if got[i].generation != items[i][1].generation
-                   or not got[i].generation]
+            ask = [i for i in ok if sent_gen[i] != items[i][1].generation or not sent_gen[i]]
             still = self.find(namespace_id, [keys[i] for i in ask], deadline=deadline,
                               local_node_id=peer, max_runs=len(ask)) if ask else {}
             t_verified = time.monotonic()
             for j, i in enumerate(ask):
-                named, now, sent = items[i][1], still.get(j), got[i].generation
+                named, now, sent = items[i][1], still.get(j), sent_gen[i]
                 if now is None or (now.node_id, now.epoch) != (peer, epoch):
                     continue  # dropped: the source lost it, or restarted
                 if sent:
@@ -509,8 +520,8 @@ class RemoteReads:
             log.info("remote_copy_renamed", peer=peer, num_blocks=len(renamed))
             f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
                                       again=False)
-            return n + f, dropped + d, x
-        return n, dropped, 0
+            return n + f, dropped + d, failed + x
+        return n, dropped, failed
 
     def _report(self, peer: str, epoch: int, ok: bool) -> None:
         """Queue a transfer outcome for the master: every failure, and the first success

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-import kvstored.transport.tcp_server as tcp_server
 from kvstored.config import NodeConfig
 from kvstored.errors import DeadlineExceeded, TransferFailed
 from kvstored.node.core import NodeCore
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport import tcp_server
 from kvstored.transport.base import GetItem, completed_items
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.transport.tcp_server import DataPlaneServer
