@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from helpers import key
 
 from kvstored.config import NodeConfig
 from kvstored.errors import DeadlineExceeded, TransferFailed
@@ -30,10 +31,6 @@ BLOCK = 64 << 10
 M = 24
 N = 10
 HANG_GUARD_S = 10.0
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "big")
 
 
 def value(i: int) -> bytes:

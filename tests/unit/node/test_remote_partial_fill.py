@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from helpers import key
 from remote_helpers import (
     FakeMaster,
-    key,
     local_bytes,
     local_fixture,
     make_core,
