@@ -58,6 +58,14 @@ log = structlog.get_logger(__name__)
 GET_CHUNK_KEYS = 64
 """Blocks a GET pins at once on the server (bounds the arena one reader holds)."""
 
+EXPORT_CHUNK_KEYS = 8
+"""Blocks a peer's export GET (``GET_FLAG_PEER_EXPORT``) reads before it sends them. An
+SSD-only block is read from disk into a private buffer before its chunk goes out, so a
+chunk of 64 SSD blocks would send nothing until all 64 were read: a reading peer whose
+deadline passes meanwhile keeps nothing. In chunks of 8 the blocks stream out as they are
+read, and a peer whose GET fails part-way keeps what arrived whole
+(:func:`kvstored.transport.base.completed_items`)."""
+
 FillFromPeers = Callable[..., object]
 """``fill(keys, namespace_id, remaining_s=seconds)``: copy the blocks of ``keys`` the node
 lacks from its peers (:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never
@@ -133,6 +141,7 @@ class DataPlaneServer:
         self.idle_timeout_s = idle_timeout_s or cfg.dataplane_idle_timeout_s
         self.min_bytes_per_s = cfg.dataplane_min_bytes_per_s
         self.get_chunk_keys = GET_CHUNK_KEYS
+        self.export_chunk_keys = EXPORT_CHUNK_KEYS
         self.hook = hook
         self.limits: FrameLimits = core.frame_limits()
         self._listener: socket.socket | None = None
@@ -421,7 +430,7 @@ class DataPlaneServer:
         # GET_FLAG_PEER_EXPORT (a peer copying the blocks): read_for_export, nothing promoted,
         # touched or counted as a get; DRAM blocks pinned in place as below (node/reads.py)
         chunks: Iterator[tuple[int, list[Any]]] = (
-            core.export_chunks(keys, ns, chunk_keys=self.get_chunk_keys) if peer_export
+            core.export_chunks(keys, ns, chunk_keys=self.export_chunk_keys) if peer_export
             else core.pinned_chunks(keys, ns, chunk_keys=self.get_chunk_keys)
         )
         # closing() unpins the current chunk only after send_all returned or raised: the

@@ -179,3 +179,30 @@ def test_a_split_get_that_fails_keeps_what_every_stream_received_whole(node: Nod
     kept = [i for i, it in enumerate(done) if it is not None]
     assert len(kept) >= 3  # at least the broken run's first 3 items
     _assert_kept(done, bufs, kept)
+
+
+def test_a_peer_export_streams_in_small_chunks_so_a_late_failure_keeps_the_head(node: Node) -> None:
+    # A peer's export GET (the read RemoteReads makes) at the server's default chunking: the
+    # blocks go out a few at a time as they are read, not all at the end, so a transfer that
+    # breaks late still leaves the reader the blocks before the break.
+    node.server.get_chunk_keys = tcp_server.GET_CHUNK_KEYS  # the defaults, not the fixture's 1
+    node.server.export_chunk_keys = tcp_server.EXPORT_CHUNK_KEYS
+    starts: list[int] = []
+    last = (M - 1) // tcp_server.EXPORT_CHUNK_KEYS * tcp_server.EXPORT_CHUNK_KEYS
+
+    def record_and_break_at_last(start: int) -> None:
+        starts.append(start)
+        if start == last:
+            raise ConnectionResetError("test: connection broken before the last chunk")
+
+    node.on_before_send = record_and_break_at_last
+    client = DataPlaneClient(node.address, max_block_bytes=BLOCK, peer_export=True)
+    bufs = Buffers(M)
+    try:
+        with pytest.raises(TransferFailed) as info:
+            client.get([key(i) for i in range(M)], b"", bufs.sink,
+                       deadline=time.monotonic() + HANG_GUARD_S)
+    finally:
+        client.close()
+    assert starts == list(range(0, last + 1, tcp_server.EXPORT_CHUNK_KEYS))
+    _assert_kept(completed_items(info.value, M), bufs, range(last))

@@ -54,6 +54,7 @@ class Source:
         self.on_before_send: Any = None
         self.server = DataPlaneServer(self.core, "127.0.0.1:0", hook=self._hook)
         self.server.get_chunk_keys = 1
+        self.server.export_chunk_keys = 1  # RemoteReads reads with GET_FLAG_PEER_EXPORT
         self.address = self.server.start()
         for i in range(M):
             self.core.put_inline([(key(i), value(i), b"m")], b"")
