@@ -1,5 +1,38 @@
-"""TCP data-plane server: :class:`DataPlaneServer` (see :mod:`kvstored.transport.tcp` for the
-protocol's behaviour, bounds, deadline and fencing rule).
+"""TCP data-plane server: :class:`DataPlaneServer`, the node's end of the protocol of
+:mod:`.framing` (the client: :class:`kvstored.transport.tcp.DataPlaneClient`).
+
+- GET: the server pins a chunk of blocks and sends each payload from the pinned arena view
+  with ``sendmsg`` (item header + payload in one call, no copy); the client ``recv_into``'s
+  the payload straight into the caller's buffer.
+- GET with ``GET_FLAG_FILL_FROM_PEERS`` (an engine's client: ``fill_from_peers=True``):
+  a cluster node first copies the blocks it lacks from its peers
+  (``DataPlaneServer.fill_from_peers``, set by the daemon), then pins and sends as above.
+  A node's own reads of a peer never set it, so the peer answers from its store only.
+- GET with ``GET_FLAG_PEER_EXPORT`` (a node copying a peer's blocks: ``peer_export=True``):
+  the server sends the blocks through ``read_for_export`` (no promotion, no recency touch,
+  no get counted; an SSD-only block read from its file into a private buffer).
+- PUT: the server reserves arena space for an item only once the first byte of that item's
+  payload has arrived, ``recv_into``'s the payload straight into the reservation, and commits
+  the batch when all of it arrived. A connection that breaks mid-stream, or a request that
+  runs past its deadline, aborts every reservation of the request, so nothing torn or
+  partial ever becomes visible, and a header alone holds no space.
+
+Bounds (server), all from :class:`~kvstored.config.NodeConfig` and checked before anything is
+allocated for them: items per request (``max_batch_keys``); body bytes per request and over
+all connections together (``dataplane_max_header_bytes``, a shared budget a request waits
+for); the sum of a PUT's payload sizes, skipped items included
+(``dataplane_max_request_bytes``), so an announced 2^62-byte item is refused at once;
+connections (``dataplane_max_connections``). A request that breaks a bound gets an error
+response and the connection is closed, since the stream cannot be resynchronised.
+
+Deadline (server): a request has ``dataplane_request_timeout_s`` as a whole, counted from its
+first byte, plus its payload at ``dataplane_min_bytes_per_s`` (a PUT's announced sizes, a
+GET's blocks as each chunk is pinned); every socket call waits only for what is left of it.
+When it passes, the connection thread -- the only writer into the request's reservations and
+the only reader of its pins -- has already returned from its last ``recv_into``/``sendmsg`` (``sendmsg`` copies
+into the kernel), and only then aborts the reservations and releases the pins. So space is
+never released while this request may still write it (the fencing rule:
+docs/architecture.md#fencing-and-sessions).
 
 Threads: one accept thread and one daemon thread per connection. ``self._lock`` guards the
 connection table, the counters and the shared request-body budget (``_budget_freed`` is a
