@@ -1,8 +1,9 @@
 """Frame codec of the TCP data plane: headers, bodies, limits and deadline-bounded socket I/O.
 
 No policy and no store in here: :mod:`kvstored.transport.tcp_server` (server) and
-:mod:`kvstored.transport.tcp` (client) build on it, and so will node-to-node transfers. Every size a peer announces is checked against
-:class:`FrameLimits` *before* anything is allocated for it.
+:mod:`kvstored.transport.tcp` (client) build on it, and so will node-to-node transfers.
+Every size a peer announces is checked against :class:`FrameLimits` *before* anything is
+allocated for it.
 
 Framing (all integers little-endian)::
 
