@@ -48,8 +48,9 @@ Limits: a read is per key, like the get that asks for it: it looks up its missin
 one per-key master lookup (``lookup_each``), so a block after a cluster-wide miss is copied
 too (only ``lookup_prefix`` is a prefix operation); with a master too old for it, in runs
 past the misses (one longest-prefix lookup per run, within the deadline). An Exists probe
-does the same, at most ``exists_max_runs`` lookups for an older master. Two requests missing the same block at once copy it once: the
-second waits for the first's copy, at most until its own deadline (:mod:`.flights`).
+does the same, at most ``exists_max_runs`` lookups for an older master. Two requests missing
+the same block at once copy it once: the second waits for the first's copy, at most until its
+own deadline (:mod:`.flights`).
 
 Thread-safe: called from the node's store executor threads (blocking).
 """
@@ -67,10 +68,10 @@ import structlog
 
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
-from kvstored.types import Reservation, Tier
 from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.tcp import DataPlaneClient
+from kvstored.types import Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.core import NodeCore

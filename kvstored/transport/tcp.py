@@ -58,6 +58,7 @@ from kvstored.transport.framing import (
     OP_GET,
     OP_PUT,
     PUT_ITEM,
+    RANGE_TO_END,
     Body,
     ProtocolError,
     Reader,
@@ -65,7 +66,6 @@ from kvstored.transport.framing import (
     encode_get_body,
     encode_header,
     encode_put_body,
-    RANGE_TO_END,
     range_bytes,
     send_all,
     tune_socket,
@@ -451,11 +451,11 @@ class DataPlaneClient:
     ) -> list[GetItem]:
         """One block as byte ranges, one request (stream) each (GET_FLAG_RANGES)."""
         shared = SharedBlock(sink)
-        parts = self._run_streams([
-            lambda streams, rng=rng: self._get_run(
+        def run_range(rng: tuple[int, int]) -> Callable[[StreamSet], list[GetItem]]:
+            return lambda streams: self._get_run(
                 [key], namespace_id, sink, deadline, 0, streams, rng=rng, shared=shared)
-            for rng in ranges
-        ])
+
+        parts = self._run_streams([run_range(rng) for rng in ranges])
         items = [p[0] for p in parts]
         failed = next((it for it in items if it.code), None)
         if failed is not None:
@@ -478,9 +478,9 @@ class DataPlaneClient:
             errors.append(exc)
         wait_futures(futures)  # every stream has left its last recv_into
         for f in futures:
-            exc = f.exception()
-            if exc is not None:
-                errors.append(exc)
+            failure = f.exception()
+            if failure is not None:
+                errors.append(failure)
             else:
                 results.append(f.result())
         if errors:

@@ -38,6 +38,7 @@ several connections/workers) and what iperf's ``-P`` measures; the unit is a who
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -82,7 +83,7 @@ def plan_streams(size_hints: Sequence[int], max_streams: int, stream_min_bytes: 
         lo, hi = cuts[-1] + 1, n - (k - j)
         cuts.append(min(range(lo, hi + 1), key=lambda p: (abs(prefix[p] - target), p)))
     cuts.append(n)
-    return list(zip(cuts, cuts[1:]))
+    return list(itertools.pairwise(cuts))
 
 
 class StreamSet:
