@@ -53,15 +53,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Iterator
-
-import numpy as np
 
 import bench_control  # bench/ is on sys.path when this script runs
 import bench_ssd_extra
+import numpy as np
 from bench_common import finite_or_none, percentile, timed
+
 from kvstored import Client
 from kvstored import log as kvlog
 from kvstored.units import format_size, parse_size

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
-
 from bench_common import percentile as _pct  # bench/ is on sys.path when this script runs
 from bench_common import timed, write_json
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import time
 from collections.abc import Callable
 
 from kvstored import log as kvlog
 from kvstored.config import NodeConfig
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
+from kvstored.node.metrics import NodeMetrics
 from kvstored.tiers.tiered import TieredStore
 
 BLOCK_BYTES = 4 << 10

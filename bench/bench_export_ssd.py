@@ -21,11 +21,11 @@ import statistics
 import tempfile
 import time
 
-from kvstored import log as kvlog
-from kvstored.types import Tier
-from kvstored.tiers.tiered import TieredStore
-
 from bench_common import write_json
+
+from kvstored import log as kvlog
+from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
 
 
 def _key(tag: int, i: int) -> bytes:

@@ -126,7 +126,7 @@ def main() -> None:
         for mode in ("diff", "feed"):
             rows.append(run(n, mode, args.changes, args.rounds))
             gc.collect()
-    print(f"\n| blocks | mode | CPU ms/round p50 | wall ms/round p50 | store lock ms/round | listings | diff/feed CPU |")
+    print("\n| blocks | mode | CPU ms/round p50 | wall ms/round p50 | store lock ms/round | listings | diff/feed CPU |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         ref = next(x for x in rows if x["blocks"] == r["blocks"] and x["mode"] == "diff")

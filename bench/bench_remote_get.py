@@ -49,8 +49,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,9 +60,9 @@ from kvstored.client.master import ClusterReplica  # noqa: E402
 from kvstored.config import NodeConfig  # noqa: E402
 from kvstored.node.core import NodeCore  # noqa: E402
 from kvstored.node.remote import RemoteReads  # noqa: E402
-from kvstored.types import Tier  # noqa: E402
 from kvstored.tiers.tiered import TieredStore  # noqa: E402
 from kvstored.transport.tcp import DataPlaneClient  # noqa: E402
+from kvstored.types import Tier  # noqa: E402
 
 MiB = 1 << 20
 

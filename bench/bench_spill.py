@@ -122,7 +122,7 @@ def main() -> None:
         for kib in [int(x) for x in args.sizes_kib.split(",")]:
             rows.append(one_size(kib * KiB, args.dram_mib, args.batch, Path(d)))
             print(rows[-1], flush=True)
-    print(f"\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
+    print("\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['block_kib']} KiB | {r['moved_mib']} | {r['spill_gbps']} | "

@@ -62,6 +62,7 @@ def bench_cold_get_full_dram(tmp: pathlib.Path, size: int, batch: int, reps: int
     full). Reference: the time of an O_DIRECT qd8 write plus an O_DIRECT qd8 read of a batch.
     """
     import bench_blocks as bb  # (bench/ is on sys.path; imported here: it imports this module)
+
     from kvstored import Client
 
     n_batches = 2 * reps

@@ -29,10 +29,9 @@ the JSON says which).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
-
-import sys
 
 import click
 

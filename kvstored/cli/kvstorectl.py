@@ -53,7 +53,6 @@ from kvstored.cli.main import LazyGroup
 from kvstored.errors import InvalidArgument
 
 
-
 @click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.cli.scheduler:scheduler"})
 @click.option("--address", default=None, metavar="unix:PATH|HOST:PORT",
               help="Node address (default: $KVSTORED_ADDRESS or the local unix socket).")

@@ -52,8 +52,8 @@ import structlog
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError
 from kvstored.rpc_status import error_from_rpc
-from kvstored.types import BlockInfo, StoreStats
 from kvstored.tiers.feed import Change
+from kvstored.types import BlockInfo, StoreStats
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 

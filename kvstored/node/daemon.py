@@ -51,10 +51,10 @@ from kvstored.config import (
     resolve_group,
 )
 from kvstored.errors import AlreadyExists, ConfigInvalid, KvstoredError
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
 from kvstored.node.fault_hooks import dataplane_hook_from_env
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.listen import add_grpc_port

@@ -52,9 +52,9 @@ from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation
 
 if TYPE_CHECKING:
-    from kvstored.node.metrics import NodeMetrics
     from kvstored.node.limits import DrainGate, RequestLimits
     from kvstored.node.local_put import LocalPuts
+    from kvstored.node.metrics import NodeMetrics
     from kvstored.node.reads import Reads
 
 log = structlog.get_logger(__name__)

@@ -38,8 +38,8 @@ from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PutOutcome, Reservation
 
 if TYPE_CHECKING:
-    from kvstored.node.metrics import NodeMetrics
     from kvstored.node.limits import DrainGate, RequestLimits
+    from kvstored.node.metrics import NodeMetrics
     from kvstored.tiers.tiered import TieredStore
 
 

@@ -43,8 +43,8 @@ from kvstored.node.limits import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, keys_valid
 from kvstored.types import ExportedBlock, PinnedBlock, Tier
 
 if TYPE_CHECKING:
-    from kvstored.node.metrics import NodeMetrics
     from kvstored.node.limits import DrainGate, RequestLimits
+    from kvstored.node.metrics import NodeMetrics
     from kvstored.tiers.tiered import TieredStore
 
 log = structlog.get_logger(__name__)

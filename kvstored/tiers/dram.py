@@ -27,11 +27,10 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 import structlog
-from operator import attrgetter
-
 from sortedcontainers import SortedKeyList
 
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator

@@ -39,9 +39,9 @@ from cluster_helpers import (
 )
 
 from kvstored import Client
+from kvstored.addresses import parse_host_port
 from kvstored.client.master import MasterClient
 from kvstored.errors import NotFound, ReplicaNotReady
-from kvstored.addresses import parse_host_port
 from kvstored.transport.framing import OP_PUT, encode_header, encode_put_body
 
 BLOCK = 256 << 10

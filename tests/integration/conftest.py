@@ -19,6 +19,7 @@ from it_helpers import DaemonThread, NodeFactory
 
 from kvstored.config import NodeConfig
 
+
 @pytest.fixture
 def sock_dir(workdir: Path) -> str:
     """The suite's short ``workdir`` as a string (unix socket paths are <= 107 bytes)."""

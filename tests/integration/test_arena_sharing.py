@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-
 from it_helpers import NodeFactory, random_keys, value_for
 
 from kvstored.client import Client

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from it_helpers import NodeFactory
-from it_helpers import random_keys, value_for
+from it_helpers import NodeFactory, random_keys, value_for
 
 from kvstored import Client
 from kvstored.errors import InvalidArgument

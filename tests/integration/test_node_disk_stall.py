@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from it_helpers import DaemonThread, random_keys, value_for
-
 from thread_helpers import completes as _completes
 from thread_helpers import in_thread
 

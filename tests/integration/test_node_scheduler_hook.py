@@ -12,7 +12,8 @@ from it_helpers import random_keys
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstored import Client
-from kvstored.v1 import scheduler_pb2 as pb, scheduler_pb2_grpc
+from kvstored.v1 import scheduler_pb2 as pb
+from kvstored.v1 import scheduler_pb2_grpc
 
 
 def _register(stub: scheduler_pb2_grpc.SchedulerServiceStub, node_id: str) -> None:

@@ -22,7 +22,8 @@ from kvstored.rpc_status import ERROR_CODE_METADATA_KEY
 from kvstored.scheduler.config import AdmissionMode, Policy, SchedulerConfig
 from kvstored.scheduler.service import SchedulerServicer, add_scheduler_service
 from kvstored.types import Tier
-from kvstored.v1 import common_pb2, scheduler_pb2 as pb, scheduler_pb2_grpc
+from kvstored.v1 import common_pb2, scheduler_pb2_grpc
+from kvstored.v1 import scheduler_pb2 as pb
 
 KEYS = [bytes([i]) * 16 for i in range(32)]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers import key
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import key
 from master_helpers import NS
 
 from kvstored.errors import InvalidArgument

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from helpers import key
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import key
 from master_helpers import NS
 
 from kvstored.master.index import BlockIndex

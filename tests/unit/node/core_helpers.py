@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
+from kvstored.node.metrics import NodeMetrics
 from kvstored.tiers.tiered import TieredStore
 
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from helpers import key
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import PinnedBlock
 
 
 def make_core(node_id: str, *, block_bytes: int, dram_bytes: int = 4 << 20,

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from helpers import key
 from core_helpers import unit_core
+from helpers import key
 from prometheus_client.metrics import MetricWrapperBase
 
 from kvstored.clock import FakeClock

@@ -17,16 +17,16 @@ from helpers import key
 from remote_helpers import FakeMaster as _Master
 from remote_helpers import make_core
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NoCapacity
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
+from kvstored.node.metrics import NodeMetrics
 from kvstored.node.remote import RemoteReads
 from kvstored.node.spill import Spiller
-from kvstored.types import Reservation, Tier
 from kvstored.tiers.ssd_format import round_up_page, store_key, trailer_bytes
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import Reservation, Tier
 
 BLOCK = 64 << 10
 

@@ -20,11 +20,11 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node.core import NodeCore
 from kvstored.node.limits import MAX_META_BYTES
-from kvstored.types import PinnedBlock, Reservation, Tier
+from kvstored.node.metrics import NodeMetrics
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Reservation, Tier
 
 EPOCH = 1234
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers import key
 from core_helpers import unit_core
+from helpers import key
 
 from kvstored.clock import FakeClock
 from kvstored.errors import InvalidArgument, LeaseExpired, NoCapacity, NotFound, Unavailable

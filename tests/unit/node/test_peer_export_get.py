@@ -25,12 +25,10 @@ from typing import Any
 import pytest
 from helpers import key
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.types import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport import framing
@@ -42,8 +40,10 @@ from kvstored.transport.framing import (
     FrameLimits,
     ProtocolError,
 )
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import Tier
 
 BLOCK = 32 << 10
 DRAM_BYTES = 256 << 10  # 8 blocks

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import key
-from remote_helpers import FakeMaster as _FakeMaster
 from remote_helpers import DataPlanes, local_fixture, make_core
+from remote_helpers import FakeMaster as _FakeMaster
 from remote_helpers import local_bytes as _local_bytes
 from remote_helpers import make_reads as _reads
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.node.core import NodeCore
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.types import Tier
 
 BLOCK = 32 << 10

@@ -23,12 +23,12 @@ import pytest
 from helpers import key
 from remote_helpers import FakeMaster, make_core
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.errors import NotFound
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.types import PinnedBlock, Tier
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import PinnedBlock, Tier
 
 BLOCK = 64 << 10
 

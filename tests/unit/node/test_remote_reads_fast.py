@@ -18,11 +18,11 @@ from helpers import key
 from remote_helpers import FakeMaster, make_core, with_generations
 from thread_helpers import completes, in_thread
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.node.core import NodeCore
 from kvstored.node.remote import RemoteReads
-from kvstored.types import Tier
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import Tier
 
 BLOCK = 64 << 10
 

@@ -14,21 +14,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client.metrics import MetricWrapperBase
 from helpers import key
+from prometheus_client.metrics import MetricWrapperBase
 from remote_helpers import FakeMaster, make_reads
 from thread_helpers import HOOK_WAIT_S, HookEvents
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.config import NodeConfig
 from kvstored.errors import InvalidArgument
-from kvstored.node.metrics import NodeMetrics
 from kvstored.node import service
 from kvstored.node.core import NodeCore
-from kvstored.types import PinnedBlock, Tier
+from kvstored.node.metrics import NodeMetrics
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.framing import OP_GET
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import PinnedBlock, Tier
 from kvstored.v1 import node_pb2 as pb
 
 BLOCK = 4 << 10

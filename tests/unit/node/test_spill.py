@@ -15,10 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 from helpers import key
+from prometheus_client import CollectorRegistry
 
-from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.clock import FakeClock
 from kvstored.config import NodeConfig
 from kvstored.errors import ReplicaNotReady
@@ -37,6 +36,7 @@ from kvstored.master.types import (
 from kvstored.node.core import NodeCore
 from kvstored.node.spill import SpillCollector, Spiller
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.types import Tier

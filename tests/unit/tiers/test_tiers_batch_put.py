@@ -12,8 +12,8 @@ from helpers import key
 
 from kvstored.errors import InvalidArgument, KeyInvalid
 from kvstored.tiers.base import NEEDS_IO
-from kvstored.types import Reservation
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Reservation
 
 ARENA = 1 << 20
 

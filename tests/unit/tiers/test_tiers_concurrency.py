@@ -10,8 +10,8 @@ import pytest
 from helpers import key
 
 from kvstored.errors import NoCapacity
-from kvstored.types import PinnedBlock
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock
 
 K = 4096
 NUM_KEYS = 40

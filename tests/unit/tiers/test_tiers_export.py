@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from helpers import key
 
-from kvstored.types import Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
 
 K = 4096
 BLOCK = 3 * K

@@ -16,8 +16,8 @@ from helpers import key
 
 from kvstored.errors import NotFound
 from kvstored.tiers import export
-from kvstored.types import Tier
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
 
 K = 4096
 BLOCK = 3 * K - 100  # not a page multiple: each block still starts on a page boundary

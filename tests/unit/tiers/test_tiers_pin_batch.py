@@ -15,8 +15,8 @@ import pytest
 from helpers import key
 
 from kvstored.errors import NotFound
-from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Tier
 
 K = 4096
 

@@ -10,13 +10,13 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from structlog.testing import capture_logs
 from helpers import key, odirect_supported
+from structlog.testing import capture_logs
 
 from kvstored.errors import ConfigInvalid, NoCapacity, StorageIOError
-from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import file_rel, index_key, store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Tier
 
 K = 4096
 BLOCK = 2 * K + 100  # takes 3 units in DRAM and on SSD

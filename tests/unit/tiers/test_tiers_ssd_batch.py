@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 from helpers import key, odirect_supported
 
-from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd import READ_CHUNK_BYTES, SsdTier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Tier
 
 K = 4096
 BLOCK = 3 * K

@@ -19,9 +19,9 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
-from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Tier
 
 K = 4096
 

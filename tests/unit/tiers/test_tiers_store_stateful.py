@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import threading
-
 from kvstored.errors import NoCapacity
-from kvstored.types import PinnedBlock, Reservation, Tier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Reservation, Tier
 
 K = 4096
 NUM_KEYS = 10

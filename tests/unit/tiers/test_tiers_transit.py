@@ -17,10 +17,9 @@ from helpers import key
 from thread_helpers import completes, in_thread
 
 from kvstored.errors import Unavailable
-
-from kvstored.types import PinnedBlock, Tier
 from kvstored.tiers.ssd_format import file_rel, store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.types import PinnedBlock, Tier
 
 K = 4096
 BLOCK = 3 * K
