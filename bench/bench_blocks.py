@@ -155,7 +155,7 @@ def bench_size(size: int, batch: int, iters: int, shm_addr: str, tcp_addr: str,
     res: dict[str, dict[str, float]] = {}
 
     def memcpy(_: int) -> None:
-        for v, b in zip(values, bufs):
+        for v, b in zip(values, bufs, strict=True):
             np.copyto(b, v)
 
     res["memcpy"] = summarize(timed(memcpy, iters), total)
@@ -174,11 +174,11 @@ def bench_size(size: int, batch: int, iters: int, shm_addr: str, tcp_addr: str,
             return slots[g * batch:(g + 1) * batch]
 
         def ws_put(i: int) -> None:
-            for v, dst in zip(values, group(i)):
+            for v, dst in zip(values, group(i), strict=True):
                 np.copyto(dst, v)
 
         def ws_get(i: int) -> None:
-            for src, b in zip(group(i), bufs):
+            for src, b in zip(group(i), bufs, strict=True):
                 np.copyto(b, src)
 
         res["memcpy_ws_put"] = summarize(timed(ws_put, iters), total)
@@ -208,7 +208,7 @@ def bench_size(size: int, batch: int, iters: int, shm_addr: str, tcp_addr: str,
 
         def rset(i: int) -> None:
             p = r.pipeline(transaction=False)
-            for k, v in zip(make_keys("redis", size, i, batch), values):
+            for k, v in zip(make_keys("redis", size, i, batch), values, strict=True):
                 p.set(k, v.data)
             p.execute()
 
@@ -322,7 +322,7 @@ def bench_ssd(tmp: pathlib.Path, size: int, batch: int, reps: int = 3) -> dict[s
                 warm.append(time.perf_counter() - t0)
     ssd_gbps = batch_bytes / statistics.median(lat) / 1e9
     ref = statistics.median(refs)
-    pair = statistics.median(batch_bytes / t / 1e9 / r for t, r in zip(lat, refs))
+    pair = statistics.median(batch_bytes / t / 1e9 / r for t, r in zip(lat, refs, strict=True))
     return {"ssd_get_gbps": ssd_gbps, "odirect_read_gbps": ref, "odirect_qd": QD,
             "ratio": pair, "reps": reps, "batch": batch, "timed_blocks_on_ssd_only": on_ssd,
             "warm_get_gbps": batch_bytes / statistics.median(warm) / 1e9}
@@ -395,7 +395,7 @@ def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3
             tier.close()
             shutil.rmtree(tmp / "demote-ssd", ignore_errors=True)
         gbps = size * batch / statistics.median(times) / 1e9
-        ratio = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs))
+        ratio = statistics.median(size * batch / t / 1e9 / r for t, r in zip(times, refs, strict=True))
         if keep:
             out.update(demotion_write_gbps=gbps, odirect_write_gbps=statistics.median(refs),
                        ratio=ratio)
@@ -403,7 +403,7 @@ def bench_demotion_write(tmp: pathlib.Path, size: int, batch: int, reps: int = 3
             out.update(fresh_gbps=gbps, fresh_odirect_write_gbps=statistics.median(refs),
                        fresh_ratio=ratio, odirect_new_files_gbps=statistics.median(new_refs),
                        fresh_vs_new_files_ratio=statistics.median(
-                           size * batch / t / 1e9 / r for t, r in zip(times, new_refs)))
+                           size * batch / t / 1e9 / r for t, r in zip(times, new_refs, strict=True)))
     return out
 
 

@@ -48,7 +48,7 @@ def _gc_s(n: int, *, live_copy: bool, hook: bool, repeat: int) -> tuple[float, i
         ix = _index(n, live_copy=live_copy)
         found: list[bytes] = []
         cb: Callable[[bytes, bytes], None] | None = (
-            (lambda _ns, k: found.append(k)) if hook else None)
+            (lambda _ns, k, found=found: found.append(k)) if hook else None)  # bound now, not at call
         t0 = time.perf_counter()
         while ix.collect_garbage(BATCH_ROWS, on_only_copies=cb):
             pass

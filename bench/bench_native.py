@@ -41,7 +41,7 @@ def _paired(fns: dict[str, Callable[[], object]], nbytes: int, iters: int) -> di
     if "native" in times:
         for ref in ("fallback", "memcpy"):
             out[f"native_vs_{ref}"] = statistics.median(
-                r / n for n, r in zip(times["native"], times[ref]))
+                r / n for n, r in zip(times["native"], times[ref], strict=True))
     return out
 
 
@@ -58,23 +58,30 @@ def bench_native_copy(sizes: list[int], batch: int = 16, iters: int = 20) -> dic
         arena = mmap.mmap(-1, size * batch)
         region = np.frombuffer(arena, dtype=np.uint8)
         pairs = [(region[j * size : (j + 1) * size], memoryview(s)) for j, s in enumerate(srcs)]
-
-        def memcpy() -> None:
-            for s, b in zip(srcs, bufs):
-                np.copyto(b, s)
-
-        fns: dict[str, Callable[[], object]] = {
-            "memcpy": memcpy, "fallback": lambda: native.py_copy_many(pairs)}
-        c = native.native_copy_many
-        if c is not None:
-            fns["native"] = lambda: c(pairs)
-            fns["native_1t"] = lambda: c(pairs, threads=1)
-        row = _paired(fns, size * batch, iters)
+        row = _paired(_copy_fns(srcs, bufs, pairs), size * batch, iters)
         for k in ("native_gbps", "native_1t_gbps", "native_vs_fallback", "native_vs_memcpy"):
             row.setdefault(k, float("nan"))
         out[_fmt(size)] = row
         assert bytes(region[-16:]) == srcs[-1][-16:].tobytes()
     return out
+
+
+def _copy_fns(srcs: list[np.ndarray], bufs: list[np.ndarray],
+              pairs: list[tuple[np.ndarray, memoryview]]) -> dict[str, Callable[[], object]]:
+    """The copies to time for one size: memcpy of ``srcs`` into ``bufs`` (same lengths), the
+    Python fallback and, when the extension is built, the native batch copy of ``pairs``."""
+
+    def memcpy() -> None:
+        for s, b in zip(srcs, bufs, strict=True):
+            np.copyto(b, s)
+
+    fns: dict[str, Callable[[], object]] = {
+        "memcpy": memcpy, "fallback": lambda: native.py_copy_many(pairs)}
+    c = native.native_copy_many
+    if c is not None:
+        fns["native"] = lambda: c(pairs)
+        fns["native_1t"] = lambda: c(pairs, threads=1)
+    return fns
 
 
 def _fmt(size: int) -> str:

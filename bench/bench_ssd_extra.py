@@ -93,5 +93,5 @@ def bench_cold_get_full_dram(tmp: pathlib.Path, size: int, batch: int, reps: int
             assert demoted == [2] * batch, f"the LRU DRAM batch was not demoted: {demoted}"
     return {"ssd_get_gbps": batch_bytes / statistics.median(lat) / 1e9,
             "odirect_write_read_gbps": statistics.median(refs), "odirect_qd": QD,
-            "ratio": statistics.median(batch_bytes / t / 1e9 / r for t, r in zip(lat, refs)),
+            "ratio": statistics.median(batch_bytes / t / 1e9 / r for t, r in zip(lat, refs, strict=True)),
             "reps": reps, "batch": batch}

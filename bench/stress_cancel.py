@@ -64,7 +64,7 @@ async def run(address: str, iters: int, num_blocks: int, size: int) -> tuple[int
             await asyncio.sleep(rng.uniform(0.002, 0.05))
             task.cancel()
             new = [os.urandom(16) for _ in range(6)]
-            for k, r in zip(new, await b.put(new, [value(k, 4 << 20) for k in new])):
+            for k, r in zip(new, await b.put(new, [value(k, 4 << 20) for k in new]), strict=True):
                 if r.stored:
                     b_keys.append(k)
                 else:

@@ -386,7 +386,7 @@ def _finish_into(
             "; ".join(mismatches)
             + " (the contents of those out_tensors are unspecified and must not be used)"
         )
-    for i, (target, t) in enumerate(zip(targets, out_tensors)):
+    for i, (target, t) in enumerate(zip(targets, out_tensors, strict=True)):
         if hits[i] and target is not t:
             t.copy_(target, non_blocking=t.device.type == "cuda")
     return hits
@@ -395,7 +395,7 @@ def _finish_into(
 def _mismatches(blocks: Sequence[Any], out_tensors: Sequence[torch.Tensor]) -> list[str]:
     """Describe each block whose tensor header does not match its out tensor."""
     problems = []
-    for i, (block, t) in enumerate(zip(blocks, out_tensors)):
+    for i, (block, t) in enumerate(zip(blocks, out_tensors, strict=True)):
         if block is None:
             continue
         try:

@@ -88,7 +88,7 @@ def print_table(report: Any, console: Any) -> None:
         else:
             console.print(f"[bold]daemon restart[/bold] (SIGTERM, exit code {rs.exit_code}; "
                           "same SSD dir)")
-            for b, a in zip(rs.before, rs.after):
+            for b, a in zip(rs.before, rs.after, strict=True):
                 console.print(
                     f"  {b['prompt_tokens']} tokens: before {b['blocks']} blocks "
                     f"({b['dram_blocks']} DRAM, {b['ssd_blocks']} SSD) -> after restart "

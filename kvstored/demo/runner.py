@@ -174,7 +174,7 @@ def _compare(
     tokens_hit, logits_hit = engine.greedy(hit, max_new_tokens, eos)
     tokens_ref, logits_ref = ref.tokens, ref.step_logits
     diff = 0.0
-    for step, (a, b) in enumerate(zip(logits_hit, logits_ref)):
+    for step, (a, b) in enumerate(zip(logits_hit, logits_ref, strict=False)):
         diff = max(diff, float((a - b).abs().max()))
         if tokens_hit[step : step + 1] != tokens_ref[step : step + 1]:
             break
@@ -277,7 +277,7 @@ def run_demo(options: DemoOptions, progress: Callable[[str], None] = _progress_n
         _warm_up(engine, client, inproc, options.block_size, loaded.model.config.vocab_size)
         rows: list[LengthRow] = []
         refs: list[_Reference] = []
-        for (doc, ids), target in zip(prompts, lengths):
+        for (doc, ids), target in zip(prompts, lengths, strict=True):
             progress(f"~{target} tokens: miss, store, hit x{options.repeats}, recompute")
             row, ref = _run_length(
                 engine, client, inproc, tok, doc.title, ids, target, options, eos

@@ -244,7 +244,7 @@ def run_vllm_demo(
     model = find_model(python)
     context = model_context_tokens(model)
     shared_lengths = [fit_to_context(n, context, max_new_tokens) for n in lengths]
-    for n, shared in zip(lengths, shared_lengths):
+    for n, shared in zip(lengths, shared_lengths, strict=True):
         if shared < n:
             progress(f"{n} tokens do not fit the model's context ({context} tokens with "
                      f"{max_new_tokens} to answer): using {shared}")

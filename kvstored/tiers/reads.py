@@ -259,7 +259,7 @@ class Reads:
             out = [Tier.DRAM] * n
             if n < len(skeys) and st.ssd is not None:  # a run of DRAM and SSD blocks
                 ssd = st.ssd.entries
-                for skey, hot in zip(skeys[n:], in_dram[n:]):
+                for skey, hot in zip(skeys[n:], in_dram[n:], strict=True):
                     if hot:
                         out.append(Tier.DRAM)
                     elif skey in ssd:

@@ -159,7 +159,8 @@ def test_puts_beyond_one_nodes_size_spread_over_the_pool_and_read_back_through_a
         if not missing:
             break
         with MasterClient(master.address) as m:
-            _wait("the misses indexed where they are", lambda: _settled(m, nodes, missing, "n3"))
+            _wait("the misses indexed where they are",
+                  lambda m=m, missing=missing: _settled(m, nodes, missing, "n3"))
     assert not missing, f"{len(missing)} blocks never readable through n3"
     assert all(_last_tier(n)["evictions"] == 0 for n in nodes.values())  # nothing was lost
     assert "spill_batch_done" in n1.log()

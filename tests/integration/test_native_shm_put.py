@@ -32,7 +32,7 @@ def test_shm_put_copies_through_copy_many(
     node = start_node()
     keys = random_keys(6)
     sizes = [1, 4095, 4097, 256 << 10, 1 << 20, (1 << 20) + 7]
-    values = [value_for(k, n) for k, n in zip(keys, sizes)]
+    values = [value_for(k, n) for k, n in zip(keys, sizes, strict=True)]
     with Client(node.unix_address, transport="shm") as c:
         assert all(r.ok for r in c.put(keys, values))
         assert calls and sum(calls) == len(keys)  # whole chunks per call, not one per block

@@ -59,7 +59,7 @@ def _build(state: str) -> list[dict[str, object]]:
 def test_documents_and_prompts_are_the_same_in_two_processes() -> None:
     plain, busy = _build("plain"), _build("busy")
     assert len(plain) == len(busy) > 0
-    for a, b in zip(plain, busy):
+    for a, b in zip(plain, busy, strict=True):
         assert a["title"] == b["title"]
         assert a["text"] == b["text"], f"{a['title']}: the document differs between processes"
         assert a["prompts"] == b["prompts"]

@@ -63,13 +63,13 @@ def test_round_trip_is_bit_exact_for_every_dtype(dtype: torch.dtype) -> None:
 
     got = get_tensors(store, [key(1), key(2), key(3)], dtype=dtype)
     assert got[2] is None
-    for want, have in zip(tensors, got[:2]):
+    for want, have in zip(tensors, got[:2], strict=True):
         assert have is not None and have.dtype == dtype and have.shape == want.shape
         assert _bits(have) == _bits(want)
 
     outs = [torch.empty((3, 5, 7), dtype=dtype), torch.empty((64,), dtype=dtype)]
     assert get_tensors_into(store, [key(1), key(2)], outs) == [True, True]
-    for want, have in zip(tensors, outs):
+    for want, have in zip(tensors, outs, strict=True):
         assert _bits(have) == _bits(want)
 
 
@@ -263,11 +263,11 @@ def test_real_daemon_round_trip_and_mismatch(  # type: ignore[no-untyped-def]
         results = put_tensors(client, keys, tensors)
         assert [r.ok for r in results] == [True, True, True]
         got = get_tensors(client, keys[:2], dtype=torch.bfloat16, shape=(2, 3, 64))
-        assert all(g is not None and _bits(g) == _bits(t) for g, t in zip(got, tensors))
+        assert all(g is not None and _bits(g) == _bits(t) for g, t in zip(got, tensors, strict=False))
         outs = [torch.empty((2, 3, 64), dtype=torch.bfloat16) for _ in range(2)]
         outs.append(torch.empty((1024,), dtype=torch.float8_e4m3fn))
         assert get_tensors_into(client, keys, outs) == [True, True, True]
-        assert all(_bits(o) == _bits(t) for o, t in zip(outs, tensors))
+        assert all(_bits(o) == _bits(t) for o, t in zip(outs, tensors, strict=True))
         # same byte size, other dtype: refused, never reinterpreted
         with pytest.raises(DtypeMismatch, match="key 1: expected dtype=float16"):
             get_tensors_into(

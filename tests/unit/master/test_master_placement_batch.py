@@ -59,7 +59,7 @@ def test_each_placed_item_is_its_own_write_with_its_own_generation() -> None:
     assert gens == sorted(set(gens)) and len(set(gens)) == 3  # fresh and increasing
     assert isinstance(out[3], ReplicaNotReady)  # the same key again: its write is open
     assert [r.generation for r in c.index.replicas(NS, key(2))] == [gens[1]]
-    ended = c.placement.end_put_batch([(NS, key(i), g, False) for i, g in zip((1, 2, 3), gens)])
+    ended = c.placement.end_put_batch([(NS, key(i), g, False) for i, g in zip((1, 2, 3), gens, strict=True)])
     assert ended == [1, 1, 1] and c.placement.num_open_writes == 0
 
 

@@ -129,7 +129,7 @@ def test_read_files_reports_each_block_and_keeps_the_others(tmp_path: pathlib.Pa
             assert t.write(sk, memoryview(val(i)), namespace_id=b"", meta=b"")
         os.truncate(t.path_of(skeys[1]), 100)  # one broken file
         bufs = [memoryview(bytearray(BLOCK)) for _ in skeys]
-        reasons = t.read_files([(sk, t.entries[sk], b) for sk, b in zip(skeys, bufs)])
+        reasons = t.read_files([(sk, t.entries[sk], b) for sk, b in zip(skeys, bufs, strict=True)])
         assert reasons == ["", "wrong_size", ""]
         assert bytes(bufs[0][: len(val(0))]) == val(0)
         assert bytes(bufs[2][: len(val(2))]) == val(2)

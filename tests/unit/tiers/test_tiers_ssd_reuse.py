@@ -209,7 +209,7 @@ def test_store_demotions_into_a_full_ssd_tier_reuse_files(
     try:
         keys = [i.to_bytes(16, "big") for i in range(12)]
         vals = [bytes([i]) * size for i in range(12)]
-        for k, v in zip(keys, vals):
+        for k, v in zip(keys, vals, strict=True):
             assert s.put(k, v)
         # DRAM holds 2, the SSD tier 4: the first 4 demotions fill it (new files), the next 6
         # each evict one SSD block and take its file
@@ -223,7 +223,7 @@ def test_store_demotions_into_a_full_ssd_tier_reuse_files(
         for i, skey in enumerate(on_ssd, start=6):
             dest = memoryview(mmap.mmap(-1, round_up_page(size)))
             assert ssd.read_into(skey, dest) and bytes(dest[:size]) == vals[i]
-        for k, v in zip(keys[10:], vals[10:]):  # the two in DRAM
+        for k, v in zip(keys[10:], vals[10:], strict=True):  # the two in DRAM
             assert s.get(k) == (v, b"")
         assert s.stats().checksum_failures == 0
     finally:

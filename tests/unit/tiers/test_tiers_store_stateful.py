@@ -14,6 +14,7 @@ abort, unpin, remove, DRAM pins) keep running; ``release_io`` lets it finish and
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 import threading
@@ -271,7 +272,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert t.entry is not None
                 regions.append((t.entry.offset, alloc.round_up(t.entry.size_bytes)))
         regions.sort()
-        for (o1, l1), (o2, _) in zip(regions, regions[1:]):
+        for (o1, l1), (o2, _) in itertools.pairwise(regions):
             assert o1 + l1 <= o2, "arena bytes owned twice"
         assert sum(ln for _, ln in regions) == alloc.used_bytes <= alloc.capacity_bytes
         assert [(e.offset, e.skey) for e in dram.by_offset] == sorted(
