@@ -35,7 +35,8 @@ fresh_vs_new_files_ratio} / .cold_get_full_dram {ssd_get_gbps, odirect_write_rea
 (bench/bench_ssd_extra.py),
 native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
 control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
-clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1, memcpy_1_gbps, memcpy_4_gbps, memcpy_ratio_4_to_1, ratio_vs_memcpy}, date_utc, machine.
+clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1, memcpy_1_gbps, memcpy_4_gbps, memcpy_ratio_4_to_1,
+ratio_vs_memcpy}, date_utc, machine.
 """
 
 from __future__ import annotations
@@ -475,7 +476,8 @@ def main() -> None:
     ap.add_argument("--skip-memory", action="store_true", help="skip the 1M-block metadata measurement")
     ap.add_argument("--ssd-only", action="store_true", help="only the SSD-tier rows (cold get, demotion)")
     ap.add_argument("--ssd-sizes", default="1MiB,4MiB,16MiB")
-    ap.add_argument("--ssd-batch", type=int, default=None, help="blocks per cold get (default: --batch; 8 with --quick)")
+    ap.add_argument("--ssd-batch", type=int, default=None,
+                    help="blocks per cold get (default: --batch; 8 with --quick)")
     ap.add_argument("--skip-control", action="store_true",
                     help="skip the control-path rows (per-batch overhead, single get, storm, 4 clients)")
     ap.add_argument("--ssd-reps", type=int, default=5, help="timed SSD gets/writes per size")
@@ -576,7 +578,8 @@ def print_table(results: dict[str, object]) -> None:
         if "fresh_vs_new_files_ratio" in w:
             print(f"{size:>9} {'ssd_demote_fresh':>16} {w['fresh_gbps']:7.2f} {'':>8} {'':>8}  "
                   f"{w['fresh_vs_new_files_ratio']:.2f}x O_DIRECT write qd{w['odirect_qd']} into new files "
-                  f"{w['odirect_new_files_gbps']:.2f} GB/s (empty tier; {w['fresh_ratio']:.2f}x the overwrite reference)")
+                  f"{w['odirect_new_files_gbps']:.2f} GB/s "
+                  f"(empty tier; {w['fresh_ratio']:.2f}x the overwrite reference)")
         f = row.get("cold_get_full_dram")
         if f:
             print(f"{size:>9} {'ssd_get_fulldram':>16} {f['ssd_get_gbps']:7.2f} {'':>8} {'':>8}  "

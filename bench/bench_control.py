@@ -149,7 +149,8 @@ def lookup_under_storm(addr: str, n: int = 512, iters: int = 300) -> dict[str, f
 _READER = """
 import sys, time, numpy as np
 from kvstored import Client
-addr, size, batch, start_at, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+addr, size, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+start_at, seconds = float(sys.argv[4]), float(sys.argv[5])
 keys = [f"clients:{j}".encode().ljust(16, b".") for j in range(batch)]
 bufs = [np.empty(size, dtype=np.uint8) for _ in range(batch)]
 with Client(addr, timeout_s=60) as c:

@@ -6,8 +6,8 @@ replica each, spread over 8 holders (node incarnations), 16-byte random keys, th
 from one of the holders so locality ranking is exercised.
 
 Memory is reported two ways: the growth of the process RSS over the build (after
-``malloc_trim``, so freed build temporaries do not count; allocator slack does) and ``BlockIndex.memory_bytes()`` (its numpy columns and key
-tables, spare capacity included).
+``malloc_trim``, so freed build temporaries do not count; allocator slack does) and
+``BlockIndex.memory_bytes()`` (its numpy columns and key tables, spare capacity included).
 
 Reference measured in the same run: a plain-Python index (``dict[bytes, list[tuple]]``, one
 tuple per replica, ranking in a Python loop) at the same sizes up to ``--naive-max``.

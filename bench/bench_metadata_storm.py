@@ -138,7 +138,8 @@ def main() -> None:
 def print_table(results: dict[str, object]) -> None:
     print(f"\nmetadata RPCs over the unix socket while another client puts {results['storm_batch']} x "
           f"{results['storm_block']} batches into {results['dram']} of DRAM; {results['samples']} samples each")
-    hdr = f"{'ssd':>7} {'rpc':>18} {'idle p50':>9} {'idle p99':>9} {'storm p50':>10} {'storm p99':>10} {'p99 ratio':>10}"
+    hdr = (f"{'ssd':>7} {'rpc':>18} {'idle p50':>9} {'idle p99':>9} {'storm p50':>10} {'storm p99':>10} "
+           f"{'p99 ratio':>10}")
     print(hdr)
     print("-" * len(hdr))
     settings = [k for k in ("ssd_on", "ssd_off") if k in results]

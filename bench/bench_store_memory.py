@@ -63,7 +63,6 @@ def main() -> None:
 
     entries = store._state.dram.entries
     sample = next(iter(entries.values()))
-    heap_rec = sys.getsizeof(sample) + sys.getsizeof(sample.offset)
     heap_od = sys.getsizeof(entries) / n
     print(f"blocks committed: {n} x {block} B in {dt:.1f} s ({n / dt / 1e3:.0f}k commits/s)")
     print(f"DRAM tier: RSS growth incl. keys = {grown / n:.0f} bytes/block "

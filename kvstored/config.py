@@ -65,7 +65,7 @@ MAX_BLOCK_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - GRPC_SLACK_BYTES
 carries a whole block in one gRPC message."""
 DEFAULT_MAX_BLOCK_BYTES = 64 << 20
 MAX_NODE_ID_CHARS = 128
-NODE_ID_RE = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_NODE_ID_CHARS)
+NODE_ID_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_NODE_ID_CHARS}}}")
 """What a node id may be (the master refuses others): 1..128 printable ASCII characters,
 no spaces (a host name fits)."""
 

@@ -1,7 +1,8 @@
 """``kvstorectl``: the online admin CLI of a kvstored node (uses only kvstored.client).
 
 Global flags: ``--address`` (default ``$KVSTORED_ADDRESS`` or the local unix socket),
-``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``, ``stats``, ``blocks``,
+``--timeout-s``, ``--output table|json`` (also accepted after the command name). Commands: ``status``,
+``stats``, ``blocks``,
 ``where``, ``nodes`` and ``evict`` (ask a master: ``--address MASTER``) and ``scheduler``
 (kvstored/cli/scheduler.py). What the commands share (``ctx.obj``, options, exit codes) is in
 kvstored/cli/ctl_common.py.

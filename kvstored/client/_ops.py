@@ -26,8 +26,8 @@ choice exist once. Module map: _steps (steps, constants, driving), _args (argume
 chunking), _state (ClientState, retries, Describe), _shm (the arena, shared-memory get and
 put), _put (the put and its paths), _fastget (get_into's one-copy batch), _control (the
 control channel), this module (the other operations). Retries wrap a whole operation (every
-operation is idempotent: puts are first-writer-wins) and only happen for retriable errors, with jittered exponential backoff,
-inside the caller's deadline.
+operation is idempotent: puts are first-writer-wins) and only happen for retriable errors, with jittered
+exponential backoff, inside the caller's deadline.
 
 Shared-memory path (same host, arena file mappable and the very file the node uses)::
 
@@ -140,7 +140,8 @@ from kvstored.v1 import node_pb2 as pb
 
 
 class _ReadSink:
-    """Where a read's blocks go: caller buffers (get_into: ``views``), bytes (get) or Blocks (``want_meta``: _fastget.py)."""
+    """Where a read's blocks go: caller buffers (get_into: ``views``), bytes (get) or Blocks
+    (``want_meta``: _fastget.py)."""
 
     def __init__(self, keys: list[bytes], buffers: Sequence[object] | None, want_meta: bool = True) -> None:
         n = len(keys)

@@ -522,7 +522,8 @@ class Client:
         """End the session, close the channel, data-plane connections and the arena mapping.
 
         Idempotent. Waits for operations running on other threads (their copies must end
-        before the node may free their space); new ones raise Unavailable. Also runs when the client is garbage collected and at interpreter exit
+        before the node may free their space); new ones raise Unavailable. Also runs when the client is garbage
+        collected and at interpreter exit
         (``weakref.finalize``); a process that dies without it still releases everything,
         because the node ends the session when the process's socket closes.
         """

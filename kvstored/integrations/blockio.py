@@ -282,7 +282,7 @@ class BlockIO:
     def _rows(self, items: BlockItems) -> tuple[list[bytes], list[np.ndarray]]:
         keys = block_keys([h for h, _ in items], self.num_layers)
         rows: list[np.ndarray] = []
-        for h, block_id in items:
+        for _, block_id in items:
             if not 0 <= block_id < self.num_blocks:
                 raise InvalidArgument(
                     f"block id must be in [0, {self.num_blocks}); got {block_id}"

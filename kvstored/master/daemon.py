@@ -10,7 +10,8 @@ The master keeps no block metadata on disk: a restarted master rebuilds its inde
 nodes, which re-register and resync when their heartbeats are answered REREGISTER (within
 one heartbeat interval). Until a node has resynced, lookups answer without it (misses,
 never stale entries), and for one node lease after a restart they say ``complete=false``
-(the master cannot know which nodes are still to come back). ``data_dir`` holds one small JSON file with the last start epoch, so
+(the master cannot know which nodes are still to come back). ``data_dir`` holds one small JSON file
+with the last start epoch, so
 epochs (and the generations derived from them) increase across restarts even if the wall
 clock steps back.
 

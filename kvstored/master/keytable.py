@@ -3,7 +3,8 @@
 Why not a ``dict[bytes, int]``: at 10M keys a dict costs ~170 bytes per key (a 64-byte
 bytes object, a 32-byte int, ~40 bytes of table) and its lookups run one at a time in the
 interpreter, so each key pays its cache and TLB misses in series (the dict gets of a
-512-key prefix took 183 us at 10M keys against 10 us at 10k, measured here). Here a key is 20 bytes in numpy columns and a batch of keys
+512-key prefix took 183 us at 10M keys against 10 us at 10k, measured here). Here a key is 20 bytes in
+numpy columns and a batch of keys
 is looked up with a few vectorized gathers, whose misses overlap::
 
     buckets   lo u8[8] | hi u8[8] | slot i4[8]   per bucket, 8 entries (slot -1 = free)

@@ -432,7 +432,8 @@ class Body:
         """
         end = self.pos + n
         if end > len(self.raw):
-            raise ProtocolError(f"frame body truncated: wanted {n} bytes at offset {self.pos}, body is {len(self.raw)} bytes")
+            raise ProtocolError(
+                f"frame body truncated: wanted {n} bytes at offset {self.pos}, body is {len(self.raw)} bytes")
         out = self.raw[self.pos : end]
         self.pos = end
         return out

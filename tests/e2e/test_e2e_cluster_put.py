@@ -120,7 +120,7 @@ def test_puts_beyond_one_nodes_size_spread_over_the_pool_and_read_back_through_a
     master, nodes = _cluster(
         workdir, procs, {"n1": ("8MiB", "16MiB"), "n2": ("8MiB", "16MiB"), "n3": ("8MiB", "48MiB")},
         policy="random", env=dict.fromkeys(("n1", "n2", "n3"), SPREAD_WATERMARKS))
-    n1, n2, n3 = nodes["n1"], nodes["n2"], nodes["n3"]
+    n1, n3 = nodes["n1"], nodes["n3"]
     keys = _keys(128)
     for i in range(0, len(keys), 2):  # 0.5 MiB at a time: n1 never has to evict for a put
         _put(n1, keys[i : i + 2])

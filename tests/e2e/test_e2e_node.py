@@ -329,7 +329,8 @@ def test_serve_rejects_bad_configuration(workdir: Path) -> None:
     cfg.write_text("[node]\ndram_size_byte = 1\n")
     r = subprocess.run([*base, "--config", str(cfg)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "dram_size_byte" in r.stderr
-    r = subprocess.run([*base, "--listen", "not an address", "--ssd-size", "0"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*base, "--listen", "not an address", "--ssd-size", "0"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not an address" in r.stderr
 
 

@@ -192,7 +192,8 @@ def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str)
         assert c.get([keys[5]]) == [value_for(keys[5], mib)]
     served.wait_for(1, "request_done", op=OP_GET)
     scrape = _scrape(node)
-    assert (m("kvstored_store_gets_total"), m("kvstored_store_hits_total"), m("kvstored_store_misses_total")) == (4, 3, 1)
+    gets, hits, misses = "kvstored_store_gets_total", "kvstored_store_hits_total", "kvstored_store_misses_total"
+    assert (m(gets), m(hits), m(misses)) == (4, 3, 1)
     assert m("kvstored_tier_hits_total", tier="SSD") == 1 and m("kvstored_tier_hits_total", tier="DRAM") == 2
     assert m("kvstored_tier_evictions_total", tier="DRAM") == 3
     assert (m("kvstored_tier_blocks", tier="DRAM"), m("kvstored_tier_blocks", tier="SSD")) == (4, 3)
@@ -214,7 +215,9 @@ def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_one_read_larger_than_dram_promotes_from_ssd_in_pieces(start_node: object, sock_dir: str, transport: str) -> None:
+def test_one_read_larger_than_dram_promotes_from_ssd_in_pieces(
+    start_node: object, sock_dir: str, transport: str
+) -> None:
     node = start_node(dram_size_bytes=8 << 20, ssd_dir=f"{sock_dir}/ssd", ssd_size_bytes=64 << 20)  # type: ignore[operator]
     keys = random_keys(40)
     values = [value_for(k, 512 << 10) for k in keys]  # 20 MiB: most of it lives on SSD only

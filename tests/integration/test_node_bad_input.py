@@ -105,7 +105,8 @@ def test_data_plane_validates_each_item(node: DaemonThread) -> None:
     ]
     try:
         out = dp.put(items, b"", deadline=time.monotonic() + 20)
-        assert [o.code for o in out] == [0, ErrorCode.KEY_INVALID, ErrorCode.BLOCK_TOO_LARGE, ErrorCode.INVALID_ARGUMENT]
+        assert [o.code for o in out] == [
+            0, ErrorCode.KEY_INVALID, ErrorCode.BLOCK_TOO_LARGE, ErrorCode.INVALID_ARGUMENT]
         # the connection stayed in sync after the skipped payloads
         got: dict[int, bytearray] = {}
 

@@ -50,7 +50,7 @@ def test_a_strategy_refuses_a_mode_it_does_not_implement() -> None:
 def test_the_adaptive_margin_reads_the_prefill_load_when_it_decides() -> None:
     load = [0.0]
     s = AdaptiveAdmission(SchedulerConfig(admission=M.PREDICTED_ADAPTIVE), lambda: load[0])
-    for i in range(AdaptiveAdmission.MIN_ERRORS - 1):
+    for _ in range(AdaptiveAdmission.MIN_ERRORS - 1):
         s.record_error(1.0)
     assert s.margin() == 0.0  # too few errors yet
     s.record_error(-1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 import pytest
@@ -35,7 +36,7 @@ def test_runs_balance_bytes_not_keys() -> None:
 def test_runs_cover_every_key_once_in_order(n: int, k: int) -> None:
     runs = plan_streams([MIB + i for i in range(n)], k, 1)
     assert runs[0][0] == 0 and runs[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
     assert all(lo < hi for lo, hi in runs)
     assert len(runs) == min(k, n)
 
