@@ -41,8 +41,10 @@ from kvstored.master.types import (
     PlacementPolicy,
     TierUsage,
 )
+from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.types import Tier
+from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
@@ -51,7 +53,7 @@ log = structlog.get_logger(__name__)
 MAX_LOOKUP_KEYS = 65536
 MAX_KEY_BYTES = 1024
 MAX_NAMESPACE_ID_BYTES = 64
-_POLICY_FROM_PB = {
+_POLICY_FROM_PB: dict[int, PlacementPolicy] = {  # keyed by the wire number
     pb.PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy.LOCAL_FIRST,
     pb.PLACEMENT_POLICY_MOST_FREE: PlacementPolicy.MOST_FREE,
     pb.PLACEMENT_POLICY_RANDOM: PlacementPolicy.RANDOM,
@@ -126,7 +128,7 @@ def node_info(rec: NodeRecord) -> pb.NodeInfo:
     return pb.NodeInfo(
         node_id=s.node_id, epoch=s.epoch, grpc_address=s.grpc_address,
         data_address=s.data_address, transports=list(s.transports),
-        tiers=[pb.TierCapacity(tier=int(t.tier), capacity_bytes=t.capacity_bytes,
+        tiers=[pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
                                used_bytes=t.used_bytes, num_blocks=t.num_blocks)
                for _, t in sorted(rec.tiers.items())],
     )
@@ -236,7 +238,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.ReportTransferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportTransferResponse:
         health = self.membership.report_transfer(request.node_id, request.epoch, ok=request.ok)
-        return pb.ReportTransferResponse(health=int(health))
+        return pb.ReportTransferResponse(health=pb_enum(pb.NodeHealth, health))
 
     @_rpc
     async def LookupPrefix(  # noqa: N802
@@ -310,7 +312,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
         return pb.PutStartResponse(
             exists=out.exists, generation=out.generation,
-            replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=int(r.tier),
+            replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=pb_enum(cpb.Tier, r.tier),
                                     size_bytes=request.size_bytes, generation=out.generation,
                                     data_address=r.data_address) for r in out.replicas],
         )
@@ -356,7 +358,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             resp.results.add(
                 outcome=pb.PUT_START_OUTCOME_EXISTS if out.exists else pb.PUT_START_OUTCOME_PLACED,
                 generation=out.generation,
-                replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=int(r.tier),
+                replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=pb_enum(cpb.Tier, r.tier),
                                         size_bytes=size, generation=out.generation,
                                         data_address=r.data_address) for r in out.replicas])
         return resp
@@ -389,7 +391,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.metrics.admin_requests.labels(method="ListNodes").inc()
         m = self.membership
         nodes = [
-            pb.NodeStatus(node=node_info(r), health=int(r.health), load=r.load,
+            pb.NodeStatus(node=node_info(r), health=pb_enum(pb.NodeHealth, r.health), load=r.load,
                           num_replicas=self.index.num_holder_replicas(r.holder),
                           lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq,
                           probation=r.probation and not r.healthy)
@@ -420,9 +422,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp = pb.ListReplicasResponse(complete=self.membership.is_complete())
         for key, views in zip(request.keys, found, strict=True):
             resp.blocks.add(key=key, replicas=[
-                pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=int(v.tier),
+                pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=pb_enum(cpb.Tier, v.tier),
                                  size_bytes=v.size_bytes, generation=v.generation,
-                                 state=int(v.state), readable=v.readable,
+                                 state=pb_enum(pb.ReplicaState, v.state), readable=v.readable,
                                  grpc_address=v.grpc_address, data_address=v.data_address,
                                  copy=v.copy)
                 for v in views])
@@ -444,9 +446,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             limit=request.limit, page_token=bytes(request.page_token),
         )
         return pb.ListNodeBlocksResponse(
-            blocks=[pb.NodeBlockEntry(namespace_id=e.namespace_id, key=e.key, tier=int(e.tier),
+            blocks=[pb.NodeBlockEntry(namespace_id=e.namespace_id, key=e.key, tier=pb_enum(cpb.Tier, e.tier),
                                       size_bytes=e.size_bytes, generation=e.generation,
-                                      state=int(e.state), copy=e.copy) for e in entries],
+                                      state=pb_enum(pb.ReplicaState, e.state), copy=e.copy) for e in entries],
             next_page_token=token, epoch=epoch, num_replicas=num,
         )
 

@@ -51,9 +51,11 @@ import structlog
 
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError
+from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
 from kvstored.tiers.feed import Change
 from kvstored.types import BlockInfo, StoreStats
+from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
 
@@ -105,7 +107,7 @@ def snapshot_inventory(store: InventorySource) -> dict[ReplicaKey, Replica]:
 
 
 def _ref(rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
-    return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=rk[2], size_bytes=rep[0],
+    return pb.BlockRef(namespace_id=rk[0], key=rk[1], tier=pb_enum(cpb.Tier, rk[2]), size_bytes=rep[0],
                        generation=rep[1], copy=rep[2])
 
 
@@ -275,7 +277,7 @@ class MasterLink:
 
     def _tiers(self) -> list[pb.TierCapacity]:
         st = self.store.stats()
-        return [pb.TierCapacity(tier=int(t.tier), capacity_bytes=t.capacity_bytes,
+        return [pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
                                 used_bytes=t.used_bytes, num_blocks=t.num_blocks)
                 for t in st.tiers]
 
@@ -350,7 +352,7 @@ class MasterLink:
             kind = pb.BLOCK_EVENT_KIND_ADDED if c.added else pb.BLOCK_EVENT_KIND_REMOVED
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
-                block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=c.tier,
+                block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=pb_enum(cpb.Tier, c.tier),
                                   size_bytes=c.size_bytes, generation=c.generation,
                                   copy=c.copy)))
         return True

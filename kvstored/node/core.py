@@ -35,6 +35,7 @@ from kvstored.node.local_put import LocalPuts, ReservedItem, ReserveOutcome
 from kvstored.node.reads import GetOutcome, Reads
 from kvstored.node.sessions import LeaseBook
 from kvstored.types import (
+    BlockInfo,
     ExportedBlock,
     PinnedBlock,
     PutOutcome,
@@ -250,7 +251,7 @@ class NodeCore:
         """See :meth:`Reads.exists`."""
         return self.reads.exists(keys, namespace_id, with_tiers=with_tiers)
 
-    def list_blocks(self, namespace_id: bytes, limit: int) -> tuple[list, bool]:  # type: ignore[type-arg]
+    def list_blocks(self, namespace_id: bytes, limit: int) -> tuple[list[BlockInfo], bool]:
         """See :meth:`Reads.list_blocks`."""
         return self.reads.list_blocks(namespace_id, limit)
 

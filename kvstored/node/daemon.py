@@ -36,9 +36,9 @@ import os
 import pathlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -59,6 +59,7 @@ from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.tcp_server import DataPlaneServer
+from kvstored.types import Tier
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -310,8 +311,8 @@ class NodeDaemon:
                         f"cannot set {cfg.describe_key('socket_mode')} = {cfg.socket_mode:#o} on "
                         f"{path}: {exc.strerror}"
                     ) from None
-        path = self.arena_path
-        if path is None:
+        arena_path = self.arena_path
+        if arena_path is None:
             return
         gid = -1
         if cfg.arena_group is not None:
@@ -319,17 +320,17 @@ class NodeDaemon:
         elif cfg.arena_mode & 0o070 and self._unix_paths:
             gid = os.stat(self._unix_paths[0]).st_gid
         try:
-            if gid != -1 and os.stat(path).st_gid != gid:
-                os.chown(path, -1, gid)
-            os.chmod(path, cfg.arena_mode)
+            if gid != -1 and os.stat(arena_path).st_gid != gid:
+                os.chown(arena_path, -1, gid)
+            os.chmod(arena_path, cfg.arena_mode)
         except OSError as exc:
             raise ConfigInvalid(
-                f"cannot give the arena {path} mode {cfg.arena_mode:#o} and group {gid} "
+                f"cannot give the arena {arena_path} mode {cfg.arena_mode:#o} and group {gid} "
                 f"({cfg.describe_key('arena_mode')}, {cfg.describe_key('arena_group')}): "
                 f"{exc.strerror}"
             ) from None
-        st = os.stat(path)
-        log.info("arena_shared", path=path, mode=f"{st.st_mode & 0o777:#o}", gid=st.st_gid)
+        st = os.stat(arena_path)
+        log.info("arena_shared", path=arena_path, mode=f"{st.st_mode & 0o777:#o}", gid=st.st_gid)
 
     async def _start_master_link(self, core: NodeCore) -> None:
         from kvstored.node.cluster import MasterLink
@@ -368,7 +369,7 @@ class NodeDaemon:
                                           max_block_bytes=self.cfg.max_block_bytes)
             from kvstored.node.spill import SpillCollector
 
-            self.metrics.registry.register(SpillCollector(self.spiller))  # type: ignore[arg-type]
+            self.metrics.registry.register(SpillCollector(self.spiller))
             self.spiller.start()
 
     def _start_metrics(self, address: str) -> None:
@@ -392,7 +393,7 @@ class NodeDaemon:
         assert self.core is not None
         core = self.core
 
-        def block_locator(keys: list[bytes], namespace_id: bytes = b"") -> list[Any]:
+        def block_locator(keys: Sequence[bytes], namespace_id: bytes = b"") -> list[Tier]:
             """Tiers of the leading present blocks (like LookupPrefix: metadata only)."""
             return core.store.lookup_prefix(keys, namespace_id=namespace_id)
 

@@ -36,6 +36,7 @@ Exported by a node::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -211,7 +212,7 @@ class NodeMetrics:
             num_active: active (not quarantined) leases of a kind; thread-safe.
         """
         for kind in LEASE_KINDS:
-            self.lease_active.labels(kind=kind).set_function(lambda k=kind: num_active(k))
+            self.lease_active.labels(kind=kind).set_function(functools.partial(num_active, kind))
 
     def add_store_collector(
         self, stats_fn: Callable[[], StoreStats], extra_fn: Callable[[], tuple[bool, float]]

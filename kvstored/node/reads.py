@@ -40,7 +40,7 @@ import structlog
 from kvstored.errors import BatchTooLarge, KvstoredError, NoCapacity
 from kvstored.keys import format_hash
 from kvstored.node.limits import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, keys_valid
-from kvstored.types import ExportedBlock, PinnedBlock, Tier
+from kvstored.types import BlockInfo, ExportedBlock, PinnedBlock, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.limits import DrainGate, RequestLimits
@@ -315,7 +315,7 @@ class Reads:
             tiers.append(found[0] if found else None)
         return present, tiers
 
-    def list_blocks(self, namespace_id: bytes, limit: int) -> tuple[list, bool]:  # type: ignore[type-arg]
+    def list_blocks(self, namespace_id: bytes, limit: int) -> tuple[list[BlockInfo], bool]:
         """Admin listing; ``limit`` 0 = 10000. Never pins or touches recency."""
         self._limits.check_namespace_id(namespace_id)
         if limit <= 0:

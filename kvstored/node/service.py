@@ -55,6 +55,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
 from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.reads import GetOutcome
+from kvstored.pb_enum import pb_enum, pb_enums
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
@@ -79,11 +80,11 @@ def item_status(err: KvstoredError | None) -> cpb.ItemStatus:
     """The wire form of one item's result (default = OK)."""
     if err is None:
         return _OK
-    return cpb.ItemStatus(code=int(err.code), message=str(err))
+    return cpb.ItemStatus(code=pb_enum(cpb.ErrorCode, err.code), message=str(err))
 
 
-def _tier(t: Tier | None) -> int:
-    return int(t) if t is not None else 0
+def _tier(t: Tier | None) -> cpb.Tier:
+    return pb_enum(cpb.Tier, t if t is not None else cpb.TIER_UNSPECIFIED)
 
 
 def _put_results(outcomes: list[PutOutcome]) -> list[pb.PutResult]:
@@ -102,7 +103,7 @@ def _get_result(o: GetOutcome) -> pb.GetResult:
 def _time_left(ctx: Any) -> float | None:
     """Seconds left of the caller's gRPC deadline (None = none set)."""
     try:
-        return ctx.time_remaining()  # type: ignore[no-any-return]
+        return ctx.time_remaining()
     except AttributeError:
         return None
 
@@ -241,9 +242,10 @@ class NodeServicer:
             rid, got = await self._maybe_io(
                 core.reserve_put_items, items, req.namespace_id, **kwargs
             )
+        assert isinstance(got, list), got  # a blocking call (may_block=True) never answers NEEDS_IO
         resp = pb.ReservePutResponse(reservation_id=rid)
         add = resp.reservations.add
-        for x in got:  # type: ignore[attr-defined]
+        for x in got:
             if isinstance(x, Reservation):
                 add(offset=x.offset)  # an unset status is OK
             elif x.error is None:
@@ -291,7 +293,7 @@ class NodeServicer:
                 m.size_bytes = b.size_bytes
                 if b.meta:
                     m.meta = b.meta
-                m.tier = b.tier
+                m.tier = pb_enum(cpb.Tier, b.tier)
             elif b is not None:
                 m.status.CopyFrom(item_status(b))
         return out
@@ -315,7 +317,7 @@ class NodeServicer:
         if self.remote is not None and len(tiers) < len(keys):  # probe: never pins or fetches
             tiers = await self._run(self.remote.extend_prefix, req.namespace_id, keys, tiers,
                                     remaining_s=_time_left(ctx))
-        return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=tiers)  # IntEnum is int
+        return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=pb_enums(cpb.Tier, tiers))
 
     async def Exists(self, req: pb.ExistsRequest, ctx: Any) -> pb.ExistsResponse:
         present, tiers = await self._inline(
@@ -338,7 +340,7 @@ class NodeServicer:
             node_id=core.cfg.node_id, epoch=core.epoch,
             tiers=[
                 pb.TierStats(
-                    tier=int(t.tier), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+                    tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
                     num_blocks=t.num_blocks, hits=t.hits, evictions=t.evictions,
                 )
                 for t in s.tiers
@@ -355,7 +357,7 @@ class NodeServicer:
             blocks=[
                 pb.BlockInfo(
                     key=b.key, size_bytes=b.size_bytes, namespace_id=b.namespace_id,
-                    tiers=[int(t) for t in b.tiers], pinned=b.pinned,
+                    tiers=[pb_enum(cpb.Tier, t) for t in b.tiers], pinned=b.pinned,
                 )
                 for b in blocks
             ],
@@ -474,7 +476,7 @@ def _counted(
 
 def add_node_service(server: grpc.aio.Server, servicer: NodeServicer) -> None:
     """Register the NodeService methods of ``servicer`` on ``server``."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(
             _counted(servicer.core, _wrap(name, req_cls, getattr(servicer, name), servicer)),
             request_deserializer=None,

@@ -183,7 +183,7 @@ def hook_from_env() -> Hook | None:
     if not spec:
         return None
     module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
 class Spiller:
