@@ -291,7 +291,7 @@ class AdaptiveAdmission:
         self._prefill_load = prefill_load
         # recent (measured - predicted) decode loads at handoff, and the same sorted
         self.errors: deque[float] = deque(maxlen=config.error_window)
-        self._errors_sorted = SortedList()
+        self._errors_sorted: SortedList[float] = SortedList()
 
     def pick_decode(self, pool: DecodePool, live: Sequence[DecodeInstance], now: float,
                     t_join: float, input_tokens: int, tbt_slo_s: float) -> DecodePick:

@@ -37,7 +37,7 @@ def describe_scheduler(address: str, timeout_s: float) -> dict[str, Any]:
             resp = stub.DescribeScheduler(scheduler_pb2.DescribeSchedulerRequest(),
                                           timeout=timeout_s)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise Unavailable(f"{address} hosts no scheduler service") from None
             raise error_from_rpc(exc) from None
     return {

@@ -453,8 +453,8 @@ def replay(
         dec = sched.schedule(ScheduleRequest(rid, rec.hash_ids, rec.input_tokens, expected))
         if not dec.admitted:
             continue
+        assert dec.prefill_instance_id is not None
         pid = dec.prefill_instance_id
-        assert pid is not None
         node = node_of[pid]
         if dec.local_blocks:
             caches[node].touch(rec.hash_ids[: dec.local_blocks])

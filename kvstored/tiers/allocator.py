@@ -136,12 +136,13 @@ class BlockAllocator:
             )
         bo = self._by_offset
         idx = bo.bisect_left(offset)
-        prev_off = prev_len = None
+        prev_off: int | None = None
+        prev_len = next_len = 0  # read only when the offset beside it is set
         if idx > 0:
             prev_off, prev_len = bo.peekitem(idx - 1)
             if prev_off + prev_len > offset:
                 raise ValueError(f"double free: [{offset}, {end}) overlaps a free extent")
-        next_off = next_len = None
+        next_off: int | None = None
         if idx < len(bo):
             next_off, next_len = bo.peekitem(idx)
             if next_off < end:

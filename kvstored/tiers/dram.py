@@ -389,7 +389,7 @@ class DramTier:
         bo = self.by_offset
         i = bo.bisect_key_left(offset)
         if i < len(bo) and bo[i].offset == offset:
-            return bo[i]  # type: ignore[no-any-return]
+            return bo[i]
         return None
 
     def entry_ending_at(self, offset: int) -> DramEntry | None:

@@ -180,7 +180,7 @@ class ChangeFeed:
         return out, False
 
 
-class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
+class ObservedEntries(OrderedDict[bytes, Any]):
     """A tier's block map that records every key it gains or loses in a :class:`ChangeFeed`.
 
     Values must have ``size_bytes`` and ``generation``; a value entering the map with
@@ -256,7 +256,7 @@ class ObservedEntries(OrderedDict):  # type: ignore[type-arg]
         raise TypeError("ObservedEntries cannot be pickled")
 
 
-class ObservedCopies(OrderedDict):  # type: ignore[type-arg]
+class ObservedCopies(OrderedDict[bytes, None]):
     """``DramTier.copies`` (store key -> None, oldest copy first) that re-reports a block
     whose mark changes while it stays in DRAM (see the module docstring).
 

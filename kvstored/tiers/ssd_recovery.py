@@ -24,6 +24,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO, cast
 
 import structlog
 from rocksdict import Options, Rdict
@@ -232,9 +233,9 @@ def _scan_files(data_dir: str, make_entry: MakeEntry) -> list[tuple[float, bytes
                     fh.seek(max(0, st.st_size - FOOTER_BYTES))
                     footer = fh.read(FOOTER_BYTES)
 
-                    def body(n: int, fh: object = fh, end: int = st.st_size) -> bytes:
-                        fh.seek(max(0, end - FOOTER_BYTES - n))  # type: ignore[attr-defined]
-                        return fh.read(n)  # type: ignore[attr-defined,no-any-return]
+                    def body(n: int, fh: BinaryIO = fh, end: int = st.st_size) -> bytes:
+                        fh.seek(max(0, end - FOOTER_BYTES - n))
+                        return fh.read(n)
 
                     skey, size, csum, meta, want = parse_trailer(footer, body)
             except (OSError, ValueError, struct.error):
@@ -264,7 +265,8 @@ def _rebuild(
             )
     else:
         for ikey, rec in db.items():
-            ikey, rec = bytes(ikey), bytes(rec)
+            # raw_mode: both are bytes already (the stubs type every mode's values)
+            ikey, rec = cast(bytes, ikey), cast(bytes, rec)
             try:
                 if ikey.startswith(LEGACY_BLOCK_PREFIX):
                     got = _migrate_legacy(db, data_dir, ikey[1:], rec, make_entry)
