@@ -6,7 +6,7 @@ Every check raises an error that names the argument, what was expected and what 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -56,7 +56,7 @@ def as_byte_view(obj: object, what: str, index: int) -> memoryview:
     try:
         return mv.cast("B")
     except TypeError:
-        return memoryview(np.frombuffer(mv, dtype=np.uint8))
+        return np.frombuffer(mv, dtype=np.uint8).data
 
 
 def as_writable_view(obj: object, index: int) -> memoryview:
@@ -77,7 +77,7 @@ def as_writable_view(obj: object, index: int) -> memoryview:
     try:
         return mv.cast("B")
     except TypeError:  # a format memoryview cannot cast (e.g. a numpy structured dtype)
-        return memoryview(np.frombuffer(mv, dtype=np.uint8))
+        return np.frombuffer(mv, dtype=np.uint8).data
 
 
 def _received(obj: object) -> str:
@@ -147,9 +147,10 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
-    lens = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None
+    all_bytes = set(map(type, keys)) <= {bytes}
+    lens = set(map(len, cast(Sequence[bytes], keys))) if all_bytes else None
     if lens is not None and (not lens or (min(lens) >= max(info.min_key_bytes, 1) and max(lens) <= info.max_key_bytes)):
-        return list(keys)  # fast path: every key is valid bytes (C-level checks)
+        return list(cast(Sequence[bytes], keys))  # fast path: every key is valid bytes (C-level checks)
     out = []
     for i, k in enumerate(keys):
         kb = _key_bytes(k, i)

@@ -63,8 +63,9 @@ Safety of the shared-memory path (fencing, see kvstored/node/sessions.py):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -136,6 +137,10 @@ from kvstored.types import BlockInfo, Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 
+if TYPE_CHECKING:
+    from kvstored.transport.base import GetItem, Sink
+    from kvstored.transport.tcp import DataPlaneClient
+
 # ---- reads --------------------------------------------------------------------------------------
 
 
@@ -200,7 +205,7 @@ class _ReadSink:
             i = base + j
             if self.views is not None:
                 dst = self._fits(i, size)
-                return None if dst is None else memoryview(dst)
+                return None if dst is None else dst.data
             buf = bytearray(size)
             self.values[i] = buf
             return memoryview(buf)
@@ -226,6 +231,14 @@ class _ReadSink:
 
 
 
+def _get_wire(
+    dp: DataPlaneClient, keys: Sequence[bytes], namespace_id: bytes, target: Sink,
+    size_hints: Sequence[int] | None, deadline: float,
+) -> list[GetItem]:
+    """One data-plane get of ``keys`` into ``target`` (the Blocking step of :func:`_read_tcp`)."""
+    return dp.get(keys, namespace_id, target, deadline=deadline, size_hints=size_hints)
+
+
 def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
     dp = st.dataplane
     if dp is None:
@@ -235,8 +248,7 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         chunk = keys[start:end]
         hints = None if sink.views is None else [len(v) for v in sink.views[start:end]]
         items = yield Blocking(  # hints (buffer sizes) let a large get_into use several streams
-            lambda d, chunk=chunk, start=start, hints=hints: dp.get(
-                chunk, st.namespace_id, sink.tcp_target(start), deadline=d, size_hints=hints)
+            functools.partial(_get_wire, dp, chunk, st.namespace_id, sink.tcp_target(start), hints)
         )
         for j, it in enumerate(items):
             i = start + j
@@ -335,7 +347,8 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
             pb.LookupPrefixRequest(keys=checked[start:end], namespace_id=st.namespace_id),
             pb.LookupPrefixResponse,
         )
-        tiers += tiers_of(resp.tiers[: resp.num_hit_blocks])
+        # a hit block's tier is DRAM or SSD (None only for a value this client does not know)
+        tiers += cast(list[Tier], tiers_of(resp.tiers[: resp.num_hit_blocks]))
         if resp.num_hit_blocks < end - start:
             break
     return tiers

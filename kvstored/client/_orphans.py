@@ -52,7 +52,7 @@ class RpcFuture(Protocol):
     """What :class:`Background` needs of an RPC in flight: a ``grpc.Future`` or an
     ``asyncio.Future`` (a callback when it ends, and how it ended)."""
 
-    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(future)`` once the RPC ended (at once if it already has)."""
 
     def cancelled(self) -> bool:

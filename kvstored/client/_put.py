@@ -18,7 +18,9 @@ ahead of the keys): README.md "One round trip per put?".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvstored.client._args import (
     _chunks_by_bytes,
@@ -41,8 +43,20 @@ from kvstored.transport.control import MAX_FRAME_BYTES
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 
+if TYPE_CHECKING:
+    from kvstored.transport.base import PutItem
+    from kvstored.transport.tcp import DataPlaneClient
+
 CONTROL_PUT_MAX_BYTES = MAX_FRAME_BYTES // 2
 """Most value bytes one inline Put carries on the control channel (its frames are bounded)."""
+
+
+def _put_wire(
+    dp: DataPlaneClient, wire: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes,
+    deadline: float,
+) -> list[PutItem]:
+    """One data-plane put of ``wire`` (the Blocking step of :func:`_put_tcp`)."""
+    return dp.put(wire, namespace_id, deadline=deadline)
 
 
 def _put_tcp(
@@ -56,7 +70,7 @@ def _put_tcp(
     for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
         wire = [(k, v, m) for _, k, v, m in chunk]
         got = yield Blocking(
-            lambda d, wire=wire: dp.put(wire, st.namespace_id, deadline=d),
+            functools.partial(_put_wire, dp, wire, st.namespace_id),
             sum(len(v) for _, _, v, _ in chunk),
         )
         for (i, *_), r in zip(chunk, got, strict=True):

@@ -11,6 +11,7 @@ get's pins is described at :func:`read_shm`.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import time
@@ -176,7 +177,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
             cut = n
             plan = None if sink.views is None else _fastget.plan_copies(arena, blocks, start, sink)
             if plan is not None:  # get_into, every block found: one pass, one copy
-                yield Blocking(lambda d, plan=plan: _fastget.copy_planned(plan, d), plan[3])
+                yield Blocking(functools.partial(_fastget.copy_planned, plan), plan[3])
                 _fastget.record(plan, blocks, start, sink)
             else:
                 # An SSD hit that could not be promoted because this chunk's own pins fill
@@ -198,7 +199,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                         num_bytes += b.size_bytes
                 if found:
                     yield Blocking(
-                        lambda d, blocks=blocks, base=start: _copy_pinned(arena, blocks, base, sink, d),
+                        functools.partial(_copy_pinned, arena, blocks, start, sink),
                         num_bytes,
                     )
             copied = True
@@ -279,7 +280,7 @@ def _put_shm(
             continue
         try:
             yield Blocking(
-                lambda d, w=writes: _copy_into_arena(arena, w, d), sum(len(v) for _, v in writes)
+                functools.partial(_copy_into_arena, arena, writes), sum(len(v) for _, v in writes)
             )
             # the node refuses the commit (LeaseExpired, space freed) if the lease lapsed
             commit = yield Call(

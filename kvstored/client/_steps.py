@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -55,6 +55,23 @@ class Call:
     response_cls: type[Message]
     undo: Callable[[Any], Call | None] | None = None
     release: bool = False
+
+
+class _GrantingRequest(Protocol):
+    """What every granting request (a :class:`Call` with ``undo``) carries."""
+
+    session_id: int
+    request_id: int
+
+
+def grant_ids(step: Call) -> tuple[int, int]:
+    """``(session_id, request_id)`` of a granting call's request: what an orphan ack names.
+
+    Only for a :class:`Call` with ``undo`` (PinBlocks, ReservePut, ...), whose request
+    messages all have both fields.
+    """
+    req = cast(_GrantingRequest, step.request)
+    return req.session_id, req.request_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from kvstored.client import _control, _hooks, _ops
 from kvstored.client._control import NO_ANSWER, AsyncControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
+from kvstored.client._steps import grant_ids
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
@@ -228,7 +229,7 @@ class AsyncClient:
 
     def _orphaned(self, step: Call) -> None:
         """A granting call ended without an answer: its grant (if any) is orphaned."""
-        self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+        self._st.orphans.add(*grant_ids(step))
 
     async def _execute(self, step: Call | Blocking | Session, deadline: float) -> Any:
         if isinstance(step, Session):
@@ -298,7 +299,7 @@ class AsyncClient:
         while True:
             done, value = _ops.drive_step(gen, send_value, throw_exc)
             if done:
-                return value  # type: ignore[no-any-return]
+                return value
             send_value, throw_exc = None, None
             try:
                 send_value = await self._execute(value, deadline)

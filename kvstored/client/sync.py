@@ -17,6 +17,7 @@ from kvstored.client import _control, _hooks, _ops
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
+from kvstored.client._steps import grant_ids
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
@@ -308,12 +309,12 @@ class Client:
             response = stub(step.request, timeout=remaining)
         except grpc.RpcError as exc:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
-                self._st.orphans.add(step.request.session_id, step.request.request_id)
+                self._st.orphans.add(*grant_ids(step))
                 _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise self._st.map_rpc_error(exc) from None
         except BaseException:  # interrupted mid-call: acked with the next call or at close()
             if step.undo is not None:
-                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+                self._st.orphans.add(*grant_ids(step))
             raise
         self._st.connected = True
         return response
@@ -342,14 +343,14 @@ class Client:
             response = control.call(step.method, step.request, remaining)
         except NO_ANSWER:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
-                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+                self._st.orphans.add(*grant_ids(step))
                 _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
             raise
         except KvstoredError:
             raise  # the node answered: nothing was granted
         except BaseException:  # interrupted mid-call: acked with the next call or at close()
             if step.undo is not None:
-                self._st.orphans.add(step.request.session_id, step.request.request_id)  # type: ignore[attr-defined]
+                self._st.orphans.add(*grant_ids(step))
             raise
         self._st.connected = True
         return response
@@ -360,7 +361,7 @@ class Client:
         while True:
             done, value = _ops.drive_step(gen, send_value, throw_exc)
             if done:
-                return value  # type: ignore[no-any-return]
+                return value
             send_value, throw_exc = None, None
             try:
                 send_value = self._execute(value, deadline)
