@@ -56,6 +56,11 @@ class PreallocatedLayer(DynamicLayer):
     past the capacity it falls back to growing like ``DynamicLayer``.
     """
 
+    # DynamicLayer declares both Optional (unset until its lazy initialisation); here
+    # __init__ sets them from the buffers, so they are never None.
+    keys: torch.Tensor
+    values: torch.Tensor
+
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, length: int) -> None:
         super().__init__()
         self._k_buf = k_buf

@@ -192,7 +192,7 @@ def _smollm2_converted(gguf: Path, progress: Callable[[str], None] = _progress_n
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The dequantised weights are plain float32 tensors; drop the GGUF marker so
     # save_pretrained writes them (transformers refuses to serialise "gguf-quantised" models).
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module types its attributes Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -228,32 +228,37 @@ def _random_config(arch: str) -> Any:
         return LlamaConfig(
             vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-            rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
         )
     if arch == "qwen2.5-0.5b":
         return Qwen2Config(
             vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
         )
     if arch == "qwen2.5-1.5b":
         return Qwen2Config(
             vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
             num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
         )
     if arch == "llama-3.2-1b":
         return LlamaConfig(
             vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
             num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-            max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+            max_position_embeddings=131072, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            rms_norm_eps=1e-5,
             tie_word_embeddings=True,
         )
     if arch == "tiny":
         return LlamaConfig(
             vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-            max_position_embeddings=16384, rope_theta=10000.0, tie_word_embeddings=True,
+            max_position_embeddings=16384, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=True,
         )
     raise InvalidArgument(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
 
@@ -277,6 +282,7 @@ def load_model(
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tok: HFTokenizer | ByteTokenizer
     if arch == "smollm2":
         path = _smollm2_converted(find_smollm2_gguf(), progress)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()

@@ -171,7 +171,7 @@ class EngineProcess:
         if rc != 0 or not lines:
             raise KvstoredError(f"vLLM engine process failed (exit {rc}); log "
                                 f"{self.log_path}:\n{text[-4000:]}")
-        return json.loads(lines[-1][len(RESULT_PREFIX):])  # type: ignore[no-any-return]
+        return json.loads(lines[-1][len(RESULT_PREFIX):])
 
     def kill(self) -> None:
         """SIGKILL it if it still runs."""

@@ -25,6 +25,7 @@ no client call runs under it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -334,7 +335,7 @@ class BlockIO:
             future = self._executor.submit(self._save, req_id, salt, list(items))
             self._pending.setdefault(req_id, []).append(future)
         # Outside the lock: on a future that is already done the callback runs right here.
-        future.add_done_callback(lambda f, r=req_id: self._done(r, f))
+        future.add_done_callback(functools.partial(self._done, req_id))
 
     def _done(self, req_id: str, future: Future[None]) -> None:
         with self._lock:

@@ -100,7 +100,7 @@ class KvstoredConnectorStats(KVConnectorStats):
 
     def reset(self) -> None:
         """Start a new interval."""
-        self.data = {}
+        self.data: dict[str, int | float] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         """Add another worker's (or interval's) counters."""
