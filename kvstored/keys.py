@@ -151,7 +151,7 @@ class Namespace:
             )
         if "model_id" not in data:
             raise InvalidArgument("Namespace needs model_id")
-        return cls(**data)  # type: ignore[arg-type]
+        return cls(**data)  # type: ignore[arg-type]  # the field values are checked by the dataclass at run time
 
 
 def _encode_extra(extra: ExtraKey) -> bytes:
@@ -257,7 +257,7 @@ def block_hashes(
         if lora is not None:
             extras.append("lora:" + lora)
         if extra_keys is not None and i < len(extra_keys) and extra_keys[i]:
-            extras.extend(extra_keys[i])  # type: ignore[arg-type]
+            extras.extend(extra_keys[i])  # type: ignore[arg-type]  # extra_keys[i] is not None here: checked in the condition above
         parent = hash_block(parent, arr[i * bs : (i + 1) * bs], extras)
         out.append(parent)
     return out

@@ -66,7 +66,7 @@ def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
     ):
         return obj
     try:
-        mv = memoryview(obj)  # type: ignore[arg-type]
+        mv = memoryview(obj)  # type: ignore[arg-type]  # any buffer is accepted; a non-buffer raises TypeError, handled below
     except TypeError:
         raise TypeError(
             f"copy_many: {what} of pair #{i} must be a C-contiguous buffer, got {type(obj).__name__}"

@@ -137,4 +137,4 @@ def handle_errors(fn: F) -> F:
             output.emit_error(out, type(exc).__name__, str(exc))
             ctx.exit(EXIT_ERROR)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature of F

@@ -22,7 +22,7 @@ def _memoryview_of(obj: object, what: str, index: int, expected: str) -> memoryv
     """``memoryview(obj)``; not a buffer -> InvalidArgument naming ``what #index``, its type
     and ``expected``."""
     try:
-        return memoryview(obj)  # type: ignore[arg-type]
+        return memoryview(obj)  # type: ignore[arg-type]  # any buffer is accepted; a non-buffer raises TypeError, handled below
     except TypeError:
         raise InvalidArgument(
             f"{what} #{index} is a {type(obj).__name__}; pass {expected}") from None

@@ -178,4 +178,4 @@ def op_put(
     missing = [i for i, r in enumerate(results) if r is None]
     if missing:
         raise InternalError(f"no result for put items {missing[:8]}")
-    return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]  # no None is left: checked just above (InternalError)

@@ -234,7 +234,7 @@ class KvstoredConnector(KVConnectorBase_V1):
         Namespace(**fields)  # type: ignore[arg-type]  # validate now, not on the first request
         self.namespace_fields = fields
         self._clients = ClientPool(
-            lambda salt: Namespace(**fields, tenant_salt=salt),  # type: ignore[arg-type]
+            lambda salt: Namespace(**fields, tenant_salt=salt),  # type: ignore[arg-type]  # the Namespace validates its fields at run time
             self._config,
         )
         self._clients.get("")  # connect now, not inside the first scheduling step

@@ -291,10 +291,11 @@ class Membership:
             holder = self.index.add_holder()
         same = old is not None and not superseded  # the live daemon reconnecting
         self._oldest_heartbeat_s = min(self._oldest_heartbeat_s, now)
+        prev = old if same else None
         rec = NodeRecord(spec=spec, holder=holder, registered_s=now, last_heartbeat_s=now,
-                         tiers=tiers, synced=same and old.synced,  # type: ignore[union-attr]
-                         applied_seq=old.applied_seq if same else 0,  # type: ignore[union-attr]
-                         gap=same and old.gap)  # type: ignore[union-attr]
+                         tiers=tiers, synced=prev is not None and prev.synced,
+                         applied_seq=prev.applied_seq if prev is not None else 0,
+                         gap=prev is not None and prev.gap)
         self._nodes[spec.node_id] = rec
         self._by_holder[holder] = rec
         self.departed.forget(spec.node_id)

@@ -400,10 +400,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         now = m.clock()
         departed = [
             pb.DepartedNode(
-                node=pb.NodeInfo(node_id=node_id, epoch=d.spec.epoch,  # type: ignore[attr-defined]
-                                 grpc_address=d.spec.grpc_address,  # type: ignore[attr-defined]
-                                 data_address=d.spec.data_address,  # type: ignore[attr-defined]
-                                 transports=list(d.spec.transports)),  # type: ignore[attr-defined]
+                node=pb.NodeInfo(node_id=node_id, epoch=d.spec.epoch,  # type: ignore[attr-defined]  # DepartedNode.spec is typed object; it holds a NodeSpec
+                                 grpc_address=d.spec.grpc_address,  # type: ignore[attr-defined]  # as above
+                                 data_address=d.spec.data_address,  # type: ignore[attr-defined]  # as above
+                                 transports=list(d.spec.transports)),  # type: ignore[attr-defined]  # as above
                 reason=d.reason, departed_s_ago=max(0.0, now - d.departed_s),
                 num_replicas=d.num_replicas)
             for node_id, d in m.departed.recent(now)

@@ -127,7 +127,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream server's transport is always an asyncio.Transport
         self._server._transports.add(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:

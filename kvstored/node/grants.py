@@ -229,11 +229,11 @@ class Grants:
         out: list[ReservedItem]
         num_bytes: int
         reserved: bool
-        out, num_bytes, reserved = got  # type: ignore[misc]
+        out, num_bytes, reserved = got  # type: ignore[misc]  # got is not NEEDS_IO (an object sentinel) here
         if not reserved:
             return 0, out
         rid = self._record_lease(
-            "reservation", session_id, out, num_bytes, lease_ms, request_id  # type: ignore[arg-type]
+            "reservation", session_id, out, num_bytes, lease_ms, request_id  # type: ignore[arg-type]  # a lease holds any item list
         )
         return rid, out
 
@@ -305,8 +305,8 @@ class Grants:
             )
         if abort:
             puts.abort_reserved(items)
-            return [EXISTED if isinstance(x, Reservation) else x for x in items]  # type: ignore[misc]
-        out = puts.commit_items(items)  # type: ignore[arg-type]
+            return [EXISTED if isinstance(x, Reservation) else x for x in items]  # type: ignore[misc]  # a reservation lease's items are Reservations and PutOutcomes
+        out = puts.commit_items(items)  # type: ignore[arg-type]  # a reservation lease's items are Reservations and PutOutcomes
         if self._metrics is not None:
             self._metrics.count_transfer(
                 "shm", "in", sum(o is STORED for o in out),

@@ -235,7 +235,7 @@ class LocalPuts:
                 return NEEDS_IO
             reserved: list[ReservedItem]
             num_bytes: int
-            reserved, num_bytes, _ = got  # type: ignore[misc]
+            reserved, num_bytes, _ = got  # type: ignore[misc]  # got is not NEEDS_IO (an object sentinel) here
             try:
                 for (_, value, _), r in zip(items, reserved, strict=True):
                     if isinstance(r, Reservation):

@@ -521,7 +521,7 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
         close(timeout_s)
         master.close()
 
-    spiller.close = close_all  # type: ignore[method-assign]
+    spiller.close = close_all  # type: ignore[method-assign]  # the facade's close replaced by one that also closes the master stub
     return spiller
 
 

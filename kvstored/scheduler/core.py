@@ -285,7 +285,7 @@ class Scheduler:
         if reason is not None:
             self.num_rejected[reason] += 1
             return Decision(request.request_id, False, reason, chosen.spec.instance_id,
-                            dec.spec.instance_id, **decision_kw)  # type: ignore[arg-type]
+                            dec.spec.instance_id, **decision_kw)  # type: ignore[arg-type]  # decision_kw holds the optional Decision fields with their own types
 
         chosen.busy_until_s = max(now, chosen.busy_until_s) + t_x + t_p
         chosen.num_scheduled += 1
@@ -304,7 +304,7 @@ class Scheduler:
         )
         return Decision(request.request_id, True, None, chosen.spec.instance_id,
                         dec.spec.instance_id, replicate_keys=replicate,
-                        **decision_kw)  # type: ignore[arg-type]
+                        **decision_kw)  # type: ignore[arg-type]  # decision_kw holds the optional Decision fields with their own types
 
 
     def _check_request(self, request: ScheduleRequest) -> None:

@@ -190,7 +190,7 @@ class _SnapshotIndex:
             blocks = self._nodes.get(node, {})
             nb = ns = 0
             for k in keys:
-                t = blocks.get(k)  # type: ignore[call-overload]
+                t = blocks.get(k)  # type: ignore[call-overload]  # the keys are block hashes (bytes); match_prefix types them Hashable
                 if t is None:
                     break
                 nb += 1
@@ -209,7 +209,7 @@ class _SnapshotIndex:
             blocks = self._nodes.get(node, {})
             nb = ns = 0
             for k in keys:
-                t = blocks.get(k)  # type: ignore[call-overload]
+                t = blocks.get(k)  # type: ignore[call-overload]  # the keys are block hashes (bytes); the signature types them Hashable
                 if t is None:
                     break
                 nb += 1
@@ -289,7 +289,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self.core.register_instance(spec)
         except KvstoredError as exc:
             await self._abort(context, exc)
-        self._roles[info.instance_id] = role  # type: ignore[assignment]
+        self._roles[info.instance_id] = role  # type: ignore[assignment]  # role is not None here: a bad role raised above (and _abort raises)
         self._nodes[info.instance_id] = info.node_id
         log.info("scheduler_instance_registered", instance_id=info.instance_id,
                  node_id=info.node_id, role=str(role))

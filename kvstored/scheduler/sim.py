@@ -405,7 +405,7 @@ def replay(
                     decode_tokens_of.pop(rid, None)
                     input_of.pop(rid, None)
                     continue
-                d = decodes[hand.decode_instance_id]  # type: ignore[index]
+                d = decodes[hand.decode_instance_id]  # type: ignore[index]  # an admitted handoff names its decode instance
                 d.advance(t)
                 d.join(rid, input_of.pop(rid), decode_tokens_of.pop(rid), t)
                 d.restep()

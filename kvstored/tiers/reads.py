@@ -65,12 +65,12 @@ class Reads:
             dram, ssd = st.dram, st.ssd
             hits = list(map(dram.entries.get, skeys))
             if None not in hits:  # every key a DRAM hit: no promotion, wait or miss (hot path)
-                return self._pin_dram_hits(checked, hits)  # type: ignore[arg-type,return-value]
+                return self._pin_dram_hits(checked, hits)  # type: ignore[arg-type,return-value]  # no None in hits (checked); a list of hits is a list of outcomes
             promoting = st.promoting
             if not may_block and ssd is not None and any(
                 k not in dram.entries and (k in ssd.entries or k in promoting) for k in skeys
             ):
-                return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]
+                return [NEEDS_IO] * len(skeys)  # type: ignore[list-item]  # NEEDS_IO is an object sentinel, the documented answer here
             transit = self._transit
             touched_dram: list[bytes] = []
             touched_ssd: list[bytes] = []
@@ -94,7 +94,7 @@ class Reads:
                     promoted = transit.promote(skey)
                     if promoted is AGAIN:
                         continue
-                    got = promoted  # type: ignore[assignment]
+                    got = promoted  # type: ignore[assignment]  # promoted is not AGAIN (an object sentinel) here
                     if isinstance(got, DramEntry):
                         tier = Tier.SSD
                         touched_ssd.append(skey)

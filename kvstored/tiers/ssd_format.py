@@ -184,7 +184,7 @@ def parse_trailer(footer: bytes, read_body: object) -> tuple[bytes, int, int, by
     body_len, body_hash, magic = _FOOTER.unpack(footer)
     if magic != _MAGIC or body_len < _TRAILER.size or body_len > 1 << 20:
         raise ValueError("no block trailer")
-    body = read_body(body_len)  # type: ignore[operator]
+    body = read_body(body_len)  # type: ignore[operator]  # read_body is typed object (parse_trailer's signature); callers pass a callable
     if len(body) != body_len or xxhash.xxh3_64_intdigest(body) != body_hash:
         raise ValueError("damaged block trailer")
     size, csum, skey_len, meta_len = _TRAILER.unpack_from(body)

@@ -468,7 +468,7 @@ class DataPlaneServer:
         )
         # closing() unpins the current chunk only after send_all returned or raised: the
         # kernel then holds its own copy, so no pin is released while it is still read.
-        with contextlib.closing(chunks):  # type: ignore[type-var]
+        with contextlib.closing(chunks):  # type: ignore[type-var]  # a generator has close(); typeshed's closing() wants the SupportsClose protocol
             while True:
                 try:
                     start, got = next(chunks)
