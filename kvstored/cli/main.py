@@ -325,6 +325,10 @@ def cleanup(config_path: str | None, arena_dir: str | None, dry_run: bool,
         except ConfigInvalid as exc:
             click.echo(f"kvstored: {exc}", err=True)
             sys.exit(2)
+    if not os.path.isdir(arena_dir):
+        click.echo(f"kvstored: the arena dir {arena_dir!r} does not exist or is not a directory "
+                   "(set --arena-dir or node.arena_dir)", err=True)
+        sys.exit(2)
     found = list_arena_files(arena_dir)
     if paths:
         by_path = {f.path: f for f in found}

@@ -102,13 +102,22 @@ _ARENA_FILE = re.compile(r"^kvstored-(?P<node>.*)-(?P<pid>\d+)\.arena$")
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs. A zombie (exited, not yet reaped by its parent: state
+    ``Z`` or ``X`` in ``/proc/<pid>/stat``) does not: its mappings are gone, so an arena file
+    it owned is stale although ``kill(pid, 0)`` still succeeds."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else: ask /proc
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc here: trust kill()
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]  # "pid (comm) S ..."
+    return state not in (b"Z", b"X")
 
 
 def arena_file_name(node_id: str, pid: int) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import ServeProcess
+from thread_helpers import wait_until
 
 
 def _dead_pid() -> int:
@@ -76,3 +77,29 @@ def test_a_node_reclaims_only_its_own_stale_arena_and_cleanup_removes_the_rest(
     finally:
         node.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_an_arena_whose_owner_is_a_zombie_is_stale(arena_dir: Path) -> None:
+    # A SIGKILLed daemon stays a zombie until its parent reaps it; its mapping is gone, so
+    # its arena file is stale though kill(pid, 0) still answers.
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        def exited_unreaped() -> bool:  # no wait() yet: a zombie
+            stat = Path(f"/proc/{zombie.pid}/stat").read_bytes()
+            return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+
+        wait_until(exited_unreaped, 30.0, "the child to exit")
+        stale = arena_dir / f"kvstored-z-{zombie.pid}.arena"
+        stale.write_bytes(b"\0" * 4096)
+        listed = _cleanup("--arena-dir", str(arena_dir), "--dry-run")
+        assert listed.returncode == 0, listed.stderr
+        assert f"would remove {stale}" in listed.stdout
+    finally:
+        zombie.wait(30)
+
+
+def test_cleanup_of_a_missing_arena_dir_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    got = _cleanup("--arena-dir", str(missing))
+    assert got.returncode == 2
+    assert str(missing) in got.stderr and "does not exist" in got.stderr
