@@ -1,4 +1,4 @@
-"""Small helpers every test directory shares: block keys, an O_DIRECT probe.
+"""Small helpers every test directory shares: block keys, an O_DIRECT probe, a torn send.
 
 Importable from every test directory: pytest puts tests/ on ``sys.path`` (the suite's root
 conftest lives there). Polling and thread helpers are in tests/thread_helpers.py; the clock
@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 
 def key(i: int) -> bytes:
@@ -28,3 +34,24 @@ def odirect_supported(d: pathlib.Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def tear_payload_at(monkeypatch: pytest.MonkeyPatch, server_module: ModuleType, start: int
+                    ) -> Callable[[int], None]:
+    """Make the data-plane server in ``server_module`` (kvstored.transport.tcp_server) cut its
+    connection half-way through the payload of the chunk that starts at item ``start``: the
+    item's header and meta and half its payload go out, then ``send_all`` raises
+    ConnectionResetError. Returns the ``get_before_send`` hook (``hook(start)``) that tells the
+    torn send which chunk is going out; install it on the server's test hook."""
+    real = server_module.send_all
+    current = threading.local()
+
+    def tearing_send_all(sock: Any, bufs: Sequence[Any], deadline: float | None) -> None:
+        if getattr(current, "start", None) != start:
+            return real(sock, bufs, deadline)
+        *head, payload = bufs
+        real(sock, [*head, memoryview(payload)[: len(payload) // 2]], deadline)
+        raise ConnectionResetError("test: connection cut in the middle of a payload")
+
+    monkeypatch.setattr(server_module, "send_all", tearing_send_all)
+    return lambda s: setattr(current, "start", s)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from helpers import key
+from helpers import key, tear_payload_at
 
 from kvstored.config import NodeConfig
 from kvstored.errors import DeadlineExceeded, TransferFailed
@@ -127,19 +127,7 @@ def test_a_passed_deadline_keeps_the_items_received_before_it(node: Node) -> Non
 def test_an_item_torn_mid_payload_is_never_reported_received(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_send_all = tcp_server.send_all
-    current = threading.local()
-    node.on_before_send = lambda start: setattr(current, "start", start)
-
-    def tearing_send_all(sock: Any, bufs: Sequence[Any], deadline: float | None) -> None:
-        if getattr(current, "start", None) != N:
-            return real_send_all(sock, bufs, deadline)
-        # item N's header (and meta), then half of its payload: the connection breaks there
-        *head, payload = bufs
-        real_send_all(sock, [*head, memoryview(payload)[: len(payload) // 2]], deadline)
-        raise ConnectionResetError("test: connection cut in the middle of a payload")
-
-    monkeypatch.setattr(tcp_server, "send_all", tearing_send_all)
+    node.on_before_send = tear_payload_at(monkeypatch, tcp_server, N)
     client = DataPlaneClient(node.address, max_block_bytes=BLOCK)
     bufs = Buffers(M)
     try:

@@ -67,6 +67,22 @@ class FakeMaster:
         self.reports.append((peer, epoch, ok))
 
 
+class PerKeyMaster(FakeMaster):
+    """Also answers per key (``lookup_each``), or None like an older master (``old``)."""
+
+    def __init__(self, *, old: bool = False) -> None:
+        super().__init__()
+        self.old = old
+        self.each_lookups = 0
+
+    def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
+                    timeout_s: float) -> dict[int, ClusterReplica] | None:
+        self.each_lookups += 1
+        if self.old:
+            return None
+        return {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
+
+
 def with_generations(core: NodeCore, generations: dict[bytes, int],
                       exported: list[bytes] | None = None) -> None:
     """Make what ``core``'s data plane sends carry ``generations`` (absent: 0, unknown), for an

@@ -3,29 +3,11 @@ an older master (no per-key answer) falls back to looking up runs past the misse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from helpers import key
-from remote_helpers import FakeMaster, make_core, make_reads
+from remote_helpers import PerKeyMaster, make_core, make_reads
 
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.types import Tier
-
-
-class PerKeyMaster(FakeMaster):
-    """Also answers per key (``lookup_each``), or None like an older master (``old``)."""
-
-    def __init__(self, *, old: bool = False) -> None:
-        super().__init__()
-        self.old = old
-        self.each_lookups = 0
-
-    def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
-                    timeout_s: float) -> dict[int, ClusterReplica] | None:
-        self.each_lookups += 1
-        if self.old:
-            return None
-        return {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
 
 
 def _probe(master: PerKeyMaster) -> list[bool]:

@@ -8,12 +8,12 @@ A real source data plane in-process; the master is a dict the test controls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 from remote_helpers import (
     DataPlanes,
-    FakeMaster,
+    PerKeyMaster,
     key,
     local_bytes,
     make_core,
@@ -21,8 +21,8 @@ from remote_helpers import (
     with_generations,
 )
 
-from kvstored.client.master import ClusterReplica
 from kvstored.node.core import NodeCore
+from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.types import Tier
 
 BLOCK = 16 << 10
@@ -30,22 +30,6 @@ BLOCK = 16 << 10
 
 def value(i: int) -> bytes:
     return bytes([i % 251]) * (BLOCK // 2 + i)
-
-
-class PerKeyMaster(FakeMaster):
-    """Also answers per key (``lookup_each``), or None like an older master (``old``)."""
-
-    def __init__(self, *, old: bool = False) -> None:
-        super().__init__()
-        self.old = old
-        self.each_lookups = 0
-
-    def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
-                    timeout_s: float) -> dict[int, ClusterReplica] | None:
-        self.each_lookups += 1
-        if self.old:
-            return None
-        return {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ No sleeps: the hold waits on an Event under a hang guard.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import key
+from helpers import key, tear_payload_at
 from remote_helpers import (
     FakeMaster,
     local_bytes,
@@ -139,22 +139,11 @@ def test_a_deadline_passing_after_n_blocks_keeps_those_n(
 def test_a_block_torn_mid_payload_is_never_committed(
     source: Source, local: NodeCore, master: FakeMaster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_send_all = tcp_server.send_all
-    current = threading.local()
-    source.on_before_send = lambda start: setattr(current, "start", start)
-
-    def tearing_send_all(sock: Any, bufs: Sequence[Any], deadline: float | None) -> None:
-        if getattr(current, "start", None) != N:
-            return real_send_all(sock, bufs, deadline)
-        *head, payload = bufs  # block N's header and meta, then half of its payload
-        real_send_all(sock, [*head, memoryview(payload)[: len(payload) // 2]], deadline)
-        raise ConnectionResetError("test: connection cut in the middle of a payload")
-
-    monkeypatch.setattr(tcp_server, "send_all", tearing_send_all)
+    source.on_before_send = tear_payload_at(monkeypatch, tcp_server, N)
     reads = make_reads(local, master)
     try:
         got = reads.fill([key(i) for i in range(M)], b"")
     finally:
         reads.close()
-    monkeypatch.setattr(tcp_server, "send_all", real_send_all)
+    monkeypatch.undo()  # the real send_all again, for the clean second fill
     _check_kept_then_rest(source, local, master, got)
