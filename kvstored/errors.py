@@ -22,6 +22,7 @@ class ErrorCode(IntEnum):
     BATCH_TOO_LARGE = 104
     DTYPE_MISMATCH = 105
     NO_CAPACITY = 200
+    TENANT_QUOTA_EXCEEDED = 201
     NOT_FOUND = 300
     REPLICA_NOT_READY = 301
     LEASE_EXPIRED = 302
@@ -31,9 +32,13 @@ class ErrorCode(IntEnum):
     DEADLINE_EXCEEDED = 501
     DRAINING = 502
     INTERNAL = 503
+    NOT_LEADER = 504
+    STALE_TERM = 505
     STORAGE_IO = 600
     CHECKSUM_MISMATCH = 601
     CONFIG_INVALID = 700
+    UNAUTHENTICATED = 800
+    PERMISSION_DENIED = 801
 
 
 class KvstoredError(Exception):
@@ -164,11 +169,42 @@ class ConfigInvalid(KvstoredError):
     code = ErrorCode.CONFIG_INVALID
 
 
+class TenantQuotaExceeded(NoCapacity):
+    """A put would take a tenant past its DRAM or SSD quota; nothing of another tenant is evicted for it."""
+
+    code = ErrorCode.TENANT_QUOTA_EXCEEDED
+
+
+class NotLeader(Unavailable):
+    """This master is not the leader (a follower, or a leader that lost etcd); retriable at the leader."""
+
+    code = ErrorCode.NOT_LEADER
+
+
+class StaleTerm(KvstoredError):
+    """An answer or command from a master term older than the newest one the receiver has seen."""
+
+    code = ErrorCode.STALE_TERM
+
+
+class Unauthenticated(KvstoredError):
+    """The caller presented no valid credential (no client certificate, wrong CA, expired)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDenied(KvstoredError):
+    """The caller's role or tenant does not allow this operation; the message names both."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 _BY_CODE: dict[ErrorCode, type[KvstoredError]] = {}
 for _cls in (
     InvalidArgument, KeyInvalid, BlockTooLarge, NamespaceMismatch, BatchTooLarge, DtypeMismatch,
     NoCapacity, NotFound, ReplicaNotReady, LeaseExpired, AlreadyExists, TransferFailed, Unavailable,
     DeadlineExceeded, Draining, InternalError, StorageIOError, ChecksumMismatch, ConfigInvalid,
+    TenantQuotaExceeded, NotLeader, StaleTerm, Unauthenticated, PermissionDenied,
 ):
     _BY_CODE[_cls.code] = _cls
 

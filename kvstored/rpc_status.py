@@ -23,6 +23,8 @@ from kvstored.errors import (
     KvstoredError,
     NoCapacity,
     NotFound,
+    PermissionDenied,
+    Unauthenticated,
     Unavailable,
     error_from_code,
 )
@@ -50,6 +52,11 @@ GRPC_STATUS_BY_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.STORAGE_IO: _S.UNAVAILABLE,
     ErrorCode.CHECKSUM_MISMATCH: _S.DATA_LOSS,
     ErrorCode.CONFIG_INVALID: _S.INVALID_ARGUMENT,
+    ErrorCode.TENANT_QUOTA_EXCEEDED: _S.RESOURCE_EXHAUSTED,
+    ErrorCode.NOT_LEADER: _S.UNAVAILABLE,
+    ErrorCode.STALE_TERM: _S.FAILED_PRECONDITION,
+    ErrorCode.UNAUTHENTICATED: _S.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: _S.PERMISSION_DENIED,
 }
 """The gRPC status a servicer answers for each ErrorCode (codes missing here: INTERNAL)."""
 
@@ -62,6 +69,8 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[KvstoredError]] = {
     _S.NOT_FOUND: NotFound,
     _S.ALREADY_EXISTS: AlreadyExists,
     _S.DATA_LOSS: ChecksumMismatch,
+    _S.UNAUTHENTICATED: Unauthenticated,
+    _S.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -15,6 +15,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BATCH_TOO_LARGE: _ClassVar[ErrorCode]
     DTYPE_MISMATCH: _ClassVar[ErrorCode]
     NO_CAPACITY: _ClassVar[ErrorCode]
+    TENANT_QUOTA_EXCEEDED: _ClassVar[ErrorCode]
     NOT_FOUND: _ClassVar[ErrorCode]
     REPLICA_NOT_READY: _ClassVar[ErrorCode]
     LEASE_EXPIRED: _ClassVar[ErrorCode]
@@ -24,9 +25,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
     DRAINING: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
+    NOT_LEADER: _ClassVar[ErrorCode]
+    STALE_TERM: _ClassVar[ErrorCode]
     STORAGE_IO: _ClassVar[ErrorCode]
     CHECKSUM_MISMATCH: _ClassVar[ErrorCode]
     CONFIG_INVALID: _ClassVar[ErrorCode]
+    UNAUTHENTICATED: _ClassVar[ErrorCode]
+    PERMISSION_DENIED: _ClassVar[ErrorCode]
 
 class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +46,7 @@ NAMESPACE_MISMATCH: ErrorCode
 BATCH_TOO_LARGE: ErrorCode
 DTYPE_MISMATCH: ErrorCode
 NO_CAPACITY: ErrorCode
+TENANT_QUOTA_EXCEEDED: ErrorCode
 NOT_FOUND: ErrorCode
 REPLICA_NOT_READY: ErrorCode
 LEASE_EXPIRED: ErrorCode
@@ -50,9 +56,13 @@ UNAVAILABLE: ErrorCode
 DEADLINE_EXCEEDED: ErrorCode
 DRAINING: ErrorCode
 INTERNAL: ErrorCode
+NOT_LEADER: ErrorCode
+STALE_TERM: ErrorCode
 STORAGE_IO: ErrorCode
 CHECKSUM_MISMATCH: ErrorCode
 CONFIG_INVALID: ErrorCode
+UNAUTHENTICATED: ErrorCode
+PERMISSION_DENIED: ErrorCode
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 SSD: Tier
