@@ -27,6 +27,11 @@ EXIT_SERVER_ERROR = 4
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+WATCH_HELP = ("Keep the view live: refresh every --interval-s until Ctrl-C or --count; with "
+              "--output json, one JSON document per line and refresh.")
+INTERVAL_HELP = "With --watch: seconds between refreshes."
+DEFAULT_WATCH_INTERVAL_S = 2.0
+
 
 @dataclass
 class CtlContext:
@@ -35,6 +40,17 @@ class CtlContext:
     address: str | None
     timeout_s: float
     output: str
+    watch: bool = False
+    """``--watch``: keep the view live (status, stats, nodes)."""
+    interval_s: float = DEFAULT_WATCH_INTERVAL_S
+    """``--interval-s``: seconds between ``--watch`` refreshes."""
+    count: int | None = None
+    """``--count``: stop watching after this many refreshes (None: until Ctrl-C)."""
+
+    def watch_s(self) -> float | None:
+        """Seconds between refreshes when ``--watch`` is on (``--count`` alone implies it),
+        else None."""
+        return self.interval_s if (self.watch or self.count is not None) else None
 
     def client(self, namespace: Any = None) -> Any:
         """A client for admin calls (gRPC only: admin calls never move bulk bytes).
@@ -91,6 +107,9 @@ def check_unix_socket(address: str) -> None:
             pass  # let the client report it within its deadline
 
 
+
+
+
 def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is not None and isinstance(ctx.obj, CtlContext):
         setattr(ctx.obj, param.name or "", value)
@@ -111,6 +130,21 @@ def common_options(fn: F) -> F:
     ):
         fn = decorator(fn)
     return fn
+
+
+WATCHABLE = ("status", "stats", "nodes")
+"""The commands ``--watch`` applies to (a live view of a node or of the cluster)."""
+
+
+def watch_options(fn: F) -> F:
+    """``--watch``, ``--interval-s`` and ``--count`` after the command name (status, stats,
+    nodes); each also exists as a global flag."""
+    fn = click.option("--count", type=click.IntRange(min=1), default=None, expose_value=False,
+                      callback=_override, help="Same as the global --count.")(fn)
+    fn = click.option("--interval-s", type=click.FloatRange(min=0.05), default=None,
+                      expose_value=False, callback=_override, help=INTERVAL_HELP)(fn)
+    return click.option("--watch", is_flag=True, default=None, expose_value=False,
+                        callback=_override, help=WATCH_HELP)(fn)
 
 
 def handle_errors(fn: F) -> F:

@@ -49,9 +49,18 @@ from typing import Any
 import click
 
 from kvstored.cli import cluster, output
-from kvstored.cli.ctl_common import CtlContext, common_options, handle_errors
+from kvstored.cli.ctl_common import (
+    DEFAULT_WATCH_INTERVAL_S,
+    INTERVAL_HELP,
+    WATCH_HELP,
+    WATCHABLE,
+    CtlContext,
+    common_options,
+    handle_errors,
+    watch_options,
+)
 from kvstored.cli.main import LazyGroup
-from kvstored.errors import InvalidArgument
+from kvstored.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 
 @click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.cli.scheduler:scheduler"})
@@ -60,11 +69,26 @@ from kvstored.errors import InvalidArgument
 @click.option("--timeout-s", type=click.FloatRange(min=0.001), default=5.0, show_default=True,
               help="Deadline of each call, seconds.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--watch", is_flag=True, help=WATCH_HELP)
+@click.option("--interval-s", type=click.FloatRange(min=0.05), default=DEFAULT_WATCH_INTERVAL_S,
+              show_default=True, help=INTERVAL_HELP)
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="With --watch: stop after this many refreshes.")
 @click.pass_context
-def main(ctx: click.Context, address: str | None, timeout_s: float, output: str) -> None:
+def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
+         watch: bool, interval_s: float, count: int | None) -> None:
     """Inspect a kvstored node (status, stats, blocks, where a prefix lives) or a cluster
-    through its master (nodes, where, blocks --node, evict)."""
-    ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output)
+    through its master (nodes, where, blocks --node, evict); ``--watch`` keeps status,
+    stats and nodes live."""
+    if (watch or count is not None) and ctx.invoked_subcommand not in WATCHABLE:
+        raise click.UsageError(
+            f"--watch/--count apply to {', '.join(WATCHABLE)}, not to {ctx.invoked_subcommand!r}")
+    ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output, watch=watch,
+                         interval_s=interval_s, count=count)
+
+
+WATCH_ERRORS = (Unavailable, DeadlineExceeded)
+"""Errors a ``--watch`` refresh shows and survives (the daemon is restarting or slow)."""
 
 
 def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,14 +97,20 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 @main.command()
 @common_options
+@watch_options
 @click.pass_obj
 @handle_errors
 def status(obj: CtlContext) -> None:
     """Node id, epoch, addresses, draining, and tier usage."""
     with obj.client() as c:
-        info = c.describe()
-        stats = c.stats()
-    data = {
+        output.emit_watched(obj.output, lambda: _status_data(c), _status_tables,
+                            watch_s=obj.watch_s(), count=obj.count, errors=WATCH_ERRORS)
+
+
+def _status_data(c: Any) -> dict[str, Any]:
+    info = c.describe()
+    stats = c.stats()
+    return {
         "node_id": info.node_id,
         "version": info.version,
         "epoch": info.epoch,
@@ -95,38 +125,38 @@ def status(obj: CtlContext) -> None:
         "tiers": _tiers(stats),
     }
 
-    def tables(d: dict[str, Any]) -> list[Any]:
-        rows = [
-            ("node", d["node_id"]), ("version", d["version"]), ("epoch", d["epoch"]),
-            ("draining", d["draining"]), ("uptime", output.format_duration(d["uptime_s"])),
-            *[("grpc", a) for a in d["addresses"]["grpc"]],
-            ("data plane", d["addresses"]["data"] or "-"),
-            ("metrics", d["addresses"]["metrics"] or "-"),
-            ("arena", d["arena"]["path"] or "(anonymous)"),
-        ]
-        return [output.kv_table("node", rows), output.tier_table(d["tiers"])]
 
-    output.emit(obj.output, data, tables)
+def _status_tables(d: dict[str, Any]) -> list[Any]:
+    rows = [
+        ("node", d["node_id"]), ("version", d["version"]), ("epoch", d["epoch"]),
+        ("draining", d["draining"]), ("uptime", output.format_duration(d["uptime_s"])),
+        *[("grpc", a) for a in d["addresses"]["grpc"]],
+        ("data plane", d["addresses"]["data"] or "-"),
+        ("metrics", d["addresses"]["metrics"] or "-"),
+        ("arena", d["arena"]["path"] or "(anonymous)"),
+    ]
+    return [output.kv_table("node", rows), output.tier_table(d["tiers"])]
 
 
 @main.command()
 @common_options
+@watch_options
 @click.pass_obj
 @handle_errors
 def stats(obj: CtlContext) -> None:
     """Counters (gets, hits, puts, failures, pins) and tier usage."""
     with obj.client() as c:
-        data = c.stats()
+        output.emit_watched(obj.output, c.stats, _stats_tables, watch_s=obj.watch_s(),
+                            count=obj.count, errors=WATCH_ERRORS)
 
-    def tables(d: dict[str, Any]) -> list[Any]:
-        keys = ("node_id", "epoch", "draining", "gets", "hits", "misses", "puts",
-                "put_failures", "checksum_failures", "pinned_blocks", "quarantined_bytes",
-                "num_sessions")
-        rows = [(k, d[k]) for k in keys]
-        rows.insert(2, ("uptime", output.format_duration(d["uptime_s"])))
-        return [output.kv_table("counters", rows), output.tier_table(d["tiers"])]
 
-    output.emit(obj.output, data, tables)
+def _stats_tables(d: dict[str, Any]) -> list[Any]:
+    keys = ("node_id", "epoch", "draining", "gets", "hits", "misses", "puts",
+            "put_failures", "checksum_failures", "pinned_blocks", "quarantined_bytes",
+            "num_sessions")
+    rows = [(k, d[k]) for k in keys]
+    rows.insert(2, ("uptime", output.format_duration(d["uptime_s"])))
+    return [output.kv_table("counters", rows), output.tier_table(d["tiers"])]
 
 
 def _load_namespace_file(path: str) -> Any:
@@ -431,6 +461,7 @@ def where(
 
 @main.command()
 @common_options
+@watch_options
 @click.pass_obj
 @handle_errors
 def nodes(obj: CtlContext) -> None:
@@ -439,35 +470,35 @@ def nodes(obj: CtlContext) -> None:
 
     address = cluster.require_master(obj, "nodes")
     with MasterClient(address, timeout_s=obj.timeout_s) as m:
-        data = m.list_nodes()
+        output.emit_watched(obj.output, m.list_nodes, _nodes_tables, watch_s=obj.watch_s(),
+                            count=obj.count, min_width=160, errors=WATCH_ERRORS)
 
-    def tables(d: dict[str, Any]) -> list[Any]:
-        from kvstored.units import format_size
 
-        def usage(n: dict[str, Any], tier: str) -> str:
-            t = next((t for t in n["tiers"] if t["tier"] == tier), None)
-            if t is None or not t["capacity_bytes"]:
-                return "-"
-            return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
+def _nodes_tables(d: dict[str, Any]) -> list[Any]:
+    from kvstored.units import format_size
 
-        rows = [
-            (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
-             usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
-             f"{n['lease_left_s']:.1f} s")
-            for n in d["nodes"]
-        ]
-        rows += [  # nodes that left: shown as such, never silently dropped from the view
-            (n["node_id"], n["grpc_address"], n["epoch"], n["reason"], "-", "-", "-",
-             f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
-            for n in d.get("departed", [])
-        ]
-        title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
-                 f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
-        cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
-                "load", "replicas", "lease left"]
-        return [output.rows_table(title, cols, rows)]
+    def usage(n: dict[str, Any], tier: str) -> str:
+        t = next((t for t in n["tiers"] if t["tier"] == tier), None)
+        if t is None or not t["capacity_bytes"]:
+            return "-"
+        return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
 
-    output.emit(obj.output, data, tables, min_width=160)
+    rows = [
+        (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
+         usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
+         f"{n['lease_left_s']:.1f} s")
+        for n in d["nodes"]
+    ]
+    rows += [  # nodes that left: shown as such, never silently dropped from the view
+        (n["node_id"], n["grpc_address"], n["epoch"], n["reason"], "-", "-", "-",
+         f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
+        for n in d.get("departed", [])
+    ]
+    title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
+             f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
+    cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
+            "load", "replicas", "lease left"]
+    return [output.rows_table(title, cols, rows)]
 
 
 main.add_command(cluster.evict_command(keys_command_cls=KeysInOrderCommand,

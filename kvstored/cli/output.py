@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
 from kvstored.units import format_size
@@ -41,6 +43,74 @@ def emit(output: str, data: Any, tables: Callable[[Any], Sequence[Table]], *,
         if i:
             out.print()
         out.print(table)
+
+
+def emit_watched(output: str, produce: Callable[[], Any], tables: Callable[[Any], Sequence[Table]], *,
+                 watch_s: float | None, count: int | None = None, min_width: int = 100,
+                 errors: tuple[type[BaseException], ...] = (),
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print ``produce()`` once (``watch_s`` None), or again every ``watch_s`` seconds.
+
+    Watching, a terminal gets one live view redrawn in place (rich's Live); JSON prints one
+    compact document per line and refresh (``{"refresh": n, "time_s": unix time, "data":
+    ...}``), so a script can follow counters; other output (a pipe) prints the tables again
+    each refresh under a time line. A refresh that raises one of ``errors`` shows it (JSON:
+    ``{"refresh", "time_s", "error": {"code", "message"}}``) and the watch goes on: a daemon
+    that restarts comes back into view. Ctrl-C ends the watch quietly.
+
+    Args:
+        produce: fetches the data of one refresh.
+        tables: builds the tables of one refresh's data.
+        watch_s: seconds between refreshes (> 0), or None for a single print.
+        count: stop after this many refreshes (None: until interrupted).
+        errors: exceptions shown per refresh instead of ending the watch (they need a
+            ``code`` with a ``name``, like KvstoredError).
+    """
+    if watch_s is None:
+        emit(output, produce(), tables, min_width=min_width)
+        return
+    out = console(min_width)
+    live: Live | None = None
+    if output != "json" and out.is_terminal:
+        live = Live(console=out, auto_refresh=False, transient=False)
+        live.start()
+    n = 0
+    try:
+        while count is None or n < count:
+            n += 1
+            now = time.time()
+            try:
+                data: Any = produce()
+                err: BaseException | None = None
+            except errors as exc:
+                data, err = None, exc
+            if output == "json":
+                doc: dict[str, Any] = {"refresh": n, "time_s": round(now, 3)}
+                if err is None:
+                    doc["data"] = data
+                else:
+                    doc["error"] = {"code": getattr(getattr(err, "code", None), "name", type(err).__name__),
+                                    "message": str(err)}
+                sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+                sys.stdout.flush()
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(now))
+                header = f"kvstorectl --watch {watch_s:g}s   refresh {n}   {stamp}"
+                body: list[Any] = [header]
+                body += [f"error: {err}"] if err is not None else list(tables(data))
+                if live is not None:
+                    live.update(Group(*body), refresh=True)
+                else:
+                    for part in body:
+                        out.print(part)
+                    out.print()
+            if count is None or n < count:
+                sleep(watch_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
 
 
 def emit_error(output: str, code: str, message: str) -> None:

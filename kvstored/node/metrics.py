@@ -28,6 +28,8 @@ Exported by a node::
                                                       reusable (its client may still copy)
     kvstored_sessions_active                          open client sessions (OpenSession)
     kvstored_lookup_blocks_total / kvstored_lookup_hit_blocks_total
+    kvstored_peer_transfers_total{peer,outcome}       this node's data-plane copies from a peer
+                                                      (ok | failed), per peer node id
     kvstored_tier_capacity_bytes{tier} / kvstored_tier_used_bytes{tier} / kvstored_tier_blocks{tier}
     kvstored_tier_hits_total{tier} / kvstored_tier_evictions_total{tier}
     kvstored_store_{gets,hits,misses,puts,put_failures,checksum_failures}_total
@@ -126,6 +128,12 @@ class NodeMetrics:
             "kvstored_lookup_hit_blocks_total", "Leading blocks found by prefix lookups.",
             registry=r,
         )
+        self.peer_transfers = Counter(
+            "kvstored_peer_transfers_total",
+            "Data-plane copies this node made from a peer's blocks, by peer node id and "
+            "outcome (ok, failed: the transfer failed or ran past its deadline).",
+            ["peer", "outcome"], registry=r,
+        )
         for kind in LEASE_KINDS:
             self.lease_active.labels(kind=kind)
         self._lease_expired = {k: self.lease_expired.labels(kind=k) for k in LEASE_KINDS}
@@ -135,6 +143,7 @@ class NodeMetrics:
         self._rpc: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._remote_blocks: dict[str, Counter] = {}
         self._dataplane: dict[tuple[str, str], Counter] = {}
+        self._peer_transfers: dict[tuple[str, str], Counter] = {}
 
     # ---- per-request counting, O(1) (cached children) ------------------------------------
     def count_transfer(
@@ -192,6 +201,15 @@ class NodeMetrics:
         child = self._dataplane.get((op, code))
         if child is None:
             child = self._dataplane[(op, code)] = self.dataplane_requests.labels(op=op, code=code)
+        child.inc()
+
+    def count_peer_transfer(self, peer: str, ok: bool) -> None:
+        """Count one data-plane copy from node ``peer`` that succeeded (``ok``) or failed."""
+        outcome = "ok" if ok else "failed"
+        child = self._peer_transfers.get((peer, outcome))
+        if child is None:
+            child = self._peer_transfers[(peer, outcome)] = self.peer_transfers.labels(
+                peer=peer, outcome=outcome)
         child.inc()
 
     def count_lookup(self, num_keys: int, num_hits: int) -> None:

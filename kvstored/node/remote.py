@@ -526,7 +526,10 @@ class RemoteReads:
 
     def _report(self, peer: str, epoch: int, ok: bool) -> None:
         """Queue a transfer outcome for the master: every failure, and the first success
-        after a failure (a healthy peer that stays healthy costs nothing)."""
+        after a failure (a healthy peer that stays healthy costs nothing). Every outcome is
+        counted in ``kvstored_peer_transfers_total``."""
+        if self.core.metrics is not None:
+            self.core.metrics.count_peer_transfer(peer, ok)
         key = (peer, epoch)
         with self._lock:
             if ok and key not in self._failed:
