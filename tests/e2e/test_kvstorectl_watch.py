@@ -4,6 +4,7 @@ follow the node's counters, and a table watch redraws."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from e2e_helpers import ServeProcess, value_for
 from helpers import key
+from test_readme import README, read_blocks
 
 from kvstored import Client
 
@@ -48,3 +50,25 @@ def test_watch_stats_follows_the_node_and_status_redraws(workdir: Path, procs: l
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("kvstorectl --watch 0.05s") == 2
     assert res.stdout.count("e2e") >= 2
+
+
+def test_readme_watch_commands_run(workdir: Path, procs: list[Any]) -> None:
+    block = next(b for b in read_blocks(README.read_text())
+                 if b.skip_reason and "test_kvstorectl_watch.py" in b.skip_reason)
+    lines = [ln.split("#")[0].strip() for ln in block.code.splitlines() if ln.strip()]
+    assert len(lines) == 2 and all(ln.startswith("kvstorectl ") for ln in lines)
+    node = ServeProcess(workdir)
+    procs.append(node)
+    node.start()
+    for ln in lines:
+        args = ln.split()[1:]
+        res = subprocess.run([sys.executable, "-m", "kvstored.cli.kvstorectl", *args],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "KVSTORED_ADDRESS": node.unix_address})
+        assert res.returncode == 0, (ln, res.stderr)
+        if "--output json" in ln:
+            docs = [json.loads(x) for x in res.stdout.splitlines()]
+            assert [d["refresh"] for d in docs] == [1, 2, 3]
+            assert all(d["data"]["node_id"] == "e2e" for d in docs)
+        else:
+            assert res.stdout.count("refresh ") == 3
