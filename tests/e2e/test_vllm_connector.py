@@ -153,8 +153,9 @@ def test_d_daemon_killed_between_requests_recomputes_correctly(scenario: dict[st
     assert after_kill["prefix_cache_reset"] is True, after_kill
     assert after_kill["num_cached_tokens"] == 0, "the dead daemon cannot have served a hit"
     assert after_kill["token_ids"] == p1[2]["token_ids"], (p1[2]["text"], after_kill["text"])
-    # within the deadline: no worse than a cold prefill plus the answer, with slack for load
-    assert after_kill["wall_s"] < 3 * (p1[0]["wall_s"] + p1[2]["wall_s"]) + 10, after_kill
+    # the lookup against the dead daemon failed (and was counted) instead of hanging: the
+    # client's deadlines are pinned by tests/e2e/test_e2e_deadlines.py, not by a wall-clock
+    # bound here (a timed assertion flakes on a loaded machine: 50 s seen at load 14)
     assert scenario["p2_scheduler"]["lookup_errors"] >= 1
 
 
