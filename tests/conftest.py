@@ -5,6 +5,11 @@ which sets a level filter and ``cache_logger_on_first_use``: every module logger
 that stays bound to it, and later tests' ``structlog.testing.capture_logs`` see nothing. Real
 processes (daemons started by the tests) configure their own logging as in production.
 
+Parallel runs (``pytest -n 2 --dist loadgroup``, what .ci/run does): every test is grouped
+by its file (so a module's fixtures are set up once, on one worker), and every test marked
+``vllm`` goes to one group of its own, so the vLLM engines (CPU-heavy, ~1.5 GiB each) never
+run on two workers at once while the rest of the suite runs beside them.
+
 ``workdir``: a fresh directory under /tmp with a short path (a unix socket path must fit in
 108 bytes, which pytest's ``tmp_path`` may not), removed when the test ends.
 """
@@ -17,6 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = "vllm" if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -156,7 +156,8 @@ def test_first_two_bash_commands_are_what_ci_runs() -> None:
           if not c.startswith(("set ", "cd ")) and not c.startswith("#!")]
     assert ci == [commands[1]], (ci, commands[1])
     setup_demo, run_demo = commands[0].rsplit(" && ", 1)
-    checks = " && ruff check . && mypy && python -m pytest -q"  # lint, types, then the tests
+    # lint, types, then the tests on two workers (tests/conftest.py groups them)
+    checks = " && ruff check . && mypy && python -m pytest -q -n 2 --dist loadgroup"
     assert commands[1].endswith(checks), commands[1]
     setup_test = commands[1].removesuffix(checks)
     assert run_demo == "kvstored demo"
