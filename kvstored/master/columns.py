@@ -6,6 +6,7 @@ found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
 
     key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
     block columns   head[slot] -> first row | block_ns[slot] u2 | bkey[slot] 2 x u8
+                    | factor[slot] u1 (wanted replicas; 0 = default 1)
     row columns     holder u4 | next i4 | block i4 | size u4 | gen u8 | tier u1
                     | state u1 (| COPY_BIT: a remote-fill copy) | hnext i4 | hprev i4
                     (34 bytes per replica, one contiguous
@@ -88,6 +89,7 @@ class IndexColumns:
         self.head = np.full(n, NO_ROW, dtype=np.int32)
         self.block_ns = np.zeros(n, dtype=np.uint16)
         self.bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
+        self.factor = np.zeros(n, dtype=np.uint8)  # wanted replication factor (0 = 1)
         self.num_slots = 0  # high-water mark of block slots
         self.free_blocks: list[int] = []
         self.long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
@@ -118,7 +120,7 @@ class IndexColumns:
 
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
-        arrays = (self.head, self.block_ns, self.bkey, self.holder, self.next,
+        arrays = (self.head, self.block_ns, self.bkey, self.factor, self.holder, self.next,
                   self.block, self.size, self.gen, self.tier, self.state, self.hnext,
                   self.hprev, self.readable, self.retired, self.load, self.holder_rows,
                   self.holder_head)
@@ -169,6 +171,7 @@ class IndexColumns:
         if need > len(self.head):
             self.head = grow(self.head, need, NO_ROW)
             self.block_ns = grow(self.block_ns, need, 0)
+            self.factor = grow(self.factor, need, 0)
             grown = np.zeros((len(self.head), 2), dtype=np.uint64)
             grown[: len(self.bkey)] = self.bkey
             self.bkey = grown
@@ -188,6 +191,7 @@ class IndexColumns:
         slots = self._new_slots(len(words))
         self.head[slots] = NO_ROW
         self.block_ns[slots] = ns
+        self.factor[slots] = 0
         self.bkey[slots] = words
         for k in keys:
             if len(k) != KEY_BYTES:
@@ -207,6 +211,7 @@ class IndexColumns:
         lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
         self.head[slot] = NO_ROW
         self.block_ns[slot] = ns
+        self.factor[slot] = 0
         self.bkey[slot, 0] = lo
         self.bkey[slot, 1] = hi
         if len(key) != KEY_BYTES:

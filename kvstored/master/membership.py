@@ -394,6 +394,8 @@ class Membership:
                     tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
                     generation=[r.generation or gen for r in refs],  # the holder's, if sent
                     copies=[r.copy for r in refs],
+                    factors=[r.replicas for r in refs] if any(r.replicas for r in refs)
+                    else None,
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -446,7 +448,8 @@ class Membership:
                 self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
                                        size_bytes=b.size_bytes,
                                        generation=b.generation or self.generations.next(),
-                                       replace_generation=bool(b.generation), copy=b.copy)
+                                       replace_generation=bool(b.generation), copy=b.copy,
+                                       factor=b.replicas)
                 if not b.copy:  # a promotion asked of this node, if any, is done
                     self.promotions.settle(node_id, b.namespace_id, b.key)
             elif ev.kind is EventKind.REMOVED:

@@ -56,6 +56,7 @@ from kvstored.errors import (
 )
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.master.types import (
+    MAX_REPLICAS,
     MAX_SIZE_BYTES,
     PlacedReplica,
     PlacementPolicy,
@@ -66,7 +67,6 @@ from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
 
-MAX_REPLICAS = 8
 MAX_BATCH_ITEMS = 4096
 """Items of one PutStartBatch / PutEndBatch."""
 
@@ -218,6 +218,7 @@ class Placement:
         max_used_fraction: float = 0.0,
         headroom_bytes: int = 0,
         holder_reports: bool = False,
+        replicas: int = 0,
     ) -> PutStartOutcome:
         """Open a write of one block: choose nodes, index WRITING replicas, new generation.
 
@@ -231,9 +232,13 @@ class Placement:
                 other nodes count for ``exists``.
             holder_reports: the holders report the replica by their own events; the
                 commit then only closes the write (see the module docstring).
+            replicas: the block's wanted replication factor (0..8, 0 = the default 1),
+                recorded in the index (:meth:`BlockIndex.record_replication_factor
+                <kvstored.master.index.BlockIndex.record_replication_factor>`) whether the
+                block exists or is placed now; it never lowers a recorded factor.
 
         Raises:
-            InvalidArgument: empty key, size or replica count out of range, a
+            InvalidArgument: empty key, size, replica count or factor out of range, a
                 ``max_used_fraction`` outside [0, 1] or a negative headroom.
             ReplicaNotReady: another write of this block is in progress (retriable).
             NoCapacity: no node has room for the block (retriable).
@@ -244,11 +249,16 @@ class Placement:
             raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}")
         if not 1 <= num_replicas <= MAX_REPLICAS:
             raise InvalidArgument(f"num_replicas must be in 1..{MAX_REPLICAS}, got {num_replicas}")
+        if not 0 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replicas (the wanted replication factor) must be in "
+                                  f"0..{MAX_REPLICAS} (0 = the default 1), got {replicas}")
         if not (0.0 <= max_used_fraction <= 1.0):
             raise InvalidArgument(f"max_used_fraction must be in [0, 1], got {max_used_fraction}")
         if headroom_bytes < 0:
             raise InvalidArgument(f"headroom_bytes must be >= 0, got {headroom_bytes}")
         self.reclaim_expired_writes()
+        if replicas > 1:  # an indexed block learns it now (even when it "exists")
+            self.index.record_replication_factor(namespace_id, key, replicas)
         readable = self.index.replicas(namespace_id, key, readable_only=True)
         avoid: frozenset[int] = frozenset()
         if exclude_writer and readable:
@@ -294,6 +304,8 @@ class Placement:
             self._pending_bytes[rec.holder] = self._pending_bytes.get(rec.holder, 0) + size_bytes
             placed.append(PlacedReplica(rec.spec.node_id, rec.spec.epoch, rec.holder, Tier.DRAM,
                                         rec.spec.data_address))
+        if replicas > 1:  # a new block: its WRITING rows made it indexed
+            self.index.record_replication_factor(namespace_id, key, replicas)
         self._writes[(namespace_id, key)] = _Write(
             gen, self.membership.clock() + self.write_lease_s, size_bytes,
             tuple(r.holder for r in chosen), holder_reports,
@@ -342,7 +354,8 @@ class Placement:
         return self.index.abort_generation(namespace_id, key, generation)
 
     def start_put_batch(
-        self, items: Sequence[tuple[bytes, bytes, int]], **options: Any
+        self, items: Sequence[tuple[bytes, bytes, int]], *,
+        factors: Sequence[int] | None = None, **options: Any
     ) -> list[PutStartOutcome | KvstoredError]:
         """:meth:`start_put` of each ``(namespace_id, key, size_bytes)``, in order.
 
@@ -352,6 +365,8 @@ class Placement:
 
         Args:
             items: the blocks, at most :data:`MAX_BATCH_ITEMS`.
+            factors: per item, its wanted replication factor (``start_put``'s
+                ``replicas``); None = 0 for every item.
             options: keyword arguments of :meth:`start_put` (``writer_node_id``...).
 
         Returns:
@@ -359,13 +374,18 @@ class Placement:
             ReplicaNotReady, InvalidArgument...).
 
         Raises:
-            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items.
+            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items, or ``factors`` not
+                one per item.
         """
         _check_batch(len(items))
+        if factors is not None and len(factors) != len(items):
+            raise InvalidArgument(f"factors must have one entry per item; got {len(factors)} "
+                                  f"for {len(items)} items")
         out: list[PutStartOutcome | KvstoredError] = []
-        for ns, key, size in items:
+        for i, (ns, key, size) in enumerate(items):
             try:
-                out.append(self.start_put(ns, key, size, **options))
+                out.append(self.start_put(ns, key, size, replicas=factors[i] if factors else 0,
+                                          **options))
             except KvstoredError as exc:
                 out.append(exc)
         return out

@@ -33,6 +33,7 @@ from kvstored.master.metrics import MasterMetrics
 from kvstored.master.placement import Placement
 from kvstored.master.state import MasterState
 from kvstored.master.types import (
+    MAX_REPLICAS,
     BlockEvent,
     BlockRef,
     EventKind,
@@ -118,8 +119,11 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
         raise InvalidArgument(f"{what}: key must have 1..{MAX_KEY_BYTES} bytes, got {len(b.key)}")
     if b.generation >= 1 << 63:
         raise InvalidArgument(f"{what}: generation must be < 2**63, got {b.generation}")
+    if b.replicas > MAX_REPLICAS:
+        raise InvalidArgument(f"{what}: replicas (the block's replication factor) must be in "
+                              f"0..{MAX_REPLICAS}, got {b.replicas}")
     return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes,
-                    b.generation, b.copy)
+                    b.generation, b.copy, b.replicas)
 
 
 def node_info(rec: NodeRecord) -> pb.NodeInfo:
@@ -304,7 +308,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
                 policy=policy, exclude_writer=request.exclude_writer,
                 max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
-                holder_reports=request.holder_reports,
+                holder_reports=request.holder_reports, replicas=request.replicas,
             )
         except KvstoredError as exc:
             self.metrics.put_starts.labels(result=exc.code.name).inc()
@@ -340,8 +344,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp = pb.PutStartBatchResponse()
         if request.ends:  # the carried ends first: their space is released before placing
             self._end_batch(request.ends, resp.end_results)
+        factors = [i.replicas for i in request.items]
         outs = self.placement.start_put_batch(
-            items, writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
+            items, factors=factors if any(factors) else None,
+            writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
             policy=policy, exclude_writer=request.exclude_writer,
             max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
             holder_reports=request.holder_reports,
@@ -420,8 +426,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         found = admin.list_replicas(self.membership, bytes(request.namespace_id),
                                     [bytes(k) for k in request.keys])
         resp = pb.ListReplicasResponse(complete=self.membership.is_complete())
-        for key, views in zip(request.keys, found, strict=True):
-            resp.blocks.add(key=key, replicas=[
+        factors = self.index.replication_factors(bytes(request.namespace_id),
+                                                 [bytes(k) for k in request.keys])
+        for key, views, factor in zip(request.keys, found, factors.tolist(), strict=True):
+            resp.blocks.add(key=key, replication_factor=factor, replicas=[
                 pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=pb_enum(cpb.Tier, v.tier),
                                  size_bytes=v.size_bytes, generation=v.generation,
                                  state=pb_enum(pb.ReplicaState, v.state), readable=v.readable,

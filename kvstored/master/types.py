@@ -16,6 +16,8 @@ import numpy as np
 
 from kvstored.types import Tier
 
+MAX_REPLICAS = 8
+"""Most replicas of one block (a put's ``replicas``, a block's replication factor)."""
 MAX_SIZE_BYTES = (1 << 32) - 1
 """Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""
 
@@ -152,7 +154,8 @@ class BlockRef:
     """One block on a node: namespace id, key, tier, size and the holder's generation of
     the replica (0 = the node does not know it: the master issues one); ``copy``: the
     replica is a remote-fill copy of another node's block (an ADDED event of an indexed
-    replica sets or clears it)."""
+    replica sets or clears it); ``replicas``: the block's wanted replication factor as the
+    holder knows it (0 = unknown)."""
 
     namespace_id: bytes
     key: bytes
@@ -160,6 +163,7 @@ class BlockRef:
     size_bytes: int
     generation: int = 0
     copy: bool = False
+    replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,20 +83,22 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports")
+    __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports", "zone")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     grpc_address: str
     data_address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
     transports: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
+    zone: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -151,20 +153,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ...) -> None: ...
 
 class BlockRef(_message.Message):
-    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy")
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     COPY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     tier: _common_pb2.Tier
     size_bytes: int
     generation: int
     copy: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., copy: _Optional[bool] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., copy: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class SyncInventoryRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "sync_id", "blocks", "last_chunk", "seq")
@@ -295,7 +299,7 @@ class ReplicaNode(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports")
+    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +310,7 @@ class PutStartRequest(_message.Message):
     MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     size_bytes: int
@@ -316,7 +321,8 @@ class PutStartRequest(_message.Message):
     max_used_fraction: float
     headroom_bytes: int
     holder_reports: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("exists", "generation", "replicas")
@@ -425,12 +431,14 @@ class ReplicaDetail(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., readable: _Optional[bool] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class BlockReplicas(_message.Message):
-    __slots__ = ("key", "replicas")
+    __slots__ = ("key", "replicas", "replication_factor")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaDetail]
-    def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ...) -> None: ...
+    replication_factor: int
+    def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class ListReplicasResponse(_message.Message):
     __slots__ = ("blocks", "complete")
@@ -485,14 +493,16 @@ class ListNodeBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("namespace_id", "key", "size_bytes")
+    __slots__ = ("namespace_id", "key", "size_bytes", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     size_bytes: int
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchRequest(_message.Message):
     __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "ends")
