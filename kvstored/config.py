@@ -140,6 +140,10 @@ class NodeConfig(_Model):
 
     node_id: str = Field(default_factory=lambda: os.uname().nodename)
     """Node name shown by kvstorectl; default: the host name."""
+    zone: str = ""
+    """This node's failure domain (a rack, a host group; ``kvstored node --zone``), sent to
+    the master when it registers: replicas of one block go to distinct zones first. "" =
+    none declared (the node is its own domain)."""
     listen: list[str] = Field(
         default_factory=lambda: [f"unix:{default_socket_path()}", f"127.0.0.1:{DEFAULT_GRPC_PORT}"]
     )
@@ -230,6 +234,14 @@ class NodeConfig(_Model):
         problem = node_id_problem(v)
         if problem is not None:
             raise ValueError(problem)
+        return v
+
+    @field_validator("zone")
+    @classmethod
+    def _zone_valid(cls, v: str) -> str:
+        if v and not NODE_ID_RE.fullmatch(v):
+            raise ValueError(f"must be empty or have 1..{MAX_NODE_ID_CHARS} printable ASCII "
+                             f"characters without spaces, got {v!r}")
         return v
 
     @field_validator("ssd_dir", "arena_dir", mode="before")
@@ -352,6 +364,36 @@ class ClusterConfig(_Model):
     """Seconds between two checks of the watermark."""
     spill_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one batch's data-plane transfer, seconds."""
+    default_replicas: int = Field(default=1, ge=1, le=8)
+    """Replicas a put wants when the client names none and its namespace is not in
+    ``namespace_replicas`` (1 = only the writer's node; see docs/cluster.md "Replicas")."""
+    namespace_replicas: dict[str, int] = Field(default_factory=dict)
+    """Per namespace (its id in hex, 32 digits, as ``kvstorectl where`` prints it): the
+    replicas a put of that namespace wants when the client names none (1..8)."""
+    replicate_timeout_s: float = Field(default=10.0, gt=0)
+    """Most seconds a put's extra replicas may take (master calls and transfers together;
+    the caller's own deadline may cut it shorter); a replica not written by then is
+    reported short."""
+
+    @field_validator("namespace_replicas")
+    @classmethod
+    def _namespace_replicas_valid(cls, v: dict[str, int]) -> dict[str, int]:
+        out = {}
+        for ns, n in v.items():
+            try:
+                raw = bytes.fromhex(ns)
+            except ValueError:
+                raw = b""
+            if len(raw) != 16:
+                raise ValueError(f"keys must be namespace ids of 32 hex digits, got {ns!r}")
+            if not 1 <= n <= 8:
+                raise ValueError(f"namespace {ns}: replicas must be in 1..8, got {n}")
+            out[raw.hex()] = n
+        return out
+
+    def replicas_for(self, namespace_id: bytes) -> int:
+        """The replicas a put of ``namespace_id`` wants when the client names none."""
+        return self.namespace_replicas.get(namespace_id.hex(), self.default_replicas)
 
     @model_validator(mode="after")
     def _check_spill_watermarks(self) -> ClusterConfig:

@@ -31,9 +31,10 @@ JSON output (sorted keys, stable for scripts)::
              "count", "truncated"}                    (keys and ids in hex)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
+            (--address MASTER: each block also has "replication_factor" and "replicas")
     nodes   {"master_epoch", "num_replicas",
-             "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "health", "load",
-                        "num_replicas", "lease_left_s", "last_seq",
+             "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
+                        "load", "num_replicas", "lease_left_s", "last_seq",
                         "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
             (health: "healthy", "unhealthy", "probation" or "syncing")
     errors  {"error": {"code", "message"}}
@@ -451,19 +452,19 @@ def nodes(obj: CtlContext) -> None:
             return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
 
         rows = [
-            (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
+            (n["node_id"], n["grpc_address"], n.get("zone") or "-", n["epoch"], n["health"],
              usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
              f"{n['lease_left_s']:.1f} s")
             for n in d["nodes"]
         ]
         rows += [  # nodes that left: shown as such, never silently dropped from the view
-            (n["node_id"], n["grpc_address"], n["epoch"], n["reason"], "-", "-", "-",
+            (n["node_id"], n["grpc_address"], "-", n["epoch"], n["reason"], "-", "-", "-",
              f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
             for n in d.get("departed", [])
         ]
         title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
                  f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
-        cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
+        cols = ["node", "address", "zone", "epoch", "health", "DRAM used/cap", "SSD used/cap",
                 "load", "replicas", "lease left"]
         return [output.rows_table(title, cols, rows)]
 

@@ -126,12 +126,22 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
                     b.generation, b.copy, b.replicas)
 
 
+MAX_ZONE_CHARS = 64
+
+
+def _zone(zone: str, node_id: str) -> str:
+    if len(zone) > MAX_ZONE_CHARS or not zone.isprintable() or zone != zone.strip():
+        raise InvalidArgument(f"node {node_id!r}: zone must be at most {MAX_ZONE_CHARS} printable "
+                              f"characters without leading or trailing spaces, got {zone!r}")
+    return zone
+
+
 def node_info(rec: NodeRecord) -> pb.NodeInfo:
     """The wire form of a registered node (tiers as last heartbeated)."""
     s = rec.spec
     return pb.NodeInfo(
         node_id=s.node_id, epoch=s.epoch, grpc_address=s.grpc_address,
-        data_address=s.data_address, transports=list(s.transports),
+        data_address=s.data_address, transports=list(s.transports), zone=s.zone,
         tiers=[pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
                                used_bytes=t.used_bytes, num_blocks=t.num_blocks)
                for _, t in sorted(rec.tiers.items())],
@@ -184,7 +194,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.RegisterNodeResponse:
         n = request.node
         spec = NodeSpec(n.node_id, n.epoch, n.grpc_address, n.data_address,
-                        _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",))
+                        _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",),
+                        _zone(n.zone, n.node_id))
         live = self.membership.duplicate_of(spec)
         answering = live is not None and await data_port_answers(live.spec.data_address)
         out = self.membership.register(
@@ -346,7 +357,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             self._end_batch(request.ends, resp.end_results)
         factors = [i.replicas for i in request.items]
         outs = self.placement.start_put_batch(
-            items, factors=factors if any(factors) else None,
+            items, factors=factors if any(factors) else None, top_up=request.top_up,
             writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
             policy=policy, exclude_writer=request.exclude_writer,
             max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
@@ -363,7 +374,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
             resp.results.add(
                 outcome=pb.PUT_START_OUTCOME_EXISTS if out.exists else pb.PUT_START_OUTCOME_PLACED,
-                generation=out.generation,
+                generation=out.generation, num_held=out.num_held,
                 replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=pb_enum(cpb.Tier, r.tier),
                                         size_bytes=size, generation=out.generation,
                                         data_address=r.data_address) for r in out.replicas])

@@ -139,6 +139,8 @@ class NodeSpec:
         data_address: ``host:port`` of its data plane.
         tiers: capacity (and usage) per tier.
         transports: data-plane transports it speaks, e.g. ``("tcp",)``.
+        zone: its failure domain (``kvstored node --zone``; "" = none declared): replicas
+            of one block go to distinct zones first.
     """
 
     node_id: str
@@ -147,6 +149,7 @@ class NodeSpec:
     data_address: str
     tiers: tuple[TierUsage, ...]
     transports: tuple[str, ...] = ("tcp",)
+    zone: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +213,11 @@ class PutStartOutcome:
         exists: the block is already committed somewhere readable (nothing to write).
         generation: the write's generation (0 when ``exists``).
         replicas: where to write, in policy order (empty when ``exists``).
+        num_held: a top-up (``Placement.start_replicas``): the holders the block had
+            before this write, the writer's node included; else 0.
     """
 
     exists: bool
     generation: int
     replicas: tuple[PlacedReplica, ...]
+    num_held: int = 0

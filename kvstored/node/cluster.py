@@ -51,6 +51,7 @@ import structlog
 
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError
+from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
 from kvstored.tiers.feed import Change
@@ -123,6 +124,9 @@ class MasterLink:
         store: the node's block store (listing and usage).
         load: in-flight requests right now (pins + reservations + puts).
         executor: where store listings run (never the loop).
+        zone: this node's failure domain (``[node] zone``; "" = none), sent when it registers.
+        factors: the replication factors of blocks held here (put(replicas=N); every
+            BlockRef carries its block's, 0 when unknown); None = none known.
     """
 
     def __init__(
@@ -136,6 +140,8 @@ class MasterLink:
         store: InventorySource,
         load: Callable[[], float],
         executor: Executor | None = None,
+        zone: str = "",
+        factors: ReplicationFactors | None = None,
     ) -> None:
         self.cfg = cfg
         self.node_id = node_id
@@ -145,6 +151,8 @@ class MasterLink:
         self.store = store
         self.load = load
         self.executor = executor
+        self.zone = zone
+        self.factors = factors
         self.registered = False
         self.synced = False
         self.seq = 0
@@ -285,7 +293,7 @@ class MasterLink:
         stub = self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
-                           tiers=self._tiers(), transports=["tcp"])
+                           tiers=self._tiers(), transports=["tcp"], zone=self.zone)
         try:
             resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
                                            timeout=self.cfg.rpc_timeout_s)
@@ -316,7 +324,7 @@ class MasterLink:
             last = i == len(chunks) - 1
             resp = await stub.SyncInventory(
                 pb.SyncInventoryRequest(node_id=self.node_id, epoch=self.epoch, sync_id=sync_id,
-                                        blocks=[_ref(rk, rep) for rk, rep in chunk],
+                                        blocks=[self._ref(rk, rep) for rk, rep in chunk],
                                         last_chunk=last, seq=self.seq if last else 0),
                 timeout=self.cfg.rpc_timeout_s,
             )
@@ -333,12 +341,12 @@ class MasterLink:
         for rk in [rk for rk in known if rk not in snap or snap[rk][:2] != known[rk][:2]]:
             self.seq += 1
             self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
-                                               block=_ref(rk, known[rk])))
+                                               block=self._ref(rk, known[rk])))
         for rk, rep in snap.items():  # a changed copy mark alone: ADDED again (re-report)
             if known.get(rk) != rep:
                 self.seq += 1
                 self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
-                                                   block=_ref(rk, rep)))
+                                                   block=self._ref(rk, rep)))
         self._known = snap
 
     def _drain_feed(self) -> bool:
@@ -347,15 +355,40 @@ class MasterLink:
         changes, resync = self.feed.drain()
         if resync:
             return False
+        factors = self.factors
+        gone: list[tuple[bytes, bytes]] = []
         for c in changes:
             self.seq += 1
             kind = pb.BLOCK_EVENT_KIND_ADDED if c.added else pb.BLOCK_EVENT_KIND_REMOVED
+            factor = factors.get(c.namespace_id, c.key) if factors is not None else 0
+            if factor and not c.added:
+                gone.append((c.namespace_id, c.key))
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
                 block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=pb_enum(cpb.Tier, c.tier),
                                   size_bytes=c.size_bytes, generation=c.generation,
-                                  copy=c.copy)))
+                                  copy=c.copy, replicas=factor)))
+        if gone and factors is not None:
+            self._forget_absent(factors, gone)
         return True
+
+    def _forget_absent(self, factors: ReplicationFactors, blocks: list[tuple[bytes, bytes]]) -> None:
+        """Forget the factors of removed blocks no tier holds any more (executor thread)."""
+        exists = getattr(self.store, "exists", None)
+        if exists is None:
+            return
+        by_ns: dict[bytes, list[bytes]] = {}
+        for ns, k in blocks:
+            by_ns.setdefault(ns, []).append(k)
+        for ns, keys in by_ns.items():
+            held = exists(keys, namespace_id=ns)
+            factors.forget([(ns, k) for k, h in zip(keys, held, strict=True) if not h])
+
+    def _ref(self, rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
+        ref = _ref(rk, rep)
+        if self.factors is not None:
+            ref.replicas = self.factors.get(rk[0], rk[1])
+        return ref
 
     async def _report_events(self) -> None:
         if not (self.registered and self.synced):

@@ -236,6 +236,8 @@ class NodeDaemon:
             )
             self._server = server
             self._servicer = NodeServicer(core, self._executor, version=_version())
+            if self.cluster is not None:  # a put's default replicas (Describe)
+                self._servicer.replicas_for = self.cluster.replicas_for
             add_node_service(server, self._servicer)
             if self._enable_scheduler:
                 self._add_scheduler(server)
@@ -343,10 +345,14 @@ class NodeDaemon:
                 f"data_address={self.data_address!r}"
             )
         assert self.cluster is not None
+        from kvstored.node.put_replicas import ReplicationFactors, master_replicas
+
+        factors = ReplicationFactors()  # of blocks held here: inventories and events carry them
         self.master_link = MasterLink(
             self.cluster, node_id=self.cfg.node_id, epoch=self.epoch, grpc_address=tcp[0],
             data_address=self.data_address, store=core.store,
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
+            zone=self.cfg.zone, factors=factors,
         )
         await self.master_link.start()
         try:  # a duplicate --node-id is a configuration error: exit 2, never take over
@@ -362,6 +368,10 @@ class NodeDaemon:
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
+            # a put's extra replicas (kvstored/node/put_replicas.py)
+            self._servicer.replicator = master_replicas(
+                core.store, self.cluster, node_id=self.cfg.node_id,
+                max_block_bytes=self.cfg.max_block_bytes, factors=factors)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
 
@@ -476,6 +486,9 @@ class NodeDaemon:
                 self._data_plane.fill_from_peers = None  # TCP GETs stop reading peers
             self._servicer.remote.close()  # no handler runs any more: peer pools and channel
             self._servicer.remote = None
+        if self._servicer is not None and self._servicer.replicator is not None:
+            self._servicer.replicator.close()  # no Replicate runs any more
+            self._servicer.replicator = None
         if self._data_plane is not None:
             await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))
             self._data_plane = None

@@ -505,7 +505,7 @@ class PutStartItem(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchRequest(_message.Message):
-    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "ends")
+    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "top_up", "ends")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -514,6 +514,7 @@ class PutStartBatchRequest(_message.Message):
     MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_UP_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
     writer_node_id: str
@@ -523,22 +524,25 @@ class PutStartBatchRequest(_message.Message):
     max_used_fraction: float
     headroom_bytes: int
     holder_reports: bool
+    top_up: bool
     ends: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., top_up: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
-    __slots__ = ("outcome", "generation", "replicas", "error_code", "message")
+    __slots__ = ("outcome", "generation", "replicas", "error_code", "message", "num_held")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_HELD_FIELD_NUMBER: _ClassVar[int]
     outcome: PutStartOutcome
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
     error_code: int
     message: str
-    def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    num_held: int
+    def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ..., num_held: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchResponse(_message.Message):
     __slots__ = ("results", "end_results")
