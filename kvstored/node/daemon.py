@@ -368,6 +368,7 @@ class NodeDaemon:
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
+                self._data_plane.on_replica_factor = factors.record  # peers' put replicas
             # a put's extra replicas (kvstored/node/put_replicas.py)
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,

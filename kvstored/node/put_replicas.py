@@ -286,7 +286,7 @@ class PutReplicas:
         writes = self._start(ns, factor, present, out, deadline)
         if writes:
             self._fire("started", writes=writes)
-            self._send(ns, writes, deadline)
+            self._send(ns, factor, writes, deadline)
             self._fire("sent", writes=writes)
             self._end(ns, factor, writes, out)
         return self._done(out)
@@ -328,8 +328,9 @@ class PutReplicas:
                                  [(x.node_id, x.data_address) for x in replicas]))
         return writes
 
-    def _send(self, ns: bytes, writes: list[_Write], deadline: float) -> None:
-        """One data-plane PUT per peer of the blocks placed there."""
+    def _send(self, ns: bytes, factor: int, writes: list[_Write], deadline: float) -> None:
+        """One data-plane PUT per peer of the blocks placed there, carrying the factor (the
+        peer remembers it for its own inventory: ``DataPlaneServer.on_replica_factor``)."""
         by_peer: dict[tuple[str, str], list[_Write]] = {}
         for w in writes:
             for peer in w.peers:
@@ -340,7 +341,7 @@ class PutReplicas:
                 continue
             items = [(w.block.key, w.block.view, w.block.meta) for w in group]
             try:
-                got = self._peer(address).put(items, ns, deadline=deadline)
+                got = self._peer(address).put(items, ns, deadline=deadline, replicas=factor)
             except KvstoredError as exc:
                 log.warning("replicate_transfer_failed", peer=address, num_blocks=len(group),
                             error=str(exc))

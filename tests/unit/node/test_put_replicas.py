@@ -101,6 +101,8 @@ class Peer:
         self.store = TieredStore(dram_size_bytes=DRAM, arena_dir=None, max_block_bytes=BLOCK)
         self.core = NodeCore(self.store, cfg, epoch=1)
         self.server = DataPlaneServer(self.core, "127.0.0.1:0")
+        self.factors = ReplicationFactors()  # what the daemon wires: the PUT carries it
+        self.server.on_replica_factor = self.factors.record
         self.address = self.server.start()
 
     def close(self) -> None:
@@ -165,6 +167,8 @@ def test_replicas_land_on_distinct_nodes_new_zones_first_with_identical_bytes(po
         assert got is not None and bytes(got[0]) == value(i)
     assert pool3.events == [("started", ["a", "a", "c", "c"]), ("sent", ["a", "a", "c", "c"])]
     assert [pool3.factors.get(NS, k) for k in keys] == [3, 3]
+    # the peers learned it from the PUT: their inventories carry it to a new master
+    assert [pool3.peers[n].factors.get(NS, keys[0]) for n in ("a", "b", "c")] == [3, 0, 3]
     # the holders report their replicas: the master indexes them, and a second call writes
     # nothing (idempotent: the block has its factor)
     for n in ("a", "c"):
