@@ -351,12 +351,12 @@ class Placement:
         Returns:
             ``exists`` when the block has its factor already (``num_held`` holders);
             else the write (possibly fewer replicas than it lacks: fewer nodes have room),
-            with ``num_held``.
+            with ``num_held``; no replicas and generation 0 when no candidate has room
+            (nothing is opened: the caller reports ``num_held`` of the factor).
 
         Raises:
             InvalidArgument: empty key, size or factor out of range, no writer.
             ReplicaNotReady: another write of this block is open (retriable).
-            NoCapacity: it lacks replicas and no candidate node has room (retriable).
         """
         if not key:
             raise InvalidArgument("key must not be empty")
@@ -402,11 +402,8 @@ class Placement:
                 zones.add(rec.spec.zone)
         chosen += [r for r in cands if r not in chosen]
         chosen = chosen[: min(missing, num_replicas)]
-        if not chosen:
-            raise NoCapacity(
-                f"block {key.hex()[:16]} has {num_held} of its {factor} replicas and no other "
-                f"registered, healthy node has room for {size_bytes} more bytes"
-            )
+        if not chosen:  # nothing opened; the holders it has are the answer
+            return PutStartOutcome(False, 0, (), num_held)
         gen = self.membership.generations.next()
         placed = []
         for rec in chosen:

@@ -371,6 +371,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                              else pb.PUT_START_OUTCOME_ERROR),
                     error_code=int(out.code), message=str(out))
                 continue
+            if not out.exists and not out.replicas:  # a top-up with no room anywhere
+                self.metrics.put_starts.labels(result=NoCapacity.code.name).inc()
+                resp.results.add(
+                    outcome=pb.PUT_START_OUTCOME_NO_CAPACITY, error_code=int(NoCapacity.code),
+                    num_held=out.num_held,
+                    message=f"the block has {out.num_held} replicas; no other registered, "
+                            f"healthy node has room for {size} more bytes")
+                continue
             self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
             resp.results.add(
                 outcome=pb.PUT_START_OUTCOME_EXISTS if out.exists else pb.PUT_START_OUTCOME_PLACED,

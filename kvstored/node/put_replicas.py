@@ -46,7 +46,14 @@ from typing import Any, Protocol
 
 import structlog
 
-from kvstored.errors import InvalidArgument, KvstoredError, NotFound, Unavailable
+from kvstored.errors import (
+    InvalidArgument,
+    KvstoredError,
+    NoCapacity,
+    NotFound,
+    TransferFailed,
+    Unavailable,
+)
 from kvstored.transport.base import Transport
 from kvstored.types import ExportedBlock
 
@@ -324,6 +331,11 @@ class PutReplicas:
             if exists:
                 out[i] = ReplicaOutcome(num_held, factor)
                 continue
+            if not replicas:  # no other node has room: nothing was opened
+                out[i] = ReplicaOutcome(num_held, factor, NoCapacity(
+                    f"block {e.key.hex()[:16]} has {num_held} of {factor} replicas: no other "
+                    f"node has room (or none is left that holds no replica)"))
+                continue
             writes.append(_Write(i, e, gen, num_held,
                                  [(x.node_id, x.data_address) for x in replicas]))
         return writes
@@ -372,8 +384,6 @@ class PutReplicas:
             self.num_replicas_written += len(w.stored)
             err = None
             if have < factor:
-                from kvstored.errors import NoCapacity, TransferFailed
-
                 err = (TransferFailed(f"{len(w.peers) - len(w.stored)} of {len(w.peers)} peers "
                                       f"did not store block {w.block.key.hex()[:16]}")
                        if len(w.stored) < len(w.peers) else

@@ -327,8 +327,8 @@ class MasterClient:
             Per item, in order: ``(exists, generation, replicas, num_held)``: ``exists``
             when the block has its factor (``num_held`` holders, the writer included);
             else where to write the replicas it lacks (fewer when fewer nodes have room)
-            under ``generation``; or the item's error (NoCapacity: no node has room,
-            ReplicaNotReady...), returned, not raised.
+            under ``generation`` (no replicas, generation 0: no other node has room, nothing
+            opened); or the item's error (ReplicaNotReady...), returned, not raised.
 
         Raises:
             InvalidArgument: too many items (the whole call).
@@ -354,6 +354,8 @@ class MasterClient:
                 out.append((r.outcome == pb.PUT_START_OUTCOME_EXISTS, r.generation, [
                     ClusterReplica(x.node_id, x.epoch, Tier(x.tier), x.size_bytes, x.generation,
                                    x.data_address) for x in r.replicas], r.num_held))
+            elif r.outcome == pb.PUT_START_OUTCOME_NO_CAPACITY and r.num_held:
+                out.append((False, 0, [], r.num_held))  # no room anywhere: what it has
             else:
                 out.append(error_from_code(r.error_code, r.message))
         return out

@@ -187,6 +187,11 @@ def test_fewer_nodes_than_asked_is_reported_short_with_the_reason(pool3: Pool) -
     assert (o.num_replicas, o.num_wanted) == (4, 5)
     assert isinstance(o.error, NoCapacity) and "4 of 5 replicas" in str(o.error)
     assert pool3.rep.num_short == 1
+    for n in ("w", "a", "b", "c"):  # every node reports its replica: none is left to take one
+        pool3.master.report_added(n, [k])
+    (o,) = pool3.rep.replicate(NS, [k], 5)
+    assert (o.num_replicas, type(o.error)) == (4, NoCapacity)  # what it has, not 1
+    assert pool3.master.placement.num_open_writes == 0
 
 
 def test_absent_blocks_and_no_master_are_reported_never_silent(pool3: Pool) -> None:
