@@ -30,6 +30,7 @@ from cluster_helpers import (
 from e2e_helpers import value_for
 
 from kvstored import Client
+from kvstored.client.master_admin import MasterAdminClient
 
 ZONES = {"r1": "z1", "r2": "z2", "r3": "z3"}
 
@@ -55,6 +56,7 @@ def test_put_with_two_replicas_survives_a_sigkill_of_the_engines_node(
     for n, zone in ZONES.items():
         nodes[n].args += ["--zone", zone]
         nodes[n].env["KVSTORED_CLUSTER__HEARTBEAT_INTERVAL_S"] = "0.25"
+    nodes["r2"].env["KVSTORED_CLUSTER__DEFAULT_REPLICAS"] = "2"  # a put naming none gets 2
     start_each(list(nodes.values()), procs)
     wait_healthy(master.address, set(ZONES))
     assert {n: v["zone"] for n, v in _nodes(master.address).items()} == ZONES
@@ -65,14 +67,21 @@ def test_put_with_two_replicas_survives_a_sigkill_of_the_engines_node(
     assert [(r.ok, r.replicas_written, r.replicas_wanted, r.short) for r in results] == \
         [(True, 2, 2, False)] * len(keys), [r.replica_error for r in results]
 
-    blocks = _wait("two readable holders per block", lambda: (
-        (b := _where(master.address, keys)) and all(len(_readable_holders(x)) == 2 for x in b)
-        and b))
+    with MasterAdminClient(master.address) as m:  # polled in-process, shown by kvstorectl
+        _wait("two readable holders per block", lambda: all(
+            sum(r["readable"] for r in reps) == 2 for reps in m.list_replicas(b"", keys)[0]))
+    blocks = _where(master.address, keys)
     assert all(x["replication_factor"] == 2 for x in blocks)
     holders = [_readable_holders(x) for x in blocks]
     assert all("r1" in h for h in holders)  # the engine's node stays the first replica
     seconds = {h[0] if h[1] == "r1" else h[1] for h in holders}
     assert seconds <= {"r2", "r3"}  # distinct nodes, never r1 twice
+
+    # r2's [cluster] default_replicas = 2: a put naming no factor gets two replicas too
+    extra = _keys(2)
+    with Client(nodes["r2"].unix_address) as c:
+        got2 = c.put(extra, [value_for(k) for k in extra])
+    assert [(r.replicas_written, r.replicas_wanted) for r in got2] == [(2, 2)] * 2
 
     nodes["r1"].proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # started above
     nodes["r1"].proc.wait(timeout=30)  # type: ignore[union-attr]  # as above
