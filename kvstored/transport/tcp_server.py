@@ -548,6 +548,10 @@ class DataPlaneServer:
             send_all(sock, [error_response(OP_PUT, exc)], reader.deadline)
             return int(exc.code)
         try:
+            on_factor = self.on_replica_factor
+            if factor and on_factor is not None:  # replicas of a put(replicas=N): known before
+                # the commit, so the change events of the commit carry the factor already
+                on_factor(ns, [k for k, _, _ in items], min(factor, 8))
             reserved: list[Reservation | PutOutcome] = []
             seen: set[bytes] = set()  # first writer wins within a batch too
             num_bytes = 0
@@ -573,10 +577,6 @@ class DataPlaneServer:
                 core.abort_reserved(reserved)
                 raise
             outcomes = core.commit_reserved(reserved)
-            on_factor = self.on_replica_factor
-            if factor and on_factor is not None:  # a replica of a put(replicas=N)
-                on_factor(ns, [k for (k, _, _), o in zip(items, outcomes, strict=True)
-                               if o.error is None], min(factor, 8))
         finally:
             guard.__exit__(None, None, None)
         body = bytearray()
