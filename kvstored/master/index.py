@@ -20,8 +20,9 @@ Invariants:
 - A block with no row is not in its namespace's key table (absent = missing cluster-wide).
 - Rows of one (block, holder, tier) are unique.
 - A block's wanted replication factor (``factor[slot]``, 0 = the default 1) only rises while
-  the block is indexed (the highest any writer or holder asked for), and is forgotten with
-  the block's last row: nodes report it again in their inventories and events.
+  the block is indexed (the highest any writer or holder asked for); a block that loses
+  its last row keeps it for when it is indexed again (bounded, columns.py), and nodes
+  report it again in their inventories and events.
 
 Not thread-safe: the master mutates it from its event loop only.
 """

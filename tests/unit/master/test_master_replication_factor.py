@@ -126,3 +126,22 @@ def test_list_replicas_rpc_answers_the_factor_and_refuses_a_bad_one() -> None:
     with pytest.raises(InvalidArgument, match=r"replicas \(the block's replication factor\)"
                                               r" must be in 0\.\.8, got 9"):
         _block(pb.BlockRef(namespace_id=NS, key=key(1), tier=1, replicas=9), "event 1")
+
+
+def test_a_top_up_whose_placeholders_go_before_the_holders_events_keeps_its_factor() -> None:
+    # race: PutEnd of a holder_reports top-up drops its WRITING placeholders; if neither the
+    # writer's nor the peer's ADDED event has arrived yet (they come a heartbeat later, and
+    # the writer's may carry no factor), the block has no row for a moment
+    c = Cluster()
+    c.join("w")
+    c.join("a")
+    out = c.placement.start_replicas(NS, key(1), 4096, writer_node_id="w", replicas=3)
+    c.placement.end_put(NS, key(1), out.generation, commit=True)
+    assert c.index.replication_factor(NS, key(1)) == 0  # no row: not indexed
+    c.members.report_events("w", 1, [BlockEvent(1, EventKind.ADDED, _ref(1, 0))])
+    assert c.index.replication_factor(NS, key(1)) == 3  # given back, not the default
+    # the same through an inventory (bulk path)
+    out = c.placement.start_replicas(NS, key(2), 4096, writer_node_id="w", replicas=2)
+    c.placement.end_put(NS, key(2), out.generation, commit=False)
+    c.sync("a", 1, [_ref(2, 0)])
+    assert c.index.replication_factor(NS, key(2)) == 2
