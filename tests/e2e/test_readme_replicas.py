@@ -14,6 +14,8 @@ from pathlib import Path
 from test_readme import Block, read_blocks
 from test_readme_cluster import ROOT, Runner, _wait, commands
 
+from kvstored.client.master_admin import MasterAdminClient
+
 MARK = "test_readme_replicas.py"
 
 
@@ -28,24 +30,24 @@ def test_replicas_commands_run_as_written(workdir: Path) -> None:
     assert [b.lang for b in blocks] == ["bash", "python", "bash"], blocks
     daemons, python, ctl = blocks
     run = Runner(workdir, [b.code for b in blocks])
-    try:
+    m = MasterAdminClient(run.map["127.0.0.1:7380"])  # polled in-process; the README's
+    try:                                              # kvstorectl commands run below
         for cmd in commands(daemons.code):
             run.run(cmd)
-        master = run.map["127.0.0.1:7380"]
         _wait("both nodes healthy", lambda: sorted(
-            (n["node_id"], n["zone"], n["health"]) for n in run.ctl_json(master, "nodes")["nodes"])
+            (n["node_id"], n["zone"], n["health"]) for n in m.list_nodes()["nodes"])  # type: ignore[attr-defined]  # list_nodes' JSON
             == [("r1", "rack1", "healthy"), ("r2", "rack2", "healthy")])
         r = subprocess.run([sys.executable, "-c", run.sub(python.code)], cwd=workdir,
                            env=run.env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "4 blocks on 2 nodes; replicas=3 got 2 NoCapacity"
-        key = "00" * 16
         _wait("both replicas indexed (one heartbeat)", lambda: sorted(
-            x["node_id"] for x in run.ctl_json(master, "where", key)["blocks"][0]["replicas"]
-            if x["readable"]) == ["r1", "r2"])
+            r["node_id"] for r in m.list_replicas(b"", [bytes(16)])[0][0] if r["readable"])
+            == ["r1", "r2"])
         outs = [run.run(cmd) for cmd in commands(ctl.code)]
         assert "rack1" in outs[0].stdout and "rack2" in outs[0].stdout
         assert "2/3" in outs[1].stdout  # 2 readable replicas of the factor 3 the last put asked
     finally:
+        m.close()
         codes = run.stop()
     assert codes == [0, 0, 0]
