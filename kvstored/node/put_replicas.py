@@ -63,6 +63,8 @@ Hook = Callable[..., None]
 HOOK_ENV = "KVSTORED_TEST_REPLICATE_HOOK"
 MAX_REPLICAS = 8
 """Most replicas of one block (the master's limit, kvstored/master/types.py)."""
+MAX_MASTER_ITEMS = 4096
+"""Items of one PutStartBatch / PutEndBatch (the master's limit, master/placement.py)."""
 MAX_FACTORS = 1 << 22
 """Most blocks whose factor a node remembers (oldest forgotten first past it)."""
 
@@ -290,12 +292,14 @@ class PutReplicas:
                 out[i] = ReplicaOutcome(1, factor, Unavailable(
                     f"node {self.node_id!r} has no master: a block has no other replica"))
             return self._done(out)
-        writes = self._start(ns, factor, present, out, deadline)
-        if writes:
-            self._fire("started", writes=writes)
-            self._send(ns, factor, writes, deadline)
-            self._fire("sent", writes=writes)
-            self._end(ns, factor, writes, out)
+        for start in range(0, len(present), MAX_MASTER_ITEMS):  # the master's batch limit
+            writes = self._start(ns, factor, present[start : start + MAX_MASTER_ITEMS], out,
+                                 deadline)
+            if writes:
+                self._fire("started", writes=writes)
+                self._send(ns, factor, writes, deadline)
+                self._fire("sent", writes=writes)
+                self._end(ns, factor, writes, out)
         return self._done(out)
 
     def _done(self, out: list[ReplicaOutcome | None]) -> list[ReplicaOutcome]:

@@ -306,3 +306,13 @@ def test_factors_are_raise_only_bounded_and_checked() -> None:
 
     with pytest.raises(InvalidArgument, match=r"replicas must be in 1\.\.8, got 9"):
         f.record(NS, [key(1)], 9)
+
+
+def test_more_keys_than_one_master_batch_go_in_several(pool3: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvstored.node.put_replicas as pr
+
+    monkeypatch.setattr(pr, "MAX_MASTER_ITEMS", 2)
+    keys = pool3.put(1, 2, 3)
+    out = pool3.rep.replicate(NS, keys, 2)
+    assert [o.num_replicas for o in out] == [2, 2, 2]
+    assert [e for e, _ in pool3.events] == ["started", "sent", "started", "sent"]
