@@ -4,7 +4,8 @@ own zone (``kvstored node --zone``).
 The engine's node holds the first replica; it writes the second to a peer (two-phase
 through the master, kvstored/node/put_replicas.py) before put returns. ``kvstorectl where``
 shows two readable holders on distinct nodes and the factor; after the engine's own node
-is SIGKILLed every block is still served, with identical bytes, through a survivor.
+is SIGKILLed every block is still served, with identical bytes, through a survivor, and a
+restarted master learns every block's factor again from the survivors' inventories.
 (Re-creating the lost replica is the repair's job, not tested here.)
 
 Waits poll observable state with a deadline, never sleeps.
@@ -91,3 +92,15 @@ def test_put_with_two_replicas_survives_a_sigkill_of_the_engines_node(
             got = c.get(keys)
         bad = [i for i, (k, v) in enumerate(zip(keys, got, strict=True)) if v != value_for(k)]
         assert not bad, f"{len(bad)} blocks not served through {reader}: {bad[:8]}"
+
+    # the factor is soft state: a new master learns it from the survivors' inventories (each
+    # peer learned it from the replica's PUT), never from its own disk
+    master.kill()
+    restarted = MasterProcess(workdir)
+    restarted.args[restarted.args.index("--listen") + 1] = master.address  # the same port
+    procs.append(restarted)
+    restarted.start()
+    with MasterAdminClient(master.address) as m:
+        _wait("the new master knows every block's factor again", lambda: (
+            (got := m.list_replicas_and_factors(b"", keys)) and got[2]
+            and got[1] == [2] * len(keys)))
