@@ -13,6 +13,7 @@ Waits poll observable state with a deadline, never sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from pathlib import Path
@@ -30,7 +31,7 @@ from cluster_helpers import (
 )
 from e2e_helpers import value_for
 
-from kvstored import Client
+from kvstored import AsyncClient, Client
 from kvstored.client.master_admin import MasterAdminClient
 
 ZONES = {"r1": "z1", "r2": "z2", "r3": "z3"}
@@ -79,9 +80,14 @@ def test_put_with_two_replicas_survives_a_sigkill_of_the_engines_node(
     assert seconds <= {"r2", "r3"}  # distinct nodes, never r1 twice
 
     # r2's [cluster] default_replicas = 2: a put naming no factor gets two replicas too
+    # (through the AsyncClient: the same operation, the asyncio driver)
     extra = _keys(2)
-    with Client(nodes["r2"].unix_address) as c:
-        got2 = c.put(extra, [value_for(k) for k in extra])
+
+    async def put_async() -> list[Any]:
+        async with AsyncClient(nodes["r2"].unix_address) as c:
+            return await c.put(extra, [value_for(k) for k in extra])
+
+    got2 = asyncio.run(put_async())
     assert [(r.replicas_written, r.replicas_wanted) for r in got2] == [(2, 2)] * 2
 
     nodes["r1"].proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # started above
