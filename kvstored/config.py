@@ -329,6 +329,21 @@ class MasterConfig(_Model):
     metrics_listen: str = ""
     """``HOST:PORT`` of the master's Prometheus ``/metrics`` (port 0 = any); empty (the
     default) disables it. The node units use 7072, so ``127.0.0.1:7082`` is suggested."""
+    repair_bytes_per_s: Size = Field(default=256 << 20, gt=0)
+    """Bytes per second of copy commands the repair, drain and hot-block replication queue
+    at most, cluster-wide (a human size: ``"256MiB"``, the default), so re-replication never
+    starves engine traffic; one block larger than a second's worth still goes, alone."""
+    command_resend_s: float = Field(default=0.0, ge=0)
+    """A command sent to a node and not acknowledged is sent again after this many seconds;
+    0 (the default) = one node lease."""
+    hot_reads_per_window: int = Field(default=0, ge=0)
+    """A block looked up from another node than its holders more than this many times within
+    ``hot_window_s`` gets one extra replica on the reading node; 0 (the default) = off."""
+    hot_window_s: float = Field(default=10.0, gt=0)
+    """The window of ``hot_reads_per_window``, seconds."""
+    hot_max_extra_replicas: int = Field(default=2, ge=0)
+    """At most this many extra replicas per block beyond its replication factor come from
+    hot-block replication."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd)."""
     log_level: str = "info"

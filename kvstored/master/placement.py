@@ -185,7 +185,7 @@ class Placement:
             avoid_holders: holders left out (one dropping its copy of this block).
         """
         live = [r for r in self.membership.nodes()
-                if r.synced and not r.gap and r.healthy
+                if r.synced and not r.gap and r.healthy and not r.draining
                 and not (exclude_writer and r.spec.node_id == writer_node_id)
                 and r.holder not in avoid_holders]
         if max_used_fraction > 0:

@@ -27,6 +27,7 @@ from kvstored.errors import (
     NoCapacity,
 )
 from kvstored.master import admin
+from kvstored.master.commands import Command
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.master.metrics import MasterMetrics
@@ -219,11 +220,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
             load=request.load, last_seq=request.last_seq,
         )
-        promote = self.membership.promotions.take(request.node_id) \
-            if action is NodeAction.NONE else []
+        queue = self.state.commands
+        if request.acked_command_ids:
+            self.state.repair.on_commands_acked(
+                queue.ack(request.node_id, request.epoch, request.acked_command_ids))
+        cmds = queue.take(request.node_id, request.epoch) if action is NodeAction.NONE else []
         return pb.HeartbeatResponse(
             action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
-            promote_copies=[pb.BlockKey(namespace_id=ns, key=k) for ns, k in promote])
+            commands=[command_pb(c) for c in cmds])
 
     @_rpc
     async def SyncInventory(  # noqa: N802
@@ -306,6 +310,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp.tier.extend(hit.tiers.tolist())
         resp.size_bytes.extend(hit.sizes.tolist())
         resp.generation.extend(hit.generations.tolist())
+        repair = self.state.repair
+        if local is not None and repair.settings.hot_reads_per_window:
+            remote = np.flatnonzero(hit.holders != holder)  # blocks the asker will copy in
+            if len(remote):
+                pos = (np.asarray(resp.key_index, dtype=np.int64)[remote] if request.every_key
+                       else remote)
+                names = [n.node_id for n in resp.nodes]
+                repair.note_lookup(local.spec.node_id, bytes(request.namespace_id),
+                                   [(request.keys[p], names[node_index[r]])
+                                    for p, r in zip(pos.tolist(), remote.tolist(), strict=True)])
         return resp
 
     @_rpc
@@ -419,7 +433,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             pb.NodeStatus(node=node_info(r), health=pb_enum(pb.NodeHealth, r.health), load=r.load,
                           num_replicas=self.index.num_holder_replicas(r.holder),
                           lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq,
-                          probation=r.probation and not r.healthy)
+                          probation=r.probation and not r.healthy, draining=r.draining)
             for r in m.nodes()
         ]
         now = m.clock()
@@ -478,6 +492,43 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                       state=pb_enum(pb.ReplicaState, e.state), copy=e.copy) for e in entries],
             next_page_token=token, epoch=epoch, num_replicas=num,
         )
+
+
+    @_rpc
+    async def DrainNode(  # noqa: N802
+        self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainNodeResponse:
+        self.metrics.admin_requests.labels(method="DrainNode").inc()
+        if not request.node_id:
+            raise InvalidArgument("DrainNode needs a node_id, got an empty one")
+        p = self.state.repair.drain(request.node_id)
+        return pb.DrainNodeResponse(draining=True, num_blocks=p.num_blocks,
+                                    num_blocks_to_move=p.num_blocks_to_move,
+                                    num_copies_issued=p.num_copies_issued,
+                                    leave_sent=p.leave_sent)
+
+    @_rpc
+    async def SetReplication(  # noqa: N802
+        self, request: pb.SetReplicationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetReplicationResponse:
+        self.metrics.admin_requests.labels(method="SetReplication").inc()
+        _check_keys(request.namespace_id, request.keys)
+        n = self.state.repair.set_factor(bytes(request.namespace_id),
+                                         [bytes(k) for k in request.keys], request.replicas)
+        return pb.SetReplicationResponse(num_keys=n)
+
+
+def command_pb(c: Command) -> pb.NodeCommand:
+    """The wire form of one queued command (:mod:`kvstored.master.commands`)."""
+    out = pb.NodeCommand(command_id=c.command_id, kind=pb_enum(pb.NodeCommandKind, c.kind), target_epoch=c.epoch,
+                         term=c.term, namespace_id=c.namespace_id, key=c.key)
+    if c.source is not None:
+        out.source_node_id = c.source.node_id
+        out.source_epoch = c.source.epoch
+        out.source_data_address = c.source.data_address
+        out.size_bytes = c.source.size_bytes
+        out.generation = c.source.generation
+    return out
 
 
 DUPLICATE_PROBE_TIMEOUT_S = 1.0

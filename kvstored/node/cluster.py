@@ -5,9 +5,11 @@ One owned task talks to the master, one call at a time, in rounds::
     round:  [REREGISTER pending] RegisterNode(node, epoch, addresses, tiers, transports)
             [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
-            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC,
-                                                         promote_copies: copies to keep
-                                                         (TieredStore.keep_copies)
+            Heartbeat(usage, load, last_seq,          -> action: NONE | REREGISTER | RESYNC,
+                      acked_command_ids)                 commands: the master's command
+                                                         queue (copy, promote, drop, leave:
+                                                         kvstored/node/replicate.py), acked
+                                                         on the next Heartbeat once applied
 
 Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
 SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
@@ -52,6 +54,7 @@ import structlog
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError
 from kvstored.node.put_replicas import ReplicationFactors
+from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
 from kvstored.tiers.feed import Change
@@ -172,6 +175,15 @@ class MasterLink:
         self.num_registrations = 0
         self.refused: AlreadyExists | None = None  # the first registration, as a duplicate
         self._first_answer = asyncio.Event()
+        # applies the master's commands (kvstored/node/replicate.py); set by the daemon
+        self.replicator: Replicator | None = None
+        self.left = False  # drained: unregistered on the master's LEAVE, no more rounds
+        self._leaving = False
+
+    def request_leave(self) -> None:
+        """Unregister after the current round and stop heartbeating (the master's LEAVE
+        command once a drain re-homed this node's blocks). Loop only."""
+        self._leaving = True
 
     # ---- lifecycle -------------------------------------------------------------------
     def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
@@ -226,9 +238,21 @@ class MasterLink:
             return min(self.cfg.heartbeat_interval_s, self.lease_s / 3)
         return self.cfg.heartbeat_interval_s
 
+    async def _leave(self) -> None:
+        stub = self._ensure_stub()
+        await stub.UnregisterNode(
+            pb.UnregisterNodeRequest(node_id=self.node_id, epoch=self.epoch),
+            timeout=self.cfg.rpc_timeout_s)
+        self.registered = False
+        self.left = True
+        log.info("master_left_drained", node_id=self.node_id, epoch=self.epoch)
+
     async def _loop(self) -> None:
         while True:
             try:
+                if self._leaving:
+                    await self._leave()
+                    return
                 await self.run_once()
                 if self._last_error:
                     log.info("master_link_recovered", master=self.cfg.master_address)
@@ -418,11 +442,21 @@ class MasterLink:
             return
         load = float(self.load())
         stub = self._ensure_stub()
-        resp = await stub.Heartbeat(
-            pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
-                                load=load if math.isfinite(load) else 0.0, last_seq=self.seq),
-            timeout=self.cfg.rpc_timeout_s,
-        )
+        rep = self.replicator
+        acks = rep.take_acks() if rep is not None else []
+        try:
+            resp = await stub.Heartbeat(
+                pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
+                                    load=load if math.isfinite(load) else 0.0, last_seq=self.seq,
+                                    acked_command_ids=acks),
+                timeout=self.cfg.rpc_timeout_s,
+            )
+        except BaseException:
+            if rep is not None:
+                rep.restore_acks(acks)
+            raise
+        if rep is not None and resp.commands:
+            rep.submit(resp.commands)
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)

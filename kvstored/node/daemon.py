@@ -66,8 +66,11 @@ if TYPE_CHECKING:
 
     from kvstored.config import ClusterConfig, NodeConfig
     from kvstored.node.cluster import MasterLink
+    from kvstored.node.remote import FetchResult
+    from kvstored.node.replicate import Replicator
     from kvstored.node.spill import Spiller
     from kvstored.tiers.tiered import TieredStore
+    from kvstored.transport.master_rpc import ClusterReplica
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +146,7 @@ class NodeDaemon:
         self.cluster = cluster
         self.master_link: MasterLink | None = None
         self.spiller: Spiller | None = None
+        self.replicator: Replicator | None = None
         self.store: TieredStore | None = store
         self._enable_scheduler = enable_scheduler
         self.core: NodeCore | None = None
@@ -373,6 +377,7 @@ class NodeDaemon:
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,
                 max_block_bytes=self.cfg.max_block_bytes, factors=factors)
+        await self._start_replicator(core)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
 
@@ -382,6 +387,26 @@ class NodeDaemon:
 
             self.metrics.registry.register(SpillCollector(self.spiller))
             self.spiller.start()
+
+    async def _start_replicator(self, core: NodeCore) -> None:
+        """The master's commands (copy, promote, drop, leave: kvstored/node/replicate.py)."""
+        from kvstored.node.replicate import Replicator
+
+        link = self.master_link
+        assert link is not None
+        servicer = self._servicer
+
+        def copy_from(items: Sequence[tuple[bytes, ClusterReplica]], namespace_id: bytes
+                      ) -> FetchResult | None:
+            remote = servicer.remote if servicer is not None else None
+            return remote.copy_from(items, namespace_id) if remote is not None else None
+
+        self.replicator = Replicator(
+            epoch=self.epoch, copy_from=copy_from, keep_copies=core.store.keep_copies,
+            remove=lambda keys, ns: core.remove(keys, ns), leave=link.request_leave,
+            executor=self._executor)
+        await self.replicator.start()
+        link.replicator = self.replicator
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
@@ -452,6 +477,9 @@ class NodeDaemon:
         core = self.core
         if core is not None:
             core.start_draining()
+        if self.replicator is not None:
+            await self.replicator.stop()
+            self.replicator = None
         if self.master_link is not None:  # leave the cluster first: no one is sent here
             await self.master_link.stop()
             self.master_link = None
@@ -467,6 +495,9 @@ class NodeDaemon:
         if self.spiller is not None:  # before the store closes: it pins and removes blocks
             await loop.run_in_executor(self._executor, self.spiller.close)
             self.spiller = None
+        if self.replicator is not None:
+            await self.replicator.stop()
+            self.replicator = None
         if self.master_link is not None:
             await self.master_link.stop(unregister=False)
             self.master_link = None

@@ -77,13 +77,45 @@ class MasterClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
+    def drain_node(self, node_id: str, timeout_s: float | None = None) -> dict[str, object]:
+        """Start (or report) a node's drain (``kvstorectl drain``): nothing new is placed
+        there, its blocks with no other replica are copied to other nodes, then it leaves.
+
+        Returns:
+            ``{"node_id", "draining", "num_blocks", "num_blocks_to_move",
+            "num_copies_issued", "leave_sent"}`` (idempotent: asking again reports progress).
+
+        Raises:
+            NotFound: the node is not registered (it left already, or never joined).
+        """
+        r = self._call(self._stub.DrainNode, pb.DrainNodeRequest(node_id=node_id), timeout_s)
+        return {"node_id": node_id, "draining": r.draining, "num_blocks": r.num_blocks,
+                "num_blocks_to_move": r.num_blocks_to_move,
+                "num_copies_issued": r.num_copies_issued, "leave_sent": r.leave_sent}
+
+    def set_replication(self, namespace_id: bytes, keys: Sequence[bytes], replicas: int,
+                        timeout_s: float | None = None) -> int:
+        """Set the wanted replication factor of blocks (the master's repair keeps that many
+        replicas on distinct nodes; 1 forgets it).
+
+        Returns:
+            Keys set.
+
+        Raises:
+            InvalidArgument: ``replicas`` outside 1..16, or a bad key or namespace id.
+        """
+        r = self._call(self._stub.SetReplication, pb.SetReplicationRequest(
+            namespace_id=namespace_id, keys=list(keys), replicas=replicas), timeout_s)
+        return int(r.num_keys)
+
     def list_nodes(self) -> dict[str, object]:
         """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
 
         Returns:
             ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
-            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``; health
+            "draining", "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
+            (draining: ``kvstorectl drain`` is re-homing its blocks); health
             is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
             named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
             "epoch", "grpc_address", "data_address", "reason", "departed_s_ago",
@@ -101,6 +133,7 @@ class MasterClient:
                 else _HEALTH.get(st.health, "unknown"),
                 "load": st.load, "num_replicas": st.num_replicas,
                 "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
+                "draining": st.draining,
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
                            "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
                           for t in n.tiers if t.tier in (1, 2)],

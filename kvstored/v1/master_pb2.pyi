@@ -34,6 +34,14 @@ class PlacementPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLACEMENT_POLICY_MOST_FREE: _ClassVar[PlacementPolicy]
     PLACEMENT_POLICY_RANDOM: _ClassVar[PlacementPolicy]
 
+class NodeCommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_COMMAND_KIND_UNSPECIFIED: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_COPY: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_PROMOTE: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_DROP: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_LEAVE: _ClassVar[NodeCommandKind]
+
 class BlockEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BLOCK_EVENT_KIND_UNSPECIFIED: _ClassVar[BlockEventKind]
@@ -61,6 +69,11 @@ PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicy
 PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy
 PLACEMENT_POLICY_MOST_FREE: PlacementPolicy
 PLACEMENT_POLICY_RANDOM: PlacementPolicy
+NODE_COMMAND_KIND_UNSPECIFIED: NodeCommandKind
+NODE_COMMAND_KIND_COPY: NodeCommandKind
+NODE_COMMAND_KIND_PROMOTE: NodeCommandKind
+NODE_COMMAND_KIND_DROP: NodeCommandKind
+NODE_COMMAND_KIND_LEAVE: NodeCommandKind
 BLOCK_EVENT_KIND_UNSPECIFIED: BlockEventKind
 BLOCK_EVENT_KIND_ADDED: BlockEventKind
 BLOCK_EVENT_KIND_REMOVED: BlockEventKind
@@ -129,28 +142,58 @@ class UnregisterNodeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq")
+    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "acked_command_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
     load: float
     last_seq: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    acked_command_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms", "promote_copies")
+    __slots__ = ("action", "node_lease_ms", "promote_copies", "commands")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
     promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ...) -> None: ...
+    commands: _containers.RepeatedCompositeFieldContainer[NodeCommand]
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ...) -> None: ...
+
+class NodeCommand(_message.Message):
+    __slots__ = ("command_id", "kind", "target_epoch", "term", "namespace_id", "key", "source_node_id", "source_epoch", "source_data_address", "size_bytes", "generation")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    kind: NodeCommandKind
+    target_epoch: int
+    term: int
+    namespace_id: bytes
+    key: bytes
+    source_node_id: str
+    source_epoch: int
+    source_data_address: str
+    size_bytes: int
+    generation: int
+    def __init__(self, command_id: _Optional[int] = ..., kind: _Optional[_Union[NodeCommandKind, str]] = ..., target_epoch: _Optional[int] = ..., term: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., source_node_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., source_data_address: _Optional[str] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class BlockRef(_message.Message):
     __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy", "replicas")
@@ -357,7 +400,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation")
+    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation", "draining")
     NODE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +408,7 @@ class NodeStatus(_message.Message):
     LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROBATION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     health: NodeHealth
     load: float
@@ -372,7 +416,8 @@ class NodeStatus(_message.Message):
     lease_left_s: float
     last_seq: int
     probation: bool
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "master_epoch", "num_replicas", "departed")
@@ -581,3 +626,39 @@ class BlockKey(_message.Message):
     namespace_id: bytes
     key: bytes
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("draining", "num_blocks", "num_blocks_to_move", "num_copies_issued", "leave_sent")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_COPIES_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_SENT_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    num_blocks: int
+    num_blocks_to_move: int
+    num_copies_issued: int
+    leave_sent: bool
+    def __init__(self, draining: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_blocks_to_move: _Optional[int] = ..., num_copies_issued: _Optional[int] = ..., leave_sent: _Optional[bool] = ...) -> None: ...
+
+class SetReplicationRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "replicas")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class SetReplicationResponse(_message.Message):
+    __slots__ = ("num_keys",)
+    NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    num_keys: int
+    def __init__(self, num_keys: _Optional[int] = ...) -> None: ...
