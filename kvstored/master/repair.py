@@ -13,7 +13,8 @@ evicted first, so it never counts; a draining node's replica does not count, it 
     deficit > 0 and a readable source (any readable COMMITTED replica, a draining node's
     included: it serves until it leaves) -> COPY to a target:
         live, no original of the block, room in its last tier (<= 95 % used with the block),
-        a node already holding a remote-fill copy first (it keeps that copy: no transfer),
+        a node already holding a remote-fill copy first (it keeps that copy: no transfer;
+        it still needs the room, since the copy's evictable space becomes an original's),
         then a zone no replica is in yet (when nodes declare zones), then the most room
 
 Which blocks are looked at:
@@ -449,8 +450,10 @@ class Repair:
         cands = [rec for rec in self.membership.nodes()
                  if self._is_live(rec) and rec.spec.node_id not in has
                  and (not reader or rec.spec.node_id == reader)
-                 and (rec.spec.node_id in copies or self.placement.last_tier_room_bytes(
-                     rec, REPAIR_MAX_USED_FRACTION) >= r.size_bytes)]
+                 # a copy kept in place takes no new bytes, but evictable space becomes an
+                 # original's: the node needs the room as much as for a transfer
+                 and self.placement.last_tier_room_bytes(
+                     rec, REPAIR_MAX_USED_FRACTION) >= r.size_bytes]
         if not cands:
             self.num_no_target += 1
             return False
