@@ -519,13 +519,14 @@ def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
 @click.argument("keys_args", nargs=-1, metavar="[KEY_HEX]...")
 @click.option("--replicas", type=int, required=True,
               help="Wanted replicas of each block (1..16; 1 = no repair).")
-@click.option("--namespace-id", "namespace_id_hex", metavar="HEX", required=True,
-              help="Namespace id of the keys: all 32 hex digits or a unique prefix.")
+@click.option("--namespace-id", "namespace_id_hex", metavar="HEX", default=None,
+              help="Namespace id of the keys: all 32 hex digits or a unique prefix (default: "
+                   "the empty namespace of a client given none).")
 @common_options
 @click.pass_obj
 @handle_errors
 def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
-              namespace_id_hex: str) -> None:
+              namespace_id_hex: str | None) -> None:
     """Set the replication factor of blocks through the master (--address MASTER): its
     repair copies each to distinct nodes until it has --replicas, and again after a holder
     leaves."""
@@ -537,7 +538,7 @@ def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
     keys = [_parse_hex(k, "key") for k in hex_keys]
     address = cluster.require_master(obj, "replicate")
     with MasterAdminClient(address, timeout_s=obj.timeout_s) as m:
-        ns = cluster.resolve_namespace(m, namespace_id_hex)
+        ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
         n = m.set_replication(ns, keys, replicas)
     data = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex()}
 
