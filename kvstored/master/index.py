@@ -465,6 +465,17 @@ class BlockIndex:
             self._cols.factor[slot] = factor
         return True
 
+    def blocks_above_factor(self, factor: int = 1) -> list[tuple[bytes, bytes]]:
+        """``(namespace_id, key)`` of every indexed block whose wanted replication factor is
+        above ``factor`` (the repair's background pass, kvstored/master/repair.py).
+
+        Cost: one vectorized pass over the factor column (1 byte per block slot), then
+        O(matches) in Python.
+        """
+        c = self._cols
+        slots = np.flatnonzero(c.factor[:c.num_slots] > factor)
+        return [c.key_of(s) for s in slots.tolist() if c.head[s] != NO_ROW]
+
     def _write_slot(self, namespace_id: bytes, key: bytes) -> int | None:
         c = self._cols
         return c.slot(c.ns(namespace_id, create=False), key)

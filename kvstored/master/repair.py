@@ -4,7 +4,8 @@ Every rule below ends in COPY commands on the master's one command queue
 (kvstored/master/commands.py), which the target node executes by pulling the block from a
 surviving replica over the data plane (kvstored/node/replicate.py). Nothing here moves a byte.
 
-What a block wants: ``factor`` originals (its replication factor, :class:`FactorSource`;
+What a block wants: ``factor`` originals (its replication factor, :class:`FactorSource`:
+the index's, from ``put(replicas=N)`` and the holders' reports, or ``SetReplication``'s;
 1 when nothing was asked) on *live* nodes: registered, synced, no event gap, healthy and not
 draining. What it has: its readable COMMITTED originals on such nodes (a remote-fill copy is
 evicted first, so it never counts; a draining node's replica does not count, it is leaving)::
@@ -57,17 +58,18 @@ import structlog
 
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.commands import CommandKind, CommandQueue, CopySource
-from kvstored.master.types import Replica, ReplicaState
+from kvstored.master.types import MAX_REPLICAS, Replica, ReplicaState
 from kvstored.types import Tier
 
 if TYPE_CHECKING:
+    from kvstored.master.index import BlockIndex
     from kvstored.master.membership import Membership, NodeRecord
     from kvstored.master.placement import Placement
 
 log = structlog.get_logger(__name__)
 
-MAX_REPLICATION_FACTOR = 16
-"""The most replicas a block may ask for."""
+MAX_REPLICATION_FACTOR = MAX_REPLICAS
+"""The most replicas a block may ask for (the index's limit)."""
 REPAIR_MAX_USED_FRACTION = 0.95
 """A repair target's last tier stays at or below this fraction of its capacity with the copy."""
 MAX_HOT_TRACKED = 65536
@@ -129,6 +131,38 @@ class ReplicationFactors:
 
     def __len__(self) -> int:
         return len(self._factors)
+
+
+class IndexFactors:
+    """The factors the block index records (``put(replicas=N)``, the holders' inventories and
+    events: ``BlockIndex.replication_factor``), raised by what ``SetReplication`` set.
+
+    ``SetReplication`` records its factor in the index too (so ``kvstorectl where`` shows
+    it); the index never lowers a factor, so the admin table is what can (1 = forget).
+    """
+
+    def __init__(self, index: BlockIndex) -> None:
+        self.index = index
+        self.admin = ReplicationFactors()
+
+    def factor_of(self, namespace_id: bytes, key: bytes) -> int:
+        """See :meth:`FactorSource.factor_of`."""
+        return max(1, self.index.replication_factor(namespace_id, key),
+                   self.admin.factor_of(namespace_id, key))
+
+    def keys_above_one(self) -> Iterable[BlockId]:
+        """See :meth:`FactorSource.keys_above_one` (index blocks, then admin-only ones)."""
+        found = self.index.blocks_above_factor(1)
+        seen = set(found)
+        return found + [b for b in self.admin.keys_above_one() if b not in seen]
+
+    def set(self, namespace_id: bytes, keys: Iterable[bytes], factor: int) -> int:
+        """See :meth:`ReplicationFactors.set`; an indexed block's index factor is raised too."""
+        keys = list(keys)
+        n = self.admin.set(namespace_id, keys, factor)
+        for k in keys:
+            self.index.record_replication_factor(namespace_id, k, factor)
+        return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +245,10 @@ class Repair:
         placement: the term's placement (room on a node).
         commands: the master's command queue (COPY and LEAVE go there).
         settings: rate, hot-block thresholds, scan budget.
-        factors: the blocks' replication factors (a fresh :class:`ReplicationFactors` if None).
-        zone_of: a node's failure domain ("" = none declared).
+        factors: the blocks' replication factors (None: :class:`IndexFactors` over the
+            membership's index).
+        zone_of: a node's failure domain ("" = none declared; default: the zone it
+            registered with, ``kvstored node --zone``).
     """
 
     def __init__(
@@ -223,14 +259,15 @@ class Repair:
         settings: RepairSettings | None = None,
         *,
         factors: FactorSource | None = None,
-        zone_of: Callable[[NodeRecord], str] = lambda rec: "",
+        zone_of: Callable[[NodeRecord], str] = lambda rec: rec.spec.zone,
     ) -> None:
         self.membership = membership
         self.index = membership.index
         self.placement = placement
         self.commands = commands
         self.settings = settings if settings is not None else RepairSettings()
-        self.factors: FactorSource = factors if factors is not None else ReplicationFactors()
+        self.factors: FactorSource = (factors if factors is not None
+                                      else IndexFactors(membership.index))
         self.zone_of = zone_of
         self.clock = membership.clock
         self._bucket = _Bucket(self.settings.repair_bytes_per_s, self.clock())
@@ -487,5 +524,5 @@ class Repair:
                      num_extra=extra + 1)
 
 
-__all__ = ["MAX_REPLICATION_FACTOR", "DrainProgress", "FactorSource", "Repair",
+__all__ = ["MAX_REPLICATION_FACTOR", "DrainProgress", "FactorSource", "IndexFactors", "Repair",
            "RepairSettings", "ReplicationFactors"]

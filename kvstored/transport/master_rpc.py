@@ -102,7 +102,7 @@ class MasterClient:
             Keys set.
 
         Raises:
-            InvalidArgument: ``replicas`` outside 1..16, or a bad key or namespace id.
+            InvalidArgument: ``replicas`` outside 1..8, or a bad key or namespace id.
         """
         r = self._call(self._stub.SetReplication, pb.SetReplicationRequest(
             namespace_id=namespace_id, keys=list(keys), replicas=replicas), timeout_s)

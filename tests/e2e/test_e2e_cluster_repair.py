@@ -1,9 +1,9 @@
 """Replicas, repair and drain in a real cluster (issue 17 §2): one master and three nodes.
 
-- replicas=2 (set through the admin path, ``SetReplication``): the repair gives every block a
-  second original on another node; SIGKILL one holder: every block is still served, with its
-  bytes, through both survivors, and the lost replicas are re-created (bounded by ``WAIT_S``;
-  the time taken is printed).
+- ``put(replicas=2)`` through node a (a holds every block, b or c the second replica);
+  SIGKILL a: every block is still served, with its bytes, through both survivors, and the
+  master re-creates the lost replicas (each block on b and c; bounded by ``WAIT_S``, the
+  time taken is printed). ``SetReplication`` (the admin path) is run by test_readme_repair.
 - drain under read load: a reader thread reads every block in a loop through a small node
   (its copies churn, so it keeps copying from the holder) while ``kvstorectl drain``
   re-homes the drained node's blocks; the node is listed as draining, then leaves; 0 failed
@@ -56,10 +56,10 @@ def test_replicas_2_sigkill_one_holder_every_block_served_and_lost_replicas_recr
     start_nodes(nodes, procs, {})
     wait_healthy(master.address, {"a", "b", "c"})
     keys = _keys(24)
-    _put(nodes[0], keys)
+    with Client(nodes[0].unix_address) as c:  # a holds the first replica, writes the second
+        got = c.put(keys, [value_for(k) for k in keys], replicas=2)
+        assert [r.replicas_written for r in got] == [2] * len(keys)
     with MasterAdminClient(master.address, timeout_s=10) as m:
-        _wait("a's blocks indexed", lambda: _indexed(m, keys, "a"))
-        assert m.set_replication(b"", keys, 2) == len(keys)
         _wait("2 originals per block", lambda: all(len(h) == 2 for h in _originals(m, keys)))
         assert all(h[0] == "a" for h in _originals(m, keys))
         nodes[0].kill()  # SIGKILL the holder of every block

@@ -57,6 +57,16 @@ def test_a_holder_leaving_queues_copies_of_its_blocks_whose_factor_is_above_one(
     assert cmd.source.generation == b_row[0].generation  # the copy is verified against it
 
 
+def test_the_factor_a_put_recorded_in_the_index_is_repaired_too() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2]))
+    c.join("b", inventory=blocks([1, 2]))
+    c.join("c")
+    assert c.index.record_replication_factor(NS, key(2), 2)  # put(replicas=2)'s factor
+    lapse(c, "a", ["b", "c"])
+    assert copies(c, "c") == [(key(2), "b")]
+
+
 def test_repair_stops_once_the_new_replica_is_reported() -> None:
     c = Cluster()
     c.join("a", inventory=blocks([1]))
@@ -179,6 +189,6 @@ def test_hot_reads_outside_the_window_do_not_add_up() -> None:
 
 
 def test_set_factor_names_the_bad_value() -> None:
-    with pytest.raises(InvalidArgument, match="replicas must be 1..16, got 17"):
-        Cluster().state.repair.set_factor(NS, [key(1)], 17)
+    with pytest.raises(InvalidArgument, match="replicas must be 1..8, got 9"):
+        Cluster().state.repair.set_factor(NS, [key(1)], 9)
 
