@@ -515,6 +515,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         _check_keys(request.namespace_id, request.keys)
         n = self.state.repair.set_factor(bytes(request.namespace_id),
                                          [bytes(k) for k in request.keys], request.replicas)
+        self.state.repair.tick()  # queue the copies now, not on the next maintenance tick
         return pb.SetReplicationResponse(num_keys=n)
 
 
