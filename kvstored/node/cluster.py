@@ -455,8 +455,12 @@ class MasterLink:
             if rep is not None:
                 rep.restore_acks(acks)
             raise
-        if rep is not None and resp.commands:
-            rep.submit(resp.commands)
+        if rep is not None:
+            # fencing by term: once answers carry the leader's term (master HA), commands of
+            # an older term are refused by the replicator (absent field: 0, no fencing)
+            rep.observe_term(int(getattr(resp, "term", 0) or 0))
+            if resp.commands:
+                rep.submit(resp.commands)
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)
