@@ -140,6 +140,10 @@ class NodeConfig(_Model):
 
     node_id: str = Field(default_factory=lambda: os.uname().nodename)
     """Node name shown by kvstorectl; default: the host name."""
+    zone: str = ""
+    """This node's failure domain (a rack, a host group; ``kvstored node --zone``), sent to
+    the master when it registers: replicas of one block go to distinct zones first. "" =
+    none declared (the node is its own domain)."""
     listen: list[str] = Field(
         default_factory=lambda: [f"unix:{default_socket_path()}", f"127.0.0.1:{DEFAULT_GRPC_PORT}"]
     )
@@ -232,6 +236,14 @@ class NodeConfig(_Model):
             raise ValueError(problem)
         return v
 
+    @field_validator("zone")
+    @classmethod
+    def _zone_valid(cls, v: str) -> str:
+        if v and not NODE_ID_RE.fullmatch(v):
+            raise ValueError(f"must be empty or have 1..{MAX_NODE_ID_CHARS} printable ASCII "
+                             f"characters without spaces, got {v!r}")
+        return v
+
     @field_validator("ssd_dir", "arena_dir", mode="before")
     @classmethod
     def _path_not_empty(cls, v: Any) -> Any:
@@ -317,6 +329,21 @@ class MasterConfig(_Model):
     metrics_listen: str = ""
     """``HOST:PORT`` of the master's Prometheus ``/metrics`` (port 0 = any); empty (the
     default) disables it. The node units use 7072, so ``127.0.0.1:7082`` is suggested."""
+    repair_bytes_per_s: Size = Field(default=256 << 20, gt=0)
+    """Bytes per second of copy commands the repair, drain and hot-block replication queue
+    at most, cluster-wide (a human size: ``"256MiB"``, the default), so re-replication never
+    starves engine traffic; one block larger than a second's worth still goes, alone."""
+    command_resend_s: float = Field(default=0.0, ge=0)
+    """A command sent to a node and not acknowledged is sent again after this many seconds;
+    0 (the default) = one node lease."""
+    hot_reads_per_window: int = Field(default=0, ge=0)
+    """A block looked up from another node than its holders more than this many times within
+    ``hot_window_s`` gets one extra replica on the reading node; 0 (the default) = off."""
+    hot_window_s: float = Field(default=10.0, gt=0)
+    """The window of ``hot_reads_per_window``, seconds."""
+    hot_max_extra_replicas: int = Field(default=2, ge=0)
+    """At most this many extra replicas per block beyond its replication factor come from
+    hot-block replication."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd)."""
     log_level: str = "info"
@@ -352,6 +379,36 @@ class ClusterConfig(_Model):
     """Seconds between two checks of the watermark."""
     spill_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one batch's data-plane transfer, seconds."""
+    default_replicas: int = Field(default=1, ge=1, le=8)
+    """Replicas a put wants when the client names none and its namespace is not in
+    ``namespace_replicas`` (1 = only the writer's node; see docs/cluster.md "Replicas")."""
+    namespace_replicas: dict[str, int] = Field(default_factory=dict)
+    """Per namespace (its id in hex, 32 digits, as ``kvstorectl where`` prints it): the
+    replicas a put of that namespace wants when the client names none (1..8)."""
+    replicate_timeout_s: float = Field(default=10.0, gt=0)
+    """Most seconds a put's extra replicas may take (master calls and transfers together;
+    the caller's own deadline may cut it shorter); a replica not written by then is
+    reported short."""
+
+    @field_validator("namespace_replicas")
+    @classmethod
+    def _namespace_replicas_valid(cls, v: dict[str, int]) -> dict[str, int]:
+        out = {}
+        for ns, n in v.items():
+            try:
+                raw = bytes.fromhex(ns)
+            except ValueError:
+                raw = b""
+            if len(raw) != 16:
+                raise ValueError(f"keys must be namespace ids of 32 hex digits, got {ns!r}")
+            if not 1 <= n <= 8:
+                raise ValueError(f"namespace {ns}: replicas must be in 1..8, got {n}")
+            out[raw.hex()] = n
+        return out
+
+    def replicas_for(self, namespace_id: bytes) -> int:
+        """The replicas a put of ``namespace_id`` wants when the client names none."""
+        return self.namespace_replicas.get(namespace_id.hex(), self.default_replicas)
 
     @model_validator(mode="after")
     def _check_spill_watermarks(self) -> ClusterConfig:

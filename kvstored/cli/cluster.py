@@ -202,7 +202,7 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
         ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else namespace_id
         ns = ns or b""
         check_key_lengths(keys)
-        per_key, complete = m.list_replicas(ns, keys)
+        per_key, factors, complete = m.list_replicas_and_factors(ns, keys)
     leading = 0
     while leading < len(per_key) and any(r["readable"] for r in per_key[leading]):
         leading += 1
@@ -212,8 +212,9 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
         "complete": complete,
         "blocks": [
             {"index": i, "key": k.hex(), "present": any(r["readable"] for r in reps),
-             "in_prefix": i < leading, "replicas": [{f: r[f] for f in keep} for r in reps]}
-            for i, (k, reps) in enumerate(zip(keys, per_key, strict=True))
+             "in_prefix": i < leading, "replication_factor": factor,
+             "replicas": [{f: r[f] for f in keep} for r in reps]}
+            for i, (k, reps, factor) in enumerate(zip(keys, per_key, factors, strict=True))
         ],
     }
 
@@ -223,14 +224,18 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
             mark = "" if b["in_prefix"] else ("first miss" if b["index"] == leading
                                               else "after the miss")
             if not b["replicas"]:
-                rows.append((b["index"], b["key"], "-", "missing", "-", mark))
+                rows.append((b["index"], b["key"], "-", "missing", "-", "-", mark))
+            readable = sum(1 for r in b["replicas"] if r["readable"])
+            wanted = f"{readable}/{b['replication_factor']}" if b["replication_factor"] else "-"
             for r in b["replicas"]:
                 state = state_label(r["state"], readable=r["readable"], copy=r["copy"])
-                rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, mark))
+                rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, wanted,
+                             mark))
         title = (f"prefix of {d['num_blocks']} blocks: {d['num_leading_present']} leading "
                  f"blocks present cluster-wide"
                  + ("" if d["complete"] else " (some nodes still syncing)"))
-        return [output.rows_table(title, ["#", "key", "node", "tier", "state", "prefix"], rows)]
+        return [output.rows_table(title, ["#", "key", "node", "tier", "state", "replicas",
+                                          "prefix"], rows)]
 
     output.emit(obj.output, data, tables, min_width=140)
 

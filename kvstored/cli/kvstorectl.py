@@ -31,11 +31,15 @@ JSON output (sorted keys, stable for scripts)::
              "count", "truncated"}                    (keys and ids in hex)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
+            (--address MASTER: each block also has "replication_factor" and "replicas")
     nodes   {"master_epoch", "num_replicas",
-             "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "health", "load",
-                        "num_replicas", "lease_left_s", "last_seq",
+             "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
+                        "load", "num_replicas", "lease_left_s", "last_seq", "draining",
                         "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
             (health: "healthy", "unhealthy", "probation" or "syncing")
+    drain   {"node_id", "draining", "num_blocks", "num_blocks_to_move", "num_copies_issued",
+             "leave_sent", "left"}
+    replicate {"num_keys", "replicas", "namespace_id"}
     errors  {"error": {"code", "message"}}
 """
 
@@ -484,21 +488,96 @@ def _nodes_tables(d: dict[str, Any]) -> list[Any]:
         return f"{format_size(t['used_bytes'])} / {format_size(t['capacity_bytes'])}"
 
     rows = [
-        (n["node_id"], n["grpc_address"], n["epoch"], n["health"],
+        (n["node_id"], n["grpc_address"], n.get("zone") or "-", n["epoch"],
+         n["health"] + (", draining" if n.get("draining") else ""),
          usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
          f"{n['lease_left_s']:.1f} s")
         for n in d["nodes"]
     ]
     rows += [  # nodes that left: shown as such, never silently dropped from the view
-        (n["node_id"], n["grpc_address"], n["epoch"], n["reason"], "-", "-", "-",
+        (n["node_id"], n["grpc_address"], "-", n["epoch"], n["reason"], "-", "-", "-",
          f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
         for n in d.get("departed", [])
     ]
     title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
              f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
-    cols = ["node", "address", "epoch", "health", "DRAM used/cap", "SSD used/cap",
+    cols = ["node", "address", "zone", "epoch", "health", "DRAM used/cap", "SSD used/cap",
             "load", "replicas", "lease left"]
     return [output.rows_table(title, cols, rows)]
+
+
+@main.command()
+@click.argument("node_id")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until the node has left (every block re-homed), up to --wait-s.")
+@click.option("--wait-s", type=float, default=300.0, show_default=True,
+              help="Most seconds to wait for the node to leave.")
+@common_options
+@click.pass_obj
+@handle_errors
+def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
+    """Drain NODE_ID through the master (--address MASTER): nothing new is placed there,
+    every block it holds with no other replica is copied to other nodes, then the node
+    unregisters. Reads keep being served by it until then."""
+    import time
+
+    from kvstored.client.master import MasterClient
+    from kvstored.errors import NotFound
+
+    address = cluster.require_master(obj, "drain")
+    with MasterClient(address, timeout_s=obj.timeout_s) as m:
+        data: dict[str, Any] = {**m.drain_node(node_id), "left": False}
+        deadline = time.monotonic() + wait_s
+        while wait and time.monotonic() < deadline:
+            try:
+                data = {**m.drain_node(node_id), "left": False}
+            except NotFound:  # unregistered: the drain is done
+                data.update(left=True, num_blocks_to_move=0, leave_sent=True)
+                break
+            time.sleep(0.5)
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        state = "left" if d["left"] else ("leaving" if d["leave_sent"] else "draining")
+        rows = [(d["node_id"], state, d["num_blocks"], d["num_blocks_to_move"],
+                 d["num_copies_issued"])]
+        return [output.rows_table(f"drain of {d['node_id']}", [
+            "node", "state", "blocks", "to move", "copies issued"], rows)]
+
+    output.emit(obj.output, data, tables)
+
+
+@main.command(cls=KeysInOrderCommand)
+@click.argument("keys_args", nargs=-1, metavar="[KEY_HEX]...")
+@click.option("--replicas", type=int, required=True,
+              help="Wanted replicas of each block (1..8; 1 = no repair).")
+@click.option("--namespace-id", "namespace_id_hex", metavar="HEX", default=None,
+              help="Namespace id of the keys: all 32 hex digits or a unique prefix (default: "
+                   "the empty namespace of a client given none).")
+@common_options
+@click.pass_obj
+@handle_errors
+def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
+              namespace_id_hex: str | None) -> None:
+    """Set the replication factor of blocks through the master (--address MASTER): its
+    repair copies each to distinct nodes until it has --replicas, and again after a holder
+    leaves."""
+    from kvstored.client.master_admin import MasterAdminClient
+
+    hex_keys = [k for raw in keys_args for k in raw.replace(",", " ").split()]
+    if not hex_keys:
+        raise InvalidArgument("give block keys (KEY_HEX...)")
+    keys = [_parse_hex(k, "key") for k in hex_keys]
+    address = cluster.require_master(obj, "replicate")
+    with MasterAdminClient(address, timeout_s=obj.timeout_s) as m:
+        ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
+        n = m.set_replication(ns, keys, replicas)
+    data = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex()}
+
+    def tables(d: dict[str, Any]) -> list[Any]:
+        return [output.rows_table("replication", ["keys", "replicas", "namespace"],
+                                  [(d["num_keys"], d["replicas"], d["namespace_id"])])]
+
+    output.emit(obj.output, data, tables)
 
 
 main.add_command(cluster.evict_command(keys_command_cls=KeysInOrderCommand,

@@ -146,7 +146,7 @@ _NODE_FLAGS = {
     "listen": "--listen", "dram_size_bytes": "--dram-size", "ssd_dir": "--ssd-dir",
     "ssd_size_bytes": "--ssd-size", "data_address": "--data-address",
     "metrics_address": "--metrics-address", "node_id": "--node-id", "arena_dir": "--arena-dir",
-    "log_json": "--log-json", "log_level": "--log-level",
+    "log_json": "--log-json", "log_level": "--log-level", "zone": "--zone",
 }
 """NodeConfig field -> the flag that sets it (config errors name the flag)."""
 
@@ -217,6 +217,9 @@ async def _serve_with_master(loaded: Any) -> None:
 
 @click.option("--master", "master_address", required=True, metavar="HOST:PORT",
               help="Address of the kvstored master to join.")
+@click.option("--zone", metavar="ZONE",
+              help="This node's failure domain (node.zone): replicas of one block go to "
+                   "distinct zones first.")
 def _node_command(config_path: str | None, master_address: str, **kwargs: Any) -> None:
     """Run a node daemon that joins a cluster (every flag of ``serve``, plus --master).
 

@@ -11,7 +11,13 @@
            --> else:           Put, inline (gRPC, or the control channel when open)
 
 Every path reports a put done only once the node answered its commit, so a put that
-returned is readable by any other client. Why small batches go inline and larger ones keep
+returned is readable by any other client. A put that wants N > 1 replicas (``replicas=``,
+else the client's, else the node's default for the namespace) then asks the node to
+``Replicate`` the stored keys (kvstored/node/put_replicas.py: the node writes the other
+N - 1 to peers, two-phase through the master) and returns once those writes ended; each
+PutResult says how many replicas were written (``replicas_written``, ``short``).
+
+Why small batches go inline and larger ones keep
 two round trips (no commit is left in flight when put() returns, and no space is reserved
 ahead of the keys): README.md "One round trip per put?".
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvstored.client._args import (
@@ -34,10 +41,17 @@ from kvstored.client._args import (
     require_sequence,
 )
 from kvstored.client._shm import _put_shm
-from kvstored.client._state import ClientState, ensure_ready
+from kvstored.client._state import ClientState, check_replicas, ensure_ready
 from kvstored.client._steps import INLINE_PUT_MAX_BYTES, MAX_CHUNK_BYTES, Blocking, Call, Op
 from kvstored.client.types import NodeInfo, PutResult
-from kvstored.errors import BlockTooLarge, InternalError, InvalidArgument, KvstoredError, Unavailable
+from kvstored.errors import (
+    BlockTooLarge,
+    InternalError,
+    InvalidArgument,
+    KvstoredError,
+    Unavailable,
+    error_from_code,
+)
 from kvstored.keys import format_hash
 from kvstored.transport.control import MAX_FRAME_BYTES
 from kvstored.v1 import common_pb2 as cpb
@@ -141,14 +155,54 @@ def _check_items(
     return items
 
 
+def _replicate(
+    st: ClientState, info: NodeInfo, results: list[PutResult | None], keys: list[tuple[int, bytes]],
+    factor: int,
+) -> Op[None]:
+    """Ask the node for the extra replicas of the stored ``keys`` (index, key); each result
+    then carries the replicas written. A failed or refused call never fails the put: the
+    blocks are stored on this node, so they are reported short, with the reason."""
+    for start in range(0, len(keys), max(1, info.max_batch_keys)):
+        chunk = keys[start : start + max(1, info.max_batch_keys)]
+        try:
+            resp = yield Call(
+                "Replicate",
+                pb.ReplicateRequest(namespace_id=st.namespace_id, keys=[k for _, k in chunk],
+                                    replicas=factor),
+                pb.ReplicateResponse,
+            )
+        except KvstoredError as exc:
+            if "UNIMPLEMENTED" in str(exc):  # a node older than replicas
+                exc = InvalidArgument(f"the node at {st.address} does not write replicas "
+                                      "(a version without Replicate); upgrade it")
+            for i, _ in chunk:
+                r = results[i]
+                assert r is not None
+                results[i] = replace(r, replicas_written=1, replicas_wanted=factor,
+                                     replica_error=exc)
+            continue
+        if len(resp.results) != len(chunk):
+            raise InternalError(f"Replicate answered {len(resp.results)} items for {len(chunk)}")
+        for (i, _), rr in zip(chunk, resp.results, strict=True):
+            r = results[i]
+            assert r is not None
+            err = (error_from_code(rr.status.code, rr.status.message)
+                   if rr.status.code else None)
+            results[i] = replace(r, replicas_written=max(1, rr.num_replicas),
+                                 replicas_wanted=factor, replica_error=err)
+
+
 def op_put(
     st: ClientState,
     keys: Sequence[object],
     values: Sequence[object],
     metas: Sequence[bytes] | None,
     deadline: float,
+    replicas: int | None = None,
 ) -> Op[list[PutResult]]:
-    """Put a batch; bad items get their own error, good ones go over the chosen transport."""
+    """Put a batch; bad items get their own error, good ones go over the chosen transport;
+    with more than one replica wanted, the node then writes the others (:func:`_replicate`)."""
+    check_replicas(replicas, "put(replicas=...)")
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
@@ -178,4 +232,9 @@ def op_put(
     missing = [i for i, r in enumerate(results) if r is None]
     if missing:
         raise InternalError(f"no result for put items {missing[:8]}")
+    factor = replicas or st.replicas or info.default_replicas
+    if factor > 1:
+        ok = [(i, k) for i, k, _, _ in items if results[i] is not None and results[i].ok]  # type: ignore[union-attr]  # None ruled out just above
+        if ok:
+            yield from _replicate(st, info, results, ok, factor)
     return results  # type: ignore[return-value]  # no None is left: checked just above (InternalError)

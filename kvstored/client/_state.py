@@ -69,6 +69,25 @@ def check_timeout_s(timeout_s: object) -> None:
         )
 
 
+MAX_REPLICAS = 8
+"""Most replicas of one block (the master's limit)."""
+
+
+def check_replicas(replicas: int | None, what: str) -> int | None:
+    """``replicas`` when it is None or an int in 1..:data:`MAX_REPLICAS`.
+
+    Raises:
+        InvalidArgument: naming ``what`` and the value received.
+    """
+    if replicas is None:
+        return None
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not (
+            1 <= replicas <= MAX_REPLICAS):
+        raise InvalidArgument(f"{what} must be None (the default) or an int in "
+                              f"1..{MAX_REPLICAS}; got {replicas!r}")
+    return replicas
+
+
 class ClientState:
     """What a client knows about its node; shared by the sync and async clients.
 
@@ -82,6 +101,7 @@ class ClientState:
         timeout_s: float,
         namespace: Namespace | None,
         transport: str,
+        replicas: int | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
@@ -94,6 +114,7 @@ class ClientState:
         self.namespace = namespace
         self.namespace_id = namespace.id if namespace is not None else b""
         self.transport = transport
+        self.replicas = check_replicas(replicas, "Client(replicas=...)")
         self.info: NodeInfo | None = None
         self.transport_info: NodeInfo | None = None  # the node the transport was set up for
         self.arena: ArenaMap | None = None
@@ -277,7 +298,7 @@ def node_info_from_proto(resp: pb.DescribeResponse) -> NodeInfo:
         arena_dev=resp.arena_dev, arena_ino=resp.arena_ino,
         max_meta_bytes=resp.max_meta_bytes or 4096, min_key_bytes=resp.min_key_bytes or 1,
         max_key_bytes=resp.max_key_bytes or 64, pin_lease_s=(resp.pin_lease_ms or 30000) / 1000,
-        control_path=resp.control_path,
+        control_path=resp.control_path, default_replicas=resp.default_replicas or 1,
     )
 
 
@@ -286,7 +307,8 @@ def ensure_ready(st: ClientState) -> Op[NodeInfo]:
     info = st.info
     if info is not None:
         return info
-    resp = yield Call("Describe", pb.DescribeRequest(), pb.DescribeResponse)
+    resp = yield Call("Describe", pb.DescribeRequest(namespace_id=st.namespace_id),
+                      pb.DescribeResponse)
     info = node_info_from_proto(resp)
     reused = st.reuse(info)
     if reused is not None:
@@ -299,7 +321,8 @@ def ensure_ready(st: ClientState) -> Op[NodeInfo]:
 
 def op_describe(st: ClientState) -> Op[NodeInfo]:
     """A fresh Describe (transport re-chosen only if the node restarted)."""
-    resp = yield Call("Describe", pb.DescribeRequest(), pb.DescribeResponse)
+    resp = yield Call("Describe", pb.DescribeRequest(namespace_id=st.namespace_id),
+                      pb.DescribeResponse)
     fresh = node_info_from_proto(resp)
     current = st.info
     if current is not None and current.epoch == fresh.epoch:

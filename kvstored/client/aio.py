@@ -87,10 +87,11 @@ class AsyncClient:
         timeout_s: float = 10.0,
         namespace: Namespace | None = None,
         transport: str = "auto",
+        replicas: int | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport,
+            transport=transport, replicas=replicas,
         )
         self._st.control_factory = AsyncControlChannel  # hot calls over it when offered
         self._channel: grpc.aio.Channel | None = None
@@ -342,9 +343,12 @@ class AsyncClient:
         *,
         metas: Sequence[bytes] | None = None,
         timeout_s: float | None = None,
+        replicas: int | None = None,
     ) -> list[PutResult]:
-        """Store blocks; one :class:`PutResult` per key (see :meth:`Client.put`)."""
-        return await self._run(lambda d: _ops.op_put(self._st, keys, values, metas, d), timeout_s)
+        """Store blocks; one :class:`PutResult` per key, ``replicas`` as
+        :meth:`Client.put` (see there)."""
+        return await self._run(
+            lambda d: _ops.op_put(self._st, keys, values, metas, d, replicas), timeout_s)
 
     async def get(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bytes | None]:
         """Read blocks: bytes or None per key (see :meth:`Client.get`)."""

@@ -93,6 +93,21 @@ class MasterAdminClient(MasterClient):
         Raises:
             InvalidArgument: too many keys, or an empty or oversized key.
         """
+        per_key, _, complete = self.list_replicas_and_factors(namespace_id, keys)
+        return per_key, complete
+
+    def list_replicas_and_factors(self, namespace_id: bytes, keys: Sequence[bytes]
+                                  ) -> tuple[list[list[dict[str, Any]]], list[int], bool]:
+        """:meth:`list_replicas` and each block's wanted replication factor (a probe).
+
+        Returns:
+            ``(per_key, factors, complete)``: as :meth:`list_replicas`, with ``factors[i]``
+            the replicas the master wants of ``keys[i]`` (1 = the default; 0 = not indexed,
+            or a master older than the factor).
+
+        Raises:
+            InvalidArgument: too many keys, or an empty or oversized key.
+        """
         req = pb.ListReplicasRequest(namespace_id=namespace_id, keys=list(keys))
         try:
             resp = self._stub.ListReplicas(req, timeout=self.timeout_s)
@@ -104,7 +119,7 @@ class MasterAdminClient(MasterClient):
                  "grpc_address": r.grpc_address, "data_address": r.data_address,
                  "copy": r.copy}
                 for r in b.replicas] for b in resp.blocks]
-        return out, resp.complete
+        return out, [b.replication_factor for b in resp.blocks], resp.complete
 
     def list_node_blocks(
         self, node_id: str, *, namespace_id: bytes | None = None, limit: int = 1000,

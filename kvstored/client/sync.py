@@ -235,9 +235,12 @@ class Client:
             (None = the empty namespace id, a namespace of its own).
         transport: ``"auto"`` (shared memory over a unix socket when the arena can be mapped,
             else the TCP data plane), ``"shm"``, ``"tcp"`` or ``"grpc"`` (everything inline).
+        replicas: replicas each put of this client wants when ``put`` names none (1..8;
+            None = the node's default for the namespace, ``[cluster] namespace_replicas``
+            / ``default_replicas``). Not part of the namespace: block hashes are unchanged.
 
     Raises:
-        InvalidArgument: malformed address, timeout, namespace or transport.
+        InvalidArgument: malformed address, timeout, namespace, transport or replicas.
     """
 
     def __init__(
@@ -247,10 +250,11 @@ class Client:
         timeout_s: float = 10.0,
         namespace: Namespace | None = None,
         transport: str = "auto",
+        replicas: int | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport,
+            transport=transport, replicas=replicas,
         )
         self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
         self._channel = grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
@@ -400,6 +404,7 @@ class Client:
         *,
         metas: Sequence[bytes] | None = None,
         timeout_s: float | None = None,
+        replicas: int | None = None,
     ) -> list[PutResult]:
         """Store blocks. Idempotent: the first complete writer of a key wins.
 
@@ -407,11 +412,18 @@ class Client:
             keys: block hashes (bytes, ``min_key_bytes``..``max_key_bytes`` long).
             values: one C-contiguous buffer per key (bytes, bytearray, numpy array...).
             metas: optional opaque metadata per key (<= 4 KiB each).
+            replicas: replicas wanted per block, 1..8, on distinct nodes (distinct zones
+                where nodes declare them), the node this client talks to first; None = the
+                client's ``replicas``, else the node's default for the namespace
+                (``[cluster] namespace_replicas`` / ``default_replicas``, 1). With more
+                than one the node writes the others to peers before put returns
+                (docs/cluster.md "Replicas").
 
         Returns:
             One :class:`PutResult` per key: ``stored`` True (stored now), False with no error
             (already present), or ``error`` (KeyInvalid, BlockTooLarge, NoCapacity, ...) for
-            that key only.
+            that key only; ``replicas_written`` / ``short`` / ``replica_error``: how many
+            replicas it has, never fewer than asked silently.
 
         Raises:
             InvalidArgument: mismatched lengths, or ``keys``/``values``/``metas`` is not a
@@ -419,7 +431,8 @@ class Client:
             ``PutResult.error``). Unavailable, DeadlineExceeded: the node could
             not be reached / did not finish in time. Draining: the node is shutting down.
         """
-        return self._run(lambda d: _ops.op_put(self._st, keys, values, metas, d), timeout_s)
+        return self._run(lambda d: _ops.op_put(self._st, keys, values, metas, d, replicas),
+                         timeout_s)
 
     def get(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bytes | None]:
         """Read blocks: per key its bytes, or None on a miss.

@@ -239,7 +239,8 @@ def _prepare_put(
 
 
 def put_tensors(
-    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]
+    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor], *,
+    replicas: int | None = None,
 ) -> list[PutResult]:
     """Store one tensor per key, with its dtype and shape in the block's metadata.
 
@@ -250,17 +251,20 @@ def put_tensors(
         client: a :class:`~kvstored.Client` (or anything with its ``put`` signature).
         keys: block hashes, one per tensor.
         tensors: tensors of any supported dtype (see :data:`DTYPE_CODES`) and shape.
+        replicas: replicas wanted per block (``Client.put``'s ``replicas``; None = the
+            client's or the node's default).
 
     Returns:
         One :class:`~kvstored.client.types.PutResult` per key (idempotent: a key already
-        stored is a success with ``stored=False``).
+        stored is a success with ``stored=False``; ``replicas_written`` / ``short``).
 
     Raises:
         InvalidArgument: lengths differ, a non-tensor, or an unsupported dtype. Client errors
         (Unavailable, DeadlineExceeded, Draining) as raised by ``client.put``.
     """
     values, metas, keep = _prepare_put(keys, tensors)
-    results: list[PutResult] = client.put(keys, values, metas=metas)
+    results: list[PutResult] = (client.put(keys, values, metas=metas) if replicas is None
+                                else client.put(keys, values, metas=metas, replicas=replicas))
     del keep
     return results
 
@@ -450,11 +454,14 @@ def get_tensors_into(
 
 
 async def put_tensors_async(
-    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor]
+    client: Any, keys: Sequence[bytes], tensors: Sequence[torch.Tensor], *,
+    replicas: int | None = None,
 ) -> list[PutResult]:
-    """:func:`put_tensors` for an :class:`~kvstored.AsyncClient`."""
+    """:func:`put_tensors` for an :class:`~kvstored.AsyncClient` (``replicas`` as there)."""
     values, metas, keep = _prepare_put(keys, tensors)
-    results: list[PutResult] = await client.put(keys, values, metas=metas)
+    results: list[PutResult] = (await client.put(keys, values, metas=metas) if replicas is None
+                                else await client.put(keys, values, metas=metas,
+                                                      replicas=replicas))
     del keep
     return results
 

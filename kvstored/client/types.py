@@ -16,15 +16,31 @@ class PutResult:
         stored: True if this call stored the block; False if it already existed (an
             idempotent success) or on error.
         error: this item's error (KeyInvalid, BlockTooLarge, NoCapacity, ...), or None.
+        replicas_written: replicas of the block committed when put returned, on distinct
+            nodes, the engine's own node included (1 for a put that asked for one; for a
+            put(replicas=N) at least 1 when ``ok``: the count the node could confirm).
+        replicas_wanted: the replicas the put asked for (``replicas=``, else the client's,
+            else the node's default for the namespace).
+        replica_error: why ``replicas_written`` is below ``replicas_wanted`` (NoCapacity:
+            too few nodes with room; Unavailable: no master; TransferFailed...), else None.
     """
 
     stored: bool
     error: KvstoredError | None = None
+    replicas_written: int = 1
+    replicas_wanted: int = 1
+    replica_error: KvstoredError | None = None
 
     @property
     def ok(self) -> bool:
         """True when the block is stored now (by this call or earlier)."""
         return self.error is None
+
+    @property
+    def short(self) -> bool:
+        """True when the block is stored with fewer replicas than the put asked for (never
+        silently: ``replica_error`` says why)."""
+        return self.ok and self.replicas_written < self.replicas_wanted
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +86,7 @@ class NodeInfo:
     pin_lease_s: float
     transport: str = ""
     control_path: str = ""
+    default_replicas: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict (JSON-ready)."""

@@ -68,6 +68,9 @@ class ConnectorConfig(BaseModel):
         retry_after_ms: after a failed lookup the scheduler skips lookups (misses) for this
             long, so a dead daemon costs at most one deadline per interval (default 1000).
         transport: the client's data path: ``auto``, ``shm``, ``tcp`` or ``grpc``.
+        replicas: replicas each saved block wants (1..8, on distinct nodes; the node writes
+            the extra ones before the save ends; docs/cluster.md "Replicas"); None = the
+            node's default for the namespace.
         stats_dir: when set, each connector instance writes its counters to
             ``STATS_DIR/<role>-<pid>.json`` after every step that changed them.
     """
@@ -80,6 +83,7 @@ class ConnectorConfig(BaseModel):
     lookup_timeout_ms: int = Field(default=50, gt=0)
     retry_after_ms: int = Field(default=1000, ge=0)
     transport: str = "auto"
+    replicas: int | None = Field(default=None, ge=1, le=8)
     stats_dir: str | None = None
 
     @classmethod
@@ -147,6 +151,9 @@ class ConnectorStats:
     blocks_already_stored: int = 0
     bytes_saved: int = 0
     save_errors: int = 0
+    blocks_short_of_replicas: int = 0
+    """Saved blocks with fewer replicas than asked (``PutResult.short``): stored, never
+    silently under-replicated."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +210,7 @@ class ClientPool:
             client = Client(
                 self._config.address, namespace=self._make_namespace(salt),
                 timeout_s=self._config.timeout_ms / 1000, transport=self._config.transport,
+                replicas=self._config.replicas,
             )
             self._clients[salt] = client
             evicted = self._clients.popitem(last=False)[1] if len(self._clients) > _MAX_CLIENTS else None
@@ -360,7 +368,10 @@ class BlockIO:
             rs = results[i * k:(i + 1) * k]
             if any(r.error is not None for r in rs):
                 self.stats.save_errors += 1
-            elif any(r.stored for r in rs):
+                continue
+            if any(r.short for r in rs):
+                self.stats.blocks_short_of_replicas += 1
+            if any(r.stored for r in rs):
                 self.stats.blocks_saved += 1
                 self.stats.bytes_saved += sum(self.block_bytes for r in rs if r.stored)
             else:

@@ -6,6 +6,7 @@ found through a per-namespace :class:`~kvstored.master.keytable.KeyTable`::
 
     key tables      {namespace_id: KeyTable(16-byte key -> block slot)}
     block columns   head[slot] -> first row | block_ns[slot] u2 | bkey[slot] 2 x u8
+                    | factor[slot] u1 (wanted replicas; 0 = default 1)
     row columns     holder u4 | next i4 | block i4 | size u4 | gen u8 | tier u1
                     | state u1 (| COPY_BIT: a remote-fill copy) | hnext i4 | hprev i4
                     (34 bytes per replica, one contiguous
@@ -22,7 +23,11 @@ compose it (master/holders.py, master/ranking.py, master/generations.py, master/
 
 Invariants kept here:
 
-- A block with no row is not in its namespace's key table, and its slot is free.
+- A block with no row is not in its namespace's key table, and its slot is free. Its
+  replication factor, when above 1, is remembered in ``recent_factors`` (bounded, the
+  oldest forgotten first) and given back if the block is indexed again: a top-up write's
+  placeholders are dropped at its PutEnd, before the holders' events index their
+  replicas, and the block must not forget its factor in between.
 - A free row has state 0 and no links.
 
 Columns are reallocated when they grow: hold the :class:`IndexColumns`, never an array.
@@ -38,6 +43,8 @@ import numpy as np
 from kvstored.errors import InvalidArgument
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest
 
+MAX_RECENT_FACTORS = 1 << 16
+"""Factors of blocks that lost their last row, kept for when they are indexed again."""
 NO_ROW = -1
 """The link value "no row" (end of a chain or list, an empty block, a free row)."""
 FREE_STATE = 0
@@ -88,9 +95,12 @@ class IndexColumns:
         self.head = np.full(n, NO_ROW, dtype=np.int32)
         self.block_ns = np.zeros(n, dtype=np.uint16)
         self.bkey = np.zeros((n, 2), dtype=np.uint64)  # the key's words (for deletion)
+        self.factor = np.zeros(n, dtype=np.uint8)  # wanted replication factor (0 = 1)
         self.num_slots = 0  # high-water mark of block slots
         self.free_blocks: list[int] = []
         self.long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
+        # (ns, 16-byte key form) -> factor > 1 of a block whose last row went (bounded)
+        self.recent_factors: dict[tuple[int, bytes], int] = {}
         # row columns: one contiguous array per field (numpy gathers from contiguous columns
         # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
         self._alloc_row_columns(n)
@@ -118,7 +128,7 @@ class IndexColumns:
 
     def column_bytes(self) -> int:
         """Bytes held by the numpy columns (capacity included; dicts and keys excluded)."""
-        arrays = (self.head, self.block_ns, self.bkey, self.holder, self.next,
+        arrays = (self.head, self.block_ns, self.bkey, self.factor, self.holder, self.next,
                   self.block, self.size, self.gen, self.tier, self.state, self.hnext,
                   self.hprev, self.readable, self.retired, self.load, self.holder_rows,
                   self.holder_head)
@@ -169,6 +179,7 @@ class IndexColumns:
         if need > len(self.head):
             self.head = grow(self.head, need, NO_ROW)
             self.block_ns = grow(self.block_ns, need, 0)
+            self.factor = grow(self.factor, need, 0)
             grown = np.zeros((len(self.head), 2), dtype=np.uint64)
             grown[: len(self.bkey)] = self.bkey
             self.bkey = grown
@@ -188,7 +199,14 @@ class IndexColumns:
         slots = self._new_slots(len(words))
         self.head[slots] = NO_ROW
         self.block_ns[slots] = ns
+        self.factor[slots] = 0
         self.bkey[slots] = words
+        if self.recent_factors:  # blocks indexed again get their factor back
+            recent = self.recent_factors
+            for i, slot in enumerate(slots.tolist()):
+                f = recent.pop((ns, words[i].astype("<u8").tobytes()), 0)
+                if f:
+                    self.factor[slot] = f
         for k in keys:
             if len(k) != KEY_BYTES:
                 self.long_keys[(ns, key_digest(k))] = bytes(k)
@@ -207,6 +225,7 @@ class IndexColumns:
         lo, hi = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
         self.head[slot] = NO_ROW
         self.block_ns[slot] = ns
+        self.factor[slot] = self.recent_factors.pop((ns, d), 0) if self.recent_factors else 0
         self.bkey[slot, 0] = lo
         self.bkey[slot, 1] = hi
         if len(key) != KEY_BYTES:
@@ -313,6 +332,10 @@ class IndexColumns:
         self.free_rows.append(row)
         if nxt == NO_ROW and prev == NO_ROW:  # the block has no row left
             ns = int(self.block_ns[slot])
+            if self.factor[slot] > 1:  # kept for when it is indexed again (bounded)
+                if len(self.recent_factors) >= MAX_RECENT_FACTORS:
+                    del self.recent_factors[next(iter(self.recent_factors))]
+                self.recent_factors[(ns, self.key_bytes(slot))] = int(self.factor[slot])
             lo, hi = (int(w) for w in self.bkey[slot])
             deleted = self.tables[ns].delete_words(lo, hi)
             assert deleted

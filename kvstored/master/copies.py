@@ -17,8 +17,9 @@ REMOVED: the copy is gone) and is sent again on a heartbeat answer ``resend_afte
 the last send (one node lease by default), at most :data:`MAX_PROMOTION_SENDS` times, so a
 lost answer or a node that restarted its link meanwhile still gets it; a holder that never
 settles it keeps the block marked as a copy, evictable first (no block is lost by a
-promotion, only possibly not saved). Per node at most :data:`MAX_PENDING_PROMOTIONS` are
-queued (the oldest are dropped first).
+promotion, only possibly not saved). A promotion is one kind of command of the master's
+command queue (kvstored/master/commands.py: PROMOTE), carried in
+``HeartbeatResponse.commands``; ``promote_copies`` is no longer filled.
 
 A holder that dies, unregisters, restarts (new epoch) or resyncs without the block sends
 no REMOVED event: its rows are retired at once (O(1)) and unlinked later by GC, which
@@ -31,16 +32,13 @@ originals, nothing lost).
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 
+from kvstored.master.commands import MAX_SENDS, CommandKind, CommandQueue
 from kvstored.master.index import BlockIndex
 from kvstored.master.types import ReplicaState
 
-MAX_PENDING_PROMOTIONS = 4096
-"""Promotions queued for one node before the oldest are dropped (one heartbeat's worth)."""
-MAX_PROMOTION_SENDS = 5
+MAX_PROMOTION_SENDS = MAX_SENDS
 """Heartbeat answers one promotion is sent on at most before the master gives up on it."""
 
 
@@ -65,62 +63,56 @@ def copy_to_promote(index: BlockIndex, namespace_id: bytes, key: bytes) -> int |
 class Promotions:
     """Per node: the blocks whose copy it should keep, until its events settle them.
 
+    A view of the master's one command queue (:mod:`kvstored.master.commands`): each
+    promotion is a PROMOTE command to the copy holder's live epoch, sent on its heartbeat
+    answers until acknowledged or settled by its events.
+
     Args:
-        clock: monotonic seconds (the membership's).
-        resend_after_s: a promotion sent this long ago and not settled is sent again.
+        queue: the master's command queue.
+        epoch_of: the live epoch of a node id (None: not registered: nothing is queued).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 resend_after_s: float = 10.0) -> None:
-        self.clock = clock
-        self.resend_after_s = float(resend_after_s)
-        # node -> (namespace_id, key) -> (last sent at, or None: never sent; sends so far)
-        self._pending: dict[str, OrderedDict[tuple[bytes, bytes], tuple[float | None, int]]] = {}
+    def __init__(self, queue: CommandQueue, epoch_of: Callable[[str], int | None]) -> None:
+        self.queue = queue
+        self.epoch_of = epoch_of
         self.num_requested = 0
-        self.num_resent = 0
+
+    @property
+    def resend_after_s(self) -> float:
+        """A promotion sent this long ago and not settled is sent again (the queue's)."""
+        return self.queue.resend_after_s
 
     def add(self, node_id: str, namespace_id: bytes, key: bytes) -> None:
         """Queue one promotion for ``node_id`` (bounded: the oldest drop first)."""
-        q = self._pending.setdefault(node_id, OrderedDict())
-        q[(namespace_id, key)] = (None, 0)
+        epoch = self.epoch_of(node_id)
+        if epoch is None:
+            return
+        self.queue.add(node_id, epoch, CommandKind.PROMOTE, namespace_id, key)
         self.num_requested += 1
-        while len(q) > MAX_PENDING_PROMOTIONS:
-            q.popitem(last=False)
 
     def take(self, node_id: str) -> list[tuple[bytes, bytes]]:
-        """The promotions to send ``node_id`` now (``(namespace_id, key)``): never sent, or
-        sent ``resend_after_s`` ago and not settled. They stay queued until settled."""
-        q = self._pending.get(node_id)
-        if not q:
+        """The promotions due for ``node_id`` now (``(namespace_id, key)``), as
+        :meth:`CommandQueue.take` counts them sent; they stay queued until settled."""
+        epoch = self.epoch_of(node_id)
+        if epoch is None:
             return []
-        now = self.clock()
-        out: list[tuple[bytes, bytes]] = []
-        for block, (sent_s, sends) in list(q.items()):
-            if sent_s is not None and now - sent_s < self.resend_after_s:
-                continue
-            if sends >= MAX_PROMOTION_SENDS:
-                del q[block]  # the holder never acted on it: give up (the copy stays a copy)
-                continue
-            q[block] = (now, sends + 1)
-            self.num_resent += sends > 0
-            out.append(block)
-        if not q:
-            del self._pending[node_id]
-        return out
+        return [(c.namespace_id, c.key)
+                for c in self.queue.take(node_id, epoch, kinds=_PROMOTE_ONLY)]
 
     def settle(self, node_id: str, namespace_id: bytes, key: bytes) -> None:
         """``node_id`` reported the block (ADDED as an original, or REMOVED): done."""
-        q = self._pending.get(node_id)
-        if q and q.pop((namespace_id, key), None) is not None and not q:
-            del self._pending[node_id]
+        self.queue.settle(node_id, CommandKind.PROMOTE, namespace_id, key)
 
     def num_pending(self, node_id: str) -> int:
         """Promotions queued for ``node_id`` (sent or not), not settled yet."""
-        return len(self._pending.get(node_id, ()))
+        return len(self.queue.pending(node_id, CommandKind.PROMOTE))
 
     def forget(self, node_id: str) -> None:
         """Drop a node's queue (it left or registered a new epoch)."""
-        self._pending.pop(node_id, None)
+        self.queue.forget(node_id)
 
 
-__all__ = ["MAX_PENDING_PROMOTIONS", "MAX_PROMOTION_SENDS", "Promotions", "copy_to_promote"]
+_PROMOTE_ONLY = frozenset({CommandKind.PROMOTE})
+
+
+__all__ = ["MAX_PROMOTION_SENDS", "Promotions", "copy_to_promote"]

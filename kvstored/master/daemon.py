@@ -132,7 +132,7 @@ class MasterDaemon:
             self.grpc_addresses.append(f"{host}:{bound}")
         self._server = server
         await server.start()
-        self.metrics.sample(self.state.membership, epoch=self.epoch)
+        self.metrics.sample(self.state.membership, epoch=self.epoch, repair=self.state.repair)
         if cfg.metrics_listen:
             self._start_metrics(cfg.metrics_listen)
         self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
@@ -147,7 +147,7 @@ class MasterDaemon:
         gone, aborted, unlinked = self.state.maintain(_GC_ROWS_PER_TICK)  # (and promotes)
         if aborted:
             self.metrics.write_lease_expiries.inc(aborted)
-        self.metrics.sample(self.state.membership, epoch=self.epoch)
+        self.metrics.sample(self.state.membership, epoch=self.epoch, repair=self.state.repair)
         return gone, aborted, unlinked
 
     def _start_metrics(self, address: str) -> None:

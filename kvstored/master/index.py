@@ -19,6 +19,10 @@ Invariants:
   never become readable again: ids are not reused).
 - A block with no row is not in its namespace's key table (absent = missing cluster-wide).
 - Rows of one (block, holder, tier) are unique.
+- A block's wanted replication factor (``factor[slot]``, 0 = the default 1) only rises while
+  the block is indexed (the highest any writer or holder asked for); a block that loses
+  its last row keeps it for when it is indexed again (bounded, columns.py), and nodes
+  report it again in their inventories and events.
 
 Not thread-safe: the master mutates it from its event loop only.
 """
@@ -38,6 +42,7 @@ from kvstored.master.ranking import best_rows
 from kvstored.master.types import (
     COPY_BIT,
     EMPTY_HIT,
+    MAX_REPLICAS,
     MAX_SIZE_BYTES,
     STATE_MASK,
     PrefixHit,
@@ -49,6 +54,12 @@ from kvstored.types import Tier
 
 def _has_long(keys: Sequence[bytes]) -> bool:
     return any(len(k) != KEY_BYTES for k in keys)
+
+
+def _check_factor(factor: int) -> None:
+    if not 0 <= factor <= MAX_REPLICAS:
+        raise InvalidArgument(f"replication factor must be in 0..{MAX_REPLICAS} (0 = unknown "
+                              f"or the default 1), got {factor}")
 
 
 class BlockIndex:
@@ -177,6 +188,7 @@ class BlockIndex:
         state: ReplicaState = ReplicaState.COMMITTED,
         replace_generation: bool = False,
         copy: bool = False,
+        factor: int = 0,
     ) -> bool:
         """Index one replica; idempotent for an existing (block, holder, tier).
 
@@ -185,15 +197,18 @@ class BlockIndex:
         reported the replica under its own generation: it is the authority on what it
         holds) an existing COMMITTED row takes this call's size, generation and ``copy``
         too. ``copy`` (a remote-fill copy, COMMITTED only) is kept in the state byte.
+        ``factor``: the block's wanted replication factor as the caller knows it (0 =
+        unknown, nothing changes; see :meth:`record_replication_factor`).
 
         Returns:
             True if a row was added, False if (block, holder, tier) was already indexed.
 
         Raises:
-            InvalidArgument: unknown or retired holder, bad tier or size.
+            InvalidArgument: unknown or retired holder, bad tier, size or factor.
         """
         c = self._cols
         self._check_row_args(holder, tier, size_bytes)
+        _check_factor(factor)
         ns = c.ns(namespace_id, create=True)
         assert ns is not None
         slot = c.slot(ns, key)
@@ -201,6 +216,8 @@ class BlockIndex:
             slot = c.new_block(ns, key)
         else:
             row, _ = c.find_row(slot, holder, int(tier))
+            if factor > c.factor[slot]:
+                c.factor[slot] = factor
             if row != NO_ROW:
                 if state is ReplicaState.COMMITTED and (replace_generation or (
                         c.state[row] & STATE_MASK) != ReplicaState.COMMITTED):
@@ -208,6 +225,8 @@ class BlockIndex:
                     c.size[row] = size_bytes
                     c.gen[row] = generation
                 return False
+        if factor > c.factor[slot]:  # a new block (its factor starts at 0)
+            c.factor[slot] = factor
         row = c.new_row()
         c.holder[row] = holder
         c.tier[row] = int(tier)
@@ -232,10 +251,13 @@ class BlockIndex:
         sizes: Sequence[int] | np.ndarray,
         generation: int | Sequence[int] | np.ndarray,
         copies: Sequence[bool] | np.ndarray | None = None,
+        factors: Sequence[int] | np.ndarray | None = None,
     ) -> int:
         """Index many COMMITTED replicas of one holder (inventory sync, benchmarks).
 
         ``copies``: per key, a remote-fill copy (see :meth:`add_replica`); None = none.
+        ``factors``: per key, the wanted replication factor the holder knows (0 = unknown;
+        see :meth:`record_replication_factor`); None = none known.
 
         Idempotent like :meth:`add_replica`: a (key, tier) repeated in the batch, or one
         the holder already has, is indexed once (existing rows are left as they are).
@@ -246,10 +268,21 @@ class BlockIndex:
             Rows added.
 
         Raises:
-            InvalidArgument: unknown or retired holder, lengths differ, bad tier or size.
+            InvalidArgument: unknown or retired holder, lengths differ, bad tier, size or
+                factor.
         """
         c = self._cols
         n = len(keys)
+        factor_arr = None
+        if factors is not None:
+            factor_arr = np.asarray(factors, dtype=np.int64)
+            if len(factor_arr) != n:
+                raise InvalidArgument(f"factors must have one entry per key; got "
+                                      f"{len(factor_arr)} for {n} keys")
+            if n and (factor_arr.min() < 0 or factor_arr.max() > MAX_REPLICAS):
+                bad = factor_arr[(factor_arr < 0) | (factor_arr > MAX_REPLICAS)][0]
+                raise InvalidArgument(f"every replication factor must be in 0..{MAX_REPLICAS} "
+                                      f"(0 = unknown), got {int(bad)}")
         tier_arr = np.asarray(tiers, dtype=np.int64)
         size_arr = np.asarray(sizes, dtype=np.int64)
         if len(tier_arr) != n or len(size_arr) != n:
@@ -289,6 +322,8 @@ class BlockIndex:
                                               [keys[int(first_of[i])] for i in absent]
                                               if _has_long(keys) else [])
         slots = uslots[inverse.ravel()]
+        if factor_arr is not None and factor_arr.any():  # raise-only, duplicates: the max
+            np.maximum.at(c.factor, slots, factor_arr.astype(np.uint8))
         # one row per distinct (slot, tier); duplicates in the batch are dropped
         combo = slots * 4 + tier_arr
         _, first = np.unique(combo, return_index=True)
@@ -384,6 +419,62 @@ class BlockIndex:
                                    int(c.gen[row]), ReplicaState(st), bool(raw & COPY_BIT)))
             row = int(c.next[row])
         return out
+
+    # ---- replication factor ----------------------------------------------------------
+    def replication_factor(self, namespace_id: bytes, key: bytes) -> int:
+        """The block's wanted replication factor: the highest a writer (PutStart
+        ``replicas``) or a holder (``BlockRef.replicas``) asked for while it is indexed.
+
+        Returns:
+            1..:data:`MAX_REPLICAS` for an indexed block (1 when nobody asked for more);
+            0 when the block is not indexed (no row, WRITING ones included).
+        """
+        slot = self._write_slot(namespace_id, key)
+        if slot is None:
+            return 0
+        return max(1, int(self._cols.factor[slot]))
+
+    def replication_factors(self, namespace_id: bytes, keys: Sequence[bytes]) -> np.ndarray:
+        """:meth:`replication_factor` of many keys (vectorized): uint8, one per key."""
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
+        if ns is None or not keys:
+            return np.zeros(len(keys), np.uint8)
+        slots = c.tables[ns].get_many(keys_to_words(keys))
+        out = np.zeros(len(keys), np.uint8)
+        present = slots >= 0
+        out[present] = np.maximum(c.factor[slots[present]], 1)
+        return out
+
+    def record_replication_factor(self, namespace_id: bytes, key: bytes, factor: int) -> bool:
+        """Raise an indexed block's wanted replication factor to ``factor`` (never lowers
+        it: a holder that does not know the factor, or an older one, reports less).
+
+        Returns:
+            True if the block is indexed (its factor is now at least ``factor``), False if
+            it is not (nothing is recorded: a factor lives with the block's rows).
+
+        Raises:
+            InvalidArgument: ``factor`` outside 0..:data:`MAX_REPLICAS`.
+        """
+        _check_factor(factor)
+        slot = self._write_slot(namespace_id, key)
+        if slot is None:
+            return False
+        if factor > self._cols.factor[slot]:
+            self._cols.factor[slot] = factor
+        return True
+
+    def blocks_above_factor(self, factor: int = 1) -> list[tuple[bytes, bytes]]:
+        """``(namespace_id, key)`` of every indexed block whose wanted replication factor is
+        above ``factor`` (the repair's background pass, kvstored/master/repair.py).
+
+        Cost: one vectorized pass over the factor column (1 byte per block slot), then
+        O(matches) in Python.
+        """
+        c = self._cols
+        slots = np.flatnonzero(c.factor[:c.num_slots] > factor)
+        return [c.key_of(s) for s in slots.tolist() if c.head[s] != NO_ROW]
 
     def _write_slot(self, namespace_id: bytes, key: bytes) -> int | None:
         c = self._cols

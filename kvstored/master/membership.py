@@ -49,7 +49,7 @@ answer is ever based on a node whose lease lapsed. Not thread-safe: loop only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -57,6 +57,7 @@ import structlog
 from kvstored.clock import Clock
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master import health
+from kvstored.master.commands import CommandQueue
 from kvstored.master.copies import Promotions, copy_to_promote
 from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.generations import Generations
@@ -101,6 +102,7 @@ class NodeRecord:
     unhealthy_since_s: float = 0.0  # when it was (last) marked unhealthy
     retry_s: float = 0.0  # unhealthy this long (while heartbeating) -> probation
     pending: _PendingSync | None = field(default=None, repr=False)
+    draining: bool = False  # kvstorectl drain: not placed on, its blocks re-homed (repair.py)
 
     @property
     def health(self) -> NodeHealth:
@@ -169,7 +171,12 @@ class Membership:
         self._nodes: dict[str, NodeRecord] = {}
         self._by_holder: dict[int, NodeRecord] = {}
         self.departed = DepartedNodes()  # the admin view's nodes that left (never consulted)
-        self.promotions = Promotions(clock, self.node_lease_s)  # copies to keep (master/copies.py)
+        # the one command queue to nodes (master/commands.py); promotions are one kind
+        self.commands = CommandQueue(clock, self.node_lease_s)
+        self.promotions = Promotions(self.commands, self._epoch_of)  # (master/copies.py)
+        # called with a node's record when it leaves (lease lapsed, unregistered, or a new
+        # epoch superseded it), before its holder is retired (its rows still listed)
+        self.on_left: list[Callable[[NodeRecord], None]] = []
         # counters since this master started (exported by kvstored.master.metrics)
         self.num_lease_expiries = 0
         self.num_unhealthy_marks = 0
@@ -189,7 +196,17 @@ class Membership:
         self._by_holder.pop(holder, None)
         self.index.retire_holder(holder)
 
+    def _epoch_of(self, node_id: str) -> int | None:
+        rec = self._nodes.get(node_id)
+        return rec.spec.epoch if rec is not None else None
+
+    def _left(self, rec: NodeRecord) -> None:
+        self.commands.forget(rec.spec.node_id)
+        for fn in self.on_left:
+            fn(rec)
+
     def _drop(self, rec: NodeRecord, reason: str) -> None:
+        self._left(rec)
         self.departed.add(rec.spec.node_id, rec.spec, reason, self.clock(),
                           self.index.num_holder_replicas(rec.holder))
         self._complete = None
@@ -198,7 +215,6 @@ class Membership:
             self._retire(rec.pending.holder)
             rec.pending = None
         del self._nodes[rec.spec.node_id]
-        self.promotions.forget(rec.spec.node_id)
 
     def _live(self, node_id: str, epoch: int) -> NodeRecord | None:
         """The record of (node, epoch) if registered and its lease has not lapsed."""
@@ -282,6 +298,7 @@ class Membership:
                 log.info("node_epoch_superseded", node_id=spec.node_id,
                          old_epoch=old.spec.epoch, epoch=spec.epoch,
                          num_replicas=self.index.num_holder_replicas(old.holder))
+                self._left(old)
                 self._retire(old.holder)
                 holder = self.index.add_holder()
             else:
@@ -394,6 +411,8 @@ class Membership:
                     tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
                     generation=[r.generation or gen for r in refs],  # the holder's, if sent
                     copies=[r.copy for r in refs],
+                    factors=[r.replicas for r in refs] if any(r.replicas for r in refs)
+                    else None,
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -446,7 +465,8 @@ class Membership:
                 self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
                                        size_bytes=b.size_bytes,
                                        generation=b.generation or self.generations.next(),
-                                       replace_generation=bool(b.generation), copy=b.copy)
+                                       replace_generation=bool(b.generation), copy=b.copy,
+                                       factor=b.replicas)
                 if not b.copy:  # a promotion asked of this node, if any, is done
                     self.promotions.settle(node_id, b.namespace_id, b.key)
             elif ev.kind is EventKind.REMOVED:

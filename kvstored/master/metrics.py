@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector
 
 from kvstored.master.health import NODE_STATES, node_state
 from kvstored.master.membership import Membership
+from kvstored.master.repair import Repair
 
 _LOOKUP_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -57,6 +58,19 @@ class MasterSample:
     inventory_syncs: int = 0
     event_gaps: int = 0
     epoch: int = 0
+    # repair (kvstored/master/repair.py) and the command queue (commands.py)
+    repair_under_replicated: int = 0
+    repair_waiting: int = 0
+    repair_copies_issued: int = 0
+    repair_bytes_issued: int = 0
+    repair_copies_acked: int = 0
+    repair_rate_limited: int = 0
+    repair_hot_copies: int = 0
+    commands_pending: int = 0
+    commands_sent: int = 0
+    commands_resent: int = 0
+    commands_given_up: int = 0
+    nodes_draining: int = 0
 
 
 class MasterMetrics:
@@ -99,8 +113,9 @@ class MasterMetrics:
         """What the next scrape exports for the state gauges."""
         return self._sample
 
-    def sample(self, membership: Membership, *, epoch: int) -> MasterSample:
-        """Read the state gauges from the membership (call on the event loop only).
+    def sample(self, membership: Membership, *, epoch: int,
+               repair: Repair | None = None) -> MasterSample:
+        """Read the state gauges from the membership and the repair (event loop only).
 
         Returns:
             The new sample (also kept for scrapes).
@@ -116,6 +131,19 @@ class MasterMetrics:
             unhealthy_marks=membership.num_unhealthy_marks,
             inventory_syncs=membership.num_inventory_syncs,
             event_gaps=membership.num_event_gaps, epoch=epoch,
+            nodes_draining=sum(1 for r in membership.nodes() if r.draining),
+            commands_pending=membership.commands.num_pending(),
+            commands_sent=membership.commands.num_sent,
+            commands_resent=membership.commands.num_resent,
+            commands_given_up=membership.commands.num_given_up,
+            **({} if repair is None else dict(
+                repair_under_replicated=repair.num_under_replicated,
+                repair_waiting=repair.num_waiting,
+                repair_copies_issued=repair.num_copies_issued,
+                repair_bytes_issued=repair.num_bytes_issued,
+                repair_copies_acked=repair.num_copies_acked,
+                repair_rate_limited=repair.num_rate_limited,
+                repair_hot_copies=repair.num_hot_copies)),
         )
         return self._sample
 
@@ -152,3 +180,39 @@ class _SampleCollector(Collector):
                                   "Event gaps seen (each forces a resync).", value=s.event_gaps)
         yield GaugeMetricFamily("kvstored_master_epoch", "This master start's epoch.",
                                 value=s.epoch)
+        yield GaugeMetricFamily("kvstored_master_repair_under_replicated_blocks",
+                                "Blocks found short of their replication factor by the last "
+                                "repair tick (no copy could be queued yet).",
+                                value=s.repair_under_replicated)
+        yield GaugeMetricFamily("kvstored_master_repair_waiting_blocks",
+                                "Blocks marked for repair not looked at yet (rate limit).",
+                                value=s.repair_waiting)
+        yield CounterMetricFamily("kvstored_master_repair_copies",
+                                  "Copy commands queued by repair, drain and hot blocks.",
+                                  value=s.repair_copies_issued)
+        yield CounterMetricFamily("kvstored_master_repair_bytes",
+                                  "Bytes of the copy commands queued (repair_bytes_per_s paces it).",
+                                  value=s.repair_bytes_issued)
+        yield CounterMetricFamily("kvstored_master_repair_copies_acked",
+                                  "Copy commands the target node acknowledged.",
+                                  value=s.repair_copies_acked)
+        yield CounterMetricFamily("kvstored_master_repair_rate_limited",
+                                  "Copies held back for the repair rate limit.",
+                                  value=s.repair_rate_limited)
+        yield CounterMetricFamily("kvstored_master_repair_hot_copies",
+                                  "Extra replicas queued for hot blocks.",
+                                  value=s.repair_hot_copies)
+        yield GaugeMetricFamily("kvstored_master_commands_pending",
+                                "Commands to nodes not acknowledged yet.",
+                                value=s.commands_pending)
+        yield CounterMetricFamily("kvstored_master_commands_sent",
+                                  "Commands put on heartbeat answers (resends included).",
+                                  value=s.commands_sent)
+        yield CounterMetricFamily("kvstored_master_commands_resent",
+                                  "Commands sent again (not acknowledged in time).",
+                                  value=s.commands_resent)
+        yield CounterMetricFamily("kvstored_master_commands_given_up",
+                                  "Commands dropped unacknowledged after the last send.",
+                                  value=s.commands_given_up)
+        yield GaugeMetricFamily("kvstored_master_nodes_draining", "Nodes being drained.",
+                                value=s.nodes_draining)

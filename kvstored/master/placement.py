@@ -56,6 +56,7 @@ from kvstored.errors import (
 )
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.master.types import (
+    MAX_REPLICAS,
     MAX_SIZE_BYTES,
     PlacedReplica,
     PlacementPolicy,
@@ -66,7 +67,6 @@ from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
 
-MAX_REPLICAS = 8
 MAX_BATCH_ITEMS = 4096
 """Items of one PutStartBatch / PutEndBatch."""
 
@@ -185,7 +185,7 @@ class Placement:
             avoid_holders: holders left out (one dropping its copy of this block).
         """
         live = [r for r in self.membership.nodes()
-                if r.synced and not r.gap and r.healthy
+                if r.synced and not r.gap and r.healthy and not r.draining
                 and not (exclude_writer and r.spec.node_id == writer_node_id)
                 and r.holder not in avoid_holders]
         if max_used_fraction > 0:
@@ -218,6 +218,7 @@ class Placement:
         max_used_fraction: float = 0.0,
         headroom_bytes: int = 0,
         holder_reports: bool = False,
+        replicas: int = 0,
     ) -> PutStartOutcome:
         """Open a write of one block: choose nodes, index WRITING replicas, new generation.
 
@@ -231,9 +232,13 @@ class Placement:
                 other nodes count for ``exists``.
             holder_reports: the holders report the replica by their own events; the
                 commit then only closes the write (see the module docstring).
+            replicas: the block's wanted replication factor (0..8, 0 = the default 1),
+                recorded in the index (:meth:`BlockIndex.record_replication_factor
+                <kvstored.master.index.BlockIndex.record_replication_factor>`) whether the
+                block exists or is placed now; it never lowers a recorded factor.
 
         Raises:
-            InvalidArgument: empty key, size or replica count out of range, a
+            InvalidArgument: empty key, size, replica count or factor out of range, a
                 ``max_used_fraction`` outside [0, 1] or a negative headroom.
             ReplicaNotReady: another write of this block is in progress (retriable).
             NoCapacity: no node has room for the block (retriable).
@@ -244,11 +249,16 @@ class Placement:
             raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}")
         if not 1 <= num_replicas <= MAX_REPLICAS:
             raise InvalidArgument(f"num_replicas must be in 1..{MAX_REPLICAS}, got {num_replicas}")
+        if not 0 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replicas (the wanted replication factor) must be in "
+                                  f"0..{MAX_REPLICAS} (0 = the default 1), got {replicas}")
         if not (0.0 <= max_used_fraction <= 1.0):
             raise InvalidArgument(f"max_used_fraction must be in [0, 1], got {max_used_fraction}")
         if headroom_bytes < 0:
             raise InvalidArgument(f"headroom_bytes must be >= 0, got {headroom_bytes}")
         self.reclaim_expired_writes()
+        if replicas > 1:  # an indexed block learns it now (even when it "exists")
+            self.index.record_replication_factor(namespace_id, key, replicas)
         readable = self.index.replicas(namespace_id, key, readable_only=True)
         avoid: frozenset[int] = frozenset()
         if exclude_writer and readable:
@@ -294,11 +304,121 @@ class Placement:
             self._pending_bytes[rec.holder] = self._pending_bytes.get(rec.holder, 0) + size_bytes
             placed.append(PlacedReplica(rec.spec.node_id, rec.spec.epoch, rec.holder, Tier.DRAM,
                                         rec.spec.data_address))
+        if replicas > 1:  # a new block: its WRITING rows made it indexed
+            self.index.record_replication_factor(namespace_id, key, replicas)
         self._writes[(namespace_id, key)] = _Write(
             gen, self.membership.clock() + self.write_lease_s, size_bytes,
             tuple(r.holder for r in chosen), holder_reports,
         )
         return PutStartOutcome(False, gen, tuple(placed))
+
+    def start_replicas(
+        self,
+        namespace_id: bytes,
+        key: bytes,
+        size_bytes: int,
+        *,
+        writer_node_id: str,
+        replicas: int,
+        num_replicas: int = MAX_REPLICAS,
+        policy: PlacementPolicy | None = None,
+        max_used_fraction: float = 0.0,
+        headroom_bytes: int = 0,
+        exclude_writer: bool = True,
+        holder_reports: bool = True,
+    ) -> PutStartOutcome:
+        """Top a block up to ``replicas`` (its replication factor): open a write of the
+        replicas it lacks, on nodes that hold none, new failure domains first.
+
+        The writer's node counts as a holder (it wrote the block, its own replica may not be
+        indexed yet), and so does every node with a readable original (a remote-fill copy
+        does not count: its holder evicts it first). Candidates are the policy's
+        (:meth:`order_candidates`, never the writer's node, nor a holder's); among them
+        nodes whose zone (``NodeSpec.zone``) no holder has come first, in policy order,
+        then the others (a second replica in the same zone still survives the loss of a
+        node). The factor is recorded (:meth:`BlockIndex.record_replication_factor
+        <kvstored.master.index.BlockIndex.record_replication_factor>`). End the write with
+        :meth:`end_put` as any other.
+
+        Args:
+            writer_node_id: the node that holds the block and writes the replicas.
+            replicas: the factor wanted, 1..8; the block's recorded factor if higher.
+            num_replicas: most replicas placed by this call.
+            max_used_fraction, headroom_bytes: see :meth:`order_candidates`.
+            exclude_writer, holder_reports: as :meth:`start_put` (the writer never gets a
+                second replica; the holders report theirs).
+
+        Returns:
+            ``exists`` when the block has its factor already (``num_held`` holders);
+            else the write (possibly fewer replicas than it lacks: fewer nodes have room),
+            with ``num_held``; no replicas and generation 0 when no candidate has room
+            (nothing is opened: the caller reports ``num_held`` of the factor).
+
+        Raises:
+            InvalidArgument: empty key, size or factor out of range, no writer.
+            ReplicaNotReady: another write of this block is open (retriable).
+        """
+        if not key:
+            raise InvalidArgument("key must not be empty")
+        if not writer_node_id:
+            raise InvalidArgument("a replica top-up needs the writer's node id (writer_node_id)")
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replicas (the wanted replication factor) must be in "
+                                  f"1..{MAX_REPLICAS}, got {replicas}")
+        if not 1 <= num_replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"num_replicas must be in 1..{MAX_REPLICAS}, got {num_replicas}")
+        if not 0 <= size_bytes <= MAX_SIZE_BYTES:
+            raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got {size_bytes}")
+        self.reclaim_expired_writes()
+        self.index.record_replication_factor(namespace_id, key, replicas)
+        factor = max(replicas, self.index.replication_factor(namespace_id, key))
+        writer = self.membership.node(writer_node_id)
+        holders = {writer.holder} if writer is not None else set()
+        zones = {writer.spec.zone} if writer is not None and writer.spec.zone else set()
+        for r in self.index.replicas(namespace_id, key, readable_only=True):
+            rec = self.membership.record_of_holder(r.holder)
+            if r.copy or rec is None:
+                continue
+            holders.add(r.holder)
+            if rec.spec.zone:
+                zones.add(rec.spec.zone)
+        num_held = len(holders) if writer is not None else len(holders) + 1
+        missing = factor - num_held
+        if missing <= 0:
+            return PutStartOutcome(True, 0, (), num_held)
+        if (namespace_id, key) in self._writes:
+            raise ReplicaNotReady(
+                f"block {key.hex()[:16]} is being written (generation "
+                f"{self._writes[(namespace_id, key)].generation}); retry after it ends"
+            )
+        cands = self.order_candidates(
+            size_bytes, writer_node_id, policy or self.policy, exclude_writer=exclude_writer,
+            max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
+            avoid_holders=frozenset(holders))
+        chosen: list[NodeRecord] = []
+        for rec in cands:  # new zones first, one replica per new zone; policy order within
+            if rec.spec.zone and rec.spec.zone not in zones:
+                chosen.append(rec)
+                zones.add(rec.spec.zone)
+        chosen += [r for r in cands if r not in chosen]
+        chosen = chosen[: min(missing, num_replicas)]
+        if not chosen:  # nothing opened; the holders it has are the answer
+            return PutStartOutcome(False, 0, (), num_held)
+        gen = self.membership.generations.next()
+        placed = []
+        for rec in chosen:
+            self.index.add_replica(namespace_id, key, holder=rec.holder, tier=Tier.DRAM,
+                                   size_bytes=size_bytes, generation=gen,
+                                   state=ReplicaState.WRITING)
+            self._pending_bytes[rec.holder] = self._pending_bytes.get(rec.holder, 0) + size_bytes
+            placed.append(PlacedReplica(rec.spec.node_id, rec.spec.epoch, rec.holder, Tier.DRAM,
+                                        rec.spec.data_address))
+        self.index.record_replication_factor(namespace_id, key, factor)
+        self._writes[(namespace_id, key)] = _Write(
+            gen, self.membership.clock() + self.write_lease_s, size_bytes,
+            tuple(r.holder for r in chosen), holder_reports,
+        )
+        return PutStartOutcome(False, gen, tuple(placed), num_held)
 
     def end_put(self, namespace_id: bytes, key: bytes, generation: int, *, commit: bool) -> int:
         """Commit (or abort) exactly the write ``generation`` of a block.
@@ -342,7 +462,8 @@ class Placement:
         return self.index.abort_generation(namespace_id, key, generation)
 
     def start_put_batch(
-        self, items: Sequence[tuple[bytes, bytes, int]], **options: Any
+        self, items: Sequence[tuple[bytes, bytes, int]], *,
+        factors: Sequence[int] | None = None, top_up: bool = False, **options: Any
     ) -> list[PutStartOutcome | KvstoredError]:
         """:meth:`start_put` of each ``(namespace_id, key, size_bytes)``, in order.
 
@@ -352,6 +473,12 @@ class Placement:
 
         Args:
             items: the blocks, at most :data:`MAX_BATCH_ITEMS`.
+            factors: per item, its wanted replication factor (``start_put``'s
+                ``replicas``); None = 0 for every item.
+            top_up: each item is a :meth:`start_replicas` (``factors`` its ``replicas``;
+                0 = 1) instead of a :meth:`start_put`; ``options`` then take
+                ``writer_node_id``, ``num_replicas``, ``policy``, ``max_used_fraction``,
+                ``headroom_bytes``, ``exclude_writer`` and ``holder_reports``.
             options: keyword arguments of :meth:`start_put` (``writer_node_id``...).
 
         Returns:
@@ -359,13 +486,22 @@ class Placement:
             ReplicaNotReady, InvalidArgument...).
 
         Raises:
-            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items.
+            InvalidArgument: more than :data:`MAX_BATCH_ITEMS` items, or ``factors`` not
+                one per item.
         """
         _check_batch(len(items))
+        if factors is not None and len(factors) != len(items):
+            raise InvalidArgument(f"factors must have one entry per item; got {len(factors)} "
+                                  f"for {len(items)} items")
         out: list[PutStartOutcome | KvstoredError] = []
-        for ns, key, size in items:
+        for i, (ns, key, size) in enumerate(items):
             try:
-                out.append(self.start_put(ns, key, size, **options))
+                if top_up:
+                    out.append(self.start_replicas(
+                        ns, key, size, replicas=max(1, factors[i] if factors else 0), **options))
+                    continue
+                out.append(self.start_put(ns, key, size, replicas=factors[i] if factors else 0,
+                                          **options))
             except KvstoredError as exc:
                 out.append(exc)
         return out

@@ -27,12 +27,14 @@ from kvstored.errors import (
     NoCapacity,
 )
 from kvstored.master import admin
+from kvstored.master.commands import Command
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.master.metrics import MasterMetrics
 from kvstored.master.placement import Placement
 from kvstored.master.state import MasterState
 from kvstored.master.types import (
+    MAX_REPLICAS,
     BlockEvent,
     BlockRef,
     EventKind,
@@ -118,8 +120,21 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
         raise InvalidArgument(f"{what}: key must have 1..{MAX_KEY_BYTES} bytes, got {len(b.key)}")
     if b.generation >= 1 << 63:
         raise InvalidArgument(f"{what}: generation must be < 2**63, got {b.generation}")
+    if b.replicas > MAX_REPLICAS:
+        raise InvalidArgument(f"{what}: replicas (the block's replication factor) must be in "
+                              f"0..{MAX_REPLICAS}, got {b.replicas}")
     return BlockRef(bytes(b.namespace_id), bytes(b.key), _tier(b.tier, what), b.size_bytes,
-                    b.generation, b.copy)
+                    b.generation, b.copy, b.replicas)
+
+
+MAX_ZONE_CHARS = 64
+
+
+def _zone(zone: str, node_id: str) -> str:
+    if len(zone) > MAX_ZONE_CHARS or not zone.isprintable() or zone != zone.strip():
+        raise InvalidArgument(f"node {node_id!r}: zone must be at most {MAX_ZONE_CHARS} printable "
+                              f"characters without leading or trailing spaces, got {zone!r}")
+    return zone
 
 
 def node_info(rec: NodeRecord) -> pb.NodeInfo:
@@ -127,7 +142,7 @@ def node_info(rec: NodeRecord) -> pb.NodeInfo:
     s = rec.spec
     return pb.NodeInfo(
         node_id=s.node_id, epoch=s.epoch, grpc_address=s.grpc_address,
-        data_address=s.data_address, transports=list(s.transports),
+        data_address=s.data_address, transports=list(s.transports), zone=s.zone,
         tiers=[pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
                                used_bytes=t.used_bytes, num_blocks=t.num_blocks)
                for _, t in sorted(rec.tiers.items())],
@@ -180,7 +195,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.RegisterNodeResponse:
         n = request.node
         spec = NodeSpec(n.node_id, n.epoch, n.grpc_address, n.data_address,
-                        _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",))
+                        _usage(n.tiers, f"node {n.node_id!r}"), tuple(n.transports) or ("tcp",),
+                        _zone(n.zone, n.node_id))
         live = self.membership.duplicate_of(spec)
         answering = live is not None and await data_port_answers(live.spec.data_address)
         out = self.membership.register(
@@ -204,11 +220,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
             load=request.load, last_seq=request.last_seq,
         )
-        promote = self.membership.promotions.take(request.node_id) \
-            if action is NodeAction.NONE else []
+        queue = self.state.commands
+        if request.acked_command_ids:
+            self.state.repair.on_commands_acked(
+                queue.ack(request.node_id, request.epoch, request.acked_command_ids))
+        cmds = queue.take(request.node_id, request.epoch) if action is NodeAction.NONE else []
         return pb.HeartbeatResponse(
             action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
-            promote_copies=[pb.BlockKey(namespace_id=ns, key=k) for ns, k in promote])
+            commands=[command_pb(c) for c in cmds])
 
     @_rpc
     async def SyncInventory(  # noqa: N802
@@ -291,6 +310,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp.tier.extend(hit.tiers.tolist())
         resp.size_bytes.extend(hit.sizes.tolist())
         resp.generation.extend(hit.generations.tolist())
+        repair = self.state.repair
+        if local is not None and repair.settings.hot_reads_per_window:
+            remote = np.flatnonzero(hit.holders != holder)  # blocks the asker will copy in
+            if len(remote):
+                pos = (np.asarray(resp.key_index, dtype=np.int64)[remote] if request.every_key
+                       else remote)
+                names = [n.node_id for n in resp.nodes]
+                repair.note_lookup(local.spec.node_id, bytes(request.namespace_id),
+                                   [(request.keys[p], names[node_index[r]])
+                                    for p, r in zip(pos.tolist(), remote.tolist(), strict=True)])
         return resp
 
     @_rpc
@@ -304,7 +333,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
                 policy=policy, exclude_writer=request.exclude_writer,
                 max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
-                holder_reports=request.holder_reports,
+                holder_reports=request.holder_reports, replicas=request.replicas,
             )
         except KvstoredError as exc:
             self.metrics.put_starts.labels(result=exc.code.name).inc()
@@ -340,8 +369,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp = pb.PutStartBatchResponse()
         if request.ends:  # the carried ends first: their space is released before placing
             self._end_batch(request.ends, resp.end_results)
+        factors = [i.replicas for i in request.items]
         outs = self.placement.start_put_batch(
-            items, writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
+            items, factors=factors if any(factors) else None, top_up=request.top_up,
+            writer_node_id=request.writer_node_id, num_replicas=request.num_replicas or 1,
             policy=policy, exclude_writer=request.exclude_writer,
             max_used_fraction=request.max_used_fraction, headroom_bytes=request.headroom_bytes,
             holder_reports=request.holder_reports,
@@ -354,10 +385,18 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                              else pb.PUT_START_OUTCOME_ERROR),
                     error_code=int(out.code), message=str(out))
                 continue
+            if not out.exists and not out.replicas:  # a top-up with no room anywhere
+                self.metrics.put_starts.labels(result=NoCapacity.code.name).inc()
+                resp.results.add(
+                    outcome=pb.PUT_START_OUTCOME_NO_CAPACITY, error_code=int(NoCapacity.code),
+                    num_held=out.num_held,
+                    message=f"the block has {out.num_held} replicas; no other registered, "
+                            f"healthy node has room for {size} more bytes")
+                continue
             self.metrics.put_starts.labels(result="exists" if out.exists else "placed").inc()
             resp.results.add(
                 outcome=pb.PUT_START_OUTCOME_EXISTS if out.exists else pb.PUT_START_OUTCOME_PLACED,
-                generation=out.generation,
+                generation=out.generation, num_held=out.num_held,
                 replicas=[pb.ReplicaRef(node_id=r.node_id, epoch=r.epoch, tier=pb_enum(cpb.Tier, r.tier),
                                         size_bytes=size, generation=out.generation,
                                         data_address=r.data_address) for r in out.replicas])
@@ -394,7 +433,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             pb.NodeStatus(node=node_info(r), health=pb_enum(pb.NodeHealth, r.health), load=r.load,
                           num_replicas=self.index.num_holder_replicas(r.holder),
                           lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq,
-                          probation=r.probation and not r.healthy)
+                          probation=r.probation and not r.healthy, draining=r.draining)
             for r in m.nodes()
         ]
         now = m.clock()
@@ -420,8 +459,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         found = admin.list_replicas(self.membership, bytes(request.namespace_id),
                                     [bytes(k) for k in request.keys])
         resp = pb.ListReplicasResponse(complete=self.membership.is_complete())
-        for key, views in zip(request.keys, found, strict=True):
-            resp.blocks.add(key=key, replicas=[
+        factors = self.index.replication_factors(bytes(request.namespace_id),
+                                                 [bytes(k) for k in request.keys])
+        for key, views, factor in zip(request.keys, found, factors.tolist(), strict=True):
+            resp.blocks.add(key=key, replication_factor=factor, replicas=[
                 pb.ReplicaDetail(node_id=v.node_id, epoch=v.epoch, tier=pb_enum(cpb.Tier, v.tier),
                                  size_bytes=v.size_bytes, generation=v.generation,
                                  state=pb_enum(pb.ReplicaState, v.state), readable=v.readable,
@@ -451,6 +492,44 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                       state=pb_enum(pb.ReplicaState, e.state), copy=e.copy) for e in entries],
             next_page_token=token, epoch=epoch, num_replicas=num,
         )
+
+
+    @_rpc
+    async def DrainNode(  # noqa: N802
+        self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainNodeResponse:
+        self.metrics.admin_requests.labels(method="DrainNode").inc()
+        if not request.node_id:
+            raise InvalidArgument("DrainNode needs a node_id, got an empty one")
+        p = self.state.repair.drain(request.node_id)
+        return pb.DrainNodeResponse(draining=True, num_blocks=p.num_blocks,
+                                    num_blocks_to_move=p.num_blocks_to_move,
+                                    num_copies_issued=p.num_copies_issued,
+                                    leave_sent=p.leave_sent)
+
+    @_rpc
+    async def SetReplication(  # noqa: N802
+        self, request: pb.SetReplicationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetReplicationResponse:
+        self.metrics.admin_requests.labels(method="SetReplication").inc()
+        _check_keys(request.namespace_id, request.keys)
+        n = self.state.repair.set_factor(bytes(request.namespace_id),
+                                         [bytes(k) for k in request.keys], request.replicas)
+        self.state.repair.tick()  # queue the copies now, not on the next maintenance tick
+        return pb.SetReplicationResponse(num_keys=n)
+
+
+def command_pb(c: Command) -> pb.NodeCommand:
+    """The wire form of one queued command (:mod:`kvstored.master.commands`)."""
+    out = pb.NodeCommand(command_id=c.command_id, kind=pb_enum(pb.NodeCommandKind, c.kind), target_epoch=c.epoch,
+                         term=c.term, namespace_id=c.namespace_id, key=c.key)
+    if c.source is not None:
+        out.source_node_id = c.source.node_id
+        out.source_epoch = c.source.epoch
+        out.source_data_address = c.source.data_address
+        out.size_bytes = c.source.size_bytes
+        out.generation = c.source.generation
+    return out
 
 
 DUPLICATE_PROBE_TIMEOUT_S = 1.0

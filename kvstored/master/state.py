@@ -9,6 +9,8 @@ re-register and resync when their heartbeats are answered REREGISTER)::
         index                BlockIndex: (namespace id, block hash) -> replicas
         membership           nodes, leases, health; owns the index's holders
         placement            two-phase puts over the membership
+        repair               replication factors, repair, drain, hot blocks (commands to
+                             nodes through membership.commands)
 
 A new term builds a fresh MasterState and swaps it in whole
 (:meth:`MasterServicer.set_state <kvstored.master.service.MasterServicer.set_state>`);
@@ -29,6 +31,7 @@ from kvstored.master.generations import Generations
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import Membership
 from kvstored.master.placement import Placement
+from kvstored.master.repair import Repair, RepairSettings
 from kvstored.master.types import PlacementPolicy
 
 
@@ -43,6 +46,9 @@ class MasterState:
             / rejoin_grace_s: the membership's (:class:`~kvstored.master.membership.Membership`).
         policy / write_lease_s / rng: placement's (:class:`~kvstored.master.placement.Placement`).
         initial_blocks: block slots and replica rows the index allocates up front.
+        repair: the repair's rate and hot-block settings (defaults if None).
+        command_resend_s: an unacknowledged command is sent again after this long (None:
+            one node lease).
         first_generation: the first write generation (None: ``epoch``, so generations
             increase across terms whose epochs do).
 
@@ -66,6 +72,8 @@ class MasterState:
         rng: random.Random | None = None,
         initial_blocks: int = 1024,
         first_generation: int | None = None,
+        repair: RepairSettings | None = None,
+        command_resend_s: float | None = None,
     ) -> None:
         self.epoch = int(epoch)
         self.clock = clock
@@ -80,6 +88,11 @@ class MasterState:
         )
         self.placement = Placement(self.membership, policy=policy, write_lease_s=write_lease_s,
                                    rng=rng)
+        if command_resend_s:
+            self.membership.commands.resend_after_s = float(command_resend_s)
+        self.commands = self.membership.commands
+        self.repair = Repair(self.membership, self.placement, self.commands, repair)
+        self.membership.on_left.append(self.repair.on_node_left)
 
     @classmethod
     def from_config(cls, cfg: MasterConfig, clock: Clock, *, epoch: int,
@@ -100,10 +113,16 @@ class MasterState:
             unhealthy_retry_max_s=cfg.unhealthy_retry_max_s or None,
             rejoin_grace_s=cfg.node_lease_s if restarted else 0.0,
             policy=PlacementPolicy(cfg.placement_policy), write_lease_s=cfg.write_lease_s,
+            repair=RepairSettings(repair_bytes_per_s=cfg.repair_bytes_per_s,
+                                  hot_reads_per_window=cfg.hot_reads_per_window,
+                                  hot_window_s=cfg.hot_window_s,
+                                  hot_max_extra_replicas=cfg.hot_max_extra_replicas),
+            command_resend_s=cfg.command_resend_s or None,
         )
 
     def maintain(self, max_gc_rows: int) -> tuple[list[str], int, int]:
         """One maintenance step of the term: expire lapsed node leases, abort lapsed writes,
+        one repair tick (copy commands for blocks short of replicas, drains, hot blocks),
         unlink up to ``max_gc_rows`` rows of retired holders (queueing promotions).
 
         Returns:
@@ -111,5 +130,6 @@ class MasterState:
         """
         gone = self.membership.expire_lapsed()
         aborted = self.placement.reclaim_expired_writes()
+        self.repair.tick()
         unlinked = self.membership.collect_garbage(max_gc_rows)
         return gone, aborted, unlinked

@@ -16,6 +16,8 @@ import numpy as np
 
 from kvstored.types import Tier
 
+MAX_REPLICAS = 8
+"""Most replicas of one block (a put's ``replicas``, a block's replication factor)."""
 MAX_SIZE_BYTES = (1 << 32) - 1
 """Largest replica size the packed ``u4`` size column holds (4 GiB - 1)."""
 
@@ -137,6 +139,8 @@ class NodeSpec:
         data_address: ``host:port`` of its data plane.
         tiers: capacity (and usage) per tier.
         transports: data-plane transports it speaks, e.g. ``("tcp",)``.
+        zone: its failure domain (``kvstored node --zone``; "" = none declared): replicas
+            of one block go to distinct zones first.
     """
 
     node_id: str
@@ -145,6 +149,7 @@ class NodeSpec:
     data_address: str
     tiers: tuple[TierUsage, ...]
     transports: tuple[str, ...] = ("tcp",)
+    zone: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +157,8 @@ class BlockRef:
     """One block on a node: namespace id, key, tier, size and the holder's generation of
     the replica (0 = the node does not know it: the master issues one); ``copy``: the
     replica is a remote-fill copy of another node's block (an ADDED event of an indexed
-    replica sets or clears it)."""
+    replica sets or clears it); ``replicas``: the block's wanted replication factor as the
+    holder knows it (0 = unknown)."""
 
     namespace_id: bytes
     key: bytes
@@ -160,6 +166,7 @@ class BlockRef:
     size_bytes: int
     generation: int = 0
     copy: bool = False
+    replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +213,11 @@ class PutStartOutcome:
         exists: the block is already committed somewhere readable (nothing to write).
         generation: the write's generation (0 when ``exists``).
         replicas: where to write, in policy order (empty when ``exists``).
+        num_held: a top-up (``Placement.start_replicas``): the holders the block had
+            before this write, the writer's node included; else 0.
     """
 
     exists: bool
     generation: int
     replicas: tuple[PlacedReplica, ...]
+    num_held: int = 0

@@ -5,9 +5,11 @@ One owned task talks to the master, one call at a time, in rounds::
     round:  [REREGISTER pending] RegisterNode(node, epoch, addresses, tiers, transports)
             [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
-            Heartbeat(usage, load, last_seq)          -> action: NONE | REREGISTER | RESYNC,
-                                                         promote_copies: copies to keep
-                                                         (TieredStore.keep_copies)
+            Heartbeat(usage, load, last_seq,          -> action: NONE | REREGISTER | RESYNC,
+                      acked_command_ids)                 commands: the master's command
+                                                         queue (copy, promote, drop, leave:
+                                                         kvstored/node/replicate.py), acked
+                                                         on the next Heartbeat once applied
 
 Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
 SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
@@ -51,6 +53,8 @@ import structlog
 
 from kvstored.config import ClusterConfig
 from kvstored.errors import AlreadyExists, KvstoredError
+from kvstored.node.put_replicas import ReplicationFactors
+from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
 from kvstored.tiers.feed import Change
@@ -123,6 +127,9 @@ class MasterLink:
         store: the node's block store (listing and usage).
         load: in-flight requests right now (pins + reservations + puts).
         executor: where store listings run (never the loop).
+        zone: this node's failure domain (``[node] zone``; "" = none), sent when it registers.
+        factors: the replication factors of blocks held here (put(replicas=N); every
+            BlockRef carries its block's, 0 when unknown); None = none known.
     """
 
     def __init__(
@@ -136,6 +143,8 @@ class MasterLink:
         store: InventorySource,
         load: Callable[[], float],
         executor: Executor | None = None,
+        zone: str = "",
+        factors: ReplicationFactors | None = None,
     ) -> None:
         self.cfg = cfg
         self.node_id = node_id
@@ -145,6 +154,8 @@ class MasterLink:
         self.store = store
         self.load = load
         self.executor = executor
+        self.zone = zone
+        self.factors = factors
         self.registered = False
         self.synced = False
         self.seq = 0
@@ -164,6 +175,15 @@ class MasterLink:
         self.num_registrations = 0
         self.refused: AlreadyExists | None = None  # the first registration, as a duplicate
         self._first_answer = asyncio.Event()
+        # applies the master's commands (kvstored/node/replicate.py); set by the daemon
+        self.replicator: Replicator | None = None
+        self.left = False  # drained: unregistered on the master's LEAVE, no more rounds
+        self._leaving = False
+
+    def request_leave(self) -> None:
+        """Unregister after the current round and stop heartbeating (the master's LEAVE
+        command once a drain re-homed this node's blocks). Loop only."""
+        self._leaving = True
 
     # ---- lifecycle -------------------------------------------------------------------
     def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
@@ -218,9 +238,21 @@ class MasterLink:
             return min(self.cfg.heartbeat_interval_s, self.lease_s / 3)
         return self.cfg.heartbeat_interval_s
 
+    async def _leave(self) -> None:
+        stub = self._ensure_stub()
+        await stub.UnregisterNode(
+            pb.UnregisterNodeRequest(node_id=self.node_id, epoch=self.epoch),
+            timeout=self.cfg.rpc_timeout_s)
+        self.registered = False
+        self.left = True
+        log.info("master_left_drained", node_id=self.node_id, epoch=self.epoch)
+
     async def _loop(self) -> None:
         while True:
             try:
+                if self._leaving:
+                    await self._leave()
+                    return
                 await self.run_once()
                 if self._last_error:
                     log.info("master_link_recovered", master=self.cfg.master_address)
@@ -285,7 +317,7 @@ class MasterLink:
         stub = self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
-                           tiers=self._tiers(), transports=["tcp"])
+                           tiers=self._tiers(), transports=["tcp"], zone=self.zone)
         try:
             resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
                                            timeout=self.cfg.rpc_timeout_s)
@@ -316,7 +348,7 @@ class MasterLink:
             last = i == len(chunks) - 1
             resp = await stub.SyncInventory(
                 pb.SyncInventoryRequest(node_id=self.node_id, epoch=self.epoch, sync_id=sync_id,
-                                        blocks=[_ref(rk, rep) for rk, rep in chunk],
+                                        blocks=[self._ref(rk, rep) for rk, rep in chunk],
                                         last_chunk=last, seq=self.seq if last else 0),
                 timeout=self.cfg.rpc_timeout_s,
             )
@@ -333,12 +365,12 @@ class MasterLink:
         for rk in [rk for rk in known if rk not in snap or snap[rk][:2] != known[rk][:2]]:
             self.seq += 1
             self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_REMOVED,
-                                               block=_ref(rk, known[rk])))
+                                               block=self._ref(rk, known[rk])))
         for rk, rep in snap.items():  # a changed copy mark alone: ADDED again (re-report)
             if known.get(rk) != rep:
                 self.seq += 1
                 self._unacked.append(pb.BlockEvent(seq=self.seq, kind=pb.BLOCK_EVENT_KIND_ADDED,
-                                                   block=_ref(rk, rep)))
+                                                   block=self._ref(rk, rep)))
         self._known = snap
 
     def _drain_feed(self) -> bool:
@@ -347,15 +379,40 @@ class MasterLink:
         changes, resync = self.feed.drain()
         if resync:
             return False
+        factors = self.factors
+        gone: list[tuple[bytes, bytes]] = []
         for c in changes:
             self.seq += 1
             kind = pb.BLOCK_EVENT_KIND_ADDED if c.added else pb.BLOCK_EVENT_KIND_REMOVED
+            factor = factors.get(c.namespace_id, c.key) if factors is not None else 0
+            if factor and not c.added:
+                gone.append((c.namespace_id, c.key))
             self._unacked.append(pb.BlockEvent(
                 seq=self.seq, kind=kind,
                 block=pb.BlockRef(namespace_id=c.namespace_id, key=c.key, tier=pb_enum(cpb.Tier, c.tier),
                                   size_bytes=c.size_bytes, generation=c.generation,
-                                  copy=c.copy)))
+                                  copy=c.copy, replicas=factor)))
+        if gone and factors is not None:
+            self._forget_absent(factors, gone)
         return True
+
+    def _forget_absent(self, factors: ReplicationFactors, blocks: list[tuple[bytes, bytes]]) -> None:
+        """Forget the factors of removed blocks no tier holds any more (executor thread)."""
+        exists = getattr(self.store, "exists", None)
+        if exists is None:
+            return
+        by_ns: dict[bytes, list[bytes]] = {}
+        for ns, k in blocks:
+            by_ns.setdefault(ns, []).append(k)
+        for ns, keys in by_ns.items():
+            held = exists(keys, namespace_id=ns)
+            factors.forget([(ns, k) for k, h in zip(keys, held, strict=True) if not h])
+
+    def _ref(self, rk: ReplicaKey, rep: Replica) -> pb.BlockRef:
+        ref = _ref(rk, rep)
+        if self.factors is not None:
+            ref.replicas = self.factors.get(rk[0], rk[1])
+        return ref
 
     async def _report_events(self) -> None:
         if not (self.registered and self.synced):
@@ -385,11 +442,25 @@ class MasterLink:
             return
         load = float(self.load())
         stub = self._ensure_stub()
-        resp = await stub.Heartbeat(
-            pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
-                                load=load if math.isfinite(load) else 0.0, last_seq=self.seq),
-            timeout=self.cfg.rpc_timeout_s,
-        )
+        rep = self.replicator
+        acks = rep.take_acks() if rep is not None else []
+        try:
+            resp = await stub.Heartbeat(
+                pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
+                                    load=load if math.isfinite(load) else 0.0, last_seq=self.seq,
+                                    acked_command_ids=acks),
+                timeout=self.cfg.rpc_timeout_s,
+            )
+        except BaseException:
+            if rep is not None:
+                rep.restore_acks(acks)
+            raise
+        if rep is not None:
+            # fencing by term: once answers carry the leader's term (master HA), commands of
+            # an older term are refused by the replicator (absent field: 0, no fencing)
+            rep.observe_term(int(getattr(resp, "term", 0) or 0))
+            if resp.commands:
+                rep.submit(resp.commands)
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)

@@ -66,8 +66,11 @@ if TYPE_CHECKING:
 
     from kvstored.config import ClusterConfig, NodeConfig
     from kvstored.node.cluster import MasterLink
+    from kvstored.node.remote import FetchResult
+    from kvstored.node.replicate import Replicator
     from kvstored.node.spill import Spiller
     from kvstored.tiers.tiered import TieredStore
+    from kvstored.transport.master_rpc import ClusterReplica
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +146,7 @@ class NodeDaemon:
         self.cluster = cluster
         self.master_link: MasterLink | None = None
         self.spiller: Spiller | None = None
+        self.replicator: Replicator | None = None
         self.store: TieredStore | None = store
         self._enable_scheduler = enable_scheduler
         self.core: NodeCore | None = None
@@ -236,6 +240,8 @@ class NodeDaemon:
             )
             self._server = server
             self._servicer = NodeServicer(core, self._executor, version=_version())
+            if self.cluster is not None:  # a put's default replicas (Describe)
+                self._servicer.replicas_for = self.cluster.replicas_for
             add_node_service(server, self._servicer)
             if self._enable_scheduler:
                 self._add_scheduler(server)
@@ -343,10 +349,14 @@ class NodeDaemon:
                 f"data_address={self.data_address!r}"
             )
         assert self.cluster is not None
+        from kvstored.node.put_replicas import ReplicationFactors, master_replicas
+
+        factors = ReplicationFactors()  # of blocks held here: inventories and events carry them
         self.master_link = MasterLink(
             self.cluster, node_id=self.cfg.node_id, epoch=self.epoch, grpc_address=tcp[0],
             data_address=self.data_address, store=core.store,
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
+            zone=self.cfg.zone, factors=factors,
         )
         await self.master_link.start()
         try:  # a duplicate --node-id is a configuration error: exit 2, never take over
@@ -362,6 +372,12 @@ class NodeDaemon:
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
+                self._data_plane.on_replica_factor = factors.record  # peers' put replicas
+            # a put's extra replicas (kvstored/node/put_replicas.py)
+            self._servicer.replicator = master_replicas(
+                core.store, self.cluster, node_id=self.cfg.node_id,
+                max_block_bytes=self.cfg.max_block_bytes, factors=factors)
+        await self._start_replicator(core)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
 
@@ -371,6 +387,26 @@ class NodeDaemon:
 
             self.metrics.registry.register(SpillCollector(self.spiller))
             self.spiller.start()
+
+    async def _start_replicator(self, core: NodeCore) -> None:
+        """The master's commands (copy, promote, drop, leave: kvstored/node/replicate.py)."""
+        from kvstored.node.replicate import Replicator
+
+        link = self.master_link
+        assert link is not None
+        servicer = self._servicer
+
+        def copy_from(items: Sequence[tuple[bytes, ClusterReplica]], namespace_id: bytes
+                      ) -> FetchResult | None:
+            remote = servicer.remote if servicer is not None else None
+            return remote.copy_from(items, namespace_id) if remote is not None else None
+
+        self.replicator = Replicator(
+            epoch=self.epoch, copy_from=copy_from, keep_copies=core.store.keep_copies,
+            remove=lambda keys, ns: core.remove(keys, ns), leave=link.request_leave,
+            executor=self._executor)
+        await self.replicator.start()
+        link.replicator = self.replicator
 
     def _start_metrics(self, address: str) -> None:
         from prometheus_client import start_wsgi_server
@@ -441,6 +477,9 @@ class NodeDaemon:
         core = self.core
         if core is not None:
             core.start_draining()
+        if self.replicator is not None:
+            await self.replicator.stop()
+            self.replicator = None
         if self.master_link is not None:  # leave the cluster first: no one is sent here
             await self.master_link.stop()
             self.master_link = None
@@ -456,6 +495,9 @@ class NodeDaemon:
         if self.spiller is not None:  # before the store closes: it pins and removes blocks
             await loop.run_in_executor(self._executor, self.spiller.close)
             self.spiller = None
+        if self.replicator is not None:
+            await self.replicator.stop()
+            self.replicator = None
         if self.master_link is not None:
             await self.master_link.stop(unregister=False)
             self.master_link = None
@@ -476,6 +518,9 @@ class NodeDaemon:
                 self._data_plane.fill_from_peers = None  # TCP GETs stop reading peers
             self._servicer.remote.close()  # no handler runs any more: peer pools and channel
             self._servicer.remote = None
+        if self._servicer is not None and self._servicer.replicator is not None:
+            self._servicer.replicator.close()  # no Replicate runs any more
+            self._servicer.replicator = None
         if self._data_plane is not None:
             await loop.run_in_executor(self._executor, self._data_plane.stop, max(0.0, remaining))
             self._data_plane = None

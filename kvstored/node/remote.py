@@ -379,10 +379,11 @@ class RemoteReads:
 
     def _fill_peers(
         self, by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]],
-        namespace_id: bytes, deadline: float,
+        namespace_id: bytes, deadline: float, *, as_copy: bool = True,
     ) -> tuple[int, int, int]:
         """Copy every peer's blocks, peers in parallel (one peer: in this thread); each
-        peer's batches one after another. Returns ``(fetched, dropped, failed)``."""
+        peer's batches one after another (``as_copy``: as remote-fill copies, else as
+        originals). Returns ``(fetched, dropped, failed)``."""
         if not by_peer:
             return 0, 0, 0
         step = max(1, self.core.cfg.max_batch_keys)
@@ -393,7 +394,7 @@ class RemoteReads:
             for i in range(0, len(items), step):  # the peer's batch limit is ours
                 for n, got in enumerate(self._fill_from(peer, epoch, address,
                                                         items[i : i + step], namespace_id,
-                                                        deadline)):
+                                                        deadline, as_copy=as_copy)):
                     out[n] += got
             return out[0], out[1], out[2]
 
@@ -414,10 +415,42 @@ class RemoteReads:
             log.info("remote_fill_refused", error=str(exc))
             return 0, 0, 0
 
+    def copy_from(
+        self, items: Sequence[tuple[bytes, ClusterReplica]], namespace_id: bytes, *,
+        remaining_s: float | None = None,
+    ) -> FetchResult:
+        """Copy named replicas into this node as *originals* (the master's COPY commands:
+        repair, drain, hot blocks; kvstored/node/replicate.py).
+
+        The same path as a read's copy (data-plane GET with ``GET_FLAG_PEER_EXPORT`` from
+        the named source, each block verified against the generation the master named,
+        then committed locally and reported like any put), but the blocks are not
+        remote-fill copies: they are kept like a local put's (not evicted first). Blocks
+        already here are not copied. Items are ``(key, source replica)``, sources in
+        parallel. Best effort under the deadline (at most ``remote_fetch_timeout_s``);
+        never raises for a peer's or the master's failure.
+
+        Returns:
+            Counts: ``num_found`` = items asked, fetched / dropped (the source's replica
+            changed) / failed (transfer).
+        """
+        deadline = self.deadline(remaining_s)
+        try:
+            present, _ = self.core.exists([k for k, _ in items], namespace_id)
+        except KvstoredError:
+            return FetchResult()
+        by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
+        for (k, rep), here in zip(items, present, strict=True):
+            if not here and rep.node_id != self.node_id:
+                by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append((k, rep))
+        fetched, dropped, failed = self._fill_peers(by_peer, namespace_id, deadline,
+                                                    as_copy=False)
+        return FetchResult(len(items), fetched, dropped, failed)
+
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
-        *, again: bool = True,
+        *, again: bool = True, as_copy: bool = True,
     ) -> tuple[int, int, int]:
         core = self.core
         keys = [k for k, _ in items]
@@ -431,7 +464,8 @@ class RemoteReads:
             # copy=True: a read never costs the pool a block. Room for the copy comes only
             # from free space, other copies, or demotions the SSD takes as is; never from
             # evicting a block the pool holds nowhere else (tiers/spare.py).
-            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id, copy=True)[0]
+            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id,
+                                     copy=as_copy)[0]
             if not isinstance(got, Reservation):
                 if isinstance(got.error, NoCapacity):
                     with self._lock:
@@ -520,7 +554,7 @@ class RemoteReads:
             # check applies, so a block that keeps changing is dropped, never served.
             log.info("remote_copy_renamed", peer=peer, num_blocks=len(renamed))
             f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
-                                      again=False)
+                                      again=False, as_copy=as_copy)
             return n + f, dropped + d, failed + x
         return n, dropped, failed
 

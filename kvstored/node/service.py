@@ -50,6 +50,8 @@ from kvstored.errors import (
     InternalError,
     InvalidArgument,
     KvstoredError,
+    NotFound,
+    Unavailable,
 )
 from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
@@ -61,6 +63,7 @@ from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
 
 if TYPE_CHECKING:
+    from kvstored.node.put_replicas import PutReplicas
     from kvstored.node.remote import RemoteReads
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
@@ -119,6 +122,11 @@ class NodeServicer:
     Attributes:
         remote: reads across the pool (a cluster node): set by the daemon once the node
             knows its master; None = this node's blocks only.
+        replicator: a put's extra replicas (Replicate; kvstored/node/put_replicas.py): set
+            by the daemon of a cluster node; None = no master (every block answers 1).
+        replicas_for: ``replicas_for(namespace_id)`` -> the replicas a put of that namespace
+            wants when its client names none (``[cluster] default_replicas`` /
+            ``namespace_replicas``; Describe answers it).
     """
 
     def __init__(self, core: NodeCore, executor: Executor, *, version: str) -> None:
@@ -130,6 +138,8 @@ class NodeServicer:
         self._maybe_io = self._run if has_ssd else self._inline
         self._has_ssd = has_ssd
         self.remote: RemoteReads | None = None
+        self.replicator: PutReplicas | None = None
+        self.replicas_for: Callable[[bytes], int] = lambda namespace_id: 1
         self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
         self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
@@ -206,7 +216,34 @@ class NodeServicer:
             max_meta_bytes=MAX_META_BYTES, min_key_bytes=cfg.min_key_bytes,
             max_key_bytes=cfg.max_key_bytes, pin_lease_ms=int(cfg.pin_lease_s * 1000),
             control_path=self.control_path,
+            default_replicas=self.replicas_for(bytes(req.namespace_id)),
         )
+
+    async def Replicate(self, req: pb.ReplicateRequest, ctx: Any) -> pb.ReplicateResponse:
+        from kvstored.node.put_replicas import MAX_REPLICAS
+
+        ns, keys = bytes(req.namespace_id), [bytes(k) for k in req.keys]
+        factor = req.replicas or self.replicas_for(ns)
+        if not 1 <= factor <= MAX_REPLICAS:
+            raise InvalidArgument(f"Replicate: replicas must be in 1..{MAX_REPLICAS} (0 = the "
+                                  f"node's default), got {req.replicas}")
+        if len(keys) > self.core.cfg.max_batch_keys:
+            raise InvalidArgument(f"Replicate: {len(keys)} keys; the limit is "
+                                  f"{self.core.cfg.max_batch_keys} (node.max_batch_keys)")
+        rep = self.replicator
+        if rep is None:  # no master: only this node's replica
+            held = await self._run(self.core.store.exists, keys, namespace_id=ns)
+            no_master = item_status(Unavailable(
+                f"node {self.core.cfg.node_id!r} has no master: a block has no other replica"))
+            return pb.ReplicateResponse(results=[
+                pb.ReplicateResult(status=no_master if h else item_status(NotFound(
+                    f"block {k.hex()[:16]} is not on this node; put it first")),
+                    num_replicas=int(h), num_wanted=factor)
+                for k, h in zip(keys, held, strict=True)])
+        out = await self._run(rep.replicate, ns, keys, factor, remaining_s=_time_left(ctx))
+        return pb.ReplicateResponse(results=[
+            pb.ReplicateResult(status=item_status(o.error), num_replicas=o.num_replicas,
+                               num_wanted=o.num_wanted) for o in out])
 
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
@@ -412,6 +449,7 @@ _METHODS: dict[str, type[Message]] = {
     "Stats": pb.StatsRequest,
     "ListBlocks": pb.ListBlocksRequest,
     "CloseSession": pb.CloseSessionRequest,
+    "Replicate": pb.ReplicateRequest,
 }
 
 

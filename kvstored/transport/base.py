@@ -119,9 +119,11 @@ class Transport(Protocol):
         ...
 
     def put(
-        self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *, deadline: float
+        self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *, deadline: float,
+        replicas: int = 0,
     ) -> list[PutItem]:
-        """Store ``(key, value, meta)`` items; per item, in order, a :class:`PutItem`."""
+        """Store ``(key, value, meta)`` items; per item, in order, a :class:`PutItem`.
+        ``replicas``: the blocks' replication factor for the receiver's inventory (0 = none)."""
         ...
 
     def close(self) -> None:

@@ -9,7 +9,12 @@ Framing (all integers little-endian)::
 
     Request  = ReqHeader(16) + body(body_len) [+ payloads, PUT only]
       ReqHeader  = magic "KVDP" | version u8 (=1) | op u8 (1=GET, 2=PUT) | flags u16
-                   flags (GET only; any other bit is refused):
+                   PUT flags: bits 8..11 = the blocks' replication factor (1..8;
+                     PUT_FLAG_FACTOR_SHIFT): a replica a node writes for a put(replicas=N)
+                     (node/put_replicas.py), so the receiving node's inventory carries the
+                     factor too; 0 = none; any other bit is refused (a node older than the
+                     field refuses it: the writer sends without it from then on)
+                   GET flags (any other bit is refused):
                      GET_FLAG_GENERATION (1) = item headers carry the generation;
                      GET_FLAG_FILL_FROM_PEERS (2) = a cluster node first copies the blocks
                        it lacks from its peers (an engine's client sets it; a node reading
@@ -91,6 +96,9 @@ GET_FLAG_RANGES = 8
 item's payload is that range of the block (:func:`range_bytes` bytes); the item header keeps
 the block's whole size. A node older than the flag refuses it (the client then reads whole
 blocks)."""
+PUT_FLAG_FACTOR_SHIFT = 8
+PUT_FLAGS = 0x0F << PUT_FLAG_FACTOR_SHIFT
+"""PUT flag bits: the blocks' replication factor (``flags >> PUT_FLAG_FACTOR_SHIFT``)."""
 GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT | GET_FLAG_RANGES
 """Every flag a GET may carry."""
 RANGE = struct.Struct("<QQ")  # offset, length (GET_FLAG_RANGES)
@@ -214,7 +222,7 @@ class FrameLimits:
         """
         if op not in (OP_GET, OP_PUT):
             raise ProtocolError(f"unknown data-plane op {op}; expected 1 (GET) or 2 (PUT)")
-        known = GET_FLAGS if op == OP_GET else 0
+        known = GET_FLAGS if op == OP_GET else PUT_FLAGS
         if flags & ~known:
             raise ProtocolError(
                 f"data-plane request flags {flags:#x} are not supported for op {op} "

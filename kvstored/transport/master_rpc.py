@@ -77,13 +77,45 @@ class MasterClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
+    def drain_node(self, node_id: str, timeout_s: float | None = None) -> dict[str, object]:
+        """Start (or report) a node's drain (``kvstorectl drain``): nothing new is placed
+        there, its blocks with no other replica are copied to other nodes, then it leaves.
+
+        Returns:
+            ``{"node_id", "draining", "num_blocks", "num_blocks_to_move",
+            "num_copies_issued", "leave_sent"}`` (idempotent: asking again reports progress).
+
+        Raises:
+            NotFound: the node is not registered (it left already, or never joined).
+        """
+        r = self._call(self._stub.DrainNode, pb.DrainNodeRequest(node_id=node_id), timeout_s)
+        return {"node_id": node_id, "draining": r.draining, "num_blocks": r.num_blocks,
+                "num_blocks_to_move": r.num_blocks_to_move,
+                "num_copies_issued": r.num_copies_issued, "leave_sent": r.leave_sent}
+
+    def set_replication(self, namespace_id: bytes, keys: Sequence[bytes], replicas: int,
+                        timeout_s: float | None = None) -> int:
+        """Set the wanted replication factor of blocks (the master's repair keeps that many
+        replicas on distinct nodes; 1 forgets it).
+
+        Returns:
+            Keys set.
+
+        Raises:
+            InvalidArgument: ``replicas`` outside 1..8, or a bad key or namespace id.
+        """
+        r = self._call(self._stub.SetReplication, pb.SetReplicationRequest(
+            namespace_id=namespace_id, keys=list(keys), replicas=replicas), timeout_s)
+        return int(r.num_keys)
+
     def list_nodes(self) -> dict[str, object]:
         """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
 
         Returns:
             ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
-            "data_address", "health", "load", "num_replicas", "lease_left_s", "last_seq",
-            "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``; health
+            "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
+            "draining", "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
+            (draining: ``kvstorectl drain`` is re-homing its blocks); health
             is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
             named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
             "epoch", "grpc_address", "data_address", "reason", "departed_s_ago",
@@ -96,11 +128,12 @@ class MasterClient:
             n = st.node
             nodes.append({
                 "node_id": n.node_id, "epoch": n.epoch, "grpc_address": n.grpc_address,
-                "data_address": n.data_address,
+                "data_address": n.data_address, "zone": n.zone,
                 "health": "probation" if st.probation and st.health == pb.NODE_HEALTH_UNHEALTHY
                 else _HEALTH.get(st.health, "unknown"),
                 "load": st.load, "num_replicas": st.num_replicas,
                 "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
+                "draining": st.draining,
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
                            "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
                           for t in n.tiers if t.tier in (1, 2)],
@@ -308,6 +341,57 @@ class MasterClient:
                 out.append(error_from_code(r.error_code, r.message))
         return [error_from_code(r.error_code, r.message) if r.error_code else r.num_replicas
                 for r in resp.end_results], out
+
+    def top_up_batch(
+        self, items: Sequence[tuple[bytes, bytes, int, int]], *, writer_node_id: str,
+        max_used_fraction: float = 0.0, timeout_s: float | None = None,
+    ) -> list[tuple[bool, int, list[ClusterReplica], int] | KvstoredError]:
+        """Open writes of the replicas blocks lack (``PutStartBatch`` with ``top_up``): a
+        put(replicas=N) whose first replica is on ``writer_node_id``.
+
+        Args:
+            items: ``(namespace_id, key, size_bytes, factor)`` per block (at most 4096),
+                ``factor`` in 1..8.
+            writer_node_id: the node holding the first replica (it sends the others).
+            max_used_fraction: a candidate's last tier must stay at or below it (0 = no
+                such limit: free DRAM decides).
+
+        Returns:
+            Per item, in order: ``(exists, generation, replicas, num_held)``: ``exists``
+            when the block has its factor (``num_held`` holders, the writer included);
+            else where to write the replicas it lacks (fewer when fewer nodes have room)
+            under ``generation`` (no replicas, generation 0: no other node has room, nothing
+            opened); or the item's error (ReplicaNotReady...), returned, not raised.
+
+        Raises:
+            InvalidArgument: too many items (the whole call).
+            InternalError: a master older than top-ups (it ignored the flag and placed the
+            block anew: those writes lapse with their write lease). The RPC's errors.
+        """
+        req = pb.PutStartBatchRequest(
+            items=[pb.PutStartItem(namespace_id=ns, key=k, size_bytes=n, replicas=f)
+                   for ns, k, n, f in items],
+            writer_node_id=writer_node_id, num_replicas=7,  # at most factor - 1 (8 - 1) more
+            exclude_writer=True, max_used_fraction=max_used_fraction,
+            headroom_bytes=0, holder_reports=True, top_up=True)
+        resp = self._call(self._stub.PutStartBatch, req, timeout_s)
+        if len(resp.results) != len(items):
+            raise InternalError(f"PutStartBatch answered {len(resp.results)} results for "
+                                f"{len(items)} items")
+        out: list[tuple[bool, int, list[ClusterReplica], int] | KvstoredError] = []
+        for r in resp.results:
+            if r.outcome in (pb.PUT_START_OUTCOME_PLACED, pb.PUT_START_OUTCOME_EXISTS):
+                if r.num_held == 0:  # a master that ignored top_up: it placed the block anew
+                    raise InternalError("the master does not know replica top-ups "
+                                        "(PutStartBatchRequest.top_up); upgrade it")
+                out.append((r.outcome == pb.PUT_START_OUTCOME_EXISTS, r.generation, [
+                    ClusterReplica(x.node_id, x.epoch, Tier(x.tier), x.size_bytes, x.generation,
+                                   x.data_address) for x in r.replicas], r.num_held))
+            elif r.outcome == pb.PUT_START_OUTCOME_NO_CAPACITY and r.num_held:
+                out.append((False, 0, [], r.num_held))  # no room anywhere: what it has
+            else:
+                out.append(error_from_code(r.error_code, r.message))
+        return out
 
     def put_end_batch(
         self, items: Sequence[tuple[bytes, bytes, int, bool]], *, timeout_s: float | None = None

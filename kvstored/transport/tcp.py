@@ -57,6 +57,7 @@ from kvstored.transport.framing import (
     MAX_MSG_BYTES,
     OP_GET,
     OP_PUT,
+    PUT_FLAG_FACTOR_SHIFT,
     PUT_ITEM,
     RANGE_TO_END,
     Body,
@@ -174,6 +175,8 @@ class DataPlaneClient:
         """GETs sent as more than one stream (tests and benches read it)."""
         self.ranges_ok = True
         """False once the node refused GET_FLAG_RANGES (an older node): whole blocks only."""
+        self.put_factor_ok = True
+        """False once the node refused the PUT factor flag (an older node): sent without it."""
 
     def _connect(self, deadline: float) -> socket.socket:
         remaining = deadline - time.monotonic()
@@ -563,18 +566,41 @@ class DataPlaneClient:
         namespace_id: bytes,
         *,
         deadline: float,
+        replicas: int = 0,
     ) -> list[PutItem]:
         """Store blocks: ``items`` are ``(key, value as a byte view, meta)``.
+
+        Args:
+            replicas: the blocks' replication factor (0..8; a node writing the replicas of
+                a put(replicas=N)): the receiving node remembers it for its inventory. A
+                node older than the field refuses it; it is then left out, for this node
+                from then on.
 
         Returns:
             Per item, in order: a :class:`PutItem` (``stored`` False with code 0 = already
             present).
 
         Raises:
-            As :meth:`get`.
+            As :meth:`get`; InvalidArgument for ``replicas`` outside 0..8.
         """
+        if not 0 <= replicas <= 8:
+            raise InvalidArgument(f"replicas must be in 0..8, got {replicas}")
+        flags = replicas << PUT_FLAG_FACTOR_SHIFT if self.put_factor_ok else 0
+        try:
+            return self._put(items, namespace_id, deadline, flags)
+        except InvalidArgument as exc:
+            if not flags or "request flags" not in str(exc):
+                raise
+            # A node older than the factor flag refuses it (and closed the connection):
+            # send without it from now on (that node does not learn the factor).
+            self.put_factor_ok = False
+            log.info("data_plane_put_factor_refused", address=self.address, error=str(exc))
+            return self._put(items, namespace_id, deadline, 0)
+
+    def _put(self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes,
+             deadline: float, flags: int) -> list[PutItem]:
         body = encode_put_body([(k, len(v), m) for k, v, m in items], namespace_id)
-        header = encode_header(OP_PUT, 0, len(items), len(body)) + body
+        header = encode_header(OP_PUT, flags, len(items), len(body)) + body
         max_body = len(items) * (PUT_ITEM.size + MAX_MSG_BYTES)
 
         def run(sock: socket.socket, reader: Reader) -> list[PutItem]:

@@ -64,6 +64,8 @@ from kvstored.transport.framing import (
     HEADER,
     OP_GET,
     OP_PUT,
+    PUT_FLAG_FACTOR_SHIFT,
+    PUT_FLAGS,
     PUT_ITEM,
     FrameLimits,
     FrameRejected,
@@ -188,6 +190,10 @@ class DataPlaneServer:
         self._ids = itertools.count(1)
         self.address = ""
         self.fill_from_peers: FillFromPeers | None = None
+        # ``on_replica_factor(namespace_id, keys, factor)``: a PUT carried the blocks'
+        # replication factor (a peer's put replicas); the daemon remembers it for the
+        # node's inventory (node/put_replicas.py ReplicationFactors.record). None = ignored.
+        self.on_replica_factor: Callable[[bytes, list[bytes], int], None] | None = None
         """Set by a cluster node: GETs with GET_FLAG_FILL_FROM_PEERS copy missing blocks
         from peers first (None: the flag is accepted and does nothing)."""
         self.num_requests_lost = 0
@@ -386,7 +392,8 @@ class DataPlaneServer:
                     sizes = [size for _, size, _ in items]
                     self.limits.check_put_sizes(sizes)
                     self._allow_payload(reader, sum(sizes))
-                    code = self._handle_put(sock, reader, items, ns)
+                    code = self._handle_put(sock, reader, items, ns,
+                                            factor=(flags & PUT_FLAGS) >> PUT_FLAG_FACTOR_SHIFT)
             return True
         except (ProtocolError, FrameRejected) as exc:
             err = exc.error if isinstance(exc, FrameRejected) else exc
@@ -526,7 +533,8 @@ class DataPlaneServer:
 
     # ---- PUT -----------------------------------------------------------------------------
     def _handle_put(
-        self, sock: socket.socket, reader: Reader, items: list[tuple[bytes, int, bytes]], ns: bytes
+        self, sock: socket.socket, reader: Reader, items: list[tuple[bytes, int, bytes]], ns: bytes,
+        *, factor: int = 0,
     ) -> int:
         core = self.core
         try:
@@ -540,6 +548,10 @@ class DataPlaneServer:
             send_all(sock, [error_response(OP_PUT, exc)], reader.deadline)
             return int(exc.code)
         try:
+            on_factor = self.on_replica_factor
+            if factor and on_factor is not None:  # replicas of a put(replicas=N): known before
+                # the commit, so the change events of the commit carry the factor already
+                on_factor(ns, [k for k, _, _ in items], min(factor, 8))
             reserved: list[Reservation | PutOutcome] = []
             seen: set[bytes] = set()  # first writer wins within a batch too
             num_bytes = 0

@@ -34,6 +34,14 @@ class PlacementPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLACEMENT_POLICY_MOST_FREE: _ClassVar[PlacementPolicy]
     PLACEMENT_POLICY_RANDOM: _ClassVar[PlacementPolicy]
 
+class NodeCommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_COMMAND_KIND_UNSPECIFIED: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_COPY: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_PROMOTE: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_DROP: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_LEAVE: _ClassVar[NodeCommandKind]
+
 class BlockEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BLOCK_EVENT_KIND_UNSPECIFIED: _ClassVar[BlockEventKind]
@@ -61,6 +69,11 @@ PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicy
 PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy
 PLACEMENT_POLICY_MOST_FREE: PlacementPolicy
 PLACEMENT_POLICY_RANDOM: PlacementPolicy
+NODE_COMMAND_KIND_UNSPECIFIED: NodeCommandKind
+NODE_COMMAND_KIND_COPY: NodeCommandKind
+NODE_COMMAND_KIND_PROMOTE: NodeCommandKind
+NODE_COMMAND_KIND_DROP: NodeCommandKind
+NODE_COMMAND_KIND_LEAVE: NodeCommandKind
 BLOCK_EVENT_KIND_UNSPECIFIED: BlockEventKind
 BLOCK_EVENT_KIND_ADDED: BlockEventKind
 BLOCK_EVENT_KIND_REMOVED: BlockEventKind
@@ -83,20 +96,22 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports")
+    __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports", "zone")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     grpc_address: str
     data_address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
     transports: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
+    zone: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., transports: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -127,44 +142,76 @@ class UnregisterNodeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq")
+    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "acked_command_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
     load: float
     last_seq: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    acked_command_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms", "promote_copies")
+    __slots__ = ("action", "node_lease_ms", "promote_copies", "commands")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
     promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ...) -> None: ...
+    commands: _containers.RepeatedCompositeFieldContainer[NodeCommand]
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ...) -> None: ...
+
+class NodeCommand(_message.Message):
+    __slots__ = ("command_id", "kind", "target_epoch", "term", "namespace_id", "key", "source_node_id", "source_epoch", "source_data_address", "size_bytes", "generation")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    kind: NodeCommandKind
+    target_epoch: int
+    term: int
+    namespace_id: bytes
+    key: bytes
+    source_node_id: str
+    source_epoch: int
+    source_data_address: str
+    size_bytes: int
+    generation: int
+    def __init__(self, command_id: _Optional[int] = ..., kind: _Optional[_Union[NodeCommandKind, str]] = ..., target_epoch: _Optional[int] = ..., term: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., source_node_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., source_data_address: _Optional[str] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class BlockRef(_message.Message):
-    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy")
+    __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     COPY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     tier: _common_pb2.Tier
     size_bytes: int
     generation: int
     copy: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., copy: _Optional[bool] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., copy: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class SyncInventoryRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "sync_id", "blocks", "last_chunk", "seq")
@@ -295,7 +342,7 @@ class ReplicaNode(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports")
+    __slots__ = ("namespace_id", "key", "size_bytes", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +353,7 @@ class PutStartRequest(_message.Message):
     MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     size_bytes: int
@@ -316,7 +364,8 @@ class PutStartRequest(_message.Message):
     max_used_fraction: float
     headroom_bytes: int
     holder_reports: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("exists", "generation", "replicas")
@@ -351,7 +400,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation")
+    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation", "draining")
     NODE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +408,7 @@ class NodeStatus(_message.Message):
     LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROBATION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     health: NodeHealth
     load: float
@@ -366,7 +416,8 @@ class NodeStatus(_message.Message):
     lease_left_s: float
     last_seq: int
     probation: bool
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "master_epoch", "num_replicas", "departed")
@@ -425,12 +476,14 @@ class ReplicaDetail(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., readable: _Optional[bool] = ..., grpc_address: _Optional[str] = ..., data_address: _Optional[str] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class BlockReplicas(_message.Message):
-    __slots__ = ("key", "replicas")
+    __slots__ = ("key", "replicas", "replication_factor")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaDetail]
-    def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ...) -> None: ...
+    replication_factor: int
+    def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class ListReplicasResponse(_message.Message):
     __slots__ = ("blocks", "complete")
@@ -485,17 +538,19 @@ class ListNodeBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("namespace_id", "key", "size_bytes")
+    __slots__ = ("namespace_id", "key", "size_bytes", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     key: bytes
     size_bytes: int
-    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchRequest(_message.Message):
-    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "ends")
+    __slots__ = ("items", "writer_node_id", "num_replicas", "policy", "exclude_writer", "max_used_fraction", "headroom_bytes", "holder_reports", "top_up", "ends")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     WRITER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -504,6 +559,7 @@ class PutStartBatchRequest(_message.Message):
     MAX_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_UP_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
     writer_node_id: str
@@ -513,22 +569,25 @@ class PutStartBatchRequest(_message.Message):
     max_used_fraction: float
     headroom_bytes: int
     holder_reports: bool
+    top_up: bool
     ends: _containers.RepeatedCompositeFieldContainer[PutEndRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., top_up: _Optional[bool] = ..., ends: _Optional[_Iterable[_Union[PutEndRequest, _Mapping]]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
-    __slots__ = ("outcome", "generation", "replicas", "error_code", "message")
+    __slots__ = ("outcome", "generation", "replicas", "error_code", "message", "num_held")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_HELD_FIELD_NUMBER: _ClassVar[int]
     outcome: PutStartOutcome
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
     error_code: int
     message: str
-    def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    num_held: int
+    def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ..., num_held: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchResponse(_message.Message):
     __slots__ = ("results", "end_results")
@@ -567,3 +626,39 @@ class BlockKey(_message.Message):
     namespace_id: bytes
     key: bytes
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("draining", "num_blocks", "num_blocks_to_move", "num_copies_issued", "leave_sent")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_COPIES_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_SENT_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    num_blocks: int
+    num_blocks_to_move: int
+    num_copies_issued: int
+    leave_sent: bool
+    def __init__(self, draining: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_blocks_to_move: _Optional[int] = ..., num_copies_issued: _Optional[int] = ..., leave_sent: _Optional[bool] = ...) -> None: ...
+
+class SetReplicationRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "replicas")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class SetReplicationResponse(_message.Message):
+    __slots__ = ("num_keys",)
+    NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    num_keys: int
+    def __init__(self, num_keys: _Optional[int] = ...) -> None: ...

@@ -116,6 +116,16 @@ class MasterServiceStub:
                 request_serializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/kvstored.v1.MasterService/DrainNode',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.SetReplication = channel.unary_unary(
+                '/kvstored.v1.MasterService/SetReplication',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -233,6 +243,23 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Admin (kvstorectl drain NODE): stop placing on the node, re-home every block it holds
+        that has no other replica (copy commands to other nodes), then tell it to leave (a
+        LEAVE command: it unregisters). Idempotent: asking again answers the progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetReplication(self, request, context):
+        """Admin: the wanted replication factor of some keys (the repair keeps that many
+        replicas on distinct nodes). Until put(replicas=N) records it, this is how it is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -305,6 +332,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.PutEndBatch,
                     request_deserializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.DrainNodeRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'SetReplication': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReplication,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -697,6 +734,60 @@ class MasterService:
             '/kvstored.v1.MasterService/PutEndBatch',
             kvstored_dot_v1_dot_master__pb2.PutEndBatchRequest.SerializeToString,
             kvstored_dot_v1_dot_master__pb2.PutEndBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/DrainNode',
+            kvstored_dot_v1_dot_master__pb2.DrainNodeRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReplication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/SetReplication',
+            kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,11 +34,13 @@ class SessionEvent(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("namespace_id",)
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms", "control_path")
+    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms", "control_path", "default_replicas")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,7 @@ class DescribeResponse(_message.Message):
     MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PIN_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     CONTROL_PATH_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     epoch: int
@@ -77,7 +80,34 @@ class DescribeResponse(_message.Message):
     max_key_bytes: int
     pin_lease_ms: int
     control_path: str
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ..., control_path: _Optional[str] = ...) -> None: ...
+    default_replicas: int
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ..., control_path: _Optional[str] = ..., default_replicas: _Optional[int] = ...) -> None: ...
+
+class ReplicateRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "replicas")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    replicas: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class ReplicateResult(_message.Message):
+    __slots__ = ("status", "num_replicas", "num_wanted")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WANTED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    num_replicas: int
+    num_wanted: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., num_replicas: _Optional[int] = ..., num_wanted: _Optional[int] = ...) -> None: ...
+
+class ReplicateResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ReplicateResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ReplicateResult, _Mapping]]] = ...) -> None: ...
 
 class PutItem(_message.Message):
     __slots__ = ("key", "value", "meta")

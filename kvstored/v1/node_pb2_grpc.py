@@ -106,6 +106,11 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/kvstored.v1.NodeService/Replicate',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -213,6 +218,17 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """put(replicas=N), after the put: this node holds the blocks (the first replica) and
+        writes the replicas they lack to peers, two-phase through the master (PutStartBatch
+        with top_up -> data-plane PUT -> PutEndBatch), new zones first. Answers once every
+        write ended: how many replicas each block has. Idempotent (a block with its factor
+        writes nothing). A node without a master answers 1 per block it holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +301,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.ReplicateRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.ReplicateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -667,6 +688,33 @@ class NodeService:
             '/kvstored.v1.NodeService/CloseSession',
             kvstored_dot_v1_dot_node__pb2.CloseSessionRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/Replicate',
+            kvstored_dot_v1_dot_node__pb2.ReplicateRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.ReplicateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,14 +34,25 @@ def _layers(seed: int | None) -> list[np.ndarray]:
     return [rng.integers(0, 256, (NUM_BLOCKS, BLOCK_BYTES), np.uint8) for _ in range(NUM_LAYERS)]
 
 
-def _io(address: str, layers: list[np.ndarray], fields: dict | None = None, **kw) -> BlockIO:
-    cfg = ConnectorConfig(address=address, timeout_ms=2000)
+def _io(address: str, layers: list[np.ndarray], fields: dict | None = None,
+        replicas: int | None = None, **kw) -> BlockIO:
+    cfg = ConnectorConfig(address=address, timeout_ms=2000, replicas=replicas)
     f = fields or NS_FIELDS
     pool = ClientPool(lambda salt: Namespace(**f, tenant_salt=salt), cfg)
     return BlockIO(layers, pool, timeout_s=2.0, stats=ConnectorStats(), **kw)
 
 
 H = [bytes([i]) * 32 for i in range(1, 5)]
+
+
+def test_a_save_short_of_its_replicas_is_counted_not_silent(node) -> None:
+    # a node without a master keeps one replica: the save succeeds and says so
+    saver = _io(node.unix_address, _layers(3), replicas=2)
+    saver.submit_save("r1", "", [(H[2], 1), (H[3], 2)])
+    saver.wait_for_saves(["r1"])
+    assert (saver.stats.blocks_saved, saver.stats.blocks_short_of_replicas,
+            saver.stats.save_errors) == (2, 2, 0)
+    saver.close()
 
 
 def test_block_keys_are_block_major_and_padded() -> None:
@@ -145,6 +156,9 @@ def test_config_rejects_unknown_keys_and_bad_values() -> None:
     with pytest.raises(InvalidArgument, match="timeout_ms"):
         ConnectorConfig.from_extra({"timeout_ms": 0})
     assert ConnectorConfig.from_extra(None).lookup_timeout_ms == 50
+    assert ConnectorConfig.from_extra({"replicas": 2}).replicas == 2
+    with pytest.raises(InvalidArgument, match=r"replicas: Input should be less than or equal to 8"):
+        ConnectorConfig.from_extra({"replicas": 9})
 
 
 def test_blockio_rejects_mismatched_layers(node) -> None:

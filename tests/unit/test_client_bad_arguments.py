@@ -36,6 +36,12 @@ CASES: list[tuple[str, Callable[[Any], Any], list[str]]] = [
     ("remove(None)", lambda c: c.remove(None), ["keys must be a sequence", "got NoneType"]),
     ("list_blocks(str)", lambda c: c.list_blocks("00ff"), ["namespace_id must be bytes", "got str '00ff'"]),
     ("list_blocks(int)", lambda c: c.list_blocks(5), ["namespace_id must be bytes", "got int 5"]),
+    ("put(replicas=0)", lambda c: c.put([KEY], [b"v"], replicas=0),
+     ["put(replicas=...) must be None (the default) or an int in 1..8", "got 0"]),
+    ("put(replicas=9)", lambda c: c.put([KEY], [b"v"], replicas=9), ["in 1..8", "got 9"]),
+    ("put(replicas=str)", lambda c: c.put([KEY], [b"v"], replicas="2"), ["in 1..8", "got '2'"]),
+    ("Client(replicas=bool)", lambda c: Client("unix:/nonexistent.sock", replicas=True),
+     ["Client(replicas=...) must be None (the default) or an int in 1..8", "got True"]),
 ]
 
 
@@ -56,6 +62,8 @@ def test_async_client_raises_the_same(tmp_path: pathlib.Path) -> None:
                 await c.put(None, None)  # type: ignore[arg-type]
             with pytest.raises(InvalidArgument, match="namespace_id must be bytes"):
                 await c.list_blocks("ab")  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument, match=r"put\(replicas=\.\.\.\) must be None"):
+                await c.put([KEY], [b"v"], replicas=-1)
 
     asyncio.run(main())
 

@@ -198,3 +198,23 @@ def test_good_node_ids_pass_and_the_master_accepts_exactly_the_same() -> None:
         assert load_config(overrides={"node": {"node_id": good}}, environ={}).node.node_id == good
         assert node_id_problem(good) is None
     assert node_id_problem("") is not None and node_id_problem("a b") is not None
+
+
+def test_replicas_settings_zone_and_their_errors(tmp_path: pathlib.Path) -> None:
+    ns = "ab" * 16
+    cfg_file = tmp_path / "kvstored.toml"
+    cfg_file.write_text(f'[node]\nzone = "rack-2"\n[cluster]\ndefault_replicas = 2\n'
+                        f'[cluster.namespace_replicas]\n"{ns.upper()}" = 3\n')
+    cfg = load_config(cfg_file, environ={})
+    assert cfg.node.zone == "rack-2"
+    assert cfg.cluster.replicas_for(bytes.fromhex(ns)) == 3  # hex keys normalised
+    assert cfg.cluster.replicas_for(b"\x00" * 16) == 2 and cfg.cluster.replicas_for(b"") == 2
+    assert load_config(environ={}).cluster.default_replicas == 1
+    with pytest.raises(ConfigInvalid, match=r"cluster.default_replicas.*9"):
+        load_config(overrides={"cluster": {"default_replicas": 9}}, environ={})
+    with pytest.raises(ConfigInvalid, match=r"namespace ids of 32 hex digits, got 'abc'"):
+        load_config(overrides={"cluster": {"namespace_replicas": {"abc": 2}}}, environ={})
+    with pytest.raises(ConfigInvalid, match=rf"namespace {ns}: replicas must be in 1\.\.8, got 0"):
+        load_config(overrides={"cluster": {"namespace_replicas": {ns: 0}}}, environ={})
+    with pytest.raises(ConfigInvalid, match=r"node.zone.*without spaces, got 'a b'"):
+        load_config(overrides={"node": {"zone": "a b"}}, environ={})

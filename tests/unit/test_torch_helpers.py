@@ -279,3 +279,25 @@ def test_real_daemon_round_trip_and_mismatch(  # type: ignore[no-untyped-def]
             DtypeMismatch, match=r"key 0: expected dtype=bfloat16 shape=\(3, 2, 64\)"
         ):
             get_tensors(client, keys[:1], shape=(3, 2, 64))
+
+
+def test_put_tensors_passes_replicas_to_the_client_only_when_named() -> None:
+    seen: list[dict[str, object]] = []
+
+    class Recording:
+        def put(self, keys, values, **kw):  # type: ignore[no-untyped-def]
+            seen.append(kw)
+            return InProcessStore().put(keys, values, metas=kw.get("metas"))
+
+    rec = Recording()
+    t = torch.zeros(4)
+    put_tensors(rec, [key(1)], [t])
+    put_tensors(rec, [key(2)], [t], replicas=2)
+
+    class Async:
+        async def put(self, keys, values, **kw):  # type: ignore[no-untyped-def]
+            return rec.put(keys, values, **kw)
+
+    asyncio.run(put_tensors_async(Async(), [key(3)], [t], replicas=3))
+    assert [("replicas" in s, s.get("replicas")) for s in seen] == [
+        (False, None), (True, 2), (True, 3)]  # a client without replicas= still works

@@ -7,6 +7,7 @@ import random
 from helpers import key
 
 from kvstored.clock import FakeClock
+from kvstored.master.repair import RepairSettings
 from kvstored.master.state import MasterState
 from kvstored.master.types import BlockRef, NodeSpec, TierUsage
 from kvstored.types import Tier
@@ -34,11 +35,11 @@ class Cluster:
     steps."""
 
     def __init__(self, *, lease_s: float = LEASE_S, failures: int = 3, seed: int = 7,
-                 write_lease_s: float = 30.0) -> None:
+                 write_lease_s: float = 30.0, repair: RepairSettings | None = None) -> None:
         self.clock = FakeClock()
         self.state = MasterState(epoch=100, clock=self.clock, node_lease_s=lease_s,
                                  unhealthy_after_failures=failures, write_lease_s=write_lease_s,
-                                 rng=random.Random(seed), initial_blocks=16)
+                                 rng=random.Random(seed), initial_blocks=16, repair=repair)
         self.index = self.state.index
         self.gens = self.state.generations
         self.members = self.state.membership

@@ -120,9 +120,12 @@ def test_the_daemon_gc_tick_asks_the_copy_holder_on_its_heartbeat(tmp_path: Path
                         pb.HeartbeatRequest(node_id="b", epoch=1), timeout=10)
 
             got = await asyncio.to_thread(heartbeat)
-            assert [(p.namespace_id, p.key) for p in got.promote_copies] == [(NS, key(1))]
+            # a promotion is a PROMOTE command of the command queue (master/commands.py)
+            assert [(c.kind, c.namespace_id, c.key) for c in got.commands] == [
+                (pb.NODE_COMMAND_KIND_PROMOTE, NS, key(1))]
+            assert list(got.promote_copies) == []
             again = await asyncio.to_thread(heartbeat)
-            assert list(again.promote_copies) == []  # sent once
+            assert list(again.commands) == []  # sent once
         finally:
             await daemon.stop()
 

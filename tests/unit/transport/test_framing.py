@@ -73,6 +73,15 @@ def test_unknown_op_is_a_protocol_error() -> None:
         LIMITS.check_request_header(7, 1, 0)
 
 
+def test_put_flags_carry_only_the_replication_factor() -> None:
+    from kvstored.transport.framing import PUT_FLAG_FACTOR_SHIFT
+
+    LIMITS.check_request_header(OP_PUT, 1, 0, 8 << PUT_FLAG_FACTOR_SHIFT)  # factor 8: known
+    for bad in (GET_FLAG_RANGES, 1 << 12):  # a GET flag, a bit above the factor's
+        with pytest.raises(ProtocolError, match=r"flags 0x[0-9a-f]+ are not supported for op 2"):
+            LIMITS.check_request_header(OP_PUT, 1, 0, bad)
+
+
 def test_put_sizes_are_bounded_as_a_sum_skipped_items_included() -> None:
     LIMITS.check_put_sizes([1 << 20] * 4)
     with pytest.raises(FrameRejected) as exc_info:

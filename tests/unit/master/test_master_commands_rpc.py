@@ -1,0 +1,79 @@
+"""The command queue and the repair admin RPCs over real gRPC (a MasterDaemon on a
+FakeClock): SetReplication -> a COPY on the target's Heartbeat answer (the source named
+with its data address, size and generation), sent again until acked, gone once acked;
+DrainNode marks the node draining in ListNodes; bad input names what was wrong."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from helpers import key
+from master_helpers import NS, blocks, spec
+
+from kvstored.client.master_admin import MasterAdminClient
+from kvstored.clock import FakeClock
+from kvstored.config import MasterConfig
+from kvstored.errors import InvalidArgument, NotFound
+from kvstored.master.daemon import MasterDaemon
+from kvstored.v1 import master_pb2 as pb
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+
+def test_copy_commands_ride_on_heartbeats_until_acked_and_drain_is_listed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    daemon = MasterDaemon(MasterConfig(listen=["127.0.0.1:0"], data_dir=tmp_path,
+                                       node_lease_s=5.0), clock=clock)
+
+    async def main() -> None:
+        await daemon.start()
+        try:
+            assert daemon.state is not None
+            m = daemon.state.membership
+            m.register(spec("a", port=7000))
+            m.sync_inventory("a", 1, sync_id=1, blocks=blocks([1]), last_chunk=True)
+            m.register(spec("b", port=7100))
+            m.sync_inventory("b", 1, sync_id=1, blocks=[], last_chunk=True)
+            addr = daemon.grpc_addresses[0]
+            gen = m.index.replicas(NS, key(1))[0].generation
+
+            def calls() -> None:
+                with MasterAdminClient(addr, timeout_s=10) as c:
+                    with pytest.raises(InvalidArgument, match="replicas must be 1..8, got 0"):
+                        c.set_replication(NS, [key(1)], 0)
+                    assert c.set_replication(NS, [key(1)], 2) == 1
+                    with pytest.raises(NotFound, match="'zz' is not registered"):
+                        c.drain_node("zz")
+                with grpc.insecure_channel(addr) as ch:
+                    stub = pb_grpc.MasterServiceStub(ch)
+                    hb = pb.HeartbeatRequest(node_id="b", epoch=1)
+                    [cmd] = stub.Heartbeat(hb, timeout=10).commands
+                    assert (cmd.kind, cmd.target_epoch, cmd.namespace_id, cmd.key) == (
+                        pb.NODE_COMMAND_KIND_COPY, 1, NS, key(1))
+                    assert (cmd.source_node_id, cmd.source_epoch, cmd.source_data_address,
+                            cmd.size_bytes, cmd.generation) == ("a", 1, "127.0.0.1:7001",
+                                                                4096, gen)
+                    assert list(stub.Heartbeat(hb, timeout=10).commands) == []  # sent
+                    clock.advance(5.0)  # one node lease: not acked, sent again
+                    m.heartbeat("a", 1)
+                    again = stub.Heartbeat(hb, timeout=10).commands
+                    assert [c.command_id for c in again] == [cmd.command_id]
+                    acked = pb.HeartbeatRequest(node_id="b", epoch=1,
+                                                acked_command_ids=[cmd.command_id])
+                    assert list(stub.Heartbeat(acked, timeout=10).commands) == []
+                    assert daemon.state is not None
+                    assert daemon.state.commands.num_pending() == 0
+                with MasterAdminClient(addr, timeout_s=10) as c:
+                    p = c.drain_node("a")
+                    assert (p["num_blocks"], p["num_blocks_to_move"], p["leave_sent"]) == (
+                        1, 1, False)  # b's copy is acked, not yet reported: a stays
+                    listed = {n["node_id"]: n["draining"] for n in c.list_nodes()["nodes"]}
+                    assert listed == {"a": True, "b": False}
+
+            await asyncio.to_thread(calls)
+        finally:
+            await daemon.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,194 @@
+"""Repair, drain and hot blocks on a FakeClock (kvstored/master/repair.py): exact copy
+commands (source, target, order), the byte rate limit, zones, the hot-block cap."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import key
+from master_helpers import LEASE_S, NS, Cluster, blocks
+
+from kvstored.errors import InvalidArgument, NotFound
+from kvstored.master.commands import CommandKind
+from kvstored.master.repair import RepairSettings
+from kvstored.master.types import BlockEvent, BlockRef, EventKind, PlacementPolicy
+from kvstored.types import Tier
+
+SIZE = 4096
+
+
+def copies(c: Cluster, node_id: str) -> list[tuple[bytes, str]]:
+    """(key, source node) of the COPY commands queued for a node, in queue order."""
+    return [(cmd.key, cmd.source.node_id) for cmd in c.state.commands.pending(node_id)
+            if cmd.kind is CommandKind.COPY and cmd.source is not None]
+
+
+def lapse(c: Cluster, dead: str, alive: list[str]) -> None:
+    """Let ``dead``'s lease lapse while ``alive`` keep heartbeating, then one maintenance step."""
+    c.clock.advance(LEASE_S * 0.9)
+    for n in alive:
+        c.members.heartbeat(n, 1)
+    c.clock.advance(LEASE_S * 0.2)
+    gone, _, _ = c.state.maintain(65536)
+    assert gone == [dead]
+
+
+def report_added(c: Cluster, node_id: str, keys: list[int], seq0: int = 1) -> None:
+    evs = [BlockEvent(seq0 + j, EventKind.ADDED, BlockRef(NS, key(i), Tier.DRAM, SIZE))
+           for j, i in enumerate(keys)]
+    c.members.report_events(node_id, 1, evs)
+
+
+def test_a_holder_leaving_queues_copies_of_its_blocks_whose_factor_is_above_one() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2, 3]))
+    c.join("b", inventory=blocks([1, 2, 3]))
+    c.join("c")
+    c.state.repair.set_factor(NS, [key(1), key(2)], 2)  # block 3: factor 1, never repaired
+    c.state.maintain(65536)
+    assert copies(c, "c") == []  # two replicas each: nothing to do
+    lapse(c, "a", ["b", "c"])
+    assert copies(c, "c") == [(key(1), "b"), (key(2), "b")]
+    assert c.state.commands.pending("b") == []  # b holds them already: never a target
+    c.state.maintain(65536)  # in flight: not queued twice
+    assert len(c.state.commands.pending("c")) == 2
+    cmd = c.state.commands.pending("c")[0]
+    b_row = [r for r in c.index.replicas(NS, key(1)) if r.holder == c.holder("b")]
+    assert cmd.source is not None and cmd.source.size_bytes == SIZE
+    assert cmd.source.generation == b_row[0].generation  # the copy is verified against it
+
+
+def test_the_factor_a_put_recorded_in_the_index_is_repaired_too() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2]))
+    c.join("b", inventory=blocks([1, 2]))
+    c.join("c")
+    assert c.index.record_replication_factor(NS, key(2), 2)  # put(replicas=2)'s factor
+    lapse(c, "a", ["b", "c"])
+    assert copies(c, "c") == [(key(2), "b")]
+
+
+def test_repair_stops_once_the_new_replica_is_reported() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b", inventory=blocks([1]))
+    c.join("c")
+    c.state.repair.set_factor(NS, [key(1)], 2)
+    lapse(c, "a", ["b", "c"])
+    [cmd] = c.state.commands.pending("c")
+    c.state.commands.ack("c", 1, [cmd.command_id])
+    report_added(c, "c", [1])
+    c.state.maintain(65536)
+    assert c.state.commands.pending("c") == [] and c.state.repair.num_under_replicated == 0
+
+
+def test_the_repair_rate_limit_paces_copy_commands_in_bytes_per_second() -> None:
+    c = Cluster(repair=RepairSettings(repair_bytes_per_s=2 * SIZE))
+    c.join("a", inventory=blocks(range(6)))
+    c.join("b", inventory=blocks(range(6)))
+    c.join("c")
+    c.state.repair.set_factor(NS, [key(i) for i in range(6)], 2)
+    c.clock.advance(1.0)  # the bucket starts full: 2 blocks' worth
+    lapse(c, "a", ["b", "c"])
+    assert [k for k, _ in copies(c, "c")] == [key(0), key(1)]
+    assert c.state.repair.num_rate_limited >= 1 and c.state.repair.num_waiting == 4
+    c.clock.advance(0.5)  # one block's worth more
+    c.state.maintain(65536)
+    assert [k for k, _ in copies(c, "c")] == [key(0), key(1), key(2)]
+    c.clock.advance(1.0)
+    c.state.maintain(65536)
+    assert [k for k, _ in copies(c, "c")] == [key(i) for i in range(5)]
+    c.clock.advance(1.0)
+    c.state.maintain(65536)
+    assert [k for k, _ in copies(c, "c")] == [key(i) for i in range(6)]
+    assert c.state.repair.num_bytes_issued == 6 * SIZE
+
+
+def test_a_target_in_another_zone_is_chosen_first() -> None:
+    c = Cluster()
+    zones = {"a": "z1", "b": "z1", "c": "z2", "d": "z1"}
+    c.state.repair.zone_of = lambda rec: zones[rec.spec.node_id]
+    c.join("a", inventory=blocks([1]))
+    c.join("b", dram_used=0)  # most room, but a's zone
+    c.join("c", dram_used=32 << 20)
+    c.state.repair.set_factor(NS, [key(1)], 2)
+    c.state.maintain(65536)
+    assert copies(c, "c") == [(key(1), "a")] and copies(c, "b") == []
+
+
+def test_a_node_holding_a_copy_is_asked_to_keep_it_before_any_transfer() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    c.join("c", inventory=[BlockRef(NS, key(1), Tier.DRAM, SIZE, copy=True)])
+    c.state.repair.set_factor(NS, [key(1)], 2)
+    c.state.maintain(65536)
+    assert copies(c, "c") == [(key(1), "a")] and copies(c, "b") == []
+    assert c.state.repair.num_bytes_issued == 0  # kept in place: no bytes move
+
+
+def test_drain_re_homes_single_replica_blocks_then_sends_leave() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2, 3]))
+    c.join("b", inventory=blocks([3]))  # block 3 has another original: not moved
+    c.join("c", dram_used=60 << 20)  # little room: b takes them
+    p = c.state.repair.drain("a")
+    assert (p.num_blocks, p.num_blocks_to_move, p.num_copies_issued, p.leave_sent) == (3, 2, 2, False)
+    assert copies(c, "b") == [(key(1), "a"), (key(2), "a")]
+    rec = c.members.node("a")
+    assert rec is not None and rec.draining
+    placed = c.placement.order_candidates(SIZE, "a", PlacementPolicy.LOCAL_FIRST)
+    assert [r.spec.node_id for r in placed] == ["b", "c"]  # never the draining node
+    assert c.where([1, 2]) == [("a", Tier.DRAM), ("a", Tier.DRAM)]  # still served by a
+    report_added(c, "b", [1])
+    c.state.maintain(65536)
+    assert [cmd.kind for cmd in c.state.commands.pending("a")] == []  # block 2 not yet
+    report_added(c, "b", [2], seq0=2)
+    c.state.maintain(65536)
+    assert [cmd.kind for cmd in c.state.commands.pending("a")] == [CommandKind.LEAVE]
+    assert c.state.repair.drain("a").leave_sent
+    c.members.unregister("a", 1)
+    with pytest.raises(NotFound, match="not registered"):
+        c.state.repair.drain("a")
+
+
+def test_hot_blocks_get_one_extra_replica_on_the_reader_up_to_the_cap() -> None:
+    c = Cluster(repair=RepairSettings(hot_reads_per_window=3, hot_window_s=10.0,
+                                      hot_max_extra_replicas=1))
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    c.join("c")
+    r = c.state.repair
+    for _ in range(3):
+        r.note_lookup("b", NS, [(key(1), "a")])
+    c.state.maintain(65536)
+    assert copies(c, "b") == []  # 3 reads: not more than the threshold
+    r.note_lookup("b", NS, [(key(1), "b")])  # a local answer is no remote read
+    c.state.maintain(65536)
+    assert copies(c, "b") == []
+    r.note_lookup("b", NS, [(key(1), "a")])
+    c.state.maintain(65536)
+    assert copies(c, "b") == [(key(1), "a")] and r.num_hot_copies == 1
+    report_added(c, "b", [1])
+    for _ in range(5):
+        r.note_lookup("c", NS, [(key(1), "a")])
+    c.state.maintain(65536)
+    assert copies(c, "c") == []  # the cap: one extra replica
+
+
+def test_hot_reads_outside_the_window_do_not_add_up() -> None:
+    c = Cluster(repair=RepairSettings(hot_reads_per_window=2, hot_window_s=1.0))
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    for _ in range(4):
+        c.state.repair.note_lookup("b", NS, [(key(1), "a")])
+        c.clock.advance(0.6)  # every second read starts a new window
+    c.members.heartbeat("a", 1)
+    c.members.heartbeat("b", 1)
+    c.state.maintain(65536)
+    assert copies(c, "b") == []
+
+
+def test_set_factor_names_the_bad_value() -> None:
+    with pytest.raises(InvalidArgument, match="replicas must be 1..8, got 9"):
+        Cluster().state.repair.set_factor(NS, [key(1)], 9)
+
