@@ -1,0 +1,101 @@
+"""Per-tenant DRAM and SSD quotas in the store (kvstored/tiers/tenants.py, docs/tenants.md)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from kvstored.errors import TenantQuotaExceeded
+from kvstored.tenancy import TenantQuota, scope_namespace
+from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Reservation, Tier
+
+K = 4096
+NS_A = scope_namespace("a", b"ns")
+NS_B = scope_namespace("b", b"ns")
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def test_a_put_over_the_dram_quota_is_refused_naming_tenant_tier_quota_and_usage() -> None:
+    s = TieredStore(dram_size_bytes=64 * K, arena_dir=None,
+                    tenant_quotas={"a": TenantQuota(dram_quota_bytes=2 * K)})
+    try:
+        assert s.put(key(0), bytes(K), namespace_id=NS_A)
+        assert s.put(key(1), bytes(K), namespace_id=NS_A)
+        with pytest.raises(TenantQuotaExceeded) as e:
+            s.put(key(2), bytes(K), namespace_id=NS_A)
+        msg = str(e.value)
+        assert "'a'" in msg and "DRAM" in msg and "8192 bytes used of 8192" in msg
+        # tenant b has no quota: unaffected; a's blocks all still there
+        assert all(s.put(key(i), bytes(K), namespace_id=NS_B) for i in range(8))
+        assert s.exists([key(0), key(1), key(2)], namespace_id=NS_A) == [True, True, False]
+        snap = s.tenants.snapshot()
+        assert snap["a"]["dram_used_bytes"] == 2 * K and snap["a"]["dram_refusals"] == 1
+        assert snap["b"]["dram_used_bytes"] == 8 * K
+        s.remove([key(0)], namespace_id=NS_A)  # room again within the quota
+        assert s.put(key(2), bytes(K), namespace_id=NS_A)
+    finally:
+        s.close()
+
+
+def test_pending_reservations_count_so_a_batch_cannot_overshoot() -> None:
+    s = TieredStore(dram_size_bytes=64 * K, arena_dir=None,
+                    tenant_quotas={"a": TenantQuota(dram_quota_bytes=3 * K)})
+    try:
+        first = s.reserve(key(0), 2 * K, namespace_id=NS_A)
+        assert isinstance(first, Reservation)
+        got = s.reserve_many([(key(1), K, b""), (key(2), K, b"")], namespace_id=NS_A)
+        assert isinstance(got, list)
+        assert isinstance(got[0], Reservation) and isinstance(got[1], TenantQuotaExceeded)
+        s.abort(first)  # an abort gives the quota back
+        assert s.tenants.reserved_bytes["a"] == K
+        assert isinstance(s.reserve(key(3), 2 * K, namespace_id=NS_A), Reservation)
+    finally:
+        s.close()
+
+
+def test_a_full_arena_never_evicts_another_tenant_for_a_tenant_over_its_quota() -> None:
+    s = TieredStore(dram_size_bytes=4 * K, arena_dir=None,
+                    tenant_quotas={"a": TenantQuota(dram_quota_bytes=K)})
+    try:
+        for i in range(3):
+            assert s.put(key(i), np.full(K, i, np.uint8), namespace_id=NS_B)
+        assert s.put(key(9), bytes(K), namespace_id=NS_A)  # fills the arena, within a's quota
+        with pytest.raises(TenantQuotaExceeded):
+            s.put(key(10), bytes(K), namespace_id=NS_A)  # would evict b's LRU block: refused
+        assert s.exists([key(i) for i in range(3)], namespace_id=NS_B) == [True] * 3
+    finally:
+        s.close()
+
+
+def test_a_demotion_past_the_ssd_quota_is_dropped_not_written(tmp_path: pathlib.Path) -> None:
+    s = TieredStore(dram_size_bytes=4 * K, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                    ssd_size_bytes=1 << 20, ssd_direct_io=False,
+                    tenant_quotas={"a": TenantQuota(ssd_quota_bytes=K)})
+    try:
+        for i in range(6):  # 4 fit in DRAM; the two oldest are evicted in LRU order
+            assert s.put(key(i), np.full(K, i, np.uint8), namespace_id=NS_A)
+        snap = s.tenants.snapshot()["a"]
+        assert snap["ssd_used_bytes"] == K and snap["ssd_refusals"] == 1
+        assert s.exists([key(0), key(1)], namespace_id=NS_A) == [True, False]
+        tiers = {t.tier: t for t in s.stats().tiers}
+        assert tiers[Tier.SSD].num_blocks == 1
+    finally:
+        s.close()
+
+
+def test_the_shared_tenant_and_unknown_tenants_have_no_quota() -> None:
+    s = TieredStore(dram_size_bytes=16 * K, arena_dir=None,
+                    tenant_quotas={"a": TenantQuota(dram_quota_bytes=0)})
+    try:
+        assert s.put(key(0), bytes(K))  # shared tenant
+        assert s.put(key(0), bytes(K), namespace_id=scope_namespace("c", b"ns"))
+        with pytest.raises(TenantQuotaExceeded):
+            s.put(key(0), bytes(K), namespace_id=NS_A)
+    finally:
+        s.close()
