@@ -60,11 +60,15 @@ from kvstored.errors import InvalidArgument
 @click.option("--timeout-s", type=click.FloatRange(min=0.001), default=5.0, show_default=True,
               help="Deadline of each call, seconds.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--tenant", default="", metavar="NAME",
+              help="Act in this tenant's key space (docs/tenants.md); default: the shared "
+                   "tenant, which (as an admin) lists every tenant's blocks.")
 @click.pass_context
-def main(ctx: click.Context, address: str | None, timeout_s: float, output: str) -> None:
+def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
+         tenant: str) -> None:
     """Inspect a kvstored node (status, stats, blocks, where a prefix lives) or a cluster
     through its master (nodes, where, blocks --node, evict)."""
-    ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output)
+    ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output, tenant=tenant)
 
 
 def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,7 +231,8 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
                 f"{obj.address} is a master: give --node NODE_ID (kvstorectl nodes lists them)")
         with cluster.master_client(obj) as m:
             ns = (cluster.resolve_namespace(m, namespace_id) if namespace_id is not None
-                  else _load_namespace_file(namespace_file).id if namespace_file else None)
+                  else obj.scoped(_load_namespace_file(namespace_file).id) if namespace_file
+                  else None)
         cluster.blocks(obj, node_id, ns, limit, page_token)
         return
     ns_id = b""
@@ -243,10 +248,11 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
         "blocks": [
             {
                 "key": b.key.hex(), "size_bytes": b.size_bytes,
-                "namespace_id": b.namespace_id.hex(), "tiers": [t.name for t in b.tiers],
+                "namespace_id": ns.hex(), "tenant": tenant, "tiers": [t.name for t in b.tiers],
                 "pinned": b.pinned,
             }
             for b in found
+            for tenant, ns in [_tenant_and_namespace(obj, b.namespace_id)]
         ],
     }
 
@@ -254,14 +260,28 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
         from kvstored.units import format_size
 
         rows = [
-            (b["key"], format_size(b["size_bytes"]), b["namespace_id"][:16] or "-",
-             ",".join(b["tiers"]), "yes" if b["pinned"] else "")
+            (b["key"], format_size(b["size_bytes"]), b["tenant"] or "-",
+             b["namespace_id"][:16] or "-", ",".join(b["tiers"]), "yes" if b["pinned"] else "")
             for b in d["blocks"]
         ]
         title = f"blocks ({d['count']}{', truncated' if d['truncated'] else ''})"
-        return [output.rows_table(title, ["key", "size", "namespace", "tiers", "pinned"], rows)]
+        return [output.rows_table(
+            title, ["key", "size", "tenant", "namespace", "tiers", "pinned"], rows)]
 
     output.emit(obj.output, data, tables)
+
+
+def _tenant_and_namespace(obj: CtlContext, namespace_id: bytes) -> tuple[str, bytes]:
+    """``(tenant, namespace id)`` of a listed block: a node answers the shared tenant's admin
+    with stored ids (every tenant's blocks), anyone else with its own ids."""
+    if obj.tenant:
+        return obj.tenant, namespace_id
+    from kvstored.tenancy import split_namespace
+
+    try:
+        return split_namespace(namespace_id)
+    except InvalidArgument:
+        return "", namespace_id
 
 
 class KeysInOrderCommand(click.Command):

@@ -228,6 +228,7 @@ class NodeDaemon:
             store = self.store
             self.core = core = NodeCore(store, cfg, epoch=self.epoch, metrics=self.metrics)
             self.metrics.add_store_collector(store.stats, lambda: (core.draining, core.uptime_s()))
+            self.metrics.add_tenant_collector(store.tenant_usage)
             self._executor = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="kvstored-store")
             max_msg = min(
                 GRPC_MAX_MESSAGE_BYTES, max(cfg.max_inline_bytes, cfg.max_block_bytes) + GRPC_SLACK_BYTES

@@ -437,6 +437,12 @@ class TieredStore:
         """
         return self._reservations.remove(keys, namespace_id=namespace_id)
 
+    def tenant_usage(self) -> dict[str, dict[str, int]]:
+        """Per-tenant usage, quotas (-1 = none) and refusals (``TenantUsage.snapshot``),
+        read under the store lock (thread-safe)."""
+        with self._state.lock:
+            return self.tenants.snapshot()
+
     def stats(self) -> StoreStats:
         """Counters since start and current usage of each tier (never waits on disk I/O)."""
         return self._reads.stats()
