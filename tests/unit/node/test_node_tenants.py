@@ -30,7 +30,6 @@ from kvstored.tiers.tiered import TieredStore
 from kvstored.v1 import node_pb2 as pb
 
 
-
 class Ctx:
     """The part of a grpc.aio ServicerContext the servicer reads."""
 
