@@ -28,9 +28,9 @@ def _keys(n: int) -> list[bytes]:
     return [bytes([i % 8]) + os.urandom(15) for i in range(n)]
 
 
-def _serve(workdir: Path, procs: list[Any]) -> ServeProcess:
+def _serve(workdir: Path, procs: list[Any], node: str = "") -> ServeProcess:
     cfg = workdir / "kvstored.toml"
-    cfg.write_text(f"[tenants.a]\ndram_quota_bytes = {QUOTA_BYTES}\n[tenants.b]\n")
+    cfg.write_text(f"[tenants.a]\ndram_quota_bytes = {QUOTA_BYTES}\n[tenants.b]\n{node}")
     node = ServeProcess(workdir, extra=["--config", str(cfg)])
     procs.append(node)
     return node.start()
@@ -64,9 +64,11 @@ def test_tenant_b_cannot_read_probe_or_remove_tenant_a_blocks(
 def test_a_put_over_the_dram_quota_is_refused_and_other_tenants_keep_their_blocks(
     workdir: Path, procs: list[Any]
 ) -> None:
-    node = _serve(workdir, procs)
+    """Also: ``node.shm_tenants = ["a"]`` offers the arena to a only; b falls back to TCP."""
+    node = _serve(workdir, procs, '[node]\nshm_tenants = ["a"]\n')
     with Client(node.unix_address, namespace=NS, tenant="a") as a, \
             Client(node.unix_address, namespace=NS, tenant="b") as b:
+        assert a.describe().transport == "shm" and b.describe().transport == "tcp"
         theirs = _keys(8)
         assert all(r.stored for r in b.put(theirs, [value_for(k) for k in theirs]))
         block = bytes(64 << 10)
