@@ -16,8 +16,9 @@ JSON output (sorted keys)::
             another node's block, which its holder evicts first; the tables of both views
             mark it "copy": "committed copy")
     blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
-             "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state",
-                         "copy"}]}
+             "blocks": [{"namespace_id", "tenant", "key", "tier", "size_bytes", "generation",
+                         "state", "copy"}]}
+            (namespace_id: the stored id the master indexes, tenant: its tenant)
     evict   {"num_removed", "num_kept", "num_not_indexed", "not_indexed": [key hex],
              "nodes": [{"node_id", "grpc_address", "num_requested", "removed", "kept",
                         "error"}]}

@@ -16,7 +16,8 @@ Exit codes: 0 ok, 1 error, 2 bad arguments (a bad hex key, an unknown node id), 
 master unreachable (at once when the unix socket file does not exist or refuses
 connections), 4 server error (for ``evict``: a holder node could not be asked).
 
-``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
+``--tenant NAME`` (global, or after the command) acts in that tenant's key space
+(docs/tenants.md). ``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
 of its keys as given, positional and ``--keys`` mixed.
 
 JSON output (sorted keys, stable for scripts)::
@@ -27,8 +28,9 @@ JSON output (sorted keys, stable for scripts)::
              "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks", "hits", "evictions"}]}
     stats   the node's counters (see kvstored.client._ops.stats_to_dict); uptime_s in
             seconds (tables show it as "1h 02m 03s")
-    blocks  {"blocks": [{"key", "size_bytes", "namespace_id", "tiers", "pinned"}],
-             "count", "truncated"}                    (keys and ids in hex)
+    blocks  {"blocks": [{"key", "size_bytes", "namespace_id", "tenant", "tiers", "pinned"}],
+             "count", "truncated"}                    (keys and ids in hex; namespace_id
+             without its tenant, docs/tenants.md)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
     nodes   {"master_epoch", "num_replicas",
