@@ -18,6 +18,7 @@ a cluster get) travels under its stored id, so it keeps its tenant everywhere.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -34,6 +35,11 @@ MAX_STORED_NAMESPACE_BYTES = 255
 """The store's bound on a stored namespace id (tiers/ssd_format.py)."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_tenant_name(tenant: str) -> bool:
+    return not tenant or TENANT_NAME_RE.fullmatch(tenant) is not None
+
+
 def check_tenant(tenant: object, *, what: str = "tenant") -> str:
     """Return ``tenant`` if it is a valid tenant name ("" = the shared tenant).
 
@@ -41,6 +47,8 @@ def check_tenant(tenant: object, *, what: str = "tenant") -> str:
         InvalidArgument: not a str, or not matching :data:`TENANT_NAME_RE`; the message names
             ``what`` and the value received.
     """
+    if type(tenant) is str and _is_tenant_name(tenant):  # the hot path: a name seen before
+        return tenant
     if not isinstance(tenant, str):
         raise InvalidArgument(f"{what} must be a str, got {type(tenant).__name__} {tenant!r:.80}")
     if tenant and TENANT_NAME_RE.fullmatch(tenant) is None:
@@ -62,8 +70,18 @@ def scope_namespace(tenant: str, namespace_id: bytes) -> bytes:
         InvalidArgument: a bad tenant name, or a stored id longer than 255 bytes (the
             message gives both lengths).
     """
-    check_tenant(tenant)
-    ns = bytes(namespace_id)
+    if type(tenant) is str and type(namespace_id) is bytes:
+        return _scoped(tenant, namespace_id)
+    return _scope(check_tenant(tenant), bytes(namespace_id))
+
+
+@functools.lru_cache(maxsize=4096)
+def _scoped(tenant: str, ns: bytes) -> bytes:
+    """:func:`_scope` of the few (tenant, namespace) pairs a node serves, remembered."""
+    return _scope(check_tenant(tenant), ns)
+
+
+def _scope(tenant: str, ns: bytes) -> bytes:
     if not tenant:
         out = ns if not ns or ns[0] != _ESC else b"\xff\x00" + ns
     else:
