@@ -1,16 +1,19 @@
-"""kvstorectl --tenant: a tenant's view of a node is its own blocks; the shared tenant (an
+"""Clients and kvstorectl with a tenant. kvstorectl --tenant: a tenant's view of a node is its own blocks; the shared tenant (an
 admin without TLS) lists every tenant's, naming each block's tenant (docs/tenants.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
 from click.testing import CliRunner
 from it_helpers import NodeFactory, random_keys, value_for
 
-from kvstored import Client
+from kvstored import AsyncClient, Client
 from kvstored.cli.ctl_common import EXIT_OK
 from kvstored.cli.kvstorectl import main
+from kvstored.errors import InvalidArgument
 
 
 def _ctl(address: str, *args: str) -> dict:  # type: ignore[type-arg]
@@ -31,3 +34,25 @@ def test_blocks_and_where_are_scoped_by_tenant(start_node: NodeFactory) -> None:
     assert every == {ka.hex(): "a", kb.hex(): "b"}
     assert _ctl(node.unix_address, "--tenant", "b", "where", ka.hex())["num_leading_hits"] == 0
     assert _ctl(node.unix_address, "where", "--tenant", "a", ka.hex())["num_leading_hits"] == 1
+
+
+def test_the_async_client_declares_its_tenant_too(start_node: NodeFactory) -> None:
+    node = start_node()
+    (k,) = random_keys(1)
+
+    async def run() -> None:
+        async with AsyncClient(node.unix_address, tenant="a") as a, \
+                AsyncClient(node.unix_address, tenant="b") as b:
+            assert (await a.put([k], [value_for(k, 4096)]))[0].stored
+            assert await b.exists([k]) == [False]
+            assert await b.get([k]) == [None]
+            assert await a.get([k]) == [value_for(k, 4096)]
+
+    asyncio.run(run())
+    with Client(node.unix_address, tenant="a") as sync_a:
+        assert sync_a.exists([k]) == [True]
+
+
+def test_a_bad_tenant_name_is_refused_at_construction() -> None:
+    with pytest.raises(InvalidArgument, match=r"Client\(tenant=...\) 'a b' is not a tenant name"):
+        Client("unix:/nonexistent", tenant="a b")
