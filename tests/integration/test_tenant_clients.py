@@ -1,5 +1,6 @@
-"""Clients and kvstorectl with a tenant. kvstorectl --tenant: a tenant's view of a node is its own blocks; the shared tenant (an
-admin without TLS) lists every tenant's, naming each block's tenant (docs/tenants.md)."""
+"""Clients and kvstorectl with a tenant (docs/tenants.md). ``kvstorectl --tenant``: a
+tenant's view of a node is its own blocks; the shared tenant (an admin without TLS) lists
+every tenant's, naming each block's tenant."""
 
 from __future__ import annotations
 
