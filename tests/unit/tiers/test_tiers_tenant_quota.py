@@ -99,3 +99,25 @@ def test_the_shared_tenant_and_unknown_tenants_have_no_quota() -> None:
             s.put(key(0), bytes(K), namespace_id=NS_A)
     finally:
         s.close()
+
+
+def test_the_node_exports_usage_quota_and_refusals_per_tenant() -> None:
+    from kvstored.node.metrics import NodeMetrics
+
+    s = TieredStore(dram_size_bytes=64 * K, arena_dir=None,
+                    tenant_quotas={"a": TenantQuota(dram_quota_bytes=K)})
+    try:
+        metrics = NodeMetrics()
+        metrics.add_tenant_collector(s.tenant_usage)
+        assert s.put(key(0), bytes(K), namespace_id=NS_A)
+        assert s.put(key(0), bytes(2 * K), namespace_id=NS_B)
+        with pytest.raises(TenantQuotaExceeded):
+            s.put(key(1), bytes(K), namespace_id=NS_A)
+        value = metrics.registry.get_sample_value
+        assert value("kvstored_tenant_used_bytes", {"tenant": "a", "tier": "DRAM"}) == K
+        assert value("kvstored_tenant_used_bytes", {"tenant": "b", "tier": "DRAM"}) == 2 * K
+        assert value("kvstored_tenant_quota_bytes", {"tenant": "a", "tier": "DRAM"}) == K
+        assert value("kvstored_tenant_quota_bytes", {"tenant": "b", "tier": "DRAM"}) is None
+        assert value("kvstored_tenant_quota_refusals_total", {"tenant": "a", "tier": "DRAM"}) == 1
+    finally:
+        s.close()
