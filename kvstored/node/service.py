@@ -341,6 +341,7 @@ class NodeServicer:
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
         num_orphans = 0
         if req.orphan_request_ids:  # the client never got these grants: free them first
+            self._tenant(ctx, req.session_id)  # only the session's own tenant may
             num_orphans = await self._inline(
                 self.core.release_orphans, req.session_id, list(req.orphan_request_ids)
             )
@@ -436,6 +437,7 @@ class NodeServicer:
             self._stream_ended(session_id, pidfd)
 
     async def CloseSession(self, req: pb.CloseSessionRequest, ctx: Any) -> pb.CloseSessionResponse:
+        self._tenant(ctx, req.session_id)  # another tenant may not end (and free) this session
         for pidfd, session_id in list(self._process_watches.items()):
             if session_id == req.session_id:
                 self._process_exited(pidfd)  # acked: no need to wait for the process

@@ -115,6 +115,24 @@ def test_the_servicer_stores_each_tenant_under_its_own_scope(core: NodeCore) -> 
     asyncio.run(run())
 
 
+def test_another_tenant_may_not_close_a_session_or_ack_its_orphans(core: NodeCore) -> None:
+    async def run() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            svc = NodeServicer(core, pool, version="t")
+            sid = core.open_session("a's client")
+            svc.session_tenants.bind(sid, "a")
+            with pytest.raises(PermissionDenied, match=f"session {sid} belongs to tenant 'a'"):
+                await svc.CloseSession(pb.CloseSessionRequest(session_id=sid), Ctx("b"))
+            orphans = pb.ReleasePinsRequest(session_id=sid, orphan_request_ids=[1])
+            with pytest.raises(PermissionDenied):
+                await svc.ReleasePins(orphans, Ctx("b"))
+            assert core.leases.is_open(sid)
+            await svc.CloseSession(pb.CloseSessionRequest(session_id=sid), Ctx("a"))
+            assert not core.leases.is_open(sid) and svc.session_tenants.tenant(sid) is None
+
+    asyncio.run(run())
+
+
 def test_describe_hides_the_arena_from_tenants_outside_shm_tenants(tmp_path: pathlib.Path) -> None:
     cfg = NodeConfig(node_id="unit", dram_size_bytes=1 << 20, ssd_size_bytes=0,
                      max_block_bytes=64 << 10, shm_tenants=["a"])
