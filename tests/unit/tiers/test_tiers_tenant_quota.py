@@ -179,3 +179,40 @@ def test_usage_always_equals_a_recount_of_the_tier_maps(
         assert {k: v for k, v in s.tenants.used_bytes.items() if v} == _recount(s)
     finally:
         s.close()
+
+
+def test_a_demotion_in_flight_counts_against_the_ssd_quota(tmp_path: pathlib.Path) -> None:
+    """Race: a demotion's write runs with the store lock released; a second demotion of the
+    same tenant starting meanwhile must see the first one's bytes, or both would pass the
+    quota. The io_hook holds the first write until the second has been decided."""
+    import threading
+
+    s = TieredStore(dram_size_bytes=4 * K, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                    ssd_size_bytes=1 << 20, ssd_direct_io=False,
+                    tenant_quotas={"a": TenantQuota(ssd_quota_bytes=K)})
+    try:
+        for i in range(4):
+            assert s.put(key(i), np.full(K, i, np.uint8), namespace_id=NS_A)
+        entered, release = threading.Event(), threading.Event()
+
+        def hold_first_write(op: str, skey: bytes) -> None:
+            if op == "write" and not entered.is_set():
+                entered.set()
+                assert release.wait(30)
+
+        ssd = s._state.ssd  # noqa: SLF001
+        assert ssd is not None
+        ssd.io_hook = hold_first_write
+        first = threading.Thread(target=s.put, args=(key(4), bytes(K)), kwargs={"namespace_id": NS_A})
+        first.start()  # evicts key 0: its demotion write is held by the hook
+        try:
+            assert entered.wait(30)
+            assert s.put(key(5), bytes(K), namespace_id=NS_A)  # evicts key 1, key 0 in flight
+            assert s.tenants.writing_bytes["a"] == K
+        finally:
+            release.set()
+            first.join(30)
+        assert s.exists([key(0), key(1)], namespace_id=NS_A) == [True, False]
+        assert s.tenants.used("a", Tier.SSD) == K and s.tenants.refusals[("a", int(Tier.SSD))] == 1
+    finally:
+        s.close()
