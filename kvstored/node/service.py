@@ -21,6 +21,13 @@ process whose connection was dropped) keeps the session until the pidfd reports 
 (``loop.add_reader``; no polling). :meth:`NodeServicer.end_sessions` ends everything at
 shutdown so the server's grace period is not spent waiting for the streams.
 
+Tenants (docs/tenants.md): every method that names a namespace scopes its id by the tenant
+the request acts for (:meth:`NodeServicer._ns`; kvstored/node/tenants.py) before the core sees
+it, so the store, the master's index and the peers only see stored ids and one tenant's
+request never addresses another's blocks. A session is bound to its tenant at OpenSession;
+ListBlocks crosses tenants only for an admin of the shared tenant; ``node.shm_tenants`` keeps
+other tenants off the arena (Describe hides it, pins and reservations are refused).
+
 Errors: a :class:`KvstoredError` becomes a gRPC status (kvstored/rpc_status.py) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
 with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
