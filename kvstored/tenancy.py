@@ -31,8 +31,11 @@ TENANT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A tenant name: 1..64 characters of letters, digits, ``.``, ``_``, ``-``, not starting with
 a punctuation mark (it appears in metric labels, config tables and certificates)."""
 _ESC = 0xFF
-MAX_STORED_NAMESPACE_BYTES = 255
-"""The store's bound on a stored namespace id (tiers/ssd_format.py)."""
+MAX_NAMESPACE_ID_BYTES = 64
+"""Longest namespace id a client may send, bytes (Namespace.id is 16)."""
+MAX_STORED_NAMESPACE_BYTES = 2 + MAX_TENANT_BYTES + MAX_NAMESPACE_ID_BYTES
+"""Longest stored namespace id (130 bytes): what node and master limits and the data plane's
+frames admit (the store itself takes up to 255, tiers/ssd_format.py)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,6 +96,32 @@ def _scope(tenant: str, ns: bytes) -> bytes:
             f"would be {len(out)} bytes, at most {MAX_STORED_NAMESPACE_BYTES}"
         )
     return out
+
+
+def client_namespace_bytes(stored: bytes) -> int:
+    """Length of the client's namespace id inside a stored id (the stored id's own length
+    when it is not a valid encoding): what the 64-byte limit of a namespace id applies to."""
+    n = len(stored)
+    if n <= MAX_NAMESPACE_ID_BYTES:  # the common case: no split needed (raw <= stored)
+        return n
+    try:
+        return len(split_namespace(stored)[1])
+    except InvalidArgument:
+        return n
+
+
+def check_namespace_length(stored: bytes) -> None:
+    """Refuse a stored id whose client namespace id is over 64 bytes, or that is over 130.
+
+    Raises:
+        InvalidArgument: naming the length received and the limit.
+    """
+    n = client_namespace_bytes(stored)
+    if n > MAX_NAMESPACE_ID_BYTES or len(stored) > MAX_STORED_NAMESPACE_BYTES:
+        raise InvalidArgument(
+            f"namespace_id is {n} bytes; at most {MAX_NAMESPACE_ID_BYTES} "
+            "(Namespace.id is 16 bytes)"
+        )
 
 
 def split_namespace(stored: bytes) -> tuple[str, bytes]:
@@ -165,6 +194,7 @@ class TenantQuota:
 
 
 __all__ = [
-    "MAX_TENANT_BYTES", "SHARED_TENANT", "TENANT_NAME_RE", "TenantQuota", "check_stored_namespace",
-    "check_tenant", "scope_namespace", "split_namespace", "tenant_of",
+    "MAX_NAMESPACE_ID_BYTES", "MAX_STORED_NAMESPACE_BYTES", "MAX_TENANT_BYTES", "SHARED_TENANT",
+    "TENANT_NAME_RE", "TenantQuota", "check_namespace_length", "check_stored_namespace",
+    "check_tenant", "client_namespace_bytes", "scope_namespace", "split_namespace", "tenant_of",
 ]

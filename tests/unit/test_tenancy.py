@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from kvstored.errors import InvalidArgument, PermissionDenied
 from kvstored.tenancy import (
+    check_namespace_length,
     check_stored_namespace,
     check_tenant,
     scope_namespace,
@@ -70,3 +71,14 @@ def test_a_data_plane_caller_may_address_only_its_own_tenant_unless_it_may_cross
     check_stored_namespace(theirs, tenant="a", may_cross=True, action="GET")
     with pytest.raises(PermissionDenied, match="tenant 'a'.*tenant 'b'"):
         check_stored_namespace(theirs, tenant="a", may_cross=False, action="GET")
+
+
+def test_the_64_byte_limit_applies_to_the_clients_id_not_to_its_tenant_prefix() -> None:
+    longest = "t" * 64
+    stored = scope_namespace(longest, bytes(64))
+    assert len(stored) == 130
+    check_namespace_length(stored)  # a 64-byte id of a 64-character tenant is fine
+    check_namespace_length(scope_namespace("", b"\xff" + bytes(63)))  # escaped: 66 bytes
+    for bad in (bytes(65), scope_namespace("a", bytes(65))):
+        with pytest.raises(InvalidArgument, match="namespace_id is 65 bytes; at most 64"):
+            check_namespace_length(bad)

@@ -111,6 +111,9 @@ def test_the_servicer_stores_each_tenant_under_its_own_scope(core: NodeCore) -> 
             assert stored.namespace_id == scope_namespace("a", b"ns")
             with pytest.raises(PermissionDenied):  # a certificate of a, declaring b
                 await svc.Exists(exists, Ctx("b", principal=ENGINE_A))
+            longest = "t" * 64  # its stored id is 82 bytes: past the client's 64-byte limit
+            assert (await svc.Put(put, Ctx(longest))).results[0].stored
+            assert list((await svc.Exists(exists, Ctx(longest))).exists) == [True]
 
     asyncio.run(run())
 
