@@ -21,6 +21,7 @@ from kvstored import Client, Namespace
 from kvstored.errors import TenantQuotaExceeded
 
 NS = Namespace(model_id="tenants-e2e", block_size=16)
+LONG = "tenant-b-" + "x" * 55  # 64 characters: its stored ids (82 bytes) pass every limit
 QUOTA_BYTES = 256 << 10
 
 
@@ -44,7 +45,7 @@ def test_tenant_b_cannot_read_probe_or_remove_tenant_a_blocks(
     keys = _keys(4)
     values = [value_for(k) for k in keys]
     with Client(node.unix_address, namespace=NS, tenant="a", transport=transport) as a, \
-            Client(node.unix_address, namespace=NS, tenant="b", transport=transport) as b:
+            Client(node.unix_address, namespace=NS, tenant=LONG, transport=transport) as b:
         assert a.describe().transport == transport and b.describe().transport == transport
         assert all(r.stored for r in a.put(keys, values))
         assert b.get(keys) == [None] * 4
