@@ -50,13 +50,11 @@ class TenantInterceptor(
         return continuation(self._details(details), request)
 
 
-class _AioDetails:
-    @staticmethod
-    def of(d: Any, tenant: str) -> Any:
-        return grpc.aio.ClientCallDetails(
-            d.method, d.timeout, grpc.aio.Metadata(*_with_tenant(d.metadata, tenant)),
-            d.credentials, d.wait_for_ready,
-        )
+def _aio_details(d: Any, tenant: str) -> Any:
+    return grpc.aio.ClientCallDetails(
+        d.method, d.timeout, grpc.aio.Metadata(*_with_tenant(d.metadata, tenant)),
+        d.credentials, d.wait_for_ready,
+    )
 
 
 class AioTenantUnary(grpc.aio.UnaryUnaryClientInterceptor):
@@ -66,7 +64,7 @@ class AioTenantUnary(grpc.aio.UnaryUnaryClientInterceptor):
         self._tenant = tenant
 
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:  # noqa: D102
-        return await continuation(_AioDetails.of(details, self._tenant), request)
+        return await continuation(_aio_details(details, self._tenant), request)
 
 
 class AioTenantStream(grpc.aio.UnaryStreamClientInterceptor):
@@ -76,7 +74,7 @@ class AioTenantStream(grpc.aio.UnaryStreamClientInterceptor):
         self._tenant = tenant
 
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:  # noqa: D102
-        return await continuation(_AioDetails.of(details, self._tenant), request)
+        return await continuation(_aio_details(details, self._tenant), request)
 
 
 def sync_channel(channel: grpc.Channel, tenant: str) -> grpc.Channel:
