@@ -158,3 +158,29 @@ def test_describe_hides_the_arena_from_tenants_outside_shm_tenants(tmp_path: pat
         asyncio.run(run())
     finally:
         store.close()
+
+
+def test_an_inline_put_over_the_quota_answers_the_item_with_tenant_quota_exceeded() -> None:
+    from kvstored.errors import ErrorCode
+    from kvstored.tenancy import TenantQuota
+
+    cfg = NodeConfig(node_id="unit", dram_size_bytes=1 << 20, ssd_size_bytes=0,
+                     max_block_bytes=64 << 10)
+    store = TieredStore(dram_size_bytes=cfg.dram_size_bytes, arena_dir=None,
+                        tenant_quotas={"a": TenantQuota(dram_quota_bytes=4096)})
+    core = NodeCore(store, cfg, epoch=1, metrics=NodeMetrics(), clock=FakeClock())
+
+    async def run() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            svc = NodeServicer(core, pool, version="t")
+            items = [pb.PutItem(key=bytes([i]) * 16, value=bytes(4096)) for i in (1, 2)]
+            got = (await svc.Put(pb.PutRequest(namespace_id=b"ns", items=items), Ctx("a"))).results
+            assert got[0].stored and got[1].status.code == ErrorCode.TENANT_QUOTA_EXCEEDED
+            assert "tenant 'a' is over its DRAM quota" in got[1].status.message
+            other = (await svc.Put(pb.PutRequest(namespace_id=b"ns", items=items), Ctx("b"))).results
+            assert [r.stored for r in other] == [True, True]
+
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()
