@@ -50,6 +50,7 @@ from pydantic_core import PydanticCustomError
 
 from kvstored.addresses import default_socket_path
 from kvstored.errors import ConfigInvalid, InvalidArgument
+from kvstored.tenancy import TenantQuota, check_tenant
 from kvstored.units import format_size, parse_size
 
 DEFAULT_GRPC_PORT = 7070
@@ -182,6 +183,13 @@ class NodeConfig(_Model):
     """Mode of the arena file (octal). Local clients map it read-write, so a client running
     as another user needs ``0o660`` plus membership of ``arena_group``. Default 0o600 (only
     the daemon's user)."""
+    shm_tenants: list[str] | None = None
+    """Tenants whose clients may use the shared-memory arena (docs/tenants.md). The arena is
+    one file holding every tenant's blocks, readable by every process that maps it; with a
+    list, a client of another tenant is told there is no arena (Describe) and its pins and
+    reservations are refused, so it falls back to the TCP data plane or inline gRPC. Pair it
+    with ``arena_group`` (the group of those tenants' engines) so the OS refuses the file to
+    everyone else. None (default): every tenant may use it."""
     arena_group: str | None = None
     """Group (name or numeric gid) of the arena file. None: the group of the first unix
     socket when ``arena_mode`` grants the group access (so whoever may connect may map),
@@ -252,6 +260,16 @@ class NodeConfig(_Model):
                 "is empty (it would silently mean the current directory); give a directory"
                 " (to run without an SSD tier set node.ssd_size_bytes = 0)"
             )
+        return v
+
+    @field_validator("shm_tenants")
+    @classmethod
+    def _tenant_names(cls, v: list[str] | None) -> list[str] | None:
+        for t in v or ():
+            try:
+                check_tenant(t, what="a tenant of node.shm_tenants")
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @field_validator("arena_group", mode="before")
@@ -420,12 +438,46 @@ class ClusterConfig(_Model):
         return self
 
 
+class TenantConfig(_Model):
+    """Quotas of one tenant on every node (``[tenants.<name>]`` in the TOML file;
+    docs/tenants.md). Payload bytes; a size string such as ``"2GiB"`` is accepted."""
+
+    dram_quota_bytes: Size | None = None
+    """Most DRAM bytes the tenant's blocks may hold on one node (reserved ones included);
+    a put past it is refused with TenantQuotaExceeded. None (default): no quota."""
+    ssd_quota_bytes: Size | None = None
+    """Most SSD bytes the tenant's blocks may hold on one node; a demotion past it drops the
+    block instead (never evicting another tenant's). None (default): no quota."""
+
+    def quota(self) -> TenantQuota:
+        """The store's form (kvstored.tenancy.TenantQuota)."""
+        return TenantQuota(self.dram_quota_bytes, self.ssd_quota_bytes)
+
+
 class KvstoredConfig(_Model):
     """Root configuration."""
 
     node: NodeConfig = Field(default_factory=NodeConfig)
     master: MasterConfig = Field(default_factory=MasterConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    """Per-tenant quotas, keyed by tenant name (``[tenants.<name>]``)."""
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_keys(cls, v: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+        for name in v:
+            if not name:
+                raise ValueError("the shared tenant \"\" takes no quota; name a tenant")
+            try:
+                check_tenant(name, what="the table name of [tenants.<name>]")
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    def tenant_quotas(self) -> dict[str, TenantQuota]:
+        """``{tenant: TenantQuota}`` for the store."""
+        return {name: t.quota() for name, t in self.tenants.items()}
 
 
 def _existing_ancestor(path: pathlib.Path) -> pathlib.Path:

@@ -30,7 +30,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvstored"
-LEAVES = ("types", "keys", "errors", "units", "clock", "addresses", "config", "log")
+LEAVES = ("types", "keys", "errors", "units", "clock", "addresses", "config", "log", "tenancy")
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -16,8 +16,9 @@ JSON output (sorted keys)::
             another node's block, which its holder evicts first; the tables of both views
             mark it "copy": "committed copy")
     blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
-             "blocks": [{"namespace_id", "key", "tier", "size_bytes", "generation", "state",
-                         "copy"}]}
+             "blocks": [{"namespace_id", "tenant", "key", "tier", "size_bytes", "generation",
+                         "state", "copy"}]}
+            (namespace_id: the stored id the master indexes, tenant: its tenant)
     evict   {"num_removed", "num_kept", "num_not_indexed", "not_indexed": [key hex],
              "nodes": [{"node_id", "grpc_address", "num_requested", "removed", "kept",
                         "error"}]}
@@ -39,6 +40,7 @@ from kvstored.addresses import is_unix_address
 from kvstored.cli import output
 from kvstored.cli.ctl_common import EXIT_SERVER_ERROR
 from kvstored.errors import InvalidArgument, KeyInvalid, NotFound
+from kvstored.tenancy import tenant_of
 
 NAMESPACE_ID_HEX_DIGITS = 32
 _SCAN_LIMIT = 1_000_000
@@ -199,8 +201,10 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
           ) -> None:
     """Print every replica of each block of a prefix, marking the first cluster-wide miss."""
     with master_client(obj) as m:
-        ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else namespace_id
-        ns = ns or b""
+        # a hex prefix names a stored id the master indexes; a namespace (file, model, or
+        # none) is scoped by --tenant, as a node scopes its clients' (docs/tenants.md)
+        ns = (resolve_namespace(m, namespace_hex) if namespace_hex is not None
+              else obj.scoped(namespace_id or b""))
         check_key_lengths(keys)
         per_key, factors, complete = m.list_replicas_and_factors(ns, keys)
     leading = 0
@@ -265,6 +269,8 @@ def blocks(obj: Any, node_id: str, namespace_id: bytes | None, limit: int,
     data = {"node_id": node_id, "epoch": info.get("epoch", 0),
             "num_replicas": info.get("num_replicas", 0), "count": len(found),
             "truncated": bool(token), "next_page_token": token.hex(), "blocks": found}
+    for b in found:  # the master indexes stored ids: name each block's tenant
+        b["tenant"] = tenant_of(bytes.fromhex(b["namespace_id"]))
 
     def tables(d: dict[str, Any]) -> list[Any]:
         from kvstored.units import format_size
@@ -324,8 +330,9 @@ def evict(obj: Any, keys: list[bytes], prefix: str | None, namespace_hex: str | 
             _check_node(m, node)
         ns = resolve_namespace(m, namespace_hex) if namespace_hex is not None else None
         not_indexed: list[bytes] = []
-        if keys:
-            targets, not_indexed = _targets_of_keys(m, ns or b"", keys, node)
+        if keys:  # keys without --namespace-id: the empty namespace of --tenant
+            targets, not_indexed = _targets_of_keys(
+                m, ns if ns is not None else obj.scoped(b""), keys, node)
         else:
             assert prefix is not None
             targets = _targets_of_prefix(m, ns, prefix, node)

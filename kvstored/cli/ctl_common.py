@@ -40,6 +40,8 @@ class CtlContext:
     address: str | None
     timeout_s: float
     output: str
+    tenant: str = ""
+    """``--tenant``: the tenant whose blocks the command addresses (docs/tenants.md)."""
     watch: bool = False
     """``--watch``: keep the view live (status, stats, nodes)."""
     interval_s: float = DEFAULT_WATCH_INTERVAL_S
@@ -52,6 +54,17 @@ class CtlContext:
         else None."""
         return self.interval_s if (self.watch or self.count is not None) else None
 
+    def scoped(self, namespace_id: bytes) -> bytes:
+        """The stored namespace id of ``namespace_id`` in ``--tenant`` (what a master
+        indexes and a node stores).
+
+        Raises:
+            InvalidArgument: ``--tenant`` is not a tenant name.
+        """
+        from kvstored.tenancy import scope_namespace
+
+        return scope_namespace(self.tenant, namespace_id)
+
     def client(self, namespace: Any = None) -> Any:
         """A client for admin calls (gRPC only: admin calls never move bulk bytes).
 
@@ -62,7 +75,8 @@ class CtlContext:
         from kvstored.client import Client
 
         check_unix_socket(self.address or default_address())
-        return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc")
+        return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc",
+                      tenant=self.tenant)
 
 
 def check_unix_socket(address: str) -> None:
@@ -117,8 +131,10 @@ def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def common_options(fn: F) -> F:
-    """``--address``, ``--timeout-s`` and ``--output`` also after the command name."""
+    """``--address``, ``--timeout-s``, ``--output`` and ``--tenant`` also after the command name."""
     for decorator in (
+        click.option("--tenant", default=None, expose_value=False, callback=_override,
+                     is_eager=True, help="Same as the global --tenant."),
         click.option("--output", type=click.Choice(["table", "json"]), default=None,
                      expose_value=False, callback=_override, is_eager=True,
                      help="Same as the global --output."),

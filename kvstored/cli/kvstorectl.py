@@ -16,7 +16,8 @@ Exit codes: 0 ok, 1 error, 2 bad arguments (a bad hex key, an unknown node id), 
 master unreachable (at once when the unix socket file does not exist or refuses
 connections), 4 server error (for ``evict``: a holder node could not be asked).
 
-``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
+``--tenant NAME`` (global, or after the command) acts in that tenant's key space
+(docs/tenants.md). ``blocks --namespace-id`` takes any unique prefix of a namespace id; ``where`` keeps the order
 of its keys as given, positional and ``--keys`` mixed.
 
 JSON output (sorted keys, stable for scripts)::
@@ -27,8 +28,9 @@ JSON output (sorted keys, stable for scripts)::
              "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks", "hits", "evictions"}]}
     stats   the node's counters (see kvstored.client._ops.stats_to_dict); uptime_s in
             seconds (tables show it as "1h 02m 03s")
-    blocks  {"blocks": [{"key", "size_bytes", "namespace_id", "tiers", "pinned"}],
-             "count", "truncated"}                    (keys and ids in hex)
+    blocks  {"blocks": [{"key", "size_bytes", "namespace_id", "tenant", "tiers", "pinned"}],
+             "count", "truncated"}                    (keys and ids in hex; namespace_id
+             without its tenant, docs/tenants.md)
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
             (--address MASTER: each block also has "replication_factor" and "replicas")
@@ -78,9 +80,12 @@ from kvstored.errors import DeadlineExceeded, InvalidArgument, Unavailable
               show_default=True, help=INTERVAL_HELP)
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="With --watch: stop after this many refreshes.")
+@click.option("--tenant", default="", metavar="NAME",
+              help="Act in this tenant's key space (docs/tenants.md); default: the shared "
+                   "tenant, which (as an admin) lists every tenant's blocks.")
 @click.pass_context
 def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
-         watch: bool, interval_s: float, count: int | None) -> None:
+         watch: bool, interval_s: float, count: int | None, tenant: str) -> None:
     """Inspect a kvstored node (status, stats, blocks, where a prefix lives) or a cluster
     through its master (nodes, where, blocks --node, evict); ``--watch`` keeps status,
     stats and nodes live."""
@@ -88,7 +93,7 @@ def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
         raise click.UsageError(
             f"--watch/--count apply to {', '.join(WATCHABLE)}, not to {ctx.invoked_subcommand!r}")
     ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output, watch=watch,
-                         interval_s=interval_s, count=count)
+                         interval_s=interval_s, count=count, tenant=tenant)
 
 
 WATCH_ERRORS = (Unavailable, DeadlineExceeded)
@@ -261,7 +266,8 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
                 f"{obj.address} is a master: give --node NODE_ID (kvstorectl nodes lists them)")
         with cluster.master_client(obj) as m:
             ns = (cluster.resolve_namespace(m, namespace_id) if namespace_id is not None
-                  else _load_namespace_file(namespace_file).id if namespace_file else None)
+                  else obj.scoped(_load_namespace_file(namespace_file).id) if namespace_file
+                  else None)
         cluster.blocks(obj, node_id, ns, limit, page_token)
         return
     ns_id = b""
@@ -277,10 +283,11 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
         "blocks": [
             {
                 "key": b.key.hex(), "size_bytes": b.size_bytes,
-                "namespace_id": b.namespace_id.hex(), "tiers": [t.name for t in b.tiers],
+                "namespace_id": ns.hex(), "tenant": tenant, "tiers": [t.name for t in b.tiers],
                 "pinned": b.pinned,
             }
             for b in found
+            for tenant, ns in [_tenant_and_namespace(obj, b.namespace_id)]
         ],
     }
 
@@ -288,14 +295,28 @@ def blocks(obj: CtlContext, node_id: str | None, page_token: str | None,
         from kvstored.units import format_size
 
         rows = [
-            (b["key"], format_size(b["size_bytes"]), b["namespace_id"][:16] or "-",
-             ",".join(b["tiers"]), "yes" if b["pinned"] else "")
+            (b["key"], format_size(b["size_bytes"]), b["tenant"] or "-",
+             b["namespace_id"][:16] or "-", ",".join(b["tiers"]), "yes" if b["pinned"] else "")
             for b in d["blocks"]
         ]
         title = f"blocks ({d['count']}{', truncated' if d['truncated'] else ''})"
-        return [output.rows_table(title, ["key", "size", "namespace", "tiers", "pinned"], rows)]
+        return [output.rows_table(
+            title, ["key", "size", "tenant", "namespace", "tiers", "pinned"], rows)]
 
     output.emit(obj.output, data, tables)
+
+
+def _tenant_and_namespace(obj: CtlContext, namespace_id: bytes) -> tuple[str, bytes]:
+    """``(tenant, namespace id)`` of a listed block: a node answers the shared tenant's admin
+    with stored ids (every tenant's blocks), anyone else with its own ids."""
+    if obj.tenant:
+        return obj.tenant, namespace_id
+    from kvstored.tenancy import split_namespace
+
+    try:
+        return split_namespace(namespace_id)
+    except InvalidArgument:
+        return "", namespace_id
 
 
 class KeysInOrderCommand(click.Command):

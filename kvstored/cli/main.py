@@ -180,7 +180,9 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
         if master_listen is not None:
             asyncio.run(_serve_with_master(loaded))
         else:  # an empty cluster.master_address (the default) is a standalone node
-            asyncio.run(NodeDaemon(cfg, cluster=loaded.cluster).run(on_started=_print_started))
+            asyncio.run(NodeDaemon(
+                cfg, cluster=loaded.cluster, tenant_quotas=loaded.tenant_quotas(),
+            ).run(on_started=_print_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
@@ -210,7 +212,9 @@ async def _serve_with_master(loaded: Any) -> None:
         if master.metrics_address:
             lines.append(f"listening master-metrics http://{master.metrics_address}/metrics")
         click.echo("\n".join(lines))
-        await NodeDaemon(loaded.node, cluster=cluster).run(on_started=_print_started)
+        await NodeDaemon(
+            loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(),
+        ).run(on_started=_print_started)
     finally:
         await master.stop()
 

@@ -13,6 +13,7 @@ control and small values.
 - ``_put.py``: the put operation: checks, then a path (shared memory, data plane, inline).
 - ``_shm.py``: the shared-memory path (the mapped arena; get and put through it).
 - ``_state.py``: what a client knows about its node (ClientState), retries, Describe.
+- ``_tenant.py``: the client's tenant as gRPC metadata on every call (docs/tenants.md).
 - ``_steps.py``: the steps an operation yields, and driving them.
 - ``aio.py``: the asyncio driver (``kvstored.AsyncClient``).
 - ``master.py``: the master's client, public as ``kvstored.client.master.MasterClient``.

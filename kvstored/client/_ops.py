@@ -248,7 +248,7 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         chunk = keys[start:end]
         hints = None if sink.views is None else [len(v) for v in sink.views[start:end]]
         items = yield Blocking(  # hints (buffer sizes) let a large get_into use several streams
-            functools.partial(_get_wire, dp, chunk, st.namespace_id, sink.tcp_target(start), hints)
+            functools.partial(_get_wire, dp, chunk, st.stored_namespace_id, sink.tcp_target(start), hints)
         )
         for j, it in enumerate(items):
             i = start + j

@@ -84,7 +84,7 @@ def _put_tcp(
     for chunk in _tail_first(_chunks_by_bytes(items, max_bytes, info.max_batch_keys)):
         wire = [(k, v, m) for _, k, v, m in chunk]
         got = yield Blocking(
-            functools.partial(_put_wire, dp, wire, st.namespace_id),
+            functools.partial(_put_wire, dp, wire, st.stored_namespace_id),
             sum(len(v) for _, _, v, _ in chunk),
         )
         for (i, *_), r in zip(chunk, got, strict=True):

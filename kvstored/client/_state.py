@@ -28,6 +28,7 @@ from kvstored.client.types import NodeInfo
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.rpc_status import error_from_rpc
+from kvstored.tenancy import check_tenant, scope_namespace
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 
@@ -102,6 +103,7 @@ class ClientState:
         namespace: Namespace | None,
         transport: str,
         replicas: int | None = None,
+        tenant: str = "",
     ) -> None:
         if transport not in TRANSPORTS:
             raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
@@ -113,6 +115,9 @@ class ClientState:
         self.timeout_s = float(timeout_s)
         self.namespace = namespace
         self.namespace_id = namespace.id if namespace is not None else b""
+        self.tenant = check_tenant(tenant, what="Client(tenant=...)")
+        self.stored_namespace_id = scope_namespace(self.tenant, self.namespace_id)
+        """The id the TCP data plane carries (tenant-scoped, docs/tenants.md)."""
         self.transport = transport
         self.replicas = check_replicas(replicas, "Client(replicas=...)")
         self.info: NodeInfo | None = None
@@ -182,11 +187,17 @@ class ClientState:
     def open_control(self, info: NodeInfo) -> Any:
         """The node's control channel, if this client may use it (blocking: connects).
 
-        Only over a unix address, when the driver supports it and the node advertises one;
-        a channel that cannot be reached leaves every call on gRPC (logged once).
+        Only over a unix address, when the driver supports it and the node advertises one,
+        and for the shared tenant only; a channel that cannot be reached leaves every call on
+        gRPC (logged once).
         """
         factory = self.control_factory
         if not (factory is not None and self.is_unix and info.control_path and _control.enabled()):
+            return None
+        if self.tenant:
+            # a ControlRequest has no tenant, and its session-less ops (Exists, LookupPrefix,
+            # Put) would act for the shared tenant: a tenanted client stays on gRPC, whose
+            # metadata declares its tenant on every call (docs/tenants.md)
             return None
         try:
             return factory(info.control_path)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstored.addresses import default_address
-from kvstored.client import _control, _hooks, _ops
+from kvstored.client import _control, _hooks, _ops, _tenant
 from kvstored.client._control import NO_ANSWER, AsyncControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
@@ -88,10 +88,11 @@ class AsyncClient:
         namespace: Namespace | None = None,
         transport: str = "auto",
         replicas: int | None = None,
+        tenant: str = "",
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport, replicas=replicas,
+            transport=transport, replicas=replicas, tenant=tenant,
         )
         self._st.control_factory = AsyncControlChannel  # hot calls over it when offered
         self._channel: grpc.aio.Channel | None = None
@@ -119,7 +120,10 @@ class AsyncClient:
     # ---- driver ------------------------------------------------------------------------------
     def _get_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(
+                self._st.target, options=_ops.CHANNEL_OPTIONS,
+                interceptors=_tenant.aio_interceptors(self._st.tenant),
+            )
         return self._channel
 
     def _stub(self, call: Call) -> Any:

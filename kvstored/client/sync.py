@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstored.addresses import default_address
-from kvstored.client import _control, _hooks, _ops
+from kvstored.client import _control, _hooks, _ops, _tenant
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
@@ -238,9 +238,13 @@ class Client:
         replicas: replicas each put of this client wants when ``put`` names none (1..8;
             None = the node's default for the namespace, ``[cluster] namespace_replicas``
             / ``default_replicas``). Not part of the namespace: block hashes are unchanged.
+        tenant: the tenant this client acts for ("" = the shared tenant), declared on every
+            call; the node keeps each tenant's blocks in a key space of its own
+            (docs/tenants.md). With TLS the certificate's tenant wins.
 
     Raises:
-        InvalidArgument: malformed address, timeout, namespace, transport or replicas.
+        InvalidArgument: malformed address, timeout, namespace, transport, replicas or tenant
+            name.
     """
 
     def __init__(
@@ -251,13 +255,16 @@ class Client:
         namespace: Namespace | None = None,
         transport: str = "auto",
         replicas: int | None = None,
+        tenant: str = "",
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport, replicas=replicas,
+            transport=transport, replicas=replicas, tenant=tenant,
         )
         self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
-        self._channel = grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS)
+        self._channel = _tenant.sync_channel(
+            grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS), self._st.tenant
+        )
         self._stubs: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._session = _SyncSession(self._channel, self._st)
         # close() at garbage collection and at interpreter exit, if the caller never did

@@ -45,6 +45,7 @@ from kvstored.master.types import (
 )
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
+from kvstored.tenancy import MAX_STORED_NAMESPACE_BYTES, check_namespace_length
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
@@ -54,7 +55,7 @@ log = structlog.get_logger(__name__)
 
 MAX_LOOKUP_KEYS = 65536
 MAX_KEY_BYTES = 1024
-MAX_NAMESPACE_ID_BYTES = 64
+MAX_NAMESPACE_ID_BYTES = MAX_STORED_NAMESPACE_BYTES  # the master indexes stored ids
 _POLICY_FROM_PB: dict[int, PlacementPolicy] = {  # keyed by the wire number
     pb.PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy.LOCAL_FIRST,
     pb.PLACEMENT_POLICY_MOST_FREE: PlacementPolicy.MOST_FREE,
@@ -273,11 +274,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return resp
 
     def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest) -> pb.MasterLookupPrefixResponse:
-        if len(request.namespace_id) > MAX_NAMESPACE_ID_BYTES:
-            raise InvalidArgument(
-                f"namespace_id has {len(request.namespace_id)} bytes; the limit is "
-                f"{MAX_NAMESPACE_ID_BYTES}"
-            )
+        check_namespace_length(request.namespace_id)
         if len(request.keys) > MAX_LOOKUP_KEYS:
             raise InvalidArgument(
                 f"{len(request.keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}"
@@ -476,11 +473,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.ListNodeBlocksRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListNodeBlocksResponse:
         self.metrics.admin_requests.labels(method="ListNodeBlocks").inc()
-        if len(request.namespace_id) > MAX_NAMESPACE_ID_BYTES:
-            raise InvalidArgument(
-                f"namespace_id has {len(request.namespace_id)} bytes; the limit is "
-                f"{MAX_NAMESPACE_ID_BYTES}"
-            )
+        check_namespace_length(request.namespace_id)
         entries, token, epoch, num = admin.list_node_blocks(
             self.membership, request.node_id,
             namespace_id=None if request.any_namespace else bytes(request.namespace_id),
@@ -562,10 +555,7 @@ def _check_keys(namespace_id: bytes, keys: Any) -> None:
     Raises:
         InvalidArgument: naming the limit and what was received.
     """
-    if len(namespace_id) > MAX_NAMESPACE_ID_BYTES:
-        raise InvalidArgument(
-            f"namespace_id has {len(namespace_id)} bytes; the limit is {MAX_NAMESPACE_ID_BYTES}"
-        )
+    check_namespace_length(namespace_id)
     if len(keys) > MAX_LOOKUP_KEYS:
         raise InvalidArgument(f"{len(keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}")
     for i, k in enumerate(keys):

@@ -20,4 +20,5 @@ fencing rule lives in grants.py and sessions.py (docs/architecture.md#fencing-an
 - ``service.py``: NodeService, the thin grpc.aio adapter over NodeCore.
 - ``sessions.py``: client sessions, the lease book and quarantine.
 - ``spill.py``: moves the coldest blocks to peers with room past the high watermark.
+- ``tenants.py``: which tenant a request acts for, session tenants, node.shm_tenants (docs/tenants.md).
 """

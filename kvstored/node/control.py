@@ -69,6 +69,7 @@ class _Context:
 
     def __init__(self, peer: str) -> None:
         self._peer = peer
+        self.tenant: str | None = None  # the connection's session's tenant (node/tenants.py)
 
     def time_remaining(self) -> None:
         return None
@@ -310,6 +311,8 @@ class ControlServer:
             if req.session_id:
                 if not conn.session_id:
                     conn.session_id = req.session_id
+                    # the connection acts for its session's tenant (fixed at OpenSession)
+                    conn.ctx.tenant = servicer.session_tenants.tenant(req.session_id)
                 elif req.session_id != conn.session_id:
                     raise InvalidArgument(
                         f"this control connection belongs to session {conn.session_id}; got a "

@@ -36,7 +36,7 @@ import os
 import pathlib
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,7 @@ from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.tenancy import TenantQuota
 from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.types import Tier
@@ -132,6 +133,8 @@ class NodeDaemon:
         enable_scheduler: also host the scheduler service (``kvstored serve`` does).
         cluster: the link to a master (``kvstored node --master``); None or an empty
             ``master_address`` = a standalone node.
+        tenant_quotas: per-tenant DRAM/SSD quotas (``[tenants.<name>]``, docs/tenants.md)
+            of the store this daemon opens; ignored when ``store`` is given.
     """
 
     def __init__(
@@ -141,8 +144,10 @@ class NodeDaemon:
         store: TieredStore | None = None,
         enable_scheduler: bool = True,
         cluster: ClusterConfig | None = None,
+        tenant_quotas: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tenant_quotas = dict(tenant_quotas or {})
         self.cluster = cluster
         self.master_link: MasterLink | None = None
         self.spiller: Spiller | None = None
@@ -223,10 +228,11 @@ class NodeDaemon:
             if self.store is None:
                 from kvstored.tiers.tiered import TieredStore
 
-                self.store = TieredStore.from_config(cfg)
+                self.store = TieredStore.from_config(cfg, tenant_quotas=self.tenant_quotas)
             store = self.store
             self.core = core = NodeCore(store, cfg, epoch=self.epoch, metrics=self.metrics)
             self.metrics.add_store_collector(store.stats, lambda: (core.draining, core.uptime_s()))
+            self.metrics.add_tenant_collector(store.tenant_usage)
             self._executor = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="kvstored-store")
             max_msg = min(
                 GRPC_MAX_MESSAGE_BYTES, max(cfg.max_inline_bytes, cfg.max_block_bytes) + GRPC_SLACK_BYTES

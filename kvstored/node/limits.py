@@ -33,14 +33,20 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.keys import format_hash
+from kvstored.tenancy import (
+    MAX_NAMESPACE_ID_BYTES,
+    MAX_STORED_NAMESPACE_BYTES,
+    check_namespace_length,
+)
 from kvstored.transport.framing import FrameLimits
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
     from kvstored.node.metrics import NodeMetrics
 
-MAX_NAMESPACE_ID_BYTES = 64
-"""Longest namespace id accepted, bytes (Namespace.id is 16)."""
+# MAX_NAMESPACE_ID_BYTES (64, from kvstored/tenancy.py): the longest namespace id a client may
+# send (Namespace.id is 16); the store sees it scoped by its tenant, up to
+# MAX_STORED_NAMESPACE_BYTES (130)
 MAX_LEASE_S = 600.0
 """Longest lease a client may ask for, seconds."""
 MAX_META_BYTES = 4096
@@ -84,12 +90,10 @@ class RequestLimits:
             )
 
     def check_namespace_id(self, namespace_id: bytes) -> None:
-        """Raise :class:`InvalidArgument` for a namespace id longer than 64 bytes."""
+        """Raise :class:`InvalidArgument` for a (stored) namespace id whose client id is
+        longer than 64 bytes (kvstored.tenancy.check_namespace_length)."""
         if len(namespace_id) > MAX_NAMESPACE_ID_BYTES:
-            raise InvalidArgument(
-                f"namespace_id is {len(namespace_id)} bytes; at most {MAX_NAMESPACE_ID_BYTES} "
-                "(Namespace.id is 16 bytes)"
-            )
+            check_namespace_length(namespace_id)
 
     def check_epoch(self, epoch: int) -> None:
         """Raise retriable :class:`Unavailable` when a client's epoch (if any) is not ours."""
@@ -155,7 +159,7 @@ class RequestLimits:
             max_items=cfg.max_batch_keys,
             max_key_bytes=cfg.max_key_bytes,
             max_meta_bytes=MAX_META_BYTES,
-            max_namespace_bytes=MAX_NAMESPACE_ID_BYTES,
+            max_namespace_bytes=MAX_STORED_NAMESPACE_BYTES,  # stored ids travel
             max_item_bytes=cfg.max_block_bytes,
             max_request_payload_bytes=max(cfg.dataplane_max_request_bytes, cfg.max_block_bytes),
             max_body_bytes=cfg.dataplane_max_header_bytes,

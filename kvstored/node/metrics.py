@@ -246,6 +246,51 @@ class NodeMetrics:
         return collector
 
 
+    def add_tenant_collector(
+        self, snapshot_fn: Callable[[], dict[str, dict[str, int]]]
+    ) -> TenantCollector:
+        """Export per-tenant usage, quotas and refusals (``TenantUsage.snapshot``), read at
+        scrape time (docs/tenants.md)."""
+        collector = TenantCollector(snapshot_fn)
+        self.registry.register(collector)
+        return collector
+
+
+class TenantCollector(Collector):
+    """``kvstored_tenant_used_bytes{tenant,tier}``, ``kvstored_tenant_quota_bytes{tenant,tier}``
+    (only where a quota is set) and ``kvstored_tenant_quota_refusals_total{tenant,tier}``; the
+    shared tenant is ``tenant=""``."""
+
+    def __init__(self, snapshot_fn: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._snapshot_fn = snapshot_fn
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        try:
+            snap = dict(self._snapshot_fn())
+        except Exception:  # closed store, or a dict changed under the read: skip this scrape
+            return
+        used = GaugeMetricFamily("kvstored_tenant_used_bytes",
+                                 "Payload bytes of a tenant's blocks in a tier.",
+                                 labels=["tenant", "tier"])
+        quota = GaugeMetricFamily("kvstored_tenant_quota_bytes",
+                                  "A tenant's quota of a tier, bytes.", labels=["tenant", "tier"])
+        refused = CounterMetricFamily(
+            "kvstored_tenant_quota_refusals",
+            "Puts (DRAM) or demotions (SSD) refused by a tenant's quota.",
+            labels=["tenant", "tier"])
+        for tenant, row in snap.items():
+            for tier in ("dram", "ssd"):
+                label = [tenant, tier.upper()]
+                used.add_metric(label, row[f"{tier}_used_bytes"])
+                if row[f"{tier}_quota_bytes"] >= 0:
+                    quota.add_metric(label, row[f"{tier}_quota_bytes"])
+                refused.add_metric(label, row[f"{tier}_refusals"])
+        yield from (used, quota, refused)
+
+
 class StoreCollector(Collector):
     """Reads ``store.stats()`` once per scrape and exports it (tiers, counters, pins)."""
 

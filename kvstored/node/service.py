@@ -21,6 +21,13 @@ process whose connection was dropped) keeps the session until the pidfd reports 
 (``loop.add_reader``; no polling). :meth:`NodeServicer.end_sessions` ends everything at
 shutdown so the server's grace period is not spent waiting for the streams.
 
+Tenants (docs/tenants.md): every method that names a namespace scopes its id by the tenant
+the request acts for (:meth:`NodeServicer._ns`; kvstored/node/tenants.py) before the core sees
+it, so the store, the master's index and the peers only see stored ids and one tenant's
+request never addresses another's blocks. A session is bound to its tenant at OpenSession;
+ListBlocks crosses tenants only for an admin of the shared tenant; ``node.shm_tenants`` keeps
+other tenants off the arena (Describe hides it, pins and reservations are refused).
+
 Errors: a :class:`KvstoredError` becomes a gRPC status (kvstored/rpc_status.py) whose trailing
 metadata carries ``kvstored-error-code``; anything else becomes INTERNAL and is logged once
 with its traceback. Requests are parsed here rather than by grpc, so a garbage protobuf gets
@@ -57,8 +64,16 @@ from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
 from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.reads import GetOutcome
+from kvstored.node.tenants import (
+    SessionTenants,
+    check_shm_tenant,
+    declared_tenant,
+    effective_tenant,
+    request_principal,
+)
 from kvstored.pb_enum import pb_enum, pb_enums
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
+from kvstored.tenancy import scope_namespace, split_namespace
 from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
 
@@ -143,6 +158,7 @@ class NodeServicer:
         self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
         self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
+        self.session_tenants = SessionTenants()  # session id -> its tenant (node/tenants.py)
 
     def end_sessions(self) -> None:
         """End every OpenSession stream and process watch (shutdown; on the server's loop)."""
@@ -161,7 +177,28 @@ class NodeServicer:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
+        self._close_session(session_id)
+
+    def _close_session(self, session_id: int) -> None:
         self.core.close_session(session_id)
+        self.session_tenants.forget(session_id)
+
+    def _tenant(self, ctx: Any, session_id: int = 0) -> str:
+        """The tenant the request acts for (node/tenants.py); a named session must be its.
+
+        Raises:
+            PermissionDenied: another tenant's session, or a certificate's tenant overridden
+                by a caller that is no admin.
+            InvalidArgument: a declared tenant that is no tenant name.
+        """
+        tenant = effective_tenant(request_principal(ctx), declared_tenant(ctx))
+        if session_id:
+            self.session_tenants.check(session_id, tenant)
+        return tenant
+
+    def _ns(self, ctx: Any, namespace_id: bytes, session_id: int = 0) -> bytes:
+        """The stored namespace id the request addresses: its id scoped by its tenant."""
+        return scope_namespace(self._tenant(ctx, session_id), namespace_id)
 
     def _stream_ended(self, session_id: int, pidfd: int | None) -> None:
         """The session's stream is gone: close it, unless its process still runs."""
@@ -174,7 +211,7 @@ class NodeServicer:
                 return
         if pidfd is not None:
             os.close(pidfd)
-        self.core.close_session(session_id)
+        self._close_session(session_id)
 
     async def _fill_from_peers(self, keys: list[bytes], namespace_id: bytes, ctx: Any) -> None:
         """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py)."""
@@ -203,6 +240,8 @@ class NodeServicer:
     async def Describe(self, req: pb.DescribeRequest, ctx: Any) -> pb.DescribeResponse:
         core, cfg = self.core, self.core.cfg
         arena_path = core.store.arena_path or ""
+        if cfg.shm_tenants is not None and self._tenant(ctx) not in cfg.shm_tenants:
+            arena_path = ""  # not this tenant's arena: its client uses TCP or inline gRPC
         # the identity of the file the node MAPPED, recorded at creation: a file put at the
         # path later (replaced, recreated) must not pass the client's device/inode check
         dev, ino = core.store.arena_file_id if arena_path else (0, 0)
@@ -216,14 +255,15 @@ class NodeServicer:
             max_meta_bytes=MAX_META_BYTES, min_key_bytes=cfg.min_key_bytes,
             max_key_bytes=cfg.max_key_bytes, pin_lease_ms=int(cfg.pin_lease_s * 1000),
             control_path=self.control_path,
+            # [cluster] namespace_replicas names the engine's namespace id, whatever its tenant
             default_replicas=self.replicas_for(bytes(req.namespace_id)),
         )
 
     async def Replicate(self, req: pb.ReplicateRequest, ctx: Any) -> pb.ReplicateResponse:
         from kvstored.node.put_replicas import MAX_REPLICAS
 
-        ns, keys = bytes(req.namespace_id), [bytes(k) for k in req.keys]
-        factor = req.replicas or self.replicas_for(ns)
+        ns, keys = self._ns(ctx, req.namespace_id), [bytes(k) for k in req.keys]
+        factor = req.replicas or self.replicas_for(bytes(req.namespace_id))
         if not 1 <= factor <= MAX_REPLICAS:
             raise InvalidArgument(f"Replicate: replicas must be in 1..{MAX_REPLICAS} (0 = the "
                                   f"node's default), got {req.replicas}")
@@ -247,19 +287,21 @@ class NodeServicer:
 
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
+        ns = self._ns(ctx, req.namespace_id)
         out: Any = NEEDS_IO
         if sum(len(v) for _, v, _ in items) <= LOOP_PUT_MAX_BYTES:
             # small values (the control channel's one-round-trip put): copied and committed
             # on the loop unless an eviction is needed that may demote to SSD (disk I/O)
-            out = self.core.put_inline(items, req.namespace_id, may_block=not self._has_ssd)
+            out = self.core.put_inline(items, ns, may_block=not self._has_ssd)
         if out is NEEDS_IO:
-            out = await self._run(self.core.put_inline, items, req.namespace_id)
+            out = await self._run(self.core.put_inline, items, ns)
         return pb.PutResponse(results=_put_results(out))
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
-        await self._fill_from_peers(list(req.keys), req.namespace_id, ctx)
+        ns = self._ns(ctx, req.namespace_id)
+        await self._fill_from_peers(list(req.keys), ns, ctx)
         out = await self._run(
-            self.core.get_inline, list(req.keys), req.namespace_id,
+            self.core.get_inline, list(req.keys), ns,
             budget_bytes=self.core.cfg.max_inline_bytes,
         )
         return pb.GetResponse(results=[_get_result(o) for o in out])
@@ -269,15 +311,18 @@ class NodeServicer:
         kwargs = dict(lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
                       request_id=req.request_id)
         core = self.core
+        tenant = self._tenant(ctx, req.session_id)
+        check_shm_tenant(core.cfg.shm_tenants, tenant, action="ReservePut")
+        ns = scope_namespace(tenant, req.namespace_id)
         # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
         # free space holds the batch, node/local_put.py); a batch that needs an eviction, which
         # may demote to SSD (disk I/O), goes to the store executor
         rid, got = core.reserve_put_items(
-            items, req.namespace_id, may_block=not self._has_ssd, **kwargs
+            items, ns, may_block=not self._has_ssd, **kwargs
         )
         if got is NEEDS_IO:
             rid, got = await self._maybe_io(
-                core.reserve_put_items, items, req.namespace_id, **kwargs
+                core.reserve_put_items, items, ns, **kwargs
             )
         assert isinstance(got, list), got  # a blocking call (may_block=True) never answers NEEDS_IO
         resp = pb.ReservePutResponse(reservation_id=rid)
@@ -301,12 +346,15 @@ class NodeServicer:
         """PinBlocks; ``into``: fill this (empty) message instead of a new one (the control
         channel passes its response's field, saving a copy)."""
         require_session("PinBlocks", req.session_id)  # before a fill from peers (core checks too)
+        tenant = self._tenant(ctx, req.session_id)
+        check_shm_tenant(self.core.cfg.shm_tenants, tenant, action="PinBlocks")
+        ns = scope_namespace(tenant, req.namespace_id)
         keys = list(req.keys)
-        await self._fill_from_peers(keys, req.namespace_id, ctx)
+        await self._fill_from_peers(keys, ns, ctx)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
-            keys, req.namespace_id, lease_ms=req.lease_ms, epoch=req.epoch,
+            keys, ns, lease_ms=req.lease_ms, epoch=req.epoch,
             session_id=req.session_id, may_block=False, request_id=req.request_id,
         )
         first = got[0] if got else None  # NEEDS_IO is all or nothing for the store's keys
@@ -314,7 +362,7 @@ class NodeServicer:
             not isinstance(first, PinnedBlock) and any(b is NEEDS_IO for b in got)
         ):
             pin_id, got = await self._run(
-                self.core.pin_blocks, keys, req.namespace_id,
+                self.core.pin_blocks, keys, ns,
                 lease_ms=req.lease_ms, epoch=req.epoch, session_id=req.session_id,
                 request_id=req.request_id,
             )
@@ -338,6 +386,7 @@ class NodeServicer:
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
         num_orphans = 0
         if req.orphan_request_ids:  # the client never got these grants: free them first
+            self._tenant(ctx, req.session_id)  # only the session's own tenant may
             num_orphans = await self._inline(
                 self.core.release_orphans, req.session_id, list(req.orphan_request_ids)
             )
@@ -350,24 +399,28 @@ class NodeServicer:
         self, req: pb.LookupPrefixRequest, ctx: Any
     ) -> pb.LookupPrefixResponse:
         keys = list(req.keys)
-        tiers = await self._inline(self.core.lookup_prefix, keys, req.namespace_id)
+        ns = self._ns(ctx, req.namespace_id)
+        tiers = await self._inline(self.core.lookup_prefix, keys, ns)
         if self.remote is not None and len(tiers) < len(keys):  # probe: never pins or fetches
-            tiers = await self._run(self.remote.extend_prefix, req.namespace_id, keys, tiers,
+            tiers = await self._run(self.remote.extend_prefix, ns, keys, tiers,
                                     remaining_s=_time_left(ctx))
         return pb.LookupPrefixResponse(num_hit_blocks=len(tiers), tiers=pb_enums(cpb.Tier, tiers))
 
     async def Exists(self, req: pb.ExistsRequest, ctx: Any) -> pb.ExistsResponse:
+        ns = self._ns(ctx, req.namespace_id)
         present, tiers = await self._inline(
-            self.core.exists, list(req.keys), req.namespace_id, with_tiers=req.with_tiers
+            self.core.exists, list(req.keys), ns, with_tiers=req.with_tiers
         )
         if self.remote is not None and not all(present):  # probe: never pins or fetches
             present, tiers = await self._run(
-                self.remote.exists, req.namespace_id, list(req.keys), present, tiers,
+                self.remote.exists, ns, list(req.keys), present, tiers,
                 remaining_s=_time_left(ctx))
         return pb.ExistsResponse(exists=present, tiers=[_tier(t) for t in tiers])
 
     async def Remove(self, req: pb.RemoveRequest, ctx: Any) -> pb.RemoveResponse:
-        removed = await self._maybe_io(self.core.remove, list(req.keys), req.namespace_id)
+        removed = await self._maybe_io(
+            self.core.remove, list(req.keys), self._ns(ctx, req.namespace_id)
+        )
         return pb.RemoveResponse(removed=removed)
 
     async def Stats(self, req: pb.StatsRequest, ctx: Any) -> pb.StatsResponse:
@@ -389,17 +442,26 @@ class NodeServicer:
         )
 
     async def ListBlocks(self, req: pb.ListBlocksRequest, ctx: Any) -> pb.ListBlocksResponse:
-        blocks, truncated = await self._run(self.core.list_blocks, req.namespace_id, req.limit)
-        return pb.ListBlocksResponse(
-            blocks=[
-                pb.BlockInfo(
-                    key=b.key, size_bytes=b.size_bytes, namespace_id=b.namespace_id,
-                    tiers=[pb_enum(cpb.Tier, t) for t in b.tiers], pinned=b.pinned,
-                )
-                for b in blocks
-            ],
-            truncated=truncated,
-        )
+        # an admin of the shared tenant lists every tenant, under stored namespace ids
+        # (kvstored.tenancy.split_namespace names the tenant); anyone else lists only its
+        # own tenant's blocks, under the ids it knows them by
+        principal = request_principal(ctx)
+        tenant = self._tenant(ctx)
+        cross = not tenant and principal.has("admin")
+        ns = scope_namespace(tenant, req.namespace_id) if req.namespace_id else b""
+        blocks, truncated = await self._run(self.core.list_blocks, ns, req.limit)
+        out = pb.ListBlocksResponse(truncated=truncated)
+        for b in blocks:
+            ns_id = b.namespace_id
+            if not cross:
+                owner, ns_id = split_namespace(b.namespace_id)
+                if owner != tenant:
+                    continue
+            out.blocks.add(
+                key=b.key, size_bytes=b.size_bytes, namespace_id=ns_id,
+                tiers=[pb_enum(cpb.Tier, t) for t in b.tiers], pinned=b.pinned,
+            )
+        return out
 
 
     async def OpenSession(self, req: pb.OpenSessionRequest, context: Any) -> None:
@@ -409,8 +471,10 @@ class NodeServicer:
             self._sessions_end = asyncio.Event()
         ended = self._sessions_end
         peer = context.peer()
+        tenant = self._tenant(context)  # before a pidfd is opened: a refusal leaks nothing
         pidfd = _open_pidfd(req.pid)
         session_id = core.open_session(f"{peer} {req.client_name}".strip())
+        self.session_tenants.bind(session_id, tenant)
         try:
             await context.write(pb.SessionEvent(session_id=session_id, epoch=core.epoch))
             await ended.wait()
@@ -418,10 +482,11 @@ class NodeServicer:
             self._stream_ended(session_id, pidfd)
 
     async def CloseSession(self, req: pb.CloseSessionRequest, ctx: Any) -> pb.CloseSessionResponse:
+        self._tenant(ctx, req.session_id)  # another tenant may not end (and free) this session
         for pidfd, session_id in list(self._process_watches.items()):
             if session_id == req.session_id:
                 self._process_exited(pidfd)  # acked: no need to wait for the process
-        await self._inline(self.core.close_session, req.session_id)
+        await self._inline(self._close_session, req.session_id)
         return pb.CloseSessionResponse()
 
 

@@ -21,6 +21,7 @@ docs/architecture.md#tiers-and-eviction.
 - ``ssd_io.py``: block file I/O (positional reads and writes, O_DIRECT writes).
 - ``ssd_recovery.py``: opening an SSD directory: its lock, its index, rebuilding the entries.
 - ``state.py``: StoreState, the one set of mutable state the components share (and its lock).
+- ``tenants.py``: TenantUsage, bytes per tenant and tier, and the quota checks (docs/tenants.md).
 - ``tiered.py``: TieredStore, the facade the node uses.
 - ``transit.py``: promotion and demotion without holding the store lock during disk I/O.
 """

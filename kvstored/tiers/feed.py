@@ -55,10 +55,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from kvstored.errors import InvalidArgument
 from kvstored.tiers.ssd_format import split_store_key
+
+if TYPE_CHECKING:
+    from kvstored.tiers.tenants import TenantUsage
 
 DEFAULT_MAX_EVENTS = 1 << 18
 """Events a feed holds before it overflows (about 20 MB of tuples at most)."""
@@ -193,20 +196,31 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         feed: where changes go.
         tier: the tier this map indexes (1 DRAM, 2 SSD).
         initial: entries present before observation starts (recorded as nothing, stamped).
+        usage: per-tenant byte counts this map keeps current (tiers/tenants.py); the
+            initial entries are counted.
 
     Attributes:
         copies: the store keys marked remote-fill copies (an :class:`ObservedCopies` of
             the DRAM map, or None): an added key in it is recorded with ``copy=True``.
     """
 
-    def __init__(self, feed: ChangeFeed, tier: int, initial: Iterable[tuple[bytes, Any]] = ()):
+    def __init__(self, feed: ChangeFeed, tier: int, initial: Iterable[tuple[bytes, Any]] = (),
+                 usage: TenantUsage | None = None):
         super().__init__()
+        self._tier = int(tier)
         for k, v in initial:
             feed.stamp(v)
             OrderedDict.__setitem__(self, k, v)
+            if usage is not None:
+                usage.count(k, self._tier, v.size_bytes)
         self._feed = feed
-        self._tier = int(tier)
+        self._usage = usage
         self.copies: ObservedCopies | None = None
+
+    def _lost(self, key: bytes, old: _Sized) -> None:
+        self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
+        if self._usage is not None:
+            self._usage.count(key, self._tier, -old.size_bytes)
 
     def __setitem__(self, key: bytes, value: _Sized) -> None:
         old = self.get(key)
@@ -215,16 +229,21 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         gen = self._feed.stamp(value)
         OrderedDict.__setitem__(self, key, value)
         copy = self.copies is not None and key in self.copies
+        usage = self._usage
         if old is None:
             self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
+            if usage is not None:
+                usage.count(key, self._tier, value.size_bytes)
         elif old.size_bytes != value.size_bytes or old.generation != gen:
-            self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
+            self._lost(key, old)
             self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
+            if usage is not None:
+                usage.count(key, self._tier, value.size_bytes)
 
     def __delitem__(self, key: bytes) -> None:
         old = self[key]
         OrderedDict.__delitem__(self, key)
-        self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
+        self._lost(key, old)
 
     _MISSING = object()
 
@@ -234,17 +253,17 @@ class ObservedEntries(OrderedDict[bytes, Any]):
                 raise KeyError(key)
             return default
         value = OrderedDict.pop(self, key)
-        self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
+        self._lost(key, value)
         return value
 
     def popitem(self, last: bool = True) -> tuple[bytes, Any]:  # noqa: D102
         key, value = OrderedDict.popitem(self, last)
-        self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
+        self._lost(key, value)
         return key, value
 
     def clear(self) -> None:  # noqa: D102
         for key, value in list(self.items()):
-            self._feed.record(False, key, self._tier, value.size_bytes, value.generation)
+            self._lost(key, value)
         OrderedDict.clear(self)
 
     def setdefault(self, key: bytes, default: Any = None) -> Any:  # noqa: D102

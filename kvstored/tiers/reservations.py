@@ -42,7 +42,7 @@ from kvstored.tiers.base import NEEDS_IO, check_bytes, check_key
 from kvstored.tiers.dram import DramEntry
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.state import PendingReservation
-from kvstored.types import Reservation
+from kvstored.types import Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.tiers.state import StoreState
@@ -57,6 +57,7 @@ def _take_pending(st: StoreState, reservation: Reservation) -> PendingReservatio
             "aborted"
         )
     st.reserved_bytes -= st.dram.round_up(pending.size_bytes)
+    st.tenants.unreserve(pending.skey, pending.size_bytes)
     return pending
 
 
@@ -109,7 +110,10 @@ class Reservations:
                 if not copy:
                     st.dram.copies.pop(skey, None)  # written here too: no mere duplicate
                 return None
+            tenant = st.tenants.tenant_of_namespace(namespace_id)
+            st.tenants.check_dram(tenant, size_bytes)  # before allocating: never evicts for it
             offset = self._transit.allocate(size_bytes, copy=copy)
+            st.tenants.reserve(tenant, size_bytes)
             rid = next(st.reservation_ids)
             interner = st.interner
             st.pending[rid] = PendingReservation(
@@ -162,10 +166,29 @@ class Reservations:
                     stored.append(skey)
                     continue
                 todo.append(i)
+            usage = st.tenants
+            tenant = usage.tenant_of_namespace(namespace_id)
+            refused: list[int] = []
+            if tenant in usage.quotas:  # over the quota: refused before allocating (never evicts)
+                granted, kept = 0, []
+                for i in todo:
+                    err = usage.over_dram(tenant, items[i][1], extra_bytes=granted)
+                    if err is None:
+                        granted += items[i][1]
+                        kept.append(i)
+                    else:
+                        out[i] = err
+                        refused.append(i)
+                todo = kept
+            for i in todo:
                 total += ((items[i][1] or 1) + align - 1) & mask
             base = dram.allocator.allocate(total) if todo else 0
             if base is None and not may_block:
+                for i in refused:
+                    out[i] = None
                 return NEEDS_IO  # nothing changed
+            for _ in refused:
+                usage.note_refusal(tenant, Tier.DRAM)
             copies = dram.copies
             if copies:
                 for skey in stored:
@@ -192,6 +215,7 @@ class Reservations:
                         out[i] = exc
                         continue
                     st.reserved_bytes += ((size or 1) + align - 1) & mask
+                usage.reserve(tenant, size)
                 rid = next(ids)
                 reservations[rid] = PendingReservation(
                     skeys[i], off, intern_size(size),
@@ -240,6 +264,7 @@ class Reservations:
             if pending is None:
                 return
             st.reserved_bytes -= st.dram.round_up(pending.size_bytes)
+            st.tenants.unreserve(pending.skey, pending.size_bytes)
             st.dram.allocator.free(pending.offset, pending.size_bytes)
             st.cond.notify_all()
 

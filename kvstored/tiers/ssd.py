@@ -57,6 +57,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -86,6 +87,9 @@ from kvstored.tiers.ssd_io import (
 )
 from kvstored.tiers.ssd_recovery import DATA_DIR, recover
 from kvstored.types import Tier, TierStats
+
+if TYPE_CHECKING:
+    from kvstored.tiers.tenants import TenantUsage
 
 __all__ = [
     "READ_CHUNK_BYTES", "SsdTier", "checksum_of", "file_rel", "round_up_page", "store_key",
@@ -157,6 +161,7 @@ class SsdTier:
         self.checksum_failures = 0
         self.put_failures = 0
         self.io_hook = None
+        self.tenants: TenantUsage | None = None  # per-tenant SSD quotas (set by TieredStore)
         self.lock = lock if lock is not None else threading.Lock()
         self._writing: set[bytes] = set()
         self._deleting: set[bytes] = set()
@@ -231,6 +236,10 @@ class SsdTier:
         """
         if skey in self.entries or skey in self._writing or skey in self._deleting:
             return None  # (a block whose old file is being deleted is not re-written now)
+        tenants = self.tenants
+        if tenants is not None and not tenants.may_write_ssd(skey, size_bytes):
+            log.debug("ssd_block_skipped", size_bytes=size_bytes, reason="tenant_ssd_quota")
+            return None  # before any eviction: a quota never costs another tenant a block
         charge = round_up_page(size_bytes + trailer_bytes(skey, meta))
         if charge > self.capacity_bytes:
             log.debug("ssd_block_skipped", size_bytes=size_bytes, capacity_bytes=self.capacity_bytes)
@@ -250,6 +259,8 @@ class SsdTier:
             return None
         self.used_bytes += charge
         self._writing.add(skey)
+        if tenants is not None:
+            tenants.start_ssd_write(skey, size_bytes)
         w.seq = self._seq
         self._seq += 1
         return w
@@ -262,6 +273,8 @@ class SsdTier:
                 written is then returned for :meth:`delete_files`.
         """
         self._writing.discard(w.skey)
+        if self.tenants is not None:
+            self.tenants.end_ssd_write(w.skey, w.size_bytes)
         undone = w.doomed  # evictions write_file never ran to delete (it raised, or no call)
         if w.reuse is not None:
             self._deleting.discard(w.reuse)

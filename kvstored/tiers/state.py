@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from kvstored.errors import Unavailable
+from kvstored.tiers.tenants import TenantUsage
 
 if TYPE_CHECKING:
     from kvstored.tiers.base import TierBackend
@@ -150,12 +151,15 @@ class StoreState:
     __slots__ = (
         "arena", "closed", "cond", "demoting", "dram", "gets", "hits", "interner", "lock",
         "max_block_bytes", "misses", "pending", "pinned_bytes", "promoting", "puts",
-        "reservation_ids", "reserved_bytes", "ssd", "tiers",
+        "reservation_ids", "reserved_bytes", "ssd", "tenants", "tiers",
     )
 
     def __init__(self, *, lock: threading.Lock, dram: DramTier, ssd: SsdTier | None,
-                 interner: Interner, max_block_bytes: int) -> None:
+                 interner: Interner, max_block_bytes: int,
+                 tenants: TenantUsage | None = None) -> None:
         self.lock = lock
+        self.tenants = TenantUsage() if tenants is None else tenants
+        """Per-tenant byte counts and quotas (tiers/tenants.py)."""
         self.cond = threading.Condition(lock)
         self.dram = dram
         self.ssd = ssd

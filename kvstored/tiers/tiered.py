@@ -55,10 +55,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvstored.errors import InvalidArgument, KvstoredError, StorageIOError
+from kvstored.tenancy import TenantQuota
 from kvstored.tiers.dram import DramArena, DramTier
 from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
@@ -66,6 +67,7 @@ from kvstored.tiers.reads import Reads
 from kvstored.tiers.reservations import Reservations
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.state import Interner, StoreState
+from kvstored.tiers.tenants import TenantUsage
 from kvstored.tiers.transit import Transit
 from kvstored.types import (
     BlockInfo,
@@ -118,6 +120,7 @@ class TieredStore:
         ssd_size_bytes: int = 0,
         ssd_direct_io: bool = True,
         max_block_bytes: int = 64 << 20,
+        tenant_quotas: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         if dram_size_bytes < 4096:
             raise InvalidArgument(
@@ -149,13 +152,17 @@ class TieredStore:
                 arena.close()
                 raise
         # the change feed MasterLink drains (feed.py): the tiers' block maps record changes
+        # and keep the per-tenant byte counts (tiers/tenants.py) current
         self.change_feed = ChangeFeed()
-        dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, dram.entries.items())
+        self.tenants = usage = TenantUsage(tenant_quotas)
+        dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, dram.entries.items(), usage)
         dram.copies = ObservedCopies(self.change_feed, dram.entries, dram.copies)
         if ssd is not None:
-            ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, ssd.entries.items())
+            ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, ssd.entries.items(), usage)
+            ssd.tenants = usage
         self._state = state = StoreState(
             lock=lock, dram=dram, ssd=ssd, interner=interner, max_block_bytes=max_block_bytes,
+            tenants=usage,
         )
         self._transit = Transit(state)
         self._reservations = Reservations(state, self._transit)
@@ -166,9 +173,13 @@ class TieredStore:
         self.arena_size_bytes: int = arena.size_bytes
 
     @classmethod
-    def from_config(cls, cfg: NodeConfig) -> TieredStore:
-        """Build the store from a node's config section (``ssd_size_bytes == 0`` = no SSD)."""
+    def from_config(
+        cls, cfg: NodeConfig, *, tenant_quotas: Mapping[str, TenantQuota] | None = None
+    ) -> TieredStore:
+        """Build the store from a node's config section (``ssd_size_bytes == 0`` = no SSD)
+        and the per-tenant quotas (``KvstoredConfig.tenant_quotas()``)."""
         return cls(
+            tenant_quotas=tenant_quotas,
             dram_size_bytes=cfg.dram_size_bytes,
             arena_dir=cfg.arena_dir,
             node_id=cfg.node_id,
@@ -426,6 +437,12 @@ class TieredStore:
         """
         return self._reservations.remove(keys, namespace_id=namespace_id)
 
+    def tenant_usage(self) -> dict[str, dict[str, int]]:
+        """Per-tenant usage, quotas (-1 = none) and refusals (``TenantUsage.snapshot``),
+        read under the store lock (thread-safe)."""
+        with self._state.lock:
+            return self.tenants.snapshot()
+
     def stats(self) -> StoreStats:
         """Counters since start and current usage of each tier (never waits on disk I/O)."""
         return self._reads.stats()
@@ -536,6 +553,7 @@ class TieredStore:
             while st.demoting or st.promoting:
                 st.cond.wait()
             st.pending.clear()
+            st.tenants.reserved_bytes.clear()
             st.arena = memoryview(b"")
             with contextlib.ExitStack() as closing:  # slowest tier first; each one closed
                 for tier in st.tiers:

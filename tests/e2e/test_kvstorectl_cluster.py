@@ -203,7 +203,7 @@ def test_bad_input_exit_codes_and_node_commands_unchanged(
                                   {"index": 1, "key": "00" * 16, "tier": None}]}
         listed = _json(address, "blocks")
         assert key.hex() in {b["key"] for b in listed["blocks"]}
-        assert set(listed["blocks"][0]) == {"key", "size_bytes", "namespace_id", "tiers",
+        assert set(listed["blocks"][0]) == {"key", "size_bytes", "namespace_id", "tenant", "tiers",
                                             "pinned"}
 
 
