@@ -454,12 +454,46 @@ class TenantConfig(_Model):
         return TenantQuota(self.dram_quota_bytes, self.ssd_quota_bytes)
 
 
+class TlsConfig(_Model):
+    """Mutual TLS (``[tls]`` in the TOML file): all three files, or none (no TLS).
+
+    With them, every gRPC listener that is not a unix socket and the TCP data plane accept
+    only peers whose certificate ``ca_file`` signed, and present ``cert_file`` themselves;
+    every outgoing channel (to the master, to peers' data planes) does the same. Roles and
+    tenant come from the peer certificate (kvstored/security/identity.py). Unix sockets stay
+    without TLS: their callers are local processes (docs/security.md).
+    """
+
+    cert_file: pathlib.Path | None = None
+    """PEM certificate (chain) this process presents; None (the default) = no TLS."""
+    key_file: pathlib.Path | None = None
+    """PEM private key of ``cert_file``."""
+    ca_file: pathlib.Path | None = None
+    """PEM CA certificate(s) a peer's certificate must chain to."""
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> TlsConfig:
+        given = {k: getattr(self, k) for k in ("cert_file", "key_file", "ca_file")}
+        if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
+            missing = [f"tls.{k}" for k, v in given.items() if v is None]
+            raise ValueError(
+                f"TLS needs cert_file, key_file and ca_file together; missing {', '.join(missing)}"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether TLS is configured (all three files given)."""
+        return self.cert_file is not None
+
+
 class KvstoredConfig(_Model):
     """Root configuration."""
 
     node: NodeConfig = Field(default_factory=NodeConfig)
     master: MasterConfig = Field(default_factory=MasterConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     """Per-tenant quotas, keyed by tenant name (``[tenants.<name>]``)."""
 

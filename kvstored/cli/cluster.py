@@ -78,7 +78,7 @@ def master_client(obj: Any) -> Any:
         raise InvalidArgument(
             f"this asks the master: give --address MASTER_HOST:PORT (got {obj.address!r})"
         )
-    return MasterAdminClient(obj.address, timeout_s=obj.timeout_s)
+    return MasterAdminClient(obj.address, timeout_s=obj.timeout_s, tls=obj.tls)
 
 
 def require_master(obj: Any, command: str) -> str:

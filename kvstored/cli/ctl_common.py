@@ -64,6 +64,9 @@ class CtlContext:
         from kvstored.tenancy import scope_namespace
 
         return scope_namespace(self.tenant, namespace_id)
+    tls: Any = None
+    """The :class:`kvstored.security.tls.TlsFiles` of ``--tls-*`` / ``--config`` / the
+    ``KVSTORED_TLS__*`` env vars (:func:`resolve_tls`), or None = plaintext."""
 
     def client(self, namespace: Any = None) -> Any:
         """A client for admin calls (gRPC only: admin calls never move bulk bytes).
@@ -76,7 +79,35 @@ class CtlContext:
 
         check_unix_socket(self.address or default_address())
         return Client(self.address, timeout_s=self.timeout_s, namespace=namespace, transport="grpc",
-                      tenant=self.tenant)
+                      tenant=self.tenant, tls=self.tls if self.tls is not None else False)
+
+
+def resolve_tls(cert: str | None, key: str | None, ca: str | None, config_path: str | None) -> Any:
+    """kvstorectl's TLS files: ``--tls-cert/--tls-key/--tls-ca`` (all three), else the
+    ``[tls]`` of ``--config FILE``, else the ``KVSTORED_TLS__*`` env vars; None = plaintext.
+
+    Raises:
+        click.UsageError: only some flags given, or a file is unreadable, not PEM, or the
+            key does not match the certificate (exit 2, naming the flag or key).
+    """
+    from kvstored.config import load_config
+    from kvstored.errors import ConfigInvalid
+    from kvstored.security.tls import TlsFiles, tls_from_env
+
+    flags = {"--tls-cert": cert, "--tls-key": key, "--tls-ca": ca}
+    try:
+        if any(flags.values()):
+            missing = [f for f, v in flags.items() if not v]
+            if missing:
+                raise click.UsageError(f"TLS needs --tls-cert, --tls-key and --tls-ca together; "
+                                       f"missing {', '.join(missing)}")
+            assert cert and key and ca
+            return TlsFiles.load(cert, key, ca, source="--tls-cert/--tls-key/--tls-ca")
+        if config_path is not None:
+            return TlsFiles.from_config(load_config(config_path).tls)
+        return tls_from_env()
+    except ConfigInvalid as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def check_unix_socket(address: str) -> None:

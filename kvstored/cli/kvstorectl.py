@@ -63,6 +63,7 @@ from kvstored.cli.ctl_common import (
     CtlContext,
     common_options,
     handle_errors,
+    resolve_tls,
     watch_options,
 )
 from kvstored.cli.main import LazyGroup
@@ -83,9 +84,17 @@ from kvstored.errors import DeadlineExceeded, InvalidArgument, Unavailable
 @click.option("--tenant", default="", metavar="NAME",
               help="Act in this tenant's key space (docs/tenants.md); default: the shared "
                    "tenant, which (as an admin) lists every tenant's blocks.")
+@click.option("--tls-cert", metavar="PEM", default=None,
+              help="Client certificate for mutual TLS to a HOST:PORT address (with --tls-key, --tls-ca).")
+@click.option("--tls-key", metavar="PEM", default=None, help="Private key of --tls-cert.")
+@click.option("--tls-ca", metavar="PEM", default=None, help="CA that signed the server's certificate.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TOML file whose [tls] section to use (default: flags, else KVSTORED_TLS__* env).")
 @click.pass_context
 def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
-         watch: bool, interval_s: float, count: int | None, tenant: str) -> None:
+         watch: bool, interval_s: float, count: int | None, tenant: str,
+         tls_cert: str | None, tls_key: str | None, tls_ca: str | None,
+         config_path: str | None) -> None:
     """Inspect a kvstored node (status, stats, blocks, where a prefix lives) or a cluster
     through its master (nodes, where, blocks --node, evict); ``--watch`` keeps status,
     stats and nodes live."""
@@ -93,7 +102,8 @@ def main(ctx: click.Context, address: str | None, timeout_s: float, output: str,
         raise click.UsageError(
             f"--watch/--count apply to {', '.join(WATCHABLE)}, not to {ctx.invoked_subcommand!r}")
     ctx.obj = CtlContext(address=address, timeout_s=timeout_s, output=output, watch=watch,
-                         interval_s=interval_s, count=count, tenant=tenant)
+                         interval_s=interval_s, count=count, tenant=tenant,
+                         tls=resolve_tls(tls_cert, tls_key, tls_ca, config_path))
 
 
 WATCH_ERRORS = (Unavailable, DeadlineExceeded)
@@ -494,7 +504,7 @@ def nodes(obj: CtlContext) -> None:
     from kvstored.client.master import MasterClient
 
     address = cluster.require_master(obj, "nodes")
-    with MasterClient(address, timeout_s=obj.timeout_s) as m:
+    with MasterClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
         output.emit_watched(obj.output, m.list_nodes, _nodes_tables, watch_s=obj.watch_s(),
                             count=obj.count, min_width=160, errors=WATCH_ERRORS)
 
@@ -546,7 +556,7 @@ def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
     from kvstored.errors import NotFound
 
     address = cluster.require_master(obj, "drain")
-    with MasterClient(address, timeout_s=obj.timeout_s) as m:
+    with MasterClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
         data: dict[str, Any] = {**m.drain_node(node_id), "left": False}
         deadline = time.monotonic() + wait_s
         while wait and time.monotonic() < deadline:
@@ -589,7 +599,7 @@ def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
         raise InvalidArgument("give block keys (KEY_HEX...)")
     keys = [_parse_hex(k, "key") for k in hex_keys]
     address = cluster.require_master(obj, "replicate")
-    with MasterAdminClient(address, timeout_s=obj.timeout_s) as m:
+    with MasterAdminClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
         ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
         n = m.set_replication(ns, keys, replicas)
     data = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex()}

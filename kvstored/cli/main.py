@@ -33,6 +33,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "demo": "kvstored.demo.cli:demo",
     "replay": "kvstored.scheduler.cli:replay",
     "calibrate": "kvstored.scheduler.cli:calibrate",
+    "certs": "kvstored.cli.certs:certs",
 }
 
 
@@ -94,6 +95,27 @@ def _print_started(daemon: Any) -> None:
     sys.stdout.flush()
 
 
+_TLS_FLAGS = {"cert_file": "--tls-cert", "key_file": "--tls-key", "ca_file": "--tls-ca"}
+"""TlsConfig field -> the flag that sets it (config errors name the flag)."""
+
+
+def tls_options(fn: Any) -> Any:
+    """``--tls-cert/--tls-key/--tls-ca`` (the ``[tls]`` section; all three, or none)."""
+    for flag, help_text in reversed([
+        ("--tls-cert", "PEM certificate this daemon presents (tls.cert_file): mutual TLS on "
+                       "every TCP listener and the data plane."),
+        ("--tls-key", "Its private key (tls.key_file)."),
+        ("--tls-ca", "CA a peer's certificate must chain to (tls.ca_file)."),
+    ]):
+        fn = click.option(flag, metavar="PEM", default=None, help=help_text)(fn)
+    return fn
+
+
+def _tls_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the ``tls_*`` flags out of a command's kwargs as a ``[tls]`` override dict."""
+    return {field: kwargs.pop(f"tls_{field.removesuffix('_file')}", None) for field in _TLS_FLAGS}
+
+
 @main.command()
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="TOML config file ([node] section).")
@@ -112,6 +134,7 @@ def _print_started(daemon: Any) -> None:
 @click.option("--master-listen", metavar="HOST:PORT",
               help="Also host the cluster's master in this process, listening here (other "
                    "hosts join with `kvstored node --master HOST:PORT`); off by default.")
+@tls_options
 def serve(
     config_path: str | None,
     listen: tuple[str, ...],
@@ -125,6 +148,7 @@ def serve(
     log_json: bool | None,
     log_level: str | None,
     master_listen: str | None,
+    **tls_flags: str | None,
 ) -> None:
     """Run the node daemon until SIGTERM/SIGINT (then drain and exit 0).
 
@@ -139,7 +163,8 @@ def serve(
         "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
         "log_json": log_json, "log_level": log_level,
     }
-    _run_node(config_path, overrides, {}, master_listen=master_listen)
+    _run_node(config_path, overrides, {}, master_listen=master_listen,
+              tls_overrides=_tls_overrides(tls_flags))
 
 
 _NODE_FLAGS = {
@@ -152,7 +177,8 @@ _NODE_FLAGS = {
 
 
 def _run_node(config_path: str | None, overrides: dict[str, Any],
-              cluster_overrides: dict[str, Any], *, master_listen: str | None = None) -> None:
+              cluster_overrides: dict[str, Any], *, master_listen: str | None = None,
+              tls_overrides: dict[str, Any] | None = None) -> None:
     """Load the config and run a NodeDaemon (``serve``; ``node`` adds the master link;
     ``serve --master-listen`` runs a MasterDaemon in the same loop first)."""
     from kvstored.config import load_config
@@ -162,8 +188,9 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
     try:
         loaded = load_config(
             config_path, overrides={"node": overrides, "cluster": cluster_overrides,
-                                    "master": master_overrides},
+                                    "master": master_overrides, "tls": tls_overrides or {}},
             override_sources={f"node.{k}": v for k, v in _NODE_FLAGS.items()}
+            | {f"tls.{k}": v for k, v in _TLS_FLAGS.items()}
             | {"cluster.master_address": "--master", "master.listen": "--master-listen"},
         )
     except ConfigInvalid as exc:
@@ -182,6 +209,7 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
         else:  # an empty cluster.master_address (the default) is a standalone node
             asyncio.run(NodeDaemon(
                 cfg, cluster=loaded.cluster, tenant_quotas=loaded.tenant_quotas(),
+                tls=_tls_of(loaded),
             ).run(on_started=_print_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
@@ -189,6 +217,17 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
     except KvstoredError as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(1)
+
+
+def _tls_of(loaded: Any) -> Any:
+    """The ``[tls]`` files of a loaded config (read and checked), or None without TLS.
+
+    Raises:
+        ConfigInvalid: a file is unreadable, not PEM, or the key does not match the cert.
+    """
+    from kvstored.security.tls import TlsFiles
+
+    return TlsFiles.from_config(loaded.tls)
 
 
 async def _serve_with_master(loaded: Any) -> None:
@@ -200,7 +239,8 @@ async def _serve_with_master(loaded: Any) -> None:
     from kvstored.master.daemon import MasterDaemon
     from kvstored.node.daemon import NodeDaemon
 
-    master = MasterDaemon(loaded.master)
+    tls = _tls_of(loaded)
+    master = MasterDaemon(loaded.master, tls=tls)
     await master.start()
     try:
         host, port = parse_host_port(master.grpc_addresses[0])
@@ -213,7 +253,7 @@ async def _serve_with_master(loaded: Any) -> None:
             lines.append(f"listening master-metrics http://{master.metrics_address}/metrics")
         click.echo("\n".join(lines))
         await NodeDaemon(
-            loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(),
+            loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(), tls=tls,
         ).run(on_started=_print_started)
     finally:
         await master.stop()
@@ -230,12 +270,13 @@ def _node_command(config_path: str | None, master_address: str, **kwargs: Any) -
     It registers with the master, reports its inventory and changes, and heartbeats; losing
     the master never stops it serving its own blocks.
     """
+    tls = _tls_overrides(kwargs)
     overrides = {
         "listen": list(kwargs.pop("listen")) or None,
         **{("dram_size_bytes" if k == "dram_size" else "ssd_size_bytes" if k == "ssd_size"
             else k): v for k, v in kwargs.items()},
     }
-    _run_node(config_path, overrides, {"master_address": master_address})
+    _run_node(config_path, overrides, {"master_address": master_address}, tls_overrides=tls)
 
 
 node = click.Command(
@@ -268,6 +309,7 @@ def _print_master_started(daemon: Any) -> None:
               help="Prometheus /metrics address (port 0 = any); '' disables it (the default).")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@tls_options
 def master(
     config_path: str | None,
     listen: tuple[str, ...],
@@ -277,6 +319,7 @@ def master(
     metrics_listen: str | None,
     log_json: bool | None,
     log_level: str | None,
+    **tls_flags: str | None,
 ) -> None:
     """Run the metadata master until SIGTERM/SIGINT (membership, block index, placement).
 
@@ -289,7 +332,11 @@ def master(
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
                  "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level}
     try:
-        cfg = load_config(config_path, overrides={"master": overrides}).master
+        loaded = load_config(config_path, overrides={"master": overrides,
+                                                      "tls": _tls_overrides(tls_flags)},
+                             override_sources={f"tls.{k}": v for k, v in _TLS_FLAGS.items()})
+        cfg = loaded.master
+        tls = _tls_of(loaded)
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
@@ -297,7 +344,7 @@ def master(
     from kvstored.master.daemon import MasterDaemon
 
     try:
-        asyncio.run(MasterDaemon(cfg).run(on_started=_print_master_started))
+        asyncio.run(MasterDaemon(cfg, tls=tls).run(on_started=_print_master_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)

@@ -57,7 +57,7 @@ def scheduler(ctx: click.Context) -> None:
     out = getattr(obj, "output", "table")
     address = getattr(obj, "address", None) or default_address()
     try:
-        data = describe_scheduler(address, getattr(obj, "timeout_s", 5.0))
+        data = describe_scheduler(address, getattr(obj, "timeout_s", 5.0), getattr(obj, "tls", None))
     except (Unavailable, DeadlineExceeded) as exc:
         output.emit_error(out, exc.code.name, str(exc))
         ctx.exit(EXIT_UNREACHABLE)

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import structlog
@@ -29,6 +29,7 @@ from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Un
 from kvstored.keys import Namespace
 from kvstored.rpc_status import error_from_rpc
 from kvstored.tenancy import check_tenant, scope_namespace
+from kvstored.security.tls import TlsFiles, tls_from_env
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 
@@ -104,6 +105,7 @@ class ClientState:
         transport: str,
         replicas: int | None = None,
         tenant: str = "",
+        tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
@@ -120,6 +122,10 @@ class ClientState:
         """The id the TCP data plane carries (tenant-scoped, docs/tenants.md)."""
         self.transport = transport
         self.replicas = check_replicas(replicas, "Client(replicas=...)")
+        self.tls: TlsFiles | None = (None if tls is False else tls if tls is not None
+                                     else tls_from_env())
+        """Mutual TLS to a TCP address and to the node's data plane (None = plaintext;
+        a unix address never uses it)."""
         self.info: NodeInfo | None = None
         self.transport_info: NodeInfo | None = None  # the node the transport was set up for
         self.arena: ArenaMap | None = None
@@ -177,6 +183,7 @@ class ClientState:
             return "tcp", None, DataPlaneClient(
                 self.data_address(info), max_block_bytes=info.max_block_bytes,
                 max_meta_bytes=info.max_meta_bytes, fill_from_peers=True,  # an engine's reads
+                ssl_context=self.tls.client_context() if self.tls is not None else None,
             )
         if pref == "tcp":
             raise InvalidArgument(

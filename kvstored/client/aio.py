@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 
@@ -41,6 +41,7 @@ from kvstored.client._steps import grant_ids
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
+from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.types import BlockInfo, Tier
 from kvstored.v1 import node_pb2 as pb
 
@@ -89,10 +90,11 @@ class AsyncClient:
         transport: str = "auto",
         replicas: int | None = None,
         tenant: str = "",
+        tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport, replicas=replicas, tenant=tenant,
+            transport=transport, replicas=replicas, tenant=tenant, tls=tls,
         )
         self._st.control_factory = AsyncControlChannel  # hot calls over it when offered
         self._channel: grpc.aio.Channel | None = None
@@ -120,8 +122,8 @@ class AsyncClient:
     # ---- driver ------------------------------------------------------------------------------
     def _get_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
-                self._st.target, options=_ops.CHANNEL_OPTIONS,
+            self._channel = open_aio_channel(
+                self._st.target, self._st.tls, options=_ops.CHANNEL_OPTIONS,
                 interceptors=_tenant.aio_interceptors(self._st.tenant),
             )
         return self._channel

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from kvstored.rpc_status import error_from_rpc
+from kvstored.security.tls import open_channel
 from kvstored.transport.master_rpc import MasterClient
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
@@ -182,7 +183,7 @@ class MasterAdminClient(MasterClient):
             ev = NodeEviction(node_id, address)
             out.append(ev)
             try:
-                with grpc.insecure_channel(address) as channel:
+                with open_channel(address, self.tls) as channel:
                     stub = node_grpc.NodeServiceStub(channel)
                     for ns, keys in sorted(by_ns.items()):
                         ev.requested[ns.hex()] = [k.hex() for k in keys]

@@ -8,7 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 
@@ -21,6 +21,7 @@ from kvstored.client._steps import grant_ids
 from kvstored.client.types import Block, NodeInfo, PutResult
 from kvstored.errors import DeadlineExceeded, KvstoredError, Unavailable
 from kvstored.keys import Namespace
+from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.types import BlockInfo, Tier
 from kvstored.v1 import node_pb2 as pb
 
@@ -241,6 +242,10 @@ class Client:
         tenant: the tenant this client acts for ("" = the shared tenant), declared on every
             call; the node keeps each tenant's blocks in a key space of its own
             (docs/tenants.md). With TLS the certificate's tenant wins.
+        tls: mutual TLS (:class:`kvstored.security.tls.TlsFiles`) to a ``HOST:PORT`` node and
+            its data plane; None (the default) = from ``KVSTORED_TLS__CERT_FILE``,
+            ``..._KEY_FILE``, ``..._CA_FILE`` when set, else plaintext; False = plaintext.
+            A unix address is always plaintext (a local caller).
 
     Raises:
         InvalidArgument: malformed address, timeout, namespace, transport, replicas or tenant
@@ -256,14 +261,15 @@ class Client:
         transport: str = "auto",
         replicas: int | None = None,
         tenant: str = "",
+        tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
-            transport=transport, replicas=replicas, tenant=tenant,
+            transport=transport, replicas=replicas, tenant=tenant, tls=tls,
         )
         self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
         self._channel = _tenant.sync_channel(
-            grpc.insecure_channel(self._st.target, options=_ops.CHANNEL_OPTIONS), self._st.tenant
+            open_channel(self._st.target, self._st.tls, options=_ops.CHANNEL_OPTIONS), self._st.tenant
         )
         self._stubs: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._session = _SyncSession(self._channel, self._st)

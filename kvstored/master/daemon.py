@@ -42,6 +42,7 @@ from kvstored.master.metrics import MasterMetrics
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.transport.listen import add_grpc_port
 
 log = structlog.get_logger(__name__)
@@ -90,10 +91,14 @@ class MasterDaemon:
     Args:
         cfg: the master's settings (validated).
         clock: monotonic seconds for leases (default ``time.monotonic``).
+        tls: mutual TLS on every listen address (``[tls]``; kvstored/security/tls.py);
+            None = plaintext, every caller trusted (TRUSTED_LOCAL).
     """
 
-    def __init__(self, cfg: MasterConfig, *, clock: Clock | None = None) -> None:
+    def __init__(self, cfg: MasterConfig, *, clock: Clock | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.cfg = cfg
+        self.tls = tls
         self.clock: Clock = clock or MonotonicClock()
         self.epoch = 0
         self.grpc_addresses: list[str] = []
@@ -128,7 +133,8 @@ class MasterDaemon:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
                 raise ConfigInvalid(f"master.listen entry {addr!r} is not HOST:PORT")
-            bound = add_grpc_port(server, addr, "master.listen")
+            bound = add_grpc_port(server, addr, "master.listen",
+                                  credentials=port_credentials(addr, self.tls))
             self.grpc_addresses.append(f"{host}:{bound}")
         self._server = server
         await server.start()
@@ -136,7 +142,7 @@ class MasterDaemon:
         if cfg.metrics_listen:
             self._start_metrics(cfg.metrics_listen)
         self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
-        log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses,
+        log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses, tls=self.tls is not None,
                  metrics=self.metrics_address,
                  node_lease_s=cfg.node_lease_s, placement_policy=cfg.placement_policy)
 

@@ -4,6 +4,12 @@ Every method decodes its request, calls the plain-Python components on the event
 loop, no locks) and encodes the answer. A :class:`KvstoredError` becomes a gRPC status with
 the error code in the ``kvstored-error-code`` trailing metadata; anything else becomes
 INTERNAL and is logged with its traceback.
+
+Roles (``@_rpc(roles)``, checked before the method runs; the caller's principal comes from
+its TLS certificate, docs/security.md): only ``node`` registers, heartbeats, syncs and
+reports; ``node`` and ``engine`` look up and put; only ``admin`` drains a node or sets a
+replication factor; every role reads the admin views. Without
+TLS every caller is TRUSTED_LOCAL, which holds every role.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 import structlog
 
 from kvstored.addresses import parse_host_port
+from kvstored.auth import Role, require_role
 from kvstored.errors import (
     InternalError,
     InvalidArgument,
@@ -45,6 +52,7 @@ from kvstored.master.types import (
 )
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
+from kvstored.security.identity import principal_of
 from kvstored.tenancy import MAX_STORED_NAMESPACE_BYTES, check_namespace_length
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2 as cpb
@@ -82,23 +90,40 @@ R = TypeVar("R")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
 
 
-def _rpc(fn: Handler[R]) -> Handler[R]:
-    """Map errors of one RPC handler onto gRPC statuses (see the module docstring)."""
+READ_ROLES: tuple[Role, ...] = ("node", "engine", "admin")
+"""Who may read the master's admin views (ListNodes, ListReplicas, ListNodeBlocks)."""
 
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except KvstoredError as exc:
-            err = exc
-        except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
-            log.exception("master_rpc_failed", method=fn.__name__)
-            err = InternalError(f"{type(exc).__name__}: {exc}")
-        context.set_trailing_metadata(grpc_trailing_metadata(err))
-        await context.abort(grpc_status(err), str(err))
-        raise AssertionError("unreachable")  # context.abort raises
 
-    return wrapper
+def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
+    """Check the caller's role, then map errors of one RPC handler onto gRPC statuses (see
+    the module docstring).
+
+    Args:
+        roles: who may call it (:func:`kvstored.auth.require_role`); the caller's principal
+            comes from its certificate (:func:`kvstored.security.identity.principal_of`;
+            TRUSTED_LOCAL without TLS, which holds every role).
+    """
+
+    def decorate(fn: Handler[R]) -> Handler[R]:
+        action = f"MasterService.{fn.__name__}"
+
+        @functools.wraps(fn)
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+            try:
+                require_role(principal_of(context), *roles, action=action)
+                return await fn(self, request, context)
+            except KvstoredError as exc:
+                err = exc
+            except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
+                log.exception("master_rpc_failed", method=fn.__name__)
+                err = InternalError(f"{type(exc).__name__}: {exc}")
+            context.set_trailing_metadata(grpc_trailing_metadata(err))
+            await context.abort(grpc_status(err), str(err))
+            raise AssertionError("unreachable")  # context.abort raises
+
+        return wrapper
+
+    return decorate
 
 
 _TIERS = {int(Tier.DRAM): Tier.DRAM, int(Tier.SSD): Tier.SSD}
@@ -190,7 +215,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     def _lease_ms(self) -> int:
         return int(self.membership.node_lease_s * 1000)
 
-    @_rpc
+    @_rpc("node")
     async def RegisterNode(  # noqa: N802 (gRPC method names)
         self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterNodeResponse:
@@ -206,14 +231,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                        master_epoch=self.master_epoch,
                                        superseded_epoch=out.superseded_epoch)
 
-    @_rpc
+    @_rpc("node")
     async def UnregisterNode(  # noqa: N802
         self, request: pb.UnregisterNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterNodeResponse:
         self.membership.unregister(request.node_id, request.epoch)
         return pb.UnregisterNodeResponse()
 
-    @_rpc
+    @_rpc("node")
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
@@ -230,7 +255,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
             commands=[command_pb(c) for c in cmds])
 
-    @_rpc
+    @_rpc("node")
     async def SyncInventory(  # noqa: N802
         self, request: pb.SyncInventoryRequest, context: grpc.aio.ServicerContext
     ) -> pb.SyncInventoryResponse:
@@ -241,7 +266,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
         return pb.SyncInventoryResponse(action=_ACTION_TO_PB[action], num_replicas=num)
 
-    @_rpc
+    @_rpc("node")
     async def ReportEvents(  # noqa: N802
         self, request: pb.ReportEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportEventsResponse:
@@ -253,14 +278,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         action, applied = self.membership.report_events(request.node_id, request.epoch, events)
         return pb.ReportEventsResponse(action=_ACTION_TO_PB[action], applied_seq=applied)
 
-    @_rpc
+    @_rpc("node")
     async def ReportTransfer(  # noqa: N802
         self, request: pb.ReportTransferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportTransferResponse:
         health = self.membership.report_transfer(request.node_id, request.epoch, ok=request.ok)
         return pb.ReportTransferResponse(health=pb_enum(pb.NodeHealth, health))
 
-    @_rpc
+    @_rpc("node", "engine")
     async def LookupPrefix(  # noqa: N802
         self, request: pb.MasterLookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> pb.MasterLookupPrefixResponse:
@@ -319,7 +344,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                     for p, r in zip(pos.tolist(), remote.tolist(), strict=True)])
         return resp
 
-    @_rpc
+    @_rpc("node", "engine")
     async def PutStart(  # noqa: N802
         self, request: pb.PutStartRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutStartResponse:
@@ -343,7 +368,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                     data_address=r.data_address) for r in out.replicas],
         )
 
-    @_rpc
+    @_rpc("node", "engine")
     async def PutEnd(  # noqa: N802
         self, request: pb.PutEndRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndResponse:
@@ -357,7 +382,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
         return pb.PutEndResponse(num_replicas=n)
 
-    @_rpc
+    @_rpc("node", "engine")
     async def PutStartBatch(  # noqa: N802
         self, request: pb.PutStartBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutStartBatchResponse:
@@ -399,7 +424,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                         data_address=r.data_address) for r in out.replicas])
         return resp
 
-    @_rpc
+    @_rpc("node", "engine")
     async def PutEndBatch(  # noqa: N802
         self, request: pb.PutEndBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndBatchResponse:
@@ -420,7 +445,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 self.metrics.put_ends.labels(outcome=outcome, result="ok").inc()
                 results.add(num_replicas=n)
 
-    @_rpc
+    @_rpc(*READ_ROLES)
     async def ListNodes(  # noqa: N802
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListNodesResponse:
@@ -447,7 +472,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.ListNodesResponse(nodes=nodes, master_epoch=self.master_epoch,
                                     num_replicas=self.index.num_replicas, departed=departed)
 
-    @_rpc
+    @_rpc(*READ_ROLES)
     async def ListReplicas(  # noqa: N802
         self, request: pb.ListReplicasRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListReplicasResponse:
@@ -468,7 +493,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 for v in views])
         return resp
 
-    @_rpc
+    @_rpc(*READ_ROLES)
     async def ListNodeBlocks(  # noqa: N802
         self, request: pb.ListNodeBlocksRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListNodeBlocksResponse:
@@ -487,7 +512,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
 
 
-    @_rpc
+    @_rpc("admin")
     async def DrainNode(  # noqa: N802
         self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DrainNodeResponse:
@@ -500,7 +525,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                                     num_copies_issued=p.num_copies_issued,
                                     leave_sent=p.leave_sent)
 
-    @_rpc
+    @_rpc("admin")
     async def SetReplication(  # noqa: N802
         self, request: pb.SetReplicationRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetReplicationResponse:

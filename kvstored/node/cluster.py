@@ -57,6 +57,7 @@ from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
+from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.tiers.feed import Change
 from kvstored.types import BlockInfo, StoreStats
 from kvstored.v1 import common_pb2 as cpb
@@ -130,6 +131,7 @@ class MasterLink:
         zone: this node's failure domain (``[node] zone``; "" = none), sent when it registers.
         factors: the replication factors of blocks held here (put(replicas=N); every
             BlockRef carries its block's, 0 when unknown); None = none known.
+        tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
     """
 
     def __init__(
@@ -145,8 +147,10 @@ class MasterLink:
         executor: Executor | None = None,
         zone: str = "",
         factors: ReplicationFactors | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tls = tls
         self.node_id = node_id
         self.epoch = epoch
         self.grpc_address = grpc_address
@@ -188,8 +192,8 @@ class MasterLink:
     # ---- lifecycle -------------------------------------------------------------------
     def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.cfg.master_address, options=[("grpc.max_send_message_length", 64 << 20)]
+            self._channel = open_aio_channel(  # one function per side: kvstored/security/tls.py
+                self.cfg.master_address, self.tls, options=[("grpc.max_send_message_length", 64 << 20)]
             )
             self._stub = pb_grpc.MasterServiceStub(self._channel)
         return self._stub

@@ -57,6 +57,7 @@ from kvstored.node.fault_hooks import dataplane_hook_from_env
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.tenancy import TenantQuota
 from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.tcp_server import DataPlaneServer
@@ -135,6 +136,9 @@ class NodeDaemon:
             ``master_address`` = a standalone node.
         tenant_quotas: per-tenant DRAM/SSD quotas (``[tenants.<name>]``, docs/tenants.md)
             of the store this daemon opens; ignored when ``store`` is given.
+        tls: mutual TLS (``[tls]``; kvstored/security/tls.py) on every TCP gRPC listener,
+            the data plane, and the node's own calls to the master and its peers; unix
+            sockets stay plaintext. None = no TLS anywhere (every caller is TRUSTED_LOCAL).
     """
 
     def __init__(
@@ -145,9 +149,11 @@ class NodeDaemon:
         enable_scheduler: bool = True,
         cluster: ClusterConfig | None = None,
         tenant_quotas: Mapping[str, TenantQuota] | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.cfg = cfg
         self.tenant_quotas = dict(tenant_quotas or {})
+        self.tls = tls
         self.cluster = cluster
         self.master_link: MasterLink | None = None
         self.spiller: Spiller | None = None
@@ -252,7 +258,8 @@ class NodeDaemon:
             if self._enable_scheduler:
                 self._add_scheduler(server)
             for addr in listen:
-                port = add_grpc_port(server, addr, "node.listen")
+                port = add_grpc_port(server, addr, "node.listen",
+                                     credentials=port_credentials(addr, self.tls))
                 if addr.startswith("unix:"):
                     self._unix_paths.append(addr[len("unix:") :])
                     self.grpc_addresses.append(addr)
@@ -263,8 +270,9 @@ class NodeDaemon:
             await server.start()
             await self._start_control()
             if cfg.data_address:
-                self._data_plane = DataPlaneServer(core, cfg.data_address,
-                                                   hook=dataplane_hook_from_env())
+                self._data_plane = DataPlaneServer(
+                    core, cfg.data_address, hook=dataplane_hook_from_env(),
+                    ssl_context=self.tls.server_context() if self.tls is not None else None)
                 try:
                     self.data_address = self._data_plane.start()
                 except OSError as exc:
@@ -363,6 +371,7 @@ class NodeDaemon:
             data_address=self.data_address, store=core.store,
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
             zone=self.cfg.zone, factors=factors,
+            tls=self.tls,
         )
         await self.master_link.start()
         try:  # a duplicate --node-id is a configuration error: exit 2, never take over
@@ -375,7 +384,8 @@ class NodeDaemon:
             self._servicer.remote = master_reads(
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
-                pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s)
+                pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s,
+                tls=self.tls)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
@@ -388,7 +398,7 @@ class NodeDaemon:
             from kvstored.node.spill import master_spiller
 
             self.spiller = master_spiller(core.store, self.cluster, node_id=self.cfg.node_id,
-                                          max_block_bytes=self.cfg.max_block_bytes)
+                                          max_block_bytes=self.cfg.max_block_bytes, tls=self.tls)
             from kvstored.node.spill import SpillCollector
 
             self.metrics.registry.register(SpillCollector(self.spiller))

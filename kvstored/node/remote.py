@@ -57,6 +57,7 @@ Thread-safe: called from the node's store executor threads (blocking).
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +72,9 @@ from kvstored.node.flights import Flights
 from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.tcp import DataPlaneClient
+
+if TYPE_CHECKING:
+    from kvstored.security.tls import TlsFiles
 from kvstored.types import Reservation, Tier
 
 if TYPE_CHECKING:
@@ -135,6 +139,8 @@ class RemoteReads:
             each peer batch (a test changes the source's block there).
         max_parallel_peers: peers copied from at once (each on its own connection).
         on_wait: test hook of the single-flight (see :class:`~.flights.Flights`).
+        ssl_context: TLS client context of the default peer transport (mutual TLS to every
+            peer's data plane; kvstored/security/tls.py); None = plaintext.
     """
 
     def __init__(
@@ -154,8 +160,10 @@ class RemoteReads:
         max_parallel_peers: int = 4,
         on_wait: Callable[[int], None] | None = None,
         lookup_each: LookupEachFn | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.core = core
+        self.ssl_context = ssl_context
         self.lookup_each = lookup_each
         self.node_id = node_id
         self.lookup = lookup
@@ -187,6 +195,7 @@ class RemoteReads:
                     address, pool_size=self.pool_size,
                     max_block_bytes=self.core.cfg.max_block_bytes,
                     peer_export=True,  # the peer sends without promoting or touching
+                    ssl_context=self.ssl_context,
                 )
             return t
 
@@ -597,15 +606,17 @@ class RemoteReads:
 
 
 def master_reads(core: NodeCore, master_address: str, *, node_id: str,
-                 fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0
-                 ) -> RemoteReads:
+                 fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0,
+                 tls: TlsFiles | None = None) -> RemoteReads:
     """A :class:`RemoteReads` talking to the master at ``master_address`` (sync gRPC).
+
+    ``tls``: mutual TLS to the master and to every peer's data plane (None = plaintext).
 
     Returns:
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
         with it).
     """
-    client = MasterClient(master_address, timeout_s=fetch_timeout_s)
+    client = MasterClient(master_address, timeout_s=fetch_timeout_s, tls=tls)
 
     def lookup(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
                ) -> list[ClusterReplica]:
@@ -624,7 +635,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
 
     reads = RemoteReads(core, node_id=node_id, lookup=lookup, report=report,
                         fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
-                        report_timeout_s=rpc_timeout_s, lookup_each=lookup_each)
+                        report_timeout_s=rpc_timeout_s, lookup_each=lookup_each,
+                        ssl_context=tls.client_context() if tls is not None else None)
     close = reads.close
 
     def close_all() -> None:

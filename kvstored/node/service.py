@@ -52,6 +52,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError, Message
 
+from kvstored.auth import Role, require_role
 from kvstored.errors import (
     ErrorCode,
     InternalError,
@@ -73,6 +74,7 @@ from kvstored.node.tenants import (
 )
 from kvstored.pb_enum import pb_enum, pb_enums
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
+from kvstored.security.identity import principal_of
 from kvstored.tenancy import scope_namespace, split_namespace
 from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
@@ -466,6 +468,11 @@ class NodeServicer:
 
     async def OpenSession(self, req: pb.OpenSessionRequest, context: Any) -> None:
         """Send the session id, then hold the stream until the client or the node ends it."""
+        try:
+            require_role(principal_of(context), *METHOD_ROLES["OpenSession"],
+                         action="NodeService.OpenSession")
+        except KvstoredError as exc:
+            await context.abort(grpc_status(exc), str(exc), trailing_metadata=grpc_trailing_metadata(exc))
         core = self.core
         if self._sessions_end is None:
             self._sessions_end = asyncio.Event()
@@ -500,6 +507,22 @@ def _open_pidfd(pid: int) -> int | None:
         return None
 
 
+ENGINE_ROLES: tuple[Role, ...] = ("engine", "node", "admin")
+READ_ROLES: tuple[Role, ...] = ("engine", "node", "admin")
+METHOD_ROLES: dict[str, tuple[Role, ...]] = {
+    "Describe": READ_ROLES, "Stats": READ_ROLES, "ListBlocks": READ_ROLES,
+    "LookupPrefix": READ_ROLES, "Exists": READ_ROLES,
+    "Put": ENGINE_ROLES, "Get": ENGINE_ROLES, "ReservePut": ENGINE_ROLES,
+    "CommitPut": ENGINE_ROLES, "PinBlocks": ENGINE_ROLES, "ReleasePins": ENGINE_ROLES,
+    "OpenSession": ENGINE_ROLES, "CloseSession": ENGINE_ROLES, "Replicate": ENGINE_ROLES,
+    "Remove": ("admin",),
+}
+"""Who may call each NodeService method (:func:`kvstored.auth.require_role`): removing
+blocks (kvstorectl evict) is an admin's; puts, gets and their sessions are an engine's (and
+a node's or an admin's: a node reads and writes for its engines, an admin may check a
+block); the read-only views are everyone's. The principal comes from the caller's TLS
+certificate; on a unix socket, or without TLS, it is TRUSTED_LOCAL (every role)."""
+
 _METHODS: dict[str, type[Message]] = {
     "Describe": pb.DescribeRequest,
     "Put": pb.PutRequest,
@@ -529,6 +552,7 @@ def _wrap(
     servicer: NodeServicer,
 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]:
     metrics = servicer.core.metrics
+    roles = METHOD_ROLES[name]
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
         t0 = time.perf_counter()
@@ -537,6 +561,7 @@ def _wrap(
             method=name, peer=context.peer(), request_id=secrets.token_hex(6)
         ):
             try:
+                require_role(principal_of(context), *roles, action=f"NodeService.{name}")
                 try:
                     request = req_cls.FromString(raw)
                 except DecodeError as exc:

@@ -499,16 +499,19 @@ class Spiller:
 
 
 def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
-                   max_block_bytes: int) -> Spiller:
-    """A spiller over a real master (``cfg``: the node's ClusterConfig) and TCP peers."""
+                   max_block_bytes: int, tls: Any = None) -> Spiller:
+    """A spiller over a real master (``cfg``: the node's ClusterConfig) and TCP peers;
+    ``tls`` (a :class:`kvstored.security.tls.TlsFiles`, or None = plaintext): mutual TLS to
+    the master and to the peers' data planes."""
     from kvstored.transport.master_rpc import MasterClient
     from kvstored.transport.tcp import DataPlaneClient
 
-    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s)
+    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s, tls=tls)
+    ssl_context = tls.client_context() if tls is not None else None
 
     def transport(address: str) -> Transport:
         return DataPlaneClient(address, pool_size=cfg.peer_pool_size,
-                               max_block_bytes=max_block_bytes)
+                               max_block_bytes=max_block_bytes, ssl_context=ssl_context)
 
     spiller = Spiller(
         store, master, transport, node_id=node_id, high_watermark=cfg.spill_high_watermark,

@@ -18,20 +18,22 @@ import grpc
 
 from kvstored.errors import Unavailable
 from kvstored.rpc_status import error_from_rpc
+from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _ROLE_NAMES = {scheduler_pb2.INSTANCE_ROLE_PREFILL: "prefill",
                scheduler_pb2.INSTANCE_ROLE_DECODE: "decode"}
 
 
-def describe_scheduler(address: str, timeout_s: float) -> dict[str, Any]:
-    """Fetch the scheduler's state as a JSON-able dict (see the module doc).
+def describe_scheduler(address: str, timeout_s: float, tls: TlsFiles | None = None) -> dict[str, Any]:
+    """Fetch the scheduler's state as a JSON-able dict (see the module doc); ``tls``: mutual
+    TLS to a HOST:PORT address (None = plaintext).
 
     Raises:
         Unavailable: the address cannot be reached or hosts no scheduler.
         KvstoredError: any other failure, mapped from the gRPC status.
     """
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         try:
             resp = stub.DescribeScheduler(scheduler_pb2.DescribeSchedulerRequest(),

@@ -66,6 +66,7 @@ from __future__ import annotations
 import collections
 import itertools
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Sequence
@@ -169,6 +170,11 @@ def arm_kernel_timeout(sock: socket.socket, option: int, deadline: float) -> Non
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("deadline exceeded")
+    if isinstance(sock, ssl.SSLSocket):
+        # TLS: a kernel timeout would make OpenSSL retry its read forever (a blocking
+        # socket's WANT_READ is retried); the socket's own timeout raises TimeoutError.
+        sock.settimeout(remaining)
+        return
     if sock.gettimeout() is not None:
         sock.settimeout(None)  # blocking: MSG_WAITALL and one whole sendmsg work only so
     sec = int(remaining)
@@ -280,6 +286,7 @@ class Reader:
     def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
         self.sock = sock
         self.deadline = deadline
+        self._tls = isinstance(sock, ssl.SSLSocket)
         self._buf = bytearray(READ_BUFFER_BYTES)
         self._mv = memoryview(self._buf)
         self._start = 0
@@ -300,7 +307,10 @@ class Reader:
         else:
             arm_kernel_timeout(self.sock, socket.SO_RCVTIMEO, deadline)
             try:
-                n = self.sock.recv_into(view, 0, socket.MSG_WAITALL if waitall else 0)
+                if self._tls:  # SSLSocket takes no flags; read_into loops until full
+                    n = self.sock.recv_into(view)
+                else:
+                    n = self.sock.recv_into(view, 0, socket.MSG_WAITALL if waitall else 0)
             except BlockingIOError:  # EAGAIN: SO_RCVTIMEO ran out before a byte arrived
                 raise TimeoutError("deadline exceeded") from None
         if n == 0:
@@ -370,6 +380,13 @@ def send_all(sock: socket.socket, bufs: Sequence[bytes | memoryview], deadline: 
         TimeoutError: the deadline passed.  OSError: the connection broke.
     """
     views = collections.deque(memoryview(b).cast("B") for b in bufs if len(b))
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS: one send per buffer part
+        for view in views:
+            while len(view):
+                if deadline is not None:
+                    arm_kernel_timeout(sock, socket.SO_SNDTIMEO, deadline)
+                view = view[sock.send(view):]  # the bytes are encrypted into OpenSSL's buffer
+        return
     while views:
         batch = list(itertools.islice(views, IOV_MAX))
         if deadline is None:

@@ -17,6 +17,8 @@ import os
 import socket
 from typing import Protocol
 
+import grpc
+
 from kvstored.errors import ConfigInvalid
 
 
@@ -25,6 +27,10 @@ class PortBinder(Protocol):
 
     def add_insecure_port(self, address: str) -> int:
         """Bind ``address``; returns the port (0 for a unix socket)."""
+        ...
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        """Bind ``address`` with TLS; returns the port."""
         ...
 
 
@@ -78,13 +84,16 @@ def check_listen_address(address: str) -> str | None:
     return reasons[0] if reasons else f"host {host!r} resolves to no address"
 
 
-def add_grpc_port(server: PortBinder, address: str, setting: str) -> int:
+def add_grpc_port(server: PortBinder, address: str, setting: str, *,
+                  credentials: grpc.ServerCredentials | None = None) -> int:
     """Bind ``server`` to ``address``, or raise one clean error naming the setting.
 
     Args:
         server: the gRPC server (not started yet).
         address: a listen address (see :func:`check_listen_address`).
         setting: the config key that holds ``address`` (``"node.listen"``), named in the error.
+        credentials: TLS server credentials (kvstored.security.tls.port_credentials); None =
+            plaintext (a unix socket, or no ``[tls]``).
 
     Returns:
         The bound port (0 for a unix socket).
@@ -96,6 +105,8 @@ def add_grpc_port(server: PortBinder, address: str, setting: str) -> int:
     reason = check_listen_address(address)
     if reason is None:
         try:
+            if credentials is not None:
+                return server.add_secure_port(address, credentials)
             return server.add_insecure_port(address)
         except RuntimeError:
             reason = "gRPC could not bind it (in use or not permitted)"

@@ -18,6 +18,7 @@ import grpc
 
 from kvstored.errors import InternalError, KvstoredError, error_from_code
 from kvstored.rpc_status import error_from_rpc
+from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -45,16 +46,18 @@ class MasterClient:
     Args:
         address: the master's ``host:port``.
         timeout_s: deadline of each call, seconds.
+        tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
 
     Raises (from every call):
         Unavailable: the master could not be reached within the deadline (retriable).
         DeadlineExceeded: the call did not finish within ``timeout_s``.
     """
 
-    def __init__(self, address: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 5.0, tls: TlsFiles | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self.tls = tls
+        self._channel = open_channel(address, tls)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
         self._single_puts = False  # the master predates PutStartBatch: one call per item
 

@@ -26,6 +26,7 @@ Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from kvstored.errors import (
     Unavailable,
     error_from_code,
 )
+from kvstored.security.tls import HANDSHAKE_TIMEOUT_S
 from kvstored.transport.base import GetItem, PutItem, Sink, attach_completed
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
@@ -127,6 +129,10 @@ class DataPlaneClient:
             per core, at most 4.
         stream_min_bytes: expected payload per stream below which a GET is not split
             further (default 8 MiB).
+        ssl_context: mutual TLS (:meth:`kvstored.security.tls.TlsFiles.client_context`):
+            every connection completes a handshake that checks the node's certificate
+            against the CA and the host of ``address``; a failed handshake is
+            ``Unavailable``. None = plaintext.
 
     Raises:
         InvalidArgument: both ``fill_from_peers`` and ``peer_export``, or ``max_streams`` /
@@ -144,6 +150,7 @@ class DataPlaneClient:
         peer_export: bool = False,
         max_streams: int = DEFAULT_MAX_STREAMS,
         stream_min_bytes: int = DEFAULT_STREAM_MIN_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if max_streams < 1 or stream_min_bytes < 1:
             raise InvalidArgument(
@@ -156,6 +163,7 @@ class DataPlaneClient:
                 "read never fills from other peers (pick one)"
             )
         self.address = address
+        self.ssl_context = ssl_context
         self.get_flags = (GET_FLAG_GENERATION | (GET_FLAG_FILL_FROM_PEERS if fill_from_peers else 0)
                           | (GET_FLAG_PEER_EXPORT if peer_export else 0))
         self._host, self._port = parse_host_port(address)
@@ -191,6 +199,17 @@ class DataPlaneClient:
             tune_socket(sock)  # buffer sizes must be set before connect (window scaling)
             sock.settimeout(remaining)
             sock.connect(sockaddr)
+            if self.ssl_context is not None:
+                sock.settimeout(max(0.001, min(deadline - time.monotonic(), HANDSHAKE_TIMEOUT_S)))
+                plain, sock = sock, None
+                sock = self.ssl_context.wrap_socket(plain, server_hostname=self._host)  # handshakes
+        except ssl.SSLError as exc:
+            if sock is not None:
+                sock.close()
+            raise Unavailable(
+                f"TLS handshake with the data plane at {self.address} failed: {exc.reason or exc} "
+                "(is it the node's data address, and do both ends use certificates of one CA?)"
+            ) from None
         except TimeoutError:
             if sock is not None:
                 sock.close()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,7 +54,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from kvstored.addresses import format_host_port, parse_host_port
+from kvstored.auth import require_role
 from kvstored.errors import ErrorCode, KvstoredError, Unavailable
+from kvstored.security.identity import principal_of_socket
+from kvstored.security.tls import HANDSHAKE_TIMEOUT_S
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
@@ -156,6 +160,13 @@ class DataPlaneServer:
         idle_timeout_s: an idle connection is closed after this long (default
             ``dataplane_idle_timeout_s``).
         hook: see :data:`Hook`; None = no calls.
+        ssl_context: mutual TLS (a ``CERT_REQUIRED`` server context:
+            :meth:`kvstored.security.tls.TlsFiles.server_context`): each connection's thread
+            completes the handshake before reading a byte of a request, so a plaintext
+            peer, or one whose certificate the CA did not sign (or has expired), is refused
+            there; a verified peer must hold a role (node, engine or admin) in its
+            certificate, else its first request is answered PERMISSION_DENIED and the
+            connection closed. None = plaintext (the cluster network is trusted).
     """
 
     def __init__(
@@ -167,9 +178,13 @@ class DataPlaneServer:
         request_timeout_s: float | None = None,
         idle_timeout_s: float | None = None,
         hook: Hook | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         cfg = core.cfg
         self.core = core
+        self.ssl_context = ssl_context
+        self.num_handshakes_refused = 0
+        """TLS handshakes that failed (plaintext peer, unknown CA, expired certificate)."""
         self._host, self._port = parse_host_port(address)
         self.max_connections = max_connections or cfg.dataplane_max_connections
         self.request_timeout_s = request_timeout_s or cfg.dataplane_request_timeout_s
@@ -298,6 +313,9 @@ class DataPlaneServer:
             t.start()
 
     def _refuse(self, sock: socket.socket) -> None:
+        if self.ssl_context is not None:  # no plaintext answer to a TLS client: just close
+            sock.close()
+            return
         self._send_error_and_close(sock, 0, Unavailable(
             f"the data plane serves at most {self.max_connections} connections "
             "(node.dataplane_max_connections); retry later"
@@ -330,10 +348,49 @@ class DataPlaneServer:
             code_name = str(code)
         self.core.count_dataplane_request(op_name, code_name)
 
+    def _handshake(self, raw: socket.socket, peer: object) -> tuple[ssl.SSLSocket | None, KvstoredError | None]:
+        """Complete the TLS handshake of a new connection (this connection's thread).
+
+        Returns:
+            ``(tls socket, None)`` for a peer whose certificate names a role; ``(tls
+            socket, PermissionDenied/Unauthenticated)`` for a verified peer without one
+            (its first request is answered with it); ``(None, None)`` when the handshake
+            failed (the connection is closed and counted).
+        """
+        assert self.ssl_context is not None
+        raw.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            tls = self.ssl_context.wrap_socket(raw, server_side=True)  # handshakes now
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            with self._lock:
+                self._conns.pop(raw, None)
+                self.num_handshakes_refused += 1
+            log.info("data_plane_handshake_refused", peer=str(peer),
+                     reason=getattr(exc, "reason", None) or str(exc))
+            raw.close()
+            return None, None
+        with self._lock:  # stop() must shut down the socket that now owns the fd
+            self._conns[tls] = self._conns.pop(raw, False)
+        try:
+            principal = principal_of_socket(tls)
+            require_role(principal, "node", "engine", "admin", action="the data plane")
+        except KvstoredError as exc:
+            log.info("data_plane_peer_denied", peer=str(peer), error=str(exc))
+            return tls, exc
+        return tls, None
+
     def _serve_connection(self, sock: socket.socket, peer: object) -> None:
         self.core.count_dataplane_connection(1)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.ssl_context is not None:
+                tls, denied = self._handshake(sock, peer)
+                if tls is None:
+                    return
+                sock = tls
+                if denied is not None:
+                    self._deny_first_request(sock, denied)
+                    return
             reader = Reader(sock)
             while not self._stopping.is_set():
                 # The idle wait is a deadline too: the socket stays in blocking mode with a
@@ -361,6 +418,15 @@ class DataPlaneServer:
             except OSError:
                 pass
             self.core.count_dataplane_connection(-1)
+
+    def _deny_first_request(self, sock: socket.socket, err: KvstoredError) -> None:
+        """Answer the first request of a denied peer with ``err`` (then the caller closes)."""
+        reader = Reader(sock, deadline=time.monotonic() + HANDSHAKE_TIMEOUT_S)
+        op = 0
+        with contextlib.suppress(ProtocolError, PeerClosed, TimeoutError, OSError):
+            op = decode_header(reader.read_exact(HEADER.size))[0]
+        self._count(op, int(err.code))
+        self._send_error_and_close(sock, op, err)
 
     def _serve_request(self, sock: socket.socket, reader: Reader, peer: object) -> bool:
         """One request under ``reader.deadline``; False = close the connection."""
