@@ -113,18 +113,22 @@ def principal_from_pem(pem: bytes) -> Principal:
 def principal_from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> Principal:
     """The principal of a gRPC call, from ``context.auth_context()``.
 
-    A call without a peer certificate (an insecure port: a unix socket, or a server without
-    TLS) is :data:`~kvstored.auth.TRUSTED_LOCAL`; with TLS configured, every TCP port of a
-    kvstored server requires a client certificate (:func:`kvstored.security.tls.add_listen_port`),
-    so a TCP caller always has one.
+    A call on a plaintext port (a unix socket, or a server without TLS) is
+    :data:`~kvstored.auth.TRUSTED_LOCAL`. A call over TLS is judged by its certificate only:
+    every TLS port of a kvstored server requires one (``require_client_auth=True``,
+    :func:`kvstored.security.tls.port_credentials`), and a TLS call without one is refused
+    here as well, so a misconfigured port can never make a remote caller trusted.
 
     Raises:
-        Unauthenticated: as :func:`principal_from_pem`.
+        Unauthenticated: a TLS call without a peer certificate, or as :func:`principal_from_pem`.
     """
     pems = auth.get("x509_pem_cert")
-    if not pems:
-        return TRUSTED_LOCAL
-    return principal_from_pem(pems[0])
+    if pems:
+        return principal_from_pem(pems[0])
+    if b"ssl" in auth.get("transport_security_type", ()):
+        raise Unauthenticated("the caller's TLS connection carries no client certificate; "
+                              "present one signed by the cluster's CA (tls.cert_file)")
+    return TRUSTED_LOCAL
 
 
 def principal_of(context: Any) -> Principal:

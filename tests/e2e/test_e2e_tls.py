@@ -1,0 +1,190 @@
+"""Mutual TLS refusals against real processes: one ``kvstored master`` and one ``kvstored node``
+started with ``--tls-cert/--tls-key/--tls-ca`` (certificates from ``kvstored certs init``),
+shared by the tests of this module.
+
+Each refusal has a positive control in the same module (the right certificate gets through),
+so a test cannot pass because nothing answers at all: no certificate, a certificate of
+another CA and an expired certificate of the right CA are refused by the master's and the
+node's gRPC listeners and by the node's data plane; an engine certificate cannot register
+with the master or remove (evict) on a node; the node's unix socket stays plaintext and
+trusted (TRUSTED_LOCAL).
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cluster_helpers import MasterProcess, NodeProcess, wait_healthy  # noqa: F401 (wait_healthy: docs)
+from thread_helpers import wait_until
+
+from kvstored import Client
+from kvstored.client.master import MasterClient
+from kvstored.errors import DeadlineExceeded, PermissionDenied, TransferFailed, Unavailable
+from kvstored.rpc_status import error_from_rpc
+from kvstored.security.certs import Issued, issue_certificate, make_ca, write_pair
+from kvstored.security.tls import TlsFiles, open_channel
+from kvstored.transport.tcp import DataPlaneClient
+from kvstored.v1 import master_pb2 as mpb
+from kvstored.v1 import master_pb2_grpc as mgrpc
+
+REFUSED = (Unavailable, DeadlineExceeded)
+"""What a client sees when the server refuses its TLS handshake (gRPC reports a closed or
+failed connection as UNAVAILABLE; a retry loop may run out of its deadline first)."""
+KEY = bytes(range(16))
+VALUE = b"tls" * 1000
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.certs = root / "certs"
+        r = subprocess.run([sys.executable, "-m", "kvstored.cli.main", "certs", "init", str(self.certs),
+                            "--nodes", "n1", "--engines", "e1", "--admins", "ops"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        # a certificate of another CA, and an expired one of the right CA
+        other = make_ca("another CA")
+        write_pair(self.certs, "other-ca", other)
+        write_pair(self.certs, "stranger", issue_certificate(other, "stranger", roles=["engine"]))
+        ca_pem = (self.certs / "ca.pem").read_bytes()
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        ca = Issued(x509.load_pem_x509_certificate(ca_pem),
+                    serialization.load_pem_private_key((self.certs / "ca.key").read_bytes(), None))  # type: ignore[arg-type]
+        now = datetime.datetime.now(datetime.UTC)
+        write_pair(self.certs, "expired", issue_certificate(
+            ca, "expired", roles=["admin"], not_before=now - datetime.timedelta(days=2),
+            not_after=now - datetime.timedelta(days=1)))
+        self.master = MasterProcess(root)
+        self.master.args += self.flags("master")
+        self.node: NodeProcess | None = None
+
+    def flags(self, stem: str) -> list[str]:
+        return ["--tls-cert", str(self.certs / f"{stem}.pem"), "--tls-key", str(self.certs / f"{stem}.key"),
+                "--tls-ca", str(self.certs / "ca.pem")]
+
+    def tls(self, stem: str, ca: str = "ca") -> TlsFiles:
+        return TlsFiles.load(self.certs / f"{stem}.pem", self.certs / f"{stem}.key", self.certs / f"{ca}.pem")
+
+    def start(self) -> None:
+        self.master.start()
+        self.node = NodeProcess(self.root / "n1", self.master.address, "n1")
+        self.node.args += self.flags("node-n1")
+        self.node.start()
+
+    def stop(self) -> list[int]:
+        codes = []
+        if self.node is not None and self.node.proc is not None:
+            codes.append(self.node.terminate())
+        if self.master.proc is not None:
+            self.master.proc.terminate()
+            codes.append(self.master.proc.wait(timeout=60))
+        return codes
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    root = Path(tempfile.mkdtemp(prefix="kvtls", dir="/tmp"))
+    c = Cluster(root)
+    try:
+        c.start()
+        admin = MasterClient(c.master.address, timeout_s=5.0, tls=c.tls("admin-ops"))
+        wait_until(lambda: any(n["node_id"] == "n1" and n["health"] == "healthy"
+                               for n in admin.list_nodes()["nodes"]),  # type: ignore[attr-defined]
+                   30.0, "n1 registered over mTLS (a node certificate may register)")
+        admin.close()
+        yield c
+        assert c.stop() == [0, 0]
+    finally:
+        if c.node is not None:
+            c.node.kill()
+        c.master.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _node(c: Cluster) -> NodeProcess:
+    assert c.node is not None
+    return c.node
+
+
+def test_master_refuses_no_cert_wrong_ca_and_expired(cluster: Cluster) -> None:
+    addr = cluster.master.address
+    with MasterClient(addr, timeout_s=5.0, tls=cluster.tls("admin-ops")) as ok:
+        assert [n["node_id"] for n in ok.list_nodes()["nodes"]] == ["n1"]  # type: ignore[index]
+    for tls in (None, cluster.tls("stranger", ca="other-ca"), cluster.tls("expired")):
+        with MasterClient(addr, timeout_s=1.0, tls=tls) as m, pytest.raises(REFUSED):
+            m.list_nodes()
+
+
+def test_node_refuses_no_cert_wrong_ca_and_expired(cluster: Cluster) -> None:
+    node = _node(cluster)
+    with Client(node.tcp_address, timeout_s=5.0, transport="grpc", tls=cluster.tls("engine-e1")) as ok:
+        assert ok.describe().node_id == "n1"
+    for tls in (False, cluster.tls("stranger", ca="other-ca"), cluster.tls("expired")):
+        with Client(node.tcp_address, timeout_s=1.0, transport="grpc", tls=tls) as c, pytest.raises(REFUSED):
+            c.describe()
+
+
+def test_engine_cert_can_put_and_get_but_not_register_or_evict(cluster: Cluster) -> None:
+    node = _node(cluster)
+    engine = cluster.tls("engine-e1")
+    with Client(node.tcp_address, timeout_s=5.0, tls=engine) as c:
+        assert c.put([KEY], [VALUE])[0].stored
+        assert c.get([KEY]) == [VALUE]  # over the TLS data plane (transport auto -> tcp)
+        with pytest.raises(PermissionDenied, match=r"NodeService.Remove needs role admin; caller 'engine-e1'"):
+            c.remove([KEY])
+    with open_channel(cluster.master.address, engine) as channel:
+        req = mpb.RegisterNodeRequest(node=mpb.NodeInfo(node_id="evil", epoch=1, grpc_address="127.0.0.1:1",
+                                                        data_address="127.0.0.1:2"))
+        with pytest.raises(grpc.RpcError) as info:
+            mgrpc.MasterServiceStub(channel).RegisterNode(req, timeout=5.0)
+    err = error_from_rpc(info.value)
+    assert isinstance(err, PermissionDenied), err
+    assert "MasterService.RegisterNode needs role node; caller 'engine-e1' has ['engine']" in str(err)
+    # the unix socket is a local caller: trusted with every role, as before TLS
+    with Client(node.unix_address, timeout_s=5.0, tls=False) as local:
+        assert local.exists([KEY]) == [True]
+    with Client(node.tcp_address, timeout_s=5.0, tls=cluster.tls("admin-ops")) as admin:
+        assert admin.remove([KEY]) == [True]  # an admin may
+
+
+def _dp_get(node: NodeProcess, ctx: Any) -> list[Any]:
+    import time
+
+    client = DataPlaneClient(node.data, ssl_context=ctx)
+    bufs: list[bytearray] = []
+
+    def sink(i: int, size: int, meta: bytes) -> memoryview:
+        bufs.append(bytearray(size))
+        return memoryview(bufs[-1])
+
+    try:
+        return client.get([KEY], b"", sink, deadline=time.monotonic() + 2.0)
+    finally:
+        client.close()
+
+
+def test_data_plane_refuses_a_peer_without_a_valid_cert(cluster: Cluster) -> None:
+    node = _node(cluster)
+    with Client(node.unix_address, timeout_s=5.0, tls=False) as local:
+        assert local.put([KEY], [VALUE])[0].stored
+    got = _dp_get(node, cluster.tls("node-n1").client_context())  # positive control
+    assert [g.found for g in got] == [True]
+    no_cert = ssl.create_default_context(cadata=(cluster.certs / "ca.pem").read_text())  # TLS, no client cert
+    for ctx in (None, cluster.tls("stranger", ca="other-ca").client_context(),
+                cluster.tls("expired").client_context(), no_cert):
+        with pytest.raises((Unavailable, TransferFailed, DeadlineExceeded)):
+            _dp_get(node, ctx)
+    wait_until(lambda: node.log().count("data_plane_handshake_refused") >= 4, 10.0,
+               "the node logged each refused handshake")
