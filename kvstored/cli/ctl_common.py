@@ -194,6 +194,16 @@ def watch_options(fn: F) -> F:
                         callback=_override, help=WATCH_HELP)(fn)
 
 
+def _tls_hint(obj: Any) -> str:
+    """A hint for an unreachable TCP address when kvstorectl has no TLS (the server may
+    require a client certificate: a plaintext client only sees the connection close)."""
+    if not isinstance(obj, CtlContext) or obj.tls is not None:
+        return ""
+    if obj.address is None or is_unix_address(obj.address):
+        return ""
+    return " (if the server uses TLS, pass --tls-cert, --tls-key and --tls-ca)"
+
+
 def handle_errors(fn: F) -> F:
     """Map failures to exit codes and print them (JSON in json mode)."""
 
@@ -204,7 +214,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (Unavailable, DeadlineExceeded) as exc:
-            output.emit_error(out, exc.code.name, str(exc))
+            output.emit_error(out, exc.code.name, str(exc) + _tls_hint(ctx.obj))
             ctx.exit(EXIT_UNREACHABLE)
         except InvalidArgument as exc:
             output.emit_error(out, exc.code.name, str(exc))

@@ -48,6 +48,7 @@ def test_secure_cluster_commands_run_as_written(workdir: Path) -> None:
                 outs.append(run.run(cmd))
         assert "healthy" in outs[0].stdout and "127.0.0.1" in outs[0].stdout
         assert outs[1].returncode == 3 and "UNAVAILABLE" in outs[1].stderr, outs[1]
+        assert "if the server uses TLS, pass --tls-cert" in outs[1].stderr
         assert outs[2].returncode == 4, outs[2]
         assert "PERMISSION_DENIED: NodeService.Remove needs role admin" in outs[2].stdout, outs[2]
         assert "evicted 2 replicas" in outs[3].stdout
