@@ -128,7 +128,8 @@ class MasterDaemon:
                                              restarted=restarted)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", 64 << 20)])
-        add_master_service(server, MasterServicer(self.state, metrics=self.metrics))
+        add_master_service(server, MasterServicer(self.state, metrics=self.metrics,
+                                                  check_roles=self.tls is not None))
         for addr in cfg.listen:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):

@@ -251,7 +251,8 @@ class NodeDaemon:
                 ]
             )
             self._server = server
-            self._servicer = NodeServicer(core, self._executor, version=_version())
+            self._servicer = NodeServicer(core, self._executor, version=_version(),
+                                          check_roles=self.tls is not None)
             if self.cluster is not None:  # a put's default replicas (Describe)
                 self._servicer.replicas_for = self.cluster.replicas_for
             add_node_service(server, self._servicer)
