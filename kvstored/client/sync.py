@@ -250,6 +250,8 @@ class Client:
     Raises:
         InvalidArgument: malformed address, timeout, namespace, transport, replicas or tenant
             name.
+        ConfigInvalid: ``tls`` not given and only some ``KVSTORED_TLS__*`` env vars set, or
+            their files unreadable / not a certificate and its key.
     """
 
     def __init__(

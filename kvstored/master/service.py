@@ -122,6 +122,7 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
             await context.abort(grpc_status(err), str(err))
             raise AssertionError("unreachable")  # context.abort raises
 
+        wrapper.roles = roles  # type: ignore[attr-defined]  # read by the role-table test
         return wrapper
 
     return decorate

@@ -135,3 +135,16 @@ def test_tls_config_takes_all_three_files_or_none(tmp_path: Path) -> None:
     assert tls_from_env({}) is None
     with pytest.raises(ConfigInvalid, match="missing KVSTORED_TLS__CA_FILE"):
         tls_from_env({"KVSTORED_TLS__CERT_FILE": "a", "KVSTORED_TLS__KEY_FILE": "b"})
+
+
+def test_every_master_method_has_a_role_decision() -> None:
+    from kvstored.master.service import MasterServicer
+    from kvstored.v1 import master_pb2
+
+    methods = master_pb2.DESCRIPTOR.services_by_name["MasterService"].methods_by_name
+    roles = {name: getattr(MasterServicer, name).roles for name in methods}
+    node_only = {"RegisterNode", "UnregisterNode", "Heartbeat", "SyncInventory", "ReportEvents",
+                 "ReportTransfer"}
+    assert {n for n, r in roles.items() if r == ("node",)} == node_only
+    assert all("admin" not in r for n, r in roles.items() if not n.startswith("List"))
+    assert all(set(r) == {"node", "engine", "admin"} for n, r in roles.items() if n.startswith("List"))
