@@ -188,3 +188,8 @@ def test_data_plane_refuses_a_peer_without_a_valid_cert(cluster: Cluster) -> Non
             _dp_get(node, ctx)
     wait_until(lambda: node.log().count("data_plane_handshake_refused") >= 4, 10.0,
                "the node logged each refused handshake")
+    # a certificate the CA signed but that names no role (the master's) is verified, then
+    # its first request is answered PERMISSION_DENIED
+    with pytest.raises(PermissionDenied,
+                       match="the data plane needs role node or engine or admin; caller .master."):
+        _dp_get(node, cluster.tls("master").client_context())
