@@ -12,6 +12,7 @@ trusted (TRUSTED_LOCAL).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import shutil
 import ssl
@@ -27,7 +28,7 @@ import pytest
 from cluster_helpers import MasterProcess, NodeProcess, wait_healthy  # noqa: F401 (wait_healthy: docs)
 from thread_helpers import wait_until
 
-from kvstored import Client
+from kvstored import AsyncClient, Client
 from kvstored.client.master import MasterClient
 from kvstored.errors import DeadlineExceeded, PermissionDenied, TransferFailed, Unavailable
 from kvstored.rpc_status import error_from_rpc
@@ -157,6 +158,22 @@ def test_engine_cert_can_put_and_get_but_not_register_or_evict(cluster: Cluster)
         assert local.exists([KEY]) == [True]
     with Client(node.tcp_address, timeout_s=5.0, tls=cluster.tls("admin-ops")) as admin:
         assert admin.remove([KEY]) == [True]  # an admin may
+
+
+def test_async_client_speaks_mtls_too(cluster: Cluster) -> None:
+    node = _node(cluster)
+
+    async def main() -> None:
+        async with AsyncClient(node.tcp_address, timeout_s=5.0, tls=cluster.tls("engine-e1")) as c:
+            assert (await c.put([KEY], [VALUE]))[0].stored
+            assert await c.get([KEY]) == [VALUE]
+            with pytest.raises(PermissionDenied):
+                await c.remove([KEY])
+        async with AsyncClient(node.tcp_address, timeout_s=1.0, tls=False) as plain:
+            with pytest.raises(REFUSED):
+                await plain.describe()
+
+    asyncio.run(main())
 
 
 def _dp_get(node: NodeProcess, ctx: Any) -> list[Any]:
