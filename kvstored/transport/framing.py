@@ -59,6 +59,11 @@ call the kernel timeout cuts short returns what it moved (or EAGAIN: TimeoutErro
 next call finds the deadline passed. (A signal that interrupts a call before it moved a byte
 restarts it with the timeout set before it: the one case where a call may wait a little past
 the deadline.)
+
+Over TLS (an ``ssl.SSLSocket``: the data plane with ``[tls]``) there is no ``sendmsg`` and no
+``MSG_WAITALL``: ``send_all`` sends buffer by buffer and a ``Reader`` loops on plain
+``recv_into``; the deadline is the socket's own timeout, re-armed before each call, since
+OpenSSL retries a blocking read that a kernel timeout cut short (it would never end).
 """
 
 from __future__ import annotations

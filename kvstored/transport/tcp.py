@@ -20,7 +20,9 @@ writing (:mod:`kvstored.transport.tcp_streams`). A failed GET raises with the it
 arrived whole attached (``completed``, :func:`~kvstored.transport.base.completed_items`):
 the caller keeps those, never an item whose payload arrived in part.
 
-Sockets use TCP_NODELAY and 4 MiB send/receive buffers.
+Sockets use TCP_NODELAY and 4 MiB send/receive buffers. With an ``ssl_context`` (``[tls]``),
+every connection is mutual TLS: the handshake runs under the call's deadline (at most
+``HANDSHAKE_TIMEOUT_S``) and checks the node's certificate and host name.
 """
 
 from __future__ import annotations

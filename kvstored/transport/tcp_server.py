@@ -34,6 +34,11 @@ into the kernel), and only then aborts the reservations and releases the pins. S
 never released while this request may still write it (the fencing rule:
 docs/architecture.md#fencing-and-sessions).
 
+TLS (``ssl_context``, with ``[tls]``): the connection's own thread runs the handshake
+(``CERT_REQUIRED``, at most ``HANDSHAKE_TIMEOUT_S``) before any request byte is read, and
+the peer's certificate must name a role (kvstored/security/identity.py); the accept thread
+never blocks on a handshake.
+
 Threads: one accept thread and one daemon thread per connection. ``self._lock`` guards the
 connection table, the counters and the shared request-body budget (``_budget_freed`` is a
 condition on it); it is never held while calling the store or doing socket I/O.
