@@ -296,7 +296,7 @@ class NodeDaemon:
         log.info(
             "node_started", node_id=cfg.node_id, epoch=self.epoch, grpc=self.grpc_addresses,
             data=self.data_address, metrics=self.metrics_address, arena=self.arena_path or "",
-            dram_size_bytes=store.arena_size_bytes,
+            dram_size_bytes=store.arena_size_bytes, tls=self.tls is not None,
         )
 
     async def _start_control(self) -> None:
