@@ -273,11 +273,21 @@ class ClientState:
         if isinstance(err, DeadlineExceeded) and not self.connected:
             return Unavailable(
                 f"node at {self.address} did not answer within the deadline (is kvstored "
-                f"running there?): {err}"
+                f"running there?{self._tls_hint()}): {err}"
             )
         if isinstance(err, Unavailable) and not self.connected:
-            return Unavailable(f"node at {self.address} is unreachable: {err}")
+            return Unavailable(f"node at {self.address} is unreachable{self._tls_hint()}: {err}")
         return err
+
+    def _tls_hint(self) -> str:
+        """What to check about TLS when a TCP node never answered (a TLS server closes a
+        plaintext or badly certified connection without saying why)."""
+        if self.is_unix:
+            return ""
+        if self.tls is None:
+            return "; if it uses TLS, pass tls= or set KVSTORED_TLS__CERT_FILE/KEY_FILE/CA_FILE"
+        return ("; with TLS: the node's certificate must name this host and chain to "
+                f"{self.tls.ca_file}, and {self.tls.cert_file} must be valid and signed by its CA")
 
 
 def retry_delay(exc: KvstoredError, attempt: int, deadline: float) -> float | None:

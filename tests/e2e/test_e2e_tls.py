@@ -132,8 +132,12 @@ def test_node_refuses_no_cert_wrong_ca_and_expired(cluster: Cluster) -> None:
     node = _node(cluster)
     with Client(node.tcp_address, timeout_s=5.0, transport="grpc", tls=cluster.tls("engine-e1")) as ok:
         assert ok.describe().node_id == "n1"
-    for tls in (False, cluster.tls("stranger", ca="other-ca"), cluster.tls("expired")):
-        with Client(node.tcp_address, timeout_s=1.0, transport="grpc", tls=tls) as c, pytest.raises(REFUSED):
+    hints = ["if it uses TLS, pass tls=", "with TLS: the node's certificate must name this host",
+             "with TLS: the node's certificate must name this host"]
+    for tls, hint in zip((False, cluster.tls("stranger", ca="other-ca"), cluster.tls("expired")), hints,
+                         strict=True):
+        with Client(node.tcp_address, timeout_s=1.0, transport="grpc", tls=tls) as c, \
+                pytest.raises(REFUSED, match=hint):
             c.describe()
 
 
