@@ -28,8 +28,8 @@ from kvstored.client.types import NodeInfo
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.rpc_status import error_from_rpc
-from kvstored.tenancy import check_tenant, scope_namespace
 from kvstored.security.tls import TlsFiles, tls_from_env
+from kvstored.tenancy import check_tenant, scope_namespace
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 

@@ -393,7 +393,7 @@ class NodeDaemon:
             # a put's extra replicas (kvstored/node/put_replicas.py)
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,
-                max_block_bytes=self.cfg.max_block_bytes, factors=factors)
+                max_block_bytes=self.cfg.max_block_bytes, factors=factors, tls=self.tls)
         await self._start_replicator(core)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller

@@ -397,16 +397,19 @@ class PutReplicas:
 
 
 def master_replicas(store: ReplicaStore, cfg: Any, *, node_id: str, max_block_bytes: int,
-                    factors: ReplicationFactors) -> PutReplicas:
-    """A replicator over a real master (``cfg``: the node's ClusterConfig) and TCP peers."""
+                    factors: ReplicationFactors, tls: Any = None) -> PutReplicas:
+    """A replicator over a real master (``cfg``: the node's ClusterConfig) and TCP peers;
+    ``tls`` (a :class:`kvstored.security.tls.TlsFiles`, or None = plaintext): mutual TLS to
+    the master and to the peers' data planes."""
     from kvstored.transport.master_rpc import MasterClient
     from kvstored.transport.tcp import DataPlaneClient
 
-    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s)
+    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s, tls=tls)
+    ssl_context = tls.client_context() if tls is not None else None
 
     def transport(address: str) -> Transport:
         return DataPlaneClient(address, pool_size=cfg.peer_pool_size,
-                               max_block_bytes=max_block_bytes)
+                               max_block_bytes=max_block_bytes, ssl_context=ssl_context)
 
     rep = PutReplicas(store, master, transport, node_id=node_id, factors=factors,
                       max_used_fraction=cfg.spill_high_watermark,

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstored.auth import TRUSTED_LOCAL, Principal
+from kvstored.auth import Principal
 from kvstored.errors import PermissionDenied
+from kvstored.security.identity import principal_of
 from kvstored.tenancy import check_tenant
 
 TENANT_METADATA_KEY = "kvstored-tenant"
@@ -30,13 +31,17 @@ TENANT_METADATA_KEY = "kvstored-tenant"
 
 
 def request_principal(ctx: Any) -> Principal:
-    """The principal of a request (tls20's certificate check provides it on TLS listeners).
+    """The principal of a request: ``ctx.principal`` when the context carries one (the
+    control channel, tests), else the gRPC peer's certificate
+    (:func:`kvstored.security.identity.principal_of`: TRUSTED_LOCAL on a plaintext port).
 
-    Today every listener is trusted: :data:`TRUSTED_LOCAL`. A context may carry its own
-    (``ctx.principal``: the control channel, tests).
+    Raises:
+        Unauthenticated: a TLS call without a usable certificate.
     """
     p = getattr(ctx, "principal", None)
-    return p if isinstance(p, Principal) else TRUSTED_LOCAL
+    if isinstance(p, Principal):
+        return p
+    return principal_of(ctx)
 
 
 def declared_tenant(ctx: Any) -> str | None:

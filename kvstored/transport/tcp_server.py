@@ -59,10 +59,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from kvstored.addresses import format_host_port, parse_host_port
-from kvstored.auth import require_role
-from kvstored.errors import ErrorCode, KvstoredError, Unavailable
+from kvstored.auth import TRUSTED_LOCAL, Principal, require_role
+from kvstored.errors import ErrorCode, KvstoredError, PermissionDenied, Unavailable
 from kvstored.security.identity import principal_of_socket
 from kvstored.security.tls import HANDSHAKE_TIMEOUT_S
+from kvstored.tenancy import check_stored_namespace
 from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
@@ -114,6 +115,19 @@ FillFromPeers = Callable[..., object]
 """``fill(keys, namespace_id, remaining_s=seconds)``: copy the blocks of ``keys`` the node
 lacks from its peers (:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never
 raises for a peer's failure)."""
+
+
+def _check_tenant(principal: Principal, stored_namespace_id: bytes, action: str) -> None:
+    """Refuse a certificate of one tenant addressing another's stored id (nodes and admins
+    may address every tenant; a plaintext peer is TRUSTED_LOCAL, an admin).
+
+    Raises:
+        PermissionDenied: naming both tenants (kvstored.tenancy.check_stored_namespace).
+    """
+    if principal.authenticated:
+        check_stored_namespace(stored_namespace_id, tenant=principal.tenant,
+                               may_cross=principal.has("node") or principal.has("admin"),
+                               action=action)
 
 
 # ---- server --------------------------------------------------------------------------------
@@ -353,14 +367,15 @@ class DataPlaneServer:
             code_name = str(code)
         self.core.count_dataplane_request(op_name, code_name)
 
-    def _handshake(self, raw: socket.socket, peer: object) -> tuple[ssl.SSLSocket | None, KvstoredError | None]:
+    def _handshake(self, raw: socket.socket, peer: object
+                   ) -> tuple[ssl.SSLSocket | None, Principal, KvstoredError | None]:
         """Complete the TLS handshake of a new connection (this connection's thread).
 
         Returns:
-            ``(tls socket, None)`` for a peer whose certificate names a role; ``(tls
-            socket, PermissionDenied/Unauthenticated)`` for a verified peer without one
-            (its first request is answered with it); ``(None, None)`` when the handshake
-            failed (the connection is closed and counted).
+            ``(tls socket, principal, None)`` for a peer whose certificate names a role;
+            ``(tls socket, _, PermissionDenied/Unauthenticated)`` for a verified peer
+            without one (its first request is answered with it); ``(None, _, None)`` when
+            the handshake failed (the connection is closed and counted).
         """
         assert self.ssl_context is not None
         raw.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -373,7 +388,7 @@ class DataPlaneServer:
             log.info("data_plane_handshake_refused", peer=str(peer),
                      reason=getattr(exc, "reason", None) or str(exc))
             raw.close()
-            return None, None
+            return None, TRUSTED_LOCAL, None
         with self._lock:  # stop() must shut down the socket that now owns the fd
             self._conns[tls] = self._conns.pop(raw, False)
         try:
@@ -381,15 +396,16 @@ class DataPlaneServer:
             require_role(principal, "node", "engine", "admin", action="the data plane")
         except KvstoredError as exc:
             log.info("data_plane_peer_denied", peer=str(peer), error=str(exc))
-            return tls, exc
-        return tls, None
+            return tls, TRUSTED_LOCAL, exc
+        return tls, principal, None
 
     def _serve_connection(self, sock: socket.socket, peer: object) -> None:
         self.core.count_dataplane_connection(1)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            principal = TRUSTED_LOCAL  # plaintext: the cluster network is trusted
             if self.ssl_context is not None:
-                tls, denied = self._handshake(sock, peer)
+                tls, principal, denied = self._handshake(sock, peer)
                 if tls is None:
                     return
                 sock = tls
@@ -408,7 +424,7 @@ class DataPlaneServer:
                 reader.deadline = time.monotonic() + self.request_timeout_s
                 self._set_busy(sock, True)
                 try:
-                    if not self._serve_request(sock, reader, peer):
+                    if not self._serve_request(sock, reader, peer, principal):
                         return
                 finally:
                     self._set_busy(sock, False)
@@ -433,8 +449,15 @@ class DataPlaneServer:
         self._count(op, int(err.code))
         self._send_error_and_close(sock, op, err)
 
-    def _serve_request(self, sock: socket.socket, reader: Reader, peer: object) -> bool:
-        """One request under ``reader.deadline``; False = close the connection."""
+    def _serve_request(self, sock: socket.socket, reader: Reader, peer: object,
+                       principal: Principal = TRUSTED_LOCAL) -> bool:
+        """One request under ``reader.deadline``; False = close the connection.
+
+        ``principal``: the peer's (its certificate; TRUSTED_LOCAL without TLS). A caller that
+        is neither a node nor an admin may address only its own tenant's stored namespace
+        ids (:func:`kvstored.tenancy.check_stored_namespace`); another's is answered
+        PERMISSION_DENIED and the connection closed (a PUT's payload may follow).
+        """
         op = 0
         code = int(ErrorCode.INTERNAL)
         try:
@@ -452,6 +475,7 @@ class DataPlaneServer:
                     else:
                         ns, keys = decode_get_body(raw, count)
                     del raw
+                    _check_tenant(principal, ns, "data-plane GET")
                     code = self._handle_get(sock, reader, keys, ns,
                                             with_generation=bool(flags & GET_FLAG_GENERATION),
                                             fill=bool(flags & GET_FLAG_FILL_FROM_PEERS),
@@ -460,12 +484,18 @@ class DataPlaneServer:
                 else:
                     ns, items = decode_put_body(raw, count)
                     del raw
+                    _check_tenant(principal, ns, "data-plane PUT")
                     sizes = [size for _, size, _ in items]
                     self.limits.check_put_sizes(sizes)
                     self._allow_payload(reader, sum(sizes))
                     code = self._handle_put(sock, reader, items, ns,
                                             factor=(flags & PUT_FLAGS) >> PUT_FLAG_FACTOR_SHIFT)
             return True
+        except PermissionDenied as exc:
+            code = int(exc.code)
+            log.info("data_plane_peer_denied", peer=str(peer), error=str(exc))
+            self._send_error_and_close(sock, op, exc)
+            return False
         except (ProtocolError, FrameRejected) as exc:
             err = exc.error if isinstance(exc, FrameRejected) else exc
             code = int(err.code)

@@ -34,6 +34,7 @@ from kvstored.errors import DeadlineExceeded, PermissionDenied, TransferFailed, 
 from kvstored.rpc_status import error_from_rpc
 from kvstored.security.certs import Issued, issue_certificate, make_ca, write_pair
 from kvstored.security.tls import TlsFiles, open_channel
+from kvstored.tenancy import scope_namespace
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import master_pb2 as mpb
 from kvstored.v1 import master_pb2_grpc as mgrpc
@@ -64,6 +65,7 @@ class Cluster:
         ca = Issued(x509.load_pem_x509_certificate(ca_pem),
                     serialization.load_pem_private_key((self.certs / "ca.key").read_bytes(), None))  # type: ignore[arg-type]
         now = datetime.datetime.now(datetime.UTC)
+        write_pair(self.certs, "engine-a", issue_certificate(ca, "engine-a", roles=["engine"], tenant="a"))
         write_pair(self.certs, "expired", issue_certificate(
             ca, "expired", roles=["admin"], not_before=now - datetime.timedelta(days=2),
             not_after=now - datetime.timedelta(days=1)))
@@ -169,7 +171,7 @@ def test_async_client_speaks_mtls_too(cluster: Cluster) -> None:
 
     async def main() -> None:
         async with AsyncClient(node.tcp_address, timeout_s=5.0, tls=cluster.tls("engine-e1")) as c:
-            assert (await c.put([KEY], [VALUE]))[0].stored
+            assert (await c.put([KEY], [VALUE]))[0].error is None
             assert await c.get([KEY]) == [VALUE]
             with pytest.raises(PermissionDenied):
                 await c.remove([KEY])
@@ -180,7 +182,7 @@ def test_async_client_speaks_mtls_too(cluster: Cluster) -> None:
     asyncio.run(main())
 
 
-def _dp_get(node: NodeProcess, ctx: Any) -> list[Any]:
+def _dp_get(node: NodeProcess, ctx: Any, namespace_id: bytes = b"") -> list[Any]:
     import time
 
     client = DataPlaneClient(node.data, ssl_context=ctx)
@@ -191,7 +193,7 @@ def _dp_get(node: NodeProcess, ctx: Any) -> list[Any]:
         return memoryview(bufs[-1])
 
     try:
-        return client.get([KEY], b"", sink, deadline=time.monotonic() + 2.0)
+        return client.get([KEY], namespace_id, sink, deadline=time.monotonic() + 2.0)
     finally:
         client.close()
 
@@ -199,7 +201,7 @@ def _dp_get(node: NodeProcess, ctx: Any) -> list[Any]:
 def test_data_plane_refuses_a_peer_without_a_valid_cert(cluster: Cluster) -> None:
     node = _node(cluster)
     with Client(node.unix_address, timeout_s=5.0, tls=False) as local:
-        assert local.put([KEY], [VALUE])[0].stored
+        assert local.put([KEY], [VALUE])[0].error is None  # (stored now or already)
     got = _dp_get(node, cluster.tls("node-n1").client_context())  # positive control
     assert [g.found for g in got] == [True]
     no_cert = ssl.create_default_context(cadata=(cluster.certs / "ca.pem").read_text())  # TLS, no client cert
@@ -214,3 +216,8 @@ def test_data_plane_refuses_a_peer_without_a_valid_cert(cluster: Cluster) -> Non
     with pytest.raises(PermissionDenied,
                        match="the data plane needs role node or engine or admin; caller .master."):
         _dp_get(node, cluster.tls("master").client_context())
+    # tenant a's engine may not address the shared tenant's stored ids on the data plane
+    with pytest.raises(PermissionDenied, match="data-plane GET: a caller of tenant 'a' may not address tenant ''"):
+        _dp_get(node, cluster.tls("engine-a").client_context())
+    assert [g.found for g in _dp_get(node, cluster.tls("engine-a").client_context(),
+                                     scope_namespace("a", b""))] == [False]  # its own: a miss

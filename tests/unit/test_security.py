@@ -146,5 +146,7 @@ def test_every_master_method_has_a_role_decision() -> None:
     node_only = {"RegisterNode", "UnregisterNode", "Heartbeat", "SyncInventory", "ReportEvents",
                  "ReportTransfer"}
     assert {n for n, r in roles.items() if r == ("node",)} == node_only
-    assert all("admin" not in r for n, r in roles.items() if not n.startswith("List"))
+    assert {n for n, r in roles.items() if r == ("admin",)} == {"DrainNode", "SetReplication"}
+    assert all("admin" not in r for n, r in roles.items()
+               if not n.startswith("List") and r != ("admin",))
     assert all(set(r) == {"node", "engine", "admin"} for n, r in roles.items() if n.startswith("List"))
