@@ -71,7 +71,7 @@ class _Context:
 
 def test_grpc_handlers_reuse_their_children(labels_calls: LabelsCalls) -> None:
     metrics = NodeMetrics()
-    servicer = SimpleNamespace(core=SimpleNamespace(metrics=metrics))
+    servicer = SimpleNamespace(core=SimpleNamespace(metrics=metrics), check_roles=False)
 
     async def ok(request: Any, context: Any) -> pb.StatsResponse:
         return pb.StatsResponse()
