@@ -1,0 +1,115 @@
+"""The pool never drops a block it has room for (issue 17 section 3), real processes.
+
+Three repros of blocks lost while the pool had room, each at small scale:
+
+- a burst of puts into a small DRAM-only node, as fast as the client goes, while the peer
+  has room: the put that would evict an original waits (bounded) for the spiller to move
+  blocks to the peer (backpressure, kvstored/node/spill.py ``PoolRoom``);
+- the same with the master SIGKILLed after both nodes registered: the spiller moves blocks
+  straight to the peers it last knew (its cached ListNodes view), and a restarted master
+  learns where they are from the nodes' inventories;
+- reads of every block through two nodes with small DRAM + SSD tiers: a promotion makes
+  room from DRAM copies and blocks already on SSD before it demotes into a full SSD
+  (tiers/transit.py), so no SSD original is evicted while a copy could go instead.
+
+Counted: every key is held by some node afterwards (the nodes' own listings). Waits poll
+observable state with a deadline, never sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cluster_helpers import MasterProcess, _wait
+from test_e2e_cluster_put import _cluster, _settled
+
+from kvstored import Client
+from kvstored.client.master import MasterClient
+
+BLOCK = 1 << 20
+
+
+def _value(key: bytes) -> bytes:
+    return np.random.default_rng(int.from_bytes(key[:8], "little")).integers(
+        0, 256, BLOCK, dtype=np.uint8).tobytes()
+
+
+def _held(node: Any) -> set[bytes]:
+    with Client(node.unix_address) as c:
+        return {b.key for b in c.list_blocks(limit=100000)[0]}
+
+
+def _knows_peer(node: Any, peer: str) -> bool:
+    """The node's spiller logged a cached peer view naming ``peer`` (spill_peer_view)."""
+    text = node.log_path.read_text() if node.log_path.exists() else ""
+    return any("spill_peer_view" in line and f"peers={peer}" in line for line in text.splitlines())
+
+
+def _burst(node: Any, keys: list[bytes]) -> None:
+    with Client(node.unix_address) as c:
+        for i in range(0, len(keys), 4):  # as fast as the client goes: no pacing
+            chunk = keys[i : i + 4]
+            assert all(r.stored for r in c.put(chunk, [_value(k) for k in chunk]))
+
+
+def test_a_burst_into_a_small_node_loses_nothing_while_the_peer_has_room(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master, nodes = _cluster(workdir, procs, {"a": ("16MiB", "0"), "b": ("32MiB", "0")})
+    keys = [os.urandom(16) for _ in range(36)]  # 36 MiB into 16 + 32 MiB (0.9 of b: 28.8)
+    _burst(nodes["a"], keys)
+    lost = set(keys) - (_held(nodes["a"]) | _held(nodes["b"]))
+    assert not lost, f"{len(lost)} of {len(keys)} blocks lost while the peer had room"
+    with MasterClient(master.address) as m:
+        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "a"))
+    with Client(nodes["a"].unix_address) as c:
+        for k in keys[:4] + keys[-4:]:
+            got = c.get([k], timeout_s=30)[0]
+            assert got == _value(k), "wrong bytes or a miss for a block the pool holds"
+
+
+def test_a_burst_with_the_master_down_spills_to_the_peers_last_known(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master, nodes = _cluster(workdir, procs, {"a": ("16MiB", "0"), "b": ("32MiB", "0")})
+    _wait("a's spiller caches its peer view", lambda: _knows_peer(nodes["a"], "b"))
+    master.kill()
+    keys = [os.urandom(16) for _ in range(36)]
+    _burst(nodes["a"], keys)
+    held_a, held_b = _held(nodes["a"]), _held(nodes["b"])
+    lost = set(keys) - (held_a | held_b)
+    assert not lost, f"{len(lost)} of {len(keys)} blocks lost with the master down"
+    assert held_b & set(keys), "nothing reached b: the scenario needs a spill"
+    # A new master learns both nodes' replicas from their inventories.
+    fresh = MasterProcess(workdir)
+    fresh.args[fresh.args.index("--listen") + 1] = master.address
+    procs.append(fresh)
+    fresh.start()
+    with Client(nodes["a"].unix_address) as c:
+        _wait("the restarted master indexes b's blocks",
+              lambda: c.exists(sorted(held_b & set(keys))) == [True] * len(held_b & set(keys)))
+
+
+def test_reads_through_two_small_tiered_nodes_lose_nothing(
+    workdir: Path, procs: list[Any]
+) -> None:
+    _, nodes = _cluster(workdir, procs, {"a": ("8MiB", "16MiB"), "b": ("8MiB", "16MiB")})
+    keys = [os.urandom(16) for _ in range(36)]  # 36 MiB into 2 x 16 MiB of SSD (+ DRAM)
+    for name, part in (("a", keys[:18]), ("b", keys[18:])):
+        with Client(nodes[name].unix_address) as c:
+            for i in range(0, len(part), 2):
+                chunk = part[i : i + 2]
+                assert all(r.stored for r in c.put(chunk, [_value(k) for k in chunk]))
+    before = _held(nodes["a"]) | _held(nodes["b"])
+    assert before >= set(keys), "lost while putting (not the case under test)"
+    for name in ("a", "b", "a", "b"):
+        with Client(nodes[name].unix_address) as c:
+            for i in range(0, len(keys), 8):
+                chunk = keys[i : i + 8]
+                for k, got in zip(chunk, c.get(chunk, timeout_s=30), strict=True):
+                    assert got is None or got == _value(k), "wrong bytes"
+    lost = set(keys) - (_held(nodes["a"]) | _held(nodes["b"]))
+    assert not lost, f"{len(lost)} of {len(keys)} blocks gone from the pool after reads"
