@@ -311,6 +311,7 @@ class Spiller:
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread (after its current batch) and close the peer connections."""
         self._stop.set()
+        self._wake.set()  # the thread may be waiting for a wake-up, not its interval
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
