@@ -158,7 +158,6 @@ class NodeServicer:
         self._version = version
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
-        self._maybe_io = self._run if has_ssd else self._inline
         self._has_ssd = has_ssd
         self.remote: RemoteReads | None = None
         self.replicator: PutReplicas | None = None
@@ -293,6 +292,18 @@ class NodeServicer:
             pb.ReplicateResult(status=item_status(o.error), num_replicas=o.num_replicas,
                                num_wanted=o.num_wanted) for o in out])
 
+    def _loop_may_evict(self) -> bool:
+        """Whether an eviction may run on the loop: only on a DRAM-only node (metadata only)
+        whose store never waits for the pool (no spiller's backpressure installed:
+        ``TieredStore.set_pool_room``; such a wait blocks until a spill round moved blocks)."""
+        return not self._has_ssd and not self.core.store.has_pool_room
+
+    async def _maybe_io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` inline when it never waits (:meth:`_loop_may_evict`), else on the executor."""
+        if self._loop_may_evict():
+            return fn(*args, **kwargs)
+        return await self._run(fn, *args, **kwargs)
+
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
         ns = self._ns(ctx, req.namespace_id)
@@ -300,7 +311,7 @@ class NodeServicer:
         if sum(len(v) for _, v, _ in items) <= LOOP_PUT_MAX_BYTES:
             # small values (the control channel's one-round-trip put): copied and committed
             # on the loop unless an eviction is needed that may demote to SSD (disk I/O)
-            out = self.core.put_inline(items, ns, may_block=not self._has_ssd)
+            out = self.core.put_inline(items, ns, may_block=self._loop_may_evict())
         if out is NEEDS_IO:
             out = await self._run(self.core.put_inline, items, ns)
         return pb.PutResponse(results=_put_results(out))
@@ -322,11 +333,12 @@ class NodeServicer:
         tenant = self._tenant(ctx, req.session_id)
         check_shm_tenant(core.cfg.shm_tenants, tenant, action="ReservePut")
         ns = scope_namespace(tenant, req.namespace_id)
-        # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
-        # free space holds the batch, node/local_put.py); a batch that needs an eviction, which
-        # may demote to SSD (disk I/O), goes to the store executor
+        # reserved on the loop (no SSD tier and no backpressure: evictions are metadata only;
+        # else only when free space holds the batch, node/local_put.py); a batch that needs an
+        # eviction, which may demote to SSD (disk I/O) or wait for the spiller, goes to the
+        # store executor
         rid, got = core.reserve_put_items(
-            items, ns, may_block=not self._has_ssd, **kwargs
+            items, ns, may_block=self._loop_may_evict(), **kwargs
         )
         if got is NEEDS_IO:
             rid, got = await self._maybe_io(

@@ -301,6 +301,12 @@ class TieredStore:
             self._transit.pool_wait_s = float(wait_s)
 
     @property
+    def has_pool_room(self) -> bool:
+        """Whether a backpressure hook is installed (:meth:`set_pool_room`): then a local
+        put may wait for it, so callers on an event loop pass ``may_block=False``."""
+        return self._transit.pool_room is not None and self._transit.pool_wait_s > 0
+
+    @property
     def pool_waits(self) -> int:
         """Allocations that waited on the pool's backpressure (:meth:`set_pool_room`)."""
         return self._transit.waits
