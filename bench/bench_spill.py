@@ -22,7 +22,12 @@ its peer view: batches go straight to B). Also printed: the burst's wall time.
 
 Usage:  python bench/bench_spill.py [--sizes-kib 256,1024,4096] [--dram-mib 128]
         [--batch 8] [--burst-blocks 100] [--burst-dram-mib 64] [--no-ratio]
+        [--tiered-blocks 150 [--tiered-dram-mib 32] [--tiered-ssd-mib 64]]
         [--out bench/results/bench_spill.json]
+
+``--tiered-blocks N``: the tester's read case (issue 17): two nodes with DRAM + SSD tiers
+hold N x 1 MiB, half put through each; every block is then read through both nodes in
+batches of 8 and the blocks neither node holds are counted (lost).
 """
 
 from __future__ import annotations
@@ -177,6 +182,63 @@ def burst(num_blocks: int, dram_mib: int, workdir: Path, variant: str) -> dict[s
                 p.wait(60)
 
 
+def tiered(num_blocks: int, dram_mib: int, ssd_mib: int, workdir: Path) -> dict[str, object]:
+    """The tester's read case: two DRAM + SSD nodes hold ``num_blocks`` x 1 MiB (half put
+    through each), then every block is read through both nodes in batches of 8; a block
+    neither node holds afterwards is lost."""
+    env = {"KVSTORED_CLUSTER__SPILL_INTERVAL_S": "0.05",
+           "KVSTORED_CLUSTER__HEARTBEAT_INTERVAL_S": "0.25"}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        mproc, m = _start(workdir, "master-tiered", ["master", "--listen", "127.0.0.1:0",
+                                                     "--data-dir", str(workdir / "m-tiered")], env)
+        procs.append(mproc)
+        socks = {}
+        for name in ("a", "b"):
+            sock = workdir / f"{name}-tiered.sock"
+            socks[name] = f"unix:{sock}"
+            p, _ = _start(workdir, f"{name}-tiered", [
+                "node", "--master", m["grpc"], "--node-id", name, "--listen", f"unix:{sock}",
+                "--listen", "127.0.0.1:0", "--data-address", "127.0.0.1:0",
+                "--metrics-address", "", "--dram-size", str(dram_mib * MiB),
+                "--ssd-size", str(ssd_mib * MiB), "--ssd-dir", str(workdir / f"{name}-ssd")], env)
+            procs.append(p)
+        time.sleep(1.0)  # both registered and heartbeated (untimed)
+        keys = [os.urandom(16) for _ in range(num_blocks)]
+        values = {k: k * (MiB // 16) for k in keys}
+        half = num_blocks // 2
+        for name, part in (("a", keys[:half]), ("b", keys[half:])):
+            with Client(socks[name]) as c:
+                for i in range(0, len(part), 2):
+                    chunk = part[i : i + 2]
+                    assert all(r.stored for r in c.put(chunk, [values[k] for k in chunk]))
+
+        def held() -> set[bytes]:
+            out: set[bytes] = set()
+            for addr in socks.values():
+                with Client(addr) as c:
+                    out |= {b.key for b in c.list_blocks(limit=100000)[0]}
+            return out
+
+        lost_put = len(set(keys) - held())
+        hits = wrong = 0
+        for name in ("a", "b"):
+            with Client(socks[name]) as c:
+                for i in range(0, num_blocks, 8):
+                    chunk = keys[i : i + 8]
+                    for k, got in zip(chunk, c.get(chunk, timeout_s=60), strict=True):
+                        hits += got is not None
+                        wrong += got is not None and got != values[k]
+        return {"blocks": num_blocks, "dram_mib": dram_mib, "ssd_mib": ssd_mib,
+                "lost_after_puts": lost_put, "lost_after_reads": len(set(keys) - held()),
+                "hits": hits, "reads": 2 * num_blocks, "wrong": wrong}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-kib", default="256,1024,4096")
@@ -184,11 +246,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--burst-blocks", type=int, default=100)
     ap.add_argument("--burst-dram-mib", type=int, default=64)
+    ap.add_argument("--tiered-blocks", type=int, default=0,
+                    help="also the read case through two DRAM + SSD nodes (the tester's: 150)")
+    ap.add_argument("--tiered-dram-mib", type=int, default=32)
+    ap.add_argument("--tiered-ssd-mib", type=int, default=64)
     ap.add_argument("--no-ratio", action="store_true", help="only the burst case")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rows = []
     bursts = []
+    reads = []
     with tempfile.TemporaryDirectory(prefix="kvspill", dir="/tmp") as d:
         if not args.no_ratio:
             for kib in [int(x) for x in args.sizes_kib.split(",")]:
@@ -198,6 +265,10 @@ def main() -> None:
             for variant in ("wait 0", "backpressure", "master down"):
                 bursts.append(burst(args.burst_blocks, args.burst_dram_mib, Path(d), variant))
                 print(bursts[-1], flush=True)
+        if args.tiered_blocks > 0:
+            reads.append(tiered(args.tiered_blocks, args.tiered_dram_mib, args.tiered_ssd_mib,
+                                Path(d)))
+            print(reads[-1], flush=True)
     if rows:
         print("\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
         print("|---:|---:|---:|---:|---:|---:|")
@@ -211,9 +282,15 @@ def main() -> None:
         for b in bursts:
             print(f"| {b['variant']} | {b['blocks']} | {b['node_mib']} | **{b['lost']}** | "
                   f"{b['held_a']} / {b['held_b']} | {b['burst_s']} | {b['put_mib_per_s']} |")
+    for r in reads:
+        print(f"\nreads through two nodes (DRAM {r['dram_mib']} + SSD {r['ssd_mib']} MiB), "
+              f"{r['blocks']} x 1 MiB: **lost {r['lost_after_reads']}** "
+              f"({r['lost_after_puts']} after the puts), hits {r['hits']} / {r['reads']}, "
+              f"wrong {r['wrong']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"ratio": rows, "burst": bursts}, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"ratio": rows, "burst": bursts, "reads": reads},
+                                             indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -315,6 +315,8 @@ class Spiller:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        with self._cv:  # a put still waiting for a round evicts now (wait_for_room)
+            self._cv.notify_all()
         for t in self._peers.values():
             t.close()
         self._peers.clear()
@@ -379,7 +381,7 @@ class Spiller:
             while True:
                 if self._blocks_left > start:
                     return True
-                if self._rounds_done >= ticket:
+                if self._rounds_done >= ticket or self._stop.is_set():
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
