@@ -48,6 +48,17 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
+Backpressure (issue 17 §3: the pool never drops a block it has room for): the store asks
+:meth:`Spiller.wait_for_room` (installed with ``TieredStore.set_pool_room``) before a local
+put or a promotion evicts a block the pool holds nowhere else; it wakes the thread for a
+round of at least the bytes asked (also below the high watermark) and answers as soon as a
+block left, or when the round moved nothing (no peer has room: the caller evicts), within
+``cluster.spill_put_wait_s``. While the master cannot be reached (Unavailable or
+DeadlineExceeded on PutStartBatch), batches go for ``MASTER_RETRY_S`` straight to the peer of
+the cached ListNodes view (:meth:`Spiller.refresh_peers`) with the most room below the high
+watermark, no master call; a block still leaves only once that peer stored it, and masters
+learn both replicas from the nodes' events or inventories.
+
 Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
 block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
 N+1 on a second thread was measured and gave nothing on 2 shared cores; carrying the ends
