@@ -54,6 +54,7 @@ from google.protobuf.message import DecodeError, Message
 
 from kvstored.auth import Role, require_role
 from kvstored.errors import (
+    BatchTooLarge,
     ErrorCode,
     InternalError,
     InvalidArgument,
@@ -118,6 +119,35 @@ def _get_result(o: GetOutcome) -> pb.GetResult:
     return pb.GetResult(
         status=item_status(o.error), found=o.found, value=o.value, meta=o.meta, tier=_tier(o.tier)
     )
+
+
+def _add_through(keys: list[bytes], out: list[GetOutcome],
+                 through: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int
+                 ) -> list[GetOutcome]:
+    """Answer the misses of an inline Get that a fill received without room to keep them
+    (``RemoteReads.fill(through=...)``), within the reply's budget: past it (or when the
+    fill left it out for the budget: None), such an item gets BatchTooLarge, so the client
+    asks for it again, as long as the reply carries a value; so does a block the fill
+    found (None) that is a miss here now (its copy was evicted by the fill's next copy).
+    Each such call answers at least one value; a block no node holds is a miss at once."""
+    used = sum(len(o.value) for o in out if o.found)
+    res = list(out)
+    later: list[int] = []  # to fetch in another call (the client asks again)
+    for i, (k, o) in enumerate(zip(keys, out, strict=True)):
+        if k not in through or o.found or o.error is not None:
+            continue  # (not in through: the master named no replica, a true miss)
+        got = through[k]
+        if got is None or (used and used + len(got[0]) > budget_bytes):
+            later.append(i)
+            continue
+        used += len(got[0])
+        res[i] = GetOutcome(True, value=got[0], meta=got[1], tier=Tier.DRAM)
+    if used:  # (a reply with no value would make the client ask forever: misses then)
+        for i in later:
+            res[i] = GetOutcome(False, error=BatchTooLarge(
+                f"inline response budget of {budget_bytes} bytes reached at key #{i}; fetch "
+                "the remaining keys in another call or use the data plane"))
+    return res
 
 
 def _time_left(ctx: Any) -> float | None:
@@ -220,8 +250,12 @@ class NodeServicer:
             os.close(pidfd)
         self._close_session(session_id)
 
-    async def _fill_from_peers(self, keys: list[bytes], namespace_id: bytes, ctx: Any) -> None:
-        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py)."""
+    async def _fill_from_peers(
+        self, keys: list[bytes], namespace_id: bytes, ctx: Any, *,
+        through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
+    ) -> None:
+        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py);
+        with ``through``, a block with no room here lands there instead (for the reply)."""
         remote = self.remote
         if remote is None or not keys:
             return
@@ -230,7 +264,9 @@ class NodeServicer:
                 return
         except KvstoredError:
             return  # bad keys: the core's validation answers them
-        await self._run(remote.fill, keys, namespace_id, remaining_s=_time_left(ctx))
+        await self._run(functools.partial(
+            remote.fill, keys, namespace_id, remaining_s=_time_left(ctx), through=through,
+            through_budget_bytes=self.core.cfg.max_inline_bytes if through is not None else 0))
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -318,11 +354,22 @@ class NodeServicer:
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
         ns = self._ns(ctx, req.namespace_id)
-        await self._fill_from_peers(list(req.keys), ns, ctx)
-        out = await self._run(
-            self.core.get_inline, list(req.keys), ns,
-            budget_bytes=self.core.cfg.max_inline_bytes,
-        )
+        keys = list(req.keys)
+        # a peer's block this full node has no room to keep is streamed through the reply
+        through: dict[bytes, tuple[bytes, bytes] | None] = {}
+        before: list[bool] = []
+        if self.remote is not None:
+            with contextlib.suppress(KvstoredError):  # bad keys: the core answers them
+                before = self.core.store.exists(keys, namespace_id=ns)
+        await self._fill_from_peers(keys, ns, ctx, through=through)
+        if through:  # the fill's copies may evict copies an earlier call made here: ask again
+            for k, present in zip(keys, before, strict=False):
+                if present:
+                    through.setdefault(k, None)
+        budget = self.core.cfg.max_inline_bytes
+        out = await self._run(self.core.get_inline, keys, ns, budget_bytes=budget)
+        if through:
+            out = _add_through(keys, out, through, budget)
         return pb.GetResponse(results=[_get_result(o) for o in out])
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:

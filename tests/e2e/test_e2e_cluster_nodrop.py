@@ -120,3 +120,25 @@ def test_reads_through_two_small_tiered_nodes_lose_nothing(
                     assert got is None or got == _value(k), "wrong bytes"
     lost = set(keys) - (_held(nodes["a"]) | _held(nodes["b"]))
     assert not lost, f"{len(lost)} of {len(keys)} blocks gone from the pool after reads"
+
+
+def test_a_get_of_every_block_through_a_full_dram_only_node_serves_them_all(
+    workdir: Path, procs: list[Any]
+) -> None:
+    """One inline gRPC get of all 24 blocks (16 MiB nodes: more than the reader can keep)
+    through the full node c: the blocks d holds that c has no room to copy are streamed
+    through the reply (RemoteReads.fill ``through``), not missed; c drops nothing."""
+    master, nodes = _cluster(workdir, procs, {"c": ("16MiB", "0"), "d": ("16MiB", "0")})
+    c, d = nodes["c"], nodes["d"]
+    keys = [os.urandom(16) for _ in range(24)]
+    _burst(c, keys)  # backpressure: c spills to d as it fills
+    held_c, held_d = _held(c), _held(d)
+    assert held_c | held_d >= set(keys) and held_d & set(keys)
+    with MasterClient(master.address) as m:
+        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "c"))
+    with Client(c.tcp_address, transport="grpc") as cl:
+        got = cl.get(keys, timeout_s=30)
+    served = [g == _value(k) for k, g in zip(keys, got, strict=True)]
+    assert served == [True] * len(keys), (
+        f"{served.count(False)} of {len(keys)} missed ({len(held_d & set(keys))} on d)")
+    assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
