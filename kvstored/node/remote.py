@@ -274,7 +274,8 @@ class RemoteReads:
         return out
 
     def find_each(
-        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float
+        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
+        local_node_id: str | None = None,
     ) -> dict[int, ClusterReplica]:
         """The master's best replica of every one of ``keys`` present cluster-wide, by index
         (never pins): a read is per key, so a cluster-wide miss hides nothing after it.
@@ -282,12 +283,14 @@ class RemoteReads:
         One per-key lookup (``lookup_each``); a master that cannot answer per key (older, or
         no ``lookup_each``) is asked in runs past the misses (:meth:`find`, one lookup per
         run, until the keys or the deadline run out). A master that cannot be reached
-        answers nothing (a miss, logged).
+        answers nothing (a miss, logged). ``local_node_id`` ranks that node's replicas first
+        (default: this node's; "" = none, so an original elsewhere beats a copy here).
         """
         left = deadline - time.monotonic()
+        local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
-                found = self.lookup_each(namespace_id, keys, self.node_id, left)
+                found = self.lookup_each(namespace_id, keys, local, left)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
                 return {}
@@ -396,6 +399,14 @@ class RemoteReads:
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
             found = self.find_each(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
+            ours = [j for j, rep in found.items() if rep.node_id == self.node_id]
+            if ours and through is not None:
+                # the master still names our own copy, evicted here within the last
+                # heartbeat: ask again ranking no node first (an original elsewhere wins)
+                again = self.find_each(namespace_id, [mine_keys[j] for j in ours],
+                                       deadline=deadline, local_node_id="")
+                for n, rep in again.items():
+                    found[ours[n]] = rep
             num_found = len(found)
             if through is not None:  # found in the pool: the reply may ask for it again
                 for j in found:
