@@ -11,8 +11,23 @@ Reference, same run: this process putting the same number of blocks of the same 
 B's data plane with :class:`~kvstored.transport.tcp.DataPlaneClient`, in batches of the
 same size (no master, no source store). Ratio = spill GB/s / plain PUT GB/s.
 
+Burst case (issue 17 section 3; goal: 0 blocks lost): a real master and two real DRAM-only
+nodes of ``--burst-dram-mib`` each; ``--burst-blocks`` blocks of 1 MiB are put into node A
+as fast as one client goes (batches of 4, no pacing), then both nodes' listings are
+counted: a block held by neither is lost. Three variants in the same run: ``wait 0``
+(``cluster.spill_put_wait_s = 0``: a put that finds no room evicts at once, the behaviour
+before backpressure), ``backpressure`` (the default 2 s bound: the put waits for a spill
+round) and ``master down`` (backpressure, the master SIGKILLed after A's spiller cached
+its peer view: batches go straight to B). Also printed: the burst's wall time.
+
 Usage:  python bench/bench_spill.py [--sizes-kib 256,1024,4096] [--dram-mib 128]
-        [--batch 8] [--out bench/results/bench_spill.json]
+        [--batch 8] [--burst-blocks 100] [--burst-dram-mib 64] [--no-ratio]
+        [--tiered-blocks 150 [--tiered-dram-mib 32] [--tiered-ssd-mib 64]]
+        [--out bench/results/bench_spill.json]
+
+``--tiered-blocks N``: the tester's read case (issue 17): two nodes with DRAM + SSD tiers
+hold N x 1 MiB, half put through each; every block is then read through both nodes in
+batches of 8 and the blocks neither node holds are counted (lost).
 """
 
 from __future__ import annotations
@@ -110,26 +125,172 @@ def one_size(size: int, dram: int, batch: int, workdir: Path) -> dict[str, float
             p.wait(60)
 
 
+def burst(num_blocks: int, dram_mib: int, workdir: Path, variant: str) -> dict[str, object]:
+    """Put ``num_blocks`` x 1 MiB into node A as fast as possible; count the blocks lost."""
+    env = {"KVSTORED_CLUSTER__SPILL_INTERVAL_S": "0.05",
+           "KVSTORED_CLUSTER__HEARTBEAT_INTERVAL_S": "0.25",
+           "KVSTORED_CLUSTER__SPILL_PEER_VIEW_S": "0.25",
+           "KVSTORED_CLUSTER__SPILL_PUT_WAIT_S": "0" if variant == "wait 0" else "2"}
+    tag = variant.replace(" ", "-")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        mproc, m = _start(workdir, f"master-{tag}", ["master", "--listen", "127.0.0.1:0",
+                                                     "--data-dir", str(workdir / f"m-{tag}")], env)
+        procs.append(mproc)
+        socks = {}
+        for name in ("a", "b"):
+            sock = workdir / f"{name}-{tag}.sock"
+            socks[name] = f"unix:{sock}"
+            p, _ = _start(workdir, f"{name}-{tag}", [
+                "node", "--master", m["grpc"], "--node-id", name, "--listen", f"unix:{sock}",
+                "--listen", "127.0.0.1:0", "--data-address", "127.0.0.1:0",
+                "--metrics-address", "", "--dram-size", str(dram_mib * MiB), "--ssd-size", "0"],
+                env)
+            procs.append(p)
+        log_a = workdir / f"a-{tag}.log"
+        deadline = time.monotonic() + 60
+        while "peers=b" not in log_a.read_text():  # A's spiller cached its peer view
+            if time.monotonic() > deadline:
+                raise SystemExit("node A never listed its peer:\n" + log_a.read_text()[-2000:])
+            time.sleep(0.05)
+        if variant == "master down":
+            mproc.kill()
+            mproc.wait(30)
+        keys = [os.urandom(16) for _ in range(num_blocks)]
+        payload = os.urandom(MiB)
+        t0 = time.perf_counter()
+        with Client(socks["a"]) as a:
+            for i in range(0, num_blocks, 4):
+                chunk = keys[i : i + 4]
+                assert all(r.stored for r in a.put(chunk, [payload] * len(chunk)))
+        burst_s = time.perf_counter() - t0
+        held: set[bytes] = set()
+        per_node = {}
+        for name, addr in socks.items():
+            with Client(addr) as c:
+                mine = {b.key for b in c.list_blocks(limit=100000)[0]}
+            per_node[name] = len(mine & set(keys))
+            held |= mine
+        return {"variant": variant, "blocks": num_blocks, "node_mib": dram_mib,
+                "lost": len(set(keys) - held), "held_a": per_node["a"], "held_b": per_node["b"],
+                "burst_s": round(burst_s, 2),
+                "put_mib_per_s": round(num_blocks / burst_s, 1)}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(60)
+
+
+def tiered(num_blocks: int, dram_mib: int, ssd_mib: int, workdir: Path) -> dict[str, object]:
+    """The tester's read case: two DRAM + SSD nodes hold ``num_blocks`` x 1 MiB (half put
+    through each), then every block is read through both nodes in batches of 8; a block
+    neither node holds afterwards is lost."""
+    env = {"KVSTORED_CLUSTER__SPILL_INTERVAL_S": "0.05",
+           "KVSTORED_CLUSTER__HEARTBEAT_INTERVAL_S": "0.25"}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        mproc, m = _start(workdir, "master-tiered", ["master", "--listen", "127.0.0.1:0",
+                                                     "--data-dir", str(workdir / "m-tiered")], env)
+        procs.append(mproc)
+        socks = {}
+        for name in ("a", "b"):
+            sock = workdir / f"{name}-tiered.sock"
+            socks[name] = f"unix:{sock}"
+            p, _ = _start(workdir, f"{name}-tiered", [
+                "node", "--master", m["grpc"], "--node-id", name, "--listen", f"unix:{sock}",
+                "--listen", "127.0.0.1:0", "--data-address", "127.0.0.1:0",
+                "--metrics-address", "", "--dram-size", str(dram_mib * MiB),
+                "--ssd-size", str(ssd_mib * MiB), "--ssd-dir", str(workdir / f"{name}-ssd")], env)
+            procs.append(p)
+        time.sleep(1.0)  # both registered and heartbeated (untimed)
+        keys = [os.urandom(16) for _ in range(num_blocks)]
+        values = {k: k * (MiB // 16) for k in keys}
+        half = num_blocks // 2
+        for name, part in (("a", keys[:half]), ("b", keys[half:])):
+            with Client(socks[name]) as c:
+                for i in range(0, len(part), 2):
+                    chunk = part[i : i + 2]
+                    assert all(r.stored for r in c.put(chunk, [values[k] for k in chunk]))
+
+        def held() -> set[bytes]:
+            out: set[bytes] = set()
+            for addr in socks.values():
+                with Client(addr) as c:
+                    out |= {b.key for b in c.list_blocks(limit=100000)[0]}
+            return out
+
+        lost_put = len(set(keys) - held())
+        hits = wrong = 0
+        for name in ("a", "b"):
+            with Client(socks[name]) as c:
+                for i in range(0, num_blocks, 8):
+                    chunk = keys[i : i + 8]
+                    for k, got in zip(chunk, c.get(chunk, timeout_s=60), strict=True):
+                        hits += got is not None
+                        wrong += got is not None and got != values[k]
+        return {"blocks": num_blocks, "dram_mib": dram_mib, "ssd_mib": ssd_mib,
+                "lost_after_puts": lost_put, "lost_after_reads": len(set(keys) - held()),
+                "hits": hits, "reads": 2 * num_blocks, "wrong": wrong}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-kib", default="256,1024,4096")
     ap.add_argument("--dram-mib", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--burst-blocks", type=int, default=100)
+    ap.add_argument("--burst-dram-mib", type=int, default=64)
+    ap.add_argument("--tiered-blocks", type=int, default=0,
+                    help="also the read case through two DRAM + SSD nodes (the tester's: 150)")
+    ap.add_argument("--tiered-dram-mib", type=int, default=32)
+    ap.add_argument("--tiered-ssd-mib", type=int, default=64)
+    ap.add_argument("--no-ratio", action="store_true", help="only the burst case")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rows = []
+    bursts = []
+    reads = []
     with tempfile.TemporaryDirectory(prefix="kvspill", dir="/tmp") as d:
-        for kib in [int(x) for x in args.sizes_kib.split(",")]:
-            rows.append(one_size(kib * KiB, args.dram_mib, args.batch, Path(d)))
-            print(rows[-1], flush=True)
-    print("\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['block_kib']} KiB | {r['moved_mib']} | {r['spill_gbps']} | "
-              f"{r['plain_put_gbps']} | **{r['ratio']}** | {r['spill_blocks_per_s']} |")
+        if not args.no_ratio:
+            for kib in [int(x) for x in args.sizes_kib.split(",")]:
+                rows.append(one_size(kib * KiB, args.dram_mib, args.batch, Path(d)))
+                print(rows[-1], flush=True)
+        if args.burst_blocks > 0:
+            for variant in ("wait 0", "backpressure", "master down"):
+                bursts.append(burst(args.burst_blocks, args.burst_dram_mib, Path(d), variant))
+                print(bursts[-1], flush=True)
+        if args.tiered_blocks > 0:
+            reads.append(tiered(args.tiered_blocks, args.tiered_dram_mib, args.tiered_ssd_mib,
+                                Path(d)))
+            print(reads[-1], flush=True)
+    if rows:
+        print("\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['block_kib']} KiB | {r['moved_mib']} | {r['spill_gbps']} | "
+                  f"{r['plain_put_gbps']} | **{r['ratio']}** | {r['spill_blocks_per_s']} |")
+    if bursts:
+        print("\n| burst (1 MiB blocks) | blocks | node MiB | **lost** (goal 0) | held by A / B "
+              "| burst s | MiB/s |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for b in bursts:
+            print(f"| {b['variant']} | {b['blocks']} | {b['node_mib']} | **{b['lost']}** | "
+                  f"{b['held_a']} / {b['held_b']} | {b['burst_s']} | {b['put_mib_per_s']} |")
+    for r in reads:
+        print(f"\nreads through two nodes (DRAM {r['dram_mib']} + SSD {r['ssd_mib']} MiB), "
+              f"{r['blocks']} x 1 MiB: **lost {r['lost_after_reads']}** "
+              f"({r['lost_after_puts']} after the puts), hits {r['hits']} / {r['reads']}, "
+              f"wrong {r['wrong']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"ratio": rows, "burst": bursts, "reads": reads},
+                                             indent=2) + "\n")
 
 
 if __name__ == "__main__":

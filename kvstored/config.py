@@ -397,6 +397,13 @@ class ClusterConfig(_Model):
     """Seconds between two checks of the watermark."""
     spill_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one batch's data-plane transfer, seconds."""
+    spill_put_wait_s: float = Field(default=2.0, ge=0)
+    """Backpressure: the longest a local put (or a promotion) that would evict a block the
+    pool holds nowhere else waits for the spiller to move blocks to peers, seconds (0: never
+    wait, evict at once as before)."""
+    spill_peer_view_s: float = Field(default=2.0, gt=0)
+    """Seconds between refreshes of the spiller's cached peer view (ListNodes), which it
+    spills to while the master cannot be reached."""
     default_replicas: int = Field(default=1, ge=1, le=8)
     """Replicas a put wants when the client names none and its namespace is not in
     ``namespace_replicas`` (1 = only the writer's node; see docs/cluster.md "Replicas")."""

@@ -404,6 +404,9 @@ class NodeDaemon:
 
             self.metrics.registry.register(SpillCollector(self.spiller))
             self.spiller.start()
+            # backpressure: a put that would evict an original waits for a spill round first
+            core.store.set_pool_room(self.spiller.wait_for_room,
+                                     wait_s=self.cluster.spill_put_wait_s)
 
     async def _start_replicator(self, core: NodeCore) -> None:
         """The master's commands (copy, promote, drop, leave: kvstored/node/replicate.py)."""
@@ -510,6 +513,8 @@ class NodeDaemon:
         loop = asyncio.get_running_loop()
         remaining = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if self.spiller is not None:  # before the store closes: it pins and removes blocks
+            if self.core is not None:  # puts no longer wait for a spiller that stops
+                self.core.store.set_pool_room(None)
             await loop.run_in_executor(self._executor, self.spiller.close)
             self.spiller = None
         if self.replicator is not None:

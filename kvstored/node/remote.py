@@ -114,6 +114,33 @@ class FetchResult:
     num_waited: int = 0
 
 
+class _Through:
+    """Blocks a read carries in its reply without caching them (``RemoteReads.fill``'s
+    ``through``), under a byte budget; thread-safe (peers are copied in parallel)."""
+
+    def __init__(self, out: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int) -> None:
+        self.out = out
+        self.left = int(budget_bytes)
+        self.taken = False
+        self.lock = threading.Lock()
+
+    def take(self, key: bytes, size_bytes: int) -> bool:
+        """Reserve ``size_bytes`` of the budget (the first block always fits, as in the
+        inline Get); False when it does not fit, and ``out[key]`` is then None (the reply
+        asks the client to fetch it in another call)."""
+        with self.lock:
+            if self.taken and size_bytes > self.left:
+                self.out.setdefault(key, None)
+                return False
+            self.left -= size_bytes
+            self.taken = True
+            return True
+
+    def put(self, key: bytes, value: bytes, meta: bytes) -> None:
+        with self.lock:
+            self.out[key] = (value, meta)
+
+
 class RemoteReads:
     """The node's reads of other nodes' blocks (see the module docstring).
 
@@ -247,7 +274,8 @@ class RemoteReads:
         return out
 
     def find_each(
-        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float
+        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
+        local_node_id: str | None = None,
     ) -> dict[int, ClusterReplica]:
         """The master's best replica of every one of ``keys`` present cluster-wide, by index
         (never pins): a read is per key, so a cluster-wide miss hides nothing after it.
@@ -255,12 +283,14 @@ class RemoteReads:
         One per-key lookup (``lookup_each``); a master that cannot answer per key (older, or
         no ``lookup_each``) is asked in runs past the misses (:meth:`find`, one lookup per
         run, until the keys or the deadline run out). A master that cannot be reached
-        answers nothing (a miss, logged).
+        answers nothing (a miss, logged). ``local_node_id`` ranks that node's replicas first
+        (default: this node's; "" = none, so an original elsewhere beats a copy here).
         """
         left = deadline - time.monotonic()
+        local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
-                found = self.lookup_each(namespace_id, keys, self.node_id, left)
+                found = self.lookup_each(namespace_id, keys, local, left)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
                 return {}
@@ -325,13 +355,22 @@ class RemoteReads:
 
     # ---- fetching ----------------------------------------------------------------------
     def fill(
-        self, keys: Sequence[bytes], namespace_id: bytes, *, remaining_s: float | None = None
+        self, keys: Sequence[bytes], namespace_id: bytes, *, remaining_s: float | None = None,
+        through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
+        through_budget_bytes: int = 0,
     ) -> FetchResult:
         """Copy the blocks of ``keys`` this node lacks from their peers into its DRAM.
 
         Best effort under the deadline: whatever could not be found, copied or verified is
         simply not there afterwards (the caller's read then misses). Never raises for a
         peer's or the master's failure; invalid keys are left to the caller's validation.
+
+        Args:
+            through: a read that carries the bytes in its reply (the inline gRPC Get): a
+                block with no room here (its copy would drop a block from the pool) is
+                received into a private buffer instead, verified the same way, and put in
+                ``through[key] = (value, meta)``, never cached; None = such a block is a miss.
+            through_budget_bytes: the most bytes put in ``through`` by this call.
 
         Returns:
             The counts of what happened (:class:`FetchResult`).
@@ -360,7 +399,18 @@ class RemoteReads:
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
             found = self.find_each(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
+            ours = [j for j, rep in found.items() if rep.node_id == self.node_id]
+            if ours and through is not None:
+                # the master still names our own copy, evicted here within the last
+                # heartbeat: ask again ranking no node first (an original elsewhere wins)
+                again = self.find_each(namespace_id, [mine_keys[j] for j in ours],
+                                       deadline=deadline, local_node_id="")
+                for n, rep in again.items():
+                    found[ours[n]] = rep
             num_found = len(found)
+            if through is not None:  # found in the pool: the reply may ask for it again
+                for j in found:
+                    through.setdefault(mine_keys[j], None)
             t_found = time.monotonic()
             by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
             for j, rep in found.items():
@@ -368,7 +418,9 @@ class RemoteReads:
                     continue  # ours: evicted or in flux here; never fetch from ourselves
                 by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append(
                     (mine_keys[j], rep))
-            fetched, dropped, failed = self._fill_peers(by_peer, namespace_id, deadline)
+            fetched, dropped, failed = self._fill_peers(
+                by_peer, namespace_id, deadline,
+                through=_Through(through, through_budget_bytes) if through is not None else None)
         finally:
             self.flights.release(claimed)
         if theirs:
@@ -389,6 +441,7 @@ class RemoteReads:
     def _fill_peers(
         self, by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]],
         namespace_id: bytes, deadline: float, *, as_copy: bool = True,
+        through: _Through | None = None,
     ) -> tuple[int, int, int]:
         """Copy every peer's blocks, peers in parallel (one peer: in this thread); each
         peer's batches one after another (``as_copy``: as remote-fill copies, else as
@@ -403,7 +456,8 @@ class RemoteReads:
             for i in range(0, len(items), step):  # the peer's batch limit is ours
                 for n, got in enumerate(self._fill_from(peer, epoch, address,
                                                         items[i : i + step], namespace_id,
-                                                        deadline, as_copy=as_copy)):
+                                                        deadline, as_copy=as_copy,
+                                                        through=through)):
                     out[n] += got
             return out[0], out[1], out[2]
 
@@ -459,11 +513,12 @@ class RemoteReads:
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
-        *, again: bool = True, as_copy: bool = True,
+        *, again: bool = True, as_copy: bool = True, through: _Through | None = None,
     ) -> tuple[int, int, int]:
         core = self.core
         keys = [k for k, _ in items]
         reserved: dict[int, Reservation] = {}
+        private: dict[int, tuple[bytearray, bytes]] = {}  # no room here: for the reply only
         renamed: list[tuple[bytes, ClusterReplica]] = []
         t0 = time.monotonic()
 
@@ -477,6 +532,10 @@ class RemoteReads:
                                      copy=as_copy)[0]
             if not isinstance(got, Reservation):
                 if isinstance(got.error, NoCapacity):
+                    if through is not None and through.take(keys[i], size_bytes):
+                        buf = bytearray(size_bytes)  # streamed through the reply, not cached
+                        private[i] = (buf, meta)
+                        return memoryview(buf)
                     with self._lock:
                         self.num_skipped += 1
                     if core.metrics is not None:
@@ -513,7 +572,7 @@ class RemoteReads:
             t_copied = time.monotonic()
             # the generation the peer sent, per block that arrived whole into a reservation
             sent_gen = {i: g.generation for i, g in enumerate(got)
-                        if g is not None and g.found and i in reserved}
+                        if g is not None and g.found and (i in reserved or i in private)}
             ok = list(sent_gen)
             if self.before_verify is not None:
                 self.before_verify()
@@ -541,7 +600,12 @@ class RemoteReads:
                     renamed.append((keys[i], now))  # e.g. our pin promoted it SSD -> DRAM
             if not again:
                 renamed = []  # this is the second copy: renamed again means dropped
-            commit = [reserved.pop(i) for i in good]
+            if through is not None:  # verified like a copy; handed to the reply, not cached
+                for i in good:
+                    if i in private:
+                        buf, meta = private.pop(i)
+                        through.put(keys[i], bytes(buf), meta)
+            commit = [reserved.pop(i) for i in good if i in reserved]
             flags = core.store.commit_many(commit) if commit else []
             dropped = len(ok) - len(good) - len(renamed)
             if dropped:
@@ -563,7 +627,7 @@ class RemoteReads:
             # check applies, so a block that keeps changing is dropped, never served.
             log.info("remote_copy_renamed", peer=peer, num_blocks=len(renamed))
             f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
-                                      again=False, as_copy=as_copy)
+                                      again=False, as_copy=as_copy, through=through)
             return n + f, dropped + d, failed + x
         return n, dropped, failed
 

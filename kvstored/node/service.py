@@ -54,6 +54,7 @@ from google.protobuf.message import DecodeError, Message
 
 from kvstored.auth import Role, require_role
 from kvstored.errors import (
+    BatchTooLarge,
     ErrorCode,
     InternalError,
     InvalidArgument,
@@ -120,6 +121,35 @@ def _get_result(o: GetOutcome) -> pb.GetResult:
     )
 
 
+def _add_through(keys: list[bytes], out: list[GetOutcome],
+                 through: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int
+                 ) -> list[GetOutcome]:
+    """Answer the misses of an inline Get that a fill received without room to keep them
+    (``RemoteReads.fill(through=...)``), within the reply's budget: past it (or when the
+    fill left it out for the budget: None), such an item gets BatchTooLarge, so the client
+    asks for it again, as long as the reply carries a value; so does a block the fill
+    found (None) that is a miss here now (its copy was evicted by the fill's next copy).
+    Each such call answers at least one value; a block no node holds is a miss at once."""
+    used = sum(len(o.value) for o in out if o.found)
+    res = list(out)
+    later: list[int] = []  # to fetch in another call (the client asks again)
+    for i, (k, o) in enumerate(zip(keys, out, strict=True)):
+        if k not in through or o.found or o.error is not None:
+            continue  # (not in through: the master named no replica, a true miss)
+        got = through[k]
+        if got is None or (used and used + len(got[0]) > budget_bytes):
+            later.append(i)
+            continue
+        used += len(got[0])
+        res[i] = GetOutcome(True, value=got[0], meta=got[1], tier=Tier.DRAM)
+    if used:  # (a reply with no value would make the client ask forever: misses then)
+        for i in later:
+            res[i] = GetOutcome(False, error=BatchTooLarge(
+                f"inline response budget of {budget_bytes} bytes reached at key #{i}; fetch "
+                "the remaining keys in another call or use the data plane"))
+    return res
+
+
 def _time_left(ctx: Any) -> float | None:
     """Seconds left of the caller's gRPC deadline (None = none set)."""
     try:
@@ -158,7 +188,6 @@ class NodeServicer:
         self._version = version
         cfg = core.cfg
         has_ssd = cfg.ssd_dir is not None and cfg.ssd_size_bytes > 0
-        self._maybe_io = self._run if has_ssd else self._inline
         self._has_ssd = has_ssd
         self.remote: RemoteReads | None = None
         self.replicator: PutReplicas | None = None
@@ -221,8 +250,12 @@ class NodeServicer:
             os.close(pidfd)
         self._close_session(session_id)
 
-    async def _fill_from_peers(self, keys: list[bytes], namespace_id: bytes, ctx: Any) -> None:
-        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py)."""
+    async def _fill_from_peers(
+        self, keys: list[bytes], namespace_id: bytes, ctx: Any, *,
+        through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
+    ) -> None:
+        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py);
+        with ``through``, a block with no room here lands there instead (for the reply)."""
         remote = self.remote
         if remote is None or not keys:
             return
@@ -231,7 +264,9 @@ class NodeServicer:
                 return
         except KvstoredError:
             return  # bad keys: the core's validation answers them
-        await self._run(remote.fill, keys, namespace_id, remaining_s=_time_left(ctx))
+        await self._run(functools.partial(
+            remote.fill, keys, namespace_id, remaining_s=_time_left(ctx), through=through,
+            through_budget_bytes=self.core.cfg.max_inline_bytes if through is not None else 0))
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -293,6 +328,18 @@ class NodeServicer:
             pb.ReplicateResult(status=item_status(o.error), num_replicas=o.num_replicas,
                                num_wanted=o.num_wanted) for o in out])
 
+    def _loop_may_evict(self) -> bool:
+        """Whether an eviction may run on the loop: only on a DRAM-only node (metadata only)
+        whose store never waits for the pool (no spiller's backpressure installed:
+        ``TieredStore.set_pool_room``; such a wait blocks until a spill round moved blocks)."""
+        return not self._has_ssd and not self.core.store.has_pool_room
+
+    async def _maybe_io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` inline when it never waits (:meth:`_loop_may_evict`), else on the executor."""
+        if self._loop_may_evict():
+            return fn(*args, **kwargs)
+        return await self._run(fn, *args, **kwargs)
+
     async def Put(self, req: pb.PutRequest, ctx: Any) -> pb.PutResponse:
         items = [(it.key, it.value, it.meta) for it in req.items]
         ns = self._ns(ctx, req.namespace_id)
@@ -300,18 +347,29 @@ class NodeServicer:
         if sum(len(v) for _, v, _ in items) <= LOOP_PUT_MAX_BYTES:
             # small values (the control channel's one-round-trip put): copied and committed
             # on the loop unless an eviction is needed that may demote to SSD (disk I/O)
-            out = self.core.put_inline(items, ns, may_block=not self._has_ssd)
+            out = self.core.put_inline(items, ns, may_block=self._loop_may_evict())
         if out is NEEDS_IO:
             out = await self._run(self.core.put_inline, items, ns)
         return pb.PutResponse(results=_put_results(out))
 
     async def Get(self, req: pb.GetRequest, ctx: Any) -> pb.GetResponse:
         ns = self._ns(ctx, req.namespace_id)
-        await self._fill_from_peers(list(req.keys), ns, ctx)
-        out = await self._run(
-            self.core.get_inline, list(req.keys), ns,
-            budget_bytes=self.core.cfg.max_inline_bytes,
-        )
+        keys = list(req.keys)
+        # a peer's block this full node has no room to keep is streamed through the reply
+        through: dict[bytes, tuple[bytes, bytes] | None] = {}
+        before: list[bool] = []
+        if self.remote is not None:
+            with contextlib.suppress(KvstoredError):  # bad keys: the core answers them
+                before = self.core.store.exists(keys, namespace_id=ns)
+        await self._fill_from_peers(keys, ns, ctx, through=through)
+        if through:  # the fill's copies may evict copies an earlier call made here: ask again
+            for k, present in zip(keys, before, strict=False):
+                if present:
+                    through.setdefault(k, None)
+        budget = self.core.cfg.max_inline_bytes
+        out = await self._run(self.core.get_inline, keys, ns, budget_bytes=budget)
+        if through:
+            out = _add_through(keys, out, through, budget)
         return pb.GetResponse(results=[_get_result(o) for o in out])
 
     async def ReservePut(self, req: pb.ReservePutRequest, ctx: Any) -> pb.ReservePutResponse:
@@ -322,11 +380,12 @@ class NodeServicer:
         tenant = self._tenant(ctx, req.session_id)
         check_shm_tenant(core.cfg.shm_tenants, tenant, action="ReservePut")
         ns = scope_namespace(tenant, req.namespace_id)
-        # reserved on the loop (no SSD tier: evictions are metadata only; with one, only when
-        # free space holds the batch, node/local_put.py); a batch that needs an eviction, which
-        # may demote to SSD (disk I/O), goes to the store executor
+        # reserved on the loop (no SSD tier and no backpressure: evictions are metadata only;
+        # else only when free space holds the batch, node/local_put.py); a batch that needs an
+        # eviction, which may demote to SSD (disk I/O) or wait for the spiller, goes to the
+        # store executor
         rid, got = core.reserve_put_items(
-            items, ns, may_block=not self._has_ssd, **kwargs
+            items, ns, may_block=self._loop_may_evict(), **kwargs
         )
         if got is NEEDS_IO:
             rid, got = await self._maybe_io(

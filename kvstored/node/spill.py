@@ -48,6 +48,17 @@ Why this is safe:
 - No ping-pong: the master places only on peers whose last tier stays at or below the high
   watermark with the block and the whole batch added; a node never spills to itself.
 
+Backpressure (issue 17 §3: the pool never drops a block it has room for): the store asks
+:meth:`Spiller.wait_for_room` (installed with ``TieredStore.set_pool_room``) before a local
+put or a promotion evicts a block the pool holds nowhere else; it wakes the thread for a
+round of at least the bytes asked (also below the high watermark) and answers as soon as a
+block left, or when the round moved nothing (no peer has room: the caller evicts), within
+``cluster.spill_put_wait_s``. While the master cannot be reached (Unavailable or
+DeadlineExceeded on PutStartBatch), batches go for ``MASTER_RETRY_S`` straight to the peer of
+the cached ListNodes view (:meth:`Spiller.refresh_peers`) with the most room below the high
+watermark, no master call; a block still leaves only once that peer stored it, and masters
+learn both replicas from the nodes' events or inventories.
+
 Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
 block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
 N+1 on a second thread was measured and gave nothing on 2 shared cores; carrying the ends
@@ -69,7 +80,14 @@ from typing import Any, Protocol
 
 import structlog
 
-from kvstored.errors import KvstoredError, NoCapacity, NotFound, ReplicaNotReady
+from kvstored.errors import (
+    DeadlineExceeded,
+    KvstoredError,
+    NoCapacity,
+    NotFound,
+    ReplicaNotReady,
+    Unavailable,
+)
 from kvstored.transport.base import Transport
 from kvstored.types import BlockInfo, ExportedBlock, StoreStats, Tier, TierStats
 
@@ -79,6 +97,9 @@ Hook = Callable[..., None]
 HOOK_ENV = "KVSTORED_TEST_SPILL_HOOK"
 RETRY_AFTER_FAILURE_S = 5.0
 """A block whose move failed is not tried again for this long (no hot loop on one block)."""
+MASTER_RETRY_S = 1.0
+"""After the master could not be reached, spill to the cached view this long before asking it
+again (a blackholed master costs ``rpc_timeout_s`` per ask)."""
 
 
 class SpillStore(Protocol):
@@ -137,6 +158,11 @@ class SpillMaster(Protocol):
         Raises ``InternalError`` when the master answered another number of results (then
         nothing may be assumed ended)."""
 
+    def list_nodes(self) -> dict[str, Any]:
+        """ListNodes as a dict (``{"nodes": [{"node_id", "data_address", "health",
+        "tiers": [{"tier", "used_bytes", "capacity_bytes"}]}]}``): the spiller's cached view
+        of its peers for when the master cannot be reached."""
+
 
 @dataclass(slots=True)
 class SpillCounters:
@@ -149,6 +175,9 @@ class SpillCounters:
         blocks_deduplicated: blocks dropped here because another node already held them.
         blocks_failed: moves aborted (the local copy stayed).
         no_capacity: rounds stopped because no peer had room.
+        blocks_moved_direct: of ``blocks_moved``, those sent to a peer of the cached view
+            while the master could not be reached.
+        put_waits: local puts that waited for a spill round before evicting.
     """
 
     rounds: int = 0
@@ -157,6 +186,24 @@ class SpillCounters:
     blocks_deduplicated: int = 0
     blocks_failed: int = 0
     no_capacity: int = 0
+    blocks_moved_direct: int = 0
+    put_waits: int = 0
+
+
+@dataclass(slots=True)
+class PeerRoom:
+    """One peer of the spiller's cached view (the last ListNodes it got).
+
+    Attributes:
+        node_id: the peer.
+        data_address: its data plane, ``HOST:PORT``.
+        room_bytes: bytes it may still take before its last tier passes the high
+            watermark, as of that view, less what this spiller sent it since.
+    """
+
+    node_id: str
+    data_address: str
+    room_bytes: int
 
 
 @dataclass(slots=True)
@@ -201,6 +248,8 @@ class Spiller:
         interval_s: seconds between watermark checks (thread mode).
         timeout_s: deadline of one peer's data-plane transfer.
         rpc_timeout_s: deadline of each master call.
+        peer_view_s: seconds between refreshes of the cached peer view (ListNodes), used
+            while the master cannot be reached.
         hook: ``hook(event, **fields)`` at ``put_started`` (fields: moves), ``sent``
             (moves) and ``ended`` (moves); it may block to hold the spill there.
 
@@ -221,6 +270,7 @@ class Spiller:
         interval_s: float = 0.5,
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 5.0,
+        peer_view_s: float = 2.0,
         hook: Hook | None = None,
     ) -> None:
         from kvstored.errors import InvalidArgument
@@ -248,6 +298,19 @@ class Spiller:
         self._failed_at: dict[tuple[bytes, bytes], float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # backpressure (wait_for_room): the loop's progress, under _cv
+        self._cv = threading.Condition()
+        self._wake = threading.Event()
+        self._in_round = False
+        self._rounds_done = 0
+        self._blocks_left = 0  # blocks that left this node, ever
+        self._want_bytes = 0
+        self._full_until = 0.0
+        # the cached peer view, for spilling while the master cannot be reached
+        self.peer_view_s = float(peer_view_s)
+        self.peers: list[PeerRoom] = []
+        self._view_at = float("-inf")
+        self._master_down_until = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -259,19 +322,118 @@ class Spiller:
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread (after its current batch) and close the peer connections."""
         self._stop.set()
+        self._wake.set()  # the thread may be waiting for a wake-up, not its interval
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        with self._cv:  # a put still waiting for a round evicts now (wait_for_room)
+            self._cv.notify_all()
         for t in self._peers.values():
             t.close()
         self._peers.clear()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            with self._cv:
+                self._in_round = True
+                want, self._want_bytes = self._want_bytes, 0
+            left = 0
             try:
-                self.run_once()
+                self.refresh_peers()
+                left = self.run_once(need_bytes=want)
             except Exception:
                 log.exception("spill_round_failed")
+            finally:
+                with self._cv:
+                    self._in_round = False
+                    self._rounds_done += 1
+                    if want and not left:  # asked for room and none was made: pool full
+                        self._full_until = time.monotonic() + self.interval_s
+                    self._cv.notify_all()
+
+    def _progress(self, num_left: int) -> None:
+        if num_left:
+            with self._cv:
+                self._blocks_left += num_left
+                self._cv.notify_all()
+
+    def wait_for_room(self, need_bytes: int, deadline: float) -> bool:
+        """Backpressure for a local put that would evict a block the pool holds nowhere
+        else: wake the spill thread for a round that moves at least ``need_bytes`` (even
+        below the high watermark) and wait until a block left this node, the round ended
+        having moved none (no peer has room: the caller evicts), or ``deadline``.
+
+        Called by the store with its lock released (``TieredStore.set_pool_room``);
+        thread-safe; never call it from the spill thread.
+
+        Args:
+            need_bytes: bytes the caller needs, > 0.
+            deadline: ``time.monotonic()`` value after which it answers False.
+
+        Returns:
+            True when blocks left this node (look for room again); False when none will
+            (the thread is not running, the pool was found full within the last
+            ``interval_s``, or the deadline passed).
+        """
+        if self._thread is None or self._stop.is_set() or threading.current_thread() is self._thread:
+            return False
+        if time.monotonic() < self._full_until:
+            return False
+        self.counters.put_waits += 1
+        with self._cv:
+            start = self._blocks_left
+            ticket = self._rounds_done + (2 if self._in_round else 1)
+            self._want_bytes = max(self._want_bytes, int(need_bytes))
+            self._wake.set()
+            while True:
+                if self._blocks_left > start:
+                    return True
+                if self._rounds_done >= ticket or self._stop.is_set():
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+
+    def refresh_peers(self, *, force: bool = False) -> list[PeerRoom]:
+        """Refresh the cached peer view from ListNodes (at most every ``peer_view_s``
+        unless ``force``; skipped while the master is known unreachable): healthy peers
+        and the room each has below the high watermark in its last tier. A failed call
+        keeps the old view.
+
+        Returns:
+            The view now.
+        """
+        now = time.monotonic()
+        list_nodes = getattr(self.master, "list_nodes", None)
+        if list_nodes is None or (not force and (now - self._view_at < self.peer_view_s
+                                                 or now < self._master_down_until)):
+            return self.peers
+        try:
+            listing = list_nodes()
+        except KvstoredError as exc:
+            log.debug("spill_peer_view_failed", error=str(exc))
+            return self.peers
+        self._view_at = now
+        view = []
+        for n in listing.get("nodes", []):
+            if n.get("node_id") == self.node_id or n.get("health") != "healthy":
+                continue
+            tiers = {t["tier"]: t for t in n.get("tiers", [])}
+            t = tiers.get("SSD") if tiers.get("SSD", {}).get("capacity_bytes") else tiers.get("DRAM")
+            if not t or not n.get("data_address"):
+                continue
+            room = int(self.high * t["capacity_bytes"]) - int(t["used_bytes"])
+            view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room)))
+        if [p.node_id for p in view] != [p.node_id for p in self.peers]:
+            log.info("spill_peer_view", num_peers=len(view),
+                     peers=",".join(p.node_id for p in view))
+        self.peers = view
+        return view
 
     def _fire(self, event: str, **fields: Any) -> None:
         if self.hook is not None:
@@ -308,36 +470,59 @@ class Spiller:
                 break
         return out
 
-    def run_once(self) -> int:
+    def run_once(self, need_bytes: int = 0) -> int:
         """Spill batches until the last tier is at or below the low watermark, no peer has
         room, or a batch moves nothing.
 
         A batch's PutEnds ride on the PutStartBatch of the next batch (one master call per
         batch); its local copies go once that call accepted them, before the next batch is
         sent, and meanwhile they are no victims. The last batch's ends are a PutEndBatch.
+        While the master cannot be reached, batches go straight to the peers of the cached
+        view (:meth:`refresh_peers`) with room, no master call: the block leaves only once
+        the peer stored it, and a master learns both nodes' replicas from their events or
+        inventories when it answers again.
+
+        Args:
+            need_bytes: a put waits for this much room (:meth:`wait_for_room`): spill at
+                least that, also below the high watermark.
 
         Returns:
             Blocks that left this node (moved or deduplicated).
         """
         t = last_tier(self.store.stats())
-        if not t.capacity_bytes or t.used_bytes <= self.high * t.capacity_bytes:
+        if not t.capacity_bytes or (need_bytes <= 0
+                                    and t.used_bytes <= self.high * t.capacity_bytes):
             return 0
         self.counters.rounds += 1
         total = 0
+        freed = 0
         sent: list[_Move] = []  # transferred; their ends go with the next PutStartBatch
         try:
             while not self._stop.is_set():
                 t = last_tier(self.store.stats())
-                need = (t.used_bytes - int(self.low * t.capacity_bytes)
-                        - sum(m.block.size_bytes for m in sent if m.ok))
+                ok_bytes = sum(m.block.size_bytes for m in sent if m.ok)
+                need = max(t.used_bytes - int(self.low * t.capacity_bytes),
+                           need_bytes - freed) - ok_bytes
                 busy = {(m.block.namespace_id, m.block.key) for m in sent}
                 batch = self.victims(need, busy=busy) if need > 0 else []
                 if not batch:
                     break
+                if time.monotonic() < self._master_down_until:
+                    left = self._direct(batch)
+                    total += left
+                    freed += sum(b.size_bytes for b in batch[:left])
+                    self._progress(left)
+                    if not left:
+                        break
+                    continue
                 ending, sent = sent, []
                 moves, dropped, full, ended = self._start_writes(batch, ending)
                 left = self._finish(ending, ended, dropped) if ending else dropped
                 total += left
+                freed += sum(m.block.size_bytes for m, ok in zip(ending, ended, strict=True) if ok)
+                self._progress(left)
+                if time.monotonic() < self._master_down_until and not moves:
+                    continue  # the master went away: this batch goes to the cached view
                 if moves:
                     self._transfer(moves)
                     sent = moves
@@ -345,8 +530,50 @@ class Spiller:
                     break  # no room, or a batch moved nothing: no hot loop
         finally:
             if sent:
-                total += self._finish(sent, self._end(sent), 0)
+                left = self._finish(sent, self._end(sent), 0)
+                total += left
+                self._progress(left)
         return total
+
+    def _direct(self, batch: Sequence[BlockInfo]) -> int:
+        """Move a batch to the cached peer with the most room, no master call (the master
+        cannot be reached). A block leaves only once the peer answered it stored.
+
+        Returns:
+            Blocks that left this node (0: no cached peer has room for the batch, or the
+            transfer failed).
+        """
+        size = sum(b.size_bytes for b in batch)
+        fits = [p for p in self.peers if p.room_bytes >= size]
+        if not fits:
+            if not self.counters.no_capacity or self.peers:
+                log.info("spill_no_capacity", error="master unreachable; no cached peer has "
+                         f"room for {size} bytes (peers known: {len(self.peers)})")
+            self.counters.no_capacity += 1
+            return 0
+        peer = max(fits, key=lambda p: p.room_bytes)
+        moves = [_Move(b, 0, peer.data_address, peer.node_id) for b in batch]
+        self._transfer(moves)
+        done: dict[bytes, list[BlockInfo]] = {}
+        for m in moves:
+            if m.ok:
+                peer.room_bytes -= m.block.size_bytes
+                done.setdefault(m.block.namespace_id, []).append(m.block)
+            else:
+                self._failed(m.block)
+        left = 0
+        for ns, blocks in done.items():
+            for b, gone in zip(blocks, self.store.remove([b.key for b in blocks], namespace_id=ns),
+                               strict=True):
+                if gone:
+                    left += 1
+                    self.counters.blocks_moved += 1
+                    self.counters.blocks_moved_direct += 1
+                    self.counters.bytes_moved += b.size_bytes
+        self._fire("ended", moves=moves)
+        log.info("spill_direct_batch_done", peer=peer.node_id, num_placed=len(moves),
+                 num_left=left, used_fraction=round(self.used_fraction(), 3))
+        return left
 
     # ---- one batch ---------------------------------------------------------------------
     def _peer(self, address: str) -> Transport:
@@ -370,6 +597,10 @@ class Spiller:
                 [(b.namespace_id, b.key, b.size_bytes) for b in batch],
                 writer_node_id=self.node_id, exclude_writer=True, max_used_fraction=self.high,
                 headroom_bytes=headroom, holder_reports=True, timeout_s=self.rpc_timeout_s)
+        except (Unavailable, DeadlineExceeded) as exc:  # no master: the cached view next
+            log.warning("spill_master_unreachable", error=str(exc), num_peers=len(self.peers))
+            self._master_down_until = time.monotonic() + MASTER_RETRY_S
+            return [], 0, False, self._accepted(ending, [exc] * len(ending))
         except KvstoredError as exc:  # nothing may be assumed ended: every copy stays
             ends, outcomes = [exc] * len(ending), [exc] * len(batch)
         ended = self._accepted(ending, ends)
@@ -517,7 +748,8 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
         store, master, transport, node_id=node_id, high_watermark=cfg.spill_high_watermark,
         low_watermark=cfg.spill_low_watermark, batch_blocks=cfg.spill_batch_blocks,
         interval_s=cfg.spill_interval_s, timeout_s=cfg.spill_timeout_s,
-        rpc_timeout_s=cfg.rpc_timeout_s, hook=hook_from_env())
+        rpc_timeout_s=cfg.rpc_timeout_s, peer_view_s=cfg.spill_peer_view_s,
+        hook=hook_from_env())
     close = spiller.close
 
     def close_all(timeout_s: float = 30.0) -> None:
@@ -550,5 +782,9 @@ class SpillCollector:
              c.blocks_deduplicated),
             ("blocks_failed", "Moves aborted (the local copy stayed).", c.blocks_failed),
             ("no_capacity", "Spill rounds stopped because no peer had room.", c.no_capacity),
+            ("blocks_moved_direct", "Blocks moved to a cached peer while the master was "
+             "unreachable.", c.blocks_moved_direct),
+            ("put_waits", "Local puts that waited for a spill round before evicting.",
+             c.put_waits),
         ):
             yield CounterMetricFamily(f"kvstored_spill_{name}", doc, value=value)

@@ -112,7 +112,7 @@ class Reservations:
                 return None
             tenant = st.tenants.tenant_of_namespace(namespace_id)
             st.tenants.check_dram(tenant, size_bytes)  # before allocating: never evicts for it
-            offset = self._transit.allocate(size_bytes, copy=copy)
+            offset = self._transit.allocate(size_bytes, copy=copy, wait_for_pool=not copy)
             st.tenants.reserve(tenant, size_bytes)
             rid = next(st.reservation_ids)
             interner = st.interner
@@ -210,7 +210,7 @@ class Reservations:
                     offset += ((size or 1) + align - 1) & mask
                 else:
                     try:
-                        off = allocate(size)
+                        off = allocate(size, wait_for_pool=True)
                     except KvstoredError as exc:  # NoCapacity; Unavailable once closed
                         out[i] = exc
                         continue

@@ -101,6 +101,8 @@ IoHook = Callable[[str, bytes], None]
 
 IO_QUEUE_DEPTH = 8
 """Blocks of one batch read or written at once (threads of the tier's I/O pool)."""
+DUPLICATE_SCAN = 256
+"""Most SSD blocks (LRU first) an SSD allocation looks at for one whose bytes are in DRAM."""
 
 
 def _no_intern(namespace_id: bytes, meta: bytes) -> tuple[bytes, bytes]:
@@ -162,6 +164,9 @@ class SsdTier:
         self.put_failures = 0
         self.io_hook = None
         self.tenants: TenantUsage | None = None  # per-tenant SSD quotas (set by TieredStore)
+        self.duplicated: Callable[[bytes], bool] | None = None
+        """Per store key: is the block also in DRAM (set by the store)? Such blocks are
+        this tier's first victims (:meth:`_victim`)."""
         self.lock = lock if lock is not None else threading.Lock()
         self._writing: set[bytes] = set()
         self._deleting: set[bytes] = set()
@@ -207,9 +212,23 @@ class SsdTier:
 
     # ---- metadata phases (lock held) -------------------------------------------------------
     def _evict_lru(self) -> list[bytes]:
-        skey = next(iter(self.entries))
+        skey = self._victim()
         self.evictions += 1
         return self.drop(skey)
+
+    def _victim(self) -> bytes:
+        """The block an SSD allocation evicts (lock held; the tier is not empty): the least
+        recent of the first :data:`DUPLICATE_SCAN` whose bytes are also in DRAM
+        (:attr:`duplicated`: evicting this SSD copy drops nothing from the node), else the
+        least recent block."""
+        dup = self.duplicated
+        if dup is not None:
+            for i, skey in enumerate(self.entries):
+                if i >= DUPLICATE_SCAN:
+                    break
+                if dup(skey):
+                    return skey
+        return next(iter(self.entries))
 
     def drop(self, skey: bytes, entry: SsdEntry | None = None) -> list[bytes]:
         """Forget a block (lock held); returns what :meth:`delete_files` must then delete.
@@ -246,7 +265,7 @@ class SsdTier:
             return None
         w = SsdWrite(skey, size_bytes, namespace_id, meta, charge)
         while self.used_bytes + charge > self.capacity_bytes and self.entries:
-            victim = next(iter(self.entries))
+            victim = self._victim()
             if w.reuse is None and self._charge(victim, self.entries[victim]) == charge:
                 self.evictions += 1  # its file is overwritten in place (see write_file)
                 self.drop(victim)

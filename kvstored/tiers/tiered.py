@@ -55,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvstored.errors import InvalidArgument, KvstoredError, StorageIOError
@@ -160,6 +160,8 @@ class TieredStore:
         if ssd is not None:
             ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, ssd.entries.items(), usage)
             ssd.tenants = usage
+            # an SSD allocation evicts a block DRAM also holds first: that drops nothing
+            ssd.duplicated = lambda skey: skey in dram.entries
         self._state = state = StoreState(
             lock=lock, dram=dram, ssd=ssd, interner=interner, max_block_bytes=max_block_bytes,
             tenants=usage,
@@ -273,6 +275,46 @@ class TieredStore:
             Unavailable: the store is closed.
         """
         return self._reservations.reserve_many(items, namespace_id=namespace_id, may_block=may_block)
+
+    def set_pool_room(self, pool_room: Callable[[int, float], bool] | None, *,
+                      wait_s: float = 2.0) -> None:
+        """Install the pool's backpressure (the node's spiller: ``Spiller.wait_for_room``).
+
+        A local put or a promotion that finds no victim whose eviction drops nothing from
+        the pool (copies, blocks on SSD, demotions the SSD takes as is) calls
+        ``pool_room(need_bytes, deadline)`` with the store lock released, and looks again
+        while it answers True, until ``wait_s`` passed; then it evicts in LRU order (the
+        pool is full, or the spiller cannot keep up within the bound). None removes it.
+
+        Args:
+            pool_room: ``(need_bytes, monotonic deadline) -> made room``; thread-safe, may
+                block until the deadline.
+            wait_s: the longest one allocation waits, >= 0 (0: never wait).
+
+        Raises:
+            InvalidArgument: a negative ``wait_s``.
+        """
+        if wait_s < 0:
+            raise InvalidArgument(f"wait_s must be >= 0 seconds, got {wait_s}")
+        with self._state.lock:
+            self._transit.pool_room = pool_room
+            self._transit.pool_wait_s = float(wait_s)
+
+    @property
+    def has_pool_room(self) -> bool:
+        """Whether a backpressure hook is installed (:meth:`set_pool_room`): then a local
+        put may wait for it, so callers on an event loop pass ``may_block=False``."""
+        return self._transit.pool_room is not None and self._transit.pool_wait_s > 0
+
+    @property
+    def pool_waits(self) -> int:
+        """Allocations that waited on the pool's backpressure (:meth:`set_pool_room`)."""
+        return self._transit.waits
+
+    @property
+    def evictions_for_good(self) -> int:
+        """DRAM evictions that may have dropped a block from the pool (no spare victim)."""
+        return self._transit.evictions_for_good
 
     def keep_copies(self, blocks: Sequence[tuple[bytes, bytes]]) -> int:
         """Unmark remote-fill copies: each is kept as an original from now on (the master

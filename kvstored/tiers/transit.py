@@ -36,6 +36,7 @@ make room for it). The lock order is in state.py.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import structlog
@@ -43,7 +44,12 @@ import structlog
 from kvstored.errors import KvstoredError, NoCapacity
 from kvstored.tiers.dram import DramEntry
 from kvstored.tiers.eviction import MAX_WINDOW_TRIES, victim_window
-from kvstored.tiers.spare import candidates, spares_pool, window_spares_pool
+from kvstored.tiers.spare import (
+    candidates,
+    demote_charge,
+    spares_pool,
+    window_spares_pool,
+)
 from kvstored.tiers.ssd_format import split_store_key
 from kvstored.tiers.state import InTransit
 
@@ -52,6 +58,8 @@ if TYPE_CHECKING:
 
     from kvstored.tiers.ssd_format import SsdEntry
     from kvstored.tiers.state import StoreState
+
+    PoolRoom = Callable[[int, float], bool]
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +77,16 @@ class Transit:
 
     def __init__(self, state: StoreState) -> None:
         self._state = state
+        self.pool_room: PoolRoom | None = None
+        """Asked, with the lock released, before a local put evicts a block the pool holds
+        nowhere else (``TieredStore.set_pool_room``): ``pool_room(need_bytes, deadline)``
+        makes room elsewhere (the node's spiller) and answers whether it did."""
+        self.pool_wait_s = 0.0
+        """The most a local put waits on :attr:`pool_room` before it evicts for good."""
+        self.waits = 0
+        """Allocations that waited on :attr:`pool_room` (``StoreStats``-free counter)."""
+        self.evictions_for_good = 0
+        """Blocks this node evicted while no spare victim and no pool room was found."""
 
     def evictable(self, skey: bytes) -> bool:
         """Whether the DRAM block ``skey`` may be evicted now: unpinned and not DEMOTING."""
@@ -128,15 +146,25 @@ class Transit:
             if doomed:
                 st.unlocked(ssd.delete_files, doomed)
 
-    def allocate(self, size_bytes: int, *, copy: bool = False) -> int:
+    def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False
+                 ) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
-        while demotions write). Copies (remote-fill duplicates) are evicted first.
+        while demotions write and while waiting on :attr:`pool_room`).
+
+        Every allocation first tries victims whose eviction drops no block from the pool
+        (copies first, then blocks on SSD, then demotions the SSD takes without evicting;
+        spare.py). Only when none frees the space does it evict in plain LRU order (a
+        DRAM-only block is dropped, a demotion may evict SSD blocks). With
+        ``wait_for_pool`` (a local put, a promotion) it first waits, at most
+        :attr:`pool_wait_s`, for :attr:`pool_room` (the spiller moving blocks to peers)
+        before evicting for good.
 
         Args:
             size_bytes: the block's exact size.
             copy: the space is for a remote-fill copy: evict only what drops no block from
-                the pool (other copies, blocks on SSD, demotions the SSD takes without
-                evicting; spare.py).
+                the pool (never the plain LRU pass).
+            wait_for_pool: wait on :attr:`pool_room` before evicting for good (a local put
+                or a promotion; never a copy).
 
         Returns:
             The offset of the allocated space; the caller owns it (and charges it).
@@ -152,6 +180,8 @@ class Transit:
         alloc = dram.allocator
         need = alloc.round_up(size_bytes)
         tries = 0  # window tries that failed (eviction.MAX_WINDOW_TRIES, then plain LRU)
+        spare_tries = 0  # the same for the victims that drop nothing from the pool
+        wait_until: float | None = None  # a local put's bounded wait on the pool
         while True:
             st.check_open()
             off = alloc.allocate(size_bytes)
@@ -164,22 +194,18 @@ class Transit:
                     f"{alloc.capacity_bytes} bytes, {st.pinned_bytes} pinned, "
                     f"{st.reserved_bytes} reserved by writes and promotions in progress"
                 )
-            window = None
-            evictable: Callable[[bytes], bool] = self.evictable
-            if copy:
-                evictable = self._spareable(spares_pool(dram, st.ssd))
-            for skey in candidates(dram, copy=copy, ssd=st.ssd):  # copies, then LRU first
-                if not evictable(skey):
-                    continue
-                if tries >= MAX_WINDOW_TRIES:
-                    window = [skey]  # plain LRU: its space merges with later victims'
-                else:
-                    window = victim_window(dram, skey, need, evictable)
-                if window is not None and copy and not window_spares_pool(dram, st.ssd, window):
-                    window = None  # the SSD cannot take these demotions as is
+            window, spare_tries = self._spare_window(need, spare_tries)  # drops nothing
+            if window is None and not copy:
+                if wait_for_pool and wait_until != 0.0:
+                    if wait_until is None:
+                        wait_until = time.monotonic() + self.pool_wait_s
+                    if self._maybe_wait_for_pool(need, wait_until):
+                        spare_tries = 0
+                        continue  # the pool made room elsewhere: look again
+                    wait_until = 0.0  # waited (or may not wait): evict for good now
+                window, tries = self._lru_window(need, tries)
                 if window is not None:
-                    break
-                tries += 1
+                    self.evictions_for_good += sum(1 for k in window if self._drops(k))
             if window is not None:
                 self._evict_window(window)
             elif st.demoting:
@@ -194,6 +220,55 @@ class Transit:
                     f"DRAM tier cannot fit a {size_bytes}-byte block: every block is pinned "
                     "or being written (fragmented arena)"
                 )
+
+    def _spare_window(self, need: int, tries: int) -> tuple[list[bytes] | None, int]:
+        """Victims freeing ``need`` contiguous bytes whose eviction drops no block from the
+        pool (spare.py; bounded scan: copies + :data:`~kvstored.tiers.spare.MAX_COPY_SCAN`),
+        or None; and the window tries spent so far (lock held)."""
+        st = self._state
+        dram = st.dram
+        evictable = self._spareable(spares_pool(dram, st.ssd))
+        for skey in candidates(dram, copy=True, ssd=st.ssd):  # copies, then LRU first
+            if not evictable(skey):
+                continue
+            if tries >= MAX_WINDOW_TRIES:
+                window: list[bytes] | None = [skey]  # its space merges with later victims'
+            else:
+                window = victim_window(dram, skey, need, evictable)
+            if window is not None and window_spares_pool(dram, st.ssd, window):
+                return window, tries
+            tries += 1
+        return None, tries
+
+    def _lru_window(self, need: int, tries: int) -> tuple[list[bytes] | None, int]:
+        """Victims in plain LRU order (copies first), which may drop blocks (lock held)."""
+        dram = self._state.dram
+        for skey in candidates(dram, ssd=self._state.ssd):
+            if not self.evictable(skey):
+                continue
+            if tries >= MAX_WINDOW_TRIES:
+                return [skey], tries  # plain LRU: its space merges with later victims'
+            window = victim_window(dram, skey, need, self.evictable)
+            if window is not None:
+                return window, tries
+            tries += 1
+        return None, tries
+
+    def _drops(self, skey: bytes) -> bool:
+        """Whether evicting DRAM block ``skey`` now may drop it from the pool (lock held)."""
+        st = self._state
+        if skey in st.dram.copies:
+            return False
+        return st.ssd is None or demote_charge(st.ssd, skey, st.dram) is None
+
+    def _maybe_wait_for_pool(self, need: int, deadline: float) -> bool:
+        """Wait (lock released) until :attr:`pool_room` made room elsewhere or ``deadline``
+        (monotonic s) passed; True when it made room and the wait is not over."""
+        room = self.pool_room
+        if room is None or self.pool_wait_s <= 0 or time.monotonic() >= deadline:
+            return False
+        self.waits += 1
+        return bool(self._state.unlocked(room, need, deadline))
 
     def promote(self, skey: bytes) -> DramEntry | KvstoredError | object | None:
         """Read an SSD block into DRAM (lock held; released during the read).
@@ -212,7 +287,7 @@ class Transit:
         sentry = ssd.entries[skey]
         ssd.entries.move_to_end(skey)  # keep it from being evicted by our demotions
         try:
-            off = self.allocate(sentry.size_bytes)
+            off = self.allocate(sentry.size_bytes, wait_for_pool=True)
         except NoCapacity as exc:
             return exc
         size = sentry.size_bytes
@@ -280,7 +355,7 @@ class Transit:
                 seen.add(skey)
                 ssd.entries.move_to_end(skey)
                 try:
-                    off = self.allocate(sentry.size_bytes)
+                    off = self.allocate(sentry.size_bytes, wait_for_pool=True)
                 except NoCapacity:
                     break
                 size = sentry.size_bytes
@@ -321,8 +396,9 @@ class Transit:
         still makes its own room if this fell short (fragmentation, a change meanwhile), so
         this only turns one-block demotion writes (queue depth 1) into one batch.
 
-        Victims are chosen as :meth:`allocate` would choose them, LRU first (copies first),
-        each through :func:`~kvstored.tiers.eviction.victim_window` for one block's size;
+        Victims are only blocks whose eviction drops nothing from the pool (copies, blocks
+        on SSD, demotions the SSD takes as is, all of them together; spare.py), LRU first
+        (copies first), each through :func:`~kvstored.tiers.eviction.victim_window` for one block's size;
         blocks of the batch itself are pinned (held) by the caller, so never victims. The
         batch's SSD entries are made the most recent first, so the demotions' SSD evictions
         take other blocks.
@@ -345,9 +421,10 @@ class Transit:
         if len(needs) < 2:
             return  # nothing to batch: allocate() evicts for a single block itself
         chosen: dict[bytes, None] = {}
+        spares = spares_pool(dram, ssd)
 
-        def evictable(k: bytes) -> bool:
-            return k not in chosen and self.evictable(k)
+        def evictable(k: bytes) -> bool:  # only victims whose eviction drops nothing
+            return k not in chosen and self.evictable(k) and spares(k)
 
         tries = 0
         lru = candidates(dram, ssd=ssd)  # copies, then LRU first; one pass for the whole batch
@@ -357,13 +434,15 @@ class Transit:
                 if not evictable(skey):
                     continue
                 window = victim_window(dram, skey, need, evictable)
+                if window is not None and not window_spares_pool(dram, ssd, [*chosen, *window]):
+                    window = None  # the SSD cannot take all these demotions as is
                 if window is not None:
                     break
                 tries += 1
                 if tries >= MAX_WINDOW_TRIES:
                     break
             if window is None:
-                break  # the per-block allocations take it from here
+                break  # the per-block allocations take it from here (spare first, then LRU)
             chosen.update(dict.fromkeys(window))
         if len(chosen) > 1:
             self._evict_window(list(chosen))

@@ -515,7 +515,9 @@ def test_block_larger_than_ssd_tier_is_dropped_not_failed(make: MakeStore) -> No
     s.put(key(0), b"x" * (4 * K))  # 1 unit larger than the SSD tier (3 units)
     s.put(key(1), val(1))
     s.put(key(2), val(2))
-    s.put(key(3), val(3))  # evicts 0: cannot go to SSD
+    s.put(key(3), val(3))  # demotes 1 into the SSD's room first (drops nothing)
+    assert s.exists([key(0), key(1)]) == [True, True]
+    s.put(key(4), val(4))  # no spare victim left: evicts 0 (LRU), which cannot go to SSD
     assert s.exists([key(0)]) == [False]
     assert s.stats().put_failures == 0
 

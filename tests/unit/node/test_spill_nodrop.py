@@ -1,0 +1,145 @@
+"""The spiller's part in "the pool never drops a block it has room for" (issue 17 §3).
+
+In-process, over test_spill's real master placement (FakeClock) and real peer data planes:
+
+- backpressure: a put into a full source with peers that have room waits for a spill round
+  (``Spiller.wait_for_room``, woken at once, not at its interval) and evicts nothing;
+- a full pool: the round moves nothing, the put evicts at once (no wait for the bound);
+- the master unreachable: batches go to the cached peer view (``refresh_peers``), bounded
+  by the room each peer had below the high watermark.
+
+The spill thread's interval is an hour, so only the put's wake-up can run a round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from helpers import key
+from test_spill import (  # noqa: F401 (fixtures: master, src, peers)
+    BLOCK,
+    PEER_DRAM,
+    InProcMaster,
+    Peer,
+    _present,
+    _spiller,
+    master,
+    peers,
+    src,
+    value,
+)
+
+from kvstored.errors import Unavailable
+from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
+
+
+def _dram_evictions(store: TieredStore) -> int:
+    return next(t for t in store.stats().tiers if t.tier == Tier.DRAM).evictions
+
+
+def test_a_put_into_a_full_node_waits_for_a_spill_round_instead_of_evicting(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    sp = _spiller(src, master, interval_s=3600.0)
+    sp.start()
+    src.set_pool_room(sp.wait_for_room, wait_s=60.0)
+    try:
+        for i in (100, 101, 102):  # 15 + 3 blocks into 16: the last two need room
+            assert src.put(key(i), value(i))
+    finally:
+        src.set_pool_room(None)
+        sp.close()
+    assert _dram_evictions(src) == 0 and src.evictions_for_good == 0
+    assert sp.counters.put_waits >= 1 and sp.counters.blocks_moved >= 2
+    everywhere = [src, peers["b"].store, peers["c"].store]
+    for i in [*range(15), 100, 101, 102]:
+        assert any(s.exists([key(i)])[0] for s in everywhere), f"block {i} left the pool"
+
+
+def test_a_full_pool_moves_nothing_and_the_put_evicts_without_waiting_out_the_bound(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    for n in peers:
+        master.heartbeat(n, None, used=PEER_DRAM)  # every peer full
+    sp = _spiller(src, master, interval_s=3600.0)
+    sp.start()
+    src.set_pool_room(sp.wait_for_room, wait_s=3600.0)  # a wait to the bound would hang
+    try:
+        assert src.put(key(100), value(100))
+        assert src.put(key(101), value(101))  # no room anywhere: evicts the LRU block
+    finally:
+        src.set_pool_room(None)
+        sp.close()
+    assert sp.counters.no_capacity >= 1 and sp.counters.blocks_moved == 0
+    assert src.exists([key(0)]) == [False] and src.evictions_for_good == 1
+
+
+class DownMaster:
+    """The in-process master while it answers, then unreachable (every call Unavailable)."""
+
+    def __init__(self, up: InProcMaster, peers: dict[str, Peer], room: dict[str, int]) -> None:
+        self.up, self.peers, self.room, self.down = up, peers, room, False
+        self.calls = 0
+
+    def list_nodes(self) -> dict[str, Any]:
+        if self.down:
+            raise Unavailable("master down")
+        return {"nodes": [
+            {"node_id": n, "data_address": p.address, "health": "healthy",
+             "tiers": [{"tier": "DRAM", "capacity_bytes": PEER_DRAM,
+                        "used_bytes": int(0.9 * PEER_DRAM) - self.room[n]}]}
+            for n, p in self.peers.items()]}
+
+    def put_end_and_start_batch(self, ends: Sequence[Any], items: Sequence[Any], **kw: Any
+                                ) -> Any:
+        self.calls += 1
+        if self.down:
+            raise Unavailable("master down")
+        return self.up.put_end_and_start_batch(ends, items, **kw)
+
+    def put_end_batch(self, items: Sequence[Any], **kw: Any) -> Any:
+        self.calls += 1
+        if self.down:
+            raise Unavailable("master down")
+        return self.up.put_end_batch(items, **kw)
+
+    def put_start_batch(self, items: Sequence[Any], **kw: Any) -> Any:
+        return self.up.put_start_batch(items, **kw)
+
+
+def test_with_the_master_unreachable_batches_go_to_the_cached_peers_with_room(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    down = DownMaster(master, peers, {"b": 0, "c": 4 * BLOCK})  # c: room for one batch of 4
+    sp = _spiller(src, down)  # type: ignore[arg-type]
+    try:
+        view = sp.refresh_peers(force=True)
+        assert sorted((p.node_id, p.room_bytes) for p in view) == [("b", 0), ("c", 4 * BLOCK)]
+        down.down = True
+        assert sp.run_once() == 4  # one batch to c, then no cached peer has room
+        assert sp.refresh_peers(force=True) == view  # a failed refresh keeps the view
+    finally:
+        sp.close()
+    assert sp.counters.blocks_moved_direct == 4 and sp.counters.no_capacity >= 1
+    assert _present(src) == list(range(4, 15))  # the coldest left, only once c stored them
+    c = peers["c"].store
+    assert [c.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
+    assert [p.room_bytes for p in sp.peers if p.node_id == "c"] == [0]
+    assert down.calls == 1  # asked once; then the cached view for MASTER_RETRY_S
+
+
+def test_a_transfer_to_a_cached_peer_that_fails_keeps_every_local_copy(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    down = DownMaster(master, peers, {"b": 0, "c": 8 * BLOCK})
+    sp = _spiller(src, down)  # type: ignore[arg-type]
+    try:
+        sp.refresh_peers(force=True)
+        down.down = True
+        peers["c"].close()  # the cached peer is gone too: connection refused
+        assert sp.run_once() == 0
+    finally:
+        sp.close()
+    assert _present(src) == list(range(15)) and sp.counters.blocks_failed >= 4
