@@ -362,6 +362,15 @@ class MasterConfig(_Model):
     hot_max_extra_replicas: int = Field(default=2, ge=0)
     """At most this many extra replicas per block beyond its replication factor come from
     hot-block replication."""
+    etcd: list[str] = Field(default_factory=list)
+    """etcd client endpoints (``http://HOST:PORT`` or ``HOST:PORT``) to elect a leader through;
+    empty (the default) = this master runs alone and always leads (docs/cluster.md, HA)."""
+    election_prefix: str = "/kvstored"
+    """etcd key prefix of the election (its key is ``PREFIX/leader``): masters of one cluster
+    share it; another cluster on the same etcd uses another. Default ``/kvstored``."""
+    election_lease_s: int = Field(default=5, ge=1, le=300)
+    """TTL of the leader's etcd lease, whole seconds: a dead leader is replaced within about
+    this long; a leader cut off from etcd stops answering before it lapses. Default 5."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd)."""
     log_level: str = "info"
@@ -372,7 +381,9 @@ class ClusterConfig(_Model):
     """A node's link to the master (``[cluster]`` in the TOML file)."""
 
     master_address: str = ""
-    """``HOST:PORT`` of the master; empty = a standalone node (no cluster)."""
+    """``HOST:PORT`` of the master, ``HOST:PORT,HOST:PORT,...`` of several (the node follows
+    the leader), or ``etcd://HOST:PORT[,HOST:PORT]/PREFIX`` (the leader elected under PREFIX);
+    empty = a standalone node (no cluster)."""
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     """Seconds between heartbeats (capped at a third of the master's node lease)."""
     rpc_timeout_s: float = Field(default=5.0, gt=0)

@@ -260,7 +260,8 @@ async def _serve_with_master(loaded: Any) -> None:
 
 
 @click.option("--master", "master_address", required=True, metavar="HOST:PORT",
-              help="Address of the kvstored master to join.")
+              help="Address of the kvstored master to join: HOST:PORT, several as "
+                   "HOST:PORT,HOST:PORT (the leader is followed), or etcd://HOST:PORT/PREFIX.")
 @click.option("--zone", metavar="ZONE",
               help="This node's failure domain (node.zone): replicas of one block go to "
                    "distinct zones first.")
@@ -289,6 +290,9 @@ main.add_command(node)
 
 def _print_master_started(daemon: Any) -> None:
     lines = [f"kvstored master epoch {daemon.epoch}"]
+    if daemon.elector is not None:
+        lines.append(f"electing through etcd {','.join(daemon.elector.endpoints)} "
+                     f"key {daemon.elector.key.decode()}")
     lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
     if daemon.metrics_address:
         lines.append(f"listening metrics http://{daemon.metrics_address}/metrics")
@@ -307,6 +311,12 @@ def _print_master_started(daemon: Any) -> None:
 @click.option("--placement-policy", type=click.Choice(["local-first", "most-free", "random"]))
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="Prometheus /metrics address (port 0 = any); '' disables it (the default).")
+@click.option("--etcd", metavar="URL[,URL...]",
+              help="Elect the leader through this etcd (http://HOST:PORT, comma-separated); "
+                   "without it this master runs alone.")
+@click.option("--election-prefix", metavar="PFX",
+              help="etcd key prefix of the election (default /kvstored).")
+@click.option("--election-lease-s", type=int, help="Leader's etcd lease TTL, seconds (default 5).")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @tls_options
@@ -317,20 +327,27 @@ def master(
     node_lease_s: float | None,
     placement_policy: str | None,
     metrics_listen: str | None,
+    etcd: str | None,
+    election_prefix: str | None,
+    election_lease_s: int | None,
     log_json: bool | None,
     log_level: str | None,
     **tls_flags: str | None,
 ) -> None:
     """Run the metadata master until SIGTERM/SIGINT (membership, block index, placement).
 
-    Settings: defaults < --config TOML < KVSTORED_MASTER__* env vars < these flags.
+    With --etcd several masters run; one leads (elected through etcd) and the others answer
+    NotLeader naming it. Settings: defaults < --config TOML < KVSTORED_MASTER__* env vars <
+    these flags.
     """
     from kvstored.config import load_config
     from kvstored.log import configure
 
     overrides = {"listen": list(listen) or None, "data_dir": data_dir,
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
-                 "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level}
+                 "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level,
+                 "etcd": [e for e in etcd.split(",") if e.strip()] if etcd is not None else None,
+                 "election_prefix": election_prefix, "election_lease_s": election_lease_s}
     try:
         loaded = load_config(config_path, overrides={"master": overrides,
                                                       "tls": _tls_overrides(tls_flags)},

@@ -73,7 +73,7 @@ class MasterAdminClient(MasterClient):
             Unavailable: nothing answers at the address within the deadline.
         """
         try:
-            self._stub.ListNodes(pb.ListNodesRequest(), timeout=timeout_s or self.timeout_s)
+            self._invoke("ListNodes", pb.ListNodesRequest(), timeout_s)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return False
@@ -111,7 +111,7 @@ class MasterAdminClient(MasterClient):
         """
         req = pb.ListReplicasRequest(namespace_id=namespace_id, keys=list(keys))
         try:
-            resp = self._stub.ListReplicas(req, timeout=self.timeout_s)
+            resp = self._invoke("ListReplicas", req, None)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         out = [[{"node_id": r.node_id, "epoch": r.epoch, "tier": _tier_name(r.tier),
@@ -141,7 +141,7 @@ class MasterAdminClient(MasterClient):
                                        namespace_id=namespace_id or b"", limit=limit,
                                        page_token=page_token)
         try:
-            resp = self._stub.ListNodeBlocks(req, timeout=self.timeout_s)
+            resp = self._invoke("ListNodeBlocks", req, None)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return {

@@ -15,10 +15,18 @@ with the last start epoch, so
 epochs (and the generations derived from them) increase across restarts even if the wall
 clock steps back.
 
+With ``master.etcd`` (``--etcd``) several masters run and one leads
+(kvstored/master/election.py). Each leadership is a new term: the master builds a fresh
+MasterState for it (a new epoch from ``data_dir``, the term = the election key's etcd create
+revision, ``complete=false`` for one node lease) and swaps it into the servicer; while it
+does not lead, every call is answered NotLeader naming the leader and maintenance skips.
+
 Lifecycle::
 
-    start():  data dir + epoch -> gRPC up -> /metrics up -> maintenance task (then READY=1)
-    stop():   stop gRPC (grace 1 s) -> cancel the maintenance task -> stop /metrics
+    start():  data dir + epoch -> gRPC up -> /metrics up -> maintenance task
+              [-> election campaigning] (then READY=1)
+    stop():   [election stops: a leader revokes its lease] -> stop gRPC (grace 1 s)
+              -> cancel the maintenance task -> stop /metrics
 """
 
 from __future__ import annotations
@@ -38,12 +46,14 @@ import structlog
 from kvstored.clock import Clock, MonotonicClock
 from kvstored.config import MasterConfig
 from kvstored.errors import ConfigInvalid, InvalidArgument
+from kvstored.master.election import ElectionHooks, Elector
 from kvstored.master.metrics import MasterMetrics
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.sdnotify import sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.transport.listen import add_grpc_port
+from kvstored.transport.master_targets import check_election_prefix, parse_etcd_endpoints
 
 log = structlog.get_logger(__name__)
 
@@ -93,13 +103,17 @@ class MasterDaemon:
         clock: monotonic seconds for leases (default ``time.monotonic``).
         tls: mutual TLS on every listen address (``[tls]``; kvstored/security/tls.py);
             None = plaintext, every caller trusted (TRUSTED_LOCAL).
+        election_hooks: test hooks of the election (with ``cfg.etcd`` only).
     """
 
     def __init__(self, cfg: MasterConfig, *, clock: Clock | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, election_hooks: ElectionHooks | None = None) -> None:
         self.cfg = cfg
         self.tls = tls
         self.clock: Clock = clock or MonotonicClock()
+        self.election_hooks = election_hooks
+        self.elector: Elector | None = None
+        self.servicer: MasterServicer | None = None
         self.epoch = 0
         self.grpc_addresses: list[str] = []
         self.state: MasterState | None = None  # this term's (built by start())
@@ -122,14 +136,22 @@ class MasterDaemon:
         cfg = self.cfg
         if not cfg.listen:
             raise ConfigInvalid("master.listen is empty; give at least one HOST:PORT")
+        endpoints: tuple[str, ...] = ()
+        if cfg.etcd:
+            try:
+                endpoints = parse_etcd_endpoints(",".join(cfg.etcd), "master.etcd")
+                check_election_prefix(cfg.election_prefix, "master.election_prefix")
+            except InvalidArgument as exc:
+                raise ConfigInvalid(str(exc)) from None
         restarted = (pathlib.Path(cfg.data_dir) / STATE_FILE).exists()
         self.epoch = next_master_epoch(pathlib.Path(cfg.data_dir))
         self.state = MasterState.from_config(cfg, self.clock, epoch=self.epoch,
                                              restarted=restarted)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", 64 << 20)])
-        add_master_service(server, MasterServicer(self.state, metrics=self.metrics,
-                                                  check_roles=self.tls is not None))
+        self.servicer = MasterServicer(self.state, metrics=self.metrics,
+                                       check_roles=self.tls is not None)
+        add_master_service(server, self.servicer)
         for addr in cfg.listen:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
@@ -143,14 +165,39 @@ class MasterDaemon:
         if cfg.metrics_listen:
             self._start_metrics(cfg.metrics_listen)
         self._maintenance = asyncio.create_task(self._maintain(), name="kvstored-master-maintenance")
+        if endpoints:
+            self.elector = Elector(
+                endpoints, cfg.election_prefix, name=f"{os.uname().nodename}:{os.getpid()}",
+                addresses=self.grpc_addresses, lease_s=cfg.election_lease_s,
+                on_lead=self._lead, on_step_down=lambda reason: None,
+                clock=self.clock, hooks=self.election_hooks)
+            self.servicer.gate = self.elector
+            await self.elector.start()
         log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses, tls=self.tls is not None,
+                 etcd=list(endpoints),
                  metrics=self.metrics_address,
                  node_lease_s=cfg.node_lease_s, placement_policy=cfg.placement_policy)
 
+    def _lead(self, term: int) -> None:
+        """A new leadership: a fresh term's state, swapped into the servicer whole."""
+        assert self.servicer is not None
+        self.epoch = next_master_epoch(pathlib.Path(self.cfg.data_dir))
+        self.state = MasterState.from_config(self.cfg, self.clock, epoch=self.epoch,
+                                             restarted=True, term=term)
+        self.servicer.set_state(self.state)
+        log.info("master_term_started", term=term, epoch=self.epoch)
+
+    @property
+    def term(self) -> int:
+        """The term this master answers under (0 before start)."""
+        return self.state.term if self.state is not None else 0
+
     def maintain_once(self) -> tuple[list[str], int, int]:
         """One maintenance step of this term (:meth:`MasterState.maintain`): (nodes expired,
-        writes aborted, replica rows unlinked)."""
+        writes aborted, replica rows unlinked); nothing while a follower."""
         assert self.state is not None, "start() first"
+        if self.elector is not None and not self.elector.is_leading():
+            return [], 0, 0
         gone, aborted, unlinked = self.state.maintain(_GC_ROWS_PER_TICK)  # (and promotes)
         if aborted:
             self.metrics.write_lease_expiries.inc(aborted)
@@ -182,7 +229,9 @@ class MasterDaemon:
                 log.exception("master_maintenance_failed")
 
     async def stop(self) -> None:
-        """Stop serving (idempotent)."""
+        """Stop serving (idempotent); a leader steps down and revokes its etcd lease first."""
+        if self.elector is not None:
+            await self.elector.stop()
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None

@@ -10,6 +10,16 @@ its TLS certificate, docs/security.md): only ``node`` registers, heartbeats, syn
 reports; ``node`` and ``engine`` look up and put; only ``admin`` drains a node or sets a
 replication factor; every role reads the admin views. Without
 TLS every caller is TRUSTED_LOCAL, which holds every role.
+
+Leadership (``kvstored master --etcd``, kvstored/master/election.py): the servicer asks its
+:class:`LeaderGate` before every call and again before answering; while the gate says this
+master does not lead, every call is answered ``NotLeader`` (code 504, gRPC UNAVAILABLE) with
+the leader's address in the message and in the ``kvstored-leader`` trailing metadata (empty:
+no leader known), and the newest term it knows of in ``kvstored-term``. A leadership that
+ends during a call (its etcd lease lapsed, or a new term's state was swapped in) answers that
+call NotLeader too, so nothing is answered under a term the master no longer holds. Every
+answer carries the term of the state that computed it (``term`` in every response). Without
+a gate (no etcd) the master always leads and its term is its start epoch.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -32,6 +42,7 @@ from kvstored.errors import (
     InvalidArgument,
     KvstoredError,
     NoCapacity,
+    NotLeader,
 )
 from kvstored.master import admin
 from kvstored.master.commands import Command
@@ -54,6 +65,7 @@ from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.security.identity import principal_of
 from kvstored.tenancy import MAX_STORED_NAMESPACE_BYTES, check_namespace_length
+from kvstored.transport.master_targets import LEADER_METADATA_KEY, TERM_METADATA_KEY
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
@@ -93,6 +105,18 @@ Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
 READ_ROLES: tuple[Role, ...] = ("node", "engine", "admin")
 """Who may read the master's admin views (ListNodes, ListReplicas, ListNodeBlocks)."""
 
+class LeaderGate(Protocol):
+    """What the servicer asks the election (:class:`~kvstored.master.election.Elector` fits)."""
+
+    leader_address: str
+    """The leader's ``HOST:PORT`` as last seen ("" = none known)."""
+    leader_term: int
+    """The newest term seen (this master's own or another's)."""
+
+    def is_leading(self) -> bool:
+        """Whether this master may answer as leader now."""
+
+
 
 def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
     """Check the caller's role, then map errors of one RPC handler onto gRPC statuses (see
@@ -109,16 +133,27 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
 
         @functools.wraps(fn)
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+            extra: tuple[tuple[str, str], ...] = ()
+            err: KvstoredError
             try:
                 if self.check_roles:
                     require_role(principal_of(context), *roles, action=action)
-                return await fn(self, request, context)
+                state = self._leading_state()
+                resp = await fn(self, request, context)
+                if self._leading_state() is not state:  # the leadership ended during the call
+                    raise self._not_leader()
+                resp.term = state.term  # type: ignore[attr-defined]  # every master response has a term
+                return resp
+            except NotLeader as exc:
+                err = exc
+                extra = ((LEADER_METADATA_KEY, self.gate.leader_address if self.gate else ""),
+                         (TERM_METADATA_KEY, str(self.gate.leader_term if self.gate else 0)))
             except KvstoredError as exc:
                 err = exc
             except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
                 log.exception("master_rpc_failed", method=fn.__name__)
                 err = InternalError(f"{type(exc).__name__}: {exc}")
-            context.set_trailing_metadata(grpc_trailing_metadata(err))
+            context.set_trailing_metadata(grpc_trailing_metadata(err) + extra)
             await context.abort(grpc_status(err), str(err))
             raise AssertionError("unreachable")  # context.abort raises
 
@@ -185,15 +220,34 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             :meth:`set_state`).
         metrics: where lookups, puts and admin calls are counted (a fresh registry if None).
         check_roles: judge each call by its caller's certificate (see :attr:`check_roles`).
+        gate: the election (None: this master always leads, as without ``--etcd``).
     """
 
     def __init__(self, state: MasterState, *, metrics: MasterMetrics | None = None,
-                 check_roles: bool = True) -> None:
+                 check_roles: bool = True, gate: LeaderGate | None = None) -> None:
         self.state = state
         self.check_roles = check_roles
         """Judge each call by its caller's certificate (``@_rpc(roles)``); the daemon
         passes False only without ``[tls]``, where every caller is TRUSTED_LOCAL anyway."""
         self.metrics = metrics if metrics is not None else MasterMetrics()
+        self.gate = gate
+
+    def _not_leader(self) -> NotLeader:
+        g = self.gate
+        leader = g.leader_address if g is not None else ""
+        return NotLeader(
+            f"this master does not lead (newest term {g.leader_term if g else 0}); "
+            + (f"the leader is {leader}" if leader else "no leader is known right now"))
+
+    def _leading_state(self) -> MasterState:
+        """The state to answer from, if this master leads now.
+
+        Raises:
+            NotLeader: it does not (a follower, or a leader that lost its etcd lease).
+        """
+        if self.gate is not None and not self.gate.is_leading():
+            raise self._not_leader()
+        return self.state
 
     def set_state(self, state: MasterState) -> None:
         """Serve a new term's state from the next call on (the old one is dropped whole)."""

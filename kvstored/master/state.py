@@ -51,6 +51,8 @@ class MasterState:
             one node lease).
         first_generation: the first write generation (None: ``epoch``, so generations
             increase across terms whose epochs do).
+        term: the term every answer carries (None: ``epoch``, a master without election;
+            under etcd the election key's create revision, kvstored/master/election.py).
 
     Raises:
         InvalidArgument: a setting out of range (named by the part that refused it), or a
@@ -74,8 +76,10 @@ class MasterState:
         first_generation: int | None = None,
         repair: RepairSettings | None = None,
         command_resend_s: float | None = None,
+        term: int | None = None,
     ) -> None:
         self.epoch = int(epoch)
+        self.term = self.epoch if term is None else int(term)
         self.clock = clock
         self.index = BlockIndex(initial_blocks)
         self.generations = Generations(self.epoch if first_generation is None
@@ -91,12 +95,13 @@ class MasterState:
         if command_resend_s:
             self.membership.commands.resend_after_s = float(command_resend_s)
         self.commands = self.membership.commands
+        self.commands.term = lambda: self.term  # every command carries this term's number
         self.repair = Repair(self.membership, self.placement, self.commands, repair)
         self.membership.on_left.append(self.repair.on_node_left)
 
     @classmethod
     def from_config(cls, cfg: MasterConfig, clock: Clock, *, epoch: int,
-                    restarted: bool) -> MasterState:
+                    restarted: bool, term: int | None = None) -> MasterState:
         """The state of a term started from the master's settings.
 
         Args:
@@ -105,6 +110,7 @@ class MasterState:
             epoch: this term's epoch (the daemon's :func:`~kvstored.master.daemon.next_master_epoch`).
             restarted: an earlier term ran (its nodes may yet come back): lookups say
                 ``complete=false`` for one node lease.
+            term: the term answers carry (None: ``epoch``).
         """
         return cls(
             epoch=epoch, clock=clock, node_lease_s=cfg.node_lease_s,
@@ -118,6 +124,7 @@ class MasterState:
                                   hot_window_s=cfg.hot_window_s,
                                   hot_max_extra_replicas=cfg.hot_max_extra_replicas),
             command_resend_s=cfg.command_resend_s or None,
+            term=term,
         )
 
     def maintain(self, max_gc_rows: int) -> tuple[list[str], int, int]:

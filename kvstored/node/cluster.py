@@ -31,6 +31,16 @@ it first, tiers/spare.py), so the master never counts it as the block's original
 ``exists`` for spill, lookups ranking); a local put of the same key re-reports the replica
 ADDED with ``copy=False`` (the feed records it, kvstored/tiers/feed.py).
 
+**Several masters** (``cluster.master_address`` = ``HOST:PORT,HOST:PORT`` or
+``etcd://HOST:PORT/PFX``, kvstored/transport/master_targets.py): a round answered NotLeader
+moves the link to the leader the answer names (else the next address, or the leader etcd
+names), one that finds its master Unavailable moves to the next; the new leader answers
+REREGISTER (it knows no node) and the node registers and resyncs its whole inventory there.
+**Term fencing**: every answer's term goes through the node's :class:`TermFence` (shared
+with its spiller and remote reads); an answer from a term older than the newest seen is
+refused (StaleTerm): the round fails and nothing in it is acted on (no action, no
+promotion), and the link moves on.
+
 The master being unreachable never affects serving: failures are logged
 (rate-limited) and retried next round. One answer is final: the daemon's first registration
 refused as a duplicate (AlreadyExists: another live daemon holds the node id); the daemon
@@ -52,13 +62,19 @@ import grpc
 import structlog
 
 from kvstored.config import ClusterConfig
-from kvstored.errors import AlreadyExists, KvstoredError
+from kvstored.errors import AlreadyExists, KvstoredError, NotLeader, StaleTerm, Unavailable
 from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import error_from_rpc
 from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.tiers.feed import Change
+from kvstored.transport.master_targets import (
+    TermFence,
+    leader_hint,
+    parse_master_targets,
+    read_leader,
+)
 from kvstored.types import BlockInfo, StoreStats
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
@@ -132,6 +148,11 @@ class MasterLink:
         factors: the replication factors of blocks held here (put(replicas=N); every
             BlockRef carries its block's, 0 when unknown); None = none known.
         tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
+        fence: the node's newest master term (shared with its spiller and remote reads; a
+            private one if None).
+
+    Raises:
+        InvalidArgument: ``cfg.master_address`` is malformed.
     """
 
     def __init__(
@@ -148,9 +169,14 @@ class MasterLink:
         zone: str = "",
         factors: ReplicationFactors | None = None,
         tls: TlsFiles | None = None,
+        fence: TermFence | None = None,
     ) -> None:
         self.cfg = cfg
         self.tls = tls
+        self.targets = parse_master_targets(cfg.master_address, "cluster.master_address")
+        self.address = self.targets.first()  # the master talked to now ("": ask etcd)
+        self.fence = fence if fence is not None else TermFence()
+        self._hint = ""  # the leader a NotLeader answer named
         self.node_id = node_id
         self.epoch = epoch
         self.grpc_address = grpc_address
@@ -190,13 +216,46 @@ class MasterLink:
         self._leaving = True
 
     # ---- lifecycle -------------------------------------------------------------------
-    def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
+    async def _ensure_stub(self) -> pb_grpc.MasterServiceStub:
         if self._stub is None:
+            if not self.address:  # etcd only: the leader's record names it
+                leader, _ = await read_leader(self.targets, timeout_s=self.cfg.rpc_timeout_s)
+                if not leader:
+                    raise NotLeader("no master leads right now (etcd "
+                                    f"{','.join(self.targets.etcd_endpoints)})")
+                self.address = leader
             self._channel = open_aio_channel(  # one function per side: kvstored/security/tls.py
-                self.cfg.master_address, self.tls, options=[("grpc.max_send_message_length", 64 << 20)]
-            )
+                self.address, self.tls, options=[("grpc.max_send_message_length", 64 << 20)])
             self._stub = pb_grpc.MasterServiceStub(self._channel)
         return self._stub
+
+    async def _move(self, err: KvstoredError) -> None:
+        """After a failed round: go to the leader NotLeader named, else the next master."""
+        hint, self._hint = self._hint, ""
+        if not (isinstance(err, (NotLeader, StaleTerm)) or type(err) is Unavailable):
+            return
+        if len(self.targets.addresses) <= 1 and not self.targets.uses_etcd:
+            return  # one master: stay (as before)
+        if hint and hint != self.address:
+            new = hint
+        elif self.targets.uses_etcd:
+            new = ""
+        else:
+            addrs = self.targets.addresses
+            i = addrs.index(self.address) if self.address in addrs else -1
+            new = addrs[(i + 1) % len(addrs)]
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None
+        if new != self.address:
+            log.info("master_link_moving", old=self.address, new=new or "(etcd)",
+                     reason=type(err).__name__)
+        self.address = new
+
+    def _check_term(self, resp: object, what: str) -> None:
+        """Refuse an answer from an older term (StaleTerm); record a newer one."""
+        self.fence.observe(int(getattr(resp, "term", 0)), f"{what} from master {self.address}")
 
     async def start(self) -> None:
         """Start the link's task (returns at once; the master may still be unreachable)."""
@@ -243,7 +302,7 @@ class MasterLink:
         return self.cfg.heartbeat_interval_s
 
     async def _leave(self) -> None:
-        stub = self._ensure_stub()
+        stub = await self._ensure_stub()
         await stub.UnregisterNode(
             pb.UnregisterNodeRequest(node_id=self.node_id, epoch=self.epoch),
             timeout=self.cfg.rpc_timeout_s)
@@ -259,15 +318,18 @@ class MasterLink:
                     return
                 await self.run_once()
                 if self._last_error:
-                    log.info("master_link_recovered", master=self.cfg.master_address)
+                    log.info("master_link_recovered", master=self.address)
                     self._last_error = ""
             except (KvstoredError, grpc.RpcError) as exc:
+                if isinstance(exc, grpc.RpcError):
+                    self._hint = self._hint or leader_hint(exc)
                 err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                await self._move(err)
                 # rate-limit: log each distinct failure once (a duplicate's message names
                 # the lease left, which changes every round)
                 what = "AlreadyExists" if isinstance(err, AlreadyExists) else str(err)
                 if what != self._last_error:
-                    log.warning("master_link_failed", master=self.cfg.master_address,
+                    log.warning("master_link_failed", master=self.address or self.cfg.master_address,
                                 error=str(err))
                     self._last_error = what
             except Exception:
@@ -318,7 +380,7 @@ class MasterLink:
                 for t in st.tiers]
 
     async def _register(self) -> None:
-        stub = self._ensure_stub()
+        stub = await self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
                            tiers=self._tiers(), transports=["tcp"], zone=self.zone)
@@ -329,17 +391,20 @@ class MasterLink:
             err = error_from_rpc(exc)
             if isinstance(err, AlreadyExists) and self.num_registrations == 0:
                 self.refused = err
+            self._hint = leader_hint(exc)
             raise err from None
+        self._check_term(resp, "RegisterNode")
         self.num_registrations += 1
         self.registered = True
         self.synced = False
         self.lease_s = resp.node_lease_ms / 1000.0
         self.master_epoch = resp.master_epoch
         log.info("master_registered", node_id=self.node_id, epoch=self.epoch,
-                 master_epoch=resp.master_epoch, node_lease_s=self.lease_s)
+                 master_epoch=resp.master_epoch, term=resp.term, master=self.address,
+                 node_lease_s=self.lease_s)
 
     async def _sync(self) -> None:
-        stub = self._ensure_stub()
+        stub = await self._ensure_stub()
         snap = await self._snapshot()
         self._known = snap if self.feed is None else {}
         self._unacked = []  # the snapshot includes every change so far
@@ -356,6 +421,7 @@ class MasterLink:
                                         last_chunk=last, seq=self.seq if last else 0),
                 timeout=self.cfg.rpc_timeout_s,
             )
+            self._check_term(resp, "SyncInventory")
             if resp.action != pb.NODE_ACTION_UNSPECIFIED:
                 self._handle(resp.action)
                 return
@@ -429,13 +495,14 @@ class MasterLink:
             await self._sync()  # a full inventory replaces the lost events
             if not self.synced:
                 return
-        stub = self._ensure_stub()
+        stub = await self._ensure_stub()
         while self._unacked:
             batch = self._unacked[:_MAX_EVENTS_PER_CALL]
             resp = await stub.ReportEvents(
                 pb.ReportEventsRequest(node_id=self.node_id, epoch=self.epoch, events=batch),
                 timeout=self.cfg.rpc_timeout_s,
             )
+            self._check_term(resp, "ReportEvents")
             if resp.action != pb.NODE_ACTION_UNSPECIFIED:
                 self._handle(resp.action)
                 return
@@ -445,7 +512,7 @@ class MasterLink:
         if not self.registered:
             return
         load = float(self.load())
-        stub = self._ensure_stub()
+        stub = await self._ensure_stub()
         rep = self.replicator
         acks = rep.take_acks() if rep is not None else []
         try:
@@ -456,6 +523,12 @@ class MasterLink:
                 timeout=self.cfg.rpc_timeout_s,
             )
         except BaseException:
+            if rep is not None:
+                rep.restore_acks(acks)
+            raise
+        try:  # an answer of an older term: nothing in it is acted on, the acks go again
+            self._check_term(resp, "Heartbeat")
+        except StaleTerm:
             if rep is not None:
                 rep.restore_acks(acks)
             raise

@@ -386,20 +386,22 @@ class NodeDaemon:
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s,
-                tls=self.tls)
+                tls=self.tls, fence=self.master_link.fence)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
             # a put's extra replicas (kvstored/node/put_replicas.py)
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,
-                max_block_bytes=self.cfg.max_block_bytes, factors=factors, tls=self.tls)
+                max_block_bytes=self.cfg.max_block_bytes, factors=factors, tls=self.tls,
+                fence=self.master_link.fence)
         await self._start_replicator(core)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
 
             self.spiller = master_spiller(core.store, self.cluster, node_id=self.cfg.node_id,
-                                          max_block_bytes=self.cfg.max_block_bytes, tls=self.tls)
+                                          max_block_bytes=self.cfg.max_block_bytes, tls=self.tls,
+                                          fence=self.master_link.fence)
             from kvstored.node.spill import SpillCollector
 
             self.metrics.registry.register(SpillCollector(self.spiller))

@@ -55,6 +55,7 @@ from kvstored.errors import (
     Unavailable,
 )
 from kvstored.transport.base import Transport
+from kvstored.transport.master_targets import TermFence
 from kvstored.types import ExportedBlock
 
 log = structlog.get_logger(__name__)
@@ -397,14 +398,16 @@ class PutReplicas:
 
 
 def master_replicas(store: ReplicaStore, cfg: Any, *, node_id: str, max_block_bytes: int,
-                    factors: ReplicationFactors, tls: Any = None) -> PutReplicas:
+                    factors: ReplicationFactors, tls: Any = None,
+                   fence: TermFence | None = None) -> PutReplicas:
     """A replicator over a real master (``cfg``: the node's ClusterConfig) and TCP peers;
     ``tls`` (a :class:`kvstored.security.tls.TlsFiles`, or None = plaintext): mutual TLS to
-    the master and to the peers' data planes."""
+    the master and to the peers' data planes; ``fence``: the node's newest term (shared with its
+    MasterLink): a placement answered by an older term is refused (StaleTerm)."""
     from kvstored.transport.master_rpc import MasterClient
     from kvstored.transport.tcp import DataPlaneClient
 
-    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s, tls=tls)
+    master = MasterClient(cfg.master_address, timeout_s=cfg.rpc_timeout_s, tls=tls, fence=fence)
     ssl_context = tls.client_context() if tls is not None else None
 
     def transport(address: str) -> Transport:

@@ -71,6 +71,7 @@ from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, Transfe
 from kvstored.node.flights import Flights
 from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
+from kvstored.transport.master_targets import TermFence
 from kvstored.transport.tcp import DataPlaneClient
 
 if TYPE_CHECKING:
@@ -671,8 +672,10 @@ class RemoteReads:
 
 def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                  fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0,
-                 tls: TlsFiles | None = None) -> RemoteReads:
-    """A :class:`RemoteReads` talking to the master at ``master_address`` (sync gRPC).
+                 tls: TlsFiles | None = None, fence: TermFence | None = None) -> RemoteReads:
+    """A :class:`RemoteReads` talking to the leading master at ``master_address`` (sync
+    gRPC; one address, a list or ``etcd://``); ``fence``: the node's newest term (shared with
+    its MasterLink), so a lookup answered by an older term is refused (StaleTerm: a miss).
 
     ``tls``: mutual TLS to the master and to every peer's data plane (None = plaintext).
 
@@ -680,7 +683,7 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
         with it).
     """
-    client = MasterClient(master_address, timeout_s=fetch_timeout_s, tls=tls)
+    client = MasterClient(master_address, timeout_s=fetch_timeout_s, tls=tls, fence=fence)
 
     def lookup(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
                ) -> list[ClusterReplica]:

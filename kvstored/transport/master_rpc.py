@@ -5,6 +5,19 @@ wrapper for its remote reads and spills (kvstored/node/remote.py, spill.py); the
 package re-exports it as ``kvstored.client.master.MasterClient`` for
 ``kvstorectl --address MASTER nodes`` and the cluster tests. It lives below both (here in
 transport/) so that node/ never imports client/.
+
+The address may name several masters (``HOST:PORT,HOST:PORT``) or an etcd election
+(``etcd://HOST:PORT/PFX``; kvstored/transport/master_targets.py). A call answered
+``NotLeader`` is sent again to the leader the answer names (else the next address, or the
+leader etcd names), and one that finds its master ``Unavailable`` or past its deadline is
+sent to the next one: at most one try per address plus one. With a single address a call
+is tried once, as before. Every answer's term goes through a :class:`TermFence` (shared
+with the node's other master users when one is passed): an answer from an older term than
+one already seen is refused as ``StaleTerm`` (and, with several masters, the next one is
+tried). A PutStart re-sent after an Unavailable may find the first one's write open on the
+same leader (ReplicaNotReady, retriable); a new leader knows nothing of it.
+
+Channels are made by kvstored.security.tls.open_channel only (one place for credentials).
 """
 
 from __future__ import annotations
@@ -16,9 +29,24 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstored.errors import InternalError, KvstoredError, error_from_code
+from kvstored.errors import (
+    DeadlineExceeded,
+    InternalError,
+    KvstoredError,
+    NotLeader,
+    StaleTerm,
+    Unavailable,
+    error_from_code,
+)
 from kvstored.rpc_status import error_from_rpc
 from kvstored.security.tls import TlsFiles, open_channel
+from kvstored.transport.master_targets import (
+    MasterTargets,
+    TermFence,
+    leader_hint,
+    parse_master_targets,
+    read_leader_sync,
+)
 from kvstored.types import Tier
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -41,29 +69,106 @@ class ClusterReplica:
 
 
 class MasterClient:
-    """Blocking calls to a master at ``host:port``; use as a context manager.
+    """Blocking calls to the leading master; use as a context manager.
 
     Args:
-        address: the master's ``host:port``.
-        timeout_s: deadline of each call, seconds.
+        address: ``HOST:PORT``, ``HOST:PORT,HOST:PORT,...`` or ``etcd://HOST:PORT/PFX``
+            (see the module docstring).
+        timeout_s: deadline of each call (each try), seconds.
+        fence: the newest term seen, shared with other users (a private one if None).
         tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
 
     Raises (from every call):
-        Unavailable: the master could not be reached within the deadline (retriable).
+        Unavailable: no master could be reached within the deadline (retriable).
+        NotLeader: every master tried answered that it does not lead (retriable: an
+            election is under way).
+        StaleTerm: the answer came from a term older than one already seen.
         DeadlineExceeded: the call did not finish within ``timeout_s``.
+        InvalidArgument: ``address`` is malformed (at construction).
     """
 
-    def __init__(self, address: str, *, timeout_s: float = 5.0, tls: TlsFiles | None = None) -> None:
-        self.address = address
+    def __init__(self, address: str, *, timeout_s: float = 5.0, tls: TlsFiles | None = None,
+                 fence: TermFence | None = None) -> None:
+        self.targets: MasterTargets = parse_master_targets(address)
+        self.address = self.targets.first()  # "" with etcd only: read the leader first
         self.timeout_s = timeout_s
         self.tls = tls
-        self._channel = open_channel(address, tls)
-        self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self.fence = fence if fence is not None else TermFence()
+        self._following = len(self.targets.addresses) > 1 or self.targets.uses_etcd
+        self._channel: Any = None
+        self._stub: Any = None
+        if self.address:
+            self._connect(self.address)
         self._single_puts = False  # the master predates PutStartBatch: one call per item
+
+    def _connect(self, address: str) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self.address = address
+        self._channel = open_channel(address, self.tls)  # one function per side: security/tls.py
+        self._stub = pb_grpc.MasterServiceStub(self._channel)
+
+    def _move(self, hint: str) -> None:
+        """Talk to ``hint`` next; without one, the next address (or the leader etcd names)."""
+        if hint:
+            self._connect(hint)
+        elif self.targets.uses_etcd:
+            self.address = ""
+        else:
+            addrs = self.targets.addresses
+            i = addrs.index(self.address) if self.address in addrs else -1
+            self._connect(addrs[(i + 1) % len(addrs)])
+
+    def _resolve(self) -> None:
+        leader, _ = read_leader_sync(self.targets, timeout_s=self.timeout_s)
+        if not leader:
+            raise NotLeader(f"no master leads under {self.targets.election_prefix!r} in etcd "
+                            f"{','.join(self.targets.etcd_endpoints)} right now")
+        self._connect(leader)
+
+    def _invoke(self, name: str, request: Any, timeout_s: float | None) -> Any:
+        """``MasterService.name(request)`` at the leader, following NotLeader / Unavailable
+        (module docstring); the answer's term checked against the fence.
+
+        Raises:
+            grpc.RpcError: the last try's failure (or the only one, with a single address).
+            StaleTerm: the answer's term is older than the newest seen.
+            Unavailable / NotLeader: etcd could not be read, or names no leader.
+        """
+        tries = len(self.targets.addresses) + 1 if self._following else 1
+        last: BaseException | None = None
+        for _ in range(max(tries, 2) if self.targets.uses_etcd else tries):
+            try:
+                if not self.address:
+                    self._resolve()
+                resp = getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if not self._following or not (isinstance(err, NotLeader)
+                                               or type(err) in (Unavailable, DeadlineExceeded)):
+                    raise
+                last = exc
+                self._move(leader_hint(exc) if isinstance(err, NotLeader) else "")
+                continue
+            except (NotLeader, Unavailable) as exc:  # etcd unreadable or no leader yet
+                last = exc
+                continue
+            try:
+                self.fence.observe(getattr(resp, "term", 0), f"master {self.address} {name}")
+            except StaleTerm as exc:
+                if not self._following:
+                    raise
+                last = exc
+                self._move("")
+                continue
+            return resp
+        assert last is not None
+        raise last
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> MasterClient:
         return self
@@ -72,11 +177,11 @@ class MasterClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., Any], request: Any, timeout_s: float | None) -> Any:
-        """``method(request)`` with ``timeout_s`` (None/0: the client's ``timeout_s``); a gRPC
+    def _call(self, name: str, request: Any, timeout_s: float | None) -> Any:
+        """:meth:`_invoke` with ``timeout_s`` (None/0: the client's ``timeout_s``); a gRPC
         error raised as the matching :class:`~kvstored.errors.KvstoredError`."""
         try:
-            return method(request, timeout=timeout_s or self.timeout_s)
+            return self._invoke(name, request, timeout_s)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
@@ -125,7 +230,7 @@ class MasterClient:
             "num_replicas"}]``, the nodes that left recently (reason "expired": its lease
             lapsed; "left": it unregistered), newest first, until they register again
         """
-        resp = self._call(self._stub.ListNodes, pb.ListNodesRequest(), None)
+        resp = self._call("ListNodes", pb.ListNodesRequest(), None)
         nodes = []
         for st in resp.nodes:
             n = st.node
@@ -168,7 +273,7 @@ class MasterClient:
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id)
-        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
+        resp = self._call("LookupPrefix", req, timeout_s)
         nodes = list(resp.nodes)
         return [
             ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
@@ -192,7 +297,7 @@ class MasterClient:
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id, every_key=True)
-        resp = self._call(self._stub.LookupPrefix, req, timeout_s)
+        resp = self._call("LookupPrefix", req, timeout_s)
         if not resp.every_key:
             return None
         nodes = list(resp.nodes)
@@ -215,7 +320,7 @@ class MasterClient:
         """
         req = pb.ReportTransferRequest(node_id=node_id, epoch=epoch, ok=ok,
                                        reporter_node_id=reporter_node_id)
-        resp = self._call(self._stub.ReportTransfer, req, timeout_s)
+        resp = self._call("ReportTransfer", req, timeout_s)
         return _HEALTH.get(resp.health, "unknown")
 
     # ---- two-phase put (spill, tests) -------------------------------------------------
@@ -239,7 +344,7 @@ class MasterClient:
             writer_node_id=writer_node_id, num_replicas=1, exclude_writer=exclude_writer,
             max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
             holder_reports=holder_reports)
-        resp = self._call(self._stub.PutStart, req, timeout_s)
+        resp = self._call("PutStart", req, timeout_s)
         return resp.exists, resp.generation, [
             ClusterReplica(r.node_id, r.epoch, Tier(r.tier), r.size_bytes, r.generation,
                            r.data_address) for r in resp.replicas]
@@ -257,7 +362,7 @@ class MasterClient:
         """
         req = pb.PutEndRequest(namespace_id=namespace_id, key=key, generation=generation,
                                commit=commit)
-        resp = self._call(self._stub.PutEnd, req, timeout_s)
+        resp = self._call("PutEnd", req, timeout_s)
         return resp.num_replicas
 
     def put_start_batch(
@@ -321,7 +426,7 @@ class MasterClient:
             ends=[pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
                   for ns, k, g, c in ends])
         try:
-            resp = self._stub.PutStartBatch(req, timeout=timeout_s or self.timeout_s)
+            resp = self._invoke("PutStartBatch", req, timeout_s)
         except grpc.RpcError as exc:
             if _unimplemented(exc):
                 self._single_puts = True
@@ -420,7 +525,7 @@ class MasterClient:
             pb.PutEndRequest(namespace_id=ns, key=k, generation=g, commit=c)
             for ns, k, g, c in items])
         try:
-            resp = self._stub.PutEndBatch(req, timeout=timeout_s or self.timeout_s)
+            resp = self._invoke("PutEndBatch", req, timeout_s)
         except grpc.RpcError as exc:
             if _unimplemented(exc):
                 self._single_puts = True

@@ -120,14 +120,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch")
+    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch", "term")
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SUPERSEDED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     node_lease_ms: int
     master_epoch: int
     superseded_epoch: bool
-    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ...) -> None: ...
+    term: int
+    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
 
 class UnregisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "epoch")
@@ -138,8 +140,10 @@ class UnregisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class UnregisterNodeResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("term",)
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    def __init__(self, term: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "acked_command_ids")
@@ -158,16 +162,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms", "promote_copies", "commands")
+    __slots__ = ("action", "node_lease_ms", "promote_copies", "commands", "term")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
     promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
     commands: _containers.RepeatedCompositeFieldContainer[NodeCommand]
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
     __slots__ = ("command_id", "kind", "target_epoch", "term", "namespace_id", "key", "source_node_id", "source_epoch", "source_data_address", "size_bytes", "generation")
@@ -230,12 +236,14 @@ class SyncInventoryRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., sync_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., last_chunk: _Optional[bool] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class SyncInventoryResponse(_message.Message):
-    __slots__ = ("action", "num_replicas")
+    __slots__ = ("action", "num_replicas", "term")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     num_replicas: int
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., num_replicas: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class BlockEvent(_message.Message):
     __slots__ = ("seq", "kind", "block")
@@ -258,12 +266,14 @@ class ReportEventsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., events: _Optional[_Iterable[_Union[BlockEvent, _Mapping]]] = ...) -> None: ...
 
 class ReportEventsResponse(_message.Message):
-    __slots__ = ("action", "applied_seq")
+    __slots__ = ("action", "applied_seq", "term")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     applied_seq: int
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., applied_seq: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., applied_seq: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReportTransferRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "ok", "reporter_node_id")
@@ -278,10 +288,12 @@ class ReportTransferRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ok: _Optional[bool] = ..., reporter_node_id: _Optional[str] = ...) -> None: ...
 
 class ReportTransferResponse(_message.Message):
-    __slots__ = ("health",)
+    __slots__ = ("health", "term")
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     health: NodeHealth
-    def __init__(self, health: _Optional[_Union[NodeHealth, str]] = ...) -> None: ...
+    term: int
+    def __init__(self, health: _Optional[_Union[NodeHealth, str]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReplicaRef(_message.Message):
     __slots__ = ("node_id", "epoch", "tier", "size_bytes", "generation", "data_address")
@@ -312,7 +324,7 @@ class MasterLookupPrefixRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ..., every_key: _Optional[bool] = ...) -> None: ...
 
 class MasterLookupPrefixResponse(_message.Message):
-    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete", "key_index", "every_key")
+    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete", "key_index", "every_key", "term")
     NODES_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +333,7 @@ class MasterLookupPrefixResponse(_message.Message):
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     KEY_INDEX_FIELD_NUMBER: _ClassVar[int]
     EVERY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[ReplicaNode]
     node_index: _containers.RepeatedScalarFieldContainer[int]
     tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
@@ -329,7 +342,8 @@ class MasterLookupPrefixResponse(_message.Message):
     complete: bool
     key_index: _containers.RepeatedScalarFieldContainer[int]
     every_key: bool
-    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., key_index: _Optional[_Iterable[int]] = ..., every_key: _Optional[bool] = ...) -> None: ...
+    term: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., key_index: _Optional[_Iterable[int]] = ..., every_key: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReplicaNode(_message.Message):
     __slots__ = ("node_id", "epoch", "data_address")
@@ -368,14 +382,16 @@ class PutStartRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., writer_node_id: _Optional[str] = ..., num_replicas: _Optional[int] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., exclude_writer: _Optional[bool] = ..., max_used_fraction: _Optional[float] = ..., headroom_bytes: _Optional[int] = ..., holder_reports: _Optional[bool] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("exists", "generation", "replicas")
+    __slots__ = ("exists", "generation", "replicas", "term")
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     exists: bool
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
-    def __init__(self, exists: _Optional[bool] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, exists: _Optional[bool] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
     __slots__ = ("namespace_id", "key", "generation", "commit")
@@ -390,10 +406,12 @@ class PutEndRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., generation: _Optional[int] = ..., commit: _Optional[bool] = ...) -> None: ...
 
 class PutEndResponse(_message.Message):
-    __slots__ = ("num_replicas",)
+    __slots__ = ("num_replicas", "term")
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     num_replicas: int
-    def __init__(self, num_replicas: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, num_replicas: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -420,16 +438,18 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes", "master_epoch", "num_replicas", "departed")
+    __slots__ = ("nodes", "master_epoch", "num_replicas", "departed", "term")
     NODES_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     master_epoch: int
     num_replicas: int
     departed: _containers.RepeatedCompositeFieldContainer[DepartedNode]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ..., departed: _Optional[_Iterable[_Union[DepartedNode, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., master_epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ..., departed: _Optional[_Iterable[_Union[DepartedNode, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class DepartedNode(_message.Message):
     __slots__ = ("node", "reason", "departed_s_ago", "num_replicas")
@@ -486,12 +506,14 @@ class BlockReplicas(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDetail, _Mapping]]] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class ListReplicasResponse(_message.Message):
-    __slots__ = ("blocks", "complete")
+    __slots__ = ("blocks", "complete", "term")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockReplicas]
     complete: bool
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockReplicas, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
+    term: int
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockReplicas, _Mapping]]] = ..., complete: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ListNodeBlocksRequest(_message.Message):
     __slots__ = ("node_id", "any_namespace", "namespace_id", "limit", "page_token")
@@ -526,16 +548,18 @@ class NodeBlockEntry(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., copy: _Optional[bool] = ...) -> None: ...
 
 class ListNodeBlocksResponse(_message.Message):
-    __slots__ = ("blocks", "next_page_token", "epoch", "num_replicas")
+    __slots__ = ("blocks", "next_page_token", "epoch", "num_replicas", "term")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[NodeBlockEntry]
     next_page_token: bytes
     epoch: int
     num_replicas: int
-    def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, blocks: _Optional[_Iterable[_Union[NodeBlockEntry, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., epoch: _Optional[int] = ..., num_replicas: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
     __slots__ = ("namespace_id", "key", "size_bytes", "replicas")
@@ -590,12 +614,14 @@ class PutStartResult(_message.Message):
     def __init__(self, outcome: _Optional[_Union[PutStartOutcome, str]] = ..., generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ..., num_held: _Optional[int] = ...) -> None: ...
 
 class PutStartBatchResponse(_message.Message):
-    __slots__ = ("results", "end_results")
+    __slots__ = ("results", "end_results", "term")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     END_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
     end_results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., end_results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., end_results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class PutEndBatchRequest(_message.Message):
     __slots__ = ("items",)
@@ -614,10 +640,12 @@ class PutEndResult(_message.Message):
     def __init__(self, num_replicas: _Optional[int] = ..., error_code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PutEndBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "term")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class BlockKey(_message.Message):
     __slots__ = ("namespace_id", "key")
@@ -634,18 +662,20 @@ class DrainNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class DrainNodeResponse(_message.Message):
-    __slots__ = ("draining", "num_blocks", "num_blocks_to_move", "num_copies_issued", "leave_sent")
+    __slots__ = ("draining", "num_blocks", "num_blocks_to_move", "num_copies_issued", "leave_sent", "term")
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
     NUM_COPIES_ISSUED_FIELD_NUMBER: _ClassVar[int]
     LEAVE_SENT_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     draining: bool
     num_blocks: int
     num_blocks_to_move: int
     num_copies_issued: int
     leave_sent: bool
-    def __init__(self, draining: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_blocks_to_move: _Optional[int] = ..., num_copies_issued: _Optional[int] = ..., leave_sent: _Optional[bool] = ...) -> None: ...
+    term: int
+    def __init__(self, draining: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_blocks_to_move: _Optional[int] = ..., num_copies_issued: _Optional[int] = ..., leave_sent: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
 
 class SetReplicationRequest(_message.Message):
     __slots__ = ("namespace_id", "keys", "replicas")
@@ -658,7 +688,9 @@ class SetReplicationRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class SetReplicationResponse(_message.Message):
-    __slots__ = ("num_keys",)
+    __slots__ = ("num_keys", "term")
     NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     num_keys: int
-    def __init__(self, num_keys: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, num_keys: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...

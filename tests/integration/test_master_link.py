@@ -305,6 +305,7 @@ def test_an_unreachable_master_is_no_error_at_start(tmp_path: Path) -> None:
     async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
         with socket_closed_port() as port:
             link.cfg = ClusterConfig(master_address=f"127.0.0.1:{port}")
+            link.address = link.cfg.master_address  # the address the link talks to
             await link.start()
             await link.wait_first_registration(5.0)  # UNAVAILABLE: answered, not refused
             assert link.refused is None and not link.registered
