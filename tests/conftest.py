@@ -12,6 +12,10 @@ run on two workers at once while the rest of the suite runs beside them.
 
 ``workdir``: a fresh directory under /tmp with a short path (a unix socket path must fit in
 108 bytes, which pytest's ``tmp_path`` may not), removed when the test ends.
+
+``etcd``: a real etcd on two free loopback client ports (tests/etcd_helpers.py), killed and
+its data dir removed when the test ends; without /usr/bin/etcd the test fails under CI=true
+and skips otherwise. Mark such tests ``@pytest.mark.etcd``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from etcd_helpers import EtcdServer, require_etcd
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,3 +45,12 @@ def workdir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvt", dir="/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer(require_etcd(), num_client_ports=2).start()
+    try:
+        yield server
+    finally:
+        server.stop()

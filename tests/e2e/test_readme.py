@@ -165,4 +165,8 @@ def test_first_two_bash_commands_are_what_ci_runs() -> None:
     # also build the vLLM virtualenv (tests/e2e/test_vllm_connector.py)
     vllm_step = " && bash scripts/setup-vllm-venv.sh .venv-vllm"
     assert setup_test.endswith(vllm_step), setup_test
-    assert setup_demo.replace("'.[demo]'", "'.[test,demo,sim]'") == setup_test.removesuffix(vllm_step)
+    # and first install the system packages the tests need (etcd: scripts/setup-system.sh)
+    system_step = "bash scripts/setup-system.sh && "
+    assert setup_test.startswith(system_step), setup_test
+    assert setup_demo.replace("'.[demo]'", "'.[test,demo,sim]'") == \
+        setup_test.removesuffix(vllm_step).removeprefix(system_step)

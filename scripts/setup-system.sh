@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the system (apt) packages the tests need, only when they are missing:
+#   etcd-server  (/usr/bin/etcd: the etcd the master-HA tests start on loopback ports)
+# Without root, nothing is installed: it says what is missing and goes on (the tests that need
+# the package then skip, or fail under CI=true).
+set -euo pipefail
+missing=()
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup-system: not root, so not installing ${missing[*]} (apt-get install -y ${missing[*]} as root)" >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup-system: installed ${missing[*]}"
