@@ -7,10 +7,18 @@ mid-storm: a new leader (a higher term) answers ``complete=true`` within a bound
 nodes follow it without a restart (re-register and resync there); a client given both masters'
 addresses follows too; writers never stop; no read ever returns a wrong byte, and afterwards
 every committed block reads back through the other node.
+
+Cut from etcd (root, nftables: ``@pytest.mark.netns``): etcd listens on two client ports, each
+master talks to its own; dropping the leader's port stops it leading (NotLeader) within its
+election lease, the other master leads with a higher term and the node follows it. (That
+the nodes refuse a deposed leader's answers, should one still come, is pinned by
+tests/unit/master/test_master_leadership.py, since by construction none comes here.)
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +33,7 @@ from etcd_helpers import EtcdServer
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
+from kvstored.errors import DeadlineExceeded, NotLeader, Unavailable
 
 pytestmark = pytest.mark.etcd
 HERE = Path(__file__).parent
@@ -51,9 +60,13 @@ def ha_master(workdir: Path, name: str, etcd_url: str) -> MasterProcess:
 
 
 def _leader(addresses: str) -> tuple[str, int]:
-    """The leader's address and term, as a client given every master finds it."""
+    """The leader's address and term, as a client given every master finds it (("", 0):
+    none of them leads right now)."""
     with MasterClient(addresses, timeout_s=2) as m:
-        m.list_nodes()
+        try:
+            m.list_nodes()
+        except (NotLeader, Unavailable, DeadlineExceeded):
+            return "", 0
         return m.address, m.fence.term
 
 
@@ -64,7 +77,7 @@ def test_the_leader_sigkilled_during_a_storm_a_new_one_leads_and_everyone_follow
         procs.append(m)
         m.start()
     both = ",".join(m.address for m in masters)
-    leader_address, old_term = _wait("a leader", lambda: _leader(both))
+    leader_address, old_term = _wait("a leader", lambda: _leader(both)[0] and _leader(both))
     leader = next(m for m in masters if m.address == leader_address)
     survivor = next(m for m in masters if m is not leader)
     via_etcd = f"etcd://{etcd.endpoints[0]},{etcd.endpoints[1]}{PREFIX}"
@@ -160,3 +173,72 @@ def test_the_leader_sigkilled_during_a_storm_a_new_one_leads_and_everyone_follow
             if w.poll() is None:
                 w.kill()
                 w.wait(timeout=30)
+
+
+class NftCut:
+    """An nftables table dropping loopback TCP to and from one port (``close`` removes it)."""
+
+    def __init__(self, port: int) -> None:
+        self.table = f"kvtest{os.getpid()}"
+        self.port = port
+
+    def _nft(self, *args: str) -> None:
+        subprocess.run(["nft", *args], check=True, capture_output=True, timeout=30)
+
+    def cut(self) -> None:
+        self._nft("add", "table", "inet", self.table)
+        self._nft("add", "chain", "inet", self.table, "out",
+                  "{ type filter hook output priority 0 ; }")
+        self._nft("add", "rule", "inet", self.table, "out", "tcp", "dport", str(self.port), "drop")
+        self._nft("add", "rule", "inet", self.table, "out", "tcp", "sport", str(self.port), "drop")
+
+    def close(self) -> None:
+        subprocess.run(["nft", "delete", "table", "inet", self.table], capture_output=True,
+                       timeout=30, check=False)
+
+
+@pytest.mark.netns
+def test_a_leader_cut_off_from_etcd_stops_leading_and_the_other_takes_over(
+        workdir: Path, procs: list[Any], etcd: EtcdServer) -> None:
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        pytest.skip("needs root and nft")
+    a = ha_master(workdir, "ma", etcd.url(0))  # a talks to etcd on port 0 only
+    procs.append(a)
+    a.start()
+    _wait("a leads", lambda: _leader(a.address)[0] == a.address)
+    _, old_term = _leader(a.address)
+    b = ha_master(workdir, "mb", etcd.url(1))
+    procs.append(b)
+    b.start()
+    both = f"{a.address},{b.address}"
+    node = NodeProcess(workdir / "n0", both, "n0")
+    start_nodes([node], procs, {})
+    wait_healthy(a.address, {"n0"})
+    cut = NftCut(etcd.client_ports[0])
+    try:
+        cut.cut()
+        t_cut = time.monotonic()
+
+        def a_refuses() -> bool:
+            with MasterClient(a.address, timeout_s=1) as m:
+                try:
+                    m.list_nodes()
+                except NotLeader:
+                    return True
+                except (Unavailable, DeadlineExceeded):
+                    return False
+            return False
+
+        _wait("a stops leading", a_refuses)
+        stop_s = time.monotonic() - t_cut
+        # a stops before its etcd lease can lapse, so before b can be elected
+        assert stop_s <= ELECTION_LEASE_S + 1.0, stop_s
+        _wait("b leads", lambda: _leader(b.address)[0] == b.address)
+        new_term = _leader(b.address)[1]
+        assert new_term > old_term
+        wait_healthy(b.address, {"n0"})  # the node followed b
+        assert a_refuses()  # a, still cut, never answers as leader again
+        print(f"cut leader stopped leading {stop_s:.2f} s after the cut; term {old_term} -> "
+              f"{new_term}")
+    finally:
+        cut.close()
