@@ -273,8 +273,13 @@ class Elector:
                     raise _Lost("lease expired in etcd")
                 self._deadline = sent + reply.TTL
                 await asyncio.wait([watcher], timeout=self.lease_ttl / 3)
+        except asyncio.CancelledError:
+            self._step_down("stopping")
+            raise
+        except Exception as exc:
+            self._step_down(f"{type(exc).__name__}: {exc}")
+            raise
         finally:
-            self._step_down("leadership ended")
             watcher.cancel()
             with contextlib.suppress(BaseException):
                 await watcher

@@ -38,7 +38,7 @@ from kvstored.errors import DeadlineExceeded, NotLeader, Unavailable
 pytestmark = pytest.mark.etcd
 HERE = Path(__file__).parent
 PREFIX = "/kvha"
-ELECTION_LEASE_S = 2
+ELECTION_LEASE_S = 3
 NODE_LEASE_S = 3.0
 
 
