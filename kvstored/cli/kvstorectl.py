@@ -34,7 +34,7 @@ JSON output (sorted keys, stable for scripts)::
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
             (--address MASTER: each block also has "replication_factor" and "replicas")
-    nodes   {"master_epoch", "num_replicas",
+    nodes   {"master_epoch", "term", "leader", "num_replicas",
              "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
                         "load", "num_replicas", "lease_left_s", "last_seq", "draining",
                         "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
@@ -531,7 +531,9 @@ def _nodes_tables(d: dict[str, Any]) -> list[Any]:
         for n in d.get("departed", [])
     ]
     title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
-             f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas)")
+             f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas"
+             + (f"; leader {d['leader']} term {d['term']}" if d.get("term") != d["master_epoch"]
+                else "") + ")")
     cols = ["node", "address", "zone", "epoch", "health", "DRAM used/cap", "SSD used/cap",
             "load", "replicas", "lease left"]
     return [output.rows_table(title, cols, rows)]

@@ -220,7 +220,8 @@ class MasterClient:
         """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
 
         Returns:
-            ``{"master_epoch", "num_replicas", "nodes": [{"node_id", "epoch", "grpc_address",
+            ``{"master_epoch", "term", "leader" (the address that answered), "num_replicas",
+            "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
             "draining", "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
             (draining: ``kvstorectl drain`` is re-homing its blocks); health
@@ -252,8 +253,8 @@ class MasterClient:
              "departed_s_ago": round(d.departed_s_ago, 3), "num_replicas": d.num_replicas}
             for d in resp.departed
         ]
-        return {"master_epoch": resp.master_epoch, "num_replicas": resp.num_replicas,
-                "nodes": nodes, "departed": departed}
+        return {"master_epoch": resp.master_epoch, "term": resp.term, "leader": self.address,
+                "num_replicas": resp.num_replicas, "nodes": nodes, "departed": departed}
 
     def lookup_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
