@@ -4,13 +4,11 @@ The block marked ``<!-- readme-test: skip run by tests/e2e/test_readme_ha.py ...
 with the runner of tests/e2e/test_readme_cluster.py (every ``HOST:PORT`` mapped to a free
 loopback port; ``&`` lines are daemons waited for until they print ``ready``), except that
 the ``etcd`` line is waited for until its client port accepts connections (etcd prints no
-``ready``). Then the leading master is SIGKILLed, as the README says, and the same
-``kvstorectl`` command must show node ``a`` healthy at the other master.
+``ready``). The failover the README describes next is tests/e2e/test_e2e_master_ha.py.
 """
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import time
@@ -20,8 +18,6 @@ import pytest
 from etcd_helpers import require_etcd
 from test_readme import read_blocks
 from test_readme_cluster import ROOT, Runner, _wait, commands
-
-from kvstored.client.master import MasterClient
 
 pytestmark = pytest.mark.etcd
 MARK = "test_readme_ha.py"
@@ -51,7 +47,7 @@ class HaRunner(Runner):
                 time.sleep(0.05)
 
 
-def test_ha_commands_run_as_written_and_the_node_follows_a_failover(workdir: Path) -> None:
+def test_ha_commands_run_as_written(workdir: Path) -> None:
     require_etcd()
     blocks = [b for b in read_blocks((ROOT / "README.md").read_text())
               if b.skip_reason and MARK in b.skip_reason]
@@ -65,28 +61,10 @@ def test_ha_commands_run_as_written_and_the_node_follows_a_failover(workdir: Pat
         _wait("a healthy at the leader", lambda: [
             (n["node_id"], n["health"]) for n in run.ctl_json(masters, "nodes")["nodes"]]
             == [("a", "healthy")])
-        assert "healthy" in run.run(cmds[-1]).stdout
-        with MasterClient(masters) as m:
-            m.list_nodes()
-            leader, term = m.address, m.fence.term
-        which = [run.map["127.0.0.1:7080"], run.map["127.0.0.1:7081"]].index(leader)
-        run.daemons[1 + which].send_signal(signal.SIGKILL)  # daemons: etcd, m1, m2, node
-
-        def follows() -> bool:
-            with MasterClient(masters, timeout_s=2) as m:
-                ok = [(n["node_id"], n["health"]) for n in m.list_nodes()["nodes"]] \
-                    == [("a", "healthy")]
-                return ok and m.address != leader and m.fence.term > term
-
-        _wait("a healthy at the new leader", lambda: _try(follows))
-        assert "healthy" in run.run(cmds[-1]).stdout
+        out = run.run(cmds[-1]).stdout
+        assert "healthy" in out and "term" in out  # the leader and its etcd term in the title
     finally:
         codes = run.stop()
-    assert codes[0] == 0 and codes[1 + which] == 0  # (reversed) the node, the surviving master
+    assert codes[:3] == [0, 0, 0]  # (reversed) the node and both masters
 
 
-def _try(fn: object) -> bool:
-    try:
-        return bool(fn())  # type: ignore[operator]  # a callable
-    except Exception:  # noqa: BLE001 (no leader yet)
-        return False
