@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import shutil
 import signal
@@ -57,10 +58,11 @@ READY_S = 60.0
 
 
 class SyntheticStore:
-    """An InventorySource of ``n`` DRAM blocks named ``node:i`` (listing from memory)."""
+    """An InventorySource of ``n`` DRAM blocks keyed like block hashes (16-byte digests of
+    ``node:i``; the master's key table assumes digest keys), listed from memory."""
 
     def __init__(self, node: str, n: int) -> None:
-        self.blocks = [BlockInfo(key=f"{node}:{i:09d}".encode().ljust(16, b"."),
+        self.blocks = [BlockInfo(key=hashlib.blake2b(f"{node}:{i}".encode(), digest_size=16).digest(),
                                  size_bytes=BLOCK_BYTES, namespace_id=NS, tiers=(Tier.DRAM,),
                                  pinned=False, generations=(i + 1,)) for i in range(n)]
 
