@@ -219,3 +219,31 @@ def test_leader_hint_is_empty_without_metadata() -> None:
         pass
 
     assert leader_hint(Bare()) == ""
+
+
+@pytest.mark.parametrize(("endpoints", "prefix", "message"), [
+    (["https://127.0.0.1:2379"], "/kvstored",
+     r"master.etcd: TLS to etcd is not supported yet, got 'https://127.0.0.1:2379'"),
+    (["127.0.0.1"], "/kvstored",
+     r"master.etcd: etcd endpoint must be http://HOST:PORT or HOST:PORT, got '127.0.0.1'"),
+    (["http://127.0.0.1:2379"], "kvstored",
+     r"master.election_prefix: election prefix must start with '/'.*got 'kvstored'"),
+])
+def test_a_master_with_bad_election_settings_refuses_to_start_naming_them(
+        tmp_path: Path, endpoints: list[str], prefix: str, message: str) -> None:
+    from kvstored.config import MasterConfig
+    from kvstored.errors import ConfigInvalid
+    from kvstored.master.daemon import MasterDaemon
+
+    cfg = MasterConfig(listen=["127.0.0.1:0"], data_dir=tmp_path, etcd=endpoints,
+                       election_prefix=prefix)
+    daemon = MasterDaemon(cfg)
+
+    async def main() -> None:
+        try:
+            with pytest.raises(ConfigInvalid, match=message):
+                await daemon.start()
+        finally:
+            await daemon.stop()
+
+    asyncio.run(main())
