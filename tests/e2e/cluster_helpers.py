@@ -302,3 +302,16 @@ def wait_healthy(master: str, names: set[str]) -> dict[str, dict[str, Any]]:
     return _wait(f"{sorted(names)} healthy", lambda: (
         (n := _nodes(master)) and {k for k, v in n.items() if v["health"] == "healthy"} == names
         and set(n) == names and n))
+
+
+def ha_master(workdir: Path, name: str, etcd_url: str, *, prefix: str,
+              election_lease_s: int = 3, lease_s: float = LEASE_S) -> MasterProcess:
+    """A :class:`MasterProcess` (not started) electing through ``etcd_url`` under ``prefix``
+    (its files in ``workdir/name``); several with one prefix: one leads."""
+    d = workdir / name
+    d.mkdir()
+    m = MasterProcess(d)
+    m.args[m.args.index("--node-lease-s") + 1] = str(lease_s)
+    m.args += ["--etcd", etcd_url, "--election-prefix", prefix,
+               "--election-lease-s", str(election_lease_s)]
+    return m

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from cluster_helpers import WAIT_S, MasterProcess, NodeProcess, _wait, start_nodes, wait_healthy
+from cluster_helpers import ha_master as cluster_ha_master
 from e2e_helpers import small_value_for
 from etcd_helpers import EtcdServer
 
@@ -49,14 +50,9 @@ def _committed(path: Path) -> list[bytes]:
 
 
 def ha_master(workdir: Path, name: str, etcd_url: str) -> MasterProcess:
-    """A :class:`MasterProcess` electing through ``etcd_url``."""
-    d = workdir / name
-    d.mkdir()
-    m = MasterProcess(d)
-    m.args[m.args.index("--node-lease-s") + 1] = str(NODE_LEASE_S)
-    m.args += ["--etcd", etcd_url, "--election-prefix", PREFIX,
-               "--election-lease-s", str(ELECTION_LEASE_S)]
-    return m
+    """This module's :func:`cluster_helpers.ha_master` (its prefix and leases)."""
+    return cluster_ha_master(workdir, name, etcd_url, prefix=PREFIX,
+                             election_lease_s=ELECTION_LEASE_S, lease_s=NODE_LEASE_S)
 
 
 def _leader(addresses: str) -> tuple[str, int]:

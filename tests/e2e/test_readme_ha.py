@@ -51,18 +51,19 @@ def test_ha_commands_run_as_written(workdir: Path) -> None:
     require_etcd()
     blocks = [b for b in read_blocks((ROOT / "README.md").read_text())
               if b.skip_reason and MARK in b.skip_reason]
-    assert [b.lang for b in blocks] == ["bash"] and len(commands(blocks[0].code)) == 5
+    assert [b.lang for b in blocks] == ["bash"] and len(commands(blocks[0].code)) == 6
     run = HaRunner(workdir, [blocks[0].code])
     cmds = commands(blocks[0].code)
     try:
-        for cmd in cmds[:-1]:
+        for cmd in cmds[:-2]:
             run.run(cmd)
         masters = f"{run.map['127.0.0.1:7080']},{run.map['127.0.0.1:7081']}"
         _wait("a healthy at the leader", lambda: [
             (n["node_id"], n["health"]) for n in run.ctl_json(masters, "nodes")["nodes"]]
             == [("a", "healthy")])
-        out = run.run(cmds[-1]).stdout
-        assert "healthy" in out and "term" in out  # the leader and its etcd term in the title
+        for cmd in cmds[-2:]:  # through both masters' list, then through etcd
+            out = run.run(cmd).stdout
+            assert "healthy" in out and "term" in out  # the leader and its etcd term in the title
     finally:
         codes = run.stop()
     assert codes[:3] == [0, 0, 0]  # (reversed) the node and both masters
