@@ -34,7 +34,7 @@ ADDED with ``copy=False`` (the feed records it, kvstored/tiers/feed.py).
 **Several masters** (``cluster.master_address`` = ``HOST:PORT,HOST:PORT`` or
 ``etcd://HOST:PORT/PFX``, kvstored/transport/master_targets.py): a round answered NotLeader
 moves the link to the leader the answer names (else the next address, or the leader etcd
-names), one that finds its master Unavailable moves to the next; the new leader answers
+names), one that finds its master Unavailable or past the deadline moves to the next; the new leader answers
 REREGISTER (it knows no node) and the node registers and resyncs its whole inventory there.
 **Term fencing**: every answer's term goes through the node's :class:`TermFence` (shared
 with its spiller and remote reads); an answer from a term older than the newest seen is
@@ -62,7 +62,14 @@ import grpc
 import structlog
 
 from kvstored.config import ClusterConfig
-from kvstored.errors import AlreadyExists, KvstoredError, NotLeader, StaleTerm, Unavailable
+from kvstored.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    KvstoredError,
+    NotLeader,
+    StaleTerm,
+    Unavailable,
+)
 from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
@@ -232,7 +239,8 @@ class MasterLink:
     async def _move(self, err: KvstoredError) -> None:
         """After a failed round: go to the leader NotLeader named, else the next master."""
         hint, self._hint = self._hint, ""
-        if not (isinstance(err, (NotLeader, StaleTerm)) or type(err) is Unavailable):
+        if not (isinstance(err, (NotLeader, StaleTerm))
+                or type(err) in (Unavailable, DeadlineExceeded)):
             return
         if len(self.targets.addresses) <= 1 and not self.targets.uses_etcd:
             return  # one master: stay (as before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -247,3 +248,28 @@ def test_a_master_with_bad_election_settings_refuses_to_start_naming_them(
             await daemon.stop()
 
     asyncio.run(main())
+
+
+def test_a_node_moves_on_from_a_master_that_never_answers(tmp_path: Path) -> None:
+    silent = socket.socket()  # accepts TCP, never speaks HTTP/2: every call passes its deadline
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+
+    async def scenario(ms: list[Master]) -> None:
+        leader = ms[0]
+        link = _link(tmp_path, f"127.0.0.1:{silent.getsockname()[1]},{leader.address}",
+                     TermFence())
+        link.cfg = link.cfg.model_copy(update={"rpc_timeout_s": 0.3})
+        await link.start()
+        try:
+            async with asyncio.timeout(20):
+                while not (link.registered and link.synced):
+                    await asyncio.sleep(0.01)
+            assert link.address == leader.address
+        finally:
+            await link.stop(unregister=False)
+
+    try:
+        _run([(4, None)], scenario)
+    finally:
+        silent.close()
