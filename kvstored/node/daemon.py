@@ -374,6 +374,9 @@ class NodeDaemon:
             zone=self.cfg.zone, factors=factors,
             tls=self.tls,
         )
+        from kvstored.node.metrics import TermCollector
+
+        self.metrics.registry.register(TermCollector(self.master_link.fence))
         await self.master_link.start()
         try:  # a duplicate --node-id is a configuration error: exit 2, never take over
             await self.master_link.wait_first_registration(min(2.0, self.cluster.rpc_timeout_s))

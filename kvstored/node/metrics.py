@@ -344,3 +344,23 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily(
             "kvstored_node_uptime_seconds", "Seconds since the node started.", value=uptime_s
         )
+
+
+class TermCollector(Collector):
+    """The node's view of the master's term (its :class:`~kvstored.transport.master_targets.
+    TermFence`), read at scrape time: ``kvstored_master_term`` (the newest term seen) and
+    ``kvstored_master_stale_answers_total`` (answers refused for an older term)."""
+
+    def __init__(self, fence: object) -> None:
+        self._fence = fence
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily("kvstored_master_term", "Newest master term this node has seen.",
+                                value=int(getattr(self._fence, "term", 0)))
+        c = CounterMetricFamily("kvstored_master_stale_answers",
+                                "Master answers refused for a term older than one seen.")
+        c.add_metric([], int(getattr(self._fence, "num_refused", 0)))
+        yield c

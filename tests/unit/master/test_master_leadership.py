@@ -273,3 +273,19 @@ def test_a_node_moves_on_from_a_master_that_never_answers(tmp_path: Path) -> Non
         _run([(4, None)], scenario)
     finally:
         silent.close()
+
+
+def test_the_nodes_term_and_refused_answers_are_exported() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvstored.node.metrics import TermCollector
+
+    fence = TermFence()
+    registry = CollectorRegistry()
+    registry.register(TermCollector(fence))
+    fence.observe(9, "test")
+    with pytest.raises(StaleTerm):
+        fence.observe(4, "test")
+    text = generate_latest(registry).decode()
+    assert "kvstored_master_term 9.0" in text
+    assert "kvstored_master_stale_answers_total 1.0" in text
