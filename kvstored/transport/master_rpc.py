@@ -196,7 +196,7 @@ class MasterClient:
         Raises:
             NotFound: the node is not registered (it left already, or never joined).
         """
-        r = self._call(self._stub.DrainNode, pb.DrainNodeRequest(node_id=node_id), timeout_s)
+        r = self._call("DrainNode", pb.DrainNodeRequest(node_id=node_id), timeout_s)
         return {"node_id": node_id, "draining": r.draining, "num_blocks": r.num_blocks,
                 "num_blocks_to_move": r.num_blocks_to_move,
                 "num_copies_issued": r.num_copies_issued, "leave_sent": r.leave_sent}
@@ -212,7 +212,7 @@ class MasterClient:
         Raises:
             InvalidArgument: ``replicas`` outside 1..8, or a bad key or namespace id.
         """
-        r = self._call(self._stub.SetReplication, pb.SetReplicationRequest(
+        r = self._call("SetReplication", pb.SetReplicationRequest(
             namespace_id=namespace_id, keys=list(keys), replicas=replicas), timeout_s)
         return int(r.num_keys)
 
@@ -483,7 +483,7 @@ class MasterClient:
             writer_node_id=writer_node_id, num_replicas=7,  # at most factor - 1 (8 - 1) more
             exclude_writer=True, max_used_fraction=max_used_fraction,
             headroom_bytes=0, holder_reports=True, top_up=True)
-        resp = self._call(self._stub.PutStartBatch, req, timeout_s)
+        resp = self._call("PutStartBatch", req, timeout_s)
         if len(resp.results) != len(items):
             raise InternalError(f"PutStartBatch answered {len(resp.results)} results for "
                                 f"{len(items)} items")
