@@ -41,7 +41,7 @@ from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.master.metrics import MasterMetrics
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
-from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.transport.listen import add_grpc_port
 
@@ -199,7 +199,10 @@ class MasterDaemon:
 
     async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:
         """Start, notify systemd, serve until SIGTERM/SIGINT, then stop."""
+        watchdog = Watchdog.from_env()  # WatchdogSec= in the unit; pings from this loop
         with stop_event_on_signals() as stop_event:
+            if watchdog is not None:
+                watchdog.start()
             try:
                 await self.start()
                 if on_started is not None:
@@ -208,4 +211,8 @@ class MasterDaemon:
                 await stop_event.wait()
                 sd_notify("STOPPING=1")
             finally:
-                await self.stop()
+                try:
+                    await self.stop()
+                finally:
+                    if watchdog is not None:
+                        await watchdog.stop()
