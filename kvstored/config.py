@@ -229,9 +229,17 @@ class NodeConfig(_Model):
     spill_on_shutdown: bool = True
     """On SIGTERM: demote DRAM-only blocks to the SSD tier so they survive a restart."""
     log_json: bool = False
-    """Render logs as JSON lines (set under systemd)."""
+    """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
+    log_format: Literal["json", "console"] | None = None
+    """``json`` (one object per line, for journald) or ``console``; None follows
+    ``log_json``. Every library's stdlib logging lines come out in the same format."""
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    @property
+    def log_as_json(self) -> bool:
+        """Whether logs are JSON lines (``log_format``, else ``log_json``)."""
+        return self.log_format == "json" if self.log_format is not None else self.log_json
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
     """Where each explicitly set field came from (``"env var KVSTORED_NODE__X"``), for errors."""
@@ -363,9 +371,17 @@ class MasterConfig(_Model):
     """At most this many extra replicas per block beyond its replication factor come from
     hot-block replication."""
     log_json: bool = False
-    """Render logs as JSON lines (set under systemd)."""
+    """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
+    log_format: Literal["json", "console"] | None = None
+    """``json`` (one object per line, for journald) or ``console``; None follows
+    ``log_json``. Every library's stdlib logging lines come out in the same format."""
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    @property
+    def log_as_json(self) -> bool:
+        """Whether logs are JSON lines (``log_format``, else ``log_json``)."""
+        return self.log_format == "json" if self.log_format is not None else self.log_json
 
 
 class ClusterConfig(_Model):

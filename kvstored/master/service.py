@@ -33,6 +33,7 @@ from kvstored.errors import (
     KvstoredError,
     NoCapacity,
 )
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.master import admin
 from kvstored.master.commands import Command
 from kvstored.master.index import BlockIndex
@@ -94,6 +95,15 @@ READ_ROLES: tuple[Role, ...] = ("node", "engine", "admin")
 """Who may read the master's admin views (ListNodes, ListReplicas, ListNodeBlocks)."""
 
 
+def _caller_node_id(request: Any) -> str:
+    """The node a request speaks for (``node_id``, or ``node.node_id`` of RegisterNode), or
+    "" (a request of kvstorectl or an engine); names the node on the call's log lines."""
+    node_id = getattr(request, "node_id", "")
+    if not node_id:
+        node_id = getattr(getattr(request, "node", None), "node_id", "")
+    return node_id if isinstance(node_id, str) else ""
+
+
 def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
     """Check the caller's role, then map errors of one RPC handler onto gRPC statuses (see
     the module docstring).
@@ -109,15 +119,27 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
 
         @functools.wraps(fn)
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+            # every line logged while serving this call names it (kvstored/log.py)
+            fields = {"method": fn.__name__, "peer": context.peer(), "request_id": new_request_id()}
+            caller = _caller_node_id(request)
+            if caller:
+                fields["node_id"] = caller
+            token = bind_request(fields)
             try:
                 if self.check_roles:
                     require_role(principal_of(context), *roles, action=action)
-                return await fn(self, request, context)
+                response = await fn(self, request, context)
+                if request_lines_enabled(__name__):
+                    log.debug("rpc_served")
+                return response
             except KvstoredError as exc:
                 err = exc
+                log.debug("rpc_failed", code=exc.code.name, error=str(exc))
             except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
-                log.exception("master_rpc_failed", method=fn.__name__)
+                log.exception("master_rpc_failed")
                 err = InternalError(f"{type(exc).__name__}: {exc}")
+            finally:
+                unbind_request(token)
             context.set_trailing_metadata(grpc_trailing_metadata(err))
             await context.abort(grpc_status(err), str(err))
             raise AssertionError("unreachable")  # context.abort raises

@@ -638,8 +638,10 @@ def _wrap(
                         f"{exc}; the request is not a valid kvstored.v1 protobuf"
                     ) from None
                 response = await fn(request, context)
+                duration_s = time.perf_counter() - t0
                 if metrics is not None:
-                    metrics.count_rpc(name, "OK", time.perf_counter() - t0)
+                    metrics.count_rpc(name, "OK", duration_s)
+                log.debug("rpc_served", duration_ms=round(duration_s * 1000, 3))
                 return response
             except KvstoredError as exc:
                 err = exc
