@@ -46,6 +46,16 @@ def _add_process_fields(
     return event_dict
 
 
+def request_lines_enabled(logger_name: str) -> bool:
+    """Whether per-request debug lines (``rpc_served``...) of ``logger_name`` would be kept.
+
+    They are emitted only then: a process that never called :func:`configure` (a library
+    user, an in-process test) keeps stdlib's WARNING level, and structlog's unconfigured
+    default would otherwise print every one to stdout.
+    """
+    return logging.getLogger(logger_name).isEnabledFor(logging.DEBUG)
+
+
 def configure(*, json: bool = False, level: str = "info", stream: Any = None) -> None:
     """Route structlog and stdlib logging into one handler on ``stream`` (default stderr).
 

@@ -432,5 +432,14 @@ def cleanup(config_path: str | None, arena_dir: str | None, dry_run: bool,
     sys.exit(1 if failed else 0)
 
 
+def _add_config_commands() -> None:
+    from kvstored.cli.config_cmd import config_group
+
+    main.add_command(config_group)
+
+
+_add_config_commands()
+
+
 if __name__ == "__main__":
     main()

@@ -62,6 +62,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
+from kvstored.log import request_lines_enabled
 from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
 from kvstored.node.limits import MAX_META_BYTES
@@ -641,7 +642,8 @@ def _wrap(
                 duration_s = time.perf_counter() - t0
                 if metrics is not None:
                     metrics.count_rpc(name, "OK", duration_s)
-                log.debug("rpc_served", duration_ms=round(duration_s * 1000, 3))
+                if request_lines_enabled(__name__):
+                    log.debug("rpc_served", duration_ms=round(duration_s * 1000, 3))
                 return response
             except KvstoredError as exc:
                 err = exc

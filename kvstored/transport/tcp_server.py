@@ -531,7 +531,8 @@ class DataPlaneServer:
         finally:
             self._count(op, code)
             self._emit("request_done", op=op, code=code)
-            log.debug("data_plane_request_served", op=op, code=code)
+            if request_lines_enabled(__name__):
+                log.debug("data_plane_request_served", op=op, code=code)
 
     def _allow_payload(self, reader: Reader, num_bytes: int) -> None:
         """Extend the request's deadline by ``num_bytes`` at ``dataplane_min_bytes_per_s``."""

@@ -1,0 +1,114 @@
+"""``kvstored config show`` and ``kvstored config check``: the effective configuration and
+where each value came from, and a validation of one file.
+
+``show`` prints TOML that loads back to the same configuration (a value that is unset, None,
+is printed as a comment: TOML has no null); each line ends in a comment naming its source::
+
+    [node]
+    dram_size_bytes = 8589934592  # config file /etc/kvstored/node.toml (8.0 GiB)
+    ssd_size_bytes = 17179869184  # env var KVSTORED_NODE__SSD_SIZE_BYTES (16.0 GiB)
+    # socket_mode: unset  # default
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import tomli_w
+
+from kvstored.errors import ConfigInvalid
+
+
+def _toml_line(field: str, ev: Any) -> str:
+    from kvstored.units import format_size
+
+    note = ev.source
+    if field.endswith("_bytes") and isinstance(ev.value, int):
+        note += f" ({format_size(ev.value)})"
+    if ev.value is None:
+        return f"# {field}: unset  # {note}"
+    if field.endswith("_mode") and isinstance(ev.value, int):  # file modes read best in octal
+        return f"{field} = 0o{ev.value:o}  # {note}"
+    return f"{tomli_w.dumps({field: ev.value}).rstrip()}  # {note}"
+
+
+def render_toml(effective: dict[str, dict[str, Any]]) -> str:
+    """The effective config as TOML with a source comment per key (see the module doc)."""
+    parts = []
+    for section, fields in effective.items():
+        parts.append(f"[{section}]\n" + "\n".join(_toml_line(f, ev) for f, ev in fields.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def _env_file(path: str | None) -> dict[str, str]:
+    """A systemd EnvironmentFile (``KEY=VALUE`` lines, ``#`` comments) read by python-dotenv."""
+    import os
+
+    from dotenv import dotenv_values
+
+    if path is None:
+        return dict(os.environ)
+    values = dotenv_values(path, interpolate=False)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@click.group("config")
+def config_group() -> None:
+    """Show the effective configuration, or check a config file."""
+
+
+@config_group.command("show")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="TOML config file layered over the defaults.")
+@click.option("--env-file", type=click.Path(exists=True, dir_okay=False),
+              help="Read KVSTORED_* variables from this file (e.g. /etc/kvstored/node.env, the "
+                   "unit's EnvironmentFile) instead of this shell's environment.")
+@click.option("--output", type=click.Choice(["toml", "json"]), default="toml", show_default=True)
+def show(config_path: str | None, env_file: str | None, output: str) -> None:
+    """Print the effective configuration (defaults < --config < env) and each value's source.
+
+    TOML (loadable again: ``kvstored config show > x.toml``) or, with ``--output json``,
+    ``{section: {key: {"value": ..., "source": ...}}}``. Exit 2 with the error when the
+    configuration is invalid.
+    """
+    from kvstored.config import load_effective_config
+
+    try:
+        _, effective = load_effective_config(config_path, environ=_env_file(env_file))
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    if output == "json":
+        doc = {sec: {k: {"value": ev.value, "source": ev.source} for k, ev in fields.items()}
+               for sec, fields in effective.items()}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(render_toml(effective), nl=False)
+
+
+@config_group.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--env-file", type=click.Path(exists=True, dir_okay=False),
+              help="Also layer the KVSTORED_* variables of this file (the unit's EnvironmentFile).")
+@click.option("--host", "host_checks", is_flag=True,
+              help="Also run the checks against this host (the SSD cap fits its disk, the arena "
+                   "group exists), as the node daemon does at start.")
+def check(file: str, env_file: str | None, host_checks: bool) -> None:
+    """Validate FILE: exit 0 and print ``FILE: ok``, or exit 2 with the error naming the key.
+
+    The file is checked alone (this shell's KVSTORED_* variables are ignored), plus the
+    variables of --env-file when given.
+    """
+    from kvstored.config import check_node_host, load_config
+
+    try:
+        cfg = load_config(file, environ=_env_file(env_file) if env_file else {})
+        if host_checks:
+            check_node_host(cfg.node)
+    except ConfigInvalid as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"{file}: ok")
