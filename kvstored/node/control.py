@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, KvstoredError
+from kvstored.log import request_lines_enabled
 from kvstored.transport.control import LENGTH_BYTES, MAX_FRAME_BYTES, OPS, SOCKET_SUFFIX, frame
 from kvstored.v1 import node_pb2 as pb
 
@@ -286,6 +288,13 @@ class ControlServer:
             os.unlink(self.path)
 
     async def _handle(self, raw: bytes, conn: _Connection) -> pb.ControlResponse:
+        # every line logged while serving this request names it (kvstored/log.py)
+        with structlog.contextvars.bound_contextvars(
+            method="Control", peer=conn.ctx.peer(), request_id=secrets.token_hex(6)
+        ):
+            return await self._handle_request(raw, conn)
+
+    async def _handle_request(self, raw: bytes, conn: _Connection) -> pb.ControlResponse:
         servicer = self._servicer
         core = servicer.core
         metrics = core.metrics
@@ -322,6 +331,7 @@ class ControlServer:
             if field is None:
                 return out  # a bare release
             method = OPS[field]
+            structlog.contextvars.bind_contextvars(method=method)  # reset by _handle's block
             if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy
                 await servicer.PinBlocks(req.pin_blocks, conn.ctx, into=out.pin_blocks)
             else:
@@ -348,4 +358,7 @@ class ControlServer:
                 )
             children[0].inc()
             children[1].observe(time.perf_counter() - t0)
+        if request_lines_enabled(__name__):
+            log.debug("rpc_served", duration_ms=round((time.perf_counter() - t0) * 1000, 3),
+                      code=ErrorCode(out.error_code).name if out.error_code else "OK")
         return out

@@ -34,6 +34,6 @@ def test_request_lines_carry_ids_and_never_the_payload(workdir: Path) -> None:
     assert all(e["node_id"] == "logs" for e in lines)
     served = [e for e in lines if e["event"] in ("rpc_served", "data_plane_request_served")]
     methods = {e["method"] for e in served}
-    assert {"Put", "dataplane"} <= methods, methods
+    assert {"Put", "PinBlocks", "dataplane"} <= methods, methods  # gRPC, shm control channel, TCP
     assert served and all(e["request_id"] and e["peer"] for e in served)
     assert len({e["request_id"] for e in served}) == len(served)  # one id per request
