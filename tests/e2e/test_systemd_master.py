@@ -115,7 +115,7 @@ def test_master_unit_serves_and_the_node_unit_joins_it_by_env(tmp: Path) -> None
         notes = [m_notify.recv(4096).decode()]
         while not notes[-1].startswith("READY=1"):
             notes.append(m_notify.recv(4096).decode())
-        assert notes[0] == "WATCHDOG=1", notes  # the master's loop pings from before READY
+        assert notes[0] == "WATCHDOG=1", notes  # the master's loop pings (from before READY)
         ready = notes[-1].split("\n")
         assert ready[0] == "READY=1" and ready[1].startswith("STATUS=master serving on 127.0.0.1:")
         address = ready[1].rsplit(" ", 1)[1]

@@ -73,7 +73,9 @@ def test_a_wedged_event_loop_stops_the_watchdog_pings(workdir: Path) -> None:
                 msg = _recv(notify, 30)
                 assert msg is not None, f"no notification in 30 s; got {got}"
                 got.append(msg)
-            assert got[0] == "WATCHDOG=1"  # pinging from before READY (the start is covered)
+            # pinging from before READY=1; systemd enforces WatchdogSec= only from READY=1 on
+            # (the start is bounded by TimeoutStartSec=), so early pings are harmless
+            assert got[0] == "WATCHDOG=1"
 
             node.signal(signal.SIGUSR2)  # the loop now blocks on the FIFO
             wait_until(lambda: os.path.exists(f"{fifo}.held"), 30, "the loop stall hook to hold")
