@@ -2,17 +2,19 @@
 where each value came from, and a validation of one file.
 
 ``show`` prints TOML that loads back to the same configuration (a value that is unset, None,
-is printed as a comment: TOML has no null); each line ends in a comment naming its source::
+is listed as a comment under its section's header: TOML has no null); each key's line ends
+in a comment naming its source::
 
     [node]
+    # socket_mode: unset  # default
     dram_size_bytes = 8589934592  # config file /etc/kvstored/node.toml (8.0 GiB)
     ssd_size_bytes = 17179869184  # env var KVSTORED_NODE__SSD_SIZE_BYTES (16.0 GiB)
-    # socket_mode: unset  # default
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -22,25 +24,54 @@ import tomli_w
 from kvstored.errors import ConfigInvalid
 
 
-def _toml_line(field: str, ev: Any) -> str:
+def _note(field: str, ev: Any) -> str:
     from kvstored.units import format_size
 
-    note = ev.source
-    if field.endswith("_bytes") and isinstance(ev.value, int):
-        note += f" ({format_size(ev.value)})"
-    if ev.value is None:
-        return f"# {field}: unset  # {note}"
-    if field.endswith("_mode") and isinstance(ev.value, int):  # file modes read best in octal
-        return f"{field} = 0o{ev.value:o}  # {note}"
-    return f"{tomli_w.dumps({field: ev.value}).rstrip()}  # {note}"
+    if field.endswith("_bytes") and isinstance(ev.value, int) and not isinstance(ev.value, bool):
+        return f"{ev.source} ({format_size(ev.value)})"
+    return str(ev.source)
+
+
+_MODE_LINE = re.compile(r"^(\w+_mode) = (\d+)$")
+_KEY_LINE = re.compile(r"^([A-Za-z0-9_-]+) = ")
+_HEADER = re.compile(r"^\[+([^\]]+)\]+$")
 
 
 def render_toml(effective: dict[str, dict[str, Any]]) -> str:
-    """The effective config as TOML with a source comment per key (see the module doc)."""
-    parts = []
-    for section, fields in effective.items():
-        parts.append(f"[{section}]\n" + "\n".join(_toml_line(f, ev) for f, ev in fields.items()))
-    return "\n\n".join(parts) + "\n"
+    """The effective config as TOML with a source comment per key (see the module doc).
+
+    tomli_w writes the document (nested tables and multi-line arrays stay valid TOML); each
+    key's first line then gets its comment, and unset keys are listed as comments under
+    their section's header.
+    """
+    doc = {sec: {k: ev.value for k, ev in fields.items() if ev.value is not None}
+           for sec, fields in effective.items()}
+    out: list[str] = []
+    section: str | None = None  # the section whose own keys the next lines are
+    for line in tomli_w.dumps(doc).splitlines():
+        header = _HEADER.match(line)
+        if header:
+            path = header.group(1).split(".")
+            top = path[0] if path[0] in effective else None
+            section = top if len(path) == 1 else None  # keys of a sub-table are not fields
+            if section is not None:  # a section: its unset keys first
+                out.append(line)
+                out += [f"# {k}: unset  # {_note(k, ev)}"
+                        for k, ev in effective[section].items() if ev.value is None]
+                continue
+            if len(path) == 2 and top is not None and path[1] in effective[top]:
+                line += f"  # {_note(path[1], effective[top][path[1]])}"
+            out.append(line)
+            continue
+        key = _KEY_LINE.match(line)
+        if key and section is not None and key.group(1) in effective[section]:
+            field = key.group(1)
+            mode = _MODE_LINE.match(line)
+            if mode:  # file modes read best in octal
+                line = f"{field} = 0o{int(mode.group(2)):o}"
+            line += f"  # {_note(field, effective[section][field])}"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def _env_file(path: str | None) -> dict[str, str]:

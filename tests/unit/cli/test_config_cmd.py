@@ -82,3 +82,16 @@ def test_check_host_runs_the_daemons_host_checks(tmp_path: Path) -> None:
     assert CliRunner().invoke(main, ["config", "check", str(f)]).exit_code == 0
     r = CliRunner().invoke(main, ["config", "check", str(f), "--host"])
     assert r.exit_code == 2 and "node.arena_group" in r.output and "is not a group on this host" in r.output
+
+
+def test_render_keeps_nested_tables_valid_and_annotates_only_fields() -> None:
+    from kvstored.cli.config_cmd import render_toml
+    from kvstored.config import EffectiveValue as EV
+
+    effective = {"s": {"quotas": EV({"a": {"dram_bytes": 5}}, "env var KVSTORED_S__QUOTAS"),
+                       "unset": EV(None, "default"), "dram_bytes": EV(2048, "default")}}
+    text = render_toml(effective)
+    assert tomllib.loads(text) == {"s": {"dram_bytes": 2048, "quotas": {"a": {"dram_bytes": 5}}}}
+    lines = text.splitlines()
+    assert "# unset: unset  # default" in lines and "dram_bytes = 2048  # default (2.0 KiB)" in lines
+    assert "[s.quotas.a]" in lines and "dram_bytes = 5" in lines  # a sub-table's key: no field note
