@@ -20,8 +20,10 @@ index directory.
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
+from contextvars import ContextVar, Token
 from typing import Any, Literal
 
 import structlog
@@ -30,12 +32,45 @@ LogFormat = Literal["json", "console"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("json", "console")
 
 _process_fields: dict[str, Any] = {}
+_request_fields: ContextVar[Mapping[str, Any] | None] = ContextVar("kvstored_request_fields", default=None)
 
 
 def bind_process(**fields: Any) -> None:
     """Add fields to every later log line of this process (e.g. ``node_id``), whatever the
     task, thread or library that logs it."""
     _process_fields.update(fields)
+
+
+def new_request_id() -> str:
+    """A fresh request id: 12 hex characters (48 random bits)."""
+    return secrets.token_hex(6)
+
+
+def bind_request(fields: dict[str, Any]) -> Token[Mapping[str, Any] | None]:
+    """Name the request this task (or thread) is serving on every line it logs until
+    :func:`unbind_request`: ``fields`` such as ``request_id``, ``peer``, ``method``.
+
+    One context variable holding the caller's dict: cheap enough for the shm control
+    channel's hot path (a fraction of structlog's ``bound_contextvars`` for three keys). The
+    caller may update ``fields`` inside the scope (e.g. ``method`` once it is parsed); a
+    nested call replaces them until its own token is unbound (innermost first).
+    """
+    return _request_fields.set(fields)
+
+
+def unbind_request(token: Token[Mapping[str, Any] | None]) -> None:
+    """End the scope :func:`bind_request` returned ``token`` for."""
+    _request_fields.reset(token)
+
+
+def _add_request_fields(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    fields = _request_fields.get()
+    if fields:
+        for key, value in fields.items():
+            event_dict.setdefault(key, value)
+    return event_dict
 
 
 def _add_process_fields(
@@ -73,6 +108,7 @@ def configure(*, json: bool = False, level: str = "info", stream: Any = None) ->
         raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        _add_request_fields,
         _add_process_fields,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,

@@ -35,8 +35,12 @@ def test_our_events_and_library_records_share_one_json_stream(restore_logging: N
     out = io.StringIO()
     configure(json=True, level="info", stream=out)
     kvlog.bind_process(node_id="n7")
-    with structlog.contextvars.bound_contextvars(request_id="r1", peer="ipv4:1.2.3.4:5"):
+    fields = {"request_id": "r1", "peer": "ipv4:1.2.3.4:5", "method": "Control"}
+    token = kvlog.bind_request(fields)
+    fields["method"] = "PinBlocks"  # known once parsed: later lines say so
+    with structlog.contextvars.bound_contextvars(session_id=3):  # structlog's own binding too
         structlog.get_logger("kvstored.node.service").info("rpc_served", duration_ms=1.5)
+    kvlog.unbind_request(token)
     logging.getLogger("grpc._cython.cygrpc").warning("channel %s closed", "x")  # a library's line
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -48,6 +52,8 @@ def test_our_events_and_library_records_share_one_json_stream(restore_logging: N
         ("kvstored.node.service", "info"), ("grpc._cython.cygrpc", "warning"), ("py.warnings", "warning")]
     ours, grpc_line, warned = lines
     assert ours["event"] == "rpc_served" and ours["request_id"] == "r1" and ours["peer"] == "ipv4:1.2.3.4:5"
+    assert ours["method"] == "PinBlocks" and ours["session_id"] == 3
+    assert "request_id" not in grpc_line  # the request's scope ended before it
     assert grpc_line["event"] == "channel x closed"
     assert all(e["node_id"] == "n7" and e["timestamp"].endswith("Z") for e in lines)
     assert "old api" in warned["event"]
