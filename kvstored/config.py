@@ -6,7 +6,7 @@ Precedence: defaults < TOML file (``--config``) < env vars ``KVSTORED_<SECTION>_
 environment and the TOML file, in that order of priority. Unknown keys are errors that name
 the key. Sizes accept human strings (``"64GiB"``) through one parser,
 :func:`kvstored.units.parse_size`, and are stored as int ``*_bytes``.
-:func:`effective_config` says where each value came from (``kvstored config show``).
+:func:`load_effective_config` says where each value came from (``kvstored config show``).
 
 Validation happens in three steps, all before a port is bound or memory is allocated:
 
@@ -562,7 +562,10 @@ class _EnvSource(EnvSettingsSource):
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         sections = set(KvstoredConfig.model_fields)
+        keys: dict[str, str | None] = {}
         for name, value in self._environ.items():
+            # only KVSTORED_<SECTION>__<FIELD> are settings (KVSTORED_ADDRESS and a bare
+            # KVSTORED_NODE are not: pydantic-settings would parse the latter as a section)
             if not name.upper().startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in name:
                 continue
             section = name[len(ENV_PREFIX):].split(ENV_NESTED_DELIMITER)[0].lower()
@@ -573,7 +576,8 @@ class _EnvSource(EnvSettingsSource):
                 )
             if value.startswith("["):
                 _parse_env_list(name, value)  # a bad list is named here, not deep in a source
-        return {name.lower(): value for name, value in self._environ.items()}  # case_sensitive=False
+            keys[name.lower()] = value  # case_sensitive=False
+        return keys
 
     def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
         return _parse_env_list(field_name, value) if isinstance(value, str) else value
