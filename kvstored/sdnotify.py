@@ -23,8 +23,14 @@ import structlog
 log = structlog.get_logger(__name__)
 
 
-def sd_notify(state: str) -> bool:
+def sd_notify(state: str, *, blocking: bool = True) -> bool:
     """Send a systemd notification (``READY=1``, ``STOPPING=1``...) if NOTIFY_SOCKET is set.
+
+    Args:
+        state: the notification, ``KEY=VALUE`` lines.
+        blocking: False never waits for room in the receiver's queue (a full queue drops
+            the notification and returns False): what the watchdog's pings use, so a
+            receiver that stopped reading cannot wedge the event loop that pings.
 
     Returns:
         True if a notification was sent.
@@ -36,6 +42,7 @@ def sd_notify(state: str) -> bool:
         addr = "\0" + addr[1:]  # abstract namespace
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.setblocking(blocking)
             s.connect(addr)
             s.sendall(state.encode())
     except OSError as exc:
@@ -63,6 +70,10 @@ def stop_event_on_signals() -> Iterator[asyncio.Event]:
 
 
 WATCHDOG_PING = "WATCHDOG=1"
+
+
+def _notify_nonblocking(state: str) -> bool:
+    return sd_notify(state, blocking=False)
 
 
 def watchdog_interval_s(environ: Mapping[str, str] | None = None, *, pid: int | None = None) -> float | None:
@@ -103,7 +114,7 @@ class Watchdog:
 
     Args:
         interval_s: seconds between pings (see :func:`watchdog_interval_s`).
-        notify: sends one state (default :func:`sd_notify`); injected by tests.
+        notify: sends one state (default :func:`sd_notify`, non-blocking); injected by tests.
         sleep: waits between pings (default ``asyncio.sleep``); injected by tests.
 
     Raises:
@@ -114,7 +125,7 @@ class Watchdog:
         self,
         interval_s: float,
         *,
-        notify: Callable[[str], bool] = sd_notify,
+        notify: Callable[[str], bool] = _notify_nonblocking,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not interval_s > 0:

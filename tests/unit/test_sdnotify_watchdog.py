@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import socket
 
 import pytest
 
@@ -57,3 +59,18 @@ def test_pings_once_per_interval_from_the_loop_and_stops() -> None:
         await wd.stop()  # a second stop is a no-op
 
     asyncio.run(main())
+
+
+def test_a_ping_to_a_receiver_that_stopped_reading_is_dropped_not_waited_for(
+        workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstored.sdnotify import sd_notify
+
+    path = str(workdir / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:  # bound, never read
+        receiver.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        sent = 0
+        while sd_notify(WATCHDOG_PING, blocking=False):  # a blocking send would hang here
+            sent += 1
+            assert sent < 1_000_000, "the receiver's queue never filled"
+        assert sent > 0  # the queue took some, then the next was dropped
