@@ -37,6 +37,14 @@ _KEY_LINE = re.compile(r"^([A-Za-z0-9_-]+) = ")
 _HEADER = re.compile(r"^\[+([^\]]+)\]+$")
 
 
+def _without_none(value: Any) -> Any:
+    """``value`` with the unset (None) entries of nested tables left out: TOML has no null,
+    and an absent key loads back as the same default."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def render_toml(effective: dict[str, dict[str, Any]]) -> str:
     """The effective config as TOML with a source comment per key (see the module doc).
 
@@ -44,7 +52,7 @@ def render_toml(effective: dict[str, dict[str, Any]]) -> str:
     key's first line then gets its comment, and unset keys are listed as comments under
     their section's header.
     """
-    doc = {sec: {k: ev.value for k, ev in fields.items() if ev.value is not None}
+    doc = {sec: {k: _without_none(ev.value) for k, ev in fields.items() if ev.value is not None}
            for sec, fields in effective.items()}
     out: list[str] = []
     section: str | None = None  # the section whose own keys the next lines are

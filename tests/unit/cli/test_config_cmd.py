@@ -17,7 +17,7 @@ from kvstored.config import load_config, load_effective_config
 def node_toml(tmp_path: Path) -> Path:
     f = tmp_path / "node.toml"
     f.write_text('[node]\nnode_id = "n1"\ndram_size_bytes = "2GiB"\narena_mode = 0o660\n'
-                 '[cluster]\nmaster_address = "10.0.0.1:7080"\n')
+                 '[cluster]\nmaster_address = "10.0.0.1:7080"\n[tenants.team-a]\ndram_quota_bytes = "1GiB"\n')
     return f
 
 
@@ -32,6 +32,7 @@ def test_show_names_each_source_and_its_toml_loads_back_to_the_same_config(
     assert "node_lease_s = 7.0  # env var KVSTORED_MASTER__NODE_LEASE_S" in lines
     assert f"arena_mode = 0o660  # config file {node_toml}" in lines
     assert "pin_lease_s = 30.0  # default" in lines and "# socket_mode: unset  # default" in lines
+    assert f"[tenants.team-a]  # config file {node_toml}" in lines  # a table of tables
     shown = tmp_path / "shown.toml"
     shown.write_text(r.output)
     tomllib.loads(r.output)
@@ -46,7 +47,8 @@ def test_show_json_and_flags_beat_env(node_toml: Path) -> None:
     doc = json.loads(r.output)
     assert doc["node"]["dram_size_bytes"] == {"value": 3 << 30, "source": "env var KVSTORED_NODE__DRAM_SIZE_BYTES"}
     assert doc["cluster"]["master_address"]["source"] == f"config file {node_toml}"
-    assert set(doc) == {"node", "master", "cluster"}
+    assert set(doc) >= {"node", "master", "cluster", "tenants"}
+    assert doc["tenants"]["team-a"]["value"]["dram_quota_bytes"] == 1 << 30
     _, eff = load_effective_config(node_toml, environ=env, overrides={"node": {"dram_size_bytes": "4GiB"}},
                                    override_sources={"node.dram_size_bytes": "--dram-size"})
     assert (eff["node"]["dram_size_bytes"].value, eff["node"]["dram_size_bytes"].source) == (
