@@ -58,10 +58,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.addresses import format_host_port, parse_host_port
 from kvstored.auth import TRUSTED_LOCAL, Principal, require_role
 from kvstored.errors import ErrorCode, KvstoredError, PermissionDenied, Unavailable
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.security.identity import principal_of_socket
 from kvstored.security.tls import HANDSHAKE_TIMEOUT_S
 from kvstored.tenancy import check_stored_namespace
