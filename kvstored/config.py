@@ -1,8 +1,12 @@
 """Typed configuration and the one loader.
 
 Precedence: defaults < TOML file (``--config``) < env vars ``KVSTORED_<SECTION>__<FIELD>``
-(e.g. ``KVSTORED_NODE__DRAM_SIZE_BYTES=2GiB``) < CLI flags. Unknown keys are errors that name
-the key. Sizes accept human strings (``"64GiB"``) and are stored as int ``*_bytes``.
+(e.g. ``KVSTORED_NODE__DRAM_SIZE_BYTES=2GiB``) < CLI flags, layered by pydantic-settings:
+:class:`KvstoredConfig` is a ``BaseSettings`` whose sources are the flags (init kwargs), the
+environment and the TOML file, in that order of priority. Unknown keys are errors that name
+the key. Sizes accept human strings (``"64GiB"``) through one parser,
+:func:`kvstored.units.parse_size`, and are stored as int ``*_bytes``.
+:func:`load_effective_config` says where each value came from (``kvstored config show``).
 
 Validation happens in three steps, all before a port is bound or memory is allocated:
 
@@ -32,6 +36,8 @@ import pathlib
 import re
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import platformdirs
@@ -47,6 +53,13 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from kvstored.addresses import default_socket_path
 from kvstored.errors import ConfigInvalid, InvalidArgument
@@ -229,9 +242,17 @@ class NodeConfig(_Model):
     spill_on_shutdown: bool = True
     """On SIGTERM: demote DRAM-only blocks to the SSD tier so they survive a restart."""
     log_json: bool = False
-    """Render logs as JSON lines (set under systemd)."""
+    """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
+    log_format: Literal["json", "console"] | None = None
+    """``json`` (one object per line, for journald) or ``console``; None follows
+    ``log_json``. Every library's stdlib logging lines come out in the same format."""
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    @property
+    def log_as_json(self) -> bool:
+        """Whether logs are JSON lines (``log_format``, else ``log_json``)."""
+        return self.log_format == "json" if self.log_format is not None else self.log_json
 
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
     """Where each explicitly set field came from (``"env var KVSTORED_NODE__X"``), for errors."""
@@ -372,9 +393,17 @@ class MasterConfig(_Model):
     """TTL of the leader's etcd lease, whole seconds: a dead leader is replaced within about
     this long; a leader cut off from etcd stops answering before it lapses. Default 5."""
     log_json: bool = False
-    """Render logs as JSON lines (set under systemd)."""
+    """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
+    log_format: Literal["json", "console"] | None = None
+    """``json`` (one object per line, for journald) or ``console``; None follows
+    ``log_json``. Every library's stdlib logging lines come out in the same format."""
     log_level: str = "info"
     """debug, info, warning or error."""
+
+    @property
+    def log_as_json(self) -> bool:
+        """Whether logs are JSON lines (``log_format``, else ``log_json``)."""
+        return self.log_format == "json" if self.log_format is not None else self.log_json
 
 
 class ClusterConfig(_Model):
@@ -505,8 +534,78 @@ class TlsConfig(_Model):
         return self.cert_file is not None
 
 
-class KvstoredConfig(_Model):
-    """Root configuration."""
+ENV_PREFIX = "KVSTORED_"
+ENV_NESTED_DELIMITER = "__"
+
+
+@dataclass(frozen=True, slots=True)
+class _Layers:
+    """What one :func:`load_config` call layers (read by ``settings_customise_sources``)."""
+
+    toml_file: pathlib.Path | None
+    environ: Mapping[str, str]
+
+
+_LAYERS: ContextVar[_Layers | None] = ContextVar("kvstored_config_layers", default=None)
+
+
+def _parse_env_list(name: str, value: str) -> Any:
+    """An env var's list value in TOML syntax (``["unix:/x", "127.0.0.1:1"]``; JSON lists
+    are TOML too).
+
+    Raises:
+        ConfigInvalid: naming the variable and the value.
+    """
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigInvalid(f"env var {name}: cannot parse list {value!r}: {exc}") from None
+
+
+class _EnvSource(EnvSettingsSource):
+    """``KVSTORED_<SECTION>__<FIELD>`` from a given mapping (not only ``os.environ``), lists in
+    TOML syntax, and a variable of an unknown section refused by name (pydantic-settings
+    would silently skip it)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        sections = set(KvstoredConfig.model_fields)
+        keys: dict[str, str | None] = {}
+        for name, value in self._environ.items():
+            # only KVSTORED_<SECTION>__<FIELD> are settings (KVSTORED_ADDRESS and a bare
+            # KVSTORED_NODE are not: pydantic-settings would parse the latter as a section)
+            if not name.upper().startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in name:
+                continue
+            section = name[len(ENV_PREFIX):].split(ENV_NESTED_DELIMITER)[0].lower()
+            if section not in sections:
+                raise ConfigInvalid(
+                    f"invalid configuration: env var {name}: {section!r} is not a config section "
+                    f"(known: {', '.join(sorted(sections))}); rename or unset the variable"
+                )
+            if value.startswith("["):
+                _parse_env_list(name, value)  # a bad list is named here, not deep in a source
+            keys[name.lower()] = value  # case_sensitive=False
+        return keys
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        return _parse_env_list(field_name, value) if isinstance(value, str) else value
+
+
+class KvstoredConfig(BaseSettings):
+    """Root configuration: ``[node]``, ``[master]``, ``[cluster]``, ``[tls]``, ``[tenants.<name>]``.
+
+    Build it with :func:`load_config` (which names the file and the environment to read and
+    turns validation errors into :class:`ConfigInvalid`); constructed directly, it layers
+    its kwargs over ``os.environ`` and the defaults.
+    """
+
+    model_config = SettingsConfigDict(
+        extra="forbid", validate_default=True, env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER, case_sensitive=False,
+    )
 
     node: NodeConfig = Field(default_factory=NodeConfig)
     master: MasterConfig = Field(default_factory=MasterConfig)
@@ -530,6 +629,22 @@ class KvstoredConfig(_Model):
     def tenant_quotas(self) -> dict[str, TenantQuota]:
         """``{tenant: TenantQuota}`` for the store."""
         return {name: t.quota() for name, t in self.tenants.items()}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init kwargs) > env > TOML file > defaults; no dotenv or secrets dir."""
+        layers = _LAYERS.get() or _Layers(None, os.environ)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls, layers.environ)]
+        if layers.toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=layers.toml_file))
+        return tuple(sources)
 
 
 def _existing_ancestor(path: pathlib.Path) -> pathlib.Path:
@@ -594,32 +709,13 @@ def resolve_group(group: str) -> int:
     return grp.getgrnam(group).gr_gid
 
 
-def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node = tree
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigInvalid(f"config key {'.'.join(path)} conflicts with a scalar value")
-    node[path[-1]] = value
-
-
-def _env_overrides(
-    environ: Mapping[str, str], sources: dict[tuple[str, ...], str]
-) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for key, value in environ.items():
-        if not key.startswith("KVSTORED_") or "__" not in key:
-            continue
-        path = [p.lower() for p in key[len("KVSTORED_") :].split("__")]
-        parsed: Any = value
-        if value.startswith("["):  # lists such as listen=["unix:/x", "127.0.0.1:1"]
-            try:
-                parsed = tomllib.loads(f"v = {value}")["v"]
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigInvalid(f"env var {key}: cannot parse list {value!r}: {exc}") from None
-        _set_path(tree, path, parsed)
-        sources[tuple(path)] = f"env var {key}"
-    return tree
+def _env_sources(environ: Mapping[str, str], sources: dict[tuple[str, ...], str]) -> None:
+    """Record which env var sets each key (the values themselves come through
+    :class:`_EnvSource`)."""
+    for key in environ:
+        if key.upper().startswith(ENV_PREFIX) and ENV_NESTED_DELIMITER in key:
+            path = tuple(p.lower() for p in key[len(ENV_PREFIX):].split(ENV_NESTED_DELIMITER))
+            sources[path] = f"env var {key}"
 
 
 def _leaf_paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -629,16 +725,6 @@ def _leaf_paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[t
             out += _leaf_paths(v, (*prefix, str(k)))
         else:
             out.append((*prefix, str(k)))
-    return out
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
     return out
 
 
@@ -694,10 +780,22 @@ def load_config(
             combination; the message names the key, the value received and, for a key set
             by an env var or flag, that variable or flag.
     """
-    tree: dict[str, Any] = {}
+    cfg, _ = _load(path, overrides=overrides, environ=environ, override_sources=override_sources)
+    return cfg
+
+
+def _load(
+    path: str | os.PathLike[str] | None,
+    *,
+    overrides: Mapping[str, Any] | None,
+    environ: Mapping[str, str] | None,
+    override_sources: Mapping[str, str] | None,
+) -> tuple[KvstoredConfig, dict[tuple[str, ...], str]]:
+    """:func:`load_config`, plus where each explicitly set key came from."""
     sources: dict[tuple[str, ...], str] = {}
+    toml_file: pathlib.Path | None = None
     if path is not None:
-        try:
+        try:  # read here first: pydantic-settings skips a missing file silently
             with open(path, "rb") as fh:
                 tree = tomllib.load(fh)
         except OSError as exc:
@@ -705,21 +803,67 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigInvalid(f"config file {path} is not valid TOML: {exc}") from None
         sources.update({p: f"config file {path}" for p in _leaf_paths(tree)})
-    tree = _merge(tree, _env_overrides(os.environ if environ is None else environ, sources))
+        toml_file = pathlib.Path(path)
+    env = os.environ if environ is None else environ
+    _env_sources(env, sources)
+    clean: dict[str, Any] = {}
     if overrides:
         clean = {
             sec: {k: v for k, v in vals.items() if v is not None}
             for sec, vals in overrides.items()
         }
-        tree = _merge(tree, clean)
+        clean = {sec: vals for sec, vals in clean.items() if vals}
         names = override_sources or {}
         for p in _leaf_paths(clean):
             flag = names.get(".".join(p))
             sources[p] = f"flag {flag}" if flag else "command line"
+    token = _LAYERS.set(_Layers(toml_file, env))
     try:
-        cfg = KvstoredConfig.model_validate(tree)
+        cfg = KvstoredConfig(**clean)
     except ValidationError as exc:
         problems = "; ".join(_format_error(err, sources) for err in exc.errors())
         raise ConfigInvalid(f"invalid configuration: {problems}") from None
+    finally:
+        _LAYERS.reset(token)
     cfg.node._sources = {p[1]: src for p, src in sources.items() if len(p) == 2 and p[0] == "node"}
-    return cfg
+    return cfg, sources
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveValue:
+    """One key of the effective config: its value (JSON-ready: sizes as int bytes, paths as
+    str, None for unset) and where it came from (``default``, ``config file PATH``,
+    ``env var NAME``, ``flag --X`` or ``command line``)."""
+
+    value: Any
+    source: str
+
+
+def load_effective_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    override_sources: Mapping[str, str] | None = None,
+) -> tuple[KvstoredConfig, dict[str, dict[str, EffectiveValue]]]:
+    """:func:`load_config`, and every key's value with its source, section by section.
+
+    Returns:
+        ``(config, {section: {field: EffectiveValue}})`` with every field of every section,
+        in declaration order (``kvstored config show`` prints it).
+
+    Raises:
+        ConfigInvalid: as :func:`load_config`.
+    """
+    cfg, sources = _load(path, overrides=overrides, environ=environ, override_sources=override_sources)
+    out: dict[str, dict[str, EffectiveValue]] = {}
+    dumped = cfg.model_dump(mode="json")
+    for section in type(cfg).model_fields:
+        value = getattr(cfg, section)
+        # a model section lists every field; a table of tables ([tenants.<name>]) its entries
+        keys = type(value).model_fields if isinstance(value, BaseModel) else value
+        out[section] = {
+            key: EffectiveValue(dumped[section][key], _source_of((section, key), sources) or "default")
+            for key in keys
+        }
+    return cfg, out

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install the system (apt) packages the tests need, only when they are missing:
 #   etcd-server  (/usr/bin/etcd: the etcd the master-HA tests start on loopback ports)
+#   systemd      (systemd-analyze verify and systemd-sysusers on the units in systemd/,
+#                 tests/e2e/test_systemd_*.py)
 # Without root, nothing is installed: it says what is missing and goes on (the tests that need
 # the package then skip, or fail under CI=true).
 set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

@@ -130,6 +130,8 @@ def _tls_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
 @click.option("--node-id", help="Node name (default: host name).")
 @click.option("--arena-dir", metavar="DIR", help="tmpfs directory of the arena file.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
+@click.option("--log-format", type=click.Choice(["json", "console"]),
+              help="Log lines as JSON (journald) or for a console; wins over --log-json.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--master-listen", metavar="HOST:PORT",
               help="Also host the cluster's master in this process, listening here (other "
@@ -146,6 +148,7 @@ def serve(
     node_id: str | None,
     arena_dir: str | None,
     log_json: bool | None,
+    log_format: str | None,
     log_level: str | None,
     master_listen: str | None,
     **tls_flags: str | None,
@@ -161,7 +164,7 @@ def serve(
         "listen": list(listen) or None, "dram_size_bytes": dram_size, "ssd_dir": ssd_dir,
         "ssd_size_bytes": ssd_size, "data_address": data_address,
         "metrics_address": metrics_address, "node_id": node_id, "arena_dir": arena_dir,
-        "log_json": log_json, "log_level": log_level,
+        "log_json": log_json, "log_format": log_format, "log_level": log_level,
     }
     _run_node(config_path, overrides, {}, master_listen=master_listen,
               tls_overrides=_tls_overrides(tls_flags))
@@ -171,7 +174,8 @@ _NODE_FLAGS = {
     "listen": "--listen", "dram_size_bytes": "--dram-size", "ssd_dir": "--ssd-dir",
     "ssd_size_bytes": "--ssd-size", "data_address": "--data-address",
     "metrics_address": "--metrics-address", "node_id": "--node-id", "arena_dir": "--arena-dir",
-    "log_json": "--log-json", "log_level": "--log-level", "zone": "--zone",
+    "log_json": "--log-json", "log_format": "--log-format", "log_level": "--log-level",
+    "zone": "--zone",
 }
 """NodeConfig field -> the flag that sets it (config errors name the flag)."""
 
@@ -182,7 +186,7 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
     """Load the config and run a NodeDaemon (``serve``; ``node`` adds the master link;
     ``serve --master-listen`` runs a MasterDaemon in the same loop first)."""
     from kvstored.config import load_config
-    from kvstored.log import configure
+    from kvstored.log import bind_process, configure
 
     master_overrides = {"listen": [master_listen]} if master_listen is not None else {}
     try:
@@ -197,7 +201,8 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
     cfg = loaded.node
-    configure(json=cfg.log_json, level=cfg.log_level)
+    configure(json=cfg.log_as_json, level=cfg.log_level)
+    bind_process(node_id=cfg.node_id)
     import structlog
 
     structlog.get_logger(__name__).info("config_loaded", **cfg.model_dump(mode="json"))
@@ -318,6 +323,8 @@ def _print_master_started(daemon: Any) -> None:
               help="etcd key prefix of the election (default /kvstored).")
 @click.option("--election-lease-s", type=int, help="Leader's etcd lease TTL, seconds (default 5).")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
+@click.option("--log-format", type=click.Choice(["json", "console"]),
+              help="Log lines as JSON (journald) or for a console; wins over --log-json.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @tls_options
 def master(
@@ -331,6 +338,7 @@ def master(
     election_prefix: str | None,
     election_lease_s: int | None,
     log_json: bool | None,
+    log_format: str | None,
     log_level: str | None,
     **tls_flags: str | None,
 ) -> None:
@@ -341,11 +349,12 @@ def master(
     these flags.
     """
     from kvstored.config import load_config
-    from kvstored.log import configure
+    from kvstored.log import bind_process, configure
 
     overrides = {"listen": list(listen) or None, "data_dir": data_dir,
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
-                 "metrics_listen": metrics_listen, "log_json": log_json, "log_level": log_level,
+                 "metrics_listen": metrics_listen, "log_json": log_json, "log_format": log_format,
+                 "log_level": log_level,
                  "etcd": [e for e in etcd.split(",") if e.strip()] if etcd is not None else None,
                  "election_prefix": election_prefix, "election_lease_s": election_lease_s}
     try:
@@ -357,7 +366,8 @@ def master(
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
-    configure(json=cfg.log_json, level=cfg.log_level)
+    configure(json=cfg.log_as_json, level=cfg.log_level)
+    bind_process(component="master")
     from kvstored.master.daemon import MasterDaemon
 
     try:
@@ -437,6 +447,15 @@ def cleanup(config_path: str | None, arena_dir: str | None, dry_run: bool,
     if not dry_run:
         click.echo(f"{num_removed} stale arena file(s) removed, {format_size(num_bytes)} freed")
     sys.exit(1 if failed else 0)
+
+
+def _add_config_commands() -> None:
+    from kvstored.cli.config_cmd import config_group
+
+    main.add_command(config_group)
+
+
+_add_config_commands()
 
 
 if __name__ == "__main__":

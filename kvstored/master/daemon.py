@@ -50,7 +50,7 @@ from kvstored.master.election import ElectionHooks, Elector
 from kvstored.master.metrics import MasterMetrics
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
-from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.master_targets import check_election_prefix, parse_etcd_endpoints
@@ -248,7 +248,10 @@ class MasterDaemon:
 
     async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:
         """Start, notify systemd, serve until SIGTERM/SIGINT, then stop."""
+        watchdog = Watchdog.from_env()  # WatchdogSec= in the unit; pings from this loop
         with stop_event_on_signals() as stop_event:
+            if watchdog is not None:
+                watchdog.start()
             try:
                 await self.start()
                 if on_started is not None:
@@ -257,4 +260,8 @@ class MasterDaemon:
                 await stop_event.wait()
                 sd_notify("STOPPING=1")
             finally:
-                await self.stop()
+                try:
+                    await self.stop()
+                finally:
+                    if watchdog is not None:
+                        await watchdog.stop()

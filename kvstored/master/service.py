@@ -44,6 +44,7 @@ from kvstored.errors import (
     NoCapacity,
     NotLeader,
 )
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.master import admin
 from kvstored.master.commands import Command
 from kvstored.master.index import BlockIndex
@@ -118,6 +119,15 @@ class LeaderGate(Protocol):
 
 
 
+def _caller_node_id(request: Any) -> str:
+    """The node a request speaks for (``node_id``, or ``node.node_id`` of RegisterNode), or
+    "" (a request of kvstorectl or an engine); names the node on the call's log lines."""
+    node_id = getattr(request, "node_id", "")
+    if not node_id:
+        node_id = getattr(getattr(request, "node", None), "node_id", "")
+    return node_id if isinstance(node_id, str) else ""
+
+
 def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
     """Check the caller's role, then map errors of one RPC handler onto gRPC statuses (see
     the module docstring).
@@ -135,6 +145,12 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
             extra: tuple[tuple[str, str], ...] = ()
             err: KvstoredError
+            # every line logged while serving this call names it (kvstored/log.py)
+            fields = {"method": fn.__name__, "peer": context.peer(), "request_id": new_request_id()}
+            caller = _caller_node_id(request)
+            if caller:
+                fields["node_id"] = caller
+            token = bind_request(fields)
             try:
                 if self.check_roles:
                     require_role(principal_of(context), *roles, action=action)
@@ -143,6 +159,8 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
                 if self._leading_state() is not state:  # the leadership ended during the call
                     raise self._not_leader()
                 resp.term = state.term  # type: ignore[attr-defined]  # every master response has a term
+                if request_lines_enabled(__name__):
+                    log.debug("rpc_served")
                 return resp
             except NotLeader as exc:
                 err = exc
@@ -150,9 +168,12 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
                          (TERM_METADATA_KEY, str(self.gate.leader_term if self.gate else 0)))
             except KvstoredError as exc:
                 err = exc
+                log.debug("rpc_failed", code=exc.code.name, error=str(exc))
             except Exception as exc:  # a bug: log once with its traceback, answer INTERNAL
-                log.exception("master_rpc_failed", method=fn.__name__)
+                log.exception("master_rpc_failed")
                 err = InternalError(f"{type(exc).__name__}: {exc}")
+            finally:
+                unbind_request(token)
             context.set_trailing_metadata(grpc_trailing_metadata(err) + extra)
             await context.abort(grpc_status(err), str(err))
             raise AssertionError("unreachable")  # context.abort raises

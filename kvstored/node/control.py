@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import time
 from collections.abc import Coroutine, Generator
@@ -50,6 +51,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, KvstoredError
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.transport.control import LENGTH_BYTES, MAX_FRAME_BYTES, OPS, SOCKET_SUFFIX, frame
 from kvstored.v1 import node_pb2 as pb
 
@@ -206,13 +208,16 @@ class _Protocol(asyncio.Protocol):
             return
         while frames and not self._busy:
             coro = self._server._handle(frames.pop(0), self._conn)
+            # one Context for the whole request, eager step and task alike: what it binds
+            # (its log fields, kvstored/log.py) is set and reset in the same Context
+            ctx = contextvars.copy_context()
             try:
-                first = coro.send(None)  # eagerly: most ops answer without suspending
+                first = ctx.run(coro.send, None)  # eagerly: most ops answer without suspending
             except StopIteration as stop:
                 self._answer(stop.value)
                 continue
             self._busy = True  # it waits (executor, remote fill): finish it on a task
-            task = asyncio.get_running_loop().create_task(_resume(coro, first))
+            task = asyncio.get_running_loop().create_task(_resume(coro, first), context=ctx)
             self._server._tasks.add(task)
             task.add_done_callback(self._resumed)
         self._flow()
@@ -286,6 +291,15 @@ class ControlServer:
             os.unlink(self.path)
 
     async def _handle(self, raw: bytes, conn: _Connection) -> pb.ControlResponse:
+        # every line logged while serving this request names it (kvstored/log.py)
+        fields = {"method": "Control", "peer": conn.ctx.peer(), "request_id": new_request_id()}
+        token = bind_request(fields)
+        try:
+            return await self._handle_request(raw, conn, fields)
+        finally:
+            unbind_request(token)
+
+    async def _handle_request(self, raw: bytes, conn: _Connection, fields: dict[str, Any]) -> pb.ControlResponse:
         servicer = self._servicer
         core = servicer.core
         metrics = core.metrics
@@ -322,6 +336,7 @@ class ControlServer:
             if field is None:
                 return out  # a bare release
             method = OPS[field]
+            fields["method"] = method  # the log lines of this request from here on
             if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy
                 await servicer.PinBlocks(req.pin_blocks, conn.ctx, into=out.pin_blocks)
             else:
@@ -348,4 +363,7 @@ class ControlServer:
                 )
             children[0].inc()
             children[1].observe(time.perf_counter() - t0)
+        if request_lines_enabled(__name__):
+            log.debug("rpc_served", duration_ms=round((time.perf_counter() - t0) * 1000, 3),
+                      code=ErrorCode(out.error_code).name if out.error_code else "OK")
         return out

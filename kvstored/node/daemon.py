@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,10 +54,10 @@ from kvstored.config import (
 from kvstored.errors import AlreadyExists, ConfigInvalid, KvstoredError
 from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
-from kvstored.node.fault_hooks import dataplane_hook_from_env
+from kvstored.node.fault_hooks import dataplane_hook_from_env, loop_stall_hook_from_env
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
-from kvstored.sdnotify import sd_notify, stop_event_on_signals
+from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.tenancy import TenantQuota
 from kvstored.transport.listen import add_grpc_port
@@ -590,7 +591,13 @@ class NodeDaemon:
         Args:
             on_started: called once everything listens (e.g. to print the addresses).
         """
+        watchdog = Watchdog.from_env()  # WatchdogSec= in the unit; pings from this loop
         with stop_event_on_signals() as stop_event:  # before anyone can learn we are up
+            if watchdog is not None:
+                watchdog.start()
+            stall = loop_stall_hook_from_env()
+            if stall is not None:  # test-only: SIGUSR2 blocks this loop (the watchdog test)
+                asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, stall)
             try:
                 await self.start()
                 if on_started is not None:
@@ -601,4 +608,10 @@ class NodeDaemon:
                 await stop_event.wait()
                 sd_notify("STOPPING=1")
             finally:
-                await self.stop()
+                try:
+                    await self.stop()  # the drain and spill still ping: the loop stays live
+                finally:
+                    if stall is not None:
+                        asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR2)
+                    if watchdog is not None:
+                        await watchdog.stop()

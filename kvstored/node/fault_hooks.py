@@ -12,7 +12,9 @@ for writing, and reads until the test closes it. The point is then disarmed: lat
 pass straight through. The FIFO must exist before the point is reached (``os.mkfifo``).
 
 Points: ``dataplane_get_before_send`` (the data-plane server's ``get_before_send`` event:
-the chunk's blocks are pinned, nothing of it is sent yet).
+the chunk's blocks are pinned, nothing of it is sent yet); ``loop_stall`` (the node daemon's
+SIGUSR2 handler, run on the event loop: the whole loop is blocked while held, which the
+watchdog test uses to show that a wedged loop stops its ``WATCHDOG=1`` pings).
 
 Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
 plane makes no hook calls at all.
@@ -32,7 +34,7 @@ from kvstored.errors import ConfigInvalid
 log = structlog.get_logger(__name__)
 
 ENV_VAR = "KVSTORED_TEST_HOOKS"
-POINTS = ("dataplane_get_before_send",)
+POINTS = ("dataplane_get_before_send", "loop_stall")
 _DATAPLANE_PREFIX = "dataplane_"
 
 
@@ -103,3 +105,17 @@ def dataplane_hook_from_env(
             hold()
 
     return hook
+
+
+def loop_stall_hook_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+    """The ``loop_stall`` hold armed by ``KVSTORED_TEST_HOOKS``; None when unset.
+
+    The daemon runs it (once) as its SIGUSR2 handler on the event loop, so while it holds,
+    nothing else on the loop runs.
+
+    Raises:
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    path = parse_test_hooks(value).get("loop_stall")
+    return None if path is None else _Hold("loop_stall", path)

@@ -41,7 +41,6 @@ import contextlib
 import contextvars
 import functools
 import os
-import secrets
 import select
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +61,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.node.core import NodeCore
 from kvstored.node.grants import require_session
 from kvstored.node.limits import MAX_META_BYTES
@@ -622,35 +622,43 @@ def _wrap(
     check_roles = servicer.check_roles
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        # every line logged while serving this call names it (kvstored/log.py)
+        token = bind_request({"method": name, "peer": context.peer(), "request_id": new_request_id()})
+        try:
+            return await _serve(raw, context)
+        finally:
+            unbind_request(token)
+
+    async def _serve(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
         t0 = time.perf_counter()
         err: KvstoredError
-        with structlog.contextvars.bound_contextvars(
-            method=name, peer=context.peer(), request_id=secrets.token_hex(6)
-        ):
+        try:
+            if check_roles:
+                require_role(principal_of(context), *roles, action=f"NodeService.{name}")
             try:
-                if check_roles:
-                    require_role(principal_of(context), *roles, action=f"NodeService.{name}")
-                try:
-                    request = req_cls.FromString(raw)
-                except DecodeError as exc:
-                    raise InvalidArgument(
-                        f"cannot parse the {req_cls.__name__} of {name} ({len(raw)} bytes): "
-                        f"{exc}; the request is not a valid kvstored.v1 protobuf"
-                    ) from None
-                response = await fn(request, context)
-                if metrics is not None:
-                    metrics.count_rpc(name, "OK", time.perf_counter() - t0)
-                return response
-            except KvstoredError as exc:
-                err = exc
-                log.debug("rpc_failed", code=exc.code.name, error=str(exc))
-            except Exception:
-                log.exception("rpc_failed_internally")
-                err = InternalError(f"internal error in {name}; see the node's log")
+                request = req_cls.FromString(raw)
+            except DecodeError as exc:
+                raise InvalidArgument(
+                    f"cannot parse the {req_cls.__name__} of {name} ({len(raw)} bytes): "
+                    f"{exc}; the request is not a valid kvstored.v1 protobuf"
+                ) from None
+            response = await fn(request, context)
+            duration_s = time.perf_counter() - t0
             if metrics is not None:
-                metrics.count_rpc(name, ErrorCode(err.code).name, time.perf_counter() - t0)
-            await context.abort(grpc_status(err), str(err), trailing_metadata=grpc_trailing_metadata(err))
-            raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+                metrics.count_rpc(name, "OK", duration_s)
+            if request_lines_enabled(__name__):
+                log.debug("rpc_served", duration_ms=round(duration_s * 1000, 3))
+            return response
+        except KvstoredError as exc:
+            err = exc
+            log.debug("rpc_failed", code=exc.code.name, error=str(exc))
+        except Exception:
+            log.exception("rpc_failed_internally")
+            err = InternalError(f"internal error in {name}; see the node's log")
+        if metrics is not None:
+            metrics.count_rpc(name, ErrorCode(err.code).name, time.perf_counter() - t0)
+        await context.abort(grpc_status(err), str(err), trailing_metadata=grpc_trailing_metadata(err))
+        raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
     return handle
 

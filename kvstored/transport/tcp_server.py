@@ -61,6 +61,7 @@ import structlog
 from kvstored.addresses import format_host_port, parse_host_port
 from kvstored.auth import TRUSTED_LOCAL, Principal, require_role
 from kvstored.errors import ErrorCode, KvstoredError, PermissionDenied, Unavailable
+from kvstored.log import bind_request, new_request_id, request_lines_enabled, unbind_request
 from kvstored.security.identity import principal_of_socket
 from kvstored.security.tls import HANDSHAKE_TIMEOUT_S
 from kvstored.tenancy import check_stored_namespace
@@ -451,6 +452,16 @@ class DataPlaneServer:
 
     def _serve_request(self, sock: socket.socket, reader: Reader, peer: object,
                        principal: Principal = TRUSTED_LOCAL) -> bool:
+        """One request under ``reader.deadline`` (see :meth:`_serve_one`), its log lines
+        naming it (kvstored/log.py; this thread's context)."""
+        token = bind_request({"method": "dataplane", "peer": str(peer), "request_id": new_request_id()})
+        try:
+            return self._serve_one(sock, reader, peer, principal)
+        finally:
+            unbind_request(token)
+
+    def _serve_one(self, sock: socket.socket, reader: Reader, peer: object,
+                   principal: Principal) -> bool:
         """One request under ``reader.deadline``; False = close the connection.
 
         ``principal``: the peer's (its certificate; TRUSTED_LOCAL without TLS). A caller that
@@ -520,6 +531,8 @@ class DataPlaneServer:
         finally:
             self._count(op, code)
             self._emit("request_done", op=op, code=code)
+            if request_lines_enabled(__name__):
+                log.debug("data_plane_request_served", op=op, code=code)
 
     def _allow_payload(self, reader: Reader, num_bytes: int) -> None:
         """Extend the request's deadline by ``num_bytes`` at ``dataplane_min_bytes_per_s``."""

@@ -2,7 +2,8 @@
 
 Both units' own ExecStart lines run (as this user, /var/lib/kvstored and /run/kvstored moved
 under a temporary directory, loopback ports set to 0) with their Environment= lines and
-NOTIFY_SOCKET pointed at datagram sockets the test reads: the master says READY=1, the node
+NOTIFY_SOCKET pointed at datagram sockets the test reads: the master (with the WATCHDOG_USEC its
+WatchdogSec= gives) pings WATCHDOG=1 and says READY=1, the node
 unit joins it with nothing but ``KVSTORED_CLUSTER__MASTER_ADDRESS`` added to its env, the
 master's /metrics counts it, and both stop cleanly (exit 0) on their KillSignal.
 ``systemd-analyze verify`` checks the master unit file.
@@ -106,10 +107,16 @@ def test_master_unit_serves_and_the_node_unit_joins_it_by_env(tmp: Path) -> None
     procs: list[subprocess.Popen[str]] = []
     socks: list[socket.socket] = []
     try:
-        master, m_notify = _start(MASTER_UNIT, master_cfg, {}, tmp, "master")
+        # WATCHDOG_USEC as systemd derives it from WatchdogSec= (whole seconds in the unit)
+        watchdog_usec = str(int(svc["WatchdogSec"].removesuffix("s")) * 1_000_000)
+        master, m_notify = _start(MASTER_UNIT, master_cfg, {"WATCHDOG_USEC": watchdog_usec}, tmp, "master")
         procs.append(master)
         socks.append(m_notify)
-        ready = m_notify.recv(4096).decode().split("\n")
+        notes = [m_notify.recv(4096).decode()]
+        while not notes[-1].startswith("READY=1"):
+            notes.append(m_notify.recv(4096).decode())
+        assert notes[0] == "WATCHDOG=1", notes  # the master's loop pings (from before READY)
+        ready = notes[-1].split("\n")
         assert ready[0] == "READY=1" and ready[1].startswith("STATUS=master serving on 127.0.0.1:")
         address = ready[1].rsplit(" ", 1)[1]
         assert master.stdout is not None

@@ -218,3 +218,36 @@ def test_replicas_settings_zone_and_their_errors(tmp_path: pathlib.Path) -> None
         load_config(overrides={"cluster": {"namespace_replicas": {ns: 0}}}, environ={})
     with pytest.raises(ConfigInvalid, match=r"node.zone.*without spaces, got 'a b'"):
         load_config(overrides={"node": {"zone": "a b"}}, environ={})
+
+
+# ---- issue 20: the layering goes through pydantic-settings ------------------------------------
+
+
+def test_the_root_is_a_pydantic_settings_model_reading_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic_settings import BaseSettings
+
+    from kvstored.config import KvstoredConfig
+
+    assert issubclass(KvstoredConfig, BaseSettings)
+    monkeypatch.setenv("KVSTORED_NODE__MAX_BATCH_KEYS", "9")
+    monkeypatch.setenv("KVSTORED_CLUSTER__MASTER_ADDRESS", "10.0.0.1:7080")
+    cfg = KvstoredConfig(node={"max_batch_keys": 11})  # init kwargs (flags) beat the env
+    assert (cfg.node.max_batch_keys, cfg.cluster.master_address) == (11, "10.0.0.1:7080")
+    assert load_config().node.max_batch_keys == 9  # environ=None reads os.environ
+
+
+def test_env_lists_take_toml_syntax_and_a_bad_one_names_the_variable() -> None:
+    cfg = load_config(environ={"KVSTORED_NODE__LISTEN": "['unix:/tmp/a.sock']"})  # TOML, not JSON
+    assert cfg.node.listen == ["unix:/tmp/a.sock"]
+    with pytest.raises(ConfigInvalid, match=r"env var KVSTORED_NODE__LISTEN: cannot parse list '\[\"x\"'"):
+        load_config(environ={"KVSTORED_NODE__LISTEN": '["x"'})
+
+
+def test_an_unknown_section_is_named_not_skipped() -> None:
+    # (known: every section, cluster, master, node and any added later)
+    with pytest.raises(ConfigInvalid, match=r"env var KVSTORED_NODEE__X: 'nodee' is not a config section "
+                                            r"\(known: .*master, node"):
+        load_config(environ={"KVSTORED_NODEE__X": "1"})
+    # variables without a section (KVSTORED_ADDRESS, KVSTORED_TEST_HOOKS) are not config keys
+    quiet = {"KVSTORED_ADDRESS": "unix:/x", "KVSTORED_TEST_HOOKS": "", "KVSTORED_MASTER": "10.0.0.1:7080"}
+    assert load_config(environ=quiet).node.max_batch_keys == 8192

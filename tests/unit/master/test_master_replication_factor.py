@@ -108,6 +108,9 @@ def test_list_replicas_rpc_answers_the_factor_and_refuses_a_bad_one() -> None:
         async def abort(self, code: grpc.StatusCode, details: str) -> None:
             raise RuntimeError(f"{code}: {details}")
 
+        def peer(self) -> str:  # named on the call's log lines (kvstored/log.py)
+            return "ipv4:127.0.0.1:1"
+
         def set_trailing_metadata(self, md: object) -> None:
             pass
 
