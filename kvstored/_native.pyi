@@ -11,3 +11,19 @@ def copy_many(pairs: Sequence[tuple[Any, Any]], threads: int = 0) -> int:
         ValueError: ``dst`` is not a writable C-contiguous buffer, the lengths differ, or
             ``threads`` < 0.
     """
+
+def copy_checked(dst: Any, src: Any, versions: Any, index: int, expected: int) -> bool:
+    """Copy ``src`` into ``dst`` and return whether u64 ``versions[index]`` was ``expected``
+    (even) before and after (acquire load, copy, acquire fence, re-load).
+
+    Raises:
+        ValueError: a buffer is of the wrong kind, the lengths differ, or ``index`` is outside
+            ``versions``.
+    """
+
+def store_release(versions: Any, index: int, value: int) -> None:
+    """Release-store u64 ``versions[index] = value``, then a full fence.
+
+    Raises:
+        ValueError: ``versions`` is not a writable buffer, or ``index`` is outside it.
+    """

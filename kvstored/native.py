@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 import structlog
 
-__all__ = ["FALLBACK_REASON", "NATIVE", "copy_many", "native_copy_many", "py_copy_many"]
+__all__ = [
+    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_many", "native_copy_checked", "native_copy_many", "py_copy_checked",
+    "py_copy_many", "py_store_release", "store_release",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +82,39 @@ def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
     return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, dtype=np.uint8)
 
 
+def py_copy_checked(dst: Any, src: Any, versions: np.ndarray, index: int, expected: int,
+                    hook: Callable[[str, int], None] | None = None) -> bool:
+    """Copy ``src`` into ``dst`` (same length) and keep the bytes only if ``versions[index]``
+    (a slot's version word) was ``expected`` (even) before and after the copy.
+
+    Pure Python: correct on x86 (total store order: the loads of the version, of the copy
+    and of the version again are not reordered), NOT on arm64, where the native
+    ``copy_checked`` (acquire fence) is required. See kvstored/tiers/slots.py.
+    ``hook("copy_mid", index)`` (tests) runs between the two halves of the copy.
+
+    Returns:
+        True if ``dst`` holds the bytes the slot held at version ``expected``; False if the
+        caller must use the node's pinned path (``dst``'s contents are then unspecified).
+    """
+    if expected & 1 or int(versions[index]) != expected:
+        return False
+    d, s = np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8)
+    if hook is not None:
+        half = s.size // 2
+        np.copyto(d[:half], s[:half])
+        hook("copy_mid", index)
+        np.copyto(d[half:], s[half:])
+    else:
+        np.copyto(d, s)
+    return int(versions[index]) == expected
+
+
+def py_store_release(versions: np.ndarray, index: int, value: int) -> None:
+    """Store u64 ``versions[index] = value`` (the fallback of the native release store: a
+    plain aligned store, ordered with the other stores on x86 only)."""
+    versions[index] = value
+
+
 _fallback_reason: list[str] = []  # logged once, at the fallback's first use
 
 
@@ -125,3 +161,21 @@ copy_many: Callable[..., int] = (
 """``copy_many(pairs, threads=0) -> int``: the native copy when available, else
 :func:`py_copy_many` (one log line at its first use says why); same arguments, result and
 errors."""
+
+native_copy_checked: Callable[..., bool] | None = (
+    _native_mod.copy_checked if _native_mod is not None else None
+)
+"""The C ``copy_checked`` (None when not built or disabled)."""
+
+copy_checked: Callable[..., bool] = (
+    native_copy_checked if native_copy_checked is not None else py_copy_checked
+)
+"""``copy_checked(dst, src, versions, index, expected) -> bool``: the version-checked
+one-sided copy (kvstored/tiers/slots.py): C with acquire fences when built, else
+:func:`py_copy_checked` (correct on x86 only)."""
+
+store_release: Callable[[Any, int, int], None] = (
+    _native_mod.store_release if _native_mod is not None else py_store_release
+)
+"""``store_release(versions, index, value)``: the node's slot-version store (release + fence
+in C; a plain store in the fallback, x86 only)."""

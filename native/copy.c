@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -170,7 +171,110 @@ done:
     return result;
 }
 
+/* copy_checked(dst, src, versions, index, expected) -> bool
+ *     The one-sided read of kvstored/tiers/slots.py: keep the bytes of src copied into dst
+ *     only if versions[index] (a u64 slot version in shared memory) was `expected` (even)
+ *     before and after the copy. Seqlock reader: an acquire load of the version, the copy,
+ *     an acquire fence, a relaxed re-load (on arm64 the fence orders the copy's loads before
+ *     the re-load; on x86 it is a compiler barrier). The GIL is released for copies of at
+ *     least 64 KiB. Raises ValueError (lengths differ, dst read-only, index outside
+ *     versions, versions not a u64-aligned buffer) naming what was received. */
+static PyObject *copy_checked(PyObject *self, PyObject *args) {
+    PyObject *dst_o, *src_o, *ver_o;
+    Py_ssize_t index;
+    unsigned long long expected;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOnK:copy_checked", &dst_o, &src_o, &ver_o, &index, &expected))
+        return NULL;
+    Py_buffer d = {0}, s = {0}, v = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(dst_o, &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "copy_checked: dst must be a writable C-contiguous buffer, got %.100s",
+                     Py_TYPE(dst_o)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(src_o, &s, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "copy_checked: src must be a C-contiguous buffer, got %.100s",
+                     Py_TYPE(src_o)->tp_name);
+        goto done;
+    }
+    if (PyObject_GetBuffer(ver_o, &v, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "copy_checked: versions must be a C-contiguous buffer, got %.100s",
+                     Py_TYPE(ver_o)->tp_name);
+        goto done;
+    }
+    if (d.len != s.len) {
+        PyErr_Format(PyExc_ValueError, "copy_checked: dst is %zd bytes but src is %zd", d.len, s.len);
+        goto done;
+    }
+    if (((uintptr_t)v.buf & 7) != 0 || index < 0 || (index + 1) * 8 > v.len) {
+        PyErr_Format(PyExc_ValueError,
+                     "copy_checked: index %zd outside the %zd u64 words of versions (or versions not 8-aligned)",
+                     index, v.len / 8);
+        goto done;
+    }
+    {
+        const uint64_t *ver = (const uint64_t *)v.buf + index;
+        int ok = 0;
+        if ((expected & 1) == 0 && __atomic_load_n(ver, __ATOMIC_ACQUIRE) == expected) {
+            if (d.len >= (64 << 10)) {
+                Py_BEGIN_ALLOW_THREADS
+                memcpy(d.buf, s.buf, (size_t)d.len);
+                Py_END_ALLOW_THREADS
+            } else {
+                memcpy(d.buf, s.buf, (size_t)d.len);
+            }
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            ok = __atomic_load_n(ver, __ATOMIC_RELAXED) == expected;
+        }
+        result = PyBool_FromLong(ok);
+    }
+done:
+    if (v.obj != NULL)
+        PyBuffer_Release(&v);
+    if (s.obj != NULL)
+        PyBuffer_Release(&s);
+    PyBuffer_Release(&d);
+    return result;
+}
+
+/* store_release(versions, index, value): a release store of u64 versions[index] followed by
+ * a full fence: the node's side of the seqlock (make a slot odd before rewriting it, even after
+ * its fields are written) on weakly ordered CPUs. */
+static PyObject *store_release(PyObject *self, PyObject *args) {
+    PyObject *ver_o;
+    Py_ssize_t index;
+    unsigned long long value;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnK:store_release", &ver_o, &index, &value))
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(ver_o, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "store_release: versions must be a writable buffer, got %.100s",
+                     Py_TYPE(ver_o)->tp_name);
+        return NULL;
+    }
+    if (((uintptr_t)v.buf & 7) != 0 || index < 0 || (index + 1) * 8 > v.len) {
+        PyErr_Format(PyExc_ValueError, "store_release: index %zd outside the %zd u64 words of versions", index,
+                     v.len / 8);
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    __atomic_store_n((uint64_t *)v.buf + index, (uint64_t)value, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_checked", (PyCFunction)copy_checked, METH_VARARGS,
+     "copy_checked(dst, src, versions, index, expected) -> bool: a version-checked one-sided copy."},
+    {"store_release", (PyCFunction)store_release, METH_VARARGS,
+     "store_release(versions, index, value): release-store a u64 slot version, then fence."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,
      "copy_many(pairs, threads=0) -> int: memcpy each (dst, src) pair with the GIL released."},
     {NULL, NULL, 0, NULL},

@@ -39,7 +39,9 @@ from kvstored.client._steps import (
 )
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
-from kvstored.native import copy_many
+from kvstored.native import copy_checked, copy_many
+from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, ident
+from kvstored.types import Tier
 from kvstored.v1 import node_pb2 as pb
 
 _clock = time.monotonic
@@ -79,14 +81,21 @@ class ArenaMap:
             flags = mmap.MAP_SHARED
             if size_bytes <= PREFAULT_MAX_BYTES:
                 flags |= getattr(mmap, "MAP_POPULATE", 0)
-            self._mmap = mmap.mmap(fd, size_bytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # the whole file: the blocks, then (a node with one-sided reads) the slot headers
+            # and the shared index (kvstored/tiers/slots.py)
+            self._mmap = mmap.mmap(fd, st.st_size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         self.path = path
         self.size_bytes = size_bytes
-        self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8)
-        self.view: memoryview = memoryview(self._mmap)
-        """The whole mapping as bytes (get_into's fast path slices it: _fastget.py)."""
+        self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8, count=size_bytes)
+        self._full = memoryview(self._mmap)
+        self.view: memoryview = self._full[:size_bytes]
+        """The arena's blocks as bytes (get_into's fast path slices it: _fastget.py)."""
+        lay = Layout.parse(self._mmap, size_bytes)
+        self.slots: SlotReader | None = None if lay is None else SlotReader(self._mmap, lay)
+        """The version-stamped slots and the shared index (None: the node offers none, so
+        every read pins): what :func:`_read_one_sided` reads without a round trip."""
 
     def region(self, offset: int, size_bytes: int) -> np.ndarray:
         """``size_bytes`` of the arena at ``offset`` (a view).
@@ -107,11 +116,14 @@ class ArenaMap:
     def close(self) -> None:
         """Unmap (deferred to the garbage collector while copies still hold views)."""
         self.array = np.empty(0, dtype=np.uint8)
+        self.slots = None
         view, self.view = self.view, memoryview(b"")
-        try:
-            view.release()  # slices of it still in use keep the mapping until they go
-        except BufferError:
-            pass
+        full, self._full = self._full, memoryview(b"")
+        for v in (view, full):
+            try:
+                v.release()  # slices of it still in use keep the mapping until they go
+            except BufferError:
+                pass
         try:
             self._mmap.close()
         except BufferError:
@@ -141,17 +153,118 @@ def _copy_pinned(
     _hooks.fire("shm_copy_out_done")
 
 
+def one_sided_enabled() -> bool:
+    """Whether gets try one-sided reads first (``KVSTORED_ONE_SIDED`` is not ``0``; read at
+    each get, so a test may turn them off to exercise the pinned path alone)."""
+    return os.environ.get("KVSTORED_ONE_SIDED", "") != "0"
+
+
+ONE_SIDED_STATS = {"hits": 0, "fallbacks": 0}
+"""This process's one-sided reads: ``hits`` (blocks kept with no round trip) and
+``fallbacks`` (blocks the index named but whose check failed: read through the node)."""
+
+
+_OneSided = tuple[int, int, int, int, bytes]
+"""``(key index, slot, version, size_bytes, meta)`` of a block the shared index named."""
+
+
+def _plan_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink) -> tuple[list[_OneSided], list[int]]:
+    """Look ``sink``'s keys up in the shared index and their slot headers (no round trip).
+
+    Args:
+        arena: the mapped arena (``arena.slots`` set).
+        namespace_id: the STORED namespace id (tenant-scoped: docs/tenants.md).
+        sink: the read's sink.
+
+    Returns:
+        ``(found, left)``: the blocks to copy, tail first, and the indexes of the keys the
+        node must read (a miss, an SSD-only block, a slot changing now, a meta too long to
+        be inline, a buffer too small: the node's path names that one).
+    """
+    reader = arena.slots
+    assert reader is not None
+    keys = sink.keys
+    views = sink.views
+    found: list[_OneSided] = []
+    left: list[int] = []
+    for i in range(len(keys) - 1, -1, -1):
+        lo, hi = ident(namespace_id, keys[i])
+        slot = reader.lookup(lo, hi)
+        snap = None if slot is None else reader.snapshot(slot, lo, hi)
+        if snap is None or slot is None or (views is not None and snap[2] > len(views[i])):
+            left.append(i)
+            continue
+        found.append((i, slot, snap[0], snap[2], snap[3]))
+    return found, left
+
+
+def _copy_one_sided(arena: ArenaMap, sink: _ReadSink, found: list[_OneSided], _deadline: float) -> list[int]:
+    """Copy the planned blocks, each kept only if its slot version held (copy_checked).
+
+    Tail first: each slot's ``access_ns`` is stamped (CLOCK_MONOTONIC) before its copy, the
+    last key's first, so the node's eviction (which reads the stamps) keeps a prefix's head
+    longest. Returns the indexes of the keys whose check failed (read through the node).
+    """
+    reader = arena.slots
+    if reader is None or len(arena.view) != arena.size_bytes:
+        return [i for i, *_ in found]  # unmapped meanwhile: the node's path says why
+    words = reader.words
+    full = arena.view
+    views = sink.views
+    hook = _hooks._hook
+    failed: list[int] = []
+    for i, slot, version, size, meta in found:
+        off = slot * UNIT_BYTES
+        dst: memoryview | bytearray = views[i][:size] if views is not None else bytearray(size)
+        reader.touch(slot)
+        if hook is not None and size > 1:  # test seam: copy half, report, then the rest
+            ok = _checked_halves(dst, full[off : off + size], words, slot * SLOT_WORDS, version)
+        else:
+            ok = copy_checked(dst, full[off : off + size], words, slot * SLOT_WORDS, version)
+        if not ok:
+            ONE_SIDED_STATS["fallbacks"] += 1
+            failed.append(i)
+            continue
+        ONE_SIDED_STATS["hits"] += 1
+        if views is None:
+            sink.values[i] = dst  # type: ignore[assignment]  # a bytearray, as the TCP path's
+        sink._done(i, size, meta, Tier.DRAM)
+    return failed
+
+
+def _checked_halves(dst: object, src: memoryview, words: np.ndarray, index: int, version: int) -> bool:
+    """copy_checked's test seam: half the bytes, ``shm_one_sided_mid`` fired, then the rest
+    (the version is checked before the first half and after the second)."""
+    d = np.frombuffer(dst, dtype=np.uint8)  # type: ignore[call-overload]  # any writable buffer
+    half = len(src) // 2
+    if int(words[index]) != version:
+        return False
+    np.copyto(d[:half], np.frombuffer(src[:half], dtype=np.uint8))
+    _hooks.fire("shm_one_sided_mid", slot=index // SLOT_WORDS)
+    return copy_checked(d[half:], src[half:], words, index, version)
+
+
 def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
     keys = sink.keys
     arena = st.arena
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
+    first, last = 0, len(keys)
+    if arena.slots is not None and one_sided_enabled():  # DRAM hits: no round trip
+        planned, left = _plan_one_sided(arena, st.stored_namespace_id, sink)
+        if planned:
+            left += yield Blocking(
+                functools.partial(_copy_one_sided, arena, sink, planned), sum(f[3] for f in planned)
+            )
+        if not left:
+            return
+        first, last = min(left), max(left) + 1  # hits inside it are read again: same key
     chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
-    if len(keys) <= chunk_keys:  # one window (the common case: no list of windows)
+    if last - first <= chunk_keys:  # one window (the common case: no list of windows)
         windows: list[tuple[int, int]] = []
-        start, end = 0, len(keys)
+        start, end = first, last
     else:
-        windows = list(_chunks(len(keys), chunk_keys))
+        windows = [(a + first, b + first) for a, b in _chunks(last - first, chunk_keys)]
         start, end = windows.pop()  # tail chunk first: see _tail_first
     while start < end or windows:
         if start >= end:

@@ -33,7 +33,10 @@ from typing import Protocol
 import structlog
 from sortedcontainers import SortedKeyList
 
+from kvstored.native import store_release
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
+from kvstored.tiers.slots import Layout, SlotTable
+from kvstored.tiers.ssd_format import _TAG_BYTES
 from kvstored.types import Tier, TierStats
 
 log = structlog.get_logger(__name__)
@@ -234,41 +237,50 @@ class DramArena:
         if size <= 0:
             raise ValueError(f"DRAM arena must be at least 4096 bytes, got {size_bytes}")
         self.size_bytes = size
+        self.layout = Layout(size)
+        """Where the slot headers and the shared index follow the block bytes in the mapping
+        (kvstored/tiers/slots.py): the file is ``layout.total_bytes`` long."""
+        total = self.layout.total_bytes
         self.path: str | None = None
         self.file_id: tuple[int, int] = (0, 0)
         """``(st_dev, st_ino)`` of the file mapped at creation ((0, 0) when anonymous): what
         clients must find at :attr:`path`, never whatever file sits there later."""
         if arena_dir is None:
-            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+            self._mmap = mmap.mmap(-1, total, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         else:
             reclaim_own_stale_arenas(arena_dir, node_id)  # never another node's file
             name = arena_file_name(node_id, os.getpid())
             path = os.path.join(os.fspath(arena_dir), name)
             st = os.statvfs(os.fspath(arena_dir))
             free_bytes = st.f_bavail * st.f_frsize
-            if free_bytes < size:
+            if free_bytes < total:
                 # tmpfs pages are allocated on first touch: an arena larger than the free
                 # space would SIGBUS the daemon later instead of failing now.
                 raise OSError(
                     errno.ENOSPC,
                     f"arena_dir {arena_dir} has {free_bytes} bytes free but the DRAM tier needs "
-                    f"{size}; lower dram_size_bytes or enlarge the tmpfs",
+                    f"{total} ({size} of blocks, the rest slot headers and index); lower "
+                    "dram_size_bytes or enlarge the tmpfs",
                 )
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                os.ftruncate(fd, size)
+                os.ftruncate(fd, total)
                 fst = os.fstat(fd)
                 self.file_id = (fst.st_dev, fst.st_ino)
                 # No MAP_POPULATE: prefaulting a large arena can take seconds per GiB on a
                 # VM; start_prefault() does it in the background after the daemon is up.
-                self._mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+                self._mmap = mmap.mmap(fd, total, flags=mmap.MAP_SHARED)
             except BaseException:
                 os.close(fd)
                 os.unlink(path)
                 raise
             os.close(fd)
             self.path = path
-        self.view = memoryview(self._mmap)
+        self.slot_table = SlotTable(self._mmap, self.layout, store=store_release)
+        """The node's writer of the version-stamped slot headers and the shared index."""
+        self._full_view = memoryview(self._mmap)
+        self.view = self._full_view[:size]
+        """The block bytes (``size_bytes``; the slot region after them is not included)."""
         self._closed = False
         self._prefault_lock = threading.Lock()
         self._prefault_thread: threading.Thread | None = None
@@ -285,12 +297,13 @@ class DramArena:
 
         def run() -> None:
             start = time.monotonic()
-            for off in range(0, self.size_bytes, chunk_bytes):
+            total = self.layout.total_bytes  # the slot headers and index too
+            for off in range(0, total, chunk_bytes):
                 with self._prefault_lock:
                     if self._closed:
                         return
                     try:
-                        self._mmap.madvise(_MADV_POPULATE_WRITE, off, min(chunk_bytes, self.size_bytes - off))
+                        self._mmap.madvise(_MADV_POPULATE_WRITE, off, min(chunk_bytes, total - off))
                     except (OSError, ValueError):
                         return  # kernel < 5.14: pages fault in on first use instead
             log.info("arena_prefaulted", size_bytes=self.size_bytes,
@@ -311,6 +324,8 @@ class DramArena:
             self._closed = True
         try:
             self.view.release()
+            self._full_view.release()
+            self.slot_table.release()
             self._mmap.close()
         except BufferError:
             log.info("arena_unmap_deferred", path=self.path or "")
@@ -380,18 +395,56 @@ class DramTier:
         return self.allocator.round_up(size_bytes)
 
     def add(self, skey: bytes, entry: DramEntry) -> None:
-        """Index a committed block as the most recent (its space is already allocated)."""
+        """Index a committed block as the most recent (its space is already allocated).
+
+        Publishes it to one-sided readers: its slot header is stamped and made even and the
+        shared index maps its (stored namespace id, key) to it (kvstored/tiers/slots.py)."""
         entry.skey = skey
         self.entries[skey] = entry
         self.by_offset.add(entry)
+        self.arena.slot_table.publish(entry.offset, entry.size_bytes, entry.info[0],
+                                      skey[_TAG_BYTES:], entry.generation, entry.info[1])
 
     def forget(self, skey: bytes) -> DramEntry:
         """Drop a block from the index but keep its space allocated (a demotion still reads
-        it; the demoter frees it). Raises KeyError if not present."""
-        entry = self.entries.pop(skey)
+        it; the demoter frees it). Raises KeyError if not present.
+
+        Unpublishes it first: its slot header is made odd (one-sided readers copying it then
+        fall back to the node) and its bucket leaves the shared index, before the space can be
+        freed, reused or rewritten."""
+        entry = self.entries[skey]
+        self.arena.slot_table.unpublish(entry.offset)
+        self.arena.slot_table.unindex(entry.info[0], skey[_TAG_BYTES:])
+        del self.entries[skey]
         self.by_offset.remove(entry)
         self.copies.pop(skey, None)
         return entry
+
+    def absorb_reads(self, limit: int = 64) -> int:
+        """Move the LRU blocks that one-sided readers read since the last call to the most
+        recent end (recency without a round trip: kvstored/tiers/slots.py ``access_ns``).
+
+        Looks at the ``limit`` least recent blocks only (eviction's candidates; O(limit) per
+        call); those whose slot carries a reader's stamp move, in stamp order (a reader
+        stamps a prefix's tail first, so its head ends most recent, as the pinned path's
+        chain-aware touch leaves it), and their stamps are cleared. Store lock held.
+
+        Returns:
+            The number of blocks moved.
+        """
+        table = self.arena.slot_table
+        read: list[tuple[int, bytes]] = []
+        for n, (skey, e) in enumerate(self.entries.items()):
+            if n >= limit:
+                break
+            ns = table.access_ns(e.offset)
+            if ns:
+                read.append((ns, skey))
+        read.sort()
+        for _, skey in read:
+            table.clear_access(self.entries[skey].offset)
+            self.entries.move_to_end(skey)
+        return len(read)
 
     def entry_at(self, offset: int) -> DramEntry | None:
         """The committed block starting at ``offset``, if any."""

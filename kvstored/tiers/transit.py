@@ -194,6 +194,7 @@ class Transit:
                     f"{alloc.capacity_bytes} bytes, {st.pinned_bytes} pinned, "
                     f"{st.reserved_bytes} reserved by writes and promotions in progress"
                 )
+            dram.absorb_reads()  # one-sided reads since the last eviction count as recency
             window, spare_tries = self._spare_window(need, spare_tries)  # drops nothing
             if window is None and not copy:
                 if wait_for_pool and wait_until != 0.0:
@@ -427,6 +428,7 @@ class Transit:
             return k not in chosen and self.evictable(k) and spares(k)
 
         tries = 0
+        dram.absorb_reads()  # one-sided reads since the last eviction count as recency
         lru = candidates(dram, ssd=ssd)  # copies, then LRU first; one pass for the whole batch
         for need in needs:
             window = None

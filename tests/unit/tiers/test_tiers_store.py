@@ -19,6 +19,7 @@ from kvstored.errors import (
     NotFound,
     Unavailable,
 )
+from kvstored.tiers.slots import Layout
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
 from kvstored.types import PinnedBlock, Tier
@@ -287,7 +288,8 @@ def test_arena_file_is_shared_and_unlinked_on_close(tmp_path: os.PathLike[str]) 
     assert s.arena_size_bytes == 8 * K
     path = s.arena_path
     assert path is not None and os.path.basename(path) == f"kvstored-n_1-{os.getpid()}.arena"
-    assert os.path.getsize(path) == 8 * K
+    # the blocks, then the slot headers and the shared index (kvstored/tiers/slots.py)
+    assert os.path.getsize(path) == Layout(8 * K).total_bytes
     s.put(key(1), b"shared bytes")
     (p,) = s.pin_many([key(1)])
     assert isinstance(p, PinnedBlock)

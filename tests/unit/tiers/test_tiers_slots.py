@@ -1,0 +1,269 @@
+"""One-sided reads of version-stamped slots (kvstored/tiers/slots.py): never wrong bytes.
+
+Every race is made deterministic: the reader copies half a block, then the test runs the node
+operation (rewrite, free, promotion, demotion) before the second half, or the node is held
+with a slot or bucket odd (``SlotTable.hook``) while a reader tries. Each test runs with the
+native ``copy_checked`` (C, acquire fences) and with the pure-Python fallback (x86 only).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import key
+from thread_helpers import in_thread
+
+from kvstored import native
+from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, SlotTable, ident
+from kvstored.tiers.tiered import TieredStore
+from kvstored.types import Tier
+
+K = 4096
+BLOCK = 3 * K
+NS = b"\x01ns-slots"
+
+IMPLS: list[Any] = [pytest.param(native.py_copy_checked, id="python")]
+if native.NATIVE:
+    IMPLS.insert(0, pytest.param(native.native_copy_checked, id="native"))
+
+
+def val(i: int, size: int = BLOCK - 5) -> bytes:
+    return bytes([i % 251]) * size
+
+
+def reader_of(store: TieredStore) -> tuple[SlotReader, memoryview]:
+    arena = store._state.dram.arena
+    return SlotReader(arena._mmap, arena.layout), arena.view
+
+
+def read_one_sided(
+    store: TieredStore, k: bytes, copy: Callable[..., bool], mid: Callable[[], None] | None = None,
+    ns: bytes = NS,
+) -> bytes | None:
+    """A client's one-sided read of ``k``: the bytes if kept, None if it must ask the node.
+    ``mid`` runs after the first half of the bytes is copied."""
+    reader, view = reader_of(store)
+    lo, hi = ident(ns, k)
+    slot = reader.lookup(lo, hi)
+    if slot is None:
+        return None
+    snap = reader.snapshot(slot, lo, hi)
+    if snap is None:
+        return None
+    version, _gen, size, _meta = snap
+    off = slot * UNIT_BYTES
+    dst = bytearray(size)
+    src = view[off : off + size]
+    if mid is None:
+        ok = copy(dst, src, reader.words, slot * SLOT_WORDS, version)
+    else:
+        half = size // 2
+        ok = copy(memoryview(dst)[:half], src[:half], reader.words, slot * SLOT_WORDS, version)
+        mid()
+        ok = copy(memoryview(dst)[half:], src[half:], reader.words, slot * SLOT_WORDS, version) and ok
+    return bytes(dst) if ok else None
+
+
+@pytest.fixture
+def store(tmp_path: pathlib.Path) -> Iterator[TieredStore]:
+    s = TieredStore(dram_size_bytes=BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                    ssd_size_bytes=40 * BLOCK)
+    yield s
+    if s._state.ssd is not None:
+        s._state.ssd.io_hook = None
+    s.close()
+
+
+def _offset(store: TieredStore, k: bytes) -> int:
+    reader, _ = reader_of(store)
+    slot = reader.lookup(*ident(NS, k))
+    assert slot is not None
+    return slot * UNIT_BYTES
+
+
+@pytest.mark.parametrize("copy", IMPLS)
+def test_a_dram_hit_is_read_whole_without_the_node(store: TieredStore, copy: Callable[..., bool]) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    assert read_one_sided(store, key(1), copy) == val(1)
+    assert read_one_sided(store, key(2), copy) is None  # a miss: the node's path
+
+
+@pytest.mark.parametrize("copy", IMPLS)
+def test_a_rewrite_mid_copy_makes_the_reader_fall_back(store: TieredStore, copy: Callable[..., bool]) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    off = _offset(store, key(1))
+
+    def rewrite() -> None:  # remove and re-put the same key with other bytes, same space
+        store.remove([key(1)], namespace_id=NS)
+        store.put(key(1), val(2), namespace_id=NS)
+        assert _offset(store, key(1)) == off
+
+    assert read_one_sided(store, key(1), copy, mid=rewrite) is None
+    assert read_one_sided(store, key(1), copy) == val(2)
+
+
+def test_without_the_version_check_the_rewrite_test_sees_wrong_bytes(store: TieredStore) -> None:
+    """The mutation test: a copy that skips the version check keeps torn bytes (half old,
+    half new), so the check above is what keeps them out."""
+    def unchecked(dst: Any, src: Any, _w: Any, _i: int, _v: int) -> bool:
+        np.frombuffer(dst, dtype=np.uint8)[:] = np.frombuffer(src, dtype=np.uint8)
+        return True
+
+    store.put(key(1), val(1), namespace_id=NS)
+
+    def rewrite() -> None:
+        store.remove([key(1)], namespace_id=NS)
+        store.put(key(1), val(2), namespace_id=NS)
+
+    got = read_one_sided(store, key(1), unchecked, mid=rewrite)
+    assert got is not None
+    wrong = sum(a != b for a, b in zip(got, val(1), strict=True))
+    assert wrong == len(got) - len(got) // 2  # the second half: the new block's bytes
+    with pytest.raises(AssertionError, match="wrong bytes"):
+        assert got == val(1), f"wrong bytes: {wrong} of {len(got)} differ"
+
+
+@pytest.mark.parametrize("copy", IMPLS)
+def test_a_free_mid_copy_makes_the_reader_fall_back(store: TieredStore, copy: Callable[..., bool]) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    assert read_one_sided(store, key(1), copy,
+                          mid=lambda: store.remove([key(1)], namespace_id=NS)) is None
+    assert read_one_sided(store, key(1), copy) is None  # gone from the index too
+
+
+@pytest.mark.parametrize("copy", IMPLS)
+def test_a_promotion_into_the_slot_mid_copy_makes_the_reader_fall_back(
+    store: TieredStore, copy: Callable[..., bool]
+) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    off = _offset(store, key(1))
+    store.put(key(2), val(2), namespace_id=NS)  # the arena holds one block: key(1) demoted
+    assert store.lookup_prefix([key(1)], namespace_id=NS) == [Tier.SSD]
+
+    def promote() -> None:  # key(1) comes back from SSD into the one slot
+        assert store.get(key(1), namespace_id=NS) == (val(1), b"")
+        assert _offset(store, key(1)) == off
+
+    assert read_one_sided(store, key(2), copy, mid=promote) is None  # key(2) left the slot
+    assert read_one_sided(store, key(1), copy) == val(1)
+
+
+@pytest.mark.parametrize("copy", IMPLS)
+def test_a_demotion_mid_copy_makes_the_reader_fall_back(store: TieredStore, copy: Callable[..., bool]) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    ssd = store._state.ssd
+    assert ssd is not None
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(op: str, _skey: bytes) -> None:
+        if op == "write" and not entered.is_set():
+            entered.set()
+            assert release.wait(30)
+
+    ssd.io_hook = hold
+    thread: list[threading.Thread] = []
+
+    def demote() -> None:
+        t, _box = in_thread(lambda: store.put(key(2), val(2), namespace_id=NS))
+        thread.append(t)
+        assert entered.wait(30)  # key(1) is being written to SSD: its DRAM bytes still hold
+        assert read_one_sided(store, key(1), copy) == val(1)
+        release.set()  # the demotion ends, its space is freed and key(2) written there
+        t.join(30)
+        assert read_one_sided(store, key(2), copy) == val(2)
+
+    try:
+        assert read_one_sided(store, key(1), copy, mid=demote) is None
+    finally:
+        release.set()
+        for t in thread:
+            t.join(30)
+    assert store.lookup_prefix([key(1)], namespace_id=NS) == [Tier.SSD]
+
+
+@pytest.mark.parametrize("step", ["publish", "unpublish", "bucket"])
+def test_a_reader_finds_nothing_while_the_node_holds_a_slot_or_bucket_odd(
+    store: TieredStore, step: str
+) -> None:
+    table = store._state.dram.arena.slot_table
+    store.put(key(1), val(1), namespace_id=NS)
+    seen: list[object] = []
+
+    def hook(at: str, _i: int) -> None:
+        if at == step and not seen:
+            reader, _ = reader_of(store)
+            lo, hi = ident(NS, key(1))
+            slot = reader.lookup(lo, hi)
+            seen.append(slot if slot is None else reader.snapshot(slot, lo, hi))
+
+    table.hook = hook
+    if step == "unpublish":
+        store.remove([key(1)], namespace_id=NS)
+    else:
+        store.remove([key(1)], namespace_id=NS)
+        seen.clear()
+        store.put(key(1), val(3), namespace_id=NS)
+    table.hook = None
+    assert seen == [None]
+
+
+def test_another_namespace_never_finds_the_slot(store: TieredStore) -> None:
+    store.put(key(1), val(1), namespace_id=NS)
+    reader, _ = reader_of(store)
+    assert reader.lookup(*ident(NS, key(1))) is not None
+    assert reader.lookup(*ident(b"\xff\x01b" + NS, key(1))) is None  # tenant b, same id
+    assert reader.lookup(*ident(b"", key(1))) is None
+
+
+def test_eviction_keeps_a_block_read_one_sided(tmp_path: pathlib.Path) -> None:
+    s = TieredStore(dram_size_bytes=2 * BLOCK, arena_dir=None)
+    try:
+        s.put(key(1), val(1), namespace_id=NS)
+        s.put(key(2), val(2), namespace_id=NS)
+        reader, _ = reader_of(s)
+        slot = reader.lookup(*ident(NS, key(1)))
+        assert slot is not None
+        reader.touch(slot)  # key(1), the LRU block, read with no round trip
+        s.put(key(3), val(3), namespace_id=NS)
+        assert s.exists([key(1), key(2), key(3)], namespace_id=NS) == [True, False, True]
+    finally:
+        s.close()
+
+
+def test_the_index_agrees_with_a_model_through_random_puts_and_removes() -> None:
+    lay = Layout(64 * K)
+    buf = bytearray(lay.total_bytes)
+    table, reader = SlotTable(buf, lay), SlotReader(buf, lay)
+    rng = random.Random(18)
+    model: dict[bytes, int] = {}
+    for _ in range(3000):
+        k = key(rng.randrange(40))
+        if k in model:
+            table.unpublish(model.pop(k) * UNIT_BYTES)
+            table.unindex(NS, k)
+        else:
+            free = sorted(set(range(lay.nslots)) - set(model.values()))
+            slot = rng.choice(free)
+            table.publish(slot * UNIT_BYTES, 100, NS, k, 1, b"m")
+            model[k] = slot
+        for j in range(40):
+            kj = key(j)
+            assert reader.lookup(*ident(NS, kj)) == model.get(kj)
+
+
+def test_bad_arguments_of_the_native_check_are_named() -> None:
+    if not native.NATIVE:
+        pytest.skip("kvstored._native not built")
+    words = np.zeros(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match="dst is 3 bytes but src is 4"):
+        native.copy_checked(bytearray(3), b"abcd", words, 0, 0)
+    with pytest.raises(ValueError, match="index 9 outside the 4 u64 words"):
+        native.copy_checked(bytearray(4), b"abcd", words, 9, 0)
+    with pytest.raises(ValueError, match="dst must be a writable"):
+        native.copy_checked(b"abcd", b"abcd", words, 0, 0)
