@@ -24,8 +24,8 @@ import numpy as np
 import structlog
 
 __all__ = [
-    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_many", "native_copy_checked", "native_copy_many", "py_copy_checked",
-    "py_copy_many", "py_store_release", "store_release",
+    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_many", "native_copy_checked", "native_copy_many",
+    "py_copy_checked", "py_copy_many", "py_store_release", "store_release",
 ]
 
 log = structlog.get_logger(__name__)
