@@ -13,6 +13,8 @@ Events (``fire(event, **fields)``):
     shm_copy_out_mid   get_into: half of the first pinned block is copied out (offset,
                        size_bytes)
     shm_copy_out_done  get: every pinned block of the chunk is copied out, before ReleasePins
+    shm_one_sided_mid  get: half of a block read one-sided (no pin, kvstored/tiers/slots.py)
+                       is copied, before the rest and the version re-check (slot)
     rpc                a unary RPC is about to be sent (method, plus abort= for CommitPut)
     pin_release_deferred  get over the control channel: its copy returned and its pin id
                        (pin_id) waits for the client's next request (kvstored/client/_control.py)
