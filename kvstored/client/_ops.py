@@ -89,7 +89,14 @@ from kvstored.client._args import (  # noqa: F401  (re-exported: the client's on
     tiers_of,
 )
 from kvstored.client._put import _put_grpc, _put_tcp, op_put  # noqa: F401  (the put)
-from kvstored.client._shm import ArenaMap, _copy_into_arena, _copy_pinned, _put_shm, _read_shm  # noqa: F401
+from kvstored.client._shm import (  # noqa: F401
+    ArenaMap,
+    _copy_into_arena,
+    _copy_pinned,
+    _put_shm,
+    _read_shm,
+    dram_present,
+)
 from kvstored.client._state import (  # noqa: F401
     MAX_TIMEOUT_S,
     ClientState,
@@ -341,6 +348,11 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     tiers: list[Tier] = []
+    present = dram_present(st, checked)  # DRAM blocks: answered here, no round trip
+    if present is not None:
+        lead = next((i for i, p in enumerate(present) if not p), len(present))
+        tiers = [Tier.DRAM] * lead
+        checked = checked[lead:]  # the node answers from the first block not known here
     for start, end in _chunks(len(checked), info.max_batch_keys):
         resp = yield Call(
             "LookupPrefix",
@@ -365,6 +377,12 @@ def op_exists(
         raise InvalidArgument(f"namespace_id must be bytes; got {type(ns_id).__name__}")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
+    present = dram_present(st, checked) if namespace_id is None else None
+    if present is not None and any(present):  # DRAM blocks: answered here, no round trip
+        rest = [k for k, p in zip(checked, present, strict=True) if not p]
+        asked = iter((yield from op_exists(st, rest, with_tiers, deadline)) if rest else [])
+        hit: Any = Tier.DRAM if with_tiers else True
+        return [hit if p else next(asked) for p in present]
     out: list[Any] = []
     for start, end in _chunks(len(checked), info.max_batch_keys):
         resp = yield Call(

@@ -164,6 +164,25 @@ ONE_SIDED_STATS = {"hits": 0, "fallbacks": 0}
 ``fallbacks`` (blocks the index named but whose check failed: read through the node)."""
 
 
+def dram_present(st: ClientState, keys: Sequence[bytes]) -> list[bool] | None:
+    """Per key: a DRAM block of this client's namespace, by the shared index and its slot
+    header (no round trip; never stamps recency: a probe is not a read), or None when no
+    slot region is mapped (ask the node). False means "not known here": ask the node (an
+    SSD-only block, a miss, a slot changing now).
+    """
+    arena = st.arena
+    reader = None if arena is None else arena.slots
+    if reader is None or not one_sided_enabled():
+        return None
+    ns = st.stored_namespace_id
+    out = []
+    for k in keys:
+        lo, hi = ident(ns, k)
+        slot = reader.lookup(lo, hi)
+        out.append(slot is not None and reader.snapshot(slot, lo, hi) is not None)
+    return out
+
+
 _OneSided = tuple[int, int, int, int, bytes]
 """``(key index, slot, version, size_bytes, meta)`` of a block the shared index named."""
 

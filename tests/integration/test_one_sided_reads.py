@@ -20,7 +20,6 @@ import urllib.request
 from typing import Any
 
 import numpy as np
-import pytest
 from it_helpers import DaemonThread, random_keys, value_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,10 +29,15 @@ from kvstored.client import _shm
 MIB = 1 << 20
 
 
-def _pin_calls(node: DaemonThread) -> float:
+def _calls(node: DaemonThread, method: str) -> float:
+    """The node's count of ``method`` requests (gRPC and control channel), any result."""
     body = urllib.request.urlopen(f"http://{node.daemon.metrics_address}/metrics", timeout=10).read().decode()
     return sum(s.value for fam in text_string_to_metric_families(body) for s in fam.samples
-               if s.name == "kvstored_rpc_requests_total" and s.labels.get("method") == "PinBlocks")
+               if s.name == "kvstored_rpc_requests_total" and s.labels.get("method") == method)
+
+
+def _pin_calls(node: DaemonThread) -> float:
+    return _calls(node, "PinBlocks")
 
 
 def test_dram_hits_take_no_pin_and_misses_still_go_to_the_node(start_node: Any) -> None:
@@ -53,6 +57,21 @@ def test_dram_hits_take_no_pin_and_misses_still_go_to_the_node(start_node: Any) 
         assert _pin_calls(node) == before  # DRAM hits: not one PinBlocks
         assert c.get([keys[5]]) == [None]  # a miss: asked the node
         assert _pin_calls(node) == before + 1
+
+
+def test_exists_and_lookup_prefix_of_dram_blocks_take_no_round_trip(start_node: Any) -> None:
+    node = start_node(dram_size_bytes=16 * MIB, ssd_size_bytes=0, ssd_dir=None)
+    keys = random_keys(5)
+    with Client(node.unix_address) as c:
+        assert all(r.stored for r in c.put(keys[:4], [b"x" * 5000] * 4))
+        asked = _calls(node, "Exists") + _calls(node, "LookupPrefix")
+        assert c.exists(keys[:4]) == [True] * 4
+        assert c.lookup_prefix(keys[:4]) == 4
+        assert c.lookup_prefix_tiers(keys[:2]) == [Tier.DRAM] * 2
+        assert _calls(node, "Exists") + _calls(node, "LookupPrefix") == asked
+        assert c.exists(keys) == [True] * 4 + [False]  # the miss was asked
+        assert c.lookup_prefix(keys[3:]) == 1
+        assert _calls(node, "Exists") + _calls(node, "LookupPrefix") == asked + 2
 
 
 _CHILD = """
