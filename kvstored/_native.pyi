@@ -27,3 +27,11 @@ def store_release(versions: Any, index: int, value: int) -> None:
     Raises:
         ValueError: ``versions`` is not a writable buffer, or ``index`` is outside it.
     """
+
+def probe_many(buckets: Any, slots: Any, idents: Any, out: Any) -> int:
+    """Batch lookup in the shared slot index: ``out[i]`` = slot of ident row ``i`` or -1;
+    returns the number of leading keys found.
+
+    Raises:
+        ValueError: a buffer is of the wrong kind or size.
+    """

@@ -25,7 +25,7 @@ import structlog
 
 __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_many", "native_copy_checked", "native_copy_many",
-    "py_copy_checked", "py_copy_many", "py_store_release", "store_release",
+    "probe_many", "py_copy_checked", "py_copy_many", "py_store_release", "store_release",
 ]
 
 log = structlog.get_logger(__name__)
@@ -179,3 +179,7 @@ store_release: Callable[[Any, int, int], None] = (
 )
 """``store_release(versions, index, value)``: the node's slot-version store (release + fence
 in C; a plain store in the fallback, x86 only)."""
+
+probe_many: Callable[..., int] | None = _native_mod.probe_many if _native_mod is not None else None
+"""``probe_many(buckets, slots, idents, out) -> int``: the shared index's batch lookup in C
+(kvstored/tiers/slots.py ``SlotReader.probe_many``); None when not built (a Python loop)."""

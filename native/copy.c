@@ -241,6 +241,89 @@ done:
     return result;
 }
 
+/* probe_many(buckets, slots, idents, out) -> int
+ *     The shared index lookup of kvstored/tiers/slots.py for a batch: idents holds 2 u64
+ *     (ident_lo, ident_hi) per key; for each key out[i] (int64) becomes the slot whose header
+ *     is even and carries that ident now, else -1 (absent, a bucket or slot changing: ask the
+ *     node). Linear probing from bucket ident_lo & (nbuckets - 1); every bucket and header is
+ *     read under its version (acquire load, fields, acquire fence, re-load). Returns the number
+ *     of leading keys found. buckets: nbuckets x 4 u64 (nbuckets a power of two); slots:
+ *     nslots x 16 u64. Raises ValueError naming a buffer of the wrong size or kind. */
+static PyObject *probe_many(PyObject *self, PyObject *args) {
+    PyObject *b_o, *s_o, *i_o, *o_o;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO:probe_many", &b_o, &s_o, &i_o, &o_o))
+        return NULL;
+    Py_buffer b = {0}, sl = {0}, id = {0}, out = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(b_o, &b, PyBUF_C_CONTIGUOUS) < 0 || PyObject_GetBuffer(s_o, &sl, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(i_o, &id, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(o_o, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError,
+                        "probe_many: buckets, slots and idents must be C-contiguous buffers, out a writable one");
+        goto done;
+    }
+    size_t nb = (size_t)b.len / 32, ns = (size_t)sl.len / 128, n = (size_t)id.len / 16;
+    if (nb == 0 || (nb & (nb - 1)) != 0 || ((uintptr_t)b.buf & 7) || ((uintptr_t)sl.buf & 7) ||
+        ((uintptr_t)id.buf & 7) || ((uintptr_t)out.buf & 7)) {
+        PyErr_Format(PyExc_ValueError, "probe_many: buckets must hold a power of two of 32-byte buckets "
+                     "(got %zd bytes) and every buffer be 8-aligned", b.len);
+        goto done;
+    }
+    if ((size_t)out.len < n * 8) {
+        PyErr_Format(PyExc_ValueError, "probe_many: out holds %zd bytes, %zu keys need %zu", out.len, n, n * 8);
+        goto done;
+    }
+    {
+        const uint64_t *bk = (const uint64_t *)b.buf, *sw = (const uint64_t *)sl.buf, *ids = (const uint64_t *)id.buf;
+        int64_t *o = (int64_t *)out.buf;
+        size_t lead = 0;
+        int leading = 1;
+        for (size_t k = 0; k < n; k++) {
+            uint64_t lo = ids[2 * k], hi = ids[2 * k + 1];
+            int64_t found = -1;
+            size_t i = (size_t)(lo & (nb - 1));
+            for (size_t step = 0; step < nb; step++, i = (i + 1) & (nb - 1)) {
+                const uint64_t *row = bk + 4 * i;
+                uint64_t v1 = __atomic_load_n(&row[0], __ATOMIC_ACQUIRE);
+                if (v1 & 1)
+                    break;
+                uint64_t blo = __atomic_load_n(&row[1], __ATOMIC_RELAXED);
+                uint64_t bhi = __atomic_load_n(&row[2], __ATOMIC_RELAXED);
+                uint64_t s1 = __atomic_load_n(&row[3], __ATOMIC_RELAXED);
+                __atomic_thread_fence(__ATOMIC_ACQUIRE);
+                if (__atomic_load_n(&row[0], __ATOMIC_RELAXED) != v1 || s1 == 0)
+                    break;
+                if (blo != lo || bhi != hi)
+                    continue;
+                if (s1 - 1 < ns) {
+                    const uint64_t *h = sw + 16 * (s1 - 1);
+                    uint64_t hv = __atomic_load_n(&h[0], __ATOMIC_ACQUIRE);
+                    uint64_t hlo = __atomic_load_n(&h[2], __ATOMIC_RELAXED);
+                    uint64_t hhi = __atomic_load_n(&h[3], __ATOMIC_RELAXED);
+                    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+                    if (!(hv & 1) && hlo == lo && hhi == hi && __atomic_load_n(&h[0], __ATOMIC_RELAXED) == hv)
+                        found = (int64_t)(s1 - 1);
+                }
+                break;
+            }
+            o[k] = found;
+            if (found < 0)
+                leading = 0;
+            else if (leading)
+                lead++;
+        }
+        result = PyLong_FromSize_t(lead);
+    }
+done:
+    if (b.obj) PyBuffer_Release(&b);
+    if (sl.obj) PyBuffer_Release(&sl);
+    if (id.obj) PyBuffer_Release(&id);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 /* store_release(versions, index, value): a release store of u64 versions[index] followed by
  * a full fence: the node's side of the seqlock (make a slot odd before rewriting it, even after
  * its fields are written) on weakly ordered CPUs. */
@@ -273,6 +356,8 @@ static PyObject *store_release(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"copy_checked", (PyCFunction)copy_checked, METH_VARARGS,
      "copy_checked(dst, src, versions, index, expected) -> bool: a version-checked one-sided copy."},
+    {"probe_many", (PyCFunction)probe_many, METH_VARARGS,
+     "probe_many(buckets, slots, idents, out) -> int: batch lookup in the shared slot index."},
     {"store_release", (PyCFunction)store_release, METH_VARARGS,
      "store_release(versions, index, value): release-store a u64 slot version, then fence."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,

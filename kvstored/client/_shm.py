@@ -40,7 +40,8 @@ from kvstored.client._steps import (
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
 from kvstored.native import copy_checked, copy_many
-from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, ident
+from kvstored.native import probe_many as native_probe_many
+from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, idents
 from kvstored.types import Tier
 from kvstored.v1 import node_pb2 as pb
 
@@ -93,7 +94,9 @@ class ArenaMap:
         self.view: memoryview = self._full[:size_bytes]
         """The arena's blocks as bytes (get_into's fast path slices it: _fastget.py)."""
         lay = Layout.parse(self._mmap, size_bytes)
-        self.slots: SlotReader | None = None if lay is None else SlotReader(self._mmap, lay)
+        self.slots: SlotReader | None = (
+            None if lay is None else SlotReader(self._mmap, lay, probe=native_probe_many)
+        )
         """The version-stamped slots and the shared index (None: the node offers none, so
         every read pins): what :func:`_read_one_sided` reads without a round trip."""
 
@@ -174,13 +177,8 @@ def dram_present(st: ClientState, keys: Sequence[bytes]) -> list[bool] | None:
     reader = None if arena is None else arena.slots
     if reader is None or not one_sided_enabled():
         return None
-    ns = st.stored_namespace_id
-    out = []
-    for k in keys:
-        lo, hi = ident(ns, k)
-        slot = reader.lookup(lo, hi)
-        out.append(slot is not None and reader.snapshot(slot, lo, hi) is not None)
-    return out
+    slots, _lead = reader.probe_many(idents(st.stored_namespace_id, list(keys)))
+    return [bool(x >= 0) for x in slots.tolist()]
 
 
 _OneSided = tuple[int, int, int, int, bytes]
@@ -206,11 +204,13 @@ def _plan_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink) -> tu
     views = sink.views
     found: list[_OneSided] = []
     left: list[int] = []
+    ids = idents(namespace_id, keys)
+    slots, _lead = reader.probe_many(ids)
+    at = slots.tolist()
     for i in range(len(keys) - 1, -1, -1):
-        lo, hi = ident(namespace_id, keys[i])
-        slot = reader.lookup(lo, hi)
-        snap = None if slot is None else reader.snapshot(slot, lo, hi)
-        if snap is None or slot is None or (views is not None and snap[2] > len(views[i])):
+        slot = at[i]
+        snap = None if slot < 0 else reader.snapshot(slot, int(ids[i, 0]), int(ids[i, 1]))
+        if snap is None or (views is not None and snap[2] > len(views[i])):
             left.append(i)
             continue
         found.append((i, slot, snap[0], snap[2], snap[3]))

@@ -147,6 +147,25 @@ def ident(namespace_id: bytes, key: bytes) -> tuple[int, int]:
     return (1, 0) if lo == 0 and hi == 0 else (lo, hi)
 
 
+def idents(namespace_id: bytes, keys: list[bytes]) -> np.ndarray:
+    """:func:`ident` of every key, as a ``(len(keys), 2)`` uint64 array of ``(lo, hi)`` rows
+    (what the native ``probe_many`` takes).
+
+    Raises:
+        InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+    """
+    if len(namespace_id) > 255:
+        raise InvalidArgument(f"namespace_id is {len(namespace_id)} bytes; at most 255 are accepted")
+    prefix = bytes((len(namespace_id),)) + namespace_id
+    h = xxhash.xxh3_128_digest
+    raw = np.frombuffer(b"".join([h(prefix + k) for k in keys]), dtype=">u8").reshape(-1, 2)
+    out = np.empty((len(keys), 2), dtype=np.uint64)
+    out[:, 0] = raw[:, 1]  # the canonical digest is big-endian: high 64 bits first
+    out[:, 1] = raw[:, 0]
+    out[(out[:, 0] == 0) & (out[:, 1] == 0), 0] = 1
+    return out
+
+
 class Layout:
     """Offsets of the slot region of an arena of ``arena_size`` bytes (see the module table).
 
@@ -374,8 +393,10 @@ class SlotReader:
         lay: its layout (:meth:`Layout.parse`).
     """
 
-    def __init__(self, buf: Any, lay: Layout) -> None:
+    def __init__(self, buf: Any, lay: Layout, probe: Callable[..., int] | None = None) -> None:
         self.lay = lay
+        self.probe = probe
+        """The native ``probe_many`` (kvstored.native), or None: :meth:`probe_many` loops here."""
         self.slots = slot_words(buf, lay)
         self.words = self.slots.reshape(-1)
         """The slot headers as one flat uint64 array: slot ``s``'s version is word
@@ -402,6 +423,36 @@ class SlotReader:
                 return s1 - 1
             i = (i + 1) & mask
         return None
+
+    def probe_many(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Per ident row of ``ids`` (:func:`idents`), the slot holding it now (stable, the
+        same ident), or -1 (ask the node); and how many leading keys were found.
+
+        Native (one C call, every bucket and header read under its version) when the extension
+        is built; else a Python loop over :meth:`lookup` and :meth:`snapshot`'s check.
+        """
+        n = len(ids)
+        out = np.empty(n, dtype=np.int64)
+        if self.probe is not None:
+            lead = self.probe(self.buckets, self.slots, ids, out)
+            return out, lead
+        lead, leading = 0, True
+        for k in range(n):
+            lo, hi = int(ids[k, 0]), int(ids[k, 1])
+            slot = self.lookup(lo, hi)
+            ok = slot is not None and self._holds(slot, lo, hi)
+            out[k] = slot if ok and slot is not None else -1
+            leading = leading and ok
+            lead += leading
+        return out, lead
+
+    def _holds(self, slot: int, lo: int, hi: int) -> bool:
+        if not 0 <= slot < self.lay.nslots:
+            return False
+        row = self.slots[slot]
+        v = int(row[S_VERSION])
+        return (not v & 1 and int(row[S_IDENT_LO]) == lo and int(row[S_IDENT_HI]) == hi
+                and int(row[S_VERSION]) == v)
 
     def snapshot(self, slot: int, lo: int, hi: int) -> tuple[int, int, int, bytes] | None:
         """``(version, generation, size_bytes, meta)`` of ``slot`` if it is stable and holds

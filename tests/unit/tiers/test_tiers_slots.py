@@ -20,7 +20,7 @@ from helpers import key
 from thread_helpers import in_thread
 
 from kvstored import native
-from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, SlotTable, ident
+from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, SlotTable, ident, idents
 from kvstored.tiers.tiered import TieredStore
 from kvstored.types import Tier
 
@@ -267,3 +267,22 @@ def test_bad_arguments_of_the_native_check_are_named() -> None:
         native.copy_checked(bytearray(4), b"abcd", words, 9, 0)
     with pytest.raises(ValueError, match="dst must be a writable"):
         native.copy_checked(b"abcd", b"abcd", words, 0, 0)
+
+
+def test_the_native_and_python_batch_probes_agree_with_ident_lookups() -> None:
+    lay = Layout(64 * K)
+    buf = bytearray(lay.total_bytes)
+    table = SlotTable(buf, lay)
+    keys = [key(i) for i in range(12)]
+    for i in (0, 1, 2, 5, 7):
+        table.publish((i + 1) * UNIT_BYTES, 10, NS, keys[i], 1, b"")
+    table.unpublish(6 * UNIT_BYTES)  # keys[5]: indexed, but its slot is odd (changing)
+    ids = idents(NS, keys)
+    assert [tuple(int(x) for x in r) for r in ids] == [ident(NS, k) for k in keys]
+    expected = [1, 2, 3, -1, -1, -1, -1, 8, -1, -1, -1, -1]
+    readers = [SlotReader(buf, lay)]
+    if native.probe_many is not None:
+        readers.append(SlotReader(buf, lay, probe=native.probe_many))
+    for reader in readers:
+        out, lead = reader.probe_many(ids)
+        assert (out.tolist(), lead) == (expected, 3)

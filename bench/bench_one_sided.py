@@ -1,0 +1,241 @@
+"""One-sided shared-memory reads (issue 18 section 1): ratios to references of the same run.
+
+Usage (standalone: starts its own daemon; bench/bench_blocks.py calls :func:`run_all` too):
+    python bench/bench_one_sided.py [--json bench/results/bench_one_sided.json] [--iters 20]
+
+Rows (each read measured one-sided, i.e. the default, and pinned, ``KVSTORED_ONE_SIDED=0``):
+  * get_<size>   get_into of a batch of 16 blocks of 256 KiB / 4 MiB: GB/s next to the
+                 working-set memcpy reference (a distinct slot per block of a prefaulted buffer
+                 as large as the arena working set, as bench_blocks.py's memcpy_ws_get)
+  * put_<size>   shm put of the same batches next to memcpy_ws_put (puts are unchanged by this
+                 issue: ReservePut + copy + CommitPut; reserve-ahead puts were not built)
+  * single_get   one 64 KiB block, get_into, p50 in us
+  * lookup_prefix_512   lookup_prefix of 512 DRAM keys, p50/p99 in ms
+  * storm        reader gets while a writer's puts evict: the one-sided fallback rate
+                 (copies whose version check failed / blocks tried one-sided)
+Targets (issue 18): get 256 KiB >= 0.8x ws memcpy, 4 MiB >= 0.95x; single get p50 <= 25 us;
+lookup_prefix(512) p99 <= 0.1 ms; put 256 KiB >= 0.6x, 4 MiB >= 0.9x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvstored import Client  # noqa: E402
+from kvstored.client import _shm  # noqa: E402
+
+BATCH = 16
+
+
+def _timed(fn: Callable[[int], None], iters: int, warmup: int = 2) -> list[float]:
+    for i in range(warmup):
+        fn(-1 - i)
+    out = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _p(lat: list[float], q: float) -> float:
+    s = sorted(lat)
+    return s[min(len(s) - 1, int(q * (len(s) - 1)))]
+
+
+@contextmanager
+def _pinned(on: bool) -> Iterator[None]:
+    old = os.environ.get("KVSTORED_ONE_SIDED")
+    if on:
+        os.environ["KVSTORED_ONE_SIDED"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KVSTORED_ONE_SIDED", None)
+        else:
+            os.environ["KVSTORED_ONE_SIDED"] = old
+
+
+def _keys(tag: str, size: int, i: int) -> list[bytes]:
+    return [f"os:{tag}:{size}:{i}:{j}".encode().ljust(16, b".") for j in range(BATCH)]
+
+
+def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
+    """Batch get/put GB/s next to the working-set memcpy references (see the module doc)."""
+    rng = np.random.default_rng(size)
+    values = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
+    bufs = [np.empty(size, dtype=np.uint8) for _ in range(BATCH)]
+    total = size * BATCH
+    groups = iters + 2
+    ws = np.ones(size * BATCH * groups, dtype=np.uint8)
+    slots = [ws[k * size:(k + 1) * size] for k in range(BATCH * groups)]
+
+    def ws_get(i: int) -> None:
+        g = i % groups
+        for src, b in zip(slots[g * BATCH:(g + 1) * BATCH], bufs, strict=True):
+            np.copyto(b, src)
+
+    def ws_put(i: int) -> None:
+        g = i % groups
+        for v, dst in zip(values, slots[g * BATCH:(g + 1) * BATCH], strict=True):
+            np.copyto(dst, v)
+
+    ref_get = total / statistics.median(_timed(ws_get, iters)) / 1e9
+    ref_put = total / statistics.median(_timed(ws_put, iters)) / 1e9
+
+    def put(i: int) -> None:
+        r = c.put(_keys("b", size, i), values)
+        assert all(x.ok for x in r), r
+
+    put_lat = _timed(put, iters)
+    out = {"memcpy_ws_get_gbps": ref_get, "memcpy_ws_put_gbps": ref_put,
+           "shm_put_gbps": total / statistics.median(put_lat) / 1e9}
+    for name, pinned in (("one_sided", False), ("pinned", True)):
+        def get(i: int) -> None:
+            n = c.get_into(_keys("b", size, i % iters), bufs)
+            assert all(x == size for x in n), n
+
+        with _pinned(pinned):
+            lat = _timed(get, iters)
+        out[f"{name}_get_gbps"] = total / statistics.median(lat) / 1e9
+        out[f"{name}_get_p50_ms"] = statistics.median(lat) * 1e3
+    assert bytes(bufs[0][:64]) == bytes(values[0][:64])
+    c.remove([k for i in range(-2, iters) for k in _keys("b", size, i)])
+    out["one_sided_get_ratio_vs_ws_memcpy"] = out["one_sided_get_gbps"] / ref_get
+    out["pinned_get_ratio_vs_ws_memcpy"] = out["pinned_get_gbps"] / ref_get
+    out["put_ratio_vs_ws_memcpy"] = out["shm_put_gbps"] / ref_put
+    return out
+
+
+def bench_single_get(c: Client, iters: int = 300) -> dict[str, float]:
+    k = [b"os:single:get...."]
+    c.put(k, [b"s" * (64 << 10)])
+    buf = [bytearray(64 << 10)]
+    out = {}
+    for name, pinned in (("one_sided", False), ("pinned", True)):
+        with _pinned(pinned):
+            lat = _timed(lambda _: None if c.get_into(k, buf) == [64 << 10] else sys.exit("miss"), iters, 20)
+        out[f"{name}_p50_us"] = statistics.median(lat) * 1e6
+        out[f"{name}_p99_us"] = _p(lat, 0.99) * 1e6
+    c.remove(k)
+    return out
+
+
+def bench_lookup(c: Client, n: int = 512, iters: int = 300) -> dict[str, float]:
+    keys = [b"os:lk:" + i.to_bytes(10, "big") for i in range(n)]
+    c.put(keys, [b"x" * 64] * n)
+    out = {}
+    for name, pinned in (("one_sided", False), ("node", True)):
+        with _pinned(pinned):
+            lat = _timed(lambda _: None if c.lookup_prefix(keys) == n else sys.exit("lookup"), iters, 20)
+        out[f"{name}_p50_ms"] = statistics.median(lat) * 1e3
+        out[f"{name}_p99_ms"] = _p(lat, 0.99) * 1e3
+    c.remove(keys)
+    return out
+
+
+def bench_storm(addr: str, seconds: float = 3.0) -> dict[str, float]:
+    """Fallback rate of one-sided reads while another client's puts evict (256 KiB blocks)."""
+    size = 256 << 10
+    keys = [b"os:storm:" + i.to_bytes(8, "big") for i in range(32)]
+    stop = threading.Event()
+    base = dict(_shm.ONE_SIDED_STATS)
+    got = {"blocks": 0, "misses": 0}
+
+    def writer() -> None:
+        n = 0
+        with Client(addr, timeout_s=30.0) as w:
+            while not stop.is_set():
+                w.put([b"os:fill:" + (n + j).to_bytes(8, "big") for j in range(8)], [b"f" * size] * 8)
+                w.put(keys[n % 32 : n % 32 + 1], [b"k" * size])
+                n += 8
+
+    with Client(addr, timeout_s=30.0) as c:
+        c.put(keys, [b"k" * size] * 32)
+        t = threading.Thread(target=writer)
+        t.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for v in c.get(keys[:8]):
+                got["blocks"] += 1
+                got["misses"] += v is None
+        stop.set()
+        t.join()
+    hits = _shm.ONE_SIDED_STATS["hits"] - base["hits"]
+    fallbacks = _shm.ONE_SIDED_STATS["fallbacks"] - base["fallbacks"]
+    return {"blocks_read": got["blocks"], "misses": got["misses"], "one_sided_hits": hits,
+            "fallbacks": fallbacks, "fallback_rate": fallbacks / max(1, hits + fallbacks)}
+
+
+def run_all(shm_addr: str, storm_addr: str, iters: int = 8) -> dict[str, object]:
+    """Every row, against the daemon at ``shm_addr`` (a unix socket; DRAM at least
+    64 MiB x (iters + 2) + 128 MiB), the storm against ``storm_addr`` (DRAM 16 MiB: evicts
+    at once)."""
+    res: dict[str, object] = {}
+    with Client(shm_addr, timeout_s=60.0, transport="shm") as c:
+        for size in (256 << 10, 4 << 20):
+            res[f"get_put_{size >> 10}KiB"] = bench_size(c, size, iters)
+        res["single_get_64KiB"] = bench_single_get(c)
+        res["lookup_prefix_512"] = bench_lookup(c)
+    res["storm"] = bench_storm(storm_addr)
+    return res
+
+
+def print_rows(res: dict[str, object]) -> None:
+    for size, target_get, target_put in (("256KiB", 0.8, 0.6), ("4096KiB", 0.95, 0.9)):
+        r = res[f"get_put_{size}"]
+        assert isinstance(r, dict)
+        print(f"one-sided get {size} x{BATCH}: {r['one_sided_get_gbps']:.2f} GB/s = "
+              f"{r['one_sided_get_ratio_vs_ws_memcpy']:.2f}x ws memcpy (target {target_get}x; pinned "
+              f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x); put {r['put_ratio_vs_ws_memcpy']:.2f}x "
+              f"(target {target_put}x)")
+    s, lk, st = res["single_get_64KiB"], res["lookup_prefix_512"], res["storm"]
+    assert isinstance(s, dict) and isinstance(lk, dict) and isinstance(st, dict)
+    print(f"single get 64 KiB p50: {s['one_sided_p50_us']:.0f} us one-sided, {s['pinned_p50_us']:.0f} us "
+          f"pinned (target 25 us)")
+    print(f"lookup_prefix(512) p99: {lk['one_sided_p99_ms']:.3f} ms in the client, {lk['node_p99_ms']:.3f} ms "
+          f"asking the node (target 0.1 ms)")
+    print(f"eviction storm: fallback rate {st['fallback_rate']:.4f} ({st['fallbacks']} of "
+          f"{st['one_sided_hits'] + st['fallbacks']} one-sided tries; {st['misses']} misses)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "bench_one_sided.json"))
+    ap.add_argument("--iters", type=int, default=8)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_blocks import daemon  # the same daemon launcher
+
+    with tempfile.TemporaryDirectory(prefix="kvstored-bench-os-") as tmpdir:
+        tmp = pathlib.Path(tmpdir)
+        with daemon(tmp, dram=str((4 << 20) * BATCH * (args.iters + 2) + (128 << 20)),
+                    ssd_size="0", name="os") as (shm_addr, _), \
+                daemon(tmp, dram="16MiB", ssd_size="0", name="os-storm") as (storm_addr, _):
+            res = run_all(shm_addr, storm_addr, args.iters)
+    res["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    print_rows(res)
+    out = pathlib.Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
