@@ -41,6 +41,15 @@ def _keep_the_test_process_logging_config(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.fixture
+def pinned_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shared-memory gets take the pinned path only (``KVSTORED_ONE_SIDED=0``, inherited by
+    child processes): for the tests of PinBlocks, its leases, releases and hooks. One-sided
+    reads (no pin) are tested in tests/unit/tiers/test_tiers_slots.py and
+    tests/integration/test_one_sided_reads.py."""
+    monkeypatch.setenv("KVSTORED_ONE_SIDED", "0")
+
+
+@pytest.fixture
 def workdir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvt", dir="/tmp"))
     yield d

@@ -31,6 +31,8 @@ from thread_helpers import wait_until
 from kvstored import AsyncClient, Client, KvstoredError
 from kvstored.client import _hooks
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 TIMEOUT_S = 1.0
 MARGIN_S = 0.5  # far over PAST_DEADLINE_S (scheduling on a loaded machine), far under 2 s
 

@@ -23,6 +23,8 @@ from thread_helpers import wait_until
 
 from kvstored import Client
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 HERE = Path(__file__).resolve().parent
 SIZE = 32 << 20
 WAIT_S = 60.0  # hang guard of every poll here

@@ -23,6 +23,8 @@ from kvstored import Client, Draining, Namespace, Tier, block_hashes
 from kvstored.addresses import parse_host_port
 from kvstored.v1 import node_pb2, node_pb2_grpc
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 HERE = Path(__file__).resolve().parent
 
 

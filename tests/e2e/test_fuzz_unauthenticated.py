@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from e2e_helpers import ServeProcess, value_for
 from helpers import key
 
 from kvstored import Client
 from kvstored.addresses import parse_host_port
 from kvstored.transport.framing import HEADER, MAGIC, OP_GET, OP_PUT, VERSION
+
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
 
 SEED = 20261202
 RSS_SLACK_BYTES = 16 << 20

@@ -16,6 +16,8 @@ from it_helpers import random_keys, value_for, wait_until
 
 from kvstored import Client, Tier
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 BLOCK_BYTES = 64 << 10
 NUM_BLOCKS = 40  # five client chunks of max_batch_keys=8
 TRANSPORTS = ["shm", "tcp", "grpc"]

@@ -25,6 +25,8 @@ from kvstored.errors import ErrorCode
 from kvstored.transport.control import frame, recv_frame
 from kvstored.v1 import node_pb2 as pb
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 SIZE = 4 << 20
 
 

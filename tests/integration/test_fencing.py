@@ -26,6 +26,8 @@ from kvstored import AsyncClient, Client, LeaseExpired
 from kvstored.addresses import parse_host_port
 from kvstored.client import _hooks, _shm
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 SIZE = 4 << 20  # > 256 KiB: the async client copies on its I/O threads
 HEADER = struct.Struct("<4sBBHII")
 

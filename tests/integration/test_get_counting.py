@@ -16,6 +16,8 @@ from it_helpers import random_keys, value_for, wait_until
 
 from kvstored import Client, Tier
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 BLOCK_BYTES = 64 << 10
 DRAM_BLOCKS = 8
 NUM_KEYS = 24

@@ -21,6 +21,8 @@ from kvstored import Client, Tier
 from kvstored.client import _fastget, _hooks
 from kvstored.errors import InvalidArgument
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 SIZES = [0, 1, 4095, 4096, 65537, 1 << 20]
 
 

@@ -25,6 +25,8 @@ from kvstored.rpc_status import error_from_rpc
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import node_pb2 as pb
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 TRANSPORTS = ["shm", "tcp", "grpc"]
 LIMIT = 4 << 20  # max_block_bytes of the test nodes
 

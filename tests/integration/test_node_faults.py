@@ -20,6 +20,8 @@ from kvstored.errors import InvalidArgument
 from kvstored.rpc_status import error_from_rpc
 from kvstored.v1 import node_pb2 as pb
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 HEADER = struct.Struct("<4sBBHII")
 
 

@@ -24,6 +24,8 @@ from it_helpers import DaemonThread, random_keys, value_for, wait_until
 from kvstored import AsyncClient, Client, DeadlineExceeded
 from kvstored.client import _hooks
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 SIZE = 4 << 20
 
 

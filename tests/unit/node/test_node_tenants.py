@@ -29,6 +29,8 @@ from kvstored.tenancy import scope_namespace
 from kvstored.tiers.tiered import TieredStore
 from kvstored.v1 import node_pb2 as pb
 
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+
 
 class Ctx:
     """The part of a grpc.aio ServicerContext the servicer reads."""
