@@ -36,7 +36,8 @@ fresh_vs_new_files_ratio} / .cold_get_full_dram {ssd_get_gbps, odirect_write_rea
 native_copy[<size>] {native_gbps, fallback_gbps, memcpy_gbps, native_vs_fallback, ...},
 control_us {get,put}_{grpc,channel}_us, single_get.p50_us, lookup_prefix_512_storm.p99_ms,
 clients.{clients_1_gbps, clients_4_gbps, ratio_4_to_1, memcpy_1_gbps, memcpy_4_gbps, memcpy_ratio_4_to_1,
-ratio_vs_memcpy}, date_utc, machine.
+ratio_vs_memcpy}, one_sided (bench/bench_one_sided.py: get_put_{256,4096}KiB, single_get_64KiB,
+lookup_prefix_512, storm; issue 18 targets as ratios), date_utc, machine.
 """
 
 from __future__ import annotations
@@ -481,6 +482,8 @@ def main() -> None:
     ap.add_argument("--skip-control", action="store_true",
                     help="skip the control-path rows (per-batch overhead, single get, storm, 4 clients)")
     ap.add_argument("--ssd-reps", type=int, default=5, help="timed SSD gets/writes per size")
+    ap.add_argument("--skip-one-sided", action="store_true",
+                    help="skip the one-sided read rows (bench/bench_one_sided.py)")
     args = ap.parse_args()
     kvlog.configure(level="warning")  # the in-process SSD tiers' info lines would split the table
     sizes = [parse_size(s) for s in (["4MiB"] if args.quick else args.sizes.split(","))]
@@ -504,6 +507,12 @@ def main() -> None:
                                                   "p50_ms": float("nan"), "p99_ms": float("nan")}
                     results["sizes"][format_size(size)] = res  # type: ignore[index]
                 results["lookup_prefix_512"] = bench_lookup(shm_addr)
+                if not args.skip_one_sided:  # issue 18: DRAM hits with no round trip
+                    import bench_one_sided  # (bench/ is on sys.path: the script's dir)
+
+                    print("... one-sided reads", file=sys.stderr)
+                    with daemon(tmp, dram="16MiB", ssd_size="0", name="os-storm") as (os_storm, _):
+                        results["one_sided"] = bench_one_sided.run_all(shm_addr, os_storm, iters)
                 if not args.skip_control:  # control-path rows (bench/bench_control.py)
                     print("... control path", file=sys.stderr)
                     with daemon(tmp, dram="128MiB", ssd_size="1GiB", name="storm") as (storm_addr, _):
@@ -529,6 +538,11 @@ def main() -> None:
         results["store_memory"] = (mem.stdout.strip() if mem.returncode == 0
                                    else f"bench_store_memory.py failed: {mem.stderr.strip()[-500:]}")
     print_table(results)
+    if "one_sided" in results:
+        import bench_one_sided
+
+        print()
+        bench_one_sided.print_rows(results["one_sided"])  # type: ignore[arg-type]
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(finite_or_none(results), indent=2, allow_nan=False))

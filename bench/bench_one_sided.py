@@ -96,31 +96,54 @@ def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
         for v, dst in zip(values, slots[g * BATCH:(g + 1) * BATCH], strict=True):
             np.copyto(dst, v)
 
-    ref_get = total / statistics.median(_timed(ws_get, iters)) / 1e9
-    ref_put = total / statistics.median(_timed(ws_put, iters)) / 1e9
-
     def put(i: int) -> None:
         r = c.put(_keys("b", size, i), values)
         assert all(x.ok for x in r), r
 
-    put_lat = _timed(put, iters)
-    out = {"memcpy_ws_get_gbps": ref_get, "memcpy_ws_put_gbps": ref_put,
-           "shm_put_gbps": total / statistics.median(put_lat) / 1e9}
-    for name, pinned in (("one_sided", False), ("pinned", True)):
-        def get(i: int) -> None:
-            n = c.get_into(_keys("b", size, i % iters), bufs)
-            assert all(x == size for x in n), n
+    def get(i: int) -> None:
+        n = c.get_into(_keys("b", size, i % iters), bufs)
+        assert all(x == size for x in n), n
 
+    def one(fn: Callable[[int], None], i: int, pinned: bool = False) -> float:
         with _pinned(pinned):
-            lat = _timed(get, iters)
-        out[f"{name}_get_gbps"] = total / statistics.median(lat) / 1e9
-        out[f"{name}_get_p50_ms"] = statistics.median(lat) * 1e3
+            t0 = time.perf_counter()
+            fn(i)
+            return time.perf_counter() - t0
+
+    # Interleaved, one batch of each per rep, so load drift on shared cores hits all alike;
+    # each ratio is the median over reps of (reference time / measured time).
+    for i in range(-2, iters):
+        put(i)
+    t: dict[str, list[float]] = {"ws_get": [], "ws_put": [], "one_sided": [], "pinned": [], "put": []}
+    for i in range(iters):
+        t["ws_get"].append(one(ws_get, i))
+        t["one_sided"].append(one(get, i))
+        t["pinned"].append(one(get, i, pinned=True))
+        t["ws_put"].append(one(ws_put, i))
+    for i in range(iters):  # the puts, against keys of their own (a put of a present key is a no-op)
+        c.remove(_keys("b", size, i))
+        t["put"].append(one(put, i))
     assert bytes(bufs[0][:64]) == bytes(values[0][:64])
     c.remove([k for i in range(-2, iters) for k in _keys("b", size, i)])
-    out["one_sided_get_ratio_vs_ws_memcpy"] = out["one_sided_get_gbps"] / ref_get
-    out["pinned_get_ratio_vs_ws_memcpy"] = out["pinned_get_gbps"] / ref_get
-    out["put_ratio_vs_ws_memcpy"] = out["shm_put_gbps"] / ref_put
-    return out
+
+    def ratio(ref: str, x: str) -> float:
+        return statistics.median(r / m for r, m in zip(t[ref], t[x], strict=True))
+
+    def gbps(x: str) -> float:
+        return total / statistics.median(t[x]) / 1e9
+
+    return {
+        "memcpy_ws_get_gbps": gbps("ws_get"), "memcpy_ws_put_gbps": gbps("ws_put"),
+        "one_sided_get_gbps": gbps("one_sided"), "pinned_get_gbps": gbps("pinned"),
+        "shm_put_gbps": gbps("put"),
+        "one_sided_get_p50_ms": statistics.median(t["one_sided"]) * 1e3,
+        "pinned_get_p50_ms": statistics.median(t["pinned"]) * 1e3,
+        "one_sided_get_ratio_vs_ws_memcpy": ratio("ws_get", "one_sided"),
+        "pinned_get_ratio_vs_ws_memcpy": ratio("ws_get", "pinned"),
+        "one_sided_vs_pinned_get": ratio("pinned", "one_sided"),
+        "put_ratio_vs_ws_memcpy": ratio("ws_put", "put"),
+        "reps": iters,
+    }
 
 
 def bench_single_get(c: Client, iters: int = 300) -> dict[str, float]:
@@ -163,7 +186,9 @@ def bench_storm(addr: str, seconds: float = 3.0) -> dict[str, float]:
         with Client(addr, timeout_s=30.0) as w:
             while not stop.is_set():
                 w.put([b"os:fill:" + (n + j).to_bytes(8, "big") for j in range(8)], [b"f" * size] * 8)
-                w.put(keys[n % 32 : n % 32 + 1], [b"k" * size])
+                k = keys[(n // 8) % 32 : (n // 8) % 32 + 1]
+                w.remove(k)  # removed and re-put with other bytes, under the readers
+                w.put(k, [bytes([n % 251]) * size])
                 n += 8
 
     with Client(addr, timeout_s=30.0) as c:
@@ -171,8 +196,9 @@ def bench_storm(addr: str, seconds: float = 3.0) -> dict[str, float]:
         t = threading.Thread(target=writer)
         t.start()
         end = time.monotonic() + seconds
+        rng = np.random.default_rng(18)
         while time.monotonic() < end:
-            for v in c.get(keys[:8]):
+            for v in c.get([keys[int(i)] for i in rng.choice(32, 8, replace=False)]):
                 got["blocks"] += 1
                 got["misses"] += v is None
         stop.set()
@@ -203,8 +229,8 @@ def print_rows(res: dict[str, object]) -> None:
         assert isinstance(r, dict)
         print(f"one-sided get {size} x{BATCH}: {r['one_sided_get_gbps']:.2f} GB/s = "
               f"{r['one_sided_get_ratio_vs_ws_memcpy']:.2f}x ws memcpy (target {target_get}x; pinned "
-              f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x); put {r['put_ratio_vs_ws_memcpy']:.2f}x "
-              f"(target {target_put}x)")
+              f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x; one-sided {r['one_sided_vs_pinned_get']:.2f}x pinned); "
+              f"put {r['put_ratio_vs_ws_memcpy']:.2f}x (target {target_put}x)")
     s, lk, st = res["single_get_64KiB"], res["lookup_prefix_512"], res["storm"]
     assert isinstance(s, dict) and isinstance(lk, dict) and isinstance(st, dict)
     print(f"single get 64 KiB p50: {s['one_sided_p50_us']:.0f} us one-sided, {s['pinned_p50_us']:.0f} us "
