@@ -24,8 +24,9 @@ import numpy as np
 import structlog
 
 __all__ = [
-    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_many", "native_copy_checked", "native_copy_many",
-    "probe_many", "py_copy_checked", "py_copy_many", "py_store_release", "store_release",
+    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
+    "native_copy_many", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
+    "py_store_release", "store_release",
 ]
 
 log = structlog.get_logger(__name__)
@@ -109,6 +110,19 @@ def py_copy_checked(dst: Any, src: Any, versions: np.ndarray, index: int, expect
     return int(versions[index]) == expected
 
 
+def py_copy_checked_many(items: Sequence[tuple[Any, Any, int, int]], versions: np.ndarray,
+                         stamp_ns: int) -> list[bool]:
+    """:func:`py_copy_checked` per ``(dst, src, index, expected)`` item, in order; with
+    ``stamp_ns`` > 0 each slot's ``access_ns`` word (``versions[index + 5]``) is stamped first.
+    The fallback of the native ``copy_checked_many`` (x86 only, as :func:`py_copy_checked`)."""
+    out = []
+    for dst, src, index, expected in items:
+        if stamp_ns and int(versions[index]) == expected:
+            versions[index + 5] = stamp_ns
+        out.append(py_copy_checked(dst, src, versions, index, expected))
+    return out
+
+
 def py_store_release(versions: np.ndarray, index: int, value: int) -> None:
     """Store u64 ``versions[index] = value`` (the fallback of the native release store: a
     plain aligned store, ordered with the other stores on x86 only)."""
@@ -183,3 +197,9 @@ in C; a plain store in the fallback, x86 only)."""
 probe_many: Callable[..., int] | None = _native_mod.probe_many if _native_mod is not None else None
 """``probe_many(buckets, slots, idents, out) -> int``: the shared index's batch lookup in C
 (kvstored/tiers/slots.py ``SlotReader.probe_many``); None when not built (a Python loop)."""
+
+copy_checked_many: Callable[..., list[bool]] = (
+    _native_mod.copy_checked_many if _native_mod is not None else py_copy_checked_many
+)
+"""``copy_checked_many(items, versions, stamp_ns) -> list[bool]``: :data:`copy_checked` for
+a batch of ``(dst, src, index, expected)`` (C: one call, the GIL released once)."""

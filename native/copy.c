@@ -241,6 +241,105 @@ done:
     return result;
 }
 
+/* copy_checked_many(items, versions, stamp_ns) -> list[bool]
+ *     copy_checked for a batch, the GIL released once: items is a sequence of
+ *     (dst, src, index, expected) (index: the slot's version word in versions). Before each
+ *     copy, when stamp_ns > 0, u64 versions[index + 5] (the slot's access_ns) is set to it
+ *     (the reader's recency stamp), in the order given (a prefix's tail first). Raises
+ *     TypeError / ValueError naming the item index and what was wrong. */
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t len;
+    Py_ssize_t index;
+    uint64_t expected;
+} chk_t;
+
+static PyObject *copy_checked_many(PyObject *self, PyObject *args) {
+    PyObject *items_o, *ver_o;
+    unsigned long long stamp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOK:copy_checked_many", &items_o, &ver_o, &stamp))
+        return NULL;
+    PyObject *seq = PySequence_Fast(items_o, "copy_checked_many: items must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer v = {0};
+    Py_buffer *views = PyMem_Calloc((size_t)(2 * n + 1), sizeof(Py_buffer));
+    chk_t *c = PyMem_Calloc((size_t)(n + 1), sizeof(chk_t));
+    char *ok = PyMem_Calloc((size_t)(n + 1), 1);
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    if (views == NULL || c == NULL || ok == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyObject_GetBuffer(ver_o, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0 || ((uintptr_t)v.buf & 7)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "copy_checked_many: versions must be a writable 8-aligned buffer");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t index;
+        unsigned long long expected;
+        PyObject *d_o, *s_o;
+        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "OOnK", &d_o, &s_o, &index, &expected)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "copy_checked_many: item #%zd must be (dst, src, index, expected), got %.100s",
+                         i, Py_TYPE(it)->tp_name);
+            goto done;
+        }
+        if (PyObject_GetBuffer(d_o, &views[held], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "copy_checked_many: dst of item #%zd must be a writable buffer", i);
+            goto done;
+        }
+        held++;
+        if (PyObject_GetBuffer(s_o, &views[held], PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "copy_checked_many: src of item #%zd must be a C-contiguous buffer", i);
+            goto done;
+        }
+        held++;
+        if (views[held - 2].len != views[held - 1].len || index < 0 || (index + 6) * 8 > v.len) {
+            PyErr_Format(PyExc_ValueError, "copy_checked_many: item #%zd: dst %zd bytes, src %zd, index %zd of %zd words",
+                         i, views[held - 2].len, views[held - 1].len, index, v.len / 8);
+            goto done;
+        }
+        c[i] = (chk_t){(char *)views[held - 2].buf, (const char *)views[held - 1].buf, (size_t)views[held - 2].len,
+                       index, (uint64_t)expected};
+    }
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t *w = (uint64_t *)v.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t *ver = w + c[i].index;
+        if ((c[i].expected & 1) || __atomic_load_n(ver, __ATOMIC_ACQUIRE) != c[i].expected)
+            continue;
+        if (stamp)
+            __atomic_store_n(ver + 5, (uint64_t)stamp, __ATOMIC_RELAXED);
+        memcpy(c[i].dst, c[i].src, c[i].len);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        ok[i] = __atomic_load_n(ver, __ATOMIC_RELAXED) == c[i].expected;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    if (result != NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyList_SET_ITEM(result, i, PyBool_FromLong(ok[i]));
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    if (v.obj)
+        PyBuffer_Release(&v);
+    PyMem_Free(views);
+    PyMem_Free(c);
+    PyMem_Free(ok);
+    Py_DECREF(seq);
+    return result;
+}
+
 /* probe_many(buckets, slots, idents, out) -> int
  *     The shared index lookup of kvstored/tiers/slots.py for a batch: idents holds 2 u64
  *     (ident_lo, ident_hi) per key; for each key out[i] (int64) becomes the slot whose header
@@ -356,6 +455,8 @@ static PyObject *store_release(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"copy_checked", (PyCFunction)copy_checked, METH_VARARGS,
      "copy_checked(dst, src, versions, index, expected) -> bool: a version-checked one-sided copy."},
+    {"copy_checked_many", (PyCFunction)copy_checked_many, METH_VARARGS,
+     "copy_checked_many(items, versions, stamp_ns) -> list[bool]: copy_checked for a batch."},
     {"probe_many", (PyCFunction)probe_many, METH_VARARGS,
      "probe_many(buckets, slots, idents, out) -> int: batch lookup in the shared slot index."},
     {"store_release", (PyCFunction)store_release, METH_VARARGS,

@@ -39,7 +39,7 @@ from kvstored.client._steps import (
 )
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
-from kvstored.native import copy_checked, copy_many
+from kvstored.native import copy_checked, copy_checked_many, copy_many
 from kvstored.native import probe_many as native_probe_many
 from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, idents
 from kvstored.types import Tier
@@ -232,6 +232,25 @@ def _copy_one_sided(arena: ArenaMap, sink: _ReadSink, found: list[_OneSided], _d
     views = sink.views
     hook = _hooks._hook
     failed: list[int] = []
+    if hook is None:  # the whole batch in one call (C: the GIL released once)
+        items = []
+        dsts: list[memoryview | bytearray] = []
+        for i, slot, version, size, _meta in found:
+            off = slot * UNIT_BYTES
+            d: memoryview | bytearray = views[i][:size] if views is not None else bytearray(size)
+            dsts.append(d)
+            items.append((d, full[off : off + size], slot * SLOT_WORDS, version))
+        oks = copy_checked_many(items, words, time.monotonic_ns())
+        for (i, _slot, _v, size, meta), d, ok in zip(found, dsts, oks, strict=True):
+            if not ok:
+                ONE_SIDED_STATS["fallbacks"] += 1
+                failed.append(i)
+                continue
+            ONE_SIDED_STATS["hits"] += 1
+            if views is None:
+                sink.values[i] = d  # type: ignore[assignment]  # a bytearray, as the TCP path's
+            sink._done(i, size, meta, Tier.DRAM)
+        return failed
     for i, slot, version, size, meta in found:
         off = slot * UNIT_BYTES
         dst: memoryview | bytearray = views[i][:size] if views is not None else bytearray(size)

@@ -286,3 +286,25 @@ def test_the_native_and_python_batch_probes_agree_with_ident_lookups() -> None:
     for reader in readers:
         out, lead = reader.probe_many(ids)
         assert (out.tolist(), lead) == (expected, 3)
+
+
+def test_the_batch_check_keeps_stable_slots_stamps_them_and_drops_changed_ones(store: TieredStore) -> None:
+    """copy_checked_many (native and fallback): per item the same answer as copy_checked."""
+    reader, view = reader_of(store)
+    store.put(key(1), val(1), namespace_id=NS)
+    slot = reader.lookup(*ident(NS, key(1)))
+    assert slot is not None
+    snap = reader.snapshot(slot, *ident(NS, key(1)))
+    assert snap is not None
+    off, size = slot * UNIT_BYTES, snap[2]
+    impls = [native.py_copy_checked_many]
+    if native.NATIVE:
+        impls.append(native.copy_checked_many)
+    for impl in impls:
+        good, stale = bytearray(size), bytearray(size)
+        items = [(good, view[off : off + size], slot * SLOT_WORDS, snap[0]),
+                 (stale, view[off : off + size], slot * SLOT_WORDS, snap[0] + 2)]  # another version
+        assert impl(items, reader.words, 12345) == [True, False]
+        assert bytes(good) == val(1)
+        assert int(reader.slots[slot, 5]) == 12345  # access_ns stamped by the kept read
+        reader.slots[slot, 5] = 0
