@@ -395,6 +395,8 @@ class SlotReader:
         self.lay = lay
         self.probe = probe
         """The native ``probe_many`` (kvstored.native), or None: :meth:`probe_many` loops here."""
+        self._mv = memoryview(buf)  # bytes (an mmap or a bytearray)
+        self._base = lay.slots_off
         self.slots = slot_words(buf, lay)
         self.words = self.slots.reshape(-1)
         """The slot headers as one flat uint64 array: slot ``s``'s version is word
@@ -458,16 +460,17 @@ class SlotReader:
         another block, or meta too long to be inline)."""
         if not 0 <= slot < self.lay.nslots:
             return None
-        row = self.slots[slot]
-        v1 = int(row[S_VERSION])
-        if v1 & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
+        words = self.words
+        w0 = slot * SLOT_WORDS
+        v1 = int(words[w0])  # an aligned 8-byte load
+        if v1 & 1:
             return None
-        gen, size, lens = int(row[S_GENERATION]), int(row[S_SIZE]), int(row[S_LENS])
-        mlen = lens >> 32
-        if mlen > META_INLINE_BYTES:
+        # words 1..7 in one copy, then the inline meta (under the version, re-read below)
+        gen, hlo, hhi, size, _access, _klen, mlen, _r = _FIELDS.unpack_from(self._mv, self._base + w0 * 8 + 8)
+        if hlo != lo or hhi != hi or mlen > META_INLINE_BYTES:
             return None
-        meta = row[S_META:].tobytes()[:mlen] if mlen else b""
-        if int(row[S_VERSION]) != v1:
+        meta = bytes(self._mv[self._base + w0 * 8 + 64 : self._base + w0 * 8 + 64 + mlen]) if mlen else b""
+        if int(words[w0]) != v1:
             return None
         return v1, gen, size, meta
 

@@ -153,6 +153,7 @@ def _scrape(node: DaemonThread) -> dict[tuple[str, tuple[tuple[str, str], ...]],
             for fam in text_string_to_metric_families(body) for s in fam.samples}
 
 
+@pytest.mark.usefixtures("pinned_reads")  # one-sided DRAM hits never reach the node's counters
 def test_metrics_move_by_what_the_traffic_did(start_node: object, sock_dir: str) -> None:
     """Each counter and gauge moves by exactly what a known sequence of calls did."""
     mib = 1 << 20
