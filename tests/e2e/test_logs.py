@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from e2e_helpers import ServeProcess
 
 from kvstored import Client
+
+pytestmark = pytest.mark.usefixtures("pinned_reads")  # its get's PinBlocks line is checked
 
 MARKER = b"PAYLOAD-MARKER-7f3a"
 
