@@ -38,7 +38,7 @@ def probe_many(buckets: Any, slots: Any, idents: Any, out: Any) -> int:
 
 def copy_checked_many(items: Sequence[tuple[Any, Any, int, int]], versions: Any, stamp_ns: int) -> list[bool]:
     """:func:`copy_checked` per ``(dst, src, index, expected)`` item (the GIL released once),
-    stamping ``versions[index + 5]`` (the slot's access_ns) with ``stamp_ns`` first when > 0.
+    stamping ``versions[index + 5]`` (the slot's access_ns) with ``stamp_ns + i`` first when > 0.
 
     Raises:
         TypeError: an item is not a ``(dst, src, index, expected)`` tuple.

@@ -113,12 +113,13 @@ def py_copy_checked(dst: Any, src: Any, versions: np.ndarray, index: int, expect
 def py_copy_checked_many(items: Sequence[tuple[Any, Any, int, int]], versions: np.ndarray,
                          stamp_ns: int) -> list[bool]:
     """:func:`py_copy_checked` per ``(dst, src, index, expected)`` item, in order; with
-    ``stamp_ns`` > 0 each slot's ``access_ns`` word (``versions[index + 5]``) is stamped first.
+    ``stamp_ns`` > 0 each slot's ``access_ns`` word (``versions[index + 5]``) is stamped first
+    (``stamp_ns + i`` for item ``i``).
     The fallback of the native ``copy_checked_many`` (x86 only, as :func:`py_copy_checked`)."""
     out = []
-    for dst, src, index, expected in items:
+    for i, (dst, src, index, expected) in enumerate(items):
         if stamp_ns and int(versions[index]) == expected:
-            versions[index + 5] = stamp_ns
+            versions[index + 5] = stamp_ns + i  # items come tail first: the head ends latest
         out.append(py_copy_checked(dst, src, versions, index, expected))
     return out
 

@@ -244,8 +244,9 @@ done:
 /* copy_checked_many(items, versions, stamp_ns) -> list[bool]
  *     copy_checked for a batch, the GIL released once: items is a sequence of
  *     (dst, src, index, expected) (index: the slot's version word in versions). Before each
- *     copy, when stamp_ns > 0, u64 versions[index + 5] (the slot's access_ns) is set to it
- *     (the reader's recency stamp), in the order given (a prefix's tail first). Raises
+ *     copy, when stamp_ns > 0, u64 versions[index + 5] (the slot's access_ns) is set to
+ *     stamp_ns + i for item i (the reader's recency stamp: items come a prefix's tail first,
+ *     so the head gets the latest stamps). Raises
  *     TypeError / ValueError naming the item index and what was wrong. */
 typedef struct {
     char *dst;
@@ -318,7 +319,7 @@ static PyObject *copy_checked_many(PyObject *self, PyObject *args) {
         if ((c[i].expected & 1) || __atomic_load_n(ver, __ATOMIC_ACQUIRE) != c[i].expected)
             continue;
         if (stamp)
-            __atomic_store_n(ver + 5, (uint64_t)stamp, __ATOMIC_RELAXED);
+            __atomic_store_n(ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
         memcpy(c[i].dst, c[i].src, c[i].len);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         ok[i] = __atomic_load_n(ver, __ATOMIC_RELAXED) == c[i].expected;

@@ -306,5 +306,31 @@ def test_the_batch_check_keeps_stable_slots_stamps_them_and_drops_changed_ones(s
                  (stale, view[off : off + size], slot * SLOT_WORDS, snap[0] + 2)]  # another version
         assert impl(items, reader.words, 12345) == [True, False]
         assert bytes(good) == val(1)
-        assert int(reader.slots[slot, 5]) == 12345  # access_ns stamped by the kept read
+        assert int(reader.slots[slot, 5]) == 12345  # access_ns stamped (stamp_ns + item index)
         reader.slots[slot, 5] = 0
+
+
+def test_a_prefix_read_tail_first_leaves_its_head_most_recent(tmp_path: pathlib.Path) -> None:
+    """The client copies a batch tail first with one stamp base (stamp_ns + item index); the
+    node's eviction absorbs the stamps in order, so the prefix's head ends most recent."""
+    s = TieredStore(dram_size_bytes=4 * BLOCK, arena_dir=None)
+    try:
+        for i in range(4):
+            s.put(key(i), val(i), namespace_id=NS)
+        reader, view = reader_of(s)
+        items = []
+        for i in (2, 1, 0):  # the prefix key(0..2), tail first (as _copy_one_sided plans it)
+            lo, hi = ident(NS, key(i))
+            slot = reader.lookup(lo, hi)
+            assert slot is not None
+            snap = reader.snapshot(slot, lo, hi)
+            assert snap is not None
+            off = slot * UNIT_BYTES
+            items.append((bytearray(snap[2]), view[off : off + snap[2]], slot * SLOT_WORDS, snap[0]))
+        assert native.copy_checked_many(items, reader.words, 1000) == [True] * 3
+        dram = s._state.dram
+        assert dram.absorb_reads() == 3
+        order = [bytes(k[-16:]) for k in dram.entries]
+        assert order == [key(3), key(2), key(1), key(0)]  # LRU first: the unread block, then the tail
+    finally:
+        s.close()
