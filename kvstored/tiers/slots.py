@@ -1,0 +1,438 @@
+"""Version-stamped slots and the shared key -> slot index: the layout one-sided readers check.
+
+A one-sided reader (a local client through shared memory, or a peer through an RDMA READ)
+copies a DRAM block without asking the node, then proves afterwards that what it copied was
+stable (Pilaf, USENIX ATC 2013; FaRM, NSDI 2014). The node is the only writer of the slot
+headers' stable fields and of the index; readers write only a slot's ``access_ns``.
+
+This module is the ONE place the layout is written down (rdma18 reads it too). Pure Python,
+a leaf of kvstored.tiers: it imports nothing of kvstored but :mod:`kvstored.errors`.
+
+File layout (the arena file, or the anonymous arena mapping; little-endian throughout)::
+
+    [0, arena_size)                       block bytes (carved by the allocator, 4096-byte units)
+    [meta_off, meta_off + 4096)           region header (REGION_FORMAT below)
+    [slots_off, slots_off + nslots*128)   slot headers: one per 4096-byte unit of the arena;
+                                          the header of a block is that of its first unit
+    [index_off, index_off + nbuckets*64)  index buckets (open addressing, linear probing)
+
+    meta_off = arena_size; slots_off = meta_off + 4096; index_off = slots_off + nslots * 128
+    rounded up to 4096; the file is index_off + nbuckets * 64 bytes rounded up to 4096.
+
+Region header (``REGION_FORMAT`` = ``<8sQQQQQQQ``, at ``meta_off``):
+
+    ======  ======  ==================================================================
+    offset  type    field
+    ======  ======  ==================================================================
+    0       8s      magic ``b"KVSLOTS1"``
+    8       u64     layout version (``LAYOUT_VERSION``)
+    16      u64     arena_size (bytes of block data; == meta_off)
+    24      u64     unit_bytes (4096: slot i covers arena bytes [i*unit, (i+1)*unit))
+    32      u64     nslots
+    40      u64     slot_bytes (128)
+    48      u64     nbuckets (a power of two)
+    56      u64     bucket_bytes (64)
+    ======  ======  ==================================================================
+
+Slot header (``SLOT_BYTES`` = 128, 8-byte aligned; word = u64 index into the slot):
+
+    ======  ======  =====  ===========================================================
+    offset  type    word   field
+    ======  ======  =====  ===========================================================
+    0       u64     0      version: even = stable, odd = changing (or not a committed block)
+    8       u64     1      generation of the replica (DramEntry.generation at commit)
+    16      u64     2      ident_lo: low 64 bits of :func:`ident` (stored namespace id, key)
+    24      u64     3      ident_hi: high 64 bits of :func:`ident`
+    32      u64     4      size_bytes of the block
+    40      u64     5      access_ns: CLOCK_MONOTONIC ns of the last one-sided read (readers
+                           write it; the node's eviction reads it; not covered by version)
+    48      u32     -      key_len (bytes of the key)
+    52      u32     -      meta_len: bytes of meta inline at offset 64, or META_NOT_INLINE
+                           (meta longer than META_INLINE_BYTES: readers use the node path)
+    56      u64     7      reserved (0)
+    64      64s     8..15  meta, inline (meta_len bytes)
+    ======  ======  =====  ===========================================================
+
+Index bucket (``BUCKET_BYTES`` = 64; bucket ``(ident_lo & (nbuckets - 1))`` first, then the
+next ones, wrapping, until an empty bucket):
+
+    ======  ======  =====  ===========================================================
+    offset  type    word   field
+    ======  ======  =====  ===========================================================
+    0       u64     0      version: even = stable, odd = being changed (readers: unknown)
+    8       u64     1      ident_lo
+    16      u64     2      ident_hi
+    24      u64     3      slot + 1 (0 = empty bucket)
+    32      u64     4      generation
+    40      u64     5      size_bytes
+    48      u64     6..7   reserved (0)
+    ======  ======  =====  ===========================================================
+
+Protocol (a seqlock per slot and per bucket):
+
+- The node makes a slot header odd before the slot's space is reused, freed or rewritten
+  (:meth:`SlotTable.unpublish`, called when a block leaves the DRAM map: removal, eviction,
+  demotion start) and writes the fields then makes it even (:meth:`SlotTable.publish`) when a
+  committed block enters the map (a put's commit, a promotion). A header is even and names a
+  block only while that block is in the DRAM map; every other unit's header is odd (all start
+  at 1). A bucket is made odd, rewritten, then made even.
+- A reader: reads the version ``v1`` (acquire), requires it even and the ident / generation /
+  size to be the expected ones, copies the bytes, then (acquire fence) reads the version
+  again; keeps the bytes only if it is ``v1`` again. Otherwise: the node's pinned path, never
+  the copied bytes.
+- The index can only cause misses, never wrong bytes: every index hit is checked against the
+  slot header, and a miss (including a bucket held odd, or an entry moved by a deletion while
+  probing) goes to the node.
+
+Memory ordering: the native copy-and-check (native/copy.c ``copy_checked``) uses acquire /
+release fences (x86 and arm64). The pure-Python paths here (:func:`py_copy_checked` and the
+node's writes through numpy) rely on x86's total store order (stores are not reordered with
+stores, loads not with loads) and on aligned 8-byte numpy loads/stores being single
+instructions: correct on x86, NOT on arm64 (use the native build there).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvstored.errors import InvalidArgument
+
+LAYOUT_VERSION = 1
+MAGIC = b"KVSLOTS1"
+UNIT_BYTES = 4096
+SLOT_BYTES = 128
+BUCKET_BYTES = 64
+META_INLINE_BYTES = 64
+META_NOT_INLINE = 0xFFFFFFFF
+REGION_FORMAT = "<8sQQQQQQQ"
+REGION_BYTES = 4096
+
+# slot header words (u64 index into a slot's 16 words)
+S_VERSION, S_GENERATION, S_IDENT_LO, S_IDENT_HI, S_SIZE, S_ACCESS_NS = 0, 1, 2, 3, 4, 5
+S_LENS = 6  # key_len (low u32) | meta_len (high u32)
+S_META = 8  # words 8..15: inline meta
+SLOT_WORDS = SLOT_BYTES // 8
+# bucket words
+B_VERSION, B_IDENT_LO, B_IDENT_HI, B_SLOT1, B_GENERATION, B_SIZE = 0, 1, 2, 3, 4, 5
+BUCKET_WORDS = BUCKET_BYTES // 8
+
+_MASK64 = (1 << 64) - 1
+
+
+def _round_up(n: int, unit: int = 4096) -> int:
+    return (n + unit - 1) // unit * unit
+
+
+def ident(namespace_id: bytes, key: bytes) -> tuple[int, int]:
+    """The 128-bit identity a slot and a bucket carry: ``xxh3_128(u8 len(ns) + ns + key)``.
+
+    ``namespace_id`` is the STORED namespace id (tenant-scoped, as the node stores it: see
+    docs/tenants.md), so another tenant's reader never matches this tenant's slot.
+
+    Returns:
+        ``(ident_lo, ident_hi)``; never ``(0, 0)`` (mapped to ``(1, 0)``).
+
+    Raises:
+        InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+    """
+    if len(namespace_id) > 255:
+        raise InvalidArgument(f"namespace_id is {len(namespace_id)} bytes; at most 255 are accepted")
+    d = xxhash.xxh3_128_intdigest(bytes((len(namespace_id),)) + namespace_id + key)
+    lo, hi = d & _MASK64, d >> 64
+    return (1, 0) if lo == 0 and hi == 0 else (lo, hi)
+
+
+class Layout:
+    """Offsets of the slot region of an arena of ``arena_size`` bytes (see the module table).
+
+    Args:
+        arena_size: bytes of block data (a multiple of 4096).
+
+    Raises:
+        ValueError: ``arena_size`` is not a positive multiple of 4096.
+    """
+
+    def __init__(self, arena_size: int) -> None:
+        if arena_size <= 0 or arena_size % UNIT_BYTES:
+            raise ValueError(f"arena_size must be a positive multiple of {UNIT_BYTES}, got {arena_size}")
+        self.arena_size = arena_size
+        self.nslots = arena_size // UNIT_BYTES
+        n = 64
+        while n < 2 * self.nslots:
+            n *= 2
+        self.nbuckets = n
+        self.meta_off = arena_size
+        self.slots_off = self.meta_off + REGION_BYTES
+        self.index_off = _round_up(self.slots_off + self.nslots * SLOT_BYTES)
+        self.total_bytes = _round_up(self.index_off + self.nbuckets * BUCKET_BYTES)
+
+    def region_bytes(self) -> bytes:
+        """The region header's bytes (``REGION_FORMAT``)."""
+        return struct.pack(REGION_FORMAT, MAGIC, LAYOUT_VERSION, self.arena_size, UNIT_BYTES,
+                           self.nslots, SLOT_BYTES, self.nbuckets, BUCKET_BYTES)
+
+    @classmethod
+    def parse(cls, buf: Any, arena_size: int) -> Layout | None:
+        """The layout whose region header is at ``arena_size`` in ``buf`` (a mapping of the
+        whole file), or None if there is none (an arena without slots: no one-sided reads)."""
+        mv = memoryview(buf)
+        if len(mv) < arena_size + REGION_BYTES:
+            return None
+        f = struct.unpack_from(REGION_FORMAT, mv, arena_size)
+        if f[0] != MAGIC or f[1] != LAYOUT_VERSION or f[2] != arena_size:
+            return None
+        lay = cls(arena_size)
+        if (f[3], f[4], f[5], f[6], f[7]) != (UNIT_BYTES, lay.nslots, SLOT_BYTES, lay.nbuckets, BUCKET_BYTES):
+            return None
+        if len(mv) < lay.total_bytes:
+            return None
+        return lay
+
+
+def slot_words(buf: Any, lay: Layout) -> np.ndarray:
+    """The slot headers of ``buf`` (the whole file's mapping) as a ``(nslots, 16)`` uint64 view."""
+    a = np.frombuffer(buf, dtype=np.uint64, count=lay.nslots * SLOT_WORDS, offset=lay.slots_off)
+    return a.reshape(lay.nslots, SLOT_WORDS)
+
+
+def bucket_words(buf: Any, lay: Layout) -> np.ndarray:
+    """The index buckets of ``buf`` as a ``(nbuckets, 8)`` uint64 view."""
+    a = np.frombuffer(buf, dtype=np.uint64, count=lay.nbuckets * BUCKET_WORDS, offset=lay.index_off)
+    return a.reshape(lay.nbuckets, BUCKET_WORDS)
+
+
+Hook = Any  # callable(str step, int slot) -> None, or None
+
+
+class SlotTable:
+    """The node's side: the only writer of slot headers (but ``access_ns``) and of the index.
+
+    Args:
+        buf: a writable mapping of the whole arena file (``Layout.total_bytes`` at least).
+        lay: its layout.
+
+    Callers hold the store lock (as for :class:`~kvstored.tiers.dram.DramTier`).
+    ``hook(step, slot)``, when set (tests only), runs while a slot or bucket is held odd:
+    steps ``"unpublish"`` (mid-free/reuse), ``"publish"`` (mid-rewrite), ``"bucket"``.
+    """
+
+    def __init__(self, buf: Any, lay: Layout) -> None:
+        self.lay = lay
+        mv = memoryview(buf)
+        mv[lay.meta_off : lay.meta_off + REGION_BYTES] = lay.region_bytes().ljust(REGION_BYTES, b"\0")
+        self.slots = slot_words(buf, lay)
+        self.buckets = bucket_words(buf, lay)
+        self.slots[:, S_VERSION] = 1  # every unit starts odd: no block
+        self.hook: Hook = None
+        self.used_buckets = 0
+
+    # --- slots ---------------------------------------------------------------------------
+
+    def unpublish(self, offset: int) -> None:
+        """Make the slot of the block at arena ``offset`` odd (no block): before its space is
+        freed, reused or rewritten. Idempotent (an odd slot stays odd)."""
+        s = offset // UNIT_BYTES
+        row = self.slots[s]
+        v = int(row[S_VERSION])
+        if v % 2 == 0:
+            row[S_VERSION] = v + 1
+        if self.hook is not None:
+            self.hook("unpublish", s)
+
+    def publish(self, offset: int, size_bytes: int, namespace_id: bytes, key: bytes,
+                generation: int, meta: bytes) -> None:
+        """Stamp the slot of the committed block at ``offset`` and make it even; index it.
+
+        The slot is made odd first (if it was not), the fields written, then the version is
+        bumped to the next even value.
+        """
+        s = offset // UNIT_BYTES
+        row = self.slots[s]
+        v = int(row[S_VERSION])
+        if v % 2 == 0:
+            v += 1
+            row[S_VERSION] = v
+        lo, hi = ident(namespace_id, key)
+        row[S_GENERATION] = generation & _MASK64
+        row[S_IDENT_LO] = lo
+        row[S_IDENT_HI] = hi
+        row[S_SIZE] = size_bytes
+        row[S_ACCESS_NS] = 0
+        if len(meta) <= META_INLINE_BYTES:
+            row[S_LENS] = len(key) | (len(meta) << 32)
+            m = np.zeros(META_INLINE_BYTES, dtype=np.uint8)
+            m[: len(meta)] = np.frombuffer(meta, dtype=np.uint8)
+            row[S_META:] = m.view(np.uint64)
+        else:
+            row[S_LENS] = len(key) | (META_NOT_INLINE << 32)
+        if self.hook is not None:
+            self.hook("publish", s)
+        row[S_VERSION] = v + 1
+        self._index_put(lo, hi, s, generation & _MASK64, size_bytes)
+
+    def unindex(self, namespace_id: bytes, key: bytes) -> None:
+        """Remove ``(namespace_id, key)`` from the index (no-op when absent)."""
+        lo, hi = ident(namespace_id, key)
+        b = self._find(lo, hi)
+        if b is not None:
+            self._delete(b)
+
+    def access_ns(self, offset: int) -> int:
+        """The last one-sided read of the block at ``offset`` (CLOCK_MONOTONIC ns; 0 = none)."""
+        return int(self.slots[offset // UNIT_BYTES, S_ACCESS_NS])
+
+    # --- index ---------------------------------------------------------------------------
+
+    def _find(self, lo: int, hi: int) -> int | None:
+        mask = self.lay.nbuckets - 1
+        i = lo & mask
+        bk = self.buckets
+        while int(bk[i, B_SLOT1]) != 0:
+            if int(bk[i, B_IDENT_LO]) == lo and int(bk[i, B_IDENT_HI]) == hi:
+                return i
+            i = (i + 1) & mask
+        return None
+
+    def _write_bucket(self, i: int, lo: int, hi: int, slot1: int, gen: int, size: int) -> None:
+        row = self.buckets[i]
+        v = int(row[B_VERSION])
+        row[B_VERSION] = v + 1  # odd (bucket versions stay even between writes)
+        row[B_IDENT_LO] = lo
+        row[B_IDENT_HI] = hi
+        row[B_SLOT1] = slot1
+        row[B_GENERATION] = gen
+        row[B_SIZE] = size
+        if self.hook is not None:
+            self.hook("bucket", i)
+        row[B_VERSION] = v + 2
+
+    def _index_put(self, lo: int, hi: int, slot: int, gen: int, size: int) -> None:
+        b = self._find(lo, hi)
+        if b is None:
+            if self.used_buckets + 1 > self.lay.nbuckets * 3 // 4:
+                return  # full (cannot happen: twice as many buckets as slots): node path
+            mask = self.lay.nbuckets - 1
+            b = lo & mask
+            while int(self.buckets[b, B_SLOT1]) != 0:
+                b = (b + 1) & mask
+            self.used_buckets += 1
+        self._write_bucket(b, lo, hi, slot + 1, gen, size)
+
+    def _delete(self, i: int) -> None:
+        """Backward-shift deletion (linear probing): every step is a seqlocked bucket write;
+        a reader probing meanwhile may miss (node path), never find a wrong slot."""
+        mask = self.lay.nbuckets - 1
+        bk = self.buckets
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if int(bk[j, B_SLOT1]) == 0:
+                break
+            home = int(bk[j, B_IDENT_LO]) & mask
+            # move j into the hole i when its home is not in (i, j] (cyclically)
+            if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
+                r = bk[j]
+                self._write_bucket(i, int(r[B_IDENT_LO]), int(r[B_IDENT_HI]), int(r[B_SLOT1]),
+                                   int(r[B_GENERATION]), int(r[B_SIZE]))
+                i = j
+        self._write_bucket(i, 0, 0, 0, 0, 0)
+        self.used_buckets -= 1
+
+
+# --- readers (pure Python; see the module docstring for the ordering argument) -----------------
+
+
+class SlotReader:
+    """A reader's view of the slot region: index lookups and checked copies, no round trip.
+
+    Args:
+        buf: a mapping of the whole arena file (slot headers writable for ``access_ns``).
+        lay: its layout (:meth:`Layout.parse`).
+    """
+
+    def __init__(self, buf: Any, lay: Layout) -> None:
+        self.lay = lay
+        self.slots = slot_words(buf, lay)
+        self.buckets = bucket_words(buf, lay)
+
+    def lookup(self, lo: int, hi: int) -> tuple[int, int, int] | None:
+        """``(slot, generation, size_bytes)`` of ident ``(lo, hi)`` in the index, or None
+        (absent, or a bucket on the probe path is odd: ask the node)."""
+        mask = self.lay.nbuckets - 1
+        i = lo & mask
+        bk = self.buckets
+        for _ in range(self.lay.nbuckets):
+            row = bk[i]
+            v1 = int(row[B_VERSION])
+            if v1 & 1:
+                return None
+            s1, blo, bhi = int(row[B_SLOT1]), int(row[B_IDENT_LO]), int(row[B_IDENT_HI])
+            gen, size = int(row[B_GENERATION]), int(row[B_SIZE])
+            if int(row[B_VERSION]) != v1:
+                return None
+            if s1 == 0:
+                return None
+            if blo == lo and bhi == hi:
+                return s1 - 1, gen, size
+            i = (i + 1) & mask
+        return None
+
+    def check(self, slot: int, lo: int, hi: int, gen: int, size: int) -> int | None:
+        """The slot's even version if it holds ident ``(lo, hi)`` of ``gen``/``size`` now."""
+        row = self.slots[slot]
+        v = int(row[S_VERSION])
+        if v & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
+            return None
+        if int(row[S_GENERATION]) != gen or int(row[S_SIZE]) != size:
+            return None
+        return v
+
+    def meta(self, slot: int) -> bytes | None:
+        """The slot's inline meta (None when not inline); validate with the version after."""
+        row = self.slots[slot]
+        mlen = int(row[S_LENS]) >> 32
+        if mlen == META_NOT_INLINE or mlen > META_INLINE_BYTES:
+            return None
+        return row[S_META:].tobytes()[:mlen]
+
+    def version(self, slot: int) -> int:
+        """The slot's version now."""
+        return int(self.slots[slot, S_VERSION])
+
+    def touch(self, slot: int, now_ns: int | None = None) -> None:
+        """Stamp the slot's ``access_ns`` (CLOCK_MONOTONIC ns): recency without a round trip."""
+        self.slots[slot, S_ACCESS_NS] = time.monotonic_ns() if now_ns is None else now_ns
+
+
+def py_copy_checked(dst: np.ndarray, arena: np.ndarray, slots: np.ndarray, slot: int,
+                    offset: int, lo: int, hi: int, gen: int, hook: Hook = None) -> bool:
+    """Copy ``dst.size`` bytes of the block at arena ``offset`` into ``dst`` and keep them
+    only if the slot was stable and held ident ``(lo, hi)`` / ``gen`` throughout.
+
+    Pure Python: correct on x86 (total store order), not on arm64. ``hook("copy_mid", slot)``
+    (tests) runs between the two halves of the copy.
+
+    Returns:
+        True if ``dst`` holds the block's bytes; False if the caller must use the node's
+        pinned path (``dst``'s contents are then unspecified).
+    """
+    row = slots[slot]
+    v1 = int(row[S_VERSION])
+    if v1 & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
+        return False
+    if int(row[S_GENERATION]) != gen or int(row[S_SIZE]) != dst.size:
+        return False
+    n = dst.size
+    if hook is not None:
+        half = n // 2
+        np.copyto(dst[:half], arena[offset : offset + half])
+        hook("copy_mid", slot)
+        np.copyto(dst[half:], arena[offset + half : offset + n])
+    else:
+        np.copyto(dst, arena[offset : offset + n])
+    return int(row[S_VERSION]) == v1
