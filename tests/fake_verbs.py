@@ -60,6 +60,22 @@ class Fabric:
     num_open: dict[str, int] = field(default_factory=lambda: {"ctx": 0, "pd": 0, "cq": 0, "mr": 0, "qp": 0})
     _keys: itertools.count[int] = field(default_factory=lambda: itertools.count(0x100))
 
+    def import_peer(self, qpn: int, rkey: int, addr: int, length: int, buf: Any) -> None:
+        """Make another process's QP ``qpn`` and MR ``rkey`` (at its virtual ``addr``)
+        reachable from this process's fakes: ``buf`` is this process's mapping of the same
+        memory (the arena file both processes map), so a READ/WRITE copies through it."""
+        view = (ctypes.c_char * length).from_buffer(buf)
+        pd = SimpleNamespace(closed=False)
+        mr = FakeMR.__new__(FakeMR)
+        mr.fab, mr.pd, mr.length, mr.access, mr.buf = self, pd, length, 7, addr
+        mr.lkey = mr.rkey = rkey
+        mr.local_base = ctypes.addressof(view)
+        mr._keep = view
+        self.mrs[rkey] = mr
+        qp = FakeQP.__new__(FakeQP)
+        qp.fab, qp.pd, qp.qp_num, qp.qp_state, qp.dest = self, pd, qpn, E.IBV_QPS_RTS, None
+        self.qps[qpn] = qp
+
     def verbs(self) -> Verbs:
         """A :class:`Verbs` whose modules are this fabric's fakes."""
         fab = self
@@ -139,6 +155,7 @@ class FakeMR:
             raise PyverbsRDMAError("Failed to register a MR: PD closed")
         self.fab, self.pd, self.length, self.access, self.buf = fab, pd, length, access, address
         self.lkey = self.rkey = next(fab._keys)
+        self.local_base = address  # where this process reaches the region (import_peer differs)
         fab.mrs[self.rkey] = self
         fab.num_open["mr"] += 1
 
@@ -232,12 +249,13 @@ class FakeQP:
         if status == E.IBV_WC_SUCCESS:
             sge = wr.sg[0]
             want = E.IBV_ACCESS_REMOTE_READ if wr.opcode == E.IBV_WR_RDMA_READ else E.IBV_ACCESS_REMOTE_WRITE
-            if self.fab.mrs.get(sge.lkey) is None or self._peer_mr(wr, sge.length, want) is None:
+            mr = self._peer_mr(wr, sge.length, want)
+            if self.fab.mrs.get(sge.lkey) is None or mr is None:
                 status = E.IBV_WC_REM_ACCESS_ERR
             elif wr.opcode == E.IBV_WR_RDMA_READ:
-                ctypes.memmove(sge.addr, wr.remote_addr, sge.length)
+                ctypes.memmove(sge.addr, mr.local_base + wr.remote_addr - mr.buf, sge.length)
             else:
-                ctypes.memmove(wr.remote_addr, sge.addr, sge.length)
+                ctypes.memmove(mr.local_base + wr.remote_addr - mr.buf, sge.addr, sge.length)
         if status != E.IBV_WC_SUCCESS:
             self.qp_state = E.IBV_QPS_ERR
         self.cq.entries.append(FakeWC(wr.wr_id, status, wr.opcode, sge_len(wr)))

@@ -781,6 +781,50 @@ def read_granted(
     return found + [False] * (len(keys) - len(found))
 
 
+HeaderCheck = Callable[[int, bytes, bytes], bool]
+"""``check(i, header before, header after)`` -> True when block ``i``'s bytes, READ between
+the two header READs, are the block the caller expected (a seqlock check on the slot header;
+kvstored/node/rdma_slots.py builds one from kvstored/tiers/slots.py's layout)."""
+
+
+def read_header_checked(
+    transport: Any, regions: Sequence[RemoteRegion], headers: Sequence[RemoteRegion],
+    check: HeaderCheck, sink: Sink, *, deadline: float,
+    after_copy: Callable[[], None] | None = None,
+) -> list[bool]:
+    """A one-sided read checked by the slot headers, no call to the node at all.
+
+    Source: Pilaf (USENIX ATC 2013) self-verifying reads; FaRM (NSDI 2014) versions checked
+    after a one-sided READ. Three rounds, each waiting for all its completions before the
+    next is posted (so the payload READ ran strictly between the two header READs): READ
+    every ``headers[i]``, READ every ``regions[i]``, READ every ``headers[i]`` again. Block
+    ``i`` is delivered to ``sink`` only when ``check(i, before, after)``; else it reads as
+    not found (the caller's node path then). ``after_copy``: test hook after the payload
+    READs. Raises what ``transport.read_regions`` raises (nothing delivered).
+    """
+    if len(headers) != len(regions):
+        raise InvalidArgument(f"rdma: {len(headers)} slot headers for {len(regions)} regions")
+
+    def reader(rs: Sequence[RemoteRegion]) -> dict[int, bytearray]:
+        got: dict[int, bytearray] = {}
+
+        def stage(j: int, size: int, _meta: bytes) -> memoryview:
+            got[j] = bytearray(size)
+            return memoryview(got[j])
+        if rs:
+            transport.read_regions(rs, stage, deadline=deadline)
+        return got
+
+    before = reader(headers)
+    staged = reader(regions)
+    if after_copy is not None:
+        after_copy()
+    after = reader(headers)
+    keep = [check(j, bytes(before[j]), bytes(after[j])) for j in range(len(regions))]
+    found = _deliver(staged, regions, range(len(regions)), keep, sink)
+    return found + [False] * (len(regions) - len(found))
+
+
 class RdmaOrTcp:
     """The caller's :class:`~.base.Transport` to one node: one-sided RDMA reads when both
     ends advertised a device, TCP otherwise and on any RDMA error, within one deadline.

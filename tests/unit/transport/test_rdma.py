@@ -437,3 +437,89 @@ def test_attributes_build_with_real_pyverbs(fab: Fabric) -> None:
     ep._cq = cq
     ep.close()
     assert fab.num_open == {"ctx": 0, "pd": 0, "cq": 0, "mr": 0, "qp": 0}
+
+
+# ---- the slot-header check (kvstored/tiers/slots.py layout, FaRM-style) ------------------------
+
+
+def _slot_setup(fab: Fabric) -> SimpleNamespace:
+    from kvstored.tiers.slots import Layout, SlotTable
+    lay = Layout(ARENA)
+    buf = bytearray(lay.total_bytes)  # the arena FILE: blocks, region header, slots, index
+    table = SlotTable(buf, lay)
+    verbs = fab.verbs()
+    node_ep = RdmaEndpoint(verbs, "fake0", buf, remote_access=True)
+    server = RdmaServer(node_ep)
+    reader_ep = RdmaEndpoint(verbs, "fake0", bytearray(8 * BLOCK), remote_access=False)
+    rdma = connect(reader_ep, lambda b: server.accept_json(5, b))
+    for n, key in enumerate((b"a", b"b")):
+        buf[n * BLOCK:(n + 1) * BLOCK] = block(1 + n)
+        table.publish(n * BLOCK, BLOCK, NS, key, 10 + n, b"")
+    regions = [RemoteRegion(0, BLOCK, 10), RemoteRegion(BLOCK, BLOCK, 11)]
+    return SimpleNamespace(lay=lay, buf=buf, table=table, rdma=rdma, regions=regions,
+                           close=lambda: (rdma.close(), server.close(), reader_ep.close(), node_ep.close()))
+
+
+def _rewrite_b(s: SimpleNamespace) -> None:
+    """The node frees b's slot and rewrites it with another block (odd, bytes, even again)."""
+    s.table.unpublish(BLOCK)
+    s.buf[BLOCK:2 * BLOCK] = block(0xEE)
+    s.table.publish(BLOCK, BLOCK, NS, b"c", 12, b"")
+
+
+def test_slot_checked_read_keeps_stable_blocks(fab: Fabric) -> None:
+    from kvstored.node.rdma_slots import read_slots_checked
+    s = _slot_setup(fab)
+    got, sink = collect()
+    assert read_slots_checked(s.rdma, s.lay, [b"a", b"b"], NS, s.regions, sink,
+                              deadline=time.monotonic() + 5) == [True, True]
+    assert got[0] == block(1) and got[1] == block(2)
+    got, sink = collect()  # a stale generation (b was re-put since it was located): dropped
+    stale = [s.regions[0], RemoteRegion(BLOCK, BLOCK, 99)]
+    assert read_slots_checked(s.rdma, s.lay, [b"a", b"b"], NS, stale, sink,
+                              deadline=time.monotonic() + 5) == [True, False]
+    assert 1 not in got
+    s.close()
+
+
+@pytest.mark.parametrize("step", ["rewritten during the payload READ", "held odd during the payload READ"])
+def test_slot_checked_read_racing_the_node_is_dropped(fab: Fabric, step: str) -> None:
+    from kvstored.node.rdma_slots import read_slots_checked
+    s = _slot_setup(fab)
+
+    def before(qp: Any, wr: Any) -> None:  # holds the step at b's payload READ
+        if wr.opcode == E.IBV_WR_RDMA_READ and wr.sg[0].length == BLOCK and wr.wr_id == 1:
+            if step.startswith("rewritten"):
+                _rewrite_b(s)
+            else:
+                s.table.unpublish(BLOCK)  # mid-free: odd, bytes being reused
+                s.buf[BLOCK:2 * BLOCK] = block(0xEE)
+            fab.before_wr = None
+    fab.before_wr = before
+    got, sink = collect()
+    assert read_slots_checked(s.rdma, s.lay, [b"a", b"b"], NS, s.regions, sink,
+                              deadline=time.monotonic() + 5) == [True, False]
+    assert got == {0: bytearray(block(1))}
+    s.close()
+
+
+def test_slot_check_disabled_serves_wrong_bytes(fab: Fabric) -> None:
+    """The mutation: ignoring the second header READ keeps the rewritten block's bytes."""
+    from kvstored.node.rdma_slots import read_slots_checked, slot_check
+    s = _slot_setup(fab)
+    real = slot_check(NS, [b"a", b"b"], s.regions)
+    got, sink = collect()
+    assert read_slots_checked(s.rdma, s.lay, [b"a", b"b"], NS, s.regions, sink,
+                              deadline=time.monotonic() + 5,
+                              check=lambda i, before, after: real(i, before, before)) == [True, True]
+
+    def before(qp: Any, wr: Any) -> None:
+        if wr.wr_id == 1 and wr.sg[0].length == BLOCK:
+            _rewrite_b(s)
+            fab.before_wr = None
+    fab.before_wr = before
+    got, sink = collect()
+    read_slots_checked(s.rdma, s.lay, [b"a", b"b"], NS, s.regions, sink, deadline=time.monotonic() + 5,
+                       check=lambda i, before, after: real(i, before, before))
+    assert got[1] == block(0xEE) != block(2)  # wrong bytes served
+    s.close()

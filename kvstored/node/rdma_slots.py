@@ -1,0 +1,70 @@
+"""RDMA reads of a peer's DRAM blocks checked by the peer's slot headers (issue 18).
+
+The glue between :func:`kvstored.transport.rdma.read_header_checked` (which knows nothing of
+the layout: kvstored/transport imports no tiers) and :mod:`kvstored.tiers.slots` (the one
+place the slot layout is written down). The peer registers its whole arena FILE as the
+memory region (block bytes, then the region header, slot headers and index), so a block's
+slot header lies at ``slots_off + (offset // UNIT_BYTES) * SLOT_BYTES`` of the same region.
+
+A block READ between two READs of its header is kept only when both header copies show the
+same even version, the expected ident (stored namespace id, key), size and, when known, the
+generation; otherwise it reads as not found and the caller uses the granted or TCP path.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from kvstored.errors import InvalidArgument
+from kvstored.tiers.slots import SLOT_BYTES, UNIT_BYTES, Layout, ident
+from kvstored.transport.base import RemoteRegion, Sink
+from kvstored.transport.rdma import HeaderCheck, read_header_checked
+
+_HEAD = struct.Struct("<QQQQQ")  # version, generation, ident_lo, ident_hi, size_bytes
+
+
+def slot_header_region(lay: Layout, block: RemoteRegion) -> RemoteRegion:
+    """Where the slot header of the block at ``block.offset`` lies in the registered file.
+
+    Raises InvalidArgument for an offset outside the arena or not on a 4096-byte unit.
+    """
+    if block.offset % UNIT_BYTES or not 0 <= block.offset < lay.arena_size:
+        raise InvalidArgument(
+            f"rdma slots: block offset must be a multiple of {UNIT_BYTES} below "
+            f"{lay.arena_size}, received {block.offset}")
+    return RemoteRegion(lay.slots_off + (block.offset // UNIT_BYTES) * SLOT_BYTES, SLOT_BYTES)
+
+
+def slot_check(namespace_id: bytes, keys: Sequence[bytes], regions: Sequence[RemoteRegion]) -> HeaderCheck:
+    """The seqlock check of :func:`read_header_checked` for ``keys[i]`` at ``regions[i]``."""
+    idents = [ident(namespace_id, k) for k in keys]
+
+    def check(i: int, before: bytes, after: bytes) -> bool:
+        v1, gen, lo, hi, size = _HEAD.unpack_from(before)
+        v2 = _HEAD.unpack_from(after)[0]
+        r = regions[i]
+        return (v1 % 2 == 0 and v1 == v2 and (lo, hi) == idents[i] and size == r.size_bytes
+                and (r.generation == 0 or gen == r.generation))
+    return check
+
+
+def read_slots_checked(
+    transport: Any, lay: Layout, keys: Sequence[bytes], namespace_id: bytes,
+    regions: Sequence[RemoteRegion], sink: Sink, *, deadline: float,
+    check: HeaderCheck | None = None, after_copy: Any = None,
+) -> list[bool]:
+    """READ ``regions`` (the blocks of ``keys``, stored namespace id ``namespace_id``) from a
+    peer's arena and keep each only if its slot header proves it stable (see module doc).
+
+    ``check`` replaces :func:`slot_check` (tests: a mutation that must turn a test red).
+    Returns per key whether its bytes reached ``sink``. Raises InvalidArgument (a bad
+    offset) and what the transport raises (TransferFailed, DeadlineExceeded).
+    """
+    if len(keys) != len(regions):
+        raise InvalidArgument(f"rdma slots: {len(keys)} keys for {len(regions)} regions")
+    headers = [slot_header_region(lay, r) for r in regions]
+    return read_header_checked(transport, regions, headers,
+                               check or slot_check(namespace_id, keys, regions), sink,
+                               deadline=deadline, after_copy=after_copy)
