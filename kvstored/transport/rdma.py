@@ -717,15 +717,20 @@ def _deliver(staged: dict[int, bytearray], regions: Sequence[RemoteRegion],
 def read_versioned(
     source: VersionedBlockSource, transport: Any, keys: Sequence[bytes], namespace_id: bytes,
     sink: Sink, *, deadline: float, after_copy: Callable[[], None] | None = None,
+    generations: list[int] | None = None,
 ) -> list[bool]:
     """A one-sided read with no grant: locate -> READ -> check generations.
 
     The bytes are staged; a block whose replica changed between the locate and the check
     (evicted, replaced) is dropped and its sink is never called: it reads as not found.
-    ``after_copy``: test hook between the READ and the check. Returns per key whether its
-    bytes were delivered. Raises what ``transport.read_regions`` raises (nothing delivered).
+    ``after_copy``: test hook between the READ and the check. ``generations``, when given,
+    is filled with per key the generation of the replica delivered (0 = not delivered).
+    Returns per key whether its bytes were delivered. Raises what
+    ``transport.read_regions`` raises (nothing delivered).
     """
     located = source.locate_blocks(keys, namespace_id)
+    if generations is not None:
+        generations[:] = [0] * len(keys)
     idx = [i for i, r in enumerate(located) if r is not None]
     regions = [r for r in located if r is not None]
     staged: dict[int, bytearray] = {}
@@ -740,6 +745,10 @@ def read_versioned(
         after_copy()
     keep = source.check_generations([keys[i] for i in idx], namespace_id, regions) if regions else []
     found = _deliver(staged, regions, idx, keep, sink)
+    if generations is not None:
+        for j, i in enumerate(idx):
+            if keep[j]:
+                generations[i] = regions[j].generation
     return found + [False] * (len(keys) - len(found))
 
 
@@ -856,7 +865,9 @@ class RdmaOrTcp:
         return "rdma" if self.rdma is not None and not self.rdma.broken else "tcp"
 
     def get(self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *, deadline: float) -> list[GetItem]:
-        """As :meth:`~.base.Transport.get`; RDMA-delivered items carry tier 1 and no meta."""
+        """As :meth:`~.base.Transport.get`; RDMA-delivered items carry tier 1, no meta, and
+        the generation the source located and checked (so a reading node verifies its copy
+        as it does one sent over TCP)."""
         if self.path == "tcp":
             return self.tcp.get(keys, namespace_id, sink, deadline=deadline)
         assert self.rdma is not None and self.source is not None
@@ -867,7 +878,9 @@ class RdmaOrTcp:
             return sink(i, size, meta)
 
         try:
-            found = read_versioned(self.source, self.rdma, keys, namespace_id, sized, deadline=deadline)
+            gens: list[int] = []
+            found = read_versioned(self.source, self.rdma, keys, namespace_id, sized,
+                                   deadline=deadline, generations=gens)
         except (KvstoredError, OSError) as exc:
             self.num_fallbacks += 1
             self.last_error = str(exc)
@@ -877,7 +890,7 @@ class RdmaOrTcp:
         items: list[GetItem | None] = [None] * len(keys)
         for i, f in enumerate(found):
             if f:
-                items[i] = GetItem(0, "", True, 1, sizes.get(i, 0), b"")
+                items[i] = GetItem(0, "", True, 1, sizes.get(i, 0), b"", gens[i])
         if rest:
             def rest_sink(j: int, size: int, meta: bytes) -> memoryview | None:
                 return sink(rest[j], size, meta)

@@ -179,6 +179,7 @@ def test_both_advertise_reads_over_rdma_and_misses_over_tcp(fab: Fabric) -> None
     assert [it.found for it in items] == [True, False, True]
     assert got[0] == block(1) and got[2] == block(2)
     assert items[0].size_bytes == BLOCK
+    assert (items[0].generation, items[2].generation) == (s.store.index[b"a"][2], s.store.index[b"b"][2])
     assert tcp.calls and tcp.calls[0][0] == [b"zz"]  # only the miss went through TCP
     assert t.num_rdma_blocks == 2 and t.num_fallbacks == 0
     close_all(s)
