@@ -6,6 +6,9 @@ place the slot layout is written down). The peer registers its whole arena FILE 
 memory region (block bytes, then the region header, slot headers and index), so a block's
 slot header lies at ``slots_off + (offset // UNIT_BYTES) * SLOT_BYTES`` of the same region.
 
+:func:`lookup_slots` finds blocks in the peer's shared index by READs of its buckets, and
+:func:`read_peer_blocks` combines the two: a DRAM hit on a peer costs NIC round trips only.
+
 A block READ between two READs of its header is kept only when both header copies show the
 same even version, the expected ident (stored namespace id, key), size and, when known, the
 generation; otherwise it reads as not found and the caller uses the granted or TCP path.
@@ -18,11 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstored.errors import InvalidArgument
-from kvstored.tiers.slots import SLOT_BYTES, UNIT_BYTES, Layout, ident
+from kvstored.tiers.slots import BUCKET_BYTES, SLOT_BYTES, UNIT_BYTES, Layout, ident
 from kvstored.transport.base import RemoteRegion, Sink
 from kvstored.transport.rdma import HeaderCheck, read_header_checked
 
 _HEAD = struct.Struct("<QQQQQ")  # version, generation, ident_lo, ident_hi, size_bytes
+_BUCKET = struct.Struct("<QQQQQQ")  # version, ident_lo, ident_hi, slot + 1, generation, size_bytes
 
 
 def slot_header_region(lay: Layout, block: RemoteRegion) -> RemoteRegion:
@@ -48,6 +52,70 @@ def slot_check(namespace_id: bytes, keys: Sequence[bytes], regions: Sequence[Rem
         return (v1 % 2 == 0 and v1 == v2 and (lo, hi) == idents[i] and size == r.size_bytes
                 and (r.generation == 0 or gen == r.generation))
     return check
+
+
+def lookup_slots(
+    transport: Any, lay: Layout, keys: Sequence[bytes], namespace_id: bytes, *,
+    deadline: float, max_probes: int = 8,
+) -> list[RemoteRegion | None]:
+    """Find ``keys`` in a peer's shared index by one-sided READs of its buckets.
+
+    Linear probing as :class:`~kvstored.tiers.slots.SlotTable` writes it: round ``r`` READs
+    bucket ``(ident_lo + r) & (nbuckets - 1)`` of every key not yet resolved. A key resolves
+    to its block's region (offset, size, generation) on a matching bucket, and to None on an
+    empty bucket, an odd one (being changed), or after ``max_probes`` probes. Never wrong
+    bytes: every hit is checked again against the slot header by :func:`read_slots_checked`.
+    Raises what the transport raises.
+    """
+    idents = [ident(namespace_id, k) for k in keys]
+    mask = lay.nbuckets - 1
+    out: list[RemoteRegion | None] = [None] * len(keys)
+    todo = list(range(len(keys)))
+    for probe in range(max_probes):
+        if not todo:
+            break
+        buckets = [RemoteRegion(lay.index_off + ((idents[i][0] + probe) & mask) * BUCKET_BYTES,
+                                BUCKET_BYTES) for i in todo]
+        got: dict[int, bytearray] = {}
+
+        def stage(j: int, size: int, _meta: bytes, got: dict[int, bytearray] = got) -> memoryview:
+            got[j] = bytearray(size)
+            return memoryview(got[j])
+        transport.read_regions(buckets, stage, deadline=deadline)
+        nxt = []
+        for j, i in enumerate(todo):
+            v, lo, hi, slot1, gen, size = _BUCKET.unpack_from(got[j])
+            if v % 2 or slot1 == 0:
+                continue  # being changed, or the end of the probe run: a miss
+            if (lo, hi) == idents[i]:
+                out[i] = RemoteRegion((slot1 - 1) * UNIT_BYTES, size, gen)
+            else:
+                nxt.append(i)
+        todo = nxt
+    return out
+
+
+def read_peer_blocks(
+    transport: Any, lay: Layout, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, *,
+    deadline: float, max_probes: int = 8,
+) -> list[bool]:
+    """A peer's DRAM blocks with no call to the peer's CPU: :func:`lookup_slots`, then
+    :func:`read_slots_checked` of the hits. Per key whether its bytes reached ``sink``
+    (False: a miss, or a block that changed: ask the node)."""
+    located = lookup_slots(transport, lay, keys, namespace_id, deadline=deadline, max_probes=max_probes)
+    idx = [i for i, r in enumerate(located) if r is not None]
+    regions = [r for r in located if r is not None]
+    found = [False] * len(keys)
+    if not regions:
+        return found
+
+    def to_sink(j: int, size: int, meta: bytes) -> memoryview | None:
+        return sink(idx[j], size, meta)
+    hits = read_slots_checked(transport, lay, [keys[i] for i in idx], namespace_id, regions,
+                              to_sink, deadline=deadline)
+    for j, ok in enumerate(hits):
+        found[idx[j]] = ok
+    return found
 
 
 def read_slots_checked(

@@ -524,3 +524,25 @@ def test_slot_check_disabled_serves_wrong_bytes(fab: Fabric) -> None:
                        check=lambda i, before, after: real(i, before, before))
     assert got[1] == block(0xEE) != block(2)  # wrong bytes served
     s.close()
+
+
+def test_peer_blocks_found_through_the_index_by_one_sided_reads(fab: Fabric) -> None:
+    from kvstored.node.rdma_slots import lookup_slots, read_peer_blocks
+    s = _slot_setup(fab)
+    got, sink = collect()
+    assert read_peer_blocks(s.rdma, s.lay, [b"b", b"missing", b"a"], NS, sink,
+                            deadline=time.monotonic() + 5) == [True, False, True]
+    assert got == {0: bytearray(block(2)), 2: bytearray(block(1))}
+    assert lookup_slots(s.rdma, s.lay, [b"a"], NS, deadline=time.monotonic() + 5) == [RemoteRegion(0, BLOCK, 10)]
+    held: list[Any] = []
+
+    def hold_bucket_odd(step: str, slot: int) -> None:  # the node held mid-rewrite of b's bucket
+        if step == "bucket" and not held:
+            held.append(slot)
+            assert lookup_slots(s.rdma, s.lay, [b"b"], NS, deadline=time.monotonic() + 5) == [None]
+    s.table.hook = hold_bucket_odd
+    s.table.publish(BLOCK, BLOCK, NS, b"b", 13, b"")  # b re-put: a new generation
+    assert held
+    s.table.hook = None
+    assert lookup_slots(s.rdma, s.lay, [b"b"], NS, deadline=time.monotonic() + 5) == [RemoteRegion(BLOCK, BLOCK, 13)]
+    s.close()
