@@ -26,7 +26,7 @@ from kvstored.transport.base import RemoteRegion, Sink
 from kvstored.transport.rdma import HeaderCheck, read_header_checked
 
 _HEAD = struct.Struct("<QQQQQ")  # version, generation, ident_lo, ident_hi, size_bytes
-_BUCKET = struct.Struct("<QQQQQQ")  # version, ident_lo, ident_hi, slot + 1, generation, size_bytes
+_BUCKET = struct.Struct("<QQQQ")  # version, ident_lo, ident_hi, slot + 1
 
 
 def slot_header_region(lay: Layout, block: RemoteRegion) -> RemoteRegion:
@@ -58,41 +58,52 @@ def lookup_slots(
     transport: Any, lay: Layout, keys: Sequence[bytes], namespace_id: bytes, *,
     deadline: float, max_probes: int = 8,
 ) -> list[RemoteRegion | None]:
-    """Find ``keys`` in a peer's shared index by one-sided READs of its buckets.
+    """Find ``keys`` in a peer's shared index by one-sided READs of its buckets and slots.
 
     Linear probing as :class:`~kvstored.tiers.slots.SlotTable` writes it: round ``r`` READs
-    bucket ``(ident_lo + r) & (nbuckets - 1)`` of every key not yet resolved. A key resolves
-    to its block's region (offset, size, generation) on a matching bucket, and to None on an
-    empty bucket, an odd one (being changed), or after ``max_probes`` probes. Never wrong
-    bytes: every hit is checked again against the slot header by :func:`read_slots_checked`.
+    bucket ``(ident_lo + r) & (nbuckets - 1)`` of every key not yet resolved (a bucket holds
+    the slot only); a matching bucket's slot header is then READ for the block's size and
+    generation. A key resolves to None on an empty bucket, an odd bucket or slot header
+    (being changed), a header naming another block, or after ``max_probes`` probes. Never
+    wrong bytes: :func:`read_slots_checked` checks every hit again around its block READ.
     Raises what the transport raises.
     """
-    idents = [ident(namespace_id, k) for k in keys]
+    ids = [ident(namespace_id, k) for k in keys]
     mask = lay.nbuckets - 1
-    out: list[RemoteRegion | None] = [None] * len(keys)
+    slots: dict[int, int] = {}
     todo = list(range(len(keys)))
     for probe in range(max_probes):
         if not todo:
             break
-        buckets = [RemoteRegion(lay.index_off + ((idents[i][0] + probe) & mask) * BUCKET_BYTES,
+        buckets = [RemoteRegion(lay.index_off + ((ids[i][0] + probe) & mask) * BUCKET_BYTES,
                                 BUCKET_BYTES) for i in todo]
-        got: dict[int, bytearray] = {}
-
-        def stage(j: int, size: int, _meta: bytes, got: dict[int, bytearray] = got) -> memoryview:
-            got[j] = bytearray(size)
-            return memoryview(got[j])
-        transport.read_regions(buckets, stage, deadline=deadline)
+        got = _read_all(transport, buckets, deadline)
         nxt = []
         for j, i in enumerate(todo):
-            v, lo, hi, slot1, gen, size = _BUCKET.unpack_from(got[j])
+            v, lo, hi, slot1 = _BUCKET.unpack_from(got[j])
             if v % 2 or slot1 == 0:
                 continue  # being changed, or the end of the probe run: a miss
-            if (lo, hi) == idents[i]:
-                out[i] = RemoteRegion((slot1 - 1) * UNIT_BYTES, size, gen)
+            if (lo, hi) == ids[i]:
+                slots[i] = slot1 - 1
             else:
                 nxt.append(i)
         todo = nxt
+    out: list[RemoteRegion | None] = [None] * len(keys)
+    idx = [i for i in range(len(keys)) if i in slots and slots[i] < lay.nslots]
+    heads = _read_all(transport, [RemoteRegion(lay.slots_off + slots[i] * SLOT_BYTES, SLOT_BYTES)
+                                  for i in idx], deadline)
+    for j, i in enumerate(idx):
+        v, gen, lo, hi, size = _HEAD.unpack_from(heads[j])
+        if v % 2 == 0 and (lo, hi) == ids[i] and 0 < size <= lay.arena_size:
+            out[i] = RemoteRegion(slots[i] * UNIT_BYTES, size, gen)
     return out
+
+
+def _read_all(transport: Any, regions: Sequence[RemoteRegion], deadline: float) -> list[bytearray]:
+    got: list[bytearray] = [bytearray(r.size_bytes) for r in regions]
+    if regions:
+        transport.read_regions(regions, lambda j, size, meta: memoryview(got[j]), deadline=deadline)
+    return got
 
 
 def read_peer_blocks(

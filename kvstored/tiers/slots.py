@@ -14,10 +14,10 @@ File layout (the arena file, or the anonymous arena mapping; little-endian throu
     [meta_off, meta_off + 4096)           region header (REGION_FORMAT below)
     [slots_off, slots_off + nslots*128)   slot headers: one per 4096-byte unit of the arena;
                                           the header of a block is that of its first unit
-    [index_off, index_off + nbuckets*64)  index buckets (open addressing, linear probing)
+    [index_off, index_off + nbuckets*32)  index buckets (open addressing, linear probing)
 
     meta_off = arena_size; slots_off = meta_off + 4096; index_off = slots_off + nslots * 128
-    rounded up to 4096; the file is index_off + nbuckets * 64 bytes rounded up to 4096.
+    rounded up to 4096; the file is index_off + nbuckets * 32 bytes rounded up to 4096.
 
 Region header (``REGION_FORMAT`` = ``<8sQQQQQQQ``, at ``meta_off``):
 
@@ -31,7 +31,7 @@ Region header (``REGION_FORMAT`` = ``<8sQQQQQQQ``, at ``meta_off``):
     32      u64     nslots
     40      u64     slot_bytes (128)
     48      u64     nbuckets (a power of two)
-    56      u64     bucket_bytes (64)
+    56      u64     bucket_bytes (32)
     ======  ======  ==================================================================
 
 Slot header (``SLOT_BYTES`` = 128, 8-byte aligned; word = u64 index into the slot):
@@ -53,8 +53,8 @@ Slot header (``SLOT_BYTES`` = 128, 8-byte aligned; word = u64 index into the slo
     64      64s     8..15  meta, inline (meta_len bytes)
     ======  ======  =====  ===========================================================
 
-Index bucket (``BUCKET_BYTES`` = 64; bucket ``(ident_lo & (nbuckets - 1))`` first, then the
-next ones, wrapping, until an empty bucket):
+Index bucket (``BUCKET_BYTES`` = 32; bucket ``(ident_lo & (nbuckets - 1))`` first, then the
+next ones, wrapping, until an empty bucket; generation and size are read from the slot header):
 
     ======  ======  =====  ===========================================================
     offset  type    word   field
@@ -63,9 +63,6 @@ next ones, wrapping, until an empty bucket):
     8       u64     1      ident_lo
     16      u64     2      ident_hi
     24      u64     3      slot + 1 (0 = empty bucket)
-    32      u64     4      generation
-    40      u64     5      size_bytes
-    48      u64     6..7   reserved (0)
     ======  ======  =====  ===========================================================
 
 Protocol (a seqlock per slot and per bucket):
@@ -84,17 +81,20 @@ Protocol (a seqlock per slot and per bucket):
   slot header, and a miss (including a bucket held odd, or an entry moved by a deletion while
   probing) goes to the node.
 
-Memory ordering: the native copy-and-check (native/copy.c ``copy_checked``) uses acquire /
-release fences (x86 and arm64). The pure-Python paths here (:func:`py_copy_checked` and the
-node's writes through numpy) rely on x86's total store order (stores are not reordered with
-stores, loads not with loads) and on aligned 8-byte numpy loads/stores being single
-instructions: correct on x86, NOT on arm64 (use the native build there).
+Memory ordering: the native copy-and-check (native/copy.c ``copy_checked``, through
+``kvstored.native.copy_checked``) uses acquire / release fences (x86 and arm64), and the node
+stores versions with ``store_release`` (release store + fence) when the extension is built.
+The pure-Python paths (``kvstored.native.py_copy_checked``, the node's numpy stores) rely on
+x86's total store order (stores are not reordered with stores, loads not with loads) and on
+aligned 8-byte numpy loads/stores being single instructions: correct on x86, NOT on arm64
+(use the native build there).
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -106,7 +106,7 @@ LAYOUT_VERSION = 1
 MAGIC = b"KVSLOTS1"
 UNIT_BYTES = 4096
 SLOT_BYTES = 128
-BUCKET_BYTES = 64
+BUCKET_BYTES = 32
 META_INLINE_BYTES = 64
 META_NOT_INLINE = 0xFFFFFFFF
 REGION_FORMAT = "<8sQQQQQQQ"
@@ -118,7 +118,7 @@ S_LENS = 6  # key_len (low u32) | meta_len (high u32)
 S_META = 8  # words 8..15: inline meta
 SLOT_WORDS = SLOT_BYTES // 8
 # bucket words
-B_VERSION, B_IDENT_LO, B_IDENT_HI, B_SLOT1, B_GENERATION, B_SIZE = 0, 1, 2, 3, 4, 5
+B_VERSION, B_IDENT_LO, B_IDENT_HI, B_SLOT1 = 0, 1, 2, 3
 BUCKET_WORDS = BUCKET_BYTES // 8
 
 _MASK64 = (1 << 64) - 1
@@ -145,6 +145,25 @@ def ident(namespace_id: bytes, key: bytes) -> tuple[int, int]:
     d = xxhash.xxh3_128_intdigest(bytes((len(namespace_id),)) + namespace_id + key)
     lo, hi = d & _MASK64, d >> 64
     return (1, 0) if lo == 0 and hi == 0 else (lo, hi)
+
+
+def idents(namespace_id: bytes, keys: list[bytes]) -> np.ndarray:
+    """:func:`ident` of every key, as a ``(len(keys), 2)`` uint64 array of ``(lo, hi)`` rows
+    (what the native ``probe_many`` takes).
+
+    Raises:
+        InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+    """
+    if len(namespace_id) > 255:
+        raise InvalidArgument(f"namespace_id is {len(namespace_id)} bytes; at most 255 are accepted")
+    prefix = bytes((len(namespace_id),)) + namespace_id
+    h = xxhash.xxh3_128_digest
+    raw = np.frombuffer(b"".join([h(prefix + k) for k in keys]), dtype=">u8").reshape(-1, 2)
+    out = np.empty((len(keys), 2), dtype=np.uint64)
+    out[:, 0] = raw[:, 1]  # the canonical digest is big-endian: high 64 bits first
+    out[:, 1] = raw[:, 0]
+    out[(out[:, 0] == 0) & (out[:, 1] == 0), 0] = 1
+    return out
 
 
 class Layout:
@@ -209,6 +228,11 @@ def bucket_words(buf: Any, lay: Layout) -> np.ndarray:
 Hook = Any  # callable(str step, int slot) -> None, or None
 
 
+def _np_store(words: np.ndarray, index: int, value: int) -> None:
+    """A plain aligned u64 store (ordered with other stores on x86 only)."""
+    words[index] = value
+
+
 class SlotTable:
     """The node's side: the only writer of slot headers (but ``access_ns``) and of the index.
 
@@ -221,15 +245,28 @@ class SlotTable:
     steps ``"unpublish"`` (mid-free/reuse), ``"publish"`` (mid-rewrite), ``"bucket"``.
     """
 
-    def __init__(self, buf: Any, lay: Layout) -> None:
+    def __init__(self, buf: Any, lay: Layout,
+                 store: Callable[[np.ndarray, int, int], None] | None = None) -> None:
         self.lay = lay
         mv = memoryview(buf)
         mv[lay.meta_off : lay.meta_off + REGION_BYTES] = lay.region_bytes().ljust(REGION_BYTES, b"\0")
         self.slots = slot_words(buf, lay)
         self.buckets = bucket_words(buf, lay)
         self.slots[:, S_VERSION] = 1  # every unit starts odd: no block
+        self.words = self.slots.reshape(-1)
+        self.bucket_flat = self.buckets.reshape(-1)
+        self.store: Callable[[np.ndarray, int, int], None] = store or _np_store
+        """``store(words, index, value)``: how a version word is written (a release store
+        with a fence when the native extension is built: kvstored.native.store_release)."""
         self.hook: Hook = None
         self.used_buckets = 0
+
+    def release(self) -> None:
+        """Drop this table's views of the mapping (before it is unmapped); idempotent."""
+        self.slots = np.zeros((0, SLOT_WORDS), dtype=np.uint64)
+        self.buckets = np.zeros((0, BUCKET_WORDS), dtype=np.uint64)
+        self.words = self.slots.reshape(-1)
+        self.bucket_flat = self.buckets.reshape(-1)
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -240,7 +277,7 @@ class SlotTable:
         row = self.slots[s]
         v = int(row[S_VERSION])
         if v % 2 == 0:
-            row[S_VERSION] = v + 1
+            self.store(self.words, s * SLOT_WORDS, v + 1)
         if self.hook is not None:
             self.hook("unpublish", s)
 
@@ -256,7 +293,7 @@ class SlotTable:
         v = int(row[S_VERSION])
         if v % 2 == 0:
             v += 1
-            row[S_VERSION] = v
+            self.store(self.words, s * SLOT_WORDS, v)
         lo, hi = ident(namespace_id, key)
         row[S_GENERATION] = generation & _MASK64
         row[S_IDENT_LO] = lo
@@ -272,8 +309,8 @@ class SlotTable:
             row[S_LENS] = len(key) | (META_NOT_INLINE << 32)
         if self.hook is not None:
             self.hook("publish", s)
-        row[S_VERSION] = v + 1
-        self._index_put(lo, hi, s, generation & _MASK64, size_bytes)
+        self.store(self.words, s * SLOT_WORDS, v + 1)
+        self._index_put(lo, hi, s)
 
     def unindex(self, namespace_id: bytes, key: bytes) -> None:
         """Remove ``(namespace_id, key)`` from the index (no-op when absent)."""
@@ -285,6 +322,10 @@ class SlotTable:
     def access_ns(self, offset: int) -> int:
         """The last one-sided read of the block at ``offset`` (CLOCK_MONOTONIC ns; 0 = none)."""
         return int(self.slots[offset // UNIT_BYTES, S_ACCESS_NS])
+
+    def clear_access(self, offset: int) -> None:
+        """Clear the ``access_ns`` stamp of the block at ``offset`` (the node absorbed it)."""
+        self.slots[offset // UNIT_BYTES, S_ACCESS_NS] = 0
 
     # --- index ---------------------------------------------------------------------------
 
@@ -298,20 +339,18 @@ class SlotTable:
             i = (i + 1) & mask
         return None
 
-    def _write_bucket(self, i: int, lo: int, hi: int, slot1: int, gen: int, size: int) -> None:
+    def _write_bucket(self, i: int, lo: int, hi: int, slot1: int) -> None:
         row = self.buckets[i]
         v = int(row[B_VERSION])
-        row[B_VERSION] = v + 1  # odd (bucket versions stay even between writes)
+        self.store(self.bucket_flat, i * BUCKET_WORDS, v + 1)  # odd (even between writes)
         row[B_IDENT_LO] = lo
         row[B_IDENT_HI] = hi
         row[B_SLOT1] = slot1
-        row[B_GENERATION] = gen
-        row[B_SIZE] = size
         if self.hook is not None:
             self.hook("bucket", i)
-        row[B_VERSION] = v + 2
+        self.store(self.bucket_flat, i * BUCKET_WORDS, v + 2)
 
-    def _index_put(self, lo: int, hi: int, slot: int, gen: int, size: int) -> None:
+    def _index_put(self, lo: int, hi: int, slot: int) -> None:
         b = self._find(lo, hi)
         if b is None:
             if self.used_buckets + 1 > self.lay.nbuckets * 3 // 4:
@@ -321,7 +360,7 @@ class SlotTable:
             while int(self.buckets[b, B_SLOT1]) != 0:
                 b = (b + 1) & mask
             self.used_buckets += 1
-        self._write_bucket(b, lo, hi, slot + 1, gen, size)
+        self._write_bucket(b, lo, hi, slot + 1)
 
     def _delete(self, i: int) -> None:
         """Backward-shift deletion (linear probing): every step is a seqlocked bucket write;
@@ -337,14 +376,13 @@ class SlotTable:
             # move j into the hole i when its home is not in (i, j] (cyclically)
             if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
                 r = bk[j]
-                self._write_bucket(i, int(r[B_IDENT_LO]), int(r[B_IDENT_HI]), int(r[B_SLOT1]),
-                                   int(r[B_GENERATION]), int(r[B_SIZE]))
+                self._write_bucket(i, int(r[B_IDENT_LO]), int(r[B_IDENT_HI]), int(r[B_SLOT1]))
                 i = j
-        self._write_bucket(i, 0, 0, 0, 0, 0)
+        self._write_bucket(i, 0, 0, 0)
         self.used_buckets -= 1
 
 
-# --- readers (pure Python; see the module docstring for the ordering argument) -----------------
+# --- readers: the copy-and-check itself is kvstored.native.copy_checked (C, or pure Python) ------
 
 
 class SlotReader:
@@ -355,14 +393,19 @@ class SlotReader:
         lay: its layout (:meth:`Layout.parse`).
     """
 
-    def __init__(self, buf: Any, lay: Layout) -> None:
+    def __init__(self, buf: Any, lay: Layout, probe: Callable[..., int] | None = None) -> None:
         self.lay = lay
+        self.probe = probe
+        """The native ``probe_many`` (kvstored.native), or None: :meth:`probe_many` loops here."""
         self.slots = slot_words(buf, lay)
+        self.words = self.slots.reshape(-1)
+        """The slot headers as one flat uint64 array: slot ``s``'s version is word
+        ``s * SLOT_WORDS`` (what :func:`py_copy_checked` and the native check take)."""
         self.buckets = bucket_words(buf, lay)
 
-    def lookup(self, lo: int, hi: int) -> tuple[int, int, int] | None:
-        """``(slot, generation, size_bytes)`` of ident ``(lo, hi)`` in the index, or None
-        (absent, or a bucket on the probe path is odd: ask the node)."""
+    def lookup(self, lo: int, hi: int) -> int | None:
+        """The slot the index maps ident ``(lo, hi)`` to, or None (absent, or a bucket on the
+        probe path is odd: ask the node). Check the slot header before trusting it."""
         mask = self.lay.nbuckets - 1
         i = lo & mask
         bk = self.buckets
@@ -372,33 +415,63 @@ class SlotReader:
             if v1 & 1:
                 return None
             s1, blo, bhi = int(row[B_SLOT1]), int(row[B_IDENT_LO]), int(row[B_IDENT_HI])
-            gen, size = int(row[B_GENERATION]), int(row[B_SIZE])
             if int(row[B_VERSION]) != v1:
                 return None
             if s1 == 0:
                 return None
             if blo == lo and bhi == hi:
-                return s1 - 1, gen, size
+                return s1 - 1
             i = (i + 1) & mask
         return None
 
-    def check(self, slot: int, lo: int, hi: int, gen: int, size: int) -> int | None:
-        """The slot's even version if it holds ident ``(lo, hi)`` of ``gen``/``size`` now."""
+    def probe_many(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Per ident row of ``ids`` (:func:`idents`), the slot holding it now (stable, the
+        same ident), or -1 (ask the node); and how many leading keys were found.
+
+        Native (one C call, every bucket and header read under its version) when the extension
+        is built; else a Python loop over :meth:`lookup` and :meth:`snapshot`'s check.
+        """
+        n = len(ids)
+        out = np.empty(n, dtype=np.int64)
+        if self.probe is not None:
+            lead = self.probe(self.buckets, self.slots, ids, out)
+            return out, lead
+        lead, leading = 0, True
+        for k in range(n):
+            lo, hi = int(ids[k, 0]), int(ids[k, 1])
+            slot = self.lookup(lo, hi)
+            ok = slot is not None and self._holds(slot, lo, hi)
+            out[k] = slot if ok and slot is not None else -1
+            leading = leading and ok
+            lead += leading
+        return out, lead
+
+    def _holds(self, slot: int, lo: int, hi: int) -> bool:
+        if not 0 <= slot < self.lay.nslots:
+            return False
         row = self.slots[slot]
         v = int(row[S_VERSION])
-        if v & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
-            return None
-        if int(row[S_GENERATION]) != gen or int(row[S_SIZE]) != size:
-            return None
-        return v
+        return (not v & 1 and int(row[S_IDENT_LO]) == lo and int(row[S_IDENT_HI]) == hi
+                and int(row[S_VERSION]) == v)
 
-    def meta(self, slot: int) -> bytes | None:
-        """The slot's inline meta (None when not inline); validate with the version after."""
-        row = self.slots[slot]
-        mlen = int(row[S_LENS]) >> 32
-        if mlen == META_NOT_INLINE or mlen > META_INLINE_BYTES:
+    def snapshot(self, slot: int, lo: int, hi: int) -> tuple[int, int, int, bytes] | None:
+        """``(version, generation, size_bytes, meta)`` of ``slot`` if it is stable and holds
+        ident ``(lo, hi)`` now (read under its version), else None (ask the node: changing,
+        another block, or meta too long to be inline)."""
+        if not 0 <= slot < self.lay.nslots:
             return None
-        return row[S_META:].tobytes()[:mlen]
+        row = self.slots[slot]
+        v1 = int(row[S_VERSION])
+        if v1 & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
+            return None
+        gen, size, lens = int(row[S_GENERATION]), int(row[S_SIZE]), int(row[S_LENS])
+        mlen = lens >> 32
+        if mlen > META_INLINE_BYTES:
+            return None
+        meta = row[S_META:].tobytes()[:mlen] if mlen else b""
+        if int(row[S_VERSION]) != v1:
+            return None
+        return v1, gen, size, meta
 
     def version(self, slot: int) -> int:
         """The slot's version now."""
@@ -407,32 +480,3 @@ class SlotReader:
     def touch(self, slot: int, now_ns: int | None = None) -> None:
         """Stamp the slot's ``access_ns`` (CLOCK_MONOTONIC ns): recency without a round trip."""
         self.slots[slot, S_ACCESS_NS] = time.monotonic_ns() if now_ns is None else now_ns
-
-
-def py_copy_checked(dst: np.ndarray, arena: np.ndarray, slots: np.ndarray, slot: int,
-                    offset: int, lo: int, hi: int, gen: int, hook: Hook = None) -> bool:
-    """Copy ``dst.size`` bytes of the block at arena ``offset`` into ``dst`` and keep them
-    only if the slot was stable and held ident ``(lo, hi)`` / ``gen`` throughout.
-
-    Pure Python: correct on x86 (total store order), not on arm64. ``hook("copy_mid", slot)``
-    (tests) runs between the two halves of the copy.
-
-    Returns:
-        True if ``dst`` holds the block's bytes; False if the caller must use the node's
-        pinned path (``dst``'s contents are then unspecified).
-    """
-    row = slots[slot]
-    v1 = int(row[S_VERSION])
-    if v1 & 1 or int(row[S_IDENT_LO]) != lo or int(row[S_IDENT_HI]) != hi:
-        return False
-    if int(row[S_GENERATION]) != gen or int(row[S_SIZE]) != dst.size:
-        return False
-    n = dst.size
-    if hook is not None:
-        half = n // 2
-        np.copyto(dst[:half], arena[offset : offset + half])
-        hook("copy_mid", slot)
-        np.copyto(dst[half:], arena[offset + half : offset + n])
-    else:
-        np.copyto(dst, arena[offset : offset + n])
-    return int(row[S_VERSION]) == v1
