@@ -238,7 +238,8 @@ def _buffer_address(buf: Any) -> tuple[Any, int, int]:
 
 
 class RdmaEndpoint:
-    """One device context with a protection domain, a CQ and one registered memory region.
+    """One device context with a protection domain and one registered memory region; each
+    RC QP made here gets its own CQ (a completion is never taken for another QP's).
 
     Args:
         verbs: the pyverbs modules (:func:`load_pyverbs`) or a fake with the same API.
@@ -255,7 +256,9 @@ class RdmaEndpoint:
             registered or open.
 
     Thread-safe; every registration made here is undone by :meth:`close` (idempotent):
-    QPs, then the MR, the CQ, the PD and the context, in that order.
+    QPs and their CQs, then the MR, the PD and the context, in that order. The transports
+    over one endpoint share its registered buffer, so they move bytes one at a time
+    (:attr:`transfer_lock`).
     """
 
     def __init__(
@@ -268,12 +271,14 @@ class RdmaEndpoint:
         self.gid_index = gid_index
         self.max_send_wr = max_send_wr
         self._lock = threading.Lock()
+        self.transfer_lock = threading.Lock()
         self._qps: list[Any] = []
+        self._cqs: dict[int, Any] = {}  # id(qp) -> its CQ
         self._closed = False
         self._ctx: Any = None
         self._pd: Any = None
-        self._cq: Any = None
         self._mr: Any = None
+        self._buffer = buffer  # the memory stays alive while registered
         e = verbs.enums
         self.access = e.IBV_ACCESS_LOCAL_WRITE
         if remote_access:
@@ -282,7 +287,6 @@ class RdmaEndpoint:
         try:
             self._ctx = verbs.device.Context(name=device)
             self._pd = verbs.pd.PD(self._ctx)
-            self._cq = verbs.cq.CQ(self._ctx, 2 * max_send_wr)
             self._mr = verbs.mr.MR(self._pd, self.length_bytes, self.access, address=self.addr)
             self.gid = str(self._ctx.query_gid(port_num, gid_index).gid)
             self.lid = int(self._ctx.query_port(port_num).lid)
@@ -310,10 +314,9 @@ class RdmaEndpoint:
         """The remote key of the registered region (what a peer's READ/WRITE names)."""
         return int(self._mr.rkey)
 
-    @property
-    def cq(self) -> Any:
-        """The completion queue every QP of this endpoint completes on."""
-        return self._cq
+    def cq_of(self, qp: Any) -> Any:
+        """The completion queue of ``qp`` (None once destroyed)."""
+        return self._cqs.get(id(qp))
 
     def create_qp(self) -> tuple[Any, RdmaAdvert]:
         """A new RC QP in INIT, and the advert that describes it and the region."""
@@ -323,15 +326,19 @@ class RdmaEndpoint:
                 raise TransferFailed("rdma: endpoint closed")
             cap = v.qp.QPCap(max_send_wr=self.max_send_wr, max_recv_wr=1,
                              max_send_sge=1, max_recv_sge=1)
-            init = v.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self._cq, rcq=self._cq,
-                                   cap=cap, sq_sig_all=1)
             attr = v.qp.QPAttr(port_num=self.port_num)
             attr.qp_access_flags = self.access
+            cq = None
             try:
+                cq = v.cq.CQ(self._ctx, 2 * self.max_send_wr)
+                init = v.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
                 qp = v.qp.QP(self._pd, init, attr)
             except v.error as exc:
+                if cq is not None:
+                    cq.close()
                 raise TransferFailed(f"rdma: creating a QP on {self.device!r} failed: {exc}") from exc
             self._qps.append(qp)
+            self._cqs[id(qp)] = cq
         advert = RdmaAdvert(
             device=self.device, gid=self.gid, lid=self.lid, qpn=int(qp.qp_num),
             psn=secrets.randbits(24), rkey=self.rkey, addr=self.addr,
@@ -368,24 +375,28 @@ class RdmaEndpoint:
             if qp not in self._qps:
                 return
             self._qps.remove(qp)
+            cq = self._cqs.pop(id(qp), None)
         try:
             err = v.qp.QPAttr(qp_state=v.enums.IBV_QPS_ERR)
             qp.modify(err, v.enums.IBV_QP_STATE)
         except v.error:
             pass  # destroying it below fences it all the same
         qp.close()
+        if cq is not None:
+            cq.close()
 
     def close(self) -> None:
         """Destroy every QP, deregister the MR, free CQ, PD and context (idempotent)."""
         with self._lock:
             self._closed = True
             qps, self._qps = self._qps, []
-        for qp in qps:
+            cqs, self._cqs = list(self._cqs.values()), {}
+        for obj in (*qps, *cqs):
             try:
-                qp.close()
+                obj.close()
             except self.verbs.error:
                 pass
-        for name in ("_mr", "_cq", "_pd", "_ctx"):
+        for name in ("_mr", "_pd", "_ctx"):
             obj = getattr(self, name)
             setattr(self, name, None)
             if obj is not None:
@@ -394,6 +405,7 @@ class RdmaEndpoint:
                 except self.verbs.error:
                     pass
         self._cview = None  # drop the buffer export
+        self._buffer = None
 
 
 # ---- the reader's transport -------------------------------------------------------------------
@@ -410,9 +422,11 @@ class RdmaTransport:
         peer: the node's advert (its arena's rkey, address and length).
         poll_sleep_s: pause between empty CQ polls (0 = spin).
 
-    After any failed work request the QP is in the error state: the transport marks itself
-    broken and every later call raises TransferFailed at once (the caller falls back to
-    TCP; :class:`RdmaOrTcp`). Thread-safe (one transfer at a time per QP).
+    After any failed work request or a deadline with completions pending, the transport
+    destroys its QP at once (the NIC drops the READ responses still due, so nothing lands
+    in the shared bounce buffer later), marks itself broken, and every later call raises
+    TransferFailed (the caller falls back to TCP; :class:`RdmaOrTcp`). Thread-safe: one
+    transfer at a time per endpoint (its ``transfer_lock``: the bounce buffer is shared).
     """
 
     def __init__(self, endpoint: RdmaEndpoint, qp: Any, peer: RdmaAdvert, *,
@@ -422,7 +436,8 @@ class RdmaTransport:
         self.peer = peer
         self.poll_sleep_s = poll_sleep_s
         self.broken: str = ""
-        self._lock = threading.Lock()
+        self._lock = endpoint.transfer_lock
+        self.cq = endpoint.cq_of(qp)
         self._bounce = (ctypes.c_char * endpoint.length_bytes).from_address(endpoint.addr)
         self._closed = False
 
@@ -464,7 +479,7 @@ class RdmaTransport:
                 self.qp.post_send(wr)
             pending = len(batch)
             while pending:
-                n, wcs = self.endpoint.cq.poll(pending)
+                n, wcs = self.cq.poll(pending)
                 for wc in wcs[:n]:
                     if wc.status != e.IBV_WC_SUCCESS:
                         raise TransferFailed(
@@ -475,14 +490,18 @@ class RdmaTransport:
                 if pending and not n and self.poll_sleep_s:
                     time.sleep(self.poll_sleep_s)
         except v.error as exc:
-            self.broken = f"verbs error: {exc}"
+            self._break(f"verbs error: {exc}")
             raise TransferFailed(f"rdma: {exc}") from exc
         except KvstoredError as exc:
-            self.broken = str(exc)  # the QP may still complete these WRs: never reuse it
+            self._break(str(exc))  # the QP may still complete these WRs: never reuse it
             raise
 
+    def _break(self, why: str) -> None:
+        self.broken = why
+        self.endpoint.destroy_qp(self.qp)  # fence the NIC before the bounce buffer is reused
+
     def _start(self, regions: Sequence[RemoteRegion], deadline: float) -> None:
-        if self._closed:
+        if self._closed or self.endpoint.num_registered_regions == 0:
             raise TransferFailed("rdma: transport closed")
         if self.broken:
             raise TransferFailed(f"rdma: QP unusable after an earlier failure ({self.broken})")
@@ -532,7 +551,7 @@ class RdmaTransport:
                 self._run(self.endpoint.verbs.enums.IBV_WR_RDMA_WRITE, regions, batch, deadline)
 
     def close(self) -> None:
-        """Destroy the QP (the endpoint stays; close it separately). Idempotent."""
+        """Destroy the QP and its CQ (the endpoint stays; close it separately). Idempotent."""
         with self._lock:
             if self._closed:
                 return

@@ -223,11 +223,12 @@ def test_rdma_error_mid_transfer_falls_back_to_tcp_within_deadline(fab: Fabric) 
 def test_completions_missing_at_deadline_fall_back(fab: Fabric) -> None:
     s = setup(fab)
     s.store.put(b"a", 0, block(3))
-    s.reader_ep.cq.poll = lambda n: (0, [])  # the NIC never completes
+    s.rdma.cq.poll = lambda n: (0, [])  # the NIC never completes
     tcp = TcpStub(s.store)
     t = RdmaOrTcp(tcp, s.rdma, s.store)
     with pytest.raises(DeadlineExceeded):
         s.rdma.read_regions([RemoteRegion(0, BLOCK)], lambda *a: None, deadline=time.monotonic() + 0.01)
+    assert s.reader_ep.num_qps == 0  # destroyed at once: no late READ response lands in the bounce MR
     got, sink = collect()
     assert t.get([b"a"], NS, sink, deadline=time.monotonic() + 5)[0].found
     assert got[0] == block(3) and len(tcp.calls) == 1
@@ -313,6 +314,19 @@ def test_registrations_are_undone_on_close(fab: Fabric) -> None:
     assert s.node_ep.num_registered_regions == 0 and s.server.num_sessions == 0
     with pytest.raises(TransferFailed, match="closed"):
         s.rdma.read_regions([RemoteRegion(0, 1)], lambda *a: None, deadline=time.monotonic() + 1)
+
+
+def test_transports_of_one_endpoint_have_their_own_cq_and_share_its_lock(fab: Fabric) -> None:
+    s = setup(fab)
+    other = connect(s.reader_ep, lambda b: s.server.accept_json(8, b))
+    assert other.cq is not s.rdma.cq and other._lock is s.rdma._lock is s.reader_ep.transfer_lock
+    s.store.put(b"a", 0, block(4))
+    got, sink = collect()
+    assert read_versioned(s.store, other, [b"a"], NS, sink, deadline=time.monotonic() + 5) == [True]
+    assert got[0] == block(4)
+    other.close()
+    close_all(s)
+    assert fab.num_open == {"ctx": 0, "pd": 0, "cq": 0, "mr": 0, "qp": 0}
 
 
 def test_failed_open_and_handshake_leak_nothing(fab: Fabric) -> None:
@@ -429,13 +443,11 @@ def test_attributes_build_with_real_pyverbs(fab: Fabric) -> None:
     ep.connect_qp(qp, local, peer)
     assert attrs[0].dest_qp_num == 8 and attrs[0].rq_psn == 9 and attrs[0].sq_psn == 6
     wc = SimpleNamespace(status=REAL.enums.IBV_WC_SUCCESS, wr_id=0)
-    cq = ep._cq
-    ep._cq = SimpleNamespace(poll=lambda n: (1, [wc]))
+    ep._cqs[id(qp)] = SimpleNamespace(poll=lambda n: (1, [wc]), close=lambda: None)
     t = RdmaTransport(ep, qp, peer)
     t.read_regions([RemoteRegion(BLOCK, 64)], lambda *a: None, deadline=time.monotonic() + 1)
     assert posted[0].opcode == REAL.enums.IBV_WR_RDMA_READ
     ep.verbs = fake
-    ep._cq = cq
     ep.close()
     assert fab.num_open == {"ctx": 0, "pd": 0, "cq": 0, "mr": 0, "qp": 0}
 
