@@ -122,6 +122,7 @@ B_VERSION, B_IDENT_LO, B_IDENT_HI, B_SLOT1 = 0, 1, 2, 3
 BUCKET_WORDS = BUCKET_BYTES // 8
 
 _MASK64 = (1 << 64) - 1
+_FIELDS = struct.Struct("<QQQQQIIQ")  # slot header words 1..7 (offset 8..63)
 
 
 def _round_up(n: int, unit: int = 4096) -> int:
@@ -249,6 +250,7 @@ class SlotTable:
                  store: Callable[[np.ndarray, int, int], None] | None = None) -> None:
         self.lay = lay
         mv = memoryview(buf)
+        self._mv = mv
         mv[lay.meta_off : lay.meta_off + REGION_BYTES] = lay.region_bytes().ljust(REGION_BYTES, b"\0")
         self.slots = slot_words(buf, lay)
         self.buckets = bucket_words(buf, lay)
@@ -267,6 +269,7 @@ class SlotTable:
         self.buckets = np.zeros((0, BUCKET_WORDS), dtype=np.uint64)
         self.words = self.slots.reshape(-1)
         self.bucket_flat = self.buckets.reshape(-1)
+        self._mv.release()
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -295,18 +298,13 @@ class SlotTable:
             v += 1
             self.store(self.words, s * SLOT_WORDS, v)
         lo, hi = ident(namespace_id, key)
-        row[S_GENERATION] = generation & _MASK64
-        row[S_IDENT_LO] = lo
-        row[S_IDENT_HI] = hi
-        row[S_SIZE] = size_bytes
-        row[S_ACCESS_NS] = 0
-        if len(meta) <= META_INLINE_BYTES:
-            row[S_LENS] = len(key) | (len(meta) << 32)
-            m = np.zeros(META_INLINE_BYTES, dtype=np.uint8)
-            m[: len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-            row[S_META:] = m.view(np.uint64)
-        else:
-            row[S_LENS] = len(key) | (META_NOT_INLINE << 32)
+        base = self.lay.slots_off + s * SLOT_BYTES
+        inline = len(meta) <= META_INLINE_BYTES
+        # words 1..7 in one call (generation, ident, size, access_ns = 0, key_len | meta_len, 0)
+        _FIELDS.pack_into(self._mv, base + 8, generation & _MASK64, lo, hi, size_bytes, 0,
+                          len(key), len(meta) if inline else META_NOT_INLINE, 0)
+        if inline:
+            self._mv[base + 64 : base + 64 + META_INLINE_BYTES] = meta.ljust(META_INLINE_BYTES, b"\0")
         if self.hook is not None:
             self.hook("publish", s)
         self.store(self.words, s * SLOT_WORDS, v + 1)
