@@ -3,12 +3,17 @@
 #   etcd-server  (/usr/bin/etcd: the etcd the master-HA tests start on loopback ports)
 #   systemd      (systemd-analyze verify and systemd-sysusers on the units in systemd/,
 #                 tests/e2e/test_systemd_*.py)
+#   python3-pyverbs, rdma-core, ibverbs-providers (rdma-core 44: the verbs bindings
+#                 kvstored/transport/rdma.py loads from /usr/lib/python3/dist-packages; the PyPI
+#                 pyverbs sdist does not build against Debian 12, so it is not a pip dependency;
+#                 tests/unit/transport/test_rdma.py builds work requests with the real classes)
 # Without root, nothing is installed: it says what is missing and goes on (the tests that need
 # the package then skip, or fail under CI=true).
 set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+/usr/bin/python3 -c "import pyverbs.device" >/dev/null 2>&1 || missing+=(python3-pyverbs rdma-core ibverbs-providers)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
