@@ -1,0 +1,268 @@
+"""The whole-system test (issue 17): "it works", with two real vLLM engines on a cluster.
+
+Topology (tests/e2e/bridge_helpers.py): one bridge in the root namespace; the master(s)
+listen on its address; three network namespaces on it, each with one ``kvstored node``:
+
+    ns a: node a + vLLM engine A            root ns: master (today: one; with --etcd: two
+    ns b: node b + vLLM engine B                     and etcd on loopback)
+    ns c: node c (the third node)
+
+Each engine talks to its own node over the node's unix socket and shared-memory arena; the
+nodes and the masters talk over the bridge only. The engines run SmolLM2-135M (the vLLM
+venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
+
+1. Engine A computes a ~4k-token prefix (a document + question 1, then question 2): its
+   blocks are saved to node a, which reports them to the master.
+2. Meanwhile engine R, B's configuration without the connector, gives the reference answers,
+   and engine B starts and waits (its timings are taken alone on the machine).
+3. B: a prompt nobody computed (another ~4k document): the miss TTFT; the shared prompt:
+   the hit TTFT, its blocks loaded through the cluster (node b copies them from node a).
+4. While B runs, a node other than B's (``a`` or ``c``, chosen from a seed printed in the
+   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed; B then
+   asks again with its own prefix cache reset (so the prefix comes from kvstored, or is
+   recomputed where it cannot).
+5. Asserted: every request is answered; each answer equals R's token for token; B's hit
+   TTFT is below its miss TTFT; the hit loaded the whole shared prefix.
+
+The kills happen at a point B reports (a signal file; B waits for the driver's go file), so
+which request runs after them is deterministic; no sleep stands in for synchronisation.
+Needs root (network namespaces, a bridge) and the vLLM venv; skipped with the reason
+otherwise. Run only this test: ``pytest -m "vllm and netns" tests/e2e/test_system_vllm_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bridge_helpers import BridgedNamespace, BridgeNet
+from cluster_helpers import NodeProcess, _wait, start_master, start_nodes, wait_healthy
+
+from kvstored import Client, Namespace
+from kvstored.client.master import MasterClient
+from kvstored.demo.vllm_demo import (
+    EngineProcess,
+    VllmUnavailable,
+    build_prompts,
+    engine_spec,
+    find_model,
+    find_vllm_python,
+)
+
+try:
+    PYTHON = find_vllm_python()
+    MODEL = find_model(PYTHON)
+    SKIP_REASON = ""
+except VllmUnavailable as exc:
+    PYTHON = MODEL = None  # type: ignore[assignment]
+    SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.netns,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
+]
+
+PREFIX_TOKENS = 4096  # the shared document; the issue asks for a 4k-token prefix
+ANSWER_TOKENS = 16
+QUESTIONS = (
+    "Which Python module does this document describe? Answer in one sentence.",
+    "Name one class or function that the document describes.",
+)
+BLOCK_TOKENS = 128  # the engine's block_size (run_engine's default)
+NODE_DRAM = "768MiB"  # ~180 MiB of KV per 4k-token prompt (30 layers x 3 KV heads x 64 x fp32)
+ENGINE_KV_BYTES = 512 << 20  # vLLM's own KV cache per engine (a 4.4k-token context needs ~200 MiB)
+NODE_ENV = {
+    "KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S": "20",
+    "KVSTORED_CLUSTER__RPC_TIMEOUT_S": "2",  # a dead master costs a lookup 2 s, not 5
+}
+CONNECTOR = {
+    # a loaded 2-core machine: the node's cluster lookup of ~1,000 keys (32 blocks x 30
+    # layers) takes far more than the 50 ms default; a missed deadline would be a miss
+    "lookup_timeout_ms": 10_000,
+    "timeout_ms": 60_000,  # one load batch: ~180 MiB copied from a peer, then into vLLM
+}
+SEED_ENV = "KVSTORED_SYSTEM_SEED"
+
+# prompt indexes in the engines' spec: one ~4k-token document, two questions
+P_SHARED_Q1, P_SHARED_Q2 = 0, 1
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    _, ps = build_prompts(MODEL, PREFIX_TOKENS, QUESTIONS)
+    assert all(len(p) >= PREFIX_TOKENS for p in ps), [len(p) for p in ps]
+    return ps
+
+
+@pytest.fixture
+def net() -> Iterator[BridgeNet]:
+    bridge = BridgeNet()
+    try:
+        yield bridge.create()
+    finally:
+        bridge.close()
+
+
+def _node(ns: BridgedNamespace, workdir: Path, master: str, node_id: str) -> NodeProcess:
+    """A ``kvstored node`` inside ``ns``, its TCP ports on the namespace's bridge address."""
+    n = NodeProcess(workdir, master, node_id, dram_size=NODE_DRAM, ssd_size="0")
+    n.args = ns.exec_args(*[a.replace("127.0.0.1:", f"{ns.ip}:") for a in n.args])
+    return n
+
+
+def _engine(ns: BridgedNamespace, prompts: list[list[int]], steps: list[dict[str, Any]],
+            workdir: Path, *, node: NodeProcess | None) -> EngineProcess:
+    """A vLLM engine in ``ns``: with the connector on ``node``'s unix socket, or none."""
+    assert PYTHON is not None and MODEL is not None
+    if node is None:
+        spec = engine_spec(MODEL, prompts, steps, connector=None)
+    else:
+        spec = engine_spec(MODEL, prompts, steps, extra_config={
+            **CONNECTOR, "address": node.unix_address, "stats_dir": str(workdir / "stats")})
+    spec["kv_cache_memory_bytes"] = ENGINE_KV_BYTES
+    return EngineProcess(PYTHON, spec, workdir, argv_prefix=ns.exec_args())
+
+
+def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
+    files = sorted(stats_dir.glob(f"{role}*.json"))
+    assert files, f"no {role} stats in {stats_dir}"
+    return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
+
+
+def _wait_file(path: Path, engine: EngineProcess) -> None:
+    """Until the engine created ``path`` (it exits with an error otherwise: then raise)."""
+    def reached() -> bool:
+        if engine.proc.poll() is not None:
+            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
+                                 f"\n{engine.log_path.read_text()[-3000:]}")
+        return path.exists()
+    _wait(f"engine reached {path.name}", reached)
+
+
+def _keys_on(node: NodeProcess, namespace: Namespace) -> list[bytes]:
+    """The keys of ``namespace`` that ``node`` itself holds (its admin listing, no probe)."""
+    with Client(node.unix_address, namespace=namespace) as kv:
+        blocks, truncated = kv.list_blocks(namespace.id)
+    assert not truncated
+    return sorted(b.key for b in blocks)
+
+
+def _common_blocks(x: list[int], y: list[int]) -> int:
+    """Full blocks that vLLM can take from a cache of ``x`` for a request of ``y``."""
+    same = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v),
+                min(len(x), len(y)))
+    return min(same, len(y) - 1) // BLOCK_TOKENS
+
+
+def _indexed_on(m: MasterClient, ns_id: bytes, keys: list[bytes], node_id: str) -> bool:
+    """The master names ``node_id`` for every one of ``keys`` (a complete answer)."""
+    got, complete = m.lookup_prefix(ns_id, keys)
+    return complete and len(got) == len(keys) and {r.node_id for r in got} == {node_id}
+
+
+def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_master_die(
+    workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]]
+) -> None:
+    t_start = time.monotonic()
+    seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 32))
+    victim = random.Random(seed).choice(["a", "c"])
+    print(f"whole-system test: seed {seed} ({SEED_ENV}={seed} replays it): the node killed "
+          f"is {victim}", flush=True)
+
+    ns = {name: net.add_namespace() for name in ("a", "b", "c")}
+    master = start_master(workdir, procs, listen_host=net.root_ip)
+    nodes = {name: _node(ns[name], workdir / f"node-{name}", master.address, name)
+             for name in ns}
+    start_nodes(list(nodes.values()), procs, NODE_ENV)
+    wait_healthy(master.address, set(nodes))
+    assert all(n.data.startswith(f"{ns[k].ip}:") for k, n in nodes.items())
+
+    # A computes the shared prefix; R (no connector) the reference answers; B starts and
+    # waits for `go` so that its TTFTs are measured alone on the machine.
+    go, reached, resume = workdir / "b-go", workdir / "b-reached", workdir / "b-resume"
+    b_steps: list[dict[str, Any]] = [
+        {"wait_for_file": str(go)},
+        # miss: the same prompt under another cache_salt (other block hashes): nothing
+        # cached anywhere, so B computes all of it
+        {"prompt": P_SHARED_Q1, "max_tokens": 1, "cache_salt": "cold"},
+        {"prompt": P_SHARED_Q1, "max_tokens": 1},  # hit: A's blocks, through the cluster
+        {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS},
+        {"signal_file": str(reached), "wait_for_file": str(resume)},  # the kills
+        {"prompt": P_SHARED_Q2, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
+        {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
+    ]
+    engine_b = _engine(ns["b"], prompts, b_steps, workdir / "engine-b", node=nodes["b"])
+    procs.append(engine_b)
+    engine_a = _engine(ns["a"], prompts, [
+        {"prompt": P_SHARED_Q1, "max_tokens": 1},
+        {"prompt": P_SHARED_Q2, "max_tokens": 1},
+    ], workdir / "engine-a", node=nodes["a"])
+    procs.append(engine_a)
+    engine_r = _engine(ns["b"], prompts, [
+        {"prompt": p, "max_tokens": ANSWER_TOKENS} for p in (P_SHARED_Q1, P_SHARED_Q2)
+    ], workdir / "engine-r", node=None)
+    procs.append(engine_r)
+
+    a_steps = engine_a.result()["steps"]
+    assert a_steps[0]["num_cached_tokens"] == 0, "engine A must compute the prefix itself"
+    fields = _stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
+    namespace = Namespace(**fields)
+    a_keys = _keys_on(nodes["a"], namespace)
+    assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
+    with MasterClient(master.address) as m:
+        _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
+    reference = engine_r.result()["steps"]
+    answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
+
+    go.write_text("go\n")
+    _wait_file(reached, engine_b)
+    held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
+    nodes[victim].kill()
+    master.kill()
+    print(f"killed node {victim} and the master at {time.monotonic() - t_start:.1f} s",
+          flush=True)
+    resume.write_text("go\n")
+    b = engine_b.result()["steps"]
+    wall_s = time.monotonic() - t_start
+
+    miss, hit = b[0], b[1]
+    answered = [s for s in b if s["token_ids"]]
+    summary = {
+        "seed": seed, "killed": [f"node {victim}", "master"],
+        "prompt_tokens": [s["prompt_tokens"] for s in b],
+        "cached_tokens": [s["num_cached_tokens"] for s in b],
+        "ttft_miss_s": round(miss["wall_s"], 3), "ttft_hit_s": round(hit["wall_s"], 3),
+        "requests": len(b), "answered": len(answered),
+        "blocks_of_A_on_node_b_before_the_kills": held_by_b, "blocks_of_A": len(a_keys),
+        "wall_s": round(wall_s, 1),
+    }
+    print("whole-system result: " + json.dumps(summary), flush=True)
+
+    assert len(b) == len(answered) == 5, summary
+    assert miss["num_cached_tokens"] == 0, summary
+    shared_blocks = (hit["prompt_tokens"] - 1) // BLOCK_TOKENS
+    assert hit["num_cached_tokens"] == shared_blocks * BLOCK_TOKENS, summary
+    assert hit["wall_s"] < miss["wall_s"], summary
+    worker = _stats(workdir / "engine-b" / "stats", "worker")
+    assert worker["blocks_loaded"] >= shared_blocks, worker
+    # B's node copied A's blocks into its own DRAM: it serves them after the kills
+    assert held_by_b == len(a_keys), summary
+    after_kill = b[3]
+    assert after_kill["prefix_cache_reset"] is True, after_kill
+    common = _common_blocks(prompts[P_SHARED_Q1], prompts[P_SHARED_Q2])
+    assert after_kill["num_cached_tokens"] >= common * BLOCK_TOKENS, summary
+    # every answer B gave equals the no-connector engine's, token for token
+    asked = [(P_SHARED_Q1, 1), (P_SHARED_Q1, 1), (P_SHARED_Q1, ANSWER_TOKENS),
+             (P_SHARED_Q2, ANSWER_TOKENS), (P_SHARED_Q1, ANSWER_TOKENS)]
+    for i, (step, (p, n)) in enumerate(zip(b, asked, strict=True)):
+        want = answers[p]["token_ids"][:n]
+        assert step["token_ids"] == want, (i, step["text"], answers[p]["text"])
