@@ -1,10 +1,11 @@
 """The whole-system test (issue 17): "it works", with two real vLLM engines on a cluster.
 
-Topology (tests/e2e/bridge_helpers.py): one bridge in the root namespace; the master(s)
-listen on its address; three network namespaces on it, each with one ``kvstored node``:
+Topology (tests/e2e/bridge_helpers.py): one bridge in the root namespace; the two masters
+listen on its address and elect a leader through etcd (loopback, root namespace only); three
+network namespaces on the bridge, each with one ``kvstored node`` given both masters:
 
-    ns a: node a + vLLM engine A            root ns: master (today: one; with --etcd: two
-    ns b: node b + vLLM engine B                     and etcd on loopback)
+    ns a: node a + vLLM engine A            root ns: etcd (loopback) + masters 0 and 1
+    ns b: node b + vLLM engine B (and R)             (``kvstored master --etcd``)
     ns c: node c (the third node)
 
 Each engine talks to its own node over the node's unix socket and shared-memory arena; the
@@ -12,22 +13,26 @@ nodes and the masters talk over the bridge only. The engines run SmolLM2-135M (t
 venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
 
 1. Engine A computes a ~4k-token prefix (a document + question 1, then question 2): its
-   blocks are saved to node a, which reports them to the master.
+   blocks are saved to node a, which reports them to the leader.
 2. Meanwhile engine R, B's configuration without the connector, gives the reference answers,
    and engine B starts and waits (its timings are taken alone on the machine).
-3. B: a prompt nobody computed (another ~4k document): the miss TTFT; the shared prompt:
-   the hit TTFT, its blocks loaded through the cluster (node b copies them from node a).
+3. B: the prompt under another ``cache_salt`` (other block hashes, nothing cached): the miss
+   TTFT; the prompt itself: the hit TTFT, its blocks loaded through the cluster (node b
+   copies them from node a); then a full answer.
 4. While B runs, a node other than B's (``a`` or ``c``, chosen from a seed printed in the
-   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed; B then
-   asks again with its own prefix cache reset (so the prefix comes from kvstored, or is
-   recomputed where it cannot).
+   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed, and node
+   b's copies of A's blocks are removed; once the other master leads (a higher term) and
+   answers ``complete=true``, B asks again with vLLM's prefix cache reset: the prefix comes
+   from node a through the new leader (node c killed) or is recomputed (node a killed: no
+   replica is left, so none may be named).
 5. Asserted: every request is answered; each answer equals R's token for token; B's hit
    TTFT is below its miss TTFT; the hit loaded the whole shared prefix.
 
 The kills happen at a point B reports (a signal file; B waits for the driver's go file), so
 which request runs after them is deterministic; no sleep stands in for synchronisation.
-Needs root (network namespaces, a bridge) and the vLLM venv; skipped with the reason
-otherwise. Run only this test: ``pytest -m "vllm and netns" tests/e2e/test_system_vllm_cluster.py``.
+Needs root (network namespaces, a bridge), etcd (the ``etcd`` fixture) and the vLLM venv;
+skipped with the reason otherwise. Run only this test:
+``python -m pytest -q -s tests/e2e/test_system_vllm_cluster.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from typing import Any
 
 import pytest
 from bridge_helpers import BridgedNamespace, BridgeNet
-from cluster_helpers import NodeProcess, _wait, start_master, start_nodes, wait_healthy
+from cluster_helpers import MasterProcess, NodeProcess, _wait, start_nodes, wait_healthy
+from etcd_helpers import EtcdServer
+from thread_helpers import wait_until
 
 from kvstored import Client, Namespace
 from kvstored.client.master import MasterClient
@@ -66,6 +73,7 @@ except VllmUnavailable as exc:
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.netns,
+    pytest.mark.etcd,
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
@@ -91,6 +99,11 @@ CONNECTOR = {
     "timeout_ms": 60_000,  # one load batch: ~180 MiB copied from a peer, then into vLLM
 }
 SEED_ENV = "KVSTORED_SYSTEM_SEED"
+ENGINE_WAIT_S = 600.0  # a hang guard on an engine's progress (it fails fast if it exits)
+ELECTION_PREFIX = "/kvsystem"
+ELECTION_LEASE_S = 2  # the leader's etcd lease: a dead leader is replaced within ~2 s
+NODE_LEASE_S = 4.0
+ENGINE_ENV = {"VLLM_HOST_IP": "127.0.0.1"}  # else vLLM probes a route to 8.8.8.8 for its IP
 
 # prompt indexes in the engines' spec: one ~4k-token document, two questions
 P_SHARED_Q1, P_SHARED_Q2 = 0, 1
@@ -129,7 +142,26 @@ def _engine(ns: BridgedNamespace, prompts: list[list[int]], steps: list[dict[str
         spec = engine_spec(MODEL, prompts, steps, extra_config={
             **CONNECTOR, "address": node.unix_address, "stats_dir": str(workdir / "stats")})
     spec["kv_cache_memory_bytes"] = ENGINE_KV_BYTES
-    return EngineProcess(PYTHON, spec, workdir, argv_prefix=ns.exec_args())
+    return EngineProcess(PYTHON, spec, workdir, env=ENGINE_ENV, argv_prefix=ns.exec_args())
+
+
+def _master(workdir: Path, name: str, etcd_url: str, host: str) -> MasterProcess:
+    """A ``kvstored master`` electing through ``etcd_url``, listening on ``host`` (port 0)."""
+    d = workdir / name
+    d.mkdir()
+    m = MasterProcess(d)
+    m.args[m.args.index("--listen") + 1] = f"{host}:0"
+    m.args[m.args.index("--node-lease-s") + 1] = str(NODE_LEASE_S)
+    m.args += ["--etcd", etcd_url, "--election-prefix", ELECTION_PREFIX,
+               "--election-lease-s", str(ELECTION_LEASE_S)]
+    return m
+
+
+def _leader(addresses: str) -> tuple[str, int]:
+    """The leading master's address and term, as a client given every master finds it."""
+    with MasterClient(addresses, timeout_s=2) as m:
+        m.list_nodes()
+        return m.address, m.fence.term
 
 
 def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
@@ -145,7 +177,8 @@ def _wait_file(path: Path, engine: EngineProcess) -> None:
             raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
                                  f"\n{engine.log_path.read_text()[-3000:]}")
         return path.exists()
-    _wait(f"engine reached {path.name}", reached)
+    # B may still be starting, then prefills ~4k tokens: minutes on a loaded 2-core machine
+    wait_until(reached, ENGINE_WAIT_S, f"engine reached {path.name}", interval_s=0.2)
 
 
 def _keys_on(node: NodeProcess, namespace: Namespace) -> list[bytes]:
@@ -169,8 +202,8 @@ def _indexed_on(m: MasterClient, ns_id: bytes, keys: list[bytes], node_id: str) 
     return complete and len(got) == len(keys) and {r.node_id for r in got} == {node_id}
 
 
-def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_master_die(
-    workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]]
+def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_leader_die(
+    workdir: Path, net: BridgeNet, etcd: EtcdServer, procs: list[Any], prompts: list[list[int]]
 ) -> None:
     t_start = time.monotonic()
     seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 32))
@@ -179,11 +212,17 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_mas
           f"is {victim}", flush=True)
 
     ns = {name: net.add_namespace() for name in ("a", "b", "c")}
-    master = start_master(workdir, procs, listen_host=net.root_ip)
-    nodes = {name: _node(ns[name], workdir / f"node-{name}", master.address, name)
-             for name in ns}
+    masters = [_master(workdir, f"master-{i}", etcd.url(i), net.root_ip) for i in (0, 1)]
+    for m in masters:
+        procs.append(m)
+        m.start()
+    both = ",".join(m.address for m in masters)  # the nodes cannot reach etcd (loopback)
+    leader_address, old_term = _wait("a leader", lambda: _leader(both))
+    leader = next(m for m in masters if m.address == leader_address)
+    survivor = next(m for m in masters if m is not leader)
+    nodes = {name: _node(ns[name], workdir / f"node-{name}", both, name) for name in ns}
     start_nodes(list(nodes.values()), procs, NODE_ENV)
-    wait_healthy(master.address, set(nodes))
+    wait_healthy(both, set(nodes))
     assert all(n.data.startswith(f"{ns[k].ip}:") for k, n in nodes.items())
 
     # A computes the shared prefix; R (no connector) the reference answers; B starts and
@@ -197,6 +236,8 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_mas
         {"prompt": P_SHARED_Q1, "max_tokens": 1},  # hit: A's blocks, through the cluster
         {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS},
         {"signal_file": str(reached), "wait_for_file": str(resume)},  # the kills
+        # after the kills, with vLLM's own cache reset and node b's copies removed: the
+        # prefix comes through the new leader from node a, or (node a dead) is recomputed
         {"prompt": P_SHARED_Q2, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
         {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
     ]
@@ -218,7 +259,7 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_mas
     namespace = Namespace(**fields)
     a_keys = _keys_on(nodes["a"], namespace)
     assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
-    with MasterClient(master.address) as m:
+    with MasterClient(both) as m:
         _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
     reference = engine_r.result()["steps"]
     answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
@@ -227,39 +268,61 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_mas
     _wait_file(reached, engine_b)
     held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
     nodes[victim].kill()
-    master.kill()
-    print(f"killed node {victim} and the master at {time.monotonic() - t_start:.1f} s",
-          flush=True)
+    leader.kill()
+    t_kill = time.monotonic()
+    print(f"killed node {victim} and the leading master {leader.address} (term {old_term}) "
+          f"at {t_kill - t_start:.1f} s", flush=True)
+    with Client(nodes["b"].unix_address, namespace=namespace) as kv:
+        removed = kv.remove(a_keys)  # B's next loads must go through the cluster again
+    assert all(removed), f"{removed.count(False)} of node b's copies were not removed"
+    live = set(nodes) - {victim}
+    with MasterClient(both, timeout_s=2) as m:
+        def new_leader_complete() -> bool:
+            try:
+                _, complete = m.lookup_prefix(namespace.id, a_keys[:1])
+            except Exception as exc:  # noqa: BLE001 (no leader yet)
+                assert type(exc).__name__ in ("Unavailable", "NotLeader", "DeadlineExceeded"), exc
+                return False
+            return complete and m.address == survivor.address
+        _wait("the other master leads and answers complete=true", new_leader_complete)
+        failover_s = time.monotonic() - t_kill
+        new_term = m.fence.term
+    assert new_term > old_term, (old_term, new_term)
+    wait_healthy(survivor.address, live)  # the live nodes followed it, nobody restarted
     resume.write_text("go\n")
     b = engine_b.result()["steps"]
     wall_s = time.monotonic() - t_start
 
-    miss, hit = b[0], b[1]
+    miss, hit, after_kill = b[0], b[1], b[3]
+    scheduler = _stats(workdir / "engine-b" / "stats", "scheduler")
     answered = [s for s in b if s["token_ids"]]
     summary = {
-        "seed": seed, "killed": [f"node {victim}", "master"],
+        "seed": seed, "killed": [f"node {victim}", f"master {leader.address}"],
+        "failover_s": round(failover_s, 2), "terms": [old_term, new_term],
         "prompt_tokens": [s["prompt_tokens"] for s in b],
         "cached_tokens": [s["num_cached_tokens"] for s in b],
         "ttft_miss_s": round(miss["wall_s"], 3), "ttft_hit_s": round(hit["wall_s"], 3),
         "requests": len(b), "answered": len(answered),
         "blocks_of_A_on_node_b_before_the_kills": held_by_b, "blocks_of_A": len(a_keys),
-        "wall_s": round(wall_s, 1),
+        "lookup_s_max": round(scheduler["lookup_s_max"], 3),
+        "lookup_errors": scheduler["lookup_errors"], "wall_s": round(wall_s, 1),
     }
     print("whole-system result: " + json.dumps(summary), flush=True)
 
-    assert len(b) == len(answered) == 5, summary
+    assert len(b) == len(answered) == 5, summary  # every request answered
     assert miss["num_cached_tokens"] == 0, summary
     shared_blocks = (hit["prompt_tokens"] - 1) // BLOCK_TOKENS
     assert hit["num_cached_tokens"] == shared_blocks * BLOCK_TOKENS, summary
     assert hit["wall_s"] < miss["wall_s"], summary
     worker = _stats(workdir / "engine-b" / "stats", "worker")
     assert worker["blocks_loaded"] >= shared_blocks, worker
-    # B's node copied A's blocks into its own DRAM: it serves them after the kills
-    assert held_by_b == len(a_keys), summary
-    after_kill = b[3]
+    assert held_by_b == len(a_keys), summary  # the hit copied A's blocks into node b
     assert after_kill["prefix_cache_reset"] is True, after_kill
     common = _common_blocks(prompts[P_SHARED_Q1], prompts[P_SHARED_Q2])
-    assert after_kill["num_cached_tokens"] >= common * BLOCK_TOKENS, summary
+    if victim == "c":  # node a lives: the new leader knows its blocks, B loads them again
+        assert after_kill["num_cached_tokens"] >= common * BLOCK_TOKENS, summary
+    else:  # the only holder died: nothing may be named, B recomputes
+        assert after_kill["num_cached_tokens"] == 0, summary
     # every answer B gave equals the no-connector engine's, token for token
     asked = [(P_SHARED_Q1, 1), (P_SHARED_Q1, 1), (P_SHARED_Q1, ANSWER_TOKENS),
              (P_SHARED_Q2, ANSWER_TOKENS), (P_SHARED_Q1, ANSWER_TOKENS)]
