@@ -101,7 +101,7 @@ CONNECTOR = {
 SEED_ENV = "KVSTORED_SYSTEM_SEED"
 ENGINE_WAIT_S = 600.0  # a hang guard on an engine's progress (it fails fast if it exits)
 ELECTION_PREFIX = "/kvsystem"
-ELECTION_LEASE_S = 2  # the leader's etcd lease: a dead leader is replaced within ~2 s
+ELECTION_LEASE_S = 3  # the leader's etcd lease: a dead leader is replaced within ~3 s
 NODE_LEASE_S = 4.0
 ENGINE_ENV = {"VLLM_HOST_IP": "127.0.0.1"}  # else vLLM probes a route to 8.8.8.8 for its IP
 
@@ -217,9 +217,7 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_lea
         procs.append(m)
         m.start()
     both = ",".join(m.address for m in masters)  # the nodes cannot reach etcd (loopback)
-    leader_address, old_term = _wait("a leader", lambda: _leader(both))
-    leader = next(m for m in masters if m.address == leader_address)
-    survivor = next(m for m in masters if m is not leader)
+    _wait("a leader", lambda: _leader(both))
     nodes = {name: _node(ns[name], workdir / f"node-{name}", both, name) for name in ns}
     start_nodes(list(nodes.values()), procs, NODE_ENV)
     wait_healthy(both, set(nodes))
@@ -267,6 +265,9 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_lea
     go.write_text("go\n")
     _wait_file(reached, engine_b)
     held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
+    leader_address, old_term = _leader(both)  # whoever leads now (asked just before the kill)
+    leader = next(m for m in masters if m.address == leader_address)
+    survivor = next(m for m in masters if m is not leader)
     nodes[victim].kill()
     leader.kill()
     t_kill = time.monotonic()
