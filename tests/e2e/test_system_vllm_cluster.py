@@ -257,10 +257,10 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_lea
     namespace = Namespace(**fields)
     a_keys = _keys_on(nodes["a"], namespace)
     assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
-    with MasterClient(both) as m:
-        _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
     reference = engine_r.result()["steps"]
     answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
+    with MasterClient(both) as m:  # just before B goes: the leader names node a for all
+        _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
 
     go.write_text("go\n")
     _wait_file(reached, engine_b)
