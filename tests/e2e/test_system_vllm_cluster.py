@@ -61,6 +61,7 @@ from kvstored.demo.vllm_demo import (
     find_model,
     find_vllm_python,
 )
+from kvstored.errors import KvstoredError
 
 try:
     PYTHON = find_vllm_python()
@@ -170,6 +171,18 @@ def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
     return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
 
 
+def _result(engine: EngineProcess) -> list[dict[str, Any]]:
+    """The engine's step results; on a failure the error lines of its whole log are attached
+    (the root cause of a vLLM start failure is often far above the log's tail)."""
+    try:
+        return engine.result()["steps"]  # type: ignore[no-any-return]
+    except KvstoredError as exc:
+        lines = engine.log_path.read_text(errors="replace").splitlines()
+        causes = [ln for ln in lines if "Error" in ln or "Exception" in ln or "Killed" in ln]
+        raise AssertionError(f"{exc}\nerror lines of the whole log:\n"
+                             + "\n".join(causes[-40:])) from None
+
+
 def _wait_file(path: Path, engine: EngineProcess) -> None:
     """Until the engine created ``path`` (it exits with an error otherwise: then raise)."""
     def reached() -> bool:
@@ -251,13 +264,13 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_lea
     ], workdir / "engine-r", node=None)
     procs.append(engine_r)
 
-    a_steps = engine_a.result()["steps"]
+    a_steps = _result(engine_a)
     assert a_steps[0]["num_cached_tokens"] == 0, "engine A must compute the prefix itself"
     fields = _stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
     namespace = Namespace(**fields)
     a_keys = _keys_on(nodes["a"], namespace)
     assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
-    reference = engine_r.result()["steps"]
+    reference = _result(engine_r)
     answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
     with MasterClient(both) as m:  # just before B goes: the leader names node a for all
         _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
@@ -291,7 +304,7 @@ def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_lea
     assert new_term > old_term, (old_term, new_term)
     wait_healthy(survivor.address, live)  # the live nodes followed it, nobody restarted
     resume.write_text("go\n")
-    b = engine_b.result()["steps"]
+    b = _result(engine_b)
     wall_s = time.monotonic() - t_start
 
     miss, hit, after_kill = b[0], b[1], b[3]
