@@ -28,7 +28,7 @@ venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
 5. Asserted: every request is answered; each answer equals R's token for token; B's hit
    TTFT is below its miss TTFT; the hit loaded the whole shared prefix.
 
-Until the etcd election (ha17) is in the tree, the same scenario runs with one master
+Where the etcd election (ha17) is not in the tree, the same scenario runs with one master
 (``..._the_master_die``): its kill leaves no master at all, node b's copies are kept, and B's
 request after the kills must be served from them; the two-master test is skipped with that
 reason (and, once it runs, the one-master one is skipped: one whole-system run keeps CI short).
