@@ -129,10 +129,13 @@ class EngineProcess:
         spec: the :func:`~kvstored.integrations.vllm.run_engine` spec.
         workdir: where its output log goes.
         env: extra environment variables.
+        argv_prefix: words put before the interpreter, e.g. ``["ip", "netns", "exec", NS]``
+            to run the engine in a network namespace (the wrapper must exec it, so that
+            :attr:`proc` is the engine itself and :meth:`kill` reaches it).
     """
 
     def __init__(self, python: Path, spec: dict[str, Any], workdir: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, argv_prefix: Sequence[str] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix="engine-", suffix=".log", dir=workdir)
         os.close(fd)
@@ -146,7 +149,7 @@ class EngineProcess:
         full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [str(python), "-m", "kvstored.integrations.vllm"], stdin=subprocess.PIPE,
+            [*argv_prefix, str(python), "-m", "kvstored.integrations.vllm"], stdin=subprocess.PIPE,
             stdout=self._log, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=workdir,
         )
         assert self.proc.stdin is not None

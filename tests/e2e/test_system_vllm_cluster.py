@@ -1,0 +1,410 @@
+"""The whole-system test (issue 17): "it works", with two real vLLM engines on a cluster.
+
+Topology (tests/e2e/bridge_helpers.py): one bridge in the root namespace; the two masters
+listen on its address and elect a leader through etcd (loopback, root namespace only); three
+network namespaces on the bridge, each with one ``kvstored node`` given both masters:
+
+    ns a: node a + vLLM engine A            root ns: etcd (loopback) + masters 0 and 1
+    ns b: node b + vLLM engine B (and R)             (``kvstored master --etcd``)
+    ns c: node c (the third node)
+
+Each engine talks to its own node over the node's unix socket and shared-memory arena; the
+nodes and the masters talk over the bridge only. The engines run SmolLM2-135M (the vLLM
+venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
+
+1. Engine A computes a ~4k-token prefix (a document + question 1, then question 2): its
+   blocks are saved to node a, which reports them to the leader.
+2. Meanwhile engine R, B's configuration without the connector, gives the reference answers,
+   and engine B starts and waits (its timings are taken alone on the machine).
+3. B: the prompt under another ``cache_salt`` (other block hashes, nothing cached): the miss
+   TTFT; the prompt itself: the hit TTFT, its blocks loaded through the cluster (node b
+   copies them from node a); then a full answer.
+4. While B runs, a node other than B's (``a`` or ``c``, chosen from a seed printed in the
+   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed, and node
+   b's copies of A's blocks are removed; once the other master leads (a higher term) and
+   answers ``complete=true``, B asks again with vLLM's prefix cache reset: the prefix comes
+   from node a through the new leader (node c killed) or is recomputed (node a killed: no
+   replica is left, so none may be named).
+5. Asserted: every request is answered; each answer equals R's token for token; B's hit
+   TTFT is below its miss TTFT; the hit loaded the whole shared prefix.
+
+Where the etcd election (ha17) is not in the tree, the same scenario runs with one master
+(``..._the_master_die``): its kill leaves no master at all, node b's copies are kept, and B's
+request after the kills must be served from them; the two-master test is skipped with that
+reason (and, once it runs, the one-master one is skipped: one whole-system run keeps CI short).
+
+The kills happen at a point B reports (a signal file; B waits for the driver's go file), so
+which request runs after them is deterministic; no sleep stands in for synchronisation.
+Needs root (network namespaces, a bridge), etcd (the ``etcd`` fixture) and the vLLM venv;
+skipped with the reason otherwise. Run only this test:
+``python -m pytest -q -s tests/e2e/test_system_vllm_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bridge_helpers import BridgedNamespace, BridgeNet
+from cluster_helpers import (
+    MasterProcess,
+    NodeProcess,
+    _wait,
+    start_master,
+    start_nodes,
+    wait_healthy,
+)
+from thread_helpers import wait_until
+
+from kvstored import Client, Namespace
+from kvstored.client.master import MasterClient
+from kvstored.demo.vllm_demo import (
+    EngineProcess,
+    VllmUnavailable,
+    build_prompts,
+    engine_spec,
+    find_model,
+    find_vllm_python,
+)
+from kvstored.errors import KvstoredError
+
+HA_MISSING = (
+    "" if importlib.util.find_spec("kvstored.master.election") is not None
+    and (Path(__file__).parents[1] / "etcd_helpers.py").exists()
+    else "needs the etcd election of issue 17 (ha17: `kvstored master --etcd`, "
+         "tests/etcd_helpers.py and the etcd fixture), not merged in this tree"
+)
+
+try:
+    PYTHON = find_vllm_python()
+    MODEL = find_model(PYTHON)
+    SKIP_REASON = ""
+except VllmUnavailable as exc:
+    PYTHON = MODEL = None  # type: ignore[assignment]
+    SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.netns,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
+]
+
+PREFIX_TOKENS = 4096  # the shared document; the issue asks for a 4k-token prefix
+ANSWER_TOKENS = 16
+QUESTIONS = (
+    "Which Python module does this document describe? Answer in one sentence.",
+    "Name one class or function that the document describes.",
+)
+BLOCK_TOKENS = 128  # the engine's block_size (run_engine's default)
+NODE_DRAM = "768MiB"  # ~180 MiB of KV per 4k-token prompt (30 layers x 3 KV heads x 64 x fp32)
+ENGINE_KV_BYTES = 512 << 20  # vLLM's own KV cache per engine (a 4.4k-token context needs ~200 MiB)
+NODE_ENV = {
+    "KVSTORED_CLUSTER__REMOTE_FETCH_TIMEOUT_S": "20",
+    "KVSTORED_CLUSTER__RPC_TIMEOUT_S": "2",  # a dead master costs a lookup 2 s, not 5
+}
+CONNECTOR = {
+    # a loaded 2-core machine: the node's cluster lookup of ~1,000 keys (32 blocks x 30
+    # layers) takes far more than the 50 ms default; a missed deadline would be a miss
+    "lookup_timeout_ms": 10_000,
+    "timeout_ms": 60_000,  # one load batch: ~180 MiB copied from a peer, then into vLLM
+}
+SEED_ENV = "KVSTORED_SYSTEM_SEED"
+ENGINE_WAIT_S = 600.0  # a hang guard on an engine's progress (it fails fast if it exits)
+ELECTION_PREFIX = "/kvsystem"
+ELECTION_LEASE_S = 3  # the leader's etcd lease: a dead leader is replaced within ~3 s
+NODE_LEASE_S = 4.0
+ENGINE_ENV = {"VLLM_HOST_IP": "127.0.0.1"}  # else vLLM probes a route to 8.8.8.8 for its IP
+
+# prompt indexes in the engines' spec: one ~4k-token document, two questions
+P_SHARED_Q1, P_SHARED_Q2 = 0, 1
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    _, ps = build_prompts(MODEL, PREFIX_TOKENS, QUESTIONS)
+    assert all(len(p) >= PREFIX_TOKENS for p in ps), [len(p) for p in ps]
+    return ps
+
+
+@pytest.fixture
+def net() -> Iterator[BridgeNet]:
+    bridge = BridgeNet()
+    try:
+        yield bridge.create()
+    finally:
+        bridge.close()
+
+
+def _node(ns: BridgedNamespace, workdir: Path, master: str, node_id: str) -> NodeProcess:
+    """A ``kvstored node`` inside ``ns``, its TCP ports on the namespace's bridge address."""
+    n = NodeProcess(workdir, master, node_id, dram_size=NODE_DRAM, ssd_size="0")
+    n.args = ns.exec_args(*[a.replace("127.0.0.1:", f"{ns.ip}:") for a in n.args])
+    return n
+
+
+def _engine(ns: BridgedNamespace, prompts: list[list[int]], steps: list[dict[str, Any]],
+            workdir: Path, *, node: NodeProcess | None) -> EngineProcess:
+    """A vLLM engine in ``ns``: with the connector on ``node``'s unix socket, or none."""
+    assert PYTHON is not None and MODEL is not None
+    if node is None:
+        spec = engine_spec(MODEL, prompts, steps, connector=None)
+    else:
+        spec = engine_spec(MODEL, prompts, steps, extra_config={
+            **CONNECTOR, "address": node.unix_address, "stats_dir": str(workdir / "stats")})
+    spec["kv_cache_memory_bytes"] = ENGINE_KV_BYTES
+    return EngineProcess(PYTHON, spec, workdir, env=ENGINE_ENV, argv_prefix=ns.exec_args())
+
+
+def _master(workdir: Path, name: str, etcd_url: str, host: str) -> MasterProcess:
+    """A ``kvstored master`` electing through ``etcd_url``, listening on ``host`` (port 0)."""
+    d = workdir / name
+    d.mkdir()
+    m = MasterProcess(d)
+    m.args[m.args.index("--listen") + 1] = f"{host}:0"
+    m.args[m.args.index("--node-lease-s") + 1] = str(NODE_LEASE_S)
+    m.args += ["--etcd", etcd_url, "--election-prefix", ELECTION_PREFIX,
+               "--election-lease-s", str(ELECTION_LEASE_S)]
+    return m
+
+
+def _leader(addresses: str) -> tuple[str, int]:
+    """The leading master's address and term, as a client given every master finds it."""
+    with MasterClient(addresses, timeout_s=2) as m:
+        m.list_nodes()
+        return m.address, m.fence.term
+
+
+def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
+    files = sorted(stats_dir.glob(f"{role}*.json"))
+    assert files, f"no {role} stats in {stats_dir}"
+    return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
+
+
+def _result(engine: EngineProcess) -> list[dict[str, Any]]:
+    """The engine's step results; on a failure the error lines of its whole log are attached
+    (the root cause of a vLLM start failure is often far above the log's tail)."""
+    try:
+        return engine.result()["steps"]  # type: ignore[no-any-return]
+    except KvstoredError as exc:
+        lines = engine.log_path.read_text(errors="replace").splitlines()
+        causes = [ln for ln in lines if "Error" in ln or "Exception" in ln or "Killed" in ln]
+        raise AssertionError(f"{exc}\nerror lines of the whole log:\n"
+                             + "\n".join(causes[-40:])) from None
+
+
+def _wait_file(path: Path, engine: EngineProcess) -> None:
+    """Until the engine created ``path`` (it exits with an error otherwise: then raise)."""
+    def reached() -> bool:
+        if engine.proc.poll() is not None:
+            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
+                                 f"\n{engine.log_path.read_text()[-3000:]}")
+        return path.exists()
+    # B may still be starting, then prefills ~4k tokens: minutes on a loaded 2-core machine
+    wait_until(reached, ENGINE_WAIT_S, f"engine reached {path.name}", interval_s=0.2)
+
+
+def _keys_on(node: NodeProcess, namespace: Namespace) -> list[bytes]:
+    """The keys of ``namespace`` that ``node`` itself holds (its admin listing, no probe)."""
+    with Client(node.unix_address, namespace=namespace) as kv:
+        blocks, truncated = kv.list_blocks(namespace.id)
+    assert not truncated
+    return sorted(b.key for b in blocks)
+
+
+def _common_blocks(x: list[int], y: list[int]) -> int:
+    """Full blocks that vLLM can take from a cache of ``x`` for a request of ``y``."""
+    same = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v),
+                min(len(x), len(y)))
+    return min(same, len(y) - 1) // BLOCK_TOKENS
+
+
+def _indexed_on(m: MasterClient, ns_id: bytes, keys: list[bytes], node_id: str) -> bool:
+    """The master names ``node_id`` for every one of ``keys`` (a complete answer)."""
+    got, complete = m.lookup_prefix(ns_id, keys)
+    return complete and len(got) == len(keys) and {r.node_id for r in got} == {node_id}
+
+
+@pytest.mark.etcd
+@pytest.mark.skipif(bool(HA_MISSING), reason=HA_MISSING)
+def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_leader_die(
+    workdir: Path, net: BridgeNet, request: pytest.FixtureRequest, procs: list[Any],
+    prompts: list[list[int]]
+) -> None:
+    _run_system(workdir, net, procs, prompts, etcd=request.getfixturevalue("etcd"))
+
+
+@pytest.mark.skipif(not HA_MISSING, reason="the two-master test runs instead (the same "
+                    "scenario with etcd and a failover; one whole-system run keeps CI short)")
+def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_master_die(
+    workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]]
+) -> None:
+    _run_system(workdir, net, procs, prompts, etcd=None)
+
+
+def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]], *,
+                etcd: Any) -> None:
+    """The scenario of the module docstring; ``etcd`` None: one master, no election (the
+    master's kill then leaves B with its own node's copies, which must serve it)."""
+    t_start = time.monotonic()
+    seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 32))
+    victim = random.Random(seed).choice(["a", "c"])
+    print(f"whole-system test: seed {seed} ({SEED_ENV}={seed} replays it): the node killed "
+          f"is {victim}", flush=True)
+
+    ns = {name: net.add_namespace() for name in ("a", "b", "c")}
+    if etcd is not None:
+        masters = [_master(workdir, f"master-{i}", etcd.url(i), net.root_ip) for i in (0, 1)]
+        for m in masters:
+            procs.append(m)
+            m.start()
+        both = ",".join(m.address for m in masters)  # the nodes cannot reach etcd (loopback)
+        _wait("a leader", lambda: _leader(both))
+    else:
+        masters = [start_master(workdir, procs, lease_s=NODE_LEASE_S, listen_host=net.root_ip)]
+        both = masters[0].address
+    nodes = {name: _node(ns[name], workdir / f"node-{name}", both, name) for name in ns}
+    start_nodes(list(nodes.values()), procs, NODE_ENV)
+    wait_healthy(both, set(nodes))
+    assert all(n.data.startswith(f"{ns[k].ip}:") for k, n in nodes.items())
+
+    # A computes the shared prefix; R (no connector) the reference answers; B starts and
+    # waits for `go` so that its TTFTs are measured alone on the machine.
+    go, reached, resume = workdir / "b-go", workdir / "b-reached", workdir / "b-resume"
+    b_steps: list[dict[str, Any]] = [
+        {"wait_for_file": str(go)},
+        # miss: the same prompt under another cache_salt (other block hashes): nothing
+        # cached anywhere, so B computes all of it
+        {"prompt": P_SHARED_Q1, "max_tokens": 1, "cache_salt": "cold"},
+        {"prompt": P_SHARED_Q1, "max_tokens": 1},  # hit: A's blocks, through the cluster
+        {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS},
+        {"signal_file": str(reached), "wait_for_file": str(resume)},  # the kills
+        # after the kills, with vLLM's own cache reset and node b's copies removed: the
+        # prefix comes through the new leader from node a, or (node a dead) is recomputed
+        {"prompt": P_SHARED_Q2, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
+        {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
+    ]
+    engine_b = _engine(ns["b"], prompts, b_steps, workdir / "engine-b", node=nodes["b"])
+    procs.append(engine_b)
+    engine_a = _engine(ns["a"], prompts, [
+        {"prompt": P_SHARED_Q1, "max_tokens": 1},
+        {"prompt": P_SHARED_Q2, "max_tokens": 1},
+    ], workdir / "engine-a", node=nodes["a"])
+    procs.append(engine_a)
+    engine_r = _engine(ns["b"], prompts, [
+        {"prompt": p, "max_tokens": ANSWER_TOKENS} for p in (P_SHARED_Q1, P_SHARED_Q2)
+    ], workdir / "engine-r", node=None)
+    procs.append(engine_r)
+
+    a_steps = _result(engine_a)
+    assert a_steps[0]["num_cached_tokens"] == 0, "engine A must compute the prefix itself"
+    fields = _stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
+    namespace = Namespace(**fields)
+    a_keys = _keys_on(nodes["a"], namespace)
+    assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
+    reference = _result(engine_r)
+    answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
+    with MasterClient(both) as m:  # just before B goes: the leader names node a for all
+        _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
+
+    go.write_text("go\n")
+    _wait_file(reached, engine_b)
+    held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
+    leader, old_term, new_term, failover_s = masters[0], 0, 0, -1.0
+    if etcd is not None:
+        leader_address, old_term = _leader(both)  # who leads now (asked just before the kill)
+        leader = next(m for m in masters if m.address == leader_address)
+    nodes[victim].kill()
+    leader.kill()
+    t_kill = time.monotonic()
+    print(f"killed node {victim} and the leading master {leader.address} (term {old_term}) "
+          f"at {t_kill - t_start:.1f} s", flush=True)
+    if etcd is not None:
+        failover_s, new_term = _fail_over(both, masters, leader, nodes, victim, namespace,
+                                          a_keys, t_kill)
+    resume.write_text("go\n")
+    b = _result(engine_b)
+    wall_s = time.monotonic() - t_start
+    _check(b, prompts, answers, workdir, {
+        "seed": seed, "killed": [f"node {victim}", f"master {leader.address}"],
+        "failover_s": round(failover_s, 2), "terms": [old_term, new_term],
+        "blocks_of_A_on_node_b_before_the_kills": held_by_b, "blocks_of_A": len(a_keys),
+    }, wall_s, victim=victim if etcd is not None else None)
+    assert held_by_b == len(a_keys), held_by_b  # the hit copied A's blocks into node b
+    if etcd is not None:
+        assert new_term > old_term, (old_term, new_term)
+
+
+def _fail_over(both: str, masters: list[MasterProcess], leader: MasterProcess,
+               nodes: dict[str, NodeProcess], victim: str, namespace: Namespace,
+               a_keys: list[bytes], t_kill: float) -> tuple[float, int]:
+    """Remove node b's copies, wait until the other master leads and answers complete=true
+    and the live nodes are healthy there; returns (seconds since the kill, its term)."""
+    survivor = next(m for m in masters if m is not leader)
+    with Client(nodes["b"].unix_address, namespace=namespace) as kv:
+        removed = kv.remove(a_keys)  # B's next loads must go through the cluster again
+    assert all(removed), f"{removed.count(False)} of node b's copies were not removed"
+    live = set(nodes) - {victim}
+    with MasterClient(both, timeout_s=2) as m:
+        def new_leader_complete() -> bool:
+            try:
+                _, complete = m.lookup_prefix(namespace.id, a_keys[:1])
+            except Exception as exc:  # noqa: BLE001 (no leader yet)
+                assert type(exc).__name__ in ("Unavailable", "NotLeader", "DeadlineExceeded"), exc
+                return False
+            return complete and m.address == survivor.address
+        _wait("the other master leads and answers complete=true", new_leader_complete)
+        failover_s = time.monotonic() - t_kill
+        new_term = m.fence.term
+    wait_healthy(survivor.address, live)  # the live nodes followed it, nobody restarted
+    return failover_s, new_term
+
+
+def _check(b: list[dict[str, Any]], prompts: list[list[int]],
+           answers: dict[int, dict[str, Any]], workdir: Path, facts: dict[str, Any],
+           wall_s: float, *, victim: str | None) -> None:
+    """B's results against R's answers and the TTFTs; ``victim`` None: B's node kept its
+    copies (one master), else they were removed and ``victim`` tells whether node a lives."""
+    miss, hit, after_kill = b[0], b[1], b[3]
+    scheduler = _stats(workdir / "engine-b" / "stats", "scheduler")
+    answered = [s for s in b if s["token_ids"]]
+    summary = {
+        **facts,
+        "prompt_tokens": [s["prompt_tokens"] for s in b],
+        "cached_tokens": [s["num_cached_tokens"] for s in b],
+        "ttft_miss_s": round(miss["wall_s"], 3), "ttft_hit_s": round(hit["wall_s"], 3),
+        "requests": len(b), "answered": len(answered),
+        "lookup_s_max": round(scheduler["lookup_s_max"], 3),
+        "lookup_errors": scheduler["lookup_errors"], "wall_s": round(wall_s, 1),
+    }
+    print("whole-system result: " + json.dumps(summary), flush=True)
+
+    assert len(b) == len(answered) == 5, summary  # every request answered
+    assert miss["num_cached_tokens"] == 0, summary
+    shared_blocks = (hit["prompt_tokens"] - 1) // BLOCK_TOKENS
+    assert hit["num_cached_tokens"] == shared_blocks * BLOCK_TOKENS, summary
+    assert hit["wall_s"] < miss["wall_s"], summary
+    worker = _stats(workdir / "engine-b" / "stats", "worker")
+    assert worker["blocks_loaded"] >= shared_blocks, worker
+    assert after_kill["prefix_cache_reset"] is True, after_kill
+    common = _common_blocks(prompts[P_SHARED_Q1], prompts[P_SHARED_Q2])
+    if victim is None:  # no master at all: node b serves the copies it made for the hit
+        assert after_kill["num_cached_tokens"] >= common * BLOCK_TOKENS, summary
+    elif victim == "c":  # node a lives: the new leader knows its blocks, B loads them again
+        assert after_kill["num_cached_tokens"] >= common * BLOCK_TOKENS, summary
+    else:  # the only holder died: nothing may be named, B recomputes
+        assert after_kill["num_cached_tokens"] == 0, summary
+    # every answer B gave equals the no-connector engine's, token for token
+    asked = [(P_SHARED_Q1, 1), (P_SHARED_Q1, 1), (P_SHARED_Q1, ANSWER_TOKENS),
+             (P_SHARED_Q2, ANSWER_TOKENS), (P_SHARED_Q1, ANSWER_TOKENS)]
+    for i, (step, (p, n)) in enumerate(zip(b, asked, strict=True)):
+        want = answers[p]["token_ids"][:n]
+        assert step["token_ids"] == want, (i, step["text"], answers[p]["text"])
