@@ -6,7 +6,7 @@ longest leading run of these block hashes" as llm-d's and Dynamo's routers do (w
 load terms). The events may be kvstored's structs (kvstored/kv_events.py) or any classes
 with the same names and fields, such as vLLM's own (``vllm.distributed.kv_events``)
 extended with kvstored's ``node_id`` / ``tier`` / ``namespace_id`` fields: events are
-matched by class name and read by attribute, so this module imports no engine. An event
+matched by their msgspec tag (or class name) and read by attribute, so this module imports no engine. An event
 without a ``node_id`` (a plain vLLM publisher's) is credited to ``default_node``.
 
 Pure (no I/O): feed it batches from :class:`kvstored.client.events.EventSubscriber`.
@@ -17,6 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+
+def _kind(event: Any) -> str:
+    """A msgspec struct's tag (what the wire says; a subclass adding fields keeps it), else
+    the class name."""
+    tag = getattr(getattr(type(event), "__struct_config__", None), "tag", None)
+    return tag if isinstance(tag, str) else type(event).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +66,9 @@ class PrefixRouter:
             self.apply(event)
 
     def apply(self, event: Any) -> None:
-        """Apply one event (matched by class name: BlockStored, BlockRemoved,
-        AllBlocksCleared; anything else is ignored)."""
-        kind = type(event).__name__
+        """Apply one event (matched by its msgspec tag, else its class name: BlockStored,
+        BlockRemoved, AllBlocksCleared; anything else is ignored)."""
+        kind = _kind(event)
         self.num_events += 1
         if kind == "AllBlocksCleared":
             self._blocks.clear()

@@ -11,8 +11,8 @@ import pytest
 from helpers import key
 from master_helpers import LEASE_S, NS, spec
 
-from kvstored.clock import FakeClock
 from kvstored.client.events import EventSubscriber
+from kvstored.clock import FakeClock
 from kvstored.errors import InvalidArgument
 from kvstored.kv_events import (
     AllBlocksCleared,
