@@ -215,6 +215,7 @@ def test_first_event_of_a_term_is_all_blocks_cleared() -> None:
         state = MasterState(epoch=5, clock=FakeClock(), initial_blocks=16, observer=pub)
         pub.node_of = state.node_of_holder
         pub.new_term()
+        assert pub.flush()  # seq 0; the sync's BlockStored is seq 1
         state.membership.register(spec("a"))
         state.membership.sync_inventory("a", 1, sync_id=1, last_chunk=True, seq=0,
                                         blocks=[BlockRef(NS, key(1), Tier.DRAM, 8)])
@@ -236,3 +237,36 @@ def test_bad_endpoints_are_named() -> None:
     pub = KVEventPublisher(PublisherSettings(endpoint="tcp://no-such-host-x:1"))
     with pytest.raises(ConfigInvalid, match="cannot bind master.events_endpoint"):
         pub.start()
+
+
+def test_kvstorectl_events_prints_json_lines_and_names_a_bad_endpoint() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from kvstored.cli.kvstorectl import main as kvstorectl
+
+    pub = KVEventPublisher(PublisherSettings(endpoint="tcp://127.0.0.1:0",
+                                             replay_endpoint="tcp://127.0.0.1:0"),
+                           node_of=lambda h: "n1")
+    pub.start()
+    try:
+        pub.new_term()
+        assert pub.flush()  # seq 0
+        pub.replicas_changed(NS, [key(1), key(2)], holder=0, tier=Tier.DRAM, visible=True)
+        assert pub.flush()  # seq 1
+        r = CliRunner().invoke(kvstorectl, [
+            "--output", "json", "events", "--endpoint", pub.endpoint,
+            "--replay-endpoint", pub.replay_endpoint, "--from-seq", "0", "--count", "2"])
+    finally:
+        pub.stop()
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.output.splitlines()]
+    assert [(x["seq"], x["type"]) for x in lines] == [(0, "AllBlocksCleared"), (1, "BlockStored")]
+    assert lines[1]["block_hashes"] == [key(1).hex(), key(2).hex()]
+    assert (lines[1]["node_id"], lines[1]["tier"], lines[1]["medium"]) == ("n1", "DRAM", "CPU")
+    bad = CliRunner().invoke(kvstorectl, ["events", "--endpoint", "127.0.0.1:1"])
+    assert bad.exit_code == 2 and "must be a ZeroMQ address" in bad.output
+    bad = CliRunner().invoke(kvstorectl, ["events", "--endpoint", "tcp://127.0.0.1:1",
+                                          "--from-seq", "0"])
+    assert bad.exit_code == 2 and "--from-seq needs --replay-endpoint" in bad.output
