@@ -270,3 +270,12 @@ def test_kvstorectl_events_prints_json_lines_and_names_a_bad_endpoint() -> None:
     bad = CliRunner().invoke(kvstorectl, ["events", "--endpoint", "tcp://127.0.0.1:1",
                                           "--from-seq", "0"])
     assert bad.exit_code == 2 and "--from-seq needs --replay-endpoint" in bad.output
+
+
+def test_a_replay_endpoint_without_an_endpoint_is_refused_at_load() -> None:
+    from kvstored.config import load_config
+    from kvstored.errors import ConfigInvalid
+
+    with pytest.raises(ConfigInvalid, match="events_replay_endpoint needs master.events_endpoint"):
+        load_config(None, overrides={"master": {"events_replay_endpoint": "tcp://127.0.0.1:1"}},
+                    environ={})
