@@ -256,6 +256,10 @@ async def _serve_with_master(loaded: Any) -> None:
         lines += [f"listening master {a}" for a in master.grpc_addresses]
         if master.metrics_address:
             lines.append(f"listening master-metrics http://{master.metrics_address}/metrics")
+        if master.events_address:
+            lines.append(f"listening master-events {master.events_address}")
+        if master.events_replay_address:
+            lines.append(f"listening master-events-replay {master.events_replay_address}")
         click.echo("\n".join(lines))
         await NodeDaemon(
             loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(), tls=tls,
