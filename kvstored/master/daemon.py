@@ -48,6 +48,7 @@ from kvstored.config import MasterConfig
 from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.master.election import ElectionHooks, Elector
 from kvstored.master.metrics import MasterMetrics
+from kvstored.master.observed import ObservedBlockIndex
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
@@ -193,8 +194,14 @@ class MasterDaemon:
         """A new leadership: a fresh term's state, swapped into the servicer whole."""
         assert self.servicer is not None
         self.epoch = next_master_epoch(pathlib.Path(self.cfg.data_dir))
+        old = self.state
+        if old is not None and isinstance(old.index, ObservedBlockIndex):
+            old.index.detach()  # an earlier term's index never publishes again
         self.state = MasterState.from_config(self.cfg, self.clock, epoch=self.epoch,
-                                             restarted=True, term=term)
+                                             restarted=True, term=term, observer=self.events)
+        if self.events is not None:
+            self.events.node_of = self.state.node_of_holder
+            self.events.new_term()  # AllBlocksCleared, then this term's inventories
         self.servicer.set_state(self.state)
         log.info("master_term_started", term=term, epoch=self.epoch)
 

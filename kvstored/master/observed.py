@@ -47,6 +47,15 @@ class IndexObserver(Protocol):
         (``visible``) or stopped being visible on ``holder``'s ``tier``."""
 
 
+class _NoObserver:
+    def replicas_changed(self, namespace_id: bytes, keys: Sequence[bytes], *, holder: int,
+                         tier: Tier, visible: bool) -> None:
+        return None
+
+
+_NO_OBSERVER = _NoObserver()
+
+
 class ObservedBlockIndex(BlockIndex):
     """A :class:`BlockIndex` that reports visible-replica changes to ``observer``.
 
@@ -58,6 +67,10 @@ class ObservedBlockIndex(BlockIndex):
     def __init__(self, observer: IndexObserver, initial_blocks: int = 1024) -> None:
         super().__init__(initial_blocks)
         self.observer = observer
+
+    def detach(self) -> None:
+        """Stop reporting (the term that owns this index ended); idempotent."""
+        self.observer = _NO_OBSERVER
 
     # ---- helpers ---------------------------------------------------------------------
     def _visible(self, namespace_id: bytes, key: bytes) -> set[tuple[int, Tier]]:

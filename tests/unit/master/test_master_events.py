@@ -279,3 +279,14 @@ def test_a_replay_endpoint_without_an_endpoint_is_refused_at_load() -> None:
     with pytest.raises(ConfigInvalid, match="events_replay_endpoint needs master.events_endpoint"):
         load_config(None, overrides={"master": {"events_replay_endpoint": "tcp://127.0.0.1:1"}},
                     environ={})
+
+
+def test_a_detached_index_of_an_ended_term_reports_nothing() -> None:
+    rec = _Recorder()
+    ix = ObservedBlockIndex(rec, 16)
+    h = ix.add_holder()
+    ix.set_readable(h, True)
+    ix.detach()  # MasterDaemon._lead does it to the earlier term's index
+    ix.add_replica(NS, key(1), holder=h, tier=Tier.DRAM, size_bytes=8, generation=1)
+    ix.retire_holder(h)
+    assert rec.calls == []
