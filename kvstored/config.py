@@ -392,6 +392,20 @@ class MasterConfig(_Model):
     election_lease_s: int = Field(default=5, ge=1, le=300)
     """TTL of the leader's etcd lease, whole seconds: a dead leader is replaced within about
     this long; a leader cut off from etcd stops answering before it lapses. Default 5."""
+    events_endpoint: str = ""
+    """ZeroMQ PUB address the master binds to publish KV events for routers, in vLLM's
+    format (``tcp://HOST:PORT``, port 0 = any; docs/cluster.md "KV events"); empty (the
+    default) = off."""
+    events_replay_endpoint: str = ""
+    """ZeroMQ ROUTER address answering replay requests (a start seq) with the buffered
+    batches; empty (the default) = no replay. Needs ``events_endpoint``."""
+    events_buffer_steps: int = Field(default=10_000, ge=1)
+    """Batches kept for replay. Default 10000."""
+    events_max_blocks: int = Field(default=256, ge=1)
+    """Blocks per event batch at most. Default 256."""
+    events_batch_ms: float = Field(default=10.0, ge=0)
+    """A block event is sent at most this long after the index changed, milliseconds.
+    Default 10."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
     log_format: Literal["json", "console"] | None = None
@@ -404,6 +418,12 @@ class MasterConfig(_Model):
     def log_as_json(self) -> bool:
         """Whether logs are JSON lines (``log_format``, else ``log_json``)."""
         return self.log_format == "json" if self.log_format is not None else self.log_json
+    @model_validator(mode="after")
+    def _check_events(self) -> MasterConfig:
+        if self.events_replay_endpoint and not self.events_endpoint:
+            raise ValueError("master.events_replay_endpoint needs master.events_endpoint "
+                             f"(got replay {self.events_replay_endpoint!r} and no endpoint)")
+        return self
 
 
 class ClusterConfig(_Model):

@@ -70,7 +70,8 @@ from kvstored.cli.main import LazyGroup
 from kvstored.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 
-@click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.cli.scheduler:scheduler"})
+@click.group(cls=LazyGroup, lazy_commands={"scheduler": "kvstored.cli.scheduler:scheduler",
+                                            "events": "kvstored.cli.events:events"})
 @click.option("--address", default=None, metavar="unix:PATH|HOST:PORT",
               help="Node address (default: $KVSTORED_ADDRESS or the local unix socket).")
 @click.option("--timeout-s", type=click.FloatRange(min=0.001), default=5.0, show_default=True,

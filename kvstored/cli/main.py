@@ -256,6 +256,10 @@ async def _serve_with_master(loaded: Any) -> None:
         lines += [f"listening master {a}" for a in master.grpc_addresses]
         if master.metrics_address:
             lines.append(f"listening master-metrics http://{master.metrics_address}/metrics")
+        if master.events_address:
+            lines.append(f"listening master-events {master.events_address}")
+        if master.events_replay_address:
+            lines.append(f"listening master-events-replay {master.events_replay_address}")
         click.echo("\n".join(lines))
         await NodeDaemon(
             loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(), tls=tls,
@@ -301,6 +305,10 @@ def _print_master_started(daemon: Any) -> None:
     lines += [f"listening grpc {addr}" for addr in daemon.grpc_addresses]
     if daemon.metrics_address:
         lines.append(f"listening metrics http://{daemon.metrics_address}/metrics")
+    if daemon.events_address:
+        lines.append(f"listening events {daemon.events_address}")
+    if daemon.events_replay_address:
+        lines.append(f"listening events-replay {daemon.events_replay_address}")
     lines.append("ready")
     click.echo("\n".join(lines))
     sys.stdout.flush()
@@ -322,6 +330,11 @@ def _print_master_started(daemon: Any) -> None:
 @click.option("--election-prefix", metavar="PFX",
               help="etcd key prefix of the election (default /kvstored).")
 @click.option("--election-lease-s", type=int, help="Leader's etcd lease TTL, seconds (default 5).")
+@click.option("--events-endpoint", metavar="tcp://HOST:PORT",
+              help="Publish KV events for routers (vLLM's format) on this ZeroMQ PUB address "
+                   "(port 0 = any); '' disables it (the default).")
+@click.option("--events-replay-endpoint", metavar="tcp://HOST:PORT",
+              help="ZeroMQ ROUTER address replaying buffered KV-event batches.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines (systemd).")
 @click.option("--log-format", type=click.Choice(["json", "console"]),
               help="Log lines as JSON (journald) or for a console; wins over --log-json.")
@@ -337,6 +350,8 @@ def master(
     etcd: str | None,
     election_prefix: str | None,
     election_lease_s: int | None,
+    events_endpoint: str | None,
+    events_replay_endpoint: str | None,
     log_json: bool | None,
     log_format: str | None,
     log_level: str | None,
@@ -353,7 +368,8 @@ def master(
 
     overrides = {"listen": list(listen) or None, "data_dir": data_dir,
                  "node_lease_s": node_lease_s, "placement_policy": placement_policy,
-                 "metrics_listen": metrics_listen, "log_json": log_json, "log_format": log_format,
+                 "metrics_listen": metrics_listen, "events_endpoint": events_endpoint,
+                 "events_replay_endpoint": events_replay_endpoint, "log_json": log_json, "log_format": log_format,
                  "log_level": log_level,
                  "etcd": [e for e in etcd.split(",") if e.strip()] if etcd is not None else None,
                  "election_prefix": election_prefix, "election_lease_s": election_lease_s}

@@ -38,7 +38,7 @@ import os
 import pathlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -48,12 +48,16 @@ from kvstored.config import MasterConfig
 from kvstored.errors import ConfigInvalid, InvalidArgument
 from kvstored.master.election import ElectionHooks, Elector
 from kvstored.master.metrics import MasterMetrics
+from kvstored.master.observed import ObservedBlockIndex
 from kvstored.master.service import MasterServicer, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.transport.listen import add_grpc_port
 from kvstored.transport.master_targets import check_election_prefix, parse_etcd_endpoints
+
+if TYPE_CHECKING:
+    from kvstored.master.events import KVEventPublisher
 
 log = structlog.get_logger(__name__)
 
@@ -123,6 +127,9 @@ class MasterDaemon:
         self._server: grpc.aio.Server | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._started = False
+        self.events: KVEventPublisher | None = None  # master.events_endpoint set
+        self.events_address = ""
+        self.events_replay_address = ""
 
     async def start(self) -> None:
         """Bind every listen address and start serving.
@@ -145,8 +152,13 @@ class MasterDaemon:
                 raise ConfigInvalid(str(exc)) from None
         restarted = (pathlib.Path(cfg.data_dir) / STATE_FILE).exists()
         self.epoch = next_master_epoch(pathlib.Path(cfg.data_dir))
+        if cfg.events_endpoint:
+            self._start_events()
         self.state = MasterState.from_config(cfg, self.clock, epoch=self.epoch,
-                                             restarted=restarted)
+                                             restarted=restarted, observer=self.events)
+        if self.events is not None:
+            self.events.node_of = self.state.node_of_holder
+            self.events.new_term()  # AllBlocksCleared before this term's first block
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", 64 << 20)])
         self.servicer = MasterServicer(self.state, metrics=self.metrics,
@@ -182,8 +194,14 @@ class MasterDaemon:
         """A new leadership: a fresh term's state, swapped into the servicer whole."""
         assert self.servicer is not None
         self.epoch = next_master_epoch(pathlib.Path(self.cfg.data_dir))
+        old = self.state
+        if old is not None and isinstance(old.index, ObservedBlockIndex):
+            old.index.detach()  # an earlier term's index never publishes again
         self.state = MasterState.from_config(self.cfg, self.clock, epoch=self.epoch,
-                                             restarted=True, term=term)
+                                             restarted=True, term=term, observer=self.events)
+        if self.events is not None:
+            self.events.node_of = self.state.node_of_holder
+            self.events.new_term()  # AllBlocksCleared, then this term's inventories
         self.servicer.set_state(self.state)
         log.info("master_term_started", term=term, epoch=self.epoch)
 
@@ -220,6 +238,19 @@ class MasterDaemon:
             ) from None
         self.metrics_address = format_host_port(host, self._httpd.server_port)
 
+    def _start_events(self) -> None:
+        """Bind the KV-event sockets (kvstored/master/events.py; pyzmq and msgspec)."""
+        from kvstored.master.events import KVEventPublisher, PublisherSettings
+
+        cfg = self.cfg
+        self.events = KVEventPublisher(PublisherSettings(
+            endpoint=cfg.events_endpoint, replay_endpoint=cfg.events_replay_endpoint,
+            buffer_steps=cfg.events_buffer_steps, max_events=cfg.events_max_blocks,
+            batch_ms=cfg.events_batch_ms))
+        self.events.start()
+        self.events_address = self.events.endpoint
+        self.events_replay_address = self.events.replay_endpoint
+
     async def _maintain(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.gc_interval_s)
@@ -244,6 +275,8 @@ class MasterDaemon:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        if self.events is not None:
+            self.events.stop()
         log.info("master_stopped", epoch=self.epoch)
 
     async def run(self, *, on_started: Callable[[MasterDaemon], None] | None = None) -> None:

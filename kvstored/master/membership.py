@@ -193,8 +193,8 @@ class Membership:
                                 rec.synced and not rec.gap and (rec.healthy or rec.probation))
 
     def _retire(self, holder: int) -> None:
+        self.index.retire_holder(holder)  # first: its observer may ask whose holder it was
         self._by_holder.pop(holder, None)
-        self.index.retire_holder(holder)
 
     def _epoch_of(self, node_id: str) -> int | None:
         rec = self._nodes.get(node_id)

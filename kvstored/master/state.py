@@ -30,6 +30,7 @@ from kvstored.config import MasterConfig
 from kvstored.master.generations import Generations
 from kvstored.master.index import BlockIndex
 from kvstored.master.membership import Membership
+from kvstored.master.observed import IndexObserver, ObservedBlockIndex
 from kvstored.master.placement import Placement
 from kvstored.master.repair import Repair, RepairSettings
 from kvstored.master.types import PlacementPolicy
@@ -53,6 +54,8 @@ class MasterState:
             increase across terms whose epochs do).
         term: the term every answer carries (None: ``epoch``, a master without election;
             under etcd the election key's create revision, kvstored/master/election.py).
+        observer: hears every change of the visible replicas (the KV-event publisher,
+            kvstored/master/events.py); None = a plain index.
 
     Raises:
         InvalidArgument: a setting out of range (named by the part that refused it), or a
@@ -77,11 +80,13 @@ class MasterState:
         repair: RepairSettings | None = None,
         command_resend_s: float | None = None,
         term: int | None = None,
+        observer: IndexObserver | None = None,
     ) -> None:
         self.epoch = int(epoch)
         self.term = self.epoch if term is None else int(term)
         self.clock = clock
-        self.index = BlockIndex(initial_blocks)
+        self.index = (BlockIndex(initial_blocks) if observer is None
+                      else ObservedBlockIndex(observer, initial_blocks))
         self.generations = Generations(self.epoch if first_generation is None
                                        else first_generation)
         self.membership = Membership(
@@ -101,7 +106,8 @@ class MasterState:
 
     @classmethod
     def from_config(cls, cfg: MasterConfig, clock: Clock, *, epoch: int,
-                    restarted: bool, term: int | None = None) -> MasterState:
+                    restarted: bool, term: int | None = None,
+                    observer: IndexObserver | None = None) -> MasterState:
         """The state of a term started from the master's settings.
 
         Args:
@@ -111,6 +117,7 @@ class MasterState:
             restarted: an earlier term ran (its nodes may yet come back): lookups say
                 ``complete=false`` for one node lease.
             term: the term answers carry (None: ``epoch``).
+            observer: as the constructor's.
         """
         return cls(
             epoch=epoch, clock=clock, node_lease_s=cfg.node_lease_s,
@@ -124,8 +131,13 @@ class MasterState:
                                   hot_window_s=cfg.hot_window_s,
                                   hot_max_extra_replicas=cfg.hot_max_extra_replicas),
             command_resend_s=cfg.command_resend_s or None,
-            term=term,
+            term=term, observer=observer,
         )
+
+    def node_of_holder(self, holder: int) -> str | None:
+        """The node id owning a holder of this term's index (None once retired)."""
+        rec = self.membership.record_of_holder(holder)
+        return rec.spec.node_id if rec is not None else None
 
     def maintain(self, max_gc_rows: int) -> tuple[list[str], int, int]:
         """One maintenance step of the term: expire lapsed node leases, abort lapsed writes,

@@ -65,6 +65,8 @@ class MasterProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
         self.metrics = ""
+        self.events = ""  # "listening events" / "events-replay" (with --events-endpoint)
+        self.events_replay = ""
         self.epoch = 0
 
     def start(self) -> MasterProcess:
@@ -85,6 +87,10 @@ class MasterProcess:
                     self.epoch = int(parts[3])
                 elif line.startswith("listening grpc "):
                     self.address = parts[2]
+                elif line.startswith("listening events "):
+                    self.events = parts[2]
+                elif line.startswith("listening events-replay "):
+                    self.events_replay = parts[2]
                 elif line.startswith("listening metrics "):
                     self.metrics = parts[2].removeprefix("http://").removesuffix("/metrics")
                 elif line.strip() == "ready":
