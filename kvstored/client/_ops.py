@@ -96,6 +96,7 @@ from kvstored.client._shm import (  # noqa: F401
     _put_shm,
     _read_shm,
     dram_present,
+    one_sided_live,
 )
 from kvstored.client._state import (  # noqa: F401
     MAX_TIMEOUT_S,
@@ -348,7 +349,8 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     tiers: list[Tier] = []
-    present = dram_present(st, checked)  # DRAM blocks: answered here, no round trip
+    live = yield from one_sided_live(st, info)
+    present = dram_present(st, checked) if live else None  # DRAM blocks: no round trip
     if present is not None:
         lead = next((i for i, p in enumerate(present) if not p), len(present))
         tiers = [Tier.DRAM] * lead
@@ -377,7 +379,8 @@ def op_exists(
         raise InvalidArgument(f"namespace_id must be bytes; got {type(ns_id).__name__}")
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
-    present = dram_present(st, checked) if namespace_id is None else None
+    live = namespace_id is None and (yield from one_sided_live(st, info))
+    present = dram_present(st, checked) if live else None
     if present is not None and any(present):  # DRAM blocks: answered here, no round trip
         rest = [k for k, p in zip(checked, present, strict=True) if not p]
         asked = iter((yield from op_exists(st, rest, with_tiers, deadline)) if rest else [])

@@ -167,6 +167,31 @@ ONE_SIDED_STATS = {"hits": 0, "fallbacks": 0}
 ``fallbacks`` (blocks the index named but whose check failed: read through the node)."""
 
 
+def one_sided_live(st: ClientState, info: NodeInfo) -> Op[bool]:
+    """Whether a one-sided read (or probe) may use the mapped arena now.
+
+    Only inside this client's live session with the node whose arena is mapped: the
+    OpenSession stream is the node's liveness, by construction (it ends when the node
+    process dies; no timer). A SIGKILLed node's arena keeps its last contents in a mapping
+    that nobody writes any more; those blocks are the dead node's, which the design never
+    serves (a replica whose node or epoch is gone is a miss). So the session is opened (or
+    checked open) first: a dead node fails that step (Unavailable, and the client describes
+    the node again on its next call), and a session answered by another epoch than the one
+    mapped (the node restarted with a new arena) refuses the stale mapping the same way.
+
+    Raises:
+        Unavailable: the node is gone, or restarted since the arena was mapped.
+    """
+    arena = st.arena
+    if arena is None or arena.slots is None or not one_sided_enabled():
+        return False
+    yield Session()
+    if st.session_epoch and st.session_epoch != info.epoch:
+        raise Unavailable(f"the node restarted (epoch {st.session_epoch}, arena mapped at epoch "
+                          f"{info.epoch}); describe it again")
+    return True
+
+
 def dram_present(st: ClientState, keys: Sequence[bytes]) -> list[bool] | None:
     """Per key: a DRAM block of this client's namespace, by the shared index and its slot
     header (no round trip; never stamps recency: a probe is not a read), or None when no
@@ -288,7 +313,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
     first, last = 0, len(keys)
-    if arena.slots is not None and one_sided_enabled():  # DRAM hits: no round trip
+    if (yield from one_sided_live(st, info)):  # DRAM hits: no round trip (in a live session)
         planned, left = _plan_one_sided(arena, st.stored_namespace_id, sink)
         if planned:
             left += yield Blocking(

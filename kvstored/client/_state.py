@@ -129,6 +129,10 @@ class ClientState:
         self.info: NodeInfo | None = None
         self.transport_info: NodeInfo | None = None  # the node the transport was set up for
         self.arena: ArenaMap | None = None
+        self.session_epoch = 0
+        """The node epoch the open OpenSession stream was answered with (0: none yet); the
+        driver sets it. One-sided reads run only inside a live session of the epoch whose
+        arena is mapped (kvstored/client/_shm.py ``one_sided_live``)."""
         self.dataplane: DataPlaneClient | None = None
         self.connected = False
         self.control: Any = None  # the lean control channel (_control.py), None = gRPC only

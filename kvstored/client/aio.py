@@ -182,6 +182,7 @@ class AsyncClient:
                 raise
             self._session_call, self._session_reader = call, reader
             self._session_id = event.session_id
+            self._st.session_epoch = event.epoch
             self._opened.append(self._session_id)
             return self._session_id
 

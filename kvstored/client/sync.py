@@ -169,6 +169,7 @@ class _SyncSession:
             if isinstance(first[0], grpc.RpcError):
                 raise self._st.map_rpc_error(first[0])
             self._call, self._ended, self._session_id = call, ended, first[0].session_id
+            self._st.session_epoch = first[0].epoch
             self._opened.append(self._session_id)
             return self._session_id
 
