@@ -158,7 +158,8 @@ def tenant_of(stored: bytes) -> str:
         return SHARED_TENANT
 
 
-def check_stored_namespace(stored: bytes, *, tenant: str, may_cross: bool, action: str) -> None:
+def check_stored_namespace(stored: bytes, *, tenant: str, may_cross: bool, action: str,
+                           caller: str = "") -> None:
     """Refuse a caller of ``tenant`` addressing a stored id of another tenant (data plane).
 
     Args:
@@ -166,17 +167,17 @@ def check_stored_namespace(stored: bytes, *, tenant: str, may_cross: bool, actio
         tenant: the caller's tenant.
         may_cross: the caller may address every tenant (a node, an admin).
         action: for the message (e.g. ``"data-plane GET"``).
+        caller: the caller's name for the message (its certificate's subject), if known.
 
     Raises:
-        PermissionDenied: naming the caller's tenant and the one addressed.
+        PermissionDenied: naming the caller (when given), its tenant and the one addressed.
     """
     if may_cross:
         return
     other = tenant_of(stored)
     if other != tenant:
-        raise PermissionDenied(
-            f"{action}: a caller of tenant {tenant!r} may not address tenant {other!r}'s blocks"
-        )
+        who = f"caller {caller!r} of tenant {tenant!r}" if caller else f"a caller of tenant {tenant!r}"
+        raise PermissionDenied(f"{action}: {who} may not address tenant {other!r}'s blocks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from kvstored.client.types import NodeInfo
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
 from kvstored.keys import Namespace
 from kvstored.rpc_status import error_from_rpc
+from kvstored.security.identity import principal_from_pem
 from kvstored.security.tls import TlsFiles, tls_from_env
 from kvstored.tenancy import check_tenant, scope_namespace
 from kvstored.transport.tcp import DataPlaneClient
@@ -90,6 +91,24 @@ def check_replicas(replicas: int | None, what: str) -> int | None:
     return replicas
 
 
+def default_tenant(tenant: str | None, tls: TlsFiles | None) -> str:
+    """The tenant a client acts for: ``tenant`` when given (even ""), else the
+    ``kvstored://tenant/T`` SAN URI of its own TLS certificate, else the shared tenant "".
+
+    So an engine whose certificate names its tenant needs no ``tenant=``: its declared
+    tenant, and the stored ids it sends on the TCP data plane, are its certificate's.
+
+    Raises:
+        Unauthenticated: the certificate's ``kvstored://`` URIs are malformed (as the
+            servers would refuse it: :func:`kvstored.security.identity.principal_from_pem`).
+    """
+    if tenant is not None:
+        return tenant
+    if tls is None:
+        return ""
+    return principal_from_pem(tls.cert_pem).tenant
+
+
 class ClientState:
     """What a client knows about its node; shared by the sync and async clients.
 
@@ -104,7 +123,7 @@ class ClientState:
         namespace: Namespace | None,
         transport: str,
         replicas: int | None = None,
-        tenant: str = "",
+        tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
@@ -117,15 +136,16 @@ class ClientState:
         self.timeout_s = float(timeout_s)
         self.namespace = namespace
         self.namespace_id = namespace.id if namespace is not None else b""
-        self.tenant = check_tenant(tenant, what="Client(tenant=...)")
-        self.stored_namespace_id = scope_namespace(self.tenant, self.namespace_id)
-        """The id the TCP data plane carries (tenant-scoped, docs/tenants.md)."""
-        self.transport = transport
-        self.replicas = check_replicas(replicas, "Client(replicas=...)")
         self.tls: TlsFiles | None = (None if tls is False else tls if tls is not None
                                      else tls_from_env())
         """Mutual TLS to a TCP address and to the node's data plane (None = plaintext;
         a unix address never uses it)."""
+        self.tenant = check_tenant(default_tenant(tenant, self.tls), what="Client(tenant=...)")
+        """The tenant the client acts for: ``tenant=``, else its certificate's, else ""."""
+        self.stored_namespace_id = scope_namespace(self.tenant, self.namespace_id)
+        """The id the TCP data plane carries (tenant-scoped, docs/tenants.md)."""
+        self.transport = transport
+        self.replicas = check_replicas(replicas, "Client(replicas=...)")
         self.info: NodeInfo | None = None
         self.transport_info: NodeInfo | None = None  # the node the transport was set up for
         self.arena: ArenaMap | None = None

@@ -89,7 +89,7 @@ class AsyncClient:
         namespace: Namespace | None = None,
         transport: str = "auto",
         replicas: int | None = None,
-        tenant: str = "",
+        tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         self._st = ClientState(

@@ -242,7 +242,9 @@ class Client:
             / ``default_replicas``). Not part of the namespace: block hashes are unchanged.
         tenant: the tenant this client acts for ("" = the shared tenant), declared on every
             call; the node keeps each tenant's blocks in a key space of its own
-            (docs/tenants.md). With TLS the certificate's tenant wins.
+            (docs/tenants.md). None (the default) = the tenant its TLS certificate names
+            (``kvstored://tenant/T``), or "" without TLS or without one. With TLS a
+            certificate's tenant is enforced by the servers whatever is declared here.
         tls: mutual TLS (:class:`kvstored.security.tls.TlsFiles`) to a ``HOST:PORT`` node and
             its data plane; None (the default) = from ``KVSTORED_TLS__CERT_FILE``,
             ``..._KEY_FILE``, ``..._CA_FILE`` when set, else plaintext; False = plaintext.
@@ -253,6 +255,8 @@ class Client:
             name.
         ConfigInvalid: ``tls`` not given and only some ``KVSTORED_TLS__*`` env vars set, or
             their files unreadable / not a certificate and its key.
+        Unauthenticated: no ``tenant=`` and the certificate's ``kvstored://`` URIs are
+            malformed.
     """
 
     def __init__(
@@ -263,7 +267,7 @@ class Client:
         namespace: Namespace | None = None,
         transport: str = "auto",
         replicas: int | None = None,
-        tenant: str = "",
+        tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
     ) -> None:
         self._st = ClientState(

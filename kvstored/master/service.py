@@ -11,6 +11,14 @@ reports; ``node`` and ``engine`` look up and put; only ``admin`` drains a node o
 replication factor; every role reads the admin views. Without
 TLS every caller is TRUSTED_LOCAL, which holds every role.
 
+Tenants (docs/tenants.md): every RPC that names a (stored) namespace id checks it with
+:func:`check_caller_namespace` before reading or placing anything: a caller that is neither a
+node nor an admin (an engine's certificate) may name only stored ids of its own tenant
+(:func:`kvstored.tenancy.split_namespace`); another tenant's is ``PermissionDenied`` naming
+both tenants and the caller. ``ListNodeBlocks`` over every namespace keeps only the caller's
+tenant's blocks for such a caller. The caller is the one the role check judged, kept in a
+context variable for the duration of the call.
+
 Leadership (``kvstored master --etcd``, kvstored/master/election.py): the servicer asks its
 :class:`LeaderGate` before every call and again before answering; while the gate says this
 master does not lead, every call is answered ``NotLeader`` (code 504, gRPC UNAVAILABLE) with
@@ -26,9 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -36,7 +45,7 @@ import numpy as np
 import structlog
 
 from kvstored.addresses import parse_host_port
-from kvstored.auth import Role, require_role
+from kvstored.auth import TRUSTED_LOCAL, Principal, Role, require_role
 from kvstored.errors import (
     InternalError,
     InvalidArgument,
@@ -64,8 +73,13 @@ from kvstored.master.types import (
 )
 from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
-from kvstored.security.identity import principal_of
-from kvstored.tenancy import MAX_STORED_NAMESPACE_BYTES, check_namespace_length
+from kvstored.security.identity import principal_of_call
+from kvstored.tenancy import (
+    MAX_STORED_NAMESPACE_BYTES,
+    check_namespace_length,
+    check_stored_namespace,
+    tenant_of,
+)
 from kvstored.transport.master_targets import LEADER_METADATA_KEY, TERM_METADATA_KEY
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2 as cpb
@@ -119,6 +133,42 @@ class LeaderGate(Protocol):
 
 
 
+_CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar(
+    "kvstored_master_caller", default=TRUSTED_LOCAL)
+"""The principal of the MasterService call being served (set by ``@_rpc``)."""
+
+
+def may_cross_tenants(principal: Principal) -> bool:
+    """Whether ``principal`` may name every tenant's stored namespace ids on the master: a
+    node (it reports and looks up every tenant's blocks) or an admin. TRUSTED_LOCAL (no TLS)
+    holds every role, so it may."""
+    return principal.has("node") or principal.has("admin")
+
+
+def check_caller_namespace(namespace_ids: bytes | Iterable[bytes], *, action: str) -> None:
+    """Refuse the current call if it names another tenant's stored namespace id.
+
+    The one check every MasterService RPC that names a namespace id makes, before it reads
+    the index or places anything. The caller is the principal ``@_rpc`` judged (see
+    :func:`may_cross_tenants` for who may cross); outside a call it is TRUSTED_LOCAL.
+
+    Args:
+        namespace_ids: the stored namespace id(s) the request names.
+        action: the RPC, for the message (``"MasterService.LookupPrefix"``).
+
+    Raises:
+        PermissionDenied: naming the caller, its tenant and the tenant addressed; not
+            retriable (the same request is refused again).
+    """
+    principal = _CALLER.get()
+    if may_cross_tenants(principal):
+        return
+    ids = (namespace_ids,) if isinstance(namespace_ids, bytes) else set(namespace_ids)
+    for ns in ids:
+        check_stored_namespace(ns, tenant=principal.tenant, may_cross=False, action=action,
+                               caller=principal.name)
+
+
 def _caller_node_id(request: Any) -> str:
     """The node a request speaks for (``node_id``, or ``node.node_id`` of RegisterNode), or
     "" (a request of kvstorectl or an engine); names the node on the call's log lines."""
@@ -151,9 +201,12 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
             if caller:
                 fields["node_id"] = caller
             token = bind_request(fields)
+            caller_token = None
             try:
                 if self.check_roles:
-                    require_role(principal_of(context), *roles, action=action)
+                    principal = principal_of_call(context)
+                    require_role(principal, *roles, action=action)
+                    caller_token = _CALLER.set(principal)
                 state = self._leading_state()
                 resp = await fn(self, request, context)
                 if self._leading_state() is not state:  # the leadership ended during the call
@@ -174,6 +227,8 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
                 err = InternalError(f"{type(exc).__name__}: {exc}")
             finally:
                 unbind_request(token)
+                if caller_token is not None:
+                    _CALLER.reset(caller_token)
             context.set_trailing_metadata(grpc_trailing_metadata(err) + extra)
             await context.abort(grpc_status(err), str(err))
             raise AssertionError("unreachable")  # context.abort raises
@@ -382,6 +437,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest) -> pb.MasterLookupPrefixResponse:
         check_namespace_length(request.namespace_id)
+        check_caller_namespace(request.namespace_id, action="MasterService.LookupPrefix")
         if len(request.keys) > MAX_LOOKUP_KEYS:
             raise InvalidArgument(
                 f"{len(request.keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}"
@@ -431,6 +487,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.PutStartRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutStartResponse:
         policy = _policy_of(request.policy)
+        check_caller_namespace(request.namespace_id, action="MasterService.PutStart")
         try:
             out = self.placement.start_put(
                 bytes(request.namespace_id), bytes(request.key), request.size_bytes,
@@ -455,6 +512,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.PutEndRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndResponse:
         outcome = "commit" if request.commit else "abort"
+        check_caller_namespace(request.namespace_id, action="MasterService.PutEnd")
         try:
             n = self.placement.end_put(bytes(request.namespace_id), bytes(request.key),
                                        request.generation, commit=request.commit)
@@ -470,6 +528,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.PutStartBatchResponse:
         policy = _policy_of(request.policy)
         items = [(bytes(i.namespace_id), bytes(i.key), i.size_bytes) for i in request.items]
+        check_caller_namespace([ns for ns, _, _ in items], action="MasterService.PutStartBatch")
+        check_caller_namespace([e.namespace_id for e in request.ends],
+                               action="MasterService.PutStartBatch")
         resp = pb.PutStartBatchResponse()
         if request.ends:  # the carried ends first: their space is released before placing
             self._end_batch(request.ends, resp.end_results)
@@ -511,6 +572,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.PutEndBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutEndBatchResponse:
         resp = pb.PutEndBatchResponse()
+        check_caller_namespace([i.namespace_id for i in request.items],
+                               action="MasterService.PutEndBatch")
         self._end_batch(request.items, resp.results)
         return resp
 
@@ -560,6 +623,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.ListReplicasResponse:
         self.metrics.admin_requests.labels(method="ListReplicas").inc()
         _check_keys(request.namespace_id, request.keys)
+        check_caller_namespace(request.namespace_id, action="MasterService.ListReplicas")
         found = admin.list_replicas(self.membership, bytes(request.namespace_id),
                                     [bytes(k) for k in request.keys])
         resp = pb.ListReplicasResponse(complete=self.membership.is_complete())
@@ -581,11 +645,18 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.ListNodeBlocksResponse:
         self.metrics.admin_requests.labels(method="ListNodeBlocks").inc()
         check_namespace_length(request.namespace_id)
+        if not request.any_namespace:
+            check_caller_namespace(request.namespace_id, action="MasterService.ListNodeBlocks")
         entries, token, epoch, num = admin.list_node_blocks(
             self.membership, request.node_id,
             namespace_id=None if request.any_namespace else bytes(request.namespace_id),
             limit=request.limit, page_token=bytes(request.page_token),
         )
+        caller = _CALLER.get()
+        if request.any_namespace and not may_cross_tenants(caller):
+            # every namespace, of the caller's tenant only (a page may then hold fewer than
+            # ``limit`` blocks; its next_page_token still continues the walk)
+            entries = [e for e in entries if tenant_of(e.namespace_id) == caller.tenant]
         return pb.ListNodeBlocksResponse(
             blocks=[pb.NodeBlockEntry(namespace_id=e.namespace_id, key=e.key, tier=pb_enum(cpb.Tier, e.tier),
                                       size_bytes=e.size_bytes, generation=e.generation,
@@ -613,6 +684,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.SetReplicationResponse:
         self.metrics.admin_requests.labels(method="SetReplication").inc()
         _check_keys(request.namespace_id, request.keys)
+        check_caller_namespace(request.namespace_id, action="MasterService.SetReplication")
         n = self.state.repair.set_factor(bytes(request.namespace_id),
                                          [bytes(k) for k in request.keys], request.replicas)
         self.state.repair.tick()  # queue the copies now, not on the next maintenance tick

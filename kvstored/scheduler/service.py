@@ -15,6 +15,14 @@ Where prefixes are cached comes from two sources, merged per node:
   single-host embedded daemon), a ``(node_id, Tier)`` pair, or a sequence of such pairs (one
   per replica). It may be a plain function or return an awaitable.
 
+Roles (docs/security.md; the caller's principal is its TLS certificate's, TRUSTED_LOCAL on a
+plaintext port, which holds every role): :data:`METHOD_ROLES` says who may call each method,
+checked before the method runs. Instances (their node or their engine) register, unregister,
+report load and drive requests (``Schedule``, ``Report*Finished``); every authenticated
+caller may read the state (``DescribeScheduler``); the scheduler has no config-change RPC
+(its config is the file), so nothing is admin-only yet. A refusal is ``PermissionDenied``
+(gRPC PERMISSION_DENIED) naming the method, the roles it needs and the caller.
+
 Metrics (``registry`` argument, default a private registry exposed as
 ``servicer.metrics.registry``): ``kvstored_scheduler_admissions_total``,
 ``kvstored_scheduler_rejections_total{reason}``, ``kvstored_scheduler_wasted_prefills_total``,
@@ -26,15 +34,18 @@ Metrics (``registry`` argument, default a private registry exposed as
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvstored.auth import Role as AuthRole
+from kvstored.auth import require_role
 from kvstored.errors import InvalidArgument, KvstoredError, NotFound
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.scheduler.config import SchedulerConfig
@@ -48,6 +59,7 @@ from kvstored.scheduler.types import (
     Role,
     ScheduleRequest,
 )
+from kvstored.security.identity import principal_of_call
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -74,6 +86,45 @@ _REASON_TO_PB = {
 _TIER_FROM_PB = {common_pb2.TIER_UNSPECIFIED: Tier.DRAM, common_pb2.DRAM: Tier.DRAM,
                  common_pb2.SSD: Tier.SSD}
 _MAX_KEYS = 1 << 16
+
+_INSTANCE_ROLES: tuple[AuthRole, ...] = ("node", "engine")
+METHOD_ROLES: dict[str, tuple[AuthRole, ...]] = {
+    "RegisterInstance": _INSTANCE_ROLES,
+    "UnregisterInstance": _INSTANCE_ROLES,
+    "ReportLoad": _INSTANCE_ROLES,
+    "Schedule": _INSTANCE_ROLES,
+    "ReportPrefillFinished": _INSTANCE_ROLES,
+    "ReportRequestFinished": _INSTANCE_ROLES,
+    "DescribeScheduler": (),  # a read: every authenticated caller, with a role or none
+}
+"""Who may call each SchedulerService method (:func:`kvstored.auth.require_role`); ``()`` =
+any caller the TLS layer authenticated (its certificate still has to parse)."""
+
+R = TypeVar("R")
+_Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def _checked(fn: _Handler[R]) -> _Handler[R]:
+    """Refuse a caller without one of :data:`METHOD_ROLES` ``[fn.__name__]`` before ``fn``
+    runs: PERMISSION_DENIED (or UNAUTHENTICATED for a malformed certificate) with the error
+    code in the trailing metadata."""
+    roles = METHOD_ROLES[fn.__name__]
+    action = f"SchedulerService.{fn.__name__}"
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            principal = principal_of_call(context)
+            if roles:
+                require_role(principal, *roles, action=action)
+        except KvstoredError as exc:
+            log.debug("scheduler_call_refused", method=fn.__name__, error=str(exc))
+            await self._abort(context, exc)
+            raise  # context.abort raises; a stand-in context that does not is refused here
+        return await fn(self, request, context)
+
+    wrapper.roles = roles  # type: ignore[attr-defined]  # read by the role-table test
+    return wrapper
 
 
 class SchedulerMetrics:
@@ -271,6 +322,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self.metrics.load.labels(st.spec.instance_id, str(st.spec.role)).set(st.load)
 
     # ---- RPCs ------------------------------------------------------------------------
+    @_checked
     async def RegisterInstance(  # noqa: N802 (gRPC method names)
         self, request: scheduler_pb2.RegisterInstanceRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.RegisterInstanceResponse:
@@ -296,6 +348,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._refresh_load_gauges()
         return scheduler_pb2.RegisterInstanceResponse()
 
+    @_checked
     async def UnregisterInstance(  # noqa: N802
         self, request: scheduler_pb2.UnregisterInstanceRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.UnregisterInstanceResponse:
@@ -311,6 +364,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         log.info("scheduler_instance_unregistered", instance_id=request.instance_id)
         return scheduler_pb2.UnregisterInstanceResponse()
 
+    @_checked
     async def ReportLoad(  # noqa: N802
         self, request: scheduler_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ReportLoadResponse:
@@ -348,6 +402,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._refresh_load_gauges()
         return scheduler_pb2.ReportLoadResponse()
 
+    @_checked
     async def Schedule(  # noqa: N802
         self, request: scheduler_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ScheduleResponse:
@@ -378,6 +433,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._refresh_load_gauges()
         return _decision_to_pb(d)
 
+    @_checked
     async def ReportPrefillFinished(  # noqa: N802
         self, request: scheduler_pb2.ReportPrefillFinishedRequest,
         context: grpc.aio.ServicerContext,
@@ -399,6 +455,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason=_REASON_TO_PB[h.reason], decode_load=h.decode_load,
         )
 
+    @_checked
     async def ReportRequestFinished(  # noqa: N802
         self, request: scheduler_pb2.ReportRequestFinishedRequest,
         context: grpc.aio.ServicerContext,
@@ -408,6 +465,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._refresh_load_gauges()
         return scheduler_pb2.ReportRequestFinishedResponse(known=known)
 
+    @_checked
     async def DescribeScheduler(  # noqa: N802
         self, request: scheduler_pb2.DescribeSchedulerRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.DescribeSchedulerResponse:

@@ -145,6 +145,19 @@ def principal_of(context: Any) -> Principal:
     return principal_from_auth_context(auth_context())
 
 
+def principal_of_call(context: Any) -> Principal:
+    """The principal of a call: ``context.principal`` when the context carries one (a test
+    injecting a caller), else :func:`principal_of` (the TLS certificate, or TRUSTED_LOCAL).
+
+    Raises:
+        Unauthenticated: as :func:`principal_of`.
+    """
+    injected = getattr(context, "principal", None)
+    if isinstance(injected, Principal):
+        return injected
+    return principal_of(context)
+
+
 def principal_of_socket(sock: ssl.SSLSocket) -> Principal:
     """The principal of a data-plane peer after its TLS handshake (CERT_REQUIRED).
 

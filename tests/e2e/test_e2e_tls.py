@@ -6,8 +6,10 @@ Each refusal has a positive control in the same module (the right certificate ge
 so a test cannot pass because nothing answers at all: no certificate, a certificate of
 another CA and an expired certificate of the right CA are refused by the master's and the
 node's gRPC listeners and by the node's data plane; an engine certificate cannot register
-with the master or remove (evict) on a node; the node's unix socket stays plaintext and
-trusted (TRUSTED_LOCAL).
+with the master or remove (evict) on a node; an engine certificate of one tenant cannot look
+up or list another tenant's blocks on the master (an admin's may), and a client whose
+certificate names a tenant acts for it without ``tenant=``; the node's unix socket stays
+plaintext and trusted (TRUSTED_LOCAL).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Cluster:
                     serialization.load_pem_private_key((self.certs / "ca.key").read_bytes(), None))  # type: ignore[arg-type]
         now = datetime.datetime.now(datetime.UTC)
         write_pair(self.certs, "engine-a", issue_certificate(ca, "engine-a", roles=["engine"], tenant="a"))
+        write_pair(self.certs, "engine-b", issue_certificate(ca, "engine-b", roles=["engine"], tenant="b"))
         write_pair(self.certs, "expired", issue_certificate(
             ca, "expired", roles=["admin"], not_before=now - datetime.timedelta(days=2),
             not_after=now - datetime.timedelta(days=1)))
@@ -221,3 +224,51 @@ def test_data_plane_refuses_a_peer_without_a_valid_cert(cluster: Cluster) -> Non
         _dp_get(node, cluster.tls("engine-a").client_context())
     assert [g.found for g in _dp_get(node, cluster.tls("engine-a").client_context(),
                                      scope_namespace("a", b""))] == [False]  # its own: a miss
+
+
+TENANT_KEY = bytes(range(100, 116))
+
+
+def _master_call(c: Cluster, stem: str, method: str, request: Any) -> Any:
+    """One MasterService call with ``stem``'s certificate; a refusal is raised as its
+    KvstoredError (kvstored.rpc_status.error_from_rpc)."""
+    with open_channel(c.master.address, c.tls(stem)) as channel:
+        try:
+            return getattr(mgrpc.MasterServiceStub(channel), method)(request, timeout=5.0)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+
+def test_master_refuses_an_engine_probing_another_tenants_stored_ids(cluster: Cluster) -> None:
+    node = _node(cluster)
+    a_ns = scope_namespace("a", b"")
+    # no tenant=: the client acts for its certificate's tenant 'a' (the TLS data plane
+    # would refuse its put under the shared tenant's id)
+    with Client(node.tcp_address, timeout_s=5.0, tls=cluster.tls("engine-a")) as c:
+        assert c._st.tenant == "a"
+        assert c.put([TENANT_KEY], [VALUE])[0].stored
+    lookup = mpb.MasterLookupPrefixRequest(namespace_id=a_ns, keys=[TENANT_KEY])
+    where = mpb.ListReplicasRequest(namespace_id=a_ns, keys=[TENANT_KEY])
+    # an admin may look across tenants (LookupPrefix itself is for nodes and engines)
+    wait_until(lambda: len(_master_call(cluster, "admin-ops", "ListReplicas", where).blocks[0].replicas) == 1,
+               15.0, "tenant a's block reached the master's index")
+    # tenant a's engine: answered, for its own stored id
+    assert len(_master_call(cluster, "engine-a", "LookupPrefix", lookup).node_index) == 1
+    (mine,) = _master_call(cluster, "engine-a", "ListReplicas", where).blocks
+    assert [r.node_id for r in mine.replicas] == ["n1"]
+    # tenant b's engine, naming a's stored id: refused, naming both tenants and the caller
+    for method, req in (("LookupPrefix", lookup), ("ListReplicas", where)):
+        with pytest.raises(PermissionDenied, match=f"MasterService.{method}: caller 'engine-b' of "
+                                                   "tenant 'b' may not address tenant 'a'"):
+            _master_call(cluster, "engine-b", method, req)
+    # ... and the shared tenant's engine too; its own (b's) id is answered: a miss
+    with pytest.raises(PermissionDenied, match="caller 'engine-e1' of tenant '' may not address tenant 'a'"):
+        _master_call(cluster, "engine-e1", "LookupPrefix", lookup)
+    own = mpb.MasterLookupPrefixRequest(namespace_id=scope_namespace("b", b""), keys=[TENANT_KEY])
+    assert len(_master_call(cluster, "engine-b", "LookupPrefix", own).node_index) == 0
+    # every namespace of a node: only the caller's tenant's blocks
+    listing = mpb.ListNodeBlocksRequest(node_id="n1", any_namespace=True, limit=1000)
+    b_seen = _master_call(cluster, "engine-b", "ListNodeBlocks", listing).blocks
+    assert all(bytes(e.namespace_id) != a_ns for e in b_seen)
+    all_seen = _master_call(cluster, "admin-ops", "ListNodeBlocks", listing).blocks
+    assert any(bytes(e.namespace_id) == a_ns and e.key == TENANT_KEY for e in all_seen)

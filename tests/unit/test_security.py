@@ -150,3 +150,20 @@ def test_every_master_method_has_a_role_decision() -> None:
     assert all("admin" not in r for n, r in roles.items()
                if not n.startswith("List") and r != ("admin",))
     assert all(set(r) == {"node", "engine", "admin"} for n, r in roles.items() if n.startswith("List"))
+
+
+def test_a_client_without_tenant_takes_its_certificates(tmp_path: Path) -> None:
+    from kvstored.client._state import ClientState, default_tenant
+
+    init_cluster_certs(tmp_path, engines=["e1"], admins=["ops"], tenant="t1")
+    engine = TlsFiles.load(tmp_path / "engine-e1.pem", tmp_path / "engine-e1.key", tmp_path / "ca.pem")
+    admin = TlsFiles.load(tmp_path / "admin-ops.pem", tmp_path / "admin-ops.key", tmp_path / "ca.pem")
+    assert default_tenant(None, engine) == "t1"  # the certificate's kvstored://tenant/t1
+    assert default_tenant("", engine) == ""  # an explicit tenant= wins (the servers judge it)
+    assert default_tenant("x", engine) == "x"
+    assert default_tenant(None, admin) == ""  # a certificate without a tenant
+    assert default_tenant(None, None) == ""  # no TLS
+    st = ClientState("127.0.0.1:1", timeout_s=1.0, namespace=None, transport="grpc", tls=engine)
+    assert (st.tenant, st.stored_namespace_id) == ("t1", b"\xff\x02t1")
+    plain = ClientState("127.0.0.1:1", timeout_s=1.0, namespace=None, transport="grpc", tls=False)
+    assert plain.tenant == ""
