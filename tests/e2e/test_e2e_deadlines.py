@@ -100,7 +100,10 @@ def test_calls_end_by_their_deadline_while_the_node_is_stopped_and_acks_are_pend
                    and s["quarantined_bytes"] == 0, 60.0, "the orphaned grants freed", interval_s=0.05)
         assert c.get(keys[:2]) == values[:2]
         put = c.put(keys[2:], values[2:])
-        assert put[0].stored
+        # ok, not necessarily stored by this call: the put that ran past its deadline while the
+        # node was stopped may have been served after SIGCONT (the node saw a whole request;
+        # a deadline bounds the caller's wait, it does not undo the work)
+        assert put[0].ok, put
         assert c.get(keys) == values
 
 
