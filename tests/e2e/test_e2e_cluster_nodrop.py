@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from cluster_helpers import MasterProcess, _wait
 from test_e2e_cluster_put import _cluster, _settled
 
@@ -96,9 +95,6 @@ def test_a_burst_with_the_master_down_spills_to_the_peers_last_known(
               lambda: c.exists(sorted(held_b & set(keys))) == [True] * len(held_b & set(keys)))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 17 open: under CI load these reads lost 8 of 150 blocks (0 in the bench runs): a "
-    "promotion still evicts an original when its wait for the spiller runs out"))
 def test_reads_through_two_small_tiered_nodes_lose_nothing(
     workdir: Path, procs: list[Any]
 ) -> None:

@@ -42,7 +42,6 @@ skipped with the reason otherwise. Run only this test:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -74,13 +73,6 @@ from kvstored.demo.vllm_demo import (
     find_vllm_python,
 )
 from kvstored.errors import KvstoredError
-
-HA_MISSING = (
-    "" if importlib.util.find_spec("kvstored.master.election") is not None
-    and (Path(__file__).parents[1] / "etcd_helpers.py").exists()
-    else "needs the etcd election of issue 17 (ha17: `kvstored master --etcd`, "
-         "tests/etcd_helpers.py and the etcd fixture), not merged in this tree"
-)
 
 try:
     PYTHON = find_vllm_python()
@@ -234,20 +226,11 @@ def _indexed_on(m: MasterClient, ns_id: bytes, keys: list[bytes], node_id: str) 
 
 
 @pytest.mark.etcd
-@pytest.mark.skipif(bool(HA_MISSING), reason=HA_MISSING)
 def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_leader_die(
     workdir: Path, net: BridgeNet, request: pytest.FixtureRequest, procs: list[Any],
     prompts: list[list[int]]
 ) -> None:
     _run_system(workdir, net, procs, prompts, etcd=request.getfixturevalue("etcd"))
-
-
-@pytest.mark.skipif(not HA_MISSING, reason="the two-master test runs instead (the same "
-                    "scenario with etcd and a failover; one whole-system run keeps CI short)")
-def test_two_engines_share_a_prefix_through_the_cluster_while_a_node_and_the_master_die(
-    workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]]
-) -> None:
-    _run_system(workdir, net, procs, prompts, etcd=None)
 
 
 def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[list[int]], *,
