@@ -49,8 +49,11 @@ def parse_host_port(address: str) -> tuple[str, int]:
         InvalidArgument: malformed address (no ``:``, empty host, port not in 0..65535).
     """
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not port.isdigit():
         raise InvalidArgument(f"expected HOST:PORT for a TCP address, got {address!r}")
+    if int(port) > 65535:
+        raise InvalidArgument(f"expected HOST:PORT for a TCP address with a port in 0..65535, got "
+                              f"{address!r} (port {int(port)} out of range)")
     return host.strip("[]"), int(port)
 
 

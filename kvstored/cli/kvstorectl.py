@@ -560,7 +560,10 @@ def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
 
     address = cluster.require_master(obj, "drain")
     with MasterClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
-        data: dict[str, Any] = {**m.drain_node(node_id), "left": False}
+        try:
+            data: dict[str, Any] = {**m.drain_node(node_id), "left": False}
+        except NotFound as exc:  # an unknown node id is a bad argument (exit 2), as documented
+            raise InvalidArgument(str(exc)) from None
         deadline = time.monotonic() + wait_s
         while wait and time.monotonic() < deadline:
             try:
@@ -605,11 +608,19 @@ def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
     with MasterAdminClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
         ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
         n = m.set_replication(ns, keys, replicas)
-    data = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex()}
+        nodes: list[dict[str, Any]] = m.list_nodes()["nodes"]  # type: ignore[assignment]  # list_nodes' stable dict
+    num_live = sum(1 for nd in nodes if not nd["draining"])
+    data: dict[str, Any] = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex(), "num_live_nodes": num_live,
+            "short": replicas > num_live}
+    if replicas > num_live:
+        click.echo(f"kvstorectl: warning: --replicas {replicas} is more than the {num_live} live "
+                   f"node(s): repair places at most {num_live} replica(s) of each block until more "
+                   "nodes join", err=True)
 
     def tables(d: dict[str, Any]) -> list[Any]:
-        return [output.rows_table("replication", ["keys", "replicas", "namespace"],
-                                  [(d["num_keys"], d["replicas"], d["namespace_id"])])]
+        return [output.rows_table("replication", ["keys", "replicas", "live nodes", "namespace"],
+                                  [(d["num_keys"], d["replicas"], d["num_live_nodes"],
+                                    d["namespace_id"])])]
 
     output.emit(obj.output, data, tables)
 

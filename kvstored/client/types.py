@@ -18,7 +18,8 @@ class PutResult:
         error: this item's error (KeyInvalid, BlockTooLarge, NoCapacity, ...), or None.
         replicas_written: replicas of the block committed when put returned, on distinct
             nodes, the engine's own node included (1 for a put that asked for one; for a
-            put(replicas=N) at least 1 when ``ok``: the count the node could confirm).
+            put(replicas=N) at least 1 when ``ok``: the count the node could confirm; 0 when
+            ``error`` is set, since a refused put wrote nothing).
         replicas_wanted: the replicas the put asked for (``replicas=``, else the client's,
             else the node's default for the namespace).
         replica_error: why ``replicas_written`` is below ``replicas_wanted`` (NoCapacity:
@@ -30,6 +31,10 @@ class PutResult:
     replicas_written: int = 1
     replicas_wanted: int = 1
     replica_error: KvstoredError | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and self.replicas_written:
+            object.__setattr__(self, "replicas_written", 0)  # a refused put wrote no replica
 
     @property
     def ok(self) -> bool:

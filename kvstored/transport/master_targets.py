@@ -133,10 +133,11 @@ def parse_master_targets(spec: str, what: str = "master address") -> MasterTarge
         entry = raw.strip()
         try:
             parse_host_port(entry)
-        except InvalidArgument:
+        except InvalidArgument as exc:
+            detail = str(exc) if "out of range" in str(exc) else f"bad entry {raw!r}"
             raise InvalidArgument(
                 f"{what}: expected HOST:PORT[,HOST:PORT...] or etcd://HOST:PORT/PREFIX, "
-                f"got {spec!r} (bad entry {raw!r})") from None
+                f"got {spec!r} ({detail})") from None
         addresses.append(entry)
     return MasterTargets(tuple(addresses))
 

@@ -89,15 +89,16 @@ class Runner:
     def sub(self, text: str) -> str:
         return ADDRESS.sub(lambda m: self.map.get(m.group(0), m.group(0)), text)
 
-    def run(self, cmd: str) -> subprocess.CompletedProcess[str]:
-        """One command: a daemon (``&``) started and waited for, or a command that must pass."""
+    def run(self, cmd: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """One command: a daemon (``&``) started and waited for, or a command that must pass
+        (``check=False``: that may fail; the caller checks its exit code)."""
         cmd = self.sub(cmd)
         if cmd.endswith("&"):
             self._daemon(cmd[:-1].strip())
             return subprocess.CompletedProcess(cmd, 0, "", "")
         r = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=self.workdir,
                            env=self.env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, f"{cmd!r} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+        assert not check or r.returncode == 0, f"{cmd!r} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
         return r
 
     def _daemon(self, cmd: str) -> None:

@@ -37,6 +37,12 @@ def test_replicate_and_drain_commands_run_as_written(workdir: Path) -> None:
         assert "left" in drain.stdout  # kvstorectl drain waits until the node left
         assert "1 live, 1 departed" in nodes.stdout and "left" in nodes.stdout
         assert "r2" in where.stdout and "r1" not in where.stdout  # re-homed before r1 left
+        ctl_argv = commands(ctl.code)[0].split(" replicate ")[0]  # kvstorectl --address MASTER
+        unknown = run.run(f"{ctl_argv} drain no-such-node", check=False)
+        assert unknown.returncode == 2, (unknown.returncode, unknown.stderr)  # README: unknown node id
+        assert "no-such-node" in unknown.stderr
+        over = run.run(f"{ctl_argv} replicate 101112131415161718191a1b1c1d1e1f --replicas 3")
+        assert "more than the 1 live node" in over.stderr, over.stderr  # r2 alone: never silent
     finally:
         codes = run.stop()
     assert codes == [0, 0, 0]

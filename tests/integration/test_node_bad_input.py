@@ -46,6 +46,8 @@ def test_client_batch_mixing_good_and_bad_entries(node: DaemonThread, transport:
         results = c.put(keys, values)
         got = ["ok" if r.ok else type(r.error).__name__ for r in results]
         assert got == expect
+        assert [r.replicas_written for r in results] == [1 if e == "ok" else 0 for e in expect]
+        assert not any(r.short for r in results)  # a refused put is an error, not a short one
         assert "#1" in str(results[1].error) and "empty" in str(results[1].error)
         assert str(LIMIT) in str(results[2].error)
         assert c.get([keys[0], keys[4]]) == [values[0], values[4]]

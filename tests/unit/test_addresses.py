@@ -34,6 +34,11 @@ def test_parse_host_port_names_what_it_got(address: str) -> None:
     assert repr(address) in str(info.value)
 
 
+def test_an_out_of_range_port_is_named_as_such() -> None:
+    with pytest.raises(InvalidArgument, match=r"port 99999 out of range"):
+        parse_host_port("127.0.0.1:99999")
+
+
 def test_format_host_port_brackets_ipv6_and_round_trips() -> None:
     assert format_host_port("::1", 5) == "[::1]:5"
     assert format_host_port("10.0.0.1", 5) == "10.0.0.1:5"
