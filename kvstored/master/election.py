@@ -129,6 +129,7 @@ class Elector:
         self._deadline = 0.0
         self._endpoint_index = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False  # set by stop(): the loop campaigns no more, whatever it was doing
         self._client: Any = None
         self._lease: Any = None
         self.lead_changed = asyncio.Event()  # set at every change of leadership (tests wait on it)
@@ -142,22 +143,29 @@ class Elector:
     async def start(self) -> None:
         """Start campaigning (returns at once)."""
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._run(), name="kvstored-master-election")
 
     async def stop(self) -> None:
         """Stop campaigning; a leader steps down and revokes its lease (best effort, 1 s)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        self._stopping = True
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            # Python 3.11's asyncio.wait_for can swallow a cancel that lands as its inner await
+            # completes; the loop then sees _stopping at its next turn, and the cancel is re-sent
+            # until the task has ended (it never starts another campaign once _stopping is set).
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         self._step_down("stopping")
         await self._revoke()
         await self._close_client()
 
     # ---- the loop --------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._campaign_once()
             except asyncio.CancelledError:

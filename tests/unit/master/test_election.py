@@ -186,3 +186,34 @@ def test_bad_settings_are_refused_by_name() -> None:
     with pytest.raises(InvalidArgument, match="election_lease_s must be >= 1 s, got 0.5"):
         Elector(["127.0.0.1:1"], PREFIX, name="a", addresses=[], lease_s=0.5, on_lead=print,
                 on_step_down=print)
+
+
+def test_stop_ends_the_loop_even_when_a_cancel_is_swallowed(etcd: EtcdServer) -> None:
+    """Python 3.11's asyncio.wait_for can swallow a cancel that lands as its inner await
+    completes (seen as a hung stop() under load). The hook stands in for that: the held
+    campaign swallows the first cancel and returns. stop() must still end the loop, and no
+    campaign starts after it."""
+    held = asyncio.Event()
+    swallowed: list[int] = []
+
+    async def swallow_once() -> None:
+        held.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.append(1)  # the cancel is lost here; the campaign goes on
+
+    async def main() -> None:
+        e, _ = _elector(etcd, "s", 0, hooks=ElectionHooks(before_campaign=swallow_once))
+        await e.start()
+        await asyncio.wait_for(held.wait(), WAIT_S)
+        stopping = asyncio.create_task(e.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=WAIT_S)
+        assert stopping in done, "stop() hung: the campaign loop outlived a swallowed cancel"
+        stopping.result()
+        assert swallowed == [1] and not e.is_leading()
+        async with aetcd.Client(port=etcd.client_ports[0]) as c:
+            got = await c.get(election_key(PREFIX))
+        assert got is None  # had the campaign won meanwhile, stop() revoked its lease
+
+    _run(main)
