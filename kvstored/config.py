@@ -505,6 +505,35 @@ class ClusterConfig(_Model):
         return self
 
 
+class RdmaConfig(_Model):
+    """The node's RDMA data plane (``[rdma]`` in the TOML file; docs/rdma.md).
+
+    With a device, the node registers its whole arena file as one memory region, advertises
+    ``rdma`` beside ``tcp`` when it registers with the master, and answers ConnectRdma (one
+    RC queue pair per peer node); its reads from peers that advertise ``rdma`` too are
+    one-sided READs checked by the peers' slot headers, TCP for the rest and on any error.
+    """
+
+    enabled: Literal["auto", "on", "off"] = "auto"
+    """``auto`` (default): use the first RDMA device if there is one, else TCP only (no
+    device, no pyverbs, or a registration that fails is logged once); ``on``: refuse to
+    start without one (ConfigInvalid naming what was missing); ``off``: TCP only."""
+    device: str = ""
+    """The RDMA device to open (e.g. ``mlx5_0``, ``rxe0``); "" = the first one listed."""
+    bounce_buffer_bytes: Size = Field(default=16 << 20, ge=1 << 20)
+    """Bytes of the registered buffer each peer's READs land in (at least the node's
+    ``max_block_bytes`` is used); one per peer read over RDMA."""
+    max_sessions: int = Field(default=64, gt=0, le=4096)
+    """Most peer queue pairs this node keeps (one per reading peer); ConnectRdma past it
+    answers NoCapacity (that peer reads over TCP)."""
+    reconnect_s: float = Field(default=5.0, gt=0)
+    """After a failed RDMA read or handshake, seconds a peer's reads stay on TCP before a
+    new queue pair is tried."""
+    peer_view_s: float = Field(default=2.0, gt=0)
+    """Most seconds the cached view of which peers advertise ``rdma`` (the master's
+    ListNodes) is reused before it is asked again."""
+
+
 class TenantConfig(_Model):
     """Quotas of one tenant on every node (``[tenants.<name>]`` in the TOML file;
     docs/tenants.md). Payload bytes; a size string such as ``"2GiB"`` is accepted."""
@@ -615,7 +644,8 @@ class _EnvSource(EnvSettingsSource):
 
 
 class KvstoredConfig(BaseSettings):
-    """Root configuration: ``[node]``, ``[master]``, ``[cluster]``, ``[tls]``, ``[tenants.<name>]``.
+    """Root configuration: ``[node]``, ``[master]``, ``[cluster]``, ``[tls]``, ``[rdma]``,
+    ``[tenants.<name>]``.
 
     Build it with :func:`load_config` (which names the file and the environment to read and
     turns validation errors into :class:`ConfigInvalid`); constructed directly, it layers
@@ -631,6 +661,7 @@ class KvstoredConfig(BaseSettings):
     master: MasterConfig = Field(default_factory=MasterConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
+    rdma: RdmaConfig = Field(default_factory=RdmaConfig)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     """Per-tenant quotas, keyed by tenant name (``[tenants.<name>]``)."""
 

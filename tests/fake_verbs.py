@@ -16,12 +16,24 @@ NIC checks it: the rkey must name a live MR of the peer with the access flag, th
 lie inside it, and the QP must be in RTS. Hooks: ``before_wr(qp, wr)`` runs before each
 work request executes (a test holds or changes the source there) and ``fail_wr(wr)`` -> a
 WC status makes that WR complete in error (the QP then moves to ERR, like hardware).
+
+Across processes (a node daemon loads this module through ``KVSTORED_TEST_VERBS=
+tests.fake_verbs:process_verbs``): :func:`process_verbs` gives each process its own fabric
+with keys and QP numbers drawn from a per-process range, and ``Verbs.attach_peer`` maps a
+peer's arena FILE (the path its ConnectRdma answer names) read-only with ``mmap(PROT_READ)``
+and registers the peer's MR (REMOTE_READ only) and QP in this process, so a READ posted here
+copies the peer's bytes as they are in the shared file at that moment. Environment of
+:func:`process_verbs`: ``KVSTORED_TEST_FAKE_DEVICES`` (comma-separated device names; ""
+= none: ``get_device_list()`` raises; default ``fake0``) and ``KVSTORED_TEST_FAKE_FAIL_WR=N``
+(the N-th work request this process posts, 1-based, completes with RETRY_EXC_ERR).
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -58,7 +70,47 @@ class Fabric:
     before_wr: Callable[[FakeQP, FakeSendWR], None] | None = None
     fail_wr: Callable[[FakeSendWR], int] | None = None
     num_open: dict[str, int] = field(default_factory=lambda: {"ctx": 0, "pd": 0, "cq": 0, "mr": 0, "qp": 0})
-    _keys: itertools.count[int] = field(default_factory=lambda: itertools.count(0x100))
+    key_base: int = 0x100
+    _keys: itertools.count[int] = field(init=False)
+    _maps: dict[int, tuple[int, int]] = field(default_factory=dict)  # rkey -> (address, length)
+
+    def __post_init__(self) -> None:
+        self._keys = itertools.count(self.key_base)
+
+    def attach_file(self, advert: Any, path: str) -> None:
+        """``Verbs.attach_peer``: map the peer's arena file read-only and make its QP
+        ``advert.qpn`` and MR ``advert.rkey`` (at its virtual ``advert.addr``) reachable
+        from this process (REMOTE_READ only: a WRITE to it completes REM_ACCESS_ERR)."""
+        own = self.mrs.get(advert.rkey)
+        if own is not None and advert.rkey not in self._maps and own.buf == advert.addr:
+            return  # the peer registered on this very fabric (one process): reachable already
+        if not path:
+            raise PyverbsRDMAError("fake verbs: the peer has no arena file to map")
+        if (own is not None and advert.rkey not in self._maps) or (
+                advert.qpn in self.qps and self.qps[advert.qpn].dest is not None):
+            raise PyverbsRDMAError(f"fake verbs: rkey {advert.rkey:#x} / QP {advert.qpn:#x} of "
+                                   "the peer collide with this process's")
+        old = self._maps.pop(advert.rkey, None)
+        if old is not None:
+            _LIBC.munmap(old[0], old[1])
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            addr = _LIBC.mmap(None, advert.length_bytes, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        finally:
+            os.close(fd)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise PyverbsRDMAError(f"fake verbs: cannot map {path} (errno {ctypes.get_errno()})")
+        self._maps[advert.rkey] = (addr, advert.length_bytes)
+        pd = SimpleNamespace(closed=False)
+        mr = FakeMR.__new__(FakeMR)
+        mr.fab, mr.pd, mr.length, mr.buf = self, pd, advert.length_bytes, advert.addr
+        mr.access = E.IBV_ACCESS_REMOTE_READ
+        mr.lkey = mr.rkey = advert.rkey
+        mr.local_base = addr
+        self.mrs[advert.rkey] = mr
+        qp = FakeQP.__new__(FakeQP)
+        qp.fab, qp.pd, qp.qp_num, qp.qp_state, qp.dest = self, pd, advert.qpn, E.IBV_QPS_RTS, None
+        self.qps[advert.qpn] = qp
 
     def import_peer(self, qpn: int, rkey: int, addr: int, length: int, buf: Any) -> None:
         """Make another process's QP ``qpn`` and MR ``rkey`` (at its virtual ``addr``)
@@ -145,7 +197,7 @@ class Fabric:
             wr=SimpleNamespace(SendWR=FakeSendWR, SGE=FakeSGE),
             addr=SimpleNamespace(GID=GID, GlobalRoute=lambda **kw: SimpleNamespace(**kw),
                                  AHAttr=lambda **kw: SimpleNamespace(**kw)),
-            enums=enums, error=PyverbsError,
+            enums=enums, error=PyverbsError, attach_peer=fab.attach_file,
         )
 
 
@@ -268,3 +320,26 @@ class FakeQP:
 
 def sge_len(wr: FakeSendWR) -> int:
     return sum(s.length for s in wr.sg)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def process_verbs() -> Verbs:
+    """The fake verbs of one process (a node daemon's ``KVSTORED_TEST_VERBS`` factory): its
+    own fabric, keys from a per-process range, the environment read as the module says."""
+    devices = os.environ.get("KVSTORED_TEST_FAKE_DEVICES", "fake0")
+    fab = Fabric(devices=[d for d in devices.split(",") if d],
+                 key_base=0x100 + (os.getpid() % 0xFFF) * 0x1000)
+    fail_at = int(os.environ.get("KVSTORED_TEST_FAKE_FAIL_WR", "0") or 0)
+    if fail_at:
+        posted = itertools.count(1)
+
+        def fail(wr: FakeSendWR) -> int:
+            return E.IBV_WC_RETRY_EXC_ERR if next(posted) == fail_at else E.IBV_WC_SUCCESS
+        fab.fail_wr = fail
+    return fab.verbs()

@@ -173,8 +173,9 @@ def stats(obj: CtlContext) -> None:
 def _stats_tables(d: dict[str, Any]) -> list[Any]:
     keys = ("node_id", "epoch", "draining", "gets", "hits", "misses", "puts",
             "put_failures", "checksum_failures", "pinned_blocks", "quarantined_bytes",
-            "num_sessions")
-    rows = [(k, d[k]) for k in keys]
+            "num_sessions", "remote_rdma_blocks", "remote_tcp_blocks", "rdma_fallbacks",
+            "rdma_device", "rdma_sessions")
+    rows = [(k, d.get(k, "")) for k in keys]
     rows.insert(2, ("uptime", output.format_duration(d["uptime_s"])))
     return [output.kv_table("counters", rows), output.tier_table(d["tiers"])]
 

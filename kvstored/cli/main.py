@@ -214,7 +214,7 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
         else:  # an empty cluster.master_address (the default) is a standalone node
             asyncio.run(NodeDaemon(
                 cfg, cluster=loaded.cluster, tenant_quotas=loaded.tenant_quotas(),
-                tls=_tls_of(loaded),
+                tls=_tls_of(loaded), rdma=loaded.rdma,
             ).run(on_started=_print_started))
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
@@ -263,6 +263,7 @@ async def _serve_with_master(loaded: Any) -> None:
         click.echo("\n".join(lines))
         await NodeDaemon(
             loaded.node, cluster=cluster, tenant_quotas=loaded.tenant_quotas(), tls=tls,
+            rdma=loaded.rdma,
         ).run(on_started=_print_started)
     finally:
         await master.stop()

@@ -430,6 +430,11 @@ def stats_to_dict(resp: pb.StatsResponse) -> dict[str, Any]:
         "pinned_blocks": resp.pinned_blocks,
         "quarantined_bytes": resp.quarantined_bytes,
         "num_sessions": resp.num_sessions,
+        "remote_rdma_blocks": resp.remote_rdma_blocks,
+        "remote_tcp_blocks": resp.remote_tcp_blocks,
+        "rdma_fallbacks": resp.rdma_fallbacks,
+        "rdma_device": resp.rdma_device,
+        "rdma_sessions": resp.rdma_sessions,
         "tiers": [
             {
                 "tier": Tier(t.tier).name if t.tier in (1, 2) else "UNSPECIFIED",

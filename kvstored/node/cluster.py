@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -157,6 +157,8 @@ class MasterLink:
         tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
         fence: the node's newest master term (shared with its spiller and remote reads; a
             private one if None).
+        transports: the data-plane transports the node registers (``("tcp", "rdma")``
+            with an RDMA device: kvstored/node/rdma_node.py).
 
     Raises:
         InvalidArgument: ``cfg.master_address`` is malformed.
@@ -177,8 +179,10 @@ class MasterLink:
         factors: ReplicationFactors | None = None,
         tls: TlsFiles | None = None,
         fence: TermFence | None = None,
+        transports: Sequence[str] = ("tcp",),
     ) -> None:
         self.cfg = cfg
+        self.transports = list(transports)  # advertised when registering (NodeInfo.transports)
         self.tls = tls
         self.targets = parse_master_targets(cfg.master_address, "cluster.master_address")
         self.address = self.targets.first()  # the master talked to now ("": ask etcd)
@@ -391,7 +395,7 @@ class MasterLink:
         stub = await self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
-                           tiers=self._tiers(), transports=["tcp"], zone=self.zone)
+                           tiers=self._tiers(), transports=self.transports, zone=self.zone)
         try:
             resp = await stub.RegisterNode(pb.RegisterNodeRequest(node=info),
                                            timeout=self.cfg.rpc_timeout_s)

@@ -48,6 +48,7 @@ from kvstored.addresses import format_host_port, parse_host_port
 from kvstored.config import (
     GRPC_MAX_MESSAGE_BYTES,
     GRPC_SLACK_BYTES,
+    RdmaConfig,
     check_node_host,
     resolve_group,
 )
@@ -61,6 +62,7 @@ from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
 from kvstored.security.tls import TlsFiles, port_credentials
 from kvstored.tenancy import TenantQuota
 from kvstored.transport.listen import add_grpc_port
+from kvstored.transport.master_rpc import MasterClient
 from kvstored.transport.tcp_server import DataPlaneServer
 from kvstored.types import Tier
 
@@ -69,11 +71,14 @@ if TYPE_CHECKING:
 
     from kvstored.config import ClusterConfig, NodeConfig
     from kvstored.node.cluster import MasterLink
+    from kvstored.node.rdma_node import NodeRdma
+    from kvstored.node.rdma_peers import PeerTransports
     from kvstored.node.remote import FetchResult
     from kvstored.node.replicate import Replicator
     from kvstored.node.spill import Spiller
     from kvstored.tiers.tiered import TieredStore
     from kvstored.transport.master_rpc import ClusterReplica
+    from kvstored.transport.master_targets import TermFence
 
 log = structlog.get_logger(__name__)
 
@@ -140,6 +145,10 @@ class NodeDaemon:
         tls: mutual TLS (``[tls]``; kvstored/security/tls.py) on every TCP gRPC listener,
             the data plane, and the node's own calls to the master and its peers; unix
             sockets stay plaintext. None = no TLS anywhere (every caller is TRUSTED_LOCAL).
+        rdma: ``[rdma]`` (docs/rdma.md): with a device, the arena is registered as one
+            memory region, ``rdma`` is advertised to the master, and reads of peers that
+            advertise it too are one-sided READs (kvstored/node/rdma_peers.py). Default:
+            ``enabled = "auto"``.
     """
 
     def __init__(
@@ -151,8 +160,13 @@ class NodeDaemon:
         cluster: ClusterConfig | None = None,
         tenant_quotas: Mapping[str, TenantQuota] | None = None,
         tls: TlsFiles | None = None,
+        rdma: RdmaConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        self.rdma_cfg = rdma if rdma is not None else RdmaConfig()
+        self.node_rdma: NodeRdma | None = None
+        self.peer_transports: PeerTransports | None = None
+        self._peer_master: MasterClient | None = None
         self.tenant_quotas = dict(tenant_quotas or {})
         self.tls = tls
         self.cluster = cluster
@@ -254,6 +268,10 @@ class NodeDaemon:
             self._server = server
             self._servicer = NodeServicer(core, self._executor, version=_version(),
                                           check_roles=self.tls is not None)
+            from kvstored.node.rdma_node import open_node_rdma
+
+            self.node_rdma = open_node_rdma(self.rdma_cfg, store, epoch=self.epoch)
+            self._servicer.rdma = self.node_rdma
             if self.cluster is not None:  # a put's default replicas (Describe)
                 self._servicer.replicas_for = self.cluster.replicas_for
             add_node_service(server, self._servicer)
@@ -373,7 +391,7 @@ class NodeDaemon:
             data_address=self.data_address, store=core.store,
             load=lambda: float(sum(core.num_outstanding())), executor=self._executor,
             zone=self.cfg.zone, factors=factors,
-            tls=self.tls,
+            tls=self.tls, transports=("tcp", "rdma") if self.node_rdma is not None else ("tcp",),
         )
         from kvstored.node.metrics import TermCollector
 
@@ -386,11 +404,14 @@ class NodeDaemon:
         if self._servicer is not None:  # reads across the pool (kvstored/node/remote.py)
             from kvstored.node.remote import master_reads
 
+            self.peer_transports = self._peer_transports(self.master_link.fence)
+            self._servicer.peer_transports = self.peer_transports
             self._servicer.remote = master_reads(
                 core, self.cluster.master_address, node_id=self.cfg.node_id,
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s,
-                tls=self.tls, fence=self.master_link.fence)
+                tls=self.tls, fence=self.master_link.fence,
+                transport_for=self.peer_transports.transport_for)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
@@ -413,6 +434,37 @@ class NodeDaemon:
             # backpressure: a put that would evict an original waits for a spill round first
             core.store.set_pool_room(self.spiller.wait_for_room,
                                      wait_s=self.cluster.spill_put_wait_s)
+
+    def _peer_transports(self, fence: TermFence) -> PeerTransports:
+        """The transport choice of reads across the pool (kvstored/node/rdma_peers.py): RDMA
+        to peers that advertise it when this node has a device, TCP otherwise."""
+        from kvstored.node.metrics import RdmaCollector
+        from kvstored.node.rdma_peers import PeerTransports, grpc_peer_calls
+        from kvstored.transport.tcp import DataPlaneClient
+
+        assert self.cluster is not None
+        cluster, cfg = self.cluster, self.cfg
+        self._peer_master = master = MasterClient(
+            cluster.master_address, timeout_s=cluster.rpc_timeout_s, tls=self.tls, fence=fence)
+        ssl_context = self.tls.client_context() if self.tls is not None else None
+
+        def tcp_for(address: str) -> DataPlaneClient:
+            return DataPlaneClient(address, pool_size=cluster.peer_pool_size,
+                                   max_block_bytes=cfg.max_block_bytes,
+                                   peer_export=True,  # the peer sends without promoting or touching
+                                   ssl_context=ssl_context)
+
+        list_peers, connect_peer, disconnect_peer = grpc_peer_calls(
+            master.list_nodes, node_id=cfg.node_id, epoch=self.epoch, tls=self.tls)
+        peers = PeerTransports(self.node_rdma, self.rdma_cfg, node_id=cfg.node_id,
+                               epoch=self.epoch, tcp_for=tcp_for, list_peers=list_peers,
+                               connect_peer=connect_peer, disconnect_peer=disconnect_peer,
+                               max_block_bytes=cfg.max_block_bytes)
+        node_rdma = self.node_rdma
+        self.metrics.registry.register(RdmaCollector(
+            lambda: (peers.counts.rdma_blocks, peers.counts.tcp_blocks, peers.counts.fallbacks,
+                     node_rdma.num_sessions if node_rdma is not None else 0)))
+        return peers
 
     async def _start_replicator(self, core: NodeCore) -> None:
         """The master's commands (copy, promote, drop, leave: kvstored/node/replicate.py)."""
@@ -546,6 +598,12 @@ class NodeDaemon:
                 self._data_plane.fill_from_peers = None  # TCP GETs stop reading peers
             self._servicer.remote.close()  # no handler runs any more: peer pools and channel
             self._servicer.remote = None
+        if self.peer_transports is not None:  # our QPs into peers, then their TCP clients
+            await loop.run_in_executor(self._executor, self.peer_transports.close)
+            self.peer_transports = None
+        if self._peer_master is not None:
+            self._peer_master.close()
+            self._peer_master = None
         if self._servicer is not None and self._servicer.replicator is not None:
             self._servicer.replicator.close()  # no Replicate runs any more
             self._servicer.replicator = None
@@ -557,6 +615,11 @@ class NodeDaemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
+        if self.node_rdma is not None:  # peers' QPs gone and the MR deregistered before
+            if self._servicer is not None:  # the store unmaps the arena it exports
+                self._servicer.rdma = None
+            self.node_rdma.close()
+            self.node_rdma = None
         if self.core is not None:
             self.core.release_all()
         if self.store is not None:

@@ -34,6 +34,10 @@ Exported by a node::
     kvstored_tier_hits_total{tier} / kvstored_tier_evictions_total{tier}
     kvstored_store_{gets,hits,misses,puts,put_failures,checksum_failures}_total
     kvstored_store_pinned_blocks, kvstored_node_draining, kvstored_node_uptime_seconds
+    kvstored_remote_reads_total{path}                 blocks peers delivered to this node's reads
+                                                      (rdma | tcp; RdmaCollector)
+    kvstored_rdma_fallbacks_total                     RDMA reads that went over TCP instead
+    kvstored_rdma_sessions                            peers' queue pairs into this node's arena
 """
 
 from __future__ import annotations
@@ -364,3 +368,38 @@ class TermCollector(Collector):
                                 "Master answers refused for a term older than one seen.")
         c.add_metric([], int(getattr(self._fence, "num_refused", 0)))
         yield c
+
+
+class RdmaCollector(Collector):
+    """Reads across the pool by path (kvstored/node/rdma_peers.py), read at scrape time:
+    ``kvstored_remote_reads_total{path}`` (blocks peers delivered to this node's reads, over
+    ``rdma`` one-sided READs or ``tcp``), ``kvstored_rdma_fallbacks_total`` (RDMA reads that
+    failed and went over TCP instead) and ``kvstored_rdma_sessions`` (peers' queue pairs
+    into this node's arena).
+
+    Args:
+        counts: ``() -> (rdma blocks, tcp blocks, fallbacks, sessions)``.
+    """
+
+    def __init__(self, counts: Callable[[], tuple[int, int, int, int]]) -> None:
+        self._counts = counts
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        rdma, tcp, fallbacks, sessions = self._counts()
+        reads = CounterMetricFamily(
+            "kvstored_remote_reads", "Blocks peers delivered to this node's reads, by path "
+            "(rdma: one-sided READs checked by the peer's slot headers; tcp: the data plane).",
+            labels=["path"])
+        reads.add_metric(["rdma"], rdma)
+        reads.add_metric(["tcp"], tcp)
+        yield reads
+        fb = CounterMetricFamily("kvstored_rdma_fallbacks",
+                                 "RDMA reads of a peer that failed and went over TCP instead.")
+        fb.add_metric([], fallbacks)
+        yield fb
+        yield GaugeMetricFamily("kvstored_rdma_sessions",
+                                "Peers' RDMA queue pairs connected to this node's arena.",
+                                value=sessions)

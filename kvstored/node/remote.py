@@ -672,12 +672,15 @@ class RemoteReads:
 
 def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                  fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0,
-                 tls: TlsFiles | None = None, fence: TermFence | None = None) -> RemoteReads:
+                 tls: TlsFiles | None = None, fence: TermFence | None = None,
+                 transport_for: Callable[[str], Transport] | None = None) -> RemoteReads:
     """A :class:`RemoteReads` talking to the leading master at ``master_address`` (sync
     gRPC; one address, a list or ``etcd://``); ``fence``: the node's newest term (shared with
     its MasterLink), so a lookup answered by an older term is refused (StaleTerm: a miss).
 
     ``tls``: mutual TLS to the master and to every peer's data plane (None = plaintext).
+    ``transport_for``: a peer's transport by data address (kvstored/node/rdma_peers.py
+    ``PeerTransports``, which the caller closes); None = a pooled TCP client per peer.
 
     Returns:
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
@@ -703,7 +706,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
     reads = RemoteReads(core, node_id=node_id, lookup=lookup, report=report,
                         fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
                         report_timeout_s=rpc_timeout_s, lookup_each=lookup_each,
-                        ssl_context=tls.client_context() if tls is not None else None)
+                        ssl_context=tls.client_context() if tls is not None else None,
+                        transport_for=transport_for)
     close = reads.close
 
     def close_all() -> None:

@@ -82,6 +82,8 @@ from kvstored.types import PinnedBlock, PutOutcome, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.node.put_replicas import PutReplicas
+    from kvstored.node.rdma_node import NodeRdma
+    from kvstored.node.rdma_peers import PeerTransports
     from kvstored.node.remote import RemoteReads
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
@@ -178,6 +180,10 @@ class NodeServicer:
         replicas_for: ``replicas_for(namespace_id)`` -> the replicas a put of that namespace
             wants when its client names none (``[cluster] default_replicas`` /
             ``namespace_replicas``; Describe answers it).
+        rdma: this node's RDMA device and arena MR (ConnectRdma answers from it): set by
+            the daemon when ``[rdma]`` found a device; None = TCP only.
+        peer_transports: the transport choice of reads across the pool (Stats counts its
+            paths): set by the daemon of a cluster node.
     """
 
     def __init__(self, core: NodeCore, executor: Executor, *, version: str,
@@ -192,6 +198,8 @@ class NodeServicer:
         self.remote: RemoteReads | None = None
         self.replicator: PutReplicas | None = None
         self.replicas_for: Callable[[bytes], int] = lambda namespace_id: 1
+        self.rdma: NodeRdma | None = None  # this node's RDMA side (node/rdma_node.py)
+        self.peer_transports: PeerTransports | None = None  # reads of peers, by path
         self.control_path = ""  # the control channel's socket (node/control.py), "" = none
         self._sessions_end: asyncio.Event | None = None  # created on the server's loop
         self._process_watches: dict[int, int] = {}  # pidfd -> session id (stream gone, pid alive)
@@ -506,7 +514,35 @@ class NodeServicer:
             checksum_failures=s.checksum_failures, pinned_blocks=s.pinned_blocks,
             uptime_s=core.uptime_s(), draining=core.draining,
             quarantined_bytes=core.quarantined_bytes(), num_sessions=core.leases.num_sessions(),
+            **self._rdma_stats(),
         )
+
+    def _rdma_stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.peer_transports is not None:
+            c = self.peer_transports.counts
+            out.update(remote_rdma_blocks=c.rdma_blocks, remote_tcp_blocks=c.tcp_blocks,
+                       rdma_fallbacks=c.fallbacks)
+        if self.rdma is not None:
+            out.update(rdma_device=self.rdma.device, rdma_sessions=self.rdma.num_sessions)
+        return out
+
+    async def ConnectRdma(self, req: pb.ConnectRdmaRequest, ctx: Any) -> pb.ConnectRdmaResponse:
+        rdma = self.rdma
+        if rdma is None:
+            raise NotFound(f"node {self.core.cfg.node_id!r} has no RDMA device ([rdma] "
+                           "enabled = off, or none found); read it over TCP")
+        sid, advert = await self._run(rdma.accept, bytes(req.advert), node_id=req.node_id,
+                                      epoch=req.epoch)
+        return pb.ConnectRdmaResponse(advert=advert, session_id=sid,
+                                      arena_size_bytes=rdma.arena_size_bytes,
+                                      arena_path=rdma.arena_path, epoch=self.core.epoch)
+
+    async def DisconnectRdma(self, req: pb.DisconnectRdmaRequest, ctx: Any
+                             ) -> pb.DisconnectRdmaResponse:
+        if self.rdma is not None:
+            await self._inline(self.rdma.disconnect, req.session_id)
+        return pb.DisconnectRdmaResponse()
 
     async def ListBlocks(self, req: pb.ListBlocksRequest, ctx: Any) -> pb.ListBlocksResponse:
         # an admin of the shared tenant lists every tenant, under stored namespace ids
@@ -582,6 +618,8 @@ METHOD_ROLES: dict[str, tuple[Role, ...]] = {
     "CommitPut": ENGINE_ROLES, "PinBlocks": ENGINE_ROLES, "ReleasePins": ENGINE_ROLES,
     "OpenSession": ENGINE_ROLES, "CloseSession": ENGINE_ROLES, "Replicate": ENGINE_ROLES,
     "Remove": ("admin",),
+    # an rkey READs the whole arena, every tenant's blocks: a node's call only
+    "ConnectRdma": ("node",), "DisconnectRdma": ("node",),
 }
 """Who may call each NodeService method (:func:`kvstored.auth.require_role`): removing
 blocks (kvstorectl evict) is an admin's; puts, gets and their sessions are an engine's (and
@@ -604,6 +642,8 @@ _METHODS: dict[str, type[Message]] = {
     "ListBlocks": pb.ListBlocksRequest,
     "CloseSession": pb.CloseSessionRequest,
     "Replicate": pb.ReplicateRequest,
+    "ConnectRdma": pb.ConnectRdmaRequest,
+    "DisconnectRdma": pb.DisconnectRdmaRequest,
 }
 
 

@@ -286,6 +286,12 @@ class DramArena:
         self._prefault_thread: threading.Thread | None = None
         log.info("arena_mapped", path=self.path or "", size_bytes=size)
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The writable mapping of the whole file (``layout.total_bytes``: blocks, slot
+        headers, index)."""
+        return self._mmap
+
     def start_prefault(self, chunk_bytes: int = 64 << 20) -> None:
         """Fault the arena's pages in from a background thread (first touch is slow on VMs).
 

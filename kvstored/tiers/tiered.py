@@ -53,6 +53,7 @@ Callers copy bytes into ``Reservation.view`` / out of ``PinnedBlock.view`` outsi
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -173,6 +174,15 @@ class TieredStore:
         self.arena_path: str | None = arena.path
         self.arena_file_id: tuple[int, int] = arena.file_id
         self.arena_size_bytes: int = arena.size_bytes
+        self._arena = arena
+
+    def arena_mapping(self) -> mmap.mmap:
+        """The writable ``MAP_SHARED`` mapping of the whole arena file: the block bytes,
+        then the slot headers and the shared index (kvstored/tiers/slots.py), ``Layout(
+        arena_size_bytes).total_bytes`` long. What the node registers as its one RDMA memory
+        region (kvstored/node/rdma_node.py); whoever exports it must let go before
+        :meth:`close` (else the unmap is left to the garbage collector)."""
+        return self._arena.mapping
 
     @classmethod
     def from_config(

@@ -216,14 +216,15 @@ class MasterClient:
             namespace_id=namespace_id, keys=list(keys), replicas=replicas), timeout_s)
         return int(r.num_keys)
 
-    def list_nodes(self) -> dict[str, object]:
+    def list_nodes(self, timeout_s: float | None = None) -> dict[str, object]:
         """The membership, as the stable dict ``kvstorectl nodes --output json`` prints.
 
         Returns:
             ``{"master_epoch", "term", "leader" (the address that answered), "num_replicas",
             "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
-            "draining", "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}``
+            "draining", "transports", "tiers": [{"tier", "used_bytes", "capacity_bytes",
+            "num_blocks"}]}]}`` (transports: what the node advertised, e.g. ``["tcp", "rdma"]``)
             (draining: ``kvstorectl drain`` is re-homing its blocks); health
             is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
             named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
@@ -231,7 +232,7 @@ class MasterClient:
             "num_replicas"}]``, the nodes that left recently (reason "expired": its lease
             lapsed; "left": it unregistered), newest first, until they register again
         """
-        resp = self._call("ListNodes", pb.ListNodesRequest(), None)
+        resp = self._call("ListNodes", pb.ListNodesRequest(), timeout_s)
         nodes = []
         for st in resp.nodes:
             n = st.node
@@ -242,7 +243,7 @@ class MasterClient:
                 else _HEALTH.get(st.health, "unknown"),
                 "load": st.load, "num_replicas": st.num_replicas,
                 "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
-                "draining": st.draining,
+                "draining": st.draining, "transports": list(n.transports) or ["tcp"],
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
                            "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
                           for t in n.tiers if t.tier in (1, 2)],

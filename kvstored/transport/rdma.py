@@ -93,6 +93,10 @@ class Verbs:
             ``IBV_*``).
         error: ``pyverbs.pyverbs_error.PyverbsError``, the base of every verbs error
             (PyverbsRDMAError and PyverbsUserError derive from it).
+        attach_peer: None for pyverbs (the NIC reaches the peer). A verbs layer that
+            reaches a peer's memory another way is told of each peer before a QP connects
+            to it: ``attach_peer(peer advert, peer's arena file path)`` (tests/fake_verbs.py
+            across processes maps that file read-only).
     """
 
     device: Any
@@ -104,6 +108,7 @@ class Verbs:
     addr: Any
     enums: Any
     error: type[BaseException]
+    attach_peer: Callable[[RdmaAdvert, str], None] | None = None
 
 
 def load_pyverbs(dist_packages: str = DEBIAN_DIST_PACKAGES) -> Verbs | None:
@@ -123,7 +128,9 @@ def load_pyverbs(dist_packages: str = DEBIAN_DIST_PACKAGES) -> Verbs | None:
     finally:
         if added:
             sys.path.remove(dist_packages)
-    return Verbs(error=err, **mods)
+    m = mods
+    return Verbs(device=m["device"], pd=m["pd"], mr=m["mr"], cq=m["cq"], qp=m["qp"], wr=m["wr"],
+                 addr=m["addr"], enums=m["enums"], error=err)
 
 
 def discover_device(verbs: Verbs | None) -> str | None:
@@ -248,6 +255,9 @@ class RdmaEndpoint:
             bounce buffer); kept exported (not resizable, not closable) until :meth:`close`.
         remote_access: register with REMOTE_READ | REMOTE_WRITE (the node's arena) or
             LOCAL_WRITE only (a reader's bounce buffer).
+        remote_write: with ``remote_access``, whether peers may also WRITE (default True);
+            False registers REMOTE_READ only (a node that grants no RDMA WRITE: a peer's
+            NIC then cannot touch its arena at all, whatever it is sent).
         port_num, gid_index: the port and GID table entry to use.
         max_send_wr: outstanding work requests per QP (also bounds one read batch).
 
@@ -264,6 +274,7 @@ class RdmaEndpoint:
     def __init__(
         self, verbs: Verbs, device: str, buffer: Any, *, remote_access: bool,
         port_num: int = 1, gid_index: int = 0, max_send_wr: int = 64,
+        remote_write: bool = True,
     ) -> None:
         self.verbs = verbs
         self.device = device
@@ -282,7 +293,9 @@ class RdmaEndpoint:
         e = verbs.enums
         self.access = e.IBV_ACCESS_LOCAL_WRITE
         if remote_access:
-            self.access |= e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+            self.access |= e.IBV_ACCESS_REMOTE_READ
+            if remote_write:
+                self.access |= e.IBV_ACCESS_REMOTE_WRITE
         self._cview, self.addr, self.length_bytes = _buffer_address(buffer)
         try:
             self._ctx = verbs.device.Context(name=device)

@@ -7,6 +7,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ConnectRdmaRequest(_message.Message):
+    __slots__ = ("advert", "node_id", "epoch")
+    ADVERT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    advert: bytes
+    node_id: str
+    epoch: int
+    def __init__(self, advert: _Optional[bytes] = ..., node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ConnectRdmaResponse(_message.Message):
+    __slots__ = ("advert", "session_id", "arena_size_bytes", "arena_path", "epoch")
+    ADVERT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ARENA_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARENA_PATH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    advert: bytes
+    session_id: int
+    arena_size_bytes: int
+    arena_path: str
+    epoch: int
+    def __init__(self, advert: _Optional[bytes] = ..., session_id: _Optional[int] = ..., arena_size_bytes: _Optional[int] = ..., arena_path: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DisconnectRdmaRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class DisconnectRdmaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class OpenSessionRequest(_message.Message):
     __slots__ = ("client_name", "pid")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -356,7 +390,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "gets", "hits", "misses", "puts", "put_failures", "checksum_failures", "pinned_blocks", "uptime_s", "draining", "quarantined_bytes", "num_sessions")
+    __slots__ = ("node_id", "epoch", "tiers", "gets", "hits", "misses", "puts", "put_failures", "checksum_failures", "pinned_blocks", "uptime_s", "draining", "quarantined_bytes", "num_sessions", "remote_rdma_blocks", "remote_tcp_blocks", "rdma_fallbacks", "rdma_device", "rdma_sessions")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +405,11 @@ class StatsResponse(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_RDMA_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_TCP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RDMA_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    RDMA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RDMA_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -385,7 +424,12 @@ class StatsResponse(_message.Message):
     draining: bool
     quarantined_bytes: int
     num_sessions: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., gets: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., put_failures: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., uptime_s: _Optional[float] = ..., draining: _Optional[bool] = ..., quarantined_bytes: _Optional[int] = ..., num_sessions: _Optional[int] = ...) -> None: ...
+    remote_rdma_blocks: int
+    remote_tcp_blocks: int
+    rdma_fallbacks: int
+    rdma_device: str
+    rdma_sessions: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., gets: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., puts: _Optional[int] = ..., put_failures: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., uptime_s: _Optional[float] = ..., draining: _Optional[bool] = ..., quarantined_bytes: _Optional[int] = ..., num_sessions: _Optional[int] = ..., remote_rdma_blocks: _Optional[int] = ..., remote_tcp_blocks: _Optional[int] = ..., rdma_fallbacks: _Optional[int] = ..., rdma_device: _Optional[str] = ..., rdma_sessions: _Optional[int] = ...) -> None: ...
 
 class ListBlocksRequest(_message.Message):
     __slots__ = ("namespace_id", "limit")

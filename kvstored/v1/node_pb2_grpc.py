@@ -111,6 +111,16 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.ReplicateRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
+        self.ConnectRdma = channel.unary_unary(
+                '/kvstored.v1.NodeService/ConnectRdma',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.ConnectRdmaRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.ConnectRdmaResponse.FromString,
+                _registered_method=True)
+        self.DisconnectRdma = channel.unary_unary(
+                '/kvstored.v1.NodeService/DisconnectRdma',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -229,6 +239,24 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectRdma(self, request, context):
+        """RDMA (docs/rdma.md): a peer node's reader hands its RC queue pair's advert and gets this
+        node's (QP, and the rkey, address and length of the arena file registered as one memory
+        region). Role "node" only: an rkey lets its holder READ the whole arena, every tenant's
+        blocks. NotFound when this node has no RDMA device; NoCapacity past
+        [rdma] max_sessions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisconnectRdma(self, request, context):
+        """The reader is done with a queue pair: the node destroys it (idempotent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +334,16 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.ReplicateRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'ConnectRdma': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConnectRdma,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.ConnectRdmaRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.ConnectRdmaResponse.SerializeToString,
+            ),
+            'DisconnectRdma': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisconnectRdma,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -715,6 +753,60 @@ class NodeService:
             '/kvstored.v1.NodeService/Replicate',
             kvstored_dot_v1_dot_node__pb2.ReplicateRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectRdma(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/ConnectRdma',
+            kvstored_dot_v1_dot_node__pb2.ConnectRdmaRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.ConnectRdmaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisconnectRdma(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/DisconnectRdma',
+            kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.FromString,
             options,
             channel_credentials,
             insecure,
