@@ -15,6 +15,10 @@ fencing rule lives in grants.py and sessions.py (docs/architecture.md#fencing-an
 - ``limits.py``: request limits and the drain gate.
 - ``local_put.py``: put paths without a lease (reserve, copy in, commit or abort, per batch).
 - ``metrics.py``: the node's Prometheus metrics, declared in one place.
+- ``rdma_node.py``: the node's RDMA device ([rdma]), its arena as one memory region, peers' QPs.
+- ``rdma_peers.py``: which transport a read of a peer uses (RDMA when both ends advertise it,
+  TCP otherwise and on any error), counted by path.
+- ``rdma_slots.py``: one-sided READs of a peer's DRAM blocks checked by its slot headers.
 - ``reads.py``: read paths (pins, chunked reads, a peer's export read, the inline Get, probes).
 - ``remote.py``: reads across the pool (find through the master, copy from the holder's data plane).
 - ``service.py``: NodeService, the thin grpc.aio adapter over NodeCore.

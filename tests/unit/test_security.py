@@ -102,6 +102,7 @@ def test_every_node_method_has_a_role_decision() -> None:
 
     assert set(METHOD_ROLES) == set(_METHODS) | {"OpenSession"}
     assert METHOD_ROLES["Remove"] == ("admin",)
+    assert METHOD_ROLES["ConnectRdma"] == ("node",)  # an rkey READs every tenant's blocks
     assert "engine" in METHOD_ROLES["Get"] and "engine" in METHOD_ROLES["ReservePut"]
 
 
