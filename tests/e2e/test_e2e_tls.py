@@ -40,6 +40,8 @@ from kvstored.tenancy import scope_namespace
 from kvstored.transport.tcp import DataPlaneClient
 from kvstored.v1 import master_pb2 as mpb
 from kvstored.v1 import master_pb2_grpc as mgrpc
+from kvstored.v1 import node_pb2 as npb
+from kvstored.v1 import node_pb2_grpc as ngrpc
 
 REFUSED = (Unavailable, DeadlineExceeded)
 """What a client sees when the server refuses its TLS handshake (gRPC reports a closed or
@@ -162,6 +164,14 @@ def test_engine_cert_can_put_and_get_but_not_register_or_evict(cluster: Cluster)
     err = error_from_rpc(info.value)
     assert isinstance(err, PermissionDenied), err
     assert "MasterService.RegisterNode needs role node; caller 'engine-e1' has ['engine']" in str(err)
+    # ConnectRdma hands out the rkey of the whole arena: a node's call only (docs/rdma.md)
+    rdma_req = npb.ConnectRdmaRequest(advert=b"{}", node_id="evil", epoch=1)
+    for who, want in (("engine-e1", "NodeService.ConnectRdma needs role node; caller 'engine-e1'"),
+                      ("node-n1", "has no RDMA device")):  # allowed, but this node has none
+        with open_channel(node.tcp_address, cluster.tls(who)) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                ngrpc.NodeServiceStub(channel).ConnectRdma(rdma_req, timeout=5.0)
+        assert want in str(error_from_rpc(info.value))
     # the unix socket is a local caller: trusted with every role, as before TLS
     with Client(node.unix_address, timeout_s=5.0, tls=False) as local:
         assert local.exists([KEY]) == [True]

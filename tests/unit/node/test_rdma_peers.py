@@ -309,3 +309,19 @@ def test_open_node_rdma_names_a_missing_device(monkeypatch: pytest.MonkeyPatch) 
 def test_this_machine_without_a_device_gets_none() -> None:
     """Real pyverbs (when installed): get_device_list() raises here; auto reads as TCP."""
     assert open_node_rdma(RdmaConfig(), _store(), epoch=1, environ={}) is None
+
+
+def test_path_counts_are_exported_by_the_collector() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kvstored.node.metrics import RdmaCollector
+    w = World()
+    w.get([b"a", b"ssd"])
+    reg = CollectorRegistry()
+    c = w.peers.counts
+    reg.register(RdmaCollector(lambda: (c.rdma_blocks, c.tcp_blocks, c.fallbacks, w.node.num_sessions)))
+    assert reg.get_sample_value("kvstored_remote_reads_total", {"path": "rdma"}) == 1
+    assert reg.get_sample_value("kvstored_remote_reads_total", {"path": "tcp"}) == 1
+    assert reg.get_sample_value("kvstored_rdma_fallbacks_total") == 0
+    assert reg.get_sample_value("kvstored_rdma_sessions") == 1
+    w.close()
