@@ -358,17 +358,20 @@ class PeerTransports:
             if self._closed:
                 return plain
             c = self._conns.get(address)
-            if c is not None and c.epoch == peer.epoch and c.reads.path == "rdma":
+            # c.epoch is the one the peer answered: a view that names an older one lags (the
+            # peer restarted since it was read); only a newer one means our QP is gone
+            current = c is not None and c.epoch >= peer.epoch
+            if c is not None and current and c.reads.path == "rdma":
                 return c.reads
-            if c is not None and c.epoch == peer.epoch and now < c.retry_at:
+            if c is not None and current and now < c.retry_at:
                 return plain
             if address in self._connecting:
                 return plain
             self._connecting.add(address)
             old = self._conns.pop(address, None)
         try:
-            if old is not None:
-                self._teardown(old, same_epoch=old.epoch == peer.epoch)
+            if old is not None:  # a restarted peer has no session of ours to end
+                self._teardown(old, same_epoch=old.epoch >= peer.epoch)
             c = self._connect(peer, plain.tcp)
             with self._lock:
                 if self._closed:
@@ -419,8 +422,6 @@ class PeerTransports:
         def broken() -> None:  # the next transport_for after reconnect_s tries a new QP
             conn.retry_at = self.clock() + self.cfg.reconnect_s
         conn.reads.on_broken = broken
-        if a.epoch != peer.epoch:
-            conn.epoch = peer.epoch  # the view lags; the answer's epoch is the live one
         log.info("rdma_peer_reads", peer=peer.node_id, session_id=a.session_id,
                  region_bytes=rdma.peer.length_bytes)
         return conn
@@ -433,7 +434,7 @@ class PeerTransports:
 
     def _teardown(self, c: _Conn, *, same_epoch: bool) -> None:
         c.reads.close()
-        if c.session_id and same_epoch:  # a restarted peer has no such session any more
+        if c.session_id and same_epoch:
             self._disconnect(c.peer, c.session_id)
         if c.endpoint is not None:
             c.endpoint.close()

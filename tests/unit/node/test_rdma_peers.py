@@ -325,3 +325,17 @@ def test_path_counts_are_exported_by_the_collector() -> None:
     assert reg.get_sample_value("kvstored_rdma_fallbacks_total") == 0
     assert reg.get_sample_value("kvstored_rdma_sessions") == 1
     w.close()
+
+
+def test_a_restarted_peer_gets_a_new_queue_pair_and_a_lagging_view_keeps_the_live_one() -> None:
+    w = World()
+    w.get([b"a"])
+    w.peer_info = PeerInfo("n", 4, "10.0.0.2:1", PEER, ("tcp", "rdma"))  # an older epoch: lags
+    w.now += 3.0  # past peer_view_s: the view is asked again
+    w.get([b"a"])
+    assert w.connects == [1] and w.peers.counts.rdma_blocks == 2
+    w.peer_info = PeerInfo("n", 6, "10.0.0.2:1", PEER, ("tcp", "rdma"))  # restarted
+    w.now += 3.0
+    assert w.get([b"a"])[1] == {0: (block(1), b"m-a")}
+    assert w.connects == [1, 2] and w.disconnects == []  # the old process took its QPs along
+    w.close()
