@@ -10,6 +10,7 @@ control and small values.
 - ``_hooks.py``: the test hook seam (named points where a test observes or holds an operation).
 - ``_ops.py``: the I/O-free operation core shared by both drivers.
 - ``_orphans.py``: acks for orphaned grants (ReservePut/PinBlocks whose answer never arrived).
+- ``_rdma.py``: a remote node's DRAM hits by one-sided RDMA READs (when both ends have a device).
 - ``_put.py``: the put operation: checks, then a path (shared memory, data plane, inline).
 - ``_shm.py``: the shared-memory path (the mapped arena; get and put through it).
 - ``_state.py``: what a client knows about its node (ClientState), retries, Describe.

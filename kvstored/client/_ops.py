@@ -146,6 +146,7 @@ from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import node_pb2 as pb
 
 if TYPE_CHECKING:
+    from kvstored.client._rdma import RdmaReads
     from kvstored.transport.base import GetItem, Sink
     from kvstored.transport.tcp import DataPlaneClient
 
@@ -247,6 +248,13 @@ def _get_wire(
     return dp.get(keys, namespace_id, target, deadline=deadline, size_hints=size_hints)
 
 
+def _get_rdma(rdma: RdmaReads, keys: Sequence[bytes], namespace_id: bytes, target: Sink,
+              deadline: float) -> list[GetItem]:
+    """One get over the RDMA path (kvstored/client/_rdma.py); TCP for what it did not read."""
+    got: list[GetItem] = rdma.reads.get(keys, namespace_id, target, deadline=deadline)
+    return got
+
+
 def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
     dp = st.dataplane
     if dp is None:
@@ -255,9 +263,14 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
     for start, end in _tail_first(_chunks(len(keys), info.max_batch_keys)):
         chunk = keys[start:end]
         hints = None if sink.views is None else [len(v) for v in sink.views[start:end]]
-        items = yield Blocking(  # hints (buffer sizes) let a large get_into use several streams
-            functools.partial(_get_wire, dp, chunk, st.stored_namespace_id, sink.tcp_target(start), hints)
-        )
+        rdma = st.rdma
+        if rdma is not None:  # a remote node's DRAM hits by one-sided READs, the rest over dp
+            items = yield Blocking(functools.partial(
+                _get_rdma, rdma, chunk, st.stored_namespace_id, sink.tcp_target(start)))
+        else:
+            items = yield Blocking(  # hints (buffer sizes) let a large get_into use several streams
+                functools.partial(_get_wire, dp, chunk, st.stored_namespace_id, sink.tcp_target(start), hints)
+            )
         for j, it in enumerate(items):
             i = start + j
             if it.code:

@@ -15,6 +15,7 @@ import structlog
 from kvstored.addresses import format_host_port, parse_address, parse_host_port
 from kvstored.client import _control
 from kvstored.client._orphans import Background, OrphanAcks
+from kvstored.client._rdma import RdmaReads, open_rdma_reads
 from kvstored.client._shm import ArenaMap
 from kvstored.client._steps import (
     INITIAL_BACKOFF_S,
@@ -154,6 +155,9 @@ class ClientState:
         driver sets it. One-sided reads run only inside a live session of the epoch whose
         arena is mapped (kvstored/client/_shm.py ``one_sided_live``)."""
         self.dataplane: DataPlaneClient | None = None
+        self.rdma: RdmaReads | None = None
+        """The RDMA path to a remote node (kvstored/client/_rdma.py), over ``dataplane``;
+        None = TCP only."""
         self.connected = False
         self.control: Any = None  # the lean control channel (_control.py), None = gRPC only
         # set by a driver that can run calls over the channel: ControlChannel (sync) or
@@ -253,6 +257,7 @@ class ClientState:
     ) -> NodeInfo:
         """Adopt a described node and its new transport; returns the info now in use."""
         old_arena = old_dp = old_control = None
+        old_rdma = None
         with self._lock:
             done = self.transport_info
             if done is not None and done.epoch == info.epoch:
@@ -262,9 +267,12 @@ class ClientState:
                 old_arena, old_dp, old_control = arena, dataplane, control
             else:
                 old_arena, old_dp, old_control = self.arena, self.dataplane, self.control
+                old_rdma, self.rdma = self.rdma, None  # over the old data plane: set up again
                 self.info = self.transport_info = info
                 self.arena, self.dataplane, self.control = arena, dataplane, control
                 current = info
+        if old_rdma is not None:
+            old_rdma.close()
         if old_arena is not None:
             old_arena.close()
         if old_dp is not None:
@@ -283,7 +291,10 @@ class ClientState:
             self.info = self.transport_info = None
             arena, self.arena = self.arena, None
             dp, self.dataplane = self.dataplane, None
+            rdma, self.rdma = self.rdma, None
             control, self.control = self.control, None
+        if rdma is not None:  # its QP before the data plane it falls back to
+            rdma.close()
         if control is not None:  # its deferred releases first
             control.close()
         if arena is not None:
@@ -351,6 +362,7 @@ def node_info_from_proto(resp: pb.DescribeResponse) -> NodeInfo:
         max_meta_bytes=resp.max_meta_bytes or 4096, min_key_bytes=resp.min_key_bytes or 1,
         max_key_bytes=resp.max_key_bytes or 64, pin_lease_s=(resp.pin_lease_ms or 30000) / 1000,
         control_path=resp.control_path, default_replicas=resp.default_replicas or 1,
+        transports=tuple(resp.transports) or ("tcp",),
     )
 
 
@@ -368,7 +380,12 @@ def ensure_ready(st: ClientState) -> Op[NodeInfo]:
     transport, arena, dp, control = yield Blocking(
         lambda _deadline: (*st.choose_transport(info), st.open_control(info))
     )
-    return st.install(replace(info, transport=transport), arena, dp, control)
+    current = st.install(replace(info, transport=transport), arena, dp, control)
+    if current.transport == "tcp" and "rdma" in current.transports and st.dataplane is not None:
+        dataplane = st.dataplane  # a remote node with RDMA: its DRAM hits by one-sided READs
+        rdma = yield Blocking(lambda _deadline: open_rdma_reads(st, current, dataplane))
+        st.rdma = rdma
+    return current
 
 
 def op_describe(st: ClientState) -> Op[NodeInfo]:

@@ -92,9 +92,12 @@ class NodeInfo:
     transport: str = ""
     control_path: str = ""
     default_replicas: int = 1
+    transports: tuple[str, ...] = ("tcp",)
+    """What the node's data plane speaks (``"rdma"`` too with an RDMA device)."""
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict (JSON-ready)."""
         d = asdict(self)
         d["listen_addresses"] = list(self.listen_addresses)
+        d["transports"] = list(self.transports)
         return d

@@ -308,6 +308,7 @@ class NodeServicer:
             control_path=self.control_path,
             # [cluster] namespace_replicas names the engine's namespace id, whatever its tenant
             default_replicas=self.replicas_for(bytes(req.namespace_id)),
+            transports=["tcp", "rdma"] if self.rdma is not None else ["tcp"],
         )
 
     async def Replicate(self, req: pb.ReplicateRequest, ctx: Any) -> pb.ReplicateResponse:

@@ -74,7 +74,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms", "control_path", "default_replicas")
+    __slots__ = ("node_id", "version", "epoch", "arena_path", "arena_size_bytes", "data_address", "max_block_bytes", "max_batch_keys", "max_inline_bytes", "draining", "listen_addresses", "metrics_address", "arena_dev", "arena_ino", "max_meta_bytes", "min_key_bytes", "max_key_bytes", "pin_lease_ms", "control_path", "default_replicas", "transports")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class DescribeResponse(_message.Message):
     PIN_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     CONTROL_PATH_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     epoch: int
@@ -115,7 +116,8 @@ class DescribeResponse(_message.Message):
     pin_lease_ms: int
     control_path: str
     default_replicas: int
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ..., control_path: _Optional[str] = ..., default_replicas: _Optional[int] = ...) -> None: ...
+    transports: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., epoch: _Optional[int] = ..., arena_path: _Optional[str] = ..., arena_size_bytes: _Optional[int] = ..., data_address: _Optional[str] = ..., max_block_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., listen_addresses: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ..., arena_dev: _Optional[int] = ..., arena_ino: _Optional[int] = ..., max_meta_bytes: _Optional[int] = ..., min_key_bytes: _Optional[int] = ..., max_key_bytes: _Optional[int] = ..., pin_lease_ms: _Optional[int] = ..., control_path: _Optional[str] = ..., default_replicas: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("namespace_id", "keys", "replicas")

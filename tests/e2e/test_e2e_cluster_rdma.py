@@ -69,7 +69,7 @@ def _healthy(m: MasterClient, names: set[str]) -> dict[str, Any] | None:
 
 
 def test_copies_choose_rdma_when_both_ends_advertise_it_and_fall_back_to_tcp(
-    workdir: Path, procs: list[Any]
+    workdir: Path, procs: list[Any], monkeypatch: Any
 ) -> None:
     master = start_master(workdir, procs)
     n1, n2, n3 = (NodeProcess(workdir / n, master.address, n) for n in ("n1", "n2", "n3"))
@@ -96,6 +96,17 @@ def test_copies_choose_rdma_when_both_ends_advertise_it_and_fall_back_to_tcp(
     s = _stats(n1)
     assert (s["rdma_device"], s["rdma_sessions"]) == ("fake0", 2)  # n2's and n3's QPs
     assert _stats(plain)["rdma_device"] == ""
+
+    # an engine reading the remote node n1 at its TCP address: its DRAM hits by RDMA too
+    monkeypatch.setenv("KVSTORED_TEST_VERBS", FAKE["KVSTORED_TEST_VERBS"])
+    with Client(n1.tcp_address) as c:
+        got = c.get_blocks(keys + plain_keys[:1], timeout_s=30)
+        assert [b.value if b is not None else None for b in got] == [
+            value_for(k) for k in keys + plain_keys[:1]]  # n4's block: n1 fills it over TCP
+        assert c.describe().transports == ("tcp", "rdma")
+        counts = c._st.rdma.counts  # type: ignore[union-attr]
+        assert (counts.rdma_blocks, counts.tcp_blocks, counts.fallbacks) == (4, 1, 0)
+    assert _stats(n1)["rdma_sessions"] == 2  # the engine's QP ended when it closed
 
     out = subprocess.run([sys.executable, "-m", "kvstored.cli.kvstorectl", "--address",
                           n2.unix_address, "stats"], capture_output=True, text=True, timeout=60)
