@@ -264,7 +264,7 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         chunk = keys[start:end]
         hints = None if sink.views is None else [len(v) for v in sink.views[start:end]]
         rdma = st.rdma
-        if rdma is not None:  # a remote node's DRAM hits by one-sided READs, the rest over dp
+        if rdma is not None and rdma.reads.path == "rdma":  # DRAM hits one-sided, the rest over dp
             items = yield Blocking(functools.partial(
                 _get_rdma, rdma, chunk, st.stored_namespace_id, sink.tcp_target(start)))
         else:
