@@ -8,7 +8,10 @@ fake device; a READ maps the peer's arena file read-only by the path its Connect
 names), the nodes advertise ``rdma``, negotiate a QP over ConnectRdma, and a reader's copies
 are one-sided READs checked by the holder's slot headers; a node whose fake QP fails
 mid-read (``KVSTORED_TEST_FAKE_FAIL_WR``) copies the same blocks over TCP, byte for byte.
-What served is read from each node's Stats (``kvstorectl stats``'s counters). No sleeps.
+An engine in this process reading the remote node at its TCP address does the same (its DRAM
+hits by RDMA, a block the node lacks over TCP, a failed QP over TCP). What served is read
+from each node's Stats (``kvstorectl stats``'s counters) and the client's path counts. No
+sleeps.
 """
 
 from __future__ import annotations
@@ -106,7 +109,13 @@ def test_copies_choose_rdma_when_both_ends_advertise_it_and_fall_back_to_tcp(
         assert c.describe().transports == ("tcp", "rdma")
         counts = c._st.rdma.counts  # type: ignore[union-attr]
         assert (counts.rdma_blocks, counts.tcp_blocks, counts.fallbacks) == (4, 1, 0)
-    assert _stats(n1)["rdma_sessions"] == 2  # the engine's QP ended when it closed
+    monkeypatch.setenv("KVSTORED_TEST_FAKE_FAIL_WR", "14")  # this engine's QP fails mid-read
+    with Client(n1.tcp_address) as c:
+        got = c.get_blocks(keys, timeout_s=30)
+        assert [b.value if b is not None else None for b in got] == [value_for(k) for k in keys]
+        counts = c._st.rdma.counts  # type: ignore[union-attr]
+        assert (counts.rdma_blocks, counts.tcp_blocks, counts.fallbacks) == (0, 4, 1)
+    assert _stats(n1)["rdma_sessions"] == 2  # each engine's QP ended when it closed
 
     out = subprocess.run([sys.executable, "-m", "kvstored.cli.kvstorectl", "--address",
                           n2.unix_address, "stats"], capture_output=True, text=True, timeout=60)
