@@ -88,6 +88,13 @@ def list_devices(verbs: Verbs) -> list[str]:
     return out
 
 
+def _listed(sysfs: str) -> bool:
+    try:
+        return bool(os.listdir(sysfs))
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class _Reader:
     node_id: str
@@ -193,15 +200,26 @@ class NodeRdma:
         return RdmaEndpoint(self.verbs, self.device, bytearray(bounce_bytes), remote_access=False)
 
 
+SYSFS_RDMA = "/sys/class/infiniband"
+"""Where the kernel lists RDMA devices (libibverbs enumerates them from sysfs)."""
+
+
 def open_node_rdma(cfg: RdmaConfig, store: TieredStore, *, epoch: int,
-                   environ: Mapping[str, str] | None = None) -> NodeRdma | None:
+                   environ: Mapping[str, str] | None = None,
+                   sysfs: str = SYSFS_RDMA) -> NodeRdma | None:
     """The node's RDMA side per ``[rdma]``, or None (TCP only).
 
-    ``enabled = "off"``: None. ``"auto"``: None, logged once, when pyverbs is missing, no
-    device is listed, ``[rdma] device`` is not among them, or registering the arena fails.
-    ``"on"``: each of those raises ConfigInvalid naming what was missing and what was found.
+    ``enabled = "off"``: None. ``"auto"``: None, logged once, when the kernel lists no RDMA
+    device (``sysfs`` absent or empty: pyverbs is then not even imported, so a node without
+    one starts as fast as before), pyverbs is missing, no device is listed, ``[rdma] device``
+    is not among them, or registering the arena fails. ``"on"``: each of those raises
+    ConfigInvalid naming what was missing and what was found.
     """
     if cfg.enabled == "off":
+        return None
+    env = os.environ if environ is None else environ
+    if cfg.enabled == "auto" and not env.get(TEST_VERBS_ENV) and not _listed(sysfs):
+        log.info("rdma_unavailable", reason=f"no RDMA device in {sysfs}")
         return None
 
     def unavailable(reason: str) -> None:

@@ -306,9 +306,19 @@ def test_open_node_rdma_names_a_missing_device(monkeypatch: pytest.MonkeyPatch) 
     assert open_node_rdma(RdmaConfig(device="mlx5_0"), _store(), epoch=1, environ=env) is None
 
 
-def test_this_machine_without_a_device_gets_none() -> None:
-    """Real pyverbs (when installed): get_device_list() raises here; auto reads as TCP."""
-    assert open_node_rdma(RdmaConfig(), _store(), epoch=1, environ={}) is None
+def test_without_a_device_auto_is_tcp_and_on_names_what_is_missing(tmp_path: Any) -> None:
+    """This machine: no /sys/class/infiniband, and the real pyverbs (when installed) raises
+    in get_device_list(). auto: None without importing pyverbs; on: ConfigInvalid."""
+    from kvstored.node.rdma_node import list_devices
+    from kvstored.transport.rdma import load_pyverbs
+    empty = str(tmp_path)  # a sysfs class directory with no device in it
+    assert open_node_rdma(RdmaConfig(), _store(), epoch=1, environ={}, sysfs=empty) is None
+    verbs = load_pyverbs()
+    if verbs is None:
+        pytest.skip("python3-pyverbs is not installed")
+    assert list_devices(verbs) == []  # get_device_list() raised PyverbsRDMAError
+    with pytest.raises(ConfigInvalid, match="no RDMA device is listed"):
+        open_node_rdma(RdmaConfig(enabled="on"), _store(), epoch=1, environ={}, sysfs=empty)
 
 
 def test_path_counts_are_exported_by_the_collector() -> None:
