@@ -241,6 +241,9 @@ class NodeDaemon:
         try:
             check_node_host(self.cfg)
             listen = self._check_listen()
+            from kvstored.node.rdma_node import find_rdma_device
+
+            rdma_device = find_rdma_device(self.rdma_cfg)  # "on" without one: before any mmap
         except BaseException:
             self._stopped = True
             raise
@@ -270,7 +273,8 @@ class NodeDaemon:
                                           check_roles=self.tls is not None)
             from kvstored.node.rdma_node import open_node_rdma
 
-            self.node_rdma = open_node_rdma(self.rdma_cfg, store, epoch=self.epoch)
+            self.node_rdma = open_node_rdma(self.rdma_cfg, store, epoch=self.epoch,
+                                            found=rdma_device)
             self._servicer.rdma = self.node_rdma
             if self.cluster is not None:  # a put's default replicas (Describe)
                 self._servicer.replicas_for = self.cluster.replicas_for

@@ -204,16 +204,23 @@ SYSFS_RDMA = "/sys/class/infiniband"
 """Where the kernel lists RDMA devices (libibverbs enumerates them from sysfs)."""
 
 
-def open_node_rdma(cfg: RdmaConfig, store: TieredStore, *, epoch: int,
-                   environ: Mapping[str, str] | None = None,
-                   sysfs: str = SYSFS_RDMA) -> NodeRdma | None:
-    """The node's RDMA side per ``[rdma]``, or None (TCP only).
+def _unavailable(cfg: RdmaConfig, reason: str) -> None:
+    if cfg.enabled == "on":
+        raise ConfigInvalid(f"[rdma] enabled = \"on\" but {reason}; set rdma.enabled = "
+                            "\"auto\" (TCP when there is no device) or \"off\"")
+    log.info("rdma_unavailable", reason=reason)
+
+
+def find_rdma_device(cfg: RdmaConfig, *, environ: Mapping[str, str] | None = None,
+                     sysfs: str = SYSFS_RDMA) -> tuple[Verbs, str] | None:
+    """The verbs layer and the device ``[rdma]`` asks for, or None (TCP only). Called
+    before the store is opened, so ``enabled = "on"`` fails before any memory is mapped.
 
     ``enabled = "off"``: None. ``"auto"``: None, logged once, when the kernel lists no RDMA
     device (``sysfs`` absent or empty: pyverbs is then not even imported, so a node without
-    one starts as fast as before), pyverbs is missing, no device is listed, ``[rdma] device``
-    is not among them, or registering the arena fails. ``"on"``: each of those raises
-    ConfigInvalid naming what was missing and what was found.
+    one starts as fast as before), pyverbs is missing, no device is listed, or ``[rdma]
+    device`` is not among them. ``"on"``: each of those raises ConfigInvalid naming what was
+    missing and what was found.
     """
     if cfg.enabled == "off":
         return None
@@ -221,32 +228,45 @@ def open_node_rdma(cfg: RdmaConfig, store: TieredStore, *, epoch: int,
     if cfg.enabled == "auto" and not env.get(TEST_VERBS_ENV) and not _listed(sysfs):
         log.info("rdma_unavailable", reason=f"no RDMA device in {sysfs}")
         return None
-
-    def unavailable(reason: str) -> None:
-        if cfg.enabled == "on":
-            raise ConfigInvalid(f"[rdma] enabled = \"on\" but {reason}; set rdma.enabled = "
-                                "\"auto\" (TCP when there is no device) or \"off\"")
-        log.info("rdma_unavailable", reason=reason)
-
     verbs = load_verbs(environ)
     if verbs is None:
-        unavailable("pyverbs cannot be imported (Debian's python3-pyverbs: "
-                    "scripts/setup-system.sh)")
+        _unavailable(cfg, "pyverbs cannot be imported (Debian's python3-pyverbs: "
+                          "scripts/setup-system.sh)")
         return None
     devices = list_devices(verbs)
     if not devices:
-        unavailable("no RDMA device is listed (pyverbs get_device_list() found none)")
+        _unavailable(cfg, "no RDMA device is listed (pyverbs get_device_list() found none)")
         return None
     device = cfg.device or devices[0]
     if device not in devices:
-        unavailable(f"rdma.device {device!r} is not among the devices listed {devices}")
+        _unavailable(cfg, f"rdma.device {device!r} is not among the devices listed {devices}")
         return None
+    return verbs, device
+
+
+def open_node_rdma(cfg: RdmaConfig, store: TieredStore, *, epoch: int,
+                   environ: Mapping[str, str] | None = None, sysfs: str = SYSFS_RDMA,
+                   found: tuple[Verbs, str] | None = None) -> NodeRdma | None:
+    """The node's RDMA side per ``[rdma]``, or None (TCP only): :func:`find_rdma_device`
+    (unless ``found`` gives its answer), then the whole arena file registered as one MR
+    (REMOTE_READ only).
+
+    Raises:
+        ConfigInvalid: ``enabled = "on"`` and no device (see :func:`find_rdma_device`), or
+            the registration failed (e.g. LimitMEMLOCK); with ``"auto"`` both log and
+            return None.
+    """
+    if found is None:
+        found = find_rdma_device(cfg, environ=environ, sysfs=sysfs)
+    if found is None:
+        return None
+    verbs, device = found
     try:
         endpoint = RdmaEndpoint(verbs, device, store.arena_mapping(), remote_access=True,
                                 remote_write=False)
     except TransferFailed as exc:
-        unavailable(f"registering the {store.arena_size_bytes}-byte arena on {device!r} "
-                    f"failed ({exc}; check LimitMEMLOCK)")
+        _unavailable(cfg, f"registering the {store.arena_size_bytes}-byte arena on {device!r} "
+                          f"failed ({exc}; check LimitMEMLOCK)")
         return None
     log.info("rdma_enabled", device=device, region_bytes=endpoint.length_bytes,
              gid=endpoint.gid)
