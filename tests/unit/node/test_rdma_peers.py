@@ -349,3 +349,22 @@ def test_a_restarted_peer_gets_a_new_queue_pair_and_a_lagging_view_keeps_the_liv
     assert w.get([b"a"])[1] == {0: (block(1), b"m-a")}
     assert w.connects == [1, 2] and w.disconnects == []  # the old process took its QPs along
     w.close()
+
+
+def test_daemon_with_rdma_on_and_no_device_refuses_before_mapping_the_arena(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from kvstored.config import NodeConfig
+    from kvstored.node.daemon import NodeDaemon
+    monkeypatch.setenv("KVSTORED_TEST_VERBS", "tests.fake_verbs:process_verbs")
+    monkeypatch.setenv("KVSTORED_TEST_FAKE_DEVICES", "")
+    from kvstored.tiers.tiered import TieredStore
+    opened: list[Any] = []
+    monkeypatch.setattr(TieredStore, "from_config", lambda *a, **kw: opened.append(a) or 1 / 0)
+    cfg = NodeConfig(listen=[f"unix:{tmp_path}/n.sock"], data_address="", metrics_address="",
+                     dram_size_bytes=1 << 20, ssd_size_bytes=0, arena_dir=tmp_path, node_id="x")
+    with pytest.raises(ConfigInvalid, match=r'\[rdma\] enabled = "on" but no RDMA device is listed'):
+        asyncio.run(NodeDaemon(cfg, rdma=RdmaConfig(enabled="on")).start())
+    assert opened == []  # refused before the store (the arena) was opened
