@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from kvstored.errors import KvstoredError
+from kvstored.errors import KvstoredError, TransferFailed
 
 if TYPE_CHECKING:
     from kvstored.client._state import ClientState
@@ -110,7 +110,7 @@ def open_rdma_reads(st: ClientState, info: NodeInfo, dp: DataPlaneClient) -> Rdm
             lay = Layout(got[0].arena_size_bytes)
             if lay.total_bytes != rdma.peer.length_bytes:
                 rdma.close()
-                raise KvstoredError(f"the node registered {rdma.peer.length_bytes} bytes, its "
+                raise TransferFailed(f"the node registered {rdma.peer.length_bytes} bytes, its "
                                     f"arena file is {lay.total_bytes}")
         except BaseException:
             if got:
