@@ -406,6 +406,12 @@ class MasterConfig(_Model):
     events_batch_ms: float = Field(default=10.0, ge=0)
     """A block event is sent at most this long after the index changed, milliseconds.
     Default 10."""
+    scheduler: bool = True
+    """Host the SLO-aware SchedulerService on the master's listen addresses, its block
+    locations read from this master's index (docs/scheduler.md "On a cluster"). Default on."""
+    scheduler_copy_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one copy the scheduler plans (the prefix's blocks to the prefill node),
+    seconds. Default 10."""
     log_json: bool = False
     """Render logs as JSON lines (set under systemd); ``log_format``, when set, wins."""
     log_format: Literal["json", "console"] | None = None

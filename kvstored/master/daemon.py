@@ -21,6 +21,10 @@ MasterState for it (a new epoch from ``data_dir``, the term = the election key's
 revision, ``complete=false`` for one node lease) and swaps it into the servicer; while it
 does not lead, every call is answered NotLeader naming the leader and maintenance skips.
 
+With ``master.scheduler`` (the default) the same server hosts the SchedulerService
+(kvstored/master/scheduling.py): block locations from this term's index, planned copies
+asked of the prefill node; under etcd only the leader answers it.
+
 Lifecycle::
 
     start():  data dir + epoch -> gRPC up -> /metrics up -> maintenance task
@@ -58,6 +62,8 @@ from kvstored.transport.master_targets import check_election_prefix, parse_etcd_
 
 if TYPE_CHECKING:
     from kvstored.master.events import KVEventPublisher
+    from kvstored.master.scheduling import NodePrefetcher
+    from kvstored.scheduler.service import SchedulerServicer
 
 log = structlog.get_logger(__name__)
 
@@ -130,6 +136,20 @@ class MasterDaemon:
         self.events: KVEventPublisher | None = None  # master.events_endpoint set
         self.events_address = ""
         self.events_replay_address = ""
+        self.scheduler: SchedulerServicer | None = None  # master.scheduler set
+        self._prefetcher: NodePrefetcher | None = None
+
+    def _add_scheduler(self, server: grpc.aio.Server) -> None:
+        """Host the SchedulerService: locations from this term's index, copies to nodes."""
+        from kvstored.master.scheduling import IndexBlockLocator, NodePrefetcher
+        from kvstored.scheduler.config import SchedulerConfig
+        from kvstored.scheduler.service import add_scheduler_service
+
+        locator = IndexBlockLocator(lambda: self.state)
+        self._prefetcher = NodePrefetcher(lambda: self.state, self.tls, sizes=locator.block_bytes)
+        self.scheduler = add_scheduler_service(
+            server, SchedulerConfig(), block_locator=locator, registry=self.metrics.registry,
+            copier=self._prefetcher, copy_timeout_s=self.cfg.scheduler_copy_timeout_s)
 
     async def start(self) -> None:
         """Bind every listen address and start serving.
@@ -164,6 +184,8 @@ class MasterDaemon:
         self.servicer = MasterServicer(self.state, metrics=self.metrics,
                                        check_roles=self.tls is not None)
         add_master_service(server, self.servicer)
+        if cfg.scheduler:
+            self._add_scheduler(server)
         for addr in cfg.listen:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit() or addr.startswith("unix:"):
@@ -184,6 +206,8 @@ class MasterDaemon:
                 on_lead=self._lead, on_step_down=lambda reason: None,
                 clock=self.clock, hooks=self.election_hooks)
             self.servicer.gate = self.elector
+            if self.scheduler is not None:
+                self.scheduler.gate = self.elector
             await self.elector.start()
         log.info("master_started", epoch=self.epoch, grpc=self.grpc_addresses, tls=self.tls is not None,
                  etcd=list(endpoints),
@@ -266,6 +290,10 @@ class MasterDaemon:
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        if self._prefetcher is not None:
+            await self._prefetcher.close()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -337,6 +337,33 @@ class NodeServicer:
             pb.ReplicateResult(status=item_status(o.error), num_replicas=o.num_replicas,
                                num_wanted=o.num_wanted) for o in out])
 
+    async def Prefetch(self, req: pb.PrefetchRequest, ctx: Any) -> pb.PrefetchResponse:
+        """Copy the blocks of ``req.keys`` this node lacks from their peers (the cluster get
+        path, :meth:`RemoteReads.fill`: committed here as remote-fill copies), within the
+        caller's deadline; pins nothing. Idempotent. A node without a master copies nothing.
+
+        Raises:
+            InvalidArgument: more than ``max_batch_keys`` keys, or a malformed key.
+        """
+        ns, keys = self._ns(ctx, req.namespace_id), [bytes(k) for k in req.keys]
+        if len(keys) > self.core.cfg.max_batch_keys:
+            raise InvalidArgument(f"Prefetch: {len(keys)} keys; the limit is "
+                                  f"{self.core.cfg.max_batch_keys} (node.max_batch_keys)")
+        if not keys:
+            return pb.PrefetchResponse()
+        self.core.check_keys(keys)
+        before, _ = await self._run(self.core.exists, keys, ns)
+        num_present = sum(before)
+        fetched = 0
+        remote = self.remote
+        if remote is not None and num_present < len(keys):
+            got = await self._run(functools.partial(remote.fill, keys, ns,
+                                                    remaining_s=_time_left(ctx)))
+            fetched = got.num_fetched
+        after, _ = await self._run(self.core.exists, keys, ns)
+        return pb.PrefetchResponse(num_present=num_present, num_fetched=fetched,
+                                   num_missing=len(keys) - sum(after))
+
     def _loop_may_evict(self) -> bool:
         """Whether an eviction may run on the loop: only on a DRAM-only node (metadata only)
         whose store never waits for the pool (no spiller's backpressure installed:
@@ -618,7 +645,7 @@ METHOD_ROLES: dict[str, tuple[Role, ...]] = {
     "Put": ENGINE_ROLES, "Get": ENGINE_ROLES, "ReservePut": ENGINE_ROLES,
     "CommitPut": ENGINE_ROLES, "PinBlocks": ENGINE_ROLES, "ReleasePins": ENGINE_ROLES,
     "OpenSession": ENGINE_ROLES, "CloseSession": ENGINE_ROLES, "Replicate": ENGINE_ROLES,
-    "Remove": ("admin",),
+    "Remove": ("admin",), "Prefetch": ("node", "admin"),
     # an rkey READs the whole arena, every tenant's blocks: a node's call only
     "ConnectRdma": ("node",), "DisconnectRdma": ("node",),
 }
@@ -645,6 +672,7 @@ _METHODS: dict[str, type[Message]] = {
     "Replicate": pb.ReplicateRequest,
     "ConnectRdma": pb.ConnectRdmaRequest,
     "DisconnectRdma": pb.DisconnectRdmaRequest,
+    "Prefetch": pb.PrefetchRequest,
 }
 
 

@@ -15,6 +15,17 @@ Where prefixes are cached comes from two sources, merged per node:
   single-host embedded daemon), a ``(node_id, Tier)`` pair, or a sequence of such pairs (one
   per replica). It may be a plain function or return an awaitable.
 
+On the master (``kvstored master``, kvstored/master/scheduling.py) the locator reads the
+master's block index, so ``prefix_node_id`` is the node that really holds the prefix, and a
+``copier`` carries a planned fetch out: when a decision names ``replicate_keys`` for a
+prefill instance on another node than the prefix's, the servicer starts one owned task that
+asks the prefill instance's node to pull those blocks in (``NodeService.Prefetch``: the
+cluster get path) before the engine's prefill. ``ScheduleRequest.copy_wait_ms`` waits for
+it; ``AwaitCopy`` tells later. The copy is an optimisation, never a correctness condition:
+a block it did not bring is a miss for the engine's own load (which then fetches or
+recomputes it). Under leader election (``gate``) only the leading master answers; a
+follower answers every call NotLeader naming the leader, as the MasterService does.
+
 Roles (docs/security.md; the caller's principal is its TLS certificate's, TRUSTED_LOCAL on a
 plaintext port, which holds every role): :data:`METHOD_ROLES` says who may call each method,
 checked before the method runs. Instances (their node or their engine) register, unregister,
@@ -33,12 +44,15 @@ Metrics (``registry`` argument, default a private registry exposed as
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
@@ -46,7 +60,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvstored.auth import Role as AuthRole
 from kvstored.auth import require_role
-from kvstored.errors import InvalidArgument, KvstoredError, NotFound
+from kvstored.errors import InvalidArgument, KvstoredError, NotFound, NotLeader
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.scheduler.config import SchedulerConfig
 from kvstored.scheduler.core import Scheduler
@@ -60,14 +74,66 @@ from kvstored.scheduler.types import (
     ScheduleRequest,
 )
 from kvstored.security.identity import principal_of_call
+from kvstored.transport.master_targets import LEADER_METADATA_KEY, TERM_METADATA_KEY
 from kvstored.types import Tier
 from kvstored.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
-BlockLocator = Callable[[Sequence[bytes]], Any]
-"""``locator(keys) -> list[Tier | (node_id, Tier) | Sequence[(node_id, Tier)]]`` (or an
-awaitable of it), one entry per leading present key."""
+BlockLocator = Callable[..., Any]
+"""``locator(keys[, namespace_id]) -> list[Tier | (node_id, Tier) | Sequence[(node_id, Tier)]]``
+(or an awaitable of it), one entry per leading present key; called with the request's
+namespace id as a second argument when the request names one."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOutcome:
+    """What one planned copy did.
+
+    Attributes:
+        num_fetched: blocks the prefill node copied in.
+        num_missing: planned blocks not on that node afterwards.
+        duration_s: wall time of the copy, seconds.
+        num_bytes: bytes the copied blocks hold (their size in the index).
+        message: why blocks are missing ("" when none is).
+    """
+
+    num_fetched: int
+    num_missing: int
+    duration_s: float
+    num_bytes: int = 0
+    message: str = ""
+
+
+class BlockCopier(Protocol):
+    """Carries a planned fetch out (kvstored/master/scheduling.py: ``NodePrefetcher``)."""
+
+    async def prefetch(self, node_id: str, namespace_id: bytes, keys: Sequence[bytes],
+                       timeout_s: float) -> CopyOutcome:
+        """Have ``node_id`` copy in the blocks of ``keys`` it lacks, within ``timeout_s``
+        seconds; never raises for a node's or the network's failure."""
+
+
+class LeaderGate(Protocol):
+    """The election as the servicer sees it (``kvstored.master.election.Elector`` fits)."""
+
+    leader_address: str
+    leader_term: int
+
+    def is_leading(self) -> bool:
+        """Whether this master may answer as leader now."""
+
+
+@dataclass(slots=True)
+class _CopyJob:
+    node_id: str
+    num_keys: int
+    task: asyncio.Task[CopyOutcome]
+    outcome: CopyOutcome | None = None
+
+
+MAX_TRACKED_COPIES = 4096
+"""Copies whose state AwaitCopy can still tell (the oldest finished ones are forgotten)."""
 
 SHARED_NODE = ""
 """Node id under which blocks located without a node (bare :class:`Tier`) are filed: the store
@@ -83,6 +149,7 @@ _REASON_TO_PB = {
     RejectReason.DECODE_OVERLOADED: scheduler_pb2.REJECT_REASON_DECODE_OVERLOADED,
     RejectReason.NO_INSTANCE: scheduler_pb2.REJECT_REASON_NO_INSTANCE,
 }
+_COPY_PENDING = scheduler_pb2.COPY_STATE_PENDING
 _TIER_FROM_PB = {common_pb2.TIER_UNSPECIFIED: Tier.DRAM, common_pb2.DRAM: Tier.DRAM,
                  common_pb2.SSD: Tier.SSD}
 _MAX_KEYS = 1 << 16
@@ -95,6 +162,7 @@ METHOD_ROLES: dict[str, tuple[AuthRole, ...]] = {
     "Schedule": _INSTANCE_ROLES,
     "ReportPrefillFinished": _INSTANCE_ROLES,
     "ReportRequestFinished": _INSTANCE_ROLES,
+    "AwaitCopy": _INSTANCE_ROLES,
     "DescribeScheduler": (),  # a read: every authenticated caller, with a role or none
 }
 """Who may call each SchedulerService method (:func:`kvstored.auth.require_role`); ``()`` =
@@ -121,6 +189,16 @@ def _checked(fn: _Handler[R]) -> _Handler[R]:
             log.debug("scheduler_call_refused", method=fn.__name__, error=str(exc))
             await self._abort(context, exc)
             raise  # context.abort raises; a stand-in context that does not is refused here
+        gate = self.gate
+        if gate is not None and not gate.is_leading():
+            leader = gate.leader_address
+            refusal = NotLeader(
+                f"this master does not lead (newest term {gate.leader_term}); "
+                + (f"the leader is {leader}" if leader else "no leader is known right now"))
+            context.set_trailing_metadata(grpc_trailing_metadata(refusal) + (
+                (LEADER_METADATA_KEY, leader), (TERM_METADATA_KEY, str(gate.leader_term))))
+            await context.abort(grpc_status(refusal), str(refusal))
+            raise refusal  # a stand-in context whose abort returns
         return await fn(self, request, context)
 
     wrapper.roles = roles  # type: ignore[attr-defined]  # read by the role-table test
@@ -151,6 +229,17 @@ class SchedulerMetrics:
             "kvstored_scheduler_ttft_error_seconds", "Observed minus predicted TTFT.",
             buckets=(-10, -5, -2, -1, -0.5, -0.1, 0, 0.1, 0.5, 1, 2, 5, 10), registry=r,
         )
+        self.copies = Counter("kvstored_scheduler_copies_total",
+                              "Planned copies to prefill nodes, by outcome (done, failed).",
+                              ["outcome"], registry=r)
+        self.copied_blocks = Counter("kvstored_scheduler_copied_blocks_total",
+                                     "Blocks planned copies moved to prefill nodes.", registry=r)
+        self.copied_bytes = Counter("kvstored_scheduler_copied_bytes_total",
+                                    "Bytes planned copies moved to prefill nodes.", registry=r)
+        self.copy_seconds = Histogram("kvstored_scheduler_copy_seconds",
+                                      "Wall time of one planned copy.",
+                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2,
+                                               5, 10, 30), registry=r)
         self.load = Gauge("kvstored_scheduler_instance_load_ratio",
                           "Prefill: queue / TTFT SLO; decode: decode load (1 = at the limit).",
                           ["instance", "role"], registry=r)
@@ -182,8 +271,11 @@ class ReportedBlockIndex:
         """Blocks reported for a node."""
         return len(self._nodes.get(node_id, ()))
 
-    async def locate(self, keys: Sequence[bytes]) -> list[list[tuple[str, Tier]]]:
+    async def locate(self, keys: Sequence[bytes],
+                     namespace_id: bytes = b"") -> list[list[tuple[str, Tier]]]:
         """Ask the locator (if any); normalise to one list of (node, tier) per leading key.
+
+        ``namespace_id`` (when not empty) is passed as the locator's second argument.
 
         A locator that fails is logged and treated as knowing nothing (the request is then
         placed on reported caches only; a miss costs recomputation, never correctness).
@@ -191,7 +283,8 @@ class ReportedBlockIndex:
         if self.locator is None or not keys:
             return []
         try:
-            got = self.locator(list(keys))
+            got = (self.locator(list(keys), namespace_id) if namespace_id
+                   else self.locator(list(keys)))
             if inspect.isawaitable(got):
                 got = await got
         except Exception as exc:  # degrade: a broken locator must not fail scheduling
@@ -289,6 +382,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         block_locator: optional store index (see module doc).
         clock: seconds, monotonic (default ``time.monotonic``).
         registry: Prometheus registry for the metrics (default: a private one).
+        copier: carries planned fetches out (None: decisions only name them).
+        copy_timeout_s: deadline of one planned copy, seconds.
+        gate: the election (None: this process always answers).
 
     Raises:
         ConfigInvalid: the configured cost profile cannot be read.
@@ -301,6 +397,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         block_locator: BlockLocator | None = None,
         clock: Clock = time.monotonic,
         registry: CollectorRegistry | None = None,
+        copier: BlockCopier | None = None,
+        copy_timeout_s: float = 10.0,
+        gate: LeaderGate | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         profile = (CostProfile.load(self.config.profile_path) if self.config.profile_path
@@ -311,6 +410,88 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.metrics = SchedulerMetrics(registry)
         self._roles: dict[str, Role] = {}
         self._nodes: dict[str, str] = {}
+        self.copier = copier
+        self.copy_timeout_s = float(copy_timeout_s)
+        self.gate = gate
+        self._copies: OrderedDict[str, _CopyJob] = OrderedDict()
+        self.copy_hook: Callable[[str], Awaitable[None]] | None = None
+        """Test hook: awaited with the request id inside each copy task, before the copy
+        starts (holds a copy at a known step; never set in production)."""
+
+    # ---- planned copies --------------------------------------------------------------
+    def _start_copy(self, d: Decision, namespace_id: bytes) -> _CopyJob | None:
+        """Start the copy a decision plans (an owned task), or None when there is none."""
+        if self.copier is None or not d.admitted or not d.replicate_keys:
+            return None
+        node = self._nodes.get(d.prefill_instance_id or "")
+        keys = [k for k in d.replicate_keys if isinstance(k, bytes)]
+        if not node or not keys or node == d.prefix_node_id:
+            return None
+        old = self._copies.pop(d.request_id, None)
+        if old is not None:
+            old.task.cancel()
+        copier, timeout_s, rid = self.copier, self.copy_timeout_s, d.request_id
+
+        async def run() -> CopyOutcome:
+            if self.copy_hook is not None:
+                await self.copy_hook(rid)
+            return await copier.prefetch(node, namespace_id, keys, timeout_s)
+
+        job = _CopyJob(node, len(keys), asyncio.create_task(run(), name=f"scheduler-copy-{rid}"))
+
+        def done(task: asyncio.Task[CopyOutcome]) -> None:
+            if task.cancelled():
+                job.outcome = CopyOutcome(0, job.num_keys, 0.0, 0, "the copy was cancelled")
+                return
+            exc = task.exception()
+            job.outcome = task.result() if exc is None else CopyOutcome(
+                0, job.num_keys, 0.0, 0, f"the copy failed: {type(exc).__name__}: {exc}")
+            o = job.outcome
+            self.metrics.copies.labels("done" if not o.num_missing else "failed").inc()
+            self.metrics.copied_blocks.inc(o.num_fetched)
+            self.metrics.copied_bytes.inc(o.num_bytes)
+            self.metrics.copy_seconds.observe(o.duration_s)
+            log.info("scheduler_copy_finished", request_id=rid, node_id=node,
+                     num_fetched=o.num_fetched, num_missing=o.num_missing,
+                     duration_ms=round(o.duration_s * 1000, 1), error=o.message)
+
+        job.task.add_done_callback(done)
+        self._copies[d.request_id] = job
+        while len(self._copies) > MAX_TRACKED_COPIES:
+            oldest = next((k for k, j in self._copies.items() if j.task.done()), None)
+            if oldest is None:
+                break
+            del self._copies[oldest]
+        return job
+
+    async def _wait_copy(self, job: _CopyJob, timeout_s: float) -> None:
+        if timeout_s > 0 and not job.task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(job.task), timeout_s)
+        if job.task.done() and job.outcome is None:
+            await asyncio.sleep(0)  # the done callback runs on the next loop pass
+
+    @staticmethod
+    def _copy_fields(job: _CopyJob | None) -> dict[str, Any]:
+        if job is None:
+            return {}
+        o = job.outcome
+        if o is None:
+            return {"copy_state": _COPY_PENDING}
+        return {"copy_state": (scheduler_pb2.COPY_STATE_DONE if not o.num_missing
+                               else scheduler_pb2.COPY_STATE_FAILED),
+                "copied_blocks": o.num_fetched, "missing_blocks": o.num_missing,
+                "copy_ms": _ms(o.duration_s), "copied_bytes": o.num_bytes,
+                "copy_message": o.message}
+
+    async def close(self) -> None:
+        """Cancel the copies still running and wait for them (the owner's stop)."""
+        tasks = [j.task for j in self._copies.values() if not j.task.done()]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     # ---- helpers ---------------------------------------------------------------------
     async def _abort(self, context: grpc.aio.ServicerContext, exc: KvstoredError) -> None:
@@ -412,7 +593,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     f"at most {_MAX_KEYS} block keys per request, got {len(request.block_keys)}"
                 )
             keys = list(request.block_keys)
-            located = await self.index.locate(keys)
+            namespace_id = bytes(request.namespace_id)
+            located = await self.index.locate(keys, namespace_id)
             req = ScheduleRequest(
                 request.request_id, keys, request.input_tokens, request.expected_output_tokens,
                 ttft_slo_s=request.ttft_slo_ms / 1000.0 if request.ttft_slo_ms else None,
@@ -430,8 +612,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             log.debug("scheduler_request_rejected", request_id=d.request_id,
                       reason=str(d.reason), predicted_ttft_s=d.predicted_ttft_s,
                       predicted_decode_load=d.predicted_decode_load)
+        job = self._start_copy(d, namespace_id)
+        if job is not None and request.copy_wait_ms:
+            await self._wait_copy(job, request.copy_wait_ms / 1000.0)
         self._refresh_load_gauges()
-        return _decision_to_pb(d)
+        out = _decision_to_pb(d)
+        for name, value in self._copy_fields(job).items():
+            setattr(out, name, value)
+        return out
+
+    @_checked
+    async def AwaitCopy(  # noqa: N802
+        self, request: scheduler_pb2.AwaitCopyRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.AwaitCopyResponse:
+        job = self._copies.get(request.request_id)
+        if job is None:
+            return scheduler_pb2.AwaitCopyResponse()
+        await self._wait_copy(job, request.timeout_ms / 1000.0)
+        return scheduler_pb2.AwaitCopyResponse(node_id=job.node_id, **self._copy_fields(job))
 
     @_checked
     async def ReportPrefillFinished(  # noqa: N802
@@ -462,6 +660,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ReportRequestFinishedResponse:
         known = self.core.finish_request(request.request_id,
                                          request.num_output_tokens or None)
+        job = self._copies.get(request.request_id)
+        if job is not None and job.task.done():
+            del self._copies[request.request_id]
         self._refresh_load_gauges()
         return scheduler_pb2.ReportRequestFinishedResponse(known=known)
 
@@ -525,6 +726,9 @@ def add_scheduler_service(
     block_locator: BlockLocator | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock = time.monotonic,
+    copier: BlockCopier | None = None,
+    copy_timeout_s: float = 10.0,
+    gate: LeaderGate | None = None,
 ) -> SchedulerServicer:
     """Create a :class:`SchedulerServicer` and add it to ``server`` (before it starts).
 
@@ -535,6 +739,7 @@ def add_scheduler_service(
             instances report count.
         registry: Prometheus registry for the scheduler metrics (pass the process's).
         clock: seconds, monotonic.
+        copier / copy_timeout_s / gate: as :class:`SchedulerServicer`'s.
 
     Returns:
         The servicer (its ``core`` is the plain-Python scheduler).
@@ -543,7 +748,8 @@ def add_scheduler_service(
         ConfigInvalid: the configured cost profile cannot be read.
     """
     servicer = SchedulerServicer(config, block_locator=block_locator, clock=clock,
-                                 registry=registry)
+                                 registry=registry, copier=copier,
+                                 copy_timeout_s=copy_timeout_s, gate=gate)
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     log.info("scheduler_service_created", policy=str(servicer.core.policy),
              admission=str(servicer.core.admission), profile=servicer.core.cost.profile.name)

@@ -7,6 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ("num_present", "num_fetched", "num_missing")
+    NUM_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    NUM_FETCHED_FIELD_NUMBER: _ClassVar[int]
+    NUM_MISSING_FIELD_NUMBER: _ClassVar[int]
+    num_present: int
+    num_fetched: int
+    num_missing: int
+    def __init__(self, num_present: _Optional[int] = ..., num_fetched: _Optional[int] = ..., num_missing: _Optional[int] = ...) -> None: ...
+
 class ConnectRdmaRequest(_message.Message):
     __slots__ = ("advert", "node_id", "epoch")
     ADVERT_FIELD_NUMBER: _ClassVar[int]

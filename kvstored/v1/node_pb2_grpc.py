@@ -121,6 +121,11 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/kvstored.v1.NodeService/Prefetch',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -257,6 +262,18 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Cluster node: copy the blocks of `keys` this node lacks from the peers that hold them,
+        through the cluster get path (master lookup, peer data plane, verified, committed here as
+        remote-fill copies), so that a later read finds them on this node. The scheduler on the
+        master asks it of a prefill node before the engine's prefill (docs/scheduler.md). Pins
+        nothing, returns no bytes; idempotent (a block already here is not copied again). A node
+        without a master copies nothing (every block it lacks stays missing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -344,6 +361,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.DisconnectRdma,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.PrefetchRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.PrefetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -807,6 +829,33 @@ class NodeService:
             '/kvstored.v1.NodeService/DisconnectRdma',
             kvstored_dot_v1_dot_node__pb2.DisconnectRdmaRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.DisconnectRdmaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/Prefetch',
+            kvstored_dot_v1_dot_node__pb2.PrefetchRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

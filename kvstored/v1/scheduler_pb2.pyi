@@ -14,6 +14,13 @@ class InstanceRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSTANCE_ROLE_PREFILL: _ClassVar[InstanceRole]
     INSTANCE_ROLE_DECODE: _ClassVar[InstanceRole]
 
+class CopyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COPY_STATE_UNSPECIFIED: _ClassVar[CopyState]
+    COPY_STATE_PENDING: _ClassVar[CopyState]
+    COPY_STATE_DONE: _ClassVar[CopyState]
+    COPY_STATE_FAILED: _ClassVar[CopyState]
+
 class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REJECT_REASON_UNSPECIFIED: _ClassVar[RejectReason]
@@ -24,6 +31,10 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 INSTANCE_ROLE_UNSPECIFIED: InstanceRole
 INSTANCE_ROLE_PREFILL: InstanceRole
 INSTANCE_ROLE_DECODE: InstanceRole
+COPY_STATE_UNSPECIFIED: CopyState
+COPY_STATE_PENDING: CopyState
+COPY_STATE_DONE: CopyState
+COPY_STATE_FAILED: CopyState
 REJECT_REASON_UNSPECIFIED: RejectReason
 REJECT_REASON_TTFT_SLO: RejectReason
 REJECT_REASON_TBT_SLO: RejectReason
@@ -93,23 +104,27 @@ class ReportLoadResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ScheduleRequest(_message.Message):
-    __slots__ = ("request_id", "block_keys", "input_tokens", "expected_output_tokens", "ttft_slo_ms", "tbt_slo_ms")
+    __slots__ = ("request_id", "block_keys", "input_tokens", "expected_output_tokens", "ttft_slo_ms", "tbt_slo_ms", "namespace_id", "copy_wait_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
     TBT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    COPY_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_keys: _containers.RepeatedScalarFieldContainer[bytes]
     input_tokens: int
     expected_output_tokens: int
     ttft_slo_ms: int
     tbt_slo_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., block_keys: _Optional[_Iterable[bytes]] = ..., input_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tbt_slo_ms: _Optional[int] = ...) -> None: ...
+    namespace_id: bytes
+    copy_wait_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., block_keys: _Optional[_Iterable[bytes]] = ..., input_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tbt_slo_ms: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., copy_wait_ms: _Optional[int] = ...) -> None: ...
 
 class ScheduleResponse(_message.Message):
-    __slots__ = ("admitted", "reason", "message", "prefill_instance_id", "decode_instance_id", "num_blocks", "reused_blocks", "local_blocks", "fetched_blocks", "fetched_ssd_blocks", "prefix_node_id", "replicate_block_keys", "predicted_queue_ms", "predicted_transfer_ms", "predicted_prefill_ms", "predicted_ttft_ms", "predicted_tbt_us", "predicted_decode_load")
+    __slots__ = ("admitted", "reason", "message", "prefill_instance_id", "decode_instance_id", "num_blocks", "reused_blocks", "local_blocks", "fetched_blocks", "fetched_ssd_blocks", "prefix_node_id", "replicate_block_keys", "predicted_queue_ms", "predicted_transfer_ms", "predicted_prefill_ms", "predicted_ttft_ms", "predicted_tbt_us", "predicted_decode_load", "copy_state", "copied_blocks", "missing_blocks", "copy_ms", "copied_bytes", "copy_message")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +143,12 @@ class ScheduleResponse(_message.Message):
     PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TBT_US_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_DECODE_LOAD_FIELD_NUMBER: _ClassVar[int]
+    COPY_STATE_FIELD_NUMBER: _ClassVar[int]
+    COPIED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COPY_MS_FIELD_NUMBER: _ClassVar[int]
+    COPIED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COPY_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     reason: RejectReason
     message: str
@@ -146,7 +167,39 @@ class ScheduleResponse(_message.Message):
     predicted_ttft_ms: int
     predicted_tbt_us: int
     predicted_decode_load: float
-    def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., prefill_instance_id: _Optional[str] = ..., decode_instance_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., reused_blocks: _Optional[int] = ..., local_blocks: _Optional[int] = ..., fetched_blocks: _Optional[int] = ..., fetched_ssd_blocks: _Optional[int] = ..., prefix_node_id: _Optional[str] = ..., replicate_block_keys: _Optional[_Iterable[bytes]] = ..., predicted_queue_ms: _Optional[int] = ..., predicted_transfer_ms: _Optional[int] = ..., predicted_prefill_ms: _Optional[int] = ..., predicted_ttft_ms: _Optional[int] = ..., predicted_tbt_us: _Optional[int] = ..., predicted_decode_load: _Optional[float] = ...) -> None: ...
+    copy_state: CopyState
+    copied_blocks: int
+    missing_blocks: int
+    copy_ms: int
+    copied_bytes: int
+    copy_message: str
+    def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., message: _Optional[str] = ..., prefill_instance_id: _Optional[str] = ..., decode_instance_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., reused_blocks: _Optional[int] = ..., local_blocks: _Optional[int] = ..., fetched_blocks: _Optional[int] = ..., fetched_ssd_blocks: _Optional[int] = ..., prefix_node_id: _Optional[str] = ..., replicate_block_keys: _Optional[_Iterable[bytes]] = ..., predicted_queue_ms: _Optional[int] = ..., predicted_transfer_ms: _Optional[int] = ..., predicted_prefill_ms: _Optional[int] = ..., predicted_ttft_ms: _Optional[int] = ..., predicted_tbt_us: _Optional[int] = ..., predicted_decode_load: _Optional[float] = ..., copy_state: _Optional[_Union[CopyState, str]] = ..., copied_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., copy_ms: _Optional[int] = ..., copied_bytes: _Optional[int] = ..., copy_message: _Optional[str] = ...) -> None: ...
+
+class AwaitCopyRequest(_message.Message):
+    __slots__ = ("request_id", "timeout_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    timeout_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class AwaitCopyResponse(_message.Message):
+    __slots__ = ("copy_state", "copied_blocks", "missing_blocks", "copy_ms", "copied_bytes", "copy_message", "node_id")
+    COPY_STATE_FIELD_NUMBER: _ClassVar[int]
+    COPIED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COPY_MS_FIELD_NUMBER: _ClassVar[int]
+    COPIED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COPY_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    copy_state: CopyState
+    copied_blocks: int
+    missing_blocks: int
+    copy_ms: int
+    copied_bytes: int
+    copy_message: str
+    node_id: str
+    def __init__(self, copy_state: _Optional[_Union[CopyState, str]] = ..., copied_blocks: _Optional[int] = ..., missing_blocks: _Optional[int] = ..., copy_ms: _Optional[int] = ..., copied_bytes: _Optional[int] = ..., copy_message: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ReportPrefillFinishedRequest(_message.Message):
     __slots__ = ("request_id", "observed_ttft_ms")

@@ -72,6 +72,11 @@ class SchedulerServiceStub:
                 request_serializer=kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedResponse.FromString,
                 _registered_method=True)
+        self.AwaitCopy = channel.unary_unary(
+                '/kvstored.v1.SchedulerService/AwaitCopy',
+                request_serializer=kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyResponse.FromString,
+                _registered_method=True)
         self.DescribeScheduler = channel.unary_unary(
                 '/kvstored.v1.SchedulerService/DescribeScheduler',
                 request_serializer=kvstored_dot_v1_dot_scheduler__pb2.DescribeSchedulerRequest.SerializeToString,
@@ -131,6 +136,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AwaitCopy(self, request, context):
+        """The state of the copy a Schedule answer planned (replicate_block_keys to the prefill
+        node), waiting up to timeout_ms for it to end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeScheduler(self, request, context):
         """Instances, loads and counters (kvstorectl scheduler).
         """
@@ -170,6 +183,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ReportRequestFinished,
                     request_deserializer=kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedResponse.SerializeToString,
+            ),
+            'AwaitCopy': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitCopy,
+                    request_deserializer=kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyResponse.SerializeToString,
             ),
             'DescribeScheduler': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeScheduler,
@@ -347,6 +365,33 @@ class SchedulerService:
             '/kvstored.v1.SchedulerService/ReportRequestFinished',
             kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedRequest.SerializeToString,
             kvstored_dot_v1_dot_scheduler__pb2.ReportRequestFinishedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitCopy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.SchedulerService/AwaitCopy',
+            kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyRequest.SerializeToString,
+            kvstored_dot_v1_dot_scheduler__pb2.AwaitCopyResponse.FromString,
             options,
             channel_credentials,
             insecure,
