@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvstored.client import Client
 from kvstored.errors import InvalidArgument, KvstoredError
@@ -73,6 +73,16 @@ class ConnectorConfig(BaseModel):
             node's default for the namespace.
         stats_dir: when set, each connector instance writes its counters to
             ``STATS_DIR/<role>-<pid>.json`` after every step that changed them.
+        scheduler_address: the master hosting the SchedulerService (``HOST:PORT``): the
+            engine registers its instances there at start, with its node's id, and
+            unregisters at shutdown (docs/scheduler.md "On a cluster"); None (the default) =
+            no registration.
+        scheduler_instance_id: the engine's instance id (default ``<hostname>:<pid>``); its
+            decode instance is ``<id>/decode``.
+        scheduler_roles: the instances to register: ``prefill`` and/or ``decode`` (default
+            both: a vLLM engine does both).
+        scheduler_node_id: the node id to register under (default: the node's own, from
+            its Describe).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,6 +95,17 @@ class ConnectorConfig(BaseModel):
     transport: str = "auto"
     replicas: int | None = Field(default=None, ge=1, le=8)
     stats_dir: str | None = None
+    scheduler_address: str | None = None
+    scheduler_instance_id: str | None = Field(default=None, min_length=1, max_length=128)
+    scheduler_roles: list[str] = Field(default_factory=lambda: ["prefill", "decode"])
+    scheduler_node_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("scheduler_roles")
+    @classmethod
+    def _roles(cls, v: list[str]) -> list[str]:
+        if not v or any(r not in ("prefill", "decode") for r in v):
+            raise ValueError(f"must be some of ['prefill', 'decode'], got {v}")
+        return v
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:

@@ -22,6 +22,12 @@ Flow of one request (scheduler role in the engine core, worker role in each work
                get_finished                a finished request whose saves are done; only then
                                            does vLLM free its blocks (request_finished=True)
 
+Scheduler registration (``scheduler_address`` in the extra config; off by default): the
+scheduler role registers the engine's prefill and decode instances with the SchedulerService
+on the master, under its node's id (Describe), so the scheduler places requests on it and
+knows its cache is that node's; shutdown unregisters them. A failed registration is logged
+and the engine serves anyway.
+
 Keys and namespace: :mod:`kvstored.integrations.blockio`. vLLM's block hashes already chain
 the tokens, the cache_salt and LoRA/multimodal extras; the namespace adds model, revision,
 KV dtype, layout, block size, TP size and rank, and the cache_salt as tenant salt.
@@ -242,6 +248,9 @@ class KvstoredConnector(KVConnectorBase_V1):
         name = "scheduler" if role == KVConnectorRole.SCHEDULER else f"worker{tp_rank}"
         self._stats_writer = StatsWriter(self._config.stats_dir, f"{name}-{os.getpid()}")
         # scheduler side
+        self.scheduler_instances: dict[str, str] = {}  # role -> instance id registered
+        if role == KVConnectorRole.SCHEDULER and self._config.scheduler_address:
+            self._register_with_scheduler()
         self._requests: dict[str, _RequestState] = {}
         self._lookups_off_until = 0.0
         self._step_lookup_s = 0.0
@@ -255,6 +264,30 @@ class KvstoredConnector(KVConnectorBase_V1):
         )
 
     # ---- helpers -----------------------------------------------------------------------------
+    def _register_with_scheduler(self) -> None:
+        """Register this engine's instances (``scheduler_*`` of the extra config); a failure
+        is logged, never raised: the engine serves without the scheduler."""
+        import socket
+
+        from kvstored.scheduler.ctl import register_engine
+
+        cfg = self._config
+        assert cfg.scheduler_address is not None
+        timeout_s = cfg.timeout_ms / 1000
+        try:
+            node_id = cfg.scheduler_node_id or self._clients.get("").describe(
+                timeout_s=timeout_s).node_id
+            self.scheduler_instances = register_engine(
+                cfg.scheduler_address, cfg.scheduler_instance_id
+                or f"{socket.gethostname()}:{os.getpid()}", node_id, cfg.scheduler_roles,
+                timeout_s=timeout_s)
+        except KvstoredError as exc:
+            logger.warning("KvstoredConnector: registering with the scheduler at %s failed: %s",
+                           cfg.scheduler_address, exc)
+            return
+        logger.info("KvstoredConnector: registered %s (node %s) with the scheduler at %s",
+                    self.scheduler_instances, node_id, cfg.scheduler_address)
+
     def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         hashes = request.block_hashes
         k = self._hashes_per_block
@@ -472,6 +505,13 @@ class KvstoredConnector(KVConnectorBase_V1):
         """Wait briefly for queued saves, write the stats, close the clients."""
         if self._io is not None:
             self._io.close()
+        if self.scheduler_instances and self._config.scheduler_address:
+            from kvstored.scheduler.ctl import unregister_engine
+
+            unregister_engine(self._config.scheduler_address,
+                              list(self.scheduler_instances.values()),
+                              timeout_s=self._config.timeout_ms / 1000)
+            self.scheduler_instances = {}
         self._write_stats()
         self._clients.close()
 

@@ -1,5 +1,6 @@
 """The scheduler a daemon hosts, as ``kvstorectl scheduler`` shows it (the click command and
-its tables are in kvstored/cli/scheduler.py).
+its tables are in kvstored/cli/scheduler.py), and an engine's registration with it
+(:func:`register_engine`, used by the vLLM connector's ``scheduler_address``).
 
 :func:`describe_scheduler` returns (JSON output, sorted keys)::
 
@@ -12,6 +13,7 @@ its tables are in kvstored/cli/scheduler.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -23,6 +25,68 @@ from kvstored.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _ROLE_NAMES = {scheduler_pb2.INSTANCE_ROLE_PREFILL: "prefill",
                scheduler_pb2.INSTANCE_ROLE_DECODE: "decode"}
+_ROLES = {v: k for k, v in _ROLE_NAMES.items()}
+
+
+def engine_instance_ids(instance_id: str, roles: Sequence[str]) -> dict[str, str]:
+    """``{role: instance id}`` of one engine: the prefill instance is ``instance_id``, the
+    decode instance ``instance_id + "/decode"`` (an engine doing both registers twice).
+
+    Raises:
+        InvalidArgument: a role is neither ``prefill`` nor ``decode``, or none is given.
+    """
+    from kvstored.errors import InvalidArgument
+
+    bad = [r for r in roles if r not in _ROLES]
+    if bad or not roles:
+        raise InvalidArgument(f"scheduler roles must be some of ['prefill', 'decode'], got "
+                              f"{list(roles)}")
+    return {r: instance_id if r == "prefill" else f"{instance_id}/decode" for r in roles}
+
+
+def register_engine(address: str, instance_id: str, node_id: str, roles: Sequence[str], *,
+                    timeout_s: float, tls: TlsFiles | None = None) -> dict[str, str]:
+    """Register an engine's instances with the scheduler at ``address`` (idempotent).
+
+    Args:
+        address: the master hosting the SchedulerService (``HOST:PORT``).
+        instance_id: the engine's name (see :func:`engine_instance_ids`).
+        node_id: the kvstored node on the engine's host (its cache is the engine's local one).
+        roles: ``prefill`` and/or ``decode``.
+        timeout_s: deadline of each call, seconds.
+
+    Returns:
+        ``{role: instance id}`` registered.
+
+    Raises:
+        InvalidArgument: a bad role.
+        KvstoredError: the call failed (mapped from the gRPC status; NotLeader names the
+            leader).
+    """
+    ids = engine_instance_ids(instance_id, roles)
+    with open_channel(address, tls) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        for role, iid in ids.items():
+            try:
+                stub.RegisterInstance(scheduler_pb2.RegisterInstanceRequest(
+                    instance=scheduler_pb2.InstanceInfo(instance_id=iid, node_id=node_id,
+                                                        role=_ROLES[role])), timeout=timeout_s)
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from None
+    return ids
+
+
+def unregister_engine(address: str, instance_ids: Sequence[str], *, timeout_s: float,
+                      tls: TlsFiles | None = None) -> None:
+    """Unregister instances (best effort: an unknown one or a failed call is ignored)."""
+    with open_channel(address, tls) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        for iid in instance_ids:
+            try:
+                stub.UnregisterInstance(scheduler_pb2.UnregisterInstanceRequest(
+                    instance_id=iid), timeout=timeout_s)
+            except grpc.RpcError:
+                pass
 
 
 def describe_scheduler(address: str, timeout_s: float, tls: TlsFiles | None = None) -> dict[str, Any]:

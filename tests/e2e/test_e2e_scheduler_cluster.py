@@ -1,0 +1,79 @@
+"""The scheduler on a real cluster: ``kvstored master`` hosts it, two real nodes, no engine.
+
+Blocks put through node a are the prefix; instance A (prefill, node a) reports a long
+queue, instance B (prefill, node b) an idle one. Schedule names B, with node a as the
+prefix's holder (read from the master's index) and the prefix's keys to replicate; the
+master has node b copy them in (NodeService.Prefetch: the cluster get path) and answers
+DONE once they are there. Node b's counters show the blocks arrived from a peer, and a read
+through node b afterwards is a local hit with the same bytes (its remote counter does not
+move). The vLLM version of this scenario is tests/e2e/test_vllm_scheduler_cluster.py.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cluster_helpers import NodeProcess, _indexed, _keys, _put, _wait, start_each, start_master
+from e2e_helpers import value_for
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvstored import Client
+from kvstored.client.master import MasterClient
+from kvstored.scheduler.ctl import register_engine
+from kvstored.v1 import scheduler_pb2 as pb
+from kvstored.v1 import scheduler_pb2_grpc
+
+
+def remote_fetched(node: NodeProcess) -> float:
+    """Node ``node``'s ``kvstored_remote_blocks_total{outcome="fetched"}``."""
+    url = node.metrics if node.metrics.startswith("http") else f"http://{node.metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "kvstored_remote_blocks_total" and s.labels.get("outcome") == "fetched":
+                return s.value
+    return 0.0
+
+
+def with_metrics(node: NodeProcess) -> NodeProcess:
+    """Serve the node's /metrics (NodeProcess turns it off by default)."""
+    i = len(node.args) - 1 - node.args[::-1].index("--metrics-address")
+    del node.args[i:i + 2]
+    return node
+
+
+def test_the_scheduler_places_a_prefill_off_a_busy_holder_and_copies_the_prefix_first(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = start_master(workdir, procs)
+    a = NodeProcess(workdir / "a", master.address, "a", dram_size="16MiB")
+    b = with_metrics(NodeProcess(workdir / "b", master.address, "b", dram_size="16MiB"))
+    start_each([a, b], procs)
+    keys = _keys(12)
+    _put(a, keys)
+    with MasterClient(master.address) as m:
+        _wait("the prefix indexed on a", lambda: _indexed(m, keys, "a"))
+    register_engine(master.address, "A", "a", ["prefill", "decode"], timeout_s=10)
+    register_engine(master.address, "B", "b", ["prefill", "decode"], timeout_s=10)
+    assert remote_fetched(b) == 0
+    with grpc.insecure_channel(master.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+        stub.ReportLoad(pb.ReportLoadRequest(instance_id="A", queued_prefill_ms=60_000))
+        resp = stub.Schedule(pb.ScheduleRequest(
+            request_id="r1", block_keys=keys, input_tokens=12 * 256 + 100,
+            copy_wait_ms=30_000), timeout=60)
+    assert resp.admitted, resp
+    assert resp.prefill_instance_id == "B" and resp.prefix_node_id == "a", resp
+    assert list(resp.replicate_block_keys) == keys
+    assert resp.copy_state == pb.COPY_STATE_DONE, resp
+    assert resp.copied_blocks == 12 and resp.missing_blocks == 0
+    assert resp.copied_bytes == sum(len(value_for(k)) for k in keys)
+    assert remote_fetched(b) == 12  # they arrived from a peer, before any read of b
+    with Client(b.unix_address) as c:
+        assert {blk.key for blk in c.list_blocks()[0]} == set(keys)
+        assert c.get(keys) == [value_for(k) for k in keys]
+    assert remote_fetched(b) == 12  # the read hit b's own copies
