@@ -409,6 +409,9 @@ class MasterConfig(_Model):
     scheduler: bool = True
     """Host the SLO-aware SchedulerService on the master's listen addresses, its block
     locations read from this master's index (docs/scheduler.md "On a cluster"). Default on."""
+    scheduler_block_tokens: int = Field(default=256, gt=0)
+    """Tokens per block in the scheduler's cost model (the engines' block size; a vLLM
+    engine's ``block_size``). Default 256."""
     scheduler_copy_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one copy the scheduler plans (the prefix's blocks to the prefill node),
     seconds. Default 10."""

@@ -148,7 +148,8 @@ class MasterDaemon:
         locator = IndexBlockLocator(lambda: self.state)
         self._prefetcher = NodePrefetcher(lambda: self.state, self.tls, sizes=locator.block_bytes)
         self.scheduler = add_scheduler_service(
-            server, SchedulerConfig(), block_locator=locator, registry=self.metrics.registry,
+            server, SchedulerConfig(block_tokens=self.cfg.scheduler_block_tokens),
+            block_locator=locator, registry=self.metrics.registry,
             copier=self._prefetcher, copy_timeout_s=self.cfg.scheduler_copy_timeout_s)
 
     async def start(self) -> None:

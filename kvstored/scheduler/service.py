@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import time
@@ -366,6 +367,39 @@ class _SnapshotIndex:
         return out
 
 
+def group_blocks(keys: Sequence[bytes], located: list[list[tuple[str, Tier]]],
+                 per_block: int) -> tuple[list[bytes], list[list[tuple[str, Tier]]]]:
+    """Per-layer keys -> one representative key (the block's first) per block.
+
+    Args:
+        keys: block-major, ``per_block`` keys per block.
+        located: one ``[(node, tier)]`` per leading located key (as :meth:`ReportedBlockIndex.locate`).
+        per_block: keys of one block.
+
+    Returns:
+        ``(representatives, located per leading block)``: a block is on a node when every
+        one of its keys is (its tier there is the slowest of them); stops at the first
+        block no node holds whole.
+    """
+    reps = [keys[i] for i in range(0, len(keys), per_block)]
+    out: list[list[tuple[str, Tier]]] = []
+    for b in range(len(located) // per_block):
+        group = located[b * per_block:(b + 1) * per_block]
+        tiers: dict[str, Tier] = {}
+        for n, t in group[0]:
+            tiers[n] = max(t, tiers.get(n, t))
+        for entry in group[1:]:
+            here: dict[str, Tier] = {}
+            for n, t in entry:
+                if n in tiers:
+                    here[n] = max(t, tiers[n], here.get(n, t))
+            tiers = here
+        if not tiers:
+            break
+        out.append(sorted(tiers.items()))
+    return reps, out
+
+
 def _ms(seconds: float) -> int:
     return max(0, min(int(round(seconds * 1000)), 2**32 - 1))
 
@@ -594,7 +628,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 )
             keys = list(request.block_keys)
             namespace_id = bytes(request.namespace_id)
+            per_block = request.keys_per_block or 1
+            if len(keys) % per_block:
+                raise InvalidArgument(
+                    f"{len(keys)} block keys are not a whole number of blocks of "
+                    f"keys_per_block={per_block} keys each")
+            all_keys = keys
             located = await self.index.locate(keys, namespace_id)
+            if per_block > 1:
+                keys, located = group_blocks(keys, located, per_block)
             req = ScheduleRequest(
                 request.request_id, keys, request.input_tokens, request.expected_output_tokens,
                 ttft_slo_s=request.ttft_slo_ms / 1000.0 if request.ttft_slo_ms else None,
@@ -612,6 +654,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             log.debug("scheduler_request_rejected", request_id=d.request_id,
                       reason=str(d.reason), predicted_ttft_s=d.predicted_ttft_s,
                       predicted_decode_load=d.predicted_decode_load)
+        if per_block > 1 and d.replicate_keys:
+            first = {k: i for i, k in enumerate(keys)}
+            d = dataclasses.replace(d, replicate_keys=tuple(
+                k for r in d.replicate_keys
+                for k in all_keys[first[r] * per_block:(first[r] + 1) * per_block]))  # type: ignore[index]  # the representatives are the request's keys
         job = self._start_copy(d, namespace_id)
         if job is not None and request.copy_wait_ms:
             await self._wait_copy(job, request.copy_wait_ms / 1000.0)

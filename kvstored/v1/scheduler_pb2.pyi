@@ -104,7 +104,7 @@ class ReportLoadResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ScheduleRequest(_message.Message):
-    __slots__ = ("request_id", "block_keys", "input_tokens", "expected_output_tokens", "ttft_slo_ms", "tbt_slo_ms", "namespace_id", "copy_wait_ms")
+    __slots__ = ("request_id", "block_keys", "input_tokens", "expected_output_tokens", "ttft_slo_ms", "tbt_slo_ms", "namespace_id", "copy_wait_ms", "keys_per_block")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEYS_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class ScheduleRequest(_message.Message):
     TBT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     COPY_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_keys: _containers.RepeatedScalarFieldContainer[bytes]
     input_tokens: int
@@ -121,7 +122,8 @@ class ScheduleRequest(_message.Message):
     tbt_slo_ms: int
     namespace_id: bytes
     copy_wait_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., block_keys: _Optional[_Iterable[bytes]] = ..., input_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tbt_slo_ms: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., copy_wait_ms: _Optional[int] = ...) -> None: ...
+    keys_per_block: int
+    def __init__(self, request_id: _Optional[str] = ..., block_keys: _Optional[_Iterable[bytes]] = ..., input_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., ttft_slo_ms: _Optional[int] = ..., tbt_slo_ms: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., copy_wait_ms: _Optional[int] = ..., keys_per_block: _Optional[int] = ...) -> None: ...
 
 class ScheduleResponse(_message.Message):
     __slots__ = ("admitted", "reason", "message", "prefill_instance_id", "decode_instance_id", "num_blocks", "reused_blocks", "local_blocks", "fetched_blocks", "fetched_ssd_blocks", "prefix_node_id", "replicate_block_keys", "predicted_queue_ms", "predicted_transfer_ms", "predicted_prefill_ms", "predicted_ttft_ms", "predicted_tbt_us", "predicted_decode_load", "copy_state", "copied_blocks", "missing_blocks", "copy_ms", "copied_bytes", "copy_message")

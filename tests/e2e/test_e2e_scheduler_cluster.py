@@ -11,39 +11,19 @@ move). The vLLM version of this scenario is tests/e2e/test_vllm_scheduler_cluste
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 from cluster_helpers import NodeProcess, _indexed, _keys, _put, _wait, start_each, start_master
 from e2e_helpers import value_for
-from prometheus_client.parser import text_string_to_metric_families
+from scheduler_helpers import remote_fetched, with_metrics
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.scheduler.ctl import register_engine
 from kvstored.v1 import scheduler_pb2 as pb
 from kvstored.v1 import scheduler_pb2_grpc
-
-
-def remote_fetched(node: NodeProcess) -> float:
-    """Node ``node``'s ``kvstored_remote_blocks_total{outcome="fetched"}``."""
-    url = node.metrics if node.metrics.startswith("http") else f"http://{node.metrics}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "kvstored_remote_blocks_total" and s.labels.get("outcome") == "fetched":
-                return s.value
-    return 0.0
-
-
-def with_metrics(node: NodeProcess) -> NodeProcess:
-    """Serve the node's /metrics (NodeProcess turns it off by default)."""
-    i = len(node.args) - 1 - node.args[::-1].index("--metrics-address")
-    del node.args[i:i + 2]
-    return node
 
 
 def test_the_scheduler_places_a_prefill_off_a_busy_holder_and_copies_the_prefix_first(

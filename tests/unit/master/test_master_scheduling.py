@@ -207,3 +207,29 @@ def test_the_prefetcher_reports_an_unknown_node_as_failed_not_raising() -> None:
     out = asyncio.run(NodePrefetcher(lambda: c.state).prefetch("zz", NS, KEYS[:2], 1.0))
     assert (out.num_fetched, out.num_missing) == (0, 2)
     assert "'zz' is not registered" in out.message
+
+
+def test_per_layer_keys_are_grouped_into_blocks_and_a_partial_block_is_not_cached() -> None:
+    """4 keys per block: node a holds blocks 0-2 whole and half of block 3, node b block 0."""
+    c, copier = Cluster(), FakeCopier()
+    c.join("a", inventory=blocks(range(14)))
+    c.join("b", inventory=blocks(range(4), Tier.SSD), port=7100)
+    layer_keys = [key(i) for i in range(16)]
+
+    async def scenario(stub: scheduler_pb2_grpc.SchedulerServiceStub,
+                       servicer: SchedulerServicer) -> None:
+        await _register(stub)
+        resp = await stub.Schedule(pb.ScheduleRequest(
+            request_id="r1", block_keys=layer_keys, input_tokens=4 * 16, namespace_id=NS,
+            keys_per_block=4, copy_wait_ms=30_000))
+        assert resp.prefill_instance_id == "pb" and resp.prefix_node_id == "a", resp
+        assert (resp.num_blocks, resp.local_blocks, resp.fetched_blocks) == (4, 1, 2)
+        assert list(resp.replicate_block_keys) == layer_keys[4:12]  # every key of blocks 1-2
+        assert copier.calls == [("b", NS, layer_keys[4:12])]
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Schedule(pb.ScheduleRequest(request_id="r2", block_keys=layer_keys[:6],
+                                                   input_tokens=64, keys_per_block=4))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "6 block keys are not a whole number of blocks" in (e.value.details() or "")
+
+    _run(c, copier, scenario)
