@@ -26,6 +26,14 @@ Sections (all use the documented high-load cluster unless the section varies it)
                chain-aware LRU, LFU (the arXiv report's Table 1 capacities)
   sensitivity  the admission comparison on other clusters (where the orderings hold or not)
   time         wall time of one replay (the target: well under a minute for 12k requests)
+  copies       what executed replication costs (issue 19): kvcache-centric, every planned
+               fetch is a copy to the prefill node; bytes moved per admitted request, and
+               TTFT when the copy runs at the node-to-node rate measured in this run by
+               bench/bench_remote_get.py (RemoteReads.fill from a real node; or
+               --remote-get-json FILE / --copy-gbps X) instead of the cost model's 50 GB/s,
+               with the scheduler still planning with 50 GB/s and with its profile's remote
+               bandwidth set to the measured rate; at the trace's speed without admission
+               control and on the high-load cluster
 
 Prints markdown tables; writes <out>.json and PNG plots next to it. Nothing here is timed in a
 test: the timings are this machine's, with other processes running.
@@ -108,6 +116,13 @@ def main() -> None:
     ap.add_argument("--plot-from", default=None,
                     help="only draw the robustness plots from this saved JSON, run nothing")
     ap.add_argument("--plot-dir", default="docs/img", help="with --plot-from: where to write")
+    ap.add_argument("--copy-gbps", type=float, default=None,
+                    help="copies section: the executed copy rate, GB/s (default: measured now)")
+    ap.add_argument("--remote-get-json", default=None,
+                    help="copies section: take the rate from bench_remote_get.py --out FILE "
+                    "(its largest block size's remote_get_gbps)")
+    ap.add_argument("--copy-measure-mib", type=int, default=256,
+                    help="copies section: MiB moved when measuring the rate (16 MiB blocks)")
     args = ap.parse_args()
     if args.plot_from:
         for path in plot_robustness_json(args.plot_from, args.plot_dir):
@@ -200,8 +215,79 @@ def main() -> None:
               f"(kvcache-centric / predicted-adaptive): {time.perf_counter() - t0:.1f} s wall\n")
         doc["replay_wall_s"] = round(r.wall_s, 2)
 
+    if "copies" in sections:
+        doc["copies"] = copies_section(records, args)
+
     pathlib.Path(f"{out}.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}.json and {out}-*.png")
+
+
+def measured_copy_gbps(args: argparse.Namespace) -> tuple[float, str]:
+    """The executed copy rate (GB/s) and where it came from (see the copies section)."""
+    if args.copy_gbps:
+        return float(args.copy_gbps), "--copy-gbps"
+    if args.remote_get_json:
+        rows = json.loads(pathlib.Path(args.remote_get_json).read_text())
+        row = max(rows, key=lambda r: r["block_mib"])
+        return float(row["remote_get_gbps"]), (f"{args.remote_get_json} "
+                                               f"({row['block_mib']} MiB blocks)")
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from bench_remote_get import MiB, plain_socket_gbps, remote_get_gbps
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="kvbsc", dir="/tmp"))
+    try:
+        count = max(8, args.copy_measure_mib // 16)
+        plain = plain_socket_gbps(16 * MiB, count)
+        gbps = remote_get_gbps(16 * MiB, count, 8, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return gbps, (f"bench_remote_get.remote_get_gbps, 16 MiB blocks, measured now "
+                  f"(plain socket {plain:.2f} GB/s, ratio {gbps / plain:.2f})")
+
+
+def copies_section(records: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The copies section (see the module doc): one table, returned for the JSON."""
+    gbps, source = measured_copy_gbps(args)
+    print("## Executed replication (kvcache-centric: each planned fetch is a copy)\n")
+    from kvstored.scheduler.costmodel import CostProfile
+
+    model_gbps = (CLUSTER.profile or CostProfile.default()).bandwidth_bytes_per_s.remote_dram / 1e9
+    print(f"copy rate: {gbps:.2f} GB/s from {source}; the cost model's remote DRAM rate: "
+          f"{model_gbps:.0f} GB/s\n")
+    base = CLUSTER.profile or CostProfile.default()
+    bw = base.bandwidth_bytes_per_s
+    calibrated = base.model_copy(update={"name": f"{base.name}+copy-{gbps:.2f}GBps",
+                                         "bandwidth_bytes_per_s": bw.model_copy(update={
+                                             "remote_dram": gbps * 1e9,
+                                             "remote_ssd": min(bw.remote_ssd, gbps * 1e9)})})
+    rows = []
+    for label, mode, cl in (
+            ("1x, no admission", AdmissionMode.NONE, dataclasses.replace(CLUSTER, speed=1.0)),
+            ("high-load (2.5x), predicted-adaptive", AdmissionMode.PREDICTED_ADAPTIVE, CLUSTER)):
+        for copy_label, rate, prof in (("model", 0.0, base), ("measured", gbps * 1e9, base),
+                                       ("measured, model calibrated", gbps * 1e9, calibrated)):
+            r = replay(records, Policy.KVCACHE_CENTRIC, mode, dataclasses.replace(
+                cl, copy_bytes_per_s=rate, profile=prof))
+            _say(r)
+            per = r.copied_bytes / r.admitted if r.admitted else 0.0
+            rows.append({
+                "run": label, "copy_time": copy_label,
+                "copy_gbps": round(rate / 1e9, 3) if rate else None,
+                "admitted": r.admitted, "copies": r.copies,
+                "copied_gib": round(r.copied_bytes / 2**30, 1),
+                "mib_per_admitted": round(per / 2**20, 1),
+                "mean_copy_s": round(r.copy_s / r.copies, 3) if r.copies else 0.0,
+                "avg_ttft_s": round(r.avg_ttft_s, 2), "p90_ttft_s": round(r.p90_ttft_s, 2),
+                "rejected": r.rejected, "completed_within_slo": r.completed_within_slo,
+            })
+    print(_md(rows, ["run", "copy_time", "copy_gbps", "admitted", "copies", "copied_gib",
+                     "mib_per_admitted", "mean_copy_s", "avg_ttft_s", "p90_ttft_s",
+                     "rejected", "completed_within_slo"]) + "\n")
+    print(json.dumps({"copy_gbps": gbps, "source": source, "rows": rows}) + "\n")
+    return {"copy_gbps": gbps, "source": source, "rows": rows}
 
 
 def _say(r: ReplayResult) -> None:

@@ -60,6 +60,11 @@ class ClusterConfig:
         sample_interval_s: period of the load timeline samples, simulated seconds.
         seed: seeds the random policy and the length noise.
         profile: the cost profile (None = the shipped default).
+        copy_bytes_per_s: the rate a planned fetch's copy from another node really runs
+            at, bytes/s (e.g. ``bench/bench_remote_get.py``'s measured GB/s): the prefill
+            then waits ``fetched bytes / rate`` for it, plus the engine's load of those
+            blocks from its own node's DRAM, instead of the cost model's remote transfer
+            time (the scheduler still predicts with its model); 0 = the model's.
     """
 
     num_prefill: int = 8
@@ -76,6 +81,7 @@ class ClusterConfig:
     sample_interval_s: float = 10.0
     seed: int = 0
     profile: CostProfile | None = None
+    copy_bytes_per_s: float = 0.0
 
     def validate(self) -> None:
         """Raises InvalidArgument naming the bad setting."""
@@ -98,6 +104,10 @@ class ClusterConfig:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
         if self.length_noise < 0:
             raise InvalidArgument(f"length_noise must be >= 0, got {self.length_noise}")
+        if self.copy_bytes_per_s < 0:
+            raise InvalidArgument(
+                f"copy_bytes_per_s must be >= 0 (0 = the cost model's), got "
+                f"{self.copy_bytes_per_s}")
 
     def describe(self) -> dict[str, object]:
         """JSON-able summary (the profile by name)."""
@@ -124,6 +134,10 @@ class ReplayResult:
         completed_within_slo: completed requests that met both SLOs (goodput).
         hit_ratio: reused blocks / blocks over every prefilled request.
         fetched_blocks: blocks fetched from another node (kvcache-centric).
+        admitted: requests admitted at arrival.
+        copies: admitted requests whose plan copies blocks from another node.
+        copied_bytes: bytes those copies move (fetched blocks x block bytes of the profile).
+        copy_s: total time the copies took (the model's or ``copy_bytes_per_s``'s), seconds.
         mean_prefill_load / mean_decode_load: time averages of the timeline.
         decode_load_std / prefill_load_std: their standard deviations (oscillation).
         load_correlation: Pearson correlation of prefill and decode load (anti-phase < 0).
@@ -147,6 +161,10 @@ class ReplayResult:
     completed_within_slo: int = 0
     hit_ratio: float = 0.0
     fetched_blocks: int = 0
+    admitted: int = 0
+    copies: int = 0
+    copied_bytes: int = 0
+    copy_s: float = 0.0
     mean_prefill_load: float = 0.0
     mean_decode_load: float = 0.0
     prefill_load_std: float = 0.0
@@ -458,13 +476,27 @@ def replay(
         node = node_of[pid]
         if dec.local_blocks:
             caches[node].touch(rec.hash_ids[: dec.local_blocks])
+        res.admitted += 1
+        transfer_s = dec.predicted_transfer_s
         if dec.fetched_blocks and dec.prefix_node_id is not None:
             caches[dec.prefix_node_id].touch(rec.hash_ids[: dec.reused_blocks])
             fetched += dec.fetched_blocks
+            nbytes = dec.fetched_blocks * cost.block_bytes
+            fs = dec.fetched_ssd_blocks
+            model_s = (cost.transfer_s(dec.fetched_blocks - fs, remote=True)
+                       + cost.transfer_s(fs, remote=True, ssd=True))
+            # executed: the node-to-node copy, then the engine's load from its own DRAM
+            copy_s = (nbytes / cluster.copy_bytes_per_s
+                      + cost.transfer_s(dec.fetched_blocks, remote=False)
+                      if cluster.copy_bytes_per_s else model_s)
+            transfer_s += copy_s - model_s
+            res.copies += 1
+            res.copied_bytes += nbytes
+            res.copy_s += copy_s
         blocks_total += len(rec.hash_ids)
         blocks_reused += dec.reused_blocks
         start = max(now, busy[pid])
-        finish = start + dec.predicted_transfer_s + dec.predicted_prefill_s
+        finish = start + transfer_s + dec.predicted_prefill_s
         busy[pid] = finish
         ttft_of[rid] = finish - now
         decode_tokens_of[rid] = out_tokens
