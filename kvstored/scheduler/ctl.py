@@ -130,3 +130,51 @@ def describe_scheduler(address: str, timeout_s: float, tls: TlsFiles | None = No
             for st in resp.instances
         ],
     }
+
+
+def report_prefill_queue(address: str, instance_id: str, queued_s: float, *, timeout_s: float,
+                         tls: TlsFiles | None = None) -> None:
+    """Report a prefill instance's queued work, seconds (``ReportLoad.queued_prefill_ms``).
+
+    Raises:
+        KvstoredError: the call failed (NotFound: the instance is not registered).
+    """
+    with open_channel(address, tls) as channel:
+        try:
+            scheduler_pb2_grpc.SchedulerServiceStub(channel).ReportLoad(
+                scheduler_pb2.ReportLoadRequest(instance_id=instance_id,
+                                                queued_prefill_ms=round(queued_s * 1000)),
+                timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+
+def schedule(address: str, request_id: str, keys: Sequence[bytes], input_tokens: int, *,
+             namespace_id: bytes = b"", keys_per_block: int = 1, copy_wait_s: float = 0.0,
+             timeout_s: float, tls: TlsFiles | None = None) -> scheduler_pb2.ScheduleResponse:
+    """Ask the scheduler to place one request (``Schedule``), waiting up to ``copy_wait_s``
+    seconds for the copy it plans to end.
+
+    Args:
+        keys: the prompt's block keys in prefix order (block-major when ``keys_per_block``
+            > 1: each block's keys together).
+        input_tokens: the prompt's length.
+        namespace_id: the keys' stored namespace id (the master's index is per namespace).
+
+    Returns:
+        The decision (``admitted``, ``prefill_instance_id``, ``prefix_node_id``,
+        ``replicate_block_keys``, ``copy_state``, ``copied_blocks``, predictions).
+
+    Raises:
+        KvstoredError: the call failed (InvalidArgument: bad keys; NotLeader: a follower).
+    """
+    with open_channel(address, tls) as channel:
+        try:
+            return scheduler_pb2_grpc.SchedulerServiceStub(channel).Schedule(
+                scheduler_pb2.ScheduleRequest(
+                    request_id=request_id, block_keys=list(keys), input_tokens=input_tokens,
+                    namespace_id=namespace_id, keys_per_block=keys_per_block,
+                    copy_wait_ms=round(copy_wait_s * 1000)),
+                timeout=timeout_s + copy_wait_s)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
