@@ -707,9 +707,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ReportRequestFinishedResponse:
         known = self.core.finish_request(request.request_id,
                                          request.num_output_tokens or None)
-        job = self._copies.get(request.request_id)
-        if job is not None and job.task.done():
-            del self._copies[request.request_id]
+        job = self._copies.pop(request.request_id, None)
+        if job is not None and not job.task.done():
+            job.task.cancel()  # the request is over: its copy would only cost bandwidth
         self._refresh_load_gauges()
         return scheduler_pb2.ReportRequestFinishedResponse(known=known)
 

@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from cluster_helpers import NodeProcess, _indexed, _keys, _put, _wait, start_each, start_master
-from e2e_helpers import value_for
+from e2e_helpers import ServeProcess, value_for
 from scheduler_helpers import remote_fetched, with_metrics
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
 from kvstored.scheduler.ctl import register_engine
+from kvstored.v1 import node_pb2, scheduler_pb2_grpc
 from kvstored.v1 import scheduler_pb2 as pb
-from kvstored.v1 import scheduler_pb2_grpc
 
 
 def test_the_scheduler_places_a_prefill_off_a_busy_holder_and_copies_the_prefix_first(
@@ -57,3 +58,23 @@ def test_the_scheduler_places_a_prefill_off_a_busy_holder_and_copies_the_prefix_
         assert {blk.key for blk in c.list_blocks()[0]} == set(keys)
         assert c.get(keys) == [value_for(k) for k in keys]
     assert remote_fetched(b) == 12  # the read hit b's own copies
+
+
+def test_prefetch_on_a_node_without_a_master_copies_nothing_and_says_what_is_missing(
+    workdir: Path, procs: list[Any]
+) -> None:
+    node = ServeProcess(workdir, node_id="alone")
+    procs.append(node)
+    node.start()
+    keys = _keys(3)
+    with Client(node.unix_address) as c:
+        c.put(keys[:1], [value_for(keys[0])])
+    with grpc.insecure_channel(node.tcp_address) as ch:
+        call = ch.unary_unary("/kvstored.v1.NodeService/Prefetch",
+                              request_serializer=node_pb2.PrefetchRequest.SerializeToString,
+                              response_deserializer=node_pb2.PrefetchResponse.FromString)
+        resp = call(node_pb2.PrefetchRequest(keys=keys), timeout=10)
+        assert (resp.num_present, resp.num_fetched, resp.num_missing) == (1, 0, 2)
+        with pytest.raises(grpc.RpcError) as e:
+            call(node_pb2.PrefetchRequest(keys=[b""]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

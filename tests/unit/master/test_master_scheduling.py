@@ -233,3 +233,35 @@ def test_per_layer_keys_are_grouped_into_blocks_and_a_partial_block_is_not_cache
         assert "6 block keys are not a whole number of blocks" in (e.value.details() or "")
 
     _run(c, copier, scenario)
+
+
+def test_a_request_finished_while_its_copy_is_held_cancels_the_copy() -> None:
+    c, copier = _cluster(), FakeCopier()
+
+    async def scenario(stub: scheduler_pb2_grpc.SchedulerServiceStub,
+                       servicer: SchedulerServicer) -> None:
+        never = asyncio.Event()
+        held: list[str] = []
+
+        async def hold(rid: str) -> None:
+            held.append(rid)
+            await never.wait()  # held until cancelled
+
+        servicer.copy_hook = hold
+        await _register(stub)
+        assert (await stub.Schedule(_schedule("r1"))).copy_state == pb.COPY_STATE_PENDING
+        while not held:
+            await asyncio.sleep(0)
+        job = servicer._copies["r1"]
+        await stub.ReportRequestFinished(pb.ReportRequestFinishedRequest(request_id="r1"))
+        with pytest.raises(asyncio.CancelledError):
+            await job.task
+        assert copier.calls == []  # cancelled before it copied anything
+        got = await stub.AwaitCopy(pb.AwaitCopyRequest(request_id="r1"))
+        assert got.copy_state == pb.COPY_STATE_UNSPECIFIED  # forgotten with the request
+        # the id is free again: a new request under it plans (and runs) a new copy
+        servicer.copy_hook = None
+        resp = await stub.Schedule(_schedule("r1", wait_ms=30_000))
+        assert resp.copy_state == pb.COPY_STATE_DONE and len(copier.calls) == 1
+
+    _run(c, copier, scenario)
