@@ -202,6 +202,10 @@ def _check_plot_format(path: pathlib.Path | None, option: str) -> None:
 @click.option("--hit-curve", is_flag=True,
               help="Also report the trace's prefix-hit ratio against one cache's capacity "
               "(LRU vs the store's policy).")
+@click.option("--copy-gbps", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Rate the planned fetches' copies really run at, GB/s (e.g. "
+              "bench/bench_remote_get.py's remote_get_gbps): the prefill waits for the copy "
+              "at that rate instead of the cost model's transfer time; 0 = the model's.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
 def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_decode: int,
@@ -212,7 +216,7 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
            limit: int | None, output: str, json_out: pathlib.Path | None,
            plot: pathlib.Path | None, timeline_plot: pathlib.Path | None,
            timeline_window_s: float | None, noise_plot: pathlib.Path | None, hit_curve: bool,
-           progress: bool | None) -> None:
+           copy_gbps: float, progress: bool | None) -> None:
     """Replay a Mooncake request TRACE through the scheduler in a simulated cluster.
 
     TRACE is a shipped trace by name (conversation, synthetic; default conversation) or a
@@ -283,6 +287,7 @@ def replay(trace_arg: str | None, trace_opt: str | None, num_prefill: int, num_d
             decode_relative_speed=decode_speed, decode_kv_capacity_tokens=decode_kv_tokens,
             speed=speeds[0], ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s,
             length_noise=sigmas[0], seed=seeds[0], profile=profile,
+            copy_bytes_per_s=copy_gbps * 1e9,
         )
         cluster.validate()
     except KvstoredError as exc:

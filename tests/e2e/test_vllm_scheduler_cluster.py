@@ -82,6 +82,7 @@ def _engine(prompts: list[list[int]], steps: list[dict[str, Any]], workdir: Path
             **CONNECTOR, "address": node.unix_address, "stats_dir": str(workdir / "stats"),
             "scheduler_address": master, "scheduler_instance_id": instance})
     spec["kv_cache_memory_bytes"] = ENGINE_KV_BYTES
+    spec["max_num_batched_tokens"] = 2048  # a smaller warm-up forward; the prompt is one chunk
     return EngineProcess(PYTHON, spec, workdir, env=ENGINE_ENV)
 
 

@@ -40,3 +40,25 @@ def test_a_slow_copy_lengthens_ttft_by_its_real_time() -> None:
     with pytest.raises(InvalidArgument, match="copy_bytes_per_s must be >= 0"):
         replay(RECORDS, Policy.KVCACHE_CENTRIC, AdmissionMode.NONE,
                dataclasses.replace(CLUSTER, copy_bytes_per_s=-1.0))
+
+
+def test_replay_copy_gbps_flag_runs_the_copies_at_that_rate(tmp_path: object) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from kvstored.scheduler.cli import replay as replay_cmd
+
+    args = ["--trace", "conversation", "--limit", "300", "--prefill", "4", "--decode", "4",
+            "--policy", "kvcache-centric", "--admission", "none", "--speed", "1",
+            "--output", "json", "--no-progress"]
+    runs = {}
+    for gbps in ("0", "1"):
+        res = CliRunner().invoke(replay_cmd, [*args, "--copy-gbps", gbps])
+        assert res.exit_code == 0, res.output
+        runs[gbps] = json.loads(res.output)["results"][0]
+    fast, slow = runs["0"], runs["1"]
+    assert fast["copies"] > 0 and slow["copies"] > 0
+    assert slow["copy_s"] / slow["copies"] > 10 * fast["copy_s"] / fast["copies"]
+    res = CliRunner().invoke(replay_cmd, [*args, "--copy-gbps", "-1"])
+    assert res.exit_code == 2 and "--copy-gbps" in res.output
