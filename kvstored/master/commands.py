@@ -16,6 +16,14 @@ a live channel, and its answer already carried the one command that existed befo
     settle(node, kind, block)  an event made it moot (a promotion's ADDED copy=False) -> removed
     forget(node)               the node left or registered a new epoch -> its queue is dropped
 
+**The long poll** (``WaitCommands``, :meth:`CommandQueue.wait`): a node also keeps one call
+open that the master answers as soon as a command is queued for it (or after ``wait_ms``,
+empty), and that carries the node's acks of what it applied. The master still never dials a
+node (the node holds the call open); commands no longer wait for the next heartbeat, which
+is what bounded repair throughput (a heartbeat interval per command round). Both paths take
+from the same queue (:meth:`take` marks a command sent, so it goes on one of them, and again
+only after ``resend_after_s``).
+
 Idempotency is on both sides: ids are unique per master term (a counter), and a node
 applies an id once (kvstored/node/replicate.py remembers the ids it applied), so a re-sent
 command that crossed its ack does nothing twice. Every command names the node epoch it is
@@ -31,6 +39,8 @@ Not thread-safe: the master's event loop only.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import time
 from collections import OrderedDict
@@ -46,6 +56,8 @@ MAX_SENDS = 5
 """Heartbeat answers one command is sent on at most before the master gives up on it."""
 MAX_COMMANDS_PER_ANSWER = 4096
 """Commands one heartbeat answer carries at most (the rest wait for the next one)."""
+MAX_WAIT_S = 5.0
+"""The longest the master holds one ``WaitCommands`` call (a longer ``wait_ms`` is capped)."""
 
 
 class CommandKind(IntEnum):
@@ -149,6 +161,7 @@ class CommandQueue:
         self._queues: dict[str, OrderedDict[_Slot, _Entry]] = {}
         self._by_id: dict[int, tuple[str, _Slot]] = {}
         self._by_slot: dict[_Slot, set[str]] = {}  # which nodes have a command for a slot
+        self._wakers: dict[str, asyncio.Event] = {}  # node id -> a WaitCommands call waits
         # counters since this master started (kvstored.master.metrics)
         self.num_queued = 0
         self.num_sent = 0
@@ -184,6 +197,9 @@ class CommandQueue:
         self._by_id[cmd.command_id] = (node_id, slot)
         self._by_slot.setdefault(slot, set()).add(node_id)
         self.num_queued += 1
+        waker = self._wakers.pop(node_id, None)
+        if waker is not None:
+            waker.set()  # every call waiting for this node wakes; the next waits on a new one
         while len(q) > self.max_pending_per_node:
             oldest = next(iter(q))
             self._remove(node_id, oldest)
@@ -224,6 +240,30 @@ class CommandQueue:
             out.append(e.cmd)
         return out
 
+    async def wait(self, node_id: str, epoch: int, timeout_s: float, *,
+                   limit: int = MAX_COMMANDS_PER_ANSWER) -> list[Command]:
+        """:meth:`take`, or if nothing is due, wait up to ``timeout_s`` (at most
+        :data:`MAX_WAIT_S`) for a command to be queued for ``node_id`` and take then.
+
+        Returns:
+            The commands due (empty: none came within the wait). Several waiters of one node
+            (a retried call) all wake; :meth:`take` hands each command to one of them.
+
+        Raises:
+            InvalidArgument: a negative or non-finite ``timeout_s``.
+        """
+        if not 0 <= timeout_s < float("inf"):
+            raise InvalidArgument(f"wait timeout must be finite and >= 0 s, got {timeout_s}")
+        got = self.take(node_id, epoch, limit=limit)
+        if got or timeout_s == 0:
+            return got
+        waker = self._wakers.get(node_id)
+        if waker is None:
+            waker = self._wakers[node_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waker.wait(), min(timeout_s, MAX_WAIT_S))
+        return self.take(node_id, epoch, limit=limit)
+
     def ack(self, node_id: str, epoch: int, command_ids: Iterable[int]) -> list[Command]:
         """``(node_id, epoch)`` applied these commands: stop sending them.
 
@@ -261,6 +301,9 @@ class CommandQueue:
 
     def forget(self, node_id: str) -> None:
         """Drop a node's whole queue (it left, or registered a new epoch)."""
+        waker = self._wakers.pop(node_id, None)
+        if waker is not None:
+            waker.set()  # a call waiting for it answers now (empty)
         for slot, e in self._queues.pop(node_id, {}).items():
             self._by_id.pop(e.cmd.command_id, None)
             self._unslot(slot, node_id)
@@ -277,6 +320,10 @@ class CommandQueue:
     def nodes_with(self, kind: CommandKind, namespace_id: bytes, key: bytes) -> list[str]:
         """The nodes a command of this kind for this block is queued for (sorted; O(them))."""
         return sorted(self._by_slot.get((kind, namespace_id, key), ()))
+
+    def is_waited(self, node_id: str) -> bool:
+        """Whether a ``WaitCommands`` call of ``node_id`` is waiting for a command now."""
+        return node_id in self._wakers
 
     def num_pending(self, node_id: str | None = None) -> int:
         """Commands queued for ``node_id`` (every node when None), not acknowledged yet."""
@@ -303,5 +350,5 @@ class CommandQueue:
                 del self._by_slot[slot]
 
 
-__all__ = ["MAX_COMMANDS_PER_ANSWER", "MAX_PENDING_PER_NODE", "MAX_SENDS", "Command",
+__all__ = ["MAX_COMMANDS_PER_ANSWER", "MAX_PENDING_PER_NODE", "MAX_SENDS", "MAX_WAIT_S", "Command",
            "CommandKind", "CommandQueue", "CopySource"]

@@ -393,6 +393,17 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             commands=[command_pb(c) for c in cmds])
 
     @_rpc("node")
+    async def WaitCommands(  # noqa: N802
+        self, request: pb.WaitCommandsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WaitCommandsResponse:
+        queue = self.state.commands
+        if request.acked_command_ids:
+            self.state.repair.on_commands_acked(
+                queue.ack(request.node_id, request.epoch, request.acked_command_ids))
+        cmds = await queue.wait(request.node_id, request.epoch, request.wait_ms / 1000.0)
+        return pb.WaitCommandsResponse(commands=[command_pb(c) for c in cmds])
+
+    @_rpc("node")
     async def SyncInventory(  # noqa: N802
         self, request: pb.SyncInventoryRequest, context: grpc.aio.ServicerContext
     ) -> pb.SyncInventoryResponse:

@@ -11,6 +11,12 @@ One owned task talks to the master, one call at a time, in rounds::
                                                          kvstored/node/replicate.py), acked
                                                          on the next Heartbeat once applied
 
+    beside the rounds (a second task, once a replicator is set): WaitCommands(acks) held
+    open by the master until a command is queued for this node (a long poll: commands start
+    without waiting for a heartbeat); a round also starts early when the replicator applied
+    commands (:meth:`MasterLink.wake`: their replicas' ADDED events go out at once). A
+    master without WaitCommands (UNIMPLEMENTED) leaves the heartbeat to carry them.
+
 Events come from the store's change feed (kvstored/tiers/feed.py: every replica the DRAM or
 SSD map gains or loses, in order), so a round costs O(changes), not O(blocks); the whole
 store is listed only at (re)registration, when the master asks for a resync, or when the
@@ -91,6 +97,8 @@ log = structlog.get_logger(__name__)
 
 _LIST_ALL = 1 << 40
 _MAX_EVENTS_PER_CALL = 8192
+COMMAND_POLL_WAIT_S = 2.0
+"""How long the master holds one WaitCommands call of this node (``wait_ms``) at most."""
 
 ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
 Replica = tuple[int, int, bool]  # (size_bytes, generation, copy)
@@ -220,6 +228,14 @@ class MasterLink:
         self.replicator: Replicator | None = None
         self.left = False  # drained: unregistered on the master's LEAVE, no more rounds
         self._leaving = False
+        self._wake = asyncio.Event()  # start the next round now (commands were applied)
+        self._poll_task: asyncio.Task[None] | None = None
+        self.poll_wait_s = COMMAND_POLL_WAIT_S
+        self.num_polls = 0  # WaitCommands answers taken (tests, metrics)
+
+    def wake(self) -> None:
+        """Run the next round now instead of after the interval (loop only)."""
+        self._wake.set()
 
     def request_leave(self) -> None:
         """Unregister after the current round and stop heartbeating (the master's LEAVE
@@ -273,9 +289,17 @@ class MasterLink:
         """Start the link's task (returns at once; the master may still be unreachable)."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="kvstored-master-link")
+        if self._poll_task is None:
+            self._poll_task = asyncio.create_task(self._poll_loop(),
+                                                  name="kvstored-command-poll")
 
     async def stop(self, *, unregister: bool = True) -> None:
         """Stop the task; tell the master this node leaves (best effort, short deadline)."""
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+            self._poll_task = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -346,7 +370,42 @@ class MasterLink:
                     self._last_error = what
             except Exception:
                 log.exception("master_link_bug")
-            await asyncio.sleep(self.interval_s())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s())
+            self._wake.clear()
+
+    async def _poll_loop(self) -> None:
+        """WaitCommands while registered (see the module docstring); the rounds' task owns
+        registration and moving between masters, this one only follows it."""
+        while True:
+            rep = self.replicator
+            if rep is None or not self.registered or self.left or self._leaving:
+                await asyncio.sleep(self.interval_s())
+                continue
+            acks = rep.take_acks()
+            try:
+                stub = await self._ensure_stub()
+                resp = await stub.WaitCommands(
+                    pb.WaitCommandsRequest(node_id=self.node_id, epoch=self.epoch,
+                                           acked_command_ids=acks,
+                                           wait_ms=int(self.poll_wait_s * 1000)),
+                    timeout=self.poll_wait_s + self.cfg.rpc_timeout_s)
+                self._check_term(resp, "WaitCommands")
+            except (KvstoredError, grpc.RpcError) as exc:
+                rep.restore_acks(acks)
+                if (isinstance(exc, grpc.RpcError)
+                        and exc.code() is grpc.StatusCode.UNIMPLEMENTED):
+                    log.info("master_without_command_poll", master=self.address)
+                    return  # an older master: the heartbeat answers carry the commands
+                await asyncio.sleep(self.interval_s())  # the rounds' task reports failures
+                continue
+            except BaseException:
+                rep.restore_acks(acks)
+                raise
+            self.num_polls += 1
+            rep.observe_term(int(resp.term))
+            if resp.commands:
+                rep.submit(resp.commands)
 
     # ---- one round -------------------------------------------------------------------
     def _list_inventory(self) -> dict[ReplicaKey, Replica]:

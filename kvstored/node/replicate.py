@@ -9,7 +9,11 @@ node acknowledges them; the MasterLink hands each answer's commands to
                        refused (fencing by term; 0 = no election); an id applied already
                        -> acknowledged again, not applied (the ack was lost); an id being
                        applied -> ignored; else queued for the worker
-    worker task        PROMOTE: keep the remote-fill copy as an original (store.keep_copies)
+    worker task        splits each answer's COPYs into parts of at most
+                       :data:`COPY_PART_BYTES` and applies up to ``max_in_flight`` parts at
+                       once (several transfers in flight, each one batched get per source);
+                       a LEAVE waits for every part before it and goes alone
+                       PROMOTE: keep the remote-fill copy as an original (store.keep_copies)
                        COPY:    already here as a copy -> kept as an original (no transfer);
                                 else pulled from the named source replica through the peer
                                 data plane (RemoteReads.copy_from: GET_FLAG_PEER_EXPORT,
@@ -18,7 +22,10 @@ node acknowledges them; the MasterLink hands each answer's commands to
                        DROP:    removed here (a pinned block stays: a later DROP may follow)
                        LEAVE:   the node unregisters and stops heartbeating (drained)
                        then its id is acknowledged (also when the copy failed: the master's
-                       repair sees the block still short and asks again, maybe elsewhere)
+                       repair sees the block still short and asks again, maybe elsewhere),
+                       and ``on_applied`` is called (the MasterLink runs a round at once:
+                       the new replicas' ADDED events and the acks reach the master now,
+                       not a heartbeat interval later)
 
 Each command id is applied at most once per daemon start (ids are unique per master term;
 the last :data:`MAX_REMEMBERED` applied ids are remembered, keyed by (term, id)).
@@ -51,6 +58,11 @@ MAX_REMEMBERED = 65536
 """Applied command ids a node remembers (a resend older than that is applied again: harmless,
 every kind is idempotent on the store)."""
 
+COPY_PART_BYTES = 16 << 20
+"""Bytes of COPY commands applied as one part (one ``copy_from``: one batched get per source)."""
+MAX_PARTS_IN_FLIGHT = 4
+"""Parts a node applies at once by default (each holds an executor thread while it copies)."""
+
 CopyFromFn = Callable[[Sequence[tuple[bytes, ClusterReplica]], bytes], "FetchResult | None"]
 """``copy_from(items, namespace_id)``: pull ``(key, source)`` items as originals (blocking);
 None when the node cannot copy (no remote reads configured)."""
@@ -80,6 +92,11 @@ class Replicator:
         remove: ``core.remove(keys, namespace_id)``: per key, removed.
         leave: called once on LEAVE (the MasterLink unregisters and stops).
         executor: where blocking store and data-plane work runs (never the loop).
+        on_applied: called (on the loop) after each part is applied and its acks queued.
+        max_in_flight: parts applied at once (at most the executor's threads are useful).
+
+    Raises:
+        ValueError: ``max_in_flight`` below 1.
     """
 
     def __init__(
@@ -91,8 +108,16 @@ class Replicator:
         remove: Callable[[Sequence[bytes], bytes], list[bool]],
         leave: Callable[[], None],
         executor: Executor | None = None,
+        on_applied: Callable[[], None] | None = None,
+        max_in_flight: int = MAX_PARTS_IN_FLIGHT,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.epoch = int(epoch)
+        self.on_applied = on_applied
+        self.max_in_flight = int(max_in_flight)
+        self._parts_left = 0  # parts taken from the queue and not applied yet
+        self._parts: set[asyncio.Task[None]] = set()  # parts being applied
         self.copy_from = copy_from
         self.keep_copies = keep_copies
         self.remove = remove
@@ -117,6 +142,8 @@ class Replicator:
     async def stop(self) -> None:
         """Cancel the worker (a command being applied is not acknowledged: the master
         sends it again to the next epoch, which ignores it; its repair asks again)."""
+        for t in list(self._parts):
+            t.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -170,18 +197,63 @@ class Replicator:
         """A heartbeat carrying these acks failed: send them on the next one."""
         self._acks[:0] = list(ids)
 
+    @property
+    def num_parts_in_flight(self) -> int:
+        """Parts being applied now (at most ``max_in_flight``)."""
+        return len(self._parts)
+
     # ---- the worker ----------------------------------------------------------------------
+    @staticmethod
+    def split(batch: Sequence[pb.NodeCommand], part_bytes: int = COPY_PART_BYTES
+              ) -> list[list[pb.NodeCommand]]:
+        """One answer's commands as parts applied concurrently: the first part holds every
+        non-COPY command and the first COPYs, each further part COPYs of at most
+        ``part_bytes`` together (one COPY larger than that goes alone). A batch with a
+        LEAVE is one part (the node leaves only after the rest is applied)."""
+        if any(c.kind == pb.NODE_COMMAND_KIND_LEAVE for c in batch):
+            return [list(batch)]
+        parts: list[list[pb.NodeCommand]] = [[c for c in batch
+                                              if c.kind != pb.NODE_COMMAND_KIND_COPY]]
+        size = 0
+        for c in batch:
+            if c.kind != pb.NODE_COMMAND_KIND_COPY:
+                continue
+            if size and size + c.size_bytes > part_bytes:
+                parts.append([])
+                size = 0
+            parts[-1].append(c)
+            size += c.size_bytes
+        return [p for p in parts if p]
+
     async def _work(self) -> None:
+        slots = asyncio.Semaphore(self.max_in_flight)
+        running = self._parts
         while True:
             batch = await self._queue.get()
-            try:
-                await self.apply(batch)
-            except Exception:  # a bug must not stop the queue: the master resends
-                log.exception("replicator_bug", num_commands=len(batch))
-                for c in batch:
-                    self._running.discard((c.term, c.command_id))
-            if self._queue.empty():
+            parts = self.split(batch)
+            self._parts_left += len(parts)  # before any await: idle stays clear meanwhile
+            for part in parts:
+                if any(c.kind == pb.NODE_COMMAND_KIND_LEAVE for c in part) and running:
+                    await asyncio.gather(*running, return_exceptions=True)
+                await slots.acquire()
+                t = asyncio.create_task(self._apply_part(part, slots))
+                running.add(t)
+                t.add_done_callback(running.discard)
+
+    async def _apply_part(self, part: list[pb.NodeCommand], slots: asyncio.Semaphore) -> None:
+        try:
+            await self.apply(part)
+        except Exception:  # a bug must not stop the queue: the master resends
+            log.exception("replicator_bug", num_commands=len(part))
+            for c in part:
+                self._running.discard((c.term, c.command_id))
+        finally:
+            slots.release()
+            self._parts_left -= 1
+            if self._parts_left == 0 and self._queue.empty():
                 self.idle.set()
+        if self.on_applied is not None:
+            self.on_applied()
 
     async def apply(self, batch: Sequence[pb.NodeCommand]) -> None:
         """Apply one batch of accepted commands, then queue their acks (worker only)."""
@@ -227,4 +299,4 @@ class Replicator:
             self.leave()
 
 
-__all__ = ["MAX_REMEMBERED", "CopyFromFn", "Replicator", "ReplicatorCounts"]
+__all__ = ["COPY_PART_BYTES", "MAX_PARTS_IN_FLIGHT", "MAX_REMEMBERED", "CopyFromFn", "Replicator", "ReplicatorCounts"]

@@ -201,6 +201,26 @@ class NodeCommand(_message.Message):
     generation: int
     def __init__(self, command_id: _Optional[int] = ..., kind: _Optional[_Union[NodeCommandKind, str]] = ..., target_epoch: _Optional[int] = ..., term: _Optional[int] = ..., namespace_id: _Optional[bytes] = ..., key: _Optional[bytes] = ..., source_node_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., source_data_address: _Optional[str] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
+class WaitCommandsRequest(_message.Message):
+    __slots__ = ("node_id", "epoch", "acked_command_ids", "wait_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACKED_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    acked_command_ids: _containers.RepeatedScalarFieldContainer[int]
+    wait_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class WaitCommandsResponse(_message.Message):
+    __slots__ = ("commands", "term")
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[NodeCommand]
+    term: int
+    def __init__(self, commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
+
 class BlockRef(_message.Message):
     __slots__ = ("namespace_id", "key", "tier", "size_bytes", "generation", "copy", "replicas")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -126,6 +126,11 @@ class MasterServiceStub:
                 request_serializer=kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.FromString,
                 _registered_method=True)
+        self.WaitCommands = channel.unary_unary(
+                '/kvstored.v1.MasterService/WaitCommands',
+                request_serializer=kvstored_dot_v1_dot_master__pb2.WaitCommandsRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_master__pb2.WaitCommandsResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -260,6 +265,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitCommands(self, request, context):
+        """The node's command queue as a long poll (master/commands.py): acknowledges what the
+        node applied, then answers the commands due now, or waits up to wait_ms for one to be
+        queued (an empty answer when none came). Heartbeat answers carry the same queue; this
+        call only removes the wait for the next heartbeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -342,6 +357,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.SetReplication,
                     request_deserializer=kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.SerializeToString,
+            ),
+            'WaitCommands': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitCommands,
+                    request_deserializer=kvstored_dot_v1_dot_master__pb2.WaitCommandsRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_master__pb2.WaitCommandsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -788,6 +808,33 @@ class MasterService:
             '/kvstored.v1.MasterService/SetReplication',
             kvstored_dot_v1_dot_master__pb2.SetReplicationRequest.SerializeToString,
             kvstored_dot_v1_dot_master__pb2.SetReplicationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitCommands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.MasterService/WaitCommands',
+            kvstored_dot_v1_dot_master__pb2.WaitCommandsRequest.SerializeToString,
+            kvstored_dot_v1_dot_master__pb2.WaitCommandsResponse.FromString,
             options,
             channel_credentials,
             insecure,

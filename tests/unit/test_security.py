@@ -145,7 +145,7 @@ def test_every_master_method_has_a_role_decision() -> None:
     methods = master_pb2.DESCRIPTOR.services_by_name["MasterService"].methods_by_name
     roles = {name: getattr(MasterServicer, name).roles for name in methods}
     node_only = {"RegisterNode", "UnregisterNode", "Heartbeat", "SyncInventory", "ReportEvents",
-                 "ReportTransfer"}
+                 "ReportTransfer", "WaitCommands"}
     assert {n for n, r in roles.items() if r == ("node",)} == node_only
     assert {n for n, r in roles.items() if r == ("admin",)} == {"DrainNode", "SetReplication"}
     assert all("admin" not in r for n, r in roles.items()

@@ -3,6 +3,8 @@ per (node, kind, block), an older epoch's commands dropped, given up after max_s
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from helpers import key
 from master_helpers import NS, Cluster, blocks
@@ -86,3 +88,33 @@ def test_commands_carry_the_masters_term() -> None:
 def test_a_copy_without_a_source_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="needs a source replica"):
         CommandQueue(FakeClock()).add("b", 1, CommandKind.COPY, NS, key(1))
+
+
+def test_a_waiting_call_answers_as_soon_as_a_command_is_queued() -> None:
+    async def main() -> None:
+        q = CommandQueue(FakeClock())
+        waiter = asyncio.create_task(q.wait("b", 1, timeout_s=3600))  # capped at MAX_WAIT_S
+        while not q.is_waited("b"):
+            await asyncio.sleep(0)
+        assert not waiter.done()
+        c = q.add("b", 1, CommandKind.COPY, NS, key(1), SRC)
+        assert await asyncio.wait_for(waiter, 1.0) == [c]  # woken, not after MAX_WAIT_S
+        assert not q.is_waited("b")
+        assert await q.wait("b", 1, timeout_s=0) == []  # sent: not again before resend
+        again = asyncio.create_task(q.wait("b", 1, timeout_s=3600))
+        while not q.is_waited("b"):
+            await asyncio.sleep(0)
+        q.forget("b")  # the node left: its waiting call answers at once, empty
+        assert await asyncio.wait_for(again, 1.0) == []
+
+    asyncio.run(main())
+
+
+def test_a_wait_times_out_empty_and_bad_timeouts_are_refused() -> None:
+    async def main() -> None:
+        q = CommandQueue(FakeClock())
+        assert await q.wait("b", 1, timeout_s=0.001) == []
+        with pytest.raises(InvalidArgument, match="finite and >= 0 s, got -1"):
+            await q.wait("b", 1, timeout_s=-1)
+
+    asyncio.run(main())

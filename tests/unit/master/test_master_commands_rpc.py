@@ -77,3 +77,41 @@ def test_copy_commands_ride_on_heartbeats_until_acked_and_drain_is_listed(tmp_pa
             await daemon.stop()
 
     asyncio.run(main())
+
+
+def test_wait_commands_is_answered_when_a_copy_is_queued_and_carries_acks(tmp_path: Path) -> None:
+    clock = FakeClock()
+    daemon = MasterDaemon(MasterConfig(listen=["127.0.0.1:0"], data_dir=tmp_path,
+                                       node_lease_s=5.0), clock=clock)
+
+    async def main() -> None:
+        await daemon.start()
+        try:
+            assert daemon.state is not None
+            m, q = daemon.state.membership, daemon.state.commands
+            m.register(spec("a", port=7000))
+            m.sync_inventory("a", 1, sync_id=1, blocks=blocks([1]), last_chunk=True)
+            m.register(spec("b", port=7100))
+            m.sync_inventory("b", 1, sync_id=1, blocks=[], last_chunk=True)
+            ch = grpc.aio.insecure_channel(daemon.grpc_addresses[0])
+            stub = pb_grpc.MasterServiceStub(ch)
+            poll = asyncio.ensure_future(stub.WaitCommands(
+                pb.WaitCommandsRequest(node_id="b", epoch=1, wait_ms=60_000), timeout=30))
+            while not q.is_waited("b"):  # the call is held at the master
+                await asyncio.sleep(0.001)
+            daemon.state.repair.set_factor(NS, [key(1)], 2)
+            daemon.state.repair.tick()
+            # answered now: without the wake it would come back empty after MAX_WAIT_S
+            [cmd] = (await poll).commands
+            assert (cmd.kind, cmd.key, cmd.source_node_id) == (pb.NODE_COMMAND_KIND_COPY,
+                                                               key(1), "a")
+            assert q.num_pending("b") == 1
+            done = await stub.WaitCommands(pb.WaitCommandsRequest(
+                node_id="b", epoch=1, acked_command_ids=[cmd.command_id], wait_ms=0),
+                timeout=30)
+            assert list(done.commands) == [] and q.num_pending("b") == 0  # the ack landed
+            await ch.close()
+        finally:
+            await daemon.stop()
+
+    asyncio.run(main())

@@ -132,3 +132,57 @@ def test_acks_of_a_failed_heartbeat_are_sent_on_the_next_one() -> None:
     acks = r.take_acks()
     r.restore_acks(acks)
     assert r.take_acks() == [1, 2]
+
+
+def test_copies_are_applied_in_parts_several_in_flight_and_each_part_wakes_the_link() -> None:
+    big = 10 << 20  # two commands per 16 MiB part would not fit: one part each
+
+    class Held(Fakes):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+            self.inside = threading.Semaphore(0)
+
+        def copy_from(self, items: Sequence[tuple[bytes, ClusterReplica]], ns: bytes
+                      ) -> FetchResult:
+            self.inside.release()
+            assert self.release.wait(10)
+            self.copied.append([k for k, _ in items])
+            return FetchResult(num_found=len(items), num_fetched=len(items))
+
+    async def main() -> None:
+        f = Held()
+        woken: list[int] = []
+        r = Replicator(epoch=5, copy_from=f.copy_from, keep_copies=f.keep_copies,
+                       remove=f.remove, leave=f.leave, on_applied=lambda: woken.append(1),
+                       max_in_flight=2)
+        cmds = [copy_cmd(i, bytes([i])) for i in range(1, 4)]
+        for c in cmds:
+            c.size_bytes = big
+        await r.start()
+        try:
+            assert r.submit(cmds) == 3
+            for _ in range(2):  # two parts copy at once, both held
+                assert await asyncio.to_thread(f.inside.acquire, True, 10)
+            assert r.num_parts_in_flight == 2  # the third waits for a slot
+            assert r.take_acks() == [] and not r.idle.is_set()
+            f.release.set()
+            await asyncio.wait_for(r.idle.wait(), 10)
+            assert sorted(r.take_acks()) == [1, 2, 3] and len(woken) == 3
+            assert sorted(f.copied) == [[b"\x01"], [b"\x02"], [b"\x03"]]
+        finally:
+            await r.stop()
+
+    asyncio.run(main())
+
+
+def test_a_batch_is_split_by_bytes_and_a_leave_goes_alone() -> None:
+    cmds = [copy_cmd(i, bytes([i])) for i in range(1, 5)]
+    for c in cmds:
+        c.size_bytes = 6 << 20
+    drop = pb.NodeCommand(command_id=9, kind=pb.NODE_COMMAND_KIND_DROP, target_epoch=5,
+                          namespace_id=NS, key=b"d")
+    parts = Replicator.split([drop, *cmds])
+    assert [[c.command_id for c in p] for p in parts] == [[9, 1, 2], [3, 4]]
+    leave = pb.NodeCommand(command_id=8, kind=pb.NODE_COMMAND_KIND_LEAVE, target_epoch=5)
+    assert Replicator.split([*cmds, leave]) == [[*cmds, leave]]
