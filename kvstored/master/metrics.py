@@ -66,6 +66,7 @@ class MasterSample:
     repair_copies_acked: int = 0
     repair_rate_limited: int = 0
     repair_hot_copies: int = 0
+    repair_drops_issued: int = 0
     commands_pending: int = 0
     commands_sent: int = 0
     commands_resent: int = 0
@@ -143,7 +144,8 @@ class MasterMetrics:
                 repair_bytes_issued=repair.num_bytes_issued,
                 repair_copies_acked=repair.num_copies_acked,
                 repair_rate_limited=repair.num_rate_limited,
-                repair_hot_copies=repair.num_hot_copies)),
+                repair_hot_copies=repair.num_hot_copies,
+                repair_drops_issued=repair.num_drops_issued)),
         )
         return self._sample
 
@@ -202,6 +204,9 @@ class _SampleCollector(Collector):
         yield CounterMetricFamily("kvstored_master_repair_hot_copies",
                                   "Extra replicas queued for hot blocks.",
                                   value=s.repair_hot_copies)
+        yield CounterMetricFamily("kvstored_master_repair_drops",
+                                  "Drop commands queued for replicas above a block's factor.",
+                                  value=s.repair_drops_issued)
         yield GaugeMetricFamily("kvstored_master_commands_pending",
                                 "Commands to nodes not acknowledged yet.",
                                 value=s.commands_pending)

@@ -1,6 +1,6 @@
 """Repair, drain and hot-block replication: the master keeps each block's replicas.
 
-Every rule below ends in COPY commands on the master's one command queue
+Every rule below ends in COPY (or DROP) commands on the master's one command queue
 (kvstored/master/commands.py), which the target node executes by pulling the block from a
 surviving replica over the data plane (kvstored/node/replicate.py). Nothing here moves a byte.
 
@@ -18,13 +18,26 @@ evicted first, so it never counts; a draining node's replica does not count, it 
         it still needs the room, since the copy's evictable space becomes an original's),
         then a zone no replica is in yet (when nodes declare zones), then the most room
 
+    originals on live nodes > factor + hot extras (a dead node came back, a hot block
+    cooled, a factor set lower) -> one DROP (:meth:`Repair._maybe_drop`), only when
+        no COPY and no DROP of the block is in flight (a DROP counts until the dropped
+        replica leaves the index, or for the command's life: its ack may come first),
+        every replica of it is COMMITTED (no write or move landing),
+        and never below max(1, wanted) originals: the last replica is never dropped;
+    it goes to the node whose tier holding it is fullest (its last heartbeat), never to
+    a draining one (its replica does not count); the node keeps a pinned block (its
+    store's remove refuses it) and the background pass asks again later. DROPs are fenced
+    by term like every command; they move no byte, so the rate limit does not pace them.
+
 Which blocks are looked at:
   - a node leaving (lease lapsed, SIGKILL, unregister): its blocks whose factor is above 1
     (:meth:`Repair.on_node_left`, from the membership's drop, before its rows are unlinked);
   - a factor being set (:meth:`Repair.set_factor`): those keys;
   - a draining node (:meth:`Repair.drain`): every block it holds, factor 1 included;
   - a background pass over every key whose factor is above 1, ``scan_keys_per_tick`` a
-    tick, so a deficit no event announced (a failed copy, a source that was busy) is found.
+    tick, so a deficit no event announced (a failed copy, a source that was busy) is found,
+    and a surplus (a node that came back with its replicas);
+  - a hot block not hot for two windows (its extra replicas are no longer wanted).
 
 Rate: copy commands are paced by a token bucket of ``repair_bytes_per_s`` (one second of
 burst; a block larger than that goes alone once the bucket is full), shared by repair,
@@ -245,6 +258,14 @@ class _Bucket:
         return False
 
 
+def _used_fraction(rec: NodeRecord, tier: Tier) -> float:
+    """How full the node's tier is (its last heartbeat; 1.0 when it reported none)."""
+    usage = rec.tiers.get(tier)
+    if usage is None or usage.capacity_bytes <= 0:
+        return 1.0
+    return usage.used_bytes / usage.capacity_bytes
+
+
 class Repair:
     """Keeps blocks at their replication factor, drains nodes, replicates hot blocks.
 
@@ -293,6 +314,10 @@ class Repair:
         self.num_no_source = 0
         self.num_no_target = 0
         self.num_hot_copies = 0
+        self.num_drops_issued = 0
+        self.num_drops_deferred = 0  # a surplus left for later (a copy, drop or write in flight)
+        self._hot_at: dict[BlockId, float] = {}  # when a block last got a hot extra replica
+        self._drops: dict[BlockId, tuple[str, int, float]] = {}  # node, holder, until
         self.num_under_replicated = 0  # blocks found short in the last tick (a gauge)
 
     # ---- inputs --------------------------------------------------------------------------
@@ -359,6 +384,8 @@ class Repair:
             if len(self._hot) > MAX_HOT_TRACKED:
                 self._hot.popitem(last=False)
             if n > s.hot_reads_per_window:
+                if b in self._hot_at:
+                    self._hot_at[b] = now  # still hot: its extras stay
                 self._hot[b] = (now, 0)  # a new window: at most one extra replica per window
                 self._hot_wanted.append((b, asker))
 
@@ -419,6 +446,7 @@ class Repair:
                 continue
             self._step_drain(rec, d)
         short = 0
+        self._cool_hot_blocks()
         while self._dirty:
             b = next(iter(self._dirty))
             deficit = self._deficit(b)
@@ -426,6 +454,8 @@ class Repair:
                 short += 1
                 if self._limited:
                     break  # out of tokens: keep it (and the rest) for the next tick
+            elif deficit < 0:
+                self._maybe_drop(b)
             self._dirty.pop(b, None)
         while self._hot_wanted and not self._limited:
             b, reader = self._hot_wanted.popleft()
@@ -439,9 +469,11 @@ class Repair:
                 self._scan = None
                 break
             budget -= 1
-            if self._deficit(nb) > 0 and not self._maybe_copy(nb,
-                                                              wanted=self.factors.factor_of(*nb)):
+            deficit = self._deficit(nb)
+            if deficit > 0 and not self._maybe_copy(nb, wanted=self.factors.factor_of(*nb)):
                 short += 1
+            elif deficit < 0:
+                self._maybe_drop(nb)
         self.num_under_replicated = short + len(self._dirty)
         self._limited = False
         return self.num_copies_issued - before
@@ -467,15 +499,76 @@ class Repair:
         return out
 
     def _live_originals(self, b: BlockId) -> int:
+        dropping = set(self._dropping(b))
         return len({rec.spec.node_id for r, rec in self._rows(b)
                     if not r.copy and r.state is ReplicaState.COMMITTED
-                    and self.index.is_readable(r.holder) and self._is_live(rec)})
+                    and self.index.is_readable(r.holder) and self._is_live(rec)
+                    and rec.spec.node_id not in dropping})
+
+    def _dropping(self, b: BlockId) -> list[str]:
+        """The node a DROP of ``b`` went to, while that replica is still indexed (its ack
+        may come before its REMOVED event) and for at most the command's life (a pinned
+        block the node kept, or a command given up, counts again after that)."""
+        d = self._drops.get(b)
+        if d is None:
+            return []
+        node_id, holder, until = d
+        if self.clock() > until or all(r.holder != holder for r in self.index.replicas(*b)):
+            del self._drops[b]
+            return []
+        return [node_id]
+
+    def _wanted(self, b: BlockId) -> int:
+        return self.factors.factor_of(*b) + self._hot_extra.get(b, 0)
+
+    def _maybe_drop(self, b: BlockId) -> bool:
+        """Queue one DROP of block ``b`` if it has more live originals than it wants (its
+        factor plus hot extras). Never while a COPY or DROP of it is in flight, or while any
+        replica of it is not COMMITTED (a write or a move is landing), never on a draining
+        node (its replicas do not count), and never below one original: it only trims
+        above ``wanted`` >= 1. Returns whether one was queued."""
+        if self._in_flight(b) or self._dropping(b) or self.commands.nodes_with(
+                CommandKind.DROP, *b):
+            self.num_drops_deferred += 1
+            return False
+        rows = self._rows(b)
+        if any(r.state is not ReplicaState.COMMITTED for r, _ in rows):
+            self.num_drops_deferred += 1
+            return False
+        live = [(r, rec) for r, rec in rows
+                if not r.copy and self.index.is_readable(r.holder) and self._is_live(rec)]
+        if len({rec.spec.node_id for _, rec in live}) <= max(1, self._wanted(b)):
+            return False
+        # the fullest tier gives its replica back (SSD before DRAM on a tie: DRAM serves
+        # faster); a spiller moving the block away is the fullest, so it is its replica
+        r, rec = min(live, key=lambda x: (
+            -_used_fraction(x[1], x[0].tier), x[0].tier is Tier.DRAM, x[1].spec.node_id))
+        self.commands.add(rec.spec.node_id, rec.spec.epoch, CommandKind.DROP, b[0], b[1])
+        self._drops[b] = (rec.spec.node_id, rec.holder, self.clock()
+                          + self.commands.resend_after_s * self.commands.max_sends)
+        self.num_drops_issued += 1
+        log.debug("repair_drop_queued", key=b[1].hex()[:16], node_id=rec.spec.node_id,
+                  num_originals=len(live), wanted=self._wanted(b))
+        return True
 
     def _in_flight(self, b: BlockId) -> list[str]:
         return self.commands.nodes_with(CommandKind.COPY, *b)
 
     def _deficit(self, b: BlockId) -> int:
+        """Originals short of the block's factor (negative: maybe a surplus, _maybe_drop
+        weighs hot extras)."""
         return self.factors.factor_of(*b) - self._live_originals(b) - len(self._in_flight(b))
+
+    def _cool_hot_blocks(self) -> None:
+        """A hot block not hot again for two windows gives its extra replicas back: its
+        extra count is forgotten and it is checked (a surplus -> DROP)."""
+        if not self._hot_at:
+            return
+        now, window = self.clock(), self.settings.hot_window_s
+        for b in [b for b, at in self._hot_at.items() if now - at > 2 * window]:
+            del self._hot_at[b]
+            self._hot_extra.pop(b, None)
+            self._dirty[b] = None
 
     def _maybe_copy(self, b: BlockId, *, wanted: int, reader: str = "") -> bool:
         """Queue one COPY of block ``b`` if it has fewer than ``wanted`` live originals plus
@@ -486,6 +579,7 @@ class Repair:
         live = {rec.spec.node_id for r, rec in rows
                 if not r.copy and r.state is ReplicaState.COMMITTED
                 and self.index.is_readable(r.holder) and self._is_live(rec)}
+        live -= set(self._dropping(b))  # a replica being dropped is gone already
         if len(live) + len(flying) >= wanted:
             return False
         sources = [(r, rec) for r, rec in rows
@@ -535,6 +629,7 @@ class Repair:
         factor = self.factors.factor_of(*b)
         if self._maybe_copy(b, wanted=factor + extra + 1, reader=reader):
             self._hot_extra[b] = extra + 1
+            self._hot_at[b] = self.clock()
             self.num_hot_copies += 1
             log.info("hot_block_replicated", key=b[1].hex()[:16], reader=reader,
                      num_extra=extra + 1)

@@ -10,7 +10,7 @@ from master_helpers import LEASE_S, NS, Cluster, blocks
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master.commands import CommandKind
 from kvstored.master.repair import RepairSettings
-from kvstored.master.types import BlockEvent, BlockRef, EventKind, PlacementPolicy
+from kvstored.master.types import BlockEvent, BlockRef, EventKind, PlacementPolicy, ReplicaState
 from kvstored.types import Tier
 
 SIZE = 4096
@@ -192,3 +192,96 @@ def test_set_factor_names_the_bad_value() -> None:
     with pytest.raises(InvalidArgument, match="replicas must be 1..8, got 9"):
         Cluster().state.repair.set_factor(NS, [key(1)], 9)
 
+
+
+def drops(c: Cluster) -> list[tuple[str, bytes]]:
+    """(node, key) of every DROP command queued, by node."""
+    return [(n, cmd.key) for n in ("a", "b", "c", "d")
+            for cmd in c.state.commands.pending(n, CommandKind.DROP)]
+
+
+def test_a_replica_above_the_factor_is_dropped_once_from_the_fullest_node() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2]), dram_used=8 << 20)
+    c.join("b", inventory=blocks([1, 2]), dram_used=60 << 20)  # the fullest
+    c.join("c", inventory=blocks([1]), dram_used=30 << 20)
+    r = c.state.repair
+    r.set_factor(NS, [key(1)], 2)  # 3 originals of block 1 (a node came back, say)
+    c.state.maintain(65536)
+    assert drops(c) == [("b", key(1))] and r.num_drops_issued == 1
+    assert c.state.commands.pending("b", CommandKind.DROP)[0].term == c.state.commands.term()
+    c.state.maintain(65536)
+    assert drops(c) == [("b", key(1))]  # in flight: never a second one
+    [cmd] = c.state.commands.pending("b", CommandKind.DROP)
+    c.state.commands.ack("b", 1, [cmd.command_id])  # acked before its REMOVED event came
+    r.set_factor(NS, [key(1)], 2)  # looked at again meanwhile
+    c.state.maintain(65536)
+    assert drops(c) == []  # b's replica still indexed counts as gone: no DROP elsewhere
+    c.members.report_events("b", 1, [BlockEvent(1, EventKind.REMOVED,
+                                                BlockRef(NS, key(1), Tier.DRAM, SIZE))])
+    r.set_factor(NS, [key(1)], 2)
+    c.state.maintain(65536)
+    assert drops(c) == [] and r.num_drops_issued == 1  # 2 originals = the factor
+    assert {n for n, _ in c.where([1])} <= {"a", "c"}
+
+
+def test_the_last_replica_and_a_block_at_its_factor_are_never_dropped() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2]))
+    c.join("b", inventory=blocks([2]))
+    r = c.state.repair
+    r.set_factor(NS, [key(1)], 1)  # one original: the last one
+    r.set_factor(NS, [key(2)], 2)  # two originals, factor 2
+    c.state.maintain(65536)
+    assert drops(c) == [] and r.num_drops_issued == 0
+
+
+def test_no_drop_while_a_copy_of_the_block_is_in_flight_or_a_replica_is_being_written() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1, 2]))
+    c.join("b", inventory=blocks([2]))
+    c.join("c")
+    r = c.state.repair
+    r.set_factor(NS, [key(1)], 2)
+    c.state.maintain(65536)
+    assert copies(c, "b") == [(key(1), "a")]  # the COPY to b is in flight
+    c.join("d", inventory=blocks([1]))  # two more originals turn up meanwhile
+    c.sync("c", 1, blocks([1]))
+    r.set_factor(NS, [key(1)], 2)  # looked at again: 3 originals + 1 copy coming
+    c.state.maintain(65536)
+    assert drops(c) == [] and r.num_drops_deferred >= 1  # not while the COPY is in flight
+    # block 2: one above its factor while a write of it lands on c (a WRITING row)
+    c.index.add_replica(NS, key(2), holder=c.holder("c"), tier=Tier.DRAM, size_bytes=SIZE,
+                        generation=99, state=ReplicaState.WRITING)
+    r.set_factor(NS, [key(2)], 1)
+    c.state.maintain(65536)
+    assert all(k != key(2) for _, k in drops(c))
+
+
+def test_a_hot_blocks_extra_replica_is_dropped_once_it_cooled() -> None:
+    c = Cluster(repair=RepairSettings(hot_reads_per_window=1, hot_window_s=2.0))
+    c.join("a", inventory=blocks([1]), dram_used=40 << 20)
+    c.join("b")
+    r = c.state.repair
+    for _ in range(2):
+        r.note_lookup("b", NS, [(key(1), "a")])
+    c.state.maintain(65536)
+    assert copies(c, "b") == [(key(1), "a")]
+    report_added(c, "b", [1])
+    [cmd] = c.state.commands.pending("b", CommandKind.COPY)
+    c.state.commands.ack("b", 1, [cmd.command_id])
+    c.state.maintain(65536)
+    assert drops(c) == []  # hot: its extra replica stays
+    c.clock.advance(3.0)
+    for _ in range(2):
+        r.note_lookup("b", NS, [(key(1), "a")])  # still hot in a later window: kept
+    c.clock.advance(3.0)
+    c.members.heartbeat("a", 1)
+    c.members.heartbeat("b", 1)
+    c.state.maintain(65536)
+    assert drops(c) == []
+    c.clock.advance(2.5)  # two windows without being hot
+    c.members.heartbeat("a", 1)
+    c.members.heartbeat("b", 1)
+    c.state.maintain(65536)
+    assert drops(c) == [("a", key(1))]  # the fuller node gives its replica back
