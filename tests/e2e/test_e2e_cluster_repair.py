@@ -4,6 +4,10 @@
   SIGKILL a: every block is still served, with its bytes, through both survivors, and the
   master re-creates the lost replicas (each block on b and c; bounded by ``WAIT_S``, the
   time taken is printed). ``SetReplication`` (the admin path) is run by test_readme_repair.
+- a holder that comes back: a (every block's first replica) is SIGSTOPped past its lease,
+  the repair re-creates its replicas on b and c, then SIGCONT: a re-registers with its
+  blocks (3 originals each) and the master DROPs one per block, back to 2, every block
+  still served with its bytes.
 - drain under read load: a reader thread reads every block in a loop through a small node
   (its copies churn, so it keeps copying from the holder) while ``kvstorectl drain``
   re-homes the drained node's blocks; the node is listed as draining, then leaves; 0 failed
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -72,6 +77,50 @@ def test_replicas_2_sigkill_one_holder_every_block_served_and_lost_replicas_recr
               lambda: all(h == ["b", "c"] for h in _originals(m, keys)))
         print(f"repair: {len(keys)} lost replicas re-created {time.monotonic() - t0:.1f} s "
               f"after the SIGKILL (node lease {LEASE_S} s)")
+
+
+def test_a_holder_that_comes_back_after_repair_has_the_extra_replicas_dropped(
+    workdir: Path, procs: list[Any]
+) -> None:
+    master = start_master(workdir, procs, lease_s=LEASE_S)
+    nodes = [NodeProcess(workdir / n, master.address, n, dram_size="16MiB") for n in "abc"]
+    start_nodes(nodes, procs, {})
+    wait_healthy(master.address, {"a", "b", "c"})
+    keys = _keys(16)
+    want = [value_for(k) for k in keys]
+    with Client(nodes[0].unix_address) as c:
+        got = c.put(keys, want, replicas=2)
+        assert [r.replicas_written for r in got] == [2] * len(keys)
+    with MasterAdminClient(master.address, timeout_s=10) as m:
+        _wait("2 originals per block", lambda: all(len(h) == 2 for h in _originals(m, keys)))
+        nodes[0].proc.send_signal(signal.SIGSTOP)  # a is gone for the master, not dead
+        try:
+            _wait("a's lease lapsed", lambda: "a" not in _nodes(master.address))
+            _wait("lost replicas re-created on b and c",
+                  lambda: all(h == ["b", "c"] for h in _originals(m, keys)))
+        finally:
+            nodes[0].proc.send_signal(signal.SIGCONT)
+        _wait("a re-registered", lambda: _nodes(master.address).get("a", {}).get("health")
+              == "healthy")
+        # the nodes' own stores (a kept all 16 through its pause: 48 replicas): one replica
+        # of each block dropped (a's or a repaired one), none below 2
+        _wait("one extra replica of each block dropped",
+              lambda: sum(held(nodes, keys)) == 2 * len(keys))
+        assert all(len(h) == 2 for h in _originals(m, keys))
+        for n in nodes:
+            with Client(n.unix_address) as c:
+                assert c.get(keys, timeout_s=30) == want, n.node_id
+
+
+def held(nodes: list[NodeProcess], keys: list[bytes]) -> list[int]:
+    """How many of ``keys`` each node's own store lists (its truth, not the index)."""
+    want = set(keys)
+    out = []
+    for n in nodes:
+        with Client(n.unix_address) as c:
+            listed, _ = c.list_blocks(None)
+            out.append(len({b.key for b in listed} & want))
+    return out
 
 
 def test_drain_under_read_load_fails_no_engine_read(
