@@ -20,11 +20,31 @@ without the failover). Printed: complete_s / (election lease + node lease), the 
 design sets (a dead leader's etcd lease must lapse, then lookups say complete=false for one
 node lease), and complete_s / cold_sync_s.
 
-Section "repair" is repair17's (replicas re-created after a node dies); not in this file yet.
+Section "repair" (issue 17 section 2): a real ``kvstored master`` and three real ``kvstored
+node`` processes on loopback (no etcd). ``--total-mib`` of ``--block-mib`` blocks are put
+through node a (one replica each). Then:
 
-Usage:  python bench/bench_failover.py [--sizes 10000,1000000] [--nodes 2]
-        [--election-lease-s 3] [--node-lease-s 3] [--out bench/results/bench_failover.json]
-Needs /usr/bin/etcd (scripts/setup-system.sh).
+- reference, same run: ``DataPlaneClient.get`` of the same blocks from node a's data plane
+  into preallocated memory (the TCP data plane's own GB/s, as bench/bench_remote_get.py
+  measures it), best of 3;
+- ``repair``: ``SetReplication(keys, 2)``: the master queues one COPY per block to b or c
+  (``[master] repair_bytes_per_s`` set far above the data plane, so the figure is the
+  machinery's own: the commands reach the targets through their WaitCommands long poll,
+  the targets pull in parts, several in flight, over the peer data plane with
+  ``GET_FLAG_PEER_EXPORT``, verify, commit, and report ADDED at once); timed from the call
+  until the master indexes a second readable original of every block;
+  GB/s = bytes re-replicated / that time, ratio = that / the reference;
+- ``kill``: blocks put with ``replicas=2``, then a holder SIGKILLed; timed from the kill
+  until every block has two originals again (node lease + repair);
+- ``limited`` (a second cluster): the same ``repair`` with ``repair_bytes_per_s`` =
+  ``--limited-mib-per-s``; its GB/s must stay at or below that rate (the rate limit holds
+  however fast the nodes copy); printed as measured / limit.
+
+Usage:  python bench/bench_failover.py [--sections failover,repair] [--sizes 10000,1000000]
+        [--nodes 2] [--election-lease-s 3] [--node-lease-s 3] [--total-mib 256]
+        [--block-mib 2] [--limited-mib-per-s 64] [--out bench/results/bench_failover.json]
+The failover section needs /usr/bin/etcd (scripts/setup-system.sh); the repair section
+does not (``--sections repair``; bench/bench_repair.py is that).
 """
 
 from __future__ import annotations
@@ -44,17 +64,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kvstored import log as kvlog
-from kvstored.config import ClusterConfig
-from kvstored.node.cluster import MasterLink
-from kvstored.transport.master_rpc import MasterClient
-from kvstored.types import BlockInfo, StoreStats, Tier, TierStats
+from bench_common import write_json  # noqa: E402
+
+from kvstored import Client  # noqa: E402
+from kvstored import log as kvlog  # noqa: E402
+from kvstored.client.master_admin import MasterAdminClient  # noqa: E402
+from kvstored.config import ClusterConfig  # noqa: E402
+from kvstored.node.cluster import MasterLink  # noqa: E402
+from kvstored.transport.master_rpc import MasterClient  # noqa: E402
+from kvstored.transport.tcp import DataPlaneClient  # noqa: E402
+from kvstored.types import BlockInfo, StoreStats, Tier, TierStats  # noqa: E402
 
 NS = b"\x42" * 16
 BLOCK_BYTES = 4096
 READY_S = 60.0
+MiB = 1 << 20
 
 
 class SyntheticStore:
@@ -243,30 +270,208 @@ def run_failover(n_blocks: int, args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(d, ignore_errors=True)
 
 
+class Proc:  # the repair section's daemons
+    """One daemon: started, ``listening ...`` lines parsed, ``ready`` awaited."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.addresses: dict[str, list[str]] = {}
+        with open(log, "a") as f:
+            self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=f, text=True,
+                                      env={**os.environ, **(env or {})})
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.p.stdout is not None
+            for line in self.p.stdout:
+                parts = line.split()
+                if line.startswith("listening ") and len(parts) >= 3:
+                    self.addresses.setdefault(parts[1], []).append(parts[2])
+                elif line.strip() == "ready":
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(READY_S):
+            self.p.kill()
+            raise SystemExit(f"{args[3]} did not start; see {log}")
+
+    def tcp(self, kind: str) -> str:
+        return next(a for a in self.addresses[kind] if not a.startswith("unix:"))
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(30)
+
+
+def _originals(m: MasterAdminClient, keys: list[bytes]) -> list[set[str]]:
+    per, _ = m.list_replicas(b"", keys)
+    return [{r["node_id"] for r in reps if not r["copy"] and r["readable"]
+             and r["state"] == "committed"} for reps in per]
+
+
+def _wait(cond: Any, timeout_s: float = 300.0, step_s: float = 0.02) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit("timed out")
+        time.sleep(step_s)
+    return time.monotonic() - t0
+
+
+def run_repair(args: argparse.Namespace, rate: str = "100GiB", *, kill: bool = True
+               ) -> dict[str, Any]:
+    """Run the repair section (see the module docstring) with ``repair_bytes_per_s`` =
+    ``rate``; ``kill``: the SIGKILL case too. Returns its results."""
+    work = Path(tempfile.mkdtemp(prefix="kvbrep", dir="/tmp"))
+    py = [sys.executable, "-m", "kvstored.cli.main"]
+    procs: list[Proc] = []
+    n = max(1, args.total_mib // args.block_mib)
+    size = args.block_mib * MiB
+    dram = f"{max(64, 3 * args.total_mib)}MiB"
+    try:
+        master = Proc(py + ["master", "--listen", "127.0.0.1:0", "--data-dir", str(work / "m"),
+                            "--node-lease-s", str(args.node_lease_s)], work / "master.log",
+                      env={"KVSTORED_MASTER__REPAIR_BYTES_PER_S": rate})
+        procs.append(master)
+        maddr = master.tcp("grpc")
+        nodes = {}
+        for name in "abc":
+            (work / name).mkdir()
+            nodes[name] = Proc(py + [
+                "node", "--master", maddr, "--node-id", name,
+                "--listen", f"unix:{work / name}.sock", "--listen", "127.0.0.1:0",
+                "--data-address", "127.0.0.1:0", "--metrics-address", "",
+                "--dram-size", dram, "--ssd-size", "0"],
+                work / f"{name}.log")
+            procs.append(nodes[name])
+        m = MasterAdminClient(maddr, timeout_s=30)
+        _wait(lambda: len([x for x in m.list_nodes()["nodes"]  # type: ignore[attr-defined]
+                           if x["health"] == "healthy"]) == 3)
+        keys = [os.urandom(16) for _ in range(n)]
+        vals = [os.urandom(size) for _ in range(n)]
+        with Client(f"unix:{work / 'a'}.sock") as c:
+            assert all(r.stored for r in c.put(keys, vals))
+        _wait(lambda: all(h == {"a"} for h in _originals(m, keys)))
+
+        # reference: the data plane's own GB/s, same blocks, same source
+        buf = bytearray(size * n)
+        view = memoryview(buf)
+        dp = DataPlaneClient(nodes["a"].tcp("data"))
+        ref = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            got = dp.get(keys, b"", lambda i, sz, meta: view[i * size:(i + 1) * size],
+                         deadline=time.monotonic() + 60)
+            ref.append(time.perf_counter() - t0)
+            assert sum(1 for g in got if g is not None and g.found) == n
+        dp.close()
+        ref_gbps = size * n / min(ref) / 1e9
+
+        t0 = time.monotonic()
+        m.set_replication(b"", keys, 2)
+        _wait(lambda: all(len(h) == 2 for h in _originals(m, keys)))
+        repair_s = time.monotonic() - t0
+        repair_gbps = size * n / repair_s / 1e9
+
+        out = {"num_blocks": n, "block_bytes": size, "total_bytes": size * n,
+               "repair_bytes_per_s": rate, "dataplane_gbps": ref_gbps, "repair_s": repair_s,
+               "repair_gbps": repair_gbps, "ratio": repair_gbps / ref_gbps,
+               "node_lease_s": args.node_lease_s}
+        if not kill:
+            m.close()
+            return out
+        keys2 = [os.urandom(16) for _ in range(n)]
+        with Client(f"unix:{work / 'b'}.sock") as c:
+            assert all(r.replicas_written == 2 for r in c.put(keys2, vals, replicas=2))
+        _wait(lambda: all(len(h) == 2 for h in _originals(m, keys2)))
+        t0 = time.monotonic()
+        nodes["b"].kill()
+        _wait(lambda: all(len(h) == 2 and "b" not in h for h in _originals(m, keys2)))
+        kill_s = time.monotonic() - t0
+        m.close()
+        out["kill_to_repaired_s"] = kill_s
+        return out
+    finally:
+        for p in reversed(procs):
+            p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_sections(args: argparse.Namespace) -> dict[str, Any]:
+    """The sections asked for (``args.sections``), each printed as it ends; returns the JSON."""
+    sections = set(args.sections.split(","))
+    if not sections <= {"failover", "repair"}:
+        sys.exit(f"bench_failover: --sections takes failover and/or repair, got {args.sections!r}")
+    out: dict[str, Any] = {"failover": None, "repair": None}
+    if "failover" in sections:
+        if shutil.which("etcd") is None:
+            sys.exit("bench_failover: etcd is not installed (scripts/setup-system.sh); "
+                     "--sections repair runs without it")
+        out["failover"] = [run_failover(int(n), args) for n in args.sizes.split(",")]
+    if "repair" in sections:
+        full = run_repair(args)
+        limit_mib = args.limited_mib_per_s
+        limited = run_repair(argparse.Namespace(**{**vars(args), "total_mib": min(
+            args.total_mib, 2 * limit_mib)}), f"{limit_mib}MiB", kill=False)
+        limited["limit_gbps"] = limit_mib * MiB / 1e9
+        # the bucket starts full (one second's worth), so T seconds may carry the rate x (T + 1)
+        limited["over_limit"] = limited["total_bytes"] / (
+            limit_mib * MiB * (limited["repair_s"] + 1.0))
+        out["repair"] = {**full, "limited": limited}
+    return out
+
+
+def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
+    """One table: failover rows (seconds from the kill) and repair rows (GB/s vs the TCP
+    data plane measured in the same run)."""
+    print(f"{'section':<9} {'case':<34} {'seconds':>8} {'GB/s':>7} {'ratio':>7}  ratio of")
+    for r in res["failover"] or ():
+        case = f"{r['blocks']} blocks, {r['nodes']} nodes"
+        print(f"{'failover':<9} {case + ': leader':<34} {r['leader_s']:>8.2f} {'':>7} {'':>7}")
+        print(f"{'failover':<9} {case + ': complete=true':<34} {r['complete_s']:>8.2f} "
+              f"{'':>7} {r['complete_over_floor']:>7.2f}  election + node lease "
+              f"({r['floor_s']:.0f} s)")
+        print(f"{'':<9} {'':<34} {'':>8} {'':>7} {r['complete_over_cold_sync']:>7.2f}  "
+              f"cold sync ({r['cold_sync_s']:.2f} s)")
+    rep = res["repair"]
+    if rep:
+        mib = rep["block_bytes"] // MiB
+        what = f"{rep['num_blocks']} x {mib} MiB"
+        print(f"{'repair':<9} {'TCP data plane get, ' + what:<34} "
+              f"{rep['total_bytes'] / rep['dataplane_gbps'] / 1e9:>8.2f} "
+              f"{rep['dataplane_gbps']:>7.3f} {1.0:>7.2f}  itself")
+        print(f"{'repair':<9} {'SetReplication 2, ' + what:<34} {rep['repair_s']:>8.2f} "
+              f"{rep['repair_gbps']:>7.3f} {rep['ratio']:>7.2f}  TCP data plane")
+        print(f"{'repair':<9} {'SIGKILL a holder -> 2 originals':<34} "
+              f"{rep['kill_to_repaired_s']:>8.2f} {'':>7} "
+              f"{rep['kill_to_repaired_s'] / rep['node_lease_s']:>7.2f}  node lease "
+              f"({rep['node_lease_s']} s)")
+        lim = rep["limited"]
+        case = f"{args.limited_mib_per_s} MiB/s limit, {lim['num_blocks']} x {mib} MiB"
+        print(f"{'repair':<9} {case:<34} {lim['repair_s']:>8.2f} {lim['repair_gbps']:>7.3f} "
+              f"{lim['over_limit']:>7.2f}  limit x (seconds + 1 s burst), <= 1: held")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--sections", default="failover,repair")
     ap.add_argument("--sizes", default="10000,1000000")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--election-lease-s", type=int, default=3)
     ap.add_argument("--node-lease-s", type=float, default=3.0)
+    ap.add_argument("--total-mib", type=int, default=256, help="repair: bytes put on node a")
+    ap.add_argument("--block-mib", type=int, default=2,
+                    help="repair: block size (at most the nodes' max_block_bytes, 2 MiB)")
+    ap.add_argument("--limited-mib-per-s", type=int, default=64,
+                    help="repair: repair_bytes_per_s of the rate-limited case")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_failover.json"))
     ap.add_argument("--keep", action="store_true", help="keep the run's directory (logs)")
     args = ap.parse_args()
-    if shutil.which("etcd") is None:
-        sys.exit("bench_failover: etcd is not installed (scripts/setup-system.sh)")
     kvlog.configure(json=False, level="warning")
-    rows = [run_failover(int(n), args) for n in args.sizes.split(",")]
-    print("failover: SIGKILL of the leading master -> the other answers complete=true "
-          f"(election lease {args.election_lease_s} s, node lease {args.node_lease_s} s, "
-          f"{args.nodes} synthetic-inventory nodes)")
-    print(f"{'blocks':>9} {'cold sync s':>12} {'leader s':>9} {'complete s':>11} "
-          f"{'/ floor':>8} {'/ cold sync':>12}")
-    for r in rows:
-        print(f"{r['blocks']:>9} {r['cold_sync_s']:>12.2f} {r['leader_s']:>9.2f} "
-              f"{r['complete_s']:>11.2f} {r['complete_over_floor']:>8.2f} "
-              f"{r['complete_over_cold_sync']:>12.2f}")
+    res = run_sections(args)
+    print_table(res, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json({"failover": rows, "repair": None}, str(args.out))
+    write_json(res, str(args.out))
 
 
 if __name__ == "__main__":
