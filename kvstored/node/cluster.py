@@ -98,6 +98,7 @@ log = structlog.get_logger(__name__)
 _LIST_ALL = 1 << 40
 _MAX_EVENTS_PER_CALL = 8192
 COMMAND_POLL_WAIT_S = 2.0
+_POLL_IDLE_S = 0.05  # how often the poll looks again while the link is not registered
 """How long the master holds one WaitCommands call of this node (``wait_ms``) at most."""
 
 ReplicaKey = tuple[bytes, bytes, int]  # (namespace_id, key, tier)
@@ -380,7 +381,8 @@ class MasterLink:
         while True:
             rep = self.replicator
             if rep is None or not self.registered or self.left or self._leaving:
-                await asyncio.sleep(self.interval_s())
+                # not a heartbeat interval: the first registration is usually a moment away
+                await asyncio.sleep(min(self.interval_s(), _POLL_IDLE_S))
                 continue
             acks = rep.take_acks()
             try:

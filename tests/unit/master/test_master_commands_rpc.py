@@ -115,3 +115,64 @@ def test_wait_commands_is_answered_when_a_copy_is_queued_and_carries_acks(tmp_pa
             await daemon.stop()
 
     asyncio.run(main())
+
+
+def test_a_node_link_takes_a_copy_through_the_poll_and_runs_a_round_once_it_is_applied(
+    tmp_path: Path,
+) -> None:
+    """Heartbeats every 20 minutes here: the COPY can only come through WaitCommands, and
+    the round after it (events, acks) only because the replicator woke the link."""
+    from kvstored.config import ClusterConfig
+    from kvstored.node.cluster import MasterLink
+    from kvstored.node.remote import FetchResult
+    from kvstored.node.replicate import Replicator
+    from kvstored.tiers.tiered import TieredStore
+
+    daemon = MasterDaemon(MasterConfig(listen=["127.0.0.1:0"], data_dir=tmp_path / "m",
+                                       node_lease_s=3600.0))
+    asked: list[bytes] = []
+
+    def copy_from(items: object, ns: bytes) -> FetchResult:
+        got = list(items)  # type: ignore[call-overload]
+        asked.extend(k for k, _ in got)
+        return FetchResult(num_found=len(got), num_fetched=len(got))
+
+    async def main() -> None:
+        await daemon.start()
+        store = TieredStore(dram_size_bytes=1 << 20, arena_dir=None, node_id="b",
+                            ssd_dir=tmp_path / "ssd", ssd_size_bytes=8 << 20)
+        link = MasterLink(ClusterConfig(master_address=daemon.grpc_addresses[0],
+                                        heartbeat_interval_s=1200.0),
+                          node_id="b", epoch=5, grpc_address="127.0.0.1:9000",
+                          data_address="127.0.0.1:9001", store=store, load=lambda: 0.0)
+        rep = Replicator(epoch=5, copy_from=copy_from, keep_copies=lambda b: 0,
+                         remove=lambda k, ns: [False] * len(k), leave=lambda: None,
+                         on_applied=link.wake)
+        await rep.start()
+        link.replicator = rep
+        try:
+            assert daemon.state is not None
+            m, q = daemon.state.membership, daemon.state.commands
+            m.register(spec("a", port=7000))
+            m.sync_inventory("a", 1, sync_id=1, blocks=blocks([1]), last_chunk=True)
+            await link.start()
+            async with asyncio.timeout(30):  # hang guards, not timings
+                while not (link.synced and q.is_waited("b")):  # first round done, poll held
+                    await asyncio.sleep(0.005)
+            rounds = link.num_rounds
+            daemon.state.repair.set_factor(NS, [key(1)], 2)
+            daemon.state.repair.tick()
+            async with asyncio.timeout(30):
+                while not asked:
+                    await asyncio.sleep(0.005)
+                while link.num_rounds == rounds:  # woken: no heartbeat was due for 20 min
+                    await asyncio.sleep(0.005)
+                while q.num_pending("b"):  # the ack reached the master
+                    await asyncio.sleep(0.005)
+            assert asked == [key(1)] and link.num_polls >= 1
+        finally:
+            await link.stop()
+            await rep.stop()
+            await daemon.stop()
+
+    asyncio.run(main())
