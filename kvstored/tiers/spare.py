@@ -17,6 +17,11 @@ Anything else is spared: when no window of such victims frees the space, the res
 raises :class:`~kvstored.errors.NoCapacity` and the copy is skipped (the engine's read
 misses that block and recomputes it; the pool stays whole).
 
+On a node in a pool (``TieredStore.set_pool_room`` installed), a promotion (of a block this
+node holds on SSD already) is limited the same way (``Transit.allocate(promotion=True)``):
+with no such victim, after a bounded wait on the pool, it is skipped and the block is served
+from SSD, never paid for with an original.
+
 Every allocation (a local put, a promotion, a copy) tries the copies first, and an evicted
 copy is dropped, never demoted to SSD (it would spend SSD space on a block a peer holds).
 Copies are kept in ``DramTier.copies`` (commit order); the mark goes when the block leaves

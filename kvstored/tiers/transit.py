@@ -170,9 +170,12 @@ class Transit:
         order (a DRAM-only block is dropped, a demotion may evict SSD blocks). With
         ``wait_for_pool`` it first waits, at most :attr:`pool_wait_s`, for
         :attr:`pool_room` (the spiller moving blocks to peers) before evicting for good.
-        A copy or a promotion never evicts for good: both are of blocks the pool already
-        holds (a peer's block, this node's SSD block), so making room for them by dropping
-        an original would trade a block held nowhere else for one held already.
+        A copy never evicts for good, nor does a promotion on a node in a pool (a
+        :attr:`pool_room` installed): both are of blocks the pool already holds (a peer's
+        block, this node's SSD block), so making room for them by dropping an original
+        would trade a block held nowhere else for one held already. A standalone node
+        (no :attr:`pool_room`) is the whole pool: its promotions evict in LRU order, the
+        pool's LRU, as they always did.
 
         Args:
             size_bytes: the block's exact size.
@@ -180,11 +183,12 @@ class Transit:
                 the pool (never the plain LRU pass), and never wait.
             wait_for_pool: wait on :attr:`pool_room` while no spare victim frees the space
                 (a local put or a promotion; never a copy).
-            promotion: the space is for a promotion of an SSD block: as ``copy``, only
-                spare victims (after the wait on the pool, when ``wait_for_pool``); when
-                none frees the space the promotion is skipped (NoCapacity) and the block
-                stays on SSD, where the node's read paths serve it from (issue 17 §3: the
-                wait for a held spiller running out must never cost an original).
+            promotion: the space is for a promotion of an SSD block: with a
+                :attr:`pool_room` installed, as ``copy``, only spare victims (after the wait
+                on the pool, when ``wait_for_pool``); when none frees the space the
+                promotion is skipped (NoCapacity) and the block stays on SSD, where the
+                node's read paths serve it from (issue 17 §3: the wait for a held spiller
+                running out must never cost an original). Without one, as a local put.
             pool_wait: the wait to share with other allocations of one read (a promotion);
                 None = this allocation's own.
 
@@ -226,7 +230,7 @@ class Transit:
                         spare_tries = 0
                         continue  # the pool made room elsewhere: look again
                     own.until = 0.0  # waited (or may not wait): evict for good now
-                if not promotion:  # safe by construction: a promotion never takes this pass
+                if not promotion or self.pool_room is None:  # (a pool's promotions never do)
                     window, tries = self._lru_window(need, tries)
                     if window is not None:
                         self.evictions_for_good += sum(1 for k in window if self._drops(k))
@@ -239,7 +243,7 @@ class Transit:
                     f"DRAM tier has no room for a {size_bytes}-byte copy of a peer's block "
                     "without dropping a block the pool holds nowhere else"
                 )
-            elif promotion:
+            elif promotion and self.pool_room is not None:
                 self.promotions_skipped += 1
                 raise NoCapacity(
                     f"DRAM tier has no room to promote a {size_bytes}-byte SSD block without "

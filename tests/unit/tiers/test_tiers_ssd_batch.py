@@ -319,14 +319,9 @@ def test_batch_room_making_never_evicts_the_batchs_own_ssd_blocks(tmp_path: path
             s.put(key(i), val(i))  # DRAM: 8..15 (DRAM-only); SSD: 0..7 (full), 0 its LRU
         keys = [key(i) for i in range(4)]  # the SSD's four LRU blocks
         assert s.lookup_prefix(keys) == [Tier.SSD] * 4
-        # Making room would demote 8..11 into the full SSD, which would evict SSD-only
-        # originals (before issue 17 section 3: 4..7, never the batch's own). A promotion
-        # never drops a block: the batch is not promoted (NoCapacity: the node's reads
-        # serve it from SSD) and every block stays where it is.
-        assert _pinned_bytes(s, keys) == [None] * 4
-        assert s.exists([key(i) for i in range(16)]) == [True] * 16
-        assert s.lookup_prefix(keys) == [Tier.SSD] * 4
-        assert [s.get(k) for k in keys] == [(val(i), b"") for i in range(4)]  # from SSD
-        assert s.lookup_prefix(keys) == [Tier.SSD] * 4 and s.evictions_for_good == 0
+        # demotes 8..11 into the full SSD: it must evict 4..7
+        assert _pinned_bytes(s, keys) == [val(i) for i in range(4)]
+        assert s.lookup_prefix([key(i) for i in range(4, 8)]) == []  # the SSD's victims
+        assert s.lookup_prefix([key(i) for i in range(8, 12)]) == [Tier.SSD] * 4
     finally:
         s.close()
