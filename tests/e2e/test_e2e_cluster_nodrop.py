@@ -149,3 +149,30 @@ def test_a_get_of_every_block_through_a_full_dram_only_node_serves_them_all(
     assert served == [True] * len(keys), (
         f"{served.count(False)} of {len(keys)} missed ({len(held_d & set(keys))} on d)")
     assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
+
+
+def test_a_tcp_data_plane_get_through_a_full_dram_only_node_streams_the_peers_blocks(
+    workdir: Path, procs: list[Any]
+) -> None:
+    """The same through the TCP data plane (``transport="tcp"``: one GET with
+    GET_FLAG_FILL_FROM_PEERS): the blocks d holds that c has no room to copy are received
+    into private buffers and sent in the GET's reply (DataPlaneServer ``through``), not
+    missed; c drops nothing. (Before, every such block was a miss on this path.)"""
+    master, nodes = _cluster(workdir, procs, {"c": ("16MiB", "0"), "d": ("16MiB", "0")})
+    c, d = nodes["c"], nodes["d"]
+    keys = [os.urandom(16) for _ in range(24)]
+    _burst(c, keys)
+    held_c, held_d = _held(c), _held(d)
+    assert held_c | held_d >= set(keys) and held_d & set(keys)
+    with MasterClient(master.address) as m:
+        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "c"))
+    with Client(c.tcp_address, transport="tcp") as cl:
+        got = cl.get(keys, timeout_s=30)
+        missed = [i for i, (k, g) in enumerate(zip(keys, got, strict=True)) if g != _value(k)]
+        assert len(missed) <= 1, f"{len(missed)} of {len(keys)} missed"  # (as above)
+        for i, g in zip(missed, cl.get([keys[i] for i in missed], timeout_s=30), strict=True):
+            got[i] = g
+    served = [g == _value(k) for k, g in zip(keys, got, strict=True)]
+    assert served == [True] * len(keys), (
+        f"{served.count(False)} of {len(keys)} missed ({len(held_d & set(keys))} on d)")
+    assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
