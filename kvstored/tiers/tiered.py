@@ -322,6 +322,12 @@ class TieredStore:
         return self._transit.waits
 
     @property
+    def promotions_skipped(self) -> int:
+        """Promotions skipped (the block left on SSD) because only dropping a block the pool
+        holds nowhere else would have made room (a node with a pool hook only)."""
+        return self._transit.promotions_skipped
+
+    @property
     def evictions_for_good(self) -> int:
         """DRAM evictions that may have dropped a block from the pool (no spare victim)."""
         return self._transit.evictions_for_good

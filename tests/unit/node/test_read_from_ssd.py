@@ -76,3 +76,23 @@ def test_a_chunked_read_yields_the_ssd_block_for_export_and_releases_it(
     with pytest.raises(Exception, match="twice|released|not"):
         core.store.release_export([seen[0]])
     _all_held(core)
+
+
+def test_the_nodrop_counters_are_exported_by_name(core: NodeCore) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvstored.node.spill import NODROP_COUNTERS, NoDropCollector
+
+    core.get_inline([key(0)], b"", budget_bytes=1 << 20)  # one skipped, served from SSD
+    reg = CollectorRegistry()
+    store = core.store
+    reg.register(NoDropCollector({
+        "evictions_for_good": lambda: store.evictions_for_good,
+        "promotions_skipped": lambda: store.promotions_skipped,
+        "served_from_ssd": lambda: core.reads.num_served_from_ssd,
+    }))
+    text = generate_latest(reg).decode()
+    assert "kvstored_nodrop_promotions_skipped_total 1.0" in text
+    assert "kvstored_nodrop_served_from_ssd_total 1.0" in text
+    assert "kvstored_nodrop_evictions_for_good_total 0.0" in text
+    assert set(NODROP_COUNTERS) >= {"copies_skipped", "streamed_through"}
