@@ -217,7 +217,9 @@ class NodeCore:
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-    ) -> Generator[tuple[int, list[PinnedBlock | None | KvstoredError]], None, None]:
+    ) -> Generator[
+        tuple[int, list[PinnedBlock | ExportedBlock | None | KvstoredError]], None, None
+    ]:
         """See :meth:`Reads.pinned_chunks`."""
         return self.reads.pinned_chunks(keys, namespace_id, chunk_keys=chunk_keys)
 

@@ -419,6 +419,7 @@ class NodeDaemon:
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
+            self._register_nodrop(core)
             # a put's extra replicas (kvstored/node/put_replicas.py)
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,
@@ -469,6 +470,20 @@ class NodeDaemon:
             lambda: (peers.counts.rdma_blocks, peers.counts.tcp_blocks, peers.counts.fallbacks,
                      node_rdma.num_sessions if node_rdma is not None else 0)))
         return peers
+
+    def _register_nodrop(self, core: NodeCore) -> None:
+        """Export what this node did instead of dropping a block (``kvstored_nodrop_*``)."""
+        from kvstored.node.spill import NoDropCollector
+
+        remote, plane = self._servicer.remote if self._servicer else None, self._data_plane
+        store = core.store
+        self.metrics.registry.register(NoDropCollector({
+            "evictions_for_good": lambda: store.evictions_for_good,
+            "promotions_skipped": lambda: store.promotions_skipped,
+            "served_from_ssd": lambda: core.reads.num_served_from_ssd,
+            "copies_skipped": lambda: remote.num_skipped if remote is not None else 0,
+            "streamed_through": lambda: plane.num_streamed_through if plane is not None else 0,
+        }))
 
     async def _start_replicator(self, core: NodeCore) -> None:
         """The master's commands (copy, promote, drop, leave: kvstored/node/replicate.py)."""

@@ -87,6 +87,9 @@ class Reads:
         self._limits = limits
         self._gate = gate
         self._metrics = metrics
+        self.num_served_from_ssd = 0
+        """SSD hits served straight from their files: their promotion would have dropped a
+        block the pool holds nowhere else (:meth:`pinned_chunks`)."""
 
     def pin_items(
         self, keys: Sequence[bytes], namespace_id: bytes, *, may_block: bool = True,
@@ -135,14 +138,21 @@ class Reads:
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
-    ) -> Generator[tuple[int, list[PinnedBlock | None | KvstoredError]], None, None]:
+    ) -> Generator[
+        tuple[int, list[PinnedBlock | ExportedBlock | None | KvstoredError]], None, None
+    ]:
         """Pin ``keys`` a chunk at a time: yields ``(start index, per-key results)``.
 
         A chunk's pins are released when the consumer asks for the next chunk or closes the
         generator (use ``contextlib.closing``). When an SSD hit cannot be promoted because the
         chunk's own pins fill DRAM (NoCapacity after the chunk's first key), the chunk is cut
         there and the next one restarts at that key, so a read larger than DRAM still
-        completes; only a block that cannot fit even alone reports NoCapacity.
+        completes. An SSD hit that cannot be promoted even as a chunk's first key (DRAM
+        holds only blocks the pool has nowhere else, or pinned ones: the store skips the
+        promotion rather than drop one, tiers/transit.py) is served from SSD: read from its
+        file into a private buffer (``TieredStore.read_for_export``: checksum-verified, not
+        promoted, not touched) and yielded as an :class:`ExportedBlock`, released with the
+        chunk. Only a block the store cannot read either way reports NoCapacity.
 
         Raises:
             Draining: on the first ``next()``, when the node is draining (a read already
@@ -162,10 +172,14 @@ class Reads:
                         cut = j
                         break
                 hits.extend(b for b in got[:cut] if isinstance(b, PinnedBlock))
+                out: list[PinnedBlock | ExportedBlock | None | KvstoredError] = list(got[:cut])
+                served = self._maybe_serve_from_ssd(keys[i], namespace_id, out)
                 try:
-                    yield i, got[:cut]
+                    yield i, out
                 finally:
                     self.unpin_all(got)
+                    if served is not None:
+                        self._store.release_export([served])
                 i += cut
         finally:
             if num_chunks > 1 and hits:
@@ -173,6 +187,25 @@ class Reads:
                 # more recent than an earlier one; touch once more in whole-request order so
                 # keys[0] is the most recent and eviction takes the request's tail first.
                 self.touch_hits(hits, namespace_id)
+
+    def _maybe_serve_from_ssd(
+        self, key: bytes, namespace_id: bytes,
+        out: list[PinnedBlock | ExportedBlock | None | KvstoredError],
+    ) -> ExportedBlock | None:
+        """Serve a chunk's first key from SSD when the store skipped its promotion
+        (NoCapacity there): replace ``out[0]`` with the block read for export, and return it
+        (the caller releases it), or None when there is nothing to serve that way."""
+        if not out or not isinstance(out[0], NoCapacity):
+            return None
+        try:
+            got = self._store.read_for_export([key], namespace_id=namespace_id)[0]
+        except KvstoredError:  # the store closed meanwhile: the NoCapacity stands
+            return None
+        if got is None:
+            return None
+        out[0] = got
+        self.num_served_from_ssd += 1
+        return got
 
     def export_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int = 64
@@ -260,10 +293,11 @@ class Reads:
         with contextlib.closing(self.pinned_chunks(keys, namespace_id)) as chunks:
             for start, got in chunks:
                 for j, b in enumerate(got):
-                    if isinstance(b, PinnedBlock):
+                    if isinstance(b, (PinnedBlock, ExportedBlock)):
                         if full or (num and used + b.size_bytes > budget_bytes):
                             full = True
-                            unserved.append(b)  # asked for again in the client's next call
+                            if isinstance(b, PinnedBlock):
+                                unserved.append(b)  # asked for again in the client's next call
                             out.append(GetOutcome(False, error=BatchTooLarge(
                                 f"inline response budget of {budget_bytes} bytes reached at key "
                                 f"#{start + j}; fetch the remaining keys in another call or use "

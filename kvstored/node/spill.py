@@ -763,6 +763,50 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
     return spiller
 
 
+class NoDropCollector:
+    """Prometheus collector of what a cluster node did instead of dropping a block, read at
+    scrape time (``kvstored_nodrop_*_total``; issue 17 section 3):
+
+    - ``evictions_for_good``: DRAM evictions that may have dropped a block from the pool
+      (a local put with no spare victim and no pool room: the pool was full or the wait ran
+      out; ``TieredStore.evictions_for_good``);
+    - ``promotions_skipped``: SSD hits left on SSD because only dropping an original would
+      have made DRAM room (``TieredStore.promotions_skipped``);
+    - ``served_from_ssd``: such hits served straight from their SSD file (inline gRPC Get,
+      TCP data-plane GET; ``Reads.num_served_from_ssd``); a shared-memory read misses them;
+    - ``copies_skipped``: peers' blocks not copied here for lack of room that drops nothing
+      (``RemoteReads.num_skipped``; a miss unless streamed through);
+    - ``streamed_through``: such blocks an engine's TCP data-plane GET carried without
+      caching them (``DataPlaneServer.num_streamed_through``).
+
+    Args:
+        counters: name (one of the above) -> a callable giving its value now.
+    """
+
+    def __init__(self, counters: dict[str, Callable[[], int]]) -> None:
+        self._counters = dict(counters)
+
+    def describe(self) -> list[Any]:
+        return []  # produced at scrape time only
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        for name, value in self._counters.items():
+            yield CounterMetricFamily(f"kvstored_nodrop_{name}",
+                                      NODROP_COUNTERS.get(name, name), value=value())
+
+
+NODROP_COUNTERS = {
+    "evictions_for_good": "DRAM evictions that may have dropped a block from the pool.",
+    "promotions_skipped": "SSD hits not promoted: only dropping an original made room.",
+    "served_from_ssd": "Skipped promotions served straight from their SSD file.",
+    "copies_skipped": "Peers' blocks not copied here: no room that drops nothing.",
+    "streamed_through": "Peers' blocks an engine's TCP GET carried without caching them.",
+}
+"""The counters :class:`NoDropCollector` exports, with their help text."""
+
+
 class SpillCollector:
     """Prometheus collector of a spiller's counters (``kvstored_spill_*_total``), read at
     scrape time; register it on the node's registry."""

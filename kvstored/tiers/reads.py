@@ -25,7 +25,7 @@ from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, NotFound
 from kvstored.tiers.base import NEEDS_IO, check_bytes, check_key
 from kvstored.tiers.dram import DramEntry
 from kvstored.tiers.ssd_format import split_store_key, store_key
-from kvstored.tiers.transit import AGAIN
+from kvstored.tiers.transit import AGAIN, PoolWait
 from kvstored.types import BlockInfo, PinnedBlock, StoreStats, Tier
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ class Reads:
             touched_dram: list[bytes] = []
             touched_ssd: list[bytes] = []
             promoted_now: set[bytes] = set()
+            pool_wait = PoolWait()  # one bounded wait on the pool for the whole batch
             if ssd is not None and len(skeys) > 1:  # read a batch's SSD blocks at once
-                promoted_now = transit.promote_many(skeys)
+                promoted_now = transit.promote_many(skeys, pool_wait)
             for key, skey in zip(checked, skeys, strict=True):
                 st.gets += 1
                 tier = Tier.DRAM
@@ -91,7 +92,7 @@ class Reads:
                         continue
                     if skey not in ssd.entries:
                         break
-                    promoted = transit.promote(skey)
+                    promoted = transit.promote(skey, pool_wait)
                     if promoted is AGAIN:
                         continue
                     got = promoted  # type: ignore[assignment]  # promoted is not AGAIN (an object sentinel) here

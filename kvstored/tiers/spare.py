@@ -17,6 +17,11 @@ Anything else is spared: when no window of such victims frees the space, the res
 raises :class:`~kvstored.errors.NoCapacity` and the copy is skipped (the engine's read
 misses that block and recomputes it; the pool stays whole).
 
+On a node in a pool (``TieredStore.set_pool_room`` installed), a promotion (of a block this
+node holds on SSD already) is limited the same way (``Transit.allocate(promotion=True)``):
+with no such victim, after a bounded wait on the pool, it is skipped and the block is served
+from SSD, never paid for with an original.
+
 Every allocation (a local put, a promotion, a copy) tries the copies first, and an evicted
 copy is dropped, never demoted to SSD (it would spend SSD space on a block a peer holds).
 Copies are kept in ``DramTier.copies`` (commit order); the mark goes when the block leaves
@@ -67,12 +72,18 @@ def candidates(dram: DramTier, *, copy: bool = False, ssd: SsdTier | None = None
 def demote_charge(ssd: SsdTier, skey: bytes, dram: DramTier) -> int | None:
     """SSD bytes a demotion of DRAM block ``skey`` would charge, 0 when evicting it from DRAM
     costs the SSD nothing (on SSD already), None when it cannot be demoted as is (no SSD
-    tier, or its file is being written or deleted: evicting it would drop it)."""
+    tier, its file is being written or deleted, or its tenant's SSD quota would refuse it:
+    ``SsdTier.begin_write`` then writes nothing and evicting it would drop it)."""
     if skey in ssd.entries:
         return 0
     if skey in ssd._writing or skey in ssd._deleting:  # noqa: SLF001 (same package)
         return None
     e = dram.entries[skey]
+    tenants = ssd.tenants
+    if tenants is not None:
+        room = tenants.ssd_room_bytes(skey)
+        if room is not None and e.size_bytes > room:
+            return None  # over its tenant's SSD quota: a demotion would drop it
     return round_up_page(e.size_bytes + trailer_bytes(skey, e.meta))
 
 
@@ -92,6 +103,7 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
     on SSD already, and the SSD's free space covers all the others' demotions at once (so
     ``SsdTier.begin_write`` evicts nothing for them)."""
     need = 0
+    by_tenant: dict[str, int] = {}  # demoted bytes per tenant with an SSD quota
     for skey in window:
         if skey in dram.copies:
             continue
@@ -101,4 +113,11 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
         if charge is None:
             return False
         need += charge
+        tenants = ssd.tenants
+        if charge and tenants is not None and tenants.ssd_room_bytes(skey) is not None:
+            t = tenants.tenant(skey)
+            by_tenant[t] = by_tenant.get(t, 0) + dram.entries[skey].size_bytes
+            room = tenants.ssd_room_bytes(skey)
+            if room is not None and by_tenant[t] > room:
+                return False  # the window's demotions together pass that tenant's quota
     return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)

@@ -111,6 +111,16 @@ class TenantUsage:
         t = self.tenant(skey)
         self.reserved_bytes[t] = self.reserved_bytes.get(t, 0) - size_bytes
 
+    def ssd_room_bytes(self, skey: bytes) -> int | None:
+        """SSD bytes the block's tenant may still demote within its SSD quota (usage and
+        writes in flight counted; may be negative), None = no SSD quota. A probe: counts
+        no refusal (``tiers/spare.py`` asks it before choosing a victim)."""
+        t = self.tenant(skey)
+        q = self.quotas.get(t)
+        if q is None or q.ssd_quota_bytes is None:
+            return None
+        return q.ssd_quota_bytes - self.used(t, Tier.SSD) - self.writing_bytes.get(t, 0)
+
     def may_write_ssd(self, skey: bytes, size_bytes: int) -> bool:
         """Whether a demotion of ``size_bytes`` keeps the block's tenant within its SSD
         quota; a refusal is counted (the caller drops the block instead, never evicting)."""

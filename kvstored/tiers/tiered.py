@@ -59,7 +59,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from kvstored.errors import InvalidArgument, KvstoredError, StorageIOError
+from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, StorageIOError
 from kvstored.tenancy import TenantQuota
 from kvstored.tiers.dram import DramArena, DramTier
 from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
@@ -322,6 +322,12 @@ class TieredStore:
         return self._transit.waits
 
     @property
+    def promotions_skipped(self) -> int:
+        """Promotions skipped (the block left on SSD) because only dropping a block the pool
+        holds nowhere else would have made room (a node with a pool hook only)."""
+        return self._transit.promotions_skipped
+
+    @property
     def evictions_for_good(self) -> int:
         """DRAM evictions that may have dropped a block from the pool (no spare victim)."""
         return self._transit.evictions_for_good
@@ -465,10 +471,23 @@ class TieredStore:
     def get(self, key: bytes, *, namespace_id: bytes = b"") -> tuple[bytes, bytes] | None:
         """Copy one block out: ``(value, meta)``, or None on a miss.
 
+        An SSD hit whose promotion is skipped (only dropping a block, or nothing at all,
+        would make room in DRAM) is read straight from its file (:meth:`read_for_export`:
+        checksum-verified, not promoted).
+
         Raises:
-            NoCapacity: an SSD hit could not be promoted (DRAM all pinned).
+            Unavailable: the store is closed.
         """
-        return self._reads.get(key, namespace_id=namespace_id)
+        try:
+            return self._reads.get(key, namespace_id=namespace_id)
+        except NoCapacity:
+            got = self.read_for_export([key], namespace_id=namespace_id)[0]
+            if got is None:
+                return None
+            try:
+                return bytes(got.view), got.meta
+            finally:
+                self.release_export([got])
 
     # ---- probes and admin (never pin, never touch recency, not counted, never wait on I/O)
     def lookup_prefix(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Tier]:

@@ -63,6 +63,17 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+class PoolWait:
+    """One read's bounded wait on the pool, shared by the promotions of its keys (lock held):
+    a batch of SSD hits waits for the spiller once, not once per key."""
+
+    __slots__ = ("until",)
+
+    def __init__(self) -> None:
+        self.until: float | None = None
+        """Monotonic s the wait ends; None = not started; 0.0 = over (or never allowed)."""
+
+
 AGAIN = object()
 """What :meth:`Transit.promote` answers when the block changed while it made room: look again."""
 
@@ -87,6 +98,8 @@ class Transit:
         """Allocations that waited on :attr:`pool_room` (``StoreStats``-free counter)."""
         self.evictions_for_good = 0
         """Blocks this node evicted while no spare victim and no pool room was found."""
+        self.promotions_skipped = 0
+        """Promotions refused because only dropping an original would have made room."""
 
     def evictable(self, skey: bytes) -> bool:
         """Whether the DRAM block ``skey`` may be evicted now: unpinned and not DEMOTING."""
@@ -146,33 +159,46 @@ class Transit:
             if doomed:
                 st.unlocked(ssd.delete_files, doomed)
 
-    def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False
-                 ) -> int:
+    def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False,
+                 promotion: bool = False, pool_wait: PoolWait | None = None) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
         while demotions write and while waiting on :attr:`pool_room`).
 
         Every allocation first tries victims whose eviction drops no block from the pool
         (copies first, then blocks on SSD, then demotions the SSD takes without evicting;
-        spare.py). Only when none frees the space does it evict in plain LRU order (a
-        DRAM-only block is dropped, a demotion may evict SSD blocks). With
-        ``wait_for_pool`` (a local put, a promotion) it first waits, at most
-        :attr:`pool_wait_s`, for :attr:`pool_room` (the spiller moving blocks to peers)
-        before evicting for good.
+        spare.py). Only when none frees the space does a local put evict in plain LRU
+        order (a DRAM-only block is dropped, a demotion may evict SSD blocks). With
+        ``wait_for_pool`` it first waits, at most :attr:`pool_wait_s`, for
+        :attr:`pool_room` (the spiller moving blocks to peers) before evicting for good.
+        A copy never evicts for good, nor does a promotion on a node in a pool (a
+        :attr:`pool_room` installed): both are of blocks the pool already holds (a peer's
+        block, this node's SSD block), so making room for them by dropping an original
+        would trade a block held nowhere else for one held already. A standalone node
+        (no :attr:`pool_room`) is the whole pool: its promotions evict in LRU order, the
+        pool's LRU, as they always did.
 
         Args:
             size_bytes: the block's exact size.
             copy: the space is for a remote-fill copy: evict only what drops no block from
-                the pool (never the plain LRU pass).
-            wait_for_pool: wait on :attr:`pool_room` before evicting for good (a local put
-                or a promotion; never a copy).
+                the pool (never the plain LRU pass), and never wait.
+            wait_for_pool: wait on :attr:`pool_room` while no spare victim frees the space
+                (a local put or a promotion; never a copy).
+            promotion: the space is for a promotion of an SSD block: with a
+                :attr:`pool_room` installed, as ``copy``, only spare victims (after the wait
+                on the pool, when ``wait_for_pool``); when none frees the space the
+                promotion is skipped (NoCapacity) and the block stays on SSD, where the
+                node's read paths serve it from (issue 17 §3: the wait for a held spiller
+                running out must never cost an original). Without one, as a local put.
+            pool_wait: the wait to share with other allocations of one read (a promotion);
+                None = this allocation's own.
 
         Returns:
             The offset of the allocated space; the caller owns it (and charges it).
 
         Raises:
             NoCapacity: the block can never fit beside the pinned, reserved and promoting
-                blocks (nothing is evicted then); or, for a copy, no room can be made
-                without dropping a block.
+                blocks (nothing is evicted then); or, for a copy or a promotion, no room
+                can be made without dropping a block.
             Unavailable: the store was closed while waiting.
         """
         st = self._state
@@ -181,7 +207,7 @@ class Transit:
         need = alloc.round_up(size_bytes)
         tries = 0  # window tries that failed (eviction.MAX_WINDOW_TRIES, then plain LRU)
         spare_tries = 0  # the same for the victims that drop nothing from the pool
-        wait_until: float | None = None  # a local put's bounded wait on the pool
+        own = pool_wait if pool_wait is not None else PoolWait()  # the bounded wait on the pool
         while True:
             st.check_open()
             off = alloc.allocate(size_bytes)
@@ -197,16 +223,17 @@ class Transit:
             dram.absorb_reads()  # one-sided reads since the last eviction count as recency
             window, spare_tries = self._spare_window(need, spare_tries)  # drops nothing
             if window is None and not copy:
-                if wait_for_pool and wait_until != 0.0:
-                    if wait_until is None:
-                        wait_until = time.monotonic() + self.pool_wait_s
-                    if self._maybe_wait_for_pool(need, wait_until):
+                if wait_for_pool and own.until != 0.0:
+                    if own.until is None:
+                        own.until = time.monotonic() + self.pool_wait_s
+                    if self._maybe_wait_for_pool(need, own.until):
                         spare_tries = 0
                         continue  # the pool made room elsewhere: look again
-                    wait_until = 0.0  # waited (or may not wait): evict for good now
-                window, tries = self._lru_window(need, tries)
-                if window is not None:
-                    self.evictions_for_good += sum(1 for k in window if self._drops(k))
+                    own.until = 0.0  # waited (or may not wait): evict for good now
+                if not promotion or self.pool_room is None:  # (a pool's promotions never do)
+                    window, tries = self._lru_window(need, tries)
+                    if window is not None:
+                        self.evictions_for_good += sum(1 for k in window if self._drops(k))
             if window is not None:
                 self._evict_window(window)
             elif st.demoting:
@@ -215,6 +242,12 @@ class Transit:
                 raise NoCapacity(
                     f"DRAM tier has no room for a {size_bytes}-byte copy of a peer's block "
                     "without dropping a block the pool holds nowhere else"
+                )
+            elif promotion and self.pool_room is not None:
+                self.promotions_skipped += 1
+                raise NoCapacity(
+                    f"DRAM tier has no room to promote a {size_bytes}-byte SSD block without "
+                    "dropping a block the pool holds nowhere else; it stays on SSD"
                 )
             else:
                 raise NoCapacity(
@@ -271,8 +304,12 @@ class Transit:
         self.waits += 1
         return bool(self._state.unlocked(room, need, deadline))
 
-    def promote(self, skey: bytes) -> DramEntry | KvstoredError | object | None:
+    def promote(self, skey: bytes, pool_wait: PoolWait | None = None
+                ) -> DramEntry | KvstoredError | object | None:
         """Read an SSD block into DRAM (lock held; released during the read).
+
+        Room comes only from victims whose eviction drops nothing (:meth:`allocate` with
+        ``promotion``), after a bounded wait on the pool shared through ``pool_wait``.
 
         Returns:
             The new (unpinned) DRAM entry; None when the block is gone or unreadable (a
@@ -288,7 +325,8 @@ class Transit:
         sentry = ssd.entries[skey]
         ssd.entries.move_to_end(skey)  # keep it from being evicted by our demotions
         try:
-            off = self.allocate(sentry.size_bytes, wait_for_pool=True)
+            off = self.allocate(sentry.size_bytes, wait_for_pool=True, promotion=True,
+                                pool_wait=pool_wait)
         except NoCapacity as exc:
             return exc
         size = sentry.size_bytes
@@ -319,7 +357,7 @@ class Transit:
         ssd.hits += 1
         return entry
 
-    def promote_many(self, skeys: list[bytes]) -> set[bytes]:
+    def promote_many(self, skeys: list[bytes], pool_wait: PoolWait | None = None) -> set[bytes]:
         """Promote the SSD-only blocks among ``skeys`` with their reads in parallel (lock held;
         released during the reads, which go straight into their arena slots).
 
@@ -356,7 +394,8 @@ class Transit:
                 seen.add(skey)
                 ssd.entries.move_to_end(skey)
                 try:
-                    off = self.allocate(sentry.size_bytes, wait_for_pool=True)
+                    off = self.allocate(sentry.size_bytes, wait_for_pool=True, promotion=True,
+                                        pool_wait=pool_wait)
                 except NoCapacity:
                     break
                 size = sentry.size_bytes

@@ -163,11 +163,14 @@ class BlockServer(Protocol):
 
     def pinned_chunks(
         self, keys: Sequence[bytes], namespace_id: bytes, *, chunk_keys: int
-    ) -> Generator[tuple[int, list[PinnedBlock | None | KvstoredError]], None, None]:
-        """An engine's read, a chunk at a time: ``(start index, per key a pinned block, None
-        for a miss, or the key's error)``; a chunk's pins are released when the next chunk is
-        asked for or the generator is closed. Raises ``Draining`` on the first ``next()``
-        when the node is shutting down."""
+    ) -> Generator[
+        tuple[int, list[PinnedBlock | ExportedBlock | None | KvstoredError]], None, None
+    ]:
+        """An engine's read, a chunk at a time: ``(start index, per key a pinned block, an
+        SSD block served from its file without promotion (an ExportedBlock: its promotion
+        would have dropped a block), None for a miss, or the key's error)``; a chunk's pins
+        and buffers are released when the next chunk is asked for or the generator is
+        closed. Raises ``Draining`` on the first ``next()`` when the node is shutting down."""
         ...
 
     def export_chunks(

@@ -94,7 +94,7 @@ from kvstored.transport.framing import (
     short_message,
     tune_socket,
 )
-from kvstored.types import ExportedBlock, PinnedBlock, PutOutcome, Reservation
+from kvstored.types import ExportedBlock, PinnedBlock, PutOutcome, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.transport.base import BlockServer
@@ -113,9 +113,16 @@ read, and a peer whose GET fails part-way keeps what arrived whole
 (:func:`kvstored.transport.base.completed_items`)."""
 
 FillFromPeers = Callable[..., object]
-"""``fill(keys, namespace_id, remaining_s=seconds)``: copy the blocks of ``keys`` the node
-lacks from its peers (:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never
-raises for a peer's failure)."""
+"""``fill(keys, namespace_id, remaining_s=seconds, through=dict, through_budget_bytes=n)``:
+copy the blocks of ``keys`` the node lacks from its peers
+(:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never raises for a peer's
+failure); a block it has no room to keep without dropping one is put in
+``through[key] = (value, meta)`` instead (at most ``through_budget_bytes`` in all), for
+the GET to send without caching it."""
+
+THROUGH_BUDGET_BYTES = 64 << 20
+"""Most bytes one engine GET receives from peers into private buffers for blocks its node
+has no room to keep (streamed through, never cached): past it such a block is a miss."""
 
 
 def _check_tenant(principal: Principal, stored_namespace_id: bytes, action: str) -> None:
@@ -231,6 +238,9 @@ class DataPlaneServer:
         self.on_replica_factor: Callable[[bytes, list[bytes], int], None] | None = None
         """Set by a cluster node: GETs with GET_FLAG_FILL_FROM_PEERS copy missing blocks
         from peers first (None: the flag is accepted and does nothing)."""
+        self.num_streamed_through = 0
+        """Blocks an engine's GET sent from a peer without caching them here (no room to
+        keep them without dropping a block: ``THROUGH_BUDGET_BYTES``)."""
         self.num_requests_lost = 0
         """Requests whose connection broke mid-request, counted once the request's
         reservations are aborted and its pins released (tests wait on it)."""
@@ -577,8 +587,9 @@ class DataPlaneServer:
         except KvstoredError as exc:
             send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
             return int(exc.code)
+        through: dict[bytes, tuple[bytes, bytes] | None] = {}
         if fill and self.fill_from_peers is not None:  # an engine's read on a cluster node
-            self._fill(keys, ns, reader.deadline)
+            self._fill(keys, ns, reader.deadline, through)
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
         # GET_FLAG_PEER_EXPORT (a peer copying the blocks): read_for_export, nothing promoted,
@@ -618,7 +629,20 @@ class DataPlaneServer:
                         num_bytes += n
                         chunk_bytes += n
                     elif b is None:
-                        pending.append(item.pack(0, 0, 0, 0, 0, 0, *tail))
+                        got_through = through.get(keys[start + j]) if through else None
+                        if got_through is not None and ranges is None:
+                            # a peer's block with no room here, received for this GET only
+                            value, meta = got_through
+                            pending.append(item.pack(0, int(Tier.DRAM), 1, len(value),
+                                                     len(meta), 0, *tail) + meta)
+                            if value:
+                                pending.append(value)
+                            num_blocks += 1
+                            num_bytes += len(value)
+                            chunk_bytes += len(value)
+                            self.num_streamed_through += 1
+                        else:
+                            pending.append(item.pack(0, 0, 0, 0, 0, 0, *tail))
                     else:
                         msg = short_message(str(b))
                         pending.append(item.pack(int(b.code), 0, 0, 0, 0, len(msg), *tail) + msg)
@@ -632,15 +656,18 @@ class DataPlaneServer:
         core.count_transfer("tcp", "out", num_blocks, num_bytes)
         return 0
 
-    def _fill(self, keys: list[bytes], ns: bytes, deadline: float | None) -> None:
+    def _fill(self, keys: list[bytes], ns: bytes, deadline: float | None,
+              through: dict[bytes, tuple[bytes, bytes] | None]) -> None:
         """Copy the blocks of ``keys`` missing here from peers, within the request's
-        deadline (what could not be copied is a miss of this GET, never an error)."""
+        deadline (what could not be copied is a miss of this GET, never an error); the
+        blocks the node has no room to keep land in ``through`` (sent, never cached)."""
         fill = self.fill_from_peers
         if fill is None:
             return
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            fill(keys, ns, remaining_s=remaining)
+            fill(keys, ns, remaining_s=remaining, through=through,
+                 through_budget_bytes=THROUGH_BUDGET_BYTES)
         except (KvstoredError, RuntimeError) as exc:  # RuntimeError: the reader closed (stop)
             log.info("data_plane_fill_failed", num_keys=len(keys), error=str(exc))
         self._emit("get_filled", num_keys=len(keys))

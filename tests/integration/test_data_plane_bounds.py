@@ -188,7 +188,8 @@ def test_only_a_get_with_the_fill_flag_asks_the_nodes_peers_first(make_plane: An
     p.core.put_inline([(k[0], here, b"")], b"")
     asked: list[tuple[list[bytes], bytes, float | None]] = []
 
-    def fill(keys: list[bytes], namespace_id: bytes, *, remaining_s: float | None) -> None:
+    def fill(keys: list[bytes], namespace_id: bytes, *, remaining_s: float | None,
+             **_: object) -> None:
         asked.append((list(keys), namespace_id, remaining_s))
         p.core.put_inline([(k[1], b"r" * 64, b"")], b"")  # as a copy from a peer would
 
@@ -208,6 +209,43 @@ def test_only_a_get_with_the_fill_flag_asks_the_nodes_peers_first(make_plane: An
         assert p.next_event("get_filled") == {"num_keys": 2}
     finally:
         plain.close()
+        engine.close()
+
+
+def test_an_engine_get_streams_through_a_peers_block_its_node_has_no_room_to_keep(
+    make_plane: Any,
+) -> None:
+    """Issue 17 section 3: a full node's fill receives a peer's block it cannot keep
+    without dropping one into ``through`` (RemoteReads.fill); the engine's GET sends it
+    from there (never cached), and a block no peer gave is still a miss."""
+    p = make_plane()
+    k = random_keys(3)
+    p.core.put_inline([(k[0], b"h" * 64, b"")], b"")
+    budgets: list[int] = []
+
+    def fill(keys: list[bytes], namespace_id: bytes, *, remaining_s: float | None,
+             through: dict[bytes, tuple[bytes, bytes] | None],
+             through_budget_bytes: int) -> None:
+        budgets.append(through_budget_bytes)
+        through[k[1]] = (b"t" * 80, b"m")  # received, not kept: no room here
+
+    p.server.fill_from_peers = fill
+    engine = DataPlaneClient(p.server.address, fill_from_peers=True)
+    try:
+        got: dict[int, bytearray] = {}
+
+        def sink(i: int, size: int, meta: bytes) -> memoryview:
+            got[i] = bytearray(size)
+            return memoryview(got[i])
+
+        items = engine.get(k, b"", sink, deadline=time.monotonic() + EVENT_WAIT_S)
+        assert [it.found for it in items] == [True, True, False]
+        assert bytes(got[0]) == b"h" * 64 and bytes(got[1]) == b"t" * 80
+        assert items[1].meta == b"m"
+        assert budgets and budgets[0] > 0
+        assert p.core.store.exists(k, namespace_id=b"") == [True, False, False]  # not cached
+        assert p.server.num_streamed_through == 1
+    finally:
         engine.close()
 
 

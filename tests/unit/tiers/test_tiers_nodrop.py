@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import pathlib
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -162,3 +163,67 @@ def test_set_pool_room_refuses_a_negative_wait(
     s = _store(stores, tmp_path, dram_blocks=2)
     with pytest.raises(InvalidArgument, match="wait_s must be >= 0 seconds, got -1"):
         s.set_pool_room(None, wait_s=-1)
+
+
+def _full_dram_and_ssd_of_originals(s: TieredStore) -> None:
+    """DRAM [2, 3] (DRAM only), SSD [0, 1] (SSD only, full): every block an original,
+    and no victim whose eviction drops nothing."""
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    assert s.spill_to_ssd() == 2  # SSD [0, 1] full
+    s.put(key(2), val(2))  # frees DRAM 0 (on SSD)
+    s.put(key(3), val(3))  # frees DRAM 1 (on SSD)
+    assert s.lookup_prefix([key(2), key(3)]) == [Tier.DRAM, Tier.DRAM]
+    assert s.exists([key(0), key(1)]) == [True, True]
+
+
+def test_a_promotion_whose_wait_for_the_spiller_runs_out_evicts_no_original(
+    stores: list[TieredStore], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CI loss of test_reads_through_two_small_tiered_nodes_lose_nothing: a read of an
+    SSD-only block into a node whose DRAM and SSD hold only originals waited for the spiller,
+    the spiller was held past the bound (``spill_put_wait_s``), and the promotion then
+    demoted a DRAM-only block into the full SSD, which evicted an SSD-only original. The
+    promoted block was on SSD already: its promotion is skipped instead (NoCapacity for the
+    pin: served from SSD by the node's read paths), and nothing leaves the store."""
+    from kvstored.errors import NoCapacity
+
+    now = [1000.0]  # transit's clock only (the SSD tier's I/O keeps the real one)
+    monkeypatch.setattr(transit, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    s = _store(stores, tmp_path, dram_blocks=2, ssd_blocks=2)
+    _full_dram_and_ssd_of_originals(s)
+    dram_evictions = _tier(s, Tier.DRAM).evictions  # type: ignore[attr-defined]  # 0 and 1 (on SSD)
+    held: list[float] = []
+
+    def spiller_held(need_bytes: int, deadline: float) -> bool:  # held past the bound
+        held.append(deadline)
+        now[0] = deadline + 1
+        return False
+
+    s.set_pool_room(spiller_held, wait_s=2.0)
+    got = s.pin_many([key(0)])
+    assert held == [1002.0], "the promotion asks the pool first"
+    assert len(got) == 1 and isinstance(got[0], NoCapacity), got
+    assert s.exists([key(i) for i in range(4)]) == [True] * 4
+    assert s.lookup_prefix([key(0)]) == [Tier.SSD]  # still SSD only: not promoted
+    assert _tier(s, Tier.SSD).evictions == 0  # type: ignore[attr-defined]
+    assert _tier(s, Tier.DRAM).evictions == dram_evictions  # type: ignore[attr-defined]
+    assert s.evictions_for_good == 0
+    # A batch read (promote_many, then one promotion per key) skips the same way.
+    got = s.pin_many([key(0), key(1)])
+    assert all(isinstance(g, NoCapacity) for g in got), got
+    assert s.exists([key(i) for i in range(4)]) == [True] * 4
+    assert s.evictions_for_good == 0
+
+
+def test_a_promotion_still_uses_a_victim_that_drops_nothing(
+    stores: list[TieredStore], tmp_path: pathlib.Path
+) -> None:
+    s = _store(stores, tmp_path, dram_blocks=2, ssd_blocks=3)
+    _full_dram_and_ssd_of_originals(s)  # SSD has room for one demotion: 2 or 3 may go there
+    s.set_pool_room(lambda need, deadline: pytest.fail("a spare victim exists"), wait_s=60.0)
+    got = s.pin_many([key(0)])
+    assert got[0] is not None and not isinstance(got[0], Exception)
+    s.unpin_many(got)  # type: ignore[arg-type]
+    assert s.exists([key(i) for i in range(4)]) == [True] * 4
+    assert s.evictions_for_good == 0

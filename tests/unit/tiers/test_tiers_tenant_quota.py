@@ -216,3 +216,23 @@ def test_a_demotion_in_flight_counts_against_the_ssd_quota(tmp_path: pathlib.Pat
         assert s.tenants.used("a", Tier.SSD) == K and s.tenants.refusals[("a", int(Tier.SSD))] == 1
     finally:
         s.close()
+
+
+def test_a_victim_over_its_tenants_ssd_quota_is_no_spare_victim(tmp_path: pathlib.Path) -> None:
+    """Issue 17 section 3: the spare-victim check took a demotion the SSD has room for as
+    lossless, but a tenant's SSD quota makes ``SsdTier.begin_write`` refuse it, and the
+    eviction then dropped the block. Such a block is no spare victim: another block (one
+    that may be demoted) goes to SSD instead, and nothing is dropped."""
+    s = TieredStore(dram_size_bytes=2 * K, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                    ssd_size_bytes=64 * K,
+                    tenant_quotas={"a": TenantQuota(ssd_quota_bytes=K // 2)})
+    try:
+        assert s.put(key(0), bytes(K), namespace_id=NS_A)  # DRAM LRU: a's block, then b's
+        assert s.put(key(1), bytes([1]) * K, namespace_id=NS_B)
+        assert s.put(key(2), bytes([2]) * K, namespace_id=NS_B)  # needs one victim
+        assert s.exists([key(0)], namespace_id=NS_A) == [True], "a's block was dropped"
+        assert s.exists([key(1), key(2)], namespace_id=NS_B) == [True, True]
+        assert s.lookup_prefix([key(1)], namespace_id=NS_B) == [Tier.SSD]  # b's went to SSD
+        assert s.evictions_for_good == 0
+    finally:
+        s.close()
