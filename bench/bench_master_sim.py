@@ -47,6 +47,23 @@ BLOCK_BYTES = 1 << 20
 LEASE_S = 10.0
 
 
+class _Context:
+    """The part of a grpc.aio ServicerContext the master's handlers use (their log lines
+    name the peer; an error would abort)."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, md: object) -> None:
+        pass
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+_CTX = _Context()
+
+
 def _key(hash_id: int) -> bytes:
     return hash_id.to_bytes(16, "little")
 
@@ -113,7 +130,7 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
 
     async def call(name: str, req: Any, timed: bool = True) -> Any:
         c = time.process_time()
-        resp = await getattr(servicer, name)(req, None)
+        resp = await getattr(servicer, name)(req, _CTX)
         if timed:
             cpu[name] += time.process_time() - c
             calls[name] += 1

@@ -54,6 +54,37 @@ ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
               ("hnext", np.int32), ("hprev", np.int32))
 """The columns of a replica row: 34 bytes per replica."""
 _LINKS = ("next", "block", "hnext", "hprev")
+HOT_CHAIN_ROWS = 16
+"""A block's chain found longer than this gets :class:`HotChain` maps (a hot block: a
+system prompt's blocks have a replica on every node), so finding a holder's row and its
+predecessor costs O(1) instead of a walk of up to one row per node."""
+
+
+class HotChain:
+    """Maps of one long chain: ``rows`` (holder * 4 + tier -> row) and ``prev`` (row -> its
+    predecessor in the chain, -1 for the head). Python dicts, held for hot blocks only (a
+    few per cent of the blocks: ~100 B per row of a hot block, none for the others)."""
+
+    __slots__ = ("prev", "rows")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}
+        self.prev: dict[int, int] = {}
+
+    def add_head(self, row: int, old_head: int, holder_tier: int) -> None:
+        """``row`` became the chain's head before ``old_head`` (-1: it was empty)."""
+        self.rows[holder_tier] = row
+        self.prev[row] = NO_ROW
+        if old_head != NO_ROW:
+            self.prev[old_head] = row
+
+    def remove(self, row: int, nxt: int, holder_tier: int) -> None:
+        """``row`` (followed by ``nxt``) left the chain."""
+        p = self.prev.pop(row)
+        if nxt != NO_ROW:
+            self.prev[nxt] = p
+        if self.rows.get(holder_tier) == row:
+            del self.rows[holder_tier]
 
 
 def grow(arr: np.ndarray, need: int, fill: float = 0) -> np.ndarray:
@@ -101,6 +132,7 @@ class IndexColumns:
         self.long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
         # (ns, 16-byte key form) -> factor > 1 of a block whose last row went (bounded)
         self.recent_factors: dict[tuple[int, bytes], int] = {}
+        self.hot: dict[int, HotChain] = {}  # slot -> maps of its long chain (HotChain)
         # row columns: one contiguous array per field (numpy gathers from contiguous columns
         # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
         self._alloc_row_columns(n)
@@ -265,21 +297,117 @@ class IndexColumns:
 
     # ---- chains ----------------------------------------------------------------------
     def find_row(self, slot: int, holder: int, tier: int) -> tuple[int, int]:
-        """(row, previous row) of (holder, tier) in a block's chain, or (-1, last row)."""
+        """(row, previous row) of (holder, tier) in a block's chain, or (-1, -1).
+
+        A hot chain (:class:`HotChain`) answers from its maps; a short one is walked (a
+        chain that turns out longer than :data:`HOT_CHAIN_ROWS` becomes hot here)."""
+        hot = self.hot.get(slot)
+        if hot is not None:
+            row = hot.rows.get(holder * 4 + tier, NO_ROW)
+            return (row, hot.prev[row]) if row != NO_ROW else (NO_ROW, NO_ROW)
         prev = NO_ROW
         row = int(self.head[slot])
+        depth = 0
         while row != NO_ROW:
             if int(self.holder[row]) == holder and int(self.tier[row]) == tier:
                 return row, prev
             prev, row = row, int(self.next[row])
-        return NO_ROW, prev
+            depth += 1
+        if depth > HOT_CHAIN_ROWS:
+            self.make_hot(slot)
+        return NO_ROW, NO_ROW
 
     def find_row_exact(self, slot: int, target: int) -> tuple[int, int]:
         """(``target``, previous row) in a block's chain (``target`` is in it)."""
+        hot = self.hot.get(slot)
+        if hot is not None:
+            return target, hot.prev[target]
         prev, row = NO_ROW, int(self.head[slot])
         while row != NO_ROW and row != target:
             prev, row = row, int(self.next[row])
         return row, prev
+
+    def make_hot(self, slot: int) -> HotChain:
+        """Give a block's chain its :class:`HotChain` maps (one walk of the chain)."""
+        hot = self.hot.get(slot)
+        if hot is None:
+            hot = self.hot[slot] = HotChain()
+            prev, row = NO_ROW, int(self.head[slot])
+            while row != NO_ROW:
+                hot.rows[int(self.holder[row]) * 4 + int(self.tier[row])] = row
+                hot.prev[row] = prev
+                prev, row = row, int(self.next[row])
+        return hot
+
+    def find_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
+        """Per slot: the row of (``holder``, tier) in its chain, or -1 (int64; vectorized).
+
+        Short chains are walked one level per step (at most :data:`HOT_CHAIN_ROWS` steps:
+        a longer chain met here becomes hot), hot chains answer from their maps, so the
+        cost does not grow with the replicas of a hot block."""
+        n = len(slots)
+        found = np.full(n, NO_ROW, dtype=np.int64)
+        if n == 0:
+            return found
+        cur = self.head[slots].astype(np.int64)
+        if self.hot:
+            hot = self.hot
+            sl = slots.tolist()
+            is_hot = [s in hot for s in sl]
+            if any(is_hot):
+                tl = tiers.tolist()
+                for i, h in enumerate(is_hot):
+                    if h:
+                        found[i] = hot[sl[i]].rows.get(holder * 4 + int(tl[i]), NO_ROW)
+                        cur[i] = NO_ROW
+        idx = np.flatnonzero(cur >= 0)
+        depth = 0
+        while len(idx):
+            r = cur[idx]
+            match = (self.holder[r] == holder) & (self.tier[r] == tiers[idx])
+            found[idx[match]] = r[match]
+            nxt = self.next[r]
+            cur[idx] = nxt
+            idx = idx[~match & (nxt >= 0)]
+            depth += 1
+            if depth > HOT_CHAIN_ROWS and len(idx):
+                for i in idx.tolist():
+                    hc = self.make_hot(int(slots[i]))
+                    found[i] = hc.rows.get(holder * 4 + int(tiers[i]), NO_ROW)
+                break
+        return found
+
+    def link_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Put new rows at the front of their blocks' chains (``block[row]`` set here).
+
+        Distinct slots are linked in one vectorized step; a slot repeated in the batch takes
+        its rows one by one, in order (the last is the new head)."""
+        if len(rows) == 0:
+            return
+        self.block[rows] = slots
+        if len(np.unique(slots)) == len(slots):
+            self.next[rows] = self.head[slots]
+            self.head[slots] = rows
+        else:
+            for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
+                self.next[r] = self.head[s]
+                self.head[s] = r
+        if self.hot:
+            hot = self.hot
+            for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
+                hc = hot.get(s)
+                if hc is not None:
+                    hc.add_head(r, int(self.next[r]), int(self.holder[r]) * 4 + int(self.tier[r]))
+
+    def link_row(self, slot: int, row: int) -> None:
+        """Put one new row at the front of its block's chain (scalar :meth:`link_rows`)."""
+        old = int(self.head[slot])
+        self.next[row] = old
+        self.block[row] = slot
+        self.head[slot] = row
+        hc = self.hot.get(slot) if self.hot else None
+        if hc is not None:
+            hc.add_head(row, old, int(self.holder[row]) * 4 + int(self.tier[row]))
 
     def link_holder(self, holder: int, rows: np.ndarray) -> None:
         """Put new rows at the front of their holder's row list (one vectorized step)."""
@@ -326,6 +454,13 @@ class IndexColumns:
             self.head[slot] = nxt
         else:
             self.next[prev] = nxt
+        hc = self.hot.get(slot) if self.hot else None
+        if hc is not None:
+            hc.remove(row, nxt, int(self.holder[row]) * 4 + int(self.tier[row]))
+            if nxt == NO_ROW and prev == NO_ROW:
+                del self.hot[slot]
+            elif len(hc.prev) < HOT_CHAIN_ROWS // 2:  # short again: walked, no maps
+                del self.hot[slot]
         self.state[row] = FREE_STATE
         self.next[row] = NO_ROW
         self.block[row] = NO_ROW

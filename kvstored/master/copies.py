@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 from kvstored.master.commands import MAX_SENDS, CommandKind, CommandQueue
 from kvstored.master.index import BlockIndex
-from kvstored.master.types import ReplicaState
 
 MAX_PROMOTION_SENDS = MAX_SENDS
 """Heartbeat answers one promotion is sent on at most before the master gives up on it."""
@@ -51,13 +50,7 @@ def copy_to_promote(index: BlockIndex, namespace_id: bytes, key: bytes) -> int |
         original remains (readable or not: its holder may come back), a replica is still
         being written, or no readable copy is left.
     """
-    best: int | None = None
-    for r in index.replicas(namespace_id, key):
-        if not r.copy or r.state is not ReplicaState.COMMITTED:
-            return None
-        if index.is_readable(r.holder) and (best is None or r.holder < best):
-            best = r.holder
-    return best
+    return index.copy_holders_to_promote(namespace_id, [key])[0]
 
 
 class Promotions:

@@ -56,6 +56,24 @@ def _has_long(keys: Sequence[bytes]) -> bool:
     return any(len(k) != KEY_BYTES for k in keys)
 
 
+_COMMITTED = int(ReplicaState.COMMITTED)
+
+
+def _check_batch(tiers: np.ndarray, sizes: np.ndarray, factors: np.ndarray) -> None:
+    """Raises InvalidArgument naming the first bad tier, size or factor of a batch."""
+    bad = ~np.isin(tiers, (int(Tier.DRAM), int(Tier.SSD)))
+    if bad.any():
+        raise InvalidArgument(f"tier must be DRAM (1) or SSD (2), got {int(tiers[bad][0])}")
+    bad = (sizes < 0) | (sizes > MAX_SIZE_BYTES)
+    if bad.any():
+        raise InvalidArgument(f"size_bytes must be in [0, {MAX_SIZE_BYTES}], got "
+                              f"{int(sizes[bad][0])}")
+    bad = (factors < 0) | (factors > MAX_REPLICAS)
+    if bad.any():
+        raise InvalidArgument(f"every replication factor must be in 0..{MAX_REPLICAS} "
+                              f"(0 = unknown), got {int(factors[bad][0])}")
+
+
 def _check_factor(factor: int) -> None:
     if not 0 <= factor <= MAX_REPLICAS:
         raise InvalidArgument(f"replication factor must be in 0..{MAX_REPLICAS} (0 = unknown "
@@ -234,9 +252,7 @@ class BlockIndex:
                                      else 0)
         c.size[row] = size_bytes
         c.gen[row] = generation
-        c.next[row] = c.head[slot]
-        c.block[row] = slot
-        c.head[slot] = row
+        c.link_row(slot, row)
         c.holder_rows[holder] += 1
         c.link_holder_one(holder, row)
         return True
@@ -332,7 +348,7 @@ class BlockIndex:
             slots, tier_arr, size_arr = slots[first], tier_arr[first], size_arr[first]
             gen_arr, state_arr = gen_arr[first], state_arr[first]
         # rows this holder already has (an earlier chunk repeated a block): kept, not doubled
-        have = self._has_rows(slots, holder, tier_arr)
+        have = c.find_rows(slots, holder, tier_arr) >= 0
         if have.any():
             keep = ~have
             slots, tier_arr, size_arr = slots[keep], tier_arr[keep], size_arr[keep]
@@ -345,31 +361,193 @@ class BlockIndex:
         c.state[rows] = state_arr
         c.size[rows] = size_arr
         c.gen[rows] = gen_arr
-        c.block[rows] = slots
-        # link: blocks appearing once in this batch are linked in one vectorized step
-        if len(np.unique(slots)) == len(slots):
-            c.next[rows] = c.head[slots]
-            c.head[slots] = rows
-        else:
-            for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
-                c.next[r] = c.head[s]
-                c.head[s] = r
+        c.link_rows(slots, rows)
         c.holder_rows[holder] += len(rows)
         c.link_holder(holder, rows)
         return len(rows)
 
-    def _has_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
-        """Per slot: whether ``holder`` already has a row of that tier (vectorized walk)."""
+    def add_replicas_batch(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        *,
+        holder: int,
+        tiers: np.ndarray,
+        sizes: np.ndarray,
+        generations: np.ndarray,
+        replace_generation: np.ndarray,
+        copies: np.ndarray,
+        factors: np.ndarray,
+    ) -> np.ndarray:
+        """:meth:`add_replica` (COMMITTED) of many distinct keys of one holder, vectorized
+        (a ReportEvents batch: master/membership.py); the same outcome as one call per key.
+
+        Args:
+            keys: distinct keys (a key repeated in one batch is refused: apply such events
+                in order, one batch per run of distinct keys).
+            tiers, sizes, generations, replace_generation, copies, factors: one per key
+                (int tiers 1/2, sizes in bytes, generations in [1, 2**63), bools, factors
+                0..MAX_REPLICAS), as :meth:`add_replica` takes them.
+
+        Returns:
+            int8 per key: 1 a row was added, 2 the holder's uncommitted (WRITING) row was
+            committed, 0 a committed row was already indexed (its size, generation and
+            ``copy`` replaced when ``replace_generation``).
+
+        Raises:
+            InvalidArgument: unknown or retired holder, a repeated key, lengths differ,
+                bad tier, size or factor.
+        """
         c = self._cols
-        found = np.zeros(len(slots), dtype=np.bool_)
-        cur = c.head[slots].astype(np.int64)
-        while True:
-            idx = np.flatnonzero(cur >= 0)
-            if len(idx) == 0:
-                return found
+        n = len(keys)
+        tier_arr = np.asarray(tiers, dtype=np.int64)
+        size_arr = np.asarray(sizes, dtype=np.int64)
+        gen_arr = np.asarray(generations, dtype=np.uint64)
+        repl = np.asarray(replace_generation, dtype=np.bool_)
+        copy_arr = np.asarray(copies, dtype=np.bool_)
+        factor_arr = np.asarray(factors, dtype=np.int64)
+        lengths = {len(tier_arr), len(size_arr), len(gen_arr), len(repl), len(copy_arr),
+                   len(factor_arr)}
+        if lengths != {n}:
+            raise InvalidArgument(f"keys, tiers, sizes, generations, replace_generation, copies "
+                                  f"and factors must have one entry per key ({n} keys); got "
+                                  f"lengths {sorted(lengths)}")
+        out = np.zeros(n, dtype=np.int8)
+        if n == 0:
+            return out
+        self._check_row_args(holder, Tier.DRAM, 0)
+        _check_batch(tier_arr, size_arr, factor_arr)
+        if len(set(keys)) != n:
+            raise InvalidArgument(f"add_replicas_batch: keys must be distinct; {n} keys hold "
+                                  f"{len(set(keys))} distinct ones")
+        ns = c.ns(namespace_id, create=True)
+        assert ns is not None
+        words = keys_to_words(keys)
+        slots = c.tables[ns].get_many(words)
+        absent = np.flatnonzero(slots < 0)
+        present = np.flatnonzero(slots >= 0)
+        if len(absent):
+            slots[absent] = c.new_blocks(ns, words[absent],
+                                         [keys[i] for i in absent.tolist()]
+                                         if _has_long(keys) else [])
+        if factor_arr.any():  # raise-only (distinct slots: no duplicate to combine)
+            c.factor[slots] = np.maximum(c.factor[slots], factor_arr.astype(np.uint8))
+        state_new = np.where(copy_arr, _COMMITTED | COPY_BIT, _COMMITTED).astype(np.uint8)
+        new_idx = absent
+        if len(present):
+            rows = c.find_rows(slots[present], holder, tier_arr[present])
+            have = rows >= 0
+            if have.any():
+                hi = present[have]
+                hr = rows[have]
+                uncommitted = (c.state[hr] & STATE_MASK) != _COMMITTED
+                upd = uncommitted | repl[hi]
+                ur, ui = hr[upd], hi[upd]
+                c.state[ur] = state_new[ui]
+                c.size[ur] = size_arr[ui]
+                c.gen[ur] = gen_arr[ui]
+                out[hi[uncommitted]] = 2
+                new_idx = np.concatenate([absent, present[~have]])
+            else:
+                new_idx = np.concatenate([absent, present])
+        if len(new_idx):
+            new_idx.sort()  # key order: the rows' order in the holder's list
+            rows = c.new_rows(len(new_idx))
+            c.holder[rows] = holder
+            c.tier[rows] = tier_arr[new_idx]
+            c.state[rows] = state_new[new_idx]
+            c.size[rows] = size_arr[new_idx]
+            c.gen[rows] = gen_arr[new_idx]
+            c.link_rows(slots[new_idx], rows)
+            c.holder_rows[holder] += len(rows)
+            c.link_holder(holder, rows)
+            out[new_idx] = 1
+        return out
+
+    def remove_replicas_batch(self, namespace_id: bytes, keys: Sequence[bytes], *, holder: int,
+                              tiers: np.ndarray) -> np.ndarray:
+        """:meth:`remove_replica` of many keys of one holder (one lookup of their slots and
+        rows for the whole batch; the same outcome as one call per key, in order).
+
+        Args:
+            tiers: one int tier per key.
+
+        Returns:
+            int8 per key: 0 not indexed, 1 an uncommitted row dropped, 2 a COMMITTED row
+            dropped.
+
+        Raises:
+            InvalidArgument: ``tiers`` has not one entry per key.
+        """
+        c = self._cols
+        n = len(keys)
+        tier_arr = np.asarray(tiers, dtype=np.int64)
+        if len(tier_arr) != n:
+            raise InvalidArgument(f"tiers must have one entry per key; got {len(tier_arr)} "
+                                  f"for {n} keys")
+        out = np.zeros(n, dtype=np.int8)
+        ns = c.ns(namespace_id, create=False)
+        if ns is None or n == 0 or not 0 <= holder < self._holders.num_holders:
+            return out
+        slots = c.tables[ns].get_many(keys_to_words(keys))
+        present = np.flatnonzero(slots >= 0)
+        if len(present) == 0:
+            return out
+        rows = c.find_rows(slots[present], holder, tier_arr[present])
+        have = rows >= 0
+        idx, rows = present[have], rows[have]
+        if len(rows) == 0:
+            return out
+        out[idx] = np.where((c.state[rows] & STATE_MASK) == _COMMITTED, 2, 1)
+        retired = bool(c.retired[holder])
+        seen: set[int] = set()
+        for i, slot, row in zip(idx.tolist(), slots[idx].tolist(), rows.tolist(), strict=True):
+            if row in seen:  # a (key, tier) repeated in the batch: its row is gone already
+                out[i] = 0
+                continue
+            seen.add(row)
+            _, prev = c.find_row_exact(slot, row)
+            c.holder_rows[holder] -= 1
+            if retired:
+                self._holders.num_dead_rows -= 1
+            c.unlink(slot, row, prev)
+        return out
+
+    def copy_holders_to_promote(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[int | None]:
+        """Per key: the holder whose copy should become the block's original, if any (the
+        rule of :func:`kvstored.master.copies.copy_to_promote`, vectorized: each chain is
+        walked until its first replica that is not a committed copy).
+
+        Returns:
+            Per key, the lowest readable holder of a COMMITTED copy when every replica of
+            holders not retired is a committed copy; None otherwise (an original or a
+            WRITING replica remains, no readable copy, or the block is not indexed).
+        """
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
+        if ns is None or not keys:
+            return [None] * len(keys)
+        slots = c.tables[ns].get_many(keys_to_words(keys))
+        n = len(slots)
+        best = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        bad = np.zeros(n, dtype=np.bool_)
+        cur = np.full(n, NO_ROW, dtype=np.int64)
+        ok = slots >= 0
+        cur[ok] = c.head[slots[ok]]
+        idx = np.flatnonzero(cur >= 0)
+        while len(idx):
             r = cur[idx]
-            found[idx] |= (c.holder[r] == holder) & (c.tier[r] == tiers[idx])
+            h = c.holder[r].astype(np.int64)
+            live = ~c.retired[h]
+            st = c.state[r]
+            copy = ((st & STATE_MASK) == _COMMITTED) & ((st & COPY_BIT) != 0)
+            bad[idx] |= live & ~copy
+            take = live & copy & c.readable[h]
+            np.minimum.at(best, idx[take], h[take])
             cur[idx] = c.next[r]
+            idx = idx[(cur[idx] >= 0) & ~bad[idx]]
+        found = ~bad & (best != np.iinfo(np.int64).max)
+        return [int(b) if f else None for b, f in zip(best.tolist(), found.tolist(), strict=True)]
 
     def remove_replica(self, namespace_id: bytes, key: bytes, *, holder: int, tier: Tier) -> bool:
         """Drop one replica (a node evicted or removed it).

@@ -52,6 +52,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 
 from kvstored.clock import Clock
@@ -63,8 +64,10 @@ from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.generations import Generations
 from kvstored.master.index import BlockIndex
 from kvstored.master.types import (
+    BlockColumns,
     BlockEvent,
     BlockRef,
+    EventColumns,
     EventKind,
     NodeAction,
     NodeHealth,
@@ -75,6 +78,9 @@ from kvstored.master.types import (
 from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
+
+_ADDED = int(EventKind.ADDED)
+_REMOVED = int(EventKind.REMOVED)
 
 
 @dataclass(slots=True)
@@ -371,8 +377,8 @@ class Membership:
                     applied_seq=rec.applied_seq, seen_seq=seen_seq)
 
     def sync_inventory(
-        self, node_id: str, epoch: int, *, sync_id: int, blocks: Sequence[BlockRef],
-        last_chunk: bool, seq: int = 0,
+        self, node_id: str, epoch: int, *, sync_id: int,
+        blocks: Sequence[BlockRef] | BlockColumns, last_chunk: bool, seq: int = 0,
     ) -> tuple[NodeAction, int]:
         """Receive one chunk of a node's whole inventory; the last chunk swaps it in.
 
@@ -400,19 +406,17 @@ class Membership:
                 self._retire(rec.pending.holder)
             rec.pending = _PendingSync(sync_id, self.index.add_holder())
         pending = rec.pending
-        by_ns: dict[bytes, list[BlockRef]] = {}
-        for b in blocks:
-            by_ns.setdefault(b.namespace_id, []).append(b)
+        cols = blocks if isinstance(blocks, BlockColumns) else BlockColumns.of(blocks)
         gen = self.generations.next()
         try:
-            for ns, refs in by_ns.items():
+            for ns, ix in cols.by_namespace().items():
+                gens = cols.generations[ix]
+                gens[gens == 0] = gen  # the holder's generation, if sent
+                factors = cols.replicas[ix]
                 self.index.add_replicas_bulk(
-                    ns, [r.key for r in refs], holder=pending.holder,
-                    tiers=[int(r.tier) for r in refs], sizes=[r.size_bytes for r in refs],
-                    generation=[r.generation or gen for r in refs],  # the holder's, if sent
-                    copies=[r.copy for r in refs],
-                    factors=[r.replicas for r in refs] if any(r.replicas for r in refs)
-                    else None,
+                    ns, [cols.keys[i] for i in ix.tolist()], holder=pending.holder,
+                    tiers=cols.tiers[ix], sizes=cols.sizes[ix], generation=gens,
+                    copies=cols.copies[ix], factors=factors if factors.any() else None,
                 )
         except InvalidArgument:
             self._retire(pending.holder)
@@ -436,48 +440,122 @@ class Membership:
         return NodeAction.NONE, num
 
     def report_events(
-        self, node_id: str, epoch: int, events: Sequence[BlockEvent]
+        self, node_id: str, epoch: int, events: Sequence[BlockEvent] | EventColumns
     ) -> tuple[NodeAction, int]:
         """Apply a node's ordered events; a gap hides its replicas until a resync.
 
-        Events at or below the applied seq are duplicates and ignored.
+        Events at or below the applied seq are duplicates and ignored. The events are
+        applied in runs of distinct blocks, each run vectorized (one batch of ADDED and one
+        of REMOVED per namespace: :meth:`BlockIndex.add_replicas_batch`,
+        :meth:`BlockIndex.remove_replicas_batch`); a block repeated in the batch starts a new
+        run, so the outcome is the one of applying each event in order.
 
         Returns:
             ``(action, applied_seq)``: REREGISTER for an unknown (node, epoch), RESYNC
             when the node is unsynced or a gap opened (then nothing after the gap is
             applied), else NONE.
+
+        Raises:
+            InvalidArgument: an event kind other than ADDED or REMOVED (nothing applied).
         """
         rec = self._live(node_id, epoch)
         if rec is None:
             return NodeAction.REREGISTER, 0
         if not rec.synced or rec.gap:
             return NodeAction.RESYNC, rec.applied_seq
-        for ev in events:
-            if ev.seq <= rec.applied_seq:
+        cols = events if isinstance(events, EventColumns) else EventColumns.of(events)
+        applied = rec.applied_seq
+        take: list[int] = []
+        gap_seq = 0
+        for i, q in enumerate(cols.seqs):
+            if q <= applied:
                 continue
-            if ev.seq != rec.applied_seq + 1:
-                self._open_gap(rec, ev.seq)
-                return NodeAction.RESYNC, rec.applied_seq
-            b = ev.block
-            if ev.kind is EventKind.ADDED:
-                # the holder's generation when it sent one (what its data plane sends with
-                # the block: a reader verifies its copy against it), else a fresh one
-                self.index.add_replica(b.namespace_id, b.key, holder=rec.holder, tier=b.tier,
-                                       size_bytes=b.size_bytes,
-                                       generation=b.generation or self.generations.next(),
-                                       replace_generation=bool(b.generation), copy=b.copy,
-                                       factor=b.replicas)
-                if not b.copy:  # a promotion asked of this node, if any, is done
-                    self.promotions.settle(node_id, b.namespace_id, b.key)
-            elif ev.kind is EventKind.REMOVED:
-                self.promotions.settle(node_id, b.namespace_id, b.key)  # its copy is gone
-                if self.index.remove_replica(b.namespace_id, b.key, holder=rec.holder,
-                                             tier=b.tier):
-                    self._promote_if_only_copies(b.namespace_id, b.key)
-            else:
-                raise InvalidArgument(f"event {ev.seq}: kind must be ADDED or REMOVED, got {ev.kind!r}")
-            rec.applied_seq = ev.seq
+            if q != applied + 1:
+                gap_seq = q
+                break
+            take.append(i)
+            applied = q
+        kinds = cols.kinds
+        for i in take:
+            if kinds[i] != _ADDED and kinds[i] != _REMOVED:
+                raise InvalidArgument(f"event {cols.seqs[i]}: kind must be ADDED or REMOVED, "
+                                      f"got {kinds[i]!r}")
+        run: list[int] = []
+        seen: set[tuple[bytes, bytes]] = set()
+        nss, keys = cols.blocks.namespace_ids, cols.blocks.keys
+        for i in take:
+            nk = (nss[i], keys[i])
+            if nk in seen:
+                self._apply_run(node_id, rec, cols, run)
+                run, seen = [], set()
+            seen.add(nk)
+            run.append(i)
+        if run:
+            self._apply_run(node_id, rec, cols, run)
+        rec.applied_seq = applied
+        if gap_seq:
+            self._open_gap(rec, gap_seq)
+            return NodeAction.RESYNC, rec.applied_seq
         return NodeAction.NONE, rec.applied_seq
+
+    def _apply_run(self, node_id: str, rec: NodeRecord, cols: EventColumns,
+                   run: list[int]) -> None:
+        """Apply events ``run`` of ``cols`` (distinct blocks, in order) to ``rec``'s holder."""
+        bc = cols.blocks
+        run_arr = np.asarray(run, dtype=np.int64)
+        gens = bc.generations[run_arr]
+        kind_arr = np.asarray([cols.kinds[i] for i in run], dtype=np.int64)
+        # the holder's generation when it sent one (what its data plane sends with the
+        # block: a reader verifies its copy against it), else a fresh one (in event order)
+        fresh = np.flatnonzero((gens == 0) & (kind_arr == _ADDED))
+        if len(fresh):
+            gens[fresh] = [self.generations.next() for _ in range(len(fresh))]
+        nss = bc.namespace_ids
+        ns0 = nss[run[0]]
+        if all(nss[i] == ns0 for i in run):
+            groups = {ns0: np.arange(len(run), dtype=np.int64)}
+        else:
+            by: dict[bytes, list[int]] = {}
+            for j, i in enumerate(run):
+                by.setdefault(nss[i], []).append(j)
+            groups = {ns: np.asarray(js, dtype=np.int64) for ns, js in by.items()}
+        for ns_id, j_arr in groups.items():
+            for kind in (_ADDED, _REMOVED):
+                sel = j_arr[kind_arr[j_arr] == kind]
+                if len(sel) == 0:
+                    continue
+                ev = run_arr[sel]
+                keys = [bc.keys[i] for i in ev.tolist()]
+                if kind == _ADDED:
+                    copies = bc.copies[ev]
+                    self.index.add_replicas_batch(
+                        ns_id, keys, holder=rec.holder, tiers=bc.tiers[ev],
+                        sizes=bc.sizes[ev], generations=gens[sel],
+                        replace_generation=bc.generations[ev] != 0, copies=copies,
+                        factors=bc.replicas[ev])
+                    # a promotion asked of this node, if any, is done
+                    if self.commands.num_pending(node_id):
+                        for k, c in zip(keys, copies.tolist(), strict=True):
+                            if not c:
+                                self.promotions.settle(node_id, ns_id, k)
+                else:
+                    if self.commands.num_pending(node_id):
+                        for k in keys:  # its copy is gone
+                            self.promotions.settle(node_id, ns_id, k)
+                    gone = self.index.remove_replicas_batch(ns_id, keys, holder=rec.holder,
+                                                            tiers=bc.tiers[ev])
+                    removed = [k for k, g in zip(keys, gone.tolist(), strict=True) if g]
+                    if removed:
+                        self._promote_copies(ns_id, removed)
+
+    def _promote_copies(self, namespace_id: bytes, keys: list[bytes]) -> None:
+        """Blocks lost a replica: for each left with copies only, ask one holder to keep its
+        copy (master/copies.py)."""
+        for key, holder in zip(keys, self.index.copy_holders_to_promote(namespace_id, keys),
+                               strict=True):
+            owner = self._by_holder.get(holder) if holder is not None else None
+            if owner is not None:
+                self.promotions.add(owner.spec.node_id, namespace_id, key)
 
     def _promote_if_only_copies(self, namespace_id: bytes, key: bytes) -> None:
         """A block lost a replica: if only copies remain, ask one holder to keep its copy."""

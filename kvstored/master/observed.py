@@ -5,6 +5,8 @@ readable (and so not retired). The observer hears every change of that set, grou
 (namespace id, holder, tier)::
 
     add_replica / add_replicas_bulk    COMMITTED rows of a readable holder      -> visible
+    add_replicas_batch                 (the same, a ReportEvents batch)
+    remove_replicas_batch              visible rows unlinked                    -> gone
     commit_generation                  WRITING rows committed, holder readable  -> visible
     remove_replica                     a visible row unlinked                   -> gone
     set_readable(h, True / False)      every COMMITTED row of h                 -> visible / gone
@@ -136,6 +138,34 @@ class ObservedBlockIndex(BlockIndex):
             self.observer.replicas_changed(namespace_id, ks, holder=holder, tier=Tier(t),
                                            visible=True)
         return n
+
+    def add_replicas_batch(self, namespace_id: bytes, keys: Sequence[bytes], *, holder: int,
+                           tiers: np.ndarray, **kwargs: Any) -> np.ndarray:  # noqa: D102
+        codes = super().add_replicas_batch(namespace_id, keys, holder=holder, tiers=tiers,
+                                           **kwargs)
+        if self.is_readable(holder):  # a new or newly committed row of a readable holder
+            self._report_codes(namespace_id, keys, codes, tiers, holder, visible=True)
+        return codes
+
+    def remove_replicas_batch(self, namespace_id: bytes, keys: Sequence[bytes], *,
+                              holder: int, tiers: np.ndarray) -> np.ndarray:  # noqa: D102
+        readable = self.is_readable(holder)
+        codes = super().remove_replicas_batch(namespace_id, keys, holder=holder, tiers=tiers)
+        if readable:  # a COMMITTED row of a readable holder was visible
+            self._report_codes(namespace_id, keys, np.where(codes == 2, 1, 0), tiers, holder,
+                               visible=False)
+        return codes
+
+    def _report_codes(self, namespace_id: bytes, keys: Sequence[bytes], codes: np.ndarray,
+                      tiers: np.ndarray, holder: int, *, visible: bool) -> None:
+        """Report the keys whose code is non-zero, grouped per tier (in key order)."""
+        groups: dict[int, list[bytes]] = {}
+        for k, code, t in zip(keys, codes.tolist(), np.asarray(tiers).tolist(), strict=True):
+            if code:
+                groups.setdefault(int(t), []).append(k)
+        for t, ks in sorted(groups.items()):
+            self.observer.replicas_changed(namespace_id, ks, holder=holder, tier=Tier(t),
+                                           visible=visible)
 
     def remove_replica(self, namespace_id: bytes, key: bytes, *, holder: int,
                        tier: Tier) -> bool:  # noqa: D102

@@ -63,8 +63,9 @@ from kvstored.master.placement import Placement
 from kvstored.master.state import MasterState
 from kvstored.master.types import (
     MAX_REPLICAS,
-    BlockEvent,
+    BlockColumns,
     BlockRef,
+    EventColumns,
     EventKind,
     NodeAction,
     NodeSpec,
@@ -266,6 +267,57 @@ def _block(b: pb.BlockRef, what: str) -> BlockRef:
                     b.generation, b.copy, b.replicas)
 
 
+def block_columns(refs: Any, what: Callable[[int], str]) -> BlockColumns:
+    """The columns of some ``pb.BlockRef`` messages (one pass over them, checked as
+    columns: no object per block).
+
+    Args:
+        what: names block ``i`` in an error (e.g. ``"event 7"``).
+
+    Raises:
+        InvalidArgument: naming the first bad block and what it held: a key not
+            1..MAX_KEY_BYTES bytes, a generation >= 2**63, a replication factor above
+            MAX_REPLICAS, a tier other than DRAM or SSD.
+    """
+    keys = [b.key for b in refs]
+    cols = BlockColumns([b.namespace_id for b in refs], keys,
+                        np.array([b.tier for b in refs], dtype=np.int64),
+                        np.array([b.size_bytes for b in refs], dtype=np.int64),
+                        np.array([b.generation for b in refs], dtype=np.uint64),
+                        np.array([b.copy for b in refs], dtype=np.bool_),
+                        np.array([b.replicas for b in refs], dtype=np.int64))
+    if keys:
+        lens = [len(k) for k in keys]
+        bad = (~np.isin(cols.tiers, _TIER_VALUES)) | (cols.generations >= np.uint64(1 << 63)) \
+            | (cols.replicas > MAX_REPLICAS)
+        if min(lens) == 0 or max(lens) > MAX_KEY_BYTES or bad.any():
+            for i, b in enumerate(refs):  # the scalar check names the first bad block
+                _block(b, what(i))
+    return cols
+
+
+def event_columns(events: Any) -> EventColumns:
+    """The columns of a ReportEvents request's events (see :func:`block_columns`).
+
+    Raises:
+        InvalidArgument: naming the first bad event (its seq) and what it held: a kind other
+            than ADDED or REMOVED, or a bad block (:func:`block_columns`).
+    """
+    seqs, kinds, refs = [], [], []
+    for e in events:
+        seqs.append(e.seq)
+        kinds.append(e.kind)
+        refs.append(e.block)
+    if not set(kinds) <= _EVENT_KINDS:
+        i = next(i for i, k in enumerate(kinds) if k not in _EVENT_KINDS)
+        raise InvalidArgument(f"event {seqs[i]}: kind must be ADDED or REMOVED, got {kinds[i]}")
+    return EventColumns(seqs, kinds, block_columns(refs, lambda i: f"event {seqs[i]}"))
+
+
+_EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
+_TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
+
+
 MAX_ZONE_CHARS = 64
 
 
@@ -407,7 +459,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def SyncInventory(  # noqa: N802
         self, request: pb.SyncInventoryRequest, context: grpc.aio.ServicerContext
     ) -> pb.SyncInventoryResponse:
-        blocks = [_block(b, f"inventory block {i}") for i, b in enumerate(request.blocks)]
+        blocks = block_columns(request.blocks, lambda i: f"inventory block {i}")
         action, num = self.membership.sync_inventory(
             request.node_id, request.epoch, sync_id=request.sync_id, blocks=blocks,
             last_chunk=request.last_chunk, seq=request.seq,
@@ -418,12 +470,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def ReportEvents(  # noqa: N802
         self, request: pb.ReportEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportEventsResponse:
-        events = []
-        for e in request.events:
-            if e.kind not in (int(EventKind.ADDED), int(EventKind.REMOVED)):
-                raise InvalidArgument(f"event {e.seq}: kind must be ADDED or REMOVED, got {e.kind}")
-            events.append(BlockEvent(e.seq, EventKind(e.kind), _block(e.block, f"event {e.seq}")))
-        action, applied = self.membership.report_events(request.node_id, request.epoch, events)
+        action, applied = self.membership.report_events(request.node_id, request.epoch,
+                                                        event_columns(request.events))
         return pb.ReportEventsResponse(action=_ACTION_TO_PB[action], applied_seq=applied)
 
     @_rpc("node")

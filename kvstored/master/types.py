@@ -8,7 +8,7 @@ fresh :class:`~kvstored.master.state.MasterState` of a new term) shares them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -176,6 +176,66 @@ class BlockEvent:
     seq: int
     kind: EventKind
     block: BlockRef
+
+
+@dataclass(frozen=True, slots=True)
+class BlockColumns:
+    """Block refs as columns, one entry per block (an inventory chunk or the blocks of a
+    ReportEvents batch as the master applies them: no object per block).
+
+    ``tiers``: int tiers (1 DRAM, 2 SSD); ``sizes``: bytes; ``generations``: the holder's
+    (uint64, 0 = unknown); ``copies``: remote-fill copies (bool); ``replicas``: wanted
+    replication factors (0 = unknown). Arrays int64 unless said, one entry per block."""
+
+    namespace_ids: list[bytes]
+    keys: list[bytes]
+    tiers: np.ndarray
+    sizes: np.ndarray
+    generations: np.ndarray
+    copies: np.ndarray
+    replicas: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def of(cls, blocks: Sequence[BlockRef]) -> BlockColumns:
+        """The columns of some :class:`BlockRef` values."""
+        return cls([b.namespace_id for b in blocks], [b.key for b in blocks],
+                   np.array([int(b.tier) for b in blocks], dtype=np.int64),
+                   np.array([b.size_bytes for b in blocks], dtype=np.int64),
+                   np.array([b.generation for b in blocks], dtype=np.uint64),
+                   np.array([b.copy for b in blocks], dtype=np.bool_),
+                   np.array([b.replicas for b in blocks], dtype=np.int64))
+
+    def by_namespace(self) -> dict[bytes, np.ndarray]:
+        """Positions (int64, in order) of the blocks of each namespace, in first-seen order."""
+        nss = self.namespace_ids
+        if nss and nss.count(nss[0]) == len(nss):  # (the common case: one namespace)
+            return {nss[0]: np.arange(len(nss), dtype=np.int64)}
+        groups: dict[bytes, list[int]] = {}
+        for i, ns in enumerate(nss):
+            groups.setdefault(ns, []).append(i)
+        return {ns: np.asarray(ix, dtype=np.int64) for ns, ix in groups.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class EventColumns:
+    """A node's ordered events as columns, one entry per event (a ReportEvents batch as
+    the master applies it: master/membership.py); ``kinds``: :class:`EventKind` values."""
+
+    seqs: list[int]
+    kinds: list[int]
+    blocks: BlockColumns
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @classmethod
+    def of(cls, events: Sequence[BlockEvent]) -> EventColumns:
+        """The columns of some :class:`BlockEvent` values."""
+        return cls([e.seq for e in events], [int(e.kind) for e in events],
+                   BlockColumns.of([e.block for e in events]))
 
 
 @dataclass(frozen=True, slots=True)
