@@ -18,8 +18,12 @@ request building are outside the timed calls), per second of cluster time, split
 Growth is reported as the ratio per 10x nodes (1.0 per 10x = constant; 10 = linear in N,
 which is expected since the load grows with N; more than 10 = superlinear).
 
-Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000] [--seconds 10]
-        [--requests-per-node-s 2] [--node-blocks 2000] [--out bench/results/bench_master_sim.json]
+Also reported: the index's replicas, its numpy bytes, and the rows of hot chains (blocks
+with more than 16 replicas keep Python maps of their rows: master/columns.py ``HotChain``).
+
+Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000,10000] [--seconds 10]
+        [--requests-per-node-s 2] [--node-blocks 2000 | 2000,2000,2000,200]
+        [--out bench/results/bench_master_sim.json]
 """
 
 from __future__ import annotations
@@ -181,8 +185,12 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
 
     asyncio.run(main())
     total = sum(cpu.values())
+    cols = servicer.index.columns
     return {"nodes": num_nodes, "seconds": seconds, "requests_per_node_s": rate,
             "node_blocks": node_blocks, "index_replicas": servicer.index.num_replicas,
+            "index_blocks": servicer.index.num_blocks,
+            "index_column_bytes": servicer.index.memory_bytes(),
+            "hot_chains": len(cols.hot), "hot_chain_rows": sum(len(h.prev) for h in cols.hot.values()),
             "setup_s": round(run.setup_s, 2),  # type: ignore[attr-defined]
             "master_cpu_s_per_s": total / seconds,
             "by_rpc_cpu_s_per_s": {k: v / seconds for k, v in cpu.items()},
@@ -196,19 +204,31 @@ def main() -> None:
     ap.add_argument("--nodes", default="10,100,1000")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--requests-per-node-s", type=float, default=2.0)
-    ap.add_argument("--node-blocks", type=int, default=2000)
+    ap.add_argument("--node-blocks", default="2000",
+                    help="blocks per node's LRU: one for every --nodes entry, or one per entry")
     ap.add_argument("--trace", default="conversation")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
     args = ap.parse_args()
     kvlog.configure(level="warning")  # the master logs every registration and sync
     trace = [r.hash_ids for r in load_trace(resolve_trace(args.trace))]
     rows = []
-    for n in [int(s) for s in args.nodes.split(",")]:
-        rows.append(run(n, args.seconds, args.requests_per_node_s, args.node_blocks, trace))
+    sizes = [int(s) for s in args.nodes.split(",")]
+    blocks = [int(s) for s in args.node_blocks.split(",")]
+    if len(blocks) == 1:
+        blocks *= len(sizes)
+    if len(blocks) != len(sizes):
+        raise SystemExit(f"--node-blocks needs one value or one per --nodes entry "
+                         f"({len(sizes)}); got {len(blocks)}")
+    for n, nb in zip(sizes, blocks, strict=True):
+        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace))
+        r = rows[-1]
+        print(f"nodes {n:,}: {r['master_cpu_s_per_s']:.3f} s/s ({r['by_rpc_cpu_s_per_s']}), "
+              f"setup {r['setup_s']} s", flush=True)
         gc.collect()
-    print("\n| nodes | index replicas | master CPU s per s | x per 10x nodes | Heartbeat us/call |"
-          " ReportEvents us/call | LookupPrefix us/call | events/s | lookups/s | hit fraction |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| nodes | node LRU blocks | index replicas | hot-chain rows | master CPU s per s |"
+          " x per 10x nodes | Heartbeat us/call | ReportEvents us/call | LookupPrefix us/call |"
+          " events/s | lookups/s | hit fraction |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     prev = None
     for r in rows:
         grow = ""
@@ -216,7 +236,8 @@ def main() -> None:
             f = r["nodes"] / prev["nodes"]
             grow = f"x{(r['master_cpu_s_per_s'] / prev['master_cpu_s_per_s']) ** (1 / math.log10(f)):.1f}"
         u = r["cpu_us_per_call"]
-        print(f"| {r['nodes']:,} | {r['index_replicas']:,} | {r['master_cpu_s_per_s']:.4f} | {grow} | "
+        print(f"| {r['nodes']:,} | {r['node_blocks']:,} | {r['index_replicas']:,} | "
+              f"{r['hot_chain_rows']:,} | {r['master_cpu_s_per_s']:.4f} | {grow} | "
               f"{u['Heartbeat']:.0f} | {u['ReportEvents']:.0f} | {u['LookupPrefix']:.0f} | "
               f"{r['events_per_s']:,.0f} | {r['calls_per_s']['LookupPrefix']:,.0f} | "
               f"{r['hit_fraction']:.2f} |")

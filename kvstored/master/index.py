@@ -57,11 +57,13 @@ def _has_long(keys: Sequence[bytes]) -> bool:
 
 
 _COMMITTED = int(ReplicaState.COMMITTED)
+_DRAM = int(Tier.DRAM)
+_SSD = int(Tier.SSD)
 
 
 def _check_batch(tiers: np.ndarray, sizes: np.ndarray, factors: np.ndarray) -> None:
     """Raises InvalidArgument naming the first bad tier, size or factor of a batch."""
-    bad = ~np.isin(tiers, (int(Tier.DRAM), int(Tier.SSD)))
+    bad = (tiers != _DRAM) & (tiers != _SSD)
     if bad.any():
         raise InvalidArgument(f"tier must be DRAM (1) or SSD (2), got {int(tiers[bad][0])}")
     bad = (sizes < 0) | (sizes > MAX_SIZE_BYTES)

@@ -9,7 +9,9 @@ holder, then the lowest holder id (deterministic). As one score per row (lower i
 
 A block with more than :data:`MAX_RANKED_REPLICAS` rows (a hot block held by many nodes) is
 ranked among its newest rows only, unless none of them is readable, so a lookup's cost does
-not grow with the node count (at 1,000 nodes a system prompt's blocks have 1,000 replicas).
+not grow with the node count (at 1,000 nodes a system prompt's blocks have 1,000 replicas);
+a hot chain's map (columns.py ``HotChain``) gives the asker's own DRAM row at once, wherever
+it sits in the chain (nothing ranks above it).
 Reads the columns only: never pins, touches or changes anything.
 """
 
@@ -27,6 +29,11 @@ MAX_RANKED_REPLICAS = 8
 RANK_SCORE = 4 * LOAD_CLIP
 """Score per tier rank; a copy adds half of it, the load at most a quarter."""
 _LOCAL_SSD_SCORE = RANK_SCORE  # scores below: a local DRAM replica (rank 0)
+_COMMITTED = int(ReplicaState.COMMITTED)
+_STATE_MASK = int(STATE_MASK)
+_COPY_BIT = int(COPY_BIT)
+_SSD = int(Tier.SSD)
+_DRAM = int(Tier.DRAM)
 
 
 def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
@@ -47,6 +54,8 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
     first = cols.head[slots].astype(np.int64)
     best_row, best_score, best_holder = score_rows(cols, first, local_holder)
     cur = cols.next[first].astype(np.int64)
+    if cols.hot and local_holder >= 0 and len(cur):
+        _local_dram_of_hot(cols, slots, local_holder, best_row, best_score, best_holder)
     idx = np.flatnonzero((cur >= 0) & (best_score >= _LOCAL_SSD_SCORE))
     level = 1
     while len(idx):
@@ -70,14 +79,37 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
     return best_row, best_holder
 
 
+def _local_dram_of_hot(cols: IndexColumns, slots: np.ndarray, local_holder: int,
+                       best_row: np.ndarray, best_score: np.ndarray,
+                       best_holder: np.ndarray) -> None:
+    """A hot block's row on the asking holder's DRAM, found in its chain's map (no walk):
+    readable and COMMITTED, nothing beats it (rank 0, or 0.5 as a copy: below local SSD),
+    so it is the block's best and its walk ends (in place, on the level-0 answers)."""
+    hot = cols.hot
+    key = local_holder * 4 + _DRAM
+    if not cols.readable[local_holder]:
+        return
+    for i, s in enumerate(slots.tolist()):
+        hc = hot.get(s)
+        if hc is None or best_score[i] < _LOCAL_SSD_SCORE:
+            continue
+        row = hc.rows.get(key, NO_ROW)
+        if row != NO_ROW and int(cols.state[row]) & STATE_MASK == _COMMITTED:
+            best_row[i] = row
+            best_holder[i] = local_holder
+            best_score[i] = (0.5 * RANK_SCORE if int(cols.state[row]) & COPY_BIT else 0.0) \
+                + min(float(cols.load[local_holder]), LOAD_CLIP)
+
+
 def score_rows(cols: IndexColumns, rows: np.ndarray, local_holder: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row or -1 if unreadable, score: lower is better, holder) of some rows (int64)."""
+    # (plain int constants: an enum member read through its class costs ~2 us, measured)
     h = cols.holder[rows].astype(np.int64)
     st = cols.state[rows]
-    ok = ((st & STATE_MASK) == ReplicaState.COMMITTED) & cols.readable[h]
-    rank = np.where(h == local_holder, 0.0, 2.0) + (cols.tier[rows] == Tier.SSD) \
-        + 0.5 * (st >= COPY_BIT)
+    ok = ((st & _STATE_MASK) == _COMMITTED) & cols.readable[h]
+    rank = np.where(h == local_holder, 0.0, 2.0) + (cols.tier[rows] == _SSD) \
+        + 0.5 * (st >= _COPY_BIT)
     score = rank * RANK_SCORE + np.minimum(cols.load[h], LOAD_CLIP)
     score[~ok] = np.inf
     return np.where(ok, rows, NO_ROW), score, h
