@@ -9,9 +9,7 @@ holder, then the lowest holder id (deterministic). As one score per row (lower i
 
 A block with more than :data:`MAX_RANKED_REPLICAS` rows (a hot block held by many nodes) is
 ranked among its newest rows only, unless none of them is readable, so a lookup's cost does
-not grow with the node count (at 1,000 nodes a system prompt's blocks have 1,000 replicas);
-a hot chain's map (columns.py ``HotChain``) gives the asker's own DRAM row at once, wherever
-it sits in the chain (nothing ranks above it).
+not grow with the node count (at 1,000 nodes a system prompt's blocks have 1,000 replicas).
 Reads the columns only: never pins, touches or changes anything.
 """
 
@@ -33,7 +31,6 @@ _COMMITTED = int(ReplicaState.COMMITTED)
 _STATE_MASK = int(STATE_MASK)
 _COPY_BIT = int(COPY_BIT)
 _SSD = int(Tier.SSD)
-_DRAM = int(Tier.DRAM)
 
 
 def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
@@ -54,8 +51,6 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
     first = cols.head[slots].astype(np.int64)
     best_row, best_score, best_holder = score_rows(cols, first, local_holder)
     cur = cols.next[first].astype(np.int64)
-    if cols.hot and local_holder >= 0 and len(cur):
-        _local_dram_of_hot(cols, slots, local_holder, best_row, best_score, best_holder)
     idx = np.flatnonzero((cur >= 0) & (best_score >= _LOCAL_SSD_SCORE))
     level = 1
     while len(idx):
@@ -77,28 +72,6 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
             keep &= best_row[idx] < 0
         idx = idx[keep]
     return best_row, best_holder
-
-
-def _local_dram_of_hot(cols: IndexColumns, slots: np.ndarray, local_holder: int,
-                       best_row: np.ndarray, best_score: np.ndarray,
-                       best_holder: np.ndarray) -> None:
-    """A hot block's row on the asking holder's DRAM, found in its chain's map (no walk):
-    readable and COMMITTED, nothing beats it (rank 0, or 0.5 as a copy: below local SSD),
-    so it is the block's best and its walk ends (in place, on the level-0 answers)."""
-    hot = cols.hot
-    key = local_holder * 4 + _DRAM
-    if not cols.readable[local_holder]:
-        return
-    for i, s in enumerate(slots.tolist()):
-        hc = hot.get(s)
-        if hc is None or best_score[i] < _LOCAL_SSD_SCORE:
-            continue
-        row = hc.rows.get(key, NO_ROW)
-        if row != NO_ROW and int(cols.state[row]) & STATE_MASK == _COMMITTED:
-            best_row[i] = row
-            best_holder[i] = local_holder
-            best_score[i] = (0.5 * RANK_SCORE if int(cols.state[row]) & COPY_BIT else 0.0) \
-                + min(float(cols.load[local_holder]), LOAD_CLIP)
 
 
 def score_rows(cols: IndexColumns, rows: np.ndarray, local_holder: int
