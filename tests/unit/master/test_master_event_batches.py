@@ -1,7 +1,8 @@
 """ReportEvents applied in vectorized runs (issue 19): the same outcome as one event at a time.
 
 The reference is the per-event loop the master ran before (add_replica / remove_replica per
-event, in order; kept in this test), so every difference in the index, the promotions, the generations or the visible-replica
+event, in order; kept in this test), so every difference in the index, the promotions, the
+generations or the visible-replica
 reports of a whole batch at once is a bug of the batched path. Hot chains (blocks with more
 than HOT_CHAIN_ROWS rows) are forced by giving 24 nodes a small key set.
 """
