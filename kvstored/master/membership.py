@@ -79,6 +79,7 @@ from kvstored.types import Tier
 
 log = structlog.get_logger(__name__)
 
+_NODE_TIERS = frozenset({Tier.DRAM, Tier.SSD})  # (a constant: enum reads cost ~2 us each)
 _ADDED = int(EventKind.ADDED)
 _REMOVED = int(EventKind.REMOVED)
 
@@ -357,7 +358,7 @@ class Membership:
             return NodeAction.REREGISTER
         rec.last_heartbeat_s = self.clock()
         for t in tiers:
-            if t.tier in (Tier.DRAM, Tier.SSD):
+            if t.tier in _NODE_TIERS:
                 rec.tiers[t.tier] = t
         rec.load = load if math.isfinite(load) and load >= 0 else 0.0
         self.index.set_load(rec.holder, rec.load)
