@@ -202,3 +202,35 @@ def test_batch_methods_refuse_bad_input_naming_it() -> None:
         ix.add_replicas_batch(NS, [key(2)], tiers=np.array([1, 1]), **args)
     with pytest.raises(InvalidArgument, match="tiers must have one entry per key"):
         ix.remove_replicas_batch(NS, [key(2)], holder=hs[0], tiers=np.array([1, 1]))
+
+
+def _pb_event(seq: int, *, kind: int = 1, tier: int = 1, key_bytes: bytes | None = None,
+              generation: int = 0, replicas: int = 0) -> object:
+    from kvstored.v1 import master_pb2 as pb
+    return pb.BlockEvent(seq=seq, kind=kind, block=pb.BlockRef(
+        namespace_id=NS, key=key(seq) if key_bytes is None else key_bytes, tier=tier,
+        size_bytes=7, generation=generation, replicas=replicas))
+
+
+def test_event_columns_of_a_request_hold_every_field() -> None:
+    from kvstored.master.service import event_columns
+    cols = event_columns([_pb_event(1), _pb_event(2, kind=2, tier=2, generation=9, replicas=3)])
+    assert cols.seqs == [1, 2] and cols.kinds == [1, 2]
+    b = cols.blocks
+    assert b.keys == [key(1), key(2)] and b.namespace_ids == [NS, NS]
+    assert b.tiers.tolist() == [1, 2] and b.sizes.tolist() == [7, 7]
+    assert b.generations.tolist() == [0, 9] and b.replicas.tolist() == [0, 3]
+    assert b.copies.tolist() == [False, False]
+
+
+@pytest.mark.parametrize(("bad", "match"), [
+    (dict(kind=5), "event 2: kind must be ADDED or REMOVED, got 5"),
+    (dict(tier=7), "event 2: tier must be DRAM .1. or SSD .2., got 7"),
+    (dict(key_bytes=b""), "event 2: key must have 1..[0-9]+ bytes, got 0"),
+    (dict(generation=1 << 63), "event 2: generation must be < 2..63, got 9223372036854775808"),
+    (dict(replicas=99), "event 2: replicas .* got 99"),
+])
+def test_event_columns_name_the_first_bad_event(bad: dict[str, object], match: str) -> None:
+    from kvstored.master.service import event_columns
+    with pytest.raises(InvalidArgument, match=match):
+        event_columns([_pb_event(1), _pb_event(2, **bad), _pb_event(3, **bad)])  # type: ignore[arg-type]
