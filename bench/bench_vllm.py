@@ -43,7 +43,8 @@ CONNECTORS = ("none", "example", "offload", "offloading", "kvstored")
 
 
 def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: int,
-            work: Path, daemon_address: str) -> dict[str, Any]:
+            work: Path, daemon_address: str, reserve_ahead_bytes: int | None = None
+            ) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"prompt": 0, "max_tokens": 1}]
     steps += [{"prompt": 0, "max_tokens": 1, "reset_prefix_cache": True}] * repeats
     steps += [{"prompt": 0, "max_tokens": 16, "reset_prefix_cache": True}]
@@ -59,6 +60,8 @@ def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: in
         extra = {"cpu_bytes_to_use": 2 << 30}
     elif name == "kvstored":
         extra = {"address": daemon_address, "stats_dir": str(stats_dir)}
+        if reserve_ahead_bytes is not None:
+            extra["reserve_ahead_bytes"] = reserve_ahead_bytes
     spec = engine_spec(model, [prompt], steps, connector=connector, extra_config=extra)
     try:
         result = EngineProcess(python, spec, work / "logs").result()
@@ -91,6 +94,15 @@ def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: in
         row["lookups"] = sched["lookups"]
         row["bytes_loaded"] = worker["bytes_loaded"]
         row["load_errors"] = worker["load_errors"]
+        # the miss stores the prompt: one save batch per scheduling step that completed blocks
+        row["saves"] = worker["saves"]
+        row["save_s_total"] = worker["save_s_total"]
+        row["save_s_max"] = worker["save_s_max"]
+        row["blocks_saved"] = worker["blocks_saved"]
+        row["bytes_saved"] = worker["bytes_saved"]
+        row["keys_saved"] = worker["keys_saved"]
+        row["save_errors"] = worker["save_errors"]
+        row["reserve_ahead_bytes"] = reserve_ahead_bytes
     return row
 
 
@@ -100,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--connectors", default=",".join(CONNECTORS))
     ap.add_argument("--out", default="bench/results/vllm")
+    ap.add_argument("--reserve-ahead-bytes", type=int, default=None,
+                    help="the kvstored connector's reserve_ahead_bytes (0 = off: ReservePut + "
+                         "CommitPut per save chunk, the code before reserve-ahead puts)")
     args = ap.parse_args(argv)
     python = find_vllm_python()
     model = find_model(python)
@@ -113,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.connectors.split(","):
                 print(f"[bench_vllm] {name} ...", file=sys.stderr, flush=True)
                 rows.append(run_one(name, python, model, prompts[0], args.repeats, work,
-                                    daemon.address))
+                                    daemon.address, args.reserve_ahead_bytes))
         finally:
             daemon.stop()
     ok = {r["connector"]: r for r in rows if "failed" not in r}
@@ -141,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nkvstored lookup: {k['lookups']} lookups, mean {k['lookup_ms_mean']:.2f} ms, "
               f"max per scheduling step {k['lookup_ms_max_per_step']:.2f} ms; "
               f"{k['bytes_loaded'] / 2**20:.0f} MiB loaded, {k['load_errors']} load errors")
+        print("\n| kvstored saves | batches | blocks x layers | MiB | total s | max batch s | "
+              "ms per key | GB/s | errors |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        nkeys = k["keys_saved"]
+        print(f"| reserve_ahead_bytes={k['reserve_ahead_bytes']} | {k['saves']} | {nkeys} | "
+              f"{k['bytes_saved'] / 2**20:.0f} | {k['save_s_total']:.3f} | {k['save_s_max']:.3f} | "
+              f"{1000 * k['save_s_total'] / max(nkeys, 1):.3f} | "
+              f"{k['bytes_saved'] / max(k['save_s_total'], 1e-9) / 1e9:.2f} | {k['save_errors']} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
