@@ -33,7 +33,7 @@ def _slot_bytes(node: DaemonThread, client: Client | AsyncClient) -> int:
 
 
 def test_a_steady_put_is_one_commit_and_the_session_end_returns_the_pool(
-    node: DaemonThread,
+    node: DaemonThread, control_channel: str,
 ) -> None:
     core = node.daemon.core
     assert core is not None
@@ -60,7 +60,7 @@ def test_a_steady_put_is_one_commit_and_the_session_end_returns_the_pool(
 
 
 def test_a_slot_lapsing_mid_copy_is_quarantined_and_its_commit_refused(
-    node: DaemonThread,
+    node: DaemonThread, control_channel: str,
 ) -> None:
     # the writer is held half-way through its copy into a slot while the node's clock moves
     # past the lease: the slot is quarantined (never handed to B); A's late commit is refused
