@@ -1,6 +1,8 @@
 """The shared-memory path of the client: the mapped arena, and get/put through it.
 
-    put: ReservePut -> copy values into the mapped arena -> CommitPut (abort on any failure)
+    put: copy values into reserve-ahead slots -> CommitSlots (commits, refills the pool;
+         kvstored/client/_slots.py); the rest: ReservePut -> copy -> CommitPut (abort on
+         any failure)
     get: PinBlocks  -> copy out of the mapped arena      -> release the pins (ReleasePins, or
                                                             with the next request of the
                                                             control channel)
