@@ -470,7 +470,10 @@ def _put_ahead(
     pool = st.slots
     budget = pool.budget_bytes(info.arena_size_bytes)
     classes = {id(v): size_class(len(v)) for _, _, v, _ in items}
-    if budget <= 0 or max(classes.values()) > budget:
+    if budget <= 0 or sum(classes.values()) > budget:
+        # a batch larger than the pool: one ReservePut and one CommitPut for all of it cost
+        # less than a CommitSlots per pool-sized chunk, each refilling the pool (measured:
+        # bench/bench_vllm.py's save of 960 x 192 KiB, 0.10 s against 0.12 s)
         return items
     pool.note_demand(classes.values(), budget)
     session_id = yield Session()
