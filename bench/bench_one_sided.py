@@ -7,8 +7,10 @@ Rows (each read measured one-sided, i.e. the default, and pinned, ``KVSTORED_ONE
   * get_<size>   get_into of a batch of 16 blocks of 256 KiB / 4 MiB: GB/s next to the
                  working-set memcpy reference (a distinct slot per block of a prefaulted buffer
                  as large as the arena working set, as bench_blocks.py's memcpy_ws_get)
-  * put_<size>   shm put of the same batches next to memcpy_ws_put (puts are unchanged by this
-                 issue: ReservePut + copy + CommitPut; reserve-ahead puts were not built)
+  * put_<size>   shm put of the same batches next to memcpy_ws_put, measured interleaved
+                 (reference, put, put again): with reserve-ahead slots (the default: one
+                 CommitSlots per put) and without (``reserve_ahead_bytes=0``: ReservePut + copy
+                 + CommitPut, the path before), each on keys of its own
   * single_get   one 64 KiB block, get_into, p50 in us
   * lookup_prefix_512   lookup_prefix of 512 DRAM keys, p50/p99 in ms
   * storm        reader gets while a writer's puts evict: the one-sided fallback rate
@@ -76,7 +78,7 @@ def _keys(tag: str, size: int, i: int) -> list[bytes]:
     return [f"os:{tag}:{size}:{i}:{j}".encode().ljust(16, b".") for j in range(BATCH)]
 
 
-def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
+def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None) -> dict[str, float]:
     """Batch get/put GB/s next to the working-set memcpy references (see the module doc)."""
     rng = np.random.default_rng(size)
     values = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
@@ -100,6 +102,11 @@ def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
         r = c.put(_keys("b", size, i), values)
         assert all(x.ok for x in r), r
 
+    def put_reserve(i: int) -> None:  # the ReservePut path (reserve-ahead off)
+        assert c_reserve is not None
+        r = c_reserve.put(_keys("r", size, i), values)
+        assert all(x.ok and x.stored for x in r), r
+
     def get(i: int) -> None:
         n = c.get_into(_keys("b", size, i % iters), bufs)
         assert all(x == size for x in n), n
@@ -114,15 +121,22 @@ def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
     # each ratio is the median over reps of (reference time / measured time).
     for i in range(-2, iters):
         put(i)
-    t: dict[str, list[float]] = {"ws_get": [], "ws_put": [], "one_sided": [], "pinned": [], "put": []}
+    if c_reserve is not None:
+        put_reserve(-1)
+    t: dict[str, list[float]] = {"ws_get": [], "ws_put": [], "one_sided": [], "pinned": [],
+                                 "put": [], "ws_put2": [], "put_reserve": []}
     for i in range(iters):
         t["ws_get"].append(one(ws_get, i))
         t["one_sided"].append(one(get, i))
         t["pinned"].append(one(get, i, pinned=True))
-        t["ws_put"].append(one(ws_put, i))
     for i in range(iters):  # the puts, against keys of their own (a put of a present key is a no-op)
         c.remove(_keys("b", size, i))
+        t["ws_put"].append(one(ws_put, i))
         t["put"].append(one(put, i))
+        if c_reserve is not None:
+            t["ws_put2"].append(one(ws_put, i + 1))
+            t["put_reserve"].append(one(put_reserve, i))
+            c_reserve.remove(_keys("r", size, i))
     assert bytes(bufs[0][:64]) == bytes(values[0][:64])
     c.remove([k for i in range(-2, iters) for k in _keys("b", size, i)])
 
@@ -136,6 +150,9 @@ def bench_size(c: Client, size: int, iters: int) -> dict[str, float]:
         "memcpy_ws_get_gbps": gbps("ws_get"), "memcpy_ws_put_gbps": gbps("ws_put"),
         "one_sided_get_gbps": gbps("one_sided"), "pinned_get_gbps": gbps("pinned"),
         "shm_put_gbps": gbps("put"),
+        "shm_put_reserve_gbps": gbps("put_reserve") if c_reserve is not None else float("nan"),
+        "put_reserve_ratio_vs_ws_memcpy": (ratio("ws_put2", "put_reserve")
+                                           if c_reserve is not None else float("nan")),
         "one_sided_get_p50_ms": statistics.median(t["one_sided"]) * 1e3,
         "pinned_get_p50_ms": statistics.median(t["pinned"]) * 1e3,
         "one_sided_get_ratio_vs_ws_memcpy": ratio("ws_get", "one_sided"),
@@ -214,9 +231,10 @@ def run_all(shm_addr: str, storm_addr: str, iters: int = 8) -> dict[str, object]
     64 MiB x (iters + 2) + 128 MiB), the storm against ``storm_addr`` (DRAM 16 MiB: evicts
     at once)."""
     res: dict[str, object] = {}
-    with Client(shm_addr, timeout_s=60.0, transport="shm") as c:
+    with Client(shm_addr, timeout_s=60.0, transport="shm") as c, \
+            Client(shm_addr, timeout_s=60.0, transport="shm", reserve_ahead_bytes=0) as c0:
         for size in (256 << 10, 4 << 20):
-            res[f"get_put_{size >> 10}KiB"] = bench_size(c, size, iters)
+            res[f"get_put_{size >> 10}KiB"] = bench_size(c, size, iters, c0)
         res["single_get_64KiB"] = bench_single_get(c)
         res["lookup_prefix_512"] = bench_lookup(c)
     res["storm"] = bench_storm(storm_addr)
@@ -230,7 +248,8 @@ def print_rows(res: dict[str, object]) -> None:
         print(f"one-sided get {size} x{BATCH}: {r['one_sided_get_gbps']:.2f} GB/s = "
               f"{r['one_sided_get_ratio_vs_ws_memcpy']:.2f}x ws memcpy (target {target_get}x; pinned "
               f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x; one-sided {r['one_sided_vs_pinned_get']:.2f}x pinned); "
-              f"put {r['put_ratio_vs_ws_memcpy']:.2f}x (target {target_put}x)")
+              f"put {r['put_ratio_vs_ws_memcpy']:.2f}x (target {target_put}x; ReservePut path "
+              f"{r['put_reserve_ratio_vs_ws_memcpy']:.2f}x)")
     s, lk, st = res["single_get_64KiB"], res["lookup_prefix_512"], res["storm"]
     assert isinstance(s, dict) and isinstance(lk, dict) and isinstance(st, dict)
     print(f"single get 64 KiB p50: {s['one_sided_p50_us']:.0f} us one-sided, {s['pinned_p50_us']:.0f} us "

@@ -15,7 +15,11 @@ kept), so the hit comes from the connector. TTFT = wall time of a ``max_tokens=1
 * ``kvstored``: KvstoredConnector against a private daemon on this host (shared memory).
 
 Reported: TTFT miss, TTFT hit (median of repeats), hit/recompute ratios, hit TTFT relative to
-the native CPU offload and to the file connector, and the kvstored lookup cost per step.
+the native CPU offload and to the file connector, the kvstored lookup cost per step, the
+kvstored saves inside the engine (batches, keys, seconds: the miss stores the prompt), and the
+same save outside vLLM through the connector's BlockIO with reserve-ahead slots off and on,
+alternated in one run (``--save-reps``; ``--connectors none --save-reps 9`` runs it alone
+after the one engine).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ CONNECTORS = ("none", "example", "offload", "offloading", "kvstored")
 
 
 def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: int,
-            work: Path, daemon_address: str) -> dict[str, Any]:
+            work: Path, daemon_address: str, reserve_ahead_bytes: int | None = None
+            ) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"prompt": 0, "max_tokens": 1}]
     steps += [{"prompt": 0, "max_tokens": 1, "reset_prefix_cache": True}] * repeats
     steps += [{"prompt": 0, "max_tokens": 16, "reset_prefix_cache": True}]
@@ -59,6 +64,8 @@ def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: in
         extra = {"cpu_bytes_to_use": 2 << 30}
     elif name == "kvstored":
         extra = {"address": daemon_address, "stats_dir": str(stats_dir)}
+        if reserve_ahead_bytes is not None:
+            extra["reserve_ahead_bytes"] = reserve_ahead_bytes
     spec = engine_spec(model, [prompt], steps, connector=connector, extra_config=extra)
     try:
         result = EngineProcess(python, spec, work / "logs").result()
@@ -91,7 +98,60 @@ def run_one(name: str, python: Path, model: Path, prompt: list[int], repeats: in
         row["lookups"] = sched["lookups"]
         row["bytes_loaded"] = worker["bytes_loaded"]
         row["load_errors"] = worker["load_errors"]
+        # the miss stores the prompt: one save batch per scheduling step that completed blocks
+        row["saves"] = worker["saves"]
+        row["save_s_total"] = worker["save_s_total"]
+        row["save_s_max"] = worker["save_s_max"]
+        row["blocks_saved"] = worker["blocks_saved"]
+        row["bytes_saved"] = worker["bytes_saved"]
+        row["keys_saved"] = worker["keys_saved"]
+        row["save_errors"] = worker["save_errors"]
+        row["reserve_ahead_bytes"] = reserve_ahead_bytes
     return row
+
+
+def bench_saves(address: str, reps: int, num_blocks: int = 32, num_layers: int = 30,
+                block_bytes: int = 192 << 10) -> dict[str, Any]:
+    """The connector's save of a 4k-token prompt (SmolLM2-135M fp32, block size 128: 32
+    blocks x 30 layers of 192 KiB) through the connector's own BlockIO, outside vLLM, with
+    reserve-ahead slots off (0: ReservePut + copy + CommitPut per chunk, the path before) and
+    on (the default), alternated rep by rep against the same daemon; fresh block hashes each
+    time (a save of stored blocks is a no-op). Median seconds per save and their ratio."""
+    import numpy as np
+
+    from kvstored.integrations.blockio import BlockIO, ClientPool, ConnectorConfig, ConnectorStats
+    from kvstored.keys import Namespace
+
+    rng = np.random.default_rng(7)
+    layers = [rng.integers(0, 256, (num_blocks, block_bytes), dtype=np.uint8)
+              for _ in range(num_layers)]
+    modes: dict[str, int | None] = {"reserve_put": 0, "reserve_ahead": None}
+    ios = {}
+    for name, ahead in modes.items():
+        pool = ClientPool(lambda salt, n=name: Namespace(model_id=f"bench-save-{n}", tenant_salt=salt),
+                          ConnectorConfig(address=address, timeout_ms=30000,
+                                          reserve_ahead_bytes=ahead))
+        ios[name] = BlockIO(layers, pool, timeout_s=30.0, stats=ConnectorStats())
+    times: dict[str, list[float]] = {n: [] for n in modes}
+    for rep in range(-1, reps):  # rep -1 warms both (connections, the first pool grant)
+        for name, io in ios.items():
+            before = io.stats.save_s_total
+            items = [(rep.to_bytes(4, "big", signed=True) + name.encode() + b.to_bytes(4, "big"), b)
+                     for b in range(num_blocks)]
+            io.submit_save(f"r{rep}", "", items)
+            io.wait_for_saves([f"r{rep}"])
+            if rep >= 0:
+                times[name].append(io.stats.save_s_total - before)
+    out: dict[str, Any] = {"keys_per_save": num_blocks * num_layers,
+                           "mib_per_save": num_blocks * num_layers * block_bytes / 2**20, "reps": reps}
+    for name, io in ios.items():
+        out[f"{name}_save_s_median"] = statistics.median(times[name])
+        out[f"{name}_save_s_all"] = times[name]
+        out[f"{name}_save_errors"] = io.stats.save_errors
+        io.close()
+    out["speedup"] = statistics.median(
+        a / b for a, b in zip(times["reserve_put"], times["reserve_ahead"], strict=True))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--connectors", default=",".join(CONNECTORS))
     ap.add_argument("--out", default="bench/results/vllm")
+    ap.add_argument("--save-reps", type=int, default=5,
+                    help="reps of the save comparison outside vLLM (0 = skip it)")
+    ap.add_argument("--reserve-ahead-bytes", type=int, default=None,
+                    help="the kvstored connector's reserve_ahead_bytes (0 = off: ReservePut + "
+                         "CommitPut per save chunk, the code before reserve-ahead puts)")
     args = ap.parse_args(argv)
     python = find_vllm_python()
     model = find_model(python)
@@ -113,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.connectors.split(","):
                 print(f"[bench_vllm] {name} ...", file=sys.stderr, flush=True)
                 rows.append(run_one(name, python, model, prompts[0], args.repeats, work,
-                                    daemon.address))
+                                    daemon.address, args.reserve_ahead_bytes))
+            saves = bench_saves(daemon.address, args.save_reps) if args.save_reps > 0 else None
         finally:
             daemon.stop()
     ok = {r["connector"]: r for r in rows if "failed" not in r}
@@ -141,9 +207,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nkvstored lookup: {k['lookups']} lookups, mean {k['lookup_ms_mean']:.2f} ms, "
               f"max per scheduling step {k['lookup_ms_max_per_step']:.2f} ms; "
               f"{k['bytes_loaded'] / 2**20:.0f} MiB loaded, {k['load_errors']} load errors")
+        print("\n| kvstored saves | batches | blocks x layers | MiB | total s | max batch s | "
+              "ms per key | GB/s | errors |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        nkeys = k["keys_saved"]
+        print(f"| reserve_ahead_bytes={k['reserve_ahead_bytes']} | {k['saves']} | {nkeys} | "
+              f"{k['bytes_saved'] / 2**20:.0f} | {k['save_s_total']:.3f} | {k['save_s_max']:.3f} | "
+              f"{1000 * k['save_s_total'] / max(nkeys, 1):.3f} | "
+              f"{k['bytes_saved'] / max(k['save_s_total'], 1e-9) / 1e9:.2f} | {k['save_errors']} |")
+    if saves is not None:
+        print(f"\nconnector save outside vLLM, {saves['keys_per_save']} keys "
+              f"({saves['mib_per_save']:.0f} MiB) per save, median of {saves['reps']} alternated: "
+              f"ReservePut path {saves['reserve_put_save_s_median']:.3f} s, reserve-ahead "
+              f"{saves['reserve_ahead_save_s_median']:.3f} s, speedup {saves['speedup']:.2f}x "
+              f"(errors {saves['reserve_put_save_errors']} / {saves['reserve_ahead_save_errors']})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "bench_vllm.json").write_text(json.dumps(
+        rows if saves is None else [*rows, {"connector": "save_outside_vllm", **saves}],
+        indent=2) + "\n")
     return 0
 
 

@@ -237,6 +237,12 @@ class NodeConfig(_Model):
     """Most quarantined bytes (lapsed pins/reservations not yet acknowledged) one client
     session may hold; over it, that session's new pins and reservations get NoCapacity.
     Default 1 GiB."""
+    max_slot_bytes_per_session: Size = Field(default=256 << 20, ge=0)
+    """Most arena bytes of reserve-ahead slots one client session holds at once (granted in
+    advance for its next puts; counted as reserved room, returned when the session ends;
+    kvstored/node/slots.py). At most half of ``max_quarantine_bytes_per_session`` is granted,
+    so an idle client's lapsed pool stays within that bound. 0 turns reserve-ahead off (each
+    shared-memory put then costs a ReservePut and a CommitPut). Default 256 MiB."""
     drain_grace_s: float = Field(default=10.0, ge=0)
     """On SIGTERM: how long in-flight requests may take to finish, seconds."""
     spill_on_shutdown: bool = True

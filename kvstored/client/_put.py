@@ -6,7 +6,9 @@
            --> shm, batch <= INLINE_PUT_MAX_BYTES, control channel open:
                    Put (values inline) on the control channel: ONE round trip; the node
                    copies the values in and commits before it answers
-           --> shm otherwise:  ReservePut -> copy into the arena -> CommitPut (_shm.py)
+           --> shm otherwise:  copy into reserve-ahead slots -> CommitSlots, which also
+                               grants the next put's slots: ONE round trip (_slots.py);
+                               what no slot takes: ReservePut -> copy -> CommitPut (_shm.py)
            --> tcp (large):    the data plane's PUT
            --> else:           Put, inline (gRPC, or the control channel when open)
 
@@ -17,9 +19,9 @@ else the client's, else the node's default for the namespace) then asks the node
 N - 1 to peers, two-phase through the master) and returns once those writes ended; each
 PutResult says how many replicas were written (``replicas_written``, ``short``).
 
-Why small batches go inline and larger ones keep
-two round trips (no commit is left in flight when put() returns, and no space is reserved
-ahead of the keys): README.md "One round trip per put?".
+Why small batches go inline and larger ones copy into slots reserved ahead (no commit is
+left in flight when put() returns): docs/performance.md "One round trip per put?" and
+"Reserve-ahead puts".
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from kvstored.client import _control
 from kvstored.client._orphans import Background, OrphanAcks
 from kvstored.client._rdma import RdmaReads, open_rdma_reads
 from kvstored.client._shm import ArenaMap
+from kvstored.client._slots import DEFAULT_RESERVE_AHEAD_BYTES, SlotPool
 from kvstored.client._steps import (
     INITIAL_BACKOFF_S,
     MAX_BACKOFF_S,
@@ -126,6 +127,7 @@ class ClientState:
         replicas: int | None = None,
         tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
+        reserve_ahead_bytes: int | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise InvalidArgument(f"transport must be one of {TRANSPORTS}; got {transport!r}")
@@ -163,6 +165,15 @@ class ClientState:
         # set by a driver that can run calls over the channel: ControlChannel (sync) or
         # AsyncControlChannel (asyncio); None = gRPC only
         self.control_factory: Callable[[str], Any] | None = None
+        if reserve_ahead_bytes is None:
+            reserve_ahead_bytes = DEFAULT_RESERVE_AHEAD_BYTES
+        if type(reserve_ahead_bytes) is not int or reserve_ahead_bytes < 0:
+            raise InvalidArgument(
+                "reserve_ahead_bytes must be an int >= 0 (bytes of arena slots held ahead for "
+                f"the next puts; 0 = off); got {reserve_ahead_bytes!r}"
+            )
+        self.slots = SlotPool(reserve_ahead_bytes)
+        """Reserve-ahead slots for shared-memory puts (kvstored/client/_slots.py)."""
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self.background = Background()  # acks and late releases still in flight
         self._lock = threading.Lock()

@@ -91,10 +91,12 @@ class AsyncClient:
         replicas: int | None = None,
         tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
+        reserve_ahead_bytes: int | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
             transport=transport, replicas=replicas, tenant=tenant, tls=tls,
+            reserve_ahead_bytes=reserve_ahead_bytes,
         )
         self._st.control_factory = AsyncControlChannel  # hot calls over it when offered
         self._channel: grpc.aio.Channel | None = None

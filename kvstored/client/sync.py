@@ -249,6 +249,11 @@ class Client:
             its data plane; None (the default) = from ``KVSTORED_TLS__CERT_FILE``,
             ``..._KEY_FILE``, ``..._CA_FILE`` when set, else plaintext; False = plaintext.
             A unix address is always plaintext (a local caller).
+        reserve_ahead_bytes: shared-memory puts: most arena bytes of slots this client holds
+            granted in advance, so a put costs one round trip (CommitSlots) at any size;
+            counted as used room on the node and freed when the session ends. None = 64 MiB;
+            the pool is also at most an eighth of the arena and the node's
+            ``node.max_slot_bytes_per_session``; 0 = off (ReservePut, copy, CommitPut).
 
     Raises:
         InvalidArgument: malformed address, timeout, namespace, transport, replicas or tenant
@@ -269,10 +274,12 @@ class Client:
         replicas: int | None = None,
         tenant: str | None = None,
         tls: TlsFiles | Literal[False] | None = None,
+        reserve_ahead_bytes: int | None = None,
     ) -> None:
         self._st = ClientState(
             address or default_address(), timeout_s=timeout_s, namespace=namespace,
             transport=transport, replicas=replicas, tenant=tenant, tls=tls,
+            reserve_ahead_bytes=reserve_ahead_bytes,
         )
         self._st.control_factory = ControlChannel  # hot calls over it when the node offers it
         self._channel = _tenant.sync_channel(

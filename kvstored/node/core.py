@@ -34,6 +34,7 @@ from kvstored.node.limits import DrainGate, RequestLimits
 from kvstored.node.local_put import LocalPuts, ReservedItem, ReserveOutcome
 from kvstored.node.reads import GetOutcome, Reads
 from kvstored.node.sessions import LeaseBook
+from kvstored.node.slots import SlotGrants
 from kvstored.types import (
     BlockInfo,
     ExportedBlock,
@@ -94,6 +95,11 @@ class NodeCore:
         leases = LeaseBook(cfg.max_quarantine_bytes_per_session, lambda: self.clock())
         self.grants = Grants(
             limits=limits, gate=gate, reads=reads, puts=puts, leases=leases, metrics=metrics
+        )
+        self.slots = SlotGrants(
+            store=store, leases=leases, limits=limits, gate=gate, metrics=metrics,
+            budget_bytes=min(cfg.max_slot_bytes_per_session,
+                             cfg.max_quarantine_bytes_per_session // 2),
         )
         if metrics is not None:
             metrics.quarantined_bytes.set_function(leases.quarantined_bytes)

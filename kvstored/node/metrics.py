@@ -51,7 +51,7 @@ from prometheus_client.registry import Collector
 
 from kvstored.types import StoreStats
 
-LEASE_KINDS = ("pin", "reservation")
+LEASE_KINDS = ("pin", "reservation", "slot")  # slot: a reserve-ahead slot (node/slots.py)
 
 _LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -222,7 +222,7 @@ class NodeMetrics:
         self.lookup_hit_blocks.inc(num_hits)
 
     def count_lease_expired(self, kind: str, n: int = 1) -> None:
-        """Count ``n`` leases of ``kind`` (``pin`` | ``reservation``) that lapsed."""
+        """Count ``n`` leases of ``kind`` (``pin`` | ``reservation`` | ``slot``) that lapsed."""
         self._lease_expired[kind].inc(n)
 
     def watch_leases(self, num_active: Callable[[str], int]) -> None:

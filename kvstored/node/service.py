@@ -443,6 +443,29 @@ class NodeServicer:
         out = self.core.commit_put(req.reservation_id, abort=req.abort)
         return pb.CommitPutResponse(results=_put_results(out))
 
+    async def CommitSlots(self, req: pb.CommitSlotsRequest, ctx: Any) -> pb.CommitSlotsResponse:
+        """Reserve-ahead puts (kvstored/node/slots.py): commit, return and grant slots."""
+        core = self.core
+        tenant = self._tenant(ctx, req.session_id)
+        check_shm_tenant(core.cfg.shm_tenants, tenant, action="CommitSlots")
+        ns = scope_namespace(tenant, req.namespace_id)
+        writes = [(w.slot_id, w.key, w.size_bytes, w.meta) for w in req.writes]
+        want = [(w.size_bytes, w.num_slots) for w in req.want]
+        kwargs = dict(session_id=req.session_id, return_slot_ids=list(req.return_slot_ids),
+                      want=want, lease_ms=req.lease_ms, epoch=req.epoch,
+                      request_id=req.request_id)
+        got = core.slots.commit_slots(ns, writes, may_block=self._loop_may_evict(), **kwargs)  # type: ignore[arg-type]  # kwargs values are each the right type
+        if got is NEEDS_IO:  # the refill needs an eviction: the store executor
+            got = await self._run(core.slots.commit_slots, ns, writes, **kwargs)
+        assert isinstance(got, tuple), got
+        outcomes, slots = got
+        resp = pb.CommitSlotsResponse(results=_put_results(outcomes),
+                                      slot_budget_bytes=core.slots.budget_bytes)
+        add = resp.slots.add
+        for g in slots:
+            add(slot_id=g.slot_id, offset=g.offset, size_bytes=g.size_bytes)
+        return resp
+
     async def PinBlocks(
         self, req: pb.PinBlocksRequest, ctx: Any, into: pb.PinBlocksResponse | None = None
     ) -> pb.PinBlocksResponse:
@@ -643,7 +666,7 @@ METHOD_ROLES: dict[str, tuple[Role, ...]] = {
     "Describe": READ_ROLES, "Stats": READ_ROLES, "ListBlocks": READ_ROLES,
     "LookupPrefix": READ_ROLES, "Exists": READ_ROLES,
     "Put": ENGINE_ROLES, "Get": ENGINE_ROLES, "ReservePut": ENGINE_ROLES,
-    "CommitPut": ENGINE_ROLES, "PinBlocks": ENGINE_ROLES, "ReleasePins": ENGINE_ROLES,
+    "CommitPut": ENGINE_ROLES, "CommitSlots": ENGINE_ROLES, "PinBlocks": ENGINE_ROLES, "ReleasePins": ENGINE_ROLES,
     "OpenSession": ENGINE_ROLES, "CloseSession": ENGINE_ROLES, "Replicate": ENGINE_ROLES,
     "Remove": ("admin",), "Prefetch": ("node", "admin"),
     # an rkey READs the whole arena, every tenant's blocks: a node's call only
@@ -661,6 +684,7 @@ _METHODS: dict[str, type[Message]] = {
     "Get": pb.GetRequest,
     "ReservePut": pb.ReservePutRequest,
     "CommitPut": pb.CommitPutRequest,
+    "CommitSlots": pb.CommitSlotsRequest,
     "PinBlocks": pb.PinBlocksRequest,
     "ReleasePins": pb.ReleasePinsRequest,
     "LookupPrefix": pb.LookupPrefixRequest,

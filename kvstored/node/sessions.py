@@ -146,7 +146,8 @@ class _Session:
     active: set[int] = field(default_factory=set)
     quarantine: dict[int, Lease] = field(default_factory=dict)
     quarantined_bytes: int = 0
-    by_request: dict[int, int] = field(default_factory=dict)  # request id -> lease id
+    # request id -> lease id, or the lease ids of a grant of several (reserve-ahead slots)
+    by_request: dict[int, int | tuple[int, ...]] = field(default_factory=dict)
     orphaned: collections.OrderedDict[int, None] = field(default_factory=collections.OrderedDict)
 
 
@@ -266,6 +267,61 @@ class LeaseBook:
                 sess.by_request[request_id] = lease_id
         return lease_id
 
+    def add_group(
+        self, kind: str, session_id: int, items: list[list[object]], num_bytes: list[int],
+        lease_s: float, request_id: int = 0,
+    ) -> list[int] | None:
+        """Record one lease per entry of ``items`` (a grant of several slots by one request):
+        their ids, or None if nobody will ack them (as :meth:`add`). An orphan ack of
+        ``request_id`` releases every lease of the group still held."""
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                return None
+            if session_id == NO_SESSION:
+                request_id = 0
+            if request_id and request_id in sess.orphaned:
+                del sess.orphaned[request_id]
+                return None
+            expires = self.clock() + lease_s
+            ids: list[int] = []
+            for its, nb in zip(items, num_bytes, strict=True):
+                while True:
+                    lease_id = self._ids.next()
+                    if lease_id not in self._leases and lease_id not in self._quarantined:
+                        break
+                self._leases[lease_id] = Lease(kind, lease_id, session_id, expires, its, nb,
+                                               request_id)
+                sess.active.add(lease_id)
+                ids.append(lease_id)
+            self._num_active[kind] = self._num_active.get(kind, 0) + len(ids)
+            if request_id and ids:
+                sess.by_request[request_id] = tuple(ids)
+        return ids
+
+    def held_bytes(self, session_id: int, kind: str) -> int:
+        """Bytes of ``kind`` leases the session holds, active and quarantined (O(its leases))."""
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                return 0
+            n = sum(self._leases[i].num_bytes for i in sess.active
+                    if self._leases[i].kind == kind)
+            return n + sum(x.num_bytes for x in sess.quarantine.values() if x.kind == kind)
+
+    def held_sizes(self, session_id: int, kind: str) -> dict[int, int]:
+        """Active leases of ``kind`` the session holds, counted by their ``num_bytes``."""
+        out: dict[int, int] = {}
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                return out
+            for i in sess.active:
+                lease = self._leases[i]
+                if lease.kind == kind:
+                    out[lease.num_bytes] = out.get(lease.num_bytes, 0) + 1
+        return out
+
     def release_orphans(self, session_id: int, request_ids: list[int]) -> list[Lease]:
         """The client never received the answers to these requests: free what they granted.
 
@@ -293,26 +349,35 @@ class LeaseBook:
             for request_id in request_ids:
                 if not request_id:
                     continue
-                lease_id = sess.by_request.pop(request_id, None)
-                if lease_id is None:
+                found = sess.by_request.pop(request_id, None)
+                if found is None:
                     sess.orphaned[request_id] = None
                     while len(sess.orphaned) > _ORPHAN_TOMBSTONES:
                         sess.orphaned.popitem(last=False)
                     continue
-                lease = self._leases.pop(lease_id, None)
-                if lease is not None:
-                    sess.active.discard(lease_id)
-                    self._num_active[lease.kind] -= 1
-                else:
-                    lease = self._quarantined.pop(lease_id)
-                    del sess.quarantine[lease_id]
-                    sess.quarantined_bytes -= lease.num_bytes
-                out.append(lease)
+                for lease_id in (found,) if isinstance(found, int) else found:
+                    lease = self._leases.pop(lease_id, None)
+                    if lease is not None:
+                        sess.active.discard(lease_id)
+                        self._num_active[lease.kind] -= 1
+                    else:
+                        lease = self._quarantined.pop(lease_id, None)
+                        if lease is None:  # one slot of a group, acked already
+                            continue
+                        del sess.quarantine[lease_id]
+                        sess.quarantined_bytes -= lease.num_bytes
+                    out.append(lease)
         return out
 
-    def take(self, kind: str, lease_id: int) -> tuple[LeaseState, Lease | None]:
-        """Remove a lease for its holder's ack: ``(state, lease to release or None)``."""
+    def take(self, kind: str, lease_id: int, session_id: int | None = None
+             ) -> tuple[LeaseState, Lease | None]:
+        """Remove a lease for its holder's ack: ``(state, lease to release or None)``.
+
+        ``session_id``: only a lease of that session is taken (another's is UNKNOWN)."""
         with self._lock:
+            lease = self._leases.get(lease_id) or self._quarantined.get(lease_id)
+            if session_id is not None and lease is not None and lease.session_id != session_id:
+                return LeaseState.UNKNOWN, None
             lease = self._leases.get(lease_id)
             if lease is not None and lease.kind == kind:
                 del self._leases[lease_id]

@@ -44,6 +44,10 @@ from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.state import PendingReservation
 from kvstored.types import Reservation, Tier
 
+SLOT_KEY = b"\x00kvstored-slot"
+"""The placeholder key of a keyless slot (reserve-ahead puts): never a block's key, since
+a slot's pending reservation is never looked up by key and is committed under a real one."""
+
 if TYPE_CHECKING:
     from kvstored.tiers.state import StoreState
     from kvstored.tiers.transit import Transit
@@ -223,6 +227,83 @@ class Reservations:
                 )
                 out[i] = Reservation(key, off, size, arena[off : off + size], rid)
         return out
+
+    def reserve_slots(
+        self, size_bytes: int, num_slots: int, *, namespace_id: bytes, may_block: bool,
+    ) -> list[Reservation] | object:
+        """``TieredStore.reserve_slots`` (contract there)."""
+        st = self._state
+        if type(size_bytes) is not int or not 0 < size_bytes <= st.max_block_bytes:
+            raise InvalidArgument(
+                f"slot size must be an int in 1..{st.max_block_bytes} bytes, got {size_bytes!r}"
+            )
+        if type(num_slots) is not int or num_slots < 0:
+            raise InvalidArgument(f"num_slots must be an int >= 0, got {num_slots!r}")
+        skey = store_key(namespace_id, SLOT_KEY)
+        size = st.dram.round_up(size_bytes)
+        out: list[Reservation] = []
+        with st.lock:
+            st.check_open()
+            usage = st.tenants
+            tenant = usage.tenant_of_namespace(namespace_id)
+            n = num_slots
+            if tenant in usage.quotas:  # a slot is charged like a reservation: within quota
+                n = 0
+                while n < num_slots and usage.over_dram(tenant, size, extra_bytes=n * size) is None:
+                    n += 1
+            if n == 0:
+                return out
+            base = st.dram.allocator.allocate(n * size)
+            if base is None and not may_block:
+                return NEEDS_IO
+            interner = st.interner
+            info = interner.info(namespace_id, b"")
+            isize = interner.size(size)
+            for k in range(n):
+                if base is not None:
+                    off = base + k * size
+                else:
+                    try:
+                        off = self._transit.allocate(size, wait_for_pool=True)
+                    except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
+                        break
+                st.reserved_bytes += size
+                usage.reserve(tenant, size)
+                rid = next(st.reservation_ids)
+                st.pending[rid] = PendingReservation(skey, off, isize, info)
+                out.append(Reservation(SLOT_KEY, off, size, st.arena[off : off + size], rid))
+        return out
+
+    def commit_slots(
+        self, writes: Sequence[tuple[Reservation, bytes, int, bytes]], *, namespace_id: bytes,
+    ) -> list[bool]:
+        """``TieredStore.commit_slots`` (contract there)."""
+        st = self._state
+        dram = st.dram
+        with st.lock:
+            pending = st.pending
+            for r, key, size, _meta in writes:
+                if r.reservation_id not in pending:
+                    raise NotFound(f"slot {r.reservation_id} is unknown: already committed or aborted")
+                if not 0 <= size <= r.size_bytes or not key:
+                    raise InvalidArgument(
+                        f"a write of {size} bytes into a slot of {r.size_bytes} bytes (key "
+                        f"{key!r:.40}): a slot holds at most its size, under a non-empty key"
+                    )
+            out = [False] * len(writes)
+            interner = st.interner
+            for i in range(len(writes) - 1, -1, -1):  # last first: the head ends most recent
+                r, key, size, meta = writes[i]
+                slot = _take_pending(st, r)
+                used = dram.round_up(size)
+                if used < r.size_bytes:  # the slot's tail goes back to the free space
+                    dram.allocator.free(slot.offset + used, r.size_bytes - used)
+                out[i] = _commit_locked(st, PendingReservation(
+                    store_key(namespace_id, key), slot.offset, interner.size(size),
+                    interner.info(namespace_id, meta),
+                ))
+            st.cond.notify_all()
+            return out
 
     def keep_copies(self, blocks: Sequence[tuple[bytes, bytes]]) -> int:
         """``TieredStore.keep_copies`` (contract there)."""

@@ -368,6 +368,64 @@ class TieredStore:
         """
         return self._reservations.commit_many(reservations)
 
+    def reserve_slots(
+        self, size_bytes: int, num_slots: int, *, namespace_id: bytes = b"",
+        may_block: bool = True,
+    ) -> list[Reservation] | object:
+        """Reserve keyless slots for reserve-ahead puts (kvstored/node/slots.py).
+
+        Each slot is a pending reservation of ``size_bytes`` rounded up to the arena's
+        alignment: counted in ``reserved_bytes`` and in the namespace's tenant's DRAM
+        reservations (a tenant quota grants only the slots that fit in it), never evicted,
+        invisible to readers. Fill a slot, then :meth:`commit_slots` it under a key, or
+        :meth:`abort` it.
+
+        Args:
+            size_bytes: the slot size, 1..max_block_bytes.
+            num_slots: how many (0 and more).
+            namespace_id: the stored namespace id the slots will be committed under.
+            may_block: False (the event loop): if the slots do not fit in one free extent,
+                reserve nothing and answer :data:`~kvstored.tiers.base.NEEDS_IO`; True: evict
+                (as a put) for each slot, and grant fewer when no room can be made.
+
+        Returns:
+            The slots (``Reservation`` with key ``SLOT_KEY``), fewer than asked under a quota
+            or when the arena is full of pinned and reserved space; or NEEDS_IO.
+
+        Raises:
+            InvalidArgument: a bad size or count. Unavailable: the store is closed.
+        """
+        return self._reservations.reserve_slots(
+            size_bytes, num_slots, namespace_id=namespace_id, may_block=may_block
+        )
+
+    def dram_round_up(self, size_bytes: int) -> int:
+        """Arena bytes a DRAM allocation of ``size_bytes`` takes (the alignment's multiple)."""
+        return self._state.dram.round_up(size_bytes)
+
+    def dram_largest_free_bytes(self) -> int:
+        """The largest free DRAM extent now (a lock-free read: a hint, not a promise)."""
+        return self._state.dram.allocator.largest_free_bytes
+
+    def commit_slots(
+        self, writes: Sequence[tuple[Reservation, bytes, int, bytes]], *, namespace_id: bytes = b"",
+    ) -> list[bool]:
+        """Commit slots of :meth:`reserve_slots` under keys, last first (one lock).
+
+        Args:
+            writes: ``(slot, key, size_bytes written, meta)``; the slot's tail past the
+                rounded-up ``size_bytes`` is freed, and a key already stored frees the whole
+                slot (first writer wins).
+
+        Returns:
+            Per write: True = stored, False = the key was stored already.
+
+        Raises:
+            NotFound: a slot is unknown (nothing is committed then).
+            InvalidArgument: a write larger than its slot, or an empty key (nothing committed).
+        """
+        return self._reservations.commit_slots(writes, namespace_id=namespace_id)
+
     def abort(self, reservation: Reservation) -> None:
         """Drop a reservation and free its space; idempotent (unknown ids are ignored)."""
         self._reservations.abort(reservation)

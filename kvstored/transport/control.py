@@ -26,6 +26,7 @@ OPS: dict[str, str] = {  # ControlRequest/ControlResponse oneof field -> NodeSer
     "commit_put": "CommitPut",
     "lookup_prefix": "LookupPrefix",
     "exists": "Exists",
+    "commit_slots": "CommitSlots",  # reserve-ahead puts (node/slots.py)
     "put": "Put",  # small batches only: their values travel inline (client/_put.py)
 }
 FIELD_OF: dict[str, str] = {method: field for field, method in OPS.items()}

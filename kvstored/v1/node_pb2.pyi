@@ -281,6 +281,66 @@ class CommitPutResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[PutResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
 
+class SlotWrite(_message.Message):
+    __slots__ = ("slot_id", "key", "size_bytes", "meta")
+    SLOT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    slot_id: int
+    key: bytes
+    size_bytes: int
+    meta: bytes
+    def __init__(self, slot_id: _Optional[int] = ..., key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ...) -> None: ...
+
+class SlotWant(_message.Message):
+    __slots__ = ("size_bytes", "num_slots")
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    size_bytes: int
+    num_slots: int
+    def __init__(self, size_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ...) -> None: ...
+
+class GrantedSlot(_message.Message):
+    __slots__ = ("slot_id", "offset", "size_bytes")
+    SLOT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    slot_id: int
+    offset: int
+    size_bytes: int
+    def __init__(self, slot_id: _Optional[int] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class CommitSlotsRequest(_message.Message):
+    __slots__ = ("namespace_id", "session_id", "epoch", "lease_ms", "request_id", "writes", "return_slot_ids", "want")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    RETURN_SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    session_id: int
+    epoch: int
+    lease_ms: int
+    request_id: int
+    writes: _containers.RepeatedCompositeFieldContainer[SlotWrite]
+    return_slot_ids: _containers.RepeatedScalarFieldContainer[int]
+    want: _containers.RepeatedCompositeFieldContainer[SlotWant]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrite, _Mapping]]] = ..., return_slot_ids: _Optional[_Iterable[int]] = ..., want: _Optional[_Iterable[_Union[SlotWant, _Mapping]]] = ...) -> None: ...
+
+class CommitSlotsResponse(_message.Message):
+    __slots__ = ("results", "slots", "slot_budget_bytes")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    slots: _containers.RepeatedCompositeFieldContainer[GrantedSlot]
+    slot_budget_bytes: int
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[GrantedSlot, _Mapping]]] = ..., slot_budget_bytes: _Optional[int] = ...) -> None: ...
+
 class PinBlocksRequest(_message.Message):
     __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id", "request_id")
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -482,7 +542,7 @@ class ListBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put")
+    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put", "commit_slots")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
     PIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -492,6 +552,7 @@ class ControlRequest(_message.Message):
     LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SLOTS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     release_pin_ids: _containers.RepeatedScalarFieldContainer[int]
     pin_blocks: PinBlocksRequest
@@ -501,10 +562,11 @@ class ControlRequest(_message.Message):
     lookup_prefix: LookupPrefixRequest
     exists: ExistsRequest
     put: PutRequest
-    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ...) -> None: ...
+    commit_slots: CommitSlotsRequest
+    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., commit_slots: _Optional[_Union[CommitSlotsRequest, _Mapping]] = ...) -> None: ...
 
 class ControlResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put")
+    __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put", "commit_slots")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +577,7 @@ class ControlResponse(_message.Message):
     LOOKUP_PREFIX_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SLOTS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     released: ReleasePinsResponse
@@ -525,4 +588,5 @@ class ControlResponse(_message.Message):
     lookup_prefix: LookupPrefixResponse
     exists: ExistsResponse
     put: PutResponse
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., released: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., pin_blocks: _Optional[_Union[PinBlocksResponse, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutResponse, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutResponse, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixResponse, _Mapping]] = ..., exists: _Optional[_Union[ExistsResponse, _Mapping]] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ...) -> None: ...
+    commit_slots: CommitSlotsResponse
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., released: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., pin_blocks: _Optional[_Union[PinBlocksResponse, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsResponse, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutResponse, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutResponse, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixResponse, _Mapping]] = ..., exists: _Optional[_Union[ExistsResponse, _Mapping]] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ..., commit_slots: _Optional[_Union[CommitSlotsResponse, _Mapping]] = ...) -> None: ...

@@ -61,6 +61,11 @@ class NodeServiceStub:
                 request_serializer=kvstored_dot_v1_dot_node__pb2.CommitPutRequest.SerializeToString,
                 response_deserializer=kvstored_dot_v1_dot_node__pb2.CommitPutResponse.FromString,
                 _registered_method=True)
+        self.CommitSlots = channel.unary_unary(
+                '/kvstored.v1.NodeService/CommitSlots',
+                request_serializer=kvstored_dot_v1_dot_node__pb2.CommitSlotsRequest.SerializeToString,
+                response_deserializer=kvstored_dot_v1_dot_node__pb2.CommitSlotsResponse.FromString,
+                _registered_method=True)
         self.PinBlocks = channel.unary_unary(
                 '/kvstored.v1.NodeService/PinBlocks',
                 request_serializer=kvstored_dot_v1_dot_node__pb2.PinBlocksRequest.SerializeToString,
@@ -164,6 +169,14 @@ class NodeServiceServicer:
 
     def CommitPut(self, request, context):
         """Commit (or abort) a reservation after the client wrote the bytes into the arena.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitSlots(self, request, context):
+        """Reserve-ahead puts (shared-memory path): commit blocks the client wrote into slots granted
+        in advance under its session, give slots back, and grant the next ones, in ONE round trip.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -301,6 +314,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.CommitPut,
                     request_deserializer=kvstored_dot_v1_dot_node__pb2.CommitPutRequest.FromString,
                     response_serializer=kvstored_dot_v1_dot_node__pb2.CommitPutResponse.SerializeToString,
+            ),
+            'CommitSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitSlots,
+                    request_deserializer=kvstored_dot_v1_dot_node__pb2.CommitSlotsRequest.FromString,
+                    response_serializer=kvstored_dot_v1_dot_node__pb2.CommitSlotsResponse.SerializeToString,
             ),
             'PinBlocks': grpc.unary_unary_rpc_method_handler(
                     servicer.PinBlocks,
@@ -505,6 +523,33 @@ class NodeService:
             '/kvstored.v1.NodeService/CommitPut',
             kvstored_dot_v1_dot_node__pb2.CommitPutRequest.SerializeToString,
             kvstored_dot_v1_dot_node__pb2.CommitPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstored.v1.NodeService/CommitSlots',
+            kvstored_dot_v1_dot_node__pb2.CommitSlotsRequest.SerializeToString,
+            kvstored_dot_v1_dot_node__pb2.CommitSlotsResponse.FromString,
             options,
             channel_credentials,
             insecure,

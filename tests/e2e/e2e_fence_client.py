@@ -56,7 +56,10 @@ def main() -> None:
         return
     try:
         r = c.put([key], [value])[0]
-        print("result", "stored" if r.stored else "exists", flush=True)
+        if r.error is not None:  # a reserve-ahead slot's lapse is the item's error
+            print("error", type(r.error).__name__, flush=True)
+        else:
+            print("result", "stored" if r.stored else "exists", flush=True)
     except KvstoredError as exc:
         print("error", type(exc).__name__, flush=True)
     c.close()

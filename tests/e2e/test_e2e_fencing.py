@@ -52,9 +52,10 @@ def node(workdir: Path) -> Iterator[ServeProcess]:
 def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     procs: list[subprocess.Popen[str]] = []
 
-    def make(address: str, op: str, key: bytes, timeout_s: float) -> subprocess.Popen[str]:
+    def make(address: str, op: str, key: bytes, timeout_s: float, size: int = SIZE
+             ) -> subprocess.Popen[str]:
         p = subprocess.Popen(
-            [sys.executable, str(HERE / "e2e_fence_client.py"), address, op, key.hex(), str(SIZE),
+            [sys.executable, str(HERE / "e2e_fence_client.py"), address, op, key.hex(), str(size),
              str(timeout_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])},
@@ -172,3 +173,62 @@ def test_client_exiting_without_close_holds_nothing(
         wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="the exited client's session to end")
         assert _stats(b)["pinned_blocks"] == 0
         assert b.remove([key]) == [True]
+
+
+# ---- reserve-ahead slots (kvstored/node/slots.py) ------------------------------------------------
+# SIZE (32 MiB) is more than a client's slot pool here (an eighth of the 80 MiB arena), so the
+# tests above take the ReservePut path; SLOT_SIZE puts are copied into reserve-ahead slots.
+SLOT_SIZE = 1 << 20
+
+
+@pytest.fixture
+def control_only(control_channel: str) -> None:
+    """The slot tests run over the control channel only (CI time): CommitSlots over gRPC is
+    the same handler, run over both by tests/integration/test_slot_puts.py."""
+    if control_channel != "control":
+        pytest.skip("reserve-ahead e2e: the control channel's run covers the path")
+
+
+@pytest.mark.usefixtures("control_only")
+def test_sigstopped_slot_writer_never_overwrites_another_clients_block(
+    node: ServeProcess, spawn: Any
+) -> None:
+    ka, kb = os.urandom(16), os.urandom(16)
+    a = spawn(node.unix_address, "put", ka, 1.0, SLOT_SIZE)
+    assert a.stdout.readline().strip() == "copy_mid"  # half-way through its copy into a slot
+    a.send_signal(signal.SIGSTOP)
+    # B holds no slots of its own: an idle pool's slots lapse into quarantine too (1 s leases)
+    with Client(node.unix_address, timeout_s=30, reserve_ahead_bytes=0) as b:
+        wait_until(lambda: _lapsed(node, "slot") >= 1, WAIT_S, what="A's slot lease to lapse")
+        quarantined_while_stopped = _stats(b)["quarantined_bytes"]
+        assert all(r.stored for r in b.put([kb], [big_value(kb, SLOT_SIZE)]))
+        assert b.get([kb]) == [big_value(kb, SLOT_SIZE)]
+        a.send_signal(signal.SIGCONT)
+        a.stdin.write("go\n")
+        a.stdin.flush()  # A writes the rest of its (quarantined) slot, then its commit is refused
+        line = a.stdout.readline().split()
+        assert line[0] == "error" and line[1] in ("LeaseExpired", "DeadlineExceeded"), line
+        assert a.wait(30) == 0
+        wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="A's session to end")
+        assert _stats(b)["quarantined_bytes"] == 0
+        assert b.get([kb]) == [big_value(kb, SLOT_SIZE)], "B's block holds foreign bytes"
+        assert quarantined_while_stopped == SLOT_SIZE
+        assert b.get([ka]) == [None]
+
+
+@pytest.mark.usefixtures("control_only")
+def test_sigkilled_writer_holding_slots_frees_them_when_its_session_closes(
+    node: ServeProcess, spawn: Any
+) -> None:
+    ka = os.urandom(16)
+    with Client(node.unix_address, timeout_s=30, reserve_ahead_bytes=0) as b:
+        baseline = _dram_used(b)
+        a = spawn(node.unix_address, "put", ka, 60.0, SLOT_SIZE)
+        assert a.stdout.readline().strip() == "copy_mid"
+        assert _dram_used(b) == baseline + SLOT_SIZE  # A's slot: reserved room, counted as used
+        a.kill()  # SIGKILL mid-copy, holding its slot: its session ends with its process
+        a.wait(30)
+        wait_until(lambda: _stats(b)["num_sessions"] == 0, WAIT_S, what="A's session to end")
+        assert _stats(b)["quarantined_bytes"] == 0
+        assert _dram_used(b) == baseline  # returned by the session's end, not by a timer
+        assert b.get([ka]) == [None]

@@ -78,3 +78,15 @@ def control_channel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(_control.ENV_SWITCH, "1" if request.param == "control" else "0")
     monkeypatch.setattr(_shm, "_clock", _shm._clock)
     return str(request.param)
+
+
+@pytest.fixture
+def reserve_put_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients made in the test put through ReservePut + CommitPut (reserve-ahead off: the
+    default ``Client(reserve_ahead_bytes=...)`` is 0). The ReservePut path still runs when a
+    client's slot pool is off, lacks slots, or a batch is larger than the pool; the fencing
+    tests of reserve-ahead slots are tests/integration/test_slot_puts.py and
+    tests/e2e/test_e2e_fencing.py."""
+    from kvstored.client import _state
+
+    monkeypatch.setattr(_state, "DEFAULT_RESERVE_AHEAD_BYTES", 0)

@@ -26,7 +26,8 @@ from kvstored import AsyncClient, Client, LeaseExpired
 from kvstored.addresses import parse_host_port
 from kvstored.client import _hooks, _shm
 
-pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+# the pinned path's (PinBlocks) and the ReservePut path's tests; reserve-ahead slots: test_slot_puts.py
+pytestmark = pytest.mark.usefixtures("pinned_reads", "reserve_put_path")
 
 SIZE = 4 << 20  # > 256 KiB: the async client copies on its I/O threads
 HEADER = struct.Struct("<4sBBHII")

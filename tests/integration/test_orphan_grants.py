@@ -24,7 +24,8 @@ from it_helpers import DaemonThread, random_keys, value_for, wait_until
 from kvstored import AsyncClient, Client, DeadlineExceeded
 from kvstored.client import _hooks
 
-pytestmark = pytest.mark.usefixtures("pinned_reads")  # the pinned path's tests (PinBlocks)
+# the pinned path's (PinBlocks) and the ReservePut path's tests; reserve-ahead slots: test_slot_puts.py
+pytestmark = pytest.mark.usefixtures("pinned_reads", "reserve_put_path")
 
 SIZE = 4 << 20
 

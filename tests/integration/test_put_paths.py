@@ -1,7 +1,9 @@
 """The shared-memory put's paths (kvstored/client/_put.py, kvstored/node/local_put.py).
 
 A batch of at most INLINE_PUT_MAX_BYTES is one inline Put on the control channel (one round
-trip); a larger one is ReservePut, the copy, CommitPut. Either way a put that returned is
+trip); a larger one is copied into reserve-ahead slots and committed with one CommitSlots,
+whose answer grants the next put's slots (the first put of a size asks for them first); with
+``reserve_ahead_bytes=0`` it is ReservePut, the copy, CommitPut. Either way a put that returned is
 readable by any other client at once. The node reserves on its event loop when free space
 holds the batch, and in its store executor when an eviction (a demotion to SSD) is needed.
 """
@@ -38,27 +40,31 @@ def rpcs() -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize(
-    ("size", "expected"),
+    ("size", "ahead", "expected", "then"),
     [
-        (INLINE_PUT_MAX_BYTES // BATCH, ["Put"]),  # 16 x 4 KiB: one round trip
-        (256 << 10, ["ReservePut", "CommitPut"]),  # 16 x 256 KiB: through the arena
+        (INLINE_PUT_MAX_BYTES // BATCH, None, ["Put"], ["Put"]),  # 16 x 4 KiB: one round trip
+        # 16 x 256 KiB through the arena: the first put asks for slots, the next is one call
+        (256 << 10, None, ["CommitSlots", "CommitSlots"], ["CommitSlots"]),
+        (256 << 10, 0, ["ReservePut", "CommitPut"], ["ReservePut", "CommitPut"]),  # off
     ],
 )
 def test_a_put_that_returned_is_readable_by_another_client(
-    node: DaemonThread, rpcs: list[str], size: int, expected: list[str],
+    node: DaemonThread, rpcs: list[str], size: int, ahead: int | None, expected: list[str],
+    then: list[str],
 ) -> None:
-    keys = random_keys(BATCH)
-    values = [value_for(k, size) for k in keys]
-    with Client(node.unix_address, transport="shm") as writer, \
+    with Client(node.unix_address, transport="shm", reserve_ahead_bytes=ahead) as writer, \
             Client(node.unix_address, transport="shm") as reader:
-        writer.exists(keys[:1])
-        reader.exists(keys[:1])  # both connected before the put (their own sessions)
+        writer.exists(random_keys(1))
+        reader.exists(random_keys(1))  # both connected before the put (their own sessions)
         assert writer._st.control is not None  # noqa: SLF001 (the channel is in use)
-        rpcs.clear()
-        assert all(r.stored for r in writer.put(keys, values))
-        assert rpcs == expected
-        assert reader.get(keys) == values  # at once: the put returned after its commit
-        assert all(not r.stored and r.ok for r in writer.put(keys, values))  # idempotent
+        for want in (expected, then):
+            keys = random_keys(BATCH)
+            values = [value_for(k, size) for k in keys]
+            rpcs.clear()
+            assert all(r.stored for r in writer.put(keys, values))
+            assert rpcs == want
+            assert reader.get(keys) == values  # at once: the put returned after its commit
+            assert all(not r.stored and r.ok for r in writer.put(keys, values))  # idempotent
 
 
 def test_reserve_runs_on_the_loop_unless_an_eviction_is_needed(start_node: Any) -> None:
@@ -69,7 +75,7 @@ def test_reserve_runs_on_the_loop_unless_an_eviction_is_needed(start_node: Any) 
         if event == "reserve_put_held" else None
     size = 256 << 10  # 16 of them (4 MiB, one ReservePut) a batch into a 16 MiB DRAM tier
     loop = node._thread.name  # noqa: SLF001
-    with Client(node.unix_address, transport="shm") as c:
+    with Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as c:
         batches = [random_keys(BATCH) for _ in range(6)]
         for n, keys in enumerate(batches):
             threads.clear()
@@ -86,7 +92,8 @@ def test_the_async_client_takes_the_same_paths(node: DaemonThread, rpcs: list[st
     async def main() -> None:
         async with AsyncClient(node.unix_address, transport="shm") as a:
             await a.exists(random_keys(1))
-            for size, expected in ((4 << 10, ["Put"]), (256 << 10, ["ReservePut", "CommitPut"])):
+            for size, expected in ((4 << 10, ["Put"]), (256 << 10, ["CommitSlots", "CommitSlots"]),
+                                   (256 << 10, ["CommitSlots"])):
                 keys = random_keys(BATCH)
                 values = [value_for(k, size) for k in keys]
                 rpcs.clear()

@@ -1,0 +1,162 @@
+"""Reserve-ahead puts against a live node (kvstored/client/_slots.py, kvstored/node/slots.py).
+
+A race is held by a client hook (kvstored.client._hooks) that the test releases with a
+threading.Event; lease lapses are made by moving the node's clock, never by waiting. Each test
+checks the bytes read back and where the slot space went (held by the session, quarantined,
+or free again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from it_helpers import DaemonThread, random_keys, value_for
+
+from kvstored import AsyncClient, Client
+from kvstored.client import _hooks, _shm
+from kvstored.errors import LeaseExpired
+from kvstored.node.slots import SLOT
+
+SIZE = 1 << 20
+
+
+def _slot_bytes(node: DaemonThread, client: Client | AsyncClient) -> int:
+    """Slot bytes the node holds for the client's session (active and quarantined)."""
+    core = node.daemon.core
+    assert core is not None
+    sid = client._session._session_id if isinstance(client, Client) else client._session_id  # noqa: SLF001
+    return core.leases.held_bytes(sid, SLOT)
+
+
+def test_a_steady_put_is_one_commit_and_the_session_end_returns_the_pool(
+    node: DaemonThread, control_channel: str,
+) -> None:
+    core = node.daemon.core
+    assert core is not None
+    used = lambda: node.daemon.store.stats().tiers[0].used_bytes  # noqa: E731
+    base = used()
+    methods: list[str] = []
+    with Client(node.unix_address, transport="shm") as c:
+        c.describe()
+        for n in range(3):
+            keys = random_keys(4)
+            methods.clear()
+            _hooks.install(lambda e, **f: methods.append(f["method"]) if e == "rpc" else None)
+            try:
+                assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+            finally:
+                _hooks.install(None)
+            assert methods == (["CommitSlots"] * 2 if n == 0 else ["CommitSlots"]), (n, methods)
+            assert c.get(keys) == [value_for(k, SIZE) for k in keys]
+        # the pool for the next put (4 slots of 1 MiB) is held: reserved room, counted as used
+        assert _slot_bytes(node, c) == 4 * SIZE
+        assert used() == base + 12 * SIZE + 4 * SIZE
+    assert used() == base + 12 * SIZE  # close() ended the session: its unused slots returned
+    assert core.quarantined_bytes() == 0
+
+
+def test_a_slot_lapsing_mid_copy_is_quarantined_and_its_commit_refused(
+    node: DaemonThread, control_channel: str,
+) -> None:
+    # the writer is held half-way through its copy into a slot while the node's clock moves
+    # past the lease: the slot is quarantined (never handed to B); A's late commit is refused
+    # (LeaseExpired for the item) and frees it; B's block keeps its bytes
+    core = node.daemon.core
+    assert core is not None
+    ka, kb = random_keys(1), random_keys(1)
+    reached, go = threading.Event(), threading.Event()
+
+    def hold(event: str, **_f: Any) -> None:
+        if event == "shm_copy_in_mid" and not reached.is_set():
+            reached.set()
+            assert go.wait(60)
+
+    with Client(node.unix_address, transport="shm", timeout_s=60) as a, \
+            Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
+        a.describe()
+        b.describe()
+        _hooks.install(hold)
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(a.put(ka, [value_for(ka[0], SIZE)])))
+        t.start()
+        try:
+            assert reached.wait(30)
+            _hooks.install(None)
+            core.clock = lambda: time.monotonic() + 10_000.0
+            assert core.reap_expired() >= 1
+            assert core.quarantined_bytes() == SIZE
+            assert b.put(kb, [value_for(kb[0], SIZE)])[0].stored
+        finally:
+            go.set()
+            t.join(60)
+        r = out[0][0]
+        assert isinstance(r.error, LeaseExpired) and not r.stored
+        assert core.quarantined_bytes() == 0  # the late commit was the ack
+        assert b.get(kb) == [value_for(kb[0], SIZE)]
+        assert b.get(ka) == [None]
+
+
+def test_cancelled_async_put_returns_its_slot_only_after_its_copy(node: DaemonThread) -> None:
+    ka, kb = random_keys(1), random_keys(1)
+    reached, go = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def hold(event: str, **fields: Any) -> None:
+        events.append(event if event != "rpc" else f"rpc {fields['method']}")
+        if event == "shm_copy_in_mid" and not reached.is_set():
+            reached.set()
+            assert go.wait(60)
+
+    async def main() -> None:
+        async with AsyncClient(node.unix_address, transport="shm", timeout_s=60) as a:
+            await a.describe()
+            _hooks.install(hold)
+            task = asyncio.create_task(a.put(ka, [value_for(ka[0], SIZE)]))
+            assert await asyncio.to_thread(reached.wait, 30)
+            task.cancel()
+            await asyncio.sleep(0)  # the cancel is delivered; the copy is still held
+            held = _slot_bytes(node, a)
+            assert held == SIZE  # A's slot is A's while its copy may run: never B's
+            with Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
+                assert b.put(kb, [value_for(kb[0], SIZE)])[0].stored
+                go.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                _hooks.install(None)
+                assert a._st.slots.take_returns(  # noqa: SLF001
+                    (a._session_id, a._st.info.epoch)) != []  # noqa: SLF001
+                assert b.get(kb) == [value_for(kb[0], SIZE)]
+                assert b.get(ka) == [None]
+
+    try:
+        asyncio.run(main())
+    finally:
+        go.set()
+        _hooks.install(None)
+    assert events.index("shm_copy_in_done") > events.index("shm_copy_in_mid")
+    assert "rpc CommitSlots" in events[: events.index("shm_copy_in_mid")]  # the grant only
+
+
+def test_a_slot_near_its_lease_end_is_returned_not_written(
+    node: DaemonThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the client's clock says the pool's slots are about to lapse: the put writes none of them
+    # (they are returned with its CommitSlots) and asks for fresh ones
+    with Client(node.unix_address, transport="shm") as c:
+        keys = random_keys(2)
+        assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+        old = {x.slot_id for v in c._st.slots._free.values() for x in v}  # noqa: SLF001
+        assert len(old) == 2
+        later = time.monotonic() + 10_000.0
+        monkeypatch.setattr("kvstored.client._slots.time.monotonic", lambda: later)
+        monkeypatch.setattr(_shm, "_clock", lambda: later)
+        keys = random_keys(2)
+        assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+        new = {x.slot_id for v in c._st.slots._free.values() for x in v}  # noqa: SLF001
+        assert len(new) == 2 and not new & old
+        assert c.get(keys) == [value_for(k, SIZE) for k in keys]
+        assert _slot_bytes(node, c) == 2 * SIZE  # the old ones were freed by the return
