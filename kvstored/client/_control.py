@@ -53,6 +53,8 @@ METHODS = frozenset(FIELD_OF)
 """NodeService methods the channel carries."""
 IDLE_RELEASE_S = 0.01
 """Deferred pin releases that no request carried for this long are sent on their own."""
+REPORT_IDLE_S = 0.1
+"""One-sided counts that no request carried for this long are sent on their own."""
 FLUSHER_PARK_S = 1.0
 """The idle flusher stops polling once nothing was deferred for this long (see
 :meth:`ControlChannel._flush_when_idle`)."""
@@ -74,6 +76,75 @@ class NoAnswerInTime(DeadlineExceeded):
 
 NO_ANSWER = (NoAnswer, NoAnswerInTime)
 """What a request that may have run without its answer arriving raises."""
+
+
+class OneSidedCounts:
+    """This client's one-sided reads and probes not yet reported to the node (thread-safe).
+
+    One-sided reads take no round trip, so the node would never count them: the counts ride
+    on this client's next control request (``ControlRequest.one_sided``), or a bare request
+    of the idle flusher (:data:`REPORT_IDLE_S` after the first unreported one), or the flush
+    before any gRPC call and at close; the node adds them to its hit metrics
+    (kvstored/node/control.py). A request that got no answer gives its counts back, so a
+    count is reported at least once and, after such a failure, at most once too many.
+    """
+
+    __slots__ = ("_lock", "_c", "since")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._c = [0, 0, 0, 0, 0, 0]  # hit blocks, hit bytes, fallbacks, misses, lookup keys, lookup hits
+        self.since = 0.0
+        """When the oldest unreported count was added (monotonic s; 0 = none pending)."""
+
+    def add(self, hits: int, hit_bytes: int, fallbacks: int, misses: int) -> None:
+        """Count a one-sided read: blocks kept (and their bytes), blocks whose version check
+        failed and blocks the index did not name (both then read through the node)."""
+        if not (hits or fallbacks or misses):
+            return
+        with self._lock:
+            c = self._c
+            c[0] += hits
+            c[1] += hit_bytes
+            c[2] += fallbacks
+            c[3] += misses
+            if not self.since:
+                self.since = time.monotonic()
+
+    def add_lookup(self, num_keys: int, num_hits: int) -> None:
+        """Count a lookup_prefix answered (wholly or in its leading part) in the client."""
+        if not num_keys:
+            return
+        with self._lock:
+            self._c[4] += num_keys
+            self._c[5] += num_hits
+            if not self.since:
+                self.since = time.monotonic()
+
+    def pending(self) -> bool:
+        """Whether some count is not reported yet."""
+        return bool(self.since)
+
+    def take_into(self, req: pb.ControlRequest) -> list[int] | None:
+        """Move the pending counts into ``req.one_sided``; returns them (None: none pending)."""
+        if not self.since:
+            return None
+        with self._lock:
+            c, self._c = self._c, [0, 0, 0, 0, 0, 0]
+            self.since = 0.0
+        r = req.one_sided
+        r.hit_blocks, r.hit_bytes, r.fallback_blocks, r.miss_blocks, r.lookup_blocks, r.lookup_hit_blocks = c
+        return c
+
+    def give_back(self, c: list[int] | None) -> None:
+        """Counts a request carried but got no answer for: reported with a later one."""
+        if c is None:
+            return
+        with self._lock:
+            for i, v in enumerate(c):
+                self._c[i] += v
+            if not self.since:
+                self.since = time.monotonic()
 
 
 class _Connection:

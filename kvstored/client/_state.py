@@ -163,6 +163,9 @@ class ClientState:
         # set by a driver that can run calls over the channel: ControlChannel (sync) or
         # AsyncControlChannel (asyncio); None = gRPC only
         self.control_factory: Callable[[str], Any] | None = None
+        self.one_sided_counts = _control.OneSidedCounts()
+        """One-sided reads and probes not reported to the node yet (the control channel
+        carries them: kvstored/client/_control.py)."""
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self.background = Background()  # acks and late releases still in flight
         self._lock = threading.Lock()
