@@ -208,6 +208,9 @@ class ControlChannel:
         self._flusher_parked = False  # the flusher waits for a first pending id (untimed)
         self._closed = False
         self._flusher: threading.Thread | None = None
+        self._active_at = 0.0  # the last deferral or report note (the flusher parks after)
+        self.counts: OneSidedCounts | None = None
+        """The client's one-sided counts this channel reports (set by its ClientState)."""
 
     # ---- requests ------------------------------------------------------------------------
     def _acquire(self, session_id: int) -> _Connection:
@@ -269,7 +272,14 @@ class ControlChannel:
                     self._put_back(conn)
                     self._give_back(ids)
                     raise
-        resp = self._roundtrip(req, session_id, ids, timeout_s, conn)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        try:
+            resp = self._roundtrip(req, session_id, ids, timeout_s, conn)
+        except BaseException:
+            if counts is not None:
+                counts.give_back(carried)
+            raise
         if resp.error_code:
             raise error_from_code(resp.error_code, resp.error_message)
         return getattr(resp, field)
@@ -321,23 +331,55 @@ class ControlChannel:
         if _hooks._hook is not None:
             _hooks.fire("pin_release_deferred", pin_id=pin_id)
 
+    def note_report(self) -> None:
+        """One-sided counts are pending: make sure the idle flusher sends them within
+        :data:`REPORT_IDLE_S` if no request carries them first (wakes it only when parked)."""
+        with self._lock:
+            self._active_at = time.monotonic()
+            if self._closed:
+                return
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_when_idle, name="kvstored-client-release", daemon=True
+                )
+                self._flusher.start()
+            if self._flusher_parked:
+                self._flusher_parked = False
+                self._wake.notify()
+
     def num_pending(self) -> int:
         """Pin ids deferred and not yet sent."""
         with self._lock:
             return len(self._pending)
 
     def flush(self, timeout_s: float) -> bool:
-        """Send the deferred releases now (a bare request); True if none is left pending."""
+        """Send the deferred releases and one-sided counts now (a bare request); True if no
+        release is left pending."""
         ids = self._take_pending()
-        if not ids:
+        req = pb.ControlRequest(release_pin_ids=ids)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        if not ids and carried is None:
             return True
-        if _hooks._hook is not None:
+        if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+            self._roundtrip(req, 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
+            if counts is not None:
+                counts.give_back(carried)
             return False  # kept pending: the next request, the flusher or close() sends them
         return True
+
+    def _idle_wait_s(self) -> float | None:
+        """(lock held) How long until the flusher must send (<= 0: now), or None: nothing due."""
+        now = time.monotonic()
+        if self._pending:
+            return self._deferred_at + IDLE_RELEASE_S - now
+        counts = self.counts
+        if counts is not None and counts.since:
+            return counts.since + REPORT_IDLE_S - now
+        return None
 
     def _flush_when_idle(self) -> None:
         # While gets keep coming, each next request carries the last get's pin id: the
@@ -345,10 +387,11 @@ class ControlChannel:
         # (a thread wake-up per get cost ~30 us of its latency on a loaded 2-core machine).
         # It parks (an untimed wait, woken by the next defer_release) once nothing was
         # deferred for FLUSHER_PARK_S.
+        # One-sided counts (note_report) are sent REPORT_IDLE_S after the oldest pending one.
         while True:
             with self._lock:
-                while not self._pending and not self._closed:
-                    if time.monotonic() - self._deferred_at < FLUSHER_PARK_S:
+                while (wait_s := self._idle_wait_s()) is None and not self._closed:
+                    if time.monotonic() - max(self._deferred_at, self._active_at) < FLUSHER_PARK_S:
                         self._wake.wait(IDLE_RELEASE_S)
                         continue
                     self._flusher_parked = True
@@ -356,8 +399,7 @@ class ControlChannel:
                     self._flusher_parked = False
                 if self._closed:
                     return
-                wait_s = self._deferred_at + IDLE_RELEASE_S - time.monotonic()
-                if wait_s > 0:
+                if wait_s is not None and wait_s > 0:
                     self._wake.wait(wait_s)
                     continue
             if not self.flush(timeout_s=5.0):
@@ -409,6 +451,8 @@ class AsyncControlChannel:
         self._pending: list[int] = []
         self._flush_task: Any = None
         self._closed = False
+        self.counts: OneSidedCounts | None = None
+        """The client's one-sided counts this channel reports (set by its ClientState)."""
 
     async def _acquire(self, session_id: int) -> tuple[Any, Any, int]:
         import asyncio
@@ -483,7 +527,14 @@ class AsyncControlChannel:
         getattr(req, field).CopyFrom(request)
         if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
-        resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        try:
+            resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        except BaseException:
+            if counts is not None:
+                counts.give_back(carried)
+            raise
         if resp.error_code:
             raise error_from_code(resp.error_code, resp.error_message)
         return getattr(resp, field)
@@ -499,6 +550,14 @@ class AsyncControlChannel:
         """Pin ids deferred and not yet sent."""
         return len(self._pending)
 
+    def note_report(self) -> None:
+        """One-sided counts are pending: sent within :data:`REPORT_IDLE_S` (on the loop)."""
+        self._schedule_flush()
+
+    def _due(self) -> bool:
+        counts = self.counts
+        return bool(self._pending) or (counts is not None and counts.pending())
+
     def _schedule_flush(self) -> None:
         import asyncio
 
@@ -513,21 +572,27 @@ class AsyncControlChannel:
     async def _flush_when_idle(self) -> None:
         import asyncio
 
-        while self._pending and not self._closed:
-            await asyncio.sleep(IDLE_RELEASE_S)
-            if self._pending and not await self.flush(5.0):
+        while self._due() and not self._closed:
+            await asyncio.sleep(IDLE_RELEASE_S if self._pending else REPORT_IDLE_S)
+            if self._due() and not await self.flush(5.0):
                 await asyncio.sleep(0.1)  # the node is unreachable: try again later
 
     async def flush(self, timeout_s: float) -> bool:
-        """Send the deferred releases now; True if none is left pending."""
+        """Send the deferred releases and one-sided counts now; True if no release is left
+        pending."""
         ids, self._pending = self._pending, []
-        if not ids:
+        req = pb.ControlRequest(release_pin_ids=ids)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        if not ids and carried is None:
             return True
-        if _hooks._hook is not None:
+        if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            await self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+            await self._roundtrip(req, 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
+            if counts is not None:
+                counts.give_back(carried)
             return False
         return True
 

@@ -368,7 +368,10 @@ def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: fl
         as_list = cast(list[bytes], keys if type(keys) is list else list(keys))
         lead = dram_lead(st, as_list, info)
         if lead >= 0:
-            st.one_sided_counts.add_lookup(lead, lead)  # the node counts the rest it answers
+            if lead:
+                st.one_sided_counts.add_lookup(lead, lead)  # the node counts the rest it answers
+                if st.control is not None:
+                    st.control.note_report()
             if lead == len(as_list):
                 return [Tier.DRAM] * lead
             tiers = [Tier.DRAM] * lead

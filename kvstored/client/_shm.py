@@ -354,12 +354,19 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                 functools.partial(_read_one_sided, arena, st.stored_namespace_id, sink, st.one_sided_counts),
                 0 if views is None else sum(map(len, views)),
             )
+            control = st.control
+            if control is not None and len(left) < len(keys):  # hits: the node hears of them
+                control.note_report()  # (with the next request, or the idle flusher's)
         else:  # the test seam's path: block by block, each copy in halves around a hook
             planned, left = _plan_one_sided(arena, st.stored_namespace_id, sink)
+            misses = len(left)
             if planned:
-                left += yield Blocking(
+                failed = yield Blocking(
                     functools.partial(_copy_one_sided, arena, sink, planned), sum(f[3] for f in planned)
                 )
+                kept = set(range(len(keys))) - set(left) - set(failed)
+                st.one_sided_counts.add(len(kept), sum(sink.sizes[i] or 0 for i in kept), len(failed), misses)
+                left += failed
         if not left:
             return
         first, last = min(left), max(left) + 1  # hits inside it are read again: same key

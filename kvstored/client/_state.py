@@ -238,11 +238,13 @@ class ClientState:
             # metadata declares its tenant on every call (docs/tenants.md)
             return None
         try:
-            return factory(info.control_path)
+            channel = factory(info.control_path)
         except OSError as exc:
             log.info("control_channel_unreachable", address=self.address,
                      control_path=info.control_path, reason=str(exc))
             return None
+        channel.counts = self.one_sided_counts  # reported on its requests (_control.py)
+        return channel
 
     def reuse(self, info: NodeInfo) -> NodeInfo | None:
         """Adopt ``info`` with the current transport if that was set up for the same epoch
