@@ -323,7 +323,11 @@ def _read_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink, count
                     if values is not None:
                         sink.values[i] = values[i]
                     sink._done(i, s, metas[i], Tier.DRAM)
-    counts.add(hits, num_bytes, fallbacks, len(left) - fallbacks)
+    reported, reported_bytes = hits, num_bytes
+    if left and hits:  # hits between the first and last key left are pinned and read again
+        again = [s for s in sizes[left[0] : left[-1] + 1] if s is not None]  # (the node counts those)
+        reported, reported_bytes = hits - len(again), num_bytes - sum(again)
+    counts.add(reported, reported_bytes, fallbacks, len(left) - fallbacks)
     ONE_SIDED_STATS["hits"] += hits
     ONE_SIDED_STATS["fallbacks"] += fallbacks
     return left
@@ -364,9 +368,10 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                 failed = yield Blocking(
                     functools.partial(_copy_one_sided, arena, sink, planned), sum(f[3] for f in planned)
                 )
-                kept = set(range(len(keys))) - set(left) - set(failed)
-                st.one_sided_counts.add(len(kept), sum(sink.sizes[i] or 0 for i in kept), len(failed), misses)
                 left += failed
+                lo, hi = (min(left), max(left)) if left else (len(keys), -1)
+                kept = [i for i in set(range(len(keys))) - set(left) if not lo <= i <= hi]  # (as above)
+                st.one_sided_counts.add(len(kept), sum(sink.sizes[i] or 0 for i in kept), len(failed), misses)
         if not left:
             return
         first, last = min(left), max(left) + 1  # hits inside it are read again: same key
