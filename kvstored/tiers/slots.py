@@ -601,6 +601,12 @@ def py_probe_keys(buckets: np.ndarray, slots: np.ndarray, prefix: bytes, keys: l
     return lead
 
 
+def _unchanged(words: np.ndarray, index: int, version: int) -> bool:
+    """The seqlock check of :func:`py_read_keys`: the slot's version is still ``version``
+    (one function, so the mutation test can turn it off)."""
+    return int(words[index]) == version
+
+
 def py_read_keys(buckets: np.ndarray, slots: np.ndarray, arena: memoryview, prefix: bytes,
                  keys: list[bytes], dsts: list[Any] | None, stamp_ns: int,
                  mid: Callable[[], object] | None = None) -> ReadAnswer:
@@ -650,13 +656,13 @@ def py_read_keys(buckets: np.ndarray, slots: np.ndarray, arena: memoryview, pref
     fallbacks = 0
     for i, (k, v1, off, size, meta, dst) in enumerate(plan):
         w0 = (off // UNIT_BYTES) * SLOT_WORDS
-        if int(words[w0]) != v1:
+        if not _unchanged(words, w0, v1):
             fallbacks += 1
             continue
         if stamp_ns:
             words[w0 + S_ACCESS_NS] = stamp_ns + i
         np.copyto(dst, src_all[off : off + size])
-        if int(words[w0]) != v1:
+        if not _unchanged(words, w0, v1):
             fallbacks += 1
             continue
         sizes[k] = size

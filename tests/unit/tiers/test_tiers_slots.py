@@ -460,3 +460,36 @@ def test_the_native_batch_read_names_bad_arguments(big_store: TieredStore) -> No
             big_store.put(key(1), val(1), namespace_id=NS)
             reader.read_keys(NS, [key(1)], [b"read-only"], 0)
         assert name in ("python", "native")
+
+
+def test_without_the_batch_check_another_keys_bytes_are_kept(
+    big_store: TieredStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutation test of the batch read: with its version check turned off, a block freed
+    between the plan and the copy and reused by another key is kept under the planned key
+    (another block's bytes); with the check, that key falls back to the node."""
+    from kvstored.tiers import slots as slots_mod
+
+    reader = SlotReader(big_store._state.dram.arena._mmap, big_store._state.dram.arena.layout)
+    keys = [key(1), key(2)]
+    for i, k in enumerate(keys):
+        big_store.put(k, val(i + 1), namespace_id=NS)
+    slot = reader.lookup(*ident(NS, key(2)))
+
+    def reuse() -> None:  # key(2) removed, its space taken by key(99)'s block at once
+        big_store.remove([key(2)], namespace_id=NS)
+        big_store.put(key(99), val(99), namespace_id=NS)
+        assert reader.lookup(*ident(NS, key(99))) == slot
+
+    got = reader.read_keys(NS, keys, None, 0, mid=reuse)[2]
+    assert got == [val(1), None]  # checked: key(2) is the node's to answer (a miss now)
+    big_store.remove([key(99)], namespace_id=NS)
+    big_store.put(key(2), val(2), namespace_id=NS)
+    slot = reader.lookup(*ident(NS, key(2)))
+    monkeypatch.setattr(slots_mod, "_unchanged", lambda *_: True)
+    got = reader.read_keys(NS, keys, None, 0, mid=reuse)[2]
+    assert got is not None and got[1] is not None
+    wrong = sum(a != b for a, b in zip(got[1], val(2), strict=True))
+    assert got[1] == val(99) and wrong == len(val(2))  # every byte another key's
+    with pytest.raises(AssertionError, match="wrong bytes"):
+        assert got[1] == val(2), f"wrong bytes: {wrong} of {len(got[1])} differ"
