@@ -505,7 +505,8 @@ class SlotReader:
 
         Returns:
             How many leading keys are DRAM blocks readable one-sided now; or ``-1 - i`` when
-            key ``i`` is not ``bytes`` of ``min_len..max_len`` bytes (the caller's checks name it).
+            key ``i`` (the first such; every key is checked) is not ``bytes`` of
+            ``min_len..max_len`` bytes (the caller's checks name it).
 
         Raises:
             InvalidArgument: ``namespace_id`` is longer than 255 bytes.
@@ -587,10 +588,12 @@ def py_probe_keys(buckets: np.ndarray, slots: np.ndarray, prefix: bytes, keys: l
                   min_len: int, max_len: int, found: bytearray | None = None) -> int:
     """The pure-Python fallback of the native ``probe_keys`` (same arguments and answer; see
     :meth:`SlotReader.lookup_keys`). Correct on x86 only (see the module docstring)."""
+    lo_len = max(min_len, 1)
+    for k, key in enumerate(keys):  # every key checked first, as in C
+        if type(key) is not bytes or not lo_len <= len(key) <= max_len:
+            return -1 - k
     lead, leading = 0, True
     for k, key in enumerate(keys):
-        if type(key) is not bytes or not max(min_len, 1) <= len(key) <= max_len:
-            return -1 - k
         hit = _probe(buckets, slots, *_ident_of(prefix, key)) >= 0
         if found is not None:
             found[k] = hit

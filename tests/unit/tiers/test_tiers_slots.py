@@ -377,8 +377,9 @@ def test_the_native_and_python_prefix_probes_agree(big_store: TieredStore) -> No
             reader.lookup_keys(NS, keys[:2] + [b""] + keys[2:], *KEY_BOUNDS),  # an empty key: -1 - 2
             reader.lookup_keys(NS, [keys[0], bytearray(keys[1])], *KEY_BOUNDS),  # not bytes: -1 - 1
             reader.lookup_keys(NS, [keys[0], b"k" * 65], *KEY_BOUNDS),  # too long: -1 - 1
+            reader.lookup_keys(NS, [keys[3], b""], *KEY_BOUNDS),  # every key checked, a miss first too
         )
-    expected = (3, 3, [1, 1, 1, 0, 1, 0, 0, 0], 0, -3, -2, -2)
+    expected = (3, 3, [1, 1, 1, 0, 1, 0, 0, 0], 0, -3, -2, -2, -2)
     assert answers == {name: expected for name in answers}
 
 
