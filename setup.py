@@ -11,6 +11,8 @@ setup(
         Extension(
             "kvstored._native",
             sources=["native/copy.c"],
+            # xxHash 0.8.1 (BSD-2-Clause), header-only: the one-sided readers' key hashing
+            depends=["native/third_party/xxhash/xxhash.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
             extra_link_args=["-pthread"],
             optional=True,

@@ -6,13 +6,18 @@ Usage (standalone: starts its own daemon; bench/bench_blocks.py calls :func:`run
 Rows (each read measured one-sided, i.e. the default, and pinned, ``KVSTORED_ONE_SIDED=0``):
   * get_<size>   get_into of a batch of 16 blocks of 256 KiB / 4 MiB: GB/s next to the
                  working-set memcpy reference (a distinct slot per block of a prefaulted buffer
-                 as large as the arena working set, as bench_blocks.py's memcpy_ws_get)
+                 as large as the arena working set, as bench_blocks.py's memcpy_ws_get), and
+                 next to the same copies from a /dev/shm mapping (memory of the arena's kind:
+                 where tmpfs gets no transparent huge pages but numpy's anonymous memory does,
+                 that reference is slower, and it is the ceiling of any reader of the arena)
   * put_<size>   shm put of the same batches next to memcpy_ws_put, measured interleaved
                  (reference, put, put again): with reserve-ahead slots (the default: one
                  CommitSlots per put) and without (``reserve_ahead_bytes=0``: ReservePut + copy
                  + CommitPut, the path before), each on keys of its own
   * single_get   one 64 KiB block, get_into, p50 in us
-  * lookup_prefix_512   lookup_prefix of 512 DRAM keys, p50/p99 in ms
+  * lookup_prefix_512   lookup_prefix of 512 DRAM keys, p50/p99 in ms (2000 calls), next to
+                 a pure-Python CPU loop of the same p50 interleaved with them: the p99 that
+                 scheduling alone gives a call that long on this machine
   * storm        reader gets while a writer's puts evict: the one-sided fallback rate
                  (copies whose version check failed / blocks tried one-sided)
 Targets (issue 18): get 256 KiB >= 0.8x ws memcpy, 4 MiB >= 0.95x; single get p50 <= 25 us;
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import pathlib
 import statistics
@@ -87,10 +93,18 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
     groups = iters + 2
     ws = np.ones(size * BATCH * groups, dtype=np.uint8)
     slots = [ws[k * size:(k + 1) * size] for k in range(BATCH * groups)]
+    shm_map = _shm_working_set(size * BATCH * groups)  # memory of the arena's kind (freed on return)
+    shm_ws = np.frombuffer(shm_map, dtype=np.uint8)
+    shm_slots = [shm_ws[k * size:(k + 1) * size] for k in range(BATCH * groups)]
 
     def ws_get(i: int) -> None:
         g = i % groups
         for src, b in zip(slots[g * BATCH:(g + 1) * BATCH], bufs, strict=True):
+            np.copyto(b, src)
+
+    def shm_ws_get(i: int) -> None:
+        g = i % groups
+        for src, b in zip(shm_slots[g * BATCH:(g + 1) * BATCH], bufs, strict=True):
             np.copyto(b, src)
 
     def ws_put(i: int) -> None:
@@ -123,11 +137,16 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
         put(i)
     if c_reserve is not None:
         put_reserve(-1)
-    t: dict[str, list[float]] = {"ws_get": [], "ws_put": [], "one_sided": [], "pinned": [],
-                                 "put": [], "ws_put2": [], "put_reserve": []}
+    t: dict[str, list[float]] = {"ws_get": [], "shm_ws_get": [], "ws_put": [], "one_sided": [],
+                                 "pinned": [], "put": [], "ws_put2": [], "put_reserve": []}
+    # the three reads of a rep rotate their order (each writes the same bufs: whichever goes
+    # first pays for bringing them into the cache)
+    reads: list[tuple[str, Callable[[int], None]]] = [("ws_get", ws_get), ("shm_ws_get", shm_ws_get),
+                                                      ("one_sided", get)]
     for i in range(iters):
-        t["ws_get"].append(one(ws_get, i))
-        t["one_sided"].append(one(get, i))
+        k = i % len(reads)
+        for name, fn in reads[k:] + reads[:k]:
+            t[name].append(one(fn, i))
         t["pinned"].append(one(get, i, pinned=True))
     for i in range(iters):  # the puts, against keys of their own (a put of a present key is a no-op)
         c.remove(_keys("b", size, i))
@@ -156,11 +175,40 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
         "one_sided_get_p50_ms": statistics.median(t["one_sided"]) * 1e3,
         "pinned_get_p50_ms": statistics.median(t["pinned"]) * 1e3,
         "one_sided_get_ratio_vs_ws_memcpy": ratio("ws_get", "one_sided"),
+        "memcpy_shm_ws_get_gbps": gbps("shm_ws_get"),
+        "one_sided_get_ratio_vs_shm_ws_memcpy": ratio("shm_ws_get", "one_sided"),
+        "shm_ws_memcpy_vs_ws_memcpy": ratio("ws_get", "shm_ws_get"),
         "pinned_get_ratio_vs_ws_memcpy": ratio("ws_get", "pinned"),
         "one_sided_vs_pinned_get": ratio("pinned", "one_sided"),
         "put_ratio_vs_ws_memcpy": ratio("ws_put", "put"),
         "reps": iters,
     }
+
+
+def _shm_working_set(size_bytes: int) -> mmap.mmap:
+    """A prefaulted MAP_SHARED mapping of a /dev/shm file (unlinked at once): memory of the
+    arena's kind (tmpfs pages: 4 KiB unless the kernel's shmem_enabled gives tmpfs huge
+    pages), where the ws reference (numpy, anonymous memory) may get transparent huge pages."""
+    fd, path = tempfile.mkstemp(prefix="kvstored-bench-ws-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        os.ftruncate(fd, size_bytes)
+        m = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    np.frombuffer(m, dtype=np.uint8)[:] = 1
+    return m
+
+
+def _thp() -> dict[str, str]:
+    """The kernel's transparent huge page modes (anonymous memory, tmpfs), as /sys says."""
+    out = {}
+    for name, f in (("thp_enabled", "enabled"), ("thp_shmem_enabled", "shmem_enabled")):
+        try:
+            out[name] = pathlib.Path(f"/sys/kernel/mm/transparent_hugepage/{f}").read_text().strip()
+        except OSError:
+            out[name] = "unknown"
+    return out
 
 
 def bench_single_get(c: Client, iters: int = 300) -> dict[str, float]:
@@ -177,17 +225,52 @@ def bench_single_get(c: Client, iters: int = 300) -> dict[str, float]:
     return out
 
 
-def bench_lookup(c: Client, n: int = 512, iters: int = 300) -> dict[str, float]:
+def bench_lookup(c: Client, n: int = 512, iters: int = 2000) -> dict[str, float]:
+    """lookup_prefix(n) answered in the client and by the node; next to it, interleaved with
+    the client's calls, a pure-Python CPU loop calibrated to the client's p50 (no I/O, no
+    allocation): its p99 is this machine's scheduling noise floor for a call that long."""
     keys = [b"os:lk:" + i.to_bytes(10, "big") for i in range(n)]
     c.put(keys, [b"x" * 64] * n)
-    out = {}
-    for name, pinned in (("one_sided", False), ("node", True)):
-        with _pinned(pinned):
-            lat = _timed(lambda _: None if c.lookup_prefix(keys) == n else sys.exit("lookup"), iters, 20)
-        out[f"{name}_p50_ms"] = statistics.median(lat) * 1e3
-        out[f"{name}_p99_ms"] = _p(lat, 0.99) * 1e3
+    out: dict[str, float] = {}
+    with _pinned(True):
+        lat = _timed(lambda _: None if c.lookup_prefix(keys) == n else sys.exit("lookup"), iters // 4, 20)
+    out["node_p50_ms"] = statistics.median(lat) * 1e3
+    out["node_p99_ms"] = _p(lat, 0.99) * 1e3
+    p50 = statistics.median(_timed(lambda _: None if c.lookup_prefix(keys) == n else sys.exit("lookup"), 200, 20))
+    spins = 1000
+    while True:  # the loop's length: about the client's p50
+        t0 = time.perf_counter()
+        _spin(spins)
+        took = time.perf_counter() - t0
+        if took >= p50 / 2 or spins > 1 << 24:
+            spins = max(1, int(spins * p50 / max(took, 1e-9)))
+            break
+        spins *= 2
+    lk: list[float] = []
+    ref: list[float] = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        c.lookup_prefix(keys)
+        t1 = time.perf_counter()
+        _spin(spins)
+        t2 = time.perf_counter()
+        lk.append(t1 - t0)
+        ref.append(t2 - t1)
+    out["one_sided_p50_ms"] = statistics.median(lk) * 1e3
+    out["one_sided_p99_ms"] = _p(lk, 0.99) * 1e3
+    out["cpu_loop_p50_ms"] = statistics.median(ref) * 1e3
+    out["cpu_loop_p99_ms"] = _p(ref, 0.99) * 1e3
+    out["one_sided_p99_vs_cpu_loop_p99"] = out["one_sided_p99_ms"] / out["cpu_loop_p99_ms"]
+    out["iters"] = iters
     c.remove(keys)
     return out
+
+
+def _spin(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x ^= i
+    return x
 
 
 def bench_storm(addr: str, seconds: float = 3.0) -> dict[str, float]:
@@ -238,6 +321,7 @@ def run_all(shm_addr: str, storm_addr: str, iters: int = 8) -> dict[str, object]
         res["single_get_64KiB"] = bench_single_get(c)
         res["lookup_prefix_512"] = bench_lookup(c)
     res["storm"] = bench_storm(storm_addr)
+    res["memory"] = _thp()
     return res
 
 
@@ -246,7 +330,9 @@ def print_rows(res: dict[str, object]) -> None:
         r = res[f"get_put_{size}"]
         assert isinstance(r, dict)
         print(f"one-sided get {size} x{BATCH}: {r['one_sided_get_gbps']:.2f} GB/s = "
-              f"{r['one_sided_get_ratio_vs_ws_memcpy']:.2f}x ws memcpy (target {target_get}x; pinned "
+              f"{r['one_sided_get_ratio_vs_ws_memcpy']:.2f}x ws memcpy (target {target_get}x), "
+              f"{r['one_sided_get_ratio_vs_shm_ws_memcpy']:.2f}x a memcpy from /dev/shm like the arena's "
+              f"(which is {r['shm_ws_memcpy_vs_ws_memcpy']:.2f}x ws memcpy); pinned "
               f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x; one-sided {r['one_sided_vs_pinned_get']:.2f}x pinned); "
               f"put {r['put_ratio_vs_ws_memcpy']:.2f}x (target {target_put}x; ReservePut path "
               f"{r['put_reserve_ratio_vs_ws_memcpy']:.2f}x)")
@@ -254,8 +340,9 @@ def print_rows(res: dict[str, object]) -> None:
     assert isinstance(s, dict) and isinstance(lk, dict) and isinstance(st, dict)
     print(f"single get 64 KiB p50: {s['one_sided_p50_us']:.0f} us one-sided, {s['pinned_p50_us']:.0f} us "
           f"pinned (target 25 us)")
-    print(f"lookup_prefix(512) p99: {lk['one_sided_p99_ms']:.3f} ms in the client, {lk['node_p99_ms']:.3f} ms "
-          f"asking the node (target 0.1 ms)")
+    print(f"lookup_prefix(512) p99: {lk['one_sided_p99_ms']:.3f} ms in the client (p50 {lk['one_sided_p50_ms']:.3f}), "
+          f"{lk['node_p99_ms']:.3f} ms asking the node (target 0.1 ms); a CPU loop as long as the p50 "
+          f"has p99 {lk['cpu_loop_p99_ms']:.3f} ms in the same run")
     print(f"eviction storm: fallback rate {st['fallback_rate']:.4f} ({st['fallbacks']} of "
           f"{st['one_sided_hits'] + st['fallbacks']} one-sided tries; {st['misses']} misses)")
 

@@ -44,3 +44,26 @@ def copy_checked_many(items: Sequence[tuple[Any, Any, int, int]], versions: Any,
         TypeError: an item is not a ``(dst, src, index, expected)`` tuple.
         ValueError: a buffer is of the wrong kind, lengths differ, or an index is outside.
     """
+
+def probe_keys(buckets: Any, slots: Any, prefix: bytes, keys: list[bytes], min_len: int, max_len: int,
+               found: Any = None) -> int:
+    """Hash (xxh3_128 of ``prefix + key``) and look up every key of a prefix in the shared
+    index; returns the leading count found, or ``-1 - i`` for a key ``i`` that is not bytes of
+    ``min_len..max_len``. With ``found`` (a writable buffer, one byte per key) every key is
+    probed and flagged; without it the walk stops at the first miss.
+
+    Raises:
+        TypeError: ``keys`` is not a list.
+        ValueError: a buffer is of the wrong kind or size.
+    """
+
+def read_keys(buckets: Any, slots: Any, arena: Any, prefix: bytes, keys: list[bytes], dsts: list[Any] | None,
+              stamp_ns: int, mid: Any = None) -> tuple[list[int | None], list[bytes], list[bytes | None] | None, int]:
+    """One-sided reads of a batch, tail first (hash, probe, header, stamp, copy, re-check);
+    returns ``(sizes, metas, values, num_fallbacks)`` (a size of None: ask the node).
+    ``mid()`` (tests only) runs between the plan and the copies.
+
+    Raises:
+        TypeError: a key is not bytes, or ``keys`` / ``dsts`` is not a list.
+        ValueError: a buffer is of the wrong kind, or ``dsts`` has another length.
+    """

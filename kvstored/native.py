@@ -25,8 +25,8 @@ import structlog
 
 __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
-    "native_copy_many", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
-    "py_store_release", "store_release",
+    "native_copy_many", "probe_keys", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
+    "py_store_release", "read_keys", "store_release",
 ]
 
 log = structlog.get_logger(__name__)
@@ -204,3 +204,15 @@ copy_checked_many: Callable[..., list[bool]] = (
 )
 """``copy_checked_many(items, versions, stamp_ns) -> list[bool]``: :data:`copy_checked` for
 a batch of ``(dst, src, index, expected)`` (C: one call, the GIL released once)."""
+
+probe_keys: Callable[..., int] | None = getattr(_native_mod, "probe_keys", None)
+"""``probe_keys(buckets, slots, prefix, keys, min_len, max_len, found=None) -> int``: the
+hashing (xxh3_128, vendored xxHash) and shared-index probe of a whole prefix in one C call
+(kvstored/tiers/slots.py ``SlotReader.lookup_keys``); None when not built (or an extension
+built before it): ``slots.py_probe_keys`` runs instead."""
+
+read_keys: Callable[..., Any] | None = getattr(_native_mod, "read_keys", None)
+"""``read_keys(buckets, slots, arena, prefix, keys, dsts, stamp_ns)``: a whole batch of
+one-sided reads (hash, probe, header check, stamp, copy, re-check) in one C call, the GIL
+released once (kvstored/tiers/slots.py ``SlotReader.read_keys``); None when not built:
+``slots.py_read_keys`` runs instead."""

@@ -20,6 +20,12 @@
 #include <string.h>
 #include <unistd.h>
 
+/* xxHash 0.8.1 (BSD-2-Clause, native/third_party/xxhash/), header-only: the XXH3-128 the
+ * Python side computes with the `xxhash` package (kvstored/tiers/slots.py ident). */
+#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY
+#include "third_party/xxhash/xxhash.h"
+
 #define MAX_THREADS 16
 /* Below this many bytes per batch one thread copies everything: starting threads costs
  * ~20-50 us, and a batch that fits the cache copies fastest on one core. */
@@ -341,6 +347,400 @@ done:
     return result;
 }
 
+/* ---- the shared index, read by one-sided readers (kvstored/tiers/slots.py) ------------------ */
+
+/* The slot the index maps (lo, hi) to, if its header is even and carries that ident now,
+ * else -1 (absent, a bucket or header changing: ask the node). Every bucket and header is
+ * read under its version (acquire load, fields, acquire fence, re-load). */
+static int64_t probe_one(const uint64_t *bk, size_t nb, const uint64_t *sw, size_t ns, uint64_t lo, uint64_t hi) {
+    size_t i = (size_t)(lo & (nb - 1));
+    for (size_t step = 0; step < nb; step++, i = (i + 1) & (nb - 1)) {
+        const uint64_t *row = bk + 4 * i;
+        uint64_t v1 = __atomic_load_n(&row[0], __ATOMIC_ACQUIRE);
+        if (v1 & 1)
+            return -1;
+        uint64_t blo = __atomic_load_n(&row[1], __ATOMIC_RELAXED);
+        uint64_t bhi = __atomic_load_n(&row[2], __ATOMIC_RELAXED);
+        uint64_t s1 = __atomic_load_n(&row[3], __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&row[0], __ATOMIC_RELAXED) != v1 || s1 == 0)
+            return -1;
+        if (blo != lo || bhi != hi)
+            continue;
+        if (s1 - 1 < ns) {
+            const uint64_t *h = sw + 16 * (s1 - 1);
+            uint64_t hv = __atomic_load_n(&h[0], __ATOMIC_ACQUIRE);
+            uint64_t hlo = __atomic_load_n(&h[2], __ATOMIC_RELAXED);
+            uint64_t hhi = __atomic_load_n(&h[3], __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (!(hv & 1) && hlo == lo && hhi == hi && __atomic_load_n(&h[0], __ATOMIC_RELAXED) == hv)
+                return (int64_t)(s1 - 1);
+        }
+        return -1;
+    }
+    return -1;
+}
+
+/* ident(namespace_id, key) of kvstored/tiers/slots.py: xxh3_128(prefix + key), where prefix
+ * is u8 len(namespace_id) + namespace_id; (0, 0) becomes (1, 0). */
+static void ident_of(const char *prefix, size_t plen, const char *key, size_t klen, uint64_t *lo, uint64_t *hi) {
+    char buf[1024];
+    XXH128_hash_t h;
+    if (plen + klen <= sizeof buf) {
+        memcpy(buf, prefix, plen);
+        memcpy(buf + plen, key, klen);
+        h = XXH3_128bits(buf, plen + klen);
+    } else {
+        XXH3_state_t st;
+        XXH3_INITSTATE(&st);
+        XXH3_128bits_reset(&st);
+        XXH3_128bits_update(&st, prefix, plen);
+        XXH3_128bits_update(&st, key, klen);
+        h = XXH3_128bits_digest(&st);
+    }
+    *lo = h.low64;
+    *hi = h.high64;
+    if (*lo == 0 && *hi == 0)
+        *lo = 1;
+}
+
+typedef struct {
+    Py_buffer b, s;
+    const uint64_t *bk, *sw;
+    size_t nb, ns;
+} index_t;
+
+static void index_release(index_t *ix) {
+    if (ix->b.obj)
+        PyBuffer_Release(&ix->b);
+    if (ix->s.obj)
+        PyBuffer_Release(&ix->s);
+}
+
+/* Acquire the bucket and slot-header buffers (0 on success; -1 with ValueError set). */
+static int index_acquire(index_t *ix, PyObject *b_o, PyObject *s_o, const char *fn) {
+    memset(ix, 0, sizeof *ix);
+    if (PyObject_GetBuffer(b_o, &ix->b, PyBUF_C_CONTIGUOUS) < 0 || PyObject_GetBuffer(s_o, &ix->s, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: buckets and slots must be C-contiguous buffers", fn);
+        return -1;
+    }
+    ix->nb = (size_t)ix->b.len / 32;
+    ix->ns = (size_t)ix->s.len / 128;
+    if (ix->nb == 0 || (ix->nb & (ix->nb - 1)) != 0 || ((uintptr_t)ix->b.buf & 7) || ((uintptr_t)ix->s.buf & 7)) {
+        PyErr_Format(PyExc_ValueError, "%s: buckets must hold a power of two of 32-byte buckets (got %zd bytes) "
+                     "and be 8-aligned, as slots", fn, ix->b.len);
+        return -1;
+    }
+    ix->bk = (const uint64_t *)ix->b.buf;
+    ix->sw = (const uint64_t *)ix->s.buf;
+    return 0;
+}
+
+/* probe_keys(buckets, slots, prefix, keys, min_len, max_len, found=None) -> int
+ *     A whole prefix's lookup in one call: per key, its ident (xxh3_128(prefix + key)) and the
+ *     shared index probe of probe_many. keys: a list of bytes. With found None it stops at
+ *     the first key not found and returns how many leading keys were found (lookup_prefix);
+ *     with found (a writable buffer of len(keys) bytes) it sets found[i] = 1 / 0 for every
+ *     key and returns the leading count (exists). Every key is checked first: one that is not
+ *     bytes of min_len..max_len bytes makes it return -1 - its index (the caller's checks
+ *     then name it).
+ *     Raises ValueError / TypeError naming a buffer or argument of the wrong kind. */
+static PyObject *probe_keys(PyObject *self, PyObject *args) {
+    PyObject *b_o, *s_o, *keys_o, *found_o = Py_None;
+    const char *prefix;
+    Py_ssize_t plen, min_len, max_len;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOy#Onn|O:probe_keys", &b_o, &s_o, &prefix, &plen, &keys_o, &min_len, &max_len,
+                          &found_o))
+        return NULL;
+    if (!PyList_Check(keys_o)) {
+        PyErr_Format(PyExc_TypeError, "probe_keys: keys must be a list of bytes, got %.100s", Py_TYPE(keys_o)->tp_name);
+        return NULL;
+    }
+    index_t ix;
+    Py_buffer f = {0};
+    PyObject *result = NULL;
+    if (index_acquire(&ix, b_o, s_o, "probe_keys") < 0)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(keys_o);
+    if (found_o != Py_None) {
+        if (PyObject_GetBuffer(found_o, &f, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "probe_keys: found must be a writable buffer, got %.100s",
+                         Py_TYPE(found_o)->tp_name);
+            goto done;
+        }
+        if (f.len < n) {
+            PyErr_Format(PyExc_ValueError, "probe_keys: found holds %zd bytes for %zd keys", f.len, n);
+            goto done;
+        }
+    }
+    {
+        /* Three passes, so the cache misses of a cold index overlap instead of queueing one
+         * by one (a neighbour's work often evicts it: 512 keys = 512 buckets + 512 headers):
+         * 1. check and hash every key, prefetch its home bucket; 2. read the home buckets,
+         * prefetch the headers they name; 3. probe (every load under its version, as ever). */
+        uint64_t *ids = PyMem_Malloc((size_t)(2 * n + 2) * sizeof(uint64_t));
+        if (ids == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t lead = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *key = PyList_GET_ITEM(keys_o, k);
+            if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) < min_len || PyBytes_GET_SIZE(key) > max_len ||
+                PyBytes_GET_SIZE(key) == 0) {
+                lead = -1 - k;
+                break;
+            }
+            ident_of(prefix, (size_t)plen, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), &ids[2 * k],
+                     &ids[2 * k + 1]);
+            __builtin_prefetch(ix.bk + 4 * (size_t)(ids[2 * k] & (ix.nb - 1)), 0, 0);
+        }
+        if (lead == 0) {
+            for (Py_ssize_t k = 0; k < n; k++) {
+                const uint64_t *row = ix.bk + 4 * (size_t)(ids[2 * k] & (ix.nb - 1));
+                uint64_t s1 = __atomic_load_n(&row[3], __ATOMIC_RELAXED);
+                if (s1 != 0 && s1 - 1 < ix.ns) /* a hint only: probe_one checks everything */
+                    __builtin_prefetch(ix.sw + 16 * (s1 - 1), 0, 0);
+            }
+            int leading = 1;
+            unsigned char *fo = (unsigned char *)f.buf;
+            for (Py_ssize_t k = 0; k < n; k++) {
+                int hit = probe_one(ix.bk, ix.nb, ix.sw, ix.ns, ids[2 * k], ids[2 * k + 1]) >= 0;
+                if (fo != NULL)
+                    fo[k] = (unsigned char)hit;
+                leading = leading && hit;
+                lead += leading;
+                if (!leading && fo == NULL)
+                    break;
+            }
+        }
+        PyMem_Free(ids);
+        result = PyLong_FromSsize_t(lead);
+    }
+done:
+    if (f.obj)
+        PyBuffer_Release(&f);
+    index_release(&ix);
+    return result;
+}
+
+/* read_keys(buckets, slots, arena, prefix, keys, dsts, stamp_ns, mid=None)
+ *         -> (sizes, metas, values, num_fallbacks)
+ *     A whole batch of one-sided reads in one call (kvstored/tiers/slots.py's protocol):
+ *     per key, from the last to the first (a prefix's tail first), its ident, the index
+ *     probe, the slot header (version v1 even, the same ident, meta inline, the block inside
+ *     the arena and the destination), then, the GIL released once for the whole batch: its
+ *     access_ns stamped (stamp_ns + the item's place in that order, when stamp_ns > 0), the
+ *     bytes copied, an acquire fence, the version re-loaded: kept only if it is v1 again.
+ *     keys: a list of bytes; dsts: a list of writable buffers (one per key; the block goes
+ *     to its start) or None (each block into a new bytes object, in values). Returns lists
+ *     of len(keys): sizes[i] the bytes kept, or None (ask the node: not in the index, a slot
+ *     changing, a meta not inline, a buffer too small, or a check that failed); metas[i]
+ *     the block's meta (b"" when none or not kept); values[i] the bytes (None when dsts is
+ *     given, or not kept); num_fallbacks: keys whose header matched but whose version
+ *     check failed (counted apart from misses). mid (tests only): called with the GIL
+ *     between the plan and the copies. Raises TypeError / ValueError naming the
+ *     item and what was wrong (no byte is copied then). */
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t len;
+    uint64_t *ver;
+    uint64_t expected;
+    Py_ssize_t key; /* index into keys */
+    unsigned mlen;
+    char meta[64];
+} rd_t;
+
+static PyObject *read_keys(PyObject *self, PyObject *args) {
+    PyObject *b_o, *s_o, *a_o, *keys_o, *dsts_o, *mid_o = Py_None;
+    const char *prefix;
+    Py_ssize_t plen;
+    unsigned long long stamp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOy#OOK|O:read_keys", &b_o, &s_o, &a_o, &prefix, &plen, &keys_o, &dsts_o, &stamp,
+                          &mid_o))
+        return NULL;
+    if (!PyList_Check(keys_o) || (dsts_o != Py_None && !PyList_Check(dsts_o))) {
+        PyErr_SetString(PyExc_TypeError, "read_keys: keys must be a list of bytes and dsts a list of buffers or None");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys_o);
+    if (dsts_o != Py_None && PyList_GET_SIZE(dsts_o) != n) {
+        PyErr_Format(PyExc_ValueError, "read_keys: %zd keys but %zd dsts", n, PyList_GET_SIZE(dsts_o));
+        return NULL;
+    }
+    index_t ix;
+    Py_buffer a = {0}, sw_w = {0};
+    Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    rd_t *items = PyMem_Calloc((size_t)n + 1, sizeof(rd_t));
+    PyObject **vals = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    char *ok = PyMem_Calloc((size_t)n + 1, 1);
+    Py_ssize_t nitems = 0, held = 0, nfb = 0;
+    PyObject *result = NULL, *sizes = NULL, *metas = NULL, *values = NULL;
+    size_t total = 0;
+    if (index_acquire(&ix, b_o, s_o, "read_keys") < 0)
+        goto done;
+    if (views == NULL || items == NULL || vals == NULL || ok == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the slot headers again, writable: readers stamp access_ns (word 5) */
+    if (PyObject_GetBuffer(s_o, &sw_w, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "read_keys: slots must be writable (readers stamp access_ns)");
+        goto done;
+    }
+    if (PyObject_GetBuffer(a_o, &a, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "read_keys: arena must be a C-contiguous buffer, got %.100s",
+                     Py_TYPE(a_o)->tp_name);
+        goto done;
+    }
+    /* phase 1, with the GIL: plan (tail first), take the destinations */
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {
+        PyObject *key = PyList_GET_ITEM(keys_o, k);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_Format(PyExc_TypeError, "read_keys: key #%zd must be bytes, got %.100s", k, Py_TYPE(key)->tp_name);
+            goto done;
+        }
+        uint64_t lo, hi;
+        ident_of(prefix, (size_t)plen, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), &lo, &hi);
+        int64_t slot = probe_one(ix.bk, ix.nb, ix.sw, ix.ns, lo, hi);
+        if (slot < 0)
+            continue;
+        uint64_t *h = (uint64_t *)sw_w.buf + 16 * slot;
+        uint64_t v1 = __atomic_load_n(&h[0], __ATOMIC_ACQUIRE);
+        uint64_t hlo = __atomic_load_n(&h[2], __ATOMIC_RELAXED);
+        uint64_t hhi = __atomic_load_n(&h[3], __ATOMIC_RELAXED);
+        uint64_t size = __atomic_load_n(&h[4], __ATOMIC_RELAXED);
+        uint64_t lens = __atomic_load_n(&h[6], __ATOMIC_RELAXED);
+        unsigned mlen = (unsigned)(lens >> 32);
+        size_t off = (size_t)slot * 4096;
+        if ((v1 & 1) || hlo != lo || hhi != hi || mlen > 64 || off > (size_t)a.len || size > (size_t)a.len - off)
+            continue; /* changing, another block now, meta not inline, or torn: the node's path */
+        rd_t *it = &items[nitems];
+        it->mlen = mlen;
+        memcpy(it->meta, (const char *)(h + 8), mlen); /* under v1: checked with the bytes */
+        if (dsts_o != Py_None) {
+            PyObject *d_o = PyList_GET_ITEM(dsts_o, k);
+            if (PyObject_GetBuffer(d_o, &views[held], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "read_keys: dst #%zd must be a writable C-contiguous buffer, got %.100s",
+                             k, Py_TYPE(d_o)->tp_name);
+                goto done;
+            }
+            held++;
+            if (size > (size_t)views[held - 1].len)
+                continue; /* too small: the node's path names it */
+            it->dst = (char *)views[held - 1].buf;
+        } else {
+            PyObject *v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (v == NULL)
+                goto done;
+            vals[k] = v; /* written below, before anyone else sees it */
+            it->dst = PyBytes_AS_STRING(v);
+        }
+        it->src = (const char *)a.buf + off;
+        it->len = (size_t)size;
+        it->ver = h;
+        it->expected = v1;
+        it->key = k;
+        total += (size_t)size;
+        nitems++;
+    }
+    /* the test seam: mid() runs between the plan and the copies (tests hold the node there) */
+    if (mid_o != Py_None) {
+        PyObject *r = PyObject_CallNoArgs(mid_o);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    /* phase 2: stamp, copy, check (the GIL released once for a batch of >= 64 KiB) */
+    {
+        PyThreadState *ts = total >= (64u << 10) ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            rd_t *it = &items[i];
+            if (__atomic_load_n(it->ver, __ATOMIC_ACQUIRE) != it->expected)
+                continue;
+            if (stamp)
+                __atomic_store_n(it->ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
+            memcpy(it->dst, it->src, it->len);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            ok[i] = __atomic_load_n(it->ver, __ATOMIC_RELAXED) == it->expected;
+        }
+        if (ts != NULL)
+            PyEval_RestoreThread(ts);
+    }
+    /* phase 3: the answer */
+    sizes = PyList_New(n);
+    metas = PyList_New(n);
+    values = dsts_o == Py_None ? PyList_New(n) : (Py_INCREF(Py_None), Py_None);
+    if (sizes == NULL || metas == NULL || values == NULL)
+        goto done;
+    {
+        PyObject *empty = PyBytes_FromStringAndSize("", 0);
+        if (empty == NULL)
+            goto done;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(sizes, k, Py_None);
+            Py_INCREF(empty);
+            PyList_SET_ITEM(metas, k, empty);
+            if (values != Py_None) {
+                Py_INCREF(Py_None);
+                PyList_SET_ITEM(values, k, Py_None);
+            }
+        }
+        Py_DECREF(empty);
+        for (Py_ssize_t i = 0; i < nitems; i++) {
+            rd_t *it = &items[i];
+            if (!ok[i]) {
+                nfb++;
+                continue;
+            }
+            PyObject *sz = PyLong_FromSize_t(it->len);
+            if (sz == NULL)
+                goto done;
+            PyList_SetItem(sizes, it->key, sz);
+            if (it->mlen) {
+                PyObject *m = PyBytes_FromStringAndSize(it->meta, it->mlen);
+                if (m == NULL)
+                    goto done;
+                PyList_SetItem(metas, it->key, m);
+            }
+            if (values != Py_None) {
+                PyList_SetItem(values, it->key, vals[it->key]); /* steals the reference */
+                vals[it->key] = NULL;
+            }
+        }
+    }
+    result = Py_BuildValue("(OOOn)", sizes, metas, values, nfb);
+done:
+    Py_XDECREF(sizes);
+    Py_XDECREF(metas);
+    Py_XDECREF(values);
+    if (vals != NULL)
+        for (Py_ssize_t k = 0; k < n; k++)
+            Py_XDECREF(vals[k]);
+    if (views != NULL)
+        for (Py_ssize_t i = 0; i < held; i++)
+            PyBuffer_Release(&views[i]);
+    if (a.obj)
+        PyBuffer_Release(&a);
+    if (sw_w.obj)
+        PyBuffer_Release(&sw_w);
+    index_release(&ix);
+    PyMem_Free(views);
+    PyMem_Free(items);
+    PyMem_Free(vals);
+    PyMem_Free(ok);
+    return result;
+}
+
 /* probe_many(buckets, slots, idents, out) -> int
  *     The shared index lookup of kvstored/tiers/slots.py for a batch: idents holds 2 u64
  *     (ident_lo, ident_hi) per key; for each key out[i] (int64) becomes the slot whose header
@@ -460,6 +860,10 @@ static PyMethodDef methods[] = {
      "copy_checked_many(items, versions, stamp_ns) -> list[bool]: copy_checked for a batch."},
     {"probe_many", (PyCFunction)probe_many, METH_VARARGS,
      "probe_many(buckets, slots, idents, out) -> int: batch lookup in the shared slot index."},
+    {"probe_keys", (PyCFunction)probe_keys, METH_VARARGS,
+     "probe_keys(buckets, slots, prefix, keys, min_len, max_len, found=None) -> int: hash and look up a prefix."},
+    {"read_keys", (PyCFunction)read_keys, METH_VARARGS,
+     "read_keys(buckets, slots, arena, prefix, keys, dsts, stamp_ns) -> (sizes, metas, values, num_fallbacks)."},
     {"store_release", (PyCFunction)store_release, METH_VARARGS,
      "store_release(versions, index, value): release-store a u64 slot version, then fence."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,

@@ -53,6 +53,9 @@ METHODS = frozenset(FIELD_OF)
 """NodeService methods the channel carries."""
 IDLE_RELEASE_S = 0.01
 """Deferred pin releases that no request carried for this long are sent on their own."""
+REPORT_IDLE_S = 1.0
+"""One-sided counts that no request carried for this long are sent on their own (metrics
+are scraped every few seconds: a second of delay costs nothing, a wake-up per get would)."""
 FLUSHER_PARK_S = 1.0
 """The idle flusher stops polling once nothing was deferred for this long (see
 :meth:`ControlChannel._flush_when_idle`)."""
@@ -74,6 +77,75 @@ class NoAnswerInTime(DeadlineExceeded):
 
 NO_ANSWER = (NoAnswer, NoAnswerInTime)
 """What a request that may have run without its answer arriving raises."""
+
+
+class OneSidedCounts:
+    """This client's one-sided reads and probes not yet reported to the node (thread-safe).
+
+    One-sided reads take no round trip, so the node would never count them: the counts ride
+    on this client's next control request (``ControlRequest.one_sided``), or a bare request
+    of the idle flusher (:data:`REPORT_IDLE_S` after the first unreported one), or the flush
+    before any gRPC call and at close; the node adds them to its hit metrics
+    (kvstored/node/control.py). A request that got no answer gives its counts back, so a
+    count is reported at least once and, after such a failure, at most once too many.
+    """
+
+    __slots__ = ("_lock", "_c", "since")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._c = [0, 0, 0, 0, 0, 0]  # hit blocks, hit bytes, fallbacks, misses, lookup keys, lookup hits
+        self.since = 0.0
+        """When the oldest unreported count was added (monotonic s; 0 = none pending)."""
+
+    def add(self, hits: int, hit_bytes: int, fallbacks: int, misses: int) -> None:
+        """Count a one-sided read: blocks kept (and their bytes), blocks whose version check
+        failed and blocks the index did not name (both then read through the node)."""
+        if not (hits or fallbacks or misses):
+            return
+        with self._lock:
+            c = self._c
+            c[0] += hits
+            c[1] += hit_bytes
+            c[2] += fallbacks
+            c[3] += misses
+            if not self.since:
+                self.since = time.monotonic()
+
+    def add_lookup(self, num_keys: int, num_hits: int) -> None:
+        """Count a lookup_prefix answered (wholly or in its leading part) in the client."""
+        if not num_keys:
+            return
+        with self._lock:
+            self._c[4] += num_keys
+            self._c[5] += num_hits
+            if not self.since:
+                self.since = time.monotonic()
+
+    def pending(self) -> bool:
+        """Whether some count is not reported yet."""
+        return bool(self.since)
+
+    def take_into(self, req: pb.ControlRequest) -> list[int] | None:
+        """Move the pending counts into ``req.one_sided``; returns them (None: none pending)."""
+        if not self.since:
+            return None
+        with self._lock:
+            c, self._c = self._c, [0, 0, 0, 0, 0, 0]
+            self.since = 0.0
+        r = req.one_sided
+        r.hit_blocks, r.hit_bytes, r.fallback_blocks, r.miss_blocks, r.lookup_blocks, r.lookup_hit_blocks = c
+        return c
+
+    def give_back(self, c: list[int] | None) -> None:
+        """Counts a request carried but got no answer for: reported with a later one."""
+        if c is None:
+            return
+        with self._lock:
+            for i, v in enumerate(c):
+                self._c[i] += v
+            if not self.since:
+                self.since = time.monotonic()
 
 
 class _Connection:
@@ -137,6 +209,8 @@ class ControlChannel:
         self._flusher_parked = False  # the flusher waits for a first pending id (untimed)
         self._closed = False
         self._flusher: threading.Thread | None = None
+        self.counts: OneSidedCounts | None = None
+        """The client's one-sided counts this channel reports (set by its ClientState)."""
 
     # ---- requests ------------------------------------------------------------------------
     def _acquire(self, session_id: int) -> _Connection:
@@ -198,7 +272,14 @@ class ControlChannel:
                     self._put_back(conn)
                     self._give_back(ids)
                     raise
-        resp = self._roundtrip(req, session_id, ids, timeout_s, conn)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        try:
+            resp = self._roundtrip(req, session_id, ids, timeout_s, conn)
+        except BaseException:
+            if counts is not None:
+                counts.give_back(carried)
+            raise
         if resp.error_code:
             raise error_from_code(resp.error_code, resp.error_message)
         return getattr(resp, field)
@@ -250,23 +331,54 @@ class ControlChannel:
         if _hooks._hook is not None:
             _hooks.fire("pin_release_deferred", pin_id=pin_id)
 
+    def note_report(self) -> None:
+        """One-sided counts are pending: make sure the idle flusher sends them within
+        :data:`REPORT_IDLE_S` if no request carries them first (wakes it only when parked)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_when_idle, name="kvstored-client-release", daemon=True
+                )
+                self._flusher.start()
+            if self._flusher_parked:
+                self._flusher_parked = False
+                self._wake.notify()
+
     def num_pending(self) -> int:
         """Pin ids deferred and not yet sent."""
         with self._lock:
             return len(self._pending)
 
     def flush(self, timeout_s: float) -> bool:
-        """Send the deferred releases now (a bare request); True if none is left pending."""
+        """Send the deferred releases and one-sided counts now (a bare request); True if no
+        release is left pending."""
         ids = self._take_pending()
-        if not ids:
+        req = pb.ControlRequest(release_pin_ids=ids)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        if not ids and carried is None:
             return True
-        if _hooks._hook is not None:
+        if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+            self._roundtrip(req, 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
+            if counts is not None:
+                counts.give_back(carried)
             return False  # kept pending: the next request, the flusher or close() sends them
         return True
+
+    def _idle_wait_s(self) -> float | None:
+        """(lock held) How long until the flusher must send (<= 0: now), or None: nothing due."""
+        now = time.monotonic()
+        if self._pending:
+            return self._deferred_at + IDLE_RELEASE_S - now
+        counts = self.counts
+        if counts is not None and counts.since:
+            return counts.since + REPORT_IDLE_S - now
+        return None
 
     def _flush_when_idle(self) -> None:
         # While gets keep coming, each next request carries the last get's pin id: the
@@ -274,9 +386,12 @@ class ControlChannel:
         # (a thread wake-up per get cost ~30 us of its latency on a loaded 2-core machine).
         # It parks (an untimed wait, woken by the next defer_release) once nothing was
         # deferred for FLUSHER_PARK_S.
+        # One-sided counts (note_report) are sent REPORT_IDLE_S after the oldest pending one,
+        # by one timed wait: they never make the flusher poll (a wake-up takes the GIL from
+        # the reading thread; polling for them raised lookup_prefix's p99 on 2 loaded cores).
         while True:
             with self._lock:
-                while not self._pending and not self._closed:
+                while (wait_s := self._idle_wait_s()) is None and not self._closed:
                     if time.monotonic() - self._deferred_at < FLUSHER_PARK_S:
                         self._wake.wait(IDLE_RELEASE_S)
                         continue
@@ -285,8 +400,7 @@ class ControlChannel:
                     self._flusher_parked = False
                 if self._closed:
                     return
-                wait_s = self._deferred_at + IDLE_RELEASE_S - time.monotonic()
-                if wait_s > 0:
+                if wait_s is not None and wait_s > 0:
                     self._wake.wait(wait_s)
                     continue
             if not self.flush(timeout_s=5.0):
@@ -338,6 +452,8 @@ class AsyncControlChannel:
         self._pending: list[int] = []
         self._flush_task: Any = None
         self._closed = False
+        self.counts: OneSidedCounts | None = None
+        """The client's one-sided counts this channel reports (set by its ClientState)."""
 
     async def _acquire(self, session_id: int) -> tuple[Any, Any, int]:
         import asyncio
@@ -412,7 +528,14 @@ class AsyncControlChannel:
         getattr(req, field).CopyFrom(request)
         if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
-        resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        try:
+            resp = await self._roundtrip(req, session_id, ids, timeout_s)
+        except BaseException:
+            if counts is not None:
+                counts.give_back(carried)
+            raise
         if resp.error_code:
             raise error_from_code(resp.error_code, resp.error_message)
         return getattr(resp, field)
@@ -428,6 +551,14 @@ class AsyncControlChannel:
         """Pin ids deferred and not yet sent."""
         return len(self._pending)
 
+    def note_report(self) -> None:
+        """One-sided counts are pending: sent within :data:`REPORT_IDLE_S` (on the loop)."""
+        self._schedule_flush()
+
+    def _due(self) -> bool:
+        counts = self.counts
+        return bool(self._pending) or (counts is not None and counts.pending())
+
     def _schedule_flush(self) -> None:
         import asyncio
 
@@ -442,21 +573,27 @@ class AsyncControlChannel:
     async def _flush_when_idle(self) -> None:
         import asyncio
 
-        while self._pending and not self._closed:
-            await asyncio.sleep(IDLE_RELEASE_S)
-            if self._pending and not await self.flush(5.0):
+        while self._due() and not self._closed:
+            await asyncio.sleep(IDLE_RELEASE_S if self._pending else REPORT_IDLE_S)
+            if self._due() and not await self.flush(5.0):
                 await asyncio.sleep(0.1)  # the node is unreachable: try again later
 
     async def flush(self, timeout_s: float) -> bool:
-        """Send the deferred releases now; True if none is left pending."""
+        """Send the deferred releases and one-sided counts now; True if no release is left
+        pending."""
         ids, self._pending = self._pending, []
-        if not ids:
+        req = pb.ControlRequest(release_pin_ids=ids)
+        counts = self.counts
+        carried = None if counts is None else counts.take_into(req)
+        if not ids and carried is None:
             return True
-        if _hooks._hook is not None:
+        if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            await self._roundtrip(pb.ControlRequest(release_pin_ids=ids), 0, ids, timeout_s)
+            await self._roundtrip(req, 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
+            if counts is not None:
+                counts.give_back(carried)
             return False
         return True
 

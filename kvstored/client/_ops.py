@@ -95,6 +95,7 @@ from kvstored.client._shm import (  # noqa: F401
     _copy_pinned,
     _put_shm,
     _read_shm,
+    dram_lead,
     dram_present,
     one_sided_live,
 )
@@ -360,14 +361,22 @@ def op_get_into(
 def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[Tier]]:
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     info = yield from ensure_ready(st)
-    checked = check_keys(keys, info)
     tiers: list[Tier] = []
-    live = yield from one_sided_live(st, info)
-    present = dram_present(st, checked) if live else None  # DRAM blocks: no round trip
-    if present is not None:
-        lead = next((i for i, p in enumerate(present) if not p), len(present))
-        tiers = [Tier.DRAM] * lead
-        checked = checked[lead:]  # the node answers from the first block not known here
+    if (yield from one_sided_live(st, info)):  # DRAM blocks: no round trip
+        # one native call hashes and probes the whole prefix, its keys checked there too
+        # (-1: a key it refuses, or no slot region: check_keys below names a bad key)
+        as_list = cast(list[bytes], keys if type(keys) is list else list(keys))
+        lead = dram_lead(st, as_list, info)
+        if lead >= 0:
+            if lead:
+                st.one_sided_counts.add_lookup(lead, lead)  # the node counts the rest it answers
+                if st.control is not None:
+                    st.control.note_report()
+            if lead == len(as_list):
+                return [Tier.DRAM] * lead
+            tiers = [Tier.DRAM] * lead
+            keys = as_list[lead:]  # the node answers from the first block not known here
+    checked = check_keys(keys, info)
     for start, end in _chunks(len(checked), info.max_batch_keys):
         resp = yield Call(
             "LookupPrefix",
@@ -393,7 +402,7 @@ def op_exists(
     info = yield from ensure_ready(st)
     checked = check_keys(keys, info)
     live = namespace_id is None and (yield from one_sided_live(st, info))
-    present = dram_present(st, checked) if live else None
+    present = dram_present(st, checked, info) if live else None
     if present is not None and any(present):  # DRAM blocks: answered here, no round trip
         rest = [k for k, p in zip(checked, present, strict=True) if not p]
         asked = iter((yield from op_exists(st, rest, with_tiers, deadline)) if rest else [])

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvstored import native
 from kvstored.client import _fastget, _hooks
 from kvstored.client._args import _chunks, _chunks_by_bytes, _Item, _result, _tail_first, _tier, status_error
 from kvstored.client._orphans import next_request_id
@@ -42,8 +43,7 @@ from kvstored.client._steps import (
 )
 from kvstored.client.types import NodeInfo, PutResult
 from kvstored.errors import ErrorCode, InternalError, InvalidArgument, LeaseExpired, NotFound, Unavailable
-from kvstored.native import copy_checked, copy_checked_many, copy_many
-from kvstored.native import probe_many as native_probe_many
+from kvstored.native import copy_checked, copy_many
 from kvstored.tiers.slots import SLOT_WORDS, UNIT_BYTES, Layout, SlotReader, idents
 from kvstored.types import Tier
 from kvstored.v1 import node_pb2 as pb
@@ -52,6 +52,7 @@ _clock = time.monotonic
 """This process's monotonic clock (the node's lease clock on the same host); tests move it."""
 
 if TYPE_CHECKING:
+    from kvstored.client._control import OneSidedCounts
     from kvstored.client._ops import _ReadSink
     from kvstored.client._state import ClientState
 
@@ -98,7 +99,8 @@ class ArenaMap:
         """The arena's blocks as bytes (get_into's fast path slices it: _fastget.py)."""
         lay = Layout.parse(self._mmap, size_bytes)
         self.slots: SlotReader | None = (
-            None if lay is None else SlotReader(self._mmap, lay, probe=native_probe_many)
+            None if lay is None else SlotReader(self._mmap, lay, probe=native.probe_many,
+                                                probe_keys=native.probe_keys, read_keys=native.read_keys)
         )
         """The version-stamped slots and the shared index (None: the node offers none, so
         every read pins): what :func:`_read_one_sided` reads without a round trip."""
@@ -195,18 +197,32 @@ def one_sided_live(st: ClientState, info: NodeInfo) -> Op[bool]:
     return True
 
 
-def dram_present(st: ClientState, keys: Sequence[bytes]) -> list[bool] | None:
+def dram_present(st: ClientState, keys: list[bytes], info: NodeInfo) -> list[bool] | None:
     """Per key: a DRAM block of this client's namespace, by the shared index and its slot
     header (no round trip; never stamps recency: a probe is not a read), or None when no
-    slot region is mapped (ask the node). False means "not known here": ask the node (an
-    SSD-only block, a miss, a slot changing now).
+    slot region is mapped or a key is invalid (ask the node, whose checks name it). False
+    means "not known here": ask the node (an SSD-only block, a miss, a slot changing now).
     """
     arena = st.arena
     reader = None if arena is None else arena.slots
     if reader is None or not one_sided_enabled():
         return None
-    slots, _lead = reader.probe_many(idents(st.stored_namespace_id, list(keys)))
-    return [bool(x >= 0) for x in slots.tolist()]
+    found = bytearray(len(keys))
+    if reader.lookup_keys(st.stored_namespace_id, keys, info.min_key_bytes, info.max_key_bytes, found) < 0:
+        return None
+    return [b == 1 for b in found]
+
+
+def dram_lead(st: ClientState, keys: list[bytes], info: NodeInfo) -> int:
+    """How many leading keys are DRAM blocks readable one-sided now (one native call: hashing
+    and index probes of the whole prefix, no per-key Python object), or -1 when no slot
+    region is mapped or a key is invalid (the node's path and its checks then answer)."""
+    arena = st.arena
+    reader = None if arena is None else arena.slots
+    if reader is None or not one_sided_enabled():
+        return -1
+    lead = reader.lookup_keys(st.stored_namespace_id, keys, info.min_key_bytes, info.max_key_bytes)
+    return max(lead, -1)
 
 
 _OneSided = tuple[int, int, int, int, bytes]
@@ -246,7 +262,9 @@ def _plan_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink) -> tu
 
 
 def _copy_one_sided(arena: ArenaMap, sink: _ReadSink, found: list[_OneSided], _deadline: float) -> list[int]:
-    """Copy the planned blocks, each kept only if its slot version held (copy_checked).
+    """Copy the planned blocks one by one, each kept only if its slot version held
+    (copy_checked): the path of the test seam (``_hooks``), whose hook fires mid-copy;
+    without a hook :func:`_read_one_sided` reads the whole batch in one call.
 
     Tail first: each slot's ``access_ns`` is stamped (CLOCK_MONOTONIC) before its copy, the
     last key's first, so the node's eviction (which reads the stamps) keeps a prefix's head
@@ -260,25 +278,6 @@ def _copy_one_sided(arena: ArenaMap, sink: _ReadSink, found: list[_OneSided], _d
     views = sink.views
     hook = _hooks._hook
     failed: list[int] = []
-    if hook is None:  # the whole batch in one call (C: the GIL released once)
-        items = []
-        dsts: list[memoryview | bytearray] = []
-        for i, slot, version, size, _meta in found:
-            off = slot * UNIT_BYTES
-            d: memoryview | bytearray = views[i][:size] if views is not None else bytearray(size)
-            dsts.append(d)
-            items.append((d, full[off : off + size], slot * SLOT_WORDS, version))
-        oks = copy_checked_many(items, words, time.monotonic_ns())
-        for (i, _slot, _v, size, meta), d, ok in zip(found, dsts, oks, strict=True):
-            if not ok:
-                ONE_SIDED_STATS["fallbacks"] += 1
-                failed.append(i)
-                continue
-            ONE_SIDED_STATS["hits"] += 1
-            if views is None:
-                sink.values[i] = d  # type: ignore[assignment]  # a bytearray, as the TCP path's
-            sink._done(i, size, meta, Tier.DRAM)
-        return failed
     for i, slot, version, size, meta in found:
         off = slot * UNIT_BYTES
         dst: memoryview | bytearray = views[i][:size] if views is not None else bytearray(size)
@@ -296,6 +295,45 @@ def _copy_one_sided(arena: ArenaMap, sink: _ReadSink, found: list[_OneSided], _d
             sink.values[i] = dst  # type: ignore[assignment]  # a bytearray, as the TCP path's
         sink._done(i, size, meta, Tier.DRAM)
     return failed
+
+
+def _read_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink, counts: OneSidedCounts,
+                    _deadline: float) -> list[int]:
+    """The whole batch one-sided in one call (``SlotReader.read_keys``: native when built):
+    hashing, index probes, header checks, the recency stamps (tail first) and the checked
+    copies. Fills ``sink`` with what was kept; adds hits (blocks, bytes), fallbacks and
+    misses to ``counts`` (reported to the node later); returns the indexes of the keys the
+    node must read, in key order."""
+    reader = arena.slots
+    if reader is None or len(arena.view) != arena.size_bytes:
+        return list(range(len(sink.keys)))  # unmapped meanwhile: the node's path says why
+    views = sink.views
+    sizes, metas, values, fallbacks = reader.read_keys(
+        namespace_id, sink.keys, views, time.monotonic_ns()
+    )
+    left = [i for i, s in enumerate(sizes) if s is None]
+    hits = len(sizes) - len(left)
+    num_bytes = 0
+    if hits:
+        num_bytes = sum(s for s in sizes if s is not None)
+        if not left:  # every key kept (the common case): whole lists, no per-key calls
+            sink.sizes, sink.metas, sink.tiers = sizes, metas, [Tier.DRAM] * len(sizes)
+            if values is not None:
+                sink.values = values  # type: ignore[assignment]  # bytes, no None: all kept
+        else:
+            for i, s in enumerate(sizes):
+                if s is not None:
+                    if values is not None:
+                        sink.values[i] = values[i]
+                    sink._done(i, s, metas[i], Tier.DRAM)
+    reported, reported_bytes = hits, num_bytes
+    if left and hits:  # hits between the first and last key left are pinned and read again
+        again = [s for s in sizes[left[0] : left[-1] + 1] if s is not None]  # (the node counts those)
+        reported, reported_bytes = hits - len(again), num_bytes - sum(again)
+    counts.add(reported, reported_bytes, fallbacks, len(left) - fallbacks)
+    ONE_SIDED_STATS["hits"] += hits
+    ONE_SIDED_STATS["fallbacks"] += fallbacks
+    return left
 
 
 def _checked_halves(dst: object, src: memoryview, words: np.ndarray, index: int, version: int) -> bool:
@@ -317,11 +355,26 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
         raise Unavailable("the arena mapping was dropped; describe the node again")
     first, last = 0, len(keys)
     if (yield from one_sided_live(st, info)):  # DRAM hits: no round trip (in a live session)
-        planned, left = _plan_one_sided(arena, st.stored_namespace_id, sink)
-        if planned:
-            left += yield Blocking(
-                functools.partial(_copy_one_sided, arena, sink, planned), sum(f[3] for f in planned)
+        if _hooks._hook is None:  # the whole batch in one call (native when built)
+            views = sink.views
+            left = yield Blocking(
+                functools.partial(_read_one_sided, arena, st.stored_namespace_id, sink, st.one_sided_counts),
+                0 if views is None else sum(map(len, views)),
             )
+            control = st.control
+            if control is not None and len(left) < len(keys):  # hits: the node hears of them
+                control.note_report()  # (with the next request, or the idle flusher's)
+        else:  # the test seam's path: block by block, each copy in halves around a hook
+            planned, left = _plan_one_sided(arena, st.stored_namespace_id, sink)
+            misses = len(left)
+            if planned:
+                failed = yield Blocking(
+                    functools.partial(_copy_one_sided, arena, sink, planned), sum(f[3] for f in planned)
+                )
+                left += failed
+                lo, hi = (min(left), max(left)) if left else (len(keys), -1)
+                kept = [i for i in set(range(len(keys))) - set(left) if not lo <= i <= hi]  # (as above)
+                st.one_sided_counts.add(len(kept), sum(sink.sizes[i] or 0 for i in kept), len(failed), misses)
         if not left:
             return
         first, last = min(left), max(left) + 1  # hits inside it are read again: same key

@@ -174,6 +174,9 @@ class ClientState:
             )
         self.slots = SlotPool(reserve_ahead_bytes)
         """Reserve-ahead slots for shared-memory puts (kvstored/client/_slots.py)."""
+        self.one_sided_counts = _control.OneSidedCounts()
+        """One-sided reads and probes not reported to the node yet (the control channel
+        carries them: kvstored/client/_control.py)."""
         self.orphans = OrphanAcks()  # grants whose answer never arrived, until acked
         self.background = Background()  # acks and late releases still in flight
         self._lock = threading.Lock()
@@ -246,11 +249,13 @@ class ClientState:
             # metadata declares its tenant on every call (docs/tenants.md)
             return None
         try:
-            return factory(info.control_path)
+            channel = factory(info.control_path)
         except OSError as exc:
             log.info("control_channel_unreachable", address=self.address,
                      control_path=info.control_path, reason=str(exc))
             return None
+        channel.counts = self.one_sided_counts  # reported on its requests (_control.py)
+        return channel
 
     def reuse(self, info: NodeInfo) -> NodeInfo | None:
         """Adopt ``info`` with the current transport if that was set up for the same epoch

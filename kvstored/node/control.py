@@ -6,7 +6,7 @@ most of its time there. This channel carries the same requests on a plain unix s
 (``<first unix listen path>.ctl``, advertised as ``DescribeResponse.control_path``):
 
     frame    = 4-byte big-endian length, then that many bytes of one protobuf message
-    request  = ControlRequest  (node.proto): session_id, release_pin_ids, one op
+    request  = ControlRequest  (node.proto): session_id, release_pin_ids, one_sided, one op
     response = ControlResponse: error_code/error_message, released, the op's response
 
 One response per request, in order, per connection. The ops (PinBlocks, ReleasePins,
@@ -18,6 +18,11 @@ Piggybacked release: ``release_pin_ids`` are pins of the client's earlier gets w
 have returned (the client sends an id only after its copy ended). They are released before
 the op runs, so a get costs one round trip; until that request arrives the pin holds, and
 its block cannot be evicted or removed.
+
+Piggybacked counts: ``one_sided`` (a ``OneSidedReport``) is what the client read or probed
+through the shared slots since its last report, with no round trip; counted before the op
+(``NodeCore.count_one_sided``: store and DRAM hits, ``kvstored_one_sided_blocks_total``,
+lookups), on any request, a bare one included. Its PinBlocks counter is untouched.
 
 Fencing (kvstored/node/sessions.py) is unchanged: pins and reservations belong to the
 client's session (its OpenSession stream / pid), not to a connection. A connection that
@@ -322,6 +327,13 @@ class ControlServer:
                 released.num_released = n
                 if expired:
                     released.expired_pin_ids.extend(expired)
+            if req.HasField("one_sided"):  # the client's one-sided reads since its last report
+                r = req.one_sided
+                core.count_one_sided(
+                    hit_blocks=r.hit_blocks, hit_bytes=r.hit_bytes, fallback_blocks=r.fallback_blocks,
+                    miss_blocks=r.miss_blocks, lookup_blocks=r.lookup_blocks,
+                    lookup_hit_blocks=r.lookup_hit_blocks,
+                )
             if req.session_id:
                 if not conn.session_id:
                     conn.session_id = req.session_id
@@ -334,7 +346,7 @@ class ControlServer:
                     )
             field = req.WhichOneof("op")
             if field is None:
-                return out  # a bare release
+                return out  # a bare release (or report)
             method = OPS[field]
             fields["method"] = method  # the log lines of this request from here on
             if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy

@@ -368,6 +368,24 @@ class NodeCore:
         if self.metrics is not None:
             self.metrics.count_transfer(transport, direction, num_blocks, num_bytes)
 
+    def count_one_sided(
+        self, *, hit_blocks: int, hit_bytes: int, fallback_blocks: int, miss_blocks: int,
+        lookup_blocks: int, lookup_hit_blocks: int,
+    ) -> None:
+        """Count what a local client read or probed one-sided (no round trip; its report,
+        ``ControlRequest.one_sided``): hits as store gets and DRAM hits (``Stats``,
+        ``kvstored_store_*``, ``kvstored_tier_hits_total``), every outcome in
+        ``kvstored_one_sided_blocks_total``, lookups in ``kvstored_lookup_*``. No pin and
+        no PinBlocks is counted: none was taken. The counts are the client's word (a local
+        client shares the arena: trusted as for its writes)."""
+        if hit_blocks:
+            self.store.count_one_sided_hits(hit_blocks)
+        m = self.metrics
+        if m is not None:
+            m.count_one_sided(hit_blocks, hit_bytes, fallback_blocks, miss_blocks)
+            if lookup_blocks:
+                m.count_lookup(lookup_blocks, lookup_hit_blocks)
+
     def count_dataplane_request(self, op: str, code: str) -> None:
         """Count one data-plane request by op (``get``, ``put``) and ErrorCode name."""
         if self.metrics is not None:

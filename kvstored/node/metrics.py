@@ -27,7 +27,12 @@ Exported by a node::
     kvstored_quarantine_bytes                         lapsed pin/reservation space not yet
                                                       reusable (its client may still copy)
     kvstored_sessions_active                          open client sessions (OpenSession)
-    kvstored_lookup_blocks_total / kvstored_lookup_hit_blocks_total
+    kvstored_lookup_blocks_total / kvstored_lookup_hit_blocks_total   (with the lookups clients
+                                                      answered one-sided, as they report them)
+    kvstored_one_sided_blocks_total{outcome}          one-sided reads clients report (hit |
+                                                      fallback | miss); hits also count in
+                                                      kvstored_store_{gets,hits}_total and
+                                                      kvstored_tier_hits_total{tier="DRAM"}
     kvstored_peer_transfers_total{peer,outcome}       this node's data-plane copies from a peer
                                                       (ok | failed), per peer node id
     kvstored_tier_capacity_bytes{tier} / kvstored_tier_used_bytes{tier} / kvstored_tier_blocks{tier}
@@ -125,6 +130,15 @@ class NodeMetrics:
             "pool holds nowhere else: a miss).",
             ["outcome"], registry=r,
         )
+        self.one_sided_blocks = Counter(
+            "kvstored_one_sided_blocks_total",
+            "Blocks clients tried to read through the shared slots with no round trip, as "
+            "their clients report them: outcome hit (kept; also counted as store and DRAM "
+            "hits), fallback (the version check failed) or miss (not in the shared index); "
+            "fallbacks and misses were then read through the node, which counts that read.",
+            ["outcome"], registry=r,
+        )
+        self._one_sided = {o: self.one_sided_blocks.labels(outcome=o) for o in ("hit", "fallback", "miss")}
         self.lookup_blocks = Counter(
             "kvstored_lookup_blocks_total", "Blocks asked for by prefix lookups.", registry=r,
         )
@@ -220,6 +234,17 @@ class NodeMetrics:
         """Count one prefix lookup: ``num_keys`` asked for, ``num_hits`` leading ones found."""
         self.lookup_blocks.inc(num_keys)
         self.lookup_hit_blocks.inc(num_hits)
+
+    def count_one_sided(self, hit_blocks: int, hit_bytes: int, fallback_blocks: int, miss_blocks: int) -> None:
+        """Count a client's report of one-sided reads (kvstored_one_sided_blocks_total by
+        outcome; the hits' bytes as shm transfers out)."""
+        if hit_blocks:
+            self._one_sided["hit"].inc(hit_blocks)
+            self.count_transfer("shm", "out", hit_blocks, hit_bytes)
+        if fallback_blocks:
+            self._one_sided["fallback"].inc(fallback_blocks)
+        if miss_blocks:
+            self._one_sided["miss"].inc(miss_blocks)
 
     def count_lease_expired(self, kind: str, n: int = 1) -> None:
         """Count ``n`` leases of ``kind`` (``pin`` | ``reservation`` | ``slot``) that lapsed."""

@@ -135,6 +135,16 @@ class Reads:
             ssd.persist(records)
         return out
 
+    def count_one_sided_hits(self, num_blocks: int) -> None:
+        """Count ``num_blocks`` DRAM hits a client read one-sided (no pin, no round trip: its
+        client reports them later) as gets and DRAM hits, as :meth:`pin_many` counts its own.
+        Thread-safe (the store lock)."""
+        st = self._state
+        with st.lock:
+            st.gets += num_blocks
+            st.hits += num_blocks
+            st.dram.hits += num_blocks
+
     def _pin_dram_hits(self, keys: list[bytes], hits: list[DramEntry]) -> list[PinnedBlock]:
         """:meth:`pin_many` when every key is a DRAM hit (lock held): the same pins, counts
         and recency (touched last-key-first), in one pass without the per-key tier checks."""

@@ -391,11 +391,21 @@ class SlotReader:
         lay: its layout (:meth:`Layout.parse`).
     """
 
-    def __init__(self, buf: Any, lay: Layout, probe: Callable[..., int] | None = None) -> None:
+    def __init__(self, buf: Any, lay: Layout, probe: Callable[..., int] | None = None,
+                 probe_keys: Callable[..., int] | None = None,
+                 read_keys: Callable[..., ReadAnswer] | None = None) -> None:
         self.lay = lay
         self.probe = probe
         """The native ``probe_many`` (kvstored.native), or None: :meth:`probe_many` loops here."""
+        self.native_probe_keys = probe_keys
+        """The native ``probe_keys`` (hash + probe of a whole prefix in one C call), or None:
+        :meth:`lookup_keys` runs :func:`py_probe_keys`."""
+        self.native_read_keys = read_keys
+        """The native ``read_keys`` (a whole batch of checked reads in one C call), or None:
+        :meth:`read_keys` runs :func:`py_read_keys`."""
         self._mv = memoryview(buf)  # bytes (an mmap or a bytearray)
+        self.arena = self._mv[: lay.arena_size]
+        """The arena's block bytes (what a checked read copies from)."""
         self._base = lay.slots_off
         self.slots = slot_words(buf, lay)
         self.words = self.slots.reshape(-1)
@@ -481,3 +491,185 @@ class SlotReader:
     def touch(self, slot: int, now_ns: int | None = None) -> None:
         """Stamp the slot's ``access_ns`` (CLOCK_MONOTONIC ns): recency without a round trip."""
         self.slots[slot, S_ACCESS_NS] = time.monotonic_ns() if now_ns is None else now_ns
+
+    def lookup_keys(self, namespace_id: bytes, keys: list[bytes], min_len: int, max_len: int,
+                    found: bytearray | None = None) -> int:
+        """Hash and look up a whole prefix in the shared index (no round trip, no recency).
+
+        Args:
+            namespace_id: the STORED namespace id (at most 255 bytes).
+            keys: the keys, a list of ``bytes``.
+            min_len, max_len: the node's key length bounds.
+            found: None to stop at the first key not found (lookup_prefix); else a buffer of
+                ``len(keys)`` bytes set to 1 / 0 per key (exists).
+
+        Returns:
+            How many leading keys are DRAM blocks readable one-sided now; or ``-1 - i`` when
+            key ``i`` (the first such; every key is checked) is not ``bytes`` of
+            ``min_len..max_len`` bytes (the caller's checks name it).
+
+        Raises:
+            InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+        """
+        fn = self.native_probe_keys or py_probe_keys
+        return fn(self.buckets, self.slots, _prefix(namespace_id), keys, min_len, max_len, found)
+
+    def read_keys(self, namespace_id: bytes, keys: list[bytes], dsts: list[Any] | None,
+                  stamp_ns: int, mid: Callable[[], object] | None = None) -> ReadAnswer:
+        """One-sided reads of a batch (the seqlock of the module docstring), tail first.
+
+        Args:
+            namespace_id: the STORED namespace id (at most 255 bytes).
+            keys: the keys, a list of ``bytes``.
+            dsts: one writable buffer per key (the block is written at its start), or None
+                (each block into a new ``bytes``).
+            stamp_ns: CLOCK_MONOTONIC ns stamped into ``access_ns`` (``stamp_ns + i`` for the
+                ``i``-th block copied, the last key first); 0 = no stamp.
+            mid: tests only: called between the plan (index and headers) and the copies.
+
+        Returns:
+            ``(sizes, metas, values, num_fallbacks)``: per key the bytes kept or None (ask the
+            node), its meta (``b""`` when none), its bytes (``values`` is None with ``dsts``),
+            and how many blocks the index named whose version check failed.
+
+        Raises:
+            InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+            TypeError, ValueError: a key is not bytes, a destination not a writable buffer
+                (nothing copied then).
+        """
+        fn = self.native_read_keys or py_read_keys
+        if mid is None:
+            return fn(self.buckets, self.slots, self.arena, _prefix(namespace_id), keys, dsts, stamp_ns)
+        return fn(self.buckets, self.slots, self.arena, _prefix(namespace_id), keys, dsts, stamp_ns, mid)
+
+
+ReadAnswer = tuple[list[int | None], list[bytes], list[bytes | None] | None, int]
+"""What :meth:`SlotReader.read_keys` answers: ``(sizes, metas, values, num_fallbacks)``."""
+
+
+def _prefix(namespace_id: bytes) -> bytes:
+    if len(namespace_id) > 255:
+        raise InvalidArgument(f"namespace_id is {len(namespace_id)} bytes; at most 255 are accepted")
+    return bytes((len(namespace_id),)) + namespace_id
+
+
+def _ident_of(prefix: bytes, key: bytes) -> tuple[int, int]:
+    d = xxhash.xxh3_128_intdigest(prefix + key)
+    lo, hi = d & _MASK64, d >> 64
+    return (1, 0) if lo == 0 and hi == 0 else (lo, hi)
+
+
+def _probe(buckets: np.ndarray, slots: np.ndarray, lo: int, hi: int) -> int:
+    """The fallback of the native ``probe_one``: the slot holding ident ``(lo, hi)`` now, or -1."""
+    nb = len(buckets)
+    mask = nb - 1
+    i = lo & mask
+    for _ in range(nb):
+        row = buckets[i]
+        v1 = int(row[B_VERSION])
+        if v1 & 1:
+            return -1
+        s1, blo, bhi = int(row[B_SLOT1]), int(row[B_IDENT_LO]), int(row[B_IDENT_HI])
+        if int(row[B_VERSION]) != v1 or s1 == 0:
+            return -1
+        if blo == lo and bhi == hi:
+            s = s1 - 1
+            if s >= len(slots):
+                return -1
+            h = slots[s]
+            hv = int(h[S_VERSION])
+            ok = not hv & 1 and int(h[S_IDENT_LO]) == lo and int(h[S_IDENT_HI]) == hi
+            return s if ok and int(h[S_VERSION]) == hv else -1
+        i = (i + 1) & mask
+    return -1
+
+
+def py_probe_keys(buckets: np.ndarray, slots: np.ndarray, prefix: bytes, keys: list[bytes],
+                  min_len: int, max_len: int, found: bytearray | None = None) -> int:
+    """The pure-Python fallback of the native ``probe_keys`` (same arguments and answer; see
+    :meth:`SlotReader.lookup_keys`). Correct on x86 only (see the module docstring)."""
+    lo_len = max(min_len, 1)
+    for k, key in enumerate(keys):  # every key checked first, as in C
+        if type(key) is not bytes or not lo_len <= len(key) <= max_len:
+            return -1 - k
+    lead, leading = 0, True
+    for k, key in enumerate(keys):
+        hit = _probe(buckets, slots, *_ident_of(prefix, key)) >= 0
+        if found is not None:
+            found[k] = hit
+        leading = leading and hit
+        lead += leading
+        if not leading and found is None:
+            break
+    return lead
+
+
+def _unchanged(words: np.ndarray, index: int, version: int) -> bool:
+    """The seqlock check of :func:`py_read_keys`: the slot's version is still ``version``
+    (one function, so the mutation test can turn it off)."""
+    return int(words[index]) == version
+
+
+def py_read_keys(buckets: np.ndarray, slots: np.ndarray, arena: memoryview, prefix: bytes,
+                 keys: list[bytes], dsts: list[Any] | None, stamp_ns: int,
+                 mid: Callable[[], object] | None = None) -> ReadAnswer:
+    """The pure-Python fallback of the native ``read_keys`` (same arguments, answer and
+    order: plan every key tail first, then stamp, copy and re-check each). Correct on x86
+    only (total store order; see the module docstring)."""
+    n = len(keys)
+    words = slots.reshape(-1)
+    src_all = np.frombuffer(arena, dtype=np.uint8)
+    plan: list[tuple[int, int, int, int, bytes, np.ndarray]] = []  # key, version, off, size, meta, dst
+    for k in range(n - 1, -1, -1):
+        key = keys[k]
+        if type(key) is not bytes:
+            raise TypeError(f"read_keys: key #{k} must be bytes, got {type(key).__name__}")
+        lo, hi = _ident_of(prefix, key)
+        slot = _probe(buckets, slots, lo, hi)
+        if slot < 0:
+            continue
+        w0 = slot * SLOT_WORDS
+        v1 = int(words[w0])
+        hlo, hhi, size = int(words[w0 + S_IDENT_LO]), int(words[w0 + S_IDENT_HI]), int(words[w0 + S_SIZE])
+        mlen = int(words[w0 + S_LENS]) >> 32
+        off = slot * UNIT_BYTES
+        if v1 & 1 or (hlo, hhi) != (lo, hi) or mlen > META_INLINE_BYTES or off + size > len(src_all):
+            continue
+        meta = slots[slot, S_META:].tobytes()[:mlen]
+        if dsts is None:
+            dst = np.empty(size, dtype=np.uint8)
+        else:
+            try:
+                mv = memoryview(dsts[k])
+            except TypeError:
+                raise ValueError(f"read_keys: dst #{k} must be a writable C-contiguous buffer, got "
+                                 f"{type(dsts[k]).__name__}") from None
+            if mv.readonly or not mv.c_contiguous:
+                raise ValueError(f"read_keys: dst #{k} must be a writable C-contiguous buffer, got "
+                                 f"{type(dsts[k]).__name__}")
+            if size > mv.nbytes:
+                continue
+            dst = np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)[:size]
+        plan.append((k, v1, off, size, meta, dst))
+    if mid is not None:  # the test seam, as in C: between the plan and the copies
+        mid()
+    sizes: list[int | None] = [None] * n
+    metas: list[bytes] = [b""] * n
+    values: list[bytes | None] | None = None if dsts is not None else [None] * n
+    fallbacks = 0
+    for i, (k, v1, off, size, meta, dst) in enumerate(plan):
+        w0 = (off // UNIT_BYTES) * SLOT_WORDS
+        if not _unchanged(words, w0, v1):
+            fallbacks += 1
+            continue
+        if stamp_ns:
+            words[w0 + S_ACCESS_NS] = stamp_ns + i
+        np.copyto(dst, src_all[off : off + size])
+        if not _unchanged(words, w0, v1):
+            fallbacks += 1
+            continue
+        sizes[k] = size
+        metas[k] = meta
+        if values is not None:
+            values[k] = dst.tobytes()
+    return sizes, metas, values, fallbacks

@@ -576,6 +576,11 @@ class TieredStore:
         """Counters since start and current usage of each tier (never waits on disk I/O)."""
         return self._reads.stats()
 
+    def count_one_sided_hits(self, num_blocks: int) -> None:
+        """Count DRAM hits clients read one-sided (they report them): see
+        :meth:`Reads.count_one_sided_hits`."""
+        self._reads.count_one_sided_hits(num_blocks)
+
     def list_blocks(
         self, *, namespace_id: bytes | None = None, limit: int = 10000
     ) -> tuple[list[BlockInfo], bool]:

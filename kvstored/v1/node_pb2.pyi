@@ -542,7 +542,7 @@ class ListBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put", "commit_slots")
+    __slots__ = ("session_id", "release_pin_ids", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put", "commit_slots", "one_sided")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PIN_IDS_FIELD_NUMBER: _ClassVar[int]
     PIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -553,6 +553,7 @@ class ControlRequest(_message.Message):
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     COMMIT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ONE_SIDED_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     release_pin_ids: _containers.RepeatedScalarFieldContainer[int]
     pin_blocks: PinBlocksRequest
@@ -563,7 +564,24 @@ class ControlRequest(_message.Message):
     exists: ExistsRequest
     put: PutRequest
     commit_slots: CommitSlotsRequest
-    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., commit_slots: _Optional[_Union[CommitSlotsRequest, _Mapping]] = ...) -> None: ...
+    one_sided: OneSidedReport
+    def __init__(self, session_id: _Optional[int] = ..., release_pin_ids: _Optional[_Iterable[int]] = ..., pin_blocks: _Optional[_Union[PinBlocksRequest, _Mapping]] = ..., release_pins: _Optional[_Union[ReleasePinsRequest, _Mapping]] = ..., reserve_put: _Optional[_Union[ReservePutRequest, _Mapping]] = ..., commit_put: _Optional[_Union[CommitPutRequest, _Mapping]] = ..., lookup_prefix: _Optional[_Union[LookupPrefixRequest, _Mapping]] = ..., exists: _Optional[_Union[ExistsRequest, _Mapping]] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., commit_slots: _Optional[_Union[CommitSlotsRequest, _Mapping]] = ..., one_sided: _Optional[_Union[OneSidedReport, _Mapping]] = ...) -> None: ...
+
+class OneSidedReport(_message.Message):
+    __slots__ = ("hit_blocks", "hit_bytes", "fallback_blocks", "miss_blocks", "lookup_blocks", "lookup_hit_blocks")
+    HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MISS_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    hit_blocks: int
+    hit_bytes: int
+    fallback_blocks: int
+    miss_blocks: int
+    lookup_blocks: int
+    lookup_hit_blocks: int
+    def __init__(self, hit_blocks: _Optional[int] = ..., hit_bytes: _Optional[int] = ..., fallback_blocks: _Optional[int] = ..., miss_blocks: _Optional[int] = ..., lookup_blocks: _Optional[int] = ..., lookup_hit_blocks: _Optional[int] = ...) -> None: ...
 
 class ControlResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "released", "pin_blocks", "release_pins", "reserve_put", "commit_put", "lookup_prefix", "exists", "put", "commit_slots")

@@ -10,6 +10,7 @@ least 1 GiB read.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import numpy as np
 from it_helpers import DaemonThread, random_keys, value_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvstored import Client, Tier
+from kvstored import AsyncClient, Client, Tier
 from kvstored.client import _shm
 
 MIB = 1 << 20
@@ -74,9 +75,77 @@ def test_exists_and_lookup_prefix_of_dram_blocks_take_no_round_trip(start_node: 
         assert _calls(node, "Exists") + _calls(node, "LookupPrefix") == asked + 2
 
 
+def _metric(node: DaemonThread, name: str, **labels: str) -> float:
+    body = urllib.request.urlopen(f"http://{node.daemon.metrics_address}/metrics", timeout=10).read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(body) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_one_sided_hits_reach_the_node_hit_metrics_with_no_pin(start_node: Any) -> None:
+    """The client reports its one-sided reads on its next control request (or the idle
+    flusher's, or the flush before a gRPC call): the node's hit counters (Stats, the store's
+    and the DRAM tier's, kvstored_one_sided_blocks_total, the lookups) include them, and its
+    PinBlocks counter stays 0 for them."""
+    node = start_node(dram_size_bytes=16 * MIB, ssd_size_bytes=0, ssd_dir=None)
+    keys = random_keys(6)
+    values = [value_for(k, 10_000 + i) for i, k in enumerate(keys)]
+    with Client(node.unix_address) as c:
+        assert all(r.stored for r in c.put(keys[:5], values[:5]))
+        before = c.stats()
+        pins = _pin_calls(node)
+        assert c.get(keys[:5]) == values[:5]  # 5 one-sided hits
+        bufs = [bytearray(20_000) for _ in range(3)]
+        assert c.get_into(keys[:3], bufs) == [len(v) for v in values[:3]]  # 3 more
+        assert c.lookup_prefix(keys) == 5  # 5 leading keys answered here, the 6th by the node
+        after = c.stats()  # a gRPC call: the pending report is flushed first
+        assert _pin_calls(node) == pins  # not one PinBlocks for them
+        assert (after["gets"] - before["gets"], after["hits"] - before["hits"]) == (8, 8)
+        dram = [t for t in after["tiers"] if t["tier"] == "DRAM"][0]
+        dram0 = [t for t in before["tiers"] if t["tier"] == "DRAM"][0]
+        assert dram["hits"] - dram0["hits"] == 8
+        assert _metric(node, "kvstored_one_sided_blocks_total", outcome="hit") == 8
+        assert _metric(node, "kvstored_store_hits_total") == after["hits"]
+        assert _metric(node, "kvstored_lookup_hit_blocks_total") == 5
+        assert _metric(node, "kvstored_lookup_blocks_total") == 6
+        assert c.get([keys[5]]) == [None]  # a miss: the node's path, reported as a miss too
+        # keys[0] between two misses is pinned and read again with them: the node counts
+        # that read, so the client does not report it (never counted twice)
+        assert c.get([keys[5], keys[0], keys[5]]) == [None, values[0], None]
+        mixed = c.stats()
+        assert mixed["hits"] - after["hits"] == 1  # keys[0], through PinBlocks
+        assert _metric(node, "kvstored_one_sided_blocks_total", outcome="hit") == 8
+        assert _metric(node, "kvstored_one_sided_blocks_total", outcome="miss") == 3
+        assert _pin_calls(node) == pins + 2  # the two reads with misses
+        assert c.get(keys[:1]) == values[:1]  # the idle flusher reports this one on its own
+        deadline = time.monotonic() + 30  # (REPORT_IDLE_S after it; waited for, not slept)
+        while _metric(node, "kvstored_one_sided_blocks_total", outcome="hit") < 9:
+            assert time.monotonic() < deadline, "the idle flusher sent no report"
+            time.sleep(0.05)
+        assert _pin_calls(node) == pins + 2
+
+
+def test_an_async_clients_one_sided_hits_reach_the_node_too(start_node: Any) -> None:
+    node = start_node(dram_size_bytes=16 * MIB, ssd_size_bytes=0, ssd_dir=None)
+    keys = random_keys(4)
+    values = [value_for(k, 5_000) for k in keys]
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with AsyncClient(node.unix_address) as c:
+            assert all(r.stored for r in await c.put(keys, values))
+            before = await c.stats()
+            assert await c.get(keys) == values
+            return before, await c.stats()
+
+    pins = _pin_calls(node)
+    before, after = asyncio.run(main())
+    assert after["hits"] - before["hits"] == 4
+    assert _pin_calls(node) == pins
+    assert _metric(node, "kvstored_one_sided_blocks_total", outcome="hit") == 4
+
+
 _CHILD = """
 import os, signal, sys
-from kvstored import Client, Tier
+from kvstored import AsyncClient, Client, Tier
 from kvstored.client import _hooks
 def hook(event, **fields):
     if event == "shm_one_sided_mid":

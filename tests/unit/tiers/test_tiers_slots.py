@@ -334,3 +334,163 @@ def test_a_prefix_read_tail_first_leaves_its_head_most_recent(tmp_path: pathlib.
         assert order == [key(3), key(2), key(1), key(0)]  # LRU first: the unread block, then the tail
     finally:
         s.close()
+
+
+# --- the whole-batch calls: probe_keys (lookup_prefix, exists) and read_keys (get, get_into) ---
+
+KEY_BOUNDS = (1, 64)
+
+
+def readers_of(store: TieredStore) -> list[tuple[str, SlotReader]]:
+    """The store's slots read by the pure-Python fallbacks and, when built, the native calls."""
+    arena = store._state.dram.arena
+    out = [("python", SlotReader(arena._mmap, arena.layout))]
+    if native.probe_keys is not None and native.read_keys is not None:
+        out.append(("native", SlotReader(arena._mmap, arena.layout, probe_keys=native.probe_keys,
+                                         read_keys=native.read_keys)))
+    return out
+
+
+@pytest.fixture
+def big_store() -> Iterator[TieredStore]:
+    s = TieredStore(dram_size_bytes=16 * BLOCK, arena_dir=None)
+    yield s
+    s.close()
+
+
+def test_the_native_and_python_prefix_probes_agree(big_store: TieredStore) -> None:
+    keys = [key(i) for i in range(8)]
+    for i in (0, 1, 2, 4, 5):
+        big_store.put(keys[i], val(i), namespace_id=NS)
+    table = big_store._state.dram.arena.slot_table
+    ref = SlotReader(big_store._state.dram.arena._mmap, big_store._state.dram.arena.layout)
+    slot5 = ref.lookup(*ident(NS, keys[5]))
+    assert slot5 is not None
+    table.unpublish(slot5 * UNIT_BYTES)  # keys[5]: indexed, but its slot is odd (changing)
+    answers = {}
+    for name, reader in readers_of(big_store):
+        found = bytearray(len(keys))
+        answers[name] = (
+            reader.lookup_keys(NS, keys, *KEY_BOUNDS),  # stops at the first miss
+            reader.lookup_keys(NS, keys, *KEY_BOUNDS, found=found), list(found),
+            reader.lookup_keys(b"\xff\x01b" + NS, keys, *KEY_BOUNDS),  # another tenant: nothing
+            reader.lookup_keys(NS, keys[:2] + [b""] + keys[2:], *KEY_BOUNDS),  # an empty key: -1 - 2
+            reader.lookup_keys(NS, [keys[0], bytearray(keys[1])], *KEY_BOUNDS),  # not bytes: -1 - 1
+            reader.lookup_keys(NS, [keys[0], b"k" * 65], *KEY_BOUNDS),  # too long: -1 - 1
+            reader.lookup_keys(NS, [keys[3], b""], *KEY_BOUNDS),  # every key checked, a miss first too
+        )
+    expected = (3, 3, [1, 1, 1, 0, 1, 0, 0, 0], 0, -3, -2, -2, -2)
+    assert answers == {name: expected for name in answers}
+
+
+def test_the_native_and_python_batch_reads_agree(big_store: TieredStore) -> None:
+    keys = [key(i) for i in range(6)]
+    metas = [b"m0", b"", b"x" * 64, b"y" * 65, b"m4"]  # keys[3]'s meta is not inline: the node's
+    for i in range(5):
+        big_store.put(keys[i], val(i, 1000 + i), meta=metas[i], namespace_id=NS)
+    answers = {}
+    for name, reader in readers_of(big_store):
+        sizes, got_metas, values, fallbacks = reader.read_keys(NS, keys, None, 0)
+        bufs = [bytearray(2000) for _ in keys]
+        bufs[4] = bytearray(10)  # too small: the node's path names it
+        into = reader.read_keys(NS, keys, bufs, 0)
+        answers[name] = (sizes, got_metas, values, fallbacks, into[0], into[1], into[2], into[3],
+                         [bytes(b[: s or 0]) for b, s in zip(bufs, into[0], strict=True)])
+    sizes = [1000, 1001, 1002, None, 1004, None]
+    kept = [val(0, 1000), val(1, 1001), val(2, 1002), None, val(4, 1004), None]
+    expected = (sizes, [b"m0", b"", b"x" * 64, b"", b"m4", b""], kept, 0,
+                sizes[:4] + [None, None], [b"m0", b"", b"x" * 64, b"", b"", b""], None, 0,
+                [v or b"" for v in kept[:4]] + [b"", b""])
+    assert answers == {name: expected for name in answers}
+
+
+@pytest.mark.parametrize("impl", ["python", "native"])
+def test_a_batch_read_stamps_tail_first_and_a_rewrite_between_plan_and_copy_falls_back(
+    big_store: TieredStore, impl: str
+) -> None:
+    """read_keys plans the batch (index, headers), then copies: the node rewriting a block in
+    between (remove + re-put of the key with other bytes into the same space) makes that key
+    fall back, counted apart from misses; the others are kept, stamped tail first."""
+    readers = dict(readers_of(big_store))
+    if impl not in readers:
+        pytest.skip("kvstored._native not built")
+    reader = readers[impl]
+    keys = [key(i) for i in range(3)]
+    for i in range(3):
+        big_store.put(keys[i], val(i), namespace_id=NS)
+    slots = [reader.lookup(*ident(NS, k)) for k in keys]
+
+    def rewrite() -> None:
+        big_store.remove([keys[1]], namespace_id=NS)
+        big_store.put(keys[1], val(9), namespace_id=NS)
+        assert reader.lookup(*ident(NS, keys[1])) == slots[1]  # the same space, a new version
+
+    sizes, _metas, values, fallbacks = reader.read_keys(NS, keys, None, 5000, mid=rewrite)
+    assert (sizes, values, fallbacks) == ([BLOCK - 5, None, BLOCK - 5], [val(0), None, val(2)], 1)
+    stamps = [int(reader.slots[s, 5]) for s in slots]  # type: ignore[index]
+    assert stamps[2] == 5000 and stamps[0] == 5002  # the tail first, the head latest
+    assert reader.read_keys(NS, keys, None, 0)[2] == [val(0), val(9), val(2)]  # the new bytes
+
+
+@pytest.mark.parametrize("step", ["publish", "unpublish"])
+def test_a_batch_read_finds_nothing_while_the_node_holds_the_slot_odd(big_store: TieredStore, step: str) -> None:
+    table = big_store._state.dram.arena.slot_table
+    big_store.put(key(1), val(1), namespace_id=NS)
+    seen: list[object] = []
+
+    def hook(at: str, _i: int) -> None:
+        if at == step and not seen:
+            seen.append({name: (r.read_keys(NS, [key(1)], None, 0)[0], r.lookup_keys(NS, [key(1)], *KEY_BOUNDS))
+                         for name, r in readers_of(big_store)})
+
+    table.hook = hook
+    big_store.remove([key(1)], namespace_id=NS)
+    if step == "publish":
+        seen.clear()
+        big_store.put(key(1), val(3), namespace_id=NS)
+    table.hook = None
+    assert seen == [{name: ([None], 0) for name, _ in readers_of(big_store)}]
+
+
+def test_the_native_batch_read_names_bad_arguments(big_store: TieredStore) -> None:
+    readers = dict(readers_of(big_store))
+    for name, reader in readers.items():
+        with pytest.raises(TypeError, match="key #0 must be bytes"):
+            reader.read_keys(NS, [bytearray(b"k" * 16)], None, 0)  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="dst #0 must be a writable"):
+            big_store.put(key(1), val(1), namespace_id=NS)
+            reader.read_keys(NS, [key(1)], [b"read-only"], 0)
+        assert name in ("python", "native")
+
+
+def test_without_the_batch_check_another_keys_bytes_are_kept(
+    big_store: TieredStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutation test of the batch read: with its version check turned off, a block freed
+    between the plan and the copy and reused by another key is kept under the planned key
+    (another block's bytes); with the check, that key falls back to the node."""
+    from kvstored.tiers import slots as slots_mod
+
+    reader = SlotReader(big_store._state.dram.arena._mmap, big_store._state.dram.arena.layout)
+    keys = [key(1), key(2)]
+    for i, k in enumerate(keys):
+        big_store.put(k, val(i + 1), namespace_id=NS)
+    slot = reader.lookup(*ident(NS, key(2)))
+
+    def reuse() -> None:  # key(2) removed, its space taken by key(99)'s block at once
+        big_store.remove([key(2)], namespace_id=NS)
+        big_store.put(key(99), val(99), namespace_id=NS)
+        assert reader.lookup(*ident(NS, key(99))) == slot
+
+    got = reader.read_keys(NS, keys, None, 0, mid=reuse)[2]
+    assert got == [val(1), None]  # checked: key(2) is the node's to answer (a miss now)
+    big_store.remove([key(99)], namespace_id=NS)
+    big_store.put(key(2), val(2), namespace_id=NS)
+    slot = reader.lookup(*ident(NS, key(2)))
+    monkeypatch.setattr(slots_mod, "_unchanged", lambda *_: True)
+    got = reader.read_keys(NS, keys, None, 0, mid=reuse)[2]
+    assert got is not None and got[1] is not None
+    wrong = sum(a != b for a, b in zip(got[1], val(2), strict=True))
+    assert got[1] == val(99) and wrong == len(val(2))  # every byte another key's
+    with pytest.raises(AssertionError, match="wrong bytes"):
+        assert got[1] == val(2), f"wrong bytes: {wrong} of {len(got[1])} differ"
