@@ -181,15 +181,12 @@ def test_client_exiting_without_close_holds_nothing(
 SLOT_SIZE = 1 << 20
 
 
-@pytest.fixture
-def control_only(control_channel: str) -> None:
-    """The slot tests run over the control channel only (CI time): CommitSlots over gRPC is
-    the same handler, run over both by tests/integration/test_slot_puts.py."""
-    if control_channel != "control":
-        pytest.skip("reserve-ahead e2e: the control channel's run covers the path")
+# The slot tests run over the control channel only (CI time): CommitSlots over gRPC is the
+# same handler, run over both by tests/integration/test_slot_puts.py.
+control_only = pytest.mark.parametrize("control_channel", ["control"], indirect=True)
 
 
-@pytest.mark.usefixtures("control_only")
+@control_only
 def test_sigstopped_slot_writer_never_overwrites_another_clients_block(
     node: ServeProcess, spawn: Any
 ) -> None:
@@ -216,7 +213,7 @@ def test_sigstopped_slot_writer_never_overwrites_another_clients_block(
         assert b.get([ka]) == [None]
 
 
-@pytest.mark.usefixtures("control_only")
+@control_only
 def test_sigkilled_writer_holding_slots_frees_them_when_its_session_closes(
     node: ServeProcess, spawn: Any
 ) -> None:
