@@ -60,34 +60,22 @@ from cluster_helpers import (
     start_nodes,
     wait_healthy,
 )
-from thread_helpers import wait_until
+from vllm_helpers import MODEL, PYTHON, engine_stats, engine_steps, requires_vllm, wait_engine_file
 
 from kvstored import Client, Namespace
 from kvstored.client.master import MasterClient
 from kvstored.demo.vllm_demo import (
     EngineProcess,
-    VllmUnavailable,
     build_prompts,
     engine_spec,
-    find_model,
-    find_vllm_python,
 )
-from kvstored.errors import KvstoredError
-
-try:
-    PYTHON = find_vllm_python()
-    MODEL = find_model(PYTHON)
-    SKIP_REASON = ""
-except VllmUnavailable as exc:
-    PYTHON = MODEL = None  # type: ignore[assignment]
-    SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.netns,
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
+    requires_vllm,
 ]
 
 PREFIX_TOKENS = 4096  # the shared document; the issue asks for a 4k-token prefix
@@ -175,33 +163,9 @@ def _leader(addresses: str) -> tuple[str, int]:
         return m.address, m.fence.term
 
 
-def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
-    files = sorted(stats_dir.glob(f"{role}*.json"))
-    assert files, f"no {role} stats in {stats_dir}"
-    return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
-
-
-def _result(engine: EngineProcess) -> list[dict[str, Any]]:
-    """The engine's step results; on a failure the error lines of its whole log are attached
-    (the root cause of a vLLM start failure is often far above the log's tail)."""
-    try:
-        return engine.result()["steps"]  # type: ignore[no-any-return]
-    except KvstoredError as exc:
-        lines = engine.log_path.read_text(errors="replace").splitlines()
-        causes = [ln for ln in lines if "Error" in ln or "Exception" in ln or "Killed" in ln]
-        raise AssertionError(f"{exc}\nerror lines of the whole log:\n"
-                             + "\n".join(causes[-40:])) from None
-
-
 def _wait_file(path: Path, engine: EngineProcess) -> None:
-    """Until the engine created ``path`` (it exits with an error otherwise: then raise)."""
-    def reached() -> bool:
-        if engine.proc.poll() is not None:
-            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
-                                 f"\n{engine.log_path.read_text()[-3000:]}")
-        return path.exists()
     # B may still be starting, then prefills ~4k tokens: minutes on a loaded 2-core machine
-    wait_until(reached, ENGINE_WAIT_S, f"engine reached {path.name}", interval_s=0.2)
+    wait_engine_file(path, engine, ENGINE_WAIT_S)
 
 
 def _keys_on(node: NodeProcess, namespace: Namespace) -> list[bytes]:
@@ -287,13 +251,13 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
     ], workdir / "engine-r", node=None)
     procs.append(engine_r)
 
-    a_steps = _result(engine_a)
+    a_steps = engine_steps(engine_a)
     assert a_steps[0]["num_cached_tokens"] == 0, "engine A must compute the prefix itself"
-    fields = _stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
+    fields = engine_stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
     namespace = Namespace(**fields)
     a_keys = _keys_on(nodes["a"], namespace)
     assert len(a_keys) >= PREFIX_TOKENS // BLOCK_TOKENS, len(a_keys)
-    reference = _result(engine_r)
+    reference = engine_steps(engine_r)
     answers = dict(zip((P_SHARED_Q1, P_SHARED_Q2), reference, strict=True))
     with MasterClient(both) as m:  # just before B goes: the leader names node a for all
         _wait("A's blocks indexed on node a", lambda: _indexed_on(m, namespace.id, a_keys, "a"))
@@ -314,7 +278,7 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
         failover_s, new_term = _fail_over(both, masters, leader, nodes, victim, namespace,
                                           a_keys, t_kill)
     resume.write_text("go\n")
-    b = _result(engine_b)
+    b = engine_steps(engine_b)
     wall_s = time.monotonic() - t_start
     _check(b, prompts, answers, workdir, {
         "seed": seed, "killed": [f"node {victim}", f"master {leader.address}"],
@@ -357,7 +321,7 @@ def _check(b: list[dict[str, Any]], prompts: list[list[int]],
     """B's results against R's answers and the TTFTs; ``victim`` None: B's node kept its
     copies (one master), else they were removed and ``victim`` tells whether node a lives."""
     miss, hit, after_kill = b[0], b[1], b[3]
-    scheduler = _stats(workdir / "engine-b" / "stats", "scheduler")
+    scheduler = engine_stats(workdir / "engine-b" / "stats", "scheduler")
     answered = [s for s in b if s["token_ids"]]
     summary = {
         **facts,
@@ -375,7 +339,7 @@ def _check(b: list[dict[str, Any]], prompts: list[list[int]],
     shared_blocks = (hit["prompt_tokens"] - 1) // BLOCK_TOKENS
     assert hit["num_cached_tokens"] == shared_blocks * BLOCK_TOKENS, summary
     assert hit["wall_s"] < miss["wall_s"], summary
-    worker = _stats(workdir / "engine-b" / "stats", "worker")
+    worker = engine_stats(workdir / "engine-b" / "stats", "worker")
     assert worker["blocks_loaded"] >= shared_blocks, worker
     assert after_kill["prefix_cache_reset"] is True, after_kill
     common = _common_blocks(prompts[P_SHARED_Q1], prompts[P_SHARED_Q2])

@@ -28,32 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_helpers import MODEL, PYTHON, engine_stats, requires_vllm
 
 from kvstored import Client, Namespace
 from kvstored.demo.daemon import ManagedDaemon
 from kvstored.demo.vllm_demo import (
     REPO,
     EngineProcess,
-    VllmUnavailable,
     build_prompts,
     engine_spec,
-    find_model,
-    find_vllm_python,
 )
-
-try:
-    PYTHON = find_vllm_python()
-    MODEL = find_model(PYTHON)
-    SKIP_REASON = ""
-except VllmUnavailable as exc:
-    PYTHON = MODEL = None  # type: ignore[assignment]
-    SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
+    requires_vllm,
 ]
 
 PROMPT_TOKENS = 1536
@@ -62,12 +52,6 @@ QUESTIONS = (
     "Which Python module does this document describe? Answer in one sentence.",
     "Name one class or function that the document describes.",
 )
-
-
-def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
-    files = sorted(stats_dir.glob(f"{role}*.json"))
-    assert files, f"no {role} stats in {stats_dir}"
-    return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +76,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]])
             {"prompt": 1, "max_tokens": ANSWER_TOKENS},
         ], extra_config={"address": daemon.address, "stats_dir": str(p1_stats)}), work)
         out["p1"] = p1.result()["steps"]
-        out["p1_worker"] = _stats(p1_stats, "worker")
+        out["p1_worker"] = engine_stats(p1_stats, "worker")
         fields = out["p1_worker"]["extra"]["namespace"]
         with Client(daemon.address, namespace=Namespace(**fields)) as kv:
             blocks, _ = kv.list_blocks(Namespace(**fields).id)
@@ -119,8 +103,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]])
             out["p2"] = p2.result()["steps"]
         finally:
             p2.kill()
-        out["p2_scheduler"] = _stats(p2_stats, "scheduler")
-        out["p2_worker"] = _stats(p2_stats, "worker")
+        out["p2_scheduler"] = engine_stats(p2_stats, "scheduler")
+        out["p2_worker"] = engine_stats(p2_stats, "worker")
     finally:
         daemon.kill()
     return out
@@ -186,7 +170,7 @@ def test_b_zeroed_blocks_change_the_output(scenario: dict[str, Any], daemon_b: A
     ], extra_config={"address": daemon_b.address, "stats_dir": str(stats_dir)}),
         scenario["work"]).result()["steps"]
     assert p3[0]["num_cached_tokens"] > 0, "the zero blocks must be loaded"
-    assert _stats(stats_dir, "worker")["blocks_loaded"] > 0
+    assert engine_stats(stats_dir, "worker")["blocks_loaded"] > 0
     assert p3[0]["token_ids"] != scenario["p1"][1]["token_ids"], p3[0]["text"]
 
     # (c)+(d) another namespace (revision "short") on a fresh daemon whose blocks are all
@@ -205,7 +189,7 @@ def test_b_zeroed_blocks_change_the_output(scenario: dict[str, Any], daemon_b: A
                          "stats_dir": str(stats4)}), scenario["work"]).result()["steps"]
     finally:
         daemon_c.kill()
-    worker4 = _stats(stats4, "worker")
+    worker4 = engine_stats(stats4, "worker")
     assert worker4["extra"]["namespace"]["revision"] == "short"
     assert worker4["load_errors"] >= 1 and worker4["blocks_loaded"] == 0, worker4
     assert p4[0]["token_ids"] == scenario["p1"][1]["token_ids"], p4[0]["text"]

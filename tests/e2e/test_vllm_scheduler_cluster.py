@@ -31,35 +31,20 @@ import pytest
 from cluster_helpers import NodeProcess, _wait, start_each, start_master
 from scheduler_helpers import remote_fetched, with_metrics
 from thread_helpers import wait_until
+from vllm_helpers import MODEL, PYTHON, engine_stats, engine_steps, requires_vllm, wait_engine_file
 
 from kvstored import Client, Namespace
 from kvstored.client.master import MasterClient
-from kvstored.demo.vllm_demo import (
-    EngineProcess,
-    VllmUnavailable,
-    build_prompts,
-    engine_spec,
-    find_model,
-    find_vllm_python,
-)
-from kvstored.errors import KvstoredError
+from kvstored.demo.vllm_demo import EngineProcess, build_prompts, engine_spec
 from kvstored.scheduler.ctl import describe_scheduler
 from kvstored.v1 import scheduler_pb2 as pb
 from kvstored.v1 import scheduler_pb2_grpc
-
-try:
-    PYTHON = find_vllm_python()
-    MODEL = find_model(PYTHON)
-    SKIP_REASON = ""
-except VllmUnavailable as exc:
-    PYTHON = MODEL = None  # type: ignore[assignment]
-    SKIP_REASON = f"needs the vLLM venv (KVSTORED_VLLM_PYTHON or .venv-vllm): {exc}"
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(PYTHON is None, reason=SKIP_REASON or "no vLLM venv"),
+    requires_vllm,
 ]
 
 PROMPT_TOKENS = 1024
@@ -86,28 +71,8 @@ def _engine(prompts: list[list[int]], steps: list[dict[str, Any]], workdir: Path
     return EngineProcess(PYTHON, spec, workdir, env=ENGINE_ENV)
 
 
-def _result(engine: EngineProcess) -> list[dict[str, Any]]:
-    try:
-        return engine.result()["steps"]  # type: ignore[no-any-return]
-    except KvstoredError as exc:
-        lines = engine.log_path.read_text(errors="replace").splitlines()
-        causes = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-        raise AssertionError(f"{exc}\nerror lines:\n" + "\n".join(causes[-40:])) from None
-
-
 def _wait_file(path: Path, engine: EngineProcess) -> None:
-    def reached() -> bool:
-        if engine.proc.poll() is not None:
-            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
-                                 f"\n{engine.log_path.read_text()[-3000:]}")
-        return path.exists()
-    wait_until(reached, ENGINE_WAIT_S, f"engine reached {path.name}", interval_s=0.2)
-
-
-def _stats(stats_dir: Path, role: str) -> dict[str, Any]:
-    files = sorted(stats_dir.glob(f"{role}*.json"))
-    assert files, f"no {role} stats in {stats_dir}"
-    return json.loads(files[-1].read_text())  # type: ignore[no-any-return]
+    wait_engine_file(path, engine, ENGINE_WAIT_S)
 
 
 def test_a_prefix_on_a_busy_node_is_copied_to_the_chosen_engine_before_its_prefill(
@@ -142,7 +107,7 @@ def test_a_prefix_on_a_busy_node_is_copied_to_the_chosen_engine_before_its_prefi
 
     _wait_file(a_done, engine_a)
     mark("A stored the prompt")
-    fields = _stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
+    fields = engine_stats(workdir / "engine-a" / "stats", "worker")["extra"]["namespace"]
     namespace = Namespace(**fields)
     with Client(a.unix_address, namespace=namespace) as kv:
         blocks, truncated = kv.list_blocks(namespace.id)
@@ -185,13 +150,13 @@ def test_a_prefix_on_a_busy_node_is_copied_to_the_chosen_engine_before_its_prefi
 
     mark("the prefix copied to node b")
     go.write_text("go\n")
-    b_steps = _result(engine_b)
+    b_steps = engine_steps(engine_b)
     mark("B answered")
     a_exit.write_text("go\n")
-    reference = _result(engine_r)
-    _result(engine_a)
+    reference = engine_steps(engine_r)
+    engine_steps(engine_a)
     hit = b_steps[0]
-    worker = _stats(workdir / "engine-b" / "stats", "worker")
+    worker = engine_stats(workdir / "engine-b" / "stats", "worker")
     summary = {"prompt_tokens": hit["prompt_tokens"], "cached_tokens": hit["num_cached_tokens"],
                "blocks_copied": d.copied_blocks, "bytes_copied": d.copied_bytes,
                "copy_ms": d.copy_ms, "copy_wall_s": round(copy_wall_s, 3),
