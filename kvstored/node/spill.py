@@ -10,7 +10,7 @@ because a node whose *last tier* (SSD when configured, else DRAM) passes
               end, bounded (SSD-only blocks first when the last tier is SSD, then DRAM in
               LRU order; chain recency makes chain tails the coldest); no store listing
     one call:   PutStartBatch(victims, writer=me, exclude_writer, max_used_fraction=high,
-                              headroom_bytes=batch, holder_reports)
+                              holder_reports; each block counts the earlier ones as landed)
                 per block -> generation G, peer P (each item is one PutStart)
                   exists (another node holds it)  -> drop the local block if it is a remote-fill
                                                      copy; an original stays (the other
@@ -591,7 +591,12 @@ class Spiller:
                       ) -> tuple[list[_Move], int, bool, list[bool]]:
         """PutStart every block of the batch in one PutStartBatch call, which also carries
         the PutEnds of ``ending`` (the previous batch; per move see :meth:`_accepted`)."""
-        headroom = sum(b.size_bytes for b in batch)
+        # No batch headroom: the master counts each block placed earlier in this batch as
+        # landed on its target (bytes placed and not yet ended), so the watermark check of
+        # block i already includes blocks 0..i-1. Asking a peer for room for the whole batch
+        # on top (twice the batch) refused a peer that had room for part of it, and the
+        # writer then evicted blocks the pool had room for.
+        headroom = 0
         try:
             ends, outcomes = self.master.put_end_and_start_batch(
                 [(m.block.namespace_id, m.block.key, m.generation, m.ok) for m in ending],

@@ -223,8 +223,8 @@ def test_the_peers_event_before_the_writers_put_end_is_still_one_replica(
 def test_a_full_pool_moves_nothing_and_a_node_never_spills_to_itself(
     src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
 ) -> None:
-    for n in ("b", "c"):  # 3.4 MiB of 4 used: a 256 KiB batch would pass 90 %
-        master.heartbeat(n, None, used=int(3.4 * (1 << 20)))
+    for n in ("b", "c"):  # 3.55 MiB of 4 used: one 64 KiB block would pass 90 %
+        master.heartbeat(n, None, used=int(3.55 * (1 << 20)))
     master.heartbeat("src", None, cap=SRC_DRAM, used=0)  # a stale view: only the rule keeps it out
     sp = _spiller(src, master)
     try:
@@ -235,6 +235,27 @@ def test_a_full_pool_moves_nothing_and_a_node_never_spills_to_itself(
     assert _present(src) == list(range(15))
     assert master.placement.num_open_writes == 0
     assert peers["b"].store.stats().tiers[0].num_blocks == 0
+
+
+def test_a_peer_with_room_for_part_of_a_batch_takes_that_part(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # 90 % of 4 MiB = 3,686.4 KiB; 3,500 KiB used leaves room for two 64 KiB blocks, not
+    # for the batch of 4. Each block counts the ones placed before it, so no headroom for
+    # the whole batch is asked on top (that refused both peers: 0 moved, the tester's
+    # "c at or below its high watermark" never came).
+    for n in ("b", "c"):
+        master.heartbeat(n, None, used=3500 << 10)
+    sp = _spiller(src, master)
+    try:
+        left = sp.run_once()
+    finally:
+        sp.close()
+    assert left == sp.counters.blocks_moved == 4  # two on each peer, then the pool is full
+    for p in peers.values():
+        assert p.store.stats().tiers[0].num_blocks == 2
+    assert _present(src) == list(range(4, 15))  # the four coldest left
+    assert master.placement.num_open_writes == 0
 
 
 def test_a_peer_that_refuses_connections_aborts_the_writes_and_keeps_every_local_copy(
