@@ -251,6 +251,21 @@ def last_tier(stats: StoreStats) -> TierStats:
     return by_tier[Tier.DRAM]
 
 
+def pool_room_bytes(tiers: dict[str, dict[str, Any]], fraction: float) -> int:
+    """A peer's pool room in a ListNodes view (``tiers``: tier name -> ``{"used_bytes",
+    "capacity_bytes"}``), as the master's placement counts it
+    (``Placement.last_tier_room_bytes``): its DRAM below ``fraction`` of capacity, plus on a
+    node with an SSD tier its SSD below it, each from 0; never negative here."""
+    dram, ssd = tiers.get("DRAM") or {}, tiers.get("SSD") or {}
+
+    def below(t: dict[str, Any]) -> int:
+        return int(fraction * int(t.get("capacity_bytes", 0))) - int(t.get("used_bytes", 0))
+
+    if ssd.get("capacity_bytes"):
+        return max(0, below(ssd)) + (max(0, below(dram)) if dram.get("capacity_bytes") else 0)
+    return max(0, below(dram))
+
+
 def hook_from_env() -> Hook | None:
     """The hook named by ``KVSTORED_TEST_SPILL_HOOK=module:function`` (None when unset)."""
     spec = os.environ.get(HOOK_ENV, "")
@@ -460,10 +475,9 @@ class Spiller:
             if n.get("node_id") == self.node_id or n.get("health") != "healthy":
                 continue
             tiers = {t["tier"]: t for t in n.get("tiers", [])}
-            t = tiers.get("SSD") if tiers.get("SSD", {}).get("capacity_bytes") else tiers.get("DRAM")
-            if not t or not n.get("data_address"):
+            if not n.get("data_address") or not (tiers.get("SSD") or tiers.get("DRAM")):
                 continue
-            room = int(self.high * t["capacity_bytes"]) - int(t["used_bytes"])
+            room = pool_room_bytes(tiers, self.high)
             view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room),
                                  float(n.get("coldest_age_s", 0.0) or 0.0)))
         if [p.node_id for p in view] != [p.node_id for p in self.peers]:
