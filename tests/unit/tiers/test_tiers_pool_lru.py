@@ -150,3 +150,25 @@ def test_a_hand_off_into_free_space_or_spare_victims_drops_nothing_whatever_its_
     s.abort(r)
     assert s.exists([key(i) for i in range(4)]) == [True, True, True, False]
     assert s.handoffs_taken == 0 and s.handoffs_declined == 0 and s.evictions_for_good == 0
+
+
+def test_a_full_tiered_node_takes_a_hand_off_by_dropping_its_coldest_ssd_block(
+    stores: list[TieredStore], tmp_path: pathlib.Path
+) -> None:
+    s = _store(stores, tmp_path, dram_blocks=2, ssd_blocks=2)
+    for i in range(4):  # DRAM: 2, 3; SSD only: 0, 1 (both tiers full)
+        assert s.put(key(i), val(i))
+    _age(s, 0, 100.0)
+    for i in (1, 2, 3):
+        _age(s, i, 10.0)
+    with pytest.raises(NoCapacity):  # older than block 0: refused, nothing moves
+        s.reserve(key(51), BLOCK, handoff_age_s=150.0)
+    assert s.exists([key(i) for i in range(4)]) == [True] * 4
+    r = s.reserve(key(50), BLOCK, handoff_age_s=50.0)
+    assert r is not None
+    r.view[:] = val(50)
+    assert s.commit(r)
+    # block 2 (DRAM's LRU) was demoted, and the SSD made room by dropping block 0
+    assert s.exists([key(i) for i in (0, 1, 2, 3, 50)]) == [False, True, True, True, True]
+    assert s.get(key(2)) == (val(2), b"")
+    assert (s.handoffs_taken, s.handoffs_declined) == (1, 1)
