@@ -3,8 +3,10 @@
 Puts still land on the engine's own node (shared memory or the node's TCP/gRPC API, no
 master round trip on the hot path). The pool's capacity becomes the sum of its nodes
 because a node whose *last tier* (SSD when configured, else DRAM) passes
-``[cluster] spill_high_watermark`` moves blocks out until it is at or below
-``spill_low_watermark``, two-phase through the master::
+``[cluster] spill_high_watermark`` (on a node with an SSD tier: and whose DRAM does too,
+:func:`past_high`: free DRAM counts as pool room, as in the master's placement) moves
+blocks out until its last tier is at or below ``spill_low_watermark``, two-phase through
+the master::
 
     victims = store.coldest_blocks(batch): the store's eviction order walked from its cold
               end, bounded (SSD-only blocks first when the last tier is SSD, then DRAM in
@@ -249,6 +251,23 @@ def last_tier(stats: StoreStats) -> TierStats:
     if ssd is not None and ssd.capacity_bytes > 0:
         return ssd
     return by_tier[Tier.DRAM]
+
+
+def past_high(stats: StoreStats, high: float) -> bool:
+    """Whether a node spills on its own: its last tier is past ``high`` of its capacity and,
+    on a node with an SSD tier, its DRAM is too. The same measure as the placement's pool
+    room (:func:`pool_room_bytes`), which counts a tiered node's free DRAM: a node whose DRAM
+    still has room below the watermark is a spill target, so it must not spill itself, else
+    two nodes past their SSD watermark would move blocks into each other's DRAM. (A put
+    that finds no room still spills at once: ``run_once(need_bytes=...)``.)"""
+    t = last_tier(stats)
+    if t.used_bytes <= high * t.capacity_bytes:
+        return False
+    if t.tier is Tier.SSD:
+        dram = next((d for d in stats.tiers if d.tier is Tier.DRAM), None)
+        if dram is not None and dram.capacity_bytes and dram.used_bytes <= high * dram.capacity_bytes:
+            return False
+    return True
 
 
 def pool_room_bytes(tiers: dict[str, dict[str, Any]], fraction: float) -> int:
@@ -540,9 +559,9 @@ class Spiller:
         Returns:
             Blocks that left this node (moved or deduplicated).
         """
-        t = last_tier(self.store.stats())
-        if not t.capacity_bytes or (need_bytes <= 0
-                                    and t.used_bytes <= self.high * t.capacity_bytes):
+        stats = self.store.stats()
+        t = last_tier(stats)
+        if not t.capacity_bytes or (need_bytes <= 0 and not past_high(stats, self.high)):
             return 0
         self.counters.rounds += 1
         total = 0

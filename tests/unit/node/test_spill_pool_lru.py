@@ -12,6 +12,8 @@ runs a round.
 
 from __future__ import annotations
 
+from typing import Any
+
 from helpers import key
 from test_spill import (  # noqa: F401 (fixtures: master, src, peers)
     BLOCK,
@@ -25,9 +27,10 @@ from test_spill import (  # noqa: F401 (fixtures: master, src, peers)
     value,
 )
 
-from kvstored.node.spill import PeerRoom, SpillCollector, Spiller
+from kvstored.node.spill import PeerRoom, SpillCollector, Spiller, past_high
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.tiered import TieredStore
+from kvstored.transport.tcp import DataPlaneClient
 
 
 def _age(s: TieredStore, i: int, seconds: float) -> None:
@@ -138,3 +141,29 @@ def test_a_put_into_a_full_pool_hands_our_coldest_block_off_instead_of_evicting_
     assert sp.counters.handoffs_accepted == 1 and src.evictions_for_good == 0
     assert src.exists([key(0), key(100)]) == [False, True]
     assert peers["b"].store.exists([key(0), key(1000)]) == [True, False]
+
+
+def test_a_tiered_node_with_dram_room_does_not_spill_on_its_own(
+    master: InProcMaster, tmp_path: Any
+) -> None:
+    """Free DRAM counts as pool room (the master's placement places there), so a node
+    whose SSD is past its watermark but whose DRAM is not spills nothing by itself (two
+    such nodes would move blocks into each other's DRAM); a put needing room still does."""
+    store = TieredStore(dram_size_bytes=8 * BLOCK, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                        ssd_size_bytes=8 * (BLOCK + 4096), ssd_direct_io=False,
+                        max_block_bytes=BLOCK)
+    try:
+        for i in range(14):  # DRAM 8 of 8, SSD 6+ of 8 (each block's file has a trailer)
+            store.put(key(i), value(i))
+        assert past_high(store.stats(), 0.5)
+        assert store.remove([key(i) for i in range(13, 8, -1)]) == [True] * 5  # DRAM: 3 of 8
+        assert not past_high(store.stats(), 0.5)
+        sp = Spiller(store, master, lambda a: DataPlaneClient(a, pool_size=2,
+                                                              max_block_bytes=BLOCK),
+                     node_id="src2", high_watermark=0.5, low_watermark=0.25)
+        try:
+            assert sp.run_once() == 0 and sp.counters.rounds == 0
+        finally:
+            sp.close()
+    finally:
+        store.close()
