@@ -23,11 +23,20 @@ its peer view: batches go straight to B). Also printed: the burst's wall time.
 Usage:  python bench/bench_spill.py [--sizes-kib 256,1024,4096] [--dram-mib 128]
         [--batch 8] [--burst-blocks 100] [--burst-dram-mib 64] [--no-ratio]
         [--tiered-blocks 150 [--tiered-dram-mib 32] [--tiered-ssd-mib 64]]
+        [--pool-full-extra 8 [--pool-full-dram-mib 16]]
         [--out bench/results/bench_spill.json]
 
 ``--tiered-blocks N``: the tester's read case (issue 17): two nodes with DRAM + SSD tiers
 hold N x 1 MiB, half put through each; every block is then read through both nodes in
 batches of 8 and the blocks neither node holds are counted (lost).
+
+``--pool-full-extra N`` (pool LRU, issue 17 §3): two DRAM-only nodes of
+``--pool-full-dram-mib`` each, both filled with 1 MiB blocks (the spill watermark at 1.0:
+the pool is full and stays so), d's first, then c's ``POOL_FULL_GAP_S`` later; then N more
+blocks are put into c one by one. A full pool must drop N blocks; counted: how many of
+them were the N coldest cluster-wide (d's oldest: the goal, N) and how many were c's own,
+with pool LRU (``pool_lru_enabled``, the default) and without it, in the same run; and the
+N puts' wall time.
 """
 
 from __future__ import annotations
@@ -239,6 +248,72 @@ def tiered(num_blocks: int, dram_mib: int, ssd_mib: int, workdir: Path) -> dict[
                 p.wait(60)
 
 
+POOL_FULL_GAP_S = 2.0
+"""How much older d's blocks are than c's in the pool-full case (> ``pool_lru_margin_s``)."""
+
+
+def pool_full(num_extra: int, dram_mib: int, workdir: Path, lru: bool) -> dict[str, object]:
+    """Two full DRAM-only nodes (d's blocks older); ``num_extra`` more puts into c: which
+    blocks the full pool dropped (see the module docstring)."""
+    env = {"KVSTORED_CLUSTER__SPILL_INTERVAL_S": "0.05",
+           "KVSTORED_CLUSTER__HEARTBEAT_INTERVAL_S": "0.25",
+           "KVSTORED_CLUSTER__SPILL_PEER_VIEW_S": "0.2",
+           "KVSTORED_CLUSTER__SPILL_HIGH_WATERMARK": "1.0",
+           "KVSTORED_CLUSTER__SPILL_LOW_WATERMARK": "0.9",
+           "KVSTORED_CLUSTER__POOL_LRU_MARGIN_S": "0.5",
+           "KVSTORED_CLUSTER__POOL_LRU_ENABLED": "true" if lru else "false"}
+    tag = "lru" if lru else "nolru"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        mproc, m = _start(workdir, f"master-{tag}", ["master", "--listen", "127.0.0.1:0",
+                                                     "--data-dir", str(workdir / f"m-{tag}")], env)
+        procs.append(mproc)
+        socks = {}
+        for name in ("c", "d"):
+            sock = workdir / f"{name}-{tag}.sock"
+            socks[name] = f"unix:{sock}"
+            p, _ = _start(workdir, f"{name}-{tag}", [
+                "node", "--master", m["grpc"], "--node-id", name, "--listen", f"unix:{sock}",
+                "--listen", "127.0.0.1:0", "--data-address", "127.0.0.1:0",
+                "--metrics-address", "", "--dram-size", str(dram_mib * MiB), "--ssd-size", "0"],
+                env)
+            procs.append(p)
+        time.sleep(1.0)  # both registered and heartbeated (untimed)
+        keys = {n: [os.urandom(16) for _ in range(dram_mib)] for n in ("c", "d", "extra")}
+        payload = os.urandom(MiB)
+
+        def put(node: str, ks: list[bytes]) -> None:
+            with Client(socks[node]) as cl:
+                for k in ks:  # one by one: the first key is the node's coldest
+                    assert cl.put([k], [payload])[0].stored
+
+        put("d", keys["d"])
+        time.sleep(POOL_FULL_GAP_S)  # d's blocks get older than c's (the case's premise)
+        put("c", keys["c"])
+        time.sleep(0.6)  # c's heartbeat and spiller view catch up (untimed)
+        extra = keys["extra"][:num_extra]
+        t0 = time.perf_counter()
+        put("c", extra)
+        puts_s = time.perf_counter() - t0
+        held: set[bytes] = set()
+        for addr in socks.values():
+            with Client(addr) as cl:
+                held |= {b.key for b in cl.list_blocks(limit=100000)[0]}
+        every = keys["d"] + keys["c"] + extra
+        lost = [k for k in every if k not in held]
+        coldest = set(keys["d"][:num_extra])  # the N coldest cluster-wide
+        return {"variant": "pool LRU" if lru else "pool_lru_enabled = false",
+                "extra": num_extra, "node_mib": dram_mib, "lost": len(lost),
+                "lost_coldest": sum(1 for k in lost if k in coldest),
+                "lost_of_c": sum(1 for k in lost if k in set(keys["c"])),
+                "puts_s": round(puts_s, 3)}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-kib", default="256,1024,4096")
@@ -250,12 +325,16 @@ def main() -> None:
                     help="also the read case through two DRAM + SSD nodes (the tester's: 150)")
     ap.add_argument("--tiered-dram-mib", type=int, default=32)
     ap.add_argument("--tiered-ssd-mib", type=int, default=64)
+    ap.add_argument("--pool-full-extra", type=int, default=0,
+                    help="also the pool-LRU case: this many puts into a full pool")
+    ap.add_argument("--pool-full-dram-mib", type=int, default=16)
     ap.add_argument("--no-ratio", action="store_true", help="only the burst case")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rows = []
     bursts = []
     reads = []
+    fulls = []
     with tempfile.TemporaryDirectory(prefix="kvspill", dir="/tmp") as d:
         if not args.no_ratio:
             for kib in [int(x) for x in args.sizes_kib.split(",")]:
@@ -269,6 +348,11 @@ def main() -> None:
             reads.append(tiered(args.tiered_blocks, args.tiered_dram_mib, args.tiered_ssd_mib,
                                 Path(d)))
             print(reads[-1], flush=True)
+        if args.pool_full_extra > 0:
+            for lru in (True, False):
+                fulls.append(pool_full(args.pool_full_extra, args.pool_full_dram_mib, Path(d),
+                                       lru))
+                print(fulls[-1], flush=True)
     if rows:
         print("\n| block | moved MiB | spill GB/s | plain PUT GB/s | ratio | spill blocks/s |")
         print("|---:|---:|---:|---:|---:|---:|")
@@ -287,10 +371,17 @@ def main() -> None:
               f"{r['blocks']} x 1 MiB: **lost {r['lost_after_reads']}** "
               f"({r['lost_after_puts']} after the puts), hits {r['hits']} / {r['reads']}, "
               f"wrong {r['wrong']}")
+    if fulls:
+        print(f"\n| full pool (2 x {args.pool_full_dram_mib} MiB, 1 MiB blocks) | puts | lost | "
+              "**of them the pool's coldest** (goal: all) | of them c's own | puts s |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for f in fulls:
+            print(f"| {f['variant']} | {f['extra']} | {f['lost']} | **{f['lost_coldest']}** | "
+                  f"{f['lost_of_c']} | {f['puts_s']} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"ratio": rows, "burst": bursts, "reads": reads},
-                                             indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"ratio": rows, "burst": bursts, "reads": reads,
+                                              "pool_full": fulls}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -478,7 +478,17 @@ class ClusterConfig(_Model):
     wait, evict at once as before)."""
     spill_peer_view_s: float = Field(default=2.0, gt=0)
     """Seconds between refreshes of the spiller's cached peer view (ListNodes), which it
-    spills to while the master cannot be reached."""
+    spills to while the master cannot be reached (and which names the peers' coldest ages
+    for pool LRU)."""
+    pool_lru_enabled: bool = True
+    """Pool LRU when the whole pool is full: a node that must evict a block the pool holds
+    nowhere else hands it to a peer whose coldest such block is older (by more than
+    ``pool_lru_margin_s``), which evicts that one instead; false = each node evicts its own
+    coldest (docs/cluster.md "Pool LRU")."""
+    pool_lru_margin_s: float = Field(default=1.0, ge=0)
+    """How much older (seconds since last use) a peer's coldest original must be than ours
+    before a hand-off is tried: hysteresis, so near-equal ages do not move blocks for
+    nothing."""
     default_replicas: int = Field(default=1, ge=1, le=8)
     """Replicas a put wants when the client names none and its namespace is not in
     ``namespace_replicas`` (1 = only the writer's node; see docs/cluster.md "Replicas")."""

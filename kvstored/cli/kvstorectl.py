@@ -37,8 +37,10 @@ JSON output (sorted keys, stable for scripts)::
     nodes   {"master_epoch", "term", "leader", "num_replicas",
              "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
                         "load", "num_replicas", "lease_left_s", "last_seq", "draining",
+                        "coldest_age_s",
                         "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
-            (health: "healthy", "unhealthy", "probation" or "syncing")
+            (health: "healthy", "unhealthy", "probation" or "syncing"; coldest_age_s:
+            seconds since its coldest original block was used, 0 = none: pool LRU)
     drain   {"node_id", "draining", "num_blocks", "num_blocks_to_move", "num_copies_issued",
              "leave_sent", "left"}
     replicate {"num_keys", "replicas", "namespace_id"}
@@ -524,12 +526,13 @@ def _nodes_tables(d: dict[str, Any]) -> list[Any]:
         (n["node_id"], n["grpc_address"], n.get("zone") or "-", n["epoch"],
          n["health"] + (", draining" if n.get("draining") else ""),
          usage(n, "DRAM"), usage(n, "SSD"), f"{n['load']:g}", n["num_replicas"],
+         f"{n['coldest_age_s']:.1f} s" if n.get("coldest_age_s") else "-",
          f"{n['lease_left_s']:.1f} s")
         for n in d["nodes"]
     ]
     rows += [  # nodes that left: shown as such, never silently dropped from the view
         (n["node_id"], n["grpc_address"], "-", n["epoch"], n["reason"], "-", "-", "-",
-         f"0 (had {n['num_replicas']})", f"gone {n['departed_s_ago']:.1f} s ago")
+         f"0 (had {n['num_replicas']})", "-", f"gone {n['departed_s_ago']:.1f} s ago")
         for n in d.get("departed", [])
     ]
     title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
@@ -537,7 +540,7 @@ def _nodes_tables(d: dict[str, Any]) -> list[Any]:
              + (f"; leader {d['leader']} term {d['term']}" if d.get("term") != d["master_epoch"]
                 else "") + ")")
     cols = ["node", "address", "zone", "epoch", "health", "DRAM used/cap", "SSD used/cap",
-            "load", "replicas", "lease left"]
+            "load", "replicas", "coldest", "lease left"]
     return [output.rows_table(title, cols, rows)]
 
 

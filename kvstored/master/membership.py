@@ -110,6 +110,14 @@ class NodeRecord:
     retry_s: float = 0.0  # unhealthy this long (while heartbeating) -> probation
     pending: _PendingSync | None = field(default=None, repr=False)
     draining: bool = False  # kvstorectl drain: not placed on, its blocks re-homed (repair.py)
+    coldest_age_s: float = 0.0  # its coldest original's age at last_heartbeat_s (0: none)
+
+    def coldest_age_now_s(self, now_s: float) -> float:
+        """The node's coldest original's age now (pool LRU): as heartbeated plus the time
+        since that heartbeat; 0.0 when it reported none."""
+        if self.coldest_age_s <= 0:
+            return 0.0
+        return self.coldest_age_s + max(0.0, now_s - self.last_heartbeat_s)
 
     @property
     def health(self) -> NodeHealth:
@@ -344,9 +352,10 @@ class Membership:
     # ---- heartbeats and inventory ----------------------------------------------------
     def heartbeat(
         self, node_id: str, epoch: int, *, tiers: Sequence[TierUsage] = (), load: float = 0.0,
-        last_seq: int = 0,
+        last_seq: int = 0, coldest_age_ms: int = 0,
     ) -> NodeAction:
-        """Renew a node's lease and record its usage and load.
+        """Renew a node's lease and record its usage, load and the age of its coldest
+        original block (``coldest_age_ms``, 0 = none; pool LRU, node/spill.py).
 
         Returns:
             REREGISTER for an unknown (node, epoch) or a lapsed lease; RESYNC when the
@@ -361,6 +370,7 @@ class Membership:
             if t.tier in _NODE_TIERS:
                 rec.tiers[t.tier] = t
         rec.load = load if math.isfinite(load) and load >= 0 else 0.0
+        rec.coldest_age_s = max(0, int(coldest_age_ms)) / 1000.0
         self.index.set_load(rec.holder, rec.load)
         if rec.synced and not rec.gap and last_seq > rec.applied_seq:
             self._open_gap(rec, last_seq)

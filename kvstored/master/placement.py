@@ -19,8 +19,9 @@ ties go to the lower node id, so orders are exact and testable.
 
 Spill (a node past its high watermark moving its coldest blocks to peers,
 kvstored/node/spill.py) asks with ``exclude_writer`` (never the writer's own node),
-``max_used_fraction`` and ``headroom_bytes``: a candidate's *last tier* (SSD when it reports
-one, else DRAM) must stay at or below that fraction of its capacity after the block, the
+``max_used_fraction`` and ``headroom_bytes``: a candidate's *pool room* (its DRAM below that
+fraction of its capacity; on a node with an SSD tier, its SSD below the fraction plus its
+DRAM below the fraction, :meth:`Placement.last_tier_room_bytes`) must cover the block, the
 bytes placed there and not yet ended, and the headroom (the spiller's batch). So a peer is a
 candidate only well below its own high watermark, and no two nodes send blocks back and
 forth. Candidates are then ordered by free bytes of that tier; ``exists`` counts only
@@ -155,18 +156,30 @@ class Placement:
         return len(expired)
 
     def last_tier_room_bytes(self, rec: NodeRecord, max_used_fraction: float) -> int:
-        """Bytes the node's last tier (SSD if it has one, else DRAM) may still take before
-        it passes ``max_used_fraction`` of its capacity, minus the bytes placed there and
-        not yet ended (negative = already past it)."""
+        """Pool room of the node: bytes it may still take before it passes
+        ``max_used_fraction`` of its capacity, minus the bytes placed there and not yet
+        ended (negative = already past it).
+
+        A DRAM-only node: its DRAM below the fraction. A node with an SSD tier: its SSD
+        below the fraction *plus* its DRAM below the fraction, each counted from 0 (an SSD
+        past the fraction costs nothing more): free DRAM holds blocks the SSD does not, so
+        a block placed there while the SSD is past its watermark is one the pool keeps
+        (issue 17 §3: two DRAM 8 + SSD 16 MiB nodes lost blocks once both SSDs were past
+        the watermark though both DRAMs had room, docs/cluster.md)."""
+        dram = rec.tiers.get(Tier.DRAM)
         ssd = rec.tiers.get(Tier.SSD)
-        usage = ssd if ssd is not None and ssd.capacity_bytes > 0 else rec.tiers.get(Tier.DRAM)
-        if usage is None:
+        if ssd is not None and ssd.capacity_bytes > 0:
+            room = max(0, int(ssd.capacity_bytes * max_used_fraction) - ssd.used_bytes)
+            if dram is not None and dram.capacity_bytes > 0:
+                room += max(0, int(dram.capacity_bytes * max_used_fraction) - dram.used_bytes)
+        elif dram is not None:
+            room = int(dram.capacity_bytes * max_used_fraction) - dram.used_bytes
+        else:
             return -1
-        limit = int(usage.capacity_bytes * max_used_fraction)
         landed_s, landed = self._landed.get(rec.holder, (0.0, 0))
         if landed_s != rec.last_heartbeat_s:  # heartbeated since: its usage includes them
             landed = 0
-        return limit - usage.used_bytes - self._pending_bytes.get(rec.holder, 0) - landed
+        return room - self._pending_bytes.get(rec.holder, 0) - landed
 
     # ---- policy ----------------------------------------------------------------------
     def order_candidates(

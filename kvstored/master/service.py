@@ -433,7 +433,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.HeartbeatResponse:
         action = self.membership.heartbeat(
             request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
-            load=request.load, last_seq=request.last_seq,
+            load=request.load, last_seq=request.last_seq, coldest_age_ms=request.coldest_age_ms,
         )
         queue = self.state.commands
         if request.acked_command_ids:
@@ -655,14 +655,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.ListNodesResponse:
         self.metrics.admin_requests.labels(method="ListNodes").inc()
         m = self.membership
+        now = m.clock()
         nodes = [
             pb.NodeStatus(node=node_info(r), health=pb_enum(pb.NodeHealth, r.health), load=r.load,
                           num_replicas=self.index.num_holder_replicas(r.holder),
                           lease_left_s=m.lease_left_s(r), last_seq=r.applied_seq,
-                          probation=r.probation and not r.healthy, draining=r.draining)
+                          probation=r.probation and not r.healthy, draining=r.draining,
+                          coldest_age_s=r.coldest_age_now_s(now))
             for r in m.nodes()
         ]
-        now = m.clock()
         departed = [
             pb.DepartedNode(
                 node=pb.NodeInfo(node_id=node_id, epoch=d.spec.epoch,  # type: ignore[attr-defined]  # DepartedNode.spec is typed object; it holds a NodeSpec

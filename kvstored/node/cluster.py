@@ -446,6 +446,15 @@ class MasterLink:
             log.info("master_asks_resync", node_id=self.node_id, seq=self.seq)
             self.synced = False
 
+    def _coldest_age_ms(self) -> int:
+        """Ms since the last use of the store's coldest original block (pool LRU; 0 = none,
+        or a store that does not tell: ``TieredStore.coldest_original_age_s``)."""
+        age = getattr(self.store, "coldest_original_age_s", None)
+        if age is None:
+            return 0
+        s = float(age())
+        return int(s * 1000) if math.isfinite(s) and s > 0 else 0
+
     def _tiers(self) -> list[pb.TierCapacity]:
         st = self.store.stats()
         return [pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
@@ -592,7 +601,8 @@ class MasterLink:
             resp = await stub.Heartbeat(
                 pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
                                     load=load if math.isfinite(load) else 0.0, last_seq=self.seq,
-                                    acked_command_ids=acks),
+                                    acked_command_ids=acks,
+                                    coldest_age_ms=self._coldest_age_ms()),
                 timeout=self.cfg.rpc_timeout_s,
             )
         except BaseException:

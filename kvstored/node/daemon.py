@@ -483,6 +483,8 @@ class NodeDaemon:
             "served_from_ssd": lambda: core.reads.num_served_from_ssd,
             "copies_skipped": lambda: remote.num_skipped if remote is not None else 0,
             "streamed_through": lambda: plane.num_streamed_through if plane is not None else 0,
+            "handoffs_taken": lambda: store.handoffs_taken,
+            "handoffs_declined": lambda: store.handoffs_declined,
         }))
 
     async def _start_replicator(self, core: NodeCore) -> None:

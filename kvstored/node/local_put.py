@@ -111,6 +111,7 @@ class LocalPuts:
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
         *, seen: set[bytes] | None = None, copy: bool = False,
+        handoff_age_s: float | None = None,
     ) -> Reservation | PutOutcome:
         """Validate and reserve item ``index`` of a batch (no lease).
 
@@ -120,7 +121,9 @@ class LocalPuts:
             A Reservation the caller must commit or abort, or the item's outcome (already
             stored, or its own error, counted in metrics). ``seen`` (the batch's keys so far)
             makes a later duplicate of a key in the same batch an ok no-op: first writer wins
-            within a batch too.
+            within a batch too. ``handoff_age_s``: a peer's pool-LRU hand-off
+            (``TieredStore.reserve``); its refusal (NoCapacity) is the item's outcome, not
+            counted as an item error.
         """
         limits = self._limits
         err = limits.put_item_error(index, key, size_bytes, meta)
@@ -132,9 +135,10 @@ class LocalPuts:
             seen.add(key)
         try:
             res = self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
-                                      copy=copy)
+                                      copy=copy, handoff_age_s=handoff_age_s)
         except NoCapacity as exc:
-            return PutOutcome(False, exc if copy else limits.count_item_error(exc))
+            quiet = copy or handoff_age_s is not None
+            return PutOutcome(False, exc if quiet else limits.count_item_error(exc))
         except KvstoredError as exc:
             return PutOutcome(False, limits.count_item_error(exc))
         return PutOutcome(False) if res is None else res

@@ -3,8 +3,10 @@
 Puts still land on the engine's own node (shared memory or the node's TCP/gRPC API, no
 master round trip on the hot path). The pool's capacity becomes the sum of its nodes
 because a node whose *last tier* (SSD when configured, else DRAM) passes
-``[cluster] spill_high_watermark`` moves blocks out until it is at or below
-``spill_low_watermark``, two-phase through the master::
+``[cluster] spill_high_watermark`` (on a node with an SSD tier: and whose DRAM does too,
+:func:`past_high`: free DRAM counts as pool room, as in the master's placement) moves
+blocks out until its last tier is at or below ``spill_low_watermark``, two-phase through
+the master::
 
     victims = store.coldest_blocks(batch): the store's eviction order walked from its cold
               end, bounded (SSD-only blocks first when the last tier is SSD, then DRAM in
@@ -58,6 +60,21 @@ DeadlineExceeded on PutStartBatch), batches go for ``MASTER_RETRY_S`` straight t
 the cached ListNodes view (:meth:`Spiller.refresh_peers`) with the most room below the high
 watermark, no master call; a block still leaves only once that peer stored it, and masters
 learn both replicas from the nodes' events or inventories.
+
+Pool LRU (issue 17 §3: only a full pool drops originals, the coldest cluster-wide first):
+when a put's round for room moved nothing (no peer has room: the caller would now evict an
+original for good), the spiller looks at its cached peer view, which names each peer's
+coldest original's age (heartbeated ``coldest_age_ms``, ListNodes ``coldest_age_s``). If
+a peer's is older than ours (``TieredStore.coldest_original_age_s``) by more than
+``[cluster] pool_lru_margin_s``, our coldest originals (enough for the bytes asked, at most
+a batch) are *handed off* to it: one data-plane PUT with PUT_FLAG_HANDOFF carrying our
+coldest age. The peer takes each only if its own coldest original is older than that age,
+decided under its store lock (``TieredStore.reserve(handoff_age_s=...)``): it evicts that
+colder block to make room. A block it took leaves here (the put finds room); one it refused
+stays, and the put evicts it as before. No master call: as for the direct spill, the
+master learns the moved replica from both nodes' events. The handed-off block enters the
+peer as its most recent block (as a spilled one does). ``pool_lru_enabled = false`` turns
+it off.
 
 Runs on one daemon thread (``kvstored-spill``): one master call per batch (not two per
 block), sequential with the batch's transfer (overlapping batch N's PutEndBatch with batch
@@ -179,6 +196,11 @@ class SpillCounters:
         blocks_moved_direct: of ``blocks_moved``, those sent to a peer of the cached view
             while the master could not be reached.
         put_waits: local puts that waited for a spill round before evicting.
+        handoffs_sent: blocks offered to a peer with a colder coldest original (pool LRU).
+        handoffs_accepted: of those, taken by the peer (it evicted a colder block; ours
+            left here).
+        handoffs_refused: of those, refused (the peer had no colder block, or the transfer
+            failed): ours stayed, to be evicted here.
     """
 
     rounds: int = 0
@@ -189,6 +211,9 @@ class SpillCounters:
     no_capacity: int = 0
     blocks_moved_direct: int = 0
     put_waits: int = 0
+    handoffs_sent: int = 0
+    handoffs_accepted: int = 0
+    handoffs_refused: int = 0
 
 
 @dataclass(slots=True)
@@ -200,11 +225,14 @@ class PeerRoom:
         data_address: its data plane, ``HOST:PORT``.
         room_bytes: bytes it may still take before its last tier passes the high
             watermark, as of that view, less what this spiller sent it since.
+        coldest_age_s: its coldest original's age as of that view (0.0 = none, or a
+            master or node older than the field): pool LRU hands blocks to the oldest.
     """
 
     node_id: str
     data_address: str
     room_bytes: int
+    coldest_age_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -223,6 +251,38 @@ def last_tier(stats: StoreStats) -> TierStats:
     if ssd is not None and ssd.capacity_bytes > 0:
         return ssd
     return by_tier[Tier.DRAM]
+
+
+def past_high(stats: StoreStats, high: float) -> bool:
+    """Whether a node spills on its own: its last tier is past ``high`` of its capacity and,
+    on a node with an SSD tier, its DRAM is too. The same measure as the placement's pool
+    room (:func:`pool_room_bytes`), which counts a tiered node's free DRAM: a node whose DRAM
+    still has room below the watermark is a spill target, so it must not spill itself, else
+    two nodes past their SSD watermark would move blocks into each other's DRAM. (A put
+    that finds no room still spills at once: ``run_once(need_bytes=...)``.)"""
+    t = last_tier(stats)
+    if t.used_bytes <= high * t.capacity_bytes:
+        return False
+    if t.tier is Tier.SSD:
+        dram = next((d for d in stats.tiers if d.tier is Tier.DRAM), None)
+        if dram is not None and dram.capacity_bytes and dram.used_bytes <= high * dram.capacity_bytes:
+            return False
+    return True
+
+
+def pool_room_bytes(tiers: dict[str, dict[str, Any]], fraction: float) -> int:
+    """A peer's pool room in a ListNodes view (``tiers``: tier name -> ``{"used_bytes",
+    "capacity_bytes"}``), as the master's placement counts it
+    (``Placement.last_tier_room_bytes``): its DRAM below ``fraction`` of capacity, plus on a
+    node with an SSD tier its SSD below it, each from 0; never negative here."""
+    dram, ssd = tiers.get("DRAM") or {}, tiers.get("SSD") or {}
+
+    def below(t: dict[str, Any]) -> int:
+        return int(fraction * int(t.get("capacity_bytes", 0))) - int(t.get("used_bytes", 0))
+
+    if ssd.get("capacity_bytes"):
+        return max(0, below(ssd)) + (max(0, below(dram)) if dram.get("capacity_bytes") else 0)
+    return max(0, below(dram))
 
 
 def hook_from_env() -> Hook | None:
@@ -250,7 +310,10 @@ class Spiller:
         timeout_s: deadline of one peer's data-plane transfer.
         rpc_timeout_s: deadline of each master call.
         peer_view_s: seconds between refreshes of the cached peer view (ListNodes), used
-            while the master cannot be reached.
+            while the master cannot be reached and for pool LRU.
+        pool_lru: hand our coldest originals to a peer with colder ones when a put's round
+            for room found the pool full (module docstring).
+        pool_lru_margin_s: how much older a peer's coldest original must be than ours.
         hook: ``hook(event, **fields)`` at ``put_started`` (fields: moves), ``sent``
             (moves) and ``ended`` (moves); it may block to hold the spill there.
 
@@ -273,6 +336,8 @@ class Spiller:
         rpc_timeout_s: float = 5.0,
         peer_view_s: float = 2.0,
         hook: Hook | None = None,
+        pool_lru: bool = True,
+        pool_lru_margin_s: float = 1.0,
     ) -> None:
         from kvstored.errors import InvalidArgument
 
@@ -312,6 +377,8 @@ class Spiller:
         self.peers: list[PeerRoom] = []
         self._view_at = float("-inf")
         self._master_down_until = 0.0
+        self.pool_lru = bool(pool_lru)
+        self.pool_lru_margin_s = float(pool_lru_margin_s)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -346,6 +413,8 @@ class Spiller:
             try:
                 self.refresh_peers()
                 left = self.run_once(need_bytes=want)
+                if want and not left:  # the pool is full: pool LRU before we evict our own
+                    left = self.hand_off(want)
             except Exception:
                 log.exception("spill_round_failed")
             finally:
@@ -425,11 +494,11 @@ class Spiller:
             if n.get("node_id") == self.node_id or n.get("health") != "healthy":
                 continue
             tiers = {t["tier"]: t for t in n.get("tiers", [])}
-            t = tiers.get("SSD") if tiers.get("SSD", {}).get("capacity_bytes") else tiers.get("DRAM")
-            if not t or not n.get("data_address"):
+            if not n.get("data_address") or not (tiers.get("SSD") or tiers.get("DRAM")):
                 continue
-            room = int(self.high * t["capacity_bytes"]) - int(t["used_bytes"])
-            view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room)))
+            room = pool_room_bytes(tiers, self.high)
+            view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room),
+                                 float(n.get("coldest_age_s", 0.0) or 0.0)))
         if [p.node_id for p in view] != [p.node_id for p in self.peers]:
             log.info("spill_peer_view", num_peers=len(view),
                      peers=",".join(p.node_id for p in view))
@@ -490,9 +559,9 @@ class Spiller:
         Returns:
             Blocks that left this node (moved or deduplicated).
         """
-        t = last_tier(self.store.stats())
-        if not t.capacity_bytes or (need_bytes <= 0
-                                    and t.used_bytes <= self.high * t.capacity_bytes):
+        stats = self.store.stats()
+        t = last_tier(stats)
+        if not t.capacity_bytes or (need_bytes <= 0 and not past_high(stats, self.high)):
             return 0
         self.counters.rounds += 1
         total = 0
@@ -575,6 +644,87 @@ class Spiller:
         log.info("spill_direct_batch_done", peer=peer.node_id, num_placed=len(moves),
                  num_left=left, used_fraction=round(self.used_fraction(), 3))
         return left
+
+    # ---- pool LRU ----------------------------------------------------------------------
+    def handoff_target(self, our_age_s: float) -> PeerRoom | None:
+        """The peer of the cached view to hand our coldest originals to: the one whose
+        coldest original is the oldest, if older than ``our_age_s`` by more than
+        ``pool_lru_margin_s``; None when none is (or pool LRU is off)."""
+        if not self.pool_lru or our_age_s <= 0:
+            return None
+        older = [p for p in self.peers
+                 if p.coldest_age_s > our_age_s + self.pool_lru_margin_s]
+        return max(older, key=lambda p: (p.coldest_age_s, p.node_id), default=None)
+
+    def hand_off(self, need_bytes: int) -> int:
+        """Pool LRU for a put that would now evict an original (module docstring): hand
+        our coldest originals, enough for ``need_bytes`` (at most a batch), to the peer
+        :meth:`handoff_target` names; each block the peer took leaves this node.
+
+        Returns:
+            Blocks that left this node (0: no peer is colder, pool LRU is off, or the peer
+            refused them all).
+        """
+        age_of = getattr(self.store, "coldest_original_age_s", None)
+        if not self.pool_lru or age_of is None:
+            return 0
+        ours = float(age_of())
+        peer = self.handoff_target(ours)
+        if peer is None:
+            return 0
+        batch: list[BlockInfo] = []
+        covered = 0
+        for b in self.store.coldest_blocks(self.batch_blocks, exclude=self._failed_at):
+            if b.copy:
+                continue  # a copy is no original: the store evicts it first anyway
+            batch.append(b)
+            covered += b.size_bytes
+            if covered >= need_bytes:
+                break
+        if not batch:
+            return 0
+        self.counters.handoffs_sent += len(batch)
+        by_ns: dict[bytes, list[BlockInfo]] = {}
+        for b in batch:
+            by_ns.setdefault(b.namespace_id, []).append(b)
+        left = 0
+        for ns, blocks in by_ns.items():
+            taken = self._send_handoff(peer, ns, blocks, ours)
+            if taken:
+                for gone in self.store.remove([b.key for b in taken], namespace_id=ns):
+                    left += int(gone)
+        self.counters.handoffs_accepted += left
+        self.counters.handoffs_refused += len(batch) - left
+        log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch), num_taken=left,
+                 our_coldest_age_s=round(ours, 3), peer_coldest_age_s=round(peer.coldest_age_s, 3))
+        self._progress(left)
+        return left
+
+    def _send_handoff(self, peer: PeerRoom, ns: bytes, blocks: list[BlockInfo],
+                      age_s: float) -> list[BlockInfo]:
+        """One hand-off PUT of ``blocks`` (one namespace) to ``peer``; the blocks it took
+        (stored now, or held there already)."""
+        exported = self.store.read_for_export([b.key for b in blocks], namespace_id=ns)
+        taken: list[BlockInfo] = []
+        try:
+            sent = [(b, e) for b, e in zip(blocks, exported, strict=True) if e is not None]
+            if not sent:
+                return taken
+            out = self._peer(peer.data_address).put(
+                [(e.key, e.view, e.meta) for _, e in sent], ns,
+                deadline=time.monotonic() + self.timeout_s, handoff_age_s=age_s)
+            for (b, _), item in zip(sent, out, strict=True):
+                if item.code == 0:
+                    taken.append(b)
+                else:
+                    log.info("pool_lru_handoff_refused", peer=peer.node_id,
+                             key=b.key.hex()[:16], code=item.code, error=item.message)
+        except KvstoredError as exc:
+            log.warning("pool_lru_handoff_failed", peer=peer.node_id, num_blocks=len(blocks),
+                        error=str(exc))
+        finally:
+            self.store.release_export(exported)
+        return taken
 
     # ---- one batch ---------------------------------------------------------------------
     def _peer(self, address: str) -> Transport:
@@ -757,7 +907,8 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
         low_watermark=cfg.spill_low_watermark, batch_blocks=cfg.spill_batch_blocks,
         interval_s=cfg.spill_interval_s, timeout_s=cfg.spill_timeout_s,
         rpc_timeout_s=cfg.rpc_timeout_s, peer_view_s=cfg.spill_peer_view_s,
-        hook=hook_from_env())
+        hook=hook_from_env(), pool_lru=cfg.pool_lru_enabled,
+        pool_lru_margin_s=cfg.pool_lru_margin_s)
     close = spiller.close
 
     def close_all(timeout_s: float = 30.0) -> None:
@@ -782,7 +933,10 @@ class NoDropCollector:
     - ``copies_skipped``: peers' blocks not copied here for lack of room that drops nothing
       (``RemoteReads.num_skipped``; a miss unless streamed through);
     - ``streamed_through``: such blocks an engine's TCP data-plane GET carried without
-      caching them (``DataPlaneServer.num_streamed_through``).
+      caching them (``DataPlaneServer.num_streamed_through``);
+    - ``handoffs_taken`` / ``handoffs_declined``: peers' pool-LRU hand-offs this node took
+      (evicting a colder original of its own) or refused (``TieredStore.handoffs_taken``,
+      ``handoffs_declined``); the sender's side is ``kvstored_spill_handoffs_*``.
 
     Args:
         counters: name (one of the above) -> a callable giving its value now.
@@ -808,6 +962,8 @@ NODROP_COUNTERS = {
     "served_from_ssd": "Skipped promotions served straight from their SSD file.",
     "copies_skipped": "Peers' blocks not copied here: no room that drops nothing.",
     "streamed_through": "Peers' blocks an engine's TCP GET carried without caching them.",
+    "handoffs_taken": "Peers' hand-offs taken here, evicting a colder block (pool LRU).",
+    "handoffs_declined": "Peers' hand-offs refused here: no block here was colder.",
 }
 """The counters :class:`NoDropCollector` exports, with their help text."""
 
@@ -838,5 +994,11 @@ class SpillCollector:
              "unreachable.", c.blocks_moved_direct),
             ("put_waits", "Local puts that waited for a spill round before evicting.",
              c.put_waits),
+            ("handoffs_sent", "Blocks offered to a peer with a colder coldest block (pool "
+             "LRU).", c.handoffs_sent),
+            ("handoffs_accepted", "Hand-offs the peer took (it evicted a colder block).",
+             c.handoffs_accepted),
+            ("handoffs_refused", "Hand-offs refused (the peer had no colder block or the "
+             "transfer failed).", c.handoffs_refused),
         ):
             yield CounterMetricFamily(f"kvstored_spill_{name}", doc, value=value)

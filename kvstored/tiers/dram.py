@@ -36,7 +36,7 @@ from sortedcontainers import SortedKeyList
 from kvstored.native import store_release
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
 from kvstored.tiers.slots import Layout, SlotTable
-from kvstored.tiers.ssd_format import _TAG_BYTES
+from kvstored.tiers.ssd_format import _TAG_BYTES, touch_time
 from kvstored.types import Tier, TierStats
 
 log = structlog.get_logger(__name__)
@@ -65,12 +65,15 @@ class DramEntry:
             the store's change feed when the entry enters the map (0 until then), or
             inherited from the SSD replica a promotion read (the same bytes). Sent with the
             block on the data plane and to the master in events and inventories.
+        touched: monotonic seconds of the block's last use (commit, promotion, read hit,
+            a one-sided read absorbed; :func:`~kvstored.tiers.ssd_format.touch_time`):
+            the age pool LRU compares across nodes (``TieredStore.coldest_original_age_s``).
 
     Entries order by offset (``<``); the tier keeps them in one address-ordered
     ``SortedKeyList`` keyed by offset (16 bytes per block, instead of a dict offset -> key).
     """
 
-    __slots__ = ("offset", "size_bytes", "pins", "info", "skey", "generation")
+    __slots__ = ("offset", "size_bytes", "pins", "info", "skey", "generation", "touched")
 
     def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes],
                  generation: int = 0) -> None:
@@ -80,6 +83,7 @@ class DramEntry:
         self.info = info
         self.skey = b""
         self.generation = generation
+        self.touched = touch_time()
 
     def __lt__(self, other: _HasOffset) -> bool:
         return self.offset < other.offset
@@ -447,8 +451,11 @@ class DramTier:
             if ns:
                 read.append((ns, skey))
         read.sort()
+        now = touch_time()
         for _, skey in read:
-            table.clear_access(self.entries[skey].offset)
+            e = self.entries[skey]
+            table.clear_access(e.offset)
+            e.touched = now
             self.entries.move_to_end(skey)
         return len(read)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from kvstored.errors import InvalidArgument, KvstoredError, NoCapacity, NotFound
 from kvstored.tiers.base import NEEDS_IO, check_bytes, check_key
 from kvstored.tiers.dram import DramEntry
-from kvstored.tiers.ssd_format import split_store_key, store_key
+from kvstored.tiers.ssd_format import split_store_key, store_key, touch_time
 from kvstored.tiers.transit import AGAIN, PoolWait
 from kvstored.types import BlockInfo, PinnedBlock, StoreStats, Tier
 
@@ -126,8 +126,11 @@ class Reads:
                         generation=got.generation, entry=got,
                     )
                 )
+            now = touch_time()
             for skey in reversed(touched_dram):
-                if skey in dram.entries:
+                e = dram.entries.get(skey)
+                if e is not None:
+                    e.touched = now
                     dram.entries.move_to_end(skey)
             if ssd is not None:
                 records = [ssd.touch(skey) for skey in reversed(touched_ssd)]
@@ -171,7 +174,9 @@ class Reads:
         dram.pinned_blocks += num_pinned
         st.pinned_bytes += pinned_bytes
         move_to_end = dram.entries.move_to_end
+        now = touch_time()
         for e in reversed(hits):
+            e.touched = now
             move_to_end(e.skey)
         return out
 
@@ -194,8 +199,11 @@ class Reads:
             if st.closed:
                 return
             dram, ssd = st.dram, st.ssd
+            now = touch_time()
             for skey in reversed(skeys):
-                if skey in dram.entries:
+                e = dram.entries.get(skey)
+                if e is not None:
+                    e.touched = now
                     dram.entries.move_to_end(skey)
             if ssd is not None and ssd_keys:
                 for key, skey in zip(reversed(keys), reversed(skeys), strict=True):

@@ -93,7 +93,7 @@ class Reservations:
 
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
-        copy: bool = False,
+        copy: bool = False, handoff_age_s: float | None = None,
     ) -> Reservation | None:
         """``TieredStore.reserve`` (contract there)."""
         st = self._state
@@ -116,7 +116,9 @@ class Reservations:
                 return None
             tenant = st.tenants.tenant_of_namespace(namespace_id)
             st.tenants.check_dram(tenant, size_bytes)  # before allocating: never evicts for it
-            offset = self._transit.allocate(size_bytes, copy=copy, wait_for_pool=not copy)
+            offset = self._transit.allocate(
+                size_bytes, copy=copy, wait_for_pool=not copy and handoff_age_s is None,
+                handoff_age_s=handoff_age_s)
             st.tenants.reserve(tenant, size_bytes)
             rid = next(st.reservation_ids)
             interner = st.interner

@@ -121,3 +121,38 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
             if room is not None and by_tenant[t] > room:
                 return False  # the window's demotions together pass that tenant's quota
     return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)
+
+
+MAX_AGE_SCAN = 64
+"""Most entries per tier :func:`coldest_original_touched` looks at from the cold end."""
+
+
+def coldest_original_touched(dram: DramTier, ssd: SsdTier | None,
+                             max_scan: int = MAX_AGE_SCAN) -> float | None:
+    """The ``touched`` stamp (monotonic s) of the coldest *original* block: one the pool
+    holds nowhere else as far as this node knows (not a remote-fill copy), i.e. the block
+    this node's next eviction for good would drop (pool LRU, docs/cluster.md).
+
+    Looks at the cold end of each tier only (at most ``max_scan`` entries each: the block
+    maps are in LRU order, so their heads are the oldest): SSD blocks not also in DRAM
+    (a block in both tiers counts by its DRAM entry, the more recent use), then DRAM blocks
+    that are not copies. None when the node holds no original. Lock held.
+    """
+    oldest: float | None = None
+    if ssd is not None:
+        for n, (skey, se) in enumerate(ssd.entries.items()):
+            if n >= max_scan:
+                break
+            if skey in dram.entries:
+                continue
+            if oldest is None or se.touched < oldest:
+                oldest = se.touched
+    copies = dram.copies
+    for n, (skey, de) in enumerate(dram.entries.items()):
+        if n >= max_scan:
+            break
+        if skey in copies:
+            continue
+        if oldest is None or de.touched < oldest:
+            oldest = de.touched
+    return oldest

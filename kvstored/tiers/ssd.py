@@ -74,6 +74,7 @@ from kvstored.tiers.ssd_format import (
     round_up_page,
     split_store_key,
     store_key,
+    touch_time,
     trailer_bytes,
     trailer_of,
 )
@@ -302,6 +303,8 @@ class SsdTier:
         if w.entry is not None and keep:
             if w.generation:
                 w.entry.generation = w.generation
+            if w.touched:
+                w.entry.touched = w.touched  # a demotion: the block's last use in DRAM
             self.entries[w.skey] = w.entry
             return undone
         self.used_bytes -= w.charge_bytes
@@ -316,6 +319,7 @@ class SsdTier:
         if e is None:
             return None
         self.entries.move_to_end(skey)
+        e.touched = touch_time()
         seq = self._seq
         self._seq += 1
         return index_key(skey), encode_record(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 import xxhash
@@ -231,15 +232,36 @@ def decode_record(rec: bytes) -> tuple[int, int, int, int, bytes, str, bytes]:
     return ver, size, csum, seq, bytes(ns), name, bytes(meta)
 
 
+_TOUCHED = [0.0]  # the last stamp handed out, shared by the entries touched in the same ms
+
+
+def touch_time() -> float:
+    """``time.monotonic()`` to the millisecond, for an entry's ``touched`` (pool LRU ages).
+
+    Entries touched within one millisecond share one float object, so a stamp costs the
+    block map a pointer, not a float per entry. Thread-safe (a race hands out either value).
+    """
+    now = time.monotonic()
+    last = _TOUCHED[0]
+    if now - last < 0.001:
+        return last
+    _TOUCHED[0] = now
+    return now
+
+
 class SsdEntry:
     """In-memory metadata of one block on the SSD tier (lean: no file name, no sequence).
 
     ``generation``: as :class:`~kvstored.tiers.dram.DramEntry`'s (stamped by the change feed,
     or inherited from the DRAM replica a demotion wrote; never persisted: a restart is a new
     epoch, whose feed stamps the recovered entries anew).
+
+    ``touched``: monotonic seconds of the block's last use (:func:`touch_time`): a
+    demotion inherits the DRAM entry's, an SSD hit stamps it anew, a recovered entry gets
+    the time it was recovered (pool LRU: ``TieredStore.coldest_original_age_s``).
     """
 
-    __slots__ = ("size_bytes", "checksum", "info", "generation")
+    __slots__ = ("size_bytes", "checksum", "info", "generation", "touched")
 
     def __init__(self, size_bytes: int, checksum: int, info: tuple[bytes, bytes],
                  generation: int = 0) -> None:
@@ -247,6 +269,7 @@ class SsdEntry:
         self.checksum = checksum
         self.info = info  # (namespace_id, meta), interned
         self.generation = generation
+        self.touched = touch_time()
 
     @property
     def namespace_id(self) -> bytes:
@@ -274,3 +297,4 @@ class SsdWrite:
     seq: int = 0
     reuse: bytes | None = None  # an evicted block (same charge) whose file this write takes
     generation: int = 0  # a demotion's: the DRAM replica's (0 = the change feed stamps one)
+    touched: float = 0.0  # a demotion's: the DRAM replica's last use (0 = now)

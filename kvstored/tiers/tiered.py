@@ -56,6 +56,7 @@ import contextlib
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,7 @@ from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
 from kvstored.tiers.reads import Reads
 from kvstored.tiers.reservations import Reservations
+from kvstored.tiers.spare import coldest_original_touched
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.state import Interner, StoreState
 from kvstored.tiers.tenants import TenantUsage
@@ -214,7 +216,7 @@ class TieredStore:
     # ---- put ---------------------------------------------------------------------------
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
-        copy: bool = False,
+        copy: bool = False, handoff_age_s: float | None = None,
     ) -> Reservation | None:
         """Reserve arena space for a block the caller will write.
 
@@ -232,6 +234,11 @@ class TieredStore:
                 copies, blocks on SSD, demotions the SSD takes as is; tiers/spare.py), and
                 the committed block is marked a copy (evicted first, dropped, not demoted).
                 False (a local put) also unmarks a copy of the same key already here.
+            handoff_age_s: the block is a peer's hand-off (pool LRU, node/spill.py), that
+                many seconds since its last use there: when only an eviction for good makes
+                room, it is made only if this node's coldest original
+                (:meth:`coldest_original_age_s`) is older, decided under the store lock;
+                never waits on the pool (``Transit.allocate``).
 
         Returns:
             The reservation, or None when the block is already stored (complete) in either
@@ -243,12 +250,38 @@ class TieredStore:
                 non-bytes meta.
             BlockTooLarge: ``size_bytes > max_block_bytes``.
             NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress, or
-                (``copy``) no room can be made without dropping a block.
+                (``copy``) no room can be made without dropping a block, or
+                (``handoff_age_s``) the hand-off is refused: no block here is colder.
             Unavailable: the store is closed.
         """
         return self._reservations.reserve(
-            key, size_bytes, namespace_id=namespace_id, meta=meta, copy=copy
+            key, size_bytes, namespace_id=namespace_id, meta=meta, copy=copy,
+            handoff_age_s=handoff_age_s,
         )
+
+    def coldest_original_age_s(self) -> float:
+        """Seconds since the last use of this node's coldest *original* block (one the pool
+        holds nowhere else as far as this node knows: not a remote-fill copy; in a tiered
+        store an SSD-only block or a DRAM block, whichever was used longest ago), 0.0 when
+        it holds none. What the node heartbeats (``coldest_age_ms``) for pool LRU: a full
+        node hands its coldest block to a peer whose coldest is older (node/spill.py).
+        Bounded: looks at the cold end of each tier only (tiers/spare.py
+        ``coldest_original_touched``). Thread-safe (the store lock)."""
+        st = self._state
+        with st.lock:
+            touched = coldest_original_touched(st.dram, st.ssd)
+            now = time.monotonic()
+        return 0.0 if touched is None else max(0.0, now - touched)
+
+    @property
+    def handoffs_taken(self) -> int:
+        """Peers' hand-offs this node took, evicting a colder original of its own."""
+        return self._transit.handoffs_taken
+
+    @property
+    def handoffs_declined(self) -> int:
+        """Peers' hand-offs refused: this node held no original colder than the offer."""
+        return self._transit.handoffs_declined
 
     def reserve_many(
         self,

@@ -46,6 +46,7 @@ from kvstored.tiers.dram import DramEntry
 from kvstored.tiers.eviction import MAX_WINDOW_TRIES, victim_window
 from kvstored.tiers.spare import (
     candidates,
+    coldest_original_touched,
     demote_charge,
     spares_pool,
     window_spares_pool,
@@ -100,6 +101,10 @@ class Transit:
         """Blocks this node evicted while no spare victim and no pool room was found."""
         self.promotions_skipped = 0
         """Promotions refused because only dropping an original would have made room."""
+        self.handoffs_taken = 0
+        """Peers' hand-offs (pool LRU) this node took, evicting a colder block of its own."""
+        self.handoffs_declined = 0
+        """Peers' hand-offs refused: no block here was colder than the one offered."""
 
     def evictable(self, skey: bytes) -> bool:
         """Whether the DRAM block ``skey`` may be evicted now: unpinned and not DEMOTING."""
@@ -130,6 +135,7 @@ class Transit:
                 w = ssd.begin_write(skey, e.size_bytes, namespace_id=ns, meta=e.meta)
                 if w is not None:
                     w.generation = e.generation  # the same bytes: the same generation
+                    w.touched = e.touched  # and its last use
             if w is None:
                 dram.remove(skey)
                 dram.evictions += 1
@@ -160,7 +166,8 @@ class Transit:
                 st.unlocked(ssd.delete_files, doomed)
 
     def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False,
-                 promotion: bool = False, pool_wait: PoolWait | None = None) -> int:
+                 promotion: bool = False, pool_wait: PoolWait | None = None,
+                 handoff_age_s: float | None = None) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
         while demotions write and while waiting on :attr:`pool_room`).
 
@@ -191,6 +198,12 @@ class Transit:
                 running out must never cost an original). Without one, as a local put.
             pool_wait: the wait to share with other allocations of one read (a promotion);
                 None = this allocation's own.
+            handoff_age_s: the space is for a peer's hand-off (pool LRU, node/spill.py): a
+                block of that age (seconds since its last use on the peer) the peer would
+                otherwise drop. Spare victims first, as any allocation; when none frees the
+                space it never waits on the pool: it evicts in LRU order (for good) only if
+                this node's coldest original is older than ``handoff_age_s``, decided once,
+                here under the lock (so the pool drops the colder block), else NoCapacity.
 
         Returns:
             The offset of the allocated space; the caller owns it (and charges it).
@@ -198,7 +211,8 @@ class Transit:
         Raises:
             NoCapacity: the block can never fit beside the pinned, reserved and promoting
                 blocks (nothing is evicted then); or, for a copy or a promotion, no room
-                can be made without dropping a block.
+                can be made without dropping a block; or, for a hand-off, no block here is
+                colder than the one offered (nothing was evicted for good).
             Unavailable: the store was closed while waiting.
         """
         st = self._state
@@ -208,6 +222,7 @@ class Transit:
         tries = 0  # window tries that failed (eviction.MAX_WINDOW_TRIES, then plain LRU)
         spare_tries = 0  # the same for the victims that drop nothing from the pool
         own = pool_wait if pool_wait is not None else PoolWait()  # the bounded wait on the pool
+        handoff_decided = False  # a hand-off's age compared with our coldest original
         while True:
             st.check_open()
             off = alloc.allocate(size_bytes)
@@ -222,7 +237,14 @@ class Transit:
                 )
             dram.absorb_reads()  # one-sided reads since the last eviction count as recency
             window, spare_tries = self._spare_window(need, spare_tries)  # drops nothing
-            if window is None and not copy:
+            if window is None and handoff_age_s is not None:
+                if not handoff_decided:
+                    self._decide_handoff(size_bytes, handoff_age_s)  # raises when refused
+                    handoff_decided = True
+                window, tries = self._lru_window(need, tries)
+                if window is not None:
+                    self.evictions_for_good += sum(1 for k in window if self._drops(k))
+            elif window is None and not copy:
                 if wait_for_pool and own.until != 0.0:
                     if own.until is None:
                         own.until = time.monotonic() + self.pool_wait_s
@@ -254,6 +276,23 @@ class Transit:
                     f"DRAM tier cannot fit a {size_bytes}-byte block: every block is pinned "
                     "or being written (fragmented arena)"
                 )
+
+    def _decide_handoff(self, size_bytes: int, handoff_age_s: float) -> None:
+        """Accept a peer's hand-off only if this node's coldest original is older than the
+        offered block (``handoff_age_s``); else count it declined and raise NoCapacity
+        (lock held: nothing can touch or add a block between this check and the eviction
+        that follows it, except while a demotion writes, which only frees space)."""
+        st = self._state
+        touched = coldest_original_touched(st.dram, st.ssd)
+        age = time.monotonic() - touched if touched is not None else 0.0
+        if touched is None or age <= handoff_age_s:
+            self.handoffs_declined += 1
+            raise NoCapacity(
+                f"hand-off of a {size_bytes}-byte block refused: its age {handoff_age_s:.3f} s "
+                f"is at least this node's coldest original's ({age:.3f} s); the sender keeps "
+                "the pool's LRU order by evicting its own"
+            )
+        self.handoffs_taken += 1
 
     def _spare_window(self, need: int, tries: int) -> tuple[list[bytes] | None, int]:
         """Victims freeing ``need`` contiguous bytes whose eviction drops no block from the
@@ -535,6 +574,7 @@ class Transit:
                 if w is None:
                     continue
                 w.generation = e.generation  # the same bytes: the same generation
+                w.touched = e.touched
                 t = InTransit(entry=e)
                 st.demoting[skey] = t
                 try:

@@ -120,10 +120,13 @@ class Transport(Protocol):
 
     def put(
         self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *, deadline: float,
-        replicas: int = 0,
+        replicas: int = 0, handoff_age_s: float | None = None,
     ) -> list[PutItem]:
         """Store ``(key, value, meta)`` items; per item, in order, a :class:`PutItem`.
-        ``replicas``: the blocks' replication factor for the receiver's inventory (0 = none)."""
+        ``replicas``: the blocks' replication factor for the receiver's inventory (0 = none).
+        ``handoff_age_s``: a pool-LRU hand-off of blocks that old (seconds since their last
+        use here): the receiver takes each only by evicting an older original of its own,
+        else answers it NO_CAPACITY (kvstored/node/spill.py)."""
         ...
 
     def close(self) -> None:
@@ -193,11 +196,12 @@ class BlockServer(Protocol):
 
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
-        *, seen: set[bytes] | None = None,
+        *, seen: set[bytes] | None = None, handoff_age_s: float | None = None,
     ) -> Reservation | PutOutcome:
         """Reserve put item ``index`` (no lease): a Reservation the server receives into
         and then commits or aborts, or the item's outcome (already stored, repeated in
-        ``seen``, or its own error)."""
+        ``seen``, or its own error). ``handoff_age_s``: a pool-LRU hand-off of a block that
+        old (PUT_FLAG_HANDOFF; ``TieredStore.reserve``): NoCapacity when refused."""
         ...
 
     def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:

@@ -14,6 +14,10 @@ Framing (all integers little-endian)::
                      (node/put_replicas.py), so the receiving node's inventory carries the
                      factor too; 0 = none; any other bit is refused (a node older than the
                      field refuses it: the writer sends without it from then on)
+                   PUT_FLAG_HANDOFF (1) = a pool-LRU hand-off (node/spill.py): the body
+                     carries the blocks' age; the receiver takes them only by evicting an
+                     original of its own that is older (else NO_CAPACITY per item); a node
+                     older than the flag refuses it (the sender evicts its own block)
                    GET flags (any other bit is refused):
                      GET_FLAG_GENERATION (1) = item headers carry the generation;
                      GET_FLAG_FILL_FROM_PEERS (2) = a cluster node first copies the blocks
@@ -30,7 +34,10 @@ Framing (all integers little-endian)::
                        streams, one range each)
                    | count u32 | body_len u32
       GET body   = ns_len u16 | ns | count x (key_len u16 | key [| offset u64 | length u64])
-      PUT body   = ns_len u16 | ns | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
+      PUT body   = ns_len u16 | ns [| handoff_age_ms u64, with PUT_FLAG_HANDOFF]
+                   | count x (key_len u16 | key | size u64 | meta_len u32 | meta)
+                 handoff_age_ms: ms since the blocks' (coldest original's) last use on the
+                   sender
       PUT payloads: the count values back to back; item i is exactly size_i bytes (items the
                    server rejects are still sent and skipped, so the stream stays in sync)
 
@@ -103,8 +110,13 @@ item's payload is that range of the block (:func:`range_bytes` bytes); the item 
 the block's whole size. A node older than the flag refuses it (the client then reads whole
 blocks)."""
 PUT_FLAG_FACTOR_SHIFT = 8
-PUT_FLAGS = 0x0F << PUT_FLAG_FACTOR_SHIFT
-"""PUT flag bits: the blocks' replication factor (``flags >> PUT_FLAG_FACTOR_SHIFT``)."""
+PUT_FLAG_FACTOR_MASK = 0x0F << PUT_FLAG_FACTOR_SHIFT
+"""PUT flag bits of the blocks' replication factor (``flags >> PUT_FLAG_FACTOR_SHIFT``)."""
+PUT_FLAG_HANDOFF = 1
+"""PUT flag: a pool-LRU hand-off; the body carries ``handoff_age_ms`` after the namespace."""
+PUT_FLAGS = PUT_FLAG_FACTOR_MASK | PUT_FLAG_HANDOFF
+"""Every flag a PUT may carry."""
+U64 = struct.Struct("<Q")
 GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT | GET_FLAG_RANGES
 """Every flag a GET may carry."""
 RANGE = struct.Struct("<QQ")  # offset, length (GET_FLAG_RANGES)
@@ -216,11 +228,14 @@ class FrameLimits:
     def max_body_for(self, op: int, count: int, flags: int = 0) -> int:
         """The largest body a well-formed request of ``op`` with ``count`` items can have."""
         per_item = 2 + self.max_key_bytes
+        fixed = 2 + self.max_namespace_bytes
         if op == OP_PUT:
             per_item += PUT_REQ_ITEM.size + self.max_meta_bytes
+            if flags & PUT_FLAG_HANDOFF:
+                fixed += U64.size
         elif flags & GET_FLAG_RANGES:
             per_item += RANGE.size
-        return min(self.max_body_bytes, 2 + self.max_namespace_bytes + count * per_item)
+        return min(self.max_body_bytes, fixed + count * per_item)
 
     def check_request_header(self, op: int, count: int, body_len: int, flags: int = 0) -> None:
         """Check a request header's op, flags and announced sizes.
@@ -514,9 +529,13 @@ def decode_get_ranges_body(raw: bytes, count: int) -> tuple[bytes, list[bytes], 
     return ns, keys, ranges
 
 
-def encode_put_body(items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes) -> bytes:
-    """A PUT request body for ``(key, size_bytes, meta)`` items."""
+def encode_put_body(items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes,
+                    handoff_age_ms: int | None = None) -> bytes:
+    """A PUT request body for ``(key, size_bytes, meta)`` items; ``handoff_age_ms`` (a
+    hand-off, sent with PUT_FLAG_HANDOFF; 0..2**64-1): the blocks' age on the sender."""
     parts = [U16.pack(len(namespace_id)), namespace_id]
+    if handoff_age_ms is not None:
+        parts.append(U64.pack(handoff_age_ms))
     for key, size, meta in items:
         parts.append(U16.pack(len(key)))
         parts.append(key)
@@ -531,11 +550,24 @@ def decode_put_body(raw: bytes, count: int) -> tuple[bytes, list[tuple[bytes, in
     Raises:
         ProtocolError: truncated body.
     """
+    ns, _, items = decode_put_body_flags(raw, count, 0)
+    return ns, items
+
+
+def decode_put_body_flags(raw: bytes, count: int, flags: int
+                          ) -> tuple[bytes, int | None, list[tuple[bytes, int, bytes]]]:
+    """``(namespace id, handoff_age_ms or None, [(key, size_bytes, meta)])`` of a PUT body
+    sent with ``flags`` (the age is there only with PUT_FLAG_HANDOFF).
+
+    Raises:
+        ProtocolError: truncated body.
+    """
     body = Body(raw)
     ns = body.take(body.u16())
+    age = int(U64.unpack(body.take(U64.size))[0]) if flags & PUT_FLAG_HANDOFF else None
     items = []
     for _ in range(count):
         key = body.take(body.u16())
         size, meta_len = PUT_REQ_ITEM.unpack(body.take(PUT_REQ_ITEM.size))
         items.append((key, int(size), body.take(meta_len)))
-    return ns, items
+    return ns, age, items

@@ -223,8 +223,10 @@ class MasterClient:
             ``{"master_epoch", "term", "leader" (the address that answered), "num_replicas",
             "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
-            "draining", "transports", "tiers": [{"tier", "used_bytes", "capacity_bytes",
-            "num_blocks"}]}]}`` (transports: what the node advertised, e.g. ``["tcp", "rdma"]``)
+            "draining", "coldest_age_s", "transports", "tiers": [{"tier", "used_bytes",
+            "capacity_bytes", "num_blocks"}]}]}`` (coldest_age_s: seconds since the last use
+            of its coldest original block, 0 = none; transports: what the node advertised,
+            e.g. ``["tcp", "rdma"]``)
             (draining: ``kvstorectl drain`` is re-homing its blocks); health
             is "healthy", "unhealthy", "probation" (unhealthy, tried again: its replicas are
             named, nothing is placed on it) or "syncing"; and ``"departed": [{"node_id",
@@ -243,7 +245,8 @@ class MasterClient:
                 else _HEALTH.get(st.health, "unknown"),
                 "load": st.load, "num_replicas": st.num_replicas,
                 "lease_left_s": round(st.lease_left_s, 3), "last_seq": st.last_seq,
-                "draining": st.draining, "transports": list(n.transports) or ["tcp"],
+                "draining": st.draining, "coldest_age_s": round(st.coldest_age_s, 3),
+                "transports": list(n.transports) or ["tcp"],
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
                            "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
                           for t in n.tiers if t.tier in (1, 2)],

@@ -936,9 +936,11 @@ class RdmaOrTcp:
         return [it if it is not None else GetItem(0, "", False, 0, 0, b"") for it in items]
 
     def put(self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *,
-            deadline: float, replicas: int = 0) -> list[PutItem]:
+            deadline: float, replicas: int = 0,
+            handoff_age_s: float | None = None) -> list[PutItem]:
         """Through TCP (:meth:`~.base.Transport.put`)."""
-        return self.tcp.put(items, namespace_id, deadline=deadline, replicas=replicas)
+        return self.tcp.put(items, namespace_id, deadline=deadline, replicas=replicas,
+                            handoff_age_s=handoff_age_s)
 
     def close(self) -> None:
         """Close both paths (idempotent)."""

@@ -27,6 +27,7 @@ every connection is mutual TLS: the handshake runs under the call's deadline (at
 
 from __future__ import annotations
 
+import math
 import socket
 import ssl
 import threading
@@ -62,6 +63,7 @@ from kvstored.transport.framing import (
     OP_GET,
     OP_PUT,
     PUT_FLAG_FACTOR_SHIFT,
+    PUT_FLAG_HANDOFF,
     PUT_ITEM,
     RANGE_TO_END,
     Body,
@@ -588,6 +590,7 @@ class DataPlaneClient:
         *,
         deadline: float,
         replicas: int = 0,
+        handoff_age_s: float | None = None,
     ) -> list[PutItem]:
         """Store blocks: ``items`` are ``(key, value as a byte view, meta)``.
 
@@ -596,6 +599,10 @@ class DataPlaneClient:
                 a put(replicas=N)): the receiving node remembers it for its inventory. A
                 node older than the field refuses it; it is then left out, for this node
                 from then on.
+            handoff_age_s: a pool-LRU hand-off (node/spill.py; PUT_FLAG_HANDOFF): the
+                blocks' age here, seconds. The node takes an item only by evicting an
+                original of its own that is older, else answers it NO_CAPACITY. A node
+                older than the flag refuses the request (InvalidArgument, raised).
 
         Returns:
             Per item, in order: a :class:`PutItem` (``stored`` False with code 0 = already
@@ -607,6 +614,12 @@ class DataPlaneClient:
         if not 0 <= replicas <= 8:
             raise InvalidArgument(f"replicas must be in 0..8, got {replicas}")
         flags = replicas << PUT_FLAG_FACTOR_SHIFT if self.put_factor_ok else 0
+        if handoff_age_s is not None:
+            if not (math.isfinite(handoff_age_s) and handoff_age_s >= 0):
+                raise InvalidArgument(f"handoff_age_s must be a finite age >= 0 seconds, got "
+                                      f"{handoff_age_s}")
+            age_ms = min(int(handoff_age_s * 1000), (1 << 64) - 1)
+            return self._put(items, namespace_id, deadline, flags | PUT_FLAG_HANDOFF, age_ms)
         try:
             return self._put(items, namespace_id, deadline, flags)
         except InvalidArgument as exc:
@@ -619,8 +632,9 @@ class DataPlaneClient:
             return self._put(items, namespace_id, deadline, 0)
 
     def _put(self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes,
-             deadline: float, flags: int) -> list[PutItem]:
-        body = encode_put_body([(k, len(v), m) for k, v, m in items], namespace_id)
+             deadline: float, flags: int, handoff_age_ms: int | None = None) -> list[PutItem]:
+        body = encode_put_body([(k, len(v), m) for k, v, m in items], namespace_id,
+                               handoff_age_ms)
         header = encode_header(OP_PUT, flags, len(items), len(body)) + body
         max_body = len(items) * (PUT_ITEM.size + MAX_MSG_BYTES)
 

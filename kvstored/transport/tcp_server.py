@@ -75,8 +75,8 @@ from kvstored.transport.framing import (
     HEADER,
     OP_GET,
     OP_PUT,
+    PUT_FLAG_FACTOR_MASK,
     PUT_FLAG_FACTOR_SHIFT,
-    PUT_FLAGS,
     PUT_ITEM,
     FrameLimits,
     FrameRejected,
@@ -86,7 +86,7 @@ from kvstored.transport.framing import (
     decode_get_body,
     decode_get_ranges_body,
     decode_header,
-    decode_put_body,
+    decode_put_body_flags,
     encode_header,
     error_response,
     range_bytes,
@@ -503,14 +503,16 @@ class DataPlaneServer:
                                             peer_export=bool(flags & GET_FLAG_PEER_EXPORT),
                                             ranges=ranges)
                 else:
-                    ns, items = decode_put_body(raw, count)
+                    ns, handoff_age_ms, items = decode_put_body_flags(raw, count, flags)
                     del raw
                     _check_tenant(principal, ns, "data-plane PUT")
                     sizes = [size for _, size, _ in items]
                     self.limits.check_put_sizes(sizes)
                     self._allow_payload(reader, sum(sizes))
-                    code = self._handle_put(sock, reader, items, ns,
-                                            factor=(flags & PUT_FLAGS) >> PUT_FLAG_FACTOR_SHIFT)
+                    code = self._handle_put(
+                        sock, reader, items, ns,
+                        factor=(flags & PUT_FLAG_FACTOR_MASK) >> PUT_FLAG_FACTOR_SHIFT,
+                        handoff_age_s=None if handoff_age_ms is None else handoff_age_ms / 1000)
             return True
         except PermissionDenied as exc:
             code = int(exc.code)
@@ -675,7 +677,7 @@ class DataPlaneServer:
     # ---- PUT -----------------------------------------------------------------------------
     def _handle_put(
         self, sock: socket.socket, reader: Reader, items: list[tuple[bytes, int, bytes]], ns: bytes,
-        *, factor: int = 0,
+        *, factor: int = 0, handoff_age_s: float | None = None,
     ) -> int:
         core = self.core
         try:
@@ -704,7 +706,10 @@ class DataPlaneServer:
                         # holds no arena space and evicts nothing.
                         self._emit("payload_awaited", index=i)
                         reader.fill()
-                    r = core.reserve_one(i, key, size, meta, ns, seen=seen)
+                    r = (core.reserve_one(i, key, size, meta, ns, seen=seen)
+                         if handoff_age_s is None else
+                         core.reserve_one(i, key, size, meta, ns, seen=seen,
+                                          handoff_age_s=handoff_age_s))
                     reserved.append(r)
                     if isinstance(r, Reservation):
                         self._emit("item_reserved", index=i, size_bytes=size)

@@ -146,20 +146,22 @@ class UnregisterNodeResponse(_message.Message):
     def __init__(self, term: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "acked_command_ids")
+    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "coldest_age_ms", "acked_command_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     ACKED_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
     load: float
     last_seq: int
+    coldest_age_ms: int
     acked_command_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., coldest_age_ms: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("action", "node_lease_ms", "promote_copies", "commands", "term")
@@ -438,7 +440,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation", "draining")
+    __slots__ = ("node", "health", "load", "num_replicas", "lease_left_s", "last_seq", "probation", "draining", "coldest_age_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +449,7 @@ class NodeStatus(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROBATION_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    COLDEST_AGE_S_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     health: NodeHealth
     load: float
@@ -455,7 +458,8 @@ class NodeStatus(_message.Message):
     last_seq: int
     probation: bool
     draining: bool
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
+    coldest_age_s: float
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., health: _Optional[_Union[NodeHealth, str]] = ..., load: _Optional[float] = ..., num_replicas: _Optional[int] = ..., lease_left_s: _Optional[float] = ..., last_seq: _Optional[int] = ..., probation: _Optional[bool] = ..., draining: _Optional[bool] = ..., coldest_age_s: _Optional[float] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "master_epoch", "num_replicas", "departed", "term")

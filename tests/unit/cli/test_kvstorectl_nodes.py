@@ -35,7 +35,7 @@ def master() -> Iterator[tuple[str, Membership]]:
     members.sync_inventory("gpu1", 1796000000000000000, sync_id=1, last_chunk=True,
                            blocks=[BlockRef(b"n" * 16, bytes([i]) * 16, Tier.DRAM, 1)
                                    for i in range(7)])
-    members.heartbeat("gpu1", 1796000000000000000, load=3.0)
+    members.heartbeat("gpu1", 1796000000000000000, load=3.0, coldest_age_ms=42_500)
     members.register(NodeSpec("gpu2", 42, "10.0.0.6:7070", "10.0.0.6:7071", ()))
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -74,6 +74,7 @@ def test_nodes_json_is_the_membership(master: tuple[str, Membership]) -> None:
         {"tier": "SSD", "used_bytes": 0, "capacity_bytes": 200 << 30, "num_blocks": 0},
     ]
     assert (g2["health"], g2["tiers"], g2["grpc_address"]) == ("syncing", [], "10.0.0.6:7070")
+    assert (g1["coldest_age_s"], g2["coldest_age_s"]) == (42.5, 0.0)  # pool LRU (FakeClock)
 
 
 def test_nodes_table_shows_every_column_untruncated(master: tuple[str, Membership]) -> None:
@@ -81,7 +82,8 @@ def test_nodes_table_shows_every_column_untruncated(master: tuple[str, Membershi
     out = CliRunner().invoke(main, ["nodes", "--address", addr])
     assert out.exit_code == 0, out.output
     for text in ("gpu1", "10.0.0.5:7070", "1796000000000000000", "healthy", "syncing",
-                 "2.0 GiB / 8.0 GiB", "0 B / 200.0 GiB", "master epoch 99", "7 replicas"):
+                 "2.0 GiB / 8.0 GiB", "0 B / 200.0 GiB", "master epoch 99", "7 replicas",
+                 "coldest", "42.5 s"):
         assert text in out.output, text
 
 

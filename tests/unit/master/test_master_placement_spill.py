@@ -44,11 +44,34 @@ def test_spill_never_places_on_the_writer_and_needs_room_below_the_watermark() -
     order = c.placement.order_candidates(MiB, "a", c.placement.policy, exclude_writer=True,
                                          max_used_fraction=0.9, headroom_bytes=8 * MiB)
     assert [r.spec.node_id for r in order] == ["c"]
-    _usage(c, "c", dram=(100 * MiB, 10 * MiB), ssd=(100 * MiB, 89 * MiB))
+    _usage(c, "c", dram=(100 * MiB, 85 * MiB), ssd=(100 * MiB, 89 * MiB))  # 1 + 5 < 1 + 8
     with pytest.raises(NoCapacity, match="other than the writer's"):
         _spill_start(c, 1, headroom=8 * MiB)
     with pytest.raises(InvalidArgument, match="max_used_fraction"):
         c.placement.start_put(NS, key(1), MiB, max_used_fraction=1.5)
+
+
+def test_a_tiered_nodes_free_dram_counts_as_pool_room_while_its_ssd_is_past_the_watermark(
+) -> None:
+    """Issue 17 §3: two DRAM 8 + SSD 16 MiB nodes lost blocks once both SSDs were past the
+    watermark while both DRAMs had room; the room is now SSD below the watermark (from 0)
+    plus DRAM below it, so spill keeps placing into the peer's DRAM."""
+    c = Cluster()
+    for n in ("a", "b"):
+        c.join(n)
+    _usage(c, "b", dram=(8 * MiB, 2 * MiB), ssd=(16 * MiB, 16 * MiB))  # SSD full, DRAM not
+    rec = c.members.node("b")
+    assert rec is not None
+    assert c.placement.last_tier_room_bytes(rec, 0.9) == int(0.9 * 8 * MiB) - 2 * MiB
+    out = _spill_start(c, 1, headroom=2 * MiB)
+    assert not out.exists and [r.node_id for r in out.replicas] == ["b"]
+    c.placement.end_put(NS, key(1), out.generation, commit=False)
+    _usage(c, "b", dram=(8 * MiB, 7 * MiB), ssd=(16 * MiB, 10 * MiB))  # both count
+    assert c.placement.last_tier_room_bytes(rec, 0.9) == (
+        int(0.9 * 16 * MiB) - 10 * MiB + int(0.9 * 8 * MiB) - 7 * MiB)
+    _usage(c, "b", dram=(8 * MiB, 8 * MiB), ssd=(16 * MiB, 16 * MiB))  # both past it
+    with pytest.raises(NoCapacity):
+        _spill_start(c, 2)
 
 
 def test_only_the_writer_holding_the_block_is_not_exists_but_another_holder_is() -> None:

@@ -13,6 +13,7 @@ from kvstored.transport.framing import (
     GET_FLAG_RANGES,
     OP_GET,
     OP_PUT,
+    PUT_FLAG_HANDOFF,
     RANGE_TO_END,
     FrameLimits,
     FrameRejected,
@@ -21,6 +22,7 @@ from kvstored.transport.framing import (
     decode_get_body,
     decode_get_ranges_body,
     decode_put_body,
+    decode_put_body_flags,
     encode_get_body,
     encode_put_body,
     range_bytes,
@@ -98,6 +100,20 @@ def test_bodies_round_trip() -> None:
     assert decode_put_body(encode_put_body(items, b""), 2) == (b"", items)
     with pytest.raises(ProtocolError, match="truncated"):
         decode_get_body(encode_get_body(keys, b"ns")[:-1], 2)
+
+
+def test_a_hand_off_put_body_carries_its_age_after_the_namespace() -> None:
+    items = [(b"k" * 16, 5, b"meta")]
+    raw = encode_put_body(items, b"ns", handoff_age_ms=12345)
+    assert len(raw) == len(encode_put_body(items, b"ns")) + 8
+    assert decode_put_body_flags(raw, 1, PUT_FLAG_HANDOFF) == (b"ns", 12345, items)
+    assert decode_put_body_flags(encode_put_body(items, b"ns"), 1, 0) == (b"ns", None, items)
+    LIMITS.check_request_header(OP_PUT, 1, len(raw), PUT_FLAG_HANDOFF)  # a known flag
+    assert LIMITS.max_body_for(OP_PUT, 2, PUT_FLAG_HANDOFF) == LIMITS.max_body_for(OP_PUT, 2) + 8
+    with pytest.raises(ProtocolError, match="flags 0x2 are not supported"):
+        LIMITS.check_request_header(OP_PUT, 1, len(raw), 2)
+    with pytest.raises(ProtocolError, match="truncated"):  # the age promised, not sent
+        decode_put_body_flags(encode_put_body([], b"ns"), 0, PUT_FLAG_HANDOFF)
 
 
 def test_reader_deadline_bounds_the_whole_read_not_each_recv() -> None:
