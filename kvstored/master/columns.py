@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvstored import native
 from kvstored.errors import InvalidArgument
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest
 
@@ -344,7 +345,26 @@ class IndexColumns:
 
         Short chains are walked one level per step (at most :data:`HOT_CHAIN_ROWS` steps:
         a longer chain met here becomes hot), hot chains answer from their maps, so the
-        cost does not grow with the replicas of a hot block."""
+        cost does not grow with the replicas of a hot block. One C call (native/master.c
+        ``find_rows``) when the extension is built, else :meth:`py_find_rows`."""
+        impl = native.master_index
+        if impl is None:
+            return self.py_find_rows(slots, holder, tiers)
+        n = len(slots)
+        found = np.empty(n, dtype=np.int64)
+        if n == 0:
+            return found
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        tiers = np.ascontiguousarray(tiers, dtype=np.int64)
+        if impl.find_rows(self.head, self.next, self.holder, self.tier, slots, int(holder), tiers,
+                          self.hot, HOT_CHAIN_ROWS, found):
+            for i in np.flatnonzero(found == -2).tolist():  # long chains: hot from now on
+                hc = self.make_hot(int(slots[i]))
+                found[i] = hc.rows.get(holder * 4 + int(tiers[i]), NO_ROW)
+        return found
+
+    def py_find_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
+        """:meth:`find_rows` in numpy (the fallback, and the reference of the C walk)."""
         n = len(slots)
         found = np.full(n, NO_ROW, dtype=np.int64)
         if n == 0:
