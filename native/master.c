@@ -8,6 +8,7 @@
  *   keytable_get_many  KeyTable.get_many: a batch of 16-byte keys -> block slots
  *   best_rows          ranking.best_rows: the best readable replica of each block
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
+ *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
  *
  * Why: each of these is a walk of a few levels per key that numpy runs as ~10 calls per
  * level of 2-10 us each; in C one call per batch costs about a cache miss per row visited.
@@ -359,6 +360,103 @@ error:
     return NULL;
 }
 
+
+/* unlink_rows(head, next, block, holder, state, hnext, hprev, holder_head, rows, emptied) -> int
+ * IndexColumns.unlink of many rows of chains without HotChain maps (the caller keeps hot
+ * chains, free lists, key tables and counters): per row, in order, its predecessor is found
+ * by walking its block's chain from head[block[row]], then the row leaves its holder's list
+ * and its block's chain, and gets state 0 and no links. emptied (writable u8, one per row) is
+ * set to 1 where the row was its block's last. Every row is checked first (live: in a chain,
+ * distinct); nothing changes when one is not. Returns how many blocks were emptied. */
+#define SEEN_BIT 0x40
+static PyObject *unlink_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_head, *o_next, *o_block, *o_holder, *o_state, *o_hnext, *o_hprev, *o_hhead, *o_rows, *o_empt;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO:unlink_rows", &o_head, &o_next, &o_block, &o_holder, &o_state, &o_hnext,
+                          &o_hprev, &o_hhead, &o_rows, &o_empt))
+        return NULL;
+    const char *fn = "unlink_rows";
+    Bufs b = {.n = 0};
+    Py_ssize_t n_head, n_next, n_block, n_holder, n_state, n_hnext, n_hprev, n_hhead, n_rows, n_empt;
+    int32_t *head = take(&b, o_head, 4, I32, 1, fn, "head", &n_head);
+    if (!head) return NULL;
+    int32_t *next = take(&b, o_next, 4, I32, 1, fn, "next", &n_next);
+    if (!next) return NULL;
+    int32_t *block = take(&b, o_block, 4, I32, 1, fn, "block", &n_block);
+    if (!block) return NULL;
+    const uint32_t *holder = take(&b, o_holder, 4, U32, 0, fn, "holder", &n_holder);
+    if (!holder) return NULL;
+    uint8_t *state = take(&b, o_state, 1, U8, 1, fn, "state", &n_state);
+    if (!state) return NULL;
+    int32_t *hnext = take(&b, o_hnext, 4, I32, 1, fn, "hnext", &n_hnext);
+    if (!hnext) return NULL;
+    int32_t *hprev = take(&b, o_hprev, 4, I32, 1, fn, "hprev", &n_hprev);
+    if (!hprev) return NULL;
+    int64_t *hhead = take(&b, o_hhead, 8, I64, 1, fn, "holder_head", &n_hhead);
+    if (!hhead) return NULL;
+    const int64_t *rows = take(&b, o_rows, 8, I64, 0, fn, "rows", &n_rows);
+    if (!rows) return NULL;
+    uint8_t *emptied = take(&b, o_empt, 1, BOOL, 1, fn, "emptied", &n_empt);
+    if (!emptied) return NULL;
+    Py_ssize_t nrows = n_next;
+    if (n_block != nrows || n_holder != nrows || n_state != nrows || n_hnext != nrows || n_hprev != nrows ||
+        n_empt != n_rows) {
+        release_all(&b);
+        PyErr_Format(PyExc_ValueError,
+                     "%s: sizes disagree: next %zd, block %zd, holder %zd, state %zd, hnext %zd, hprev %zd rows; "
+                     "%zd rows to unlink, emptied %zd",
+                     fn, n_next, n_block, n_holder, n_state, n_hnext, n_hprev, n_rows, n_empt);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n_rows; i++) { /* all checked before any change */
+        int64_t r = rows[i];
+        const char *why = NULL;
+        if (r < 0 || r >= nrows || block[r] < 0 || block[r] >= n_head || holder[r] >= n_hhead || state[r] == 0)
+            why = "is not a live row of a block";
+        else if (state[r] & SEEN_BIT) /* marked below: live states never carry it (WRITING 1, COMMITTED 2) */
+            why = "is repeated";
+        if (why) {
+            for (Py_ssize_t j = 0; j < i; j++) state[rows[j]] &= (uint8_t)~SEEN_BIT;
+            release_all(&b);
+            PyErr_Format(PyExc_ValueError, "%s: row %lld (#%zd) %s", fn, (long long)r, i, why);
+            return NULL;
+        }
+        state[r] |= SEEN_BIT;
+    }
+    Py_ssize_t num_emptied = 0;
+    for (Py_ssize_t i = 0; i < n_rows; i++) {
+        int64_t r = rows[i], s = block[r];
+        int64_t prev = -1, cur = head[s];
+        while (cur >= 0 && cur != r) {
+            prev = cur;
+            cur = next[cur];
+        }
+        /* out of its holder's list */
+        int32_t hn = hnext[r], hp = hprev[r];
+        if (hp < 0)
+            hhead[holder[r]] = hn;
+        else
+            hnext[hp] = hn;
+        if (hn >= 0) hprev[hn] = hp;
+        hnext[r] = hprev[r] = -1;
+        /* out of its block's chain */
+        int32_t nx = next[r];
+        if (cur == r) { /* (always: a live row is in its block's chain) */
+            if (prev < 0)
+                head[s] = nx;
+            else
+                next[prev] = nx;
+        }
+        state[r] = 0;
+        next[r] = -1;
+        block[r] = -1;
+        emptied[i] = head[s] < 0;
+        num_emptied += emptied[i];
+    }
+    release_all(&b);
+    return PyLong_FromSsize_t(num_emptied);
+}
+
 static PyMethodDef methods[] = {
     {"keytable_get_many", keytable_get_many, METH_VARARGS,
      "keytable_get_many(lo, hi, sl, over, bits, words, out) -> int: slots of a batch of keys (-1 absent); "
@@ -369,6 +467,9 @@ static PyMethodDef methods[] = {
     {"find_rows", find_rows, METH_VARARGS,
      "find_rows(head, next, holder, tier, slots, holder_id, tiers, hot, max_depth, out) -> int: a holder's row "
      "per chain (-1 none, -2 chain too long: make it hot); returns the count of -2."},
+    {"unlink_rows", unlink_rows, METH_VARARGS,
+     "unlink_rows(head, next, block, holder, state, hnext, hprev, holder_head, rows, emptied) -> int: unlink rows of "
+     "chains without hot maps; returns the count of blocks emptied."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {
