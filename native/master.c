@@ -9,6 +9,7 @@
  *   best_rows          ranking.best_rows: the best readable replica of each block
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
  *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
+ *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
  *
  * Why: each of these is a walk of a few levels per key that numpy runs as ~10 calls per
  * level of 2-10 us each; in C one call per batch costs about a cache miss per row visited.
@@ -457,6 +458,229 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(num_emptied);
 }
 
+/* ---- ReportEventsRequest wire bytes -> event columns ------------------------------------ */
+typedef struct {
+    const uint8_t *p, *end;
+} Rd;
+
+static int rd_varint(Rd *r, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end) return -1;
+        uint8_t c = *r->p++;
+        v |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Skip one field of wire type wt; -1 on a malformed or group field. */
+static int rd_skip(Rd *r, int wt) {
+    uint64_t v;
+    switch (wt) {
+    case 0: return rd_varint(r, &v);
+    case 1: if (r->end - r->p < 8) return -1; r->p += 8; return 0;
+    case 5: if (r->end - r->p < 4) return -1; r->p += 4; return 0;
+    case 2:
+        if (rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
+        r->p += v;
+        return 0;
+    default: return -1;
+    }
+}
+
+/* A length-delimited field's bytes; -1 when malformed. */
+static int rd_len(Rd *r, Rd *sub) {
+    uint64_t v;
+    if (rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
+    sub->p = r->p;
+    sub->end = r->p + v;
+    r->p += v;
+    return 0;
+}
+
+typedef struct {
+    uint64_t seq, size, gen;
+    int64_t kind, tier, replicas;
+    int copy;
+    const uint8_t *ns, *key;
+    Py_ssize_t ns_len, key_len;
+} Event;
+
+/* One BlockRef: 0 parsed, 1 not in the canonical form (a field repeated, a known field of
+ * another wire type, a value the numpy columns would not take): let protobuf read it. */
+static int parse_ref(Rd r, Event *e) {
+    unsigned seen = 0;
+    while (r.p < r.end) {
+        uint64_t tag, v;
+        if (rd_varint(&r, &tag) != 0) return 1;
+        int field = (int)(tag >> 3), wt = (int)(tag & 7);
+        if (field >= 1 && field <= 7) {
+            if (seen & (1u << field)) return 1;
+            seen |= 1u << field;
+        }
+        if ((field == 1 || field == 2) && wt == 2) {
+            Rd sub;
+            if (rd_len(&r, &sub) != 0) return 1;
+            if (field == 1) { e->ns = sub.p; e->ns_len = sub.end - sub.p; }
+            else { e->key = sub.p; e->key_len = sub.end - sub.p; }
+        } else if (field >= 3 && field <= 7 && wt == 0) {
+            if (rd_varint(&r, &v) != 0) return 1;
+            switch (field) {
+            case 3: e->tier = (int32_t)(uint32_t)v; break; /* an enum: int32 */
+            case 4: if (v >> 63) return 1; e->size = v; break;
+            case 5: e->gen = v; break;
+            case 6: e->copy = v != 0; break;
+            case 7: e->replicas = (uint32_t)v; break;
+            }
+        } else if (field >= 1 && field <= 7) {
+            return 1;
+        } else if (rd_skip(&r, wt) != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int parse_event(Rd r, Event *e) {
+    unsigned seen = 0;
+    while (r.p < r.end) {
+        uint64_t tag, v;
+        if (rd_varint(&r, &tag) != 0) return 1;
+        int field = (int)(tag >> 3), wt = (int)(tag & 7);
+        if (field >= 1 && field <= 3) {
+            if (seen & (1u << field)) return 1;
+            seen |= 1u << field;
+        }
+        if (field == 1 && wt == 0) {
+            if (rd_varint(&r, &v) != 0) return 1;
+            e->seq = v;
+        } else if (field == 2 && wt == 0) {
+            if (rd_varint(&r, &v) != 0) return 1;
+            e->kind = (int32_t)(uint32_t)v;
+        } else if (field == 3 && wt == 2) {
+            Rd sub;
+            if (rd_len(&r, &sub) != 0 || parse_ref(sub, e) != 0) return 1;
+        } else if (field >= 1 && field <= 3) {
+            return 1;
+        } else if (rd_skip(&r, wt) != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* parse_events(data, max_key_bytes, max_replicas, kind_a, kind_b, tier_a, tier_b) -> tuple | None
+ * The events of a serialized ReportEventsRequest (field 3: BlockEvent{seq 1, kind 2,
+ * block 3: BlockRef{namespace_id 1, key 2, tier 3, size_bytes 4, generation 5, copy 6,
+ * replicas 7}}) as columns: (seqs, kinds, namespace_ids, keys: lists; tiers, sizes: int64,
+ * generations: uint64, copies: bool, replicas: int64 as bytes of n items; clean: every key of
+ * 1..max_key_bytes bytes, kind and tier one of the two given, generation < 2**63, replicas
+ * <= max_replicas: when False the caller's checks name the bad event). None when the
+ * bytes are not in the form this reads exactly as protobuf would (a field repeated or of
+ * another wire type, a size >= 2**63, malformed): the caller reads the message instead. */
+static PyObject *parse_events(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arg;
+    long long max_key, max_replicas, kind_a, kind_b, tier_a, tier_b;
+    if (!PyArg_ParseTuple(args, "OLLLLLL:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
+                          &tier_b))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
+    Rd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
+    Py_ssize_t n = 0;
+    { /* count the events first */
+        Rd c = r;
+        while (c.p < c.end) {
+            uint64_t tag;
+            if (rd_varint(&c, &tag) != 0) goto not_canonical;
+            if ((tag >> 3) == 3) {
+                if ((tag & 7) != 2) goto not_canonical;
+                n++;
+            }
+            if (rd_skip(&c, (int)(tag & 7)) != 0) goto not_canonical;
+        }
+    }
+    Event *evs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Event));
+    if (!evs) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t i = 0;
+    while (r.p < r.end) {
+        uint64_t tag = 0;
+        rd_varint(&r, &tag); /* checked by the count */
+        if ((tag >> 3) == 3) {
+            Rd sub;
+            rd_len(&r, &sub);
+            if (parse_event(sub, &evs[i++]) != 0) {
+                PyMem_Free(evs);
+                goto not_canonical;
+            }
+        } else {
+            rd_skip(&r, (int)(tag & 7));
+        }
+    }
+    PyObject *seqs = PyList_New(n), *kinds = PyList_New(n), *nss = PyList_New(n), *keys = PyList_New(n);
+    PyObject *tiers = PyBytes_FromStringAndSize(NULL, 8 * n), *sizes = PyBytes_FromStringAndSize(NULL, 8 * n);
+    PyObject *gens = PyBytes_FromStringAndSize(NULL, 8 * n), *copies = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *reps = PyBytes_FromStringAndSize(NULL, 8 * n);
+    PyObject *out = NULL, *last_ns = NULL;
+    if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps) goto done;
+    int64_t *t = (int64_t *)PyBytes_AS_STRING(tiers), *sz = (int64_t *)PyBytes_AS_STRING(sizes);
+    uint64_t *g = (uint64_t *)PyBytes_AS_STRING(gens);
+    int64_t *rp = (int64_t *)PyBytes_AS_STRING(reps);
+    char *cp = PyBytes_AS_STRING(copies);
+    for (i = 0; i < n; i++) {
+        Event *e = &evs[i];
+        PyObject *q = PyLong_FromUnsignedLongLong(e->seq), *k = PyLong_FromLongLong(e->kind);
+        PyObject *key = PyBytes_FromStringAndSize((const char *)e->key, e->key_len);
+        PyObject *ns;
+        if (last_ns && PyBytes_GET_SIZE(last_ns) == e->ns_len &&
+            memcmp(PyBytes_AS_STRING(last_ns), e->ns, (size_t)e->ns_len) == 0) {
+            ns = last_ns; /* one object for a namespace repeated event after event */
+            Py_INCREF(ns);
+        } else {
+            ns = PyBytes_FromStringAndSize((const char *)e->ns, e->ns_len);
+        }
+        if (!q || !k || !key || !ns) {
+            Py_XDECREF(q); Py_XDECREF(k); Py_XDECREF(key); Py_XDECREF(ns);
+            goto done;
+        }
+        last_ns = ns;
+        PyList_SET_ITEM(seqs, i, q);
+        PyList_SET_ITEM(kinds, i, k);
+        PyList_SET_ITEM(keys, i, key);
+        PyList_SET_ITEM(nss, i, ns);
+        t[i] = e->tier;
+        sz[i] = (int64_t)e->size;
+        g[i] = e->gen;
+        cp[i] = (char)e->copy;
+        rp[i] = e->replicas;
+    }
+    int clean = 1; /* every value within what the checks of service.py accept */
+    for (i = 0; i < n && clean; i++) {
+        Event *e = &evs[i];
+        clean = e->key_len >= 1 && e->key_len <= max_key && (e->kind == kind_a || e->kind == kind_b) &&
+                (e->tier == tier_a || e->tier == tier_b) && !(e->gen >> 63) && e->replicas <= max_replicas;
+    }
+    out = Py_BuildValue("(OOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
+                        clean ? Py_True : Py_False);
+done:
+    Py_XDECREF(seqs); Py_XDECREF(kinds); Py_XDECREF(nss); Py_XDECREF(keys); Py_XDECREF(tiers);
+    Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps);
+    PyMem_Free(evs);
+    PyBuffer_Release(&view);
+    return out;
+not_canonical:
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"keytable_get_many", keytable_get_many, METH_VARARGS,
      "keytable_get_many(lo, hi, sl, over, bits, words, out) -> int: slots of a batch of keys (-1 absent); "
@@ -470,6 +694,9 @@ static PyMethodDef methods[] = {
     {"unlink_rows", unlink_rows, METH_VARARGS,
      "unlink_rows(head, next, block, holder, state, hnext, hprev, holder_head, rows, emptied) -> int: unlink rows of "
      "chains without hot maps; returns the count of blocks emptied."},
+    {"parse_events", parse_events, METH_VARARGS,
+     "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
+     "the canonical form; read the message)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -173,3 +173,57 @@ def test_a_workload_gives_the_same_answers_with_both(seed: int, monkeypatch: pyt
     monkeypatch.setattr(native, "master_index", None)
     assert _chains(ixs[0], keys) == _chains(ixs[1], keys)
     assert ixs[0].num_replicas == ixs[1].num_replicas and ixs[0].columns.hot.keys() == ixs[1].columns.hot.keys()
+
+
+def _columns(cols: object) -> object:
+    b = cols.blocks  # type: ignore[attr-defined]
+    return (cols.seqs, cols.kinds, b.namespace_ids, b.keys,  # type: ignore[attr-defined]
+            *[(getattr(b, f).dtype.str, getattr(b, f).tolist())
+              for f in ("tiers", "sizes", "generations", "copies", "replicas")])
+
+
+def _outcome(fn: object, arg: object) -> object:
+    try:
+        return _columns(fn(arg))  # type: ignore[operator]
+    except Exception as exc:  # the same error, type and text, from both readers
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
+    from kvstored.master.service import event_columns, request_event_columns
+    from kvstored.master.types import MAX_REPLICAS
+    from kvstored.v1 import master_pb2 as pb
+
+    rng = random.Random(400 + seed)
+    bad = [  # one bad value per request (or none), each of what the checks refuse
+        {}, {"key": b""}, {"key": b"k" * 10_000}, {"tier": 3}, {"tier": -1}, {"kind": 0}, {"kind": 7},
+        {"generation": 1 << 63}, {"replicas": MAX_REPLICAS + 1}, {"size_bytes": (1 << 64) - 1},
+        {"no_block": True},
+    ]
+    seen_fallback = seen_native = 0
+    for case in bad * 3:
+        n = rng.randint(0, 40)
+        events = []
+        for i in range(n):
+            ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]), key=rng.randbytes(rng.choice([16, 5, 40])),
+                       tier=rng.choice([1, 2]), size_bytes=rng.randint(0, 1 << 40), generation=rng.choice([0, rng.getrandbits(62)]),
+                       copy=rng.random() < 0.3, replicas=rng.randint(0, MAX_REPLICAS))
+            kind = rng.choice([1, 2])
+            if case and i == n // 2:
+                ref.update({k: v for k, v in case.items() if k not in ("kind", "no_block")})
+                kind = case.get("kind", kind)
+            block = None if case.get("no_block") and i == n // 2 else pb.BlockRef(**ref)
+            events.append(pb.BlockEvent(seq=rng.getrandbits(40), kind=kind, block=block))
+        data = pb.ReportEventsRequest(node_id="n", epoch=3, events=events).SerializeToString()
+        if rng.random() < 0.3:  # unknown fields (kept and written back by protobuf), skipped by C
+            data += bytes([(9 << 3) | 0, 0x96, 0x01, (10 << 3) | 2, 2, 0xAB, 0xCD, (11 << 3) | 1]) + bytes(8)
+        if rng.random() < 0.2 and n:  # a field repeated inside an event: protobuf's last wins; C reads it not
+            data += bytes([(3 << 3) | 2, 4, (1 << 3) | 0, 5, (1 << 3) | 0, 6])
+        req = pb.ReportEventsRequest.FromString(data)
+        want = _outcome(lambda r: event_columns(r.events), req)
+        assert _outcome(request_event_columns, req) == want, case
+        got = NATIVE.parse_events(req.SerializeToString(), 1, 1, 1, 2, 1, 2)
+        seen_fallback += got is None
+        seen_native += got is not None
+    assert seen_fallback and seen_native  # both readers ran
