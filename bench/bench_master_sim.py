@@ -21,9 +21,13 @@ which is expected since the load grows with N; more than 10 = superlinear).
 Also reported: the index's replicas, its numpy bytes, and the rows of hot chains (blocks
 with more than 16 replicas keep Python maps of their rows: master/columns.py ``HotChain``).
 
+``--impl python`` runs the index's numpy loops and protobuf field reads instead of their C
+versions (native/master.c, the default; kvstored/native.py ``master_index``); ``--profile N``
+prints the N costliest functions (cProfile with process time, inside the handlers only).
+
 Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000,10000] [--seconds 10]
         [--requests-per-node-s 2] [--node-blocks 2000 | 2000,2000,2000,200]
-        [--out bench/results/bench_master_sim.json]
+        [--impl native|python] [--profile N] [--out bench/results/bench_master_sim.json]
 """
 
 from __future__ import annotations

@@ -206,8 +206,9 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         n = rng.randint(0, 40)
         events = []
         for i in range(n):
-            ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]), key=rng.randbytes(rng.choice([16, 5, 40])),
-                       tier=rng.choice([1, 2]), size_bytes=rng.randint(0, 1 << 40), generation=rng.choice([0, rng.getrandbits(62)]),
+            ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]),
+                       key=rng.randbytes(rng.choice([16, 5, 40])), tier=rng.choice([1, 2]),
+                       size_bytes=rng.randint(0, 1 << 40), generation=rng.choice([0, rng.getrandbits(62)]),
                        copy=rng.random() < 0.3, replicas=rng.randint(0, MAX_REPLICAS))
             kind = rng.choice([1, 2])
             if case and i == n // 2:
