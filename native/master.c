@@ -638,14 +638,16 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     for (i = 0; i < n; i++) {
         Event *e = &evs[i];
         PyObject *q = PyLong_FromUnsignedLongLong(e->seq), *k = PyLong_FromLongLong(e->kind);
-        PyObject *key = PyBytes_FromStringAndSize((const char *)e->key, e->key_len);
+        static const uint8_t none[1] = {0}; /* an absent field: empty bytes */
+        const uint8_t *kp = e->key ? e->key : none, *np = e->ns ? e->ns : none;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)kp, e->key_len);
         PyObject *ns;
         if (last_ns && PyBytes_GET_SIZE(last_ns) == e->ns_len &&
-            memcmp(PyBytes_AS_STRING(last_ns), e->ns, (size_t)e->ns_len) == 0) {
+            memcmp(PyBytes_AS_STRING(last_ns), np, (size_t)e->ns_len) == 0) {
             ns = last_ns; /* one object for a namespace repeated event after event */
             Py_INCREF(ns);
         } else {
-            ns = PyBytes_FromStringAndSize((const char *)e->ns, e->ns_len);
+            ns = PyBytes_FromStringAndSize((const char *)np, e->ns_len);
         }
         if (!q || !k || !key || !ns) {
             Py_XDECREF(q); Py_XDECREF(k); Py_XDECREF(key); Py_XDECREF(ns);
