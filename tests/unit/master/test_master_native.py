@@ -228,3 +228,21 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         seen_fallback += got is None
         seen_native += got is not None
     assert seen_fallback and seen_native  # both readers ran
+
+
+def test_the_wire_reader_knows_every_field_of_an_event() -> None:
+    """native/master.c parse_events reads these fields by number and skips others: a field
+    added to BlockEvent or BlockRef must be added there too (or this test changed)."""
+    from kvstored.v1 import master_pb2 as pb
+
+    def fields(msg: object) -> dict[str, tuple[int, int]]:
+        return {f.name: (f.number, f.type) for f in msg.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+
+    fd = pb.BlockRef.DESCRIPTOR.fields[0]
+    bytes_t, enum_t, u64, boolean, u32, msg_t = (fd.TYPE_BYTES, fd.TYPE_ENUM, fd.TYPE_UINT64, fd.TYPE_BOOL,
+                                                 fd.TYPE_UINT32, fd.TYPE_MESSAGE)
+    assert fields(pb.BlockRef) == {"namespace_id": (1, bytes_t), "key": (2, bytes_t), "tier": (3, enum_t),
+                                   "size_bytes": (4, u64), "generation": (5, u64), "copy": (6, boolean),
+                                   "replicas": (7, u32)}
+    assert fields(pb.BlockEvent) == {"seq": (1, u64), "kind": (2, enum_t), "block": (3, msg_t)}
+    assert fields(pb.ReportEventsRequest)["events"][0] == 3
