@@ -16,6 +16,12 @@ setup(
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
             extra_link_args=["-pthread"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kvstored._native_master",
+            sources=["native/master.c"],  # the master index's loops (kvstored/native.py master_index)
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra"],
+            optional=True,
+        ),
     ],
 )

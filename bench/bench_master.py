@@ -16,8 +16,11 @@ packed / naive for bytes and lookup time.
 
 Targets (issue 7): <= 300 bytes per replica at 10M; 512-key lookup the same at 10k and 10M.
 
+``--impl python`` runs the packed index with its numpy loops (``KVSTORED_NATIVE=0``) instead
+of the C ones (native/master.c, the default).
+
 Usage:  python bench/bench_master.py [--sizes 10000,1000000,10000000] [--naive-max 1000000]
-        [--lookups 2000] [--out bench/results/bench_master.json]
+        [--lookups 2000] [--impl native|python] [--out bench/results/bench_master.json]
 """
 
 from __future__ import annotations
@@ -167,6 +170,9 @@ def main() -> None:
     ap.add_argument("--naive-max", type=int, default=1_000_000)
     ap.add_argument("--lookups", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master.json"))
+    ap.add_argument("--impl", choices=("native", "python"), default="native",
+                    help="the index's loops: C (native/master.c) or the numpy fallback "
+                         "(KVSTORED_NATIVE=0 in the subprocesses)")
     ap.add_argument("--one", nargs=2, metavar=("IMPL", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -180,11 +186,13 @@ def main() -> None:
         for impl in ("packed", "naive"):
             if impl == "naive" and n > args.naive_max:
                 continue
+            env = dict(os.environ, KVSTORED_NATIVE="0") if args.impl == "python" else None
             out = subprocess.run(
                 [sys.executable, __file__, "--one", impl, str(n), "--lookups", str(args.lookups)],
-                capture_output=True, text=True, check=True,
+                capture_output=True, text=True, check=True, env=env,
             )
             row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["index_impl"] = args.impl
             rows.append(row)
             print(f"{impl:6} N={n:>10,}  rss {row['rss_bytes_per_replica']:7.1f} B/replica"
                   + (f"  accounted {row['accounted_bytes_per_replica']:6.1f}"

@@ -21,18 +21,24 @@ which is expected since the load grows with N; more than 10 = superlinear).
 Also reported: the index's replicas, its numpy bytes, and the rows of hot chains (blocks
 with more than 16 replicas keep Python maps of their rows: master/columns.py ``HotChain``).
 
+``--impl python`` runs the index's numpy loops and protobuf field reads instead of their C
+versions (native/master.c, the default; kvstored/native.py ``master_index``); ``--profile N``
+prints the N costliest functions (cProfile with process time, inside the handlers only).
+
 Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000,10000] [--seconds 10]
         [--requests-per-node-s 2] [--node-blocks 2000 | 2000,2000,2000,200]
-        [--out bench/results/bench_master_sim.json]
+        [--impl native|python] [--profile N] [--out bench/results/bench_master_sim.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import json
 import math
+import pstats
 import random
 import time
 from collections import OrderedDict
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstored import log as kvlog
+from kvstored import native
 from kvstored.clock import FakeClock
 from kvstored.master.service import MasterServicer
 from kvstored.master.state import MasterState
@@ -122,7 +129,7 @@ class SimNode:
 
 
 def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
-        trace: list[tuple[int, ...]]) -> dict[str, Any]:
+        trace: list[tuple[int, ...]], profiler: cProfile.Profile | None = None) -> dict[str, Any]:
     clock = FakeClock()
     servicer = MasterServicer(MasterState(epoch=1, clock=clock, node_lease_s=LEASE_S,
                                           first_generation=10, rng=random.Random(1)))
@@ -133,10 +140,14 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
     hits = asked = num_events = 0
 
     async def call(name: str, req: Any, timed: bool = True) -> Any:
+        if timed and profiler is not None:
+            profiler.enable()
         c = time.process_time()
         resp = await getattr(servicer, name)(req, _CTX)
         if timed:
             cpu[name] += time.process_time() - c
+            if profiler is not None:
+                profiler.disable()
             calls[name] += 1
         return resp
 
@@ -207,8 +218,17 @@ def main() -> None:
     ap.add_argument("--node-blocks", default="2000",
                     help="blocks per node's LRU: one for every --nodes entry, or one per entry")
     ap.add_argument("--trace", default="conversation")
+    ap.add_argument("--impl", choices=("native", "python"), default="native",
+                    help="the index's hot loops: C (native/master.c) or the numpy fallback")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print the N costliest functions (cProfile, process time, handlers only)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
     args = ap.parse_args()
+    if args.impl == "python":
+        native.master_index = None  # read at each call by keytable.py and ranking.py
+    elif native.master_index is None:
+        raise SystemExit(f"--impl native: the C index is not built ({native.FALLBACK_REASON}); "
+                         f"python setup.py build_ext --inplace builds it")
     kvlog.configure(level="warning")  # the master logs every registration and sync
     trace = [r.hash_ids for r in load_trace(resolve_trace(args.trace))]
     rows = []
@@ -220,8 +240,12 @@ def main() -> None:
         raise SystemExit(f"--node-blocks needs one value or one per --nodes entry "
                          f"({len(sizes)}); got {len(blocks)}")
     for n, nb in zip(sizes, blocks, strict=True):
-        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace))
+        prof = cProfile.Profile(time.process_time) if args.profile else None
+        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace, prof))
         r = rows[-1]
+        r["impl"] = args.impl
+        if prof is not None:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         print(f"nodes {n:,}: {r['master_cpu_s_per_s']:.3f} s/s ({r['by_rpc_cpu_s_per_s']}), "
               f"setup {r['setup_s']} s", flush=True)
         gc.collect()

@@ -26,7 +26,7 @@ import structlog
 __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
     "native_copy_many", "probe_keys", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
-    "py_store_release", "read_keys", "store_release",
+    "py_store_release", "read_keys", "store_release", "master_index",
 ]
 
 log = structlog.get_logger(__name__)
@@ -216,3 +216,19 @@ read_keys: Callable[..., Any] | None = getattr(_native_mod, "read_keys", None)
 one-sided reads (hash, probe, header check, stamp, copy, re-check) in one C call, the GIL
 released once (kvstored/tiers/slots.py ``SlotReader.read_keys``); None when not built:
 ``slots.py_read_keys`` runs instead."""
+
+
+def _load_master() -> ModuleType | None:
+    if os.environ.get("KVSTORED_NATIVE", "") == "0":
+        return None
+    try:
+        return importlib.import_module("kvstored._native_master")
+    except ImportError:
+        return None
+
+
+master_index: ModuleType | None = _load_master()
+"""The master index's C loops (native/master.c: ``keytable_get_many``, ``best_rows``,
+``find_rows``), or None when not built or ``KVSTORED_NATIVE=0``: kvstored/master/keytable.py,
+ranking.py and columns.py then run their numpy code. Read at each call, so a test or
+``bench/bench_master_sim.py --impl python`` sets it to None to force the fallback."""

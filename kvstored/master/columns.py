@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvstored import native
 from kvstored.errors import InvalidArgument
 from kvstored.master.keytable import KEY_BYTES, KeyTable, key_digest
 
@@ -344,7 +345,26 @@ class IndexColumns:
 
         Short chains are walked one level per step (at most :data:`HOT_CHAIN_ROWS` steps:
         a longer chain met here becomes hot), hot chains answer from their maps, so the
-        cost does not grow with the replicas of a hot block."""
+        cost does not grow with the replicas of a hot block. One C call (native/master.c
+        ``find_rows``) when the extension is built, else :meth:`py_find_rows`."""
+        impl = native.master_index
+        if impl is None:
+            return self.py_find_rows(slots, holder, tiers)
+        n = len(slots)
+        found = np.empty(n, dtype=np.int64)
+        if n == 0:
+            return found
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        tiers = np.ascontiguousarray(tiers, dtype=np.int64)
+        if impl.find_rows(self.head, self.next, self.holder, self.tier, slots, int(holder), tiers,
+                          self.hot, HOT_CHAIN_ROWS, found):
+            for i in np.flatnonzero(found == -2).tolist():  # long chains: hot from now on
+                hc = self.make_hot(int(slots[i]))
+                found[i] = hc.rows.get(holder * 4 + int(tiers[i]), NO_ROW)
+        return found
+
+    def py_find_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
+        """:meth:`find_rows` in numpy (the fallback, and the reference of the C walk)."""
         n = len(slots)
         found = np.full(n, NO_ROW, dtype=np.int64)
         if n == 0:
@@ -466,14 +486,51 @@ class IndexColumns:
         self.block[row] = NO_ROW
         self.free_rows.append(row)
         if nxt == NO_ROW and prev == NO_ROW:  # the block has no row left
-            ns = int(self.block_ns[slot])
-            if self.factor[slot] > 1:  # kept for when it is indexed again (bounded)
-                if len(self.recent_factors) >= MAX_RECENT_FACTORS:
-                    del self.recent_factors[next(iter(self.recent_factors))]
-                self.recent_factors[(ns, self.key_bytes(slot))] = int(self.factor[slot])
-            lo, hi = (int(w) for w in self.bkey[slot])
-            deleted = self.tables[ns].delete_words(lo, hi)
-            assert deleted
-            if self.long_keys:
-                self.long_keys.pop((ns, self.key_bytes(slot)), None)
-            self.free_blocks.append(slot)
+            self._free_block(slot)
+
+    def _free_block(self, slot: int) -> None:
+        """A block lost its last row: out of its key table, its slot free (its factor kept)."""
+        ns = int(self.block_ns[slot])
+        if self.factor[slot] > 1:  # kept for when it is indexed again (bounded)
+            if len(self.recent_factors) >= MAX_RECENT_FACTORS:
+                del self.recent_factors[next(iter(self.recent_factors))]
+            self.recent_factors[(ns, self.key_bytes(slot))] = int(self.factor[slot])
+        lo, hi = (int(w) for w in self.bkey[slot])
+        deleted = self.tables[ns].delete_words(lo, hi)
+        assert deleted
+        if self.long_keys:
+            self.long_keys.pop((ns, self.key_bytes(slot)), None)
+        self.free_blocks.append(slot)
+
+    def unlink_many(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """:meth:`unlink` of distinct rows (``slots`` their blocks), each with the predecessor
+        its chain has when its turn comes: the rows of chains without :class:`HotChain` maps
+        first, in order, then those of hot chains, in order. The first part is one C call
+        (native/master.c ``unlink_rows``) when the extension is built; the rest, and all of it
+        in the fallback, :meth:`unlink` row by row.
+
+        The caller keeps ``holder_rows`` (and any dead-row count) in step."""
+        sl, rl = slots.tolist(), rows.tolist()
+        hot = self.hot
+        if hot:
+            is_hot = [s in hot for s in sl]
+            later = [(s, r) for s, r, h in zip(sl, rl, is_hot, strict=True) if h]
+            if later:
+                sl = [s for s, h in zip(sl, is_hot, strict=True) if not h]
+                rl = [r for r, h in zip(rl, is_hot, strict=True) if not h]
+        else:
+            later = []
+        impl = native.master_index
+        if impl is not None and rl:
+            cold = np.asarray(rl, dtype=np.int64)
+            emptied = np.zeros(len(cold), dtype=np.bool_)
+            if impl.unlink_rows(self.head, self.next, self.block, self.holder, self.state, self.hnext,
+                                self.hprev, self.holder_head, cold, emptied):
+                for i in np.flatnonzero(emptied).tolist():
+                    self._free_block(sl[i])
+            self.free_rows.extend(rl)
+        else:
+            later = list(zip(sl, rl, strict=True)) + later
+        for s, r in later:
+            _, prev = self.find_row_exact(s, r)
+            self.unlink(s, r, prev)

@@ -14,6 +14,8 @@ Not thread-safe: the master's loop only.
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvstored.errors import InvalidArgument
 from kvstored.master.columns import NO_ROW, IndexColumns
 from kvstored.master.types import ReplicaState
@@ -41,6 +43,12 @@ class Generations:
         g = self._next
         self._next += 1
         return g
+
+    def next_many(self, count: int) -> np.ndarray:
+        """``count`` new generations, increasing (uint64), as ``count`` calls of :meth:`next`."""
+        g = self._next
+        self._next += count
+        return np.arange(g, g + count, dtype=np.uint64)
 
 
 def write_rows(cols: IndexColumns, slot: int | None, generation: int

@@ -501,18 +501,16 @@ class BlockIndex:
         if len(rows) == 0:
             return out
         out[idx] = np.where((c.state[rows] & STATE_MASK) == _COMMITTED, 2, 1)
-        retired = bool(c.retired[holder])
-        seen: set[int] = set()
-        for i, slot, row in zip(idx.tolist(), slots[idx].tolist(), rows.tolist(), strict=True):
-            if row in seen:  # a (key, tier) repeated in the batch: its row is gone already
-                out[i] = 0
-                continue
-            seen.add(row)
-            _, prev = c.find_row_exact(slot, row)
-            c.holder_rows[holder] -= 1
-            if retired:
-                self._holders.num_dead_rows -= 1
-            c.unlink(slot, row, prev)
+        _, first = np.unique(rows, return_index=True)
+        if len(first) != len(rows):  # a (key, tier) repeated in the batch: gone at its first
+            keep = np.zeros(len(rows), dtype=np.bool_)
+            keep[first] = True
+            out[idx[~keep]] = 0
+            idx, rows = idx[keep], rows[keep]
+        c.holder_rows[holder] -= len(rows)
+        if c.retired[holder]:
+            self._holders.num_dead_rows -= len(rows)
+        c.unlink_many(slots[idx], rows)
         return out
 
     def copy_holders_to_promote(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[int | None]:

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import blake3
 import numpy as np
 
+from kvstored import native
+
 KEY_BYTES = 16
 EMPTY = -1
 WAYS = 8
@@ -95,7 +97,24 @@ class KeyTable:
 
     # ---- lookup ----------------------------------------------------------------------
     def get_many(self, words: np.ndarray) -> np.ndarray:
-        """Slots of ``words`` (``(n, 2)`` uint64), ``-1`` where absent; int64 ``(n,)``."""
+        """Slots of ``words`` (``(n, 2)`` uint64), ``-1`` where absent; int64 ``(n,)``.
+
+        One C call (native/master.c ``keytable_get_many``: each key's probe as
+        :meth:`_probe` does it) when the extension is built, else :meth:`py_get_many`."""
+        impl = native.master_index
+        if impl is None:
+            return self.py_get_many(words)
+        n = len(words)
+        out = np.empty(n, dtype=np.int64)
+        if n == 0 or self._num_live == 0:
+            out.fill(EMPTY)
+            return out
+        impl.keytable_get_many(self._lo, self._hi, self._sl, self._over, self._bits,
+                               np.ascontiguousarray(words, dtype=np.uint64), out)
+        return out
+
+    def py_get_many(self, words: np.ndarray) -> np.ndarray:
+        """:meth:`get_many` in numpy (the fallback, and the reference of the C probe)."""
         n = len(words)
         out = np.full(n, EMPTY, dtype=np.int64)
         if n == 0 or self._num_live == 0:

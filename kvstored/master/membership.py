@@ -81,6 +81,7 @@ log = structlog.get_logger(__name__)
 
 _NODE_TIERS = frozenset({Tier.DRAM, Tier.SSD})  # (a constant: enum reads cost ~2 us each)
 _ADDED = int(EventKind.ADDED)
+_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _REMOVED = int(EventKind.REMOVED)
 
 
@@ -478,31 +479,43 @@ class Membership:
         applied = rec.applied_seq
         take: list[int] = []
         gap_seq = 0
-        for i, q in enumerate(cols.seqs):
-            if q <= applied:
-                continue
-            if q != applied + 1:
-                gap_seq = q
-                break
-            take.append(i)
-            applied = q
+        seqs, n = cols.seqs, len(cols.seqs)
+        # the usual batch: the next seqs in order, distinct blocks (checked by C-level list,
+        # set and zip builtins, not a Python loop per event)
+        if n and seqs[0] == applied + 1 and seqs == list(range(applied + 1, applied + n + 1)):
+            take = list(range(n))
+            applied += n
+        else:
+            for i, q in enumerate(seqs):
+                if q <= applied:
+                    continue
+                if q != applied + 1:
+                    gap_seq = q
+                    break
+                take.append(i)
+                applied = q
         kinds = cols.kinds
-        for i in take:
-            if kinds[i] != _ADDED and kinds[i] != _REMOVED:
-                raise InvalidArgument(f"event {cols.seqs[i]}: kind must be ADDED or REMOVED, "
-                                      f"got {kinds[i]!r}")
-        run: list[int] = []
-        seen: set[tuple[bytes, bytes]] = set()
+        if len(take) != n or not set(kinds) <= _KINDS:
+            for i in take:
+                if kinds[i] != _ADDED and kinds[i] != _REMOVED:
+                    raise InvalidArgument(f"event {cols.seqs[i]}: kind must be ADDED or "
+                                          f"REMOVED, got {kinds[i]!r}")
         nss, keys = cols.blocks.namespace_ids, cols.blocks.keys
-        for i in take:
-            nk = (nss[i], keys[i])
-            if nk in seen:
+        if len(take) == n and len(set(zip(nss, keys, strict=True))) == n:
+            if take:
+                self._apply_run(node_id, rec, cols, take)
+        else:
+            run: list[int] = []
+            seen: set[tuple[bytes, bytes]] = set()
+            for i in take:
+                nk = (nss[i], keys[i])
+                if nk in seen:
+                    self._apply_run(node_id, rec, cols, run)
+                    run, seen = [], set()
+                seen.add(nk)
+                run.append(i)
+            if run:
                 self._apply_run(node_id, rec, cols, run)
-                run, seen = [], set()
-            seen.add(nk)
-            run.append(i)
-        if run:
-            self._apply_run(node_id, rec, cols, run)
         rec.applied_seq = applied
         if gap_seq:
             self._open_gap(rec, gap_seq)
@@ -515,15 +528,17 @@ class Membership:
         bc = cols.blocks
         run_arr = np.asarray(run, dtype=np.int64)
         gens = bc.generations[run_arr]
-        kind_arr = np.asarray([cols.kinds[i] for i in run], dtype=np.int64)
+        whole = len(run) == len(cols)  # every event (run is increasing): no gather per event
+        kind_arr = np.asarray(cols.kinds if whole else [cols.kinds[i] for i in run],
+                              dtype=np.int64)
         # the holder's generation when it sent one (what its data plane sends with the
         # block: a reader verifies its copy against it), else a fresh one (in event order)
         fresh = np.flatnonzero((gens == 0) & (kind_arr == _ADDED))
         if len(fresh):
-            gens[fresh] = [self.generations.next() for _ in range(len(fresh))]
+            gens[fresh] = self.generations.next_many(len(fresh))
         nss = bc.namespace_ids
         ns0 = nss[run[0]]
-        if all(nss[i] == ns0 for i in run):
+        if (nss.count(ns0) == len(nss)) if whole else all(nss[i] == ns0 for i in run):
             groups = {ns0: np.arange(len(run), dtype=np.int64)}
         else:
             by: dict[bytes, list[int]] = {}

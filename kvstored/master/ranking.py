@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstored import native
 from kvstored.master.columns import NO_ROW, IndexColumns
 from kvstored.master.holders import LOAD_CLIP
 from kvstored.master.types import COPY_BIT, STATE_MASK, ReplicaState
@@ -37,6 +38,9 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
               ) -> tuple[np.ndarray, np.ndarray]:
     """The best readable COMMITTED replica of each block slot (see the module docstring).
 
+    One C call (native/master.c ``best_rows``: the same walk, block by block) when the
+    extension is built, else :func:`py_best_rows`.
+
     Args:
         cols: the index's columns.
         slots: ``(num_blocks,)`` int64 block slots, each with at least one row.
@@ -44,8 +48,25 @@ def best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
 
     Returns:
         ``(rows, holders)``, each ``(num_blocks,)`` int64: the best row of each block, or -1
-        when none is readable, and that row's holder.
+        when none is readable, and that row's holder (when none is readable: the holder of
+        the block's first row).
     """
+    impl = native.master_index
+    if impl is None:
+        return py_best_rows(cols, slots, local_holder)
+    n = len(slots)
+    rows, holders = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    impl.best_rows(cols.head, cols.next, cols.holder, cols.state, cols.tier, cols.readable,
+                   cols.load, np.ascontiguousarray(slots, dtype=np.int64), int(local_holder),
+                   rows, holders, _COMMITTED, _STATE_MASK, _COPY_BIT, _SSD, float(RANK_SCORE),
+                   float(LOAD_CLIP), MAX_RANKED_REPLICAS)
+    return rows, holders
+
+
+def py_best_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`best_rows` in numpy, level by level over all blocks (the fallback, and the
+    reference of the C walk)."""
     # level 0: every block's first row (a block in the table always has one); most
     # blocks have one replica, so later levels touch few blocks
     first = cols.head[slots].astype(np.int64)

@@ -44,6 +44,7 @@ import grpc
 import numpy as np
 import structlog
 
+from kvstored import native
 from kvstored.addresses import parse_host_port
 from kvstored.auth import TRUSTED_LOCAL, Principal, Role, require_role
 from kvstored.errors import (
@@ -286,14 +287,22 @@ def block_columns(refs: Any, what: Callable[[int], str]) -> BlockColumns:
                         np.array([b.generation for b in refs], dtype=np.uint64),
                         np.array([b.copy for b in refs], dtype=np.bool_),
                         np.array([b.replicas for b in refs], dtype=np.int64))
+    _check_block_columns(cols, lambda: refs, what)
+    return cols
+
+
+def _check_block_columns(cols: BlockColumns, refs: Callable[[], Any], what: Callable[[int], str]
+                         ) -> None:
+    """The checks of :func:`block_columns` (``refs()``: the messages, walked to name the
+    first bad one only when the columns hold one)."""
+    keys = cols.keys
     if keys:
         lens = [len(k) for k in keys]
         bad = (~np.isin(cols.tiers, _TIER_VALUES)) | (cols.generations >= np.uint64(1 << 63)) \
             | (cols.replicas > MAX_REPLICAS)
         if min(lens) == 0 or max(lens) > MAX_KEY_BYTES or bad.any():
-            for i, b in enumerate(refs):  # the scalar check names the first bad block
+            for i, b in enumerate(refs()):  # the scalar check names the first bad block
                 _block(b, what(i))
-    return cols
 
 
 def event_columns(events: Any) -> EventColumns:
@@ -303,19 +312,46 @@ def event_columns(events: Any) -> EventColumns:
         InvalidArgument: naming the first bad event (its seq) and what it held: a kind other
             than ADDED or REMOVED, or a bad block (:func:`block_columns`).
     """
-    seqs, kinds, refs = [], [], []
-    for e in events:
-        seqs.append(e.seq)
-        kinds.append(e.kind)
-        refs.append(e.block)
+    seqs = [e.seq for e in events]  # one comprehension per field: no append per event
+    kinds = [e.kind for e in events]
+    refs = [e.block for e in events]
+    _check_kinds(seqs, kinds)
+    return EventColumns(seqs, kinds, block_columns(refs, lambda i: f"event {seqs[i]}"))
+
+
+def _check_kinds(seqs: list[int], kinds: list[int]) -> None:
     if not set(kinds) <= _EVENT_KINDS:
         i = next(i for i, k in enumerate(kinds) if k not in _EVENT_KINDS)
         raise InvalidArgument(f"event {seqs[i]}: kind must be ADDED or REMOVED, got {kinds[i]}")
-    return EventColumns(seqs, kinds, block_columns(refs, lambda i: f"event {seqs[i]}"))
+
+
+def request_event_columns(request: pb.ReportEventsRequest) -> EventColumns:
+    """:func:`event_columns` of a ReportEventsRequest, read from its wire bytes in one C call
+    (native/master.c ``parse_events``: ~25 us to serialize and parse 96 events, against
+    ~300-700 us for reading each protobuf field from Python, measured) when the extension is
+    built; the same columns, checks and errors. Falls back to :func:`event_columns` without
+    the extension or for bytes that C does not read exactly as protobuf would.
+    """
+    impl = native.master_index
+    got = impl.parse_events(request.SerializeToString(), MAX_KEY_BYTES, MAX_REPLICAS,
+                            *_EVENT_KINDS_PAIR, *_TIER_PAIR) if impl is not None else None
+    if got is None:
+        return event_columns(request.events)
+    seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean = got
+    cols = BlockColumns(nss, keys, np.frombuffer(tiers, np.int64).copy(),
+                        np.frombuffer(sizes, np.int64).copy(), np.frombuffer(gens, np.uint64).copy(),
+                        np.frombuffer(copies, np.bool_).copy(), np.frombuffer(reps, np.int64).copy())
+    if not clean:  # C found a bad value: these checks name the first bad event
+        _check_kinds(seqs, kinds)
+        _check_block_columns(cols, lambda: [e.block for e in request.events],
+                             lambda i: f"event {seqs[i]}")
+    return EventColumns(seqs, kinds, cols)
 
 
 _EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
+_EVENT_KINDS_PAIR = (int(EventKind.ADDED), int(EventKind.REMOVED))
+_TIER_PAIR = (int(Tier.DRAM), int(Tier.SSD))
 
 
 MAX_ZONE_CHARS = 64
@@ -471,7 +507,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.ReportEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportEventsResponse:
         action, applied = self.membership.report_events(request.node_id, request.epoch,
-                                                        event_columns(request.events))
+                                                        request_event_columns(request))
         return pb.ReportEventsResponse(action=_ACTION_TO_PB[action], applied_seq=applied)
 
     @_rpc("node")
@@ -501,20 +537,22 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             raise InvalidArgument(
                 f"{len(request.keys)} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}"
             )
-        for i, k in enumerate(request.keys):
-            if not k or len(k) > MAX_KEY_BYTES:
-                raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {len(k)}")
+        keys = list(request.keys)
+        lens = list(map(len, keys))
+        if lens and (min(lens) == 0 or max(lens) > MAX_KEY_BYTES):
+            i = next(i for i, n in enumerate(lens) if not 0 < n <= MAX_KEY_BYTES)
+            raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {lens[i]}")
         m = self.membership
         m.expire_lapsed()
         local = m.node(request.local_node_id) if request.local_node_id else None
         holder = local.holder if local else -1
         resp = pb.MasterLookupPrefixResponse(complete=m.is_complete(), every_key=request.every_key)
         if request.every_key:
-            positions, hit = self.index.lookup_each(bytes(request.namespace_id),
-                                                    list(request.keys), local_holder=holder)
+            positions, hit = self.index.lookup_each(bytes(request.namespace_id), keys,
+                                                    local_holder=holder)
             resp.key_index.extend(positions.tolist())
         else:
-            hit = self.index.lookup_prefix(bytes(request.namespace_id), list(request.keys),
+            hit = self.index.lookup_prefix(bytes(request.namespace_id), keys,
                                            local_holder=holder)
         if not len(hit):
             return resp

@@ -32,7 +32,7 @@ def _build(tmp: pathlib.Path) -> ModuleType:
          "--build-temp", str(tmp / "tmp")],
         cwd=ROOT, check=True, capture_output=True,
     )
-    (so,) = (tmp / "lib" / "kvstored").glob("_native*.so")
+    (so,) = (tmp / "lib" / "kvstored").glob("_native.*.so")
     loader = importlib.machinery.ExtensionFileLoader("kvstored._native", str(so))
     spec = importlib.util.spec_from_file_location("kvstored._native", so, loader=loader)
     assert spec is not None

@@ -9,6 +9,7 @@ import pytest
 from helpers import key
 from master_helpers import LEASE_S, NS, Cluster, blocks, spec
 
+from kvstored import native
 from kvstored.master import ranking
 from kvstored.master.columns import IndexColumns
 from kvstored.master.index import BlockIndex
@@ -29,6 +30,7 @@ def _hot_index(num_holders: int) -> tuple[BlockIndex, list[int]]:
 
 def test_a_block_held_by_many_nodes_is_ranked_in_bounded_steps(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "master_index", None)  # the numpy walk: its steps are counted
     ix, hs = _hot_index(200)
     steps = []
     score = ranking.score_rows
@@ -44,6 +46,21 @@ def test_a_block_held_by_many_nodes_is_ranked_in_bounded_steps(
     steps.clear()
     got = list(ix.lookup_prefix(NS, [key(0)], local_holder=hs[-1]))  # local DRAM at the head
     assert len(steps) == 1 and got[0].holder == hs[-1]
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_a_hot_block_is_ranked_among_its_newest_rows_only(
+        impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if impl == "python":
+        monkeypatch.setattr(native, "master_index", None)
+    elif native.master_index is None:
+        pytest.skip("kvstored._native_master not built")
+    ix, hs = _hot_index(200)
+    ix.set_load(hs[0], 0.0)  # the least loaded of all, but the oldest row: not ranked
+    assert list(ix.lookup_prefix(NS, [key(0)]))[0].holder == hs[-1]
+    for h in hs[-MAX_RANKED_REPLICAS:]:  # no newest row readable: the walk goes on to hs[0]
+        ix.set_readable(h, False)
+    assert list(ix.lookup_prefix(NS, [key(0)]))[0].holder == hs[-MAX_RANKED_REPLICAS - 1]
 
 
 def test_a_hot_block_whose_newest_rows_are_unreadable_is_still_found() -> None:

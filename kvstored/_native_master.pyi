@@ -1,0 +1,53 @@
+"""Type stub of the optional C extension built from native/master.c (see kvstored/native.py
+``master_index``): the master block index's loops over its numpy columns' buffers."""
+
+from typing import Any
+
+def keytable_get_many(lo: Any, hi: Any, sl: Any, over: Any, bits: int, words: Any, out: Any) -> int:
+    """``out[i]`` = the slot of key ``i`` (``words``: ``(n, 2)`` u64) in a KeyTable's buckets,
+    or -1; returns the leading count found.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, or ``bits`` outside 1..40.
+    """
+
+def best_rows(head: Any, next: Any, holder: Any, state: Any, tier: Any, readable: Any, load: Any,
+              slots: Any, local_holder: int, out_rows: Any, out_holders: Any, committed: int,
+              state_mask: int, copy_bit: int, ssd: int, rank_score: float, load_clip: float,
+              max_ranked: int) -> None:
+    """kvstored/master/ranking.py ``best_rows``: per slot the best row (-1: none readable)
+    and its holder, into the int64 outputs.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, or a slot, row or holder outside
+            its columns.
+    """
+
+def find_rows(head: Any, next: Any, holder: Any, tier: Any, slots: Any, holder_id: int, tiers: Any,
+              hot: dict[int, Any], max_depth: int, out: Any) -> int:
+    """Per slot the row of (``holder_id``, ``tiers[i]``) (-1 none; -2: a chain longer than
+    ``max_depth`` without hot maps); returns the count of -2.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, or a slot or row outside its columns.
+        TypeError: a hot chain's ``rows`` is not a dict.
+    """
+
+def unlink_rows(head: Any, next: Any, block: Any, holder: Any, state: Any, hnext: Any, hprev: Any,
+                holder_head: Any, rows: Any, emptied: Any) -> int:
+    """Unlink distinct live rows of chains without hot maps from their chains and holder
+    lists (state 0, no links); ``emptied[i]`` = row ``i`` was its block's last. Returns the
+    count of emptied blocks.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, or a row not live or repeated
+            (nothing changed then).
+    """
+
+def parse_events(data: bytes, max_key_bytes: int, max_replicas: int, kind_a: int, kind_b: int,
+                 tier_a: int, tier_b: int
+                 ) -> tuple[list[int], list[int], list[bytes], list[bytes], bytes, bytes, bytes, bytes,
+                            bytes, bool] | None:
+    """A serialized ReportEventsRequest's events as columns (tiers, sizes, generations,
+    copies, replicas as the bytes of int64 / int64 / uint64 / bool / int64 arrays) and
+    whether every value passed the checks; None for bytes not in the canonical form."""

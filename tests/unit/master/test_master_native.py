@@ -1,0 +1,248 @@
+"""The master index's C loops (native/master.c) against their numpy fallbacks, same inputs.
+
+Each of ``KeyTable.get_many``, ``ranking.best_rows`` and ``IndexColumns.find_rows`` has a C
+version (used when ``kvstored._native_master`` is built) and the numpy one it replaced (used
+when it is not, or with ``KVSTORED_NATIVE=0``). Here both run on the same random inputs:
+key tables with deleted entries (tombstones), keys sharing their low word (collisions of
+home buckets, overflowed buckets), hot chains (blocks with a replica on every holder),
+removed rows, WRITING rows, copies, unreadable and retired holders, equal loads (the
+holder tie-break) and loads above the clip; every answer must be identical. The workload
+test then drives two indexes through the same adds, removes and lookups, one per
+implementation, and compares every answer and the chains.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from master_helpers import NS
+
+from kvstored import native
+from kvstored.master import ranking
+from kvstored.master.columns import HOT_CHAIN_ROWS
+from kvstored.master.holders import LOAD_CLIP
+from kvstored.master.index import BlockIndex
+from kvstored.master.keytable import KeyTable, keys_to_words
+from kvstored.master.types import ReplicaState
+from kvstored.types import Tier
+
+pytestmark = pytest.mark.skipif(native.master_index is None,
+                                reason="kvstored._native_master not built (python setup.py build_ext --inplace)")
+NATIVE = native.master_index
+
+
+def _key(rng: random.Random, lows: list[int]) -> bytes:
+    return rng.choice(lows).to_bytes(8, "little") + rng.getrandbits(64).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_keytable_probe_matches_numpy(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    lows = [rng.getrandbits(64) for _ in range(rng.choice([3, 40, 5000]))]  # few: collisions
+    t = KeyTable(16)
+    model: dict[bytes, int] = {}
+    for step in range(30):
+        new = list({_key(rng, lows) for _ in range(rng.randint(1, 300))} - set(model))
+        slots = np.arange(len(model) + step * 1000, len(model) + step * 1000 + len(new))
+        t.insert_many(keys_to_words(new), slots)
+        model.update(zip(new, slots.tolist(), strict=True))
+        for k in rng.sample(sorted(model), len(model) // 4):  # tombstones
+            w = keys_to_words([k])[0]
+            assert t.delete_words(int(w[0]), int(w[1]))
+            del model[k]
+        probe = rng.sample(sorted(model), min(len(model), 200)) + [_key(rng, lows) for _ in range(100)]
+        rng.shuffle(probe)
+        words = keys_to_words(probe)
+        got = t.get_many(words)
+        assert got.dtype == np.int64
+        assert got.tolist() == t.py_get_many(words).tolist() == [model.get(k, -1) for k in probe]
+    assert t._over.any()  # the collisions overflowed some buckets (the C probe followed them)
+    monkeypatch.setattr(native, "master_index", None)
+    assert t.get_many(words).tolist() == got.tolist()  # the dispatch takes the fallback
+    assert KeyTable(16).get_many(words).tolist() == [-1] * len(probe)
+
+
+def _random_index(rng: random.Random, num_holders: int, num_keys: int) -> tuple[BlockIndex, list[bytes], list[int]]:
+    """An index with hot blocks (a replica on every holder), removed rows, WRITING rows,
+    copies, retired and unreadable holders, tied and clipped loads."""
+    ix = BlockIndex(16)
+    hs = [ix.add_holder() for _ in range(num_holders)]
+    keys = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(num_keys)]
+    hot = keys[: max(1, num_keys // 10)]
+    for h in hs:
+        ix.set_readable(h, rng.random() < 0.8)
+        ix.set_load(h, rng.choice([0.0, 1.0, 1.0, 2.5, 3 * LOAD_CLIP, float(rng.randint(0, 9))]))
+        mine = hot + rng.sample(keys, rng.randint(0, num_keys // 3))
+        for k in dict.fromkeys(mine):
+            tier = rng.choice([Tier.DRAM, Tier.SSD])
+            state = ReplicaState.WRITING if rng.random() < 0.1 else ReplicaState.COMMITTED
+            ix.add_replica(NS, k, holder=h, tier=tier, size_bytes=rng.randint(0, 9), generation=rng.randint(1, 99),
+                           state=state, copy=rng.random() < 0.2)
+    for h in rng.sample(hs, 2):
+        ix.retire_holder(h)
+    for _ in range(num_keys):  # removed rows, some in hot chains
+        k = rng.choice(keys)
+        ix.remove_replica(NS, k, holder=rng.choice(hs), tier=rng.choice([Tier.DRAM, Tier.SSD]))
+    return ix, keys, hs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ranking_walk_matches_numpy(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    ix, keys, hs = _random_index(rng, rng.choice([5, 3 * HOT_CHAIN_ROWS]), 60)
+    c = ix.columns
+    slots = c.tables[0].get_many(keys_to_words(keys))
+    slots = slots[slots >= 0]
+    assert len(slots)
+    for local in [-1, *rng.sample(hs, 4)]:
+        rows, holders = ranking.best_rows(c, slots, local)
+        want_rows, want_holders = ranking.py_best_rows(c, slots, local)
+        assert rows.tolist() == want_rows.tolist()
+        assert holders.tolist() == want_holders.tolist()
+        assert rows.dtype == holders.dtype == np.int64
+    assert (rows >= 0).any()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_find_rows_matches_numpy(seed: int) -> None:
+    # two indexes built alike: a long chain met by find_rows becomes hot in both
+    built = [_random_index(random.Random(200 + seed), 2 * HOT_CHAIN_ROWS, 50) for _ in range(2)]
+    (a, keys, hs), (b, _, _) = built
+    rng = random.Random(seed)
+    for _ in range(6):
+        holder = rng.choice(hs)
+        probe = rng.sample(keys, 30)
+        slots = a.columns.tables[0].get_many(keys_to_words(probe))
+        slots = slots[slots >= 0]
+        tiers = np.asarray([rng.choice([1, 2]) for _ in slots], dtype=np.int64)
+        got = a.columns.find_rows(slots, holder, tiers)
+        want = b.columns.py_find_rows(slots, holder, tiers)
+        assert got.tolist() == want.tolist()
+        assert sorted(a.columns.hot) == sorted(b.columns.hot)
+    assert a.columns.hot  # some chains were long (made hot by the C walk's -2 answers)
+
+
+def _chains(ix: BlockIndex, keys: list[bytes]) -> list[list[tuple[int, int, int, int, int, bool]]]:
+    return [[(r.holder, int(r.tier), r.size_bytes, r.generation, int(r.state), r.copy)
+             for r in ix.replicas(NS, k)] for k in keys]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_workload_gives_the_same_answers_with_both(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(300 + seed)
+    keys = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(80)]
+    ixs = [BlockIndex(16), BlockIndex(16)]  # [native, python]
+    impls = [NATIVE, None]
+    hs = [[ix.add_holder() for _ in range(2 * HOT_CHAIN_ROWS)] for ix in ixs]
+    assert hs[0] == hs[1]
+    for ix in ixs:
+        for h in hs[0]:
+            ix.set_readable(h, True)
+    for step in range(120):
+        holder = rng.choice(hs[0])
+        batch = rng.sample(keys[:12] if rng.random() < 0.5 else keys, rng.randint(1, 10))  # hot ones often
+        tiers = np.asarray([rng.choice([1, 2]) for _ in batch], dtype=np.int64)
+        op = rng.choice(["add", "add", "remove", "lookup", "load"])
+        load = float(rng.randint(0, 3))
+        local = rng.choice([-1, holder])
+        copies = np.asarray([rng.random() < 0.2 for _ in batch])
+        answers = []
+        for ix, impl in zip(ixs, impls, strict=True):
+            monkeypatch.setattr(native, "master_index", impl)
+            n = len(batch)
+            if op == "add":
+                out = ix.add_replicas_batch(NS, batch, holder=holder, tiers=tiers, sizes=np.ones(n, np.int64),
+                                            generations=np.full(n, step + 1, np.uint64),
+                                            replace_generation=np.zeros(n, np.bool_),
+                                            copies=copies,
+                                            factors=np.zeros(n, np.int64))
+                answers.append(out.tolist())
+            elif op == "remove":
+                answers.append(ix.remove_replicas_batch(NS, batch, holder=holder, tiers=tiers).tolist())
+            elif op == "load":
+                ix.set_load(holder, load)
+                answers.append(None)
+            else:
+                hit = ix.lookup_prefix(NS, batch, local_holder=local)
+                pos, each = ix.lookup_each(NS, batch, local_holder=local)
+                answers.append((hit.holders.tolist(), hit.tiers.tolist(), hit.generations.tolist(),
+                                pos.tolist(), each.holders.tolist()))
+        assert answers[0] == answers[1], (step, op)
+    monkeypatch.setattr(native, "master_index", None)
+    assert _chains(ixs[0], keys) == _chains(ixs[1], keys)
+    assert ixs[0].num_replicas == ixs[1].num_replicas and ixs[0].columns.hot.keys() == ixs[1].columns.hot.keys()
+
+
+def _columns(cols: object) -> object:
+    b = cols.blocks  # type: ignore[attr-defined]
+    return (cols.seqs, cols.kinds, b.namespace_ids, b.keys,  # type: ignore[attr-defined]
+            *[(getattr(b, f).dtype.str, getattr(b, f).tolist())
+              for f in ("tiers", "sizes", "generations", "copies", "replicas")])
+
+
+def _outcome(fn: object, arg: object) -> object:
+    try:
+        return _columns(fn(arg))  # type: ignore[operator]
+    except Exception as exc:  # the same error, type and text, from both readers
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
+    from kvstored.master.service import event_columns, request_event_columns
+    from kvstored.master.types import MAX_REPLICAS
+    from kvstored.v1 import master_pb2 as pb
+
+    rng = random.Random(400 + seed)
+    bad = [  # one bad value per request (or none), each of what the checks refuse
+        {}, {"key": b""}, {"key": b"k" * 10_000}, {"tier": 3}, {"tier": -1}, {"kind": 0}, {"kind": 7},
+        {"generation": 1 << 63}, {"replicas": MAX_REPLICAS + 1}, {"size_bytes": (1 << 64) - 1},
+        {"no_block": True},
+    ]
+    seen_fallback = seen_native = 0
+    for case in bad * 3:
+        n = rng.randint(0, 40)
+        events = []
+        for i in range(n):
+            ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]),
+                       key=rng.randbytes(rng.choice([16, 5, 40])), tier=rng.choice([1, 2]),
+                       size_bytes=rng.randint(0, 1 << 40), generation=rng.choice([0, rng.getrandbits(62)]),
+                       copy=rng.random() < 0.3, replicas=rng.randint(0, MAX_REPLICAS))
+            kind = rng.choice([1, 2])
+            if case and i == n // 2:
+                ref.update({k: v for k, v in case.items() if k not in ("kind", "no_block")})
+                kind = case.get("kind", kind)
+            block = None if case.get("no_block") and i == n // 2 else pb.BlockRef(**ref)
+            events.append(pb.BlockEvent(seq=rng.getrandbits(40), kind=kind, block=block))
+        data = pb.ReportEventsRequest(node_id="n", epoch=3, events=events).SerializeToString()
+        if rng.random() < 0.3:  # unknown fields (kept and written back by protobuf), skipped by C
+            data += bytes([(9 << 3) | 0, 0x96, 0x01, (10 << 3) | 2, 2, 0xAB, 0xCD, (11 << 3) | 1]) + bytes(8)
+        if rng.random() < 0.2 and n:  # a field repeated inside an event: protobuf's last wins; C reads it not
+            data += bytes([(3 << 3) | 2, 4, (1 << 3) | 0, 5, (1 << 3) | 0, 6])
+        req = pb.ReportEventsRequest.FromString(data)
+        want = _outcome(lambda r: event_columns(r.events), req)
+        assert _outcome(request_event_columns, req) == want, case
+        got = NATIVE.parse_events(req.SerializeToString(), 1, 1, 1, 2, 1, 2)
+        seen_fallback += got is None
+        seen_native += got is not None
+    assert seen_fallback and seen_native  # both readers ran
+
+
+def test_the_wire_reader_knows_every_field_of_an_event() -> None:
+    """native/master.c parse_events reads these fields by number and skips others: a field
+    added to BlockEvent or BlockRef must be added there too (or this test changed)."""
+    from kvstored.v1 import master_pb2 as pb
+
+    def fields(msg: object) -> dict[str, tuple[int, int]]:
+        return {f.name: (f.number, f.type) for f in msg.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+
+    fd = pb.BlockRef.DESCRIPTOR.fields[0]
+    bytes_t, enum_t, u64, boolean, u32, msg_t = (fd.TYPE_BYTES, fd.TYPE_ENUM, fd.TYPE_UINT64, fd.TYPE_BOOL,
+                                                 fd.TYPE_UINT32, fd.TYPE_MESSAGE)
+    assert fields(pb.BlockRef) == {"namespace_id": (1, bytes_t), "key": (2, bytes_t), "tier": (3, enum_t),
+                                   "size_bytes": (4, u64), "generation": (5, u64), "copy": (6, boolean),
+                                   "replicas": (7, u32)}
+    assert fields(pb.BlockEvent) == {"seq": (1, u64), "kind": (2, enum_t), "block": (3, msg_t)}
+    assert fields(pb.ReportEventsRequest)["events"][0] == 3
