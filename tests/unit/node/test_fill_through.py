@@ -81,3 +81,48 @@ def test_what_is_streamed_through_stays_within_the_budget_it_is_given() -> None:
         server.stop(0.0)
         src.store.close()
         dst.store.close()
+
+
+def test_pin_blocks_through_a_full_dram_only_node_marks_what_it_cannot_keep() -> None:
+    """The shared-memory read (PinBlocks) cannot carry bytes: a peer's block the full node
+    has no room to keep is marked ``through`` (with its size), never received nor cached,
+    and is no miss for the skipped counter; a key no node holds stays a plain miss; then
+    the inline Get of exactly the marked keys streams them through with the right bytes."""
+    src, dst = _core("src", 8 * BLOCK), _core("dst", 4 * BLOCK)
+    server = DataPlaneServer(src, "127.0.0.1:0")
+    address = server.start()
+    master = _Master()
+    reads = RemoteReads(dst, node_id="dst", lookup=master.lookup, report=master.report)
+    try:
+        remote = [10, 11, 12]
+        for i in remote:
+            src.put_inline([(key(i), value(i), b"")], b"")
+        gens = {b.key: b.generations[0] for b in src.store.list_blocks()[0]}
+        for i in remote:
+            master.replicas[key(i)] = ClusterReplica("src", 7, Tier.DRAM, BLOCK, gens[key(i)],
+                                                     address)
+        dst.put_inline([(key(i), value(i), b"") for i in range(4)], b"")  # full of uniques
+        ids = [0, 1, *remote, 2, 3]
+        keys = [key(i) for i in ids] + [key(99)]  # 99: no node holds it
+        session_id = dst.open_session()
+        with ThreadPoolExecutor(2) as pool:
+            servicer = NodeServicer(dst, pool, version="test")
+            servicer.remote = reads
+            resp = asyncio.run(servicer.PinBlocks(
+                pb.PinBlocksRequest(keys=keys, session_id=session_id, epoch=dst.epoch), None))
+            assert [b.found for b in resp.blocks] == [True, True, False, False, False,
+                                                      True, True, False]
+            assert [b.through for b in resp.blocks] == [False] * 2 + [True] * 3 + [False] * 3
+            assert [b.size_bytes for b in resp.blocks[2:5]] == [BLOCK] * 3
+            assert reads.num_skipped == 0  # marked for the Get, not missed
+            assert dst.store.exists([key(i) for i in remote]) == [False] * 3  # none cached
+            dst.release_pins_report([resp.pin_id])
+            got = asyncio.run(servicer.Get(pb.GetRequest(keys=[key(i) for i in remote]), None))
+        assert [r.value if r.found else None for r in got.results] == [value(i) for i in remote]
+        assert dst.store.exists([key(i) for i in range(4)]) == [True] * 4  # none dropped
+        assert dst.store.stats().tiers[0].evictions == 0
+    finally:
+        reads.close()
+        server.stop(0.0)
+        src.store.close()
+        dst.store.close()
