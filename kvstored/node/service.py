@@ -152,24 +152,26 @@ def _add_through(keys: list[bytes], out: list[GetOutcome],
     return res
 
 
-def _mark_through(blocks: Any, keys: list[bytes], got: list[Any],
+def _mark_through(blocks: Any, keys: list[bytes], got: list[Any], before: list[bool],
                   through: dict[bytes, tuple[bytes, bytes] | None], sizes: dict[bytes, int]
                   ) -> None:
     """Mark the misses of a PinBlocks answer whose block the pool holds but this node did not
     keep (``PinnedBlock.through``: the fill found a replica, or the block was here before
-    the fill): the client reads exactly those by Get, which streams them through. A block
-    whose size the fill learnt carries it (``size_bytes``: the client batches its Gets by
-    the inline budget); a key the master named no replica for stays a plain miss.
+    the fill: ``NodeServicer._fill_from_peers``): the client reads exactly those by Get,
+    which streams them through. A block whose size the fill learnt carries it
+    (``size_bytes``: the client batches its Gets by the inline budget); a key that was not
+    here and that the master named no replica for stays a plain miss.
 
     Args:
         blocks: the response's PinnedBlock messages, one per key.
         keys: the request's keys.
         got: the pin's result per key (a PinnedBlock, None = a miss, or an item error).
+        before: per key, whether it was here before the fill.
         through: the fill's ``through`` (keys only; mark-only fill: no values).
         sizes: the fill's ``through_sizes`` (bytes per key).
     """
-    for m, k, b in zip(blocks, keys, got, strict=True):
-        if b is None and k in through:
+    for m, k, b, here in zip(blocks, keys, got, before, strict=True):
+        if b is None and (here or k in through):
             m.through = True
             size = sizes.get(k)
             if size is not None:
@@ -286,30 +288,32 @@ class NodeServicer:
         self, keys: list[bytes], namespace_id: bytes, ctx: Any, *,
         through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
         through_sizes: dict[bytes, int] | None = None,
-    ) -> None:
-        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py).
+    ) -> list[bool] | None:
+        """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py);
+        with ``through``, a block with no room here lands there instead (for the reply;
+        ``through_sizes``: marked only, its size there: ``RemoteReads.fill``).
 
-        With ``through``, a block with no room here lands there instead (for the reply;
-        ``through_sizes``: marked only, its size there: ``RemoteReads.fill``), and so does
-        (as None) a block that was here before the fill: the fill's copies may have evicted
-        a copy an earlier call made, so the reader asks again rather than missing it."""
+        Returns:
+            Per key, whether it was here before the fill (None: no master, no keys, or a bad
+            key). A block that was here and is a miss by the time the read pins it (the
+            fill's copies evicted a copy an earlier call made; the spiller moved the block to
+            a peer, which holds it before this node drops it) is held by the pool: the reader
+            asks again (``through``) rather than missing it.
+        """
         remote = self.remote
         if remote is None or not keys:
-            return
+            return None
         try:
             before = self.core.store.exists(keys, namespace_id=namespace_id)
         except KvstoredError:
-            return  # bad keys: the core's validation answers them
+            return None  # bad keys: the core's validation answers them
         if all(before):
-            return
+            return before
         await self._run(functools.partial(
             remote.fill, keys, namespace_id, remaining_s=_time_left(ctx), through=through,
             through_budget_bytes=self.core.cfg.max_inline_bytes if through is not None else 0,
             through_sizes=through_sizes))
-        if through:
-            for k, present in zip(keys, before, strict=True):
-                if present:
-                    through.setdefault(k, None)
+        return before
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -428,7 +432,11 @@ class NodeServicer:
         keys = list(req.keys)
         # a peer's block this full node has no room to keep is streamed through the reply
         through: dict[bytes, tuple[bytes, bytes] | None] = {}
-        await self._fill_from_peers(keys, ns, ctx, through=through)
+        before = await self._fill_from_peers(keys, ns, ctx, through=through)
+        if before is not None:  # here before and a miss now: the client asks again
+            for k, present in zip(keys, before, strict=True):
+                if present:
+                    through.setdefault(k, None)
         budget = self.core.cfg.max_inline_bytes
         out = await self._run(self.core.get_inline, keys, ns, budget_bytes=budget)
         if through:
@@ -507,7 +515,7 @@ class NodeServicer:
         # Get, which streams it through (no bytes are received for it here)
         through: dict[bytes, tuple[bytes, bytes] | None] = {}
         sizes: dict[bytes, int] = {}
-        await self._fill_from_peers(keys, ns, ctx, through=through, through_sizes=sizes)
+        before = await self._fill_from_peers(keys, ns, ctx, through=through, through_sizes=sizes)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
@@ -526,6 +534,7 @@ class NodeServicer:
         out = pb.PinBlocksResponse() if into is None else into
         out.pin_id = pin_id
         add = out.blocks.add
+        missed = False
         for b in got:
             # set field by field: keyword construction costs ~3 us per message (upb), this ~0.4
             m = add()
@@ -538,8 +547,10 @@ class NodeServicer:
                 m.tier = pb_enum(cpb.Tier, b.tier)
             elif b is not None:
                 m.status.CopyFrom(item_status(b))
-        if through:
-            _mark_through(out.blocks, keys, got, through, sizes)
+            else:
+                missed = True
+        if missed and before is not None:
+            _mark_through(out.blocks, keys, got, before, through, sizes)
         return out
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:
