@@ -281,12 +281,43 @@ def _read_tcp(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                 sink._done(i, it.size_bytes, it.meta, _tier(it.tier))
 
 
-def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
-    pending = [  # batches tail-first (see _tail_first); a budget-split batch refetches first
-        i for lo, hi in _tail_first(_chunks(len(sink.keys), info.max_batch_keys)) for i in range(lo, hi)
-    ]
+def _inline_batch(pending: list[int], sizes: dict[int, int], budget_bytes: int, max_keys: int) -> int:
+    """How many leading ``pending`` keys one inline Get asks for: at most ``max_keys``, and
+    as many as their known sizes (``sizes``; unknown = 0) fit in the node's inline budget,
+    at least one (the node answers BatchTooLarge past it anyway: this only spares it
+    fetching from peers blocks the reply could not carry)."""
+    n, used = 0, 0
+    for i in pending[:max_keys]:
+        used += sizes.get(i, 0)
+        if n and used > budget_bytes:
+            break
+        n += 1
+    return n
+
+
+def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float,
+               only: dict[int, int] | None = None) -> Op[None]:
+    """Read ``sink``'s keys with the inline Get (values in the reply), asking again for the
+    keys the node answered BatchTooLarge (past its inline budget).
+
+    Args:
+        only: read just these keys (index -> size in bytes, 0 = unknown), batched by the
+            node's inline budget: the shared-memory path's misses the node marked
+            ``through`` (:func:`~kvstored.client._shm._read_shm`); None = every key.
+
+    Raises:
+        InternalError: an answer of the wrong length, or one with no value in its budget.
+    """
+    if only is None:
+        pending = [  # batches tail-first (see _tail_first); a budget-split batch refetches first
+            i for lo, hi in _tail_first(_chunks(len(sink.keys), info.max_batch_keys)) for i in range(lo, hi)
+        ]
+        sizes: dict[int, int] = {}
+    else:
+        pending, sizes = sorted(only), only
     while pending:
-        batch = pending[: info.max_batch_keys]
+        batch = pending[: _inline_batch(pending, sizes, info.max_inline_bytes, info.max_batch_keys)
+                        if sizes else info.max_batch_keys]
         resp = yield Call(
             "Get",
             pb.GetRequest(keys=[sink.keys[i] for i in batch], namespace_id=st.namespace_id),
@@ -318,7 +349,9 @@ def op_read(st: ClientState, keys: Sequence[object], buffers: Sequence[object] |
     if not sink.keys:
         return sink
     if info.transport == "shm":
-        yield from _read_shm(st, info, sink, deadline)
+        through = yield from _read_shm(st, info, sink, deadline)
+        if through:  # a peer's blocks the node had no room to keep: streamed through its Get
+            yield from _read_grpc(st, info, sink, deadline, through)
     elif info.transport == "tcp":
         yield from _read_tcp(st, info, sink, deadline)
     else:

@@ -348,8 +348,17 @@ def _checked_halves(dst: object, src: memoryview, words: np.ndarray, index: int,
     return copy_checked(d[half:], src[half:], words, index, version)
 
 
-def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[None]:
+def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float) -> Op[dict[int, int]]:
+    """Read ``sink``'s keys: one-sided DRAM hits first (in a live session), the rest pinned
+    (PinBlocks, in windows of PIN_CHUNK_KEYS, tail first) and copied out of the arena.
+
+    Returns:
+        The misses the node marked ``through`` (a peer holds the block and this node had
+        no room to keep a copy): key index -> size in bytes (0 = not known); the caller
+        reads exactly those by the inline Get, which streams them through.
+    """
     keys = sink.keys
+    through: dict[int, int] = {}
     arena = st.arena
     if arena is None:
         raise Unavailable("the arena mapping was dropped; describe the node again")
@@ -376,7 +385,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                 kept = [i for i in set(range(len(keys))) - set(left) if not lo <= i <= hi]  # (as above)
                 st.one_sided_counts.add(len(kept), sum(sink.sizes[i] or 0 for i in kept), len(failed), misses)
         if not left:
-            return
+            return through
         first, last = min(left), max(left) + 1  # hits inside it are read again: same key
     chunk_keys = min(PIN_CHUNK_KEYS, info.max_batch_keys)
     if last - first <= chunk_keys:  # one window (the common case: no list of windows)
@@ -429,6 +438,8 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                     if b.found:  # empty blocks too: they are hits of 0 bytes
                         found = True
                         num_bytes += b.size_bytes
+                    elif b.through:  # a peer's block the node could not keep: read by Get
+                        through[start + j] = b.size_bytes
                 if found:
                     yield Blocking(
                         functools.partial(_copy_pinned, arena, blocks, start, sink),
@@ -454,6 +465,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
                         f"the pins of keys #{start - cut}..#{start - 1} outlived their "
                         f"{lease_s:.1f} s lease before the copy was done; the read is discarded"
                     )
+    return through
 
 
 

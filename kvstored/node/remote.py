@@ -117,19 +117,28 @@ class FetchResult:
 
 class _Through:
     """Blocks a read carries in its reply without caching them (``RemoteReads.fill``'s
-    ``through``), under a byte budget; thread-safe (peers are copied in parallel)."""
+    ``through``), under a byte budget; thread-safe (peers are copied in parallel).
 
-    def __init__(self, out: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int) -> None:
+    ``sizes`` not None: mark only (a reply that cannot carry bytes: PinBlocks): no block
+    is received; each one's size lands in ``sizes`` and ``out[key]`` is None."""
+
+    def __init__(self, out: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int,
+                 sizes: dict[bytes, int] | None = None) -> None:
         self.out = out
         self.left = int(budget_bytes)
         self.taken = False
+        self.sizes = sizes
         self.lock = threading.Lock()
 
     def take(self, key: bytes, size_bytes: int) -> bool:
         """Reserve ``size_bytes`` of the budget (the first block always fits, as in the
-        inline Get); False when it does not fit, and ``out[key]`` is then None (the reply
-        asks the client to fetch it in another call)."""
+        inline Get); False when it does not fit (or marking only), and ``out[key]`` is then
+        None (the reply asks the client to fetch it in another call)."""
         with self.lock:
+            if self.sizes is not None:
+                self.sizes[key] = size_bytes
+                self.out.setdefault(key, None)
+                return False
             if self.taken and size_bytes > self.left:
                 self.out.setdefault(key, None)
                 return False
@@ -358,7 +367,7 @@ class RemoteReads:
     def fill(
         self, keys: Sequence[bytes], namespace_id: bytes, *, remaining_s: float | None = None,
         through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
-        through_budget_bytes: int = 0,
+        through_budget_bytes: int = 0, through_sizes: dict[bytes, int] | None = None,
     ) -> FetchResult:
         """Copy the blocks of ``keys`` this node lacks from their peers into its DRAM.
 
@@ -372,6 +381,10 @@ class RemoteReads:
                 received into a private buffer instead, verified the same way, and put in
                 ``through[key] = (value, meta)``, never cached; None = such a block is a miss.
             through_budget_bytes: the most bytes put in ``through`` by this call.
+            through_sizes: mark only (with ``through``; a reply that cannot carry bytes:
+                PinBlocks): such a block is not received at all; ``through[key]`` is None
+                and ``through_sizes[key]`` its size in bytes, so the reader reads it again by
+                a call that streams it through (the inline Get).
 
         Returns:
             The counts of what happened (:class:`FetchResult`).
@@ -421,7 +434,8 @@ class RemoteReads:
                     (mine_keys[j], rep))
             fetched, dropped, failed = self._fill_peers(
                 by_peer, namespace_id, deadline,
-                through=_Through(through, through_budget_bytes) if through is not None else None)
+                through=(None if through is None
+                         else _Through(through, through_budget_bytes, through_sizes)))
         finally:
             self.flights.release(claimed)
         if theirs:
@@ -537,6 +551,8 @@ class RemoteReads:
                         buf = bytearray(size_bytes)  # streamed through the reply, not cached
                         private[i] = (buf, meta)
                         return memoryview(buf)
+                    if through is not None and through.sizes is not None:
+                        return None  # marked: the reader fetches it by Get (not a miss)
                     with self._lock:
                         self.num_skipped += 1
                     if core.metrics is not None:

@@ -152,6 +152,32 @@ def _add_through(keys: list[bytes], out: list[GetOutcome],
     return res
 
 
+def _mark_through(blocks: Any, keys: list[bytes], got: list[Any], before: list[bool],
+                  through: dict[bytes, tuple[bytes, bytes] | None], sizes: dict[bytes, int]
+                  ) -> None:
+    """Mark the misses of a PinBlocks answer whose block the pool holds but this node did not
+    keep (``PinnedBlock.through``: the fill found a replica, or the block was here before
+    the fill: ``NodeServicer._fill_from_peers``): the client reads exactly those by Get,
+    which streams them through. A block whose size the fill learnt carries it
+    (``size_bytes``: the client batches its Gets by the inline budget); a key that was not
+    here and that the master named no replica for stays a plain miss.
+
+    Args:
+        blocks: the response's PinnedBlock messages, one per key.
+        keys: the request's keys.
+        got: the pin's result per key (a PinnedBlock, None = a miss, or an item error).
+        before: per key, whether it was here before the fill.
+        through: the fill's ``through`` (keys only; mark-only fill: no values).
+        sizes: the fill's ``through_sizes`` (bytes per key).
+    """
+    for m, k, b, here in zip(blocks, keys, got, before, strict=True):
+        if b is None and (here or k in through):
+            m.through = True
+            size = sizes.get(k)
+            if size is not None:
+                m.size_bytes = size
+
+
 def _time_left(ctx: Any) -> float | None:
     """Seconds left of the caller's gRPC deadline (None = none set)."""
     try:
@@ -261,20 +287,33 @@ class NodeServicer:
     async def _fill_from_peers(
         self, keys: list[bytes], namespace_id: bytes, ctx: Any, *,
         through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
-    ) -> None:
+        through_sizes: dict[bytes, int] | None = None,
+    ) -> list[bool] | None:
         """Cluster node: copy the blocks of ``keys`` missing here from peers (see remote.py);
-        with ``through``, a block with no room here lands there instead (for the reply)."""
+        with ``through``, a block with no room here lands there instead (for the reply;
+        ``through_sizes``: marked only, its size there: ``RemoteReads.fill``).
+
+        Returns:
+            Per key, whether it was here before the fill (None: no master, no keys, or a bad
+            key). A block that was here and is a miss by the time the read pins it (the
+            fill's copies evicted a copy an earlier call made; the spiller moved the block to
+            a peer, which holds it before this node drops it) is held by the pool: the reader
+            asks again (``through``) rather than missing it.
+        """
         remote = self.remote
         if remote is None or not keys:
-            return
+            return None
         try:
-            if all(self.core.store.exists(keys, namespace_id=namespace_id)):
-                return
+            before = self.core.store.exists(keys, namespace_id=namespace_id)
         except KvstoredError:
-            return  # bad keys: the core's validation answers them
+            return None  # bad keys: the core's validation answers them
+        if all(before):
+            return before
         await self._run(functools.partial(
             remote.fill, keys, namespace_id, remaining_s=_time_left(ctx), through=through,
-            through_budget_bytes=self.core.cfg.max_inline_bytes if through is not None else 0))
+            through_budget_bytes=self.core.cfg.max_inline_bytes if through is not None else 0,
+            through_sizes=through_sizes))
+        return before
 
     @staticmethod
     async def _inline(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -393,13 +432,9 @@ class NodeServicer:
         keys = list(req.keys)
         # a peer's block this full node has no room to keep is streamed through the reply
         through: dict[bytes, tuple[bytes, bytes] | None] = {}
-        before: list[bool] = []
-        if self.remote is not None:
-            with contextlib.suppress(KvstoredError):  # bad keys: the core answers them
-                before = self.core.store.exists(keys, namespace_id=ns)
-        await self._fill_from_peers(keys, ns, ctx, through=through)
-        if through:  # the fill's copies may evict copies an earlier call made here: ask again
-            for k, present in zip(keys, before, strict=False):
+        before = await self._fill_from_peers(keys, ns, ctx, through=through)
+        if before is not None:  # here before and a miss now: the client asks again
+            for k, present in zip(keys, before, strict=True):
                 if present:
                     through.setdefault(k, None)
         budget = self.core.cfg.max_inline_bytes
@@ -476,7 +511,11 @@ class NodeServicer:
         check_shm_tenant(self.core.cfg.shm_tenants, tenant, action="PinBlocks")
         ns = scope_namespace(tenant, req.namespace_id)
         keys = list(req.keys)
-        await self._fill_from_peers(keys, ns, ctx)
+        # a peer's block this full node has no room to keep: marked, the client reads it by
+        # Get, which streams it through (no bytes are received for it here)
+        through: dict[bytes, tuple[bytes, bytes] | None] = {}
+        sizes: dict[bytes, int] = {}
+        before = await self._fill_from_peers(keys, ns, ctx, through=through, through_sizes=sizes)
         # DRAM hits are pinned on the loop (never waits for a disk); a request that needs a
         # promotion from SSD goes to the store executor, where only it waits for its read
         pin_id, got = self.core.pin_blocks(
@@ -495,6 +534,7 @@ class NodeServicer:
         out = pb.PinBlocksResponse() if into is None else into
         out.pin_id = pin_id
         add = out.blocks.add
+        missed = False
         for b in got:
             # set field by field: keyword construction costs ~3 us per message (upb), this ~0.4
             m = add()
@@ -507,6 +547,10 @@ class NodeServicer:
                 m.tier = pb_enum(cpb.Tier, b.tier)
             elif b is not None:
                 m.status.CopyFrom(item_status(b))
+            else:
+                missed = True
+        if missed and before is not None:
+            _mark_through(out.blocks, keys, got, before, through, sizes)
         return out
 
     async def ReleasePins(self, req: pb.ReleasePinsRequest, ctx: Any) -> pb.ReleasePinsResponse:

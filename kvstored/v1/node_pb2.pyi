@@ -358,20 +358,22 @@ class PinBlocksRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespace_id: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class PinnedBlock(_message.Message):
-    __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier")
+    __slots__ = ("status", "found", "offset", "size_bytes", "meta", "tier", "through")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.ItemStatus
     found: bool
     offset: int
     size_bytes: int
     meta: bytes
     tier: _common_pb2.Tier
-    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., found: _Optional[bool] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ...) -> None: ...
+    through: bool
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., found: _Optional[bool] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., meta: _Optional[bytes] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., through: _Optional[bool] = ...) -> None: ...
 
 class PinBlocksResponse(_message.Message):
     __slots__ = ("pin_id", "blocks")

@@ -2,10 +2,15 @@
 
 The tester's scenario at small scale, real processes: a master and two DRAM-only nodes
 (``--ssd-size 0``, 16 MiB each), spill on. 24 blocks of 1 MiB are put through c, which
-spills the excess to d. Then c reads all 24 in batches of 8: the blocks d holds are copied
-into c's DRAM (remote fill) only where c has room without evicting a block the pool holds
-nowhere else (tiers/spare.py); the others are misses for that read. Before the fix c evicted
-its own unique blocks to make room for copies of d's, and those were gone cluster-wide.
+spills the excess to d. Then c reads all 24 in batches of 8 (shared memory): the blocks d
+holds are copied into c's DRAM (remote fill) only where c has room without evicting a block
+the pool holds nowhere else (tiers/spare.py); the others are streamed through (PinBlocks
+marks them, the client reads them by the inline Get). Before the fix c evicted its own
+unique blocks to make room for copies of d's, and those were gone cluster-wide. A read may
+still miss a block: the copies push c past its high watermark, so c spills some of its
+own blocks to d during the reads, and until c's next event reaches the master it names c
+itself for such a block (its one answer per key; a lookup with no node ranked first can
+still pick c's stale entry), so c finds nobody to copy from (docs/cluster.md, Limits).
 
 Checked: every hit has the right bytes; afterwards every key is held by c or d (their own
 listings) and, once the master has heard of both nodes' changes, ``exists`` through d says

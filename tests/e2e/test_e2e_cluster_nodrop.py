@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cluster_helpers import MasterProcess, _wait
+from cluster_helpers import MasterProcess, NodeProcess, _wait
 from test_e2e_cluster_put import _cluster, _settled
 
 from kvstored import Client
@@ -56,6 +56,22 @@ def _burst(node: Any, keys: list[bytes]) -> None:
         for i in range(0, len(keys), 4):  # as fast as the client goes: no pacing
             chunk = keys[i : i + 4]
             assert all(r.stored for r in c.put(chunk, [_value(k) for k in chunk]))
+
+
+def _full_reader(workdir: Path, procs: list[Any]
+                 ) -> tuple[NodeProcess, NodeProcess, list[bytes], set[bytes]]:
+    """Two DRAM-only 16 MiB nodes, spill on, and 24 x 1 MiB blocks put through c: c is
+    full of originals (backpressure: it spills to d as it fills) and d holds the rest.
+    Returns ``(c, d, keys, the keys d holds)`` once the master indexes every block."""
+    master, nodes = _cluster(workdir, procs, {"c": ("16MiB", "0"), "d": ("16MiB", "0")})
+    c, d = nodes["c"], nodes["d"]
+    keys = [os.urandom(16) for _ in range(24)]
+    _burst(c, keys)
+    held_c, held_d = _held(c), _held(d)
+    assert held_c | held_d >= set(keys) and held_d & set(keys)
+    with MasterClient(master.address) as m:
+        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "c"))
+    return c, d, keys, held_d & set(keys)
 
 
 def test_a_burst_into_a_small_node_loses_nothing_while_the_peer_has_room(
@@ -129,14 +145,7 @@ def test_a_get_of_every_block_through_a_full_dram_only_node_serves_them_all(
     """One inline gRPC get of all 24 blocks (16 MiB nodes: more than the reader can keep)
     through the full node c: the blocks d holds that c has no room to copy are streamed
     through the reply (RemoteReads.fill ``through``), not missed; c drops nothing."""
-    master, nodes = _cluster(workdir, procs, {"c": ("16MiB", "0"), "d": ("16MiB", "0")})
-    c, d = nodes["c"], nodes["d"]
-    keys = [os.urandom(16) for _ in range(24)]
-    _burst(c, keys)  # backpressure: c spills to d as it fills
-    held_c, held_d = _held(c), _held(d)
-    assert held_c | held_d >= set(keys) and held_d & set(keys)
-    with MasterClient(master.address) as m:
-        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "c"))
+    c, d, keys, held_d = _full_reader(workdir, procs)
     with Client(c.tcp_address, transport="grpc") as cl:
         got = cl.get(keys, timeout_s=30)
         missed = [i for i, (k, g) in enumerate(zip(keys, got, strict=True)) if g != _value(k)]
@@ -147,7 +156,7 @@ def test_a_get_of_every_block_through_a_full_dram_only_node_serves_them_all(
             got[i] = g
     served = [g == _value(k) for k, g in zip(keys, got, strict=True)]
     assert served == [True] * len(keys), (
-        f"{served.count(False)} of {len(keys)} missed ({len(held_d & set(keys))} on d)")
+        f"{served.count(False)} of {len(keys)} missed ({len(held_d)} on d)")
     assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
 
 
@@ -158,14 +167,7 @@ def test_a_tcp_data_plane_get_through_a_full_dram_only_node_streams_the_peers_bl
     GET_FLAG_FILL_FROM_PEERS): the blocks d holds that c has no room to copy are received
     into private buffers and sent in the GET's reply (DataPlaneServer ``through``), not
     missed; c drops nothing. (Before, every such block was a miss on this path.)"""
-    master, nodes = _cluster(workdir, procs, {"c": ("16MiB", "0"), "d": ("16MiB", "0")})
-    c, d = nodes["c"], nodes["d"]
-    keys = [os.urandom(16) for _ in range(24)]
-    _burst(c, keys)
-    held_c, held_d = _held(c), _held(d)
-    assert held_c | held_d >= set(keys) and held_d & set(keys)
-    with MasterClient(master.address) as m:
-        _wait("the master indexes every block where it is", lambda: _settled(m, nodes, keys, "c"))
+    c, d, keys, held_d = _full_reader(workdir, procs)
     with Client(c.tcp_address, transport="tcp") as cl:
         got = cl.get(keys, timeout_s=30)
         missed = [i for i, (k, g) in enumerate(zip(keys, got, strict=True)) if g != _value(k)]
@@ -174,5 +176,28 @@ def test_a_tcp_data_plane_get_through_a_full_dram_only_node_streams_the_peers_bl
             got[i] = g
     served = [g == _value(k) for k, g in zip(keys, got, strict=True)]
     assert served == [True] * len(keys), (
-        f"{served.count(False)} of {len(keys)} missed ({len(held_d & set(keys))} on d)")
+        f"{served.count(False)} of {len(keys)} missed ({len(held_d)} on d)")
+    assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
+
+
+def test_a_shared_memory_get_through_a_full_dram_only_node_serves_every_block(
+    workdir: Path, procs: list[Any]
+) -> None:
+    """The same through the shared-memory path (``Client(unix socket)``: transport auto =
+    shm, PinBlocks then a copy out of the arena), get and get_into: PinBlocks marks the
+    blocks d holds that c has no room to copy (``PinnedBlock.through``) and the client reads
+    exactly those through the inline Get, which streams them through; 0 misses, c drops
+    nothing. (Before, every such block was a miss on this path.)"""
+    c, d, keys, held_d = _full_reader(workdir, procs)
+    with Client(c.unix_address) as cl:
+        assert cl.describe().transport == "shm"
+        got = cl.get(keys, timeout_s=30)
+        served = [g == _value(k) for k, g in zip(keys, got, strict=True)]
+        assert served == [True] * len(keys), (
+            f"get: {served.count(False)} of {len(keys)} missed ({len(held_d)} on d)")
+        bufs = [bytearray(BLOCK) for _ in keys]
+        sizes = cl.get_into(keys, bufs, timeout_s=30)
+        assert sizes == [BLOCK] * len(keys), (
+            f"get_into: {sizes.count(None)} of {len(keys)} missed ({len(held_d)} on d)")
+        assert [bytes(b) == _value(k) for k, b in zip(keys, bufs, strict=True)] == [True] * len(keys)
     assert _held(c) | _held(d) >= set(keys), "a read cost the pool a block"
