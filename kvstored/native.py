@@ -25,8 +25,8 @@ import structlog
 
 __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
-    "native_copy_many", "probe_keys", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
-    "py_store_release", "read_keys", "store_release",
+    "native_copy_many", "probe_keys", "probe_many", "publish_many", "py_copy_checked", "py_copy_checked_many",
+    "py_copy_many", "py_store_release", "read_keys", "store_release", "unindex_many",
 ]
 
 log = structlog.get_logger(__name__)
@@ -216,3 +216,12 @@ read_keys: Callable[..., Any] | None = getattr(_native_mod, "read_keys", None)
 one-sided reads (hash, probe, header check, stamp, copy, re-check) in one C call, the GIL
 released once (kvstored/tiers/slots.py ``SlotReader.read_keys``); None when not built:
 ``slots.py_read_keys`` runs instead."""
+
+publish_many: Callable[..., int] | None = getattr(_native_mod, "publish_many", None)
+"""``publish_many(slots, buckets, items, used_buckets) -> int``: the node's slot-header
+stamping and index inserts of a batch of commits in one C call (kvstored/tiers/slots.py
+``SlotTable.publish_many``); None when not built: ``SlotTable.publish`` runs per block."""
+
+unindex_many: Callable[..., int] | None = getattr(_native_mod, "unindex_many", None)
+"""``unindex_many(buckets, items) -> int``: the node's index deletions (backward shift) of
+``(namespace_id, key)`` items in one C call (``SlotTable.unindex``); None when not built."""
