@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvstored.errors import InvalidArgument, KvstoredError, LeaseExpired, NotFound
-from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.grants import require_session
+from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.local_put import EXISTED, STORED
 from kvstored.node.sessions import LeaseState
 from kvstored.tiers.base import NEEDS_IO
