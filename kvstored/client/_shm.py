@@ -24,7 +24,17 @@ import numpy as np
 
 from kvstored import native
 from kvstored.client import _fastget, _hooks
-from kvstored.client._args import _chunks, _chunks_by_bytes, _Item, _result, _tail_first, _tier, status_error
+from kvstored.client._args import (
+    _EXISTED,
+    _STORED,
+    _chunks,
+    _chunks_by_bytes,
+    _Item,
+    _result,
+    _tail_first,
+    _tier,
+    status_error,
+)
 from kvstored.client._orphans import next_request_id
 from kvstored.client._slots import size_class
 from kvstored.client._steps import (
@@ -494,18 +504,21 @@ def _commit_slots(
     """One CommitSlots: ``writes`` (slot, key, size, meta), the pool's returns, its refill."""
     pool = st.slots
     sent_at = _clock()
-    resp = yield Call(
-        "CommitSlots",
-        pb.CommitSlotsRequest(
-            namespace_id=namespace_id, session_id=owner[0], epoch=info.epoch,
-            request_id=next_request_id(),
-            writes=[pb.SlotWrite(slot_id=sid, key=k, size_bytes=n, meta=m)
-                    for sid, k, n, m in writes],
-            return_slot_ids=pool.take_returns(owner),
-            want=[pb.SlotWant(size_bytes=s, num_slots=n) for s, n in pool.wants()],
-        ),
-        pb.CommitSlotsResponse, undo=functools.partial(_undo_slots, owner[0]),
+    req = pb.CommitSlotsRequest(
+        namespace_id=namespace_id, session_id=owner[0], epoch=info.epoch,
+        request_id=next_request_id(), return_slot_ids=pool.take_returns(owner),
+        want=[pb.SlotWant(size_bytes=s, num_slots=n) for s, n in pool.wants()],
     )
+    add = req.writes.add
+    for sid, k, n, m in writes:  # field by field: a keyword SlotWrite costs ~1.5 us (upb), this ~0.5
+        w = add()
+        w.slot_id = sid
+        w.key = k
+        w.size_bytes = n
+        if m:
+            w.meta = m
+    resp = yield Call("CommitSlots", req, pb.CommitSlotsResponse,
+                      undo=functools.partial(_undo_slots, owner[0]))
     if resp.slot_budget_bytes:
         pool.node_budget_bytes = resp.slot_budget_bytes
     pool.add(owner, ((g.slot_id, g.offset, g.size_bytes) for g in resp.slots),
@@ -558,10 +571,13 @@ def _put_ahead(
         except BaseException:
             pool.give_back(owner, [sid for sid, *_ in named])  # after the copy returned
             raise
-        if len(resp.results) != len(named):
-            raise InternalError(f"CommitSlots answered {len(resp.results)} items for {len(named)}")
-        for i, r in zip(done, resp.results, strict=True):
-            results[i] = _result(r.status, r.stored)
+        got = resp.results
+        if len(got) != len(named):
+            raise InternalError(f"CommitSlots answered {len(got)} items for {len(named)}")
+        for i, r in zip(done, got, strict=True):
+            # an unset status is OK (reading r.status would build a message per item)
+            ok = not r.HasField("status")
+            results[i] = (_STORED if r.stored else _EXISTED) if ok else _result(r.status, r.stored)
     return rest
 
 

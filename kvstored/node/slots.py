@@ -34,8 +34,7 @@ Thread-safe (the lease book and the store are).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvstored.errors import InvalidArgument, KvstoredError, LeaseExpired, NotFound
 from kvstored.node.grants import require_session
@@ -57,9 +56,9 @@ MAX_WANTS = 8
 """Most slot sizes one request may ask for."""
 
 
-@dataclass(frozen=True, slots=True)
-class GrantedSlot:
-    """A slot handed to a client: write at ``offset``, at most ``size_bytes`` bytes."""
+class GrantedSlot(NamedTuple):
+    """A slot handed to a client: write at ``offset``, at most ``size_bytes`` bytes (a named
+    tuple: a CommitSlots grants one per block of the next put)."""
 
     slot_id: int
     offset: int

@@ -268,19 +268,22 @@ class Reservations:
             interner = st.interner
             info = interner.info(namespace_id, b"")
             isize = interner.size(size)
-            for k in range(n):
-                if base is not None:
-                    off = base + k * size
-                else:
-                    try:
-                        off = self._transit.allocate(size, wait_for_pool=True)
-                    except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
-                        break
-                st.reserved_bytes += size
-                usage.reserve(tenant, size)
-                rid = next(st.reservation_ids)
-                st.pending[rid] = PendingReservation(skey, off, isize, info)
-                out.append(Reservation(SLOT_KEY, off, size, st.arena[off : off + size], rid))
+            pending, ids, arena = st.pending, st.reservation_ids, st.arena
+            try:
+                for k in range(n):
+                    if base is not None:
+                        off = base + k * size
+                    else:
+                        try:
+                            off = self._transit.allocate(size, wait_for_pool=True)
+                        except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
+                            break
+                    rid = next(ids)
+                    pending[rid] = PendingReservation(skey, off, isize, info)
+                    out.append(Reservation(SLOT_KEY, off, size, arena[off : off + size], rid))
+            finally:  # counted once for the batch (every slot granted is a reservation)
+                st.reserved_bytes += size * len(out)
+                usage.reserve(tenant, size * len(out))
         return out
 
     def commit_slots(
