@@ -131,6 +131,27 @@ class ArenaMap:
             )
         return self.array[offset : offset + size_bytes]
 
+    def copy_pairs(self, writes: list[tuple[int, memoryview]]) -> list[tuple[memoryview, memoryview]]:
+        """``(arena bytes at offset, value)`` per ``(offset, value)`` write: what
+        ``copy_many`` takes (views of :attr:`view`, one mapping check for the batch).
+
+        Raises:
+            InternalError: a range is outside the arena (a bug or a corrupt response).
+            Unavailable: the mapping was closed meanwhile (the node restarted).
+        """
+        view, size = self.view, self.size_bytes
+        if len(view) != size:
+            raise Unavailable(f"the arena mapping of {self.path} was closed (the node restarted)")
+        out = []
+        for offset, value in writes:
+            end = offset + len(value)
+            if offset < 0 or end > size:
+                raise InternalError(
+                    f"node sent arena range [{offset}, {end}) outside its {size}-byte arena"
+                )
+            out.append((view[offset:end], value))
+        return out
+
     def close(self) -> None:
         """Unmap (deferred to the garbage collector while copies still hold views)."""
         self.array = np.empty(0, dtype=np.uint8)
@@ -470,7 +491,7 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
 def _copy_into_arena(arena: ArenaMap, writes: list[tuple[int, memoryview]], _deadline: float) -> None:
     # No lease check here: the node decides at CommitPut whether the lease held.
     if _hooks._hook is None:  # the whole batch in one call (kvstored.native: C if built)
-        copy_many([(arena.region(offset, len(value)), value) for offset, value in writes])
+        copy_many(arena.copy_pairs(writes))
         _hooks.fire("shm_copy_in_done")
         return
     for k, (offset, value) in enumerate(writes):
@@ -535,37 +556,40 @@ def _put_ahead(
     (they go through ReservePut)."""
     pool = st.slots
     budget = pool.budget_bytes(info.arena_size_bytes)
-    classes = {id(v): size_class(len(v)) for _, _, v, _ in items}
-    if budget <= 0 or sum(classes.values()) > budget:
+    classes = [size_class(len(v)) for _, _, v, _ in items]
+    if budget <= 0 or sum(classes) > budget:
         # a batch larger than the pool: one ReservePut and one CommitPut for all of it cost
         # less than a CommitSlots per pool-sized chunk, each refilling the pool (measured:
         # bench/bench_vllm.py's save of 960 x 192 KiB, 0.10 s against 0.12 s)
         return items
-    pool.note_demand(classes.values(), budget)
+    pool.note_demand(classes, budget)
     session_id = yield Session()
     owner = (session_id, info.epoch)
     rest: list[_Item] = []
-    for chunk in _tail_first(_chunks_by_bytes(items, budget, info.max_batch_keys)):
-        sizes = [classes[id(v)] for _, _, v, _ in chunk]
+    chunks = [items] if len(items) <= info.max_batch_keys else _tail_first(
+        _chunks_by_bytes(items, budget, info.max_batch_keys))  # (the batch fits the budget)
+    for chunk in chunks:
+        sizes = classes if chunk is items else [size_class(len(v)) for _, _, v, _ in chunk]
         if pool.lacks(owner, sizes):  # the first put (of this size): a grant, then the copy
             yield from _commit_slots(st, info, owner, st.namespace_id, [])
         slots = pool.take(owner, sizes)
         writes: list[tuple[int, memoryview]] = []
         named: list[tuple[int, bytes, int, bytes]] = []
         done: list[int] = []
+        num_bytes = 0
         for (i, k, v, m), slot in zip(chunk, slots, strict=True):
             if slot is None:
                 rest.append((i, k, v, m))
                 continue
+            n = len(v)
             writes.append((slot.offset, v))
-            named.append((slot.slot_id, k, len(v), m))
+            named.append((slot.slot_id, k, n, m))
             done.append(i)
+            num_bytes += n
         if not writes:
             continue
         try:
-            yield Blocking(
-                functools.partial(_copy_into_arena, arena, writes), sum(len(v) for _, v in writes)
-            )
+            yield Blocking(functools.partial(_copy_into_arena, arena, writes), num_bytes)
             # the node answers LeaseExpired for a slot whose lease lapsed (nothing stored)
             resp = yield from _commit_slots(st, info, owner, st.namespace_id, named)
         except BaseException:
