@@ -3,8 +3,10 @@
 from collections.abc import Sequence
 from typing import Any
 
-def copy_many(pairs: Sequence[tuple[Any, Any]], threads: int = 0) -> int:
+def copy_many(pairs: Sequence[tuple[Any, Any]], threads: int = 0, stream: bool = False) -> int:
     """memcpy each ``(dst, src)`` buffer pair with the GIL released; returns the bytes copied.
+    ``stream=True``: pieces of 64 KiB and more with non-temporal stores, then an sfence
+    (x86-64; memcpy elsewhere): what a put's copy into the arena asks.
 
     Raises:
         TypeError: a pair is not a ``(dst, src)`` tuple, or ``src`` has no C-contiguous buffer.

@@ -34,13 +34,14 @@ log = structlog.get_logger(__name__)
 CopyPairs = Sequence[tuple[Any, Any]]
 
 
-def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+def py_copy_many(pairs: CopyPairs, threads: int = 0, stream: bool = False) -> int:
     """Copy each ``(dst, src)`` pair, one ``numpy.copyto`` per block (the fallback).
 
     Args:
         pairs: ``(dst, src)`` objects with the buffer protocol: C-contiguous, the same length
             in bytes, ``dst`` writable.
         threads: ignored (accepted for the native signature).
+        stream: ignored (the native copy then uses non-temporal stores for large pieces).
 
     Returns:
         The bytes copied.
@@ -49,7 +50,7 @@ def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
         TypeError: a pair is not a ``(dst, src)`` tuple of buffers.
         ValueError: lengths differ, or ``dst`` is read-only or not C-contiguous.
     """
-    del threads
+    del threads, stream
     flat: list[tuple[np.ndarray, np.ndarray]] = []
     for i, pair in enumerate(pairs):  # all checked before any byte is copied (as in C)
         if not isinstance(pair, tuple) or len(pair) != 2:
@@ -144,7 +145,7 @@ def _load() -> ModuleType | None:
         return None
 
 
-def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+def _fallback_copy_many(pairs: CopyPairs, threads: int = 0, stream: bool = False) -> int:
     """:func:`py_copy_many`, saying once why the native copy is not used: through structlog
     where the process configured it, else stdlib logging at INFO (so a bare client or
     ``kvstorectl`` keeps its stdout clean)."""
@@ -154,7 +155,7 @@ def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
             log.info("native_copy_fallback", reason=reason)
         else:
             logging.getLogger(__name__).info("native_copy_fallback: %s", reason)
-    return py_copy_many(pairs, threads)
+    return py_copy_many(pairs, threads, stream)
 
 
 _native_mod = _load()
@@ -173,7 +174,7 @@ native_copy_many: Callable[..., int] | None = (
 copy_many: Callable[..., int] = (
     native_copy_many if native_copy_many is not None else _fallback_copy_many
 )
-"""``copy_many(pairs, threads=0) -> int``: the native copy when available, else
+"""``copy_many(pairs, threads=0, stream=False) -> int``: the native copy when available, else
 :func:`py_copy_many` (one log line at its first use says why); same arguments, result and
 errors."""
 

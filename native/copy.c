@@ -1,12 +1,14 @@
 /* kvstored._native: copy a batch of blocks between buffers with the GIL released.
  *
- * copy_many(pairs, threads=0) -> int
+ * copy_many(pairs, threads=0, stream=False) -> int
  *     pairs: a sequence of (dst, src) objects with the buffer protocol (dst writable), C
  *     contiguous, len(dst) == len(src). All buffers are acquired first (so no exporter can
  *     resize or close one meanwhile), then the GIL is released and the bytes are copied with
  *     memcpy: by this thread when the batch is small, else by `threads` POSIX threads, each
  *     copying one contiguous share of the batch's bytes (a share may span blocks).
- *     threads=0 picks a quarter of the online CPUs (1 to 4). Returns the bytes copied.
+ *     threads=0 picks a quarter of the online CPUs (1 to 4). stream=True: pieces of 64 KiB
+ *     and more are copied with non-temporal stores (x86-64; memcpy elsewhere), then an
+ *     sfence (a put's copy into the arena: see stream_copy). Returns the bytes copied.
  *     Raises TypeError (not a pair / no buffer), ValueError (length mismatch, read-only dst),
  *     naming the pair's index and what was received.
  *
@@ -19,6 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+#include <emmintrin.h>
+#endif
 
 /* xxHash 0.8.1 (BSD-2-Clause, native/third_party/xxhash/), header-only: the XXH3-128 the
  * Python side computes with the `xxhash` package (kvstored/tiers/slots.py ident). */
@@ -42,9 +47,49 @@ typedef struct {
     size_t nsegs;
     size_t begin; /* byte offset into the concatenation of all segments */
     size_t end;
+    int stream; /* non-temporal stores for pieces of STREAM_MIN_BYTES and more */
 } share_t;
 
-static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end) {
+/* Pieces of at least this many bytes are copied with non-temporal stores when asked
+ * (copy_many(stream=True)): below it the destination's cache lines are cheap to own. */
+#define STREAM_MIN_BYTES (64u << 10)
+
+/* memcpy with non-temporal (streaming) stores on x86-64: the destination's lines are not
+ * read for ownership first nor kept in the cache (a put's blocks are read later, by other
+ * processes, from memory): ~2x memcpy's speed into a shared-memory arena on the 2-core VM
+ * of docs/performance.md. Ends with an sfence, so the bytes are globally visible before any
+ * later store of this thread (the commit that publishes them is sent after the copy
+ * returns). Elsewhere: memcpy. */
+static void stream_copy(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    while (n >= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+        src += 64;
+        dst += 64;
+        n -= 64;
+    }
+    _mm_sfence();
+    memcpy(dst, src, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end, int stream) {
     size_t pos = 0;
     for (size_t i = 0; i < nsegs && pos < end; i++) {
         size_t s0 = pos, s1 = pos + segs[i].len;
@@ -53,13 +98,16 @@ static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end
             continue;
         size_t a = begin > s0 ? begin - s0 : 0;
         size_t b = (end < s1 ? end : s1) - s0;
-        memcpy(segs[i].dst + a, segs[i].src + a, b - a);
+        if (stream && b - a >= STREAM_MIN_BYTES)
+            stream_copy(segs[i].dst + a, segs[i].src + a, b - a);
+        else
+            memcpy(segs[i].dst + a, segs[i].src + a, b - a);
     }
 }
 
 static void *share_main(void *arg) {
     share_t *sh = (share_t *)arg;
-    copy_range(sh->segs, sh->nsegs, sh->begin, sh->end);
+    copy_range(sh->segs, sh->nsegs, sh->begin, sh->end, sh->stream);
     return NULL;
 }
 
@@ -78,9 +126,9 @@ static int default_threads(void) {
     return cached;
 }
 
-static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads) {
+static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads, int stream) {
     if (threads <= 1 || total < THREADED_MIN_BYTES) {
-        copy_range(segs, nsegs, 0, total);
+        copy_range(segs, nsegs, 0, total, stream);
         return;
     }
     size_t step = (total + (size_t)threads - 1) / (size_t)threads;
@@ -90,7 +138,7 @@ static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads)
     int started[MAX_THREADS] = {0};
     int n = 0;
     for (size_t b = 0; b < total && n < threads; b += step, n++)
-        shares[n] = (share_t){segs, nsegs, b, b + step < total ? b + step : total};
+        shares[n] = (share_t){segs, nsegs, b, b + step < total ? b + step : total, stream};
     /* share 0 runs on this thread, the others on new threads; a share whose thread fails
      * to start is copied here too */
     for (int t = 1; t < n; t++)
@@ -105,10 +153,10 @@ static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads)
 }
 
 static PyObject *copy_many(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"pairs", "threads", NULL};
+    static char *kwlist[] = {"pairs", "threads", "stream", NULL};
     PyObject *pairs_obj;
-    int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|i:copy_many", kwlist, &pairs_obj, &threads))
+    int threads = 0, stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ip:copy_many", kwlist, &pairs_obj, &threads, &stream))
         return NULL;
     (void)self;
     if (threads < 0) {
@@ -164,7 +212,7 @@ static PyObject *copy_many(PyObject *self, PyObject *args, PyObject *kwargs) {
         total += (size_t)d->len;
     }
     Py_BEGIN_ALLOW_THREADS
-    copy_all(segs, (size_t)n, total, threads);
+    copy_all(segs, (size_t)n, total, threads, stream);
     Py_END_ALLOW_THREADS
     result = PyLong_FromSize_t(total);
 done:
@@ -1121,7 +1169,7 @@ static PyMethodDef methods[] = {
     {"unindex_many", (PyCFunction)unindex_many, METH_VARARGS,
      "unindex_many(buckets, items) -> int: the node's SlotTable.unindex for a batch."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,
-     "copy_many(pairs, threads=0) -> int: memcpy each (dst, src) pair with the GIL released."},
+     "copy_many(pairs, threads=0, stream=False) -> int: memcpy each (dst, src) pair with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -491,7 +491,9 @@ def _read_shm(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float)
 def _copy_into_arena(arena: ArenaMap, writes: list[tuple[int, memoryview]], _deadline: float) -> None:
     # No lease check here: the node decides at CommitPut whether the lease held.
     if _hooks._hook is None:  # the whole batch in one call (kvstored.native: C if built)
-        copy_many(arena.copy_pairs(writes))
+        # non-temporal stores for large blocks: no read-for-ownership of the arena's lines,
+        # and the cache is left to the process (others read the blocks later, from memory)
+        copy_many(arena.copy_pairs(writes), stream=True)
         _hooks.fire("shm_copy_in_done")
         return
     for k, (offset, value) in enumerate(writes):
