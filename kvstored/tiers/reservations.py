@@ -302,6 +302,8 @@ class Reservations:
                         f"a write of {size} bytes into a slot of {r.size_bytes} bytes (key "
                         f"{key!r:.40}): a slot holds at most its size, under a non-empty key"
                     )
+            if len({r.reservation_id for r, *_ in writes}) != len(writes):
+                raise NotFound("a slot is written twice in one commit: the second is already committed")
             out = [False] * len(writes)
             interner = st.interner
             allocator = dram.allocator
@@ -316,7 +318,7 @@ class Reservations:
             try:
                 for i in range(len(writes) - 1, -1, -1):  # last first: the head ends most recent
                     r, key, size, meta = writes[i]
-                    slot = pending.pop(r.reservation_id)  # _take_pending, summed below
+                    slot = pending.pop(r.reservation_id)  # _take_pending, summed below (checked above)
                     reserved += dram.round_up(slot.size_bytes)
                     unreserved[slot.skey] = unreserved.get(slot.skey, 0) + slot.size_bytes
                     used = dram.round_up(size)

@@ -594,5 +594,12 @@ def test_a_batch_commit_publishes_every_block_and_the_head_ends_most_recent(tmp_
         assert values == [b"\x03" * 102, b"\x02" * 101, b"\x04" * 103]
         order = [sk[-16:] for sk in s._state.dram.entries]
         assert order[-3:] == [key(3), key(1), key(2)]  # committed last first: the head ends latest
+        (r,) = s.reserve_slots(2 * K, 1, namespace_id=NS)  # type: ignore[misc]  # a list here
+        from kvstored.errors import NotFound
+
+        with pytest.raises(NotFound, match="written twice"):
+            s.commit_slots([(r, key(7), 10, b""), (r, key(8), 10, b"")], namespace_id=NS)
+        assert s.exists([key(7), key(8)], namespace_id=NS) == [False, False]  # nothing committed
+        assert s.commit_slots([(r, key(7), 10, b"")], namespace_id=NS) == [True]
     finally:
         s.close()
