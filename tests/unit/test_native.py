@@ -125,3 +125,22 @@ def test_bench_native_rows_have_their_fields() -> None:
         assert {"memcpy_gbps", "fallback_gbps", "native_gbps", "native_1t_gbps",
                 "native_vs_fallback", "native_vs_memcpy"} <= set(row)
         assert row["fallback_gbps"] > 0
+
+
+def test_bench_commit_rows_have_their_fields() -> None:
+    """bench/bench_commit.py (the node's CommitSlots, native and Python publish) runs and
+    commits every write in both rows; no timing asserted."""
+    if native.publish_many is None:
+        pytest.skip("kvstored._native not built")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_commit
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    res = bench_commit.run(batch=4, size=8192, reps=3)
+    assert res["native_built"] is True
+    for row in ("native", "python"):
+        assert {"call_p50_us", "call_p90_us", "call_per_block_us", "store_commit_p50_us",
+                "publish_p50_us"} <= set(res[row])
+        assert res[row]["publish_p50_us"] > 0
+    assert res["python_vs_native_call"] > 0
