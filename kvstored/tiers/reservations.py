@@ -269,21 +269,25 @@ class Reservations:
             info = interner.info(namespace_id, b"")
             isize = interner.size(size)
             pending, ids, arena = st.pending, st.reservation_ids, st.arena
-            try:
+            if base is not None:  # one free extent: no wait, counted once for the batch
                 for k in range(n):
-                    if base is not None:
-                        off = base + k * size
-                    else:
-                        try:
-                            off = self._transit.allocate(size, wait_for_pool=True)
-                        except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
-                            break
+                    off = base + k * size
                     rid = next(ids)
                     pending[rid] = PendingReservation(skey, off, isize, info)
                     out.append(Reservation(SLOT_KEY, off, size, arena[off : off + size], rid))
-            finally:  # counted once for the batch (every slot granted is a reservation)
-                st.reserved_bytes += size * len(out)
-                usage.reserve(tenant, size * len(out))
+                st.reserved_bytes += size * n
+                usage.reserve(tenant, size * n)
+                return out
+            for _ in range(n):  # an eviction per slot (it may wait for the pool: counted as it goes)
+                try:
+                    off = self._transit.allocate(size, wait_for_pool=True)
+                except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
+                    break
+                st.reserved_bytes += size
+                usage.reserve(tenant, size)
+                rid = next(ids)
+                pending[rid] = PendingReservation(skey, off, isize, info)
+                out.append(Reservation(SLOT_KEY, off, size, arena[off : off + size], rid))
         return out
 
     def commit_slots(
