@@ -3,8 +3,10 @@
 from collections.abc import Sequence
 from typing import Any
 
-def copy_many(pairs: Sequence[tuple[Any, Any]], threads: int = 0) -> int:
+def copy_many(pairs: Sequence[tuple[Any, Any]], threads: int = 0, stream: bool = False) -> int:
     """memcpy each ``(dst, src)`` buffer pair with the GIL released; returns the bytes copied.
+    ``stream=True``: pieces of 64 KiB and more with non-temporal stores, then an sfence
+    (x86-64; memcpy elsewhere): what a put's copy into the arena asks.
 
     Raises:
         TypeError: a pair is not a ``(dst, src)`` tuple, or ``src`` has no C-contiguous buffer.
@@ -66,4 +68,25 @@ def read_keys(buckets: Any, slots: Any, arena: Any, prefix: bytes, keys: list[by
     Raises:
         TypeError: a key is not bytes, or ``keys`` / ``dsts`` is not a list.
         ValueError: a buffer is of the wrong kind, or ``dsts`` has another length.
+    """
+
+def publish_many(slots: Any, buckets: Any, items: list[tuple[int, int, bytes, bytes, int, bytes]],
+                 used_buckets: int) -> int:
+    """The node's ``SlotTable.publish`` per ``(slot, size_bytes, namespace_id, key, generation,
+    meta)`` item, in order (header odd, fields, even; then its index bucket, under its
+    version); returns the buckets in use after.
+
+    Raises:
+        TypeError: ``items`` is not a list, or an item not such a tuple.
+        ValueError: a buffer is of the wrong kind, a slot outside the table, a namespace id
+            longer than 255 bytes (nothing is written then).
+    """
+
+def unindex_many(buckets: Any, items: list[tuple[bytes, bytes]]) -> int:
+    """The node's ``SlotTable.unindex`` per ``(namespace_id, key)`` item (backward-shift
+    deletion, every bucket write under its version); returns the buckets freed.
+
+    Raises:
+        TypeError: ``items`` is not a list of ``(bytes, bytes)`` tuples.
+        ValueError: ``buckets`` is of the wrong kind.
     """

@@ -25,8 +25,8 @@ import structlog
 
 __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
-    "native_copy_many", "probe_keys", "probe_many", "py_copy_checked", "py_copy_checked_many", "py_copy_many",
-    "py_store_release", "read_keys", "store_release", "master_index",
+    "master_index", "native_copy_many", "probe_keys", "probe_many", "publish_many", "py_copy_checked",
+    "py_copy_checked_many", "py_copy_many", "py_store_release", "read_keys", "store_release", "unindex_many",
 ]
 
 log = structlog.get_logger(__name__)
@@ -34,13 +34,14 @@ log = structlog.get_logger(__name__)
 CopyPairs = Sequence[tuple[Any, Any]]
 
 
-def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+def py_copy_many(pairs: CopyPairs, threads: int = 0, stream: bool = False) -> int:
     """Copy each ``(dst, src)`` pair, one ``numpy.copyto`` per block (the fallback).
 
     Args:
         pairs: ``(dst, src)`` objects with the buffer protocol: C-contiguous, the same length
             in bytes, ``dst`` writable.
         threads: ignored (accepted for the native signature).
+        stream: ignored (the native copy then uses non-temporal stores for large pieces).
 
     Returns:
         The bytes copied.
@@ -49,7 +50,7 @@ def py_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
         TypeError: a pair is not a ``(dst, src)`` tuple of buffers.
         ValueError: lengths differ, or ``dst`` is read-only or not C-contiguous.
     """
-    del threads
+    del threads, stream
     flat: list[tuple[np.ndarray, np.ndarray]] = []
     for i, pair in enumerate(pairs):  # all checked before any byte is copied (as in C)
         if not isinstance(pair, tuple) or len(pair) != 2:
@@ -144,7 +145,7 @@ def _load() -> ModuleType | None:
         return None
 
 
-def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
+def _fallback_copy_many(pairs: CopyPairs, threads: int = 0, stream: bool = False) -> int:
     """:func:`py_copy_many`, saying once why the native copy is not used: through structlog
     where the process configured it, else stdlib logging at INFO (so a bare client or
     ``kvstorectl`` keeps its stdout clean)."""
@@ -154,7 +155,7 @@ def _fallback_copy_many(pairs: CopyPairs, threads: int = 0) -> int:
             log.info("native_copy_fallback", reason=reason)
         else:
             logging.getLogger(__name__).info("native_copy_fallback: %s", reason)
-    return py_copy_many(pairs, threads)
+    return py_copy_many(pairs, threads, stream)
 
 
 _native_mod = _load()
@@ -173,7 +174,7 @@ native_copy_many: Callable[..., int] | None = (
 copy_many: Callable[..., int] = (
     native_copy_many if native_copy_many is not None else _fallback_copy_many
 )
-"""``copy_many(pairs, threads=0) -> int``: the native copy when available, else
+"""``copy_many(pairs, threads=0, stream=False) -> int``: the native copy when available, else
 :func:`py_copy_many` (one log line at its first use says why); same arguments, result and
 errors."""
 
@@ -216,6 +217,15 @@ read_keys: Callable[..., Any] | None = getattr(_native_mod, "read_keys", None)
 one-sided reads (hash, probe, header check, stamp, copy, re-check) in one C call, the GIL
 released once (kvstored/tiers/slots.py ``SlotReader.read_keys``); None when not built:
 ``slots.py_read_keys`` runs instead."""
+
+publish_many: Callable[..., int] | None = getattr(_native_mod, "publish_many", None)
+"""``publish_many(slots, buckets, items, used_buckets) -> int``: the node's slot-header
+stamping and index inserts of a batch of commits in one C call (kvstored/tiers/slots.py
+``SlotTable.publish_many``); None when not built: ``SlotTable.publish`` runs per block."""
+
+unindex_many: Callable[..., int] | None = getattr(_native_mod, "unindex_many", None)
+"""``unindex_many(buckets, items) -> int``: the node's index deletions (backward shift) of
+``(namespace_id, key)`` items in one C call (``SlotTable.unindex``); None when not built."""
 
 
 def _load_master() -> ModuleType | None:

@@ -1,12 +1,14 @@
 /* kvstored._native: copy a batch of blocks between buffers with the GIL released.
  *
- * copy_many(pairs, threads=0) -> int
+ * copy_many(pairs, threads=0, stream=False) -> int
  *     pairs: a sequence of (dst, src) objects with the buffer protocol (dst writable), C
  *     contiguous, len(dst) == len(src). All buffers are acquired first (so no exporter can
  *     resize or close one meanwhile), then the GIL is released and the bytes are copied with
  *     memcpy: by this thread when the batch is small, else by `threads` POSIX threads, each
  *     copying one contiguous share of the batch's bytes (a share may span blocks).
- *     threads=0 picks a quarter of the online CPUs (1 to 4). Returns the bytes copied.
+ *     threads=0 picks a quarter of the online CPUs (1 to 4). stream=True: pieces of 64 KiB
+ *     and more are copied with non-temporal stores (x86-64; memcpy elsewhere), then an
+ *     sfence (a put's copy into the arena: see stream_copy). Returns the bytes copied.
  *     Raises TypeError (not a pair / no buffer), ValueError (length mismatch, read-only dst),
  *     naming the pair's index and what was received.
  *
@@ -19,6 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+#include <emmintrin.h>
+#endif
 
 /* xxHash 0.8.1 (BSD-2-Clause, native/third_party/xxhash/), header-only: the XXH3-128 the
  * Python side computes with the `xxhash` package (kvstored/tiers/slots.py ident). */
@@ -42,9 +47,49 @@ typedef struct {
     size_t nsegs;
     size_t begin; /* byte offset into the concatenation of all segments */
     size_t end;
+    int stream; /* non-temporal stores for pieces of STREAM_MIN_BYTES and more */
 } share_t;
 
-static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end) {
+/* Pieces of at least this many bytes are copied with non-temporal stores when asked
+ * (copy_many(stream=True)): below it the destination's cache lines are cheap to own. */
+#define STREAM_MIN_BYTES (64u << 10)
+
+/* memcpy with non-temporal (streaming) stores on x86-64: the destination's lines are not
+ * read for ownership first nor kept in the cache (a put's blocks are read later, by other
+ * processes, from memory): ~2x memcpy's speed into a shared-memory arena on the 2-core VM
+ * of docs/performance.md. Ends with an sfence, so the bytes are globally visible before any
+ * later store of this thread (the commit that publishes them is sent after the copy
+ * returns). Elsewhere: memcpy. */
+static void stream_copy(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    while (n >= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+        src += 64;
+        dst += 64;
+        n -= 64;
+    }
+    _mm_sfence();
+    memcpy(dst, src, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end, int stream) {
     size_t pos = 0;
     for (size_t i = 0; i < nsegs && pos < end; i++) {
         size_t s0 = pos, s1 = pos + segs[i].len;
@@ -53,13 +98,16 @@ static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end
             continue;
         size_t a = begin > s0 ? begin - s0 : 0;
         size_t b = (end < s1 ? end : s1) - s0;
-        memcpy(segs[i].dst + a, segs[i].src + a, b - a);
+        if (stream && b - a >= STREAM_MIN_BYTES)
+            stream_copy(segs[i].dst + a, segs[i].src + a, b - a);
+        else
+            memcpy(segs[i].dst + a, segs[i].src + a, b - a);
     }
 }
 
 static void *share_main(void *arg) {
     share_t *sh = (share_t *)arg;
-    copy_range(sh->segs, sh->nsegs, sh->begin, sh->end);
+    copy_range(sh->segs, sh->nsegs, sh->begin, sh->end, sh->stream);
     return NULL;
 }
 
@@ -78,9 +126,9 @@ static int default_threads(void) {
     return cached;
 }
 
-static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads) {
+static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads, int stream) {
     if (threads <= 1 || total < THREADED_MIN_BYTES) {
-        copy_range(segs, nsegs, 0, total);
+        copy_range(segs, nsegs, 0, total, stream);
         return;
     }
     size_t step = (total + (size_t)threads - 1) / (size_t)threads;
@@ -90,7 +138,7 @@ static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads)
     int started[MAX_THREADS] = {0};
     int n = 0;
     for (size_t b = 0; b < total && n < threads; b += step, n++)
-        shares[n] = (share_t){segs, nsegs, b, b + step < total ? b + step : total};
+        shares[n] = (share_t){segs, nsegs, b, b + step < total ? b + step : total, stream};
     /* share 0 runs on this thread, the others on new threads; a share whose thread fails
      * to start is copied here too */
     for (int t = 1; t < n; t++)
@@ -105,10 +153,10 @@ static void copy_all(const seg_t *segs, size_t nsegs, size_t total, int threads)
 }
 
 static PyObject *copy_many(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"pairs", "threads", NULL};
+    static char *kwlist[] = {"pairs", "threads", "stream", NULL};
     PyObject *pairs_obj;
-    int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|i:copy_many", kwlist, &pairs_obj, &threads))
+    int threads = 0, stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ip:copy_many", kwlist, &pairs_obj, &threads, &stream))
         return NULL;
     (void)self;
     if (threads < 0) {
@@ -164,7 +212,7 @@ static PyObject *copy_many(PyObject *self, PyObject *args, PyObject *kwargs) {
         total += (size_t)d->len;
     }
     Py_BEGIN_ALLOW_THREADS
-    copy_all(segs, (size_t)n, total, threads);
+    copy_all(segs, (size_t)n, total, threads, stream);
     Py_END_ALLOW_THREADS
     result = PyLong_FromSize_t(total);
 done:
@@ -853,6 +901,256 @@ static PyObject *store_release(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- the node's side of the slot region: the only writer of headers and of the index --------- */
+
+/* The node's version store (as store_release): a release store, then a full fence, so the
+ * stores that follow (a header's or bucket's fields) are ordered after an odd version, and the
+ * fields before an even one. */
+static inline void version_store(uint64_t *p, uint64_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* ident(namespace_id, key) of kvstored/tiers/slots.py: xxh3_128(u8 len(ns) + ns + key). */
+static void ident_ns(const char *ns, size_t nslen, const char *key, size_t klen, uint64_t *lo, uint64_t *hi) {
+    char prefix[256];
+    prefix[0] = (char)(unsigned char)nslen;
+    memcpy(prefix + 1, ns, nslen);
+    ident_of(prefix, nslen + 1, key, klen, lo, hi);
+}
+
+/* SlotTable._write_bucket: bucket i odd, its fields, then even (two versions on). */
+static void bucket_write(uint64_t *bk, size_t i, uint64_t lo, uint64_t hi, uint64_t slot1) {
+    uint64_t *row = bk + 4 * i;
+    uint64_t v = __atomic_load_n(&row[0], __ATOMIC_RELAXED);
+    version_store(&row[0], v + 1);
+    __atomic_store_n(&row[1], lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&row[2], hi, __ATOMIC_RELAXED);
+    __atomic_store_n(&row[3], slot1, __ATOMIC_RELAXED);
+    version_store(&row[0], v + 2);
+}
+
+/* SlotTable._find: the bucket holding (lo, hi), or -1 (an empty bucket ends the probe). */
+static int64_t bucket_find(const uint64_t *bk, size_t nb, uint64_t lo, uint64_t hi) {
+    size_t i = (size_t)(lo & (nb - 1));
+    for (size_t step = 0; step < nb; step++, i = (i + 1) & (nb - 1)) {
+        const uint64_t *row = bk + 4 * i;
+        if (row[3] == 0)
+            return -1;
+        if (row[1] == lo && row[2] == hi)
+            return (int64_t)i;
+    }
+    return -1;
+}
+
+typedef struct {
+    size_t slot;
+    uint64_t size, generation;
+    const char *ns, *key, *meta;
+    size_t nslen, klen, mlen;
+} pub_t;
+
+/* publish_many(slots, buckets, items, used_buckets) -> int
+ *     SlotTable.publish of kvstored/tiers/slots.py for a batch, in order, byte for byte the
+ *     same stores: per item (slot, size_bytes, namespace_id, key, generation, meta) the slot
+ *     header is made odd (if it was even), its words 1..7 written (generation mod 2**64, the
+ *     ident, the size, access_ns 0, key_len | meta_len << 32 or META_NOT_INLINE, 0) and the
+ *     inline meta (zero-padded to 64 bytes; left alone when longer), then made even (the next
+ *     even version); then its (namespace, key) is indexed (an existing bucket rewritten, else
+ *     the first empty one of its probe sequence, unless that would fill more than 3/4 of the
+ *     buckets). Every version store is a release store and a full fence. Returns the buckets
+ *     in use after (used_buckets plus those taken). Every item is checked before any store:
+ *     TypeError / ValueError name the item and what was wrong. The GIL is held (short). */
+static PyObject *publish_many(PyObject *self, PyObject *args) {
+    PyObject *s_o, *b_o, *items_o;
+    Py_ssize_t used;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOn:publish_many", &s_o, &b_o, &items_o, &used))
+        return NULL;
+    if (!PyList_Check(items_o)) {
+        PyErr_Format(PyExc_TypeError, "publish_many: items must be a list, got %.100s", Py_TYPE(items_o)->tp_name);
+        return NULL;
+    }
+    Py_buffer s = {0}, b = {0};
+    pub_t *pub = NULL;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(s_o, &s, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(b_o, &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "publish_many: slots and buckets must be writable C-contiguous buffers");
+        goto done;
+    }
+    size_t ns = (size_t)s.len / 128, nb = (size_t)b.len / 32;
+    if (nb == 0 || (nb & (nb - 1)) != 0 || ((uintptr_t)b.buf & 7) || ((uintptr_t)s.buf & 7)) {
+        PyErr_Format(PyExc_ValueError, "publish_many: buckets must hold a power of two of 32-byte buckets "
+                     "(got %zd bytes) and be 8-aligned, as slots", b.len);
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items_o);
+    pub = PyMem_Malloc((size_t)(n + 1) * sizeof(pub_t));
+    if (pub == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) { /* every item checked before any store */
+        PyObject *it = PyList_GET_ITEM(items_o, k);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 6) {
+            PyErr_Format(PyExc_TypeError, "publish_many: item #%zd must be a tuple (slot, size_bytes, namespace_id, "
+                         "key, generation, meta), got %.100s", k, Py_TYPE(it)->tp_name);
+            goto done;
+        }
+        PyObject *nso = PyTuple_GET_ITEM(it, 2), *ko = PyTuple_GET_ITEM(it, 3), *mo = PyTuple_GET_ITEM(it, 5);
+        if (!PyBytes_Check(nso) || !PyBytes_Check(ko) || !PyBytes_Check(mo)) {
+            PyErr_Format(PyExc_TypeError, "publish_many: item #%zd: namespace_id, key and meta must be bytes", k);
+            goto done;
+        }
+        Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 0));
+        unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 1));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "publish_many: item #%zd: slot and size_bytes must be ints >= 0", k);
+            goto done;
+        }
+        unsigned long long gen = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(it, 4));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "publish_many: item #%zd: generation must be an int", k);
+            goto done;
+        }
+        if (slot < 0 || (size_t)slot >= ns) {
+            PyErr_Format(PyExc_ValueError, "publish_many: item #%zd: slot %zd outside the %zu slots", k, slot, ns);
+            goto done;
+        }
+        if (PyBytes_GET_SIZE(nso) > 255 || PyBytes_GET_SIZE(ko) > 0xFFFFFFFFLL) {
+            PyErr_Format(PyExc_ValueError, "publish_many: item #%zd: namespace_id is %zd bytes (at most 255)", k,
+                         PyBytes_GET_SIZE(nso));
+            goto done;
+        }
+        pub[k] = (pub_t){(size_t)slot, size, gen, PyBytes_AS_STRING(nso), PyBytes_AS_STRING(ko),
+                         PyBytes_AS_STRING(mo), (size_t)PyBytes_GET_SIZE(nso), (size_t)PyBytes_GET_SIZE(ko),
+                         (size_t)PyBytes_GET_SIZE(mo)};
+    }
+    {
+        uint64_t *sw = (uint64_t *)s.buf, *bk = (uint64_t *)b.buf;
+        size_t full = nb * 3 / 4;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            const pub_t *p = &pub[k];
+            uint64_t *h = sw + 16 * p->slot;
+            uint64_t v = __atomic_load_n(&h[0], __ATOMIC_RELAXED);
+            if (!(v & 1)) {
+                v += 1;
+                version_store(&h[0], v);
+            }
+            uint64_t lo, hi;
+            ident_ns(p->ns, p->nslen, p->key, p->klen, &lo, &hi);
+            int inline_meta = p->mlen <= 64;
+            __atomic_store_n(&h[1], p->generation, __ATOMIC_RELAXED);
+            __atomic_store_n(&h[2], lo, __ATOMIC_RELAXED);
+            __atomic_store_n(&h[3], hi, __ATOMIC_RELAXED);
+            __atomic_store_n(&h[4], p->size, __ATOMIC_RELAXED);
+            __atomic_store_n(&h[5], 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&h[6], (uint64_t)p->klen | ((uint64_t)(inline_meta ? p->mlen : 0xFFFFFFFFu) << 32),
+                             __ATOMIC_RELAXED);
+            __atomic_store_n(&h[7], 0, __ATOMIC_RELAXED);
+            if (inline_meta) {
+                char *m = (char *)(h + 8);
+                memcpy(m, p->meta, p->mlen);
+                memset(m + p->mlen, 0, 64 - p->mlen);
+            }
+            version_store(&h[0], v + 1);
+            /* SlotTable._index_put */
+            int64_t at = bucket_find(bk, nb, lo, hi);
+            if (at < 0) {
+                if ((size_t)used + 1 > full)
+                    continue; /* full (cannot happen: twice as many buckets as slots): node path */
+                size_t i = (size_t)(lo & (nb - 1));
+                while (bk[4 * i + 3] != 0)
+                    i = (i + 1) & (nb - 1);
+                at = (int64_t)i;
+                used++;
+            }
+            bucket_write(bk, (size_t)at, lo, hi, (uint64_t)p->slot + 1);
+        }
+        result = PyLong_FromSsize_t(used);
+    }
+done:
+    PyMem_Free(pub);
+    if (s.obj) PyBuffer_Release(&s);
+    if (b.obj) PyBuffer_Release(&b);
+    return result;
+}
+
+/* unindex_many(buckets, items) -> int
+ *     SlotTable.unindex of kvstored/tiers/slots.py for a batch, in order: per item
+ *     (namespace_id, key) its bucket, if any, leaves the index by backward-shift deletion
+ *     (linear probing), every step a bucket write under its version (odd, fields, even), the
+ *     same stores as the Python code. Returns how many buckets were freed. TypeError /
+ *     ValueError name an item of the wrong kind (checked before any store). */
+static PyObject *unindex_many(PyObject *self, PyObject *args) {
+    PyObject *b_o, *items_o;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO:unindex_many", &b_o, &items_o))
+        return NULL;
+    if (!PyList_Check(items_o)) {
+        PyErr_Format(PyExc_TypeError, "unindex_many: items must be a list, got %.100s", Py_TYPE(items_o)->tp_name);
+        return NULL;
+    }
+    Py_buffer b = {0};
+    if (PyObject_GetBuffer(b_o, &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "unindex_many: buckets must be a writable C-contiguous buffer");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    size_t nb = (size_t)b.len / 32;
+    if (nb == 0 || (nb & (nb - 1)) != 0 || ((uintptr_t)b.buf & 7)) {
+        PyErr_Format(PyExc_ValueError, "unindex_many: buckets must hold a power of two of 32-byte buckets "
+                     "(got %zd bytes) and be 8-aligned", b.len);
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items_o);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *it = PyList_GET_ITEM(items_o, k);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(it, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(it, 1)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(it, 0)) > 255) {
+            PyErr_Format(PyExc_TypeError, "unindex_many: item #%zd must be a (namespace_id, key) tuple of bytes "
+                         "(a namespace_id of at most 255 bytes), got %.100s", k, Py_TYPE(it)->tp_name);
+            goto done;
+        }
+    }
+    {
+        uint64_t *bk = (uint64_t *)b.buf;
+        size_t mask = nb - 1, freed = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *it = PyList_GET_ITEM(items_o, k);
+            PyObject *nso = PyTuple_GET_ITEM(it, 0), *ko = PyTuple_GET_ITEM(it, 1);
+            uint64_t lo, hi;
+            ident_ns(PyBytes_AS_STRING(nso), (size_t)PyBytes_GET_SIZE(nso), PyBytes_AS_STRING(ko),
+                     (size_t)PyBytes_GET_SIZE(ko), &lo, &hi);
+            int64_t at = bucket_find(bk, nb, lo, hi);
+            if (at < 0)
+                continue;
+            size_t i = (size_t)at, j = i;
+            for (;;) { /* SlotTable._delete */
+                j = (j + 1) & mask;
+                if (bk[4 * j + 3] == 0)
+                    break;
+                size_t home = (size_t)(bk[4 * j + 1] & mask);
+                if ((i <= j && (home <= i || home > j)) || (i > j && home <= i && home > j)) {
+                    bucket_write(bk, i, bk[4 * j + 1], bk[4 * j + 2], bk[4 * j + 3]);
+                    i = j;
+                }
+            }
+            bucket_write(bk, i, 0, 0, 0);
+            freed++;
+        }
+        result = PyLong_FromSize_t(freed);
+    }
+done:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_checked", (PyCFunction)copy_checked, METH_VARARGS,
      "copy_checked(dst, src, versions, index, expected) -> bool: a version-checked one-sided copy."},
@@ -866,8 +1164,12 @@ static PyMethodDef methods[] = {
      "read_keys(buckets, slots, arena, prefix, keys, dsts, stamp_ns) -> (sizes, metas, values, num_fallbacks)."},
     {"store_release", (PyCFunction)store_release, METH_VARARGS,
      "store_release(versions, index, value): release-store a u64 slot version, then fence."},
+    {"publish_many", (PyCFunction)publish_many, METH_VARARGS,
+     "publish_many(slots, buckets, items, used_buckets) -> int: the node's SlotTable.publish for a batch."},
+    {"unindex_many", (PyCFunction)unindex_many, METH_VARARGS,
+     "unindex_many(buckets, items) -> int: the node's SlotTable.unindex for a batch."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,
-     "copy_many(pairs, threads=0) -> int: memcpy each (dst, src) pair with the GIL released."},
+     "copy_many(pairs, threads=0, stream=False) -> int: memcpy each (dst, src) pair with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

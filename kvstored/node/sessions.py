@@ -74,7 +74,7 @@ import os
 import secrets
 import threading
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -322,6 +322,25 @@ class LeaseBook:
                     out[lease.num_bytes] = out.get(lease.num_bytes, 0) + 1
         return out
 
+    def held_of(self, session_id: int, kind: str) -> tuple[int, dict[int, int]]:
+        """``(held_bytes, held_sizes)`` of the session's ``kind`` leases in one pass under
+        one lock (what :meth:`held_bytes` and :meth:`held_sizes` answer)."""
+        sizes: dict[int, int] = {}
+        with self._lock:
+            sess = self._sessions.get(session_id)
+            if sess is None:
+                return 0, sizes
+            total = 0
+            leases = self._leases
+            for i in sess.active:
+                lease = leases[i]
+                if lease.kind == kind:
+                    n = lease.num_bytes
+                    total += n
+                    sizes[n] = sizes.get(n, 0) + 1
+            total += sum(x.num_bytes for x in sess.quarantine.values() if x.kind == kind)
+        return total, sizes
+
     def release_orphans(self, session_id: int, request_ids: list[int]) -> list[Lease]:
         """The client never received the answers to these requests: free what they granted.
 
@@ -375,28 +394,39 @@ class LeaseBook:
 
         ``session_id``: only a lease of that session is taken (another's is UNKNOWN)."""
         with self._lock:
-            lease = self._leases.get(lease_id) or self._quarantined.get(lease_id)
-            if session_id is not None and lease is not None and lease.session_id != session_id:
-                return LeaseState.UNKNOWN, None
-            lease = self._leases.get(lease_id)
-            if lease is not None and lease.kind == kind:
-                del self._leases[lease_id]
-                self._num_active[kind] -= 1
-                sess = self._sessions[lease.session_id]
-                sess.active.discard(lease_id)
-                sess.by_request.pop(lease.request_id, None)
-                return LeaseState.HELD, lease
-            lease = self._quarantined.get(lease_id)
-            if lease is not None and lease.kind == kind:
-                del self._quarantined[lease_id]
-                sess = self._sessions[lease.session_id]
-                del sess.quarantine[lease_id]
-                sess.quarantined_bytes -= lease.num_bytes
-                sess.by_request.pop(lease.request_id, None)
-                self._remember_expired(lease)
-                return LeaseState.QUARANTINED, lease
-            if self._expired.get(lease_id) == kind:
-                return LeaseState.EXPIRED, None
+            return self._take_locked(kind, lease_id, session_id)
+
+    def take_many(self, kind: str, lease_ids: Sequence[int], session_id: int | None = None
+                  ) -> list[tuple[LeaseState, Lease | None]]:
+        """:meth:`take` of each lease id, in order, under one lock (a batch of acks)."""
+        with self._lock:
+            return [self._take_locked(kind, i, session_id) for i in lease_ids]
+
+    def _take_locked(self, kind: str, lease_id: int, session_id: int | None
+                     ) -> tuple[LeaseState, Lease | None]:
+        """The body of :meth:`take` (lock held)."""
+        lease = self._leases.get(lease_id) or self._quarantined.get(lease_id)
+        if session_id is not None and lease is not None and lease.session_id != session_id:
+            return LeaseState.UNKNOWN, None
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.kind == kind:
+            del self._leases[lease_id]
+            self._num_active[kind] -= 1
+            sess = self._sessions[lease.session_id]
+            sess.active.discard(lease_id)
+            sess.by_request.pop(lease.request_id, None)
+            return LeaseState.HELD, lease
+        lease = self._quarantined.get(lease_id)
+        if lease is not None and lease.kind == kind:
+            del self._quarantined[lease_id]
+            sess = self._sessions[lease.session_id]
+            del sess.quarantine[lease_id]
+            sess.quarantined_bytes -= lease.num_bytes
+            sess.by_request.pop(lease.request_id, None)
+            self._remember_expired(lease)
+            return LeaseState.QUARANTINED, lease
+        if self._expired.get(lease_id) == kind:
+            return LeaseState.EXPIRED, None
         return LeaseState.UNKNOWN, None
 
     def quarantine_lapsed(self) -> list[Lease]:

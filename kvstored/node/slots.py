@@ -34,11 +34,11 @@ Thread-safe (the lease book and the store are).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvstored.errors import InvalidArgument, KvstoredError, LeaseExpired, NotFound
 from kvstored.node.grants import require_session
+from kvstored.node.limits import MAX_META_BYTES
 from kvstored.node.local_put import EXISTED, STORED
 from kvstored.node.sessions import LeaseState
 from kvstored.tiers.base import NEEDS_IO
@@ -56,9 +56,9 @@ MAX_WANTS = 8
 """Most slot sizes one request may ask for."""
 
 
-@dataclass(frozen=True, slots=True)
-class GrantedSlot:
-    """A slot handed to a client: write at ``offset``, at most ``size_bytes`` bytes."""
+class GrantedSlot(NamedTuple):
+    """A slot handed to a client: write at ``offset``, at most ``size_bytes`` bytes (a named
+    tuple: a CommitSlots grants one per block of the next put)."""
 
     slot_id: int
     offset: int
@@ -160,8 +160,10 @@ class SlotGrants:
                 self._store.abort(lease.items[0])  # type: ignore[arg-type]  # a slot lease holds its Reservation first
         out: list[PutOutcome] = [EXISTED] * len(writes)
         todo: list[tuple[int, tuple[Reservation, bytes, int, bytes]]] = []
-        for i, (sid, key, size, meta) in enumerate(writes):
-            state, lease = leases.take(SLOT, sid, session_id)
+        cfg = limits.cfg
+        key_lo, key_hi = max(cfg.min_key_bytes, 1), cfg.max_key_bytes
+        taken = leases.take_many(SLOT, [w[0] for w in writes], session_id)  # one lock
+        for i, ((sid, key, size, meta), (state, lease)) in enumerate(zip(writes, taken, strict=True)):
             if state is LeaseState.UNKNOWN:
                 out[i] = PutOutcome(False, limits.count_item_error(NotFound(
                     f"write #{i}: slot {sid} is unknown to session {session_id} (already "
@@ -176,7 +178,9 @@ class SlotGrants:
                 continue
             slot, slot_ns = lease.items
             assert isinstance(slot, Reservation)
-            err: KvstoredError | None = limits.put_item_error(i, key, size, meta)
+            err: KvstoredError | None = None
+            if not (key_lo <= len(key) <= key_hi and size <= max_block and len(meta) <= MAX_META_BYTES):
+                err = limits.put_item_error(i, key, size, meta)  # names what is wrong
             if err is None and slot_ns != namespace_id:
                 err = InvalidArgument(f"write #{i}: slot {sid} was granted for another namespace")
             if err is None and size > slot.size_bytes:
@@ -210,10 +214,9 @@ class SlotGrants:
         return need > 0 and need > self._store.dram_largest_free_bytes()
 
     def _lacking(self, session_id: int, want: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-        held_bytes = self._leases.held_bytes(session_id, SLOT)
+        held_bytes, held = self._leases.held_of(session_id, SLOT)  # one pass, one lock
         room = self.budget_bytes - held_bytes
         out: list[tuple[int, int]] = []
-        held = self._leases.held_sizes(session_id, SLOT)
         for size, num in want:
             size = self._store.dram_round_up(size)
             n = max(0, min(num - held.get(size, 0), room // size if size else 0))

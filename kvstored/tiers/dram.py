@@ -33,6 +33,7 @@ from typing import Protocol
 import structlog
 from sortedcontainers import SortedKeyList
 
+from kvstored import native
 from kvstored.native import store_release
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
 from kvstored.tiers.slots import Layout, SlotTable
@@ -280,7 +281,9 @@ class DramArena:
                 raise
             os.close(fd)
             self.path = path
-        self.slot_table = SlotTable(self._mmap, self.layout, store=store_release)
+        self.slot_table = SlotTable(self._mmap, self.layout, store=store_release,
+                                    native_publish=native.publish_many,
+                                    native_unindex=native.unindex_many)
         """The node's writer of the version-stamped slot headers and the shared index."""
         self._full_view = memoryview(self._mmap)
         self.view = self._full_view[:size]
@@ -404,16 +407,46 @@ class DramTier:
         """Arena bytes a block of ``size_bytes`` occupies."""
         return self.allocator.round_up(size_bytes)
 
-    def add(self, skey: bytes, entry: DramEntry) -> None:
+    def add(self, skey: bytes, entry: DramEntry, *, publish: bool = True) -> None:
         """Index a committed block as the most recent (its space is already allocated).
 
         Publishes it to one-sided readers: its slot header is stamped and made even and the
-        shared index maps its (stored namespace id, key) to it (kvstored/tiers/slots.py)."""
+        shared index maps its (stored namespace id, key) to it (kvstored/tiers/slots.py).
+        ``publish=False``: not yet; the caller passes the entry to :meth:`publish` before it
+        releases the store lock (a batch of commits publishes in one native call). Until
+        then one-sided readers miss it (they ask the node, which finds it in the map)."""
         entry.skey = skey
         self.entries[skey] = entry
         self.by_offset.add(entry)
-        self.arena.slot_table.publish(entry.offset, entry.size_bytes, entry.info[0],
-                                      skey[_TAG_BYTES:], entry.generation, entry.info[1])
+        if publish:
+            self.arena.slot_table.publish(entry.offset, entry.size_bytes, entry.info[0],
+                                          skey[_TAG_BYTES:], entry.generation, entry.info[1])
+
+    def add_many(self, items: list[tuple[bytes, DramEntry]]) -> None:
+        """:meth:`add` of each ``(skey, entry)`` (distinct keys not in the map), in order, the
+        last most recent, then one :meth:`publish` of them all (a batch of commits)."""
+        for skey, entry in items:
+            entry.skey = skey
+        entries = self.entries
+        add_new = getattr(entries, "add_new", None)  # the store's observed map (feed.py)
+        if add_new is not None:
+            add_new(items)
+        else:
+            for skey, entry in items:
+                entries[skey] = entry
+        add = self.by_offset.add
+        for _, entry in items:
+            add(entry)
+        self.publish([e for _, e in items])
+
+    def publish(self, entries: list[DramEntry]) -> None:
+        """Publish entries added with ``publish=False``, in order (store lock held; see
+        :meth:`add`): ``SlotTable.publish_many``, one native call when built."""
+        if entries:
+            self.arena.slot_table.publish_many([
+                (e.offset, e.size_bytes, e.info[0], e.skey[_TAG_BYTES:], e.generation, e.info[1])
+                for e in entries
+            ])
 
     def forget(self, skey: bytes) -> DramEntry:
         """Drop a block from the index but keep its space allocated (a demotion still reads

@@ -58,7 +58,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from kvstored.errors import InvalidArgument
-from kvstored.tiers.ssd_format import split_store_key
+from kvstored.tiers.ssd_format import _TAG_BYTES, split_store_key
 
 if TYPE_CHECKING:
     from kvstored.tiers.tenants import TenantUsage
@@ -131,6 +131,29 @@ class ChangeFeed:
                 entry.generation = self._next_generation
                 self._next_generation += 1
         return entry.generation
+
+    def stamp_many(self, entries: Iterable[_Sized]) -> None:
+        """:meth:`stamp` of each entry, in order, under one lock."""
+        with self._lock:
+            for entry in entries:
+                if not entry.generation:
+                    entry.generation = self._next_generation
+                    self._next_generation += 1
+
+    def record_added(self, tier: int, items: Iterable[tuple[bytes, int, int, bool]]) -> None:
+        """:meth:`record` of an addition per ``(skey, size_bytes, generation, copy)``, in
+        order, under one lock (the same queue, counts and overflow as one call each)."""
+        with self._lock:
+            for skey, size_bytes, generation, copy in items:
+                self.num_recorded += 1
+                if self._resync:
+                    continue
+                if len(self._queue) >= self.max_events:
+                    self._queue.clear()
+                    self._resync = True
+                    self.num_overflows += 1
+                    continue
+                self._queue.append((True, skey, tier, size_bytes, generation, copy))
 
     def record(self, added: bool, skey: bytes, tier: int, size_bytes: int,
                generation: int = 0, copy: bool = False) -> None:
@@ -239,6 +262,31 @@ class ObservedEntries(OrderedDict[bytes, Any]):
             self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
             if usage is not None:
                 usage.count(key, self._tier, value.size_bytes)
+
+    def add_new(self, items: list[tuple[bytes, _Sized]]) -> None:
+        """Set each ``(key, value)``, in order, as ``self[key] = value`` does (stamped,
+        recorded, counted), for keys not in the map (a batch of commits: one feed lock for
+        the stamps, one for the records, one usage count per namespace). A key that is in
+        the map already, or twice in ``items``, takes the one-by-one path."""
+        if any(k in self for k, _ in items) or len({k for k, _ in items}) != len(items):
+            for k, v in items:
+                self[k] = v
+            return
+        feed, tier, copies = self._feed, self._tier, self.copies
+        feed.stamp_many(v for _, v in items)
+        for k, v in items:
+            OrderedDict.__setitem__(self, k, v)
+        feed.record_added(tier, [(k, v.size_bytes, v.generation, copies is not None and k in copies)
+                                 for k, v in items])
+        usage = self._usage
+        if usage is not None:
+            by_tag: dict[bytes, tuple[bytes, int]] = {}  # namespace tag -> (a key of it, bytes)
+            for k, v in items:
+                tag = k[:_TAG_BYTES]
+                first, n = by_tag.get(tag, (k, 0))
+                by_tag[tag] = (first, n + v.size_bytes)
+            for first, n in by_tag.values():
+                usage.count(first, tier, n)
 
     def __delitem__(self, key: bytes) -> None:
         old = self[key]

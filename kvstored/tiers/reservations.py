@@ -65,7 +65,11 @@ def _take_pending(st: StoreState, reservation: Reservation) -> PendingReservatio
     return pending
 
 
-def _commit_locked(st: StoreState, pending: PendingReservation) -> bool:
+def _commit_locked(st: StoreState, pending: PendingReservation,
+                   added: list[DramEntry] | None = None) -> bool:
+    """Commit one pending reservation (lock held). ``added``: the new entry is appended to
+    it unpublished; the caller publishes the list (``DramTier.publish``) before it releases
+    the lock."""
     dram = st.dram
     if st.has(pending.skey):
         dram.allocator.free(pending.offset, pending.size_bytes)
@@ -74,7 +78,10 @@ def _commit_locked(st: StoreState, pending: PendingReservation) -> bool:
         return False
     if pending.copy:  # marked first: the entry's one ADDED event says copy (feed.py)
         dram.copies[pending.skey] = None
-    dram.add(pending.skey, DramEntry(pending.offset, pending.size_bytes, pending.info))
+    entry = DramEntry(pending.offset, pending.size_bytes, pending.info)
+    dram.add(pending.skey, entry, publish=added is None)
+    if added is not None:
+        added.append(entry)
     st.puts += 1
     return True
 
@@ -261,19 +268,26 @@ class Reservations:
             interner = st.interner
             info = interner.info(namespace_id, b"")
             isize = interner.size(size)
-            for k in range(n):
-                if base is not None:
+            pending, ids, arena = st.pending, st.reservation_ids, st.arena
+            if base is not None:  # one free extent: no wait, counted once for the batch
+                for k in range(n):
                     off = base + k * size
-                else:
-                    try:
-                        off = self._transit.allocate(size, wait_for_pool=True)
-                    except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
-                        break
+                    rid = next(ids)
+                    pending[rid] = PendingReservation(skey, off, isize, info)
+                    out.append(Reservation(SLOT_KEY, off, size, arena[off : off + size], rid))
+                st.reserved_bytes += size * n
+                usage.reserve(tenant, size * n)
+                return out
+            for _ in range(n):  # an eviction per slot (it may wait for the pool: counted as it goes)
+                try:
+                    off = self._transit.allocate(size, wait_for_pool=True)
+                except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
+                    break
                 st.reserved_bytes += size
                 usage.reserve(tenant, size)
-                rid = next(st.reservation_ids)
-                st.pending[rid] = PendingReservation(skey, off, isize, info)
-                out.append(Reservation(SLOT_KEY, off, size, st.arena[off : off + size], rid))
+                rid = next(ids)
+                pending[rid] = PendingReservation(skey, off, isize, info)
+                out.append(Reservation(SLOT_KEY, off, size, arena[off : off + size], rid))
         return out
 
     def commit_slots(
@@ -292,18 +306,45 @@ class Reservations:
                         f"a write of {size} bytes into a slot of {r.size_bytes} bytes (key "
                         f"{key!r:.40}): a slot holds at most its size, under a non-empty key"
                     )
+            if len({r.reservation_id for r, *_ in writes}) != len(writes):
+                raise NotFound("a slot is written twice in one commit: the second is already committed")
             out = [False] * len(writes)
             interner = st.interner
-            for i in range(len(writes) - 1, -1, -1):  # last first: the head ends most recent
-                r, key, size, meta = writes[i]
-                slot = _take_pending(st, r)
-                used = dram.round_up(size)
-                if used < r.size_bytes:  # the slot's tail goes back to the free space
-                    dram.allocator.free(slot.offset + used, r.size_bytes - used)
-                out[i] = _commit_locked(st, PendingReservation(
-                    store_key(namespace_id, key), slot.offset, interner.size(size),
-                    interner.info(namespace_id, meta),
-                ))
+            allocator = dram.allocator
+            entries = dram.entries
+            ssd_entries = None if st.ssd is None else st.ssd.entries
+            tag = store_key(namespace_id, b"")  # every write's store key: tag + key
+            infos: dict[bytes, tuple[bytes, bytes]] = {}
+            unreserved: dict[bytes, int] = {}  # a slot's store key -> bytes (one tenant each)
+            new: list[tuple[bytes, DramEntry]] = []  # added and published together below
+            fresh: set[bytes] = set()
+            reserved = 0
+            try:
+                for i in range(len(writes) - 1, -1, -1):  # last first: the head ends most recent
+                    r, key, size, meta = writes[i]
+                    slot = pending.pop(r.reservation_id)  # _take_pending, summed below (checked above)
+                    reserved += dram.round_up(slot.size_bytes)
+                    unreserved[slot.skey] = unreserved.get(slot.skey, 0) + slot.size_bytes
+                    used = dram.round_up(size)
+                    if used < r.size_bytes:  # the slot's tail goes back to the free space
+                        allocator.free(slot.offset + used, r.size_bytes - used)
+                    skey = tag + key
+                    if skey in fresh or skey in entries or (ssd_entries is not None and skey in ssd_entries):
+                        allocator.free(slot.offset, size)  # stored already: first writer wins
+                        dram.copies.pop(skey, None)  # a local put of the key: not a copy now
+                        continue
+                    info = infos.get(meta)
+                    if info is None:
+                        info = infos[meta] = interner.info(namespace_id, meta)
+                    new.append((skey, DramEntry(slot.offset, interner.size(size), info)))
+                    fresh.add(skey)
+                    out[i] = True
+            finally:
+                st.reserved_bytes -= reserved
+                for skey, n in unreserved.items():
+                    st.tenants.unreserve(skey, n)
+                dram.add_many(new)  # before the lock is released: one publish for the batch
+                st.puts += len(new)
             st.cond.notify_all()
             return out
 
@@ -335,8 +376,12 @@ class Reservations:
                         f"reservation {r.reservation_id} is unknown: already committed or aborted"
                     )
             out = [False] * len(reservations)
-            for i in range(len(reservations) - 1, -1, -1):
-                out[i] = _commit_locked(st, _take_pending(st, reservations[i]))
+            added: list[DramEntry] = []
+            try:
+                for i in range(len(reservations) - 1, -1, -1):
+                    out[i] = _commit_locked(st, _take_pending(st, reservations[i]), added)
+            finally:
+                st.dram.publish(added)  # before the lock is released: one native call
             return out
 
     def abort(self, reservation: Reservation) -> None:

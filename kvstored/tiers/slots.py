@@ -247,7 +247,9 @@ class SlotTable:
     """
 
     def __init__(self, buf: Any, lay: Layout,
-                 store: Callable[[np.ndarray, int, int], None] | None = None) -> None:
+                 store: Callable[[np.ndarray, int, int], None] | None = None,
+                 native_publish: Callable[..., int] | None = None,
+                 native_unindex: Callable[..., int] | None = None) -> None:
         self.lay = lay
         mv = memoryview(buf)
         self._mv = mv
@@ -260,6 +262,12 @@ class SlotTable:
         self.store: Callable[[np.ndarray, int, int], None] = store or _np_store
         """``store(words, index, value)``: how a version word is written (a release store
         with a fence when the native extension is built: kvstored.native.store_release)."""
+        self.native_publish = native_publish
+        """The native ``publish_many`` (kvstored.native), or None: :meth:`publish_many` runs
+        :meth:`publish` per block (also while :attr:`hook` is set)."""
+        self.native_unindex = native_unindex
+        """The native ``unindex_many``, or None: :meth:`unindex` runs in Python (also while
+        :attr:`hook` is set)."""
         self.hook: Hook = None
         self.used_buckets = 0
 
@@ -310,8 +318,38 @@ class SlotTable:
         self.store(self.words, s * SLOT_WORDS, v + 1)
         self._index_put(lo, hi, s)
 
+    def publish_many(self, items: list[tuple[int, int, bytes, bytes, int, bytes]]) -> None:
+        """:meth:`publish` of each ``(offset, size_bytes, namespace_id, key, generation, meta)``,
+        in order (one native call when the extension is built and no :attr:`hook` is set: the
+        same stores, byte for byte, each version store a release store and a fence).
+
+        Raises:
+            InvalidArgument: a ``namespace_id`` is longer than 255 bytes (nothing published).
+        """
+        fn = self.native_publish
+        if fn is None or self.hook is not None:
+            for offset, size_bytes, namespace_id, key, generation, meta in items:
+                self.publish(offset, size_bytes, namespace_id, key, generation, meta)
+            return
+        for it in items:
+            if len(it[2]) > 255:
+                raise InvalidArgument(f"namespace_id is {len(it[2])} bytes; at most 255 are accepted")
+        self.used_buckets = fn(self.slots, self.buckets,
+                               [(o // UNIT_BYTES, n, ns, k, g, m) for o, n, ns, k, g, m in items],
+                               self.used_buckets)
+
     def unindex(self, namespace_id: bytes, key: bytes) -> None:
-        """Remove ``(namespace_id, key)`` from the index (no-op when absent)."""
+        """Remove ``(namespace_id, key)`` from the index (no-op when absent).
+
+        Raises:
+            InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+        """
+        fn = self.native_unindex
+        if fn is not None and self.hook is None:
+            if len(namespace_id) > 255:
+                raise InvalidArgument(f"namespace_id is {len(namespace_id)} bytes; at most 255 are accepted")
+            self.used_buckets -= fn(self.buckets, [(namespace_id, key)])
+            return
         lo, hi = ident(namespace_id, key)
         b = self._find(lo, hi)
         if b is not None:

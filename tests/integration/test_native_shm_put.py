@@ -23,10 +23,12 @@ def test_shm_put_copies_through_copy_many(
     if impl is None:
         pytest.skip("kvstored._native is not built here (tests/unit/test_native.py builds it)")
     calls: list[int] = []
+    streamed: list[bool] = []
 
-    def spy(pairs: Any, threads: int = 0) -> int:
+    def spy(pairs: Any, threads: int = 0, stream: bool = False) -> int:
         calls.append(len(pairs))
-        return impl(pairs, threads)
+        streamed.append(stream)
+        return impl(pairs, threads, stream)
 
     monkeypatch.setattr("kvstored.client._shm.copy_many", spy)
     node = start_node()
@@ -36,4 +38,5 @@ def test_shm_put_copies_through_copy_many(
     with Client(node.unix_address, transport="shm") as c:
         assert all(r.ok for r in c.put(keys, values))
         assert calls and sum(calls) == len(keys)  # whole chunks per call, not one per block
+        assert all(streamed)  # non-temporal stores asked for (large pieces; memcpy otherwise)
         assert c.get(keys) == values

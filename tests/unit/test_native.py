@@ -56,23 +56,26 @@ def _inputs(seed: int) -> list[np.ndarray]:
     return [rng.integers(0, 256, n, dtype=np.uint8) for n in SIZES]
 
 
-def _run(copy: CopyMany, threads: int) -> tuple[bytes, int]:
+def _run(copy: CopyMany, threads: int, stream: bool = False) -> tuple[bytes, int]:
     srcs = _inputs(7)
     arena = mmap.mmap(-1, sum(SIZES) + 1)
     view = memoryview(arena)
     pairs, off = [], 0
     for s in srcs:  # dst: consecutive arena slices (as the client's puts), src: numpy arrays
         pairs.append((view[off : off + s.size], memoryview(s)))
-        off += s.size
-    n = copy(pairs, threads=threads)
+        off += s.size  # (odd sizes: most destinations start unaligned, as streamed heads do)
+    n = copy(pairs, threads=threads, stream=stream)
     return bytes(arena[:off]), n  # (the mapping goes with its last view)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["memcpy", "stream"])
 @pytest.mark.parametrize("threads", [0, 1, 2, 3, 16])
-def test_native_and_fallback_copy_the_same_bytes(c_copy_many: CopyMany, threads: int) -> None:
+def test_native_and_fallback_copy_the_same_bytes(c_copy_many: CopyMany, threads: int, stream: bool) -> None:
+    """Both copies, and the C one with non-temporal stores (``stream=True``, what the put
+    path asks), write the same bytes (threads >= 2: > 16 MiB runs the threaded path)."""
     want = b"".join(s.tobytes() for s in _inputs(7))
-    got_c, n_c = _run(c_copy_many, threads)  # threads >= 2: > 16 MiB runs the threaded path
-    got_py, n_py = _run(native.py_copy_many, threads)
+    got_c, n_c = _run(c_copy_many, threads, stream)
+    got_py, n_py = _run(native.py_copy_many, threads, stream)
     assert n_c == n_py == len(want)
     assert got_c == want
     assert got_py == want
@@ -122,3 +125,22 @@ def test_bench_native_rows_have_their_fields() -> None:
         assert {"memcpy_gbps", "fallback_gbps", "native_gbps", "native_1t_gbps",
                 "native_vs_fallback", "native_vs_memcpy"} <= set(row)
         assert row["fallback_gbps"] > 0
+
+
+def test_bench_commit_rows_have_their_fields() -> None:
+    """bench/bench_commit.py (the node's CommitSlots, native and Python publish) runs and
+    commits every write in both rows; no timing asserted."""
+    if native.publish_many is None:
+        pytest.skip("kvstored._native not built")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_commit
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    res = bench_commit.run(batch=4, size=8192, reps=3)
+    assert res["native_built"] is True
+    for row in ("native", "python"):
+        assert {"call_p50_us", "call_p90_us", "call_per_block_us", "store_commit_p50_us",
+                "publish_p50_us"} <= set(res[row])
+        assert res[row]["publish_p50_us"] > 0
+    assert res["python_vs_native_call"] > 0

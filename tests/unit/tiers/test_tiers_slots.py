@@ -494,3 +494,112 @@ def test_without_the_batch_check_another_keys_bytes_are_kept(
     assert got[1] == val(99) and wrong == len(val(2))  # every byte another key's
     with pytest.raises(AssertionError, match="wrong bytes"):
         assert got[1] == val(2), f"wrong bytes: {wrong} of {len(got[1])} differ"
+
+
+def _twin_tables() -> tuple[Layout, list[bytearray], SlotTable, SlotTable]:
+    """Two slot regions of a 16-slot arena (64 buckets): one written by the native
+    publish_many / unindex_many, one by the pure-Python SlotTable (same initial bytes)."""
+    if native.publish_many is None or native.unindex_many is None:
+        pytest.skip("kvstored._native not built")
+    lay = Layout(16 * K)
+    bufs = [bytearray(lay.total_bytes), bytearray(lay.total_bytes)]
+    fast = SlotTable(bufs[0], lay, native_publish=native.publish_many, native_unindex=native.unindex_many)
+    slow = SlotTable(bufs[1], lay)
+    assert bufs[0] == bufs[1]
+    return lay, bufs, fast, slow
+
+
+def test_the_native_and_python_commits_write_the_same_slot_and_index_bytes() -> None:
+    """Batches of publishes (re-publishes of a key and of a slot, inline and too-long meta,
+    generations past 2**64, a namespace of 255 bytes), unpublishes and unindexes, random but
+    the same for both tables: after every step the two regions are byte-identical, and the
+    index reaches its 3/4 bound (stale keys of rewritten slots stay indexed until removed)."""
+    lay, bufs, fast, slow = _twin_tables()
+    rng = random.Random(1818)
+    namespaces = [NS, b"", b"\xff" * 255]
+    live: dict[tuple[bytes, bytes], int] = {}
+    most = 0
+    for step in range(400):
+        op = rng.random()
+        if op < 0.6:
+            items = []
+            for _ in range(rng.randrange(1, 20)):
+                ns, k = rng.choice(namespaces), key(rng.randrange(90))
+                slot = rng.randrange(lay.nslots)
+                meta = bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 63, 64, 65, 200])))
+                gen = rng.choice([1, rng.randrange(1 << 62), (1 << 64) + 5])
+                items.append((slot * UNIT_BYTES, rng.randrange(1, 1 << 40), ns, k, gen, meta))
+                live[(ns, k)] = slot
+            fast.publish_many(items)
+            slow.publish_many(items)
+        elif op < 0.8 and live:
+            ns, k = rng.choice(sorted(live))
+            for t in (fast, slow):
+                t.unpublish(live[(ns, k)] * UNIT_BYTES)
+                t.unindex(ns, k)
+            del live[(ns, k)]
+        else:  # an unindex of a key that may be absent (a no-op then)
+            ns, k = rng.choice(namespaces), key(rng.randrange(90))
+            fast.unindex(ns, k)
+            slow.unindex(ns, k)
+            live.pop((ns, k), None)
+        assert fast.used_buckets == slow.used_buckets, step
+        assert bufs[0] == bufs[1], f"step {step}: the regions differ"
+        most = max(most, fast.used_buckets)
+    assert most == lay.nbuckets * 3 // 4  # the bound was reached (and held)
+    reader = SlotReader(bufs[0], lay)
+    for (ns, k), slot in live.items():  # what the index answers is checked against the header
+        got = reader.lookup(*ident(ns, k))
+        if got is not None and reader.snapshot(got, *ident(ns, k)) is not None:
+            assert got == slot
+
+
+def test_the_native_publish_names_bad_items_and_writes_nothing() -> None:
+    lay, bufs, fast, _slow = _twin_tables()
+    before = bytes(bufs[0])
+    with pytest.raises(TypeError, match="item #1 must be a tuple"):
+        native.publish_many(fast.slots, fast.buckets, [(0, 1, NS, key(1), 1, b""), [0]], 0)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="item #0: slot 16 outside the 16 slots"):
+        native.publish_many(fast.slots, fast.buckets, [(16, 1, NS, key(1), 1, b"")], 0)
+    with pytest.raises(TypeError, match="item #0: namespace_id, key and meta must be bytes"):
+        native.publish_many(fast.slots, fast.buckets, [(0, 1, NS, "k", 1, b"")], 0)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="slots and buckets must be writable"):
+        native.publish_many(bytes(fast.slots), fast.buckets, [], 0)
+    with pytest.raises(TypeError, match=r"item #0 must be a \(namespace_id, key\) tuple"):
+        native.unindex_many(fast.buckets, [(NS,)])  # type: ignore[list-item]
+    from kvstored.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="namespace_id is 256 bytes"):
+        fast.publish_many([(0, 1, b"x" * 256, key(1), 1, b"")])
+    assert bytes(bufs[0]) == before
+
+
+def test_a_batch_commit_publishes_every_block_and_the_head_ends_most_recent(tmp_path: pathlib.Path) -> None:
+    """TieredStore.commit_slots publishes its batch in one call: every block is then readable
+    one-sided with its bytes and meta, a key twice in the batch is stored once (committed last
+    first: its later write wins, the earlier one answers "existed"), and the DRAM order is the
+    pinned path's (the head most recent)."""
+    s = TieredStore(dram_size_bytes=64 * K, arena_dir=None)
+    try:
+        slots = s.reserve_slots(2 * K, 4, namespace_id=NS)
+        assert isinstance(slots, list) and len(slots) == 4
+        writes = []
+        for i, (r, k) in enumerate(zip(slots, [key(1), key(2), key(1), key(3)], strict=True)):
+            r.view[: 100 + i] = bytes([i + 1]) * (100 + i)
+            writes.append((r, k, 100 + i, b"m%d" % i))
+        assert s.commit_slots(writes, namespace_id=NS) == [False, True, True, True]
+        reader = SlotReader(s._state.dram.arena._mmap, s._state.dram.arena.layout)
+        sizes, metas, values, fallbacks = reader.read_keys(NS, [key(1), key(2), key(3)], None, 0)
+        assert sizes == [102, 101, 103] and metas == [b"m2", b"m1", b"m3"] and fallbacks == 0
+        assert values == [b"\x03" * 102, b"\x02" * 101, b"\x04" * 103]
+        order = [sk[-16:] for sk in s._state.dram.entries]
+        assert order[-3:] == [key(3), key(1), key(2)]  # committed last first: the head ends latest
+        (r,) = s.reserve_slots(2 * K, 1, namespace_id=NS)  # type: ignore[misc]  # a list here
+        from kvstored.errors import NotFound
+
+        with pytest.raises(NotFound, match="written twice"):
+            s.commit_slots([(r, key(7), 10, b""), (r, key(8), 10, b"")], namespace_id=NS)
+        assert s.exists([key(7), key(8)], namespace_id=NS) == [False, False]  # nothing committed
+        assert s.commit_slots([(r, key(7), 10, b"")], namespace_id=NS) == [True]
+    finally:
+        s.close()
