@@ -142,31 +142,43 @@ def ranked_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int, *,
     """
     if not 1 <= width <= MAX_RANKED_REPLICAS:
         raise ValueError(f"width must be in 1..{MAX_RANKED_REPLICAS}, got {width}")
-    n, depth = len(slots), MAX_RANKED_REPLICAS
-    rows = np.full((n, depth), NO_ROW, np.int64)
-    scores = np.full((n, depth), np.inf)
-    holders = np.full((n, depth), -1, np.int64)
+    n = len(slots)
+    level_rows: list[np.ndarray] = []
+    level_scores: list[np.ndarray] = []
+    level_holders: list[np.ndarray] = []
     cur = cols.head[slots].astype(np.int64)
-    for level in range(depth):
-        idx = np.flatnonzero(cur >= 0)
-        if not len(idx):
+    for _ in range(MAX_RANKED_REPLICAS):  # one column per level of the blocks' chains
+        here = cur >= 0
+        if not here.any():
             break
-        r = cur[idx]
-        row, score, h = score_rows(cols, r, local_holder)
+        at = np.where(here, cur, 0)
+        row, score, h = score_rows(cols, at, local_holder)
         if len(avoid):
-            score = score + np.where(np.isin(h, avoid), AVOID_SCORE, 0.0)
-        rows[idx, level], scores[idx, level], holders[idx, level] = row, score, h
-        cur[idx] = cols.next[r]
-    order = np.lexsort((holders, scores), axis=1)  # by score, then the lowest holder
-    rows = np.take_along_axis(rows, order, 1)
-    scores = np.take_along_axis(scores, order, 1)
-    holders = np.take_along_axis(holders, order, 1)
-    valid = np.isfinite(scores)
-    for j in range(1, depth):  # a holder's second row (its other tier) is no alternate
-        valid[:, j] &= ~(holders[:, :j] == holders[:, j:j + 1]).any(axis=1)
-    keep = np.argsort(~valid, axis=1, kind="stable")[:, :width]  # valid ones first, in order
-    rows = np.where(np.take_along_axis(valid, keep, 1), np.take_along_axis(rows, keep, 1), NO_ROW)
-    holders = np.where(rows >= 0, np.take_along_axis(holders, keep, 1), -1)
+            score += np.where(np.isin(h, avoid), AVOID_SCORE, 0.0)
+        score[~here] = np.inf
+        level_rows.append(row)
+        level_scores.append(score)
+        level_holders.append(h)
+        cur = np.where(here, cols.next[at], NO_ROW)
+    rows = np.stack(level_rows, axis=1)  # (n, levels walked): most blocks have 1-3 rows
+    scores = np.stack(level_scores, axis=1)
+    holders = np.stack(level_holders, axis=1)
+    if rows.shape[1] > 1:
+        ar = np.arange(n)[:, None]
+        order = np.lexsort((holders, scores), axis=1)  # by score, then the lowest holder
+        rows, scores, holders = rows[ar, order], scores[ar, order], holders[ar, order]
+        valid = np.isfinite(scores)
+        for j in range(1, rows.shape[1]):  # a holder's second row (other tier): no alternate
+            valid[:, j] &= ~(holders[:, :j] == holders[:, j:j + 1]).any(axis=1)
+        keep = np.argsort(~valid, axis=1, kind="stable")[:, :width]  # valid first, in order
+        rows, holders, valid = rows[ar, keep], holders[ar, keep], valid[ar, keep]
+    else:
+        valid = np.isfinite(scores)
+    rows = np.where(valid, rows[:, :width], NO_ROW)
+    holders = np.where(valid, holders[:, :width], -1)
+    if rows.shape[1] < width:  # pad: fewer rows walked than columns asked
+        pad = np.full((n, width - rows.shape[1]), NO_ROW, np.int64)
+        rows, holders = np.hstack([rows, pad]), np.hstack([holders, pad])
     deep = np.flatnonzero((rows[:, 0] < 0) & (cur >= 0))  # unreadable so far, more rows
     if len(deep):
         rows[deep, 0], holders[deep, 0] = best_rows(cols, slots[deep], local_holder)
