@@ -130,7 +130,9 @@ def remote_fill_hook_from_env(
     """The ``remote_fill_before_copy`` hold armed by ``KVSTORED_TEST_HOOKS``; None when unset.
 
     The node's remote reads call it (the first time: it holds) before each peer batch's
-    data-plane GET, after the lookup that named the holders (``RemoteReads.before_copy``).
+    data-plane GET, after the lookup that named the holders (``RemoteReads.before_copy``;
+    the master's COPY commands take the same path, so a test arms it only where none is
+    due).
 
     Raises:
         ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
