@@ -48,12 +48,13 @@ Fallback: a read's lookup asks for up to :data:`MAX_FALLBACKS` *alternates* per 
 block's other readable replicas on distinct nodes, ranked). A block whose transfer failed
 (connect refused or reset, no answer in time, the peer refused the request) is copied from
 its next alternate within the same request, at most ``MAX_FALLBACKS`` rounds, under the same
-deadline; while a block has an alternate left, a transfer gets half of the time left, so a
-blackholed holder leaves time for the next one. Every copy is verified against the
-generation of the replica it came from, exactly as above: a block that fails on every
-holder is a miss, never other bytes. A holder that failed is *suspect* for
-``suspect_holder_s`` (kvstored/node/suspects.py): lookups send it as ``avoid`` (the master
-ranks it last) and the reader tries the other holders first; a success clears it. Without
+deadline (each transfer keeps the whole time left: a slow but healthy holder is never cut
+short; a blackholed one therefore uses up this read's deadline, a miss as before, and is
+avoided by the next reads). Every copy is verified against the generation of the replica
+it came from, exactly as above: a block that fails on every holder is a miss, never other
+bytes. A holder that failed is *suspect* for ``suspect_holder_s``
+(kvstored/node/suspects.py): lookups send it as ``avoid`` (the master ranks it last) and
+the reader tries the other holders first; a success clears it. Without
 this a SIGKILLed holder's blocks were misses for every reader until the master noticed the
 death (up to one node lease), although another replica was alive.
 
@@ -115,8 +116,6 @@ MAX_FALLBACKS = 3
 per request; also the alternates asked per block)."""
 DEFAULT_SUSPECT_HOLDER_S = 5.0
 """Seconds a failed holder stays suspect when the caller passes no :class:`Suspects`."""
-ATTEMPT_SHARE = 0.5
-"""Share of the time left a transfer gets while its blocks have another holder to try."""
 
 Peer = tuple[str, int, str]
 """(node id, epoch, data address) of a source."""
@@ -529,14 +528,10 @@ class RemoteReads:
         fetched = dropped = failed = fallbacks = 0
         while pending:
             by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]] = {}
-            split: set[Peer] = set()  # peers whose blocks have another holder left
             for k, holders in pending.items():
                 peer = (holders[0].node_id, holders[0].epoch, holders[0].data_address)
                 by_peer.setdefault(peer, []).append((k, holders[0]))
-                if len(holders) > 1:
-                    split.add(peer)
-            f, d, bad = self._fill_peers(by_peer, namespace_id, deadline, through=through,
-                                         split=split)
+            f, d, bad = self._fill_peers(by_peer, namespace_id, deadline, through=through)
             fetched, dropped = fetched + f, dropped + d
             again = {k: self._suspects_last(pending[k][1:]) for k in bad if len(pending[k]) > 1}
             if again and deadline - time.monotonic() < _MIN_RPC_S:
@@ -553,13 +548,11 @@ class RemoteReads:
     def _fill_peers(
         self, by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]],
         namespace_id: bytes, deadline: float, *, as_copy: bool = True,
-        through: _Through | None = None, split: set[Peer] | None = None,
+        through: _Through | None = None,
     ) -> tuple[int, int, list[bytes]]:
         """Copy every peer's blocks, peers in parallel (one peer: in this thread); each
         peer's batches one after another (``as_copy``: as remote-fill copies, else as
-        originals). A peer in ``split`` gets :data:`ATTEMPT_SHARE` of the time left per
-        transfer (its blocks have another holder to try). Returns ``(fetched, dropped,
-        keys whose transfer failed)``."""
+        originals). Returns ``(fetched, dropped, keys whose transfer failed)``."""
         if not by_peer:
             return 0, 0, []
         step = max(1, self.core.cfg.max_batch_keys)
@@ -568,15 +561,10 @@ class RemoteReads:
                       items: list[tuple[bytes, ClusterReplica]]) -> tuple[int, int, list[bytes]]:
             fetched = dropped = 0
             failed: list[bytes] = []
-            short = split is not None and (peer, epoch, address) in split
             for i in range(0, len(items), step):  # the peer's batch limit is ours
-                transfer_deadline = None
-                if short:
-                    now = time.monotonic()
-                    transfer_deadline = now + max(0.0, deadline - now) * ATTEMPT_SHARE
                 f, d, x = self._fill_from(peer, epoch, address, items[i : i + step],
                                           namespace_id, deadline, as_copy=as_copy,
-                                          through=through, transfer_deadline=transfer_deadline)
+                                          through=through)
                 fetched, dropped = fetched + f, dropped + d
                 failed += x
             return fetched, dropped, failed
@@ -636,12 +624,9 @@ class RemoteReads:
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
         *, again: bool = True, as_copy: bool = True, through: _Through | None = None,
-        transfer_deadline: float | None = None,
     ) -> tuple[int, int, list[bytes]]:
-        """Copy one batch from one peer (see the module docstring); ``transfer_deadline``:
-        the data-plane GET's own deadline when shorter than ``deadline`` (the blocks have
-        another holder to try). Returns ``(committed, dropped, keys whose transfer
-        failed)``."""
+        """Copy one batch from one peer (see the module docstring). Returns ``(committed,
+        dropped, keys whose transfer failed)``."""
         core = self.core
         keys = [k for k, _ in items]
         reserved: dict[int, Reservation] = {}
@@ -680,9 +665,7 @@ class RemoteReads:
                 if self.before_copy is not None:
                     self.before_copy()
                 transport = self._transport_for(address)
-                got = list(transport.get(keys, namespace_id, sink, deadline=deadline
-                                         if transfer_deadline is None
-                                         else min(deadline, transfer_deadline)))
+                got = list(transport.get(keys, namespace_id, sink, deadline=deadline))
             except _TRANSFER_ERRORS as exc:
                 self._report(peer, epoch, False)
                 self.suspects.mark(peer)
