@@ -495,6 +495,13 @@ class ClusterConfig(_Model):
     namespace_replicas: dict[str, int] = Field(default_factory=dict)
     """Per namespace (its id in hex, 32 digits, as ``kvstorectl where`` prints it): the
     replicas a put of that namespace wants when the client names none (1..8)."""
+    suspect_holder_s: float = Field(default=5.0, ge=0)
+    """Seconds a peer whose data plane failed a read's transfer (connect refused or reset,
+    no answer in time) stays *suspect*: lookups ask the master to rank its replicas last
+    and the read tries the block's other holders first; a successful transfer clears it
+    (kvstored/node/suspects.py). It only reorders: a block held only there is still tried.
+    0 = off (failed holders are not remembered; each read still falls back to the next
+    holder)."""
     replicate_timeout_s: float = Field(default=10.0, gt=0)
     """Most seconds a put's extra replicas may take (master calls and transfers together;
     the caller's own deadline may cut it shorter); a replica not written by then is

@@ -38,13 +38,14 @@ from kvstored.master import generations
 from kvstored.master.columns import NO_ROW, IndexColumns
 from kvstored.master.holders import HolderRows
 from kvstored.master.keytable import KEY_BYTES, keys_to_words
-from kvstored.master.ranking import best_rows
+from kvstored.master.ranking import MAX_RANKED_REPLICAS, best_rows, ranked_rows
 from kvstored.master.types import (
     COPY_BIT,
     EMPTY_HIT,
     MAX_REPLICAS,
     MAX_SIZE_BYTES,
     STATE_MASK,
+    Alternates,
     PrefixHit,
     Replica,
     ReplicaState,
@@ -678,8 +679,41 @@ class BlockIndex:
                                        generation)
 
     # ---- lookup (ranking: master/ranking.py) -----------------------------------------
+    def _rank(self, slots: np.ndarray, local_holder: int, avoid_holders: Sequence[int],
+              max_alternates: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(best rows, their holders, ranked rows or None)`` of some block slots: the
+        plain ranking when neither avoid nor alternates are asked (the hot path), else
+        :func:`ranked_rows` (``(num_blocks, 1 + max_alternates)`` rows)."""
+        if not 0 <= max_alternates < MAX_RANKED_REPLICAS:
+            raise InvalidArgument(f"max_alternates must be in 0..{MAX_RANKED_REPLICAS - 1}, "
+                                  f"got {max_alternates}")
+        if not len(avoid_holders) and not max_alternates:
+            best_row, best_holder = best_rows(self._cols, slots, local_holder)
+            return best_row, best_holder, None
+        rows, holders = ranked_rows(self._cols, slots, local_holder,
+                                    avoid=np.asarray(avoid_holders, np.int64),
+                                    width=1 + max_alternates)
+        return rows[:, 0], holders[:, 0], rows
+
+    def _hit(self, best_row: np.ndarray, best_holder: np.ndarray,
+             ranked: np.ndarray | None) -> PrefixHit:
+        """A :class:`PrefixHit` of answered blocks (every ``best_row`` readable), with
+        their alternates when ``ranked`` holds them (columns after the first)."""
+        c = self._cols
+        alternates = None
+        if ranked is not None and ranked.shape[1] > 1:
+            alt = ranked[:, 1:]
+            ok = alt >= 0  # a prefix of each row: ranked_rows packs the valid ones first
+            flat = alt[ok]
+            alternates = Alternates(ok.sum(axis=1).astype(np.int64),
+                                    c.holder[flat].astype(np.int64), c.tier[flat],
+                                    c.size[flat], c.gen[flat])
+        return PrefixHit(best_holder, c.tier[best_row], c.size[best_row], c.gen[best_row],
+                         alternates)
+
     def lookup_prefix(
-        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1,
+        avoid_holders: Sequence[int] = (), max_alternates: int = 0,
     ) -> PrefixHit:
         """Longest prefix present cluster-wide and the best replica of each of its blocks.
 
@@ -693,9 +727,16 @@ class BlockIndex:
             namespace_id: the blocks' namespace.
             keys: the prefix's block hashes, in order.
             local_holder: the asking node's holder id (-1: every replica is remote).
+            avoid_holders: holders the asker found unreachable: ranked after every other
+                readable replica (still answered when nothing else is readable).
+            max_alternates: also answer up to this many other readable replicas of each
+                block on distinct holders, ranked (``hit.alternates``; 0 = none).
 
         Returns:
             The best replica of each leading present block, as columns.
+
+        Raises:
+            InvalidArgument: ``max_alternates`` outside 0..MAX_RANKED_REPLICAS - 1.
         """
         c = self._cols
         ns = c.ns(namespace_id, create=False)
@@ -707,19 +748,22 @@ class BlockIndex:
             slots = slots[: int(missing[0])]
         if len(slots) == 0:
             return EMPTY_HIT
-        best_row, best_holder = best_rows(c, slots, local_holder)
+        best_row, best_holder, ranked = self._rank(slots, local_holder, avoid_holders,
+                                                   max_alternates)
         missing = np.flatnonzero(best_row < 0)
         count = int(missing[0]) if len(missing) else len(slots)
-        rows = best_row[:count]
-        return PrefixHit(best_holder[:count], c.tier[rows], c.size[rows], c.gen[rows])
+        return self._hit(best_row[:count], best_holder[:count],
+                         None if ranked is None else ranked[:count])
 
     def lookup_each(
-        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1,
+        avoid_holders: Sequence[int] = (), max_alternates: int = 0,
     ) -> tuple[np.ndarray, PrefixHit]:
         """The best replica of every one of ``keys`` present cluster-wide, misses skipped.
 
         Per-key presence (an Exists probe), where :meth:`lookup_prefix` stops at the first
-        miss; the best replica is chosen the same way. Never changes anything.
+        miss; the best replica (and, asked for, its alternates, ``avoid_holders`` ranked
+        last) is chosen the same way. Never changes anything.
 
         Returns:
             ``(positions, hit)``: int64 indexes into ``keys`` of the present blocks, in
@@ -733,8 +777,8 @@ class BlockIndex:
         positions = np.flatnonzero(slots >= 0)
         if len(positions) == 0:
             return positions, EMPTY_HIT
-        best_row, best_holder = best_rows(c, slots[positions], local_holder)
+        best_row, best_holder, ranked = self._rank(slots[positions], local_holder,
+                                                   avoid_holders, max_alternates)
         ok = best_row >= 0
-        rows = best_row[ok]
-        return positions[ok], PrefixHit(best_holder[ok], c.tier[rows], c.size[rows],
-                                        c.gen[rows])
+        return positions[ok], self._hit(best_row[ok], best_holder[ok],
+                                        None if ranked is None else ranked[ok])

@@ -92,6 +92,10 @@ log = structlog.get_logger(__name__)
 
 MAX_LOOKUP_KEYS = 65536
 MAX_KEY_BYTES = 1024
+MAX_AVOID_NODES = 64
+"""Most ``avoid_node_ids`` one LookupPrefix may name (a reader's suspects)."""
+MAX_ALTERNATES = 3
+"""Most alternates per block a LookupPrefix answers (``max_alternates`` is capped here)."""
 MAX_NAMESPACE_ID_BYTES = MAX_STORED_NAMESPACE_BYTES  # the master indexes stored ids
 _POLICY_FROM_PB: dict[int, PlacementPolicy] = {  # keyed by the wire number
     pb.PLACEMENT_POLICY_LOCAL_FIRST: PlacementPolicy.LOCAL_FIRST,
@@ -542,21 +546,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         if lens and (min(lens) == 0 or max(lens) > MAX_KEY_BYTES):
             i = next(i for i, n in enumerate(lens) if not 0 < n <= MAX_KEY_BYTES)
             raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {lens[i]}")
+        if len(request.avoid_node_ids) > MAX_AVOID_NODES:
+            raise InvalidArgument(f"{len(request.avoid_node_ids)} avoid_node_ids in one lookup; "
+                                  f"the limit is {MAX_AVOID_NODES}")
         m = self.membership
         m.expire_lapsed()
         local = m.node(request.local_node_id) if request.local_node_id else None
         holder = local.holder if local else -1
+        avoid = [rec.holder for rec in map(m.node, request.avoid_node_ids) if rec is not None]
+        alternates = min(request.max_alternates, MAX_ALTERNATES)
         resp = pb.MasterLookupPrefixResponse(complete=m.is_complete(), every_key=request.every_key)
         if request.every_key:
-            positions, hit = self.index.lookup_each(bytes(request.namespace_id), keys,
-                                                    local_holder=holder)
+            positions, hit = self.index.lookup_each(
+                bytes(request.namespace_id), keys, local_holder=holder,
+                avoid_holders=avoid, max_alternates=alternates)
             resp.key_index.extend(positions.tolist())
         else:
             hit = self.index.lookup_prefix(bytes(request.namespace_id), keys,
-                                           local_holder=holder)
+                                           local_holder=holder, avoid_holders=avoid,
+                                           max_alternates=alternates)
         if not len(hit):
             return resp
-        holders, node_index = np.unique(hit.holders, return_inverse=True)
+        alt = hit.alternates
+        every = hit.holders if alt is None else np.concatenate([hit.holders, alt.holders])
+        holders, inverse = np.unique(every, return_inverse=True)
+        node_index = inverse[:len(hit)]
         for h in holders.tolist():
             rec = m.record_of_holder(h)
             if rec is None:  # cannot happen: readable holders have records
@@ -567,6 +581,12 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         resp.tier.extend(hit.tiers.tolist())
         resp.size_bytes.extend(hit.sizes.tolist())
         resp.generation.extend(hit.generations.tolist())
+        if alt is not None:
+            resp.num_alternates.extend(alt.counts.tolist())
+            resp.alternate_node_index.extend(inverse[len(hit):].tolist())
+            resp.alternate_tier.extend(alt.tiers.tolist())
+            resp.alternate_size_bytes.extend(alt.sizes.tolist())
+            resp.alternate_generation.extend(alt.generations.tolist())
         repair = self.state.repair
         if local is not None and repair.settings.hot_reads_per_window:
             remote = np.flatnonzero(hit.holders != holder)  # blocks the asker will copy in

@@ -59,6 +59,27 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class Alternates:
+    """The other readable replicas of each block a lookup answered (read fallback), ranked
+    best first, on distinct holders, none on the block's best holder; flat columns.
+
+    Attributes:
+        counts: ``(num_blocks,)`` int64, alternates of each answered block; block i's are
+            the ``counts[i]`` entries after those of blocks 0..i-1.
+        holders: ``(sum(counts),)`` int64, each alternate's holder.
+        tiers: uint8, its tier (1 DRAM, 2 SSD).
+        sizes: uint32, its size in bytes.
+        generations: uint64, its generation.
+    """
+
+    counts: np.ndarray
+    holders: np.ndarray
+    tiers: np.ndarray
+    sizes: np.ndarray
+    generations: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixHit:
     """Answer of :meth:`BlockIndex.lookup_prefix`: the best replica of each leading block,
     as columns (no Python object per block on the hot path).
@@ -68,12 +89,15 @@ class PrefixHit:
         tiers: ``(num_blocks,)`` uint8, its tier (1 DRAM, 2 SSD).
         sizes: ``(num_blocks,)`` uint32, its size in bytes.
         generations: ``(num_blocks,)`` uint64, its generation.
+        alternates: the other replicas of each block when the lookup asked for them
+            (``max_alternates``), else None.
     """
 
     holders: np.ndarray
     tiers: np.ndarray
     sizes: np.ndarray
     generations: np.ndarray
+    alternates: Alternates | None = None
 
     def __len__(self) -> int:
         return len(self.holders)

@@ -55,7 +55,11 @@ from kvstored.config import (
 from kvstored.errors import AlreadyExists, ConfigInvalid, KvstoredError
 from kvstored.node.control import SOCKET_SUFFIX, ControlServer
 from kvstored.node.core import NodeCore
-from kvstored.node.fault_hooks import dataplane_hook_from_env, loop_stall_hook_from_env
+from kvstored.node.fault_hooks import (
+    dataplane_hook_from_env,
+    loop_stall_hook_from_env,
+    remote_fill_hook_from_env,
+)
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
 from kvstored.sdnotify import Watchdog, sd_notify, stop_event_on_signals
@@ -415,7 +419,9 @@ class NodeDaemon:
                 fetch_timeout_s=self.cluster.remote_fetch_timeout_s,
                 pool_size=self.cluster.peer_pool_size, rpc_timeout_s=self.cluster.rpc_timeout_s,
                 tls=self.tls, fence=self.master_link.fence,
-                transport_for=self.peer_transports.transport_for)
+                transport_for=self.peer_transports.transport_for,
+                suspect_holder_s=self.cluster.suspect_holder_s,
+                before_copy=remote_fill_hook_from_env())
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas

@@ -14,7 +14,10 @@ pass straight through. The FIFO must exist before the point is reached (``os.mkf
 Points: ``dataplane_get_before_send`` (the data-plane server's ``get_before_send`` event:
 the chunk's blocks are pinned, nothing of it is sent yet); ``loop_stall`` (the node daemon's
 SIGUSR2 handler, run on the event loop: the whole loop is blocked while held, which the
-watchdog test uses to show that a wedged loop stops its ``WATCHDOG=1`` pings).
+watchdog test uses to show that a wedged loop stops its ``WATCHDOG=1`` pings);
+``remote_fill_before_copy`` (a read across the pool, kvstored/node/remote.py, after its
+master lookup named the holders and before the first data-plane GET from one: a test stops
+or kills the named holder there, then releases the read to see it fall back to another).
 
 Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
 plane makes no hook calls at all.
@@ -34,7 +37,7 @@ from kvstored.errors import ConfigInvalid
 log = structlog.get_logger(__name__)
 
 ENV_VAR = "KVSTORED_TEST_HOOKS"
-POINTS = ("dataplane_get_before_send", "loop_stall")
+POINTS = ("dataplane_get_before_send", "loop_stall", "remote_fill_before_copy")
 _DATAPLANE_PREFIX = "dataplane_"
 
 
@@ -119,3 +122,21 @@ def loop_stall_hook_from_env(environ: Mapping[str, str] | None = None) -> Callab
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     path = parse_test_hooks(value).get("loop_stall")
     return None if path is None else _Hold("loop_stall", path)
+
+
+def remote_fill_hook_from_env(
+    environ: Mapping[str, str] | None = None,
+) -> Callable[[], None] | None:
+    """The ``remote_fill_before_copy`` hold armed by ``KVSTORED_TEST_HOOKS``; None when unset.
+
+    The node's remote reads call it (the first time: it holds) before each peer batch's
+    data-plane GET, after the lookup that named the holders (``RemoteReads.before_copy``;
+    the master's COPY commands take the same path, so a test arms it only where none is
+    due).
+
+    Raises:
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    path = parse_test_hooks(value).get("remote_fill_before_copy")
+    return None if path is None else _Hold("remote_fill_before_copy", path)

@@ -126,7 +126,8 @@ class NodeMetrics:
             "kvstored_remote_blocks_total",
             "Blocks a read copied from peers, by outcome: fetched (copied, verified, "
             "committed), dropped (the source changed during the copy), failed (the transfer "
-            "failed or timed out), skipped (no room for the copy without dropping a block the "
+            "failed or timed out on every holder tried), fallback (a copy tried again on "
+            "another holder after one failed), skipped (no room for the copy without dropping a block the "
             "pool holds nowhere else: a miss).",
             ["outcome"], registry=r,
         )
@@ -206,7 +207,7 @@ class NodeMetrics:
 
     def count_remote_blocks(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` blocks a read copied from peers with ``outcome`` (fetched, dropped,
-        failed, skipped); 0 counts nothing."""
+        failed, fallback, skipped); 0 counts nothing."""
         if not n:
             return
         child = self._remote_blocks.get(outcome)

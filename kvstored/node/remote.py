@@ -44,6 +44,20 @@ transfer is reported to the master (ReportTransfer), which marks the peer unheal
 ``unhealthy_after_failures`` consecutive failures, so later lookups choose another replica.
 The first success after a failure is reported too (it heals the peer).
 
+Fallback: a read's lookup asks for up to :data:`MAX_FALLBACKS` *alternates* per block (the
+block's other readable replicas on distinct nodes, ranked). A block whose transfer failed
+(connect refused or reset, no answer in time, the peer refused the request) is copied from
+its next alternate within the same request, at most ``MAX_FALLBACKS`` rounds, under the same
+deadline (each transfer keeps the whole time left: a slow but healthy holder is never cut
+short; a blackholed one therefore uses up this read's deadline, a miss as before, and is
+avoided by the next reads). Every copy is verified against the generation of the replica
+it came from, exactly as above: a block that fails on every holder is a miss, never other
+bytes. A holder that failed is *suspect* for ``suspect_holder_s``
+(kvstored/node/suspects.py): lookups send it as ``avoid`` (the master ranks it last) and
+the reader tries the other holders first; a success clears it. Without
+this a SIGKILLed holder's blocks were misses for every reader until the master noticed the
+death (up to one node lease), although another replica was alive.
+
 Limits: a read is per key, like the get that asks for it: it looks up its missing keys with
 one per-key master lookup (``lookup_each``), so a block after a cluster-wide miss is copied
 too (only ``lookup_prefix`` is a prefix operation); with a master too old for it, in runs
@@ -69,6 +83,7 @@ import structlog
 
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
+from kvstored.node.suspects import Suspects
 from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.master_targets import TermFence
@@ -85,14 +100,25 @@ log = structlog.get_logger(__name__)
 
 LookupFn = Callable[[bytes, Sequence[bytes], str, float], list[ClusterReplica]]
 """``lookup(namespace_id, keys, local_node_id, timeout_s)`` -> best replica per leading block."""
-LookupEachFn = Callable[[bytes, Sequence[bytes], str, float], "dict[int, ClusterReplica] | None"]
-"""``lookup_each(namespace_id, keys, local_node_id, timeout_s)`` -> {key index: best replica}
-of every key present cluster-wide, or None when the master cannot answer per key (older)."""
+LookupEachFn = Callable[[bytes, Sequence[bytes], str, float, Sequence[str], int],
+                        "dict[int, ClusterReplica] | None"]
+"""``lookup_each(namespace_id, keys, local_node_id, timeout_s, avoid, max_alternates)`` ->
+{key index: best replica} of every key present cluster-wide (each with up to
+``max_alternates`` alternates, the ``avoid`` nodes ranked last), or None when the master
+cannot answer per key (older)."""
 ReportFn = Callable[[str, int, bool, float], None]
 """``report(peer node_id, peer epoch, ok, timeout_s)``: one transfer's outcome."""
 
 _TRANSFER_ERRORS = (Unavailable, DeadlineExceeded, TransferFailed)
 _MIN_RPC_S = 0.05
+MAX_FALLBACKS = 3
+"""Most other holders one read tries for a block whose holder failed (rounds of fallback
+per request; also the alternates asked per block)."""
+DEFAULT_SUSPECT_HOLDER_S = 5.0
+"""Seconds a failed holder stays suspect when the caller passes no :class:`Suspects`."""
+
+Peer = tuple[str, int, str]
+"""(node id, epoch, data address) of a source."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +132,9 @@ class FetchResult:
         num_failed: blocks whose transfer failed (peer dead, slow, or the deadline passed).
         num_waited: missing blocks another request was copying already; this one waited
             for that copy (until its own deadline) instead of copying them again.
+        num_fallbacks: copies tried again on another holder after a holder failed (a block
+            tried on three holders counts 2); ``num_failed`` counts only the blocks that
+            failed on every holder tried.
     """
 
     num_found: int = 0
@@ -113,6 +142,7 @@ class FetchResult:
     num_dropped: int = 0
     num_failed: int = 0
     num_waited: int = 0
+    num_fallbacks: int = 0
 
 
 class _Through:
@@ -178,6 +208,10 @@ class RemoteReads:
         on_wait: test hook of the single-flight (see :class:`~.flights.Flights`).
         ssl_context: TLS client context of the default peer transport (mutual TLS to every
             peer's data plane; kvstored/security/tls.py); None = plaintext.
+        suspects: the holders whose transfers failed lately (sent as ``avoid``, tried
+            last); None = a private one of :data:`DEFAULT_SUSPECT_HOLDER_S`.
+        max_fallbacks: other holders tried per block after its holder failed (0 = no
+            fallback: a failed block is a miss, as before).
     """
 
     def __init__(
@@ -198,8 +232,14 @@ class RemoteReads:
         on_wait: Callable[[int], None] | None = None,
         lookup_each: LookupEachFn | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        suspects: Suspects | None = None,
+        max_fallbacks: int = MAX_FALLBACKS,
     ) -> None:
+        if max_fallbacks < 0:
+            raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
         self.core = core
+        self.suspects = suspects if suspects is not None else Suspects(DEFAULT_SUSPECT_HOLDER_S)
+        self.max_fallbacks = max_fallbacks
         self.ssl_context = ssl_context
         self.lookup_each = lookup_each
         self.node_id = node_id
@@ -222,6 +262,7 @@ class RemoteReads:
         self.num_fetched = 0
         self.num_dropped = 0
         self.num_failed = 0
+        self.num_fallbacks = 0
         self.num_skipped = 0  # copies skipped: no room without dropping a block (a miss)
 
     def _pooled(self, address: str) -> Transport:
@@ -295,12 +336,15 @@ class RemoteReads:
         run, until the keys or the deadline run out). A master that cannot be reached
         answers nothing (a miss, logged). ``local_node_id`` ranks that node's replicas first
         (default: this node's; "" = none, so an original elsewhere beats a copy here).
+        Each replica carries up to ``max_fallbacks`` alternates; the suspects are sent as
+        ``avoid``.
         """
         left = deadline - time.monotonic()
         local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
-                found = self.lookup_each(namespace_id, keys, local, left)
+                found = self.lookup_each(namespace_id, keys, local, left,
+                                         self.suspects.current(), self.max_fallbacks)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
                 return {}
@@ -347,7 +391,7 @@ class RemoteReads:
         left = deadline - time.monotonic()
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
-                found = self.lookup_each(namespace_id, ask, self.node_id, left)
+                found = self.lookup_each(namespace_id, ask, self.node_id, left, (), 0)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
                 return present, tiers
@@ -402,7 +446,7 @@ class RemoteReads:
         flight_keys = [(namespace_id, keys[i]) for i in missing]
         mine, theirs = self.flights.claim(flight_keys)
         claimed = [flight_keys[j] for j in mine]
-        fetched = dropped = failed = num_found = 0
+        fetched = dropped = failed = num_found = fallbacks = 0
         t_found = t0
         try:
             if claimed:  # a request that held the claim may have committed meanwhile
@@ -426,14 +470,11 @@ class RemoteReads:
                 for j in found:
                     through.setdefault(mine_keys[j], None)
             t_found = time.monotonic()
-            by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
-            for j, rep in found.items():
-                if rep.node_id == self.node_id:
-                    continue  # ours: evicted or in flux here; never fetch from ourselves
-                by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append(
-                    (mine_keys[j], rep))
-            fetched, dropped, failed = self._fill_peers(
-                by_peer, namespace_id, deadline,
+            # ours (evicted or in flux here) are never fetched from ourselves: such a block
+            # is copied from its next holder, or missed when it has none
+            plan = {mine_keys[j]: self._holders_of(rep) for j, rep in found.items()}
+            fetched, dropped, failed, fallbacks = self._fill_with_fallback(
+                plan, namespace_id, deadline,
                 through=(None if through is None
                          else _Through(through, through_budget_bytes, through_sizes)))
         finally:
@@ -444,37 +485,89 @@ class RemoteReads:
             self.num_fetched += fetched
             self.num_dropped += dropped
             self.num_failed += failed
+            self.num_fallbacks += fallbacks
         if core.metrics is not None:
-            for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed)):
+            for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed),
+                               ("fallback", fallbacks)):
                 core.metrics.count_remote_blocks(outcome, n)
         log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
                   num_dropped=dropped, num_failed=failed, num_waited=len(missing) - len(mine),
-                  lookup_ms=round((t_found - t0) * 1000, 2),
+                  num_fallbacks=fallbacks, lookup_ms=round((t_found - t0) * 1000, 2),
                   duration_ms=round((time.monotonic() - t0) * 1000, 2))
-        return FetchResult(num_found, fetched, dropped, failed, len(missing) - len(mine))
+        return FetchResult(num_found, fetched, dropped, failed, len(missing) - len(mine),
+                           fallbacks)
+
+    def _holders_of(self, rep: ClusterReplica) -> list[ClusterReplica]:
+        """The holders to try for one block, in order: the named replica, then its
+        alternates, one per node, never this node, suspects last, at most
+        ``1 + max_fallbacks``."""
+        seen: set[str] = {self.node_id}
+        out: list[ClusterReplica] = []
+        for r in (rep, *rep.alternates):
+            if r.node_id not in seen:
+                seen.add(r.node_id)
+                out.append(r)
+        return self._suspects_last(out)[: 1 + self.max_fallbacks]
+
+    def _suspects_last(self, holders: list[ClusterReplica]) -> list[ClusterReplica]:
+        if len(holders) < 2:
+            return holders
+        by_id = {r.node_id: r for r in holders}
+        return [by_id[n] for n in self.suspects.order(by_id)]
+
+    def _fill_with_fallback(
+        self, plan: dict[bytes, list[ClusterReplica]], namespace_id: bytes, deadline: float,
+        *, through: _Through | None = None,
+    ) -> tuple[int, int, int, int]:
+        """Copy each block of ``plan`` (key -> holders to try, in order) from its first
+        holder; a block whose transfer failed is tried on its next holder, one round per
+        fallback, while the deadline allows. A block dropped by the generation check is not
+        tried again (the master's view of it changed: a miss this time). Returns
+        ``(fetched, dropped, failed on every holder tried, fallbacks)``."""
+        pending = {k: holders for k, holders in plan.items() if holders}
+        fetched = dropped = failed = fallbacks = 0
+        while pending:
+            by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]] = {}
+            for k, holders in pending.items():
+                peer = (holders[0].node_id, holders[0].epoch, holders[0].data_address)
+                by_peer.setdefault(peer, []).append((k, holders[0]))
+            f, d, bad = self._fill_peers(by_peer, namespace_id, deadline, through=through)
+            fetched, dropped = fetched + f, dropped + d
+            again = {k: self._suspects_last(pending[k][1:]) for k in bad if len(pending[k]) > 1}
+            if again and deadline - time.monotonic() < _MIN_RPC_S:
+                again = {}
+            failed += len(bad) - len(again)
+            if again:
+                log.info("remote_fill_fallback", num_blocks=len(again),
+                         failed_peers=sorted({pending[k][0].node_id for k in again}),
+                         next_peers=sorted({h[0].node_id for h in again.values()}))
+            fallbacks += len(again)
+            pending = again
+        return fetched, dropped, failed, fallbacks
 
     def _fill_peers(
-        self, by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]],
+        self, by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]],
         namespace_id: bytes, deadline: float, *, as_copy: bool = True,
         through: _Through | None = None,
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, list[bytes]]:
         """Copy every peer's blocks, peers in parallel (one peer: in this thread); each
         peer's batches one after another (``as_copy``: as remote-fill copies, else as
-        originals). Returns ``(fetched, dropped, failed)``."""
+        originals). Returns ``(fetched, dropped, keys whose transfer failed)``."""
         if not by_peer:
-            return 0, 0, 0
+            return 0, 0, []
         step = max(1, self.core.cfg.max_batch_keys)
 
         def from_peer(peer: str, epoch: int, address: str,
-                      items: list[tuple[bytes, ClusterReplica]]) -> tuple[int, int, int]:
-            out = [0, 0, 0]
+                      items: list[tuple[bytes, ClusterReplica]]) -> tuple[int, int, list[bytes]]:
+            fetched = dropped = 0
+            failed: list[bytes] = []
             for i in range(0, len(items), step):  # the peer's batch limit is ours
-                for n, got in enumerate(self._fill_from(peer, epoch, address,
-                                                        items[i : i + step], namespace_id,
-                                                        deadline, as_copy=as_copy,
-                                                        through=through)):
-                    out[n] += got
-            return out[0], out[1], out[2]
+                f, d, x = self._fill_from(peer, epoch, address, items[i : i + step],
+                                          namespace_id, deadline, as_copy=as_copy,
+                                          through=through)
+                fetched, dropped = fetched + f, dropped + d
+                failed += x
+            return fetched, dropped, failed
 
         try:
             with self.core.put_in_flight():
@@ -484,14 +577,16 @@ class RemoteReads:
                     return from_peer(peer, epoch, address, items)
                 futures = [self._copiers.submit(from_peer, p, e, a, items)
                            for (p, e, a), items in jobs]
-                totals = [0, 0, 0]
-                for f in futures:  # each job is bounded by the deadline itself
-                    for n, got in enumerate(f.result()):
-                        totals[n] += got
-                return totals[0], totals[1], totals[2]
+                fetched = dropped = 0
+                failed: list[bytes] = []
+                for fut in futures:  # each job is bounded by the deadline itself
+                    f, d, x = fut.result()
+                    fetched, dropped = fetched + f, dropped + d
+                    failed += x
+                return fetched, dropped, failed
         except KvstoredError as exc:  # draining: no new copies
             log.info("remote_fill_refused", error=str(exc))
-            return 0, 0, 0
+            return 0, 0, []
 
     def copy_from(
         self, items: Sequence[tuple[bytes, ClusterReplica]], namespace_id: bytes, *,
@@ -523,13 +618,15 @@ class RemoteReads:
                 by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append((k, rep))
         fetched, dropped, failed = self._fill_peers(by_peer, namespace_id, deadline,
                                                     as_copy=False)
-        return FetchResult(len(items), fetched, dropped, failed)
+        return FetchResult(len(items), fetched, dropped, len(failed))
 
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
         *, again: bool = True, as_copy: bool = True, through: _Through | None = None,
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, list[bytes]]:
+        """Copy one batch from one peer (see the module docstring). Returns ``(committed,
+        dropped, keys whose transfer failed)``."""
         core = self.core
         keys = [k for k, _ in items]
         reserved: dict[int, Reservation] = {}
@@ -561,7 +658,7 @@ class RemoteReads:
             reserved[i] = got
             return got.view
 
-        failed = 0
+        failed: list[bytes] = []
         try:
             got: list[GetItem | None]
             try:
@@ -571,21 +668,24 @@ class RemoteReads:
                 got = list(transport.get(keys, namespace_id, sink, deadline=deadline))
             except _TRANSFER_ERRORS as exc:
                 self._report(peer, epoch, False)
+                self.suspects.mark(peer)
                 # The blocks that arrived whole before the failure are kept (verified and
                 # committed below); the rest, a torn one included, are aborted: a slow or
-                # broken tail costs only the tail.
+                # broken tail costs only the tail (tried on another holder if there is one).
                 got = completed_items(exc, len(keys))
-                failed = sum(1 for g in got if g is None)
+                failed = [keys[i] for i, g in enumerate(got) if g is None]
                 log.warning("remote_fetch_failed", peer=peer, address=address,
-                            num_blocks=len(keys), num_kept=len(keys) - failed, error=str(exc))
-                if failed == len(keys):
-                    return 0, 0, len(keys)
-            except KvstoredError as exc:  # the peer refused the request (draining...): a miss
+                            num_blocks=len(keys), num_kept=len(keys) - len(failed),
+                            error=str(exc))
+                if len(failed) == len(keys):
+                    return 0, 0, failed
+            except KvstoredError as exc:  # the peer refused the request (draining...)
                 log.info("remote_fetch_refused", peer=peer, num_blocks=len(keys),
                          error=str(exc))
-                return 0, 0, len(keys)
+                return 0, 0, list(keys)
             else:
                 self._report(peer, epoch, True)
+                self.suspects.clear(peer)
             t_copied = time.monotonic()
             # the generation the peer sent, per block that arrived whole into a reservation
             sent_gen = {i: g.generation for i, g in enumerate(got)
@@ -689,7 +789,9 @@ class RemoteReads:
 def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                  fetch_timeout_s: float, pool_size: int = 4, rpc_timeout_s: float = 2.0,
                  tls: TlsFiles | None = None, fence: TermFence | None = None,
-                 transport_for: Callable[[str], Transport] | None = None) -> RemoteReads:
+                 transport_for: Callable[[str], Transport] | None = None,
+                 suspect_holder_s: float = DEFAULT_SUSPECT_HOLDER_S,
+                 before_copy: Callable[[], None] | None = None) -> RemoteReads:
     """A :class:`RemoteReads` talking to the leading master at ``master_address`` (sync
     gRPC; one address, a list or ``etcd://``); ``fence``: the node's newest term (shared with
     its MasterLink), so a lookup answered by an older term is refused (StaleTerm: a miss).
@@ -697,6 +799,9 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
     ``tls``: mutual TLS to the master and to every peer's data plane (None = plaintext).
     ``transport_for``: a peer's transport by data address (kvstored/node/rdma_peers.py
     ``PeerTransports``, which the caller closes); None = a pooled TCP client per peer.
+    ``suspect_holder_s``: seconds a holder that failed a transfer stays suspect (``[cluster]
+    suspect_holder_s``; kvstored/node/suspects.py). ``before_copy``: the test hook of
+    :class:`RemoteReads` (the daemon passes the ``remote_fill_before_copy`` fault hook).
 
     Returns:
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
@@ -710,9 +815,11 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                                       timeout_s=timeout_s)
         return got
 
-    def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
+    def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float,
+                    avoid: Sequence[str], max_alternates: int
                     ) -> dict[int, ClusterReplica] | None:
-        got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s)
+        got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s,
+                                 avoid=avoid, max_alternates=max_alternates)
         return None if got is None else got[0]
 
     def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
@@ -723,7 +830,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                         fetch_timeout_s=fetch_timeout_s, pool_size=pool_size,
                         report_timeout_s=rpc_timeout_s, lookup_each=lookup_each,
                         ssl_context=tls.client_context() if tls is not None else None,
-                        transport_for=transport_for)
+                        transport_for=transport_for, suspects=Suspects(suspect_holder_s),
+                        before_copy=before_copy)
     close = reads.close
 
     def close_all() -> None:

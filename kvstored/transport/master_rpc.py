@@ -58,7 +58,13 @@ _HEALTH = {pb.NODE_HEALTH_HEALTHY: "healthy", pb.NODE_HEALTH_UNHEALTHY: "unhealt
 
 @dataclass(frozen=True, slots=True)
 class ClusterReplica:
-    """The best replica of one block, as the master answers a cluster lookup."""
+    """The best replica of one block, as the master answers a cluster lookup.
+
+    ``alternates``: the block's other readable replicas on distinct nodes, ranked best
+    first, when the lookup asked for them (``max_alternates``; read fallback,
+    kvstored/node/remote.py); empty otherwise or from an older master. An alternate has no
+    alternates of its own.
+    """
 
     node_id: str
     epoch: int
@@ -66,6 +72,38 @@ class ClusterReplica:
     size_bytes: int
     generation: int
     data_address: str
+    alternates: tuple[ClusterReplica, ...] = ()
+
+
+def _replicas(resp: pb.MasterLookupPrefixResponse) -> list[ClusterReplica]:
+    """The answered blocks' replicas of a LookupPrefix answer, in answer order, each with
+    its alternates (the flat ``alternate_*`` columns split by ``num_alternates``)."""
+    nodes = list(resp.nodes)
+    counts = list(resp.num_alternates)
+    alts: list[tuple[ClusterReplica, ...]] = []
+    if counts:
+        if len(counts) != len(resp.node_index):
+            raise InternalError(f"the master answered {len(counts)} num_alternates for "
+                                f"{len(resp.node_index)} blocks")
+        flat = [ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g,
+                               nodes[i].data_address)
+                for i, t, s, g in zip(resp.alternate_node_index, resp.alternate_tier,
+                                      resp.alternate_size_bytes, resp.alternate_generation,
+                                      strict=True)]
+        if sum(counts) != len(flat):
+            raise InternalError(f"the master answered {len(flat)} alternates, its counts "
+                                f"sum to {sum(counts)}")
+        start = 0
+        for n in counts:
+            alts.append(tuple(flat[start:start + n]))
+            start += n
+    else:
+        alts = [()] * len(resp.node_index)
+    return [
+        ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address, a)
+        for i, t, s, g, a in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
+                                 alts, strict=True)
+    ]
 
 
 class MasterClient:
@@ -262,7 +300,7 @@ class MasterClient:
 
     def lookup_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
     ) -> tuple[list[ClusterReplica], bool]:
         """Cluster-wide longest prefix (never pins anything).
 
@@ -272,25 +310,28 @@ class MasterClient:
 
         Args:
             timeout_s: this call's deadline (default: the client's ``timeout_s``).
+            avoid: node ids the caller found unreachable: ranked after every other readable
+                replica (still answered when they are the only ones); at most 64.
+            max_alternates: also answer up to this many other replicas per block (each
+                replica's ``alternates``; the master caps it at 3, an older one sends none).
 
         Raises:
-            InvalidArgument: too many keys, or an empty or oversized key.
+            InvalidArgument: too many keys or avoided nodes, or an empty or oversized key.
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
-                                           local_node_id=local_node_id)
+                                           local_node_id=local_node_id,
+                                           avoid_node_ids=list(avoid),
+                                           max_alternates=max_alternates)
         resp = self._call("LookupPrefix", req, timeout_s)
-        nodes = list(resp.nodes)
-        return [
-            ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g, nodes[i].data_address)
-            for i, t, s, g in zip(resp.node_index, resp.tier, resp.size_bytes, resp.generation,
-                                  strict=True)
-        ], resp.complete
+        return _replicas(resp), resp.complete
 
     def lookup_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
     ) -> tuple[dict[int, ClusterReplica], bool] | None:
         """Cluster-wide presence of every key (an Exists probe; never pins anything).
+
+        ``avoid`` and ``max_alternates`` as in :meth:`lookup_prefix`.
 
         Returns:
             ``({index into keys: best replica}, complete)`` for the keys present anywhere,
@@ -298,20 +339,17 @@ class MasterClient:
             caller looks up runs with :meth:`lookup_prefix` then).
 
         Raises:
-            InvalidArgument: too many keys, or an empty or oversized key.
+            InvalidArgument: too many keys or avoided nodes, or an empty or oversized key.
         """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
-                                           local_node_id=local_node_id, every_key=True)
+                                           local_node_id=local_node_id, every_key=True,
+                                           avoid_node_ids=list(avoid),
+                                           max_alternates=max_alternates)
         resp = self._call("LookupPrefix", req, timeout_s)
         if not resp.every_key:
             return None
-        nodes = list(resp.nodes)
-        return {
-            int(k): ClusterReplica(nodes[i].node_id, nodes[i].epoch, Tier(t), s, g,
-                                   nodes[i].data_address)
-            for k, i, t, s, g in zip(resp.key_index, resp.node_index, resp.tier,
-                                     resp.size_bytes, resp.generation, strict=True)
-        }, resp.complete
+        return {int(k): rep for k, rep in zip(resp.key_index, _replicas(resp), strict=True)
+                }, resp.complete
 
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
                         timeout_s: float | None = None) -> str:

@@ -334,19 +334,23 @@ class ReplicaRef(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., generation: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class MasterLookupPrefixRequest(_message.Message):
-    __slots__ = ("namespace_id", "keys", "local_node_id", "every_key")
+    __slots__ = ("namespace_id", "keys", "local_node_id", "every_key", "avoid_node_ids", "max_alternates")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EVERY_KEY_FIELD_NUMBER: _ClassVar[int]
+    AVOID_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ALTERNATES_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     local_node_id: str
     every_key: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ..., every_key: _Optional[bool] = ...) -> None: ...
+    avoid_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    max_alternates: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., local_node_id: _Optional[str] = ..., every_key: _Optional[bool] = ..., avoid_node_ids: _Optional[_Iterable[str]] = ..., max_alternates: _Optional[int] = ...) -> None: ...
 
 class MasterLookupPrefixResponse(_message.Message):
-    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete", "key_index", "every_key", "term")
+    __slots__ = ("nodes", "node_index", "tier", "size_bytes", "generation", "complete", "key_index", "every_key", "term", "num_alternates", "alternate_node_index", "alternate_tier", "alternate_size_bytes", "alternate_generation")
     NODES_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +360,11 @@ class MasterLookupPrefixResponse(_message.Message):
     KEY_INDEX_FIELD_NUMBER: _ClassVar[int]
     EVERY_KEY_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    NUM_ALTERNATES_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATE_NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATE_TIER_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[ReplicaNode]
     node_index: _containers.RepeatedScalarFieldContainer[int]
     tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
@@ -365,7 +374,12 @@ class MasterLookupPrefixResponse(_message.Message):
     key_index: _containers.RepeatedScalarFieldContainer[int]
     every_key: bool
     term: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., key_index: _Optional[_Iterable[int]] = ..., every_key: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
+    num_alternates: _containers.RepeatedScalarFieldContainer[int]
+    alternate_node_index: _containers.RepeatedScalarFieldContainer[int]
+    alternate_tier: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    alternate_size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    alternate_generation: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[ReplicaNode, _Mapping]]] = ..., node_index: _Optional[_Iterable[int]] = ..., tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., size_bytes: _Optional[_Iterable[int]] = ..., generation: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., key_index: _Optional[_Iterable[int]] = ..., every_key: _Optional[bool] = ..., term: _Optional[int] = ..., num_alternates: _Optional[_Iterable[int]] = ..., alternate_node_index: _Optional[_Iterable[int]] = ..., alternate_tier: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., alternate_size_bytes: _Optional[_Iterable[int]] = ..., alternate_generation: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicaNode(_message.Message):
     __slots__ = ("node_id", "epoch", "data_address")

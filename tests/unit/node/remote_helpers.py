@@ -68,19 +68,28 @@ class FakeMaster:
 
 
 class PerKeyMaster(FakeMaster):
-    """Also answers per key (``lookup_each``), or None like an older master (``old``)."""
+    """Also answers per key (``lookup_each``), or None like an older master (``old``).
+
+    A named replica's ``alternates`` are answered up to the lookup's ``max_alternates``
+    (a test sets them on ``replicas``); ``avoids`` records each lookup's avoid list.
+    """
 
     def __init__(self, *, old: bool = False) -> None:
         super().__init__()
         self.old = old
         self.each_lookups = 0
+        self.avoids: list[list[str]] = []
 
     def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
-                    timeout_s: float) -> dict[int, ClusterReplica] | None:
+                    timeout_s: float, avoid: Sequence[str] = (), max_alternates: int = 0,
+                    ) -> dict[int, ClusterReplica] | None:
         self.each_lookups += 1
+        self.avoids.append(list(avoid))
         if self.old:
             return None
-        return {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
+        return {i: dataclasses.replace(self.replicas[k],
+                                       alternates=self.replicas[k].alternates[:max_alternates])
+                for i, k in enumerate(keys) if k in self.replicas}
 
 
 def with_generations(core: NodeCore, generations: dict[bytes, int],

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from kvstored.errors import ConfigInvalid
-from kvstored.node.fault_hooks import dataplane_hook_from_env, parse_test_hooks
+from kvstored.node.fault_hooks import (
+    dataplane_hook_from_env,
+    parse_test_hooks,
+    remote_fill_hook_from_env,
+)
 
 
 def test_unset_or_empty_arms_nothing() -> None:
@@ -48,3 +52,25 @@ def test_the_point_holds_its_first_caller_until_the_fifo_is_written_then_passes(
     t.join(10)
     assert done.is_set()
     hook("get_before_send", start=0, num_items=1)  # disarmed: passes at once
+
+
+def test_the_remote_fill_point_is_armed_alone_and_holds_like_the_others(tmp_path: Path) -> None:
+    fifo = tmp_path / "fill.fifo"
+    os.mkfifo(fifo)
+    env = {"KVSTORED_TEST_HOOKS": f"remote_fill_before_copy:{fifo}"}
+    assert remote_fill_hook_from_env({}) is None
+    assert dataplane_hook_from_env(env) is None  # a node-side point, not a data-plane one
+    hook = remote_fill_hook_from_env(env)
+    assert hook is not None
+    t = threading.Thread(target=hook)
+    t.start()
+    held = Path(f"{fifo}.held")
+    deadline = time.monotonic() + 10
+    while not held.exists():
+        assert time.monotonic() < deadline, "the hook never said it holds"
+        time.sleep(0.01)
+    assert t.is_alive()  # held
+    open(fifo, "wb").close()
+    t.join(10)
+    assert not t.is_alive()
+    hook()  # disarmed: passes at once
