@@ -51,7 +51,10 @@ def wait_engine_file(path: Path, engine: EngineProcess, wait_s: float) -> None:
     if the engine exited first."""
     def reached() -> bool:
         if engine.proc.poll() is not None:
-            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name}:"
-                                 f"\n{engine.log_path.read_text()[-3000:]}")
+            lines = engine.log_path.read_text(errors="replace").splitlines()
+            causes = [ln for ln in lines if "Error" in ln or "Exception" in ln or "Killed" in ln]
+            raise AssertionError(f"engine exited ({engine.proc.returncode}) before {path.name};"
+                                 " error lines of the whole log:\n" + "\n".join(causes[-40:])
+                                 + "\nits end:\n" + "\n".join(lines[-30:]))
         return path.exists()
     wait_until(reached, wait_s, f"engine reached {path.name}", interval_s=0.2)
