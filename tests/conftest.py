@@ -20,6 +20,7 @@ and skips otherwise. Mark such tests ``@pytest.mark.etcd``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -53,6 +54,9 @@ def pinned_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 def workdir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvt", dir="/tmp"))
     yield d
+    if os.environ.get("KVSTORED_KEEP_WORKDIR") == "1":  # debugging: logs of a failed run
+        print(f"workdir kept: {d}")
+        return
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -374,6 +374,32 @@ class RemoteReads:
             if r.node_id == self.node_id:
                 break  # names us, but we lack it: the master has not heard of the eviction
             out.append(r.tier)
+        if len(got) > len(out) - len(local):  # stopped at a stale "us": ask past it
+            out += self._prefix_elsewhere(namespace_id, keys[len(out):], deadline)
+        return out
+
+    def _prefix_elsewhere(self, namespace_id: bytes, keys: Sequence[bytes],
+                          deadline: float) -> list[Tier]:
+        """The leading run of ``keys`` that the master knows on another node than this one
+        (one per-key lookup that avoids this node: it ranks last, named only where it is the
+        only holder the master knows). The master names this node for a block it no longer
+        holds until its removal event arrives (one heartbeat; also while a repair or a
+        re-sync is under way); a replica elsewhere then still counts. [] when the master
+        cannot answer per key or is unreachable."""
+        left = deadline - time.monotonic()
+        if self.lookup_each is None or left < _MIN_RPC_S or not keys:
+            return []
+        try:
+            found = self.lookup_each(namespace_id, keys, "", left, (self.node_id,), 0)
+        except KvstoredError as exc:
+            log.info("remote_lookup_failed", error=str(exc))
+            return []
+        out: list[Tier] = []
+        for i in range(len(keys)):
+            rep = (found or {}).get(i)
+            if rep is None or rep.node_id == self.node_id:
+                break
+            out.append(rep.tier)
         return out
 
     def exists(
@@ -399,9 +425,24 @@ class RemoteReads:
             found = self.find(namespace_id, ask, deadline=deadline, max_runs=self.exists_max_runs)
         present = list(present)
         tiers = list(tiers)
+        stale = [j for j, rep in found.items() if rep.node_id == self.node_id]
+        if stale and self.lookup_each is not None:
+            # names us, but we lack it (the master lags one heartbeat): ask again avoiding
+            # this node, so a replica elsewhere still counts
+            left = deadline - time.monotonic()
+            if left >= _MIN_RPC_S:
+                try:
+                    again = self.lookup_each(namespace_id, [ask[j] for j in stale], "", left,
+                                             (self.node_id,), 0) or {}
+                except KvstoredError as exc:
+                    log.info("remote_lookup_failed", error=str(exc))
+                    again = {}
+                found = dict(found)
+                for n, rep in again.items():
+                    found[stale[n]] = rep
         for j, rep in found.items():
             if rep.node_id == self.node_id:
-                continue  # names us, but we lack it: stale (the master lags one heartbeat)
+                continue  # names us, but we lack it: stale, and no other holder is known
             present[missing[j]] = True
             if tiers:
                 tiers[missing[j]] = rep.tier

@@ -20,21 +20,20 @@ venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
 3. B: the prompt under another ``cache_salt`` (other block hashes, nothing cached): the miss
    TTFT; the prompt itself: the hit TTFT, its blocks loaded through the cluster (node b
    copies them from node a or c); then a full answer.
-4. During that load: node b's copy is held (``KVSTORED_TEST_HOOKS``
-   ``remote_fill_before_copy``, after its master lookup named the holders, before the
-   copy), and there a node other than B's (``a`` or ``c``, chosen from a seed printed in the
-   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed; then the
-   copy goes on. Where the dead node was the holder named, node b falls back to the other
-   replica within the same load (kvstored/node/remote.py): the hit still loads the whole
-   prefix. After B's answer node b's copies of A's blocks are removed; once the other master
-   leads (a higher term) and answers ``complete=true``, B asks again with vLLM's prefix cache
-   reset: the prefix comes through the new leader from the surviving replica.
+4. While B runs (between its requests), a node other than B's (``a`` or ``c``, chosen from
+   a seed printed in the log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master
+   are SIGKILLed, and node b's copies of A's blocks are removed; once the other master leads
+   (a higher term) and answers ``complete=true``, B asks again with vLLM's prefix cache
+   reset: the prefix comes through the new leader from the replica that survived (a or c),
+   whichever node died. (A kill during a load in flight is tested without vLLM, by
+   tests/e2e/test_e2e_cluster_fallback.py: vLLM's hit here is copied by several parallel
+   batches, so a hook holding one of them does not hold the load.)
 5. Asserted: every request is answered; each answer equals R's token for token; B's hit
-   TTFT is below its miss TTFT; the hit, whose load the kills interrupted, loaded the whole
-   shared prefix; after the kills B loads the common prefix again.
+   TTFT is below its miss TTFT; the hit loaded the whole shared prefix and no load failed;
+   after the kills B loads the common prefix again.
 
-The kills happen while node b's load is held at a known point (the hook's ``.held`` file),
-so which copy runs after them is deterministic; no sleep stands in for synchronisation.
+The kills happen at a point B reports (a signal file; B waits for the driver's go file), so
+which request runs after them is deterministic; no sleep stands in for synchronisation.
 Needs root (network namespaces, a bridge), etcd (the ``etcd`` fixture) and the vLLM venv;
 skipped with the reason otherwise. Run only this test:
 ``python -m pytest -q -s tests/e2e/test_system_vllm_cluster.py``.
@@ -225,9 +224,6 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
     both = ",".join(m.address for m in masters)  # the nodes cannot reach etcd (loopback)
     _wait("a leader", lambda: _leader(both))
     nodes = {name: _node(ns[name], workdir / f"node-{name}", both, name) for name in ns}
-    hold = workdir / "b-fill.fifo"  # node b's first copy from a peer (B's hit) waits here
-    os.mkfifo(hold)
-    nodes["b"].env["KVSTORED_TEST_HOOKS"] = f"remote_fill_before_copy:{hold}"
     start_nodes(list(nodes.values()), procs, NODE_ENV)
     wait_healthy(both, set(nodes))
     assert all(n.data.startswith(f"{ns[k].ip}:") for k, n in nodes.items())
@@ -240,10 +236,9 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
         # miss: the same prompt under another cache_salt (other block hashes): nothing
         # cached anywhere, so B computes all of it
         {"prompt": P_SHARED_Q1, "max_tokens": 1, "cache_salt": "cold"},
-        # hit: A's blocks, through the cluster; the kills happen during its load
-        {"prompt": P_SHARED_Q1, "max_tokens": 1},
+        {"prompt": P_SHARED_Q1, "max_tokens": 1},  # hit: A's blocks, through the cluster
         {"prompt": P_SHARED_Q1, "max_tokens": ANSWER_TOKENS},
-        {"signal_file": str(reached), "wait_for_file": str(resume)},  # the failover
+        {"signal_file": str(reached), "wait_for_file": str(resume)},  # the kills
         # with vLLM's own cache reset and node b's copies removed: the prefix comes through
         # the new leader from the replica that survived
         {"prompt": P_SHARED_Q2, "max_tokens": ANSWER_TOKENS, "reset_prefix_cache": True},
@@ -275,36 +270,25 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
               lambda: _indexed_on(admin, namespace.id, a_keys, {"a", "c"}))
 
     go.write_text("go\n")
-    # B's miss, then its hit: node b's load of A's blocks is held after its lookup
-    wait_engine_file(Path(f"{hold}.held"), engine_b, ENGINE_WAIT_S)
+    _wait_file(reached, engine_b)
+    held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
     leader_address, old_term = _leader(both)  # who leads now (asked just before the kill)
     leader = next(m for m in masters if m.address == leader_address)
-    with MasterClient(both, timeout_s=5) as mc:  # whom b's lookup named (the same ranking)
-        named = mc.lookup_each(namespace.id, a_keys, local_node_id="b")
-    named_nodes = sorted({r.node_id for r in named[0].values()}) if named else []
     nodes[victim].kill()
     leader.kill()
     t_kill = time.monotonic()
-    print(f"killed node {victim} (b's lookup named {named_nodes}) and the leading master "
-          f"{leader.address} (term {old_term}) at {t_kill - t_start:.1f} s, during B's load",
-          flush=True)
-    open(hold, "wb").close()  # the load goes on: a copy from the dead node falls back
-    _wait_file(reached, engine_b)
-    held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
+    print(f"killed node {victim} and the leading master {leader.address} (term {old_term}) "
+          f"at {t_kill - t_start:.1f} s", flush=True)
     failover_s, new_term = _fail_over(both, masters, leader, nodes, victim, namespace,
                                       a_keys, t_kill)
     resume.write_text("go\n")
     b = engine_steps(engine_b)
     wall_s = time.monotonic() - t_start
-    fallbacks = nodes["b"].log().count("remote_fill_fallback")
     _check(b, prompts, answers, workdir, {
         "seed": seed, "killed": [f"node {victim}", f"master {leader.address}"],
-        "named_for_b": named_nodes, "fallback_log_lines_on_b": fallbacks,
         "failover_s": round(failover_s, 2), "terms": [old_term, new_term],
-        "blocks_of_A_on_node_b_before_the_failover": held_by_b, "blocks_of_A": len(a_keys),
+        "blocks_of_A_on_node_b_before_the_kills": held_by_b, "blocks_of_A": len(a_keys),
     }, wall_s)
-    if victim in named_nodes:  # b's copy from the dead holder failed: the next replica served
-        assert fallbacks > 0, "node b loaded from a dead holder without a fallback"
     assert held_by_b == len(a_keys), held_by_b  # the hit copied A's blocks into node b
     assert new_term > old_term, (old_term, new_term)
 
