@@ -125,7 +125,7 @@ def test_the_wait_is_bounded_even_when_the_pool_keeps_saying_it_made_room(
     stores: list[TieredStore], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(transit.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(transit, "time", types.SimpleNamespace(monotonic=lambda: now[0]))  # this module only
     s = _store(stores, tmp_path, dram_blocks=2)
     s.put(key(0), val(0))
     s.put(key(1), val(1))

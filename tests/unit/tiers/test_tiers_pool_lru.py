@@ -172,3 +172,16 @@ def test_a_full_tiered_node_takes_a_hand_off_by_dropping_its_coldest_ssd_block(
     assert s.exists([key(i) for i in (0, 1, 2, 3, 50)]) == [False, True, True, True, True]
     assert s.get(key(2)) == (val(2), b"")
     assert (s.handoffs_taken, s.handoffs_declined) == (1, 1)
+
+
+def test_a_stamp_left_from_a_clock_ahead_of_this_one_is_never_handed_out() -> None:
+    # A test that patched time.monotonic forward (tests/integration/test_slot_puts.py) left
+    # a shared stamp in the future: every later block got it, and ages came out negative.
+    import time
+
+    from kvstored.tiers import ssd_format
+
+    ssd_format._TOUCHED[0] = time.monotonic() + 10_000.0
+    before = time.monotonic()
+    stamp = ssd_format.touch_time()
+    assert before <= stamp <= time.monotonic()
