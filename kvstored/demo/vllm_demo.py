@@ -15,9 +15,11 @@ kvstored. Reported: TTFT miss vs hit, hit tokens, and whether the greedy answers
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,6 +153,7 @@ class EngineProcess:
         self.proc = subprocess.Popen(
             [*argv_prefix, str(python), "-m", "kvstored.integrations.vllm"], stdin=subprocess.PIPE,
             stdout=self._log, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=workdir,
+            start_new_session=True,  # its own process group: kill() takes vLLM's workers too
         )
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(spec))
@@ -165,8 +168,7 @@ class EngineProcess:
         try:
             rc = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
             rc = -9
         self._log.close()
         text = self.log_path.read_text(errors="replace")
@@ -177,10 +179,14 @@ class EngineProcess:
         return json.loads(lines[-1][len(RESULT_PREFIX):])
 
     def kill(self) -> None:
-        """SIGKILL it if it still runs."""
+        """SIGKILL its whole process group: the engine and vLLM's EngineCore and worker
+        processes, which outlive a killed (or failed) engine otherwise and keep their memory
+        (GBs: the next engines then fail to allocate their KV cache)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
 
 
 def engine_spec(model: Path, prompts: list[list[int]], steps: list[dict[str, Any]], *,
