@@ -556,8 +556,13 @@ class Repair:
 
     def _deficit(self, b: BlockId) -> int:
         """Originals short of the block's factor (negative: maybe a surplus, _maybe_drop
-        weighs hot extras)."""
-        return self.factors.factor_of(*b) - self._live_originals(b) - len(self._in_flight(b))
+        weighs hot extras). A replica being written (a put's own second replica, WRITING on
+        a live node) counts as coming: a COPY for it would make a third original, and the
+        DROP that trims it then took the writer's own (the fullest node)."""
+        writing = {rec.spec.node_id for r, rec in self._rows(b)
+                   if r.state is ReplicaState.WRITING and not r.copy and self._is_live(rec)}
+        return (self.factors.factor_of(*b) - self._live_originals(b) - len(self._in_flight(b))
+                - len(writing))
 
     def _cool_hot_blocks(self) -> None:
         """A hot block not hot again for two windows gives its extra replicas back: its

@@ -285,3 +285,18 @@ def test_a_hot_blocks_extra_replica_is_dropped_once_it_cooled() -> None:
     c.members.heartbeat("b", 1)
     c.state.maintain(65536)
     assert drops(c) == [("a", key(1))]  # the fuller node gives its replica back
+
+
+def test_a_replica_being_written_counts_so_no_copy_races_the_puts_own_second_replica() -> None:
+    # put(replicas=2) through a: a's original is committed, its second replica is landing on
+    # b (a WRITING row). A COPY to c now would make a third original, and the DROP trimming
+    # it would take a's, the writer's own (the CI flake of test_e2e_cluster_repair.py).
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    c.join("c")
+    c.index.add_replica(NS, key(1), holder=c.holder("b"), tier=Tier.DRAM, size_bytes=SIZE,
+                        generation=99, state=ReplicaState.WRITING)
+    c.state.repair.set_factor(NS, [key(1)], 2)
+    c.state.maintain(65536)
+    assert copies(c, "b") == [] and copies(c, "c") == []
