@@ -440,10 +440,10 @@ class Reservations:
                 removed = False
                 if entry is not None:
                     t = st.demoting.get(skey)
-                    if t is not None:
+                    if t is not None and t.entry is entry:
                         dram.forget(skey)  # the demoter frees the space when its write ends
                         t.removed = True
-                    else:
+                    else:  # (a demotion of an older, removed block of the key frees only that one)
                         dram.remove(skey)
                     removed = True
                 t = st.promoting.get(skey)

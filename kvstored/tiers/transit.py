@@ -353,7 +353,8 @@ class Transit:
         Returns:
             The new (unpinned) DRAM entry; None when the block is gone or unreadable (a
             miss); NoCapacity when DRAM cannot make room; :data:`AGAIN` when the block
-            changed while room was made (look it up again).
+            changed while room was made or while it was read (the SSD evicted it and a put
+            committed the key again: look it up again).
 
         Raises:
             Unavailable: the store was closed meanwhile.
@@ -391,6 +392,11 @@ class Transit:
         if reason or t.removed:
             return None
         st.check_open()
+        if skey in dram.entries or ssd.entries.get(skey) is not sentry:
+            # the SSD evicted the block while we read it and a put committed the key again
+            # (in DRAM, or demoted since): ours are older bytes; the newer block wins
+            dram.allocator.free(off, size)
+            return AGAIN
         entry = DramEntry(off, st.interner.size(size), sentry.info, sentry.generation)
         dram.add(skey, entry)
         ssd.hits += 1
@@ -541,7 +547,10 @@ class Transit:
             del st.promoting[skey]
             st.reserved_bytes -= need
             doomed += ssd.end_read(skey, sentry, reason)
-            if reason or t.removed or st.closed:
+            if (reason or t.removed or st.closed or skey in dram.entries
+                    or ssd.entries.get(skey) is not sentry):
+                # (a failed read, a removal, or the SSD evicted the block while we read it
+                # and a put committed the key again: never index older bytes over it)
                 dram.allocator.free(t.offset, t.size_bytes)
                 continue
             dram.add(skey, DramEntry(t.offset, intern_size(t.size_bytes), sentry.info,

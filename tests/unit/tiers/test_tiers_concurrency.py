@@ -69,6 +69,7 @@ def test_racing_threads_never_see_wrong_bytes(tmp_path: pathlib.Path, with_ssd: 
         st = s.stats()
         assert st.pinned_blocks == 0 and st.checksum_failures == 0
         s._state.dram.allocator.check_invariants()
+        assert len(s._state.dram.by_offset) == len(s._state.dram.entries)  # no orphaned block
         assert s._state.dram.allocator.used_bytes == sum(
             s._state.dram.round_up(e.size_bytes) for e in s._state.dram.entries.values()
         )

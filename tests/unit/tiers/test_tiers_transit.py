@@ -195,3 +195,70 @@ def test_close_waits_for_a_held_transfer(store: TieredStore) -> None:
     closer.join(10)
     assert not closer.is_alive()
     assert len(box) == 1 and isinstance(box[0], Unavailable)  # the read finished, not served
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["get", "pin_many"])
+def test_a_put_while_the_ssd_evicts_a_promoting_block_is_never_overwritten_by_the_promotion(
+    store: TieredStore, batch: bool,
+) -> None:
+    # Regression (the racing-threads test's "freeing a pinned block" and KeyError in the
+    # eviction walk): the SSD evicted a block while a promotion read it, a put committed the
+    # key again in DRAM, and the promotion then indexed its older bytes over the new entry,
+    # leaving the new one orphaned in the address-ordered list (space leaked, later walks
+    # met a block the map did not know).
+    for i in range(6):
+        store.put(key(i), val(i))
+    store.remove([key(2), key(3)])  # DRAM room for the promotion and for the put
+    st = store._state
+    assert st.ssd is not None
+    skey = store_key(b"", key(0))
+    assert skey not in st.dram.entries and skey in st.ssd.entries
+    held = HeldIo("read", skey)
+    st.ssd.io_hook = held
+    def pin_and_release() -> None:  # a batch read: promote_many's parallel reads
+        for p in store.pin_many([key(0), key(1)]):
+            if isinstance(p, PinnedBlock):
+                store.unpin(p)
+
+    reader, box = in_thread(pin_and_release if batch else (lambda: store.get(key(0))))
+    assert held.entered.wait(10)
+    with st.lock:
+        st.ssd.drop(skey)  # the SSD's eviction of the block being read (its file kept)
+    newer = b"\x5a" * BLOCK
+    assert completes(lambda: store.put(key(0), newer)) is True
+    held.release.set()
+    reader.join(10)
+    assert not reader.is_alive() and len(box) == 1
+    got = store.get(key(0))
+    assert got is not None and got[0] == newer  # never the promotion's older bytes
+    dram = st.dram
+    assert len(dram.by_offset) == len(dram.entries)
+    dram.allocator.check_invariants()
+    assert dram.allocator.used_bytes == sum(dram.round_up(e.size_bytes) for e in dram.entries.values())
+    assert st.reserved_bytes == 0
+
+
+def test_a_block_put_again_and_removed_while_its_removed_predecessor_demotes_is_freed(
+    store: TieredStore,
+) -> None:
+    # Regression (the racing-threads test's used_bytes 8 KiB above its blocks): a block was
+    # removed while its demotion wrote, put again, and removed again before that write
+    # ended; the second remove took the old demotion for the new block's and only forgot
+    # the new block, whose space was then never freed (the demoter frees the old one only).
+    store.put(key(0), val(0))
+    st = store._state
+    assert st.ssd is not None
+    held = HeldIo("write", store_key(b"", key(0)))
+    st.ssd.io_hook = held
+    spiller, box = in_thread(store.spill_to_ssd)
+    assert held.entered.wait(10)
+    assert completes(lambda: store.remove([key(0)])) == [True]  # mid-demotion
+    assert completes(lambda: store.put(key(0), val(0))) is True
+    assert completes(lambda: store.remove([key(0)])) == [True]  # the new block, not the old
+    held.release.set()
+    spiller.join(10)
+    assert box == [0]
+    assert store.exists([key(0)]) == [False]
+    dram = st.dram
+    dram.allocator.check_invariants()
+    assert dram.allocator.used_bytes == 0 and not dram.entries and len(dram.by_offset) == 0
