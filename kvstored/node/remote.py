@@ -76,7 +76,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -237,7 +237,7 @@ class _KeyState:
     next: int = 0  # index of the next holder to ask
     active: int = 0  # transfers of it in flight
     extended: bool = False  # more holders were asked of the master already
-    tried: set[str] | None = None
+    tried: set[str] = field(default_factory=set)  # node ids asked
 
 
 class RemoteReads:
@@ -704,7 +704,7 @@ class RemoteReads:
             hedged blocks the backup served)``.
         """
         race = _Race()
-        states = {k: _KeyState(list(h), tried=set()) for k, h in plan.items() if h}
+        states = {k: _KeyState(list(h)) for k, h in plan.items() if h}
         running: dict[Future[tuple[int, int, list[bytes]]], _Job] = {}
         backups: set[int] = set()  # job ids of hedged copies
         step = max(1, self.core.cfg.max_batch_keys)
@@ -721,7 +721,7 @@ class RemoteReads:
             tried: set[str] = {self.node_id}
             for k in ask:
                 states[k].extended = True
-                tried |= states[k].tried or set()
+                tried |= states[k].tried
             for k, holders in more(ask, sorted(tried)).items():
                 st = states[k]
                 known = {h.node_id for h in st.holders}
@@ -734,7 +734,7 @@ class RemoteReads:
                 h = st.holders[st.next]
                 st.next += 1
                 st.active += 1
-                (st.tried or set()).add(h.node_id)
+                st.tried.add(h.node_id)
                 by_peer.setdefault((h.node_id, h.epoch, h.data_address), []).append((k, h))
             now = time.monotonic()
             for peer, items in by_peer.items():
