@@ -235,7 +235,7 @@ class _KeyState:
 
     holders: list[ClusterReplica]
     next: int = 0  # index of the next holder to ask
-    active: int = 0  # transfers of it in flight
+    running: list[_Job] = field(default_factory=list)  # its transfers in flight
     extended: bool = False  # more holders were asked of the master already
     tried: set[str] = field(default_factory=set)  # node ids asked
 
@@ -733,7 +733,6 @@ class RemoteReads:
                 st = states[k]
                 h = st.holders[st.next]
                 st.next += 1
-                st.active += 1
                 st.tried.add(h.node_id)
                 by_peer.setdefault((h.node_id, h.epoch, h.data_address), []).append((k, h))
             now = time.monotonic()
@@ -746,10 +745,10 @@ class RemoteReads:
                         fut = self._racers.submit(self._race_job, job, namespace_id, deadline,
                                                   race, as_copy, through)
                     except RuntimeError:  # closed: nothing in flight for these
-                        for k, _ in job.items:
-                            states[k].active -= 1
                         continue
                     running[fut] = job
+                    for k, _ in job.items:
+                        states[k].running.append(job)
                     if hedge_of is not None:
                         backups.add(job.job_id)
 
@@ -758,7 +757,7 @@ class RemoteReads:
         while running:
             with race.lock:
                 settled = set(race.won)
-            if not any(st.active and k not in settled for k, st in states.items()):
+            if not any(st.running and k not in settled for k, st in states.items()):
                 break  # what is still running is a loser (or settled) copy
             now = time.monotonic()
             if now >= give_up:
@@ -773,6 +772,7 @@ class RemoteReads:
                 settled = set(race.won)
                 won = dict(race.won)
             retry: list[bytes] = []
+            backup_of: dict[bytes, _Job] = {}  # a failed backup's next try backs up the same
             alive = {j.job_id for f, j in running.items() if f not in done}
             for fut in done:
                 job = running.pop(fut)
@@ -785,9 +785,14 @@ class RemoteReads:
                 bad_set = set(bad)
                 for k, _ in job.items:
                     st = states[k]
-                    st.active -= 1
-                    if k in bad_set and k not in settled and st.active == 0:
+                    st.running.remove(job)
+                    # failed here and nothing else in flight for it but silent holders
+                    # (hedged already): the next holder now, not at the silent one's deadline
+                    if (k in bad_set and k not in settled
+                            and all(j.hedged for j in st.running)):
                         retry.append(k)
+                        if job.hedge_of is not None and st.running:
+                            backup_of[k] = job.hedge_of
                 stalled = job.hedge_of
                 if (stalled is not None and stalled.job_id in alive
                         and any(won.get(k) == job.job_id for k, _ in job.items)):
@@ -796,13 +801,17 @@ class RemoteReads:
                 extend(retry)
                 again = ([k for k in retry if has_next(k)]
                          if deadline - time.monotonic() >= _MIN_RPC_S else [])
-                failed += len(retry) - len(again)
+                # failed for good only with nothing in flight (else counted at the end)
+                failed += sum(1 for k in retry if k not in again and not states[k].running)
                 if again:
                     log.info("remote_fill_fallback", num_blocks=len(again),
                              next_peers=sorted({states[k].holders[states[k].next].node_id
                                                 for k in again}))
                     fallbacks += len(again)
-                    launch(again)
+                    launch([k for k in again if k not in backup_of])
+                    for stalled in {id(j): j for j in backup_of.values()}.values():
+                        launch([k for k in again if backup_of.get(k) is stalled],
+                               hedge_of=stalled)
             if hedge_s <= 0:
                 continue
             now = time.monotonic()
@@ -810,7 +819,8 @@ class RemoteReads:
                 if job.hedged or now - job.progress < hedge_s:
                     continue
                 job.hedged = True  # one backup per transfer
-                keys = [k for k, _ in job.items if k not in settled and states[k].active == 1]
+                keys = [k for k, _ in job.items
+                        if k not in settled and len(states[k].running) == 1]
                 extend(keys)
                 keys = [k for k in keys if has_next(k)]
                 if not keys or deadline - now < _MIN_RPC_S:
@@ -827,7 +837,7 @@ class RemoteReads:
             fetched = race.num_committed
         hedge_won = sum(1 for j in won.values() if j in backups)
         # blocks still in flight when the read gave up (the deadline): misses
-        failed += sum(1 for k, st in states.items() if st.active and k not in won)
+        failed += sum(1 for k, st in states.items() if st.running and k not in won)
         return fetched, dropped, failed, fallbacks, hedged, hedge_won
 
     def _race_job(

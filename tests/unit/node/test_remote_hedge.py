@@ -314,3 +314,28 @@ def test_hedge_after_must_not_be_negative() -> None:
             make_reads(core, PerKeyMaster(), hedge_after_s=-0.1)
     finally:
         core.store.close()
+
+
+def test_a_hedge_to_a_dead_holder_goes_on_to_the_next_while_the_silent_one_stays_silent(
+    planes: DataPlanes, local: NodeCore
+) -> None:
+    """The master names a dead x first for the other holders (its lease has not lapsed
+    yet): the hedge to x fails at once and goes on to c, not at the silent a's deadline."""
+    master = PerKeyMaster()
+    a, c = _holder(planes, "a", 100), _holder(planes, "c", 300)
+    dead = ClusterReplica("x", 7, Tier.DRAM, 0, 500, _dead_address())
+    _name(master, dead, c)
+    silent = Silent(a.data_address)
+    reads = make_reads(local, master, lookup_each=master.lookup_each, fetch_timeout_s=30,
+                       transport_for=silent.transport_for, hedge_after_s=HEDGE_S)
+    try:
+        got = reads.copy_from(_copy_items(a), b"")
+        assert (got.num_fetched, got.num_failed, got.num_hedged, got.num_fallbacks,
+                got.num_hedge_won) == (6, 0, 6, 6, 6)
+        assert local_bytes(local, IDS) == [value(i, holder="c") for i in IDS]
+        assert not silent.finished.is_set()  # a never answered: served without it
+    finally:
+        silent.release.set()
+        assert silent.finished.wait(30)
+        reads.close()
+        silent.close()
