@@ -49,14 +49,26 @@ block's other readable replicas on distinct nodes, ranked). A block whose transf
 (connect refused or reset, no answer in time, the peer refused the request) is copied from
 its next alternate within the same request, at most ``MAX_FALLBACKS`` rounds, under the same
 deadline (each transfer keeps the whole time left: a slow but healthy holder is never cut
-short; a blackholed one therefore uses up this read's deadline, a miss as before, and is
-avoided by the next reads). Every copy is verified against the generation of the replica
+short; without hedging, a blackholed one therefore uses up this read's deadline, a miss as
+before, and is avoided by the next reads). Every copy is verified against the generation of the replica
 it came from, exactly as above: a block that fails on every holder is a miss, never other
 bytes. A holder that failed is *suspect* for ``suspect_holder_s``
 (kvstored/node/suspects.py): lookups send it as ``avoid`` (the master ranks it last) and
 the reader tries the other holders first; a success clears it. Without
 this a SIGKILLed holder's blocks were misses for every reader until the master noticed the
 death (up to one node lease), although another replica was alive.
+
+Hedging (``hedge_after_s``, ``[cluster] hedge_after_ms``; a backup request after a delay,
+Dean and Barroso, "The Tail at Scale", CACM 2013): a transfer whose holder has announced no
+block for the hedge delay (a SIGSTOPped process accepts the connection and never answers)
+has its blocks asked of their next holder too. Each transfer receives into its own
+reservations; the first verified copy of a block commits it (:class:`_Race`), any other is
+discarded (no slot is given for a settled block, its reservations are aborted, never
+committed), and nothing commits once the read returned. The read returns as soon as every
+block is settled or failed everywhere; the silent transfer is left to end by the deadline,
+and its holder becomes suspect. The master's COPY commands (:meth:`RemoteReads.copy_from`)
+take the same path, with the other holders of a block asked of the master when its named
+source fails or stays silent.
 
 Limits: a read is per key, like the get that asks for it: it looks up its missing keys with
 one per-key master lookup (``lookup_each``), so a block after a cluster-wide miss is copied

@@ -339,3 +339,12 @@ def test_a_hedge_to_a_dead_holder_goes_on_to_the_next_while_the_silent_one_stays
         assert silent.finished.wait(30)
         reads.close()
         silent.close()
+
+
+def test_a_negative_hedge_after_ms_is_a_config_error_naming_the_setting() -> None:
+    from kvstored.config import load_config
+    from kvstored.errors import ConfigInvalid
+
+    with pytest.raises(ConfigInvalid, match=r"cluster.hedge_after_ms.*got -1"):
+        load_config(environ={"KVSTORED_CLUSTER__HEDGE_AFTER_MS": "-1"})
+    assert load_config(environ={"KVSTORED_CLUSTER__HEDGE_AFTER_MS": "0"}).cluster.hedge_after_ms == 0
