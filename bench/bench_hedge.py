@@ -18,7 +18,7 @@ Ratio = stopped_s / healthy_s. With hedging off (``--hedge-after-ms 0``, or ``de
 against a tree that has no such setting: run the daemons from it with ``PYTHONPATH``),
 the stopped holder keeps the read for ``remote_fetch_timeout_s`` and its blocks miss.
 
-Usage:  python bench/bench_hedge.py [--hedge-after-ms 0,50] [--runs 3] [--blocks 32]
+Usage:  python bench/bench_hedge.py [--hedge-after-ms 0,100] [--runs 3] [--blocks 32]
         [--block-kib 256] [--out bench/results/bench_hedge.json]
 """
 
@@ -118,7 +118,7 @@ def one_run(hedge: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hedge-after-ms", default="0,50",
+    ap.add_argument("--hedge-after-ms", default="0,100",
                     help="comma-separated values to compare; 'default' leaves it unset")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=32)

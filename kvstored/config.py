@@ -502,12 +502,13 @@ class ClusterConfig(_Model):
     (kvstored/node/suspects.py). It only reorders: a block held only there is still tried.
     0 = off (failed holders are not remembered; each read still falls back to the next
     holder)."""
-    hedge_after_ms: int = 50
+    hedge_after_ms: int = 100
     """Milliseconds a peer may stay silent during a read's or a COPY's transfer (no block
     announced since the request, or since its last block) before the same copy is also
     asked of the block's next holder: the first verified copy wins, the other is discarded,
-    and the silent peer becomes suspect (a backup request, "The Tail at Scale"; default 50,
-    several times a batch's copy on a LAN, so a healthy holder is rarely hedged). 0 = off:
+    and the silent peer becomes suspect (a backup request, "The Tail at Scale"; default 100:
+    several times the gap between two blocks of a healthy holder's batch on a LAN, so one is
+    rarely hedged). 0 = off:
     a stopped peer that keeps its connections open costs the first read that meets it its
     whole deadline (``remote_fetch_timeout_s``)."""
     replicate_timeout_s: float = Field(default=10.0, gt=0)

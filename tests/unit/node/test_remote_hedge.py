@@ -307,7 +307,7 @@ def test_hedge_after_must_not_be_negative() -> None:
 
     with pytest.raises(ValueError, match=r"hedge_after_ms must be >= 0 milliseconds \(0 = off\), got -5"):
         ClusterConfig(hedge_after_ms=-5)
-    assert ClusterConfig().hedge_after_ms == 50 and ClusterConfig(hedge_after_ms=0).hedge_after_ms == 0
+    assert ClusterConfig().hedge_after_ms == 100 and ClusterConfig(hedge_after_ms=0).hedge_after_ms == 0
     core = make_core("x", block_bytes=BLOCK)
     try:
         with pytest.raises(ValueError, match="hedge_after_s must be >= 0 seconds"):
