@@ -747,12 +747,14 @@ class RemoteReads:
                 st.next += 1
                 st.tried.add(h.node_id)
                 by_peer.setdefault((h.node_id, h.epoch, h.data_address), []).append((k, h))
-            now = time.monotonic()
             for peer, items in by_peer.items():
                 for i in range(0, len(items), step):  # the peer's batch limit is ours
+                    # the test hooks hold here, before the transfer and its hedge clock
+                    self._before_transfer(peer[0], as_copy)
                     with self._lock:
                         self._job_ids += 1
-                        job = _Job(self._job_ids, peer, items[i : i + step], now, hedge_of)
+                        job = _Job(self._job_ids, peer, items[i : i + step], time.monotonic(),
+                                   hedge_of)
                     try:
                         fut = self._racers.submit(self._race_job, job, namespace_id, deadline,
                                                   race, as_copy, through)
@@ -851,6 +853,14 @@ class RemoteReads:
         # blocks still in flight when the read gave up (the deadline): misses
         failed += sum(1 for k, st in states.items() if st.running and k not in won)
         return fetched, dropped, failed, fallbacks, hedged, hedge_won
+
+    def _before_transfer(self, peer: str, as_copy: bool) -> None:
+        """The test hooks of one peer batch's transfer (``before_copy``, and
+        ``before_repair_copy`` for a COPY command's)."""
+        if self.before_copy is not None:
+            self.before_copy()
+        if not as_copy and self.before_repair_copy is not None:
+            self.before_repair_copy(peer)
 
     def _race_job(
         self, job: _Job, namespace_id: bytes, deadline: float, race: _Race, as_copy: bool,
@@ -1034,10 +1044,8 @@ class RemoteReads:
         try:
             got: list[GetItem | None]
             try:
-                if self.before_copy is not None:
-                    self.before_copy()
-                if not as_copy and self.before_repair_copy is not None:
-                    self.before_repair_copy(peer)
+                if race is None:  # a racing read calls them before it starts the transfer
+                    self._before_transfer(peer, as_copy)
                 transport = self._transport_for(address)
                 got = list(transport.get(keys, namespace_id, sink, deadline=deadline))
             except _TRANSFER_ERRORS as exc:
