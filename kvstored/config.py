@@ -502,10 +502,26 @@ class ClusterConfig(_Model):
     (kvstored/node/suspects.py). It only reorders: a block held only there is still tried.
     0 = off (failed holders are not remembered; each read still falls back to the next
     holder)."""
+    hedge_after_ms: int = 100
+    """Milliseconds a peer may stay silent during a read's or a COPY's transfer (no block
+    announced since the request, or since its last block) before the same copy is also
+    asked of the block's next holder: the first verified copy wins, the other is discarded,
+    and the silent peer becomes suspect (a backup request, "The Tail at Scale"; default 100:
+    several times the gap between two blocks of a healthy holder's batch on a LAN, so one is
+    rarely hedged). 0 = off:
+    a stopped peer that keeps its connections open costs the first read that meets it its
+    whole deadline (``remote_fetch_timeout_s``)."""
     replicate_timeout_s: float = Field(default=10.0, gt=0)
     """Most seconds a put's extra replicas may take (master calls and transfers together;
     the caller's own deadline may cut it shorter); a replica not written by then is
     reported short."""
+
+    @field_validator("hedge_after_ms")
+    @classmethod
+    def _hedge_after_ms_valid(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"hedge_after_ms must be >= 0 milliseconds (0 = off), got {v}")
+        return v
 
     @field_validator("namespace_replicas")
     @classmethod

@@ -58,6 +58,7 @@ from kvstored.node.core import NodeCore
 from kvstored.node.fault_hooks import (
     dataplane_hook_from_env,
     loop_stall_hook_from_env,
+    remote_copy_hook_from_env,
     remote_fill_hook_from_env,
 )
 from kvstored.node.metrics import NodeMetrics
@@ -421,7 +422,9 @@ class NodeDaemon:
                 tls=self.tls, fence=self.master_link.fence,
                 transport_for=self.peer_transports.transport_for,
                 suspect_holder_s=self.cluster.suspect_holder_s,
-                before_copy=remote_fill_hook_from_env())
+                hedge_after_s=self.cluster.hedge_after_ms / 1000.0,
+                before_copy=remote_fill_hook_from_env(),
+                before_repair_copy=remote_copy_hook_from_env())
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas

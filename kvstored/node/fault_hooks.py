@@ -17,7 +17,10 @@ SIGUSR2 handler, run on the event loop: the whole loop is blocked while held, wh
 watchdog test uses to show that a wedged loop stops its ``WATCHDOG=1`` pings);
 ``remote_fill_before_copy`` (a read across the pool, kvstored/node/remote.py, after its
 master lookup named the holders and before the first data-plane GET from one: a test stops
-or kills the named holder there, then releases the read to see it fall back to another).
+or kills the named holder there, then releases the read to see it fall back to another);
+``remote_copy_before_copy`` (a master COPY command's transfer, the same point of
+``RemoteReads.copy_from``: the ``.held`` file holds the source's node id, so a test stops or
+kills that very source, then releases the copy to see it go to another replica).
 
 Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
 plane makes no hook calls at all.
@@ -37,7 +40,8 @@ from kvstored.errors import ConfigInvalid
 log = structlog.get_logger(__name__)
 
 ENV_VAR = "KVSTORED_TEST_HOOKS"
-POINTS = ("dataplane_get_before_send", "loop_stall", "remote_fill_before_copy")
+POINTS = ("dataplane_get_before_send", "loop_stall", "remote_fill_before_copy",
+          "remote_copy_before_copy")
 _DATAPLANE_PREFIX = "dataplane_"
 
 
@@ -69,14 +73,16 @@ class _Hold:
         self._armed = True
         self._lock = threading.Lock()
 
-    def __call__(self) -> None:
+    def __call__(self, note: str = "") -> None:
+        """Hold (the first call only); ``note`` is written into the ``.held`` file."""
         with self._lock:
             if not self._armed:
                 return
             self._armed = False
         log.warning("test_hook_holding", point=self.point, fifo=self.path)
-        with open(self.path + ".held", "w"):
-            pass
+        with open(self.path + ".held.tmp", "w") as f:
+            f.write(note)
+        os.replace(self.path + ".held.tmp", self.path + ".held")  # whole, once it exists
         with open(self.path, "rb") as fifo:  # blocks until the test opens the FIFO to write
             fifo.read()  # until the test closes it
         log.warning("test_hook_released", point=self.point)
@@ -140,3 +146,20 @@ def remote_fill_hook_from_env(
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     path = parse_test_hooks(value).get("remote_fill_before_copy")
     return None if path is None else _Hold("remote_fill_before_copy", path)
+
+
+def remote_copy_hook_from_env(
+    environ: Mapping[str, str] | None = None,
+) -> Callable[[str], None] | None:
+    """The ``remote_copy_before_copy`` hold armed by ``KVSTORED_TEST_HOOKS``; None when unset.
+
+    The node's COPY commands call it (the first time: it holds) with the source's node id
+    before the data-plane GET from it (``RemoteReads.before_repair_copy``); the id is
+    written into the ``.held`` file.
+
+    Raises:
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    path = parse_test_hooks(value).get("remote_copy_before_copy")
+    return None if path is None else _Hold("remote_copy_before_copy", path)

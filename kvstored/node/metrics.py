@@ -128,7 +128,10 @@ class NodeMetrics:
             "committed), dropped (the source changed during the copy), failed (the transfer "
             "failed or timed out on every holder tried), fallback (a copy tried again on "
             "another holder after one failed), skipped (no room for the copy without dropping a block the "
-            "pool holds nowhere else: a miss).",
+            "pool holds nowhere else: a miss), hedged (a copy also asked of the next holder because "
+            "its holder stayed silent past hedge_after_ms), hedge_won (a hedged copy that "
+            "served the block first; the silent holder's copy was discarded). Fallbacks and "
+            "hedges of the master's COPY commands count too.",
             ["outcome"], registry=r,
         )
         self.one_sided_blocks = Counter(
@@ -207,7 +210,7 @@ class NodeMetrics:
 
     def count_remote_blocks(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` blocks a read copied from peers with ``outcome`` (fetched, dropped,
-        failed, fallback, skipped); 0 counts nothing."""
+        failed, fallback, skipped, hedged, hedge_won); 0 counts nothing."""
         if not n:
             return
         child = self._remote_blocks.get(outcome)

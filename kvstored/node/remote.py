@@ -49,14 +49,26 @@ block's other readable replicas on distinct nodes, ranked). A block whose transf
 (connect refused or reset, no answer in time, the peer refused the request) is copied from
 its next alternate within the same request, at most ``MAX_FALLBACKS`` rounds, under the same
 deadline (each transfer keeps the whole time left: a slow but healthy holder is never cut
-short; a blackholed one therefore uses up this read's deadline, a miss as before, and is
-avoided by the next reads). Every copy is verified against the generation of the replica
+short; without hedging, a blackholed one therefore uses up this read's deadline, a miss as
+before, and is avoided by the next reads). Every copy is verified against the generation of the replica
 it came from, exactly as above: a block that fails on every holder is a miss, never other
 bytes. A holder that failed is *suspect* for ``suspect_holder_s``
 (kvstored/node/suspects.py): lookups send it as ``avoid`` (the master ranks it last) and
 the reader tries the other holders first; a success clears it. Without
 this a SIGKILLed holder's blocks were misses for every reader until the master noticed the
 death (up to one node lease), although another replica was alive.
+
+Hedging (``hedge_after_s``, ``[cluster] hedge_after_ms``; a backup request after a delay,
+Dean and Barroso, "The Tail at Scale", CACM 2013): a transfer whose holder has announced no
+block for the hedge delay (a SIGSTOPped process accepts the connection and never answers)
+has its blocks asked of their next holder too. Each transfer receives into its own
+reservations; the first verified copy of a block commits it (:class:`_Race`), any other is
+discarded (no slot is given for a settled block, its reservations are aborted, never
+committed), and nothing commits once the read returned. The read returns as soon as every
+block is settled or failed everywhere; the silent transfer is left to end by the deadline,
+and its holder becomes suspect. The master's COPY commands (:meth:`RemoteReads.copy_from`)
+take the same path, with the other holders of a block asked of the master when its named
+source fails or stays silent.
 
 Limits: a read is per key, like the get that asks for it: it looks up its missing keys with
 one per-key master lookup (``lookup_each``), so a block after a cluster-wide miss is copied
@@ -75,15 +87,15 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
 from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, TransferFailed, Unavailable
 from kvstored.node.flights import Flights
-from kvstored.node.suspects import Suspects
+from kvstored.node.suspects import MAX_SUSPECTS, Suspects
 from kvstored.transport.base import GetItem, Transport, completed_items
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.master_targets import TermFence
@@ -135,6 +147,10 @@ class FetchResult:
         num_fallbacks: copies tried again on another holder after a holder failed (a block
             tried on three holders counts 2); ``num_failed`` counts only the blocks that
             failed on every holder tried.
+        num_hedged: hedged copies sent: blocks asked of another holder as well because
+            their holder had not answered within ``hedge_after_s`` (:class:`RemoteReads`).
+        num_hedge_won: hedged blocks the other holder's copy served (its copy committed
+            first; the stalled holder's copy is discarded).
     """
 
     num_found: int = 0
@@ -143,6 +159,8 @@ class FetchResult:
     num_failed: int = 0
     num_waited: int = 0
     num_fallbacks: int = 0
+    num_hedged: int = 0
+    num_hedge_won: int = 0
 
 
 class _Through:
@@ -178,7 +196,60 @@ class _Through:
 
     def put(self, key: bytes, value: bytes, meta: bytes) -> None:
         with self.lock:
-            self.out[key] = (value, meta)
+            if self.out.get(key) is None:  # the first verified copy wins (a hedged block)
+                self.out[key] = (value, meta)
+
+
+class _Race:
+    """The transfers of one read that may carry the same block (a hedged block is asked of
+    two holders at once): the first transfer to commit a block's verified copy settles it;
+    every other copy of it is discarded (its sink receives nothing more, its reservation is
+    aborted, never committed). Each transfer writes only into its own reservations, so a
+    losing transfer never touches a slot the winner committed. :meth:`close` (the read
+    returned) settles everything: a transfer still running after that commits nothing.
+
+    Thread-safe: the transfers run on the racer threads; the read's thread waits on them.
+    Lock order: the race's lock, then the store's (commit under it).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.won: dict[bytes, int] = {}  # key -> the job that settled it
+        self.num_committed = 0  # blocks committed by the jobs of this read
+        self.is_open = True
+
+    def is_settled(self, key: bytes) -> bool:
+        """True once ``key`` was committed by one of the read's transfers, or the read ended."""
+        with self.lock:
+            return not self.is_open or key in self.won
+
+    def close(self) -> None:
+        """The read returned: nothing commits any more."""
+        with self.lock:
+            self.is_open = False
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    """One transfer of a racing read: one batch from one holder (see ``_fill_racing``)."""
+
+    job_id: int
+    peer: Peer
+    items: list[tuple[bytes, ClusterReplica]]
+    progress: float  # time.monotonic() of the last payload announced (or of the start)
+    hedge_of: _Job | None = None  # the stalled job this one backs up
+    hedged: bool = False  # a backup was sent for it already (at most one per job)
+
+
+@dataclass(slots=True)
+class _KeyState:
+    """One block of a racing read: its holders in order and its transfers in flight."""
+
+    holders: list[ClusterReplica]
+    next: int = 0  # index of the next holder to ask
+    running: list[_Job] = field(default_factory=list)  # its transfers in flight
+    extended: bool = False  # more holders were asked of the master already
+    tried: set[str] = field(default_factory=set)  # node ids asked
 
 
 class RemoteReads:
@@ -212,6 +283,16 @@ class RemoteReads:
             last); None = a private one of :data:`DEFAULT_SUSPECT_HOLDER_S`.
         max_fallbacks: other holders tried per block after its holder failed (0 = no
             fallback: a failed block is a miss, as before).
+        hedge_after_s: seconds a holder may stay silent (no block announced since the
+            request, or since its last block) before the same copy is also asked of the
+            block's next holder, the first verified copy winning (``[cluster]
+            hedge_after_ms``; 0 = off: a stalled holder costs the read its deadline).
+        before_repair_copy: test hook of a COPY command's transfer (``copy_from``), called
+            with the source's node id before its first data-plane GET (the
+            ``remote_copy_before_copy`` fault hook in a real node).
+
+    Raises:
+        ValueError: ``max_fallbacks`` or ``hedge_after_s`` negative.
     """
 
     def __init__(
@@ -234,9 +315,20 @@ class RemoteReads:
         ssl_context: ssl.SSLContext | None = None,
         suspects: Suspects | None = None,
         max_fallbacks: int = MAX_FALLBACKS,
+        hedge_after_s: float = 0.0,
+        before_repair_copy: Callable[[str], None] | None = None,
     ) -> None:
         if max_fallbacks < 0:
             raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
+        if hedge_after_s < 0:
+            raise ValueError(f"hedge_after_s must be >= 0 seconds (0 = off), got {hedge_after_s}")
+        self.hedge_after_s = float(hedge_after_s)
+        self.before_repair_copy = before_repair_copy
+        # the transfers of racing reads and COPYs: a read leaves a stalled holder's transfer
+        # behind (it ends at the read's deadline), so there are more threads than peers
+        self._racers = ThreadPoolExecutor(max(8, 8 * max(1, max_parallel_peers)),
+                                          thread_name_prefix="kvstored-peer-race")
+        self._job_ids = 0
         self.core = core
         self.suspects = suspects if suspects is not None else Suspects(DEFAULT_SUSPECT_HOLDER_S)
         self.max_fallbacks = max_fallbacks
@@ -263,6 +355,8 @@ class RemoteReads:
         self.num_dropped = 0
         self.num_failed = 0
         self.num_fallbacks = 0
+        self.num_hedged = 0
+        self.num_hedge_won = 0
         self.num_skipped = 0  # copies skipped: no room without dropping a block (a miss)
 
     def _pooled(self, address: str) -> Transport:
@@ -285,6 +379,7 @@ class RemoteReads:
             t.close()
         self._reporter.shutdown(wait=False, cancel_futures=True)
         self._copiers.shutdown(wait=False, cancel_futures=True)
+        self._racers.shutdown(wait=False, cancel_futures=True)
 
     def deadline(self, remaining_s: float | None) -> float:
         """Absolute ``time.monotonic()`` deadline: the caller's time left, at most
@@ -487,7 +582,7 @@ class RemoteReads:
         flight_keys = [(namespace_id, keys[i]) for i in missing]
         mine, theirs = self.flights.claim(flight_keys)
         claimed = [flight_keys[j] for j in mine]
-        fetched = dropped = failed = num_found = fallbacks = 0
+        fetched = dropped = failed = num_found = fallbacks = hedged = hedge_won = 0
         t_found = t0
         try:
             if claimed:  # a request that held the claim may have committed meanwhile
@@ -514,10 +609,14 @@ class RemoteReads:
             # ours (evicted or in flux here) are never fetched from ourselves: such a block
             # is copied from its next holder, or missed when it has none
             plan = {mine_keys[j]: self._holders_of(rep) for j, rep in found.items()}
-            fetched, dropped, failed, fallbacks = self._fill_with_fallback(
-                plan, namespace_id, deadline,
-                through=(None if through is None
-                         else _Through(through, through_budget_bytes, through_sizes)))
+            thr = None if through is None else _Through(through, through_budget_bytes,
+                                                        through_sizes)
+            if self.hedge_after_s > 0:
+                fetched, dropped, failed, fallbacks, hedged, hedge_won = self._fill_racing(
+                    plan, namespace_id, deadline, through=thr)
+            else:
+                fetched, dropped, failed, fallbacks = self._fill_with_fallback(
+                    plan, namespace_id, deadline, through=thr)
         finally:
             self.flights.release(claimed)
         if theirs:
@@ -527,16 +626,20 @@ class RemoteReads:
             self.num_dropped += dropped
             self.num_failed += failed
             self.num_fallbacks += fallbacks
+            self.num_hedged += hedged
+            self.num_hedge_won += hedge_won
         if core.metrics is not None:
             for outcome, n in (("fetched", fetched), ("dropped", dropped), ("failed", failed),
-                               ("fallback", fallbacks)):
+                               ("fallback", fallbacks), ("hedged", hedged),
+                               ("hedge_won", hedge_won)):
                 core.metrics.count_remote_blocks(outcome, n)
         log.debug("remote_fill_done", num_missing=len(missing), num_fetched=fetched,
                   num_dropped=dropped, num_failed=failed, num_waited=len(missing) - len(mine),
-                  num_fallbacks=fallbacks, lookup_ms=round((t_found - t0) * 1000, 2),
+                  num_fallbacks=fallbacks, num_hedged=hedged, num_hedge_won=hedge_won,
+                  lookup_ms=round((t_found - t0) * 1000, 2),
                   duration_ms=round((time.monotonic() - t0) * 1000, 2))
         return FetchResult(num_found, fetched, dropped, failed, len(missing) - len(mine),
-                           fallbacks)
+                           fallbacks, hedged, hedge_won)
 
     def _holders_of(self, rep: ClusterReplica) -> list[ClusterReplica]:
         """The holders to try for one block, in order: the named replica, then its
@@ -585,6 +688,193 @@ class RemoteReads:
             fallbacks += len(again)
             pending = again
         return fetched, dropped, failed, fallbacks
+
+    def _fill_racing(
+        self, plan: dict[bytes, list[ClusterReplica]], namespace_id: bytes, deadline: float,
+        *, as_copy: bool = True, through: _Through | None = None,
+        more: Callable[[list[bytes], list[str]], dict[bytes, list[ClusterReplica]]] | None = None,
+    ) -> tuple[int, int, int, int, int, int]:
+        """Copy each block of ``plan`` (key -> holders to try, in order) with fallback, as
+        :meth:`_fill_with_fallback`, and hedged copies.
+
+        Source: a backup request after a delay (J. Dean, L. A. Barroso, "The Tail at
+        Scale", CACM 56(2), 2013), taken per batch: a transfer whose holder announced no
+        block for ``hedge_after_s`` (since the request or its last block) has its unsettled
+        blocks asked of their next holder too, at most one backup per transfer. Each
+        transfer receives into its own reservations; the first verified copy of a block
+        commits it (:class:`_Race`), a later one is discarded. The read returns once every
+        block is committed or has failed on every holder tried (or at the deadline): a
+        stalled holder's transfer is left behind, receives nothing more, commits nothing,
+        and ends by the deadline (it is counted for the drain while it runs). A holder
+        whose backup won is suspect (:class:`Suspects`).
+
+        ``more(keys, tried node ids)``: more holders of blocks that ran out of them (a
+        COPY names one source), asked at most once per block; None = none.
+
+        Returns:
+            ``(fetched, dropped, failed on every holder tried, fallbacks, hedged blocks,
+            hedged blocks the backup served)``.
+        """
+        race = _Race()
+        states = {k: _KeyState(list(h)) for k, h in plan.items() if h}
+        running: dict[Future[tuple[int, int, list[bytes]]], _Job] = {}
+        backups: set[int] = set()  # job ids of hedged copies
+        step = max(1, self.core.cfg.max_batch_keys)
+        hedge_s = self.hedge_after_s
+        dropped = failed = fallbacks = hedged = 0
+
+        def has_next(k: bytes) -> bool:
+            return states[k].next < len(states[k].holders)
+
+        def extend(keys: list[bytes]) -> None:
+            ask = [k for k in keys if not has_next(k) and not states[k].extended]
+            if not ask or more is None:
+                return
+            tried: set[str] = {self.node_id}
+            for k in ask:
+                states[k].extended = True
+                tried |= states[k].tried
+            for k, holders in more(ask, sorted(tried)).items():
+                st = states[k]
+                known = {h.node_id for h in st.holders}
+                st.holders += [h for h in holders if h.node_id not in known]
+
+        def launch(keys: list[bytes], hedge_of: _Job | None = None) -> None:
+            by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]] = {}
+            for k in keys:
+                st = states[k]
+                h = st.holders[st.next]
+                st.next += 1
+                st.tried.add(h.node_id)
+                by_peer.setdefault((h.node_id, h.epoch, h.data_address), []).append((k, h))
+            for peer, items in by_peer.items():
+                for i in range(0, len(items), step):  # the peer's batch limit is ours
+                    # the test hooks hold here, before the transfer and its hedge clock
+                    self._before_transfer(peer[0], as_copy)
+                    with self._lock:
+                        self._job_ids += 1
+                        job = _Job(self._job_ids, peer, items[i : i + step], time.monotonic(),
+                                   hedge_of)
+                    try:
+                        fut = self._racers.submit(self._race_job, job, namespace_id, deadline,
+                                                  race, as_copy, through)
+                    except RuntimeError:  # closed: nothing in flight for these
+                        continue
+                    running[fut] = job
+                    for k, _ in job.items:
+                        states[k].running.append(job)
+                    if hedge_of is not None:
+                        backups.add(job.job_id)
+
+        launch(list(states))
+        give_up = deadline + _MIN_RPC_S  # every transfer ends by the deadline
+        while running:
+            with race.lock:
+                settled = set(race.won)
+            if not any(st.running and k not in settled for k, st in states.items()):
+                break  # what is still running is a loser (or settled) copy
+            now = time.monotonic()
+            if now >= give_up:
+                break
+            timeout = give_up - now
+            if hedge_s > 0:
+                due = [j.progress + hedge_s for j in running.values() if not j.hedged]
+                if due:
+                    timeout = max(0.0, min(timeout, min(due) - now))
+            done, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
+            with race.lock:
+                settled = set(race.won)
+                won = dict(race.won)
+            retry: list[bytes] = []
+            backup_of: dict[bytes, _Job] = {}  # a failed backup's next try backs up the same
+            alive = {j.job_id for f, j in running.items() if f not in done}
+            for fut in done:
+                job = running.pop(fut)
+                try:
+                    _, d, bad = fut.result()
+                except Exception:  # a bug: every block of this transfer failed
+                    log.exception("remote_copy_bug", peer=job.peer[0])
+                    d, bad = 0, [k for k, _ in job.items]
+                dropped += d
+                bad_set = set(bad)
+                for k, _ in job.items:
+                    st = states[k]
+                    st.running.remove(job)
+                    # failed here and nothing else in flight for it but silent holders
+                    # (hedged already): the next holder now, not at the silent one's deadline
+                    if (k in bad_set and k not in settled
+                            and all(j.hedged for j in st.running)):
+                        retry.append(k)
+                        if job.hedge_of is not None and st.running:
+                            backup_of[k] = job.hedge_of
+                stalled = job.hedge_of
+                if (stalled is not None and stalled.job_id in alive
+                        and any(won.get(k) == job.job_id for k, _ in job.items)):
+                    self.suspects.mark(stalled.peer[0])  # silent past the hedge delay
+            if retry:
+                extend(retry)
+                again = ([k for k in retry if has_next(k)]
+                         if deadline - time.monotonic() >= _MIN_RPC_S else [])
+                # failed for good only with nothing in flight (else counted at the end)
+                failed += sum(1 for k in retry if k not in again and not states[k].running)
+                if again:
+                    log.info("remote_fill_fallback", num_blocks=len(again),
+                             next_peers=sorted({states[k].holders[states[k].next].node_id
+                                                for k in again}))
+                    fallbacks += len(again)
+                    launch([k for k in again if k not in backup_of])
+                    for stalled in {id(j): j for j in backup_of.values()}.values():
+                        launch([k for k in again if backup_of.get(k) is stalled],
+                               hedge_of=stalled)
+            if hedge_s <= 0:
+                continue
+            now = time.monotonic()
+            for job in list(running.values()):
+                if job.hedged or now - job.progress < hedge_s:
+                    continue
+                job.hedged = True  # one backup per transfer
+                keys = [k for k, _ in job.items
+                        if k not in settled and len(states[k].running) == 1]
+                extend(keys)
+                keys = [k for k in keys if has_next(k)]
+                if not keys or deadline - now < _MIN_RPC_S:
+                    continue
+                hedged += len(keys)
+                log.info("remote_fill_hedged", peer=job.peer[0], num_blocks=len(keys),
+                         silent_ms=round((now - job.progress) * 1000, 2),
+                         next_peers=sorted({states[k].holders[states[k].next].node_id
+                                            for k in keys}))
+                launch(keys, hedge_of=job)
+        race.close()
+        with race.lock:
+            won = dict(race.won)
+            fetched = race.num_committed
+        hedge_won = sum(1 for j in won.values() if j in backups)
+        # blocks still in flight when the read gave up (the deadline): misses
+        failed += sum(1 for k, st in states.items() if st.running and k not in won)
+        return fetched, dropped, failed, fallbacks, hedged, hedge_won
+
+    def _before_transfer(self, peer: str, as_copy: bool) -> None:
+        """The test hooks of one peer batch's transfer (``before_copy``, and
+        ``before_repair_copy`` for a COPY command's)."""
+        if self.before_copy is not None:
+            self.before_copy()
+        if not as_copy and self.before_repair_copy is not None:
+            self.before_repair_copy(peer)
+
+    def _race_job(
+        self, job: _Job, namespace_id: bytes, deadline: float, race: _Race, as_copy: bool,
+        through: _Through | None,
+    ) -> tuple[int, int, list[bytes]]:
+        """One transfer of :meth:`_fill_racing` (a racer thread), counted for the drain."""
+        peer, epoch, address = job.peer
+        try:
+            with self.core.put_in_flight():
+                return self._fill_from(peer, epoch, address, job.items, namespace_id, deadline,
+                                       as_copy=as_copy, through=through, race=race, job=job)
+        except KvstoredError as exc:  # draining: no new copies
+            log.info("remote_fill_refused", error=str(exc))
+            return 0, 0, []
 
     def _fill_peers(
         self, by_peer: dict[Peer, list[tuple[bytes, ClusterReplica]]],
@@ -644,30 +934,77 @@ class RemoteReads:
         parallel. Best effort under the deadline (at most ``remote_fetch_timeout_s``);
         never raises for a peer's or the master's failure.
 
+        A source that fails (refused, reset, no answer in time) or stays silent past
+        ``hedge_after_s`` does not fail the command while another replica survives: the
+        master is asked once for the block's other holders (a per-key lookup avoiding the
+        nodes tried, :data:`LookupEachFn`) and the copy goes to the next one (a fallback),
+        or is also asked of it (a hedge: the first verified copy commits, the silent
+        source's is discarded). Without ``lookup_each`` only the named source is tried.
+
         Returns:
             Counts: ``num_found`` = items asked, fetched / dropped (the source's replica
-            changed) / failed (transfer).
+            changed) / failed (transfer, on every holder tried), fallbacks and hedges.
         """
         deadline = self.deadline(remaining_s)
         try:
             present, _ = self.core.exists([k for k, _ in items], namespace_id)
         except KvstoredError:
             return FetchResult()
-        by_peer: dict[tuple[str, int, str], list[tuple[bytes, ClusterReplica]]] = {}
+        plan: dict[bytes, list[ClusterReplica]] = {}
         for (k, rep), here in zip(items, present, strict=True):
             if not here and rep.node_id != self.node_id:
-                by_peer.setdefault((rep.node_id, rep.epoch, rep.data_address), []).append((k, rep))
-        fetched, dropped, failed = self._fill_peers(by_peer, namespace_id, deadline,
-                                                    as_copy=False)
-        return FetchResult(len(items), fetched, dropped, len(failed))
+                plan.setdefault(k, [rep])
+
+        def more(keys: list[bytes], avoid: list[str]) -> dict[bytes, list[ClusterReplica]]:
+            left = deadline - time.monotonic()
+            if self.lookup_each is None or left < _MIN_RPC_S:
+                return {}
+            ranked_last = list(dict.fromkeys([*avoid, *self.suspects.current()]))[:MAX_SUSPECTS]
+            try:
+                found = self.lookup_each(namespace_id, keys, "", left, ranked_last,
+                                         self.max_fallbacks)
+            except KvstoredError as exc:
+                log.info("remote_lookup_failed", error=str(exc))
+                return {}
+            out: dict[bytes, list[ClusterReplica]] = {}
+            for j, rep in (found or {}).items():
+                holders = [h for h in self._holders_of(rep) if h.node_id not in avoid]
+                if holders:
+                    out[keys[j]] = holders
+            return out
+
+        fetched, dropped, failed, fallbacks, hedged, hedge_won = self._fill_racing(
+            plan, namespace_id, deadline, as_copy=False, more=more)
+        self._count_hedges(fallbacks, hedged, hedge_won)
+        if fallbacks or hedged:
+            log.info("replica_copy_other_source", num_blocks=len(plan), num_fetched=fetched,
+                     num_fallbacks=fallbacks, num_hedged=hedged, num_hedge_won=hedge_won)
+        return FetchResult(len(items), fetched, dropped, failed, 0, fallbacks, hedged,
+                           hedge_won)
+
+    def _count_hedges(self, fallbacks: int, hedged: int, hedge_won: int) -> None:
+        """Add a COPY's fallbacks and hedges to the counters (a read counts its own)."""
+        with self._lock:
+            self.num_fallbacks += fallbacks
+            self.num_hedged += hedged
+            self.num_hedge_won += hedge_won
+        if self.core.metrics is not None:
+            for outcome, n in (("fallback", fallbacks), ("hedged", hedged),
+                               ("hedge_won", hedge_won)):
+                self.core.metrics.count_remote_blocks(outcome, n)
 
     def _fill_from(
         self, peer: str, epoch: int, address: str,
         items: list[tuple[bytes, ClusterReplica]], namespace_id: bytes, deadline: float,
         *, again: bool = True, as_copy: bool = True, through: _Through | None = None,
+        race: _Race | None = None, job: _Job | None = None,
     ) -> tuple[int, int, list[bytes]]:
         """Copy one batch from one peer (see the module docstring). Returns ``(committed,
-        dropped, keys whose transfer failed)``."""
+        dropped, keys whose transfer failed)``.
+
+        ``race`` and ``job`` (a racing read, :meth:`_fill_racing`): a block the race settled
+        already is not received (its payload is skipped) and is never committed from here;
+        ``job.progress`` is stamped on every block the peer announces."""
         core = self.core
         keys = [k for k, _ in items]
         reserved: dict[int, Reservation] = {}
@@ -676,8 +1013,12 @@ class RemoteReads:
         t0 = time.monotonic()
 
         def sink(i: int, size_bytes: int, meta: bytes) -> memoryview | None:
+            if job is not None:
+                job.progress = time.monotonic()  # the peer answers: not stalled
             if size_bytes != items[i][1].size_bytes:
                 return None  # not the replica the master named: do not copy it
+            if race is not None and race.is_settled(keys[i]):
+                return None  # another holder's copy won (or the read ended): discard
             # copy=True: a read never costs the pool a block. Room for the copy comes only
             # from free space, other copies, or demotions the SSD takes as is; never from
             # evicting a block the pool holds nowhere else (tiers/spare.py).
@@ -703,8 +1044,8 @@ class RemoteReads:
         try:
             got: list[GetItem | None]
             try:
-                if self.before_copy is not None:
-                    self.before_copy()
+                if race is None:  # a racing read calls them before it starts the transfer
+                    self._before_transfer(peer, as_copy)
                 transport = self._transport_for(address)
                 got = list(transport.get(keys, namespace_id, sink, deadline=deadline))
             except _TRANSFER_ERRORS as exc:
@@ -762,9 +1103,28 @@ class RemoteReads:
                 for i in good:
                     if i in private:
                         buf, meta = private.pop(i)
-                        through.put(keys[i], bytes(buf), meta)
-            commit = [reserved.pop(i) for i in good if i in reserved]
-            flags = core.store.commit_many(commit) if commit else []
+                        if race is None:
+                            through.put(keys[i], bytes(buf), meta)
+                            continue
+                        with race.lock:  # the first verified copy wins, none after the read
+                            if race.is_open and keys[i] not in race.won:
+                                through.put(keys[i], bytes(buf), meta)
+                                race.won[keys[i]] = job.job_id if job is not None else 0
+            mine = [i for i in good if i in reserved]
+            if race is None:
+                commit = [reserved.pop(i) for i in mine]
+                flags = core.store.commit_many(commit) if commit else []
+            else:
+                # Only the first verified copy of a block commits, and none once the read
+                # returned; a losing copy's reservation stays in ``reserved`` (aborted
+                # below): it is its own slot, never the one the winner committed.
+                with race.lock:
+                    mine = [i for i in mine if race.is_open and keys[i] not in race.won]
+                    commit = [reserved.pop(i) for i in mine]
+                    flags = core.store.commit_many(commit) if commit else []
+                    for i in mine:
+                        race.won[keys[i]] = job.job_id if job is not None else 0
+                    race.num_committed += sum(1 for f in flags if f)
             dropped = len(ok) - len(good) - len(renamed)
             if dropped:
                 log.info("remote_copy_dropped", peer=peer, num_blocks=dropped,
@@ -785,7 +1145,8 @@ class RemoteReads:
             # check applies, so a block that keeps changing is dropped, never served.
             log.info("remote_copy_renamed", peer=peer, num_blocks=len(renamed))
             f, d, x = self._fill_from(peer, epoch, address, renamed, namespace_id, deadline,
-                                      again=False, as_copy=as_copy, through=through)
+                                      again=False, as_copy=as_copy, through=through,
+                                      race=race, job=job)
             return n + f, dropped + d, failed + x
         return n, dropped, failed
 
@@ -832,7 +1193,9 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                  tls: TlsFiles | None = None, fence: TermFence | None = None,
                  transport_for: Callable[[str], Transport] | None = None,
                  suspect_holder_s: float = DEFAULT_SUSPECT_HOLDER_S,
-                 before_copy: Callable[[], None] | None = None) -> RemoteReads:
+                 hedge_after_s: float = 0.0,
+                 before_copy: Callable[[], None] | None = None,
+                 before_repair_copy: Callable[[str], None] | None = None) -> RemoteReads:
     """A :class:`RemoteReads` talking to the leading master at ``master_address`` (sync
     gRPC; one address, a list or ``etcd://``); ``fence``: the node's newest term (shared with
     its MasterLink), so a lookup answered by an older term is refused (StaleTerm: a miss).
@@ -843,6 +1206,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
     ``suspect_holder_s``: seconds a holder that failed a transfer stays suspect (``[cluster]
     suspect_holder_s``; kvstored/node/suspects.py). ``before_copy``: the test hook of
     :class:`RemoteReads` (the daemon passes the ``remote_fill_before_copy`` fault hook).
+    ``hedge_after_s``: ``[cluster] hedge_after_ms`` in seconds (0 = no hedged copies).
+    ``before_repair_copy``: the ``remote_copy_before_copy`` fault hook (COPY commands).
 
     Returns:
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
@@ -872,7 +1237,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                         report_timeout_s=rpc_timeout_s, lookup_each=lookup_each,
                         ssl_context=tls.client_context() if tls is not None else None,
                         transport_for=transport_for, suspects=Suspects(suspect_holder_s),
-                        before_copy=before_copy)
+                        before_copy=before_copy, hedge_after_s=hedge_after_s,
+                        before_repair_copy=before_repair_copy)
     close = reads.close
 
     def close_all() -> None:

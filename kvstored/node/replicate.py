@@ -18,7 +18,9 @@ node acknowledges them; the MasterLink hands each answer's commands to
                                 else pulled from the named source replica through the peer
                                 data plane (RemoteReads.copy_from: GET_FLAG_PEER_EXPORT,
                                 verified against the named generation, committed as an
-                                original and reported to the master like any put)
+                                original and reported to the master like any put; a
+                                source that fails or stays silent past the hedge delay
+                                is replaced by another holder the master names)
                        DROP:    removed here (a pinned block stays: a later DROP may follow)
                        LEAVE:   the node unregisters and stops heartbeating (drained)
                        then its id is acknowledged (also when the copy failed: the master's
