@@ -295,12 +295,15 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
     print(f"killed node {victim} and the leading master {leader.address} (term {old_term}) "
           f"at {t_kill - t_start:.1f} s while B's load was held (named: {dict(named)})",
           flush=True)
-    _wait_file(reached, engine_b)
+    survivor = next(m for m in masters if m is not leader)
+    failover_s, new_term = _new_leader(both, survivor, namespace, a_keys, t_kill)
+    _wait_file(reached, engine_b)  # B's hit and its full answer are done
     held_by_b = len(set(a_keys) & set(_keys_on(nodes["b"], namespace)))
     with Client(nodes["b"].unix_address, namespace=namespace) as kv:
         b_stats = kv.stats()
-    failover_s, new_term = _fail_over(both, masters, leader, nodes, victim, namespace,
-                                      a_keys, t_kill)
+        removed = kv.remove(a_keys)  # B's next loads must go through the cluster again
+    assert all(removed), f"{removed.count(False)} of node b's copies were not removed"
+    wait_healthy(survivor.address, set(nodes) - {victim})  # they followed it, no restart
     resume.write_text("go\n")
     b = engine_steps(engine_b)
     wall_s = time.monotonic() - t_start
@@ -321,16 +324,10 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
     assert new_term > old_term, (old_term, new_term)
 
 
-def _fail_over(both: str, masters: list[MasterProcess], leader: MasterProcess,
-               nodes: dict[str, NodeProcess], victim: str, namespace: Namespace,
-               a_keys: list[bytes], t_kill: float) -> tuple[float, int]:
-    """Remove node b's copies, wait until the other master leads and answers complete=true
-    and the live nodes are healthy there; returns (seconds since the kill, its term)."""
-    survivor = next(m for m in masters if m is not leader)
-    with Client(nodes["b"].unix_address, namespace=namespace) as kv:
-        removed = kv.remove(a_keys)  # B's next loads must go through the cluster again
-    assert all(removed), f"{removed.count(False)} of node b's copies were not removed"
-    live = set(nodes) - {victim}
+def _new_leader(both: str, survivor: MasterProcess, namespace: Namespace,
+                a_keys: list[bytes], t_kill: float) -> tuple[float, int]:
+    """Wait until ``survivor`` leads and answers complete=true (it rebuilt its index from
+    the nodes' inventories); returns (seconds since the kill, its term)."""
     with MasterClient(both, timeout_s=2) as m:
         def new_leader_complete() -> bool:
             try:
@@ -340,10 +337,7 @@ def _fail_over(both: str, masters: list[MasterProcess], leader: MasterProcess,
                 return False
             return complete and m.address == survivor.address
         _wait("the other master leads and answers complete=true", new_leader_complete)
-        failover_s = time.monotonic() - t_kill
-        new_term = m.fence.term
-    wait_healthy(survivor.address, live)  # the live nodes followed it, nobody restarted
-    return failover_s, new_term
+        return time.monotonic() - t_kill, m.fence.term
 
 
 def _check(b: list[dict[str, Any]], prompts: list[list[int]],
