@@ -24,9 +24,11 @@ venv, ``scripts/setup-vllm-venv.sh``) with the KvstoredConnector.
    (kvstored/node/fault_hooks.py), so every copy of its remote fill waits after the master
    lookup named the holders (and their alternates) and before the first byte moves. Once
    the gate holds, a node other than B's (``a`` or ``c``, chosen from a seed printed in the
-   log; ``KVSTORED_SYSTEM_SEED`` replays one) and the leading master are SIGKILLed, then
-   the gate is released: the copies from the dead holder fail and fall back to the
-   surviving replica, with no master. The load in flight is served whole.
+   log; ``KVSTORED_SYSTEM_SEED`` replays one; ``KVSTORED_SYSTEM_VICTIM=named`` kills the
+   holder the lookup named for B's copies instead, ``a`` or ``c`` that node) and the
+   leading master are SIGKILLed, then the gate is released: the copies from a dead holder
+   fail and fall back to the surviving replica, with no master (where the victim is not
+   the named holder, the load does not notice). The load in flight is served whole.
 5. After the hit, node b's copies of A's blocks are removed; once the other master leads (a
    higher term) and answers ``complete=true``, B asks again with vLLM's prefix cache reset:
    the prefix comes through the new leader from the replica that survived.
@@ -96,6 +98,7 @@ CONNECTOR = {
     "timeout_ms": 60_000,  # one load batch: ~180 MiB copied from a peer, then into vLLM
 }
 SEED_ENV = "KVSTORED_SYSTEM_SEED"
+VICTIM_ENV = "KVSTORED_SYSTEM_VICTIM"  # a, c or named (the holder B's load copies from)
 ENGINE_WAIT_S = 600.0  # a hang guard on an engine's progress (it fails fast if it exits)
 ELECTION_PREFIX = "/kvsystem"
 ELECTION_LEASE_S = 3  # the leader's etcd lease: a dead leader is replaced within ~3 s
@@ -213,8 +216,10 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
     t_start = time.monotonic()
     seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 32))
     victim = random.Random(seed).choice(["a", "c"])
+    pick = os.environ.get(VICTIM_ENV, "")
+    assert pick in ("", "a", "c", "named"), f"{VICTIM_ENV} must be a, c or named; got {pick!r}"
     print(f"whole-system test: seed {seed} ({SEED_ENV}={seed} replays it): the node killed "
-          f"is {victim}", flush=True)
+          f"is {pick or victim}", flush=True)
 
     ns = {name: net.add_namespace() for name in ("a", "b", "c")}
     masters = [_master(workdir, f"master-{i}", etcd.url(i), net.root_ip) for i in (0, 1)]
@@ -288,6 +293,8 @@ def _run_system(workdir: Path, net: BridgeNet, procs: list[Any], prompts: list[l
         named_got = m.lookup_each(namespace.id, a_keys, local_node_id="b")
     assert named_got is not None
     named = Counter(r.node_id for r in named_got[0].values())
+    if pick:  # the node B's load copies from (the fallback within the load), or as told
+        victim = named.most_common(1)[0][0] if pick == "named" else pick
     nodes[victim].kill()
     leader.kill()
     t_kill = time.monotonic()
