@@ -124,6 +124,9 @@ class Placement:
         # replica does not count for another spiller's "exists" meanwhile (its REMOVED
         # event is on the way), so two nodes never both drop a block citing each other
         self._dropping: dict[tuple[bytes, bytes], tuple[int, float]] = {}
+        # (ns, key) -> (holders of a committed holder_reports write whose own event has not
+        # indexed their replica yet, until): coming, for repair (reporting_holders)
+        self._reporting: dict[tuple[bytes, bytes], tuple[frozenset[int], float]] = {}
 
     # ---- capacity --------------------------------------------------------------------
     def free_dram_bytes(self, rec: NodeRecord) -> int:
@@ -147,6 +150,11 @@ class Placement:
             Writes aborted.
         """
         now = self.membership.clock()
+        while self._reporting:  # insertion order is deadline order (one lease for all)
+            k = next(iter(self._reporting))
+            if self._reporting[k][1] >= now:
+                break
+            del self._reporting[k]
         expired = [k for k, w in self._writes.items() if w.deadline_s < now]
         for k in expired:
             w = self._writes.pop(k)
@@ -468,11 +476,40 @@ class Placement:
                         landed = 0
                     self._landed[h] = (rec.last_heartbeat_s, landed + w.size_bytes)
             holders = set(w.holders)
-            return sum(1 for r in self.index.replicas(namespace_id, key, readable_only=True)
-                       if r.holder in holders)
+            rows = self.index.replicas(namespace_id, key, readable_only=True)
+            awaited = frozenset(holders - {r.holder for r in rows})
+            if awaited:  # their events are on the way: repair counts them as coming
+                self._reporting.pop((namespace_id, key), None)  # (re-inserted: at the end)
+                self._reporting[(namespace_id, key)] = (
+                    awaited, self.membership.clock() + self.write_lease_s)
+            return sum(1 for r in rows if r.holder in holders)
         if commit:
             return self.index.commit_generation(namespace_id, key, generation)
         return self.index.abort_generation(namespace_id, key, generation)
+
+    def reporting_holders(self, namespace_id: bytes, key: bytes) -> frozenset[int]:
+        """Holders whose ``holder_reports`` write of the block committed (:meth:`end_put`)
+        while their own change event, which indexes the replica, was still on the way; at
+        most ``write_lease_s`` after the commit, and only until the replica is indexed.
+
+        Repair counts them as replicas coming: a COPY issued in that window would make one
+        original too many, and the DROP trimming it goes to the fullest node, often the
+        writer (issue 17's whole-system test: node a without A's blocks).
+        """
+        entry = self._reporting.get((namespace_id, key))
+        if entry is None:
+            return frozenset()
+        holders, until = entry
+        if self.membership.clock() > until:
+            del self._reporting[(namespace_id, key)]
+            return frozenset()
+        left = holders - {r.holder for r in self.index.replicas(namespace_id, key)
+                          if r.state is ReplicaState.COMMITTED}
+        if not left:
+            del self._reporting[(namespace_id, key)]
+        elif left != holders:
+            self._reporting[(namespace_id, key)] = (left, until)
+        return left
 
     def start_put_batch(
         self, items: Sequence[tuple[bytes, bytes, int]], *,

@@ -11,6 +11,9 @@ draining. What it has: its readable COMMITTED originals on such nodes (a remote-
 evicted first, so it never counts; a draining node's replica does not count, it is leaving)::
 
     deficit = factor - originals on live nodes - COPY commands in flight for it
+              - replicas coming: WRITING on a live node, or committed there by a write
+                whose holder's own event has not indexed them yet (Placement.
+                reporting_holders, at most the write lease after the commit)
     deficit > 0 and a readable source (any readable COMMITTED replica, a draining node's
     included: it serves until it leaves) -> COPY to a target:
         live, no original of the block, room in its last tier (<= 95 % used with the block),
@@ -22,7 +25,7 @@ evicted first, so it never counts; a draining node's replica does not count, it 
     cooled, a factor set lower) -> one DROP (:meth:`Repair._maybe_drop`), only when
         no COPY and no DROP of the block is in flight (a DROP counts until the dropped
         replica leaves the index, or for the command's life: its ack may come first),
-        every replica of it is COMMITTED (no write or move landing),
+        every replica of it is COMMITTED and indexed (no write or move landing),
         and never below max(1, wanted) originals: the last replica is never dropped;
     it goes to the node whose tier holding it is fullest (its last heartbeat), never to
     a draining one (its replica does not count); the node keeps a pinned block (its
@@ -532,7 +535,7 @@ class Repair:
             self.num_drops_deferred += 1
             return False
         rows = self._rows(b)
-        if any(r.state is not ReplicaState.COMMITTED for r, _ in rows):
+        if any(r.state is not ReplicaState.COMMITTED for r, _ in rows) or self._reporting(b):
             self.num_drops_deferred += 1
             return False
         live = [(r, rec) for r, rec in rows
@@ -558,11 +561,23 @@ class Repair:
         """Originals short of the block's factor (negative: maybe a surplus, _maybe_drop
         weighs hot extras). A replica being written (a put's own second replica, WRITING on
         a live node) counts as coming: a COPY for it would make a third original, and the
-        DROP that trims it then took the writer's own (the fullest node)."""
+        DROP that trims it then took the writer's own (the fullest node). So does one whose
+        write committed while its holder's event, which indexes it, is on the way
+        (:meth:`Placement.reporting_holders`)."""
         writing = {rec.spec.node_id for r, rec in self._rows(b)
                    if r.state is ReplicaState.WRITING and not r.copy and self._is_live(rec)}
         return (self.factors.factor_of(*b) - self._live_originals(b) - len(self._in_flight(b))
-                - len(writing))
+                - len(writing | self._reporting(b)))
+
+    def _reporting(self, b: BlockId) -> set[str]:
+        """Live nodes whose committed replica of ``b`` is not indexed yet (its event is on
+        the way): coming, never a COPY target."""
+        out = set()
+        for h in self.placement.reporting_holders(*b):
+            rec = self.membership.record_of_holder(h)
+            if rec is not None and self._is_live(rec):
+                out.add(rec.spec.node_id)
+        return out
 
     def _cool_hot_blocks(self) -> None:
         """A hot block not hot again for two windows gives its extra replicas back: its
@@ -595,7 +610,8 @@ class Repair:
             return False
         r, src = min(sources, key=lambda x: (x[0].copy, x[0].tier is not Tier.DRAM,
                                              x[1].load, x[1].spec.node_id))
-        has = live | set(flying) | {rec.spec.node_id for rr, rec in rows if not rr.copy}
+        has = (live | set(flying) | {rec.spec.node_id for rr, rec in rows if not rr.copy}
+               | self._reporting(b))
         copies = {rec.spec.node_id for rr, rec in rows if rr.copy}
         used_zones = {self.zone_of(rec) for rr, rec in rows
                       if rec.spec.node_id in live} - {""}

@@ -20,7 +20,14 @@ master lookup named the holders and before the first data-plane GET from one: a 
 or kills the named holder there, then releases the read to see it fall back to another);
 ``remote_copy_before_copy`` (a master COPY command's transfer, the same point of
 ``RemoteReads.copy_from``: the ``.held`` file holds the source's node id, so a test stops or
-kills that very source, then releases the copy to see it go to another replica).
+kills that very source, then releases the copy to see it go to another replica);
+``remote_fill_gate`` (the same place as ``remote_fill_before_copy``, but a gate, not a
+one-shot hold: *every* copy that reaches it waits, the parallel peer batches of one read
+and any other read or COPY command alike, until the test opens the FIFO for writing and
+closes it; from then on it is open for good. The first arrival creates ``PATH + ".held"``;
+the release logs how many copies were held. A read whose holders are spread over several
+peers copies from them in parallel, so only a gate holds all of it: the whole-system test
+kills a holder and the leading master while every copy of engine B's load is held).
 
 Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
 plane makes no hook calls at all.
@@ -41,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 ENV_VAR = "KVSTORED_TEST_HOOKS"
 POINTS = ("dataplane_get_before_send", "loop_stall", "remote_fill_before_copy",
-          "remote_copy_before_copy")
+          "remote_copy_before_copy", "remote_fill_gate")
 _DATAPLANE_PREFIX = "dataplane_"
 
 
@@ -86,6 +93,46 @@ class _Hold:
         with open(self.path, "rb") as fifo:  # blocks until the test opens the FIFO to write
             fifo.read()  # until the test closes it
         log.warning("test_hook_released", point=self.point)
+
+
+class _Gate:
+    """Holds every caller until the test writes the FIFO and closes it; then open for good.
+
+    The first caller creates ``path + ".held"`` and waits on the FIFO (as :class:`_Hold`);
+    the others wait on an event the first sets once released (also if its wait failed, so
+    a broken FIFO never strands them). ``num_held`` counts the callers that waited.
+    """
+
+    def __init__(self, point: str, path: str) -> None:
+        self.point = point
+        self.path = path
+        self.num_held = 0
+        self._waiter = False
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        if self._open.is_set():
+            return
+        with self._lock:
+            if self._open.is_set():
+                return
+            self.num_held += 1
+            first, self._waiter = not self._waiter, True
+        if not first:
+            self._open.wait()
+            return
+        log.warning("test_hook_holding", point=self.point, fifo=self.path, gate=True)
+        try:
+            with open(self.path + ".held", "w"):
+                pass
+            with open(self.path, "rb") as fifo:  # blocks until the test opens it to write
+                fifo.read()  # until the test closes it
+        finally:
+            with self._lock:
+                self._open.set()
+                n = self.num_held
+            log.warning("test_hook_released", point=self.point, num_held=n)
 
 
 def dataplane_hook_from_env(
@@ -133,19 +180,29 @@ def loop_stall_hook_from_env(environ: Mapping[str, str] | None = None) -> Callab
 def remote_fill_hook_from_env(
     environ: Mapping[str, str] | None = None,
 ) -> Callable[[], None] | None:
-    """The ``remote_fill_before_copy`` hold armed by ``KVSTORED_TEST_HOOKS``; None when unset.
+    """The ``remote_fill_before_copy`` hold or the ``remote_fill_gate`` armed by
+    ``KVSTORED_TEST_HOOKS``; None when neither is set.
 
-    The node's remote reads call it (the first time: it holds) before each peer batch's
-    data-plane GET, after the lookup that named the holders (``RemoteReads.before_copy``;
-    the master's COPY commands take the same path, so a test arms it only where none is
-    due).
+    The node's remote reads call it before each peer batch's data-plane GET, after the
+    lookup that named the holders (``RemoteReads.before_copy``; the master's COPY commands
+    take the same path, so a test arms it only where none is due): the hold stops the
+    first call only, the gate every call until released.
 
     Raises:
-        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`), or
+            names both points (one call site: arm one of them).
     """
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
-    path = parse_test_hooks(value).get("remote_fill_before_copy")
-    return None if path is None else _Hold("remote_fill_before_copy", path)
+    hooks = parse_test_hooks(value)
+    hold, gate = hooks.get("remote_fill_before_copy"), hooks.get("remote_fill_gate")
+    if hold is not None and gate is not None:
+        raise ConfigInvalid(
+            f"env var {ENV_VAR}: remote_fill_before_copy and remote_fill_gate share one call "
+            f"site; arm one of them (got {value!r})"
+        )
+    if gate is not None:
+        return _Gate("remote_fill_gate", gate)
+    return None if hold is None else _Hold("remote_fill_before_copy", hold)
 
 
 def remote_copy_hook_from_env(

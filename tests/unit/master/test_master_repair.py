@@ -300,3 +300,47 @@ def test_a_replica_being_written_counts_so_no_copy_races_the_puts_own_second_rep
     c.state.repair.set_factor(NS, [key(1)], 2)
     c.state.maintain(65536)
     assert copies(c, "b") == [] and copies(c, "c") == []
+
+
+def test_a_committed_replica_whose_event_is_on_the_way_counts_so_no_copy_makes_a_third() -> None:
+    # put(replicas=2) through a, the node writes the second replica (holder_reports): the
+    # write commits before b's own ADDED event indexes b's replica (end_put drops the
+    # WRITING placeholder). A COPY to c in that window makes a third original once b's event
+    # lands, and the DROP trimming it goes to the fullest node: the writer's own (node a
+    # without A's blocks in the whole-system test's replicas=2 runs).
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    c.join("c")
+    out = c.placement.start_replicas(NS, key(1), SIZE, writer_node_id="a", replicas=2)
+    [placed] = out.replicas
+    assert c.placement.end_put(NS, key(1), out.generation, commit=True) == 0  # event to come
+    c.state.maintain(65536)
+    assert all(c.state.commands.pending(n) == [] for n in "abc")
+    report_added(c, placed.node_id, [1])  # the event lands: two originals, nothing to do
+    assert c.placement.reporting_holders(NS, key(1)) == frozenset()
+    c.state.maintain(65536)
+    assert all(c.state.commands.pending(n) == [] for n in "abc")
+
+
+def test_a_replica_whose_event_never_comes_is_repaired_after_the_write_lease() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b")
+    c.join("c")
+    out = c.placement.start_replicas(NS, key(1), SIZE, writer_node_id="a", replicas=2)
+    [placed] = out.replicas
+    c.placement.end_put(NS, key(1), out.generation, commit=True)
+    c.state.maintain(65536)
+    assert all(c.state.commands.pending(n) == [] for n in "abc")  # b's event is due
+    waited = 0.0
+    while waited <= c.placement.write_lease_s:  # the nodes stay alive meanwhile
+        c.clock.advance(LEASE_S / 2)
+        waited += LEASE_S / 2
+        for n in "abc":
+            c.members.heartbeat(n, 1)
+    c.state.maintain(65536)  # the write lease passed, b never reported it: a COPY now
+    queued = [n for n in "bc" if copies(c, n) == [(key(1), "a")]]
+    assert len(queued) == 1, {n: copies(c, n) for n in "bc"}
+    assert c.placement.reporting_holders(NS, key(1)) == frozenset()
+    assert placed.node_id in "bc"
