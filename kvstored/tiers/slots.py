@@ -644,7 +644,10 @@ def new_hints(nbuckets: int) -> np.ndarray:
     n = max(1, min(nbuckets, MAX_HINTS))
     size = n * HINT_BYTES
     huge = 2 << 20
-    m = mmap.mmap(-1, size + huge if size >= huge else size)  # room to align to a huge page
+    # private anonymous memory (a shared one is shmem: no transparent huge pages unless the
+    # kernel's shmem_enabled allows them), with room to align the table to a huge page
+    m = mmap.mmap(-1, size + huge if size >= huge else size,
+                  flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
     a = np.frombuffer(m, dtype=np.uint8)
     skip = (-a.ctypes.data) % huge if size >= huge else 0
     if size >= huge and hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
