@@ -146,6 +146,13 @@ def check_keys(keys: Sequence[object], info: NodeInfo) -> list[bytes]:
     """
     if isinstance(keys, (bytes, bytearray, str)):
         raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+    if type(keys) is list and len(keys) <= 4:  # a few keys: a loop costs less than two sets
+        lo, hi = max(info.min_key_bytes, 1), info.max_key_bytes
+        for k in keys:
+            if type(k) is not bytes or not lo <= len(k) <= hi:
+                break
+        else:
+            return list(keys)
     require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
     all_bytes = set(map(type, keys)) <= {bytes}
     lens = set(map(len, cast(Sequence[bytes], keys))) if all_bytes else None

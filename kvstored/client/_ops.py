@@ -166,7 +166,16 @@ class _ReadSink:
         if buffers is not None:
             if len(buffers) != n:
                 raise InvalidArgument(f"got {n} keys but {len(buffers)} buffers; pass one buffer per key")
-            self.views = [as_writable_view(b, i) for i, b in enumerate(buffers)]
+            views = []
+            for i, b in enumerate(buffers):  # the common buffer (flat, writable bytes) inline
+                try:
+                    mv: memoryview | None = memoryview(b)  # type: ignore[arg-type]  # any buffer; TypeError below
+                except TypeError:
+                    mv = None
+                if mv is None or mv.readonly or not mv.c_contiguous or mv.ndim != 1 or mv.format != "B":
+                    mv = as_writable_view(b, i)  # the checks naming what is wrong, and the casts
+                views.append(mv)
+            self.views = views
         self.values: list[bytes | bytearray | None] = [None] * n
         self.sizes: list[int | None] = [None] * n
         self.metas: list[bytes] = [b""] * n
@@ -341,10 +350,13 @@ def _read_grpc(st: ClientState, info: NodeInfo, sink: _ReadSink, deadline: float
 def op_read(st: ClientState, keys: Sequence[object], buffers: Sequence[object] | None, deadline: float,
             want_meta: bool = True) -> Op[_ReadSink]:
     """Read blocks into a sink over the chosen transport (get, get_into, get_blocks)."""
-    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
-    if buffers is not None:
+    if type(keys) is not list:  # (a list is one: the common case, checked for free)
+        require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    if buffers is not None and type(buffers) is not list:
         require_sequence(buffers, "buffers", "a sequence (list) with one writable buffer per key")
-    info = yield from ensure_ready(st)
+    info = st.info
+    if info is None:  # (described already: no generator to run)
+        info = yield from ensure_ready(st)
     sink = _ReadSink(check_keys(keys, info), buffers, want_meta)
     if not sink.keys:
         return sink
@@ -392,8 +404,11 @@ def op_get_into(
 
 
 def op_lookup_prefix_tiers(st: ClientState, keys: Sequence[object], deadline: float) -> Op[list[Tier]]:
-    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
-    info = yield from ensure_ready(st)
+    if type(keys) is not list:  # (a list is one: the common case, checked for free)
+        require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+    info = st.info
+    if info is None:  # (described already: no generator to run)
+        info = yield from ensure_ready(st)
     tiers: list[Tier] = []
     if (yield from one_sided_live(st, info)):  # DRAM blocks: no round trip
         # one native call hashes and probes the whole prefix, its keys checked there too

@@ -198,6 +198,9 @@ def one_sided_enabled() -> bool:
     return os.environ.get("KVSTORED_ONE_SIDED", "") != "0"
 
 
+_SESSION = Session()
+"""The session step of every one-sided read (immutable: one object, not one per read)."""
+
 ONE_SIDED_STATS = {"hits": 0, "fallbacks": 0}
 """This process's one-sided reads: ``hits`` (blocks kept with no round trip) and
 ``fallbacks`` (blocks the index named but whose check failed: read through the node)."""
@@ -221,7 +224,7 @@ def one_sided_live(st: ClientState, info: NodeInfo) -> Op[bool]:
     arena = st.arena
     if arena is None or arena.slots is None or not one_sided_enabled():
         return False
-    yield Session()
+    yield _SESSION
     if st.session_epoch and st.session_epoch != info.epoch:
         raise Unavailable(f"the node restarted (epoch {st.session_epoch}, arena mapped at epoch "
                           f"{info.epoch}); describe it again")
@@ -233,10 +236,11 @@ def dram_present(st: ClientState, keys: list[bytes], info: NodeInfo) -> list[boo
     header (no round trip; never stamps recency: a probe is not a read), or None when no
     slot region is mapped or a key is invalid (ask the node, whose checks name it). False
     means "not known here": ask the node (an SSD-only block, a miss, a slot changing now).
+    Call it only after :func:`one_sided_live` said yes (it checks ``KVSTORED_ONE_SIDED``).
     """
     arena = st.arena
     reader = None if arena is None else arena.slots
-    if reader is None or not one_sided_enabled():
+    if reader is None:
         return None
     found = bytearray(len(keys))
     if reader.lookup_keys(st.stored_namespace_id, keys, info.min_key_bytes, info.max_key_bytes, found) < 0:
@@ -247,10 +251,11 @@ def dram_present(st: ClientState, keys: list[bytes], info: NodeInfo) -> list[boo
 def dram_lead(st: ClientState, keys: list[bytes], info: NodeInfo) -> int:
     """How many leading keys are DRAM blocks readable one-sided now (one native call: hashing
     and index probes of the whole prefix, no per-key Python object), or -1 when no slot
-    region is mapped or a key is invalid (the node's path and its checks then answer)."""
+    region is mapped or a key is invalid (the node's path and its checks then answer).
+    Call it only after :func:`one_sided_live` said yes (it checks ``KVSTORED_ONE_SIDED``)."""
     arena = st.arena
     reader = None if arena is None else arena.slots
-    if reader is None or not one_sided_enabled():
+    if reader is None:
         return -1
     lead = reader.lookup_keys(st.stored_namespace_id, keys, info.min_key_bytes, info.max_key_bytes)
     return max(lead, -1)
@@ -342,21 +347,24 @@ def _read_one_sided(arena: ArenaMap, namespace_id: bytes, sink: _ReadSink, count
     sizes, metas, values, fallbacks = reader.read_keys(
         namespace_id, sink.keys, views, time.monotonic_ns()
     )
+    if None not in sizes:  # every key kept (the common case): whole lists, no per-key calls
+        num_bytes = sum(sizes)  # type: ignore[arg-type]  # no None: checked above
+        sink.sizes, sink.metas, sink.tiers = sizes, metas, [Tier.DRAM] * len(sizes)
+        if values is not None:
+            sink.values = values  # type: ignore[assignment]  # bytes, no None: all kept
+        counts.add(len(sizes), num_bytes, 0, 0)  # (a failed check leaves a None: no fallbacks)
+        ONE_SIDED_STATS["hits"] += len(sizes)
+        return []
     left = [i for i, s in enumerate(sizes) if s is None]
     hits = len(sizes) - len(left)
     num_bytes = 0
     if hits:
         num_bytes = sum(s for s in sizes if s is not None)
-        if not left:  # every key kept (the common case): whole lists, no per-key calls
-            sink.sizes, sink.metas, sink.tiers = sizes, metas, [Tier.DRAM] * len(sizes)
-            if values is not None:
-                sink.values = values  # type: ignore[assignment]  # bytes, no None: all kept
-        else:
-            for i, s in enumerate(sizes):
-                if s is not None:
-                    if values is not None:
-                        sink.values[i] = values[i]
-                    sink._done(i, s, metas[i], Tier.DRAM)
+        for i, s in enumerate(sizes):
+            if s is not None:
+                if values is not None:
+                    sink.values[i] = values[i]
+                sink._done(i, s, metas[i], Tier.DRAM)
     reported, reported_bytes = hits, num_bytes
     if left and hits:  # hits between the first and last key left are pinned and read again
         again = [s for s in sizes[left[0] : left[-1] + 1] if s is not None]  # (the node counts those)

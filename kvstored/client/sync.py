@@ -111,6 +111,7 @@ class _SyncSession:
         self._ended = threading.Event()
         self._ended.set()
         self._session_id = 0
+        self._live: tuple[threading.Event, int] | None = None
         self._closed = False
         self._idle = threading.Condition(self._lock)
         self._num_ops = 0
@@ -127,7 +128,7 @@ class _SyncSession:
         """An operation ended."""
         with self._lock:
             self._num_ops -= 1
-            if not self._num_ops:
+            if not self._num_ops and self._closed:  # only close() waits (after setting _closed)
                 self._idle.notify_all()
 
     def session_id(self, deadline: float) -> int:
@@ -136,6 +137,9 @@ class _SyncSession:
         Raises:
             Unavailable: the client is closed, or the node did not answer within the deadline.
         """
+        live = self._live  # (ended, session id) of the open stream, one read without the lock
+        if live is not None and not live[0].is_set() and not self._closed:
+            return live[1]  # (as stale as an answer under the lock once it is released)
         with self._lock:
             if self._closed:
                 raise Unavailable("the client is closed")
@@ -169,6 +173,7 @@ class _SyncSession:
             if isinstance(first[0], grpc.RpcError):
                 raise self._st.map_rpc_error(first[0])
             self._call, self._ended, self._session_id = call, ended, first[0].session_id
+            self._live = (ended, self._session_id)
             self._st.session_epoch = first[0].epoch
             self._opened.append(self._session_id)
             return self._session_id
@@ -190,6 +195,7 @@ class _SyncSession:
             elif self._num_ops:
                 return False
             call, self._call = self._call, None
+            self._live = None
             opened, self._opened = self._opened, []
         control = self._st.control
         if control is not None:  # deferred pin releases, before the session ends

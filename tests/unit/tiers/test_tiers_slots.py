@@ -496,6 +496,75 @@ def test_without_the_batch_check_another_keys_bytes_are_kept(
         assert got[1] == val(2), f"wrong bytes: {wrong} of {len(got[1])} differ"
 
 
+def test_a_stale_hint_is_checked_like_a_bucket_and_both_impls_keep_the_same_hints(big_store: TieredStore) -> None:
+    """A reader's hint table (SlotReader.hints) names a slot to check first. Each stale hint
+    here (the key's slot now another key's, freed, or the key moved to another slot) must
+    be refused by the header check and answered from the index: never another key's block.
+    The native and pure-Python readers run the same steps and end with the same hints."""
+    readers = readers_of(big_store)
+    assert all(r.hints is not None for _, r in readers)
+    a, b, c = key(1), key(2), key(3)
+    big_store.put(a, val(1), namespace_id=NS)
+    for _, r in readers:  # the hint a -> its slot
+        assert r.lookup_keys(NS, [a], *KEY_BOUNDS) == 1
+    slot_a = readers[0][1].lookup(*ident(NS, a))
+    big_store.remove([a], namespace_id=NS)
+    big_store.put(b, val(2), namespace_id=NS)  # a's space taken by b at once
+    assert readers[0][1].lookup(*ident(NS, b)) == slot_a
+    answers: dict[str, list[object]] = {}
+    for name, r in readers:
+        got = answers.setdefault(name, [])
+        got.append((r.lookup_keys(NS, [a], *KEY_BOUNDS), r.read_keys(NS, [a, b], None, 0)[2]))  # reused
+        big_store.remove([b], namespace_id=NS)
+        got.append((r.lookup_keys(NS, [b], *KEY_BOUNDS), r.read_keys(NS, [b], None, 0)[2]))  # freed
+        big_store.put(c, val(3), namespace_id=NS)  # c takes the space; b comes back elsewhere
+        big_store.put(b, val(4), namespace_id=NS)
+        got.append((r.lookup_keys(NS, [b, c], *KEY_BOUNDS), r.read_keys(NS, [b, c], None, 0)[2]))  # moved
+        big_store.remove([b, c], namespace_id=NS)
+        big_store.put(b, val(2), namespace_id=NS)
+    expected = [(0, [None, val(2)]), (0, [None]), (2, [val(4), val(3)])]
+    assert answers == {name: expected for name, _ in readers}
+    hints = [r.hints for _, r in readers]
+    assert all(np.array_equal(hints[0], h) for h in hints[1:])  # type: ignore[arg-type]
+
+
+def test_garbage_hints_change_no_answer(big_store: TieredStore) -> None:
+    """Hints are only where to look first: a table of random garbage (slots out of range, other
+    keys' slots, torn entries) gives the answers of a reader without hints, natively and in
+    Python, while the node stores, removes and re-puts blocks."""
+    rng = random.Random(18)
+    keys = [key(i) for i in range(24)]
+    plain = SlotReader(big_store._state.dram.arena._mmap, big_store._state.dram.arena.layout, hints=False)
+    for step in range(60):
+        k = rng.choice(keys)
+        if rng.random() < 0.4:
+            big_store.remove([k], namespace_id=NS)
+        else:
+            big_store.put(k, val(rng.randrange(250), 1000 + rng.randrange(2000)), namespace_id=NS)
+        want = (plain.lookup_keys(NS, keys, *KEY_BOUNDS, found=bytearray(len(keys))),
+                plain.read_keys(NS, keys, None, 0)[:3])
+        for name, r in readers_of(big_store):
+            assert r.hints is not None
+            h = r.hints
+            h[:, 0] = [rng.choice([0, rng.getrandbits(64), ident(NS, rng.choice(keys))[0]]) for _ in range(len(h))]
+            h[:, 1] = [rng.choice([0, rng.getrandbits(64), rng.randrange(64)]) for _ in range(len(h))]
+            found = bytearray(len(keys))
+            got = (r.lookup_keys(NS, keys, *KEY_BOUNDS, found=found), r.read_keys(NS, keys, None, 0)[:3])
+            assert got == want, (name, step)
+
+
+def test_the_native_calls_name_a_bad_hint_table(big_store: TieredStore) -> None:
+    if native.probe_keys is None or native.read_keys is None:
+        pytest.skip("kvstored._native not built")
+    r = SlotReader(big_store._state.dram.arena._mmap, big_store._state.dram.arena.layout)
+    prefix = bytes((len(NS),)) + NS
+    for bad, what in ((np.zeros((3, 2), dtype=np.uint64), "power of two"), (b"\0" * 32, "writable")):
+        with pytest.raises(ValueError, match=f"probe_keys: hints .*{what}"):
+            native.probe_keys(r.buckets, r.slots, prefix, [key(1)], *KEY_BOUNDS, None, bad)
+        with pytest.raises(ValueError, match=f"read_keys: hints .*{what}"):
+            native.read_keys(r.buckets, r.slots, r.arena, prefix, [key(1)], None, 0, None, bad)
+
+
 def _twin_tables() -> tuple[Layout, list[bytearray], SlotTable, SlotTable]:
     """Two slot regions of a 16-slot arena (64 buckets): one written by the native
     publish_many / unindex_many, one by the pure-Python SlotTable (same initial bytes)."""
