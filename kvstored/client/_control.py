@@ -156,6 +156,8 @@ failed or closed before it was read (its grant, if any, is then an orphan to ack
 
 
 def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -164,6 +166,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = [bytes((n,)) for n in range(0x80)]
 _OP_TAGS = {
     f.name: _varint((f.number << 3) | 2)  # wire type 2: a length-delimited sub-message
     for f in pb.ControlRequest.DESCRIPTOR.oneofs_by_name["op"].fields
