@@ -242,10 +242,10 @@ class SlotGrants:
         """
         require_session("CommitSlots", session_id)
         self.check_want(want)
-        if self.test_hook is not None:
-            self.test_hook("grant_after_answer")
         if not may_block and want and self._refill_needs_io(session_id, want):
             return NEEDS_IO
+        if self.test_hook is not None:  # (the pass that grants: after a NEEDS_IO answer)
+            self.test_hook("grant_after_answer")
         self._leases.check_session(session_id)
         return self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block) if want else []
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from it_helpers import DaemonThread, random_keys, value_for
+from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client
 from kvstored.client import _hooks, _shm
@@ -180,3 +180,139 @@ def test_a_slot_near_its_lease_end_is_returned_not_written(
         # the old ones were freed by the return; held: the next two puts' worth (the refill
         # granted after the answer)
         assert _slot_bytes(node, c) == 4 * SIZE
+
+
+# ---- the refill granted after the answer (control channel: grant_after_answer) ----------
+
+
+class _HeldRefill:
+    """Holds the node's first refill granted after its answer (``grant_after_answer``) on
+    the store executor, off the event loop, until :meth:`release`."""
+
+    def __init__(self, node: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> None:
+        core = node.daemon.core
+        assert core is not None
+        self.core = core
+        self.reached, self.go = threading.Event(), threading.Event()
+        # every refill "needs I/O": it runs on the store executor, so holding it there leaves
+        # the loop serving everyone else
+        monkeypatch.setattr(core.slots, "_refill_needs_io", lambda *_a: True)
+        core.slots.test_hook = self._hook
+
+    def _hook(self, event: str) -> None:
+        if event == "grant_after_answer" and not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(60)
+
+    def release(self) -> None:
+        self.go.set()
+        self.core.slots.test_hook = None
+
+
+def test_a_put_is_answered_before_its_refill_is_granted(
+    node: DaemonThread, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A's put returns while the node still holds the refill it asked for (the answer came
+    # first); another client's put and reads go on meanwhile; A's next put reads the refill's
+    # frame, then its own answer, and every byte is right
+    held = _HeldRefill(node, monkeypatch)
+    k1, k2, kb = random_keys(4), random_keys(4), random_keys(2)
+    try:
+        with Client(node.unix_address, transport="shm", timeout_s=60) as a, \
+                Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
+            a.describe()
+            assert all(r.stored for r in a.put(k1, [value_for(k, SIZE) for k in k1]))
+            assert held.reached.wait(30)  # put() returned; its refill is held now
+            assert b.get(k1) == [value_for(k, SIZE) for k in k1]  # committed, readable
+            assert all(r.stored for r in b.put(kb, [value_for(k, SIZE) for k in kb]))
+            assert _slot_bytes(node, a) == 4 * SIZE  # the pool's other half; no refill yet
+            held.release()
+            monkeypatch.undo()  # refills on the loop again
+            assert all(r.stored for r in a.put(k2, [value_for(k, SIZE) for k in k2]))
+            assert a.get(k1 + k2 + kb) == [value_for(k, SIZE) for k in k1 + k2 + kb]
+            # the pool: the refill held above (read with the second put), and the second
+            # put's own refill, granted once its answer was sent
+            wait_until(lambda: _slot_bytes(node, a) == 8 * SIZE, what="two puts' worth of slots")
+            assert a._st.slots.held_bytes() in (4 * SIZE, 8 * SIZE)  # noqa: SLF001 (its frame read or not yet)
+    finally:
+        held.release()
+    assert held.core.quarantined_bytes() == 0
+    assert held.core.leases.held_bytes(0, SLOT) == 0
+
+
+def test_a_refill_held_past_its_sessions_end_is_freed_not_granted(
+    node: DaemonThread, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the session ends while its refill waits to be granted: the late grant is refused and
+    # its room freed (nothing leaks, nothing is quarantined)
+    held = _HeldRefill(node, monkeypatch)
+    core = held.core
+    used = lambda: node.daemon.store.stats().tiers[0].used_bytes  # noqa: E731
+    base = used()
+    keys = random_keys(4)
+    a = Client(node.unix_address, transport="shm", timeout_s=60)
+    try:
+        a.describe()
+        assert all(r.stored for r in a.put(keys, [value_for(k, SIZE) for k in keys]))
+        assert held.reached.wait(30)
+        sid = a._session._session_id  # noqa: SLF001
+        core.close_session(sid)  # as when A's process dies: its slots are freed
+        assert core.leases.held_bytes(sid, SLOT) == 0
+        held.release()
+        wait_until(lambda: used() == base + 4 * SIZE, what="only the 4 blocks stored")
+        assert core.leases.held_bytes(sid, SLOT) == 0
+        assert core.quarantined_bytes() == 0
+    finally:
+        held.release()
+        a.close()
+    assert used() == base + 4 * SIZE
+
+
+def test_a_refill_lost_with_its_connection_is_freed_by_the_orphan_ack(node: DaemonThread) -> None:
+    # the control connection fails before the refill's frame is read: the client never
+    # learns those slots, so it acks the request as an orphan and the node frees them
+    events: list[dict[str, Any]] = []
+    _hooks.install(lambda e, **f: events.append(f) if e == "slot_refill_arrived" else None)
+    try:
+        with Client(node.unix_address, transport="shm", timeout_s=60) as c:
+            keys = random_keys(4)
+            assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+            control = c._st.control  # noqa: SLF001
+            assert control is not None
+            for conn in list(control._free):  # noqa: SLF001 (the connection "fails")
+                control._free.remove(conn)  # noqa: SLF001
+                conn.close()
+            assert [e["lost"] for e in events] == [True]
+            c.stats()  # the next call sends the ack (in the background)
+            wait_until(lambda: _slot_bytes(node, c) == 4 * SIZE, what="the lost refill freed")
+            keys2 = random_keys(4)
+            assert all(r.stored for r in c.put(keys2, [value_for(k, SIZE) for k in keys2]))
+            assert c.get(keys + keys2) == [value_for(k, SIZE) for k in keys + keys2]
+    finally:
+        _hooks.install(None)
+    core = node.daemon.core
+    assert core is not None and core.quarantined_bytes() == 0
+
+
+def test_async_puts_read_each_refill_with_the_next_request(node: DaemonThread) -> None:
+    # the asyncio client's channel: the refill's frame of one put is read with the next
+    # request on that connection, before that request's own answer
+    arrived: list[bool] = []
+    _hooks.install(lambda e, **f: arrived.append(f["lost"]) if e == "slot_refill_arrived" else None)
+
+    async def main() -> None:
+        async with AsyncClient(node.unix_address, transport="shm", timeout_s=60) as a:
+            batches = [random_keys(4) for _ in range(3)]
+            for keys in batches:
+                assert all(r.stored for r in await a.put(keys, [value_for(k, SIZE) for k in keys]))
+            assert arrived == [False, False]  # the last one's frame is not read yet
+            every = [k for keys in batches for k in keys]
+            assert await a.get(every) == [value_for(k, SIZE) for k in every]
+            wait_until(lambda: _slot_bytes(node, a) == 8 * SIZE, what="two puts' worth of slots")
+
+    try:
+        asyncio.run(main())
+    finally:
+        _hooks.install(None)
+    core = node.daemon.core
+    assert core is not None and core.quarantined_bytes() == 0
