@@ -550,9 +550,9 @@ def _commit_slots(
     )
     add_want = req.want.add
     for size, num in pool.wants():
-        w = add_want()
-        w.size_bytes = size
-        w.num_slots = num
+        want = add_want()
+        want.size_bytes = size
+        want.num_slots = num
     if writes is not None:
         add = req.writes.add
         ids, keys, sizes, metas = writes
@@ -683,7 +683,7 @@ def _write_slots(
     metas = [m for _, _, _, m in items]
     sizes = [len(v) for v in values]
     try:
-        yield Blocking(functools.partial(_copy_into_arena, arena, list(zip(offsets, values))),
+        yield Blocking(functools.partial(_copy_into_arena, arena, list(zip(offsets, values, strict=True))),
                        sum(sizes))
         # the node answers LeaseExpired for a slot whose lease lapsed (nothing stored)
         resp = yield from _commit_slots(

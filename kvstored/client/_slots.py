@@ -89,7 +89,7 @@ class SlotPool:
         self._returns: list[int] = []
         self._target: dict[int, int] = {}  # size class -> slots wanted (insertion = recency)
         self._wants: list[tuple[int, int]] = []  # _target's non-zero items (the request's want)
-        self._demand: tuple[tuple[int, int], ...] = ()  # the last put's (class, count)s
+        self._demand: object = None  # the shape of the last put (its counts, budget, depth)
         self.node_budget_bytes = 0  # the node's per-session bound (0 = not known yet)
 
     def budget_bytes(self, arena_size_bytes: int) -> int:
@@ -111,7 +111,7 @@ class SlotPool:
         with self._lock:
             if key == self._demand:  # the same shape as the last put (the steady state)
                 return
-            self._demand = key  # type: ignore[assignment]  # (a tuple key of the last shape)
+            self._demand = key
             target = self._target
             for s, n in counts.items():
                 target.pop(s, None)

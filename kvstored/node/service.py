@@ -541,7 +541,7 @@ class NodeServicer:
         comes from free room, else on the store executor)."""
         core = self.core
         kwargs = dict(session_id=session_id, lease_ms=lease_ms, request_id=request_id)
-        got = core.slots.grant(ns, want, may_block=self._loop_may_evict(), **kwargs)  # type: ignore[arg-type]  # kwargs values are each the right type
+        got = core.slots.grant(ns, want, may_block=self._loop_may_evict(), **kwargs)
         if got is NEEDS_IO:
             got = await self._run(core.slots.grant, ns, want, **kwargs)
         assert isinstance(got, list), got
