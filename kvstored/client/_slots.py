@@ -202,15 +202,20 @@ class SlotPool:
                     return
                 self._own(owner)
             free = self._free
+            touched: set[int] = set()
             for sid, off, size in slots:
                 c = free.get(size)
                 if c is None:
                     c = free[size] = _Class()
-                if c.use_by and c.use_by[-1] > use_by:  # never later than a slot before it
-                    c.use_by = [min(u, use_by) for u in c.use_by]
+                if size not in touched:
+                    touched.add(size)
+                    if c.use_by and c.use_by[-1] > use_by:  # never later than a slot before it
+                        c.use_by = [min(u, use_by) for u in c.use_by]
                 c.ids.append(sid)
                 c.offsets.append(off)
-                c.use_by.append(use_by)
+            for size in touched:  # one use_by per slot, all alike
+                c = free[size]
+                c.use_by += [use_by] * (len(c.ids) - len(c.use_by))
 
     def give_back(self, owner: tuple[int, int], slot_ids: Iterable[int]) -> None:
         """Slots to return with the next CommitSlots (unused, or of a failed call)."""
