@@ -18,6 +18,13 @@ pin holds (the block cannot be evicted or removed). Deferred ids are sent at the
 - by the idle flusher, once no request carried them for :data:`IDLE_RELEASE_S`;
 - at ``close()`` (and the session's end frees them in any case).
 
+A refill after its answer (CommitSlots with ``grant_after_answer``, kvstored/node/slots.py):
+the node answers with ``grant_follows`` and then sends one more frame on that connection, the
+slots granted; the connection keeps a :data:`Trailer` for it and reads that frame with its
+next request, after sending it and before that request's answer (so the wait, if any, overlaps
+the node's work). A connection closed with a frame still unread calls its trailer with None:
+the refill's request is then acked as an orphan.
+
 A request that gets no answer (the connection failed) raises :class:`NoAnswer` (retriable
 Unavailable); the driver then treats a granting request as orphaned, as for gRPC
 (kvstored/client/_orphans.py), and the release ids it carried are kept for the next request

@@ -7,8 +7,10 @@
                    Put (values inline) on the control channel: ONE round trip; the node
                    copies the values in and commits before it answers
            --> shm otherwise:  copy into reserve-ahead slots -> CommitSlots, which also
-                               grants the next put's slots: ONE round trip (_slots.py);
-                               what no slot takes: ReservePut -> copy -> CommitPut (_shm.py)
+                               grants the next put's slots (on the control channel after
+                               its answer, read with the next request): ONE round trip
+                               (_slots.py); what no slot takes: ReservePut -> copy ->
+                               CommitPut (_shm.py)
            --> tcp (large):    the data plane's PUT
            --> else:           Put, inline (gRPC, or the control channel when open)
 
@@ -245,8 +247,8 @@ def op_put(
             yield from _put_tcp(st, info, items, results, deadline)
         else:
             yield from _put_grpc(st, info, items, results, deadline)
-    if None in results:
-        missing = [i for i, r in enumerate(results) if r is None]
+    missing = [i for i, r in enumerate(results) if r is None]  # (by identity: no __eq__ calls)
+    if missing:
         raise InternalError(f"no result for put items {missing[:8]}")
     factor = replicas or st.replicas or info.default_replicas
     if factor > 1:

@@ -534,7 +534,7 @@ def _undo_slots(session_id: int, resp: pb.CommitSlotsResponse) -> Call | None:
 
 def _commit_slots(
     st: ClientState, info: NodeInfo, owner: tuple[int, int], namespace_id: bytes,
-    writes: tuple[list[int], list[bytes], list[int], list[bytes] | None] | None,
+    writes: tuple[Sequence[int], Sequence[bytes], Sequence[int], Sequence[bytes] | None] | None,
     after: bool = False,
 ) -> Op[pb.CommitSlotsResponse]:
     """One CommitSlots: ``writes`` (slot ids, keys, sizes, metas or None), the pool's
@@ -679,8 +679,7 @@ def _write_slots(
             at[c] = j + 1
             ids.append(got[c][0][j])
             offsets.append(got[c][1][j])
-    values = [v for _, _, v, _ in items]
-    metas = [m for _, _, _, m in items]
+    index, keys, values, metas = zip(*items, strict=True)
     sizes = [len(v) for v in values]
     try:
         yield Blocking(functools.partial(_copy_into_arena, arena, list(zip(offsets, values, strict=True))),
@@ -688,7 +687,7 @@ def _write_slots(
         # the node answers LeaseExpired for a slot whose lease lapsed (nothing stored)
         resp = yield from _commit_slots(
             st, info, owner, st.namespace_id,
-            (ids, [k for _, k, _, _ in items], sizes, metas if any(metas) else None),
+            (ids, keys, sizes, metas if any(metas) else None),
             after=after)
     except BaseException:
         pool.give_back(owner, ids)  # after the copy returned
@@ -696,7 +695,7 @@ def _write_slots(
     got_results = resp.results
     if len(got_results) != len(items):
         raise InternalError(f"CommitSlots answered {len(got_results)} items for {len(items)}")
-    for (i, *_), r in zip(items, got_results, strict=True):
+    for i, r in zip(index, got_results, strict=True):
         # an unset status is OK (reading r.status would build a message per item)
         if r.HasField("status"):
             results[i] = _result(r.status, r.stored)

@@ -8,13 +8,29 @@ answer grants the slots of the next put: one round trip per put, at any size::
     copy the blocks into the slots           --> CommitSlots(writes, return_slot_ids, want)
     answer: per write stored / existed / error, and the next slots (added to the pool)
 
-What the pool wants to hold (``want``) is the shape of the largest recent put per size
-class, bounded by ``Client(reserve_ahead_bytes=...)``, an eighth of the arena and the node's
-per-session slot budget. Slots belong to one session of one node epoch: a new session or
-epoch drops the pool (the node freed those slots when the session ended). A slot whose lease
-is about to lapse by this process's clock is never written; it is returned with the next
-CommitSlots (the ack that frees it, quarantined or not). A failed CommitSlots returns the
-slots it wrote into (the node ignores those it committed).
+Over the control channel, when two puts' worth fit the bounds below, the refill comes after
+the answer (``grant_after_answer``): the node answers the writes, then grants, and sends the
+slots as the next frame on that connection, which the client reads with its next request
+there (kvstored/client/_control.py). The pool then holds two puts' worth: a put copies into
+the slots the put before last asked for, and its answer never waits for a grant::
+
+    put N:   take slots (granted after put N-2's answer) --> copy
+             --> CommitSlots N (want, grant_after_answer)
+             <-- [refill of N-1, read first] <-- answer N   (put N returns)
+                                             <-- refill of N (read with the next request)
+
+What the pool wants to hold (``want``) is the shape of the most recent put per size class
+(twice it with the refill after the answer), bounded by ``Client(reserve_ahead_bytes=...)``,
+an eighth of the arena and the node's per-session slot budget.
+
+Slots belong to one session of one node epoch: a new session or epoch drops the pool (the
+node freed those slots when the session ended). A slot whose lease is about to lapse by this
+process's clock is never written; it is returned with the next CommitSlots (the ack that
+frees it, quarantined or not). A failed CommitSlots returns the slots it wrote into (the
+node ignores those it committed). A refill whose frame is lost (its connection failed first)
+is acked as an orphan of its request: the node frees what it granted, as for any grant whose
+answer never arrived (kvstored/client/_orphans.py); one that arrives after its session ended
+is dropped (the node freed it with the session).
 
 Thread-safe: every method takes the pool's lock; an operation owns the slots it took.
 """
