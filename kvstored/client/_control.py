@@ -18,6 +18,13 @@ pin holds (the block cannot be evicted or removed). Deferred ids are sent at the
 - by the idle flusher, once no request carried them for :data:`IDLE_RELEASE_S`;
 - at ``close()`` (and the session's end frees them in any case).
 
+A refill after its answer (CommitSlots with ``grant_after_answer``, kvstored/node/slots.py):
+the node answers with ``grant_follows`` and then sends one more frame on that connection, the
+slots granted; the connection keeps a :data:`Trailer` for it and reads that frame with its
+next request, after sending it and before that request's answer (so the wait, if any, overlaps
+the node's work). A connection closed with a frame still unread calls its trailer with None:
+the refill's request is then acked as an orphan.
+
 A request that gets no answer (the connection failed) raises :class:`NoAnswer` (retriable
 Unavailable); the driver then treats a granting request as orphaned, as for gRPC
 (kvstored/client/_orphans.py), and the release ids it carried are kept for the next request
@@ -35,6 +42,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -42,7 +50,7 @@ from google.protobuf.message import DecodeError, Message
 
 from kvstored.client import _hooks
 from kvstored.errors import DeadlineExceeded, Unavailable, error_from_code
-from kvstored.transport.control import FIELD_OF, MAX_FRAME_BYTES, FrameTooLarge, frame, recv_frame
+from kvstored.transport.control import FIELD_OF, LENGTH_BYTES, MAX_FRAME_BYTES, FrameTooLarge, recv_exactly
 from kvstored.v1 import node_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -148,8 +156,46 @@ class OneSidedCounts:
                 self.since = time.monotonic()
 
 
+Trailer = Callable[[pb.ControlResponse | None], None]
+"""What receives the frame that follows an answer with ``grant_follows`` (a refill granted
+after its answer, kvstored/node/slots.py): the parsed frame, or None when the connection
+failed or closed before it was read (its grant, if any, is then an orphan to ack)."""
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL = [bytes((n,)) for n in range(0x80)]
+_OP_TAGS = {
+    f.name: _varint((f.number << 3) | 2)  # wire type 2: a length-delimited sub-message
+    for f in pb.ControlRequest.DESCRIPTOR.oneofs_by_name["op"].fields
+}
+
+
+def encode_request(envelope: pb.ControlRequest, field: str, op: Message) -> bytes:
+    """The serialized ControlRequest of ``envelope`` with ``op`` as its ``field`` (the
+    bytes ``envelope`` with ``getattr(envelope, field).CopyFrom(op)`` serializes to, without
+    copying ``op``: protobuf's encoding of a message field is its tag, its length and its
+    serialized bytes, and the fields of a message may come in any order)."""
+    data = op.SerializeToString()
+    return b"".join((envelope.SerializeToString(), _OP_TAGS[field], _varint(len(data)), data))
+
+
+def _takes_trailer(resp: pb.ControlResponse) -> bool:
+    return resp.WhichOneof("op") == "commit_slots" and resp.commit_slots.grant_follows
+
+
 class _Connection:
-    """One blocking unix stream connection; one request at a time."""
+    """One blocking unix stream connection; one request at a time (and the trailer frame
+    of a request answered with ``grant_follows``, read with the next request)."""
 
     def __init__(self, path: str) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -162,9 +208,37 @@ class _Connection:
         self.sock = sock
         self.session_id = 0  # the session the node bound this connection to (0 = none yet)
         self._timeout_s: float | None = None
+        self._rest = b""  # bytes read past the last frame (the start of a trailer)
+        self.trailer: Trailer | None = None
+        """Where the frame the node sends next, unasked, goes (see :data:`Trailer`)."""
 
-    def request(self, req: pb.ControlRequest, timeout_s: float) -> pb.ControlResponse:
-        """Send one request and read its response.
+    def _frame(self) -> bytes:
+        """The next frame's payload (what was read past it is kept for the next one)."""
+        buf = self._rest
+        sock = self.sock
+        while len(buf) < LENGTH_BYTES:
+            got = sock.recv(LENGTH_BYTES + 65536)
+            if not got:
+                raise ConnectionResetError("the peer closed the control connection")
+            buf += got
+        size = int.from_bytes(buf[:LENGTH_BYTES], "big")
+        if size > MAX_FRAME_BYTES:
+            raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
+        end = LENGTH_BYTES + size
+        if len(buf) < end:
+            buf += recv_exactly(sock, end - len(buf))
+        self._rest = buf[end:]
+        return buf[LENGTH_BYTES:end]
+
+    def request(self, data: bytes, timeout_s: float, on_trailer: Trailer | None = None,
+                ) -> pb.ControlResponse:
+        """Send one serialized ControlRequest and read its response (after the trailer
+        pending from an earlier request, which the node sent first).
+
+        Args:
+            on_trailer: where the trailer of this request goes if it is answered with
+                ``grant_follows`` (read with this connection's next request, or given
+                None at close).
 
         Raises:
             NoAnswer: the connection failed or closed; NoAnswerInTime: it timed out
@@ -176,17 +250,35 @@ class _Connection:
             self.sock.settimeout(timeout_s)
             self._timeout_s = timeout_s
         try:
-            self.sock.sendall(frame(req))
-            return pb.ControlResponse.FromString(recv_frame(self.sock))
+            self.sock.sendall(len(data).to_bytes(LENGTH_BYTES, "big") + data)
+            pending, self.trailer = self.trailer, None
+            if pending is not None:  # the frame the node sent before this answer
+                try:
+                    first = pb.ControlResponse.FromString(self._frame())
+                except BaseException:
+                    pending(None)
+                    raise
+                pending(first)
+            resp = pb.ControlResponse.FromString(self._frame())
         except TimeoutError:
             raise NoAnswerInTime(
                 f"the node did not answer within {timeout_s:.3f} s (control channel)"
             ) from None
         except (OSError, FrameTooLarge, DecodeError) as exc:
             raise NoAnswer(f"the control channel failed: {exc}") from None
+        if _takes_trailer(resp):
+            self.trailer = on_trailer or _drop_trailer
+        return resp
 
     def close(self) -> None:
+        pending, self.trailer = self.trailer, None
         self.sock.close()
+        if pending is not None:
+            pending(None)
+
+
+def _drop_trailer(_resp: pb.ControlResponse | None) -> None:
+    """A trailer nobody asked for (never sent to this client's requests): read, ignored."""
 
 
 class ControlChannel:
@@ -238,13 +330,16 @@ class ControlChannel:
                 self._pending[:0] = ids
                 self._wake.notify()
 
-    def call(self, method: str, request: Message, timeout_s: float) -> Any:
+    def call(self, method: str, request: Message, timeout_s: float,
+             on_trailer: Trailer | None = None) -> Any:
         """Run one NodeService call over the channel; carries the deferred releases.
 
         Args:
             method: one of :data:`METHODS`.
             request: its request message (its ``session_id`` binds the connection).
             timeout_s: how long to wait for the answer.
+            on_trailer: where the frame that follows an answer with ``grant_follows`` goes
+                (called later, on the thread of the connection's next request, or at close).
 
         Returns:
             The op's response message.
@@ -256,7 +351,6 @@ class ControlChannel:
         field = FIELD_OF[method]
         session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
         req = pb.ControlRequest(session_id=session_id)
-        getattr(req, field).CopyFrom(request)
         with self._lock:  # the pending ids and a free connection under one lock (hot path)
             ids, self._pending = self._pending, []
             conn = self._free.pop() if self._free and not self._closed else None
@@ -275,7 +369,8 @@ class ControlChannel:
         counts = self.counts
         carried = None if counts is None else counts.take_into(req)
         try:
-            resp = self._roundtrip(req, session_id, ids, timeout_s, conn)
+            resp = self._roundtrip(encode_request(req, field, request), session_id, ids,
+                                   timeout_s, conn, on_trailer)
         except BaseException:
             if counts is not None:
                 counts.give_back(carried)
@@ -285,8 +380,8 @@ class ControlChannel:
         return getattr(resp, field)
 
     def _roundtrip(
-        self, req: pb.ControlRequest, session_id: int, ids: list[int], timeout_s: float,
-        conn: _Connection | None = None,
+        self, data: bytes, session_id: int, ids: list[int], timeout_s: float,
+        conn: _Connection | None = None, on_trailer: Trailer | None = None,
     ) -> pb.ControlResponse:
         if conn is None:
             try:
@@ -295,7 +390,7 @@ class ControlChannel:
                 self._give_back(ids)
                 raise
         try:
-            resp = conn.request(req, max(timeout_s, 1e-3))
+            resp = conn.request(data, max(timeout_s, 1e-3), on_trailer)
         except BaseException:  # no answer, or interrupted mid-way: the connection is unusable
             conn.close()
             self._give_back(ids)  # idempotent: sent again with the next request
@@ -363,7 +458,7 @@ class ControlChannel:
         if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            self._roundtrip(req, 0, ids, timeout_s)
+            self._roundtrip(req.SerializeToString(), 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
             if counts is not None:
                 counts.give_back(carried)
@@ -425,6 +520,35 @@ class ControlChannel:
         return left
 
 
+class _AsyncConnection:
+    """One connection of an :class:`AsyncControlChannel` (asyncio streams)."""
+
+    __slots__ = ("reader", "writer", "session_id", "trailer")
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.session_id = 0
+        self.trailer: Trailer | None = None
+
+    async def read(self) -> pb.ControlResponse:
+        """The next frame, parsed.
+
+        Raises:
+            OSError, asyncio.IncompleteReadError, FrameTooLarge, DecodeError.
+        """
+        size = int.from_bytes(await self.reader.readexactly(LENGTH_BYTES), "big")
+        if size > MAX_FRAME_BYTES:
+            raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
+        return pb.ControlResponse.FromString(await self.reader.readexactly(size))
+
+    def close(self) -> None:
+        pending, self.trailer = self.trailer, None
+        self.writer.close()
+        if pending is not None:
+            pending(None)
+
+
 class AsyncControlChannel:
     """The control channel of an :class:`~kvstored.client.aio.AsyncClient` (asyncio streams).
 
@@ -448,23 +572,23 @@ class AsyncControlChannel:
             first.close()
             raise
         self._first: socket.socket | None = first
-        self._free: list[tuple[Any, Any, int]] = []  # (reader, writer, session id)
+        self._free: list[_AsyncConnection] = []
         self._pending: list[int] = []
         self._flush_task: Any = None
         self._closed = False
         self.counts: OneSidedCounts | None = None
         """The client's one-sided counts this channel reports (set by its ClientState)."""
 
-    async def _acquire(self, session_id: int) -> tuple[Any, Any, int]:
+    async def _acquire(self, session_id: int) -> _AsyncConnection:
         import asyncio
 
         if self._closed:
             raise Unavailable("the client is closed")
         while self._free:
             conn = self._free.pop()
-            if not session_id or conn[2] in (0, session_id):
+            if not session_id or conn.session_id in (0, session_id):
                 return conn
-            conn[1].close()
+            conn.close()
         try:
             if self._first is not None:
                 sock, self._first = self._first, None
@@ -475,43 +599,53 @@ class AsyncControlChannel:
                 )
         except (OSError, TimeoutError) as exc:
             raise NoAnswer(f"cannot connect to the control channel {self.path}: {exc}") from None
-        return reader, writer, 0
+        return _AsyncConnection(reader, writer)
 
     async def _roundtrip(
-        self, req: pb.ControlRequest, session_id: int, ids: list[int], timeout_s: float
+        self, data: bytes, session_id: int, ids: list[int], timeout_s: float,
+        on_trailer: Trailer | None = None,
     ) -> pb.ControlResponse:
         import asyncio
 
         try:
-            reader, writer, bound = await self._acquire(session_id)
+            conn = await self._acquire(session_id)
         except BaseException:
             self._give_back(ids)
             raise
         try:
             async with asyncio.timeout(max(timeout_s, 1e-3)):
-                writer.write(frame(req))
-                size = int.from_bytes(await reader.readexactly(4), "big")
-                if size > MAX_FRAME_BYTES:
-                    raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
-                resp = pb.ControlResponse.FromString(await reader.readexactly(size))
+                conn.writer.write(len(data).to_bytes(LENGTH_BYTES, "big") + data)
+                pending, conn.trailer = conn.trailer, None
+                if pending is not None:  # the frame the node sent before this answer
+                    try:
+                        first = await conn.read()
+                    except BaseException:
+                        pending(None)
+                        raise
+                    pending(first)
+                resp = await conn.read()
         except TimeoutError:
-            writer.close()
+            conn.close()
             self._give_back(ids)
             raise NoAnswerInTime(
                 f"the node did not answer within {timeout_s:.3f} s (control channel)"
             ) from None
         except (OSError, asyncio.IncompleteReadError, FrameTooLarge, DecodeError) as exc:
-            writer.close()
+            conn.close()
             self._give_back(ids)
             raise NoAnswer(f"the control channel failed: {exc}") from None
         except BaseException:  # cancelled mid-way: the connection is unusable
-            writer.close()
+            conn.close()
             self._give_back(ids)
             raise
+        if _takes_trailer(resp):
+            conn.trailer = on_trailer or _drop_trailer
+        if session_id:
+            conn.session_id = session_id
         if self._closed:
-            writer.close()
+            conn.close()
         else:
-            self._free.append((reader, writer, session_id or bound))
+            self._free.append(conn)
         return resp
 
     def _give_back(self, ids: list[int]) -> None:
@@ -519,19 +653,20 @@ class AsyncControlChannel:
             self._pending[:0] = ids
             self._schedule_flush()
 
-    async def call(self, method: str, request: Message, timeout_s: float) -> Any:
-        """As :meth:`ControlChannel.call`, awaited."""
+    async def call(self, method: str, request: Message, timeout_s: float,
+                   on_trailer: Trailer | None = None) -> Any:
+        """As :meth:`ControlChannel.call`, awaited (``on_trailer`` is called on the loop)."""
         field = FIELD_OF[method]
         session_id = getattr(request, "session_id", 0) if method != "ReleasePins" else 0
         ids, self._pending = self._pending, []
         req = pb.ControlRequest(session_id=session_id, release_pin_ids=ids)
-        getattr(req, field).CopyFrom(request)
         if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method=method, pin_ids=list(ids))
         counts = self.counts
         carried = None if counts is None else counts.take_into(req)
         try:
-            resp = await self._roundtrip(req, session_id, ids, timeout_s)
+            resp = await self._roundtrip(encode_request(req, field, request), session_id, ids,
+                                         timeout_s, on_trailer)
         except BaseException:
             if counts is not None:
                 counts.give_back(carried)
@@ -590,7 +725,7 @@ class AsyncControlChannel:
         if ids and _hooks._hook is not None:
             _hooks.fire("control_release_sent", method="", pin_ids=list(ids))
         try:
-            await self._roundtrip(req, 0, ids, timeout_s)
+            await self._roundtrip(req.SerializeToString(), 0, ids, timeout_s)
         except (Unavailable, DeadlineExceeded):
             if counts is not None:
                 counts.give_back(carried)
@@ -608,8 +743,8 @@ class AsyncControlChannel:
         self._closed = True
         if self._flush_task is not None:
             self._flush_task.cancel()
-        for _, writer, _ in self._free:
-            writer.close()
+        for conn in self._free:
+            conn.close()
         self._free = []
         if self._first is not None:
             self._first.close()

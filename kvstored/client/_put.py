@@ -7,8 +7,10 @@
                    Put (values inline) on the control channel: ONE round trip; the node
                    copies the values in and commits before it answers
            --> shm otherwise:  copy into reserve-ahead slots -> CommitSlots, which also
-                               grants the next put's slots: ONE round trip (_slots.py);
-                               what no slot takes: ReservePut -> copy -> CommitPut (_shm.py)
+                               grants the next put's slots (on the control channel after
+                               its answer, read with the next request): ONE round trip
+                               (_slots.py); what no slot takes: ReservePut -> copy ->
+                               CommitPut (_shm.py)
            --> tcp (large):    the data plane's PUT
            --> else:           Put, inline (gRPC, or the control channel when open)
 
@@ -123,15 +125,27 @@ def _check_items(
     lo, hi = max(info.min_key_bytes, 1), info.max_key_bytes
     max_block = info.max_block_bytes
     items: list[_Item] = []
+    append = items.append
     for i, key in enumerate(keys):
         meta_in = None if metas is None else metas[i]
-        try:
-            value = as_byte_view(values[i], "value", i)
+        value_in = values[i]
+        try:  # the common case inline: a flat byte buffer (bytes, uint8 numpy array)
+            value = memoryview(value_in)  # type: ignore[arg-type]  # a non-buffer raises TypeError
+            if not (value.ndim == 1 and value.format == "B" and value.c_contiguous):
+                value = as_byte_view(value_in, "value", i)
+        except TypeError:
+            value = None
         except InvalidArgument as exc:
             results[i] = PutResult(False, exc)
             continue
+        if value is None:
+            try:
+                value = as_byte_view(value_in, "value", i)  # raises, naming what it got
+            except InvalidArgument as exc:
+                results[i] = PutResult(False, exc)
+                continue
         if type(key) is bytes and lo <= len(key) <= hi and meta_in is None and len(value) <= max_block:
-            items.append((i, key, value, b""))  # the common case: nothing more to check
+            append((i, key, value, b""))  # the common case: nothing more to check
             continue
         try:
             kb = _key_bytes(key, i)
@@ -204,11 +218,13 @@ def op_put(
 ) -> Op[list[PutResult]]:
     """Put a batch; bad items get their own error, good ones go over the chosen transport;
     with more than one replica wanted, the node then writes the others (:func:`_replicate`)."""
-    check_replicas(replicas, "put(replicas=...)")
-    if isinstance(keys, (bytes, bytearray, str)):
-        raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
-    require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
-    require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
+    if replicas is not None:
+        check_replicas(replicas, "put(replicas=...)")
+    if type(keys) is not list or type(values) is not list:  # (lists: nothing to check)
+        if isinstance(keys, (bytes, bytearray, str)):
+            raise InvalidArgument("keys must be a sequence of keys; wrap a single key in a list")
+        require_sequence(keys, "keys", "a sequence (list) of block keys (bytes)")
+        require_sequence(values, "values", "a sequence (list) with one buffer (bytes, numpy array...) per key")
     if metas is not None:
         require_sequence(metas, "metas", "None or a sequence (list) with one bytes (or None) per key")
     if len(values) != len(keys):
@@ -219,7 +235,7 @@ def op_put(
     results: list[PutResult | None] = [None] * len(keys)
     items = _check_items(keys, values, metas, info, results)
     if items:
-        total = sum(len(v) for _, _, v, _ in items)
+        total = sum([len(v) for _, _, v, _ in items])
         inline = min(INLINE_PUT_MAX_BYTES, info.max_inline_bytes)
         if info.transport == "shm":
             if (st.control is not None and total <= inline
@@ -231,7 +247,7 @@ def op_put(
             yield from _put_tcp(st, info, items, results, deadline)
         else:
             yield from _put_grpc(st, info, items, results, deadline)
-    missing = [i for i, r in enumerate(results) if r is None]
+    missing = [i for i, r in enumerate(results) if r is None]  # (by identity: no __eq__ calls)
     if missing:
         raise InternalError(f"no result for put items {missing[:8]}")
     factor = replicas or st.replicas or info.default_replicas

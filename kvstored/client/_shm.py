@@ -542,31 +542,66 @@ def _undo_slots(session_id: int, resp: pb.CommitSlotsResponse) -> Call | None:
 
 def _commit_slots(
     st: ClientState, info: NodeInfo, owner: tuple[int, int], namespace_id: bytes,
-    writes: list[tuple[int, bytes, int, bytes]],
+    writes: tuple[Sequence[int], Sequence[bytes], Sequence[int], Sequence[bytes] | None] | None,
+    after: bool = False,
 ) -> Op[pb.CommitSlotsResponse]:
-    """One CommitSlots: ``writes`` (slot, key, size, meta), the pool's returns, its refill."""
+    """One CommitSlots: ``writes`` (slot ids, keys, sizes, metas or None), the pool's
+    returns, its refill: in the answer, or (``after``, control channel) in the frame that
+    follows it, read with the connection's next request (:func:`_refill_arrived`)."""
     pool = st.slots
     sent_at = _clock()
+    request_id = next_request_id()
     req = pb.CommitSlotsRequest(
         namespace_id=namespace_id, session_id=owner[0], epoch=info.epoch,
-        request_id=next_request_id(), return_slot_ids=pool.take_returns(owner),
-        want=[pb.SlotWant(size_bytes=s, num_slots=n) for s, n in pool.wants()],
+        request_id=request_id, return_slot_ids=pool.take_returns(owner),
+        grant_after_answer=after,
     )
-    add = req.writes.add
-    for sid, k, n, m in writes:  # field by field: a keyword SlotWrite costs ~1.5 us (upb), this ~0.5
-        w = add()
-        w.slot_id = sid
-        w.key = k
-        w.size_bytes = n
-        if m:
-            w.meta = m
+    add_want = req.want.add
+    for size, num in pool.wants():
+        want = add_want()
+        want.size_bytes = size
+        want.num_slots = num
+    if writes is not None:
+        add = req.writes.add
+        ids, keys, sizes, metas = writes
+        for j, sid in enumerate(ids):  # field by field: a keyword SlotWrite costs ~1.5 us (upb)
+            w = add()
+            w.slot_id = sid
+            w.key = keys[j]
+            w.size_bytes = sizes[j]
+            if metas is not None and metas[j]:
+                w.meta = metas[j]
+    trailer = (functools.partial(_refill_arrived, st, owner, request_id, info.pin_lease_s, sent_at)
+               if after else None)
     resp = yield Call("CommitSlots", req, pb.CommitSlotsResponse,
-                      undo=functools.partial(_undo_slots, owner[0]))
+                      undo=functools.partial(_undo_slots, owner[0]), trailer=trailer)
     if resp.slot_budget_bytes:
         pool.node_budget_bytes = resp.slot_budget_bytes
-    pool.add(owner, ((g.slot_id, g.offset, g.size_bytes) for g in resp.slots),
-             info.pin_lease_s, sent_at)
+    if resp.slots:
+        pool.add(owner, [(g.slot_id, g.offset, g.size_bytes) for g in resp.slots],
+                 info.pin_lease_s, sent_at)
     return resp
+
+
+def _refill_arrived(st: ClientState, owner: tuple[int, int], request_id: int, lease_s: float,
+                    sent_at: float, resp: pb.ControlResponse | None) -> None:
+    """The refill of a CommitSlots answered with ``grant_follows`` (the control channel's
+    trailer frame), on whichever thread reads it: its slots join the pool if the session
+    that asked is still the pool's (their lease began after ``sent_at``). None: the
+    connection failed first, so the slots (if the node granted any) are unknown here: the
+    request's orphan ack frees them (kvstored/client/_orphans.py)."""
+    if _hooks._hook is not None:
+        _hooks.fire("slot_refill_arrived", request_id=request_id, lost=resp is None)
+    if resp is None:
+        st.orphans.add(owner[0], request_id)
+        return
+    if resp.error_code:  # refused (session ending, quarantine over its bound): none granted
+        return
+    got = resp.commit_slots
+    if got.slot_budget_bytes:
+        st.slots.node_budget_bytes = got.slot_budget_bytes
+    st.slots.add(owner, [(g.slot_id, g.offset, g.size_bytes) for g in got.slots],
+                 lease_s, sent_at, current_only=True)
 
 
 def _put_ahead(
@@ -575,56 +610,106 @@ def _put_ahead(
 ) -> Op[list[_Item]]:
     """Reserve-ahead puts (kvstored/client/_slots.py): the items copied into slots held in
     advance and committed with one CommitSlots per chunk; returns the items no slot took
-    (they go through ReservePut)."""
+    (they go through ReservePut).
+
+    Over the control channel, when two puts' worth of slots fit the pool's budget, each
+    CommitSlots asks for its refill after its answer: the pool holds two puts' worth, a put
+    copies into the slots the refill of the put before last granted, and the answer, which
+    put() waits for, carries no grant."""
     pool = st.slots
     budget = pool.budget_bytes(info.arena_size_bytes)
-    classes = [size_class(len(v)) for _, _, v, _ in items]
-    if budget <= 0 or sum(classes) > budget:
+    first = len(items[0][2])
+    if all(len(v) == first for _, _, v, _ in items):  # one size class (the common case)
+        classes = [size_class(first)] * len(items)
+    else:
+        classes = [size_class(len(v)) for _, _, v, _ in items]
+    need_bytes = sum(classes)
+    if budget <= 0 or need_bytes > budget:
         # a batch larger than the pool: one ReservePut and one CommitPut for all of it cost
         # less than a CommitSlots per pool-sized chunk, each refilling the pool (measured:
         # bench/bench_vllm.py's save of 960 x 192 KiB, 0.10 s against 0.12 s)
         return items
-    pool.note_demand(classes, budget)
+    after = st.control is not None and 2 * need_bytes <= budget and len(items) <= info.max_batch_keys
+    counts: dict[int, int] = {}
+    for c in classes:
+        counts[c] = counts.get(c, 0) + 1
+    pool.note_demand(counts, budget, 2 if after else 1)
     session_id = yield Session()
     owner = (session_id, info.epoch)
+    if after:  # one chunk, every block in a slot or none
+        got = pool.take_all(owner, counts)
+        if got is None:  # the first put (of this shape): a grant, then the copy
+            yield from _commit_slots(st, info, owner, st.namespace_id, None)
+            got = pool.take_all(owner, counts)
+        if got is not None:
+            return (yield from _write_slots(st, info, owner, items, classes, got, results, arena))
     rest: list[_Item] = []
     chunks = [items] if len(items) <= info.max_batch_keys else _tail_first(
         _chunks_by_bytes(items, budget, info.max_batch_keys))  # (the batch fits the budget)
     for chunk in chunks:
         sizes = classes if chunk is items else [size_class(len(v)) for _, _, v, _ in chunk]
         if pool.lacks(owner, sizes):  # the first put (of this size): a grant, then the copy
-            yield from _commit_slots(st, info, owner, st.namespace_id, [])
+            yield from _commit_slots(st, info, owner, st.namespace_id, None)
         slots = pool.take(owner, sizes)
-        writes: list[tuple[int, memoryview]] = []
-        named: list[tuple[int, bytes, int, bytes]] = []
-        done: list[int] = []
-        num_bytes = 0
-        for (i, k, v, m), slot in zip(chunk, slots, strict=True):
+        taken: dict[int, tuple[list[int], list[int]]] = {}
+        part: list[_Item] = []
+        part_classes: list[int] = []
+        for it, slot, c in zip(chunk, slots, sizes, strict=True):
             if slot is None:
-                rest.append((i, k, v, m))
+                rest.append(it)
                 continue
-            n = len(v)
-            writes.append((slot.offset, v))
-            named.append((slot.slot_id, k, n, m))
-            done.append(i)
-            num_bytes += n
-        if not writes:
-            continue
-        try:
-            yield Blocking(functools.partial(_copy_into_arena, arena, writes), num_bytes)
-            # the node answers LeaseExpired for a slot whose lease lapsed (nothing stored)
-            resp = yield from _commit_slots(st, info, owner, st.namespace_id, named)
-        except BaseException:
-            pool.give_back(owner, [sid for sid, *_ in named])  # after the copy returned
-            raise
-        got = resp.results
-        if len(got) != len(named):
-            raise InternalError(f"CommitSlots answered {len(got)} items for {len(named)}")
-        for i, r in zip(done, got, strict=True):
-            # an unset status is OK (reading r.status would build a message per item)
-            ok = not r.HasField("status")
-            results[i] = (_STORED if r.stored else _EXISTED) if ok else _result(r.status, r.stored)
+            ids, offs = taken.setdefault(c, ([], []))
+            ids.append(slot.slot_id)
+            offs.append(slot.offset)
+            part.append(it)
+            part_classes.append(c)
+        if part:
+            yield from _write_slots(st, info, owner, part, part_classes, taken, results, arena,
+                                    after=False)
     return rest
+
+
+def _write_slots(
+    st: ClientState, info: NodeInfo, owner: tuple[int, int], items: list[_Item],
+    classes: list[int], got: dict[int, tuple[list[int], list[int]]],
+    results: list[PutResult | None], arena: ArenaMap, *, after: bool = True,
+) -> Op[list[_Item]]:
+    """Copy ``items`` into the slots ``got`` (per size class, in item order) and commit them
+    with one CommitSlots (``after``: its refill after its answer); fills ``results``."""
+    pool = st.slots
+    if len(got) == 1:  # one size class: the slots in item order
+        ids, offsets = next(iter(got.values()))
+    else:
+        ids, offsets = [], []
+        at = dict.fromkeys(got, 0)
+        for c in classes:
+            j = at[c]
+            at[c] = j + 1
+            ids.append(got[c][0][j])
+            offsets.append(got[c][1][j])
+    index, keys, values, metas = zip(*items, strict=True)
+    sizes = [len(v) for v in values]
+    try:
+        yield Blocking(functools.partial(_copy_into_arena, arena, list(zip(offsets, values, strict=True))),
+                       sum(sizes))
+        # the node answers LeaseExpired for a slot whose lease lapsed (nothing stored)
+        resp = yield from _commit_slots(
+            st, info, owner, st.namespace_id,
+            (ids, keys, sizes, metas if any(metas) else None),
+            after=after)
+    except BaseException:
+        pool.give_back(owner, ids)  # after the copy returned
+        raise
+    got_results = resp.results
+    if len(got_results) != len(items):
+        raise InternalError(f"CommitSlots answered {len(got_results)} items for {len(items)}")
+    for i, r in zip(index, got_results, strict=True):
+        # an unset status is OK (reading r.status would build a message per item)
+        if r.HasField("status"):
+            results[i] = _result(r.status, r.stored)
+        else:
+            results[i] = _STORED if r.stored else _EXISTED
+    return []
 
 
 def _put_shm(

@@ -8,13 +8,29 @@ answer grants the slots of the next put: one round trip per put, at any size::
     copy the blocks into the slots           --> CommitSlots(writes, return_slot_ids, want)
     answer: per write stored / existed / error, and the next slots (added to the pool)
 
-What the pool wants to hold (``want``) is the shape of the largest recent put per size
-class, bounded by ``Client(reserve_ahead_bytes=...)``, an eighth of the arena and the node's
-per-session slot budget. Slots belong to one session of one node epoch: a new session or
-epoch drops the pool (the node freed those slots when the session ended). A slot whose lease
-is about to lapse by this process's clock is never written; it is returned with the next
-CommitSlots (the ack that frees it, quarantined or not). A failed CommitSlots returns the
-slots it wrote into (the node ignores those it committed).
+Over the control channel, when two puts' worth fit the bounds below, the refill comes after
+the answer (``grant_after_answer``): the node answers the writes, then grants, and sends the
+slots as the next frame on that connection, which the client reads with its next request
+there (kvstored/client/_control.py). The pool then holds two puts' worth: a put copies into
+the slots the put before last asked for, and its answer never waits for a grant::
+
+    put N:   take slots (granted after put N-2's answer) --> copy
+             --> CommitSlots N (want, grant_after_answer)
+             <-- [refill of N-1, read first] <-- answer N   (put N returns)
+                                             <-- refill of N (read with the next request)
+
+What the pool wants to hold (``want``) is the shape of the most recent put per size class
+(twice it with the refill after the answer), bounded by ``Client(reserve_ahead_bytes=...)``,
+an eighth of the arena and the node's per-session slot budget.
+
+Slots belong to one session of one node epoch: a new session or epoch drops the pool (the
+node freed those slots when the session ended). A slot whose lease is about to lapse by this
+process's clock is never written; it is returned with the next CommitSlots (the ack that
+frees it, quarantined or not). A failed CommitSlots returns the slots it wrote into (the
+node ignores those it committed). A refill whose frame is lost (its connection failed first)
+is acked as an orphan of its request: the node frees what it granted, as for any grant whose
+answer never arrived (kvstored/client/_orphans.py); one that arrives after its session ended
+is dropped (the node freed it with the session).
 
 Thread-safe: every method takes the pool's lock; an operation owns the slots it took.
 """
@@ -46,13 +62,32 @@ def size_class(size_bytes: int) -> int:
 
 class HeldSlot(NamedTuple):
     """A slot this client holds: write at most ``size_bytes`` at ``offset`` if the copy starts
-    before ``use_by`` (this process's monotonic seconds: the lease's end less a margin).
-    A named tuple: a put makes one per block granted (a frozen dataclass costs 3x more)."""
+    before ``use_by`` (this process's monotonic seconds: the lease's end less a margin)."""
 
     slot_id: int
     offset: int
     size_bytes: int
     use_by: float
+
+
+class _Class:
+    """The free slots of one size class, oldest grant first: parallel lists (a put takes
+    and adds them by slices, with no object per slot). ``use_by`` never decreases along
+    the lists (:meth:`SlotPool.add` keeps it so), so the first slot is the first to lapse."""
+
+    __slots__ = ("ids", "offsets", "use_by")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.offsets: list[int] = []
+        self.use_by: list[float] = []
+
+    def drop_lapsed(self, now: float, returns: list[int]) -> None:
+        use_by = self.use_by
+        if use_by and use_by[0] <= now:
+            n = next((j for j, u in enumerate(use_by) if u > now), len(use_by))
+            returns += self.ids[:n]
+            del self.ids[:n], self.offsets[:n], use_by[:n]
 
 
 class SlotPool:
@@ -66,9 +101,11 @@ class SlotPool:
         self.max_bytes = max(0, int(max_bytes))
         self._lock = threading.Lock()
         self._owner: tuple[int, int] = (0, 0)  # (session id, node epoch) the slots belong to
-        self._free: dict[int, list[HeldSlot]] = {}
+        self._free: dict[int, _Class] = {}
         self._returns: list[int] = []
         self._target: dict[int, int] = {}  # size class -> slots wanted (insertion = recency)
+        self._wants: list[tuple[int, int]] = []  # _target's non-zero items (the request's want)
+        self._demand: object = None  # the shape of the last put (its counts, budget, depth)
         self.node_budget_bytes = 0  # the node's per-session bound (0 = not known yet)
 
     def budget_bytes(self, arena_size_bytes: int) -> int:
@@ -82,79 +119,119 @@ class SlotPool:
             self._free.clear()
             self._returns.clear()
 
-    def note_demand(self, sizes: Iterable[int], budget_bytes: int) -> None:
-        """Remember what a put needs (its blocks' size classes): the pool's next targets."""
-        counts: dict[int, int] = {}
-        for s in sizes:
-            counts[s] = counts.get(s, 0) + 1
+    def note_demand(self, counts: dict[int, int], budget_bytes: int, depth: int = 1) -> None:
+        """Remember what a put needs (``counts``: size class -> blocks): the pool's next
+        targets, ``depth`` puts' worth each (2 when each refill arrives one put later),
+        scaled down to ``budget_bytes``."""
+        key = (tuple(counts.items()), budget_bytes, depth)
         with self._lock:
+            if key == self._demand:  # the same shape as the last put (the steady state)
+                return
+            self._demand = key
+            target = self._target
             for s, n in counts.items():
-                self._target.pop(s, None)
-                self._target[s] = n  # most recent last
-            while len(self._target) > MAX_SIZE_CLASSES:
-                del self._target[next(iter(self._target))]
-            total = sum(s * n for s, n in self._target.items())
+                target.pop(s, None)
+                target[s] = n * depth  # most recent last
+            while len(target) > MAX_SIZE_CLASSES:
+                del target[next(iter(target))]
+            total = sum(s * n for s, n in target.items())
             if total > budget_bytes:  # scale every class down to fit, most recent first
                 room = budget_bytes
-                for s in reversed(list(self._target)):
-                    n = min(self._target[s], room // s)
-                    self._target[s] = n
+                for s in reversed(list(target)):
+                    n = min(target[s], room // s)
+                    target[s] = n
                     room -= n * s
+            self._wants = [(s, n) for s, n in target.items() if n]
 
     def wants(self) -> list[tuple[int, int]]:
         """``(size class, slots)`` the pool wants to hold (CommitSlots ``want``)."""
+        return self._wants
+
+    def take_all(self, owner: tuple[int, int], counts: dict[int, int],
+                 ) -> dict[int, tuple[list[int], list[int]]] | None:
+        """All or nothing: per size class in ``counts``, that many live slots
+        ``(ids, offsets)``, oldest first; None (nothing taken) when the pool lacks some.
+        Slots near their lease's end move to the returns either way (sent with the next
+        CommitSlots, so the node counts them out before it grants)."""
+        now = time.monotonic()
         with self._lock:
-            return [(s, n) for s, n in self._target.items() if n]
+            if owner != self._owner:
+                self._own(owner)
+            free = self._free
+            for s, n in counts.items():
+                c = free.get(s)
+                if c is None:
+                    return None
+                c.drop_lapsed(now, self._returns)
+                if len(c.ids) < n:
+                    return None
+            out = {}
+            for s, n in counts.items():
+                c = free[s]
+                out[s] = (c.ids[:n], c.offsets[:n])
+                del c.ids[:n], c.offsets[:n], c.use_by[:n]
+            return out
 
     def lacks(self, owner: tuple[int, int], sizes: Sequence[int]) -> bool:
         """Whether the pool of ``owner`` holds fewer live slots than ``sizes`` need; slots
-        near their lease's end move to the returns (sent with the next CommitSlots, so the
-        node counts them out before it grants)."""
+        near their lease's end move to the returns."""
         now = time.monotonic()
         need: dict[int, int] = {}
         for s in sizes:
             need[s] = need.get(s, 0) + 1
         with self._lock:
             self._own(owner)
-            for s, free in self._free.items():
-                if any(x.use_by <= now for x in free):
-                    self._returns += [x.slot_id for x in free if x.use_by <= now]
-                    self._free[s] = [x for x in free if x.use_by > now]
-            return any(len(self._free.get(s, ())) < n for s, n in need.items())
+            for c in self._free.values():
+                c.drop_lapsed(now, self._returns)
+            return any(s not in self._free or len(self._free[s].ids) < n for s, n in need.items())
 
     def take(self, owner: tuple[int, int], sizes: Sequence[int]) -> list[HeldSlot | None]:
-        """One slot per size (None where the pool has none); slots near their lease's end
-        are moved to the returns instead."""
+        """One slot per size (None where the pool has none), oldest first; slots near their
+        lease's end are moved to the returns instead."""
         now = time.monotonic()
         out: list[HeldSlot | None] = []
         with self._lock:
             self._own(owner)
             for s in sizes:
-                free = self._free.get(s)
+                c = self._free.get(s)
                 got = None
-                while free:
-                    x = free.pop()
-                    if x.use_by > now:
-                        got = x
-                        break
-                    self._returns.append(x.slot_id)
+                if c is not None:
+                    c.drop_lapsed(now, self._returns)
+                    if c.ids:
+                        got = HeldSlot(c.ids.pop(0), c.offsets.pop(0), s, c.use_by.pop(0))
                 out.append(got)
         return out
 
-    def add(self, owner: tuple[int, int], slots: Iterable[tuple[int, int, int]],
-            lease_s: float, granted_at: float) -> None:
+    def add(self, owner: tuple[int, int], slots: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int]],
+            lease_s: float, granted_at: float, *, current_only: bool = False) -> None:
         """Slots ``(slot_id, offset, size_bytes)`` granted at ``granted_at`` (monotonic s,
-        taken before the request was sent) under a lease of ``lease_s``."""
+        taken before the request was sent) under a lease of ``lease_s``.
+
+        Args:
+            current_only: add them only if ``owner`` is the pool's current owner (a refill
+                that arrived after its answer: a session that ended meanwhile had them freed).
+        """
         use_by = granted_at + lease_s - min(LEASE_MARGIN_S, lease_s / 4)
         with self._lock:
             if owner != self._owner:
+                if current_only:
+                    return
                 self._own(owner)
             free = self._free
+            touched: set[int] = set()
             for sid, off, size in slots:
-                got = free.get(size)
-                if got is None:
-                    got = free[size] = []
-                got.append(HeldSlot(sid, off, size, use_by))
+                c = free.get(size)
+                if c is None:
+                    c = free[size] = _Class()
+                if size not in touched:
+                    touched.add(size)
+                    if c.use_by and c.use_by[-1] > use_by:  # never later than a slot before it
+                        c.use_by = [min(u, use_by) for u in c.use_by]
+                c.ids.append(sid)
+                c.offsets.append(off)
+            for size in touched:  # one use_by per slot, all alike
+                c = free[size]
+                c.use_by += [use_by] * (len(c.ids) - len(c.use_by))
 
     def give_back(self, owner: tuple[int, int], slot_ids: Iterable[int]) -> None:
         """Slots to return with the next CommitSlots (unused, or of a failed call)."""
@@ -165,19 +242,25 @@ class SlotPool:
     def take_returns(self, owner: tuple[int, int]) -> list[int]:
         """The slot ids to return now (the caller sends them)."""
         with self._lock:
-            self._own(owner)
+            if owner != self._owner:
+                self._own(owner)
             out, self._returns = self._returns, []
         return out
+
+    def slot_ids(self) -> set[int]:
+        """Ids of the slots held and not in use (for tests)."""
+        with self._lock:
+            return {i for c in self._free.values() for i in c.ids}
 
     def held_bytes(self) -> int:
         """Bytes of the slots held and not in use (for tests and stats)."""
         with self._lock:
-            return sum(x.size_bytes for v in self._free.values() for x in v)
+            return sum(s * len(c.ids) for s, c in self._free.items())
 
     def drain(self) -> tuple[tuple[int, int], list[int]]:
         """Forget every slot held (close): ``(owner, their ids and the pending returns)``."""
         with self._lock:
-            ids = [x.slot_id for v in self._free.values() for x in v] + self._returns
+            ids = [i for c in self._free.values() for i in c.ids] + self._returns
             self._free.clear()
             self._returns = []
             return self._owner, ids

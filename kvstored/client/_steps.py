@@ -48,13 +48,16 @@ CHANNEL_OPTIONS = [
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A unary NodeService RPC step (see the module docstring for ``undo`` and ``release``)."""
+    """A unary NodeService RPC step (see kvstored/client/_ops.py for ``undo`` and ``release``;
+    ``trailer``: over the control channel, where the frame that follows an answer with
+    ``grant_follows`` goes, later: kvstored/client/_control.py ``Trailer``)."""
 
     method: str
     request: Message
     response_cls: type[Message]
     undo: Callable[[Any], Call | None] | None = None
     release: bool = False
+    trailer: Callable[[Any], None] | None = None
 
 
 class _GrantingRequest(Protocol):

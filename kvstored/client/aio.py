@@ -257,7 +257,7 @@ class AsyncClient:
         control = self._st.control
         if control is not None and step.method in _control.METHODS:
             def send(timeout: float) -> Any:  # the hot calls over the control channel
-                return control.call(step.method, step.request, timeout)
+                return control.call(step.method, step.request, timeout, step.trailer)
         else:
             if control is not None:  # a gRPC call after a get sees its release (in time)
                 await control.flush(max(deadline - time.monotonic(), 0.0) + PAST_DEADLINE_S)

@@ -377,7 +377,7 @@ class Client:
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline passed before calling {step.method}")
         try:
-            response = control.call(step.method, step.request, remaining)
+            response = control.call(step.method, step.request, remaining, step.trailer)
         except NO_ANSWER:
             if step.undo is not None:  # no answer: the node may hold a grant we never saw
                 self._st.orphans.add(*grant_ids(step))

@@ -9,7 +9,10 @@ most of its time there. This channel carries the same requests on a plain unix s
     request  = ControlRequest  (node.proto): session_id, release_pin_ids, one_sided, one op
     response = ControlResponse: error_code/error_message, released, the op's response
 
-One response per request, in order, per connection. The ops (PinBlocks, ReleasePins,
+One response per request, in order, per connection, except that a CommitSlots asking for
+its refill after its answer (``grant_after_answer``) is answered by two frames: the writes'
+answer (``grant_follows``), then, once the refill is granted, a ControlResponse with only
+its slots (or its error); nothing else of that connection is served in between. The ops (PinBlocks, ReleasePins,
 ReservePut, CommitPut, LookupPrefix, Exists) are served by the very :class:`NodeServicer`
 methods the gRPC handlers call (remote fill of a cluster read included), on the daemon's
 event loop, counted in ``core.rpcs_in_flight`` so the drain waits for them.
@@ -49,7 +52,7 @@ import contextlib
 import contextvars
 import os
 import time
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -89,6 +92,9 @@ class _Connection:
     def __init__(self, peer: str) -> None:
         self.session_id = 0
         self.ctx = _Context(peer)
+        self.after: list[Callable[[], Coroutine[Any, Any, pb.CommitSlotsResponse]]] = []
+        """Work of the request just served to run once its answer is written (a refill
+        granted after its answer): each answers one more frame, in order."""
 
 
 class _Resume:
@@ -210,9 +216,14 @@ class _Protocol(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():  # the client is gone: run nothing more it sent
             frames.clear()
+            self._conn.after.clear()  # its refills are not granted (nothing to free)
             return
-        while frames and not self._busy:
-            coro = self._server._handle(frames.pop(0), self._conn)
+        after = self._conn.after
+        while (frames or after) and not self._busy:
+            # a refill granted after its answer (written just before) comes first: its frame
+            # is the next on this connection
+            coro = (self._server._handle_after(after.pop(0), self._conn) if after
+                    else self._server._handle(frames.pop(0), self._conn))
             # one Context for the whole request, eager step and task alike: what it binds
             # (its log fields, kvstored/log.py) is set and reset in the same Context
             ctx = contextvars.copy_context()
@@ -304,6 +315,31 @@ class ControlServer:
         finally:
             unbind_request(token)
 
+    async def _handle_after(
+        self, fn: Callable[[], Coroutine[Any, Any, pb.CommitSlotsResponse]], conn: _Connection,
+    ) -> pb.ControlResponse:
+        """The frame that follows an answer with ``grant_follows``: the refill's slots, or
+        its error (nothing granted)."""
+        fields = {"method": "CommitSlotsGrant", "peer": conn.ctx.peer(), "request_id": new_request_id()}
+        token = bind_request(fields)
+        out = pb.ControlResponse()
+        self._servicer.core.rpcs_in_flight += 1
+        try:
+            out.commit_slots.CopyFrom(await fn())
+        except KvstoredError as exc:
+            out.ClearField("op")
+            out.error_code, out.error_message = int(exc.code), str(exc)
+            log.debug("control_op_failed", method="CommitSlotsGrant", code=exc.code.name, error=str(exc))
+        except Exception:
+            log.exception("control_op_failed_internally", method="CommitSlotsGrant")
+            err = InternalError("internal error in CommitSlots' refill (control channel); see the node's log")
+            out.ClearField("op")
+            out.error_code, out.error_message = int(err.code), str(err)
+        finally:
+            self._servicer.core.rpcs_in_flight -= 1
+            unbind_request(token)
+        return out
+
     async def _handle_request(self, raw: bytes, conn: _Connection, fields: dict[str, Any]) -> pb.ControlResponse:
         servicer = self._servicer
         core = servicer.core
@@ -351,6 +387,9 @@ class ControlServer:
             fields["method"] = method  # the log lines of this request from here on
             if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy
                 await servicer.PinBlocks(req.pin_blocks, conn.ctx, into=out.pin_blocks)
+            elif field == "commit_slots":  # its refill may follow the answer (conn.after)
+                response = await servicer.CommitSlots(req.commit_slots, conn.ctx, after=conn.after)
+                out.commit_slots.CopyFrom(response)
             else:
                 response = await getattr(servicer, method)(getattr(req, field), conn.ctx)
                 getattr(out, field).CopyFrom(response)

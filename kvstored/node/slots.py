@@ -11,6 +11,13 @@ answer also grants the next slots, so a put costs one round trip at any size::
                                               --> per write: stored / existed / its error,
                                                   and the next slots
 
+On the control channel a CommitSlots may ask for its refill *after* its answer
+(``grant_after_answer``): the node commits, sends the writes' answer (``grant_follows``),
+then grants (:meth:`SlotGrants.grant`) and sends the slots as the next frame on that
+connection, so a put's answer never waits for the next put's slots (the client holds two
+puts' worth and reads that frame with its next request, kvstored/client/_control.py). The
+grant is the same grant under the same request id, only later: the fencing below applies.
+
 Fencing is exactly that of a reservation (kvstored/node/sessions.py): each slot is a lease of
 kind ``"slot"`` of the client's session. A slot whose lease lapses (a stopped writer) is
 quarantined, never freed by time: a late write naming it answers LeaseExpired and that ack
@@ -79,7 +86,9 @@ class SlotGrants:
     Attributes:
         test_hook: None, or ``fn(event)`` called at ``"commit_slots_checked"`` once the writes'
             slots are taken from the lease book and before they are committed (a test holds
-            a commit there while the reaper runs); costs one attribute test when unset.
+            a commit there while the reaper runs), and at ``"grant_after_answer"`` when a
+            refill granted after its answer starts (:meth:`grant`); costs one attribute test
+            when unset.
     """
 
     def __init__(
@@ -142,15 +151,7 @@ class SlotGrants:
         limits.check_epoch(epoch)
         limits.check_batch(len(writes))
         limits.check_namespace_id(namespace_id)
-        if len(want) > MAX_WANTS:
-            raise InvalidArgument(f"CommitSlots asks for {len(want)} slot sizes; at most {MAX_WANTS}")
-        max_block = min(limits.cfg.max_block_bytes, self._store.max_block_bytes)
-        for size, num in want:
-            if not 0 < size <= max_block or num < 0:
-                raise InvalidArgument(
-                    f"CommitSlots want ({size} bytes, {num} slots): a slot size must be in "
-                    f"1..{max_block} bytes (node.max_block_bytes) and a count >= 0"
-                )
+        max_block = self.check_want(want)
         if not may_block and want and self._refill_needs_io(session_id, want):
             return NEEDS_IO
         leases = self._leases
@@ -205,6 +206,65 @@ class SlotGrants:
         granted = (self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block)
                    if want else [])
         return out, granted
+
+    def grant(
+        self,
+        namespace_id: bytes,
+        want: Sequence[tuple[int, int]],
+        *,
+        session_id: int,
+        lease_ms: int = 0,
+        request_id: int = 0,
+        may_block: bool = True,
+    ) -> list[GrantedSlot] | object:
+        """The refill of a CommitSlots that asked for it after its answer
+        (``grant_after_answer``, control channel): what :meth:`commit_slots` grants after
+        its writes, run once the writes' answer was sent.
+
+        The fencing is that of any grant: the slots are leases of kind ``slot`` of the
+        session, granted under ``request_id`` (an orphan ack of that request frees them,
+        and one that came first refuses them), none once the session ended.
+
+        Args:
+            namespace_id: the stored namespace id the slots are granted for.
+            want: as in :meth:`commit_slots`.
+            session_id: the client's session.
+            lease_ms: the lease of the slots (0 = the node's default).
+            request_id: the CommitSlots request whose refill this is.
+            may_block: False (the event loop): NEEDS_IO when the refill needs an eviction.
+
+        Returns:
+            The slots granted (maybe fewer than wanted, or none), or NEEDS_IO.
+
+        Raises:
+            InvalidArgument: no session, a bad ``want``. Unavailable (session not open),
+            NoCapacity (the session's quarantine is over its bound), Draining.
+        """
+        require_session("CommitSlots", session_id)
+        self.check_want(want)
+        if not may_block and want and self._refill_needs_io(session_id, want):
+            return NEEDS_IO
+        if self.test_hook is not None:  # (the pass that grants: after a NEEDS_IO answer)
+            self.test_hook("grant_after_answer")
+        self._leases.check_session(session_id)
+        return self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block) if want else []
+
+    def check_want(self, want: Sequence[tuple[int, int]]) -> int:
+        """Check a refill's ``want``; returns the largest block the node stores.
+
+        Raises:
+            InvalidArgument: too many sizes, a size out of range or a negative count.
+        """
+        if len(want) > MAX_WANTS:
+            raise InvalidArgument(f"CommitSlots asks for {len(want)} slot sizes; at most {MAX_WANTS}")
+        max_block = min(self._limits.cfg.max_block_bytes, self._store.max_block_bytes)
+        for size, num in want:
+            if not 0 < size <= max_block or num < 0:
+                raise InvalidArgument(
+                    f"CommitSlots want ({size} bytes, {num} slots): a slot size must be in "
+                    f"1..{max_block} bytes (node.max_block_bytes) and a count >= 0"
+                )
+        return max_block
 
     def _refill_needs_io(self, session_id: int, want: Sequence[tuple[int, int]]) -> bool:
         """Whether the refill cannot come from free space alone (a cheap, lock-free guess:

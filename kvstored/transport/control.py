@@ -43,7 +43,12 @@ def frame(message: Message) -> bytes:
     return len(data).to_bytes(LENGTH_BYTES, "big") + data
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket.
+
+    Raises:
+        OSError: the connection failed or closed (ConnectionResetError), or timed out.
+    """
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -66,7 +71,7 @@ def recv_frame(sock: socket.socket) -> bytes:
     if not head:
         raise ConnectionResetError("the peer closed the control connection")
     if len(head) < LENGTH_BYTES:
-        head += _recv_exactly(sock, LENGTH_BYTES - len(head))
+        head += recv_exactly(sock, LENGTH_BYTES - len(head))
     size = int.from_bytes(head[:LENGTH_BYTES], "big")
     if size > MAX_FRAME_BYTES:
         raise FrameTooLarge(f"control frame of {size} bytes; the limit is {MAX_FRAME_BYTES}")
@@ -74,5 +79,5 @@ def recv_frame(sock: socket.socket) -> bytes:
     if len(body) > size:
         raise ConnectionResetError("the control connection sent more than one frame per request")
     if len(body) < size:
-        body += _recv_exactly(sock, size - len(body))
+        body += recv_exactly(sock, size - len(body))
     return body

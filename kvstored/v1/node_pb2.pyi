@@ -312,7 +312,7 @@ class GrantedSlot(_message.Message):
     def __init__(self, slot_id: _Optional[int] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class CommitSlotsRequest(_message.Message):
-    __slots__ = ("namespace_id", "session_id", "epoch", "lease_ms", "request_id", "writes", "return_slot_ids", "want")
+    __slots__ = ("namespace_id", "session_id", "epoch", "lease_ms", "request_id", "writes", "return_slot_ids", "want", "grant_after_answer")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +321,7 @@ class CommitSlotsRequest(_message.Message):
     WRITES_FIELD_NUMBER: _ClassVar[int]
     RETURN_SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
     WANT_FIELD_NUMBER: _ClassVar[int]
+    GRANT_AFTER_ANSWER_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     session_id: int
     epoch: int
@@ -329,17 +330,20 @@ class CommitSlotsRequest(_message.Message):
     writes: _containers.RepeatedCompositeFieldContainer[SlotWrite]
     return_slot_ids: _containers.RepeatedScalarFieldContainer[int]
     want: _containers.RepeatedCompositeFieldContainer[SlotWant]
-    def __init__(self, namespace_id: _Optional[bytes] = ..., session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrite, _Mapping]]] = ..., return_slot_ids: _Optional[_Iterable[int]] = ..., want: _Optional[_Iterable[_Union[SlotWant, _Mapping]]] = ...) -> None: ...
+    grant_after_answer: bool
+    def __init__(self, namespace_id: _Optional[bytes] = ..., session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrite, _Mapping]]] = ..., return_slot_ids: _Optional[_Iterable[int]] = ..., want: _Optional[_Iterable[_Union[SlotWant, _Mapping]]] = ..., grant_after_answer: _Optional[bool] = ...) -> None: ...
 
 class CommitSlotsResponse(_message.Message):
-    __slots__ = ("results", "slots", "slot_budget_bytes")
+    __slots__ = ("results", "slots", "slot_budget_bytes", "grant_follows")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SLOT_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutResult]
     slots: _containers.RepeatedCompositeFieldContainer[GrantedSlot]
     slot_budget_bytes: int
-    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[GrantedSlot, _Mapping]]] = ..., slot_budget_bytes: _Optional[int] = ...) -> None: ...
+    grant_follows: bool
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[GrantedSlot, _Mapping]]] = ..., slot_budget_bytes: _Optional[int] = ..., grant_follows: _Optional[bool] = ...) -> None: ...
 
 class PinBlocksRequest(_message.Message):
     __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id", "request_id")

@@ -209,7 +209,8 @@ def test_sigstopped_slot_writer_never_overwrites_another_clients_block(
         wait_until(lambda: _stats(b)["num_sessions"] == 1, WAIT_S, what="A's session to end")
         assert _stats(b)["quarantined_bytes"] == 0
         assert b.get([kb]) == [big_value(kb, SLOT_SIZE)], "B's block holds foreign bytes"
-        assert quarantined_while_stopped == SLOT_SIZE
+        # A's slot, and the idle one of its pool's two puts' worth (granted with it, one lease)
+        assert quarantined_while_stopped == 2 * SLOT_SIZE
         assert b.get([ka]) == [None]
 
 
@@ -222,7 +223,9 @@ def test_sigkilled_writer_holding_slots_frees_them_when_its_session_closes(
         baseline = _dram_used(b)
         a = spawn(node.unix_address, "put", ka, 60.0, SLOT_SIZE)
         assert a.stdout.readline().strip() == "copy_mid"
-        assert _dram_used(b) == baseline + SLOT_SIZE  # A's slot: reserved room, counted as used
+        # A's slots (the one it writes and the idle one of its pool's two puts' worth):
+        # reserved room, counted as used
+        assert _dram_used(b) == baseline + 2 * SLOT_SIZE
         a.kill()  # SIGKILL mid-copy, holding its slot: its session ends with its process
         a.wait(30)
         wait_until(lambda: _stats(b)["num_sessions"] == 0, WAIT_S, what="A's session to end")

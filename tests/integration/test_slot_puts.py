@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from it_helpers import DaemonThread, random_keys, value_for
+from it_helpers import DaemonThread, random_keys, value_for, wait_until
 
 from kvstored import AsyncClient, Client
 from kvstored.client import _hooks, _shm
@@ -52,9 +52,11 @@ def test_a_steady_put_is_one_commit_and_the_session_end_returns_the_pool(
                 _hooks.install(None)
             assert methods == (["CommitSlots"] * 2 if n == 0 else ["CommitSlots"]), (n, methods)
             assert c.get(keys) == [value_for(k, SIZE) for k in keys]
-        # the pool for the next put (4 slots of 1 MiB) is held: reserved room, counted as used
-        assert _slot_bytes(node, c) == 4 * SIZE
-        assert used() == base + 12 * SIZE + 4 * SIZE
+        # the pool for the next put (4 slots of 1 MiB) is held: reserved room, counted as used;
+        # over the control channel two puts' worth (each refill arrives after its answer)
+        pool = 8 * SIZE if control_channel == "control" else 4 * SIZE
+        assert _slot_bytes(node, c) == pool
+        assert used() == base + 12 * SIZE + pool
     assert used() == base + 12 * SIZE  # close() ended the session: its unused slots returned
     assert core.quarantined_bytes() == 0
 
@@ -88,16 +90,19 @@ def test_a_slot_lapsing_mid_copy_is_quarantined_and_its_commit_refused(
             _hooks.install(None)
             core.clock = lambda: time.monotonic() + 10_000.0
             assert core.reap_expired() >= 1
-            assert core.quarantined_bytes() == SIZE
+            # over the control channel A's pool holds two puts' worth: the idle slot lapses too
+            idle = SIZE if control_channel == "control" else 0
+            assert core.quarantined_bytes() == SIZE + idle
             assert b.put(kb, [value_for(kb[0], SIZE)])[0].stored
         finally:
             go.set()
             t.join(60)
         r = out[0][0]
         assert isinstance(r.error, LeaseExpired) and not r.stored
-        assert core.quarantined_bytes() == 0  # the late commit was the ack
+        assert core.quarantined_bytes() == idle  # the late commit was the ack of its slot
         assert b.get(kb) == [value_for(kb[0], SIZE)]
         assert b.get(ka) == [None]
+    assert core.quarantined_bytes() == 0  # A's session ended: its idle slot is freed
 
 
 def test_cancelled_async_put_returns_its_slot_only_after_its_copy(node: DaemonThread) -> None:
@@ -120,7 +125,9 @@ def test_cancelled_async_put_returns_its_slot_only_after_its_copy(node: DaemonTh
             task.cancel()
             await asyncio.sleep(0)  # the cancel is delivered; the copy is still held
             held = _slot_bytes(node, a)
-            assert held == SIZE  # A's slot is A's while its copy may run: never B's
+            # A's slots (the one its copy may still write, and the idle one of its two puts'
+            # worth) are A's while that copy may run: never B's
+            assert held == 2 * SIZE
             with Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
                 assert b.put(kb, [value_for(kb[0], SIZE)])[0].stored
                 go.set()
@@ -149,14 +156,163 @@ def test_a_slot_near_its_lease_end_is_returned_not_written(
     with Client(node.unix_address, transport="shm") as c:
         keys = random_keys(2)
         assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
-        old = {x.slot_id for v in c._st.slots._free.values() for x in v}  # noqa: SLF001
+        old = c._st.slots.slot_ids()  # noqa: SLF001
         assert len(old) == 2
         later = time.monotonic() + 10_000.0
         monkeypatch.setattr("kvstored.client._slots.time.monotonic", lambda: later)
         monkeypatch.setattr(_shm, "_clock", lambda: later)
+        pool = c._st.slots  # noqa: SLF001
+        taken: list[set[int]] = []
+        take_all = pool.take_all
+
+        def record(*args: Any) -> Any:
+            got = take_all(*args)
+            if got is not None:
+                taken.append({i for ids, _ in got.values() for i in ids})
+            return got
+
+        monkeypatch.setattr(pool, "take_all", record)
         keys = random_keys(2)
         assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
-        new = {x.slot_id for v in c._st.slots._free.values() for x in v}  # noqa: SLF001
+        new = taken[-1]  # the slots written
         assert len(new) == 2 and not new & old
         assert c.get(keys) == [value_for(k, SIZE) for k in keys]
-        assert _slot_bytes(node, c) == 2 * SIZE  # the old ones were freed by the return
+        # the old ones were freed by the return; held: the next two puts' worth (the refill
+        # granted after the answer)
+        assert _slot_bytes(node, c) == 4 * SIZE
+
+
+# ---- the refill granted after the answer (control channel: grant_after_answer) ----------
+
+
+class _HeldRefill:
+    """Holds the node's first refill granted after its answer (``grant_after_answer``) on
+    the store executor, off the event loop, until :meth:`release`."""
+
+    def __init__(self, node: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> None:
+        core = node.daemon.core
+        assert core is not None
+        self.core = core
+        self.reached, self.go = threading.Event(), threading.Event()
+        # every refill "needs I/O": it runs on the store executor, so holding it there leaves
+        # the loop serving everyone else
+        monkeypatch.setattr(core.slots, "_refill_needs_io", lambda *_a: True)
+        core.slots.test_hook = self._hook
+
+    def _hook(self, event: str) -> None:
+        if event == "grant_after_answer" and not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(60)
+
+    def release(self) -> None:
+        self.go.set()
+        self.core.slots.test_hook = None
+
+
+def test_a_put_is_answered_before_its_refill_is_granted(
+    node: DaemonThread, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A's put returns while the node still holds the refill it asked for (the answer came
+    # first); another client's put and reads go on meanwhile; A's next put reads the refill's
+    # frame, then its own answer, and every byte is right
+    held = _HeldRefill(node, monkeypatch)
+    k1, k2, kb = random_keys(4), random_keys(4), random_keys(2)
+    try:
+        with Client(node.unix_address, transport="shm", timeout_s=60) as a, \
+                Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
+            a.describe()
+            assert all(r.stored for r in a.put(k1, [value_for(k, SIZE) for k in k1]))
+            assert held.reached.wait(30)  # put() returned; its refill is held now
+            assert b.get(k1) == [value_for(k, SIZE) for k in k1]  # committed, readable
+            assert all(r.stored for r in b.put(kb, [value_for(k, SIZE) for k in kb]))
+            assert _slot_bytes(node, a) == 4 * SIZE  # the pool's other half; no refill yet
+            held.release()
+            monkeypatch.undo()  # refills on the loop again
+            assert all(r.stored for r in a.put(k2, [value_for(k, SIZE) for k in k2]))
+            assert a.get(k1 + k2 + kb) == [value_for(k, SIZE) for k in k1 + k2 + kb]
+            # the pool: the refill held above (read with the second put), and the second
+            # put's own refill, granted once its answer was sent
+            wait_until(lambda: _slot_bytes(node, a) == 8 * SIZE, what="two puts' worth of slots")
+            assert a._st.slots.held_bytes() in (4 * SIZE, 8 * SIZE)  # noqa: SLF001 (its frame read or not yet)
+    finally:
+        held.release()
+    assert held.core.quarantined_bytes() == 0
+    assert held.core.leases.held_bytes(0, SLOT) == 0
+
+
+def test_a_refill_held_past_its_sessions_end_is_freed_not_granted(
+    node: DaemonThread, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the session ends while its refill waits to be granted: the late grant is refused and
+    # its room freed (nothing leaks, nothing is quarantined)
+    held = _HeldRefill(node, monkeypatch)
+    core = held.core
+    used = lambda: node.daemon.store.stats().tiers[0].used_bytes  # noqa: E731
+    base = used()
+    keys = random_keys(4)
+    a = Client(node.unix_address, transport="shm", timeout_s=60)
+    try:
+        a.describe()
+        assert all(r.stored for r in a.put(keys, [value_for(k, SIZE) for k in keys]))
+        assert held.reached.wait(30)
+        sid = a._session._session_id  # noqa: SLF001
+        core.close_session(sid)  # as when A's process dies: its slots are freed
+        assert core.leases.held_bytes(sid, SLOT) == 0
+        held.release()
+        wait_until(lambda: used() == base + 4 * SIZE, what="only the 4 blocks stored")
+        assert core.leases.held_bytes(sid, SLOT) == 0
+        assert core.quarantined_bytes() == 0
+    finally:
+        held.release()
+        a.close()
+    assert used() == base + 4 * SIZE
+
+
+def test_a_refill_lost_with_its_connection_is_freed_by_the_orphan_ack(node: DaemonThread) -> None:
+    # the control connection fails before the refill's frame is read: the client never
+    # learns those slots, so it acks the request as an orphan and the node frees them
+    events: list[dict[str, Any]] = []
+    _hooks.install(lambda e, **f: events.append(f) if e == "slot_refill_arrived" else None)
+    try:
+        with Client(node.unix_address, transport="shm", timeout_s=60) as c:
+            keys = random_keys(4)
+            assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+            control = c._st.control  # noqa: SLF001
+            assert control is not None
+            for conn in list(control._free):  # noqa: SLF001 (the connection "fails")
+                control._free.remove(conn)  # noqa: SLF001
+                conn.close()
+            assert [e["lost"] for e in events] == [True]
+            c.stats()  # the next call sends the ack (in the background)
+            wait_until(lambda: _slot_bytes(node, c) == 4 * SIZE, what="the lost refill freed")
+            keys2 = random_keys(4)
+            assert all(r.stored for r in c.put(keys2, [value_for(k, SIZE) for k in keys2]))
+            assert c.get(keys + keys2) == [value_for(k, SIZE) for k in keys + keys2]
+    finally:
+        _hooks.install(None)
+    core = node.daemon.core
+    assert core is not None and core.quarantined_bytes() == 0
+
+
+def test_async_puts_read_each_refill_with_the_next_request(node: DaemonThread) -> None:
+    # the asyncio client's channel: the refill's frame of one put is read with the next
+    # request on that connection, before that request's own answer
+    arrived: list[bool] = []
+    _hooks.install(lambda e, **f: arrived.append(f["lost"]) if e == "slot_refill_arrived" else None)
+
+    async def main() -> None:
+        async with AsyncClient(node.unix_address, transport="shm", timeout_s=60) as a:
+            batches = [random_keys(4) for _ in range(3)]
+            for keys in batches:
+                assert all(r.stored for r in await a.put(keys, [value_for(k, SIZE) for k in keys]))
+            assert arrived == [False, False]  # the last one's frame is not read yet
+            every = [k for keys in batches for k in keys]
+            assert await a.get(every) == [value_for(k, SIZE) for k in every]
+            wait_until(lambda: _slot_bytes(node, a) == 8 * SIZE, what="two puts' worth of slots")
+
+    try:
+        asyncio.run(main())
+    finally:
+        _hooks.install(None)
+    core = node.daemon.core
+    assert core is not None and core.quarantined_bytes() == 0
