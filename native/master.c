@@ -42,7 +42,7 @@ static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const ch
     return 0;
 }
 
-#define NBUF_MAX 12
+#define NBUF_MAX 32
 typedef struct {
     Py_buffer v[NBUF_MAX];
     int n;
@@ -683,6 +683,674 @@ not_canonical:
     Py_RETURN_NONE;
 }
 
+/* ---- apply_events: a ReportEvents run applied in one call -------------------------------- */
+
+/* A key table's buckets (kvstored/master/keytable.py KeyTable), probed and changed in place. */
+typedef struct {
+    uint64_t *lo, *hi;
+    int32_t *sl;
+    uint8_t *over;
+    int bits;
+    uint64_t mask;
+} KT;
+
+static void kt_probe(const KT *t, uint64_t lo, uint64_t hi, int64_t *pos, int64_t *slot) {
+    uint64_t bk = (lo * KT_MULT) >> (64 - t->bits);
+    for (uint64_t step = 0; step <= t->mask; step++) {
+        for (int w = 0; w < KT_WAYS; w++) {
+            uint64_t e = bk * KT_WAYS + (uint64_t)w;
+            if (t->lo[e] == lo && t->hi[e] == hi && t->sl[e] >= 0) {
+                *pos = (int64_t)e;
+                *slot = t->sl[e];
+                return;
+            }
+        }
+        if (!t->over[bk]) break;
+        bk = (bk + 1) & t->mask;
+    }
+    *pos = -1;
+    *slot = -1;
+}
+
+/* KeyTable.insert_words: the first free entry from the key's home bucket on. */
+static void kt_insert(KT *t, uint64_t lo, uint64_t hi, int32_t slot) {
+    uint64_t bk = (lo * KT_MULT) >> (64 - t->bits);
+    for (;;) {
+        for (int w = 0; w < KT_WAYS; w++) {
+            uint64_t e = bk * KT_WAYS + (uint64_t)w;
+            if (t->sl[e] < 0) {
+                t->lo[e] = lo;
+                t->hi[e] = hi;
+                t->sl[e] = slot;
+                return;
+            }
+        }
+        t->over[bk] = 1;
+        bk = (bk + 1) & t->mask;
+    }
+}
+
+/* A Python list of ints used as a stack (IndexColumns.free_rows / free_blocks). */
+static int64_t list_pop(PyObject *l) {
+    Py_ssize_t n = PyList_GET_SIZE(l);
+    int64_t v = PyLong_AsLongLong(PyList_GET_ITEM(l, n - 1));
+    if (v == -1 && PyErr_Occurred()) return -2;
+    if (PyList_SetSlice(l, n - 1, n, NULL) != 0) return -2;
+    return v;
+}
+
+static int list_push(PyObject *l, int64_t v) {
+    PyObject *o = PyLong_FromLongLong(v);
+    if (!o) return -1;
+    int rc = PyList_Append(l, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* dict[int] -> int (-1 when absent; -2 on an error) */
+static int64_t dict_get_int(PyObject *d, int64_t k) {
+    PyObject *key = PyLong_FromLongLong(k);
+    if (!key) return -2;
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    Py_DECREF(key);
+    if (!v) return PyErr_Occurred() ? -2 : -1;
+    int64_t out = PyLong_AsLongLong(v);
+    return (out == -1 && PyErr_Occurred()) ? -2 : out;
+}
+
+static int dict_set_int(PyObject *d, int64_t k, int64_t v) {
+    PyObject *key = PyLong_FromLongLong(k), *val = PyLong_FromLongLong(v);
+    int rc = (key && val) ? PyDict_SetItem(d, key, val) : -1;
+    Py_XDECREF(key);
+    Py_XDECREF(val);
+    return rc;
+}
+
+static int dict_del_int(PyObject *d, int64_t k) {
+    PyObject *key = PyLong_FromLongLong(k);
+    if (!key) return -1;
+    int rc = PyDict_DelItem(d, key);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The index's columns and the Python objects apply_events keeps in step with them. */
+typedef struct {
+    int32_t *head, *next, *block, *hnext, *hprev;
+    uint16_t *block_ns;
+    uint64_t *bkey, *gen;
+    uint8_t *factor, *tier, *state;
+    uint32_t *holder, *size;
+    const uint8_t *readable, *retired;
+    int64_t *holder_rows, *holder_head;
+    Py_ssize_t n_head, n_rows, n_holders;
+    PyObject *hot, *hot_cls, *free_rows, *free_blocks, *recent, *long_keys;
+    int64_t num_rows_used, num_slots, max_recent, live_delta;
+    int hot_rows, ns;
+    KT kt;
+} Ix;
+
+/* The HotChain of a slot (borrowed), NULL when none (or on an error: check PyErr_Occurred). */
+static PyObject *hot_of(Ix *x, int64_t slot) {
+    if (PyDict_GET_SIZE(x->hot) == 0) return NULL;
+    PyObject *key = PyLong_FromLongLong(slot);
+    if (!key) return NULL;
+    PyObject *hc = PyDict_GetItemWithError(x->hot, key);
+    Py_DECREF(key);
+    return hc;
+}
+
+/* Its two dicts (new references); -1 on an error. */
+static int hot_dicts(PyObject *hc, PyObject **rows, PyObject **prev) {
+    *rows = PyObject_GetAttrString(hc, "rows");
+    *prev = *rows ? PyObject_GetAttrString(hc, "prev") : NULL;
+    if (!*rows || !*prev || !PyDict_Check(*rows) || !PyDict_Check(*prev)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "apply_events: a hot chain's maps must be dicts");
+        Py_XDECREF(*rows);
+        Py_XDECREF(*prev);
+        return -1;
+    }
+    return 0;
+}
+
+/* IndexColumns.make_hot: a new HotChain of the slot's chain (borrowed; NULL on an error). */
+static PyObject *make_hot(Ix *x, int64_t slot) {
+    PyObject *hc = PyObject_CallNoArgs(x->hot_cls), *rows, *prev;
+    if (!hc) return NULL;
+    if (hot_dicts(hc, &rows, &prev) != 0) {
+        Py_DECREF(hc);
+        return NULL;
+    }
+    int rc = 0;
+    int64_t p = -1;
+    for (int64_t r = x->head[slot]; r >= 0 && rc == 0; p = r, r = x->next[r])
+        rc = dict_set_int(rows, (int64_t)x->holder[r] * 4 + x->tier[r], r) || dict_set_int(prev, r, p);
+    Py_DECREF(rows);
+    Py_DECREF(prev);
+    PyObject *key = PyLong_FromLongLong(slot);
+    if (rc == 0 && key) rc = PyDict_SetItem(x->hot, key, hc);
+    Py_XDECREF(key);
+    Py_DECREF(hc); /* the dict holds it (when set): borrowed from there */
+    return (rc == 0 && key) ? hc : NULL;
+}
+
+/* IndexColumns.find_rows for one slot: the row of (holder, tier) or -1; -2 on an error. */
+static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t) {
+    PyObject *hc = hot_of(x, slot);
+    if (!hc && PyErr_Occurred()) return -2;
+    if (!hc) {
+        int depth = 0;
+        for (int64_t r = x->head[slot]; r >= 0;) {
+            if ((int64_t)x->holder[r] == holder && (int64_t)x->tier[r] == t) return r;
+            r = x->next[r];
+            if (++depth > x->hot_rows && r >= 0) { /* a long chain: hot from now on */
+                hc = make_hot(x, slot);
+                if (!hc) return -2;
+                break;
+            }
+        }
+        if (!hc) return -1;
+    }
+    PyObject *rows, *prev;
+    if (hot_dicts(hc, &rows, &prev) != 0) return -2;
+    int64_t r = dict_get_int(rows, holder * 4 + t);
+    Py_DECREF(rows);
+    Py_DECREF(prev);
+    return r;
+}
+
+/* IndexColumns.link_rows' hot part: HotChain.add_head. */
+static int hot_add_head(PyObject *hc, int64_t row, int64_t old_head, int64_t ht) {
+    PyObject *rows, *prev;
+    if (hot_dicts(hc, &rows, &prev) != 0) return -1;
+    int rc = dict_set_int(rows, ht, row) || dict_set_int(prev, row, -1) ||
+             (old_head >= 0 && dict_set_int(prev, old_head, row));
+    Py_DECREF(rows);
+    Py_DECREF(prev);
+    return rc ? -1 : 0;
+}
+
+/* IndexColumns._free_block: the slot leaves its key table (its factor kept when > 1). */
+static int free_block(Ix *x, int64_t slot) {
+    uint64_t lo = x->bkey[2 * slot], hi = x->bkey[2 * slot + 1];
+    if (x->factor[slot] > 1 || PyDict_GET_SIZE(x->long_keys)) {
+        char kb[16];
+        memcpy(kb, &x->bkey[2 * slot], 16);
+        PyObject *k = Py_BuildValue("(iy#)", x->ns, kb, (Py_ssize_t)16);
+        if (!k) return -1;
+        int rc = 0;
+        if (x->factor[slot] > 1) {
+            if (PyDict_GET_SIZE(x->recent) >= x->max_recent) {
+                Py_ssize_t pos = 0;
+                PyObject *first, *v;
+                if (PyDict_Next(x->recent, &pos, &first, &v)) {
+                    Py_INCREF(first);
+                    rc = PyDict_DelItem(x->recent, first);
+                    Py_DECREF(first);
+                }
+            }
+            PyObject *f = PyLong_FromLong(x->factor[slot]);
+            rc = rc || !f || PyDict_SetItem(x->recent, k, f);
+            Py_XDECREF(f);
+        }
+        if (rc == 0 && PyDict_GET_SIZE(x->long_keys)) {
+            PyObject *got = PyDict_GetItemWithError(x->long_keys, k);
+            if (got) rc = PyDict_DelItem(x->long_keys, k);
+            else if (PyErr_Occurred()) rc = -1;
+        }
+        Py_DECREF(k);
+        if (rc) return -1;
+    }
+    int64_t pos, s;
+    kt_probe(&x->kt, lo, hi, &pos, &s);
+    if (pos < 0 || s != slot) {
+        PyErr_Format(PyExc_RuntimeError, "apply_events: block slot %lld is not in its key table", (long long)slot);
+        return -1;
+    }
+    x->kt.sl[pos] = -1;
+    x->live_delta--;
+    return list_push(x->free_blocks, slot);
+}
+
+/* IndexColumns.unlink: row (after prev in its block's chain) out of its holder's list and
+ * its chain, freed; a block left without rows freed too. */
+static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *hc) {
+    int32_t hn = x->hnext[row], hp = x->hprev[row];
+    if (hp < 0)
+        x->holder_head[x->holder[row]] = hn;
+    else
+        x->hnext[hp] = hn;
+    if (hn >= 0) x->hprev[hn] = hp;
+    x->hnext[row] = x->hprev[row] = -1;
+    int32_t nx = x->next[row];
+    if (prev < 0)
+        x->head[slot] = nx;
+    else
+        x->next[prev] = nx;
+    if (hc) { /* HotChain.remove, then the chain's maps go when it is empty or short again */
+        PyObject *rows, *pr;
+        if (hot_dicts(hc, &rows, &pr) != 0) return -1;
+        int64_t ht = (int64_t)x->holder[row] * 4 + x->tier[row];
+        int64_t p = dict_get_int(pr, row);
+        int rc = (p == -2) || dict_del_int(pr, row) || (nx >= 0 && dict_set_int(pr, nx, p));
+        if (rc == 0 && dict_get_int(rows, ht) == row) rc = dict_del_int(rows, ht);
+        Py_ssize_t left = PyDict_GET_SIZE(pr);
+        Py_DECREF(rows);
+        Py_DECREF(pr);
+        if (rc || PyErr_Occurred()) return -1;
+        if ((nx < 0 && prev < 0) || left < x->hot_rows / 2)
+            if (dict_del_int(x->hot, slot) != 0) return -1;
+    }
+    x->state[row] = 0;
+    x->next[row] = -1;
+    x->block[row] = -1;
+    if (list_push(x->free_rows, row) != 0) return -1;
+    if (nx < 0 && prev < 0) return free_block(x, slot);
+    return 0;
+}
+
+/* (row, prev) of a row known to be in its slot's chain; prev via the hot maps or a walk. */
+static int64_t prev_of(Ix *x, int64_t slot, int64_t row, PyObject *hc) {
+    if (hc) {
+        PyObject *rows, *pr;
+        if (hot_dicts(hc, &rows, &pr) != 0) return -2;
+        int64_t p = dict_get_int(pr, row);
+        Py_DECREF(rows);
+        Py_DECREF(pr);
+        return p;
+    }
+    int64_t p = -1;
+    for (int64_t r = x->head[slot]; r >= 0 && r != row; r = x->next[r]) p = r;
+    return p;
+}
+
+#define GET_ATTR_BUF(obj, name, isz, fmt, wr, dst, cnt)                                            \
+    do {                                                                                           \
+        PyObject *a_ = PyObject_GetAttrString(obj, name);                                          \
+        if (!a_) goto fail;                                                                        \
+        void *p_ = take(&b, a_, isz, fmt, wr, fn, name, cnt);                                      \
+        Py_DECREF(a_); /* the buffer view keeps the array alive */                                 \
+        if (!p_) goto fail_released;                                                               \
+        dst = p_;                                                                                  \
+    } while (0)
+
+/* apply_events(cols, table, hot_cls, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps,
+ *              gen_next, codes, consts) -> tuple | None
+ * Membership._apply_run for one namespace group in one call: events idx (int64, in order)
+ * of a ReportEvents batch's columns (kinds and keys lists; tiers, sizes int64, gens u64,
+ * copies bool, reps int64 arrays, one per event) applied to ``holder``'s rows in namespace
+ * ``ns`` of ``cols`` (an IndexColumns) and its key ``table``, with the outcome of the
+ * fallback's BlockIndex.add_replicas_batch of the ADDED events, then
+ * remove_replicas_batch of the REMOVED ones, then copy_holders_to_promote of the blocks
+ * that lost a row: same rows, chains, holder lists, hot maps (built with ``hot_cls``),
+ * free lists, key tables, recent factors. An ADDED event with generation 0 takes gen_next,
+ * gen_next + 1, ... in order. codes (writable int8, one per idx entry) gets the fallback's codes:
+ * ADDED 1 a row added, 2 an uncommitted row committed, 0 already indexed; REMOVED 0 not
+ * indexed, 1 an uncommitted row dropped, 2 a COMMITTED row dropped. consts = (ADDED, REMOVED, COMMITTED, STATE_MASK, COPY_BIT,
+ * MAX_SIZE_BYTES, MAX_REPLICAS, HOT_CHAIN_ROWS, MAX_RECENT_FACTORS).
+ * Returns (fresh rows taken, fresh slots taken, generations taken, key-table live delta,
+ * [(event, holder) to promote]); None, with nothing changed, when the run is not one this
+ * reads (a key not of 16 bytes, a kind, tier, size or factor out of range, a retired
+ * holder, a key table or columns too full for the ADDED events): run the fallback. */
+static PyObject *apply_events(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_cols, *o_table, *hot_cls, *o_idx, *kinds, *keys, *o_tiers, *o_sizes, *o_gens, *o_copies, *o_reps,
+        *o_codes;
+    int ns;
+    long long holder, gen_next, k_add, k_rem, committed, state_mask, copy_bit, max_size, max_reps, hot_rows, max_recent;
+    if (!PyArg_ParseTuple(args, "OOOiLOO!O!OOOOOLO(LLLLLLLLL):apply_events", &o_cols, &o_table, &hot_cls, &ns, &holder,
+                          &o_idx, &PyList_Type, &kinds, &PyList_Type, &keys, &o_tiers, &o_sizes, &o_gens, &o_copies,
+                          &o_reps, &gen_next, &o_codes, &k_add, &k_rem, &committed, &state_mask, &copy_bit, &max_size,
+                          &max_reps, &hot_rows, &max_recent))
+        return NULL;
+    const char *fn = "apply_events";
+    Bufs b = {.n = 0};
+    Ix x;
+    memset(&x, 0, sizeof x);
+    x.ns = ns;
+    x.hot_rows = (int)hot_rows;
+    x.max_recent = max_recent;
+    PyObject *promote = NULL, *out = NULL;
+    int64_t *evs = NULL; /* per event of idx: its slot, then its row (or -1) */
+    Py_ssize_t cnt, n_bkey, n_factor, n_bns, c2;
+    GET_ATTR_BUF(o_cols, "head", 4, I32, 1, x.head, &x.n_head);
+    GET_ATTR_BUF(o_cols, "block_ns", 2, "H", 1, x.block_ns, &n_bns);
+    GET_ATTR_BUF(o_cols, "bkey", 8, U64, 1, x.bkey, &n_bkey);
+    GET_ATTR_BUF(o_cols, "factor", 1, U8, 1, x.factor, &n_factor);
+    GET_ATTR_BUF(o_cols, "next", 4, I32, 1, x.next, &x.n_rows);
+    GET_ATTR_BUF(o_cols, "holder", 4, U32, 1, x.holder, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "block", 4, I32, 1, x.block, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "size", 4, U32, 1, x.size, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "gen", 8, U64, 1, x.gen, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "tier", 1, U8, 1, x.tier, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "state", 1, U8, 1, x.state, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "hnext", 4, I32, 1, x.hnext, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "hprev", 4, I32, 1, x.hprev, &cnt);
+    if (cnt != x.n_rows) goto sizes;
+    GET_ATTR_BUF(o_cols, "readable", 1, BOOL, 0, x.readable, &x.n_holders);
+    GET_ATTR_BUF(o_cols, "retired", 1, BOOL, 0, x.retired, &cnt);
+    if (cnt != x.n_holders) goto sizes;
+    GET_ATTR_BUF(o_cols, "holder_rows", 8, I64, 1, x.holder_rows, &cnt);
+    if (cnt != x.n_holders) goto sizes;
+    GET_ATTR_BUF(o_cols, "holder_head", 8, I64, 1, x.holder_head, &cnt);
+    if (cnt != x.n_holders) goto sizes;
+    if (n_bns != x.n_head || n_factor != x.n_head || n_bkey != 2 * x.n_head) goto sizes;
+    Py_ssize_t n_lo, n_over;
+    GET_ATTR_BUF(o_table, "_lo", 8, U64, 1, x.kt.lo, &n_lo);
+    GET_ATTR_BUF(o_table, "_hi", 8, U64, 1, x.kt.hi, &cnt);
+    if (cnt != n_lo) goto sizes;
+    GET_ATTR_BUF(o_table, "_sl", 4, I32, 1, x.kt.sl, &cnt);
+    if (cnt != n_lo) goto sizes;
+    GET_ATTR_BUF(o_table, "_over", 1, BOOL, 1, x.kt.over, &n_over);
+    if (n_lo != n_over * KT_WAYS || n_over < 2 || (n_over & (n_over - 1))) goto sizes;
+    x.kt.mask = (uint64_t)n_over - 1;
+    x.kt.bits = 0;
+    while (((Py_ssize_t)1 << x.kt.bits) < n_over) x.kt.bits++;
+    Py_ssize_t n_idx, n_ev;
+    const int64_t *idx, *tiers, *sizes, *reps;
+    const uint64_t *gens;
+    const uint8_t *copies;
+    idx = take(&b, o_idx, 8, I64, 0, fn, "idx", &n_idx);
+    if (!idx) goto fail_released;
+    tiers = take(&b, o_tiers, 8, I64, 0, fn, "tiers", &n_ev);
+    if (!tiers) goto fail_released;
+    sizes = take(&b, o_sizes, 8, I64, 0, fn, "sizes", &cnt);
+    if (!sizes) goto fail_released;
+    if (cnt != n_ev) goto sizes;
+    gens = take(&b, o_gens, 8, U64, 0, fn, "gens", &cnt);
+    if (!gens) goto fail_released;
+    if (cnt != n_ev) goto sizes;
+    copies = take(&b, o_copies, 1, BOOL, 0, fn, "copies", &cnt);
+    if (!copies) goto fail_released;
+    if (cnt != n_ev) goto sizes;
+    reps = take(&b, o_reps, 8, I64, 0, fn, "reps", &c2);
+    if (!reps) goto fail_released;
+    if (c2 != n_ev || PyList_GET_SIZE(kinds) != n_ev || PyList_GET_SIZE(keys) != n_ev) goto sizes;
+    int8_t *codes = take(&b, o_codes, 1, "b", 1, fn, "codes", &c2);
+    if (!codes) goto fail_released;
+    if (c2 != n_idx) goto sizes;
+    memset(codes, 0, (size_t)n_idx);
+    {
+        PyObject *l;
+#define GET_OBJ(name, dst, check)                                                                  \
+        l = PyObject_GetAttrString(o_cols, name);                                                  \
+        if (!l) goto fail;                                                                         \
+        dst = l;                                                                                   \
+        Py_DECREF(l); /* borrowed from cols for the call */
+        GET_OBJ("hot", x.hot, 1);
+        GET_OBJ("free_rows", x.free_rows, 1);
+        GET_OBJ("free_blocks", x.free_blocks, 1);
+        GET_OBJ("recent_factors", x.recent, 1);
+        GET_OBJ("long_keys", x.long_keys, 1);
+#undef GET_OBJ
+        if (!PyDict_Check(x.hot) || !PyList_Check(x.free_rows) || !PyList_Check(x.free_blocks) ||
+            !PyDict_Check(x.recent) || !PyDict_Check(x.long_keys)) {
+            PyErr_Format(PyExc_TypeError, "%s: cols has hot, free lists or factor maps of the wrong type", fn);
+            goto fail;
+        }
+        x.hot_cls = hot_cls;
+        PyObject *a = PyObject_GetAttrString(o_cols, "num_rows_used");
+        x.num_rows_used = a ? PyLong_AsLongLong(a) : -1;
+        Py_XDECREF(a);
+        a = PyObject_GetAttrString(o_cols, "num_slots");
+        x.num_slots = a ? PyLong_AsLongLong(a) : -1;
+        Py_XDECREF(a);
+        if (PyErr_Occurred()) goto fail;
+    }
+    /* ---- checks: nothing changes before they pass ---- */
+    if (holder < 0 || holder >= x.n_holders || x.retired[holder] || ns < 0 || ns > 0xFFFF) goto not_mine;
+    Py_ssize_t n_add = 0;
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        int64_t e = idx[i];
+        if (e < 0 || e >= n_ev) goto not_mine;
+        long k = PyLong_AsLong(PyList_GET_ITEM(kinds, e));
+        if (k == -1 && PyErr_Occurred()) goto fail;
+        PyObject *key = PyList_GET_ITEM(keys, e);
+        if ((k != k_add && k != k_rem) || !PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) != 16) goto not_mine;
+        if (tiers[e] != 1 && tiers[e] != 2) goto not_mine;
+        if (k == k_add) {
+            if (sizes[e] < 0 || sizes[e] > max_size || reps[e] < 0 || reps[e] > max_reps || (gens[e] >> 63))
+                goto not_mine;
+            n_add++;
+        }
+    }
+    if ((Py_ssize_t)PyList_GET_SIZE(x.free_rows) + (x.n_rows - x.num_rows_used) < n_add ||
+        (Py_ssize_t)PyList_GET_SIZE(x.free_blocks) + (x.n_head - x.num_slots) < n_add)
+        goto not_mine;
+    evs = PyMem_Calloc((size_t)(3 * n_idx + 1), sizeof(int64_t));
+    if (!evs) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int64_t *ev_slot = evs, *ev_row = evs + n_idx, *ev_kind = evs + 2 * n_idx;
+    for (Py_ssize_t i = 0; i < n_idx; i++) ev_kind[i] = PyLong_AsLong(PyList_GET_ITEM(kinds, idx[i])); /* checked */
+    Py_ssize_t n_absent = 0;
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        int64_t e = idx[i], pos;
+        const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(PyList_GET_ITEM(keys, e));
+        if (ev_kind[i] != k_add) continue;
+        kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
+        n_absent += ev_slot[i] < 0;
+    }
+    { /* the table's live entries, counted as KeyTable does */
+        PyObject *a = PyObject_GetAttrString(o_table, "_num_live");
+        long long live = a ? PyLong_AsLongLong(a) : -1;
+        Py_XDECREF(a);
+        if (PyErr_Occurred()) goto fail;
+        if (8 * (live + n_absent) > 3 * (long long)n_lo) goto not_mine;
+    }
+    /* ---- ADDED: new blocks, factors, existing rows, new rows ---- */
+    int64_t gens_taken = 0, fresh_rows = 0, fresh_slots = 0;
+    Py_ssize_t n_new = 0;
+    int use_recent = PyDict_GET_SIZE(x.recent) > 0;
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        int64_t e = idx[i];
+        if (ev_kind[i] != k_add || ev_slot[i] >= 0) continue;
+        int64_t s;
+        if (PyList_GET_SIZE(x.free_blocks)) {
+            s = list_pop(x.free_blocks);
+            if (s < 0) goto fail;
+        } else {
+            s = x.num_slots++;
+            fresh_slots++;
+        }
+        PyObject *key = PyList_GET_ITEM(keys, e);
+        const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(key);
+        x.head[s] = -1;
+        x.block_ns[s] = (uint16_t)ns;
+        x.factor[s] = 0;
+        x.bkey[2 * s] = w[0];
+        x.bkey[2 * s + 1] = w[1];
+        if (use_recent) {
+            PyObject *k = Py_BuildValue("(iO)", ns, key);
+            if (!k) goto fail;
+            PyObject *f = PyDict_GetItemWithError(x.recent, k);
+            if (f) {
+                x.factor[s] = (uint8_t)PyLong_AsLong(f);
+                if (PyDict_DelItem(x.recent, k) != 0) {
+                    Py_DECREF(k);
+                    goto fail;
+                }
+            }
+            Py_DECREF(k);
+            if (PyErr_Occurred()) goto fail;
+        }
+        kt_insert(&x.kt, w[0], w[1], (int32_t)s);
+        x.live_delta++;
+        ev_slot[i] = s;
+        ev_row[i] = -1;
+    }
+    for (Py_ssize_t i = 0; i < n_idx; i++) { /* factors (raise-only), then present blocks' rows */
+        int64_t e = idx[i];
+        if (ev_kind[i] != k_add) continue;
+        if (reps[e] > x.factor[ev_slot[i]]) x.factor[ev_slot[i]] = (uint8_t)reps[e];
+    }
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        int64_t e = idx[i];
+        if (ev_kind[i] != k_add) continue;
+        uint64_t g = gens[e];
+        if (g == 0) {
+            g = (uint64_t)(gen_next + gens_taken);
+            gens_taken++;
+        }
+        ev_row[i] = -1;
+        int64_t s = ev_slot[i];
+        int64_t r = x.head[s] >= 0 ? find_row(&x, s, holder, tiers[e]) : -1;
+        if (r == -2) goto fail;
+        uint8_t st_new = (uint8_t)(copies[e] ? (committed | copy_bit) : committed);
+        if (r >= 0) {
+            if ((x.state[r] & state_mask) != committed) codes[i] = 2;
+            if ((x.state[r] & state_mask) != committed || gens[e] != 0) {
+                x.state[r] = st_new;
+                x.size[r] = (uint32_t)sizes[e];
+                x.gen[r] = g;
+            }
+            ev_row[i] = -3; /* an existing row */
+            continue;
+        }
+        ev_row[i] = (int64_t)g; /* (reused below: the generation of a new row) */
+        n_new++;
+    }
+    if (n_new) {
+        int64_t first = -1, last = -1;
+        for (Py_ssize_t i = 0; i < n_idx; i++) {
+            int64_t e = idx[i];
+            if (ev_kind[i] != k_add || ev_row[i] == -3) continue;
+            int64_t s = ev_slot[i], r;
+            if (PyList_GET_SIZE(x.free_rows)) {
+                r = list_pop(x.free_rows);
+                if (r < 0) goto fail;
+            } else {
+                r = x.num_rows_used++;
+                fresh_rows++;
+            }
+            x.holder[r] = (uint32_t)holder;
+            x.tier[r] = (uint8_t)tiers[e];
+            x.state[r] = (uint8_t)(copies[e] ? (committed | copy_bit) : committed);
+            x.size[r] = (uint32_t)sizes[e];
+            x.gen[r] = (uint64_t)ev_row[i];
+            codes[i] = 1;
+            int32_t old = x.head[s];
+            x.block[r] = (int32_t)s;
+            x.next[r] = old;
+            x.head[s] = (int32_t)r;
+            PyObject *hc = hot_of(&x, s);
+            if (!hc && PyErr_Occurred()) goto fail;
+            if (hc && hot_add_head(hc, r, old, holder * 4 + tiers[e]) != 0) goto fail;
+            /* the holder's list: new rows in event order, before its old rows */
+            x.hprev[r] = (int32_t)last;
+            x.hnext[r] = -1;
+            if (last >= 0)
+                x.hnext[last] = (int32_t)r;
+            else
+                first = r;
+            last = r;
+        }
+        int64_t old = x.holder_head[holder];
+        x.hnext[last] = (int32_t)old;
+        if (old >= 0) x.hprev[old] = (int32_t)last;
+        x.holder_head[holder] = first;
+        x.holder_rows[holder] += n_new;
+    }
+    /* ---- REMOVED: find every row first (long chains become hot), then unlink: rows of
+     * chains without hot maps first, then those of hot chains (IndexColumns.unlink_many) ---- */
+    Py_ssize_t n_gone = 0;
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        int64_t e = idx[i], pos;
+        ev_slot[i] = ev_row[i] = -1;
+        if (ev_kind[i] != k_rem) continue;
+        const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(PyList_GET_ITEM(keys, e));
+        kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
+        if (ev_slot[i] < 0) continue;
+        ev_row[i] = find_row(&x, ev_slot[i], holder, tiers[e]);
+        if (ev_row[i] == -2) goto fail;
+        if (ev_row[i] >= 0) codes[i] = (x.state[ev_row[i]] & state_mask) == committed ? 2 : 1;
+        n_gone += ev_row[i] >= 0;
+    }
+    if (n_gone) {
+        x.holder_rows[holder] -= n_gone;
+        /* hot or not as the chains are now (before any unlink), as unlink_many decides */
+        uint8_t *was_hot = PyMem_Calloc((size_t)n_idx, 1);
+        if (!was_hot) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < n_idx; i++) {
+            if (ev_row[i] < 0) continue;
+            PyObject *hc = hot_of(&x, ev_slot[i]);
+            if (!hc && PyErr_Occurred()) {
+                PyMem_Free(was_hot);
+                goto fail;
+            }
+            was_hot[i] = hc != NULL;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            for (Py_ssize_t i = 0; i < n_idx; i++) {
+                if (ev_row[i] < 0 || was_hot[i] != pass) continue;
+                int64_t s = ev_slot[i], r = ev_row[i];
+                PyObject *hc = pass ? hot_of(&x, s) : NULL;
+                if (pass && !hc && PyErr_Occurred()) {
+                    PyMem_Free(was_hot);
+                    goto fail;
+                }
+                int64_t p = prev_of(&x, s, r, hc);
+                if (p == -2 || unlink_row(&x, s, r, p, hc) != 0) {
+                    PyMem_Free(was_hot);
+                    goto fail;
+                }
+            }
+        }
+        PyMem_Free(was_hot);
+    }
+    /* ---- copies to promote: blocks that lost a row and keep only committed copies ---- */
+    promote = PyList_New(0);
+    if (!promote) goto fail;
+    for (Py_ssize_t i = 0; i < n_idx; i++) {
+        if (ev_row[i] < 0) continue;
+        int64_t s = ev_slot[i], best = -1;
+        int bad = 0;
+        for (int64_t r = x.head[s]; r >= 0 && !bad; r = x.next[r]) {
+            int64_t h = x.holder[r];
+            if (x.retired[h]) continue;
+            uint8_t st = x.state[r];
+            if ((st & state_mask) != committed || !(st & copy_bit))
+                bad = 1;
+            else if (x.readable[h] && (best < 0 || h < best))
+                best = h;
+        }
+        if (!bad && best >= 0) {
+            PyObject *t = Py_BuildValue("(LL)", (long long)idx[i], (long long)best);
+            if (!t || PyList_Append(promote, t) != 0) {
+                Py_XDECREF(t);
+                goto fail;
+            }
+            Py_DECREF(t);
+        }
+    }
+    out = Py_BuildValue("(LLLLO)", (long long)fresh_rows, (long long)fresh_slots, (long long)gens_taken,
+                        (long long)x.live_delta, promote);
+fail:
+    release_all(&b);
+fail_released:
+    PyMem_Free(evs);
+    Py_XDECREF(promote);
+    return out;
+sizes:
+    PyErr_Format(PyExc_ValueError, "%s: the columns' sizes disagree", fn);
+    goto fail;
+not_mine:
+    release_all(&b);
+    PyMem_Free(evs);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"keytable_get_many", keytable_get_many, METH_VARARGS,
      "keytable_get_many(lo, hi, sl, over, bits, words, out) -> int: slots of a batch of keys (-1 absent); "
@@ -699,6 +1367,9 @@ static PyMethodDef methods[] = {
     {"parse_events", parse_events, METH_VARARGS,
      "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
      "the canonical form; read the message)."},
+    {"apply_events", apply_events, METH_VARARGS,
+     "apply_events(cols, table, hot_cls, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "
+     "codes, consts) -> tuple | None: a ReportEvents run applied to the index (None: not applied, run the fallback)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

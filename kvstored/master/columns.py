@@ -288,6 +288,19 @@ class IndexColumns:
                                    np.arange(start, end, dtype=np.int64)])
         return np.asarray(rows, dtype=np.int64)
 
+    def reserve(self, rows: int, slots: int) -> None:
+        """Grow the row and block columns (by doubling, as :meth:`new_rows` and
+        :meth:`new_blocks` would) so that ``rows`` rows and ``slots`` block slots can be
+        taken from the free lists and the spare capacity without growing (native/master.c
+        ``apply_events`` cannot reallocate them)."""
+        fresh = rows - len(self.free_rows)
+        if fresh > 0 and self.num_rows_used + fresh > len(self.holder):
+            old = {name: getattr(self, name) for name, _ in ROW_FIELDS}
+            self._alloc_row_columns(max(self.num_rows_used + fresh, 2 * len(self.holder)), old)
+        fresh = slots - len(self.free_blocks)
+        if fresh > 0:
+            self._grow_blocks(self.num_slots + fresh)
+
     def grow_holders(self, need: int) -> None:
         """Holder columns for at least ``need`` holders (new ones unreadable, not retired)."""
         self.readable = grow(self.readable, need, False)

@@ -44,6 +44,10 @@ class Generations:
         self._next += 1
         return g
 
+    def peek(self) -> int:
+        """The generation :meth:`next` would hand out now (nothing is taken)."""
+        return self._next
+
     def next_many(self, count: int) -> np.ndarray:
         """``count`` new generations, increasing (uint64), as ``count`` calls of :meth:`next`."""
         g = self._next

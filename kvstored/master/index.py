@@ -33,9 +33,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kvstored import native
 from kvstored.errors import InvalidArgument
 from kvstored.master import generations
-from kvstored.master.columns import NO_ROW, IndexColumns
+from kvstored.master.columns import HOT_CHAIN_ROWS, MAX_RECENT_FACTORS, NO_ROW, HotChain, IndexColumns
 from kvstored.master.holders import HolderRows
 from kvstored.master.keytable import KEY_BYTES, keys_to_words
 from kvstored.master.ranking import MAX_RANKED_REPLICAS, best_rows, ranked_rows
@@ -46,6 +47,8 @@ from kvstored.master.types import (
     MAX_SIZE_BYTES,
     STATE_MASK,
     Alternates,
+    EventColumns,
+    EventKind,
     PrefixHit,
     Replica,
     ReplicaState,
@@ -58,6 +61,10 @@ def _has_long(keys: Sequence[bytes]) -> bool:
 
 
 _COMMITTED = int(ReplicaState.COMMITTED)
+_ADDED = int(EventKind.ADDED)
+_REMOVED = int(EventKind.REMOVED)
+_APPLY_CONSTS = (_ADDED, _REMOVED, _COMMITTED, STATE_MASK, COPY_BIT, MAX_SIZE_BYTES, MAX_REPLICAS,
+                 HOT_CHAIN_ROWS, MAX_RECENT_FACTORS)
 _DRAM = int(Tier.DRAM)
 _SSD = int(Tier.SSD)
 
@@ -466,6 +473,59 @@ class BlockIndex:
             c.link_holder(holder, rows)
             out[new_idx] = 1
         return out
+
+    def apply_events_native(self, namespace_id: bytes, events: EventColumns, run: Sequence[int], *,
+                            holder: int, next_generation: int
+                            ) -> tuple[int, list[tuple[int, int]], np.ndarray] | None:
+        """Events ``run`` of ``events`` (distinct blocks of one namespace, in order) applied to
+        ``holder``'s rows in one C call (native/master.c ``apply_events``), with the outcome of
+        :meth:`add_replicas_batch` of the ADDED ones (an ADDED event with generation 0 takes
+        ``next_generation``, the next one, ... in order; the holder's own replaces a row's),
+        then :meth:`remove_replicas_batch` of the REMOVED ones, then
+        :meth:`copy_holders_to_promote` of the blocks that lost a row.
+
+        Returns:
+            ``(generations taken, [(event, holder whose copy to promote)], codes)``: codes
+            int8 per event of ``run``, those of :meth:`add_replicas_batch` for ADDED events
+            and of :meth:`remove_replicas_batch` for REMOVED ones; None when the
+            extension is not built or the run is not one C applies (a key not of 16 bytes, a
+            value out of range, a retired holder): nothing changed, apply it with the batch
+            methods (which name what was wrong).
+        """
+        impl = native.master_index
+        bc = events.blocks
+        kinds, keys = events.kinds, bc.keys
+        if impl is None or type(kinds) is not list or type(keys) is not list:
+            return None
+        c = self._cols
+        whole = len(run) == len(kinds)
+        num_added = kinds.count(_ADDED) if whole else sum(kinds[i] == _ADDED for i in run)
+        ns = c.ns(namespace_id, create=num_added > 0)
+        if ns is None:  # only REMOVED events of a namespace never indexed: nothing to do
+            return 0, [], np.zeros(len(run), np.int8)
+        if not 0 <= holder < self._holders.num_holders:
+            return None
+        c.reserve(num_added, num_added)
+        table = c.tables[ns]
+        if num_added and not table.has_room(num_added):  # exactly as insert_many would grow
+            add_keys = [keys[i] for i in run if kinds[i] == _ADDED]
+            table.reserve(int((table.get_many(keys_to_words(add_keys)) < 0).sum()))
+        idx = np.arange(len(run), dtype=np.int64) if whole else np.asarray(run, dtype=np.int64)
+        codes = np.empty(len(run), np.int8)
+        got = impl.apply_events(c, table, HotChain, ns, holder, idx, kinds, keys,
+                                np.ascontiguousarray(bc.tiers, np.int64),
+                                np.ascontiguousarray(bc.sizes, np.int64),
+                                np.ascontiguousarray(bc.generations, np.uint64),
+                                np.ascontiguousarray(bc.copies, np.bool_),
+                                np.ascontiguousarray(bc.replicas, np.int64),
+                                next_generation, codes, _APPLY_CONSTS)
+        if got is None:
+            return None
+        fresh_rows, fresh_slots, gens_taken, live_delta, promote = got
+        c.num_rows_used += fresh_rows
+        c.num_slots += fresh_slots
+        table.add_live(live_delta)
+        return gens_taken, promote, codes
 
     def remove_replicas_batch(self, namespace_id: bytes, keys: Sequence[bytes], *, holder: int,
                               tiers: np.ndarray) -> np.ndarray:

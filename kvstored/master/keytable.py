@@ -166,8 +166,22 @@ class KeyTable:
         return self._probe(int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"))[2]
 
     # ---- changes ---------------------------------------------------------------------
+    def has_room(self, extra: int) -> bool:
+        """Whether ``extra`` more keys fit without growing the buckets (load <= 3/8)."""
+        return 8 * (self._num_live + extra) <= 3 * self._sl.size
+
+    def reserve(self, extra: int) -> None:
+        """Grow the buckets (as :meth:`insert_many` would) so that ``extra`` more keys fit
+        (native/master.c ``apply_events`` inserts into them and cannot grow them)."""
+        self._maybe_grow(extra)
+
+    def add_live(self, delta: int) -> None:
+        """Count keys that native/master.c ``apply_events`` inserted (or deleted) in the
+        buckets directly."""
+        self._num_live += delta
+
     def _maybe_grow(self, extra: int) -> None:
-        if 8 * (self._num_live + extra) <= 3 * self._sl.size:
+        if self.has_room(extra):
             return
         live = self._sl >= 0
         words = np.stack([self._lo[live], self._hi[live]], axis=1)

@@ -524,11 +524,32 @@ class Membership:
 
     def _apply_run(self, node_id: str, rec: NodeRecord, cols: EventColumns,
                    run: list[int]) -> None:
-        """Apply events ``run`` of ``cols`` (distinct blocks, in order) to ``rec``'s holder."""
+        """Apply events ``run`` of ``cols`` (distinct blocks, in order) to ``rec``'s holder:
+        one C call for a run of one namespace (:meth:`BlockIndex.apply_events_native`), else
+        (no extension, or a run C leaves to Python) the vectorized batch methods."""
         bc = cols.blocks
+        nss = bc.namespace_ids
+        whole = len(run) == len(cols)  # every event (run is increasing): no gather per event
+        ns0 = nss[run[0]]
+        one_ns = (nss.count(ns0) == len(nss)) if whole else all(nss[i] == ns0 for i in run)
+        if one_ns:
+            got = self.index.apply_events_native(ns0, cols, run, holder=rec.holder,
+                                                 next_generation=self.generations.peek())
+            if got is not None:
+                gens_taken, promote, _ = got
+                if gens_taken:
+                    self.generations.next_many(gens_taken)
+                if self.commands.num_pending(node_id):  # promotions asked of it are done
+                    for i in run:
+                        if cols.kinds[i] == _REMOVED or not bc.copies[i]:
+                            self.promotions.settle(node_id, ns0, bc.keys[i])
+                for i, holder in promote:
+                    owner = self._by_holder.get(holder)
+                    if owner is not None:
+                        self.promotions.add(owner.spec.node_id, ns0, bc.keys[i])
+                return
         run_arr = np.asarray(run, dtype=np.int64)
         gens = bc.generations[run_arr]
-        whole = len(run) == len(cols)  # every event (run is increasing): no gather per event
         kind_arr = np.asarray(cols.kinds if whole else [cols.kinds[i] for i in run],
                               dtype=np.int64)
         # the holder's generation when it sent one (what its data plane sends with the
@@ -536,9 +557,7 @@ class Membership:
         fresh = np.flatnonzero((gens == 0) & (kind_arr == _ADDED))
         if len(fresh):
             gens[fresh] = self.generations.next_many(len(fresh))
-        nss = bc.namespace_ids
-        ns0 = nss[run[0]]
-        if (nss.count(ns0) == len(nss)) if whole else all(nss[i] == ns0 for i in run):
+        if one_ns:
             groups = {ns0: np.arange(len(run), dtype=np.int64)}
         else:
             by: dict[bytes, list[int]] = {}

@@ -6,6 +6,7 @@ readable (and so not retired). The observer hears every change of that set, grou
 
     add_replica / add_replicas_bulk    COMMITTED rows of a readable holder      -> visible
     add_replicas_batch                 (the same, a ReportEvents batch)
+    apply_events_native                (add_replicas_batch then remove_replicas_batch)
     remove_replicas_batch              visible rows unlinked                    -> gone
     commit_generation                  WRITING rows committed, holder readable  -> visible
     remove_replica                     a visible row unlinked                   -> gone
@@ -32,9 +33,10 @@ import numpy as np
 
 from kvstored.master.columns import NO_ROW
 from kvstored.master.index import BlockIndex
-from kvstored.master.types import STATE_MASK, ReplicaState
+from kvstored.master.types import STATE_MASK, EventColumns, EventKind, ReplicaState
 from kvstored.types import Tier
 
+_ADDED = int(EventKind.ADDED)
 UNOBSERVED_METHODS = frozenset({"set_load", "collect_garbage", "abort_generation",
                                 "record_replication_factor", "add_holder"})
 """Public BlockIndex methods that mutate it but never change which replicas are visible."""
@@ -155,6 +157,26 @@ class ObservedBlockIndex(BlockIndex):
             self._report_codes(namespace_id, keys, np.where(codes == 2, 1, 0), tiers, holder,
                                visible=False)
         return codes
+
+    def apply_events_native(self, namespace_id: bytes, events: EventColumns, run: Sequence[int],
+                            *, holder: int, next_generation: int
+                            ) -> tuple[int, list[tuple[int, int]], np.ndarray] | None:  # noqa: D102
+        readable = self.is_readable(holder)
+        got = super().apply_events_native(namespace_id, events, run, holder=holder,
+                                          next_generation=next_generation)
+        if got is not None and readable:  # as add_replicas_batch, then remove_replicas_batch
+            codes = got[2]
+            kinds = events.kinds
+            run_arr = np.asarray(run, dtype=np.int64)
+            added = np.asarray([kinds[i] == _ADDED for i in run], dtype=np.bool_)
+            keys = events.blocks.keys
+            tiers = events.blocks.tiers[run_arr]
+            for sel, code, visible in ((added, codes, True), (~added, codes == 2, False)):
+                ix = np.flatnonzero(sel)
+                if len(ix):
+                    self._report_codes(namespace_id, [keys[run[j]] for j in ix.tolist()],
+                                       np.asarray(code)[ix], tiers[ix], holder, visible=visible)
+        return got
 
     def _report_codes(self, namespace_id: bytes, keys: Sequence[bytes], codes: np.ndarray,
                       tiers: np.ndarray, holder: int, *, visible: bool) -> None:
