@@ -801,9 +801,10 @@ static PyObject *hot_of(Ix *x, int64_t slot) {
 }
 
 /* Its two dicts (new references); -1 on an error. */
+static PyObject *s_rows, *s_prev; /* interned attribute names */
 static int hot_dicts(PyObject *hc, PyObject **rows, PyObject **prev) {
-    *rows = PyObject_GetAttrString(hc, "rows");
-    *prev = *rows ? PyObject_GetAttrString(hc, "prev") : NULL;
+    *rows = PyObject_GetAttr(hc, s_rows);
+    *prev = *rows ? PyObject_GetAttr(hc, s_prev) : NULL;
     if (!*rows || !*prev || !PyDict_Check(*rows) || !PyDict_Check(*prev)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "apply_events: a hot chain's maps must be dicts");
         Py_XDECREF(*rows);
@@ -834,14 +835,24 @@ static PyObject *make_hot(Ix *x, int64_t slot) {
     return (rc == 0 && key) ? hc : NULL;
 }
 
-/* IndexColumns.find_rows for one slot: the row of (holder, tier) or -1; -2 on an error. */
-static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t) {
+/* IndexColumns.find_rows for one slot: the row of (holder, tier) or -1; -2 on an error.
+ * With want_prev, *prev gets its predecessor in the chain; *hc_out the chain's HotChain
+ * (borrowed) or NULL. */
+static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t, int want_prev, int64_t *prev,
+                        PyObject **hc_out) {
     PyObject *hc = hot_of(x, slot);
+    *hc_out = NULL;
+    *prev = -1;
     if (!hc && PyErr_Occurred()) return -2;
     if (!hc) {
         int depth = 0;
+        int64_t p = -1;
         for (int64_t r = x->head[slot]; r >= 0;) {
-            if ((int64_t)x->holder[r] == holder && (int64_t)x->tier[r] == t) return r;
+            if ((int64_t)x->holder[r] == holder && (int64_t)x->tier[r] == t) {
+                *prev = p;
+                return r;
+            }
+            p = r;
             r = x->next[r];
             if (++depth > x->hot_rows && r >= 0) { /* a long chain: hot from now on */
                 hc = make_hot(x, slot);
@@ -851,11 +862,14 @@ static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t) {
         }
         if (!hc) return -1;
     }
-    PyObject *rows, *prev;
-    if (hot_dicts(hc, &rows, &prev) != 0) return -2;
+    *hc_out = hc;
+    PyObject *rows, *pr;
+    if (hot_dicts(hc, &rows, &pr) != 0) return -2;
     int64_t r = dict_get_int(rows, holder * 4 + t);
+    if (want_prev && r >= 0) *prev = dict_get_int(pr, r);
     Py_DECREF(rows);
-    Py_DECREF(prev);
+    Py_DECREF(pr);
+    if (*prev == -2) return -2;
     return r;
 }
 
@@ -947,21 +961,6 @@ static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *
     if (list_push(x->free_rows, row) != 0) return -1;
     if (nx < 0 && prev < 0) return free_block(x, slot);
     return 0;
-}
-
-/* (row, prev) of a row known to be in its slot's chain; prev via the hot maps or a walk. */
-static int64_t prev_of(Ix *x, int64_t slot, int64_t row, PyObject *hc) {
-    if (hc) {
-        PyObject *rows, *pr;
-        if (hot_dicts(hc, &rows, &pr) != 0) return -2;
-        int64_t p = dict_get_int(pr, row);
-        Py_DECREF(rows);
-        Py_DECREF(pr);
-        return p;
-    }
-    int64_t p = -1;
-    for (int64_t r = x->head[slot]; r >= 0 && r != row; r = x->next[r]) p = r;
-    return p;
 }
 
 #define GET_ATTR_BUF(obj, name, isz, fmt, wr, dst, cnt)                                            \
@@ -1124,12 +1123,13 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
     if ((Py_ssize_t)PyList_GET_SIZE(x.free_rows) + (x.n_rows - x.num_rows_used) < n_add ||
         (Py_ssize_t)PyList_GET_SIZE(x.free_blocks) + (x.n_head - x.num_slots) < n_add)
         goto not_mine;
-    evs = PyMem_Calloc((size_t)(3 * n_idx + 1), sizeof(int64_t));
+    evs = PyMem_Calloc((size_t)(5 * n_idx + 1), sizeof(int64_t));
     if (!evs) {
         PyErr_NoMemory();
         goto fail;
     }
-    int64_t *ev_slot = evs, *ev_row = evs + n_idx, *ev_kind = evs + 2 * n_idx;
+    int64_t *ev_slot = evs, *ev_row = evs + n_idx, *ev_kind = evs + 2 * n_idx, *ev_prev = evs + 3 * n_idx;
+    PyObject **ev_hot = (PyObject **)(evs + 4 * n_idx); /* borrowed HotChains (one event per block) */
     for (Py_ssize_t i = 0; i < n_idx; i++) ev_kind[i] = PyLong_AsLong(PyList_GET_ITEM(kinds, idx[i])); /* checked */
     Py_ssize_t n_absent = 0;
     for (Py_ssize_t i = 0; i < n_idx; i++) {
@@ -1202,7 +1202,9 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         }
         ev_row[i] = -1;
         int64_t s = ev_slot[i];
-        int64_t r = x.head[s] >= 0 ? find_row(&x, s, holder, tiers[e]) : -1;
+        int64_t pv;
+        PyObject *hc0;
+        int64_t r = x.head[s] >= 0 ? find_row(&x, s, holder, tiers[e], 0, &pv, &hc0) : -1;
         if (r == -2) goto fail;
         uint8_t st_new = (uint8_t)(copies[e] ? (committed | copy_bit) : committed);
         if (r >= 0) {
@@ -1265,49 +1267,25 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n_idx; i++) {
         int64_t e = idx[i], pos;
         ev_slot[i] = ev_row[i] = -1;
+        ev_hot[i] = NULL;
         if (ev_kind[i] != k_rem) continue;
         const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(PyList_GET_ITEM(keys, e));
         kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
         if (ev_slot[i] < 0) continue;
-        ev_row[i] = find_row(&x, ev_slot[i], holder, tiers[e]);
+        ev_row[i] = find_row(&x, ev_slot[i], holder, tiers[e], 1, &ev_prev[i], &ev_hot[i]);
         if (ev_row[i] == -2) goto fail;
         if (ev_row[i] >= 0) codes[i] = (x.state[ev_row[i]] & state_mask) == committed ? 2 : 1;
         n_gone += ev_row[i] >= 0;
     }
-    if (n_gone) {
-        x.holder_rows[holder] -= n_gone;
-        /* hot or not as the chains are now (before any unlink), as unlink_many decides */
-        uint8_t *was_hot = PyMem_Calloc((size_t)n_idx, 1);
-        if (!was_hot) {
-            PyErr_NoMemory();
-            goto fail;
-        }
+    /* unlinked in IndexColumns.unlink_many's order: rows of chains without hot maps first
+     * (as the chains are after the finds), then those of hot chains; a run's blocks are
+     * distinct, so each row's predecessor found above is still its predecessor */
+    x.holder_rows[holder] -= n_gone;
+    for (int pass = 0; pass < 2 && n_gone; pass++) {
         for (Py_ssize_t i = 0; i < n_idx; i++) {
-            if (ev_row[i] < 0) continue;
-            PyObject *hc = hot_of(&x, ev_slot[i]);
-            if (!hc && PyErr_Occurred()) {
-                PyMem_Free(was_hot);
-                goto fail;
-            }
-            was_hot[i] = hc != NULL;
+            if (ev_row[i] < 0 || (ev_hot[i] != NULL) != pass) continue;
+            if (unlink_row(&x, ev_slot[i], ev_row[i], ev_prev[i], ev_hot[i]) != 0) goto fail;
         }
-        for (int pass = 0; pass < 2; pass++) {
-            for (Py_ssize_t i = 0; i < n_idx; i++) {
-                if (ev_row[i] < 0 || was_hot[i] != pass) continue;
-                int64_t s = ev_slot[i], r = ev_row[i];
-                PyObject *hc = pass ? hot_of(&x, s) : NULL;
-                if (pass && !hc && PyErr_Occurred()) {
-                    PyMem_Free(was_hot);
-                    goto fail;
-                }
-                int64_t p = prev_of(&x, s, r, hc);
-                if (p == -2 || unlink_row(&x, s, r, p, hc) != 0) {
-                    PyMem_Free(was_hot);
-                    goto fail;
-                }
-            }
-        }
-        PyMem_Free(was_hot);
     }
     /* ---- copies to promote: blocks that lost a row and keep only committed copies ---- */
     promote = PyList_New(0);
@@ -1377,4 +1355,9 @@ static struct PyModuleDef module = {
     "The master block index's hot loops (see native/README.md and kvstored/native.py).", -1, methods,
     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__native_master(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native_master(void) {
+    s_rows = PyUnicode_InternFromString("rows");
+    s_prev = PyUnicode_InternFromString("prev");
+    if (!s_rows || !s_prev) return NULL;
+    return PyModule_Create(&module);
+}

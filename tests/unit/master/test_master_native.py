@@ -246,3 +246,151 @@ def test_the_wire_reader_knows_every_field_of_an_event() -> None:
                                    "replicas": (7, u32)}
     assert fields(pb.BlockEvent) == {"seq": (1, u64), "kind": (2, enum_t), "block": (3, msg_t)}
     assert fields(pb.ReportEventsRequest)["events"][0] == 3
+
+
+class _Recorder:
+    """An IndexObserver keeping every visible-replica report, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[bytes, list[bytes], int, int, bool]] = []
+
+    def replicas_changed(self, namespace_id: bytes, keys: object, *, holder: int, tier: Tier,
+                         visible: bool) -> None:
+        self.calls.append((namespace_id, list(keys), holder, int(tier), visible))  # type: ignore[call-overload]
+
+
+def _index_state(st: object) -> dict[str, object]:
+    """Everything of an index: its columns up to their high-water marks, free lists, hot maps,
+    key tables (every slot of the keys used), recent factors, counters."""
+    c = st.index.columns  # type: ignore[attr-defined]
+    nr, nb = c.num_rows_used, c.num_slots
+    out: dict[str, object] = {name: getattr(c, name)[:nr].tolist()
+                              for name in ("holder", "next", "block", "size", "gen", "tier", "state",
+                                           "hnext", "hprev")}
+    out.update({name: getattr(c, name)[:nb].tolist() for name in ("head", "block_ns", "factor")})
+    out["bkey"] = c.bkey[:nb].tolist()
+    nh = st.index._holders.num_holders  # type: ignore[attr-defined]
+    out.update({name: getattr(c, name)[:nh].tolist() for name in ("holder_rows", "holder_head")})
+    out["free"] = (list(c.free_rows), list(c.free_blocks), nr, nb)
+    out["hot"] = {s: (dict(h.rows), dict(h.prev)) for s, h in c.hot.items()}
+    out["recent"] = dict(c.recent_factors)
+    out["long"] = dict(c.long_keys)
+    out["live"] = [len(t) for t in c.tables]
+    out["ns"] = list(c.ns_ids)
+    out["dead"] = st.index.num_garbage_rows  # type: ignore[attr-defined]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_report_events_applied_in_c_match_the_batch_methods(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two masters, one applying ReportEvents runs in C (apply_events), one with the batch
+    methods (numpy), fed the same events: hot chains (24 nodes on 40 keys), blocks emptied
+    and indexed again (key-table tombstones, recent factors), removes of rows not held,
+    WRITING rows committed by an ADDED event, copies and their promotions, generations sent
+    or not, repeated keys and old seqs in a batch (runs), and batches C leaves to Python (a
+    second namespace, a long key, a bad tier, size, factor or kind: the same error). Every
+    answer, every column, free list, hot map and observer report must be identical."""
+    from helpers import key
+    from master_helpers import spec
+
+    from kvstored.clock import FakeClock
+    from kvstored.errors import InvalidArgument
+    from kvstored.master.state import MasterState
+    from kvstored.master.types import MAX_SIZE_BYTES, BlockEvent, BlockRef, EventKind
+
+    ns2 = b"\x22" * 16
+    nodes = [f"n{i:02d}" for i in range(24)]
+    recs = [_Recorder(), _Recorder()]
+    states = [MasterState(epoch=100, clock=FakeClock(), rng=random.Random(1), initial_blocks=16, observer=r)
+              for r in recs]
+    impls = [NATIVE, None]
+    calls = {"c": 0, "none": 0}
+    real = NATIVE.apply_events
+
+    def counting(*args: object) -> object:
+        got = real(*args)
+        calls["c" if got is not None else "none"] += 1
+        return got
+
+    class _Counting:
+        def __getattr__(self, name: str) -> object:
+            return counting if name == "apply_events" else getattr(NATIVE, name)
+
+    impls[0] = _Counting()  # type: ignore[assignment]
+
+    def both(fn: object) -> list[object]:
+        out = []
+        for st, impl in zip(states, impls, strict=True):
+            monkeypatch.setattr(native, "master_index", impl)
+            try:
+                out.append(fn(st))  # type: ignore[operator]
+            except InvalidArgument as exc:
+                out.append(("InvalidArgument", str(exc)))
+        return out
+
+    for st in states:
+        monkeypatch.setattr(native, "master_index", None)
+        for n in nodes:
+            st.membership.register(spec(n))
+            st.membership.sync_inventory(n, 1, sync_id=1, blocks=[], last_chunk=True)
+    rng = random.Random(500 + seed)
+    seqs = dict.fromkeys(nodes, 0)
+    num_promotions = num_recent = 0
+    bads = [{"tier": 3}, {"size_bytes": MAX_SIZE_BYTES + 1}, {"replicas": 99}, {"kind": 7}]
+    for _round in range(8):
+        for n in nodes:
+            events = []
+            seq = seqs[n]
+            case = rng.random()
+            for i in range(rng.randrange(1, 40)):
+                # hot keys (every node), or cold ones (this node's own: emptied and indexed again)
+                k = rng.randrange(40) if rng.random() < 0.6 else 40 + 4 * nodes.index(n) + rng.randrange(4)
+                ns = ns2 if case < 0.1 and i % 3 == 0 else NS  # a second namespace: Python
+                ref = dict(namespace_id=ns, key=key(k), tier=Tier.DRAM if rng.random() < 0.8 else Tier.SSD,
+                           size_bytes=4096 + rng.randrange(3), generation=rng.choice([0, 0, 1000 + seq]),
+                           copy=rng.random() < 0.3, replicas=rng.choice([0, 0, 0, 2, 3]))
+                kind = EventKind.ADDED if rng.random() < 0.6 else EventKind.REMOVED
+                if 0.1 <= case < 0.15 and i == 1:
+                    ref["key"] = b"short"  # a key not of 16 bytes: Python
+                if 0.15 <= case < 0.2 and i == 1:
+                    bad = rng.choice(bads)
+                    kind = bad.get("kind", kind)  # type: ignore[assignment]
+                    ref.update({f: v for f, v in bad.items() if f != "kind"})
+                seq += 1
+                events.append(BlockEvent(seq, kind, BlockRef(**ref)))  # type: ignore[arg-type]
+            if 0.2 <= case < 0.3 and len(events) > 2:  # a repeated key: runs of distinct blocks
+                e = events[-1]
+                events[-1] = BlockEvent(e.seq, e.kind, events[0].block)
+            if 0.3 <= case < 0.35 and seqs[n]:  # events already applied, then new ones
+                events = [BlockEvent(seqs[n], EventKind.ADDED, BlockRef(NS, key(0), Tier.DRAM, 1)), *events]
+            if rng.random() < 0.2:  # a WRITING row (a put in progress) the holder's event commits
+                k, tier = key(rng.randrange(40)), rng.choice([Tier.DRAM, Tier.SSD])
+
+                def writing(st: MasterState, k: bytes = k, tier: Tier = tier, n: str = n) -> object:
+                    holder = st.membership.node(n).holder  # type: ignore[union-attr]
+                    return st.index.add_replica(NS, k, holder=holder, tier=tier, size_bytes=7, generation=5,
+                                                state=ReplicaState.WRITING)
+                a, b = both(writing)
+                assert a == b
+            got = both(lambda st, n=n, events=events: st.membership.report_events(n, 1, events))
+            assert got[0] == got[1], (n, case)
+            if not isinstance(got[0], tuple) or got[0][0] != "InvalidArgument":
+                seqs[n] = got[0][1]  # type: ignore[index]
+            assert _index_state(states[0]) == _index_state(states[1]), (n, case)
+            num_recent += len(states[0].index.columns.recent_factors)
+        cmds = [{n: [(c.kind, c.namespace_id, c.key) for c in st.commands.pending(n)] for n in nodes}
+                for st in states]
+        assert cmds[0] == cmds[1]
+        num_promotions += sum(len(v) for v in cmds[0].values())
+        assert recs[0].calls == recs[1].calls
+        assert states[0].generations.peek() == states[1].generations.peek()
+    c = states[0].index.columns
+    assert c.hot and max(len(h.prev) for h in c.hot.values()) > HOT_CHAIN_ROWS  # hot chains were reached
+    assert num_recent  # blocks were emptied (their factors kept), some indexed again
+    assert num_promotions  # copies-only blocks asked for promotions
+    assert calls["c"] > 50 and calls["none"] > 0  # C applied most runs, and left some to Python
+    # GC of a holder with rows in hot chains, then lookups, still alike
+    assert both(lambda st: st.membership.unregister(nodes[3], 1)) == [True, True]
+    gc = both(lambda st: st.membership.collect_garbage())
+    assert gc[0] == gc[1] and gc[0]
+    assert _index_state(states[0]) == _index_state(states[1])
