@@ -1119,6 +1119,13 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
                 goto not_mine;
             n_add++;
         }
+        { /* the key's home bucket, fetched ahead: the probes below then overlap their misses */
+            const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(key);
+            uint64_t bk = (w[0] * KT_MULT) >> (64 - x.kt.bits);
+            __builtin_prefetch(&x.kt.lo[bk * KT_WAYS]);
+            __builtin_prefetch(&x.kt.hi[bk * KT_WAYS]);
+            __builtin_prefetch(&x.kt.sl[bk * KT_WAYS]);
+        }
     }
     if ((Py_ssize_t)PyList_GET_SIZE(x.free_rows) + (x.n_rows - x.num_rows_used) < n_add ||
         (Py_ssize_t)PyList_GET_SIZE(x.free_blocks) + (x.n_head - x.num_slots) < n_add)
@@ -1138,6 +1145,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         if (ev_kind[i] != k_add) continue;
         kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
         n_absent += ev_slot[i] < 0;
+        if (ev_slot[i] >= 0) __builtin_prefetch(&x.head[ev_slot[i]]);
     }
     { /* the table's live entries, counted as KeyTable does */
         PyObject *a = PyObject_GetAttrString(o_table, "_num_live");
@@ -1271,7 +1279,11 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         if (ev_kind[i] != k_rem) continue;
         const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(PyList_GET_ITEM(keys, e));
         kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
-        if (ev_slot[i] < 0) continue;
+        if (ev_slot[i] >= 0) __builtin_prefetch(&x.head[ev_slot[i]]);
+    }
+    for (Py_ssize_t i = 0; i < n_idx; i++) { /* (a second pass: the heads fetched meanwhile) */
+        int64_t e = idx[i];
+        if (ev_kind[i] != k_rem || ev_slot[i] < 0) continue;
         ev_row[i] = find_row(&x, ev_slot[i], holder, tiers[e], 1, &ev_prev[i], &ev_hot[i]);
         if (ev_row[i] == -2) goto fail;
         if (ev_row[i] >= 0) codes[i] = (x.state[ev_row[i]] & state_mask) == committed ? 2 : 1;
