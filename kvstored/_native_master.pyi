@@ -51,3 +51,20 @@ def parse_events(data: bytes, max_key_bytes: int, max_replicas: int, kind_a: int
     """A serialized ReportEventsRequest's events as columns (tiers, sizes, generations,
     copies, replicas as the bytes of int64 / int64 / uint64 / bool / int64 arrays) and
     whether every value passed the checks; None for bytes not in the canonical form."""
+
+def apply_events(cols: Any, table: Any, hot_cls: Any, ns: int, holder: int, idx: Any, kinds: list[int],
+                 keys: list[bytes], tiers: Any, sizes: Any, gens: Any, copies: Any, reps: Any, gen_next: int,
+                 codes: Any, consts: tuple[int, int, int, int, int, int, int, int, int]
+                 ) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+    """kvstored/master/index.py ``BlockIndex.apply_events_native``: events ``idx`` of a
+    ReportEvents batch's columns applied to ``holder``'s rows of namespace ``ns`` of the
+    IndexColumns ``cols`` and its KeyTable ``table``, as the batch methods would; ``codes``
+    (int8, one per idx entry) gets their codes. Returns (fresh rows, fresh slots,
+    generations taken, key-table live delta, [(event, holder to promote)]), or None with
+    nothing changed when the run is not one it applies.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size.
+        TypeError: a hot chain's maps, the free lists or factor maps of the wrong type.
+        RuntimeError: a block slot not in its key table (inconsistent columns).
+    """

@@ -10,6 +10,8 @@
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
  *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
  *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
+ *   apply_events       Membership._apply_run: a ReportEvents run of one namespace applied
+ *                      (the batch methods of BlockIndex: add, remove, copies to promote)
  *
  * Why: each of these is a walk of a few levels per key that numpy runs as ~10 calls per
  * level of 2-10 us each; in C one call per batch costs about a cache miss per row visited.
