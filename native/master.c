@@ -10,6 +10,7 @@
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
  *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
  *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
+ *   (native/master_lookup.c: ranked_rows, lookup_wire; MASTER_LOOKUP_METHODS below)
  *
  * Why: each of these is a walk of a few levels per key that numpy runs as ~10 calls per
  * level of 2-10 us each; in C one call per batch costs about a cache miss per row visited.
@@ -20,6 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "master_lookup.h"
 
 /* One buffer argument: C-contiguous, of the given item size and format class. */
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *formats, int writable,
@@ -699,6 +702,7 @@ static PyMethodDef methods[] = {
     {"parse_events", parse_events, METH_VARARGS,
      "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
      "the canonical form; read the message)."},
+    MASTER_LOOKUP_METHODS
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {
