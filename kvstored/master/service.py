@@ -306,8 +306,8 @@ def _tier(value: int, what: str) -> Tier:
 
 
 def _usage(items: Any, what: str) -> tuple[TierUsage, ...]:
-    return tuple(TierUsage(_tier(t.tier, what), t.capacity_bytes, t.used_bytes, t.num_blocks)
-                 for t in items)
+    return tuple([TierUsage(_tier(t.tier, what), t.capacity_bytes, t.used_bytes, t.num_blocks)
+                  for t in items])
 
 
 def _block(b: pb.BlockRef, what: str) -> BlockRef:
@@ -531,18 +531,23 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
-        action = self.membership.heartbeat(
-            request.node_id, request.epoch, tiers=_usage(request.tiers, "heartbeat"),
+        state = self.state
+        node_id, epoch = request.node_id, request.epoch
+        tiers = request.tiers
+        action = state.membership.heartbeat(
+            node_id, epoch, tiers=_usage(tiers, "heartbeat") if tiers else (),
             load=request.load, last_seq=request.last_seq, coldest_age_ms=request.coldest_age_ms,
         )
-        queue = self.state.commands
+        queue = state.commands
         if request.acked_command_ids:
-            self.state.repair.on_commands_acked(
-                queue.ack(request.node_id, request.epoch, request.acked_command_ids))
-        cmds = queue.take(request.node_id, request.epoch) if action is NodeAction.NONE else []
-        return pb.HeartbeatResponse(
-            action=_ACTION_TO_PB[action], node_lease_ms=self._lease_ms(),
-            commands=[command_pb(c) for c in cmds])
+            state.repair.on_commands_acked(queue.ack(node_id, epoch, request.acked_command_ids))
+        resp = pb.HeartbeatResponse(action=_ACTION_TO_PB[action],
+                                    node_lease_ms=int(state.membership.node_lease_s * 1000))
+        if action is NodeAction.NONE:
+            cmds = queue.take(node_id, epoch)
+            if cmds:
+                resp.commands.extend([command_pb(c) for c in cmds])
+        return resp
 
     @_rpc("node")
     async def WaitCommands(  # noqa: N802
@@ -587,11 +592,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.MasterLookupPrefixResponse:
         t0 = time.perf_counter()
         resp = self._lookup_prefix(request)
-        mt = self.metrics
-        mt.lookup_duration.observe(time.perf_counter() - t0)
-        mt.lookups.inc()
-        mt.lookup_blocks.inc(len(request.keys))
-        mt.lookup_hit_blocks.inc(len(resp.node_index))
+        self.metrics.lookup.observe(len(request.keys), len(resp.node_index), time.perf_counter() - t0)
         return resp
 
     def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest) -> pb.MasterLookupPrefixResponse:

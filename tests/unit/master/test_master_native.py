@@ -366,3 +366,41 @@ def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypat
         assert got == want, req
         assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     assert calls["native"] > 40  # most requests took the C path
+
+
+def test_the_lookup_tally_exports_what_prometheus_histograms_and_counters_would() -> None:
+    """LookupPrefix's metrics are plain numbers exported by a collector (master/metrics.py
+    LookupTally): the same samples as prometheus_client's Counter and Histogram given the
+    same observations (latencies on and between the bucket bounds)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from kvstored.master.metrics import _LOOKUP_BUCKETS_S, MasterMetrics
+
+    rng = random.Random(7)
+    m = MasterMetrics()
+    ref = CollectorRegistry()
+    calls = Counter("kvstored_master_lookups_total", "LookupPrefix calls answered.", registry=ref)
+    blocks = Counter("kvstored_master_lookup_blocks_total", "Blocks asked for by LookupPrefix calls.",
+                     registry=ref)
+    hits = Counter("kvstored_master_lookup_hit_blocks_total",
+                   "Blocks of the leading prefixes found present cluster-wide.", registry=ref)
+    hist = Histogram("kvstored_master_lookup_duration_seconds", "LookupPrefix handler latency, seconds.",
+                     buckets=_LOOKUP_BUCKETS_S, registry=ref)
+    for _ in range(300):
+        d = rng.choice([*_LOOKUP_BUCKETS_S, rng.random() * 1e-3, rng.random() * 2, 5.0])
+        n, h = rng.randint(0, 512), rng.randint(0, 9)
+        m.lookup.observe(n, h, d)
+        calls.inc()
+        blocks.inc(n)
+        hits.inc(h)
+        hist.observe(d)
+
+    def lines(reg: CollectorRegistry) -> list[str]:
+        return sorted(x for x in generate_latest(reg).decode().splitlines()
+                      if "lookup" in x and not x.startswith("#") and "_created" not in x)
+
+    want = lines(ref)
+    assert len(want) == 3 + len(_LOOKUP_BUCKETS_S) + 3  # counters, buckets and +Inf, count, sum
+    got = lines(m.registry)
+    assert [g.rsplit(" ", 1)[0] for g in got] == [w.rsplit(" ", 1)[0] for w in want]
+    assert [float(g.rsplit(" ", 1)[1]) for g in got] == pytest.approx([float(w.rsplit(" ", 1)[1]) for w in want])
