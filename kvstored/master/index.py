@@ -794,7 +794,8 @@ class BlockIndex:
 
         Returns:
             The answer; None when it cannot be given this way (the extension is not built,
-            or a key is not exactly 16 bytes: the caller uses :meth:`lookup_prefix`).
+            a key is not exactly 16 bytes, or the namespace is not indexed: the caller uses
+            :meth:`lookup_prefix`, which also checks the keys).
 
         Raises:
             InvalidArgument: ``max_alternates`` outside 0..MAX_RANKED_REPLICAS - 1.
