@@ -19,7 +19,9 @@ setup(
         ),
         Extension(
             "kvstored._native_master",
-            sources=["native/master.c"],  # the master index's loops (kvstored/native.py master_index)
+            # the master index's loops (kvstored/native.py master_index)
+            sources=["native/master.c", "native/master_lookup.c"],
+            depends=["native/master_buffers.h", "native/master_lookup.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra"],
             optional=True,
         ),

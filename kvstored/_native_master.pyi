@@ -68,3 +68,30 @@ def apply_events(cols: Any, table: Any, hot_cls: Any, ns: int, holder: int, idx:
         TypeError: a hot chain's maps, the free lists or factor maps of the wrong type.
         RuntimeError: a block slot not in its key table (inconsistent columns).
     """
+
+def ranked_rows(cols: tuple[Any, ...], consts: tuple[int | float, ...], slots: Any, local_holder: int,
+                avoid: Any, width: int, out_rows: Any, out_holders: Any) -> None:
+    """native/master_lookup.c: kvstored/master/ranking.py ``ranked_rows`` (``cols`` and
+    ``consts`` from ``ranking.native_args``): per slot up to ``width`` readable rows on
+    distinct holders, best first, and their holders, into the ``(n, width)`` int64 outputs
+    (-1 padded).
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, ``width`` outside 1..max_ranked, or a
+            slot, row or holder outside its columns.
+    """
+
+def lookup_wire(table: tuple[Any, Any, Any, Any, int], cols: tuple[Any, ...], consts: tuple[int | float, ...],
+                request: bytes, local_holder: int, avoid: Any, alternates: int, ranked: bool,
+                every_key: bool) -> tuple[bytes, list[int], int, bytes, bytes] | None:
+    """native/master_lookup.c: a serialized MasterLookupPrefixRequest's keys looked up in a
+    KeyTable (``table``: ``KeyTable.probe_buffers()``) and ranked (best_rows' walk, or
+    ranked_rows' with ``ranked`` or ``alternates`` > 0): ``(wire, holders, num_blocks,
+    best_holders, positions)``, ``wire`` the response's packed columns (see
+    kvstored/master/index.py ``WireHit``). None when a key is not exactly 16 bytes or the
+    bytes are malformed.
+
+    Raises:
+        ValueError: a buffer of the wrong kind or size, or a slot, row or holder outside its
+            columns.
+    """

@@ -46,14 +46,16 @@ def new_request_id() -> str:
     return secrets.token_hex(6)
 
 
-def bind_request(fields: dict[str, Any]) -> Token[Mapping[str, Any] | None]:
+def bind_request(fields: Mapping[str, Any]) -> Token[Mapping[str, Any] | None]:
     """Name the request this task (or thread) is serving on every line it logs until
     :func:`unbind_request`: ``fields`` such as ``request_id``, ``peer``, ``method``.
 
     One context variable holding the caller's dict: cheap enough for the shm control
     channel's hot path (a fraction of structlog's ``bound_contextvars`` for three keys). The
     caller may update ``fields`` inside the scope (e.g. ``method`` once it is parsed); a
-    nested call replaces them until its own token is unbound (innermost first).
+    nested call replaces them until its own token is unbound (innermost first). A Mapping
+    that makes its fields when first read (the master's per-call fields) is read only when a
+    line is logged.
     """
     return _request_fields.set(fields)
 

@@ -12,6 +12,7 @@
  *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
  *   apply_events       Membership._apply_run: a ReportEvents run of one namespace applied
  *                      (the batch methods of BlockIndex: add, remove, copies to promote)
+ *   (native/master_lookup.c: ranked_rows, lookup_wire; MASTER_LOOKUP_METHODS below)
  *
  * Why: each of these is a walk of a few levels per key that numpy runs as ~10 calls per
  * level of 2-10 us each; in C one call per batch costs about a cache miss per row visited.
@@ -22,6 +23,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "master_lookup.h"
 
 /* One buffer argument: C-contiguous, of the given item size and format class. */
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *formats, int writable,
@@ -1362,6 +1365,7 @@ static PyMethodDef methods[] = {
     {"apply_events", apply_events, METH_VARARGS,
      "apply_events(cols, table, hot_cls, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "
      "codes, consts) -> tuple | None: a ReportEvents run applied to the index (None: not applied, run the fallback)."},
+    MASTER_LOOKUP_METHODS
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

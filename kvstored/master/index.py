@@ -30,6 +30,7 @@ Not thread-safe: the master mutates it from its event loop only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from kvstored.master import generations
 from kvstored.master.columns import HOT_CHAIN_ROWS, MAX_RECENT_FACTORS, NO_ROW, HotChain, IndexColumns
 from kvstored.master.holders import HolderRows
 from kvstored.master.keytable import KEY_BYTES, keys_to_words
-from kvstored.master.ranking import MAX_RANKED_REPLICAS, best_rows, ranked_rows
+from kvstored.master.ranking import MAX_RANKED_REPLICAS, best_rows, native_args, ranked_rows
 from kvstored.master.types import (
     COPY_BIT,
     EMPTY_HIT,
@@ -88,6 +89,28 @@ def _check_factor(factor: int) -> None:
     if not 0 <= factor <= MAX_REPLICAS:
         raise InvalidArgument(f"replication factor must be in 0..{MAX_REPLICAS} (0 = unknown "
                               f"or the default 1), got {factor}")
+
+
+@dataclass(frozen=True, slots=True)
+class WireHit:
+    """Answer of :meth:`BlockIndex.lookup_wire`: a LookupPrefix answer's columns, encoded.
+
+    Attributes:
+        wire: the packed repeated fields of a ``MasterLookupPrefixResponse`` (``node_index``,
+            ``tier``, ``size_bytes``, ``generation``; ``key_index`` for ``every_key``; the
+            ``num_alternates`` and ``alternate_*`` columns when alternates were asked), as
+            protobuf wire bytes; ``node_index`` counts into :attr:`holders`.
+        holders: the distinct holders named, ascending (the response's ``nodes``, in order).
+        num_blocks: blocks answered.
+        best_holders: the bytes of an int64 array: each answered block's best holder.
+        positions: the bytes of an int64 array: each answered block's index in the keys.
+    """
+
+    wire: bytes
+    holders: list[int]
+    num_blocks: int
+    best_holders: bytes
+    positions: bytes
 
 
 class BlockIndex:
@@ -814,6 +837,44 @@ class BlockIndex:
         count = int(missing[0]) if len(missing) else len(slots)
         return self._hit(best_row[:count], best_holder[:count],
                          None if ranked is None else ranked[:count])
+
+    def lookup_wire(
+        self, namespace_id: bytes, request: bytes, *, local_holder: int = -1,
+        avoid_holders: Sequence[int] = (), max_alternates: int = 0, every_key: bool = False,
+    ) -> WireHit | None:
+        """:meth:`lookup_prefix` (or, ``every_key``, :meth:`lookup_each`) of a serialized
+        ``MasterLookupPrefixRequest``'s keys, answered as the response's encoded columns, in
+        one C call (native/master_lookup.c ``lookup_wire``: the keys read from the bytes,
+        probed, ranked as those methods rank them, the holders numbered, the columns
+        written); the same answer as those methods. Never changes anything.
+
+        Args:
+            request: the request's wire bytes (only its ``keys`` are read here).
+
+        Returns:
+            The answer; None when it cannot be given this way (the extension is not built,
+            a key is not exactly 16 bytes, or the namespace is not indexed: the caller uses
+            :meth:`lookup_prefix`, which also checks the keys).
+
+        Raises:
+            InvalidArgument: ``max_alternates`` outside 0..MAX_RANKED_REPLICAS - 1.
+        """
+        impl = native.master_index
+        if impl is None:
+            return None
+        if not 0 <= max_alternates < MAX_RANKED_REPLICAS:
+            raise InvalidArgument(f"max_alternates must be in 0..{MAX_RANKED_REPLICAS - 1}, "
+                                  f"got {max_alternates}")
+        c = self._cols
+        ns = c.ns(namespace_id, create=False)
+        if ns is None:  # (rare) the caller's path checks the keys and answers none
+            return None
+        t = c.tables[ns]
+        columns, consts = native_args(c)
+        got = impl.lookup_wire(t.probe_buffers(), columns, consts, request, int(local_holder),
+                               np.asarray(avoid_holders, dtype=np.int64), max_alternates,
+                               bool(len(avoid_holders)), every_key)
+        return None if got is None else WireHit(*got)
 
     def lookup_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_holder: int = -1,

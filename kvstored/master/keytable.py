@@ -113,6 +113,12 @@ class KeyTable:
                                np.ascontiguousarray(words, dtype=np.uint64), out)
         return out
 
+    def probe_buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """``(lo, hi, slots, overflow flags, bits)``: the bucket arrays a C probe reads
+        (native/master_lookup.c ``lookup_wire``); views of the live table, reallocated when
+        it grows (ask again per call)."""
+        return self._lo, self._hi, self._sl, self._over, self._bits
+
     def py_get_many(self, words: np.ndarray) -> np.ndarray:
         """:meth:`get_many` in numpy (the fallback, and the reference of the C probe)."""
         n = len(words)

@@ -24,17 +24,22 @@ Exported on ``http://METRICS_LISTEN/metrics`` (prometheus_client's WSGI server t
 The membership and the index belong to the event loop and are not thread-safe, so the
 scrape thread never reads them: the loop calls :meth:`MasterMetrics.sample` (on every
 maintenance tick, ``gc_interval_s``) and the scrape exports the last sample. Counters
-incremented by handlers (lookups, puts) are exact at scrape time.
+incremented by handlers (lookups, puts) are exact at scrape time: LookupPrefix's, counted
+on every call of a busy master (~20,000 a second at 10,000 nodes), are plain numbers
+(:class:`LookupTally`, a few additions per call instead of four locked prometheus_client
+updates) that a collector exports.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from kvstored.master.health import NODE_STATES, node_state
 from kvstored.master.membership import Membership
@@ -43,6 +48,37 @@ from kvstored.master.repair import Repair
 _LOOKUP_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
+
+
+class LookupTally:
+    """LookupPrefix's counters and latency histogram as plain numbers (event loop only
+    writes them; a scrape reads a snapshot: each field read is atomic under the GIL).
+
+    Attributes:
+        calls: LookupPrefix calls answered.
+        blocks: blocks asked for by those calls.
+        hit_blocks: blocks answered (leading present prefixes, or every present key).
+        bucket_counts: calls per latency bucket (``_LOOKUP_BUCKETS_S`` upper bounds, then
+            +Inf), not cumulative.
+        sum_s: seconds spent in those calls.
+    """
+
+    __slots__ = ("blocks", "bucket_counts", "calls", "hit_blocks", "sum_s")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.blocks = 0
+        self.hit_blocks = 0
+        self.bucket_counts = [0] * (len(_LOOKUP_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, num_blocks: int, num_hit_blocks: int, duration_s: float) -> None:
+        """Count one answered call: blocks asked, blocks answered, its latency in seconds."""
+        self.calls += 1
+        self.blocks += num_blocks
+        self.hit_blocks += num_hit_blocks
+        self.sum_s += duration_s
+        self.bucket_counts[bisect_left(_LOOKUP_BUCKETS_S, duration_s)] += 1  # le: bound >= value
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +121,9 @@ class MasterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.lookups = Counter("kvstored_master_lookups_total",
-                               "LookupPrefix calls answered.", registry=r)
-        self.lookup_blocks = Counter("kvstored_master_lookup_blocks_total",
-                                     "Blocks asked for by LookupPrefix calls.", registry=r)
-        self.lookup_hit_blocks = Counter(
-            "kvstored_master_lookup_hit_blocks_total",
-            "Blocks of the leading prefixes found present cluster-wide.", registry=r)
-        self.lookup_duration = Histogram(
-            "kvstored_master_lookup_duration_seconds", "LookupPrefix handler latency, seconds.",
-            buckets=_LOOKUP_BUCKETS_S, registry=r)
+        self.lookup = LookupTally()
+        """LookupPrefix's counters and latency (exported by :class:`_LookupCollector`)."""
+        r.register(_LookupCollector(self.lookup))
         self.put_starts = Counter("kvstored_master_put_starts_total",
                                   "PutStart calls by result (placed, exists, error code).",
                                   ["result"], registry=r)
@@ -148,6 +177,34 @@ class MasterMetrics:
                 repair_drops_issued=repair.num_drops_issued)),
         )
         return self._sample
+
+
+class _LookupCollector(Collector):
+    """Exports a :class:`LookupTally`: ``kvstored_master_lookups_total``,
+    ``kvstored_master_lookup_blocks_total``, ``kvstored_master_lookup_hit_blocks_total`` and
+    the ``kvstored_master_lookup_duration_seconds`` histogram."""
+
+    def __init__(self, tally: LookupTally) -> None:
+        self._tally = tally
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        t = self._tally
+        counts = list(t.bucket_counts)  # one snapshot: the buckets and their count agree
+        total_s = t.sum_s
+        yield CounterMetricFamily("kvstored_master_lookups", "LookupPrefix calls answered.",
+                                  value=t.calls)
+        yield CounterMetricFamily("kvstored_master_lookup_blocks",
+                                  "Blocks asked for by LookupPrefix calls.", value=t.blocks)
+        yield CounterMetricFamily("kvstored_master_lookup_hit_blocks",
+                                  "Blocks of the leading prefixes found present cluster-wide.",
+                                  value=t.hit_blocks)
+        cumulative, running = [], 0
+        for bound, n in zip((*_LOOKUP_BUCKETS_S, float("inf")), counts, strict=True):
+            running += n
+            cumulative.append((floatToGoString(bound), running))
+        yield HistogramMetricFamily("kvstored_master_lookup_duration_seconds",
+                                    "LookupPrefix handler latency, seconds.",
+                                    buckets=cumulative, sum_value=total_s)
 
 
 class _SampleCollector(Collector):

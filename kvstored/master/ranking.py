@@ -118,15 +118,31 @@ def score_rows(cols: IndexColumns, rows: np.ndarray, local_holder: int
     return np.where(ok, rows, NO_ROW), score, h
 
 
+def native_args(cols: IndexColumns) -> tuple[tuple[np.ndarray, ...], tuple[int | float, ...]]:
+    """``(columns, constants)`` as native/master_lookup.c takes them (``ranked_rows``,
+    ``lookup_wire``): the row and holder columns a ranking reads, and its scores' constants.
+    Built per call: the columns are reallocated when they grow."""
+    return ((cols.head, cols.next, cols.holder, cols.state, cols.tier, cols.readable, cols.load,
+             cols.size, cols.gen), _CONSTS)
+
+
+_CONSTS = (_COMMITTED, _STATE_MASK, _COPY_BIT, _SSD, float(RANK_SCORE), float(LOAD_CLIP),
+           float(AVOID_SCORE), MAX_RANKED_REPLICAS)
+
+
 def ranked_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int, *,
                 avoid: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The readable COMMITTED replicas of each block slot on distinct holders, best first
     (the order of :func:`best_rows`, avoided holders last; see the module docstring).
 
-    Ranks each block's first :data:`MAX_RANKED_REPLICAS` rows (newest first); a block none
-    of whose first rows is readable gets :func:`best_rows`' answer (which walks on) and no
-    alternates. Of two rows of one holder (its DRAM and SSD replica) only the better one
-    is kept: a second try on the same node is no fallback.
+    Ranks each block's first :data:`MAX_RANKED_REPLICAS` rows (newest first) by score, then
+    the lowest holder, then the newest row; a block none of whose first rows is readable
+    gets :func:`best_rows`' answer (which walks on) and no alternates. Of two rows of one
+    holder (its DRAM and SSD replica) only the better one is kept: a second try on the same
+    node is no fallback.
+
+    One C call (native/master_lookup.c ``ranked_rows``: the same ranking, block by block)
+    when the extension is built, else :func:`py_ranked_rows`.
 
     Args:
         cols: the index's columns.
@@ -139,7 +155,27 @@ def ranked_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int, *,
         ``(rows, holders)``, each ``(num_blocks, width)`` int64: column 0 the best row of
         each block (-1 when none is readable), then the next ones; -1 pads a block with
         fewer readable holders.
+
+    Raises:
+        ValueError: ``width`` outside 1..MAX_RANKED_REPLICAS.
     """
+    if not 1 <= width <= MAX_RANKED_REPLICAS:
+        raise ValueError(f"width must be in 1..{MAX_RANKED_REPLICAS}, got {width}")
+    impl = native.master_index
+    if impl is None:
+        return py_ranked_rows(cols, slots, local_holder, avoid=avoid, width=width)
+    n = len(slots)
+    rows, holders = np.empty((n, width), dtype=np.int64), np.empty((n, width), dtype=np.int64)
+    columns, consts = native_args(cols)
+    impl.ranked_rows(columns, consts, np.ascontiguousarray(slots, dtype=np.int64), int(local_holder),
+                     np.ascontiguousarray(avoid, dtype=np.int64), width, rows, holders)
+    return rows, holders
+
+
+def py_ranked_rows(cols: IndexColumns, slots: np.ndarray, local_holder: int, *,
+                   avoid: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ranked_rows` in numpy, level by level over all blocks (the fallback, and the
+    reference of the C ranking)."""
     if not 1 <= width <= MAX_RANKED_REPLICAS:
         raise ValueError(f"width must be in 1..{MAX_RANKED_REPLICAS}, got {width}")
     n = len(slots)

@@ -119,7 +119,7 @@ def test_every_mutating_index_method_is_observed_or_declared_unobserved() -> Non
     read_only = {"columns", "num_replicas", "num_blocks", "num_garbage_rows", "column_bytes",
                  "memory_bytes", "is_readable", "num_holder_replicas", "holder_keys",
                  "replicas", "replication_factor", "replication_factors",
-                 "blocks_above_factor", "lookup_prefix", "lookup_each",
+                 "blocks_above_factor", "lookup_prefix", "lookup_each", "lookup_wire",
                      "copy_holders_to_promote"}
     observed = {n for n, v in vars(ObservedBlockIndex).items()
                 if not n.startswith("_") and callable(v)}

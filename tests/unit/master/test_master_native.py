@@ -25,7 +25,7 @@ from kvstored.master.columns import HOT_CHAIN_ROWS
 from kvstored.master.holders import LOAD_CLIP
 from kvstored.master.index import BlockIndex
 from kvstored.master.keytable import KeyTable, keys_to_words
-from kvstored.master.types import ReplicaState
+from kvstored.master.types import STATE_MASK, ReplicaState
 from kvstored.types import Tier
 
 pytestmark = pytest.mark.skipif(native.master_index is None,
@@ -394,3 +394,159 @@ def test_report_events_applied_in_c_match_the_batch_methods(seed: int, monkeypat
     gc = both(lambda st: st.membership.collect_garbage())
     assert gc[0] == gc[1] and gc[0]
     assert _index_state(states[0]) == _index_state(states[1])
+@pytest.mark.parametrize("seed", range(6))
+def test_ranked_rows_match_numpy(seed: int) -> None:
+    """ranking.ranked_rows (alternates, avoided holders) in C and in numpy: the same rows, in
+    the same order, for every width; holders mostly unreadable in one case, so that chains
+    longer than MAX_RANKED_REPLICAS whose first rows are all unreadable take best_rows' walk."""
+    rng = random.Random(500 + seed)
+    ix, keys, hs = _random_index(rng, 3 * HOT_CHAIN_ROWS if seed % 2 else rng.choice([5, 3 * HOT_CHAIN_ROWS]), 60)
+    if seed % 2:
+        for h in hs:
+            if not ix.columns.retired[h]:
+                ix.set_readable(h, rng.random() < 0.1)
+    c = ix.columns
+    slots = c.tables[0].get_many(keys_to_words(keys))
+    slots = slots[slots >= 0]
+    deep = 0
+    for local in [-1, *rng.sample(hs, 3)]:
+        for width in range(1, ranking.MAX_RANKED_REPLICAS + 1):
+            avoid = np.asarray(rng.sample(hs, rng.choice([0, 1, 3])), np.int64)
+            rows, holders = ranking.ranked_rows(c, slots, local, avoid=avoid, width=width)
+            want_rows, want_holders = ranking.py_ranked_rows(c, slots, local, avoid=avoid, width=width)
+            assert rows.tolist() == want_rows.tolist(), (local, width)
+            assert holders.tolist() == want_holders.tolist(), (local, width)
+            assert rows.shape == (len(slots), width) and rows.dtype == holders.dtype == np.int64
+            deep += sum(row >= 0 and not _readable_within(c, int(s), ranking.MAX_RANKED_REPLICAS)
+                        for s, row in zip(slots.tolist(), rows[:, 0].tolist(), strict=True))
+    assert deep or not seed % 2  # the walk past the first rows was taken
+    with pytest.raises(ValueError, match="width must be in"):
+        ranking.ranked_rows(c, slots, -1, avoid=np.zeros(0, np.int64), width=0)
+
+
+def _readable_within(c: object, slot: int, depth: int) -> bool:
+    """Whether one of the first ``depth`` rows of a block's chain is a readable COMMITTED one."""
+    row = int(c.head[slot])  # type: ignore[attr-defined]
+    for _ in range(depth):
+        if row < 0:
+            return False
+        h = int(c.holder[row])  # type: ignore[attr-defined]
+        if c.readable[h] and (int(c.state[row]) & STATE_MASK) == int(ReplicaState.COMMITTED):  # type: ignore[attr-defined]
+            return True
+        row = int(c.next[row])  # type: ignore[attr-defined]
+    return False
+
+
+def _servicer(rng: random.Random, num_nodes: int, num_keys: int) -> tuple[object, list[bytes], list[str]]:
+    """A MasterServicer whose nodes hold random replicas: hot blocks on every node, WRITING
+    rows, copies, both tiers, unreadable nodes, tied loads."""
+    from master_helpers import spec
+
+    from kvstored.clock import FakeClock
+    from kvstored.master.service import MasterServicer
+    from kvstored.master.state import MasterState
+    from kvstored.master.types import BlockColumns
+
+    state = MasterState(epoch=3, clock=FakeClock(), node_lease_s=10.0, rng=random.Random(1), initial_blocks=16)
+    sv = MasterServicer(state, check_roles=False)
+    keys = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(num_keys)]
+    names = [f"n{i}" for i in range(num_nodes)]
+    for i, name in enumerate(names):
+        state.membership.register(spec(name, port=7000 + 2 * i))
+        mine = list(dict.fromkeys(keys[:3] + rng.sample(keys, rng.randint(0, num_keys // 2))))
+        k = len(mine)
+        cols = BlockColumns([NS] * k, mine, np.asarray([rng.choice([1, 2]) for _ in mine], np.int64),
+                            np.asarray([rng.randint(0, 99) for _ in mine], np.int64),
+                            np.asarray([rng.choice([0, rng.randint(1, 9)]) for _ in mine], np.uint64),
+                            np.asarray([rng.random() < 0.2 for _ in mine]), np.zeros(k, np.int64))
+        state.membership.sync_inventory(name, 1, sync_id=1, blocks=cols, last_chunk=True, seq=0)
+    for name in names:
+        rec = state.membership.node(name)
+        assert rec is not None
+        for kk in rng.sample(keys, 3):  # a write in progress: WRITING rows
+            state.index.add_replica(NS, kk, holder=rec.holder, tier=Tier.DRAM, size_bytes=1, generation=5,
+                                    state=ReplicaState.WRITING)
+        state.index.set_load(rec.holder, float(rng.choice([0, 1, 1, 2, 50])))
+        if rng.random() < 0.25:
+            state.index.set_readable(rec.holder, False)
+    return sv, keys, names
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MasterService.LookupPrefix's answer from native/master_lookup.c ``lookup_wire``
+    (request bytes in, the response's columns out) equals the answer of the numpy path
+    (BlockIndex.lookup_prefix / lookup_each, the fields set from the hit), message for
+    message: prefixes and every_key probes, missing keys, alternates 0..3, avoided nodes, a
+    local node, keys of other lengths (the C path declines them)."""
+    from kvstored.master.index import BlockIndex
+    from kvstored.v1 import master_pb2 as pb
+
+    rng = random.Random(600 + seed)
+    sv, keys, names = _servicer(rng, rng.choice([4, 2 * HOT_CHAIN_ROWS]), 50)
+    calls = {"native": 0}
+    real = BlockIndex.lookup_wire
+
+    def counted(self: BlockIndex, *a: object, **kw: object) -> object:
+        got = real(self, *a, **kw)  # type: ignore[arg-type]
+        calls["native"] += got is not None
+        return got
+
+    monkeypatch.setattr(BlockIndex, "lookup_wire", counted)
+    absent = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(5)]
+    for _ in range(60):
+        ks = rng.sample(keys + absent, rng.randint(0, 30))
+        if rng.random() < 0.5:
+            ks = keys[:3] + ks  # the hot blocks lead (a system prompt)
+        if rng.random() < 0.1:
+            ks.append(b"a longer key than sixteen bytes")
+        req = pb.MasterLookupPrefixRequest(
+            namespace_id=NS, keys=ks, every_key=rng.random() < 0.4,
+            local_node_id=rng.choice(["", "unknown", *names]),
+            avoid_node_ids=rng.sample(names + ["gone"], rng.choice([0, 0, 1, 2])),
+            max_alternates=rng.choice([0, 0, 1, 3, 5]))
+        monkeypatch.setattr(native, "master_index", NATIVE)
+        got = sv._lookup_prefix(req)  # type: ignore[attr-defined]
+        monkeypatch.setattr(native, "master_index", None)
+        want = sv._lookup_prefix(req)  # type: ignore[attr-defined]
+        assert got == want, req
+        assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+    assert calls["native"] > 40  # most requests took the C path
+
+
+def test_the_lookup_tally_exports_what_prometheus_histograms_and_counters_would() -> None:
+    """LookupPrefix's metrics are plain numbers exported by a collector (master/metrics.py
+    LookupTally): the same samples as prometheus_client's Counter and Histogram given the
+    same observations (latencies on and between the bucket bounds)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from kvstored.master.metrics import _LOOKUP_BUCKETS_S, MasterMetrics
+
+    rng = random.Random(7)
+    m = MasterMetrics()
+    ref = CollectorRegistry()
+    calls = Counter("kvstored_master_lookups_total", "LookupPrefix calls answered.", registry=ref)
+    blocks = Counter("kvstored_master_lookup_blocks_total", "Blocks asked for by LookupPrefix calls.",
+                     registry=ref)
+    hits = Counter("kvstored_master_lookup_hit_blocks_total",
+                   "Blocks of the leading prefixes found present cluster-wide.", registry=ref)
+    hist = Histogram("kvstored_master_lookup_duration_seconds", "LookupPrefix handler latency, seconds.",
+                     buckets=_LOOKUP_BUCKETS_S, registry=ref)
+    for _ in range(300):
+        d = rng.choice([*_LOOKUP_BUCKETS_S, rng.random() * 1e-3, rng.random() * 2, 5.0])
+        n, h = rng.randint(0, 512), rng.randint(0, 9)
+        m.lookup.observe(n, h, d)
+        calls.inc()
+        blocks.inc(n)
+        hits.inc(h)
+        hist.observe(d)
+
+    def lines(reg: CollectorRegistry) -> list[str]:
+        return sorted(x for x in generate_latest(reg).decode().splitlines()
+                      if "lookup" in x and not x.startswith("#") and "_created" not in x)
+
+    want = lines(ref)
+    assert len(want) == 3 + len(_LOOKUP_BUCKETS_S) + 3  # counters, buckets and +Inf, count, sum
+    got = lines(m.registry)
+    assert [g.rsplit(" ", 1)[0] for g in got] == [w.rsplit(" ", 1)[0] for w in want]
+    assert [float(g.rsplit(" ", 1)[1]) for g in got] == pytest.approx([float(w.rsplit(" ", 1)[1]) for w in want])

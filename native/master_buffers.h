@@ -1,0 +1,129 @@
+/* Buffer arguments of the kvstored._native_master functions (native/master_lookup.c).
+ *
+ * Each function takes numpy columns through the buffer protocol (no copy), checks each one's
+ * item size and format class, and releases every buffer it took on every exit path.
+ */
+#ifndef KVSTORED_MASTER_BUFFERS_H
+#define KVSTORED_MASTER_BUFFERS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MB_U64 "LQ"
+#define MB_I64 "lq"
+#define MB_I32 "i"
+#define MB_U32 "I"
+#define MB_U8 "B"
+#define MB_BOOL "?B"
+#define MB_F64 "d"
+
+#define MB_MAX 24
+typedef struct {
+    Py_buffer v[MB_MAX];
+    int n;
+} MBufs;
+
+static void mb_release(MBufs *b) {
+    for (int i = 0; i < b->n; i++) PyBuffer_Release(&b->v[i]);
+    b->n = 0;
+}
+
+/* Take one C-contiguous buffer of ``itemsize``-byte items of one of ``formats`` into ``b``;
+ * returns its data, or NULL with ValueError set and every buffer of ``b`` released. */
+static void *mb_take(MBufs *b, PyObject *obj, Py_ssize_t itemsize, const char *formats, int writable,
+                     const char *fn, const char *name, Py_ssize_t *count) {
+    if (b->n >= MB_MAX) {
+        mb_release(b);
+        PyErr_Format(PyExc_SystemError, "%s: too many buffers", fn);
+        return NULL;
+    }
+    Py_buffer *view = &b->v[b->n];
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Clear();
+        mb_release(b);
+        PyErr_Format(PyExc_ValueError, "%s: %s must be a %sC-contiguous buffer, got %s", fn, name,
+                     writable ? "writable " : "", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    const char *f = view->format ? view->format : "B";
+    while (*f == '@' || *f == '=' || *f == '<') f++;
+    if (view->itemsize != itemsize || f[0] == 0 || f[1] != 0 || strchr(formats, f[0]) == NULL) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must hold %zd-byte items of format '%s', got format '%s'", fn, name,
+                     itemsize, formats, view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        mb_release(b);
+        return NULL;
+    }
+    b->n++;
+    *count = view->len / itemsize;
+    return view->buf;
+}
+
+/* ---- protobuf wire reading and writing ---------------------------------------------------- */
+typedef struct {
+    const uint8_t *p, *end;
+} MbRd;
+
+static int mb_varint(MbRd *r, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end) return -1;
+        uint8_t c = *r->p++;
+        v |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Skip one field of wire type wt; -1 on a malformed or group field. */
+static int mb_skip(MbRd *r, int wt) {
+    uint64_t v;
+    switch (wt) {
+    case 0: return mb_varint(r, &v);
+    case 1: if (r->end - r->p < 8) return -1; r->p += 8; return 0;
+    case 5: if (r->end - r->p < 4) return -1; r->p += 4; return 0;
+    case 2:
+        if (mb_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
+        r->p += v;
+        return 0;
+    default: return -1;
+    }
+}
+
+static uint8_t *mb_put_varint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static size_t mb_varint_len(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* A packed repeated field (nothing when n is 0, as protobuf writes an empty one); at most
+ * 2 x 10 + 10 x n bytes. */
+static uint8_t *mb_put_packed(uint8_t *p, int field, const uint64_t *vals, Py_ssize_t n) {
+    if (n == 0) return p;
+    size_t len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) len += mb_varint_len(vals[i]);
+    p = mb_put_varint(p, ((uint64_t)field << 3) | 2);
+    p = mb_put_varint(p, len);
+    for (Py_ssize_t i = 0; i < n; i++) p = mb_put_varint(p, vals[i]);
+    return p;
+}
+
+#endif
