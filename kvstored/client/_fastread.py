@@ -24,7 +24,8 @@ When this path answers (every case below checked first, nothing else answers her
 
 The version check is the one of ``read_keys`` (kvstored/tiers/slots.py), unchanged: no
 byte is kept that was not proven stable. Hits are counted exactly as the general path
-counts them (``OneSidedCounts``, ``ONE_SIDED_STATS``), once.
+counts them (``OneSidedCounts``, ``ONE_SIDED_STATS``), once; a version check that failed
+here is added to ``ONE_SIDED_STATS["fallbacks"]`` (the general path's re-read counts its own).
 """
 
 from __future__ import annotations
@@ -168,10 +169,13 @@ def read(st: ClientState, is_live: Callable[[], bool], keys: object, buffers: ob
     if prefix is None:
         return None
     fn = reader.native_read_keys or py_read_keys
-    sizes, metas, values, _fallbacks = fn(reader.buckets, reader.slots, reader.arena, prefix, keys,
+    sizes, metas, values, fallbacks = fn(reader.buckets, reader.slots, reader.arena, prefix, keys,
                                           views, time.monotonic_ns(), MID, reader.hints)
     if None in sizes:  # a miss, a failed check, a buffer too small: read again, generally
         FAST_STATS["passed"] += 1
+        # the failed checks are tries this process saw (the storm's fallback rate); the
+        # node hears of the general path's reads only (nothing here is counted twice there)
+        ONE_SIDED_STATS["fallbacks"] += fallbacks
         return None
     num_bytes = sum(sizes)  # type: ignore[arg-type]  # no None: checked above
     st.one_sided_counts.add(n, num_bytes, 0, 0)
