@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 import grpc
 
 from kvstored.addresses import default_address
-from kvstored.client import _control, _hooks, _ops, _tenant
+from kvstored.client import _control, _fastread, _hooks, _ops, _tenant
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
@@ -130,6 +130,12 @@ class _SyncSession:
             self._num_ops -= 1
             if not self._num_ops and self._closed:  # only close() waits (after setting _closed)
                 self._idle.notify_all()
+
+    def is_live(self) -> bool:
+        """Whether the session is open now (its stream has not ended) and the client is not
+        closed: the liveness a one-sided answer needs (kvstored/client/_fastread.py)."""
+        live = self._live
+        return live is not None and not live[0].is_set() and not self._closed
 
     def session_id(self, deadline: float) -> int:
         """The open session's id (opens one if needed).
@@ -429,6 +435,18 @@ class Client:
             time.sleep(delay)
             attempt += 1
 
+    def _fast(self, fn: Callable[..., T | None], timeout_s: float | None, *args: Any) -> T | None:
+        """A DRAM hit answered in one native call (kvstored/client/_fastread.py), or None:
+        take the general path. Counted as an operation (close() waits for it)."""
+        if timeout_s is not None:
+            _ops.check_timeout_s(timeout_s)
+        session = self._session
+        session.enter()
+        try:
+            return fn(self._st, session.is_live, *args)
+        finally:
+            session.leave()
+
     # ---- API ---------------------------------------------------------------------------------
     def put(
         self,
@@ -474,6 +492,9 @@ class Client:
             KeyInvalid: a malformed key (index named). Unavailable, DeadlineExceeded.
             (A block of another namespace is a miss, never an error.)
         """
+        got = self._fast(_fastread.read, timeout_s, keys, None)
+        if got is not None:
+            return got
         return self._run(lambda d: _ops.op_get(self._st, keys, d), timeout_s)
 
     def get_blocks(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[Block | None]:
@@ -503,6 +524,9 @@ class Client:
             InvalidArgument: a buffer is read-only, non-contiguous, or smaller than its block
             (the message names each key index and both sizes). Otherwise as :meth:`get`.
         """
+        got = self._fast(_fastread.read, timeout_s, keys, buffers, return_meta)
+        if got is not None:
+            return got
         return self._run(
             lambda d: _ops.op_get_into(self._st, keys, buffers, return_meta, d), timeout_s
         )
@@ -512,16 +536,25 @@ class Client:
 
         Never pins and never counts as a hit. Raises KeyInvalid, Unavailable, DeadlineExceeded.
         """
-        return len(self.lookup_prefix_tiers(keys, timeout_s=timeout_s))
+        n = self._fast(_fastread.lookup_prefix, timeout_s, keys)
+        if n is not None:
+            return n
+        return len(self._run(lambda d: _ops.op_lookup_prefix_tiers(self._st, keys, d), timeout_s))
 
     def lookup_prefix_tiers(
         self, keys: Sequence[bytes], *, timeout_s: float | None = None
     ) -> list[Tier]:
         """The tier of each leading present block of a prefix (DRAM preferred)."""
+        n = self._fast(_fastread.lookup_prefix, timeout_s, keys)
+        if n is not None:
+            return _fastread.tiers_of_lead(n)
         return self._run(lambda d: _ops.op_lookup_prefix_tiers(self._st, keys, d), timeout_s)
 
     def exists(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bool]:
         """Per key: stored on the node (any tier)."""
+        got = self._fast(_fastread.exists, timeout_s, keys)
+        if got is not None:
+            return got
         return self._run(lambda d: _ops.op_exists(self._st, keys, False, d), timeout_s)
 
     def where(
