@@ -203,7 +203,8 @@ class SlotGrants:
             if self._metrics is not None:
                 self._metrics.count_transfer("shm", "in", sum(flags), num_bytes)
         leases.check_session(session_id)  # a refill needs an open session within its bound
-        granted = (self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block)
+        granted = (self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block,
+                               ahead=bool(writes))  # (a refill; a grant alone is for a put at hand)
                    if want else [])
         return out, granted
 
@@ -247,7 +248,8 @@ class SlotGrants:
         if self.test_hook is not None:  # (the pass that grants: after a NEEDS_IO answer)
             self.test_hook("grant_after_answer")
         self._leases.check_session(session_id)
-        return self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block) if want else []
+        return (self._grant(namespace_id, session_id, want, lease_ms, request_id, may_block,
+                            ahead=True) if want else [])
 
     def check_want(self, want: Sequence[tuple[int, int]]) -> int:
         """Check a refill's ``want``; returns the largest block the node stores.
@@ -287,13 +289,16 @@ class SlotGrants:
 
     def _grant(
         self, namespace_id: bytes, session_id: int, want: Sequence[tuple[int, int]],
-        lease_ms: int, request_id: int, may_block: bool,
+        lease_ms: int, request_id: int, may_block: bool, *, ahead: bool,
     ) -> list[GrantedSlot]:
+        """Reserve what ``want`` lacks and lease it to the session. ``ahead``: a refill
+        granted before a put asks for it, which on a node in a pool never evicts an original
+        (TieredStore.reserve_slots ``ahead``)."""
         got: list[Reservation] = []
         with self._gate.put_in_flight():
             for size, n in self._lacking(session_id, want):
                 r = self._store.reserve_slots(size, n, namespace_id=namespace_id,
-                                              may_block=may_block)
+                                              may_block=may_block, ahead=ahead)
                 if isinstance(r, list):  # NEEDS_IO (the free extent went): fewer slots
                     got += r
         if not got:

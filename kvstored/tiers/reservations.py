@@ -239,6 +239,7 @@ class Reservations:
 
     def reserve_slots(
         self, size_bytes: int, num_slots: int, *, namespace_id: bytes, may_block: bool,
+        ahead: bool = False,
     ) -> list[Reservation] | object:
         """``TieredStore.reserve_slots`` (contract there)."""
         st = self._state
@@ -280,7 +281,7 @@ class Reservations:
                 return out
             for _ in range(n):  # an eviction per slot (it may wait for the pool: counted as it goes)
                 try:
-                    off = self._transit.allocate(size, wait_for_pool=True)
+                    off = self._transit.allocate(size, wait_for_pool=not ahead, ahead=ahead)
                 except KvstoredError:  # NoCapacity: grant fewer (a put then reserves)
                     break
                 st.reserved_bytes += size

@@ -403,7 +403,7 @@ class TieredStore:
 
     def reserve_slots(
         self, size_bytes: int, num_slots: int, *, namespace_id: bytes = b"",
-        may_block: bool = True,
+        may_block: bool = True, ahead: bool = False,
     ) -> list[Reservation] | object:
         """Reserve keyless slots for reserve-ahead puts (kvstored/node/slots.py).
 
@@ -420,6 +420,10 @@ class TieredStore:
             may_block: False (the event loop): if the slots do not fit in one free extent,
                 reserve nothing and answer :data:`~kvstored.tiers.base.NEEDS_IO`; True: evict
                 (as a put) for each slot, and grant fewer when no room can be made.
+            ahead: the slots are a refill, granted before any put asks for them: on a node
+                in a pool they evict only what drops no block from the pool (never an
+                original: the put that needs the room evicts through the pool's LRU when it
+                comes; Transit.allocate ``ahead``), and never wait; fewer are granted.
 
         Returns:
             The slots (``Reservation`` with key ``SLOT_KEY``), fewer than asked under a quota
@@ -429,7 +433,7 @@ class TieredStore:
             InvalidArgument: a bad size or count. Unavailable: the store is closed.
         """
         return self._reservations.reserve_slots(
-            size_bytes, num_slots, namespace_id=namespace_id, may_block=may_block
+            size_bytes, num_slots, namespace_id=namespace_id, may_block=may_block, ahead=ahead
         )
 
     def dram_round_up(self, size_bytes: int) -> int:

@@ -167,7 +167,7 @@ class Transit:
 
     def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False,
                  promotion: bool = False, pool_wait: PoolWait | None = None,
-                 handoff_age_s: float | None = None) -> int:
+                 handoff_age_s: float | None = None, ahead: bool = False) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
         while demotions write and while waiting on :attr:`pool_room`).
 
@@ -204,6 +204,11 @@ class Transit:
                 space it never waits on the pool: it evicts in LRU order (for good) only if
                 this node's coldest original is older than ``handoff_age_s``, decided once,
                 here under the lock (so the pool drops the colder block), else NoCapacity.
+            ahead: the space is for a reserve-ahead slot granted before any put asks for it
+                (a CommitSlots refill): with a :attr:`pool_room` installed, only spare
+                victims and never a wait, as ``copy``: a slot that may never be written must
+                not drop an original (the put that needs the room evicts, through the pool's
+                LRU hand-off, when it comes). Without one, as a local put.
 
         Returns:
             The offset of the allocated space; the caller owns it (and charges it).
@@ -252,7 +257,7 @@ class Transit:
                         spare_tries = 0
                         continue  # the pool made room elsewhere: look again
                     own.until = 0.0  # waited (or may not wait): evict for good now
-                if not promotion or self.pool_room is None:  # (a pool's promotions never do)
+                if not (promotion or ahead) or self.pool_room is None:  # (a pool's never do)
                     window, tries = self._lru_window(need, tries)
                     if window is not None:
                         self.evictions_for_good += sum(1 for k in window if self._drops(k))
@@ -264,6 +269,11 @@ class Transit:
                 raise NoCapacity(
                     f"DRAM tier has no room for a {size_bytes}-byte copy of a peer's block "
                     "without dropping a block the pool holds nowhere else"
+                )
+            elif ahead and self.pool_room is not None:
+                raise NoCapacity(
+                    f"DRAM tier has no room for a {size_bytes}-byte reserve-ahead slot without "
+                    "dropping a block the pool holds nowhere else (a put reserves its own)"
                 )
             elif promotion and self.pool_room is not None:
                 self.promotions_skipped += 1

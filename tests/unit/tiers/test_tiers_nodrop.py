@@ -227,3 +227,36 @@ def test_a_promotion_still_uses_a_victim_that_drops_nothing(
     s.unpin_many(got)  # type: ignore[arg-type]
     assert s.exists([key(i) for i in range(4)]) == [True] * 4
     assert s.evictions_for_good == 0
+
+
+def test_a_reserve_ahead_refill_never_drops_an_original_on_a_node_in_a_pool(
+    stores: list[TieredStore], tmp_path: pathlib.Path
+) -> None:
+    # Regression (bench_spill's full pool: 10 blocks lost for 8 puts, 2 of them not the
+    # pool's coldest): a CommitSlots refill, slots granted before any put asks for them,
+    # evicted originals locally, past the pool's LRU hand-off, for slots that may never be
+    # written. A refill now takes only what drops nothing; a put at hand still evicts.
+    s = _store(stores, tmp_path, dram_blocks=2)
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    calls: list[float] = []
+    s.set_pool_room(lambda need, deadline: calls.append(deadline) or False, wait_s=60.0)
+    assert s.reserve_slots(BLOCK, 1, ahead=True) == []  # a refill: fewer (none) granted
+    assert s.exists([key(0), key(1)]) == [True, True] and s.evictions_for_good == 0
+    assert calls == []  # and it never waited on the pool
+    got = s.reserve_slots(BLOCK, 1)  # the grant of a put at hand evicts, as the put would
+    assert isinstance(got, list) and len(got) == 1
+    assert s.exists([key(0), key(1)]) == [False, True] and s.evictions_for_good == 1
+    s.abort(got[0])
+
+
+def test_a_reserve_ahead_refill_on_a_standalone_node_evicts_in_lru_order(
+    stores: list[TieredStore], tmp_path: pathlib.Path
+) -> None:
+    s = _store(stores, tmp_path, dram_blocks=2)  # no pool: the node is the whole pool
+    s.put(key(0), val(0))
+    s.put(key(1), val(1))
+    got = s.reserve_slots(BLOCK, 1, ahead=True)
+    assert isinstance(got, list) and len(got) == 1
+    assert s.exists([key(0), key(1)]) == [False, True]
+    s.abort(got[0])
