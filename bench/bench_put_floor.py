@@ -24,9 +24,9 @@ ratio is the median over reps of (reference time / row time):
                   the first, send the second, then wait for both: what pipelining the
                   commit against the copy wins (or loses) on these cores
   * floor_after_answer  what the client sends now: the writes as packed columns, the copy
-                  with ``copy_at``, the refill granted after the answer (``grant_after_answer``:
-                  its frame is read untimed after the row, as the client reads it with its
-                  next request); ``put - floor_after_answer`` is the client's own Python
+                  with ``copy_at``, the refill granted after the answer (``grant_after_answer``,
+                  on a third connection: its frame is read with the row's next request, as the
+                  client does); ``put - floor_after_answer`` is the client's own Python
   * copy          the copy alone into held slots (no commit): what is left of a put with a
                   commit that cost nothing
   * empty_rtt     a CommitSlots with nothing in it: the bare round trip
@@ -77,17 +77,30 @@ class _RawSession:
         self.ns = st.namespace_id
         self.arena = st.arena
         self.size, self.batch = size, batch
-        self.conns = [_Connection(st.control.path) for _ in range(2)]
+        self.conns = [_Connection(st.control.path) for _ in range(3)]
         for conn in self.conns:
             conn.sock.settimeout(30.0)
         self.held: list[tuple[int, int]] = []  # (slot id, offset)
-        self.follows = False  # a refill frame follows the last answer (grant_after_answer)
         while len(self.held) < 2 * batch:
             self.send(0, [], 2 * batch)
             self.recv(0)
 
-    def send(self, k: int, writes: list[tuple[int, bytes]], want: int, *, columns: bool = False,
-             after: bool = False) -> None:
+    def request_after(self, writes: list[tuple[int, bytes]], want: int) -> None:
+        """One CommitSlots as the client sends it now (columns, refill after the answer) on
+        connection 2, through its request() (which reads the last refill frame first)."""
+        req = self.request(writes, want, columns=True, after=True)
+        resp = self.conns[2].request(req.SerializeToString(), 30.0, self._refill)
+        self._check(resp)
+
+    def _refill(self, resp: pb.ControlResponse | None) -> None:
+        if resp is not None:  # (None: the connection closed with the last refill unread)
+            self._check(resp)
+
+    def send(self, k: int, writes: list[tuple[int, bytes]], want: int) -> None:
+        self.conns[k].sock.sendall(frame(self.request(writes, want)))
+
+    def request(self, writes: list[tuple[int, bytes]], want: int, *, columns: bool = False,
+                after: bool = False) -> pb.ControlRequest:
         req = pb.ControlRequest(session_id=self.sid)
         r = req.commit_slots
         r.namespace_id, r.session_id, r.epoch = self.ns, self.sid, self.epoch
@@ -105,10 +118,12 @@ class _RawSession:
             for sid, key in writes:
                 m = add()
                 m.slot_id, m.key, m.size_bytes = sid, key, self.size
-        self.conns[k].sock.sendall(frame(req))
+        return req
 
     def recv(self, k: int) -> None:
-        resp = pb.ControlResponse.FromString(recv_frame(self.conns[k].sock))
+        self._check(pb.ControlResponse.FromString(recv_frame(self.conns[k].sock)))
+
+    def _check(self, resp: pb.ControlResponse) -> None:
         if resp.error_code:
             raise RuntimeError(f"CommitSlots failed: {resp.error_message}")
         got = resp.commit_slots
@@ -117,7 +132,6 @@ class _RawSession:
             raise RuntimeError(f"CommitSlots refused writes: {bad[:2]}")
         self.held.extend((g.slot_id, g.offset) for g in got.slots)
         self.held.extend(zip(got.slot_ids, got.slot_offsets, strict=True))
-        self.follows = got.grant_follows
 
     def take(self) -> list[tuple[int, int]]:
         while len(self.held) < self.batch:  # the node granted fewer (its budget): ask again
@@ -197,9 +211,7 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
             def floor_after_answer(i: int) -> None:
                 slots = raw.take()
                 raw.copy_at(slots, values)
-                raw.send(0, [(s, k) for (s, _), k in zip(slots, keys("a", i), strict=True)], 2 * batch,
-                         columns=True, after=True)
-                raw.recv(0)  # the answer; its refill frame is read after the row (untimed)
+                raw.request_after([(s, k) for (s, _), k in zip(slots, keys("a", i), strict=True)], 2 * batch)
 
             def copy(_i: int) -> None:
                 slots = raw.take()
@@ -221,8 +233,6 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
                     fns[name](i)
                     if i >= 0:
                         t[name].append(time.perf_counter() - t0)
-                    if raw.follows:  # floor_after_answer's refill frame (untimed)
-                        raw.recv(0)
                 if i % 20 == 19:  # drop the reps' keys (not timed)
                     c.remove([k for j in range(i - 19, i + 1) for k in keys("p", j)])
                     c2.remove([k for tag in "fnqa" for j in range(i - 19, i + 1) for k in keys(tag, j)])
