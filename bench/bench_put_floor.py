@@ -23,6 +23,10 @@ ratio is the median over reps of (reference time / row time):
                   copy the first, send its commit, copy the second while the node commits
                   the first, send the second, then wait for both: what pipelining the
                   commit against the copy wins (or loses) on these cores
+  * floor_after_answer  what the client sends now: the writes as packed columns, the copy
+                  with ``copy_at``, the refill granted after the answer (``grant_after_answer``,
+                  on a third connection: its frame is read with the row's next request, as the
+                  client does); ``put - floor_after_answer`` is the client's own Python
   * copy          the copy alone into held slots (no commit): what is left of a put with a
                   commit that cost nothing
   * empty_rtt     a CommitSlots with nothing in it: the bare round trip
@@ -51,12 +55,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from kvstored.client._control import _Connection  # noqa: E402
 from kvstored.client.sync import Client  # noqa: E402
-from kvstored.native import copy_many  # noqa: E402
+from kvstored.native import copy_at, copy_many  # noqa: E402
 from kvstored.transport.control import frame, recv_frame  # noqa: E402
 from kvstored.units import parse_size  # noqa: E402
 from kvstored.v1 import node_pb2 as pb  # noqa: E402
 
-ROWS = ("memcpy_ws", "put", "floor", "floor_no_refill", "floor_pipelined", "copy", "empty_rtt")
+ROWS = ("memcpy_ws", "put", "floor", "floor_no_refill", "floor_pipelined", "floor_after_answer", "copy",
+        "empty_rtt")
 
 
 class _RawSession:
@@ -72,7 +77,7 @@ class _RawSession:
         self.ns = st.namespace_id
         self.arena = st.arena
         self.size, self.batch = size, batch
-        self.conns = [_Connection(st.control.path) for _ in range(2)]
+        self.conns = [_Connection(st.control.path) for _ in range(3)]
         for conn in self.conns:
             conn.sock.settimeout(30.0)
         self.held: list[tuple[int, int]] = []  # (slot id, offset)
@@ -80,22 +85,45 @@ class _RawSession:
             self.send(0, [], 2 * batch)
             self.recv(0)
 
+    def request_after(self, writes: list[tuple[int, bytes]], want: int) -> None:
+        """One CommitSlots as the client sends it now (columns, refill after the answer) on
+        connection 2, through its request() (which reads the last refill frame first)."""
+        req = self.request(writes, want, columns=True, after=True)
+        resp = self.conns[2].request(req.SerializeToString(), 30.0, self._refill)
+        self._check(resp)
+
+    def _refill(self, resp: pb.ControlResponse | None) -> None:
+        if resp is not None:  # (None: the connection closed with the last refill unread)
+            self._check(resp)
+
     def send(self, k: int, writes: list[tuple[int, bytes]], want: int) -> None:
+        self.conns[k].sock.sendall(frame(self.request(writes, want)))
+
+    def request(self, writes: list[tuple[int, bytes]], want: int, *, columns: bool = False,
+                after: bool = False) -> pb.ControlRequest:
         req = pb.ControlRequest(session_id=self.sid)
         r = req.commit_slots
         r.namespace_id, r.session_id, r.epoch = self.ns, self.sid, self.epoch
         r.lease_ms = 600_000  # the reps hold slots for minutes on a loaded machine
+        r.grant_after_answer = after
         if want:
             w = r.want.add()
             w.size_bytes, w.num_slots = self.size, want
-        add = r.writes.add
-        for sid, key in writes:
-            m = add()
-            m.slot_id, m.key, m.size_bytes = sid, key, self.size
-        self.conns[k].sock.sendall(frame(req))
+        if columns:
+            r.write_slot_ids.extend([sid for sid, _ in writes])
+            r.write_keys.extend([key for _, key in writes])
+            r.write_sizes.extend([self.size] * len(writes))
+        else:
+            add = r.writes.add
+            for sid, key in writes:
+                m = add()
+                m.slot_id, m.key, m.size_bytes = sid, key, self.size
+        return req
 
     def recv(self, k: int) -> None:
-        resp = pb.ControlResponse.FromString(recv_frame(self.conns[k].sock))
+        self._check(pb.ControlResponse.FromString(recv_frame(self.conns[k].sock)))
+
+    def _check(self, resp: pb.ControlResponse) -> None:
         if resp.error_code:
             raise RuntimeError(f"CommitSlots failed: {resp.error_message}")
         got = resp.commit_slots
@@ -103,6 +131,7 @@ class _RawSession:
         if bad:
             raise RuntimeError(f"CommitSlots refused writes: {bad[:2]}")
         self.held.extend((g.slot_id, g.offset) for g in got.slots)
+        self.held.extend(zip(got.slot_ids, got.slot_offsets, strict=True))
 
     def take(self) -> list[tuple[int, int]]:
         while len(self.held) < self.batch:  # the node granted fewer (its budget): ask again
@@ -114,6 +143,9 @@ class _RawSession:
     def copy(self, slots: list[tuple[int, int]], values: list[np.ndarray]) -> None:
         copy_many(self.arena.copy_pairs([(off, memoryview(v)) for (_, off), v in zip(slots, values, strict=True)]),
                   stream=True)
+
+    def copy_at(self, slots: list[tuple[int, int]], values: list[np.ndarray]) -> None:
+        copy_at(self.arena.view, [off for _, off in slots], values, stream=True)
 
     def close(self) -> None:
         for conn in self.conns:
@@ -176,6 +208,11 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
                 raw.recv(0)
                 raw.recv(1)
 
+            def floor_after_answer(i: int) -> None:
+                slots = raw.take()
+                raw.copy_at(slots, values)
+                raw.request_after([(s, k) for (s, _), k in zip(slots, keys("a", i), strict=True)], 2 * batch)
+
             def copy(_i: int) -> None:
                 slots = raw.take()
                 raw.copy(slots, values)
@@ -187,7 +224,8 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
 
             fns: dict[str, Callable[[int], None]] = {
                 "memcpy_ws": memcpy_ws, "put": put, "floor": floor, "floor_no_refill": floor_no_refill,
-                "floor_pipelined": floor_pipelined, "copy": copy, "empty_rtt": empty_rtt,
+                "floor_pipelined": floor_pipelined, "floor_after_answer": floor_after_answer, "copy": copy,
+                "empty_rtt": empty_rtt,
             }
             for i in range(-10, reps):
                 for name in ROWS:
@@ -197,7 +235,7 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
                         t[name].append(time.perf_counter() - t0)
                 if i % 20 == 19:  # drop the reps' keys (not timed)
                     c.remove([k for j in range(i - 19, i + 1) for k in keys("p", j)])
-                    c2.remove([k for tag in "fnq" for j in range(i - 19, i + 1) for k in keys(tag, j)])
+                    c2.remove([k for tag in "fnqa" for j in range(i - 19, i + 1) for k in keys(tag, j)])
                 if len(raw.held) < 2 * batch:  # floor_no_refill's slots, granted untimed
                     raw.send(0, [], 2 * batch)
                     raw.recv(0)
@@ -208,6 +246,7 @@ def run(reps: int, batch: int, size: int, dram_bytes: int = 1 << 30) -> dict[str
         out[f"{name}_ratio_vs_ws_memcpy"] = statistics.median(
             r / m for r, m in zip(t["memcpy_ws"], t[name], strict=True))
     out["client_python_p50_us"] = out["put_p50_us"] - out["floor_p50_us"]
+    out["client_python_after_answer_p50_us"] = out["put_p50_us"] - out["floor_after_answer_p50_us"]
     out["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     return out
 
@@ -224,7 +263,8 @@ def main() -> None:
     print(f"{'row':16s} {'p50 us':>8s} {'x ws memcpy':>12s}")
     for name in ROWS:
         print(f"{name:16s} {res[name + '_p50_us']:8.0f} {res[name + '_ratio_vs_ws_memcpy']:11.2f}x")
-    print(f"the client's own code (put - floor): {res['client_python_p50_us']:.0f} us")
+    print(f"the client's own code (put - floor): {res['client_python_p50_us']:.0f} us; "
+          f"(put - floor_after_answer): {res['client_python_after_answer_p50_us']:.0f} us")
     out = pathlib.Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -24,9 +24,10 @@ import numpy as np
 import structlog
 
 __all__ = [
-    "FALLBACK_REASON", "NATIVE", "copy_checked", "copy_checked_many", "copy_many", "native_copy_checked",
-    "master_index", "native_copy_many", "probe_keys", "probe_many", "publish_many", "py_copy_checked",
-    "py_copy_checked_many", "py_copy_many", "py_store_release", "read_keys", "store_release", "unindex_many",
+    "FALLBACK_REASON", "NATIVE", "copy_at", "copy_checked", "copy_checked_many", "copy_many",
+    "master_index", "native_copy_at", "native_copy_checked", "native_copy_many", "probe_keys", "probe_many",
+    "publish_many", "py_copy_at", "py_copy_checked", "py_copy_checked_many", "py_copy_many", "py_store_release",
+    "read_keys", "store_release", "unindex_many",
 ]
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,51 @@ def py_copy_many(pairs: CopyPairs, threads: int = 0, stream: bool = False) -> in
     for dst, src in flat:
         np.copyto(dst, src)
     return sum(d.nbytes for d, _ in flat)
+
+
+def py_copy_at(dst: Any, offsets: Sequence[int], srcs: Sequence[Any], stream: bool = False) -> int:
+    """Copy each ``srcs[i]`` into ``dst`` at byte offset ``offsets[i]`` (a put's copy into
+    its slots; the fallback of the native ``copy_at``: the same checks, all before any byte
+    is copied, then one ``numpy.copyto`` per block).
+
+    Args:
+        dst: a writable C-contiguous buffer (the arena).
+        offsets: one byte offset (int) per src.
+        srcs: C-contiguous buffers (bytes, uint8 arrays...).
+        stream: ignored (the native copy then uses non-temporal stores for large pieces).
+
+    Returns:
+        The bytes copied.
+
+    Raises:
+        TypeError: an offset is not an int, a src is not a C-contiguous buffer.
+        ValueError: offsets and srcs differ in length, ``dst`` is read-only or not
+            contiguous, or a range falls outside ``dst``.
+    """
+    del stream
+    if len(offsets) != len(srcs):
+        raise ValueError(f"copy_at: {len(offsets)} offsets for {len(srcs)} srcs; pass one offset per src")
+    try:
+        d = _flat(dst, 0, "dst", writable=True)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"copy_at: dst must be a writable C-contiguous buffer, got {type(dst).__name__}") from None
+    size = d.nbytes
+    flat: list[tuple[np.ndarray, np.ndarray]] = []
+    for i, (off, src) in enumerate(zip(offsets, srcs, strict=True)):
+        if type(off) is not int and not isinstance(off, int):
+            raise TypeError(f"copy_at: offset #{i} must be an int, got {type(off).__name__}")
+        try:
+            s = _flat(src, i, "src", writable=False)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"copy_at: src #{i} must be a C-contiguous buffer, got {type(src).__name__}") from None
+        if off < 0 or off + s.nbytes > size:
+            raise ValueError(f"copy_at: item #{i}: range [{off}, +{s.nbytes}) is outside the {size}-byte dst")
+        flat.append((d[off : off + s.nbytes], s))
+    for dd, ss in flat:
+        np.copyto(dd, ss)
+    return sum(ss.nbytes for _, ss in flat)
 
 
 def _flat(obj: object, i: int, what: str, *, writable: bool) -> np.ndarray:
@@ -177,6 +223,15 @@ copy_many: Callable[..., int] = (
 """``copy_many(pairs, threads=0, stream=False) -> int``: the native copy when available, else
 :func:`py_copy_many` (one log line at its first use says why); same arguments, result and
 errors."""
+
+native_copy_at: Callable[..., int] | None = (
+    getattr(_native_mod, "copy_at", None) if _native_mod is not None else None
+)
+"""The C ``copy_at`` (None when not built or disabled, or an extension built before it)."""
+
+copy_at: Callable[..., int] = native_copy_at if native_copy_at is not None else py_copy_at
+"""``copy_at(dst, offsets, srcs, stream=False) -> int``: a put's copy into its slots, C when
+built, else :func:`py_copy_at`; same arguments, result and errors."""
 
 native_copy_checked: Callable[..., bool] | None = (
     _native_mod.copy_checked if _native_mod is not None else None

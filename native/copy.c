@@ -1238,6 +1238,97 @@ done:
     return result;
 }
 
+/* copy_at(dst, offsets, srcs, stream=False) -> int
+ *     A put's copy into its slots: srcs[i] (any C-contiguous buffer) into the writable
+ *     buffer dst (the arena) at byte offset offsets[i], for every i: one call for the batch,
+ *     with no slice object per block. Every offset and buffer is checked (and every buffer
+ *     acquired) before any byte is copied; then the GIL is released and the copies run as
+ *     in copy_many (stream: non-temporal stores for pieces of 64 KiB and more, one thread).
+ *     Returns the bytes copied. Raises TypeError (offsets or srcs not sequences, an offset
+ *     not an int, a src without the buffer protocol), ValueError (lengths of offsets and
+ *     srcs differ, dst read-only or not contiguous, a range outside dst), naming the item's
+ *     index and what was received. Fallback: kvstored/native.py py_copy_at. */
+static PyObject *copy_at(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dst", "offsets", "srcs", "stream", NULL};
+    PyObject *dst_obj, *offs_obj, *srcs_obj;
+    int stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|p:copy_at", kwlist, &dst_obj, &offs_obj, &srcs_obj,
+                                     &stream))
+        return NULL;
+    (void)self;
+    Py_buffer dst;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "copy_at: dst must be a writable C-contiguous buffer, got %.100s",
+                     Py_TYPE(dst_obj)->tp_name);
+        return NULL;
+    }
+    PyObject *offs = NULL, *srcs = NULL, *result = NULL;
+    Py_buffer *views = NULL;
+    seg_t *segs = NULL;
+    Py_ssize_t held = 0, n = 0;
+    size_t total = 0;
+    offs = PySequence_Fast(offs_obj, "copy_at: offsets must be a sequence of ints");
+    if (offs == NULL)
+        goto done;
+    srcs = PySequence_Fast(srcs_obj, "copy_at: srcs must be a sequence of buffers");
+    if (srcs == NULL)
+        goto done;
+    n = PySequence_Fast_GET_SIZE(srcs);
+    if (PySequence_Fast_GET_SIZE(offs) != n) {
+        PyErr_Format(PyExc_ValueError, "copy_at: %zd offsets for %zd srcs; pass one offset per src",
+                     PySequence_Fast_GET_SIZE(offs), n);
+        goto done;
+    }
+    views = PyMem_Calloc((size_t)(n + 1), sizeof(Py_buffer));
+    segs = PyMem_Calloc((size_t)(n + 1), sizeof(seg_t));
+    if (views == NULL || segs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(offs, i);
+        if (!PyLong_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "copy_at: offset #%zd must be an int, got %.100s", i, Py_TYPE(o)->tp_name);
+            goto done;
+        }
+        Py_ssize_t off = PyLong_AsSsize_t(o);
+        if (off == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            off = -1;
+        }
+        PyObject *src = PySequence_Fast_GET_ITEM(srcs, i);
+        if (PyObject_GetBuffer(src, &views[held], PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "copy_at: src #%zd must be a C-contiguous buffer, got %.100s", i,
+                         Py_TYPE(src)->tp_name);
+            goto done;
+        }
+        Py_buffer *s = &views[held++];
+        if (off < 0 || off > dst.len || s->len > dst.len - off) {
+            PyErr_Format(PyExc_ValueError, "copy_at: item #%zd: range [%R, +%zd) is outside the %zd-byte dst", i, o,
+                         s->len, dst.len);
+            goto done;
+        }
+        segs[i] = (seg_t){(char *)dst.buf + off, (const char *)s->buf, (size_t)s->len};
+        total += (size_t)s->len;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    copy_all(segs, (size_t)n, total, 1, stream);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSize_t(total);
+done:
+    if (views != NULL)
+        for (Py_ssize_t i = 0; i < held; i++)
+            PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(segs);
+    Py_XDECREF(offs);
+    Py_XDECREF(srcs);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_checked", (PyCFunction)copy_checked, METH_VARARGS,
      "copy_checked(dst, src, versions, index, expected) -> bool: a version-checked one-sided copy."},
@@ -1259,6 +1350,8 @@ static PyMethodDef methods[] = {
      "unindex_many(buckets, items) -> int: the node's SlotTable.unindex for a batch."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_VARARGS | METH_KEYWORDS,
      "copy_many(pairs, threads=0, stream=False) -> int: memcpy each (dst, src) pair with the GIL released."},
+    {"copy_at", (PyCFunction)(void (*)(void))copy_at, METH_VARARGS | METH_KEYWORDS,
+     "copy_at(dst, offsets, srcs, stream=False) -> int: copy each src into dst at its offset (a put's slots)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -107,6 +107,9 @@ class SlotPool:
         self._wants: list[tuple[int, int]] = []  # _target's non-zero items (the request's want)
         self._demand: object = None  # the shape of the last put (its counts, budget, depth)
         self.node_budget_bytes = 0  # the node's per-session bound (0 = not known yet)
+        self.columns_epoch = -1
+        """The node epoch whose answers said it takes packed write columns (CommitSlots
+        ``accepts_columns``): a plain batch to it is sent as columns, else as SlotWrites."""
 
     def budget_bytes(self, arena_size_bytes: int) -> int:
         """Most slot bytes this pool asks for."""
@@ -232,6 +235,34 @@ class SlotPool:
             for size in touched:  # one use_by per slot, all alike
                 c = free[size]
                 c.use_by += [use_by] * (len(c.ids) - len(c.use_by))
+
+    def add_columns(self, owner: tuple[int, int], ids: Sequence[int], offsets: Sequence[int],
+                    sizes: Sequence[int], lease_s: float, granted_at: float, *,
+                    current_only: bool = False) -> None:
+        """:meth:`add` of slots given as columns (``ids[i]``, ``offsets[i]``, ``sizes[i]``
+        per slot, as a node grants them packed); one size class is added by slices."""
+        n = len(ids)
+        if n == 0:
+            return
+        first = sizes[0]
+        if len(offsets) != n or len(sizes) != n or any(z != first for z in sizes):
+            self.add(owner, zip(ids, offsets, sizes, strict=True), lease_s, granted_at,
+                     current_only=current_only)
+            return
+        use_by = granted_at + lease_s - min(LEASE_MARGIN_S, lease_s / 4)
+        with self._lock:
+            if owner != self._owner:
+                if current_only:
+                    return
+                self._own(owner)
+            c = self._free.get(first)
+            if c is None:
+                c = self._free[first] = _Class()
+            if c.use_by and c.use_by[-1] > use_by:  # never later than a slot before it
+                c.use_by = [min(u, use_by) for u in c.use_by]
+            c.ids += ids
+            c.offsets += offsets
+            c.use_by += [use_by] * n
 
     def give_back(self, owner: tuple[int, int], slot_ids: Iterable[int]) -> None:
         """Slots to return with the next CommitSlots (unused, or of a failed call)."""

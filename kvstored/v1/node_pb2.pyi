@@ -312,7 +312,7 @@ class GrantedSlot(_message.Message):
     def __init__(self, slot_id: _Optional[int] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class CommitSlotsRequest(_message.Message):
-    __slots__ = ("namespace_id", "session_id", "epoch", "lease_ms", "request_id", "writes", "return_slot_ids", "want", "grant_after_answer")
+    __slots__ = ("namespace_id", "session_id", "epoch", "lease_ms", "request_id", "writes", "return_slot_ids", "want", "grant_after_answer", "write_slot_ids", "write_keys", "write_sizes")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +322,9 @@ class CommitSlotsRequest(_message.Message):
     RETURN_SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
     WANT_FIELD_NUMBER: _ClassVar[int]
     GRANT_AFTER_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    WRITE_SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_SIZES_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     session_id: int
     epoch: int
@@ -331,19 +334,32 @@ class CommitSlotsRequest(_message.Message):
     return_slot_ids: _containers.RepeatedScalarFieldContainer[int]
     want: _containers.RepeatedCompositeFieldContainer[SlotWant]
     grant_after_answer: bool
-    def __init__(self, namespace_id: _Optional[bytes] = ..., session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrite, _Mapping]]] = ..., return_slot_ids: _Optional[_Iterable[int]] = ..., want: _Optional[_Iterable[_Union[SlotWant, _Mapping]]] = ..., grant_after_answer: _Optional[bool] = ...) -> None: ...
+    write_slot_ids: _containers.RepeatedScalarFieldContainer[int]
+    write_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    write_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ..., request_id: _Optional[int] = ..., writes: _Optional[_Iterable[_Union[SlotWrite, _Mapping]]] = ..., return_slot_ids: _Optional[_Iterable[int]] = ..., want: _Optional[_Iterable[_Union[SlotWant, _Mapping]]] = ..., grant_after_answer: _Optional[bool] = ..., write_slot_ids: _Optional[_Iterable[int]] = ..., write_keys: _Optional[_Iterable[bytes]] = ..., write_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitSlotsResponse(_message.Message):
-    __slots__ = ("results", "slots", "slot_budget_bytes", "grant_follows")
+    __slots__ = ("results", "slots", "slot_budget_bytes", "grant_follows", "accepts_columns", "write_stored", "slot_ids", "slot_offsets", "slot_sizes")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SLOT_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     GRANT_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_STORED_FIELD_NUMBER: _ClassVar[int]
+    SLOT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SIZES_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutResult]
     slots: _containers.RepeatedCompositeFieldContainer[GrantedSlot]
     slot_budget_bytes: int
     grant_follows: bool
-    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[GrantedSlot, _Mapping]]] = ..., slot_budget_bytes: _Optional[int] = ..., grant_follows: _Optional[bool] = ...) -> None: ...
+    accepts_columns: bool
+    write_stored: _containers.RepeatedScalarFieldContainer[bool]
+    slot_ids: _containers.RepeatedScalarFieldContainer[int]
+    slot_offsets: _containers.RepeatedScalarFieldContainer[int]
+    slot_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[GrantedSlot, _Mapping]]] = ..., slot_budget_bytes: _Optional[int] = ..., grant_follows: _Optional[bool] = ..., accepts_columns: _Optional[bool] = ..., write_stored: _Optional[_Iterable[bool]] = ..., slot_ids: _Optional[_Iterable[int]] = ..., slot_offsets: _Optional[_Iterable[int]] = ..., slot_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PinBlocksRequest(_message.Message):
     __slots__ = ("keys", "namespace_id", "lease_ms", "epoch", "session_id", "request_id")

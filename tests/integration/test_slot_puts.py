@@ -316,3 +316,45 @@ def test_async_puts_read_each_refill_with_the_next_request(node: DaemonThread) -
         _hooks.install(None)
     core = node.daemon.core
     assert core is not None and core.quarantined_bytes() == 0
+
+
+def test_plain_batches_travel_as_columns_and_metas_as_slot_writes(
+    node: DaemonThread, control_channel: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node takes both CommitSlots shapes: a plain batch (no metas) goes as packed
+    columns once the node answered ``accepts_columns``, a batch with metas as SlotWrites;
+    both store the right bytes (a failed write in a columns request is answered in
+    ``results``: the lapsed-slot test above runs on columns too)."""
+    from kvstored.node import service
+
+    calls: list[int] = []
+    real = service._column_writes  # noqa: SLF001
+    monkeypatch.setattr(service, "_column_writes", lambda req: calls.append(len(req.write_slot_ids)) or real(req))
+    with Client(node.unix_address, transport="shm") as c:
+        for _ in range(3):
+            keys = random_keys(4)
+            assert all(r.stored for r in c.put(keys, [value_for(k, SIZE) for k in keys]))
+            assert c.get(keys) == [value_for(k, SIZE) for k in keys]
+            assert calls == [4], calls  # (the first put's grant answer said accepts_columns)
+            assert c.put(keys, [value_for(k, SIZE) for k in keys])[0].stored is False  # existed
+            assert calls == [4, 4], calls
+            calls.clear()
+        keys = random_keys(4)
+        got = c.put(keys, [value_for(k, SIZE) for k in keys], metas=[b"m"] * 4)
+        assert all(r.stored for r in got) and calls == []  # metas: SlotWrites
+        assert c.get(keys) == [value_for(k, SIZE) for k in keys]
+
+
+def test_a_request_with_both_shapes_or_uneven_columns_is_refused() -> None:
+    from kvstored.errors import InvalidArgument
+    from kvstored.node.service import _column_writes
+    from kvstored.v1 import node_pb2 as pb
+
+    ok = pb.CommitSlotsRequest(write_slot_ids=[1, 2], write_keys=[b"a", b"b"], write_sizes=[3, 4])
+    assert _column_writes(ok) == [(1, b"a", 3, b""), (2, b"b", 4, b"")]
+    with pytest.raises(InvalidArgument, match="2 write_slot_ids, 1 write_keys and 2 write_sizes"):
+        _column_writes(pb.CommitSlotsRequest(write_slot_ids=[1, 2], write_keys=[b"a"], write_sizes=[3, 4]))
+    both = pb.CommitSlotsRequest(write_slot_ids=[1], write_keys=[b"a"], write_sizes=[3],
+                                 writes=[pb.SlotWrite(slot_id=2, key=b"b", size_bytes=1)])
+    with pytest.raises(InvalidArgument, match="got 1 writes, 1 write_slot_ids"):
+        _column_writes(both)

@@ -144,3 +144,62 @@ def test_bench_commit_rows_have_their_fields() -> None:
                 "publish_p50_us"} <= set(res[row])
         assert res[row]["publish_p50_us"] > 0
     assert res["python_vs_native_call"] > 0
+
+
+# copy_at (a put's copy into its slots): C and fallback on the same inputs
+CopyAt = Callable[..., int]
+AT_SIZES = [0, 1, 4095, 4097, 256 << 10, (1 << 20) + 3, 5 << 20]
+
+
+@pytest.fixture(scope="module")
+def c_copy_at(tmp_path_factory: pytest.TempPathFactory) -> CopyAt:
+    if native.native_copy_at is not None:
+        return native.native_copy_at
+    return _build(tmp_path_factory.mktemp("native_at")).copy_at  # type: ignore[no-any-return]
+
+
+def _run_at(copy: CopyAt, stream: bool) -> tuple[bytes, int, bytes]:
+    rng = np.random.default_rng(3)
+    srcs: list[object] = [rng.integers(0, 256, n, dtype=np.uint8) for n in AT_SIZES]
+    srcs[1] = bytes(srcs[1])  # type: ignore[arg-type]  # (an ndarray: any buffer is a value)
+    gap = 7  # odd offsets: unaligned heads, as a streamed copy meets them
+    offsets, off = [], gap
+    for n in AT_SIZES:
+        offsets.append(off)
+        off += n + gap
+    arena = mmap.mmap(-1, off)
+    want = bytearray(off)
+    for o, s in zip(offsets, srcs, strict=True):
+        want[o : o + len(memoryview(s))] = memoryview(s)  # type: ignore[arg-type]  # buffers
+    n = copy(memoryview(arena), offsets[::-1], srcs[::-1], stream=stream)  # (any order)
+    return bytes(arena), n, bytes(want)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["memcpy", "stream"])
+def test_copy_at_native_and_fallback_copy_the_same_bytes(c_copy_at: CopyAt, stream: bool) -> None:
+    got_c, n_c, want = _run_at(c_copy_at, stream)
+    got_py, n_py, _ = _run_at(native.py_copy_at, stream)
+    assert n_c == n_py == sum(AT_SIZES)
+    assert got_c == want
+    assert got_py == want
+
+
+@pytest.mark.parametrize("which", ["c", "py"])
+def test_copy_at_bad_inputs_raise_before_any_byte_is_copied(c_copy_at: CopyAt, which: str) -> None:
+    copy = c_copy_at if which == "c" else native.py_copy_at
+    dst = bytearray(16)
+    with pytest.raises(ValueError, match=r"item #1: range \[14, \+3\) is outside the 16-byte dst"):
+        copy(dst, [0, 14], [b"abcd", b"xyz"])
+    assert dst == bytearray(16)  # item #0 was not copied either
+    with pytest.raises(ValueError, match=r"item #0: range \[-1, \+1\) is outside"):
+        copy(dst, [-1], [b"a"])
+    with pytest.raises(ValueError, match=r"dst must be a writable C-contiguous buffer, got bytes"):
+        copy(b"readonly", [0], [b"a"])
+    with pytest.raises(TypeError, match=r"src #1 must be a C-contiguous buffer, got int"):
+        copy(dst, [0, 4], [b"abcd", 5])
+    with pytest.raises(TypeError, match=r"offset #0 must be an int, got str"):
+        copy(dst, ["0"], [b"a"])
+    with pytest.raises(ValueError, match=r"2 offsets for 1 srcs"):
+        copy(dst, [0, 1], [b"a"])
+    assert dst == bytearray(16)
+    assert copy(dst, [], []) == 0
