@@ -171,8 +171,9 @@ class _Through:
     is received; each one's size lands in ``sizes`` and ``out[key]`` is None."""
 
     def __init__(self, out: dict[bytes, tuple[bytes, bytes] | None], budget_bytes: int,
-                 sizes: dict[bytes, int] | None = None) -> None:
+                 sizes: dict[bytes, int] | None = None, *, cache: bool = True) -> None:
         self.out = out
+        self.cache = cache  # False: every block received goes here, none into the store
         self.left = int(budget_bytes)
         self.taken = False
         self.sizes = sizes
@@ -548,6 +549,7 @@ class RemoteReads:
         self, keys: Sequence[bytes], namespace_id: bytes, *, remaining_s: float | None = None,
         through: dict[bytes, tuple[bytes, bytes] | None] | None = None,
         through_budget_bytes: int = 0, through_sizes: dict[bytes, int] | None = None,
+        cache: bool = True,
     ) -> FetchResult:
         """Copy the blocks of ``keys`` this node lacks from their peers into its DRAM.
 
@@ -565,10 +567,22 @@ class RemoteReads:
                 PinBlocks): such a block is not received at all; ``through[key]`` is None
                 and ``through_sizes[key]`` its size in bytes, so the reader reads it again by
                 a call that streams it through (the inline Get).
+            cache: False (with ``through``, bytes carried): no block is kept here; every
+                one received goes to ``through`` (under the budget), never into the store.
+                For a read that must send a block it found in the pool and then lost
+                before it pinned it (a copy the spiller or a put's eviction dropped, a
+                block moved to a peer): bytes in private memory cannot be dropped again.
 
         Returns:
             The counts of what happened (:class:`FetchResult`).
+
+        Raises:
+            ValueError: ``cache`` False without ``through`` or with ``through_sizes``.
         """
+        if not cache and (through is None or through_sizes is not None):
+            raise ValueError("fill(cache=False) needs through (a dict for the bytes) and no "
+                             f"through_sizes; got through={'None' if through is None else 'a dict'}"
+                             f", through_sizes={'None' if through_sizes is None else 'a dict'}")
         deadline = self.deadline(remaining_s)
         t0 = time.monotonic()
         core = self.core
@@ -610,7 +624,7 @@ class RemoteReads:
             # is copied from its next holder, or missed when it has none
             plan = {mine_keys[j]: self._holders_of(rep) for j, rep in found.items()}
             thr = None if through is None else _Through(through, through_budget_bytes,
-                                                        through_sizes)
+                                                        through_sizes, cache=cache)
             if self.hedge_after_s > 0:
                 fetched, dropped, failed, fallbacks, hedged, hedge_won = self._fill_racing(
                     plan, namespace_id, deadline, through=thr)
@@ -1019,6 +1033,12 @@ class RemoteReads:
                 return None  # not the replica the master named: do not copy it
             if race is not None and race.is_settled(keys[i]):
                 return None  # another holder's copy won (or the read ended): discard
+            if through is not None and not through.cache:  # for the reply only, never kept
+                if not through.take(keys[i], size_bytes):
+                    return None  # over the budget: a miss of this read
+                buf = bytearray(size_bytes)
+                private[i] = (buf, meta)
+                return memoryview(buf)
             # copy=True: a read never costs the pool a block. Room for the copy comes only
             # from free space, other copies, or demotions the SSD takes as is; never from
             # evicting a block the pool holds nowhere else (tiers/spare.py).

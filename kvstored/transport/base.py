@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from kvstored.types import ExportedBlock, PinnedBlock, PutOutcome, Reservation
+from kvstored.types import ExportedBlock, PinnedBlock, PutOutcome, Reservation, Tier
 
 if TYPE_CHECKING:
     from kvstored.config import NodeConfig
@@ -218,6 +218,13 @@ class BlockServer(Protocol):
 
     def count_dataplane_request(self, op: str, code: str) -> None:
         """Count one finished request by op (``"get"``, ``"put"``) and ErrorCode name."""
+        ...
+
+    def exists(
+        self, keys: Sequence[bytes], namespace_id: bytes = b"", *, with_tiers: bool = False
+    ) -> tuple[list[bool], list[Tier | None]]:
+        """Per key: held here (never pins or touches recency); with ``with_tiers`` also its
+        tier, else []. Raises InvalidArgument for a bad key or namespace id."""
         ...
 
     def count_dataplane_connection(self, delta: int) -> None:

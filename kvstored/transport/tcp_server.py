@@ -113,12 +113,13 @@ read, and a peer whose GET fails part-way keeps what arrived whole
 (:func:`kvstored.transport.base.completed_items`)."""
 
 FillFromPeers = Callable[..., object]
-"""``fill(keys, namespace_id, remaining_s=seconds, through=dict, through_budget_bytes=n)``:
-copy the blocks of ``keys`` the node lacks from its peers
+"""``fill(keys, namespace_id, remaining_s=seconds, through=dict, through_budget_bytes=n
+[, cache=False])``: copy the blocks of ``keys`` the node lacks from its peers
 (:meth:`kvstored.node.remote.RemoteReads.fill`; best effort, never raises for a peer's
 failure); a block it has no room to keep without dropping one is put in
 ``through[key] = (value, meta)`` instead (at most ``through_budget_bytes`` in all), for
-the GET to send without caching it."""
+the GET to send without caching it; ``cache=False``: every block received goes to
+``through``, none is kept (a block lost here after the first fill, sent from private memory)."""
 
 THROUGH_BUDGET_BYTES = 64 << 20
 """Most bytes one engine GET receives from peers into private buffers for blocks its node
@@ -590,8 +591,9 @@ class DataPlaneServer:
             send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
             return int(exc.code)
         through: dict[bytes, tuple[bytes, bytes] | None] = {}
+        before: list[bool] | None = None  # per key, here before the fill (None: no fill)
         if fill and self.fill_from_peers is not None:  # an engine's read on a cluster node
-            self._fill(keys, ns, reader.deadline, through)
+            before = self._fill(keys, ns, reader.deadline, through)
         pending: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
         num_blocks = num_bytes = 0
         # GET_FLAG_PEER_EXPORT (a peer copying the blocks): read_for_export, nothing promoted,
@@ -613,6 +615,8 @@ class DataPlaneServer:
                         send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
                         return int(exc.code)
                     raise ConnectionAbortedError(f"GET failed mid-stream: {exc}") from exc
+                if before is not None and ranges is None:
+                    self._fill_lost(keys, start, got, before, ns, reader.deadline, through)
                 chunk_bytes = 0
                 for j, b in enumerate(got):
                     if isinstance(b, (PinnedBlock, ExportedBlock)):
@@ -659,13 +663,25 @@ class DataPlaneServer:
         return 0
 
     def _fill(self, keys: list[bytes], ns: bytes, deadline: float | None,
-              through: dict[bytes, tuple[bytes, bytes] | None]) -> None:
+              through: dict[bytes, tuple[bytes, bytes] | None]) -> list[bool] | None:
         """Copy the blocks of ``keys`` missing here from peers, within the request's
         deadline (what could not be copied is a miss of this GET, never an error); the
-        blocks the node has no room to keep land in ``through`` (sent, never cached)."""
+        blocks the node has no room to keep land in ``through`` (sent, never cached).
+
+        Returns:
+            Per key, whether it was here before the fill (None: no fill, or a bad key,
+            which the pin's checks then name).
+        """
         fill = self.fill_from_peers
         if fill is None:
-            return
+            return None
+        try:
+            before, _ = self.core.exists(keys, ns)
+        except KvstoredError:
+            return None
+        if all(before):
+            self._emit("get_filled", num_keys=len(keys))
+            return before
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             fill(keys, ns, remaining_s=remaining, through=through,
@@ -673,6 +689,37 @@ class DataPlaneServer:
         except (KvstoredError, RuntimeError) as exc:  # RuntimeError: the reader closed (stop)
             log.info("data_plane_fill_failed", num_keys=len(keys), error=str(exc))
         self._emit("get_filled", num_keys=len(keys))
+        return before
+
+    def _fill_lost(self, keys: list[bytes], start: int, got: list[Any], before: list[bool],
+                   ns: bytes, deadline: float | None,
+                   through: dict[bytes, tuple[bytes, bytes] | None]) -> None:
+        """The blocks of one pinned chunk (``got``, from ``keys[start]``) that the pool
+        holds but this node lost before the pin: here before the fill, or found in the pool
+        by it (``through[key]`` None: e.g. its copy committed, then the spiller dropped it,
+        copies first, or a put evicted it; a block here moved to a peer). Read once more
+        from the peers into ``through`` only (``fill(cache=False)``: private buffers,
+        verified, never cached, so nothing can drop them before the send), within the
+        deadline and what is left of the budget; still missing: a miss of this GET.
+        The chunk's pins stay held meanwhile (its other blocks are sent after it)."""
+        lost = [keys[start + j] for j, b in enumerate(got)
+                if b is None and through.get(keys[start + j]) is None
+                and (before[start + j] or keys[start + j] in through)]
+        fill = self.fill_from_peers
+        if not lost or fill is None:
+            return
+        left = THROUGH_BUDGET_BYTES - sum(len(v[0]) for v in through.values() if v is not None)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if left <= 0 or remaining == 0.0:
+            return
+        try:
+            fill(lost, ns, remaining_s=remaining, through=through,
+                 through_budget_bytes=left, cache=False)
+        except (KvstoredError, RuntimeError) as exc:
+            log.info("data_plane_fill_failed", num_keys=len(lost), error=str(exc))
+        log.info("data_plane_lost_refilled", num_keys=len(lost),
+                 num_carried=sum(1 for k in lost if through.get(k) is not None))
+        self._emit("get_filled_again", num_keys=len(lost))
 
     # ---- PUT -----------------------------------------------------------------------------
     def _handle_put(
