@@ -478,6 +478,17 @@ class NodeServicer:
         budget = self.core.cfg.max_inline_bytes
         out = await self._run(self.core.get_inline, keys, ns, budget_bytes=budget)
         if through:
+            lost = [k for k, o in zip(keys, out, strict=True)
+                    if k in through and through[k] is None and not o.found and o.error is None]
+            if lost and not any(o.found for o in out) and not any(through.values()):
+                # found in the pool, lost here before the read (the fill's copy dropped by
+                # the spiller or an eviction, a block moved to a peer) and the reply carries
+                # no value, so BatchTooLarge cannot ask again: read them once more into
+                # private buffers (never cached: nothing can drop them again)
+                assert self.remote is not None  # (through is only filled with a remote)
+                await self._run(functools.partial(
+                    self.remote.fill, lost, ns, remaining_s=_time_left(ctx), through=through,
+                    through_budget_bytes=budget, cache=False))
             out = _add_through(keys, out, through, budget)
         return pb.GetResponse(results=[_get_result(o) for o in out])
 
