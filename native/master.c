@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "master_buffers.h"
 #include "master_lookup.h"
 
 /* One buffer argument: C-contiguous, of the given item size and format class. */
@@ -464,43 +465,13 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
 }
 
 /* ---- ReportEventsRequest wire bytes -> event columns ------------------------------------ */
-typedef struct {
-    const uint8_t *p, *end;
-} Rd;
-
-static int rd_varint(Rd *r, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (r->p >= r->end) return -1;
-        uint8_t c = *r->p++;
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (!(c & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Skip one field of wire type wt; -1 on a malformed or group field. */
-static int rd_skip(Rd *r, int wt) {
-    uint64_t v;
-    switch (wt) {
-    case 0: return rd_varint(r, &v);
-    case 1: if (r->end - r->p < 8) return -1; r->p += 8; return 0;
-    case 5: if (r->end - r->p < 4) return -1; r->p += 4; return 0;
-    case 2:
-        if (rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
-        r->p += v;
-        return 0;
-    default: return -1;
-    }
-}
+/* (the wire reader, MbRd / mb_varint / mb_skip, is master_buffers.h's, shared with
+   master_lookup.c) */
 
 /* A length-delimited field's bytes; -1 when malformed. */
-static int rd_len(Rd *r, Rd *sub) {
+static int rd_len(MbRd *r, MbRd *sub) {
     uint64_t v;
-    if (rd_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
+    if (mb_varint(r, &v) != 0 || v > (uint64_t)(r->end - r->p)) return -1;
     sub->p = r->p;
     sub->end = r->p + v;
     r->p += v;
@@ -517,23 +488,23 @@ typedef struct {
 
 /* One BlockRef: 0 parsed, 1 not in the canonical form (a field repeated, a known field of
  * another wire type, a value the numpy columns would not take): let protobuf read it. */
-static int parse_ref(Rd r, Event *e) {
+static int parse_ref(MbRd r, Event *e) {
     unsigned seen = 0;
     while (r.p < r.end) {
         uint64_t tag, v;
-        if (rd_varint(&r, &tag) != 0) return 1;
+        if (mb_varint(&r, &tag) != 0) return 1;
         int field = (int)(tag >> 3), wt = (int)(tag & 7);
         if (field >= 1 && field <= 7) {
             if (seen & (1u << field)) return 1;
             seen |= 1u << field;
         }
         if ((field == 1 || field == 2) && wt == 2) {
-            Rd sub;
+            MbRd sub;
             if (rd_len(&r, &sub) != 0) return 1;
             if (field == 1) { e->ns = sub.p; e->ns_len = sub.end - sub.p; }
             else { e->key = sub.p; e->key_len = sub.end - sub.p; }
         } else if (field >= 3 && field <= 7 && wt == 0) {
-            if (rd_varint(&r, &v) != 0) return 1;
+            if (mb_varint(&r, &v) != 0) return 1;
             switch (field) {
             case 3: e->tier = (int32_t)(uint32_t)v; break; /* an enum: int32 */
             case 4: if (v >> 63) return 1; e->size = v; break;
@@ -543,35 +514,35 @@ static int parse_ref(Rd r, Event *e) {
             }
         } else if (field >= 1 && field <= 7) {
             return 1;
-        } else if (rd_skip(&r, wt) != 0) {
+        } else if (mb_skip(&r, wt) != 0) {
             return 1;
         }
     }
     return 0;
 }
 
-static int parse_event(Rd r, Event *e) {
+static int parse_event(MbRd r, Event *e) {
     unsigned seen = 0;
     while (r.p < r.end) {
         uint64_t tag, v;
-        if (rd_varint(&r, &tag) != 0) return 1;
+        if (mb_varint(&r, &tag) != 0) return 1;
         int field = (int)(tag >> 3), wt = (int)(tag & 7);
         if (field >= 1 && field <= 3) {
             if (seen & (1u << field)) return 1;
             seen |= 1u << field;
         }
         if (field == 1 && wt == 0) {
-            if (rd_varint(&r, &v) != 0) return 1;
+            if (mb_varint(&r, &v) != 0) return 1;
             e->seq = v;
         } else if (field == 2 && wt == 0) {
-            if (rd_varint(&r, &v) != 0) return 1;
+            if (mb_varint(&r, &v) != 0) return 1;
             e->kind = (int32_t)(uint32_t)v;
         } else if (field == 3 && wt == 2) {
-            Rd sub;
+            MbRd sub;
             if (rd_len(&r, &sub) != 0 || parse_ref(sub, e) != 0) return 1;
         } else if (field >= 1 && field <= 3) {
             return 1;
-        } else if (rd_skip(&r, wt) != 0) {
+        } else if (mb_skip(&r, wt) != 0) {
             return 1;
         }
     }
@@ -596,18 +567,18 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
-    Rd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
+    MbRd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
     Py_ssize_t n = 0;
     { /* count the events first */
-        Rd c = r;
+        MbRd c = r;
         while (c.p < c.end) {
             uint64_t tag;
-            if (rd_varint(&c, &tag) != 0) goto not_canonical;
+            if (mb_varint(&c, &tag) != 0) goto not_canonical;
             if ((tag >> 3) == 3) {
                 if ((tag & 7) != 2) goto not_canonical;
                 n++;
             }
-            if (rd_skip(&c, (int)(tag & 7)) != 0) goto not_canonical;
+            if (mb_skip(&c, (int)(tag & 7)) != 0) goto not_canonical;
         }
     }
     Event *evs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Event));
@@ -618,16 +589,16 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     Py_ssize_t i = 0;
     while (r.p < r.end) {
         uint64_t tag = 0;
-        rd_varint(&r, &tag); /* checked by the count */
+        mb_varint(&r, &tag); /* checked by the count */
         if ((tag >> 3) == 3) {
-            Rd sub;
+            MbRd sub;
             rd_len(&r, &sub);
             if (parse_event(sub, &evs[i++]) != 0) {
                 PyMem_Free(evs);
                 goto not_canonical;
             }
         } else {
-            rd_skip(&r, (int)(tag & 7));
+            mb_skip(&r, (int)(tag & 7));
         }
     }
     PyObject *seqs = PyList_New(n), *kinds = PyList_New(n), *nss = PyList_New(n), *keys = PyList_New(n);
