@@ -546,9 +546,11 @@ class ClusterConfig(_Model):
     @model_validator(mode="after")
     def _check_spill_watermarks(self) -> ClusterConfig:
         if self.spill_low_watermark >= self.spill_high_watermark:
-            raise ValueError(
-                f"cluster.spill_low_watermark ({self.spill_low_watermark}) must be below "
-                f"cluster.spill_high_watermark ({self.spill_high_watermark})"
+            raise PydanticCustomError(
+                "config_conflict",
+                "cluster.spill_low_watermark ({low}) must be below cluster.spill_high_watermark ({high})",
+                {"keys": ("spill_low_watermark", "spill_high_watermark"),
+                 "low": self.spill_low_watermark, "high": self.spill_high_watermark},
             )
         return self
 

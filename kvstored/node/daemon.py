@@ -208,16 +208,17 @@ class NodeDaemon:
             if addr.startswith("unix:"):
                 path = addr[len("unix:") :]
                 if not path:
-                    raise ConfigInvalid(f"node.listen entry {addr!r} has an empty path")
+                    raise ConfigInvalid(f"{self.cfg.describe_key('listen')} entry {addr!r} has an empty path")
                 path = os.path.abspath(path)
                 _prepare_unix_socket(path)
                 out.append(f"unix:{path}")
             else:
                 try:
                     parse_host_port(addr)
-                except KvstoredError:
+                except KvstoredError as exc:
                     raise ConfigInvalid(
-                        f"node.listen entry {addr!r} is neither unix:PATH nor HOST:PORT"
+                        f"{self.cfg.describe_key('listen')} entry {addr!r} is neither unix:PATH nor a valid "
+                        f"HOST:PORT: {exc}"
                     ) from None
                 out.append(addr)
         if not out:
@@ -227,8 +228,9 @@ class NodeDaemon:
             if value:
                 try:
                     parse_host_port(value)
-                except KvstoredError:
-                    raise ConfigInvalid(f"node.{name} {value!r} is not HOST:PORT") from None
+                except KvstoredError as exc:
+                    raise ConfigInvalid(f"{self.cfg.describe_key(name)} {value!r} is not a valid HOST:PORT: "
+                                        f"{exc}") from None
         return out
 
     async def start(self) -> None:

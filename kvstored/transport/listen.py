@@ -64,6 +64,8 @@ def check_listen_address(address: str) -> str | None:
     if parsed is None or parsed[1] == 0 or "://" in address:
         return None
     host, port = parsed
+    if port > 65535:  # gRPC would bind the port modulo 65536 (99999 -> 34463) without a word
+        return f"port {port} is out of range 0..65535"
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)

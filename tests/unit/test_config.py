@@ -251,3 +251,16 @@ def test_an_unknown_section_is_named_not_skipped() -> None:
     # variables without a section (KVSTORED_ADDRESS, KVSTORED_TEST_HOOKS) are not config keys
     quiet = {"KVSTORED_ADDRESS": "unix:/x", "KVSTORED_TEST_HOOKS": "", "KVSTORED_MASTER": "10.0.0.1:7080"}
     assert load_config(environ=quiet).node.max_batch_keys == 8192
+
+
+def test_spill_watermarks_out_of_order_name_the_file_and_the_variable(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[cluster]\nspill_low_watermark = 0.95\n")
+    with pytest.raises(ConfigInvalid) as info:
+        load_config(f, environ={})
+    assert str(info.value) == (f"invalid configuration: cluster.spill_low_watermark (config file {f}) (0.95) "
+                               "must be below cluster.spill_high_watermark (0.9)")
+    with pytest.raises(ConfigInvalid) as info:
+        load_config(environ={"KVSTORED_CLUSTER__SPILL_HIGH_WATERMARK": "0.5"})
+    assert ("cluster.spill_high_watermark (env var KVSTORED_CLUSTER__SPILL_HIGH_WATERMARK) (0.5)"
+            in str(info.value))

@@ -62,3 +62,14 @@ def test_grpc_refusing_after_the_check_is_still_one_clean_error() -> None:
     assert "GRPC_VERBOSITY" not in str(err.value)
     assert str(err.value) == ("cannot listen on 127.0.0.1:0: gRPC could not bind it (in use or "
                               "not permitted); change node.listen")
+
+
+def test_a_port_above_65535_is_refused_not_bound_modulo_65536() -> None:
+    # gRPC binds 127.0.0.1:99999 as port 34463 and says nothing; the check refuses it first
+    server = _Server()
+    assert check_listen_address("127.0.0.1:99999") == "port 99999 is out of range 0..65535"
+    with pytest.raises(ConfigInvalid) as err:
+        add_grpc_port(server, "127.0.0.1:99999", "master.listen")
+    assert str(err.value) == ("cannot listen on 127.0.0.1:99999: port 99999 is out of range 0..65535; "
+                              "change master.listen")
+    assert server.asked == []
