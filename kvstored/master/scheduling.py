@@ -46,6 +46,7 @@ from kvstored.errors import KvstoredError
 from kvstored.rpc_status import error_from_rpc
 from kvstored.scheduler.service import CopyOutcome
 from kvstored.security.tls import TlsFiles, open_aio_channel
+from kvstored.transport.master_targets import RECONNECT_BACKOFF_OPTIONS
 from kvstored.types import Tier
 from kvstored.v1 import node_pb2
 
@@ -132,7 +133,8 @@ class NodePrefetcher:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = open_aio_channel(address, self._tls)
+            ch = self._channels[address] = open_aio_channel(address, self._tls,
+                                                             options=RECONNECT_BACKOFF_OPTIONS)
         return ch
 
     async def prefetch(self, node_id: str, namespace_id: bytes, keys: Sequence[bytes],

@@ -83,6 +83,7 @@ from kvstored.rpc_status import error_from_rpc
 from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.tiers.feed import Change
 from kvstored.transport.master_targets import (
+    RECONNECT_BACKOFF_OPTIONS,
     TermFence,
     leader_hint,
     parse_master_targets,
@@ -253,7 +254,8 @@ class MasterLink:
                                     f"{','.join(self.targets.etcd_endpoints)})")
                 self.address = leader
             self._channel = open_aio_channel(  # one function per side: kvstored/security/tls.py
-                self.address, self.tls, options=[("grpc.max_send_message_length", 64 << 20)])
+                self.address, self.tls,
+                options=[("grpc.max_send_message_length", 64 << 20), *RECONNECT_BACKOFF_OPTIONS])
             self._stub = pb_grpc.MasterServiceStub(self._channel)
         return self._stub
 

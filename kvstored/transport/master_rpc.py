@@ -41,6 +41,7 @@ from kvstored.errors import (
 from kvstored.rpc_status import error_from_rpc
 from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.transport.master_targets import (
+    RECONNECT_BACKOFF_OPTIONS,
     MasterTargets,
     TermFence,
     leader_hint,
@@ -143,7 +144,8 @@ class MasterClient:
         if self._channel is not None:
             self._channel.close()
         self.address = address
-        self._channel = open_channel(address, self.tls)  # one function per side: security/tls.py
+        self._channel = open_channel(address, self.tls,  # one function per side: security/tls.py
+                                     options=RECONNECT_BACKOFF_OPTIONS)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
 
     def _move(self, hint: str) -> None:

@@ -44,6 +44,19 @@ LEADER_KEY = "leader"
 ETCD_SCHEME = "etcd://"
 
 
+RECONNECT_BACKOFF_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+"""Reconnect backoff of every channel to a master (the node's MasterLink and RemoteReads, the
+client's, kvstorectl's) and of the master's own channels to nodes: at most 1 s between
+connection attempts. gRPC's default grows to
+120 s (1 s x 1.6 per failed attempt), so after a master was down for ten seconds a channel
+kept failing fast (Unavailable) for seconds after it was back at the same address: a
+read's lookup found no master and missed every key of its batch."""
+
+
 @dataclass(frozen=True, slots=True)
 class MasterTargets:
     """The masters a caller may talk to.
