@@ -229,8 +229,12 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
                                               else "after the miss")
             if not b["replicas"]:
                 rows.append((b["index"], b["key"], "-", "missing", "-", "-", mark))
-            readable = sum(1 for r in b["replicas"] if r["readable"])
+            # read copies (remote-fill copies) are not replicas: "2/2 +1 copy", never "3/2"
+            readable = sum(1 for r in b["replicas"] if r["readable"] and not r["copy"])
+            copies = sum(1 for r in b["replicas"] if r["readable"] and r["copy"])
             wanted = f"{readable}/{b['replication_factor']}" if b["replication_factor"] else "-"
+            if copies and b["replication_factor"]:
+                wanted += f" +{copies} cop{'y' if copies == 1 else 'ies'}"
             for r in b["replicas"]:
                 state = state_label(r["state"], readable=r["readable"], copy=r["copy"])
                 rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, wanted,
