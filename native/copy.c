@@ -54,6 +54,56 @@ typedef struct {
  * (copy_many(stream=True)): below it the destination's cache lines are cheap to own. */
 #define STREAM_MIN_BYTES (64u << 10)
 
+/* Copies of at least this many bytes whose destination sits 1-63 bytes past the source
+ * modulo 4 KiB take vector_copy instead of memcpy (see copy_bytes). */
+#define ALIAS_MIN_BYTES 4096u
+
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+/* Unaligned 16-byte loads, stores aligned to the destination's cache line (the head before
+ * it by memcpy): the plain loop glibc's memcpy would run if it did not pick `rep movsb`. */
+static void vector_copy(char *dst, const char *src, size_t n) {
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    while (n >= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_store_si128((__m128i *)dst, a);
+        _mm_store_si128((__m128i *)(dst + 16), b);
+        _mm_store_si128((__m128i *)(dst + 32), c);
+        _mm_store_si128((__m128i *)(dst + 48), d);
+        src += 64;
+        dst += 64;
+        n -= 64;
+    }
+    memcpy(dst, src, n);
+}
+#endif
+
+/* memcpy, except where `rep movsb` meets 4 KiB aliasing: when the destination is 1-63 bytes
+ * past the source modulo 4096 ((dst - src) & 4095 in 1..63), every store lands just ahead of
+ * a load of the same page offset. glibc 2.36 copies 4 KiB .. L2-sized pieces with
+ * `rep movsb` on this AMD EPYC VM, and there 16 x 256 KiB from a page-aligned source (an
+ * arena block) into buffers 16 bytes past a page (numpy's and malloc's usual buffers) took
+ * 4-8 ms cold instead of 0.7 ms, whatever the source's page size (docs/performance.md,
+ * "The 256 KiB get and 4 KiB aliasing"). Those copies take vector_copy, which runs at
+ * memcpy's speed at every distance; the others keep memcpy (x86-64; memcpy elsewhere). */
+static inline void copy_bytes(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+    if (n >= ALIAS_MIN_BYTES && ((((uintptr_t)dst - (uintptr_t)src) & 4095u) - 1u) < 63u) {
+        vector_copy(dst, src, n);
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
 /* memcpy with non-temporal (streaming) stores on x86-64: the destination's lines are not
  * read for ownership first nor kept in the cache (a put's blocks are read later, by other
  * processes, from memory): ~2x memcpy's speed into a shared-memory arena on the 2-core VM
@@ -101,7 +151,7 @@ static void copy_range(const seg_t *segs, size_t nsegs, size_t begin, size_t end
         if (stream && b - a >= STREAM_MIN_BYTES)
             stream_copy(segs[i].dst + a, segs[i].src + a, b - a);
         else
-            memcpy(segs[i].dst + a, segs[i].src + a, b - a);
+            copy_bytes(segs[i].dst + a, segs[i].src + a, b - a);
     }
 }
 
@@ -276,10 +326,10 @@ static PyObject *copy_checked(PyObject *self, PyObject *args) {
         if ((expected & 1) == 0 && __atomic_load_n(ver, __ATOMIC_ACQUIRE) == expected) {
             if (d.len >= (64 << 10)) {
                 Py_BEGIN_ALLOW_THREADS
-                memcpy(d.buf, s.buf, (size_t)d.len);
+                copy_bytes(d.buf, s.buf, (size_t)d.len);
                 Py_END_ALLOW_THREADS
             } else {
-                memcpy(d.buf, s.buf, (size_t)d.len);
+                copy_bytes(d.buf, s.buf, (size_t)d.len);
             }
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             ok = __atomic_load_n(ver, __ATOMIC_RELAXED) == expected;
@@ -374,7 +424,7 @@ static PyObject *copy_checked_many(PyObject *self, PyObject *args) {
             continue;
         if (stamp)
             __atomic_store_n(ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
-        memcpy(c[i].dst, c[i].src, c[i].len);
+        copy_bytes(c[i].dst, c[i].src, c[i].len);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         ok[i] = __atomic_load_n(ver, __ATOMIC_RELAXED) == c[i].expected;
     }
@@ -802,7 +852,7 @@ static PyObject *read_keys(PyObject *self, PyObject *args) {
                 continue;
             if (stamp)
                 __atomic_store_n(it->ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
-            memcpy(it->dst, it->src, it->len);
+            copy_bytes(it->dst, it->src, it->len);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             ok[i] = __atomic_load_n(it->ver, __ATOMIC_RELAXED) == it->expected;
         }

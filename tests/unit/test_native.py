@@ -81,6 +81,38 @@ def test_native_and_fallback_copy_the_same_bytes(c_copy_many: CopyMany, threads:
     assert got_py == want
 
 
+# (dst - src) % 4096 of the pairs below: 0, then 1..63 (the C copy's vector loop: see
+# native/copy.c copy_bytes), the edges of that window and a few others (memcpy)
+DISTANCES = [0, 1, 8, 15, 16, 17, 31, 32, 48, 63, 64, 65, 2048, 4032, 4080, 4095]
+ALIAS_SIZES = [4095, 4096, 4096 + 63, 4096 + 64, (256 << 10) + 5]
+
+
+@pytest.mark.parametrize("which", ["c", "py"])
+def test_copies_at_every_distance_mod_4096_write_exactly_their_bytes(c_copy_many: CopyMany, which: str) -> None:
+    """A page-aligned source (an arena block) into destinations 0..4095 bytes past a page:
+    every byte copied, none beside the destination touched (the C copy takes its vector loop
+    for distances 1..63 and pieces of 4 KiB and more, memcpy otherwise; both ends of the
+    loop, its head and tail, are exercised by the odd sizes)."""
+    copy = c_copy_many if which == "c" else native.py_copy_many
+    rng = np.random.default_rng(18)
+    src_map = mmap.mmap(-1, max(ALIAS_SIZES) + 4096)  # page-aligned
+    src = np.frombuffer(src_map, dtype=np.uint8)
+    src[:] = rng.integers(0, 256, src.size, dtype=np.uint8)
+    dst_map = mmap.mmap(-1, 2 * (max(ALIAS_SIZES) + 8192))
+    dst = np.frombuffer(dst_map, dtype=np.uint8)
+    for size in ALIAS_SIZES:
+        for d in DISTANCES:
+            for s_off in (0, 4096 - 16):  # the source on a page, and 16 bytes before the next
+                dst[:] = 0xA5
+                d_off = 4096 + (s_off + d) % 4096  # (dst - src) % 4096 == d
+                pairs = [(memoryview(dst)[d_off : d_off + size], memoryview(src)[s_off : s_off + size])]
+                assert (dst.ctypes.data + d_off - src.ctypes.data - s_off) % 4096 == d
+                assert copy(pairs) == size
+                assert bytes(dst[d_off : d_off + size]) == bytes(src[s_off : s_off + size]), (size, d, s_off)
+                assert not (dst[:d_off] != 0xA5).any() and not (dst[d_off + size :] != 0xA5).any(), (size, d)
+    del pairs, src, dst
+
+
 @pytest.mark.parametrize("which", ["c", "py"])
 def test_bad_pairs_raise_before_any_byte_is_copied(c_copy_many: CopyMany, which: str) -> None:
     copy = c_copy_many if which == "c" else native.py_copy_many

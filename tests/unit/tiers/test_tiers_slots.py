@@ -8,6 +8,7 @@ native ``copy_checked`` (C, acquire fences) and with the pure-Python fallback (x
 
 from __future__ import annotations
 
+import mmap
 import pathlib
 import random
 import threading
@@ -402,6 +403,37 @@ def test_the_native_and_python_batch_reads_agree(big_store: TieredStore) -> None
                 sizes[:4] + [None, None], [b"m0", b"", b"x" * 64, b"", b"", b""], None, 0,
                 [v or b"" for v in kept[:4]] + [b"", b""])
     assert answers == {name: expected for name in answers}
+
+
+def test_batch_reads_into_buffers_at_every_offset_from_a_page_write_exactly_the_block() -> None:
+    """read_keys (get_into) from page-aligned arena blocks into destinations 0..4095 bytes past
+    a page: the native copy takes its vector loop where the destination sits 1..63 bytes past
+    the source modulo 4 KiB (native/copy.c copy_bytes: `rep movsb` there runs 4-8x slower on
+    the AMD VM of docs/performance.md); the bytes and the bytes around each buffer are the
+    same as the fallback's."""
+    size = (64 << 10) + 5
+    s = TieredStore(dram_size_bytes=8 * (size + 4096), arena_dir=None)
+    try:
+        keys = [key(i) for i in range(3)]
+        vals = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8).tobytes() for i in range(3)]
+        for k, v in zip(keys, vals, strict=True):
+            s.put(k, v, namespace_id=NS)
+        readers = readers_of(s)
+        for offsets in ([0, 1, 16], [17, 48, 63], [64, 2048, 4095]):
+            answers = {}
+            for name, reader in readers:
+                raw = mmap.mmap(-1, 3 * (size + 8192))  # page-aligned
+                base = np.frombuffer(raw, dtype=np.uint8)
+                base[:] = 0xA5
+                starts = [j * (size + 8192) + off for j, off in enumerate(offsets)]
+                bufs = [base[a : a + size] for a in starts]
+                got = reader.read_keys(NS, keys, bufs, 0)
+                answers[name] = (got[0], got[3], [bytes(b) for b in bufs], bytes(base).count(0xA5))
+                del bufs, base
+            want = ([size] * 3, 0, vals, 3 * (size + 8192) - 3 * size + sum(v.count(0xA5) for v in vals))
+            assert answers == {name: want for name, _ in readers}, offsets
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("impl", ["python", "native"])
