@@ -9,7 +9,16 @@ Rows (each read measured one-sided, i.e. the default, and pinned, ``KVSTORED_ONE
                  as large as the arena working set, as bench_blocks.py's memcpy_ws_get), and
                  next to the same copies from a /dev/shm mapping (memory of the arena's kind:
                  where tmpfs gets no transparent huge pages but numpy's anonymous memory does,
-                 that reference is slower, and it is the ceiling of any reader of the arena)
+                 that reference is slower, and it is the ceiling of any reader of the arena).
+                 The destination buffers start 2 KiB past a page (_page_bufs): with glibc
+                 2.36 on the AMD VM, a 4 KiB+ memcpy whose destination sits 1-63 bytes past
+                 its source modulo 4096 runs 3-8x slower (`rep movsb` and 4 KiB aliasing),
+                 and plain np.empty buffers land wherever the heap puts them, so either side
+                 of a ratio could hit that by chance; 2 KiB past a page is as far from it as
+                 can be for page-aligned sources (the arena's, /dev/shm's) and numpy's (16
+                 bytes past a page) alike. ``get_off16`` reads into buffers 16 bytes past a
+                 page (a fresh large numpy array's, malloc's mmap'd chunks), the case that
+                 hit it (native/copy.c copy_bytes)
   * put_<size>   shm put of the same batches next to memcpy_ws_put, measured interleaved
                  (reference, put, put again): with reserve-ahead slots (the default: one
                  CommitSlots per put) and without (``reserve_ahead_bytes=0``: ReservePut + copy
@@ -88,7 +97,8 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
     """Batch get/put GB/s next to the working-set memcpy references (see the module doc)."""
     rng = np.random.default_rng(size)
     values = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
-    bufs = [np.empty(size, dtype=np.uint8) for _ in range(BATCH)]
+    bufs = _page_bufs(size, 2048)
+    bufs16 = _page_bufs(size, 16)
     total = size * BATCH
     groups = iters + 2
     ws = np.ones(size * BATCH * groups, dtype=np.uint8)
@@ -125,6 +135,10 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
         n = c.get_into(_keys("b", size, i % iters), bufs)
         assert all(x == size for x in n), n
 
+    def get_off16(i: int) -> None:  # keys last read iters // 2 reps before: cold again
+        n = c.get_into(_keys("b", size, (i + iters // 2) % iters), bufs16)
+        assert all(x == size for x in n), n
+
     def one(fn: Callable[[int], None], i: int, pinned: bool = False) -> float:
         with _pinned(pinned):
             t0 = time.perf_counter()
@@ -138,11 +152,11 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
     if c_reserve is not None:
         put_reserve(-1)
     t: dict[str, list[float]] = {"ws_get": [], "shm_ws_get": [], "ws_put": [], "one_sided": [],
-                                 "pinned": [], "put": [], "ws_put2": [], "put_reserve": []}
+                                 "pinned": [], "put": [], "ws_put2": [], "put_reserve": [], "get_off16": []}
     # the three reads of a rep rotate their order (each writes the same bufs: whichever goes
     # first pays for bringing them into the cache)
     reads: list[tuple[str, Callable[[int], None]]] = [("ws_get", ws_get), ("shm_ws_get", shm_ws_get),
-                                                      ("one_sided", get)]
+                                                      ("one_sided", get), ("get_off16", get_off16)]
     for i in range(iters):
         k = i % len(reads)
         for name, fn in reads[k:] + reads[:k]:
@@ -156,7 +170,7 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
             t["ws_put2"].append(one(ws_put, i + 1))
             t["put_reserve"].append(one(put_reserve, i))
             c_reserve.remove(_keys("r", size, i))
-    assert bytes(bufs[0][:64]) == bytes(values[0][:64])
+    assert bytes(bufs[0][:64]) == bytes(values[0][:64]) and bytes(bufs16[0][:64]) == bytes(values[0][:64])
     c.remove([k for i in range(-2, iters) for k in _keys("b", size, i)])
 
     def ratio(ref: str, x: str) -> float:
@@ -181,8 +195,23 @@ def bench_size(c: Client, size: int, iters: int, c_reserve: Client | None = None
         "pinned_get_ratio_vs_ws_memcpy": ratio("ws_get", "pinned"),
         "one_sided_vs_pinned_get": ratio("pinned", "one_sided"),
         "put_ratio_vs_ws_memcpy": ratio("ws_put", "put"),
+        "one_sided_get_off16_gbps": gbps("get_off16"),
+        "one_sided_get_off16_ratio_vs_ws_memcpy": ratio("ws_get", "get_off16"),
+        "dst_page_offset": bufs[0].ctypes.data % 4096, "ws_src_page_offset": ws.ctypes.data % 4096,
         "reps": iters,
     }
+
+
+def _page_bufs(size: int, offset: int) -> list[np.ndarray]:
+    """``BATCH`` buffers of ``size`` bytes, each its own allocation, starting ``offset`` bytes
+    past a page boundary (see the module doc: where a destination sits decides whether
+    glibc's memcpy meets 4 KiB aliasing)."""
+    out = []
+    for _ in range(BATCH):
+        raw = np.empty(size + 8192, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 4096 + offset
+        out.append(raw[start : start + size])
+    return out
 
 
 def _shm_working_set(size_bytes: int) -> mmap.mmap:
@@ -335,7 +364,8 @@ def print_rows(res: dict[str, object]) -> None:
               f"(which is {r['shm_ws_memcpy_vs_ws_memcpy']:.2f}x ws memcpy); pinned "
               f"{r['pinned_get_ratio_vs_ws_memcpy']:.2f}x; one-sided {r['one_sided_vs_pinned_get']:.2f}x pinned); "
               f"put {r['put_ratio_vs_ws_memcpy']:.2f}x (target {target_put}x; ReservePut path "
-              f"{r['put_reserve_ratio_vs_ws_memcpy']:.2f}x)")
+              f"{r['put_reserve_ratio_vs_ws_memcpy']:.2f}x); into buffers 16 bytes past a page "
+              f"{r['one_sided_get_off16_ratio_vs_ws_memcpy']:.2f}x")
     s, lk, st = res["single_get_64KiB"], res["lookup_prefix_512"], res["storm"]
     assert isinstance(s, dict) and isinstance(lk, dict) and isinstance(st, dict)
     print(f"single get 64 KiB p50: {s['one_sided_p50_us']:.0f} us one-sided, {s['pinned_p50_us']:.0f} us "
