@@ -54,6 +54,7 @@ from kvstored.errors import (
     NoCapacity,
     NotFound,
     ReplicaNotReady,
+    Unavailable,
 )
 from kvstored.master.membership import Membership, NodeRecord
 from kvstored.master.types import (
@@ -189,6 +190,29 @@ class Placement:
             landed = 0
         return room - self._pending_bytes.get(rec.holder, 0) - landed
 
+    def rebuilding(self, key: bytes) -> Unavailable | None:
+        """Why this master cannot say "no room" for ``key`` now, or None when it can.
+
+        A master whose node table is incomplete (:meth:`Membership.is_complete
+        <kvstored.master.membership.Membership.is_complete>` False: a new leader or a
+        restarted master before every node re-registered and synced its inventory, and for
+        one node lease after its start) knows too few nodes to tell a full pool from nodes
+        it has not heard from yet. "No candidate" then is Unavailable (the master's view,
+        not the pool, is what is missing), never NoCapacity: a spiller or a put's replicas
+        then use the node's cached peer view, as with no master at all, instead of evicting
+        or reporting a full pool while peers are nearly empty (the fail17 tester: puts said
+        NoCapacity for seconds after a failover).
+        """
+        if self.membership.is_complete():
+            return None
+        recs = self.membership.nodes()
+        synced = sum(1 for r in recs if r.synced and not r.gap)
+        return Unavailable(
+            f"the master is still rebuilding its node table after a start or a leader change "
+            f"({synced} of {len(recs)} registered nodes synced, every node's inventory and one "
+            f"node lease awaited): no placement for block {key.hex()[:16]} yet; ask again, or "
+            f"place through the node's cached peer view")
+
     # ---- policy ----------------------------------------------------------------------
     def order_candidates(
         self, size_bytes: int, writer_node_id: str, policy: PlacementPolicy, *,
@@ -263,6 +287,7 @@ class Placement:
                 ``max_used_fraction`` outside [0, 1] or a negative headroom.
             ReplicaNotReady: another write of this block is in progress (retriable).
             NoCapacity: no node has room for the block (retriable).
+            Unavailable: no candidate while the node table is incomplete (:meth:`rebuilding`).
         """
         if not key:
             raise InvalidArgument("key must not be empty")
@@ -308,6 +333,8 @@ class Placement:
             max_used_fraction=max_used_fraction, headroom_bytes=headroom_bytes,
             avoid_holders=avoid)
         chosen = chosen[:num_replicas]
+        if not chosen and (why := self.rebuilding(key)) is not None:
+            raise why
         if not chosen:
             room = (f"room below {max_used_fraction:.0%} of its last tier for {size_bytes} "
                     f"+ {headroom_bytes} bytes" if max_used_fraction > 0
@@ -378,6 +405,7 @@ class Placement:
         Raises:
             InvalidArgument: empty key, size or factor out of range, no writer.
             ReplicaNotReady: another write of this block is open (retriable).
+            Unavailable: no candidate while the node table is incomplete (:meth:`rebuilding`).
         """
         if not key:
             raise InvalidArgument("key must not be empty")
@@ -423,6 +451,8 @@ class Placement:
                 zones.add(rec.spec.zone)
         chosen += [r for r in cands if r not in chosen]
         chosen = chosen[: min(missing, num_replicas)]
+        if not chosen and (why := self.rebuilding(key)) is not None:
+            raise why  # too few nodes known yet to say the pool has no room
         if not chosen:  # nothing opened; the holders it has are the answer
             return PutStartOutcome(False, 0, (), num_held)
         gen = self.membership.generations.next()

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from kvstored.node.rdma_peers import PeerTransports
     from kvstored.node.remote import FetchResult
     from kvstored.node.replicate import Replicator
-    from kvstored.node.spill import Spiller
+    from kvstored.node.spill import PeerRoom, Spiller
     from kvstored.tiers.tiered import TieredStore
     from kvstored.transport.master_rpc import ClusterReplica
     from kvstored.transport.master_targets import TermFence
@@ -426,7 +426,8 @@ class NodeDaemon:
                 suspect_holder_s=self.cluster.suspect_holder_s,
                 hedge_after_s=self.cluster.hedge_after_ms / 1000.0,
                 before_copy=remote_fill_hook_from_env(),
-                before_repair_copy=remote_copy_hook_from_env())
+                before_repair_copy=remote_copy_hook_from_env(),
+                peer_view=self._peer_view)
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
@@ -435,7 +436,7 @@ class NodeDaemon:
             self._servicer.replicator = master_replicas(
                 core.store, self.cluster, node_id=self.cfg.node_id,
                 max_block_bytes=self.cfg.max_block_bytes, factors=factors, tls=self.tls,
-                fence=self.master_link.fence)
+                fence=self.master_link.fence, peer_view=self._peer_view, zone=self.cfg.zone)
         await self._start_replicator(core)
         if self.cluster.spill_enabled:  # puts across the pool (kvstored/node/spill.py)
             from kvstored.node.spill import master_spiller
@@ -450,6 +451,13 @@ class NodeDaemon:
             # backpressure: a put that would evict an original waits for a spill round first
             core.store.set_pool_room(self.spiller.wait_for_room,
                                      wait_s=self.cluster.spill_put_wait_s)
+
+    def _peer_view(self) -> list[PeerRoom]:
+        """The node's cached peer view (the spiller's last ListNodes: healthy peers, their
+        room and zone), for reads and a put's replicas while no master can answer; [] on a
+        node without a spiller (``spill_enabled = false``)."""
+        spiller = self.spiller
+        return list(spiller.peers) if spiller is not None else []
 
     def _peer_transports(self, fence: TermFence) -> PeerTransports:
         """The transport choice of reads across the pool (kvstored/node/rdma_peers.py): RDMA

@@ -29,6 +29,18 @@ block on this node (it never leaves it: this is a copy, not a move) and is repor
 fewer replicas, never silently. A put answers after every write ended (as Mooncake's put
 waits for all replicas; docs/cluster.md "Replicas" says why).
 
+Master unavailable (a failover: the leader SIGKILLed, a follower answering NotLeader, a new
+leader still rebuilding its node table, an answer from an older term): the blocks go
+straight to peers of the node's cached peer view (the spiller's last ListNodes,
+:class:`~kvstored.node.spill.PeerRoom`), as spill does with the master down: per block the
+``factor - 1`` peers with the most room (new zones first), one data-plane PUT per peer with
+the factor, no master call. A peer holds an ordinary replica and reports it with its factor
+(its event, or its inventory when a new leader asks), so the new leader indexes it; the
+master's index never names a replica a peer does not report. For ``MASTER_RETRY_S`` after
+the master failed, puts skip it (a blackholed master would cost each put ``rpc_timeout_s``).
+A block short of its factor this way reports Unavailable naming the master's state and
+what the cached view had (never NoCapacity: no one asked the pool).
+
 Thread-safe: every call runs on the caller's thread (the node's gRPC executor); the peer
 clients are pooled and shared. ``hook(event, **fields)`` is the test seam at the two
 points above (``KVSTORED_TEST_REPLICATE_HOOK=module:function`` installs one in a daemon).
@@ -47,13 +59,16 @@ from typing import Any, Protocol
 import structlog
 
 from kvstored.errors import (
+    DeadlineExceeded,
     InvalidArgument,
     KvstoredError,
     NoCapacity,
     NotFound,
+    StaleTerm,
     TransferFailed,
     Unavailable,
 )
+from kvstored.node.spill import MASTER_RETRY_S, PeerRoom
 from kvstored.transport.base import Transport
 from kvstored.transport.master_targets import TermFence
 from kvstored.types import ExportedBlock
@@ -66,6 +81,12 @@ MAX_REPLICAS = 8
 """Most replicas of one block (the master's limit, kvstored/master/types.py)."""
 MAX_MASTER_ITEMS = 4096
 """Items of one PutStartBatch / PutEndBatch (the master's limit, master/placement.py)."""
+MASTER_DOWN_ERRORS = (Unavailable, DeadlineExceeded, StaleTerm)
+"""A master call's errors that mean "no master can place now" (unreachable, a follower's
+NotLeader, a new leader rebuilding its node table, an older term's answer): the cached view
+places instead."""
+PeerViewFn = Callable[[], Sequence[PeerRoom]]
+"""The node's cached peer view (healthy peers, room below the high watermark, zone)."""
 MAX_FACTORS = 1 << 22
 """Most blocks whose factor a node remembers (oldest forgotten first past it)."""
 
@@ -193,7 +214,12 @@ class PutReplicas:
             a replica (the spill high watermark: replicas never push a peer into spilling).
         timeout_s: most seconds one Replicate takes (master calls and transfers).
         rpc_timeout_s: deadline of each master call (within ``timeout_s``).
-        hook: ``hook(event, **fields)`` at ``started`` (writes) and ``sent`` (writes).
+        hook: ``hook(event, **fields)`` at ``started`` (writes) and ``sent`` (writes),
+            and ``direct`` (``blocks``: [(key, [peer node ids])]) before the transfers of
+            a placement through the cached view.
+        peer_view: the node's cached peer view (:data:`PeerViewFn`); None = none: with
+            the master unavailable a block keeps its one replica (Unavailable).
+        zone: this node's failure domain ("" = none): direct placements prefer others.
     """
 
     def __init__(
@@ -208,8 +234,14 @@ class PutReplicas:
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 5.0,
         hook: Hook | None = None,
+        peer_view: PeerViewFn | None = None,
+        zone: str = "",
     ) -> None:
         self.store = store
+        self.peer_view = peer_view
+        self.zone = zone
+        self._master_down_until = 0.0
+        self.num_replicas_direct = 0  # replicas placed through the cached view
         self.master = master
         self._transport_factory = transport
         self.node_id = node_id
@@ -294,8 +326,14 @@ class PutReplicas:
                     f"node {self.node_id!r} has no master: a block has no other replica"))
             return self._done(out)
         for start in range(0, len(present), MAX_MASTER_ITEMS):  # the master's batch limit
-            writes = self._start(ns, factor, present[start : start + MAX_MASTER_ITEMS], out,
-                                 deadline)
+            chunk = present[start : start + MAX_MASTER_ITEMS]
+            if time.monotonic() < self._master_down_until and self.peer_view is not None:
+                self._direct(ns, factor, [(i, e, "it failed within the last second")
+                                          for i, e in chunk], out, deadline)
+                continue
+            writes, direct = self._start(ns, factor, chunk, out, deadline)
+            if direct:
+                self._direct(ns, factor, direct, out, deadline)
             if writes:
                 self._fire("started", writes=writes)
                 self._send(ns, factor, writes, deadline)
@@ -310,25 +348,41 @@ class PutReplicas:
         return done
 
     def _start(self, ns: bytes, factor: int, present: list[tuple[int, ExportedBlock]],
-               out: list[ReplicaOutcome | None], deadline: float) -> list[_Write]:
+               out: list[ReplicaOutcome | None], deadline: float
+               ) -> tuple[list[_Write], list[tuple[int, ExportedBlock, str]]]:
         """One PutStartBatch(top_up) for the present blocks; fills ``out`` for every block
-        that needs no write or got none."""
+        that needs no write or got none. Returns the writes and, with a cached peer view,
+        the blocks no master could place (:data:`MASTER_DOWN_ERRORS`), each with the cause,
+        for :meth:`_direct`."""
         assert self.master is not None
         left = deadline - time.monotonic()
+        if left <= 0:
+            exc = Unavailable("no time left for the master's placement of the replicas")
+            for i, _ in present:
+                out[i] = ReplicaOutcome(1, factor, exc)
+            return [], []
+        direct: list[tuple[int, ExportedBlock, str]] = []
         try:
-            if left <= 0:
-                raise Unavailable("no time left for the master's placement of the replicas")
             got = self.master.top_up_batch(
                 [(ns, e.key, e.size_bytes, factor) for _, e in present],
                 writer_node_id=self.node_id, max_used_fraction=self.max_used_fraction,
                 timeout_s=min(self.rpc_timeout_s, left))
         except KvstoredError as exc:
             log.warning("replicate_start_failed", num_blocks=len(present), error=str(exc))
+            if isinstance(exc, MASTER_DOWN_ERRORS) and self.peer_view is not None:
+                self._master_down_until = time.monotonic() + MASTER_RETRY_S
+                return [], [(i, e, f"{type(exc).__name__}: {exc}") for i, e in present]
+            if isinstance(exc, MASTER_DOWN_ERRORS):  # the cause in words, the type kept
+                exc = type(exc)(f"the master could not place the replicas and node "
+                                f"{self.node_id!r} has no cached peer view: {exc}")
             for i, _ in present:
                 out[i] = ReplicaOutcome(1, factor, exc)
-            return []
+            return [], []
         writes: list[_Write] = []
         for (i, e), r in zip(present, got, strict=True):
+            if isinstance(r, MASTER_DOWN_ERRORS) and self.peer_view is not None:
+                direct.append((i, e, f"{type(r).__name__}: {r}"))  # e.g. a new leader rebuilding
+                continue
             if isinstance(r, KvstoredError):
                 out[i] = ReplicaOutcome(1, factor, r)
                 continue
@@ -343,7 +397,70 @@ class PutReplicas:
                 continue
             writes.append(_Write(i, e, gen, num_held,
                                  [(x.node_id, x.data_address) for x in replicas]))
-        return writes
+        return writes, direct
+
+    def _direct(self, ns: bytes, factor: int, blocks: list[tuple[int, ExportedBlock, str]],
+                out: list[ReplicaOutcome | None], deadline: float) -> None:
+        """Place ``factor - 1`` replicas of each block on peers of the cached view, no master
+        call (no master could place them: ``cause``); fills ``out`` for each block."""
+        assert self.peer_view is not None
+        peers = [p for p in self.peer_view() if p.node_id != self.node_id]
+        plan: dict[int, list[PeerRoom]] = {}
+        by_peer: dict[str, tuple[PeerRoom, list[tuple[int, ExportedBlock]]]] = {}
+        for i, e, _ in blocks:
+            cands = sorted((p for p in peers if p.room_bytes >= e.size_bytes),
+                           key=lambda p: (-p.room_bytes, p.node_id))
+            zones = {self.zone} if self.zone else set()
+            chosen: list[PeerRoom] = []
+            for p in cands:  # new zones first, then the most room
+                if p.zone and p.zone not in zones:
+                    chosen.append(p)
+                    zones.add(p.zone)
+            chosen = (chosen + [p for p in cands if p not in chosen])[: factor - 1]
+            plan[i] = chosen
+            for p in chosen:
+                p.room_bytes -= e.size_bytes  # (restored below if the peer did not store it)
+                by_peer.setdefault(p.node_id, (p, []))[1].append((i, e))
+        self._fire("direct", blocks=[(e.key, [p.node_id for p in plan[i]]) for i, e, _ in blocks])
+        stored: dict[int, int] = {}
+        refused: dict[int, int] = {}
+        for peer, group in by_peer.values():
+            ok: list[bool] = [False] * len(group)
+            if time.monotonic() < deadline:
+                try:
+                    got = self._peer(peer.data_address).put(
+                        [(e.key, e.view, e.meta) for _, e in group], ns, deadline=deadline,
+                        replicas=factor)
+                    ok = [item.code == 0 for item in got]
+                except KvstoredError as exc:
+                    log.warning("replicate_direct_transfer_failed", peer=peer.node_id,
+                                num_blocks=len(group), error=str(exc))
+            for (i, e), good in zip(group, ok, strict=True):
+                if good:
+                    stored[i] = stored.get(i, 0) + 1
+                else:
+                    refused[i] = refused.get(i, 0) + 1
+                    peer.room_bytes += e.size_bytes
+        num = sum(stored.values())
+        self.num_replicas_direct += num
+        self.num_replicas_written += num
+        for i, e, cause in blocks:
+            have = 1 + stored.get(i, 0)
+            err: KvstoredError | None = None
+            if have < factor:
+                if refused.get(i):
+                    err = TransferFailed(
+                        f"block {e.key.hex()[:16]} has {have} of {factor} replicas: the master "
+                        f"could not place them ({cause}), and {refused[i]} of "
+                        f"{len(plan[i])} peers of the cached view did not store it")
+                else:
+                    err = Unavailable(
+                        f"block {e.key.hex()[:16]} has {have} of {factor} replicas: the master "
+                        f"could not place them ({cause}), and the cached peer view "
+                        f"({len(peers)} peers) had {len(plan[i])} with room for it")
+            out[i] = ReplicaOutcome(have, factor, err)
+        log.info("replicate_direct_done", num_blocks=len(blocks), num_replicas=num,
+                 peers=",".join(sorted(by_peer)))
 
     def _send(self, ns: bytes, factor: int, writes: list[_Write], deadline: float) -> None:
         """One data-plane PUT per peer of the blocks placed there, carrying the factor (the
@@ -382,6 +499,16 @@ class PutReplicas:
             log.warning("replicate_end_failed", num_blocks=len(writes), error=str(exc))
             ended = [exc] * len(writes)
         for w, n in zip(writes, ended, strict=True):
+            if isinstance(n, MASTER_DOWN_ERRORS):
+                # the master went away between the start and the end: a peer that stored
+                # the block holds an ordinary replica and reports it itself (holder_reports)
+                # to whoever leads next, exactly as one placed through the cached view
+                have = w.num_held + len(w.stored)
+                self.num_replicas_written += len(w.stored)
+                out[w.index] = ReplicaOutcome(have, factor, None if have >= factor else Unavailable(
+                    f"block {w.block.key.hex()[:16]} has {have} of {factor} replicas: the "
+                    f"master became unavailable during the write ({type(n).__name__}: {n})"))
+                continue
             if isinstance(n, KvstoredError):  # refused (the write lease lapsed) or failed
                 out[w.index] = ReplicaOutcome(w.num_held, factor, n)
                 continue
@@ -399,11 +526,13 @@ class PutReplicas:
 
 def master_replicas(store: ReplicaStore, cfg: Any, *, node_id: str, max_block_bytes: int,
                     factors: ReplicationFactors, tls: Any = None,
-                   fence: TermFence | None = None) -> PutReplicas:
+                    fence: TermFence | None = None, peer_view: PeerViewFn | None = None,
+                    zone: str = "") -> PutReplicas:
     """A replicator over a real master (``cfg``: the node's ClusterConfig) and TCP peers;
     ``tls`` (a :class:`kvstored.security.tls.TlsFiles`, or None = plaintext): mutual TLS to
     the master and to the peers' data planes; ``fence``: the node's newest term (shared with its
-    MasterLink): a placement answered by an older term is refused (StaleTerm)."""
+    MasterLink): a placement answered by an older term is refused (StaleTerm); ``peer_view``
+    and ``zone``: see :class:`PutReplicas` (placement with the master unavailable)."""
     from kvstored.transport.master_rpc import MasterClient
     from kvstored.transport.tcp import DataPlaneClient
 
@@ -417,7 +546,7 @@ def master_replicas(store: ReplicaStore, cfg: Any, *, node_id: str, max_block_by
     rep = PutReplicas(store, master, transport, node_id=node_id, factors=factors,
                       max_used_fraction=cfg.spill_high_watermark,
                       timeout_s=cfg.replicate_timeout_s, rpc_timeout_s=cfg.rpc_timeout_s,
-                      hook=hook_from_env())
+                      hook=hook_from_env(), peer_view=peer_view, zone=zone)
     close = rep.close
 
     def close_all() -> None:

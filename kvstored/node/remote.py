@@ -78,6 +78,20 @@ does the same, at most ``exists_max_runs`` lookups for an older master. Two requ
 the same block at once copy it once: the second waits for the first's copy, at most until its
 own deadline (:mod:`.flights`).
 
+No master to ask (a failover: the leader SIGKILLed, followers answering NotLeader, an older
+term's answer refused) or a master that cannot yet tell (a new leader still rebuilding its
+index: ``complete = false``): a block the master names nobody for is asked of the peers of
+the node's cached view (the spiller's last ListNodes; at most ``max_view_peers``, suspects
+last, in parallel, within the read's deadline), one data-plane GET per peer with
+``GET_FLAG_PEER_EXPORT``. The first peer that announces a block gets it (the others' copies
+are skipped). Such a copy is verified by its holder instead of the master: the peer pinned
+a committed replica for the send and sent its generation (a peer that sends 0, an older
+node, is not used), the data plane delivered every byte (a torn block is aborted), and keys
+are content hashes, so the one block a node commits under a key is that key's bytes; there
+is no earlier lookup whose name could have gone stale. Committed as a remote-fill copy like
+any other (the new leader learns it from this node's events). A read while the master is
+up and complete never fans out (a true miss costs no peer calls).
+
 Thread-safe: called from the node's store executor threads (blocking).
 """
 
@@ -97,6 +111,9 @@ from kvstored.errors import DeadlineExceeded, KvstoredError, NoCapacity, Transfe
 from kvstored.node.flights import Flights
 from kvstored.node.suspects import MAX_SUSPECTS, Suspects
 from kvstored.transport.base import GetItem, Transport, completed_items
+
+if TYPE_CHECKING:
+    from kvstored.node.spill import PeerRoom
 from kvstored.transport.master_rpc import ClusterReplica, MasterClient
 from kvstored.transport.master_targets import TermFence
 from kvstored.transport.tcp import DataPlaneClient
@@ -126,11 +143,23 @@ _MIN_RPC_S = 0.05
 MAX_FALLBACKS = 3
 """Most other holders one read tries for a block whose holder failed (rounds of fallback
 per request; also the alternates asked per block)."""
+MAX_VIEW_PEERS = 8
+"""Most peers of the cached view one read asks when no master can tell (bounded fan-out)."""
 DEFAULT_SUSPECT_HOLDER_S = 5.0
 """Seconds a failed holder stays suspect when the caller passes no :class:`Suspects`."""
 
 Peer = tuple[str, int, str]
 """(node id, epoch, data address) of a source."""
+
+
+class Found(dict[int, ClusterReplica]):
+    """A per-key lookup's answer ({key index: replica}) with the master's ``complete``
+    flag (False: a new leader or a restarted master still rebuilding its index, so a key
+    it names nobody for may still be held). A plain dict answer counts as complete."""
+
+    def __init__(self, found: dict[int, ClusterReplica], *, complete: bool) -> None:
+        super().__init__(found)
+        self.complete = complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +223,11 @@ class _Through:
             self.left -= size_bytes
             self.taken = True
             return True
+
+    def setdefault_found(self, key: bytes) -> None:
+        """Mark ``key`` as found in the pool (the reply may ask for it again)."""
+        with self.lock:
+            self.out.setdefault(key, None)
 
     def put(self, key: bytes, value: bytes, meta: bytes) -> None:
         with self.lock:
@@ -291,6 +325,9 @@ class RemoteReads:
         before_repair_copy: test hook of a COPY command's transfer (``copy_from``), called
             with the source's node id before its first data-plane GET (the
             ``remote_copy_before_copy`` fault hook in a real node).
+        peer_view: the node's cached peer view (the spiller's, ``Spiller.peers``): asked
+            when no master can tell where a block is (module docstring); None = never.
+        max_view_peers: most peers of that view one read asks.
 
     Raises:
         ValueError: ``max_fallbacks`` or ``hedge_after_s`` negative.
@@ -318,7 +355,12 @@ class RemoteReads:
         max_fallbacks: int = MAX_FALLBACKS,
         hedge_after_s: float = 0.0,
         before_repair_copy: Callable[[str], None] | None = None,
+        peer_view: Callable[[], Sequence[PeerRoom]] | None = None,
+        max_view_peers: int = MAX_VIEW_PEERS,
     ) -> None:
+        self.peer_view = peer_view
+        self.max_view_peers = int(max_view_peers)
+        self.num_view_fetched = 0  # blocks found on a peer of the cached view (no master)
         if max_fallbacks < 0:
             raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
         if hedge_after_s < 0:
@@ -435,6 +477,16 @@ class RemoteReads:
         Each replica carries up to ``max_fallbacks`` alternates; the suspects are sent as
         ``avoid``.
         """
+        return self._find_each(namespace_id, keys, deadline=deadline,
+                               local_node_id=local_node_id)[0]
+
+    def _find_each(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
+        local_node_id: str | None = None,
+    ) -> tuple[dict[int, ClusterReplica], bool]:
+        """:meth:`find_each` and whether the answer is the master's whole word: False when
+        no master answered (unreachable, NotLeader, a stale term) or it said
+        ``complete = false`` (rebuilding), so a key it names nobody for may be held."""
         left = deadline - time.monotonic()
         local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
@@ -443,10 +495,10 @@ class RemoteReads:
                                          self.suspects.current(), self.max_fallbacks)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
-                return {}
+                return {}, False
             if found is not None:
-                return found
-        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys))
+                return found, bool(getattr(found, "complete", True))
+        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys)), True
 
     def extend_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], local: list[Tier], *,
@@ -606,7 +658,8 @@ class RemoteReads:
                 mine = [j for j, p in zip(mine, still, strict=True) if not p]
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
-            found = self.find_each(namespace_id, mine_keys, deadline=deadline) if mine_keys else {}
+            found, sure = (self._find_each(namespace_id, mine_keys, deadline=deadline)
+                           if mine_keys else ({}, True))
             ours = [j for j, rep in found.items() if rep.node_id == self.node_id]
             if ours and through is not None:
                 # the master still names our own copy, evicted here within the last
@@ -631,6 +684,12 @@ class RemoteReads:
             else:
                 fetched, dropped, failed, fallbacks = self._fill_with_fallback(
                     plan, namespace_id, deadline, through=thr)
+            unknown = [k for j, k in enumerate(mine_keys) if j not in found]
+            if not sure and unknown and self.peer_view is not None:
+                # no master can tell where these are: ask the peers of the cached view
+                n_view, n_seen = self._fill_from_view(unknown, namespace_id, deadline, thr)
+                fetched += n_view
+                num_found += n_seen
         finally:
             self.flights.release(claimed)
         if theirs:
@@ -654,6 +713,109 @@ class RemoteReads:
                   duration_ms=round((time.monotonic() - t0) * 1000, 2))
         return FetchResult(num_found, fetched, dropped, failed, len(missing) - len(mine),
                            fallbacks, hedged, hedge_won)
+
+    def _fill_from_view(self, keys: list[bytes], namespace_id: bytes, deadline: float,
+                        through: _Through | None) -> tuple[int, int]:
+        """Ask the peers of the cached view for ``keys`` (no master can tell where they
+        are; module docstring): one GET per peer, peers in parallel, the first peer to
+        announce a block gets it. Returns ``(blocks committed or carried, blocks some peer
+        announced)``."""
+        assert self.peer_view is not None
+        by_id = {p.node_id: p for p in self.peer_view()
+                 if p.node_id != self.node_id and p.data_address}
+        peers = [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
+        if not peers or deadline - time.monotonic() < _MIN_RPC_S:
+            return 0, 0
+        claimed: dict[bytes, str] = {}
+        verified: set[bytes] = set()  # arrived whole with the holder's generation
+        lock = threading.Lock()
+
+        def from_peer(peer: PeerRoom) -> int:
+            core = self.core
+            reserved: dict[int, Reservation] = {}
+            private: dict[int, tuple[bytearray, bytes]] = {}
+
+            def sink(i: int, size_bytes: int, meta: bytes) -> memoryview | None:
+                with lock:
+                    if keys[i] in claimed:
+                        return None  # another peer announced it first
+                    claimed[keys[i]] = peer.node_id
+                if through is not None and not through.cache:
+                    if not through.take(keys[i], size_bytes):
+                        return None
+                    buf = bytearray(size_bytes)
+                    private[i] = (buf, meta)
+                    return memoryview(buf)
+                got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id,
+                                         copy=True)[0]
+                if not isinstance(got, Reservation):
+                    if (isinstance(got.error, NoCapacity) and through is not None
+                            and through.take(keys[i], size_bytes)):
+                        buf = bytearray(size_bytes)  # carried in the reply, not cached
+                        private[i] = (buf, meta)
+                        return memoryview(buf)
+                    return None
+                reserved[i] = got
+                return got.view
+
+            try:
+                items: list[GetItem | None]
+                try:
+                    items = list(self._transport_for(peer.data_address).get(
+                        keys, namespace_id, sink, deadline=deadline))
+                except _TRANSFER_ERRORS as exc:
+                    self.suspects.mark(peer.node_id)
+                    items = completed_items(exc, len(keys))
+                    log.info("remote_view_fetch_failed", peer=peer.node_id, error=str(exc))
+                except KvstoredError as exc:
+                    log.info("remote_view_fetch_refused", peer=peer.node_id, error=str(exc))
+                    return 0
+                # verified by the holder: a whole block of a committed replica it pinned,
+                # with its generation (0: an older node that does not know it: not used)
+                good = [i for i, g in enumerate(items)
+                        if g is not None and g.found and g.generation
+                        and (i in reserved or i in private)]
+                carried = 0
+                if through is not None:
+                    for i in good:
+                        if i in private:
+                            buf, meta = private.pop(i)
+                            through.put(keys[i], bytes(buf), meta)
+                            carried += 1
+                with lock:
+                    verified.update(keys[i] for i in good)
+                commit = [reserved.pop(i) for i in good if i in reserved]
+                flags = core.store.commit_many(commit) if commit else []
+                n = sum(1 for f in flags if f)
+                if n:
+                    core.count_transfer("tcp", "in", n, sum(r.size_bytes for r in commit))
+                return n + carried
+            finally:
+                core.abort_reserved(list(reserved.values()))
+
+        total = 0
+        try:
+            with self.core.put_in_flight():
+                futures = [self._racers.submit(from_peer, p) for p in peers]
+                for fut in futures:
+                    try:
+                        total += fut.result(timeout=max(0.0, deadline - time.monotonic())
+                                            + _MIN_RPC_S)
+                    except Exception:  # noqa: BLE001 (late or broken: its blocks are misses)
+                        log.info("remote_view_fetch_late")
+        except KvstoredError as exc:  # draining: no new copies
+            log.info("remote_fill_refused", error=str(exc))
+            return 0, 0
+        except RuntimeError:  # closed
+            return 0, 0
+        with self._lock:
+            self.num_view_fetched += total
+        if through is not None:  # found in the pool: the reply may ask for it again
+            for k in verified:
+                through.setdefault_found(k)
+        log.info("remote_view_fill_done", num_keys=len(keys), num_announced=len(claimed),
+                 num_fetched=total, peers=",".join(p.node_id for p in peers))
+        return total, len(claimed)
 
     def _holders_of(self, rep: ClusterReplica) -> list[ClusterReplica]:
         """The holders to try for one block, in order: the named replica, then its
@@ -1215,7 +1377,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                  suspect_holder_s: float = DEFAULT_SUSPECT_HOLDER_S,
                  hedge_after_s: float = 0.0,
                  before_copy: Callable[[], None] | None = None,
-                 before_repair_copy: Callable[[str], None] | None = None) -> RemoteReads:
+                 before_repair_copy: Callable[[str], None] | None = None,
+                 peer_view: Callable[[], Sequence[PeerRoom]] | None = None) -> RemoteReads:
     """A :class:`RemoteReads` talking to the leading master at ``master_address`` (sync
     gRPC; one address, a list or ``etcd://``); ``fence``: the node's newest term (shared with
     its MasterLink), so a lookup answered by an older term is refused (StaleTerm: a miss).
@@ -1228,6 +1391,8 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
     :class:`RemoteReads` (the daemon passes the ``remote_fill_before_copy`` fault hook).
     ``hedge_after_s``: ``[cluster] hedge_after_ms`` in seconds (0 = no hedged copies).
     ``before_repair_copy``: the ``remote_copy_before_copy`` fault hook (COPY commands).
+    ``peer_view``: the node's cached peer view, asked when no master can tell
+    (:class:`RemoteReads`).
 
     Returns:
         The reader; ``close()`` it (closes the peer pools; the master channel is closed
@@ -1246,7 +1411,7 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                     ) -> dict[int, ClusterReplica] | None:
         got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s,
                                  avoid=avoid, max_alternates=max_alternates)
-        return None if got is None else got[0]
+        return None if got is None else Found(got[0], complete=got[1])
 
     def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
         client.report_transfer(peer, epoch, ok=ok, reporter_node_id=node_id,
@@ -1258,7 +1423,7 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
                         ssl_context=tls.client_context() if tls is not None else None,
                         transport_for=transport_for, suspects=Suspects(suspect_holder_s),
                         before_copy=before_copy, hedge_after_s=hedge_after_s,
-                        before_repair_copy=before_repair_copy)
+                        before_repair_copy=before_repair_copy, peer_view=peer_view)
     close = reads.close
 
     def close_all() -> None:

@@ -115,6 +115,9 @@ Hook = Callable[..., None]
 HOOK_ENV = "KVSTORED_TEST_SPILL_HOOK"
 RETRY_AFTER_FAILURE_S = 5.0
 """A block whose move failed is not tried again for this long (no hot loop on one block)."""
+PEER_CARRY_S = 30.0
+"""A peer of the cached view that a later listing does not name (a new leader it has not
+re-registered with yet) stays in the view this long after it was last listed healthy."""
 MASTER_RETRY_S = 1.0
 """After the master could not be reached, spill to the cached view this long before asking it
 again (a blackholed master costs ``rpc_timeout_s`` per ask)."""
@@ -227,12 +230,15 @@ class PeerRoom:
             watermark, as of that view, less what this spiller sent it since.
         coldest_age_s: its coldest original's age as of that view (0.0 = none, or a
             master or node older than the field): pool LRU hands blocks to the oldest.
+        zone: its failure domain ("" = none declared): a put's replicas placed through
+            the view prefer new zones (kvstored/node/put_replicas.py).
     """
 
     node_id: str
     data_address: str
     room_bytes: int
     coldest_age_s: float = 0.0
+    zone: str = ""
 
 
 @dataclass(slots=True)
@@ -375,6 +381,7 @@ class Spiller:
         # the cached peer view, for spilling while the master cannot be reached
         self.peer_view_s = float(peer_view_s)
         self.peers: list[PeerRoom] = []
+        self._seen_healthy: dict[str, float] = {}  # node id -> when last listed healthy
         self._view_at = float("-inf")
         self._master_down_until = 0.0
         self.pool_lru = bool(pool_lru)
@@ -473,7 +480,9 @@ class Spiller:
         """Refresh the cached peer view from ListNodes (at most every ``peer_view_s``
         unless ``force``; skipped while the master is known unreachable): healthy peers
         and the room each has below the high watermark in its last tier. A failed call
-        keeps the old view.
+        keeps the old view; a peer of the old view that the listing names "syncing", or
+        not at all (for :data:`PEER_CARRY_S`), stays (a new leader's node table fills as
+        the nodes come back).
 
         Returns:
             The view now.
@@ -490,7 +499,9 @@ class Spiller:
             return self.peers
         self._view_at = now
         view = []
+        listed: dict[str, dict[str, Any]] = {}
         for n in listing.get("nodes", []):
+            listed[str(n.get("node_id"))] = n
             if n.get("node_id") == self.node_id or n.get("health") != "healthy":
                 continue
             tiers = {t["tier"]: t for t in n.get("tiers", [])}
@@ -498,7 +509,32 @@ class Spiller:
                 continue
             room = pool_room_bytes(tiers, self.high)
             view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room),
-                                 float(n.get("coldest_age_s", 0.0) or 0.0)))
+                                 float(n.get("coldest_age_s", 0.0) or 0.0),
+                                 str(n.get("zone", "") or "")))
+            self._seen_healthy[n["node_id"]] = now
+        # A new leader (or a restarted master) lists its nodes as they come back: a peer
+        # still "syncing" there, or not registered yet, is no dead peer. Such a peer of the
+        # old view stays in it (its room as last known) until the master calls it healthy,
+        # unhealthy or departed, or for PEER_CARRY_S after it was last seen healthy when the
+        # master does not list it at all; else a failover emptied the view exactly when no
+        # master can place (the fail17 tester's reads missed from the new leader's election on).
+        departed = {str(d.get("node_id")) for d in listing.get("departed", [])}
+        fresh = {p.node_id for p in view}
+        for old in self.peers:
+            if old.node_id in fresh or old.node_id in departed:
+                continue
+            n = listed.get(old.node_id)
+            if n is not None and n.get("health") != "syncing":
+                continue  # unhealthy or on probation: the master judged it
+            if n is None and now - self._seen_healthy.get(old.node_id, now) > PEER_CARRY_S:
+                continue
+            if n is not None:
+                tiers = {t["tier"]: t for t in n.get("tiers", [])}
+                if tiers.get("SSD") or tiers.get("DRAM"):
+                    old.room_bytes = max(0, pool_room_bytes(tiers, self.high))
+            view.append(old)
+        for gone in set(self._seen_healthy) - {p.node_id for p in view}:
+            del self._seen_healthy[gone]
         if [p.node_id for p in view] != [p.node_id for p in self.peers]:
             log.info("spill_peer_view", num_peers=len(view),
                      peers=",".join(p.node_id for p in view))
@@ -759,6 +795,14 @@ class Spiller:
             return [], 0, False, self._accepted(ending, [exc] * len(ending))
         except KvstoredError as exc:  # nothing may be assumed ended: every copy stays
             ends, outcomes = [exc] * len(ending), [exc] * len(batch)
+        if outcomes and all(isinstance(o, Unavailable) for o in outcomes):
+            # a master that answers but cannot place (a new leader still rebuilding its node
+            # table, Placement.rebuilding): as unreachable, the cached view takes the batch
+            # instead of a full pool's local eviction
+            log.warning("spill_master_unreachable", error=str(outcomes[0]),
+                        num_peers=len(self.peers))
+            self._master_down_until = time.monotonic() + MASTER_RETRY_S
+            return [], 0, False, self._accepted(ending, ends)
         ended = self._accepted(ending, ends)
         moves: list[_Move] = []
         dropped = 0

@@ -29,6 +29,7 @@ from kvstored.master.types import BlockEvent, BlockRef, EventKind, NodeSpec, Tie
 from kvstored.node.cluster import MasterLink
 from kvstored.node.core import NodeCore
 from kvstored.node.put_replicas import PutReplicas, ReplicationFactors
+from kvstored.node.spill import PeerRoom
 from kvstored.tiers.tiered import TieredStore
 from kvstored.transport.master_rpc import ClusterReplica
 from kvstored.transport.tcp import DataPlaneClient
@@ -89,6 +90,8 @@ class InProcMaster:
 
     def put_end_batch(self, items: Sequence[tuple[bytes, bytes, int, bool]], *,
                       timeout_s: float | None = None) -> list[Any]:
+        if self.down:
+            raise Unavailable("UNAVAILABLE: the master is down (test)")
         with self.lock:
             return self.placement.end_put_batch(items)
 
@@ -130,7 +133,10 @@ class Pool:
         return DataPlaneClient(address, pool_size=2, max_block_bytes=BLOCK)
 
     def _hook(self, event: str, **fields: Any) -> None:
-        self.events.append((event, sorted(p for w in fields["writes"] for p, _ in w.peers)))
+        if event == "direct":  # placed through the cached view: (key, [peer ids])
+            self.events.append((event, sorted(p for _, ps in fields["blocks"] for p in ps)))
+        else:
+            self.events.append((event, sorted(p for w in fields["writes"] for p, _ in w.peers)))
         if self.hook_fn is not None:
             self.hook_fn(event, **fields)
 
@@ -316,3 +322,92 @@ def test_more_keys_than_one_master_batch_go_in_several(pool3: Pool, monkeypatch:
     out = pool3.rep.replicate(NS, keys, 2)
     assert [o.num_replicas for o in out] == [2, 2, 2]
     assert [e for e, _ in pool3.events] == ["started", "sent", "started", "sent"]
+
+
+# ---- the master unavailable (a failover): the cached peer view places (fail17) ----------
+def _view(pool: Pool) -> list[PeerRoom]:
+    zones = {"a": "z2", "b": "z1", "c": "z3"}
+    return [PeerRoom(n, p.address, DRAM, zone=zones[n]) for n, p in pool.peers.items()]
+
+
+def test_with_the_master_down_a_puts_replicas_go_to_peers_of_the_cached_view(
+        pool3: Pool) -> None:
+    # main: (1, Unavailable) for every block while no master answers
+    view = _view(pool3)
+    pool3.rep.peer_view = lambda: view
+    pool3.rep.zone = "z1"
+    pool3.master.down = True
+    keys = pool3.put(1, 2)
+    out = pool3.rep.replicate(NS, keys, 3)
+    assert [(o.num_replicas, o.error) for o in out] == [(3, None)] * 2
+    for k, i in zip(keys, (1, 2), strict=True):
+        assert pool3.holders(k) == ["a", "c"]  # new zones first (b shares z1 with us)
+        got = pool3.peers["c"].store.get(k)
+        assert got is not None and bytes(got[0]) == value(i)
+    # the peers learned the factor from the PUT: their inventories tell a new leader
+    assert [pool3.peers[n].factors.get(NS, keys[0]) for n in ("a", "b", "c")] == [3, 0, 3]
+    assert pool3.events == [("direct", ["a", "a", "c", "c"])]
+    assert pool3.rep.num_replicas_direct == 4
+    assert {p.node_id: p.room_bytes for p in view}["a"] == DRAM - 2 * BLOCK
+    # within MASTER_RETRY_S the master is not asked again (a blackholed one costs a timeout)
+    pool3.master.down = False
+    (k3,) = pool3.put(3)
+    (o,) = pool3.rep.replicate(NS, [k3], 2)
+    assert (o.num_replicas, o.error) == (2, None) and pool3.events[-1][0] == "direct"
+
+
+def test_the_master_down_and_no_peer_of_the_view_with_room_reports_the_real_cause(
+        pool3: Pool) -> None:
+    view = [PeerRoom(n, p.address, 0) for n, p in pool3.peers.items()]  # no room anywhere
+    pool3.rep.peer_view = lambda: view
+    pool3.master.down = True
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 2)
+    assert (o.num_replicas, type(o.error)) == (1, Unavailable)
+    assert "master could not place" in str(o.error) and "the master is down" in str(o.error)
+    # and with no view at all, the master's state is named too, never NoCapacity
+    pool3.rep.peer_view = None
+    (o,) = pool3.rep.replicate(NS, [k], 2)
+    assert (o.num_replicas, type(o.error)) == (1, Unavailable) and "master" in str(o.error)
+
+
+def test_a_new_leader_still_rebuilding_answers_unavailable_not_no_capacity(pool3: Pool) -> None:
+    # the tester's NoCapacity("no other node has room"): a new leader whose nodes have
+    # registered again but not yet synced their inventories has no candidate; that is its
+    # own incompleteness, not a full pool (main: NoCapacity)
+    fresh = InProcMaster()
+    fresh.join("w", "127.0.0.1:9", "z1")
+    for n, p in pool3.peers.items():  # registered, inventory not yet synced
+        fresh.members.register(NodeSpec(n, 1, "127.0.0.1:1", p.address,
+                                        (TierUsage(Tier.DRAM, DRAM, 0),)))
+    pool3.rep.master = fresh
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 2)
+    assert (o.num_replicas, type(o.error)) == (1, Unavailable)
+    assert "rebuilding" in str(o.error) and "1 of 4 registered nodes synced" in str(o.error)
+    # with the cached view the replica is placed anyway
+    view = _view(pool3)
+    pool3.rep.peer_view = lambda: view
+    (k2,) = pool3.put(2)
+    (o,) = pool3.rep.replicate(NS, [k2], 2)
+    assert (o.num_replicas, o.error) == (2, None) and pool3.events[-1][0] == "direct"
+    # synced: a full pool is NoCapacity again
+    for n in pool3.peers:
+        fresh.members.sync_inventory(n, 1, sync_id=1, blocks=[], last_chunk=True, seq=0)
+    pool3.rep._master_down_until = 0.0
+    (o,) = pool3.rep.replicate(NS, [k2], 8)  # 4 nodes: never 8 holders
+    assert type(o.error) is NoCapacity
+
+
+def test_an_end_lost_to_a_failover_counts_the_peers_that_stored_the_block(pool3: Pool) -> None:
+    # the leader dies between the transfer and the PutEnd: the peer holds an ordinary
+    # replica and reports it to whoever leads next (main: reported as 1, Unavailable)
+    def die(event: str, **fields: Any) -> None:
+        if event == "sent":
+            pool3.master.down = True
+
+    pool3.hook_fn = die
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 2)
+    assert (o.num_replicas, o.error) == (2, None)
+    assert len(pool3.holders(k)) == 1

@@ -143,3 +143,67 @@ def test_a_transfer_to_a_cached_peer_that_fails_keeps_every_local_copy(
     finally:
         sp.close()
     assert _present(src) == list(range(15)) and sp.counters.blocks_failed >= 4
+
+
+class RebuildingMaster(DownMaster):
+    """A new leader that answers but cannot place yet: every item Unavailable (its node
+    table is incomplete: ``Placement.rebuilding``), and its ListNodes names the peers as
+    "syncing" (``syncing``) or not at all (``listed``)."""
+
+    def __init__(self, up: InProcMaster, peers: dict[str, Peer], room: dict[str, int]) -> None:
+        super().__init__(up, peers, room)
+        self.rebuilding = False
+        self.syncing: set[str] = set()
+        self.listed: set[str] | None = None
+        self.departed: set[str] = set()
+
+    def list_nodes(self) -> dict[str, Any]:
+        got = super().list_nodes()
+        if self.rebuilding:
+            got["nodes"] = [dict(n, health="syncing" if n["node_id"] in self.syncing
+                                 else n["health"]) for n in got["nodes"]
+                            if self.listed is None or n["node_id"] in self.listed]
+            got["departed"] = [{"node_id": n} for n in self.departed]
+        return got
+
+    def put_end_and_start_batch(self, ends: Sequence[Any], items: Sequence[Any], **kw: Any
+                                ) -> Any:
+        if not self.rebuilding:
+            return super().put_end_and_start_batch(ends, items, **kw)
+        self.calls += 1
+        return ([Unavailable("rebuilding")] * len(ends),
+                [Unavailable("the master is still rebuilding its node table")] * len(items))
+
+
+def test_a_new_leader_that_cannot_place_yet_sends_the_batch_to_the_cached_view(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # main: every item's Unavailable was a failed start (no victim for 5 s) and the put then
+    # evicted a block the pool had room for; now the batch goes to the cached view
+    new = RebuildingMaster(master, peers, {"b": 0, "c": 4 * BLOCK})
+    sp = _spiller(src, new)  # type: ignore[arg-type]
+    try:
+        sp.refresh_peers(force=True)
+        new.rebuilding = True
+        assert sp.run_once() == 4
+    finally:
+        sp.close()
+    assert sp.counters.blocks_moved_direct == 4 and sp.counters.blocks_failed == 0
+    assert [peers["c"].store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
+
+
+def test_the_view_keeps_peers_a_new_leader_lists_as_syncing_or_not_yet(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # main: a new leader's first ListNodes (its nodes syncing, or not registered yet)
+    # emptied the view exactly when no master could place or name a holder
+    new = RebuildingMaster(master, peers, {"b": 2 * BLOCK, "c": 4 * BLOCK})
+    sp = _spiller(src, new)  # type: ignore[arg-type]
+    try:
+        assert sorted(p.node_id for p in sp.refresh_peers(force=True)) == ["b", "c"]
+        new.rebuilding, new.syncing, new.listed = True, {"b"}, {"b"}  # c: not registered yet
+        assert sorted(p.node_id for p in sp.refresh_peers(force=True)) == ["b", "c"]
+        new.departed = {"c"}  # the master says c left: it goes
+        assert [p.node_id for p in sp.refresh_peers(force=True)] == ["b"]
+    finally:
+        sp.close()

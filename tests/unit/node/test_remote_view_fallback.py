@@ -1,0 +1,148 @@
+"""RemoteReads.fill while no master can tell where a block is (fail17, issue 17 §1): the
+master unreachable (Unavailable, NotLeader), or a new leader still rebuilding its index
+(``complete = false``). A block the master names nobody for is then asked of the peers of
+the node's cached view, in parallel and bounded; the copy is verified by its holder (a
+whole block with the generation of the replica it pinned; a holder that sends 0 is not
+used). A master that answers complete never makes a read fan out.
+
+Real source data planes in-process; the master is a stub the test controls. On main
+(ac3888e) every read here with the master down or rebuilding was a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+from remote_helpers import DataPlanes, PerKeyMaster, key, local_bytes, make_core, with_generations
+
+from kvstored.errors import NotLeader, Unavailable
+from kvstored.node.core import NodeCore
+from kvstored.node.remote import Found, RemoteReads
+from kvstored.node.spill import PeerRoom
+from kvstored.transport.master_rpc import ClusterReplica
+
+BLOCK = 16 << 10
+
+
+def value(i: int) -> bytes:
+    return bytes([i % 251]) * (BLOCK // 2 + i)
+
+
+class FailoverMaster(PerKeyMaster):
+    """``mode``: "down" (lookups raise Unavailable), "notleader", "rebuilding" (answers
+    ``complete = false`` and names what it has), "complete" (a plain, complete answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = "down"
+
+    def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
+                    timeout_s: float, avoid: Sequence[str] = (), max_alternates: int = 0,
+                    ) -> dict[int, ClusterReplica] | None:
+        self.each_lookups += 1
+        if self.mode == "down":
+            raise Unavailable("UNAVAILABLE: failed to connect to all addresses (test)")
+        if self.mode == "notleader":
+            raise NotLeader("not the leader (test)")
+        got = {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
+        return Found(got, complete=self.mode != "rebuilding")
+
+
+@pytest.fixture
+def planes() -> Iterator[DataPlanes]:
+    p = DataPlanes()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def local() -> Iterator[NodeCore]:
+    core = make_core("dst", block_bytes=BLOCK)
+    yield core
+    core.store.close()
+
+
+def _source(planes: DataPlanes, name: str, ids: list[int], gens: dict[bytes, int] | None
+            ) -> tuple[NodeCore, str]:
+    src = make_core(name, block_bytes=BLOCK)
+    for i in ids:
+        src.put_inline([(key(i), value(i), b"")], b"")
+    if gens is not None:
+        with_generations(src, gens)
+    return src, planes.serve(src)
+
+
+def _reads(local: NodeCore, master: FailoverMaster, view: list[PeerRoom]) -> RemoteReads:
+    return RemoteReads(local, node_id="dst", lookup=master.lookup, report=master.report,
+                       lookup_each=master.lookup_each, peer_view=lambda: view)
+
+
+@pytest.mark.parametrize("mode", ["down", "notleader", "rebuilding"])
+def test_a_read_with_no_master_to_tell_finds_the_blocks_on_the_cached_peers(
+        planes: DataPlanes, local: NodeCore, mode: str) -> None:
+    _, a = _source(planes, "a", [0, 1, 2], None)  # the store's own generations
+    _, b = _source(planes, "b", [3, 4], None)
+    master = FailoverMaster()
+    master.mode = mode
+    view = [PeerRoom("a", a, 1 << 20), PeerRoom("b", b, 1 << 20), PeerRoom("dst", "x:1", 0)]
+    reads = _reads(local, master, view)
+    try:
+        r = reads.fill([key(i) for i in range(6)], b"")
+        assert (r.num_found, r.num_fetched) == (5, 5)
+        assert local_bytes(local, list(range(6))) == [value(i) for i in range(5)] + [None]
+        assert reads.num_view_fetched == 5
+    finally:
+        reads.close()
+
+
+def test_a_complete_master_answer_never_fans_out(planes: DataPlanes, local: NodeCore) -> None:
+    _, a = _source(planes, "a", [0], None)
+    master = FailoverMaster()
+    master.mode = "complete"  # the master names nobody for key 0: a miss, no peer asked
+    exported: list[bytes] = []
+    src_b, b = _source(planes, "b", [1], {})
+    with_generations(src_b, {}, exported)
+    reads = _reads(local, master, [PeerRoom("a", a, 1 << 20), PeerRoom("b", b, 1 << 20)])
+    try:
+        r = reads.fill([key(0), key(1)], b"")
+        assert (r.num_found, r.num_fetched) == (0, 0)
+        assert local_bytes(local, [0, 1]) == [None, None]
+        assert exported == [] and reads.num_view_fetched == 0
+    finally:
+        reads.close()
+
+
+def test_a_holder_that_sends_no_generation_is_not_used_and_each_block_comes_once(
+        planes: DataPlanes, local: NodeCore) -> None:
+    # a: an older node (generation 0 for everything): its copies are not verified by their
+    # holder, so not used; b and c both hold block 1: one copy lands, none twice
+    _, a = _source(planes, "a", [0], {})
+    _, b = _source(planes, "b", [1], {key(1): 41})
+    _, c = _source(planes, "c", [1, 2], {key(1): 42, key(2): 43})
+    master = FailoverMaster()
+    reads = _reads(local, master, [PeerRoom(n, addr, 1 << 20)
+                                   for n, addr in (("a", a), ("b", b), ("c", c))])
+    try:
+        r = reads.fill([key(0), key(1), key(2)], b"")
+        assert r.num_fetched == 2
+        assert local_bytes(local, [0, 1, 2]) == [None, value(1), value(2)]
+    finally:
+        reads.close()
+
+
+def test_the_fan_out_is_bounded_and_a_dead_peer_costs_only_itself(
+        planes: DataPlanes, local: NodeCore) -> None:
+    _, a = _source(planes, "a", [0], None)
+    master = FailoverMaster()
+    dead = PeerRoom("dead", "127.0.0.1:9", 1 << 20)  # connection refused
+    view = [dead, PeerRoom("a", a, 1 << 20)]
+    reads = _reads(local, master, view)
+    try:
+        assert reads.fill([key(0)], b"").num_fetched == 1
+        assert "dead" in reads.suspects.current()  # tried last next time
+        reads.max_view_peers = 1  # only the first (non-suspect) peer is asked
+        view.insert(0, PeerRoom("b", "127.0.0.1:9", 1 << 20))
+        assert reads.fill([key(5)], b"").num_fetched == 0
+    finally:
+        reads.close()
