@@ -431,6 +431,15 @@ class NodeDaemon:
             if self._data_plane is not None:  # engines on the TCP data plane read the pool too
                 self._data_plane.fill_from_peers = self._servicer.remote.fill
                 self._data_plane.on_replica_factor = factors.record  # peers' put replicas
+                # a peer's PUT stored blocks: report them now (the sender keeps its copy
+                # of a moved block until the master names ours: node/spill.py)
+                loop, link = asyncio.get_running_loop(), self.master_link
+
+                def on_stored() -> None:  # on a data-plane thread
+                    with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                        loop.call_soon_threadsafe(link.wake)
+
+                self._data_plane.on_stored = on_stored
             self._register_nodrop(core)
             # a put's extra replicas (kvstored/node/put_replicas.py)
             self._servicer.replicator = master_replicas(

@@ -28,7 +28,11 @@ the master::
     the ends:   carried on the next batch's PutStartBatch (the last batch's: a PutEndBatch):
                 per block PutEnd(G, commit) if the peer stored it, else PutEnd(G, abort);
                 a block leaves here only once its own end was accepted (a move, not a
-                second replica), before the next batch is sent; an abort, a refused end
+                second replica) *and* the master indexes the peer's replica: the end's
+                answer counts it (the peer's change event came first), else the block
+                waits (no victim meanwhile) for a lookup that names the peer's replica
+                (:meth:`Spiller.confirm_moved`, every batch and round; at most
+                AWAIT_INDEX_S, then the copy just stays). An abort, a refused end
                 (NotFound: the write lease lapsed) or a failed call keeps the local copy
                 (nothing lost). Until then the batch's blocks are no victims.
     hook("ended")
@@ -41,9 +45,14 @@ Why this is safe:
 - The replica on the peer is indexed from the peer's own change event (``holder_reports``):
   it merges into the write's WRITING placeholder (one row per block, holder and tier), and
   PutEnd drops whatever placeholder is left, so the index never counts it twice and never
-  names a block the peer does not report. Between PutEnd and the two nodes' next events
-  (one heartbeat interval) the master may still name this node for the block: a read then
-  misses here (never a wrong byte), as for any eviction.
+  names a block the peer does not report. So the local copy goes only once the master
+  names the peer's replica (the end's count, else a lookup): before, it went at PutEnd
+  while the peer's event was still on the way, and for up to a heartbeat interval the
+  master named only this node, which no longer had the block: a read through this node
+  (or one that fell back here) missed a block the pool held (issue 17: 3-4 of 100 reads
+  through a spilling node). Between the removal and this node's REMOVED event the master
+  may still name this node too: a reader here asks again ranking no node first, and one
+  elsewhere falls back to the peer's replica (an alternate).
 - A writer that dies between PutStart and PutEnd: the master aborts the write after
   ``[master] write_lease_s``; a transfer in flight breaks its connection, so the peer aborts
   its reservations; a later put of the key gets a newer generation.
@@ -248,6 +257,19 @@ class _Move:
     address: str
     node_id: str
     ok: bool = False
+    indexed: bool = False  # the end's answer counted the peer's replica as indexed already
+
+
+AWAIT_INDEX_S = 10.0
+"""Longest a moved block's local copy waits for the master to index the peer's replica
+(the peer's own change event, one heartbeat at most, sooner once the peer wakes its link on
+the PUT); past it the local copy simply stays (a second original: harmless)."""
+CONFIRM_WAIT_S = 2.0
+"""Longest a round asked for room by a put keeps asking the master to confirm its moves."""
+CONFIRM_POLL_S = 0.01
+"""Seconds between two such asks (the peer reports its replica at once: a few ms)."""
+MAX_AWAITING = 4096
+"""Most moved blocks awaiting the master's index at once; past it a round stops moving."""
 
 
 def last_tier(stats: StoreStats) -> TierStats:
@@ -368,6 +390,9 @@ class Spiller:
         self.counters = SpillCounters()
         self._peers: dict[str, Transport] = {}
         self._failed_at: dict[tuple[bytes, bytes], float] = {}
+        # moved blocks whose local copy waits for the master to index the peer's replica:
+        # (ns, key) -> (the move, time.monotonic() of its accepted end); spill thread only
+        self._awaiting: dict[tuple[bytes, bytes], tuple[_Move, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # backpressure (wait_for_room): the loop's progress, under _cv
@@ -419,7 +444,11 @@ class Spiller:
             left = 0
             try:
                 self.refresh_peers()
-                left = self.run_once(need_bytes=want)
+                left = self.confirm_moved()
+                self._progress(left)
+                left += self.run_once(need_bytes=want)
+                if want and not left and self._awaiting:  # moved; the index confirms them
+                    left = self._wait_confirmed(time.monotonic() + CONFIRM_WAIT_S)
                 if want and not left:  # the pool is full: pool LRU before we evict our own
                     left = self.hand_off(want)
             except Exception:
@@ -567,6 +596,8 @@ class Spiller:
             self._failed_at = {k: t for k, t in self._failed_at.items()
                                if now - t < RETRY_AFTER_FAILURE_S}
         skip = set(self._failed_at) | set(busy) if busy else self._failed_at
+        if self._awaiting:
+            skip = set(skip) | set(self._awaiting)
         out: list[BlockInfo] = []
         covered = 0
         for b in self.store.coldest_blocks(self.batch_blocks, exclude=skip):
@@ -605,10 +636,17 @@ class Spiller:
         sent: list[_Move] = []  # transferred; their ends go with the next PutStartBatch
         try:
             while not self._stop.is_set():
+                if self._awaiting:  # moved blocks the master may index by now: they go
+                    left = self.confirm_moved()
+                    total += left
+                    self._progress(left)
+                if len(self._awaiting) >= MAX_AWAITING:
+                    break
                 t = last_tier(self.store.stats())
                 ok_bytes = sum(m.block.size_bytes for m in sent if m.ok)
+                awaiting_bytes = sum(m.block.size_bytes for m, _ in self._awaiting.values())
                 need = max(t.used_bytes - int(self.low * t.capacity_bytes),
-                           need_bytes - freed) - ok_bytes
+                           need_bytes - freed) - ok_bytes - awaiting_bytes
                 busy = {(m.block.namespace_id, m.block.key) for m in sent}
                 batch = self.victims(need, busy=busy) if need > 0 else []
                 if not batch:
@@ -632,14 +670,89 @@ class Spiller:
                 if moves:
                     self._transfer(moves)
                     sent = moves
-                if full or not (any(m.ok for m in moves) or dropped) or (ending and not left):
+                if full or not (any(m.ok for m in moves) or dropped) or (ending and not any(ended)):
                     break  # no room, or a batch moved nothing: no hot loop
         finally:
             if sent:
                 left = self._finish(sent, self._end(sent), 0)
                 total += left
                 self._progress(left)
+            if self._awaiting:
+                left = self.confirm_moved()
+                total += left
+                self._progress(left)
         return total
+
+    def _wait_confirmed(self, deadline: float) -> int:
+        """A put waits for room and this round's blocks are moved but not yet confirmed
+        (:meth:`confirm_moved`): ask again every :data:`CONFIRM_POLL_S` until one left, none
+        awaits any more, the spiller stops or ``deadline``. Returns the blocks that left."""
+        left = 0
+        while not left and self._awaiting and time.monotonic() < deadline:
+            if self._stop.wait(CONFIRM_POLL_S):
+                break
+            left = self.confirm_moved()
+            self._progress(left)
+        return left
+
+    def confirm_moved(self) -> int:
+        """Drop the local copies of moved blocks the master now names on their peer.
+
+        A moved block (its PutEnd accepted while the peer's change event had not reached
+        the master yet) keeps its local copy until a lookup from here, ranking this node
+        last (``avoid``), names the peer's replica; only then can a reader find the block
+        elsewhere once it is gone here. One per-key lookup per namespace. A block waiting
+        longer than :data:`AWAIT_INDEX_S` keeps its copy for good (a second original) and
+        is no victim for a while; one whose lookup failed is asked again next time.
+
+        Returns:
+            Blocks that left this node.
+        """
+        if not self._awaiting:
+            return 0
+        lookup_each = getattr(self.master, "lookup_each", None)
+        now = time.monotonic()
+        by_ns: dict[bytes, list[_Move]] = {}
+        for fk, (m, at) in list(self._awaiting.items()):
+            if now - at > AWAIT_INDEX_S:
+                del self._awaiting[fk]
+                self._failed(m.block)
+                log.info("spill_move_not_indexed", key=m.block.key.hex()[:16], peer=m.node_id,
+                         waited_s=round(now - at, 3))
+                continue
+            by_ns.setdefault(m.block.namespace_id, []).append(m)
+        confirmed: dict[bytes, list[_Move]] = {}
+        for ns, moves in by_ns.items():
+            if lookup_each is None:
+                continue
+            try:
+                got = lookup_each(ns, [m.block.key for m in moves], local_node_id="",
+                                  timeout_s=self.rpc_timeout_s, avoid=[self.node_id],
+                                  max_alternates=3)
+            except KvstoredError as exc:
+                log.info("spill_confirm_failed", num_blocks=len(moves), error=str(exc))
+                continue
+            found = got[0] if got is not None else {}
+            for i, rep in found.items():
+                named = {rep.node_id, *(a.node_id for a in getattr(rep, "alternates", ()))}
+                if moves[i].node_id in named:
+                    confirmed.setdefault(ns, []).append(moves[i])
+        left = 0
+        for ns, moves in confirmed.items():
+            for m in moves:
+                self._awaiting.pop((ns, m.block.key), None)
+            left += self._remove_moved(ns, [m.block for m in moves])
+        return left
+
+    def _remove_moved(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
+        left = 0
+        removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
+        for b, gone in zip(blocks, removed, strict=True):
+            if gone:
+                left += 1
+                self.counters.blocks_moved += 1
+                self.counters.bytes_moved += b.size_bytes
+        return left
 
     def _direct(self, batch: Sequence[BlockInfo]) -> int:
         """Move a batch to the cached peer with the most room, no master call (the master
@@ -878,6 +991,7 @@ class Spiller:
                             key=m.block.key.hex()[:16], generation=m.generation, error=str(n))
                 out.append(False)
             else:
+                m.indexed = n > 0  # the master counted the peer's replica (its event came)
                 out.append(m.ok)
         return out
 
@@ -911,18 +1025,16 @@ class Spiller:
         """
         left = dropped
         done: dict[bytes, list[BlockInfo]] = {}
+        now = time.monotonic()
         for m, ok in zip(moves, ended, strict=True):
-            if ok:
+            if ok and m.indexed:
                 done.setdefault(m.block.namespace_id, []).append(m.block)
+            elif ok:  # the peer's replica is not indexed yet: the copy stays until it is
+                self._awaiting[(m.block.namespace_id, m.block.key)] = (m, now)
             else:
                 self._failed(m.block)
         for ns, blocks in done.items():  # only now: the local copies go (a move)
-            removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
-            for b, gone in zip(blocks, removed, strict=True):
-                if gone:
-                    left += 1
-                    self.counters.blocks_moved += 1
-                    self.counters.bytes_moved += b.size_bytes
+            left += self._remove_moved(ns, blocks)
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))

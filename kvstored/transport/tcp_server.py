@@ -237,6 +237,11 @@ class DataPlaneServer:
         # replication factor (a peer's put replicas); the daemon remembers it for the
         # node's inventory (node/put_replicas.py ReplicationFactors.record). None = ignored.
         self.on_replica_factor: Callable[[bytes, list[bytes], int], None] | None = None
+        # ``on_stored()``: a PUT stored at least one block (a peer's spill, hand-off or put
+        # replica); a cluster node wakes its master link so the replica's ADDED event goes
+        # out now, not a heartbeat later: the sender keeps its own copy until the master
+        # names this one (node/spill.py). Called on the connection's thread. None = ignored.
+        self.on_stored: Callable[[], None] | None = None
         """Set by a cluster node: GETs with GET_FLAG_FILL_FROM_PEERS copy missing blocks
         from peers first (None: the flag is accepted and does nothing)."""
         self.num_streamed_through = 0
@@ -779,5 +784,9 @@ class DataPlaneServer:
             body += PUT_ITEM.pack(code, int(o.stored), len(msg))
             body += msg
         send_all(sock, [encode_header(OP_PUT, 0, len(outcomes), len(body)), bytes(body)], reader.deadline)
-        core.count_transfer("tcp", "in", sum(1 for o in outcomes if o.stored), num_bytes)
+        num_stored = sum(1 for o in outcomes if o.stored)
+        core.count_transfer("tcp", "in", num_stored, num_bytes)
+        on_stored = self.on_stored
+        if num_stored and on_stored is not None:
+            on_stored()
         return 0
