@@ -648,12 +648,17 @@ class RemoteReads:
         flight_keys = [(namespace_id, keys[i]) for i in missing]
         mine, theirs = self.flights.claim(flight_keys)
         claimed = [flight_keys[j] for j in mine]
+        # found in the pool by another request (its copy, waited for or committed since our
+        # check): marked in ``through`` once here, like our own finds, so a read that loses
+        # it before its pin reads it again (``through[key]`` None) instead of missing it
+        others = [fk for j, fk in enumerate(flight_keys) if j not in set(mine)]
         fetched = dropped = failed = num_found = fallbacks = hedged = hedge_won = 0
         t_found = t0
         try:
             if claimed:  # a request that held the claim may have committed meanwhile
                 still, _ = core.exists([k for _, k in claimed], namespace_id)
                 done = [fk for fk, p in zip(claimed, still, strict=True) if p]
+                others += done
                 self.flights.release(done)
                 mine = [j for j, p in zip(mine, still, strict=True) if not p]
                 claimed = [flight_keys[j] for j in mine]
@@ -694,6 +699,8 @@ class RemoteReads:
             self.flights.release(claimed)
         if theirs:
             self.flights.wait(theirs, deadline)
+        if through is not None and others:
+            self._mark_found_by_others(others, namespace_id, through)
         with self._lock:
             self.num_fetched += fetched
             self.num_dropped += dropped
@@ -816,6 +823,24 @@ class RemoteReads:
         log.info("remote_view_fill_done", num_keys=len(keys), num_announced=len(claimed),
                  num_fetched=total, peers=",".join(p.node_id for p in peers))
         return total, len(claimed)
+
+    def _mark_found_by_others(self, others: Sequence[tuple[bytes, bytes]], namespace_id: bytes,
+                              through: dict[bytes, tuple[bytes, bytes] | None]) -> None:
+        """Mark in ``through`` (None: found in the pool, not carried) the keys another
+        request's copy brought here while this read waited for it or since its check.
+
+        Before, only the keys this read's own lookup found were marked: a block a
+        concurrent reader copied here, then dropped before this read pinned it (the
+        spiller takes copies first; a put's eviction), was a plain miss for it, though
+        the pool held it (the TCP data-plane GET and the inline Get read a marked key once
+        more, ``fill(cache=False)``; PinBlocks hands it to the inline Get)."""
+        try:
+            here, _ = self.core.exists([k for _, k in others], namespace_id)
+        except KvstoredError:
+            return
+        for (_, k), p in zip(others, here, strict=True):
+            if p:
+                through.setdefault(k, None)
 
     def _holders_of(self, rep: ClusterReplica) -> list[ClusterReplica]:
         """The holders to try for one block, in order: the named replica, then its

@@ -192,6 +192,49 @@ def test_a_second_read_of_a_block_being_copied_waits_for_that_copy(
         reads.close()
 
 
+def test_a_block_another_reads_copy_brought_here_is_marked_found_for_a_read_that_waited(
+    make_source: Any, local: NodeCore
+) -> None:
+    """Issue 17 (the TCP full-node flake, 2 of 24 missed): a read that waited for another
+    read's copy of its blocks left them unmarked in its ``through``, so when the copy was
+    dropped here before this read pinned it (the spiller takes copies first), the
+    data-plane GET (and the inline Get) did not read it again: a plain miss of a block the
+    pool held. Both waited-for blocks must be marked found (``through[key]`` None). (Fails
+    on the old code: ``through`` stayed empty.)"""
+    src = make_source()
+    master = FakeMaster()
+    src.publish(master, [1, 2], gen=1)
+    arrived, go, waiting = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:  # read 1's copies arrived, not yet verified
+        arrived.set()
+        assert go.wait(10)
+
+    reads = _reads(local, master, before_verify=hold, on_wait=lambda n: waiting.set())
+    t1, r1 = in_thread(lambda: reads.fill([key(1), key(2)], b""))
+    through: dict[bytes, Any] = {}
+    try:
+        assert arrived.wait(10)
+        t2, r2 = in_thread(lambda: reads.fill([key(1), key(2)], b"", through=through,
+                                              through_budget_bytes=1 << 20))
+        assert waiting.wait(10)  # read 2 waits for read 1's copy
+        go.set()
+        t1.join(10)
+        t2.join(10)
+        assert (r1[0].num_fetched, r2[0].num_waited) == (2, 2)
+        assert through == {key(1): None, key(2): None}  # found in the pool, by read 1
+        local.remove([key(1), key(2)], b"")  # dropped before read 2's pin (the spiller)
+        again: dict[bytes, Any] = {}  # what the GET then does: read once more, not cached
+        got = reads.fill([k for k, v in through.items() if v is None], b"", through=again,
+                         through_budget_bytes=1 << 20, cache=False)
+        assert got.num_found == 2
+        assert again == {key(1): (value(1), b"m"), key(2): (value(2), b"m")}
+    finally:
+        go.set()
+        t1.join(10)
+        reads.close()
+
+
 def test_a_read_waiting_for_another_copy_keeps_its_own_deadline(
     make_source: Any, local: NodeCore
 ) -> None:
