@@ -1091,6 +1091,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         int64_t e = idx[i];
         if (ev_kind[i] != k_add) continue;
         if (reps[e] > x.factor[ev_slot[i]]) x.factor[ev_slot[i]] = (uint8_t)reps[e];
+        ht_prefetch(x.hot, ev_slot[i], holder * 4 + tiers[e], x.head[ev_slot[i]]); /* overlaps the misses */
     }
     for (Py_ssize_t i = 0; i < n_idx; i++) {
         int64_t e = idx[i];
@@ -1170,6 +1171,8 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
         if (ev_slot[i] >= 0) __builtin_prefetch(&x.head[ev_slot[i]]);
     }
+    for (Py_ssize_t i = 0; i < n_idx; i++) /* hot slots' map entries fetched ahead too */
+        if (ev_kind[i] == k_rem && ev_slot[i] >= 0) ht_prefetch(x.hot, ev_slot[i], holder * 4 + tiers[idx[i]], -1);
     for (Py_ssize_t i = 0; i < n_idx; i++) { /* (a second pass: the heads fetched meanwhile) */
         int64_t e = idx[i];
         if (ev_kind[i] != k_rem || ev_slot[i] < 0) continue;

@@ -156,6 +156,20 @@ static inline int64_t ht_find(const HotObj *h, int64_t slot, int64_t ht, int64_t
     return r;
 }
 
+/* Fetch ahead the buckets a hot slot's next touch reads: its (holder, tier) entry and the
+ * predecessor entry of its head (a no-op for a slot that is not hot). */
+static inline void ht_prefetch(const HotObj *h, int64_t slot, int64_t ht, int64_t head_row) {
+    if (ht_count(h, slot) < 0) return;
+    uint64_t i = hm_home(&h->rows, ht_rkey(slot, ht));
+    __builtin_prefetch(&h->rows.keys[i]);
+    __builtin_prefetch(&h->rows.vals[i]);
+    if (head_row >= 0) {
+        uint64_t j = hm_home(&h->prev, (uint64_t)head_row);
+        __builtin_prefetch(&h->prev.keys[j]);
+        __builtin_prefetch(&h->prev.vals[j]);
+    }
+}
+
 /* The rows of a chain, walked from head (IndexColumns.make_hot); -1: no memory. */
 static int ht_make(HotObj *h, int64_t slot, const int32_t *head, const int32_t *next, const uint32_t *holder,
                    const uint8_t *tier, Py_ssize_t nrows) {
