@@ -8,7 +8,8 @@
  *   keytable_get_many  KeyTable.get_many: a batch of 16-byte keys -> block slots
  *   best_rows          ranking.best_rows: the best readable replica of each block
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
- *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
+ *   unlink_rows        IndexColumns.unlink_many: many rows unlinked (hot chains' through their maps)
+ *   HotChains          the hot chains' maps (native/master_hot.h; columns.py PyHotChains in Python)
  *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
  *   apply_events       Membership._apply_run: a ReportEvents run of one namespace applied
  *                      (the batch methods of BlockIndex: add, remove, copies to promote)

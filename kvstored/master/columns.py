@@ -58,9 +58,10 @@ ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
 """The columns of a replica row: 34 bytes per replica."""
 _LINKS = ("next", "block", "hnext", "hprev")
 HOT_CHAIN_ROWS = 16
-"""A block's chain found longer than this gets :class:`HotChain` maps (a hot block: a
-system prompt's blocks have a replica on every node), so finding a holder's row and its
-predecessor costs O(1) instead of a walk of up to one row per node."""
+"""A block's chain found longer than this gets hot maps (:class:`PyHotChains`, or the C
+``HotChains``; a hot block: a system prompt's blocks have a replica on every node), so
+finding a holder's row and its predecessor costs O(1) instead of a walk of up to one row per
+node. A chain left with fewer than half this many rows drops them (walked again)."""
 
 
 class HotChain:
@@ -208,7 +209,7 @@ def new_hot_chains() -> PyHotChains:
     :data:`kvstored.native.master_index` is set now), else :class:`PyHotChains`."""
     impl = native.master_index
     hot_type = getattr(impl, "HotChains", None) if impl is not None else None
-    return hot_type() if hot_type is not None else PyHotChains()  # type: ignore[no-any-return]
+    return hot_type() if hot_type is not None else PyHotChains()
 
 
 def grow(arr: np.ndarray, need: int, fill: float = 0) -> np.ndarray:
