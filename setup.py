@@ -21,7 +21,7 @@ setup(
             "kvstored._native_master",
             # the master index's loops (kvstored/native.py master_index)
             sources=["native/master.c", "native/master_lookup.c"],
-            depends=["native/master_buffers.h", "native/master_lookup.h"],
+            depends=["native/master_buffers.h", "native/master_lookup.h", "native/master_hot.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra"],
             optional=True,
         ),

@@ -19,7 +19,8 @@ Growth is reported as the ratio per 10x nodes (1.0 per 10x = constant; 10 = line
 which is expected since the load grows with N; more than 10 = superlinear).
 
 Also reported: the index's replicas, its numpy bytes, and the rows of hot chains (blocks
-with more than 16 replicas keep Python maps of their rows: master/columns.py ``HotChain``).
+with more than 16 replicas keep maps of their rows: C tables, native/master_hot.h, or the Python
+dicts of master/columns.py ``PyHotChains`` with ``--impl python``), and the maps' bytes.
 
 ``--impl python`` runs the index's numpy loops and protobuf field reads instead of their C
 versions (native/master.c, the default; kvstored/native.py ``master_index``); ``--profile N``
@@ -201,7 +202,8 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
             "node_blocks": node_blocks, "index_replicas": servicer.index.num_replicas,
             "index_blocks": servicer.index.num_blocks,
             "index_column_bytes": servicer.index.memory_bytes(),
-            "hot_chains": len(cols.hot), "hot_chain_rows": sum(len(h.prev) for h in cols.hot.values()),
+            "hot_chains": len(cols.hot), "hot_chain_rows": cols.hot.num_rows,
+            "hot_chain_bytes": cols.hot.nbytes, "hot_chain_maps": type(cols.hot).__name__,
             "setup_s": round(run.setup_s, 2),  # type: ignore[attr-defined]
             "master_cpu_s_per_s": total / seconds,
             "by_rpc_cpu_s_per_s": {k: v / seconds for k, v in cpu.items()},

@@ -8,7 +8,8 @@
  *   keytable_get_many  KeyTable.get_many: a batch of 16-byte keys -> block slots
  *   best_rows          ranking.best_rows: the best readable replica of each block
  *   find_rows          IndexColumns.find_rows: a holder's row (per tier) in each chain
- *   unlink_rows        IndexColumns.unlink of many rows (chains without hot maps)
+ *   unlink_rows        IndexColumns.unlink_many: many rows unlinked (hot chains' through their maps)
+ *   HotChains          the hot chains' maps (native/master_hot.h; columns.py PyHotChains in Python)
  *   parse_events       service.event_columns: a ReportEventsRequest's events from its wire bytes
  *   apply_events       Membership._apply_run: a ReportEvents run of one namespace applied
  *                      (the batch methods of BlockIndex: add, remove, copies to promote)
@@ -26,6 +27,7 @@
 
 #include "master_buffers.h"
 #include "master_lookup.h"
+#include "master_hot.h"
 
 /* One buffer argument: C-contiguous, of the given item size and format class. */
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *formats, int writable,
@@ -254,18 +256,24 @@ static PyObject *best_rows(PyObject *self, PyObject *args) {
 
 /* find_rows(head, next, holder, tier, slots, holder_id, tiers, hot, max_depth, out) -> int
  * IndexColumns.find_rows: per slot, the row of (holder_id, tiers[i]) in its chain, or -1.
- * A slot in ``hot`` (dict slot -> HotChain) answers from its ``rows`` map (holder * 4 + tier);
- * a chain walked past ``max_depth`` rows without a match gets -2 (the caller gives it its
- * HotChain and asks the map, as the numpy code does). Returns how many got -2. */
+ * A slot hot in ``hot`` (a HotChains: native/master_hot.h) answers from its maps (holder * 4
+ * + tier); a chain walked past ``max_depth`` rows without a match gets its maps here (as
+ * IndexColumns.make_hot) and asks them, as the numpy code does. Returns how many chains
+ * became hot. */
 static PyObject *find_rows(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o_head, *o_next, *o_holder, *o_tier, *o_slots, *o_tiers, *hot, *o_out;
+    PyObject *o_head, *o_next, *o_holder, *o_tier, *o_slots, *o_tiers, *o_out;
+    HotObj *hot;
     long long holder_id;
     int max_depth;
     if (!PyArg_ParseTuple(args, "OOOOOLOO!iO:find_rows", &o_head, &o_next, &o_holder, &o_tier, &o_slots,
-                          &holder_id, &o_tiers, &PyDict_Type, &hot, &max_depth, &o_out))
+                          &holder_id, &o_tiers, &HotChainsType, &hot, &max_depth, &o_out))
         return NULL;
     const char *fn = "find_rows";
+    if (holder_id < 0 || holder_id >= ((long long)1 << 30)) {
+        PyErr_Format(PyExc_ValueError, "%s: holder_id must be in [0, 2**30), got %lld", fn, holder_id);
+        return NULL;
+    }
     Bufs b = {.n = 0};
     Py_ssize_t n_head, n_next, n_holder, n_tier, n_slots, n_tiers, n_out;
     const int32_t *head = take(&b, o_head, 4, I32, 0, fn, "head", &n_head);
@@ -290,7 +298,6 @@ static PyObject *find_rows(PyObject *self, PyObject *args) {
                      n_next, n_holder, n_tier, n_slots, n_tiers, n_out);
         return NULL;
     }
-    int use_hot = PyDict_GET_SIZE(hot) > 0;
     Py_ssize_t num_long = 0;
     const char *bad = NULL;
     long long bad_value = 0;
@@ -302,37 +309,14 @@ static PyObject *find_rows(PyObject *self, PyObject *args) {
             break;
         }
         int64_t t = tiers[i], found = -1;
-        if (use_hot) {
-            PyObject *key = PyLong_FromLongLong(s);
-            if (!key) goto error;
-            PyObject *hc = PyDict_GetItemWithError(hot, key); /* borrowed */
-            Py_DECREF(key);
-            if (hc == NULL && PyErr_Occurred()) goto error;
-            if (hc != NULL) {
-                PyObject *rows = PyObject_GetAttrString(hc, "rows");
-                if (!rows) goto error;
-                if (!PyDict_Check(rows)) {
-                    Py_DECREF(rows);
-                    PyErr_Format(PyExc_TypeError, "%s: a hot chain's rows must be a dict", fn);
-                    goto error;
-                }
-                PyObject *ht = PyLong_FromLongLong(holder_id * 4 + t);
-                if (!ht) {
-                    Py_DECREF(rows);
-                    goto error;
-                }
-                PyObject *row = PyDict_GetItemWithError(rows, ht);
-                Py_DECREF(ht);
-                if (row == NULL && PyErr_Occurred()) {
-                    Py_DECREF(rows);
-                    goto error;
-                }
-                found = row ? PyLong_AsLongLong(row) : -1;
-                Py_DECREF(rows);
-                if (found == -1 && PyErr_Occurred()) goto error;
-                out[i] = found;
-                continue;
-            }
+        if (t < 0 || t > 3) {
+            bad = "a tier outside 0..3";
+            bad_value = t;
+            break;
+        }
+        if (ht_count(hot, s) >= 0) {
+            out[i] = ht_find(hot, s, holder_id * 4 + t, NULL);
+            continue;
         }
         int64_t r = head[s];
         int depth = 0;
@@ -348,8 +332,9 @@ static PyObject *find_rows(PyObject *self, PyObject *args) {
             }
             r = next[r];
             depth++;
-            if (depth > max_depth && r >= 0) {
-                found = -2;
+            if (depth > max_depth && r >= 0) { /* a long chain: hot from now on */
+                if (ht_make(hot, s, head, next, holder, tier, nrows) != 0) goto error;
+                found = ht_find(hot, s, holder_id * 4 + t, NULL);
                 num_long++;
                 break;
             }
@@ -368,19 +353,25 @@ error:
 }
 
 
-/* unlink_rows(head, next, block, holder, state, hnext, hprev, holder_head, rows, emptied) -> int
- * IndexColumns.unlink of many rows of chains without HotChain maps (the caller keeps hot
- * chains, free lists, key tables and counters): per row, in order, its predecessor is found
- * by walking its block's chain from head[block[row]], then the row leaves its holder's list
- * and its block's chain, and gets state 0 and no links. emptied (writable u8, one per row) is
- * set to 1 where the row was its block's last. Every row is checked first (live: in a chain,
- * distinct); nothing changes when one is not. Returns how many blocks were emptied. */
+/* unlink_rows(head, next, block, holder, tier, state, hnext, hprev, holder_head, hot, hot_rows, rows,
+ *             emptied) -> int
+ * IndexColumns.unlink of many rows (the caller keeps free lists, key tables and counters):
+ * per row, in order, its predecessor is found in its block's maps when the block is hot in
+ * ``hot`` (a HotChains), else by walking its block's chain from head[block[row]]; then the
+ * row leaves its holder's list, its block's chain and its maps (which are dropped when the
+ * chain is left empty or with fewer than hot_rows / 2 rows), and gets state 0 and no links.
+ * emptied (writable u8, one per row) is set to 1 where the row was its block's last. Every
+ * row is checked first (live: in a chain, distinct); nothing changes when one is not.
+ * Returns how many blocks were emptied. */
 #define SEEN_BIT 0x40
 static PyObject *unlink_rows(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o_head, *o_next, *o_block, *o_holder, *o_state, *o_hnext, *o_hprev, *o_hhead, *o_rows, *o_empt;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO:unlink_rows", &o_head, &o_next, &o_block, &o_holder, &o_state, &o_hnext,
-                          &o_hprev, &o_hhead, &o_rows, &o_empt))
+    PyObject *o_head, *o_next, *o_block, *o_holder, *o_tier, *o_state, *o_hnext, *o_hprev, *o_hhead, *o_rows,
+        *o_empt;
+    HotObj *hot;
+    int hot_rows;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!iOO:unlink_rows", &o_head, &o_next, &o_block, &o_holder, &o_tier,
+                          &o_state, &o_hnext, &o_hprev, &o_hhead, &HotChainsType, &hot, &hot_rows, &o_rows, &o_empt))
         return NULL;
     const char *fn = "unlink_rows";
     Bufs b = {.n = 0};
@@ -393,6 +384,9 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
     if (!block) return NULL;
     const uint32_t *holder = take(&b, o_holder, 4, U32, 0, fn, "holder", &n_holder);
     if (!holder) return NULL;
+    Py_ssize_t n_tier;
+    const uint8_t *tier = take(&b, o_tier, 1, U8, 0, fn, "tier", &n_tier);
+    if (!tier) return NULL;
     uint8_t *state = take(&b, o_state, 1, U8, 1, fn, "state", &n_state);
     if (!state) return NULL;
     int32_t *hnext = take(&b, o_hnext, 4, I32, 1, fn, "hnext", &n_hnext);
@@ -406,8 +400,8 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
     uint8_t *emptied = take(&b, o_empt, 1, BOOL, 1, fn, "emptied", &n_empt);
     if (!emptied) return NULL;
     Py_ssize_t nrows = n_next;
-    if (n_block != nrows || n_holder != nrows || n_state != nrows || n_hnext != nrows || n_hprev != nrows ||
-        n_empt != n_rows) {
+    if (n_block != nrows || n_holder != nrows || n_tier != nrows || n_state != nrows || n_hnext != nrows ||
+        n_hprev != nrows || n_empt != n_rows) {
         release_all(&b);
         PyErr_Format(PyExc_ValueError,
                      "%s: sizes disagree: next %zd, block %zd, holder %zd, state %zd, hnext %zd, hprev %zd rows; "
@@ -434,9 +428,23 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n_rows; i++) {
         int64_t r = rows[i], s = block[r];
         int64_t prev = -1, cur = head[s];
-        while (cur >= 0 && cur != r) {
-            prev = cur;
-            cur = next[cur];
+        int is_hot = ht_count(hot, s) >= 0;
+        if (is_hot) {
+            int64_t pi = hm_find(&hot->prev, (uint64_t)r);
+            if (pi < 0) {
+                for (Py_ssize_t j = i; j < n_rows; j++) state[rows[j]] &= (uint8_t)~SEEN_BIT;
+                release_all(&b);
+                PyErr_Format(PyExc_RuntimeError, "%s: row %lld of hot slot %lld is not in its maps", fn, (long long)r,
+                             (long long)s);
+                return NULL;
+            }
+            prev = hot->prev.vals[pi];
+            cur = r;
+        } else {
+            while (cur >= 0 && cur != r) {
+                prev = cur;
+                cur = next[cur];
+            }
         }
         /* out of its holder's list */
         int32_t hn = hnext[r], hp = hprev[r];
@@ -453,6 +461,15 @@ static PyObject *unlink_rows(PyObject *self, PyObject *args) {
                 head[s] = nx;
             else
                 next[prev] = nx;
+        }
+        if (is_hot) { /* HotChain.remove; the maps go when the chain is empty or short again */
+            int64_t left = ht_remove(hot, s, r, nx, (int64_t)holder[r] * 4 + tier[r]);
+            if (left < 0) {
+                for (Py_ssize_t j = i; j < n_rows; j++) state[rows[j]] &= (uint8_t)~SEEN_BIT;
+                release_all(&b);
+                return NULL;
+            }
+            if ((nx < 0 && prev < 0) || left < hot_rows / 2) ht_drop(hot, s, head, next, holder, tier);
         }
         state[r] = 0;
         next[r] = -1;
@@ -723,33 +740,6 @@ static int list_push(PyObject *l, int64_t v) {
     return rc;
 }
 
-/* dict[int] -> int (-1 when absent; -2 on an error) */
-static int64_t dict_get_int(PyObject *d, int64_t k) {
-    PyObject *key = PyLong_FromLongLong(k);
-    if (!key) return -2;
-    PyObject *v = PyDict_GetItemWithError(d, key);
-    Py_DECREF(key);
-    if (!v) return PyErr_Occurred() ? -2 : -1;
-    int64_t out = PyLong_AsLongLong(v);
-    return (out == -1 && PyErr_Occurred()) ? -2 : out;
-}
-
-static int dict_set_int(PyObject *d, int64_t k, int64_t v) {
-    PyObject *key = PyLong_FromLongLong(k), *val = PyLong_FromLongLong(v);
-    int rc = (key && val) ? PyDict_SetItem(d, key, val) : -1;
-    Py_XDECREF(key);
-    Py_XDECREF(val);
-    return rc;
-}
-
-static int dict_del_int(PyObject *d, int64_t k) {
-    PyObject *key = PyLong_FromLongLong(k);
-    if (!key) return -1;
-    int rc = PyDict_DelItem(d, key);
-    Py_DECREF(key);
-    return rc;
-}
-
 /* The index's columns and the Python objects apply_events keeps in step with them. */
 typedef struct {
     int32_t *head, *next, *block, *hnext, *hprev;
@@ -760,67 +750,21 @@ typedef struct {
     const uint8_t *readable, *retired;
     int64_t *holder_rows, *holder_head;
     Py_ssize_t n_head, n_rows, n_holders;
-    PyObject *hot, *hot_cls, *free_rows, *free_blocks, *recent, *long_keys;
+    HotObj *hot;
+    PyObject *free_rows, *free_blocks, *recent, *long_keys;
     int64_t num_rows_used, num_slots, max_recent, live_delta;
     int hot_rows, ns;
     KT kt;
 } Ix;
 
-/* The HotChain of a slot (borrowed), NULL when none (or on an error: check PyErr_Occurred). */
-static PyObject *hot_of(Ix *x, int64_t slot) {
-    if (PyDict_GET_SIZE(x->hot) == 0) return NULL;
-    PyObject *key = PyLong_FromLongLong(slot);
-    if (!key) return NULL;
-    PyObject *hc = PyDict_GetItemWithError(x->hot, key);
-    Py_DECREF(key);
-    return hc;
-}
-
-/* Its two dicts (new references); -1 on an error. */
-static PyObject *s_rows, *s_prev; /* interned attribute names */
-static int hot_dicts(PyObject *hc, PyObject **rows, PyObject **prev) {
-    *rows = PyObject_GetAttr(hc, s_rows);
-    *prev = *rows ? PyObject_GetAttr(hc, s_prev) : NULL;
-    if (!*rows || !*prev || !PyDict_Check(*rows) || !PyDict_Check(*prev)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "apply_events: a hot chain's maps must be dicts");
-        Py_XDECREF(*rows);
-        Py_XDECREF(*prev);
-        return -1;
-    }
-    return 0;
-}
-
-/* IndexColumns.make_hot: a new HotChain of the slot's chain (borrowed; NULL on an error). */
-static PyObject *make_hot(Ix *x, int64_t slot) {
-    PyObject *hc = PyObject_CallNoArgs(x->hot_cls), *rows, *prev;
-    if (!hc) return NULL;
-    if (hot_dicts(hc, &rows, &prev) != 0) {
-        Py_DECREF(hc);
-        return NULL;
-    }
-    int rc = 0;
-    int64_t p = -1;
-    for (int64_t r = x->head[slot]; r >= 0 && rc == 0; p = r, r = x->next[r])
-        rc = dict_set_int(rows, (int64_t)x->holder[r] * 4 + x->tier[r], r) || dict_set_int(prev, r, p);
-    Py_DECREF(rows);
-    Py_DECREF(prev);
-    PyObject *key = PyLong_FromLongLong(slot);
-    if (rc == 0 && key) rc = PyDict_SetItem(x->hot, key, hc);
-    Py_XDECREF(key);
-    Py_DECREF(hc); /* the dict holds it (when set): borrowed from there */
-    return (rc == 0 && key) ? hc : NULL;
-}
-
 /* IndexColumns.find_rows for one slot: the row of (holder, tier) or -1; -2 on an error.
- * With want_prev, *prev gets its predecessor in the chain; *hc_out the chain's HotChain
- * (borrowed) or NULL. */
+ * With want_prev, *prev gets its predecessor in the chain; *is_hot whether the chain has
+ * maps (a chain walked past hot_rows rows gets them here: IndexColumns.make_hot). */
 static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t, int want_prev, int64_t *prev,
-                        PyObject **hc_out) {
-    PyObject *hc = hot_of(x, slot);
-    *hc_out = NULL;
+                        int64_t *is_hot) {
     *prev = -1;
-    if (!hc && PyErr_Occurred()) return -2;
-    if (!hc) {
+    *is_hot = ht_count(x->hot, slot) >= 0;
+    if (!*is_hot) {
         int depth = 0;
         int64_t p = -1;
         for (int64_t r = x->head[slot]; r >= 0;) {
@@ -831,33 +775,14 @@ static int64_t find_row(Ix *x, int64_t slot, int64_t holder, int64_t t, int want
             p = r;
             r = x->next[r];
             if (++depth > x->hot_rows && r >= 0) { /* a long chain: hot from now on */
-                hc = make_hot(x, slot);
-                if (!hc) return -2;
+                if (ht_make(x->hot, slot, x->head, x->next, x->holder, x->tier, x->n_rows) != 0) return -2;
+                *is_hot = 1;
                 break;
             }
         }
-        if (!hc) return -1;
+        if (!*is_hot) return -1;
     }
-    *hc_out = hc;
-    PyObject *rows, *pr;
-    if (hot_dicts(hc, &rows, &pr) != 0) return -2;
-    int64_t r = dict_get_int(rows, holder * 4 + t);
-    if (want_prev && r >= 0) *prev = dict_get_int(pr, r);
-    Py_DECREF(rows);
-    Py_DECREF(pr);
-    if (*prev == -2) return -2;
-    return r;
-}
-
-/* IndexColumns.link_rows' hot part: HotChain.add_head. */
-static int hot_add_head(PyObject *hc, int64_t row, int64_t old_head, int64_t ht) {
-    PyObject *rows, *prev;
-    if (hot_dicts(hc, &rows, &prev) != 0) return -1;
-    int rc = dict_set_int(rows, ht, row) || dict_set_int(prev, row, -1) ||
-             (old_head >= 0 && dict_set_int(prev, old_head, row));
-    Py_DECREF(rows);
-    Py_DECREF(prev);
-    return rc ? -1 : 0;
+    return ht_find(x->hot, slot, holder * 4 + t, want_prev ? prev : NULL);
 }
 
 /* IndexColumns._free_block: the slot leaves its key table (its factor kept when > 1). */
@@ -904,7 +829,7 @@ static int free_block(Ix *x, int64_t slot) {
 
 /* IndexColumns.unlink: row (after prev in its block's chain) out of its holder's list and
  * its chain, freed; a block left without rows freed too. */
-static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *hc) {
+static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, int64_t is_hot) {
     int32_t hn = x->hnext[row], hp = x->hprev[row];
     if (hp < 0)
         x->holder_head[x->holder[row]] = hn;
@@ -917,19 +842,10 @@ static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *
         x->head[slot] = nx;
     else
         x->next[prev] = nx;
-    if (hc) { /* HotChain.remove, then the chain's maps go when it is empty or short again */
-        PyObject *rows, *pr;
-        if (hot_dicts(hc, &rows, &pr) != 0) return -1;
-        int64_t ht = (int64_t)x->holder[row] * 4 + x->tier[row];
-        int64_t p = dict_get_int(pr, row);
-        int rc = (p == -2) || dict_del_int(pr, row) || (nx >= 0 && dict_set_int(pr, nx, p));
-        if (rc == 0 && dict_get_int(rows, ht) == row) rc = dict_del_int(rows, ht);
-        Py_ssize_t left = PyDict_GET_SIZE(pr);
-        Py_DECREF(rows);
-        Py_DECREF(pr);
-        if (rc || PyErr_Occurred()) return -1;
-        if ((nx < 0 && prev < 0) || left < x->hot_rows / 2)
-            if (dict_del_int(x->hot, slot) != 0) return -1;
+    if (is_hot) { /* HotChain.remove, then the chain's maps go when it is empty or short again */
+        int64_t left = ht_remove(x->hot, slot, row, nx, (int64_t)x->holder[row] * 4 + x->tier[row]);
+        if (left < 0) return -1;
+        if ((nx < 0 && prev < 0) || left < x->hot_rows / 2) ht_drop(x->hot, slot, x->head, x->next, x->holder, x->tier);
     }
     x->state[row] = 0;
     x->next[row] = -1;
@@ -949,7 +865,7 @@ static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *
         dst = p_;                                                                                  \
     } while (0)
 
-/* apply_events(cols, table, hot_cls, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps,
+/* apply_events(cols, table, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps,
  *              gen_next, codes, consts) -> tuple | None
  * Membership._apply_run for one namespace group in one call: events idx (int64, in order)
  * of a ReportEvents batch's columns (kinds and keys lists; tiers, sizes int64, gens u64,
@@ -957,7 +873,7 @@ static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *
  * ``ns`` of ``cols`` (an IndexColumns) and its key ``table``, with the outcome of the
  * fallback's BlockIndex.add_replicas_batch of the ADDED events, then
  * remove_replicas_batch of the REMOVED ones, then copy_holders_to_promote of the blocks
- * that lost a row: same rows, chains, holder lists, hot maps (built with ``hot_cls``),
+ * that lost a row: same rows, chains, holder lists, hot maps (cols.hot, a HotChains),
  * free lists, key tables, recent factors. An ADDED event with generation 0 takes gen_next,
  * gen_next + 1, ... in order. codes (writable int8, one per idx entry) gets the fallback's codes:
  * ADDED 1 a row added, 2 an uncommitted row committed, 0 already indexed; REMOVED 0 not
@@ -969,11 +885,11 @@ static int unlink_row(Ix *x, int64_t slot, int64_t row, int64_t prev, PyObject *
  * holder, a key table or columns too full for the ADDED events): run the fallback. */
 static PyObject *apply_events(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o_cols, *o_table, *hot_cls, *o_idx, *kinds, *keys, *o_tiers, *o_sizes, *o_gens, *o_copies, *o_reps,
+    PyObject *o_cols, *o_table, *o_idx, *kinds, *keys, *o_tiers, *o_sizes, *o_gens, *o_copies, *o_reps,
         *o_codes;
     int ns;
     long long holder, gen_next, k_add, k_rem, committed, state_mask, copy_bit, max_size, max_reps, hot_rows, max_recent;
-    if (!PyArg_ParseTuple(args, "OOOiLOO!O!OOOOOLO(LLLLLLLLL):apply_events", &o_cols, &o_table, &hot_cls, &ns, &holder,
+    if (!PyArg_ParseTuple(args, "OOiLOO!O!OOOOOLO(LLLLLLLLL):apply_events", &o_cols, &o_table, &ns, &holder,
                           &o_idx, &PyList_Type, &kinds, &PyList_Type, &keys, &o_tiers, &o_sizes, &o_gens, &o_copies,
                           &o_reps, &gen_next, &o_codes, &k_add, &k_rem, &committed, &state_mask, &copy_bit, &max_size,
                           &max_reps, &hot_rows, &max_recent))
@@ -1059,18 +975,19 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         if (!l) goto fail;                                                                         \
         dst = l;                                                                                   \
         Py_DECREF(l); /* borrowed from cols for the call */
-        GET_OBJ("hot", x.hot, 1);
+        GET_OBJ("hot", l, 1);
+        if (!PyObject_TypeCheck(l, &HotChainsType)) goto not_mine; /* PyHotChains: the fallback's */
+        x.hot = (HotObj *)l;
         GET_OBJ("free_rows", x.free_rows, 1);
         GET_OBJ("free_blocks", x.free_blocks, 1);
         GET_OBJ("recent_factors", x.recent, 1);
         GET_OBJ("long_keys", x.long_keys, 1);
 #undef GET_OBJ
-        if (!PyDict_Check(x.hot) || !PyList_Check(x.free_rows) || !PyList_Check(x.free_blocks) ||
+        if (!PyList_Check(x.free_rows) || !PyList_Check(x.free_blocks) ||
             !PyDict_Check(x.recent) || !PyDict_Check(x.long_keys)) {
             PyErr_Format(PyExc_TypeError, "%s: cols has hot, free lists or factor maps of the wrong type", fn);
             goto fail;
         }
-        x.hot_cls = hot_cls;
         PyObject *a = PyObject_GetAttrString(o_cols, "num_rows_used");
         x.num_rows_used = a ? PyLong_AsLongLong(a) : -1;
         Py_XDECREF(a);
@@ -1112,7 +1029,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         goto fail;
     }
     int64_t *ev_slot = evs, *ev_row = evs + n_idx, *ev_kind = evs + 2 * n_idx, *ev_prev = evs + 3 * n_idx;
-    PyObject **ev_hot = (PyObject **)(evs + 4 * n_idx); /* borrowed HotChains (one event per block) */
+    int64_t *ev_hot = evs + 4 * n_idx; /* whether the event's block has maps */
     for (Py_ssize_t i = 0; i < n_idx; i++) ev_kind[i] = PyLong_AsLong(PyList_GET_ITEM(kinds, idx[i])); /* checked */
     Py_ssize_t n_absent = 0;
     for (Py_ssize_t i = 0; i < n_idx; i++) {
@@ -1175,6 +1092,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         int64_t e = idx[i];
         if (ev_kind[i] != k_add) continue;
         if (reps[e] > x.factor[ev_slot[i]]) x.factor[ev_slot[i]] = (uint8_t)reps[e];
+        ht_prefetch(x.hot, ev_slot[i], holder * 4 + tiers[e], x.head[ev_slot[i]]); /* overlaps the misses */
     }
     for (Py_ssize_t i = 0; i < n_idx; i++) {
         int64_t e = idx[i];
@@ -1186,9 +1104,8 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         }
         ev_row[i] = -1;
         int64_t s = ev_slot[i];
-        int64_t pv;
-        PyObject *hc0;
-        int64_t r = x.head[s] >= 0 ? find_row(&x, s, holder, tiers[e], 0, &pv, &hc0) : -1;
+        int64_t pv, hot0;
+        int64_t r = x.head[s] >= 0 ? find_row(&x, s, holder, tiers[e], 0, &pv, &hot0) : -1;
         if (r == -2) goto fail;
         uint8_t st_new = (uint8_t)(copies[e] ? (committed | copy_bit) : committed);
         if (r >= 0) {
@@ -1227,9 +1144,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
             x.block[r] = (int32_t)s;
             x.next[r] = old;
             x.head[s] = (int32_t)r;
-            PyObject *hc = hot_of(&x, s);
-            if (!hc && PyErr_Occurred()) goto fail;
-            if (hc && hot_add_head(hc, r, old, holder * 4 + tiers[e]) != 0) goto fail;
+            if (ht_count(x.hot, s) >= 0 && ht_add_head(x.hot, s, r, old, holder * 4 + tiers[e]) != 0) goto fail;
             /* the holder's list: new rows in event order, before its old rows */
             x.hprev[r] = (int32_t)last;
             x.hnext[r] = -1;
@@ -1251,12 +1166,14 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n_idx; i++) {
         int64_t e = idx[i], pos;
         ev_slot[i] = ev_row[i] = -1;
-        ev_hot[i] = NULL;
+        ev_hot[i] = 0;
         if (ev_kind[i] != k_rem) continue;
         const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(PyList_GET_ITEM(keys, e));
         kt_probe(&x.kt, w[0], w[1], &pos, &ev_slot[i]);
         if (ev_slot[i] >= 0) __builtin_prefetch(&x.head[ev_slot[i]]);
     }
+    for (Py_ssize_t i = 0; i < n_idx; i++) /* hot slots' map entries fetched ahead too */
+        if (ev_kind[i] == k_rem && ev_slot[i] >= 0) ht_prefetch(x.hot, ev_slot[i], holder * 4 + tiers[idx[i]], -1);
     for (Py_ssize_t i = 0; i < n_idx; i++) { /* (a second pass: the heads fetched meanwhile) */
         int64_t e = idx[i];
         if (ev_kind[i] != k_rem || ev_slot[i] < 0) continue;
@@ -1271,7 +1188,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
     x.holder_rows[holder] -= n_gone;
     for (int pass = 0; pass < 2 && n_gone; pass++) {
         for (Py_ssize_t i = 0; i < n_idx; i++) {
-            if (ev_row[i] < 0 || (ev_hot[i] != NULL) != pass) continue;
+            if (ev_row[i] < 0 || (ev_hot[i] != 0) != pass) continue;
             if (unlink_row(&x, ev_slot[i], ev_row[i], ev_prev[i], ev_hot[i]) != 0) goto fail;
         }
     }
@@ -1326,15 +1243,15 @@ static PyMethodDef methods[] = {
      "committed, state_mask, copy_bit, ssd, rank_score, load_clip, max_ranked): the ranking walk."},
     {"find_rows", find_rows, METH_VARARGS,
      "find_rows(head, next, holder, tier, slots, holder_id, tiers, hot, max_depth, out) -> int: a holder's row "
-     "per chain (-1 none, -2 chain too long: make it hot); returns the count of -2."},
+     "per chain (-1 none; a chain longer than max_depth gets hot maps); returns the count of chains made hot."},
     {"unlink_rows", unlink_rows, METH_VARARGS,
-     "unlink_rows(head, next, block, holder, state, hnext, hprev, holder_head, rows, emptied) -> int: unlink rows of "
-     "chains without hot maps; returns the count of blocks emptied."},
+     "unlink_rows(head, next, block, holder, tier, state, hnext, hprev, holder_head, hot, hot_rows, rows, emptied) "
+     "-> int: unlink rows (hot chains' through their maps); returns the count of blocks emptied."},
     {"parse_events", parse_events, METH_VARARGS,
      "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
      "the canonical form; read the message)."},
     {"apply_events", apply_events, METH_VARARGS,
-     "apply_events(cols, table, hot_cls, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "
+     "apply_events(cols, table, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "
      "codes, consts) -> tuple | None: a ReportEvents run applied to the index (None: not applied, run the fallback)."},
     MASTER_LOOKUP_METHODS
     {NULL, NULL, 0, NULL}};
@@ -1345,8 +1262,14 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native_master(void) {
-    s_rows = PyUnicode_InternFromString("rows");
-    s_prev = PyUnicode_InternFromString("prev");
-    if (!s_rows || !s_prev) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&HotChainsType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&HotChainsType);
+    if (PyModule_AddObject(m, "HotChains", (PyObject *)&HotChainsType) < 0) {
+        Py_DECREF(&HotChainsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -36,7 +36,9 @@ Not thread-safe: the master mutates it from its event loop only.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,15 +58,16 @@ ROW_FIELDS = (("holder", np.uint32), ("next", np.int32), ("block", np.int32),
 """The columns of a replica row: 34 bytes per replica."""
 _LINKS = ("next", "block", "hnext", "hprev")
 HOT_CHAIN_ROWS = 16
-"""A block's chain found longer than this gets :class:`HotChain` maps (a hot block: a
-system prompt's blocks have a replica on every node), so finding a holder's row and its
-predecessor costs O(1) instead of a walk of up to one row per node."""
+"""A block's chain found longer than this gets hot maps (:class:`PyHotChains`, or the C
+``HotChains``; a hot block: a system prompt's blocks have a replica on every node), so
+finding a holder's row and its predecessor costs O(1) instead of a walk of up to one row per
+node. A chain left with fewer than half this many rows drops them (walked again)."""
 
 
 class HotChain:
     """Maps of one long chain: ``rows`` (holder * 4 + tier -> row) and ``prev`` (row -> its
-    predecessor in the chain, -1 for the head). Python dicts, held for hot blocks only (a
-    few per cent of the blocks: ~100 B per row of a hot block, none for the others)."""
+    predecessor in the chain, -1 for the head). Python dicts (:class:`PyHotChains`, the
+    fallback: ~140 B per row of a hot block, none for the others)."""
 
     __slots__ = ("prev", "rows")
 
@@ -86,6 +89,127 @@ class HotChain:
             self.prev[nxt] = p
         if self.rows.get(holder_tier) == row:
             del self.rows[holder_tier]
+
+
+HotSnapshot = tuple[dict[int, int], dict[int, dict[int, int]], dict[int, int]]
+"""``(counts, rows, prev)`` of :meth:`PyHotChains.snapshot`."""
+
+
+class PyHotChains:
+    """The hot chains' maps of an index (a block whose chain is found longer than
+    :data:`HOT_CHAIN_ROWS`): per hot slot, holder * 4 + tier -> row and row -> predecessor.
+
+    This is the pure-Python version (a dict of :class:`HotChain` per slot), used when the C
+    extension is not built; ``kvstored._native_master.HotChains`` (native/master_hot.h:
+    open-addressing tables of plain integers, ~50-100 B per hot row instead of ~140, and the
+    C loops of native/master.c use it without a Python call) has the same interface and
+    gives the same answers (tests/unit/master/test_master_native.py compares snapshots).
+    ``ht`` below is ``holder * 4 + tier``; rows and slots are ints >= 0, -1 = none.
+    """
+
+    __slots__ = ("_chains",)
+
+    def __init__(self) -> None:
+        self._chains: dict[int, HotChain] = {}
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._chains
+
+    def find(self, slot: int, ht: int) -> tuple[int, int] | None:
+        """``(row, predecessor)`` of ``ht`` in a hot slot's chain (``(-1, -1)``: none); None
+        when the slot is not hot."""
+        hc = self._chains.get(slot)
+        if hc is None:
+            return None
+        row = hc.rows.get(ht, NO_ROW)
+        return (row, hc.prev[row]) if row != NO_ROW else (NO_ROW, NO_ROW)
+
+    def prev_of(self, slot: int, row: int) -> int | None:
+        """A row's predecessor in a hot slot's chain (-1: the head); None when the slot is
+        not hot.
+
+        Raises:
+            KeyError: the row is not in the slot's maps.
+        """
+        hc = self._chains.get(slot)
+        return None if hc is None else hc.prev[row]
+
+    def make(self, slot: int, rows: list[int], hts: list[int]) -> None:
+        """Maps for a slot's chain: ``rows`` from its head, ``hts`` theirs.
+
+        Raises:
+            ValueError: the slot is hot already.
+        """
+        if slot in self._chains:
+            raise ValueError(f"HotChains.make: slot {slot} is hot already")
+        hc = self._chains[slot] = HotChain()
+        prev = NO_ROW
+        for row, ht in zip(rows, hts, strict=True):
+            hc.rows[ht] = row
+            hc.prev[row] = prev
+            prev = row
+
+    def add_head(self, slot: int, row: int, old_head: int, ht: int) -> None:
+        """``row`` became the hot slot's head before ``old_head`` (-1: none).
+
+        Raises:
+            KeyError: the slot is not hot.
+        """
+        self._chains[slot].add_head(row, old_head, ht)
+
+    def remove(self, slot: int, row: int, nxt: int, ht: int) -> int:
+        """``row`` (followed by ``nxt``, -1 none) left the slot's chain.
+
+        Returns:
+            The rows left in the chain's maps; -1 when the slot is not hot (nothing done).
+        """
+        hc = self._chains.get(slot)
+        if hc is None:
+            return -1
+        hc.remove(row, nxt, ht)
+        return len(hc.prev)
+
+    def drop(self, slot: int, rows: list[int], hts: list[int]) -> None:
+        """The slot's maps dropped (``rows``: its chain's rows now, ``hts`` theirs; the C
+        version deletes their entries)."""
+        del rows, hts
+        self._chains.pop(slot, None)
+
+    def slots(self) -> list[int]:
+        """The hot slots, ascending."""
+        return sorted(self._chains)
+
+    def snapshot(self) -> HotSnapshot:
+        """``({slot: rows in its maps}, {slot: {ht: row}}, {row: predecessor})``: what the
+        tests compare between the two versions."""
+        counts = {s: len(h.prev) for s, h in self._chains.items()}
+        rows = {s: dict(h.rows) for s, h in self._chains.items()}
+        prev: dict[int, int] = {}
+        for h in self._chains.values():
+            prev.update(h.prev)
+        return counts, rows, prev
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in every hot chain's maps."""
+        return sum(len(h.prev) for h in self._chains.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the dicts (``sys.getsizeof``; the int objects they hold excluded)."""
+        return sum(sys.getsizeof(h.rows) + sys.getsizeof(h.prev) for h in self._chains.values()) \
+            + sys.getsizeof(self._chains)
+
+
+def new_hot_chains() -> PyHotChains:
+    """The maps of a new index: the C ``HotChains`` when the extension is built (and
+    :data:`kvstored.native.master_index` is set now), else :class:`PyHotChains`."""
+    impl = native.master_index
+    hot_type = getattr(impl, "HotChains", None) if impl is not None else None
+    return hot_type() if hot_type is not None else PyHotChains()
 
 
 def grow(arr: np.ndarray, need: int, fill: float = 0) -> np.ndarray:
@@ -133,7 +257,7 @@ class IndexColumns:
         self.long_keys: dict[tuple[int, bytes], bytes] = {}  # digest -> key of len != 16
         # (ns, 16-byte key form) -> factor > 1 of a block whose last row went (bounded)
         self.recent_factors: dict[tuple[int, bytes], int] = {}
-        self.hot: dict[int, HotChain] = {}  # slot -> maps of its long chain (HotChain)
+        self.hot = new_hot_chains()  # the maps of hot chains (PyHotChains, or C's HotChains)
         # row columns: one contiguous array per field (numpy gathers from contiguous columns
         # are ~50x faster than from a packed record array, measured: 0.7 vs 35 us for 512)
         self._alloc_row_columns(n)
@@ -310,15 +434,26 @@ class IndexColumns:
         self.holder_head = grow(self.holder_head, need, NO_ROW)
 
     # ---- chains ----------------------------------------------------------------------
+    def _ht(self, row: int) -> int:
+        return int(self.holder[row]) * 4 + int(self.tier[row])
+
+    def _chain(self, slot: int) -> tuple[list[int], list[int]]:
+        """The rows of a block's chain from its head, and their holder * 4 + tier."""
+        rows: list[int] = []
+        row = int(self.head[slot])
+        while row != NO_ROW:
+            rows.append(row)
+            row = int(self.next[row])
+        return rows, [self._ht(r) for r in rows]
+
     def find_row(self, slot: int, holder: int, tier: int) -> tuple[int, int]:
         """(row, previous row) of (holder, tier) in a block's chain, or (-1, -1).
 
-        A hot chain (:class:`HotChain`) answers from its maps; a short one is walked (a
+        A hot chain (:class:`PyHotChains`) answers from its maps; a short one is walked (a
         chain that turns out longer than :data:`HOT_CHAIN_ROWS` becomes hot here)."""
-        hot = self.hot.get(slot)
-        if hot is not None:
-            row = hot.rows.get(holder * 4 + tier, NO_ROW)
-            return (row, hot.prev[row]) if row != NO_ROW else (NO_ROW, NO_ROW)
+        got = self.hot.find(slot, holder * 4 + tier) if self.hot else None
+        if got is not None:
+            return got
         prev = NO_ROW
         row = int(self.head[slot])
         depth = 0
@@ -333,25 +468,24 @@ class IndexColumns:
 
     def find_row_exact(self, slot: int, target: int) -> tuple[int, int]:
         """(``target``, previous row) in a block's chain (``target`` is in it)."""
-        hot = self.hot.get(slot)
-        if hot is not None:
-            return target, hot.prev[target]
+        prev = self.hot.prev_of(slot, target) if self.hot else None
+        if prev is not None:
+            return target, prev
         prev, row = NO_ROW, int(self.head[slot])
         while row != NO_ROW and row != target:
             prev, row = row, int(self.next[row])
         return row, prev
 
-    def make_hot(self, slot: int) -> HotChain:
-        """Give a block's chain its :class:`HotChain` maps (one walk of the chain)."""
-        hot = self.hot.get(slot)
-        if hot is None:
-            hot = self.hot[slot] = HotChain()
-            prev, row = NO_ROW, int(self.head[slot])
-            while row != NO_ROW:
-                hot.rows[int(self.holder[row]) * 4 + int(self.tier[row])] = row
-                hot.prev[row] = prev
-                prev, row = row, int(self.next[row])
-        return hot
+    def make_hot(self, slot: int) -> None:
+        """Give a block's chain its hot maps (one walk of the chain; none if it has them)."""
+        if slot not in self.hot:
+            self.hot.make(slot, *self._chain(slot))
+
+    def native_loops(self) -> Any:
+        """The C extension when it is built and this index's hot maps are its ``HotChains``
+        (the C loops read and change them), else None (the numpy and Python code runs)."""
+        impl = native.master_index
+        return None if impl is None or isinstance(self.hot, PyHotChains) else impl
 
     def find_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
         """Per slot: the row of (``holder``, tier) in its chain, or -1 (int64; vectorized).
@@ -360,7 +494,7 @@ class IndexColumns:
         a longer chain met here becomes hot), hot chains answer from their maps, so the
         cost does not grow with the replicas of a hot block. One C call (native/master.c
         ``find_rows``) when the extension is built, else :meth:`py_find_rows`."""
-        impl = native.master_index
+        impl = self.native_loops()
         if impl is None:
             return self.py_find_rows(slots, holder, tiers)
         n = len(slots)
@@ -369,11 +503,8 @@ class IndexColumns:
             return found
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         tiers = np.ascontiguousarray(tiers, dtype=np.int64)
-        if impl.find_rows(self.head, self.next, self.holder, self.tier, slots, int(holder), tiers,
-                          self.hot, HOT_CHAIN_ROWS, found):
-            for i in np.flatnonzero(found == -2).tolist():  # long chains: hot from now on
-                hc = self.make_hot(int(slots[i]))
-                found[i] = hc.rows.get(holder * 4 + int(tiers[i]), NO_ROW)
+        impl.find_rows(self.head, self.next, self.holder, self.tier,
+                       slots, int(holder), tiers, self.hot, HOT_CHAIN_ROWS, found)
         return found
 
     def py_find_rows(self, slots: np.ndarray, holder: int, tiers: np.ndarray) -> np.ndarray:
@@ -383,15 +514,17 @@ class IndexColumns:
         if n == 0:
             return found
         cur = self.head[slots].astype(np.int64)
-        if self.hot:
-            hot = self.hot
+        hot = self.hot
+        if hot:
             sl = slots.tolist()
             is_hot = [s in hot for s in sl]
             if any(is_hot):
                 tl = tiers.tolist()
                 for i, h in enumerate(is_hot):
                     if h:
-                        found[i] = hot[sl[i]].rows.get(holder * 4 + int(tl[i]), NO_ROW)
+                        got = hot.find(sl[i], holder * 4 + int(tl[i]))
+                        assert got is not None
+                        found[i] = got[0]
                         cur[i] = NO_ROW
         idx = np.flatnonzero(cur >= 0)
         depth = 0
@@ -405,8 +538,10 @@ class IndexColumns:
             depth += 1
             if depth > HOT_CHAIN_ROWS and len(idx):
                 for i in idx.tolist():
-                    hc = self.make_hot(int(slots[i]))
-                    found[i] = hc.rows.get(holder * 4 + int(tiers[i]), NO_ROW)
+                    self.make_hot(int(slots[i]))
+                    got = hot.find(int(slots[i]), holder * 4 + int(tiers[i]))
+                    assert got is not None
+                    found[i] = got[0]
                 break
         return found
 
@@ -425,12 +560,11 @@ class IndexColumns:
             for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
                 self.next[r] = self.head[s]
                 self.head[s] = r
-        if self.hot:
-            hot = self.hot
+        hot = self.hot
+        if hot:
             for s, r in zip(slots.tolist(), rows.tolist(), strict=True):
-                hc = hot.get(s)
-                if hc is not None:
-                    hc.add_head(r, int(self.next[r]), int(self.holder[r]) * 4 + int(self.tier[r]))
+                if s in hot:
+                    hot.add_head(s, r, int(self.next[r]), self._ht(r))
 
     def link_row(self, slot: int, row: int) -> None:
         """Put one new row at the front of its block's chain (scalar :meth:`link_rows`)."""
@@ -438,9 +572,8 @@ class IndexColumns:
         self.next[row] = old
         self.block[row] = slot
         self.head[slot] = row
-        hc = self.hot.get(slot) if self.hot else None
-        if hc is not None:
-            hc.add_head(row, old, int(self.holder[row]) * 4 + int(self.tier[row]))
+        if self.hot and slot in self.hot:
+            self.hot.add_head(slot, row, old, self._ht(row))
 
     def link_holder(self, holder: int, rows: np.ndarray) -> None:
         """Put new rows at the front of their holder's row list (one vectorized step)."""
@@ -487,13 +620,9 @@ class IndexColumns:
             self.head[slot] = nxt
         else:
             self.next[prev] = nxt
-        hc = self.hot.get(slot) if self.hot else None
-        if hc is not None:
-            hc.remove(row, nxt, int(self.holder[row]) * 4 + int(self.tier[row]))
-            if nxt == NO_ROW and prev == NO_ROW:
-                del self.hot[slot]
-            elif len(hc.prev) < HOT_CHAIN_ROWS // 2:  # short again: walked, no maps
-                del self.hot[slot]
+        left = self.hot.remove(slot, row, nxt, self._ht(row)) if self.hot else -1
+        if left >= 0 and ((nxt == NO_ROW and prev == NO_ROW) or left < HOT_CHAIN_ROWS // 2):
+            self.hot.drop(slot, *self._chain(slot))  # empty, or short again: walked, no maps
         self.state[row] = FREE_STATE
         self.next[row] = NO_ROW
         self.block[row] = NO_ROW
@@ -517,33 +646,32 @@ class IndexColumns:
 
     def unlink_many(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """:meth:`unlink` of distinct rows (``slots`` their blocks), each with the predecessor
-        its chain has when its turn comes: the rows of chains without :class:`HotChain` maps
-        first, in order, then those of hot chains, in order. The first part is one C call
-        (native/master.c ``unlink_rows``) when the extension is built; the rest, and all of it
-        in the fallback, :meth:`unlink` row by row.
+        its chain has when its turn comes: the rows of chains without hot maps first, in
+        order, then those of hot chains, in order. One C call (native/master.c
+        ``unlink_rows``, hot chains' rows through the C maps) when the extension is built,
+        else :meth:`unlink` row by row.
 
         The caller keeps ``holder_rows`` (and any dead-row count) in step."""
         sl, rl = slots.tolist(), rows.tolist()
         hot = self.hot
         if hot:
             is_hot = [s in hot for s in sl]
-            later = [(s, r) for s, r, h in zip(sl, rl, is_hot, strict=True) if h]
-            if later:
-                sl = [s for s, h in zip(sl, is_hot, strict=True) if not h]
-                rl = [r for r, h in zip(rl, is_hot, strict=True) if not h]
-        else:
-            later = []
-        impl = native.master_index
+            if any(is_hot):
+                sl = [s for s, h in zip(sl, is_hot, strict=True) if not h] + \
+                    [s for s, h in zip(sl, is_hot, strict=True) if h]
+                rl = [r for r, h in zip(rl, is_hot, strict=True) if not h] + \
+                    [r for r, h in zip(rl, is_hot, strict=True) if h]
+        impl = self.native_loops()
         if impl is not None and rl:
-            cold = np.asarray(rl, dtype=np.int64)
-            emptied = np.zeros(len(cold), dtype=np.bool_)
-            if impl.unlink_rows(self.head, self.next, self.block, self.holder, self.state, self.hnext,
-                                self.hprev, self.holder_head, cold, emptied):
+            order = np.asarray(rl, dtype=np.int64)
+            emptied = np.zeros(len(order), dtype=np.bool_)
+            if impl.unlink_rows(self.head, self.next, self.block, self.holder,
+                                self.tier, self.state, self.hnext, self.hprev, self.holder_head,
+                                self.hot, HOT_CHAIN_ROWS, order, emptied):
                 for i in np.flatnonzero(emptied).tolist():
                     self._free_block(sl[i])
             self.free_rows.extend(rl)
-        else:
-            later = list(zip(sl, rl, strict=True)) + later
-        for s, r in later:
+            return
+        for s, r in zip(sl, rl, strict=True):
             _, prev = self.find_row_exact(s, r)
             self.unlink(s, r, prev)

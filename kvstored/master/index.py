@@ -37,7 +37,7 @@ import numpy as np
 from kvstored import native
 from kvstored.errors import InvalidArgument
 from kvstored.master import generations
-from kvstored.master.columns import HOT_CHAIN_ROWS, MAX_RECENT_FACTORS, NO_ROW, HotChain, IndexColumns
+from kvstored.master.columns import HOT_CHAIN_ROWS, MAX_RECENT_FACTORS, NO_ROW, IndexColumns
 from kvstored.master.holders import HolderRows
 from kvstored.master.keytable import KEY_BYTES, keys_to_words
 from kvstored.master.ranking import MAX_RANKED_REPLICAS, best_rows, native_args, ranked_rows
@@ -515,12 +515,12 @@ class BlockIndex:
             value out of range, a retired holder): nothing changed, apply it with the batch
             methods (which name what was wrong).
         """
-        impl = native.master_index
+        c = self._cols
+        impl = c.native_loops()  # (the C maps: an index made without the extension has none)
         bc = events.blocks
         kinds, keys = events.kinds, bc.keys
         if impl is None or type(kinds) is not list or type(keys) is not list:
             return None
-        c = self._cols
         whole = len(run) == len(kinds)
         num_added = kinds.count(_ADDED) if whole else sum(kinds[i] == _ADDED for i in run)
         ns = c.ns(namespace_id, create=num_added > 0)
@@ -535,7 +535,7 @@ class BlockIndex:
             table.reserve(int((table.get_many(keys_to_words(add_keys)) < 0).sum()))
         idx = np.arange(len(run), dtype=np.int64) if whole else np.asarray(run, dtype=np.int64)
         codes = np.empty(len(run), np.int8)
-        got = impl.apply_events(c, table, HotChain, ns, holder, idx, kinds, keys,
+        got = impl.apply_events(c, table, ns, holder, idx, kinds, keys,
                                 np.ascontiguousarray(bc.tiers, np.int64),
                                 np.ascontiguousarray(bc.sizes, np.int64),
                                 np.ascontiguousarray(bc.generations, np.uint64),

@@ -135,7 +135,7 @@ def test_a_batch_of_events_is_applied_as_one_event_at_a_time() -> None:
         assert _snapshot(batched) == _snapshot(single)
         assert rec_a.changes == rec_b.changes
     assert batched.index.columns.hot, "the scenario must reach hot chains"
-    assert max(len(h.prev) for h in batched.index.columns.hot.values()) > HOT_CHAIN_ROWS
+    assert max(batched.index.columns.hot.snapshot()[0].values()) > HOT_CHAIN_ROWS
     # a holder retired with rows in hot chains: GC unlinks them through the chains' maps
     victim = batched.membership.node(NODES[10]).holder  # type: ignore[union-attr]
     for st in (batched, single):

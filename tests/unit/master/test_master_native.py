@@ -21,7 +21,7 @@ from master_helpers import NS
 
 from kvstored import native
 from kvstored.master import ranking
-from kvstored.master.columns import HOT_CHAIN_ROWS
+from kvstored.master.columns import HOT_CHAIN_ROWS, PyHotChains
 from kvstored.master.holders import LOAD_CLIP
 from kvstored.master.index import BlockIndex
 from kvstored.master.keytable import KeyTable, keys_to_words
@@ -106,9 +106,13 @@ def test_ranking_walk_matches_numpy(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_find_rows_matches_numpy(seed: int) -> None:
-    # two indexes built alike: a long chain met by find_rows becomes hot in both
-    built = [_random_index(random.Random(200 + seed), 2 * HOT_CHAIN_ROWS, 50) for _ in range(2)]
+def test_find_rows_matches_numpy(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two indexes built alike (one with the C maps, one with PyHotChains): a long chain met
+    # by find_rows becomes hot in both
+    built = [_random_index(random.Random(200 + seed), 2 * HOT_CHAIN_ROWS, 50)]
+    monkeypatch.setattr(native, "master_index", None)
+    built.append(_random_index(random.Random(200 + seed), 2 * HOT_CHAIN_ROWS, 50))
+    monkeypatch.setattr(native, "master_index", NATIVE)
     (a, keys, hs), (b, _, _) = built
     rng = random.Random(seed)
     for _ in range(6):
@@ -120,8 +124,10 @@ def test_find_rows_matches_numpy(seed: int) -> None:
         got = a.columns.find_rows(slots, holder, tiers)
         want = b.columns.py_find_rows(slots, holder, tiers)
         assert got.tolist() == want.tolist()
-        assert sorted(a.columns.hot) == sorted(b.columns.hot)
-    assert a.columns.hot  # some chains were long (made hot by the C walk's -2 answers)
+        assert a.columns.hot.slots() == b.columns.hot.slots()
+        assert a.columns.hot.snapshot() == b.columns.hot.snapshot()
+    assert a.columns.hot  # some chains were long (made hot by the C walk)
+    assert type(a.columns.hot).__name__ == "HotChains" and isinstance(b.columns.hot, PyHotChains)
 
 
 def _chains(ix: BlockIndex, keys: list[bytes]) -> list[list[tuple[int, int, int, int, int, bool]]]:
@@ -133,16 +139,20 @@ def _chains(ix: BlockIndex, keys: list[bytes]) -> list[list[tuple[int, int, int,
 def test_a_workload_gives_the_same_answers_with_both(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(300 + seed)
     keys = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(80)]
-    ixs = [BlockIndex(16), BlockIndex(16)]  # [native, python]
+    ixs = [BlockIndex(16)]  # [native, python]: the python one with PyHotChains
+    monkeypatch.setattr(native, "master_index", None)
+    ixs.append(BlockIndex(16))
+    monkeypatch.setattr(native, "master_index", NATIVE)
     impls = [NATIVE, None]
     hs = [[ix.add_holder() for _ in range(2 * HOT_CHAIN_ROWS)] for ix in ixs]
     assert hs[0] == hs[1]
     for ix in ixs:
         for h in hs[0]:
             ix.set_readable(h, True)
-    for step in range(120):
+    seen_hot = False
+    for step in range(300):
         holder = rng.choice(hs[0])
-        batch = rng.sample(keys[:12] if rng.random() < 0.5 else keys, rng.randint(1, 10))  # hot ones often
+        batch = rng.sample(keys[:6] if rng.random() < 0.6 else keys, rng.randint(1, 6))  # hot ones often
         tiers = np.asarray([rng.choice([1, 2]) for _ in batch], dtype=np.int64)
         op = rng.choice(["add", "add", "remove", "lookup", "load"])
         load = float(rng.randint(0, 3))
@@ -170,9 +180,13 @@ def test_a_workload_gives_the_same_answers_with_both(seed: int, monkeypatch: pyt
                 answers.append((hit.holders.tolist(), hit.tiers.tolist(), hit.generations.tolist(),
                                 pos.tolist(), each.holders.tolist()))
         assert answers[0] == answers[1], (step, op)
+        assert ixs[0].columns.hot.snapshot() == ixs[1].columns.hot.snapshot(), (step, op)
+        seen_hot = seen_hot or bool(ixs[0].columns.hot)
     monkeypatch.setattr(native, "master_index", None)
     assert _chains(ixs[0], keys) == _chains(ixs[1], keys)
-    assert ixs[0].num_replicas == ixs[1].num_replicas and ixs[0].columns.hot.keys() == ixs[1].columns.hot.keys()
+    assert ixs[0].num_replicas == ixs[1].num_replicas
+    assert ixs[0].columns.hot.snapshot() == ixs[1].columns.hot.snapshot()
+    assert seen_hot and isinstance(ixs[1].columns.hot, PyHotChains)  # both kinds of maps ran
 
 
 def _columns(cols: object) -> object:
@@ -272,7 +286,7 @@ def _index_state(st: object) -> dict[str, object]:
     nh = st.index._holders.num_holders  # type: ignore[attr-defined]
     out.update({name: getattr(c, name)[:nh].tolist() for name in ("holder_rows", "holder_head")})
     out["free"] = (list(c.free_rows), list(c.free_blocks), nr, nb)
-    out["hot"] = {s: (dict(h.rows), dict(h.prev)) for s, h in c.hot.items()}
+    out["hot"] = c.hot.snapshot()
     out["recent"] = dict(c.recent_factors)
     out["long"] = dict(c.long_keys)
     out["live"] = [len(t) for t in c.tables]
@@ -301,8 +315,11 @@ def test_report_events_applied_in_c_match_the_batch_methods(seed: int, monkeypat
     ns2 = b"\x22" * 16
     nodes = [f"n{i:02d}" for i in range(24)]
     recs = [_Recorder(), _Recorder()]
-    states = [MasterState(epoch=100, clock=FakeClock(), rng=random.Random(1), initial_blocks=16, observer=r)
-              for r in recs]
+    states = []
+    for r, impl in zip(recs, [NATIVE, None], strict=True):  # the second with PyHotChains
+        monkeypatch.setattr(native, "master_index", impl)
+        states.append(MasterState(epoch=100, clock=FakeClock(), rng=random.Random(1), initial_blocks=16,
+                                  observer=r))
     impls = [NATIVE, None]
     calls = {"c": 0, "none": 0}
     real = NATIVE.apply_events
@@ -385,7 +402,9 @@ def test_report_events_applied_in_c_match_the_batch_methods(seed: int, monkeypat
         assert recs[0].calls == recs[1].calls
         assert states[0].generations.peek() == states[1].generations.peek()
     c = states[0].index.columns
-    assert c.hot and max(len(h.prev) for h in c.hot.values()) > HOT_CHAIN_ROWS  # hot chains were reached
+    counts, _, _ = c.hot.snapshot()
+    assert counts and max(counts.values()) > HOT_CHAIN_ROWS  # hot chains were reached
+    assert isinstance(states[1].index.columns.hot, PyHotChains) and not isinstance(c.hot, PyHotChains)
     assert num_recent  # blocks were emptied (their factors kept), some indexed again
     assert num_promotions  # copies-only blocks asked for promotions
     assert calls["c"] > 50 and calls["none"] > 0  # C applied most runs, and left some to Python
