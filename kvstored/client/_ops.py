@@ -106,6 +106,7 @@ from kvstored.client._state import (  # noqa: F401
     ensure_ready,
     final_error,
     node_info_from_proto,
+    op_connect,
     op_describe,
     retry_delay,
 )

@@ -25,6 +25,7 @@ from kvstored.client._steps import (
     Blocking,
     Call,
     Op,
+    Session,
 )
 from kvstored.client.types import NodeInfo
 from kvstored.errors import DeadlineExceeded, InvalidArgument, KvstoredError, Unavailable
@@ -414,4 +415,13 @@ def op_describe(st: ClientState) -> Op[NodeInfo]:
         return replace(fresh, transport=current.transport)
     st.invalidate()
     info = yield from ensure_ready(st)
+    return info
+
+
+def op_connect(st: ClientState) -> Op[NodeInfo]:
+    """A fresh Describe (as :func:`op_describe`), then this client's session opened if its
+    transport uses one (shared memory: pins, reservations and one-sided reads belong to it)."""
+    info = yield from op_describe(st)
+    if info.transport == "shm":
+        yield Session()
     return info

@@ -102,7 +102,8 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stubs: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._session_lock: asyncio.Lock | None = None
+        self._session_opening: tuple[Any, asyncio.Task[None], asyncio.Future[Any]] | None = None
+        """An OpenSession stream not answered yet: (call, reader task, first event)."""
         self._session_reader: asyncio.Task[None] | None = None
         self._session_call: Any = None
         self._session_id = 0
@@ -144,49 +145,70 @@ class AsyncClient:
         return stub
 
     async def _session(self, deadline: float) -> int:
-        """The open session's id; opens the OpenSession stream on first use or after it ended."""
+        """The open session's id; opens the OpenSession stream on first use or after it ended.
+
+        A stream the node has not answered by the deadline is not cancelled: it goes on
+        opening, the caller gets DeadlineExceeded and a later call takes its session (as
+        :class:`kvstored.client.sync._SyncSession` does). Loop-only: nothing between the
+        checks and the stream's start awaits, so no lock is needed, and each caller waits
+        for the answer under its own deadline only.
+        """
         if self._session_reader is not None and not self._session_reader.done():
             return self._session_id
-        if self._session_lock is None:
-            self._session_lock = asyncio.Lock()
-        async with self._session_lock:
-            if self._session_reader is not None and not self._session_reader.done():
-                return self._session_id
+        opening = self._session_opening
+        if opening is not None and opening[2].done() and (
+                opening[2].cancelled() or opening[2].exception() is not None):
+            opening = None  # it failed before any caller waited for it: open again
+        if opening is None:
+            opening = self._session_opening = self._open_session_stream()
+        call, reader, first = opening
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                event = await asyncio.shield(first)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                "the node did not open a session within the deadline (the stream stays open: "
+                "a later call takes the session once the node answers)"
+            ) from None
+        except BaseException:
+            if first.done() and self._session_opening is opening:  # refused or ended
+                self._session_opening = None
+                call.cancel()
+            raise  # (a cancelled caller leaves the stream opening for the next one)
+        if self._session_opening is opening:
+            self._session_opening = None
             if self._session_call is not None:
                 self._session_call.cancel()
-            call = self._get_channel().unary_stream(
-                _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
-                response_deserializer=pb.SessionEvent.FromString,
-            )(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
-            first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-            async def read() -> None:  # holds the stream; done = the session ended
-                try:
-                    async for event in call:
-                        if not first.done():
-                            first.set_result(event)
-                except grpc.RpcError as exc:
-                    if not first.done():
-                        first.set_exception(self._st.map_rpc_error(exc))
-                finally:
-                    if not first.done():
-                        first.set_exception(Unavailable("the node ended the session at once"))
-
-            reader = asyncio.create_task(read(), name="kvstored-client-session")
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    event = await asyncio.shield(first)
-            except TimeoutError:
-                call.cancel()
-                raise Unavailable("the node did not open a session within the deadline") from None
-            except BaseException:  # cancelled, or the node refused: no half-open session left
-                call.cancel()
-                raise
             self._session_call, self._session_reader = call, reader
             self._session_id = event.session_id
             self._st.session_epoch = event.epoch
             self._opened.append(self._session_id)
-            return self._session_id
+        elif self._session_call is not call or reader.done():  # taken, and ended since
+            raise Unavailable("the node ended the session stream")
+        return self._session_id
+
+    def _open_session_stream(self) -> tuple[Any, asyncio.Task[None], asyncio.Future[Any]]:
+        """Start an OpenSession stream: (call, its reader task, its first event)."""
+        call = self._get_channel().unary_stream(
+            _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
+            response_deserializer=pb.SessionEvent.FromString,
+        )(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
+        first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def read() -> None:  # holds the stream; done = the session ended
+            try:
+                async for event in call:
+                    if not first.done():
+                        first.set_result(event)
+            except grpc.RpcError as exc:
+                if not first.done():
+                    first.set_exception(self._st.map_rpc_error(exc))
+            finally:
+                if not first.done():
+                    first.set_exception(Unavailable("the node ended the session at once"))
+
+        reader = asyncio.create_task(read(), name="kvstored-client-session")
+        return call, reader, first
 
     async def _ack_orphans(self) -> None:
         """Send every pending orphan ack and await the answers (at close(): no deadline).
@@ -427,6 +449,11 @@ class AsyncClient:
         """Fresh node description (see :meth:`Client.describe`)."""
         return await self._run(lambda d: _ops.op_describe(self._st), timeout_s)
 
+    async def connect(self, *, timeout_s: float | None = None) -> NodeInfo:
+        """Describe the node, set up the transport and open the session now (see
+        :meth:`Client.connect`)."""
+        return await self._run(lambda d: _ops.op_connect(self._st), timeout_s)
+
     async def close(self) -> None:
         """End the session, close the channel, pool and mapping; idempotent.
 
@@ -449,6 +476,15 @@ class AsyncClient:
             await asyncio.wait(background)
         if self._st.orphans:  # acks of grants whose answer never arrived, still pending
             await self._ack_orphans()
+        opening, self._session_opening = self._session_opening, None
+        if opening is not None:  # a stream still opening (or answered, never taken)
+            call, reader, first = opening
+            if first.done() and not first.cancelled() and first.exception() is None:
+                self._opened.append(first.result().session_id)
+            call.cancel()
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
         for session_id in self._opened:  # the ack: no operation of any of them runs any more
             with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
                 await self._get_channel().unary_unary(

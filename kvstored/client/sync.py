@@ -90,6 +90,40 @@ def _release_pins_stub(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable:
     )
 
 
+class _Opening:
+    """An OpenSession stream whose first event (the session id) may not have arrived yet.
+
+    Its reader thread appends what the stream yields to ``first`` (the SessionEvent, or the
+    grpc.RpcError it ended with) and sets ``got`` at the first item or at the stream's end;
+    ``ended`` is set when the stream is gone.
+    """
+
+    __slots__ = ("call", "first", "got", "ended")
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.first: list[Any] = []
+        self.got = threading.Event()
+        self.ended = threading.Event()
+
+    def read(self) -> None:
+        """Hold the stream (the reader thread's body)."""
+        try:
+            for event in self.call:
+                self.first.append(event)
+                self.got.set()
+        except grpc.RpcError as exc:
+            self.first.append(exc)
+        finally:
+            self.ended.set()
+            self.got.set()
+
+    def event(self) -> Any:
+        """The stream's first item: a SessionEvent, a grpc.RpcError, or None (it ended
+        without one); call only once ``got`` is set."""
+        return self.first[0] if self.first else None
+
+
 class _SyncSession:
     """The client's OpenSession stream: opened on first use, again after it ended.
 
@@ -100,6 +134,12 @@ class _SyncSession:
     :meth:`leave` count them): ``close()`` waits for them, and at interpreter exit with
     operations still running on daemon threads the stream is left to the kernel, which closes
     the socket only once every thread of the process is gone.
+
+    A stream the node has not answered by a caller's deadline is not cancelled: it goes on
+    opening (:class:`_Opening`), the caller gets DeadlineExceeded, and the next call takes
+    the session once the answer is in. So a slow node (a loaded machine, a tight lookup
+    deadline) costs one call, not every call: a fresh open per call would race every next
+    deadline again, and leave the node a session per abandoned stream.
     Shares no reference with the :class:`Client`, so it can be its ``weakref.finalize``.
     """
 
@@ -112,6 +152,7 @@ class _SyncSession:
         self._ended.set()
         self._session_id = 0
         self._live: tuple[threading.Event, int] | None = None
+        self._opening: _Opening | None = None  # a stream not answered yet (or just answered)
         self._closed = False
         self._idle = threading.Condition(self._lock)
         self._num_ops = 0
@@ -138,10 +179,13 @@ class _SyncSession:
         return live is not None and not live[0].is_set() and not self._closed
 
     def session_id(self, deadline: float) -> int:
-        """The open session's id (opens one if needed).
+        """The open session's id (opens one if needed, or waits for the one opening).
 
         Raises:
-            Unavailable: the client is closed, or the node did not answer within the deadline.
+            Unavailable: the client is closed, or the node refused or ended the stream (it
+                is unreachable, or stopped): the next call opens a new one.
+            DeadlineExceeded: the node has not answered by ``deadline``; the stream stays
+                open and a later call takes its session.
         """
         live = self._live  # (ended, session id) of the open stream, one read without the lock
         if live is not None and not live[0].is_set() and not self._closed:
@@ -151,38 +195,58 @@ class _SyncSession:
                 raise Unavailable("the client is closed")
             if self._call is not None and not self._ended.is_set():
                 return self._session_id
-            if self._call is not None:
-                self._call.cancel()
-            stub = self._channel.unary_stream(
-                _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
-                response_deserializer=pb.SessionEvent.FromString,
-            )
-            call = stub(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
-            first: list[Any] = []
-            got, ended = threading.Event(), threading.Event()
+            opening = self._opening
+            if opening is not None and opening.got.is_set() and not isinstance(
+                    opening.event(), pb.SessionEvent):
+                opening = None  # it failed before any caller waited for it: open again
+            if opening is None:
+                opening = self._opening = self._open_stream()
+        # waited for without the lock: other callers wait on the same stream with their own
+        # deadlines, and enter()/leave() are not held up by a slow node
+        opening.got.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return self._take(opening)
 
-            def read() -> None:
-                try:
-                    for event in call:
-                        first.append(event)
-                        got.set()
-                except grpc.RpcError as exc:
-                    first.append(exc)
-                finally:
-                    ended.set()
-                    got.set()
+    def _open_stream(self) -> _Opening:
+        """Start an OpenSession stream and its reader thread (lock held)."""
+        stub = self._channel.unary_stream(
+            _ops.SESSION_METHOD, request_serializer=pb.OpenSessionRequest.SerializeToString,
+            response_deserializer=pb.SessionEvent.FromString,
+        )
+        opening = _Opening(
+            stub(pb.OpenSessionRequest(client_name=f"pid {os.getpid()}", pid=os.getpid()))
+        )
+        threading.Thread(target=opening.read, name="kvstored-client-session", daemon=True).start()
+        return opening
 
-            threading.Thread(target=read, name="kvstored-client-session", daemon=True).start()
-            if not got.wait(max(0.0, deadline - time.monotonic())) or not first:
-                call.cancel()
-                raise Unavailable("the node did not open a session within the deadline")
-            if isinstance(first[0], grpc.RpcError):
-                raise self._st.map_rpc_error(first[0])
-            self._call, self._ended, self._session_id = call, ended, first[0].session_id
-            self._live = (ended, self._session_id)
-            self._st.session_epoch = first[0].epoch
-            self._opened.append(self._session_id)
-            return self._session_id
+    def _take(self, opening: _Opening) -> int:
+        """(lock held) The session of ``opening`` once answered, adopted as the open one."""
+        if self._closed:
+            raise Unavailable("the client is closed")
+        if self._opening is opening:
+            if not opening.got.is_set():
+                raise DeadlineExceeded(
+                    "the node did not open a session within the deadline (the stream stays "
+                    "open: a later call takes the session once the node answers)"
+                )
+            self._opening = None
+            event = opening.event()
+            if isinstance(event, pb.SessionEvent):
+                if self._call is not None:
+                    self._call.cancel()
+                self._call, self._ended = opening.call, opening.ended
+                self._session_id = event.session_id
+                self._live = (opening.ended, event.session_id)
+                self._st.session_epoch = event.epoch
+                self._opened.append(event.session_id)
+                return event.session_id
+            opening.call.cancel()
+        elif self._call is opening.call and not self._ended.is_set():
+            return self._session_id  # another caller took it meanwhile
+        event = opening.event()  # it failed, or ended since another caller took it
+        if isinstance(event, grpc.RpcError):
+            raise self._st.map_rpc_error(event)
+        raise Unavailable("the node ended the session stream")
 
     def close(self, *, wait: bool) -> bool:
         """Refuse new operations and end the session (the node releases what it held).
@@ -202,6 +266,9 @@ class _SyncSession:
                 return False
             call, self._call = self._call, None
             self._live = None
+            opening, self._opening = self._opening, None
+            if opening is not None and isinstance(opening.event(), pb.SessionEvent):
+                self._opened.append(opening.event().session_id)  # answered, never taken
             opened, self._opened = self._opened, []
         control = self._st.control
         if control is not None:  # deferred pin releases, before the session ends
@@ -219,6 +286,8 @@ class _SyncSession:
                 close(pb.CloseSessionRequest(session_id=session_id), timeout=_ops.RELEASE_TIMEOUT_S)
         if call is not None:
             call.cancel()
+        if opening is not None:
+            opening.call.cancel()
         return True
 
 
@@ -597,6 +666,24 @@ class Client:
     def describe(self, *, timeout_s: float | None = None) -> NodeInfo:
         """Fresh node description (addresses, limits, epoch) plus the transport in use."""
         return self._run(lambda d: _ops.op_describe(self._st), timeout_s)
+
+    def connect(self, *, timeout_s: float | None = None) -> NodeInfo:
+        """Describe the node, set up the transport and open this client's session now.
+
+        What the first call would otherwise do inside its own deadline: a caller whose
+        calls get a few milliseconds (an engine's prefix lookups) connects first, so no
+        such call spends them on setup. Calling it again describes the node again and
+        reopens the session only if it ended. Optional: every call connects as needed.
+
+        Returns:
+            The node description, with the transport in use.
+
+        Raises:
+            Unavailable: the node could not be reached (or the client is closed).
+            DeadlineExceeded: it did not answer in time (a session still opening stays
+                open: the next call takes it).
+        """
+        return self._run(lambda d: _ops.op_connect(self._st), timeout_s)
 
     def close(self) -> None:
         """End the session, close the channel, data-plane connections and the arena mapping.

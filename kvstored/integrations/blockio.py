@@ -231,8 +231,11 @@ class ClientPool:
     def get(self, salt: str) -> Client:
         """The client of tenant ``salt`` (created on first use; thread-safe).
 
-        A new client connects at once (``describe`` under ``timeout_ms``; a failure is only
-        logged), so the first tight-deadline lookup does not pay for connection setup.
+        A new client connects at once (:meth:`Client.connect` under ``timeout_ms``: the
+        node described, the transport set up, the session opened; a failure is only
+        logged), so the first tight-deadline lookup does not pay for any of it. A client
+        that could not connect, or whose call failed, stays usable: its next call connects
+        again once the node answers.
         """
         with self._lock:
             client = self._clients.get(salt)
@@ -250,7 +253,7 @@ class ClientPool:
         if evicted is not None:
             evicted.close()
         try:
-            client.describe(timeout_s=self._config.timeout_ms / 1000)
+            client.connect(timeout_s=self._config.timeout_ms / 1000)
         except KvstoredError as exc:
             log.warning("vllm_connector_node_unreachable", address=client.address,
                         error=type(exc).__name__)
