@@ -8,7 +8,11 @@ processes (daemons started by the tests) configure their own logging as in produ
 Parallel runs (``pytest -n 2 --dist loadgroup``, what .ci/run does): every test is grouped
 by its file (so a module's fixtures are set up once, on one worker), and every test marked
 ``vllm`` goes to one group of its own, so the vLLM engines (CPU-heavy, ~1.5 GiB each) never
-run on two workers at once while the rest of the suite runs beside them.
+run on two workers at once while the rest of the suite runs beside them. Groups are handed
+out longest kind first (:func:`group_rank`): the vLLM group (the longest by far: about two
+thirds of the run) starts at once on one worker, then the e2e files, the integration files,
+the unit files last (they fill the gaps). xdist's own order (most tests first) started the
+vLLM group only after some 50 larger groups, so it ran alone at the end of the run.
 
 ``workdir``: a fresh directory under /tmp with a short path (a unix socket path must fit in
 108 bytes, which pytest's ``tmp_path`` may not), removed when the test ends.
@@ -25,15 +29,53 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd_helpers import EtcdServer, require_etcd
 
+VLLM_GROUP = "vllm"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = "vllm" if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
+        group = VLLM_GROUP if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def group_rank(group: str) -> int:
+    """Where a loadgroup goes in the queue: 0 (first) for the vLLM group, then the e2e
+    files (real processes: the long ones), the integration files, everything else."""
+    if group == VLLM_GROUP:
+        return 0
+    for rank, prefix in enumerate(("tests/e2e/", "tests/integration/"), start=1):
+        if group.startswith(prefix):
+            return rank
+    return 3
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: xdist's LoadGroupScheduling, its queue ordered by
+    :func:`group_rank` (stable: xdist's order, most tests first, within a rank)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongestKindFirst(LoadGroupScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the first call: the queue is complete, nothing taken yet
+                self._ordered = True
+                queue = self.workqueue
+                self.workqueue = OrderedDict(
+                    (scope, queue[scope]) for scope in sorted(queue, key=group_rank)
+                )
+            super()._assign_work_unit(node)
+
+    return LongestKindFirst(config, log)
 
 
 @pytest.fixture(autouse=True)
