@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,13 @@ import pytest
 from etcd_helpers import EtcdServer, require_etcd
 
 VLLM_GROUP = "vllm"
+
+# Bytecode: with PYTHONDONTWRITEBYTECODE set (as in CI's environment) every process the suite
+# starts (daemons, CLIs, helper scripts, vLLM engines) compiled kvstored from source
+# again, ~0.4 s of CPU each on this 2-core machine, and pytest rewrote every test module's
+# asserts again in each run. The suite writes bytecode (__pycache__/ is git-ignored).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
