@@ -9,10 +9,12 @@ Parallel runs (``pytest -n 2 --dist loadgroup``, what .ci/run does): every test 
 by its file (so a module's fixtures are set up once, on one worker), and every test marked
 ``vllm`` goes to one group of its own, so the vLLM engines (CPU-heavy, ~1.5 GiB each) never
 run on two workers at once while the rest of the suite runs beside them. Groups are handed
-out longest kind first (:func:`group_rank`): the vLLM group (the longest by far: about two
-thirds of the run) starts at once on one worker, then the e2e files, the integration files,
-the unit files last (they fill the gaps). xdist's own order (most tests first) started the
-vLLM group only after some 50 larger groups, so it ran alone at the end of the run.
+out longest kind first (:func:`group_rank`): the vLLM group (the longest by far) starts at
+once on one worker, then the e2e files, the integration files, the unit files last (they
+fill the gaps). xdist's own order (most tests first) started the
+vLLM group only after some 50 larger groups. (With pytest 9.2 and xdist 3.8 nothing was
+grouped at all: xdist's group suffix no longer reaches the node id; :func:`_suffix_group`
+puts it there.)
 
 ``workdir``: a fresh directory under /tmp with a short path (a unix socket path must fit in
 108 bytes, which pytest's ``tmp_path`` may not), removed when the test ends.
@@ -45,10 +47,32 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = bool(getattr(config.option, "loadgroup", False))  # an xdist worker, loadgroup
     for item in items:
         group = VLLM_GROUP if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        if grouping:
+            _suffix_group(item, group)
+
+
+def _suffix_group(item: pytest.Item, group: str) -> None:
+    """Give the item the ``NODEID@GROUP`` id by which xdist's scheduler groups it.
+
+    xdist (3.8) sets the legacy ``item._nodeid``, which pytest 9.2's structured node ids
+    ignore: every test was then a group of its own and ``--dist loadgroup`` grouped nothing
+    (pytest-dev/pytest-xdist#1386), so a module's fixtures were set up on both workers and
+    vLLM engines ran on both at once. A fixed xdist appends its own suffix after this one;
+    the scheduler groups by the last ``@`` either way.
+    """
+    if "@" in item.nodeid.rsplit("]", 1)[-1]:
+        return  # grouped already (an xdist that does it)
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # a pytest before structured ids: xdist's _nodeid works there
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
 def group_rank(group: str) -> int:
