@@ -36,8 +36,7 @@ from typing import Any
 
 import pytest
 from etcd_helpers import EtcdServer, require_etcd
-
-VLLM_GROUP = "vllm"
+from xdist_order import VLLM_GROUP, make_scheduler
 
 # Bytecode: with PYTHONDONTWRITEBYTECODE set (as in CI's environment) every process the suite
 # starts (daemons, CLIs, helper scripts, vLLM engines) compiled kvstored from source
@@ -75,39 +74,10 @@ def _suffix_group(item: pytest.Item, group: str) -> None:
     item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
-def group_rank(group: str) -> int:
-    """Where a loadgroup goes in the queue: 0 (first) for the vLLM group, then the e2e
-    files (real processes: the long ones), the integration files, everything else."""
-    if group == VLLM_GROUP:
-        return 0
-    for rank, prefix in enumerate(("tests/e2e/", "tests/integration/"), start=1):
-        if group.startswith(prefix):
-            return rank
-    return 3
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup``: xdist's LoadGroupScheduling, its queue ordered by
-    :func:`group_rank` (stable: xdist's order, most tests first, within a rank)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from collections import OrderedDict
-
-    from xdist.scheduler import LoadGroupScheduling
-
-    class LongestKindFirst(LoadGroupScheduling):
-        _ordered = False
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if not self._ordered:  # the first call: the queue is complete, nothing taken yet
-                self._ordered = True
-                queue = self.workqueue
-                self.workqueue = OrderedDict(
-                    (scope, queue[scope]) for scope in sorted(queue, key=group_rank)
-                )
-            super()._assign_work_unit(node)
-
-    return LongestKindFirst(config, log)
+    """``--dist loadgroup``: xdist's scheduler handing out the longest kind first
+    (tests/xdist_order.py)."""
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import group_rank, pytest_xdist_make_scheduler
+from xdist_order import group_rank
+from xdist_order import make_scheduler as pytest_xdist_make_scheduler
 
 pytest.importorskip("xdist")
 
