@@ -48,10 +48,11 @@ def test_a_holder_leaving_queues_copies_of_its_blocks_whose_factor_is_above_one(
     assert copies(c, "c") == []  # two replicas each: nothing to do
     lapse(c, "a", ["b", "c"])
     assert copies(c, "c") == [(key(1), "b"), (key(2), "b")]
-    assert c.state.commands.pending("b") == []  # b holds them already: never a target
+    assert c.state.commands.pending("b", CommandKind.COPY) == []  # b holds them: no target
+    assert [cmd.key for cmd in c.state.commands.pending("b")] == [b"a"]  # PEER_LEFT(a)
     c.state.maintain(65536)  # in flight: not queued twice
-    assert len(c.state.commands.pending("c")) == 2
-    cmd = c.state.commands.pending("c")[0]
+    assert len(c.state.commands.pending("c", CommandKind.COPY)) == 2
+    cmd = c.state.commands.pending("c", CommandKind.COPY)[0]
     b_row = [r for r in c.index.replicas(NS, key(1)) if r.holder == c.holder("b")]
     assert cmd.source is not None and cmd.source.size_bytes == SIZE
     assert cmd.source.generation == b_row[0].generation  # the copy is verified against it
@@ -74,11 +75,12 @@ def test_repair_stops_once_the_new_replica_is_reported() -> None:
     c.join("c")
     c.state.repair.set_factor(NS, [key(1)], 2)
     lapse(c, "a", ["b", "c"])
-    [cmd] = c.state.commands.pending("c")
+    [cmd] = c.state.commands.pending("c", CommandKind.COPY)
     c.state.commands.ack("c", 1, [cmd.command_id])
     report_added(c, "c", [1])
     c.state.maintain(65536)
-    assert c.state.commands.pending("c") == [] and c.state.repair.num_under_replicated == 0
+    assert c.state.commands.pending("c", CommandKind.COPY) == []
+    assert c.state.repair.num_under_replicated == 0
 
 
 def test_the_repair_rate_limit_paces_copy_commands_in_bytes_per_second() -> None:
