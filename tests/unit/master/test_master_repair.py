@@ -346,3 +346,21 @@ def test_a_replica_whose_event_never_comes_is_repaired_after_the_write_lease() -
     assert len(queued) == 1, {n: copies(c, n) for n in "bc"}
     assert c.placement.reporting_holders(NS, key(1)) == frozenset()
     assert placed.node_id in "bc"
+
+
+def test_a_node_leaving_sends_peer_left_to_every_live_node_never_given_up_nor_dropped() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b", inventory=blocks([1]))
+    c.join("c")
+    lapse(c, "a", ["b", "c"])
+    for n in ("b", "c"):
+        [cmd] = c.state.commands.pending(n, CommandKind.PEER_LEFT)
+        assert cmd.key == b"a" and cmd.epoch == 1
+    q = c.state.commands
+    for _ in range(q.max_sends + 2):  # unacked sends: a COPY would be given up by now
+        c.clock.advance(q.resend_after_s + 1)
+        assert [x.kind for x in q.take("c", 1)] == [CommandKind.PEER_LEFT]
+    q.max_pending_per_node = 1
+    q.add("c", 1, CommandKind.DROP, NS, key(7))  # over the bound: the DROP goes, not it
+    assert [x.kind for x in q.pending("c")] == [CommandKind.PEER_LEFT]
