@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cluster_helpers import NodeProcess, _nodes, _wait, start_master, start_nodes, wait_healthy
 
 from kvstored import Client
@@ -53,10 +52,6 @@ def _originals(m: MasterAdminClient, keys: list[bytes]) -> list[set[str]]:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "since main 579944d the final reads miss blocks the master lists on both survivors "
-    "(main itself: 468 of 1920), and b held no replica; passed (0 lost) on this branch "
-    "before that rebase: to investigate"))
 def test_replicas_2_nearly_full_pool_sigkill_a_holder_loses_no_block(
     workdir: Path, procs: list[Any]
 ) -> None:
