@@ -71,6 +71,10 @@ class CommandKind(IntEnum):
     """Remove the block (an extra replica no longer wanted)."""
     LEAVE = 4
     """Drained: unregister and stop heartbeating."""
+    PEER_LEFT = 5
+    """The node named by the key (utf-8 node id) left the pool: replicas the receiver
+    marked redundant because that node keeps them are sole copies again. Never given up
+    nor dropped for room (a node's marks are safe only if it hears every departure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +205,9 @@ class CommandQueue:
         if waker is not None:
             waker.set()  # every call waiting for this node wakes; the next waits on a new one
         while len(q) > self.max_pending_per_node:
-            oldest = next(iter(q))
+            oldest = next((s for s in q if s[0] is not CommandKind.PEER_LEFT), None)
+            if oldest is None:
+                break  # only departures queued (at most one per node that left)
             self._remove(node_id, oldest)
             self.num_given_up += 1
         return cmd
@@ -228,7 +234,7 @@ class CommandQueue:
                 continue
             if e.sent_s is not None and now - e.sent_s < self.resend_after_s:
                 continue
-            if e.sends >= self.max_sends:
+            if e.sends >= self.max_sends and e.cmd.kind is not CommandKind.PEER_LEFT:
                 self._remove(node_id, slot)
                 self.num_given_up += 1
                 continue

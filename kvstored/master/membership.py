@@ -58,7 +58,7 @@ import structlog
 from kvstored.clock import Clock
 from kvstored.errors import InvalidArgument, NotFound
 from kvstored.master import health
-from kvstored.master.commands import CommandQueue
+from kvstored.master.commands import CommandKind, CommandQueue
 from kvstored.master.copies import Promotions, copy_to_promote
 from kvstored.master.departed import EXPIRED, LEFT, DepartedNodes
 from kvstored.master.generations import Generations
@@ -218,8 +218,19 @@ class Membership:
 
     def _left(self, rec: NodeRecord) -> None:
         self.commands.forget(rec.spec.node_id)
+        self._announce_left(rec)
         for fn in self.on_left:
             fn(rec)
+
+    def _announce_left(self, rec: NodeRecord) -> None:
+        """Queue PEER_LEFT to every other live node: replicas they marked redundant because
+        this node keeps them are sole copies again (kvstored/tiers/redundant.py). Queued
+        before the repair's COPYs for the node's blocks (those go on a later tick)."""
+        gone = rec.spec.node_id
+        for node_id, other in list(self._nodes.items()):
+            if node_id != gone:
+                self.commands.add(node_id, other.spec.epoch, CommandKind.PEER_LEFT,
+                                  b"", gone.encode())
 
     def _drop(self, rec: NodeRecord, reason: str) -> None:
         self._left(rec)

@@ -518,7 +518,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             spec, live_epoch_answering=live.spec.epoch if live is not None and answering else 0)
         return pb.RegisterNodeResponse(node_lease_ms=self._lease_ms(),
                                        master_epoch=self.master_epoch,
-                                       superseded_epoch=out.superseded_epoch)
+                                       superseded_epoch=out.superseded_epoch,
+                                       announces_departures=True)
 
     @_rpc("node")
     async def UnregisterNode(  # noqa: N802

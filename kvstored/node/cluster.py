@@ -223,6 +223,10 @@ class MasterLink:
         self._stub: pb_grpc.MasterServiceStub | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
+        self.departures_announced = False
+        """The master queues PEER_LEFT on every departure (RegisterNodeResponse)."""
+        self._marks_trusted = False  # what the store was last told (set_marks_trusted)
+        self._marks_term = 0  # the master term the marks were made under
         self.num_registrations = 0
         self.refused: AlreadyExists | None = None  # the first registration, as a duplicate
         self._first_answer = asyncio.Event()
@@ -356,6 +360,7 @@ class MasterLink:
                     await self._leave()
                     return
                 await self.run_once()
+                self._trust_marks(True)
                 if self._last_error:
                     log.info("master_link_recovered", master=self.address)
                     self._last_error = ""
@@ -363,6 +368,7 @@ class MasterLink:
                 if isinstance(exc, grpc.RpcError):
                     self._hint = self._hint or leader_hint(exc)
                 err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                self._trust_marks(False)  # departures may go unheard now: no mark counts
                 await self._move(err)
                 # rate-limit: log each distinct failure once (a duplicate's message names
                 # the lease left, which changes every round)
@@ -376,6 +382,25 @@ class MasterLink:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval_s())
             self._wake.clear()
+
+    def _trust_marks(self, ok: bool) -> None:
+        """Tell the store whether its redundant-replica marks count (tiers/redundant.py):
+        only while this link hears the master's departure notices (registered, synced, a
+        replicator to take PEER_LEFT, a master that sends them). Untrusted clears them, so
+        a mark never outlives a gap in which a keeper's departure could be missed."""
+        fn = getattr(self.store, "set_marks_trusted", None)
+        if fn is None:
+            return
+        want = bool(ok and self.registered and self.synced and self.departures_announced
+                    and self.replicator is not None and not self.left)
+        term = int(getattr(self.fence, "term", 0))
+        if term != self._marks_term:  # another leader: it may not have heard every departure
+            self._marks_term = term
+            fn(False)
+            self._marks_trusted = False
+        if want != self._marks_trusted:
+            fn(want)
+            self._marks_trusted = want
 
     async def _poll_loop(self) -> None:
         """WaitCommands while registered (see the module docstring); the rounds' task owns
@@ -478,6 +503,10 @@ class MasterLink:
             self._hint = leader_hint(exc)
             raise err from None
         self._check_term(resp, "RegisterNode")
+        # a (re)registration may follow a gap in which departures went unheard (this node's
+        # lease lapsed, a new master): every mark goes; new puts mark again
+        self._trust_marks(False)
+        self.departures_announced = bool(getattr(resp, "announces_departures", False))
         self.num_registrations += 1
         self.registered = True
         self.synced = False

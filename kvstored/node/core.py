@@ -185,10 +185,10 @@ class NodeCore:
     # ---- lease-free puts (LocalPuts) ---------------------------------------------------
     def reserve_items(
         self, items: Sequence[tuple[bytes, int, bytes]], namespace_id: bytes, *,
-        copy: bool = False,
+        copy: bool = False, spare_only: bool = False,
     ) -> list[Reservation | PutOutcome]:
         """See :meth:`LocalPuts.reserve_items`."""
-        return self.puts.reserve_items(items, namespace_id, copy=copy)
+        return self.puts.reserve_items(items, namespace_id, copy=copy, spare_only=spare_only)
 
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,

@@ -531,7 +531,8 @@ class NodeDaemon:
         self.replicator = Replicator(
             epoch=self.epoch, copy_from=copy_from, keep_copies=core.store.keep_copies,
             remove=lambda keys, ns: core.remove(keys, ns), leave=link.request_leave,
-            executor=self._executor, on_applied=link.wake)
+            executor=self._executor, on_applied=link.wake,
+            peer_left=getattr(core.store, "forget_keeper", None))
         await self.replicator.start()
         link.replicator = self.replicator
 

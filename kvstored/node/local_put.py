@@ -85,6 +85,7 @@ class LocalPuts:
         namespace_id: bytes,
         *,
         copy: bool = False,
+        spare_only: bool = False,
     ) -> list[Reservation | PutOutcome]:
         """Validate and reserve each item (no lease): a Reservation, or the item's outcome.
 
@@ -92,7 +93,9 @@ class LocalPuts:
         first writer wins, as across batches. ``copy``: the items are remote-fill copies of
         blocks a peer holds (``TieredStore.reserve(copy=True)``: a copy never evicts a block
         the pool holds nowhere else; no room is the item's NoCapacity, not counted as an
-        item error).
+        item error). ``spare_only``: new replicas of blocks another node holds (a master's
+        COPY), kept as originals, with room made as for a copy only
+        (``TieredStore.reserve(spare_only=True)``; no room is the item's NoCapacity).
 
         The caller must commit (``commit_reserved``) or abort (``abort_reserved``) every
         returned Reservation; if this raises, what it reserved is aborted.
@@ -102,7 +105,7 @@ class LocalPuts:
         try:
             for i, (key, size, meta) in enumerate(items):
                 out.append(self.reserve_one(i, key, size, meta, namespace_id, seen=seen,
-                                            copy=copy))
+                                            copy=copy, spare_only=spare_only))
         except BaseException:
             self.abort_reserved(out)
             raise
@@ -111,7 +114,7 @@ class LocalPuts:
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
         *, seen: set[bytes] | None = None, copy: bool = False,
-        handoff_age_s: float | None = None,
+        handoff_age_s: float | None = None, spare_only: bool = False,
     ) -> Reservation | PutOutcome:
         """Validate and reserve item ``index`` of a batch (no lease).
 
@@ -134,10 +137,13 @@ class LocalPuts:
                 return PutOutcome(False)
             seen.add(key)
         try:
-            res = self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
-                                      copy=copy, handoff_age_s=handoff_age_s)
+            res = (self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
+                                       copy=copy, handoff_age_s=handoff_age_s)
+                   if not spare_only else
+                   self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
+                                       spare_only=True))
         except NoCapacity as exc:
-            quiet = copy or handoff_age_s is not None
+            quiet = copy or spare_only or handoff_age_s is not None
             return PutOutcome(False, exc if quiet else limits.count_item_error(exc))
         except KvstoredError as exc:
             return PutOutcome(False, limits.count_item_error(exc))

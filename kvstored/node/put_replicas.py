@@ -498,6 +498,7 @@ class PutReplicas:
         except KvstoredError as exc:
             log.warning("replicate_end_failed", num_blocks=len(writes), error=str(exc))
             ended = [exc] * len(writes)
+        marks: list[tuple[bytes, str, int]] = []
         for w, n in zip(writes, ended, strict=True):
             if isinstance(n, MASTER_DOWN_ERRORS):
                 # the master went away between the start and the end: a peer that stored
@@ -512,6 +513,8 @@ class PutReplicas:
             if isinstance(n, KvstoredError):  # refused (the write lease lapsed) or failed
                 out[w.index] = ReplicaOutcome(w.num_held, factor, n)
                 continue
+            if w.stored:  # a peer holds these bytes as an original now: ours is redundant
+                marks.append((w.block.key, min(w.stored), w.block.generation))
             have = w.num_held + len(w.stored)
             self.num_replicas_written += len(w.stored)
             err = None
@@ -522,6 +525,13 @@ class PutReplicas:
                        NoCapacity(f"block {w.block.key.hex()[:16]} has {have} of {factor} "
                                   f"replicas: no other node has room (or distinct zones)"))
             out[w.index] = ReplicaOutcome(have, factor, err)
+        mark = getattr(self.store, "mark_redundant", None)
+        if marks and mark is not None:
+            # The writer marks its own replica, never a peer's: of a block's replicas at
+            # most the writer's is marked by this put, so two holders never each count on
+            # the other (tiers/redundant.py). An eviction for good here then drops it
+            # before a sole copy; the peer keeps the block.
+            mark(marks, namespace_id=ns)
 
 
 def master_replicas(store: ReplicaStore, cfg: Any, *, node_id: str, max_block_bytes: int,

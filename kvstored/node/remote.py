@@ -1228,9 +1228,14 @@ class RemoteReads:
                 return memoryview(buf)
             # copy=True: a read never costs the pool a block. Room for the copy comes only
             # from free space, other copies, or demotions the SSD takes as is; never from
-            # evicting a block the pool holds nowhere else (tiers/spare.py).
-            got = core.reserve_items([(keys[i], size_bytes, meta)], namespace_id,
-                                     copy=as_copy)[0]
+            # evicting a block the pool holds nowhere else (tiers/spare.py). A master's
+            # COPY (not as_copy) is held to the same rule (spare_only): making one replica
+            # by dropping another block is a net loss; no room is a failed copy, which the
+            # master's repair asks again later or of another target.
+            got = (core.reserve_items([(keys[i], size_bytes, meta)], namespace_id,
+                                      copy=True)[0] if as_copy else
+                   core.reserve_items([(keys[i], size_bytes, meta)], namespace_id,
+                                      spare_only=True)[0])
             if not isinstance(got, Reservation):
                 if isinstance(got.error, NoCapacity):
                     if through is not None and through.take(keys[i], size_bytes):

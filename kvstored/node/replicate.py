@@ -23,6 +23,9 @@ node acknowledges them; the MasterLink hands each answer's commands to
                                 is replaced by another holder the master names)
                        DROP:    removed here (a pinned block stays: a later DROP may follow)
                        LEAVE:   the node unregisters and stops heartbeating (drained)
+                       PEER_LEFT: applied in submit, before any later command runs: the
+                                named node left, so replicas marked redundant because it
+                                keeps them are sole copies again (``peer_left``)
                        then its id is acknowledged (also when the copy failed: the master's
                        repair sees the block still short and asks again, maybe elsewhere),
                        and ``on_applied`` is called (the MasterLink runs a round at once:
@@ -96,6 +99,8 @@ class Replicator:
         executor: where blocking store and data-plane work runs (never the loop).
         on_applied: called (on the loop) after each part is applied and its acks queued.
         max_in_flight: parts applied at once (at most the executor's threads are useful).
+        peer_left: called (on the loop, inside :meth:`submit`) with the node id of each
+            PEER_LEFT command (``store.forget_keeper``).
 
     Raises:
         ValueError: ``max_in_flight`` below 1.
@@ -112,6 +117,7 @@ class Replicator:
         executor: Executor | None = None,
         on_applied: Callable[[], None] | None = None,
         max_in_flight: int = MAX_PARTS_IN_FLIGHT,
+        peer_left: Callable[[str], object] | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -125,6 +131,7 @@ class Replicator:
         self.remove = remove
         self.leave = leave
         self.executor = executor
+        self.peer_left = peer_left
         self.newest_term = 0
         self.counts = ReplicatorCounts()
         self._applied: OrderedDict[tuple[int, int], None] = OrderedDict()
@@ -182,6 +189,9 @@ class Replicator:
                 continue
             if cid in self._running:
                 continue  # still being applied: acked when done
+            if c.kind == pb.NODE_COMMAND_KIND_PEER_LEFT and self.peer_left is not None:
+                # at once, on the loop: before any COPY or eviction that follows it
+                self.peer_left(bytes(c.key).decode("utf-8", "replace"))
             self._running.add(cid)
             fresh.append(c)
         if fresh:

@@ -817,6 +817,11 @@ class Spiller:
         age_of = getattr(self.store, "coldest_original_age_s", None)
         if not self.pool_lru or age_of is None:
             return 0
+        has_redundant = getattr(self.store, "has_redundant_victims", None)
+        if has_redundant is not None and has_redundant():
+            # a redundant replica of ours goes first (another node keeps it): handing a
+            # sole copy to a peer could make it drop one of its own sole copies instead
+            return 0
         ours = float(age_of())
         peer = self.handoff_target(ours)
         if peer is None:

@@ -100,7 +100,7 @@ class Reservations:
 
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
-        copy: bool = False, handoff_age_s: float | None = None,
+        copy: bool = False, handoff_age_s: float | None = None, spare_only: bool = False,
     ) -> Reservation | None:
         """``TieredStore.reserve`` (contract there)."""
         st = self._state
@@ -124,7 +124,8 @@ class Reservations:
             tenant = st.tenants.tenant_of_namespace(namespace_id)
             st.tenants.check_dram(tenant, size_bytes)  # before allocating: never evicts for it
             offset = self._transit.allocate(
-                size_bytes, copy=copy, wait_for_pool=not copy and handoff_age_s is None,
+                size_bytes, copy=copy or spare_only,
+                wait_for_pool=not (copy or spare_only) and handoff_age_s is None,
                 handoff_age_s=handoff_age_s)
             st.tenants.reserve(tenant, size_bytes)
             rid = next(st.reservation_ids)

@@ -168,6 +168,10 @@ class SsdTier:
         self.duplicated: Callable[[bytes], bool] | None = None
         """Per store key: is the block also in DRAM (set by the store)? Such blocks are
         this tier's first victims (:meth:`_victim`)."""
+        self.redundant_victim: Callable[[], bytes | None] | None = None
+        """The least recent block here that is a redundant replica (another live node holds
+        it; tiers/redundant.py), or None (set by the store): an SSD allocation evicts it
+        before a sole copy (:meth:`_victim`)."""
         self.lock = lock if lock is not None else threading.Lock()
         self._writing: set[bytes] = set()
         self._deleting: set[bytes] = set()
@@ -221,7 +225,8 @@ class SsdTier:
         """The block an SSD allocation evicts (lock held; the tier is not empty): the least
         recent of the first :data:`DUPLICATE_SCAN` whose bytes are also in DRAM
         (:attr:`duplicated`: evicting this SSD copy drops nothing from the node), else the
-        least recent block."""
+        least recent redundant replica (:attr:`redundant_victim`: another node holds it), else
+        the least recent block."""
         dup = self.duplicated
         if dup is not None:
             for i, skey in enumerate(self.entries):
@@ -229,6 +234,11 @@ class SsdTier:
                     break
                 if dup(skey):
                     return skey
+        red = self.redundant_victim
+        if red is not None:
+            found = red()
+            if found is not None:
+                return found
         return next(iter(self.entries))
 
     def drop(self, skey: bytes, entry: SsdEntry | None = None) -> list[bytes]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from kvstored.errors import Unavailable
+from kvstored.tiers.redundant import RedundantMarks
 from kvstored.tiers.tenants import TenantUsage
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ class StoreState:
 
     __slots__ = (
         "arena", "closed", "cond", "demoting", "dram", "gets", "hits", "interner", "lock",
-        "max_block_bytes", "misses", "pending", "pinned_bytes", "promoting", "puts",
+        "marks", "max_block_bytes", "misses", "pending", "pinned_bytes", "promoting", "puts",
         "reservation_ids", "reserved_bytes", "ssd", "tenants", "tiers",
     )
 
@@ -179,6 +180,8 @@ class StoreState:
         self.misses = 0
         self.puts = 0
         self.closed = False
+        self.marks = RedundantMarks()
+        """This node's redundant-replica marks (tiers/redundant.py): dropped before sole copies."""
 
     # ---- helpers (lock held) -------------------------------------------------------------
     def check_open(self) -> None:

@@ -69,9 +69,10 @@ from kvstored.tiers.reads import Reads
 from kvstored.tiers.reservations import Reservations
 from kvstored.tiers.spare import coldest_original_touched
 from kvstored.tiers.ssd import SsdTier
+from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.state import Interner, StoreState
 from kvstored.tiers.tenants import TenantUsage
-from kvstored.tiers.transit import Transit
+from kvstored.tiers.transit import MAX_REDUNDANT_SCAN, Transit
 from kvstored.types import (
     BlockInfo,
     ExportedBlock,
@@ -170,6 +171,8 @@ class TieredStore:
             tenants=usage,
         )
         self._transit = Transit(state)
+        if ssd is not None:
+            ssd.redundant_victim = self._redundant_ssd_victim
         self._reservations = Reservations(state, self._transit)
         self._reads = Reads(state, self._transit)
         self._exports = Exports(state, self._reads)
@@ -216,7 +219,7 @@ class TieredStore:
     # ---- put ---------------------------------------------------------------------------
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
-        copy: bool = False, handoff_age_s: float | None = None,
+        copy: bool = False, handoff_age_s: float | None = None, spare_only: bool = False,
     ) -> Reservation | None:
         """Reserve arena space for a block the caller will write.
 
@@ -239,6 +242,13 @@ class TieredStore:
                 room, it is made only if this node's coldest original
                 (:meth:`coldest_original_age_s`) is older, decided under the store lock;
                 never waits on the pool (``Transit.allocate``).
+            spare_only: the block is a new replica of a block another node holds (a
+                master's COPY: repair, drain, hot blocks), committed as an original: room
+                is made as for ``copy`` (free space, copies, blocks on SSD, demotions the
+                SSD takes as is), never by an eviction for good nor a wait on the pool
+                (making one replica by dropping another block is a net loss), not even of
+                a redundant replica (that would move a deficit, not mend it); no room is
+                NoCapacity (the master asks again later or elsewhere).
 
         Returns:
             The reservation, or None when the block is already stored (complete) in either
@@ -250,14 +260,100 @@ class TieredStore:
                 non-bytes meta.
             BlockTooLarge: ``size_bytes > max_block_bytes``.
             NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress, or
-                (``copy``) no room can be made without dropping a block, or
+                (``copy``, ``spare_only``) no room can be made without dropping a block, or
                 (``handoff_age_s``) the hand-off is refused: no block here is colder.
             Unavailable: the store is closed.
         """
         return self._reservations.reserve(
             key, size_bytes, namespace_id=namespace_id, meta=meta, copy=copy,
-            handoff_age_s=handoff_age_s,
+            handoff_age_s=handoff_age_s, spare_only=spare_only,
         )
+
+    def _redundant_ssd_victim(self) -> bytes | None:
+        """The least recent SSD-only block that is a redundant replica (lock held; the first
+        :data:`~kvstored.tiers.transit.MAX_REDUNDANT_SCAN` of the SSD's LRU order)."""
+        st = self._state
+        marks, ssd = st.marks, st.ssd
+        if ssd is None or not marks.trusted or not len(marks):
+            return None
+        dram = st.dram.entries
+        for n, (skey, e) in enumerate(ssd.entries.items()):
+            if n >= MAX_REDUNDANT_SCAN:
+                break
+            if skey not in dram and skey not in ssd._writing and marks.is_redundant(  # noqa: SLF001
+                    skey, e.generation):
+                marks.num_dropped += 1
+                return skey
+        return None
+
+    def mark_redundant(self, items: Sequence[tuple[bytes, str, int]], *,
+                       namespace_id: bytes = b"") -> int:
+        """Mark replicas here as redundant: ``(key, keeper node id, generation)`` each, where
+        the keeper is a live node known to hold these bytes as an original (tiers/redundant.py).
+        A replica that is no longer that generation here (removed, re-put) is not marked,
+        nor is anything while the marks are not trusted (:meth:`set_marks_trusted`).
+        An eviction for good then drops marked replicas before sole copies (dropped, not
+        demoted). Thread-safe (the store lock).
+
+        Returns:
+            How many were marked.
+        """
+        st = self._state
+        n = 0
+        with st.lock:
+            if not st.marks.trusted:
+                return 0  # a departure could go unheard now: mark nothing (fail safe)
+            for key, keeper, generation in items:
+                skey = store_key(namespace_id, key)
+                e = st.dram.entries.get(skey)
+                se = st.ssd.entries.get(skey) if st.ssd is not None else None
+                gens = {x.generation for x in (e, se) if x is not None}
+                if generation and gens == {generation}:
+                    st.marks.mark(skey, keeper, generation)
+                    n += 1
+        return n
+
+    def forget_keeper(self, node_id: str) -> int:
+        """The node left the pool: replicas marked redundant because it holds them are sole
+        copies here again. Returns how many marks went. Thread-safe."""
+        with self._state.lock:
+            return self._state.marks.forget_keeper(node_id)
+
+    def set_marks_trusted(self, trusted: bool) -> None:
+        """Whether redundant marks count now (the node's master link: True while it hears
+        the master's departure notices; False clears every mark: fail safe). Thread-safe."""
+        st = self._state
+        with st.lock:
+            if not trusted:
+                st.marks.clear()
+            st.marks.trusted = bool(trusted)
+
+    def has_redundant_victims(self) -> bool:
+        """Whether some block here counts as a redundant replica now (so a put that needs
+        room drops one of those before handing its coldest sole copy to a peer). Bounded:
+        looks at the marks' first :data:`~kvstored.tiers.transit.MAX_REDUNDANT_SCAN`.
+        Thread-safe."""
+        st = self._state
+        with st.lock:
+            marks = st.marks
+            if not marks.trusted or not len(marks):
+                return False
+            for n, skey in enumerate(marks.keys()):
+                if n >= MAX_REDUNDANT_SCAN:
+                    return False
+                e = st.dram.entries.get(skey)
+                if e is None and st.ssd is not None:
+                    se = st.ssd.entries.get(skey)
+                    if se is not None and marks.is_redundant(skey, se.generation):
+                        return True
+                elif e is not None and e.pins == 0 and marks.is_redundant(skey, e.generation):
+                    return True
+            return False
+
+    @property
+    def num_redundant_dropped(self) -> int:
+        """Redundant replicas this node dropped (evicted for good) before any sole copy."""
+        return self._state.marks.num_dropped
 
     def coldest_original_age_s(self) -> float:
         """Seconds since the last use of this node's coldest *original* block (one the pool

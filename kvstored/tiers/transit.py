@@ -75,6 +75,9 @@ class PoolWait:
         """Monotonic s the wait ends; None = not started; 0.0 = over (or never allowed)."""
 
 
+MAX_REDUNDANT_SCAN = 4096
+"""Most DRAM blocks (LRU first) an eviction for good looks at for a redundant replica."""
+
 AGAIN = object()
 """What :meth:`Transit.promote` answers when the block changed while it made room: look again."""
 
@@ -119,8 +122,9 @@ class Transit:
 
         return ok
 
-    def _evict_window(self, skeys: list[bytes]) -> None:
-        """Evict chosen victims: free those already on SSD, demote the others (lock released
+    def _evict_window(self, skeys: list[bytes], drop: frozenset[bytes] = frozenset()) -> None:
+        """Evict chosen victims: free those already on SSD, drop copies and those in ``drop``
+        (redundant replicas: another node holds them), demote the others (lock released
         during the writes; each one DEMOTING meanwhile)."""
         st = self._state
         dram, ssd, demoting = st.dram, st.ssd, st.demoting
@@ -130,6 +134,9 @@ class Transit:
             w = None
             if skey in dram.copies:
                 pass  # a peer holds it: dropped, never demoted (spare.py)
+            elif skey in drop:
+                st.marks.num_dropped += 1  # a redundant replica: dropped, not demoted (its
+                # demotion could evict an SSD block; another node keeps this one)
             elif ssd is not None and skey not in ssd.entries:
                 ns, _ = split_store_key(skey)
                 w = ssd.begin_write(skey, e.size_bytes, namespace_id=ns, meta=e.meta)
@@ -242,6 +249,19 @@ class Transit:
                 )
             dram.absorb_reads()  # one-sided reads since the last eviction count as recency
             window, spare_tries = self._spare_window(need, spare_tries)  # drops nothing
+            drop: frozenset[bytes] = frozenset()
+            # May this allocation evict for good (a local put, a hand-off, a standalone
+            # node's promotion)? Then a redundant replica (another live node holds it;
+            # tiers/redundant.py) goes before any sole copy, coldest first. A put that may
+            # still wait on the pool waits first (a peer with room keeps both replicas).
+            for_good = not copy and not ((promotion or ahead) and self.pool_room is not None)
+            pool_wait_left = (wait_for_pool and own.until != 0.0 and self.pool_room is not None
+                              and self.pool_wait_s > 0)
+            if window is None and for_good and (handoff_age_s is not None or not pool_wait_left):
+                window, drop = self._redundant_window(need)
+                if window is not None and handoff_age_s is not None and not handoff_decided:
+                    self.handoffs_taken += 1  # stored by dropping a redundant replica
+                    handoff_decided = True
             if window is None and handoff_age_s is not None:
                 if not handoff_decided:
                     self._decide_handoff(size_bytes, handoff_age_s)  # raises when refused
@@ -257,12 +277,15 @@ class Transit:
                         spare_tries = 0
                         continue  # the pool made room elsewhere: look again
                     own.until = 0.0  # waited (or may not wait): evict for good now
-                if not (promotion or ahead) or self.pool_room is None:  # (a pool's never do)
+                    if for_good:
+                        window, drop = self._redundant_window(need)
+                if window is None and (not (promotion or ahead) or self.pool_room is None):
+                    # (a pool's promotions and reserve-ahead slots never do)
                     window, tries = self._lru_window(need, tries)
                     if window is not None:
                         self.evictions_for_good += sum(1 for k in window if self._drops(k))
             if window is not None:
-                self._evict_window(window)
+                self._evict_window(window, drop)
             elif st.demoting:
                 st.cond.wait()  # a demotion in flight will free space
             elif copy:
@@ -322,6 +345,41 @@ class Transit:
                 return window, tries
             tries += 1
         return None, tries
+
+    def _redundant_window(self, need: int) -> tuple[list[bytes] | None, frozenset[bytes]]:
+        """Victims freeing ``need`` contiguous bytes that drop no *block* from the pool, some
+        of them redundant replicas (tiers/redundant.py: another live node holds them; they
+        are dropped, not demoted), the others spare victims; coldest first (the first
+        :data:`MAX_REDUNDANT_SCAN` blocks of the LRU order); or ``(None, {})``. The set is
+        the window's blocks to drop (lock held)."""
+        st = self._state
+        dram, ssd, marks = st.dram, st.ssd, st.marks
+        if not marks.trusted or not len(marks):
+            return None, frozenset()
+        entries = dram.entries
+
+        def redundant(skey: bytes) -> bool:
+            return marks.is_redundant(skey, entries[skey].generation)
+
+        spares = spares_pool(dram, ssd)
+
+        def ok(skey: bytes) -> bool:
+            return self.evictable(skey) and (redundant(skey) or spares(skey))
+
+        for n, skey in enumerate(entries):
+            if n >= MAX_REDUNDANT_SCAN:
+                break
+            if skey in dram.copies or not self.evictable(skey) or not redundant(skey):
+                continue
+            window = victim_window(dram, skey, need, ok)
+            if window is None:
+                continue
+            drop = frozenset(k for k in window if k not in dram.copies and redundant(k)
+                             and (ssd is None or k not in ssd.entries))
+            rest = [k for k in window if k not in drop]
+            if window_spares_pool(dram, ssd, rest):
+                return window, drop
+        return None, frozenset()
 
     def _lru_window(self, need: int, tries: int) -> tuple[list[bytes] | None, int]:
         """Victims in plain LRU order (copies first), which may drop blocks (lock held)."""

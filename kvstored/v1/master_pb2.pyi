@@ -41,6 +41,7 @@ class NodeCommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_COMMAND_KIND_PROMOTE: _ClassVar[NodeCommandKind]
     NODE_COMMAND_KIND_DROP: _ClassVar[NodeCommandKind]
     NODE_COMMAND_KIND_LEAVE: _ClassVar[NodeCommandKind]
+    NODE_COMMAND_KIND_PEER_LEFT: _ClassVar[NodeCommandKind]
 
 class BlockEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -74,6 +75,7 @@ NODE_COMMAND_KIND_COPY: NodeCommandKind
 NODE_COMMAND_KIND_PROMOTE: NodeCommandKind
 NODE_COMMAND_KIND_DROP: NodeCommandKind
 NODE_COMMAND_KIND_LEAVE: NodeCommandKind
+NODE_COMMAND_KIND_PEER_LEFT: NodeCommandKind
 BLOCK_EVENT_KIND_UNSPECIFIED: BlockEventKind
 BLOCK_EVENT_KIND_ADDED: BlockEventKind
 BLOCK_EVENT_KIND_REMOVED: BlockEventKind
@@ -120,16 +122,18 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch", "term")
+    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch", "term", "announces_departures")
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SUPERSEDED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    ANNOUNCES_DEPARTURES_FIELD_NUMBER: _ClassVar[int]
     node_lease_ms: int
     master_epoch: int
     superseded_epoch: bool
     term: int
-    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
+    announces_departures: bool
+    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ..., term: _Optional[int] = ..., announces_departures: _Optional[bool] = ...) -> None: ...
 
 class UnregisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "epoch")

@@ -48,10 +48,11 @@ def test_a_holder_leaving_queues_copies_of_its_blocks_whose_factor_is_above_one(
     assert copies(c, "c") == []  # two replicas each: nothing to do
     lapse(c, "a", ["b", "c"])
     assert copies(c, "c") == [(key(1), "b"), (key(2), "b")]
-    assert c.state.commands.pending("b") == []  # b holds them already: never a target
+    assert c.state.commands.pending("b", CommandKind.COPY) == []  # b holds them: no target
+    assert [cmd.key for cmd in c.state.commands.pending("b")] == [b"a"]  # PEER_LEFT(a)
     c.state.maintain(65536)  # in flight: not queued twice
-    assert len(c.state.commands.pending("c")) == 2
-    cmd = c.state.commands.pending("c")[0]
+    assert len(c.state.commands.pending("c", CommandKind.COPY)) == 2
+    cmd = c.state.commands.pending("c", CommandKind.COPY)[0]
     b_row = [r for r in c.index.replicas(NS, key(1)) if r.holder == c.holder("b")]
     assert cmd.source is not None and cmd.source.size_bytes == SIZE
     assert cmd.source.generation == b_row[0].generation  # the copy is verified against it
@@ -74,11 +75,12 @@ def test_repair_stops_once_the_new_replica_is_reported() -> None:
     c.join("c")
     c.state.repair.set_factor(NS, [key(1)], 2)
     lapse(c, "a", ["b", "c"])
-    [cmd] = c.state.commands.pending("c")
+    [cmd] = c.state.commands.pending("c", CommandKind.COPY)
     c.state.commands.ack("c", 1, [cmd.command_id])
     report_added(c, "c", [1])
     c.state.maintain(65536)
-    assert c.state.commands.pending("c") == [] and c.state.repair.num_under_replicated == 0
+    assert c.state.commands.pending("c", CommandKind.COPY) == []
+    assert c.state.repair.num_under_replicated == 0
 
 
 def test_the_repair_rate_limit_paces_copy_commands_in_bytes_per_second() -> None:
@@ -344,3 +346,21 @@ def test_a_replica_whose_event_never_comes_is_repaired_after_the_write_lease() -
     assert len(queued) == 1, {n: copies(c, n) for n in "bc"}
     assert c.placement.reporting_holders(NS, key(1)) == frozenset()
     assert placed.node_id in "bc"
+
+
+def test_a_node_leaving_sends_peer_left_to_every_live_node_never_given_up_nor_dropped() -> None:
+    c = Cluster()
+    c.join("a", inventory=blocks([1]))
+    c.join("b", inventory=blocks([1]))
+    c.join("c")
+    lapse(c, "a", ["b", "c"])
+    for n in ("b", "c"):
+        [cmd] = c.state.commands.pending(n, CommandKind.PEER_LEFT)
+        assert cmd.key == b"a" and cmd.epoch == 1
+    q = c.state.commands
+    for _ in range(q.max_sends + 2):  # unacked sends: a COPY would be given up by now
+        c.clock.advance(q.resend_after_s + 1)
+        assert [x.kind for x in q.take("c", 1)] == [CommandKind.PEER_LEFT]
+    q.max_pending_per_node = 1
+    q.add("c", 1, CommandKind.DROP, NS, key(7))  # over the bound: the DROP goes, not it
+    assert [x.kind for x in q.pending("c")] == [CommandKind.PEER_LEFT]

@@ -411,3 +411,24 @@ def test_an_end_lost_to_a_failover_counts_the_peers_that_stored_the_block(pool3:
     (o,) = pool3.rep.replicate(NS, [k], 2)
     assert (o.num_replicas, o.error) == (2, None)
     assert len(pool3.holders(k)) == 1
+
+
+def test_the_writer_marks_its_own_replica_redundant_once_a_peer_stored_one(pool3: Pool) -> None:
+    from kvstored.tiers.ssd_format import store_key
+
+    pool3.store.set_marks_trusted(True)  # what the node's master link does
+    keys = pool3.put(1, 2)
+    out = pool3.rep.replicate(NS, keys, 2)
+    assert [o.num_replicas for o in out] == [2, 2]
+    marks = pool3.store._state.marks  # noqa: SLF001 (white box: the marks made)
+    for k in keys:
+        holder = pool3.holders(k)
+        assert marks.keeper_of(store_key(NS, k)) == holder[0]  # the peer keeps it
+        assert not pool3.peers[holder[0]].store._state.marks.keeper_of(store_key(NS, k))  # noqa: SLF001
+    assert pool3.store.has_redundant_victims()
+    (k3,) = pool3.put(3)
+    pool3.store.set_marks_trusted(False)  # untrusted: the writer marks nothing
+    pool3.store.set_marks_trusted(True)
+    pool3.store.set_marks_trusted(False)
+    pool3.rep.replicate(NS, [k3], 2)
+    assert marks.keeper_of(store_key(NS, k3)) is None and len(marks) == 0

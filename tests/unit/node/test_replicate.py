@@ -186,3 +186,25 @@ def test_a_batch_is_split_by_bytes_and_a_leave_goes_alone() -> None:
     assert [[c.command_id for c in p] for p in parts] == [[9, 1, 2], [3, 4]]
     leave = pb.NodeCommand(command_id=8, kind=pb.NODE_COMMAND_KIND_LEAVE, target_epoch=5)
     assert Replicator.split([*cmds, leave]) == [[*cmds, leave]]
+
+
+def test_peer_left_forgets_that_keeper_at_submit_before_anything_after_it_runs() -> None:
+    async def main() -> None:
+        f = Fakes(hold=threading.Event())
+        gone: list[str] = []
+        r = Replicator(epoch=5, copy_from=f.copy_from, keep_copies=f.keep_copies,
+                       remove=f.remove, leave=f.leave, peer_left=gone.append)
+        await r.start()
+        try:
+            left = pb.NodeCommand(command_id=1, kind=pb.NODE_COMMAND_KIND_PEER_LEFT,
+                                  target_epoch=5, key=b"b")
+            assert r.submit([left, copy_cmd(2, b"k")]) == 2
+            assert gone == ["b"]  # at once, on the loop: before the worker starts the COPY
+            f.hold.set()  # type: ignore[union-attr]
+            await asyncio.wait_for(r.idle.wait(), 10)
+            assert sorted(r.take_acks()) == [1, 2]
+            assert r.submit([left]) == 0 and gone == ["b"]  # a resend: acked, not applied
+        finally:
+            await r.stop()
+
+    asyncio.run(main())
