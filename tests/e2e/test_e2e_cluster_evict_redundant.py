@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster_helpers import NodeProcess, _nodes, _wait, start_master, start_nodes, wait_healthy
 
 from kvstored import Client
