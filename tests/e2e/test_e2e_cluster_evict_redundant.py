@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cluster_helpers import NodeProcess, _nodes, _wait, start_master, start_nodes, wait_healthy
 
 from kvstored import Client
@@ -53,10 +52,6 @@ def _originals(m: MasterAdminClient, keys: list[bytes]) -> list[set[str]]:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 17): with the 3 s lease the final reads miss 492-667 of 1920 blocks that the "
-    "master lists on a survivor, on main without this branch too (1 of 1 runs) and here in 2 of "
-    "3 runs; the 10 s-lease repro loses 0; not yet explained"))
 def test_replicas_2_nearly_full_pool_sigkill_a_holder_loses_no_block(
     workdir: Path, procs: list[Any]
 ) -> None:

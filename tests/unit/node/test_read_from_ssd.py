@@ -96,3 +96,31 @@ def test_the_nodrop_counters_are_exported_by_name(core: NodeCore) -> None:
     assert "kvstored_nodrop_served_from_ssd_total 1.0" in text
     assert "kvstored_nodrop_evictions_for_good_total 0.0" in text
     assert set(NODROP_COUNTERS) >= {"copies_skipped", "streamed_through"}
+
+
+def test_a_shared_memory_read_of_such_a_block_is_marked_through_and_the_get_serves_it(
+    core: NodeCore,
+) -> None:
+    """PinBlocks has no slot to pin for the SSD block whose promotion would drop one: it
+    marks it ``through`` (the client then reads exactly it by the inline Get) instead of
+    answering NoCapacity, which the shared-memory client took for a miss of a block this
+    node holds (the e2e nearly-full-pool reads missed hundreds that way)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvstored.node.service import NodeServicer
+    from kvstored.v1 import node_pb2 as pb
+
+    session_id = core.open_session()
+    with ThreadPoolExecutor(2) as pool:
+        servicer = NodeServicer(core, pool, version="test")
+        for first in (key(0), key(1)):
+            resp = asyncio.run(servicer.PinBlocks(
+                pb.PinBlocksRequest(keys=[first, key(2)], session_id=session_id, epoch=core.epoch),
+                None))
+            assert [b.found for b in resp.blocks] == [False, True]
+            assert resp.blocks[0].through and not resp.blocks[0].HasField("status")
+            core.release_pins_report([resp.pin_id])
+            got = asyncio.run(servicer.Get(pb.GetRequest(keys=[first]), None))
+            assert [r.value for r in got.results] == [val(0 if first == key(0) else 1)]
+    _all_held(core)
