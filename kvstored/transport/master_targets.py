@@ -46,7 +46,6 @@ ETCD_SCHEME = "etcd://"
 
 RECONNECT_BACKOFF_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 """Reconnect backoff of every channel to a master (the node's MasterLink and RemoteReads, the
@@ -54,7 +53,10 @@ client's, kvstorectl's) and of the master's own channels to nodes: at most 1 s b
 connection attempts. gRPC's default grows to
 120 s (1 s x 1.6 per failed attempt), so after a master was down for ten seconds a channel
 kept failing fast (Unavailable) for seconds after it was back at the same address: a
-read's lookup found no master and missed every key of its batch."""
+read's lookup found no master and missed every key of its batch. Not
+``grpc.min_reconnect_backoff_ms``: gRPC core uses it as each attempt's connect timeout
+(default 20 s), and 100 ms failed connections whose handshake was slow under load
+("connection attempt timed out before receiving SETTINGS frame")."""
 
 
 @dataclass(frozen=True, slots=True)
