@@ -59,10 +59,13 @@ typedef struct {
 #define ALIAS_MIN_BYTES 4096u
 
 #if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
-/* Unaligned 16-byte loads, stores aligned to the destination's cache line (the head before
- * it by memcpy): the plain loop glibc's memcpy would run if it did not pick `rep movsb`. */
-static void vector_copy(char *dst, const char *src, size_t n) {
-    size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+/* The SSE2 copy loop of vector_copy and stream_copy: the head up to the destination's
+ * `align`-byte boundary by memcpy, then 64 bytes a turn of unaligned 16-byte loads and
+ * aligned stores (`stream`: non-temporal ones, then an sfence), the tail by memcpy. Both
+ * callers pass constants, so the branches fold away. */
+static inline __attribute__((always_inline)) void sse2_copy(char *dst, const char *src, size_t n,
+                                                            size_t align, int stream) {
+    size_t head = (align - ((uintptr_t)dst & (align - 1))) & (align - 1);
     if (head > n)
         head = n;
     memcpy(dst, src, head);
@@ -74,16 +77,29 @@ static void vector_copy(char *dst, const char *src, size_t n) {
         __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
         __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
         __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_store_si128((__m128i *)dst, a);
-        _mm_store_si128((__m128i *)(dst + 16), b);
-        _mm_store_si128((__m128i *)(dst + 32), c);
-        _mm_store_si128((__m128i *)(dst + 48), d);
+        if (stream) {
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        } else {
+            _mm_store_si128((__m128i *)dst, a);
+            _mm_store_si128((__m128i *)(dst + 16), b);
+            _mm_store_si128((__m128i *)(dst + 32), c);
+            _mm_store_si128((__m128i *)(dst + 48), d);
+        }
         src += 64;
         dst += 64;
         n -= 64;
     }
+    if (stream)
+        _mm_sfence();
     memcpy(dst, src, n);
 }
+
+/* Unaligned 16-byte loads, stores aligned to the destination's cache line (the head before
+ * it by memcpy): the plain loop glibc's memcpy would run if it did not pick `rep movsb`. */
+static void vector_copy(char *dst, const char *src, size_t n) { sse2_copy(dst, src, n, 64, 0); }
 #endif
 
 /* memcpy, except where `rep movsb` meets 4 KiB aliasing: when the destination is 1-63 bytes
@@ -112,28 +128,7 @@ static inline void copy_bytes(char *dst, const char *src, size_t n) {
  * returns). Elsewhere: memcpy. */
 static void stream_copy(char *dst, const char *src, size_t n) {
 #if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    while (n >= 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)src);
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_stream_si128((__m128i *)dst, a);
-        _mm_stream_si128((__m128i *)(dst + 16), b);
-        _mm_stream_si128((__m128i *)(dst + 32), c);
-        _mm_stream_si128((__m128i *)(dst + 48), d);
-        src += 64;
-        dst += 64;
-        n -= 64;
-    }
-    _mm_sfence();
-    memcpy(dst, src, n);
+    sse2_copy(dst, src, n, 16, 1);
 #else
     memcpy(dst, src, n);
 #endif
