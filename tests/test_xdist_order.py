@@ -13,7 +13,7 @@ import pytest
 from xdist_order import group_rank
 from xdist_order import make_scheduler as pytest_xdist_make_scheduler
 
-pytest.importorskip("xdist")
+pytest.importorskip("xdist", reason="pytest-xdist (the test extra) is not installed")
 
 
 class _Config:

@@ -85,7 +85,7 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: pathlib.Path) -> None:
 
 def test_replay_sweeps_noise_seeds_and_speed(trace_file: pathlib.Path,
                                              tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib (the [sim] extra) is not installed")
     png = tmp_path / "noise.png"
     res = CliRunner().invoke(replay, [
         str(trace_file), "--prefill", "2", "--decode", "1", "--cache-blocks", "200",
