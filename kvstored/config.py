@@ -276,7 +276,7 @@ class NodeConfig(_Model):
     def _zone_valid(cls, v: str) -> str:
         if v and not NODE_ID_RE.fullmatch(v):
             raise ValueError(f"must be empty or have 1..{MAX_NODE_ID_CHARS} printable ASCII "
-                             f"characters without spaces, got {v!r}")
+                             "characters without spaces")
         return v
 
     @field_validator("ssd_dir", "arena_dir", mode="before")
@@ -520,7 +520,7 @@ class ClusterConfig(_Model):
     @classmethod
     def _hedge_after_ms_valid(cls, v: int) -> int:
         if v < 0:
-            raise ValueError(f"hedge_after_ms must be >= 0 milliseconds (0 = off), got {v}")
+            raise ValueError("hedge_after_ms must be >= 0 milliseconds (0 = off)")
         return v
 
     @field_validator("namespace_replicas")

@@ -589,7 +589,7 @@ def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
 
 @main.command(cls=KeysInOrderCommand)
 @click.argument("keys_args", nargs=-1, metavar="[KEY_HEX]...")
-@click.option("--replicas", type=int, required=True,
+@click.option("--replicas", type=click.IntRange(1, 8), required=True,  # 8: MAX_REPLICAS
               help="Wanted replicas of each block (1..8; 1 = no repair).")
 @click.option("--namespace-id", "namespace_id_hex", metavar="HEX", default=None,
               help="Namespace id of the keys: all 32 hex digits or a unique prefix (default: "

@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from kvstored.errors import ConfigInvalid, KvstoredError
+from kvstored.errors import ConfigInvalid, InvalidArgument, KvstoredError
 
 # name -> "module:attribute" of commands owned by other packages (optional, imported lazily)
 LAZY_COMMANDS: dict[str, str] = {
@@ -180,6 +180,22 @@ _NODE_FLAGS = {
 """NodeConfig field -> the flag that sets it (config errors name the flag)."""
 
 
+def _check_master_address(spec: str, from_flag: bool) -> None:
+    """Exit 2 with a message naming the setting (and ``--master`` when the flag set it) if
+    ``cluster.master_address`` is not a master address, before anything is created (the
+    DRAM arena, the SSD tier's files)."""
+    if not spec:
+        return
+    from kvstored.transport.master_targets import parse_master_targets
+
+    what = "cluster.master_address (flag --master)" if from_flag else "cluster.master_address"
+    try:
+        parse_master_targets(spec, what)
+    except InvalidArgument as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(2)
+
+
 def _run_node(config_path: str | None, overrides: dict[str, Any],
               cluster_overrides: dict[str, Any], *, master_listen: str | None = None,
               tls_overrides: dict[str, Any] | None = None) -> None:
@@ -200,6 +216,7 @@ def _run_node(config_path: str | None, overrides: dict[str, Any],
     except ConfigInvalid as exc:
         click.echo(f"kvstored: {exc}", err=True)
         sys.exit(2)
+    _check_master_address(loaded.cluster.master_address, "master_address" in cluster_overrides)
     cfg = loaded.node
     configure(json=cfg.log_as_json, level=cfg.log_level)
     bind_process(node_id=cfg.node_id)

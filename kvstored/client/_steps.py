@@ -40,10 +40,13 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 ]
+"""Options of a client's channel to its node: no message size limit, gRPC's own retries off
+(kvstored/client/_ops.py retries what is safe to retry), and a reconnect backoff of at most
+1 s. Not ``grpc.min_reconnect_backoff_ms``: gRPC core uses it as each attempt's connect
+timeout (kvstored/transport/master_targets.py ``RECONNECT_BACKOFF_OPTIONS`` says why)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,3 +37,25 @@ def test_a_bad_address_names_its_flag_and_why(tmp_path: Path, monkeypatch: pytes
         asyncio.run(NodeDaemon(cfg).start())
     assert str(err.value) == expected
     assert opened == []  # refused before the arena was opened
+
+
+@pytest.mark.parametrize(("spec", "detail"), [
+    ("nohost", "(bad entry 'nohost')"),
+    ("127.0.0.1:99999", "(port 99999 out of range)"),
+    ("etcd://127.0.0.1:2379", "expected etcd://HOST:PORT[,HOST:PORT]/PREFIX"),
+])
+def test_a_bad_master_address_exits_2_naming_the_flag_before_the_arena(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, detail: str) -> None:
+    from click.testing import CliRunner
+
+    from kvstored.cli.main import main
+
+    opened: list[object] = []
+    monkeypatch.setattr(TieredStore, "from_config", lambda *a, **kw: opened.append(a) or 1 / 0)
+    result = CliRunner().invoke(main, [
+        "node", "--master", spec, "--listen", f"unix:{tmp_path}/n.sock", "--dram-size", "1MiB",
+        "--ssd-size", "0", "--arena-dir", str(tmp_path), "--node-id", "x"])
+    assert result.exit_code == 2, result.output
+    assert "cluster.master_address (flag --master)" in result.output and detail in result.output
+    assert repr(spec) in result.output
+    assert opened == []  # refused before the arena was opened

@@ -305,8 +305,15 @@ def test_a_copy_command_without_hedging_does_not_hedge_and_misses_a_silent_sourc
 def test_hedge_after_must_not_be_negative() -> None:
     from kvstored.config import ClusterConfig
 
-    with pytest.raises(ValueError, match=r"hedge_after_ms must be >= 0 milliseconds \(0 = off\), got -5"):
+    from kvstored.config import load_config
+    from kvstored.errors import ConfigInvalid
+
+    with pytest.raises(ValueError, match=r"hedge_after_ms must be >= 0 milliseconds \(0 = off\)"):
         ClusterConfig(hedge_after_ms=-5)
+    with pytest.raises(ConfigInvalid) as info:  # the value is named once, by the formatter
+        load_config(overrides={"cluster": {"hedge_after_ms": -5}}, environ={})
+    assert str(info.value).count("-5") == 1, str(info.value)
+    assert "cluster.hedge_after_ms" in str(info.value) and "(got -5)" in str(info.value)
     assert ClusterConfig().hedge_after_ms == 100 and ClusterConfig(hedge_after_ms=0).hedge_after_ms == 0
     core = make_core("x", block_bytes=BLOCK)
     try:
