@@ -303,9 +303,7 @@ def test_a_copy_command_without_hedging_does_not_hedge_and_misses_a_silent_sourc
 
 
 def test_hedge_after_must_not_be_negative() -> None:
-    from kvstored.config import ClusterConfig
-
-    from kvstored.config import load_config
+    from kvstored.config import ClusterConfig, load_config
     from kvstored.errors import ConfigInvalid
 
     with pytest.raises(ValueError, match=r"hedge_after_ms must be >= 0 milliseconds \(0 = off\)"):
