@@ -258,6 +258,7 @@ class _Move:
     node_id: str
     ok: bool = False
     indexed: bool = False  # the end's answer counted the peer's replica as indexed already
+    handoff: bool = False  # a pool-LRU hand-off (counted in handoffs_*, not blocks_moved)
 
 
 AWAIT_INDEX_S = 10.0
@@ -451,6 +452,8 @@ class Spiller:
                     left = self._wait_confirmed(time.monotonic() + CONFIRM_WAIT_S)
                 if want and not left:  # the pool is full: pool LRU before we evict our own
                     left = self.hand_off(want)
+                    if not left and self._awaiting:  # handed off; the index confirms them
+                        left = self._wait_confirmed(time.monotonic() + CONFIRM_WAIT_S)
             except Exception:
                 log.exception("spill_round_failed")
             finally:
@@ -741,11 +744,14 @@ class Spiller:
         for ns, moves in confirmed.items():
             for m in moves:
                 self._awaiting.pop((ns, m.block.key), None)
-            left += self._remove_moved(ns, [m.block for m in moves])
+            left += self._remove_moved(ns, [m.block for m in moves if not m.handoff])
+            left += self._remove_handed_off(ns, [m.block for m in moves if m.handoff])
         return left
 
     def _remove_moved(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
         left = 0
+        if not blocks:
+            return left
         removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
         for b, gone in zip(blocks, removed, strict=True):
             if gone:
@@ -753,6 +759,11 @@ class Spiller:
                 self.counters.blocks_moved += 1
                 self.counters.bytes_moved += b.size_bytes
         return left
+
+    def _remove_handed_off(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
+        if not blocks:
+            return 0
+        return sum(int(gone) for gone in self.store.remove([b.key for b in blocks], namespace_id=ns))
 
     def _direct(self, batch: Sequence[BlockInfo]) -> int:
         """Move a batch to the cached peer with the most room, no master call (the master
@@ -808,11 +819,14 @@ class Spiller:
     def hand_off(self, need_bytes: int) -> int:
         """Pool LRU for a put that would now evict an original (module docstring): hand
         our coldest originals, enough for ``need_bytes`` (at most a batch), to the peer
-        :meth:`handoff_target` names; each block the peer took leaves this node.
+        :meth:`handoff_target` names. Each block the peer took leaves this node once the
+        master names the peer's replica (:meth:`confirm_moved`, as a spilled block): until
+        then a reader anywhere still finds it here.
 
         Returns:
-            Blocks that left this node (0: no peer is colder, pool LRU is off, or the peer
-            refused them all).
+            Blocks that left this node (0: no peer is colder, pool LRU is off, the peer
+            refused them all, or the master does not name the peer's replicas yet: they
+            await :meth:`confirm_moved`).
         """
         age_of = getattr(self.store, "coldest_original_age_s", None)
         if not self.pool_lru or age_of is None:
@@ -828,7 +842,8 @@ class Spiller:
             return 0
         batch: list[BlockInfo] = []
         covered = 0
-        for b in self.store.coldest_blocks(self.batch_blocks, exclude=self._failed_at):
+        skip = set(self._failed_at) | set(self._awaiting) if self._awaiting else self._failed_at
+        for b in self.store.coldest_blocks(self.batch_blocks, exclude=skip):
             if b.copy:
                 continue  # a copy is no original: the store evicts it first anyway
             batch.append(b)
@@ -841,16 +856,19 @@ class Spiller:
         by_ns: dict[bytes, list[BlockInfo]] = {}
         for b in batch:
             by_ns.setdefault(b.namespace_id, []).append(b)
-        left = 0
+        num_taken = 0
+        now = time.monotonic()
         for ns, blocks in by_ns.items():
-            taken = self._send_handoff(peer, ns, blocks, ours)
-            if taken:
-                for gone in self.store.remove([b.key for b in taken], namespace_id=ns):
-                    left += int(gone)
-        self.counters.handoffs_accepted += left
-        self.counters.handoffs_refused += len(batch) - left
-        log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch), num_taken=left,
-                 our_coldest_age_s=round(ours, 3), peer_coldest_age_s=round(peer.coldest_age_s, 3))
+            for b in self._send_handoff(peer, ns, blocks, ours):
+                num_taken += 1  # leaves once the master names the peer's replica
+                self._awaiting[(ns, b.key)] = (
+                    _Move(b, 0, peer.data_address, peer.node_id, ok=True, handoff=True), now)
+        self.counters.handoffs_accepted += num_taken
+        self.counters.handoffs_refused += len(batch) - num_taken
+        left = self.confirm_moved() if num_taken else 0
+        log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch), num_taken=num_taken,
+                 num_left=left, our_coldest_age_s=round(ours, 3),
+                 peer_coldest_age_s=round(peer.coldest_age_s, 3))
         self._progress(left)
         return left
 

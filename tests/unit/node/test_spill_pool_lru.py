@@ -66,11 +66,17 @@ def test_a_peer_with_a_colder_block_takes_ours_and_drops_its_own(
     _full_src(src)
     sp = _spiller(src, master)
     _view(sp, peers, 100.0)
+    b = peers["b"].store
     try:
-        assert sp.hand_off(BLOCK) == 1
+        # b stored it but its ADDED event has not reached the master: ours stays (a reader
+        # anywhere still finds the block here; on the old code it was gone at once)
+        assert sp.hand_off(BLOCK) == 0
+        assert src.exists([key(0)]) == [True] and b.exists([key(0)]) == [True]
+        assert sp.victims(BLOCK) and key(0) not in [v.key for v in sp.victims(BLOCK)]
+        master.report_added("b", [key(0)])  # b's event arrives
+        assert sp.confirm_moved() == 1
     finally:
         sp.close()
-    b = peers["b"].store
     assert src.exists([key(0)]) == [False] and b.exists([key(0)]) == [True]
     assert b.get(key(0)) == (value(0), b"")
     assert b.exists([key(1000), key(1001)]) == [False, True]  # b's colder block went
@@ -130,6 +136,13 @@ def test_a_put_into_a_full_pool_hands_our_coldest_block_off_instead_of_evicting_
     _full_src(src)
     sp = _spiller(src, master, interval_s=3600.0)
     _view(sp, peers, 100.0)
+    # b reports what its data plane stored (as a real node's woken link does); the put's
+    # round waits for the master to name b's replica before ours goes
+    def b_reports() -> None:  # on b's data-plane thread
+        with master.lock:
+            master.report_added("b", [key(0)])
+
+    peers["b"].server.on_stored = b_reports
     sp.start()
     src.set_pool_room(sp.wait_for_room, wait_s=3600.0)  # a wait to the bound would hang
     try:
