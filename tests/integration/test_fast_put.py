@@ -74,7 +74,8 @@ def test_a_steady_put_is_one_call_and_one_commit_slots(
                                      for k in written[-4:]])  # numpy values, stored already
         assert _taken() - before == 1
         assert [(r.stored, r.error) for r in again] == [(False, None)] * 4  # existed
-        assert _slot_bytes(node, c) == 8 * SIZE  # two puts' worth: each refill after its answer
+        # two puts' worth: the last refill is granted after the answer put() returned on
+        wait_until(lambda: _slot_bytes(node, c) == 8 * SIZE, what="two puts' worth of slots")
     core = node.daemon.core
     assert core is not None and core.quarantined_bytes() == 0
 
@@ -192,6 +193,9 @@ def test_a_slot_lapsing_mid_copy_on_the_one_call_path_is_quarantined_and_refused
             Client(node.unix_address, transport="shm", reserve_ahead_bytes=0) as b:
         warm = random_keys(2)
         a.put(warm, [value_for(k, SIZE) for k in warm])
+        # the pool: the 2 slots left of the first grant, and the warm put's refill (granted
+        # after its answer, so waited for here: it lapses with the others below)
+        wait_until(lambda: _slot_bytes(node, a) == 4 * SIZE, what="the warm put's refill")
         ka, kb = random_keys(2), random_keys(2)
         monkeypatch.setattr(_fastput, "copy_at", held_copy)
         before = _taken()
