@@ -52,7 +52,6 @@ from kvstored.client._steps import INLINE_PUT_MAX_BYTES
 from kvstored.client.types import PutResult
 from kvstored.errors import DeadlineExceeded, InternalError, KvstoredError
 from kvstored.native import copy_at
-from kvstored.transport.control import FIELD_OF
 from kvstored.v1 import node_pb2 as pb
 
 if TYPE_CHECKING:
@@ -61,8 +60,6 @@ if TYPE_CHECKING:
 FAST_PUT_STATS = {"taken": 0, "passed": 0}
 """This process's calls of this path: ``taken`` (answered here), ``passed`` (handed to the
 general path before any slot was taken: not eligible, or the pool lacked the slots)."""
-
-_FIELD = FIELD_OF["CommitSlots"]
 
 
 def put(
