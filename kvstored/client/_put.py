@@ -14,6 +14,10 @@
            --> tcp (large):    the data plane's PUT
            --> else:           Put, inline (gRPC, or the control channel when open)
 
+The blocking client tries the steady state of the slots path first as one call with no op
+driver (kvstored/client/_fastput.py: same slots, same CommitSlots, same fencing); whatever it
+does not take, and every retry, runs here.
+
 Every path reports a put done only once the node answered its commit, so a put that
 returned is readable by any other client. A put that wants N > 1 replicas (``replicas=``,
 else the client's, else the node's default for the namespace) then asks the node to

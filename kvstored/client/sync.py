@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 import grpc
 
 from kvstored.addresses import default_address
-from kvstored.client import _control, _fastread, _hooks, _ops, _tenant
+from kvstored.client import _control, _fastput, _fastread, _hooks, _ops, _tenant
 from kvstored.client._control import NO_ANSWER, ControlChannel
 from kvstored.client._ops import Blocking, Call, ClientState, Op, Session
 from kvstored.client._orphans import ORPHAN_ACK_TIMEOUT_S, PAST_DEADLINE_S
@@ -177,6 +177,14 @@ class _SyncSession:
         closed: the liveness a one-sided answer needs (kvstored/client/_fastread.py)."""
         live = self._live
         return live is not None and not live[0].is_set() and not self._closed
+
+    def live_id(self) -> int:
+        """The open session's id now, or 0 when none is open (never waits, never opens one:
+        kvstored/client/_fastput.py)."""
+        live = self._live
+        if live is not None and not live[0].is_set() and not self._closed:
+            return live[1]
+        return 0
 
     def session_id(self, deadline: float) -> int:
         """The open session's id (opens one if needed, or waits for the one opening).
@@ -487,12 +495,21 @@ class Client:
         finally:
             self._session.leave()
 
-    def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None) -> T:
+    def _run_entered(self, make_op: Callable[[float], Op[T]], timeout_s: float | None,
+                     first: Callable[[float], T | None] | None = None) -> T:
+        """Run an operation with retries; ``first``: an attempt tried before the op
+        (``fn(deadline)``: its result, or None to run the op; its error is retried as the
+        op's own would be)."""
         deadline = self._st.deadline(timeout_s)
         attempt = 0
         retried: KvstoredError | None = None  # the error the last retry was for
         while True:
             try:
+                if first is not None:
+                    got = first(deadline)
+                    first = None
+                    if got is not None:
+                        return got
                 return self._drive(make_op(deadline), deadline)
             except KvstoredError as exc:
                 if isinstance(exc, Unavailable):
@@ -551,8 +568,28 @@ class Client:
             ``PutResult.error``). Unavailable, DeadlineExceeded: the node could
             not be reached / did not finish in time. Draining: the node is shutting down.
         """
-        return self._run(lambda d: _ops.op_put(self._st, keys, values, metas, d, replicas),
-                         timeout_s)
+        def make_op(d: float) -> Op[list[PutResult]]:
+            return _ops.op_put(self._st, keys, values, metas, d, replicas)
+
+        if metas is not None or replicas is not None:
+            return self._run(make_op, timeout_s)
+        self._session.enter()
+        try:  # a steady shm put in one call first (kvstored/client/_fastput.py), else the op
+            return self._run_entered(make_op, timeout_s, self._fast_put(keys, values))
+        finally:
+            self._session.leave()
+
+    def _fast_put(self, keys: Sequence[bytes], values: Sequence[Any],
+                  ) -> Callable[[float], list[PutResult] | None]:
+        st = self._st
+
+        def first(deadline: float) -> list[PutResult] | None:
+            return _fastput.put(st, self._session.live_id, keys, values, deadline,
+                                self._start_orphan_acks)
+        return first
+
+    def _start_orphan_acks(self) -> None:
+        _start_orphan_acks(self._stub(_ORPHAN_ACK_STEP), self._st)
 
     def get(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> list[bytes | None]:
         """Read blocks: per key its bytes, or None on a miss.
