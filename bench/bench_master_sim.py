@@ -9,8 +9,10 @@ node from its own offset, at ``--requests-per-node-s`` requests per second of cl
 Per request the node asks the master ``LookupPrefix`` of the request's blocks (the trace's
 ``hash_ids``, shared across nodes, so nodes hit each other's blocks), then "puts" the blocks
 it lacks into its own LRU of ``--node-blocks`` blocks (evicting the oldest). Every second of
-cluster time each node sends one ``ReportEvents`` (its puts and evictions since the last
-one, per-epoch seqs) and one ``Heartbeat``. Nodes start with a full LRU, registered and
+cluster time each node sends one ``Heartbeat`` carrying its events (its puts and evictions
+since the last one, per-epoch seqs), as MasterLink sends a round to a master that says
+``heartbeat_carries_events``; ``--separate-calls``: one ``ReportEvents`` and then one
+``Heartbeat``, as a node of the previous version does. Nodes start with a full LRU, registered and
 synced (``SyncInventory``) before the timed part.
 
 Measured: the process CPU time spent inside master handlers only (node-side bookkeeping and
@@ -28,7 +30,7 @@ prints the N costliest functions (cProfile with process time, inside the handler
 
 Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000,10000] [--seconds 10]
         [--requests-per-node-s 2] [--node-blocks 2000 | 2000,2000,2000,200]
-        [--impl native|python] [--profile N] [--out bench/results/bench_master_sim.json]
+        [--impl native|python] [--separate-calls] [--profile N] [--out bench/results/bench_master_sim.json]
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ class SimNode:
 
 
 def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
-        trace: list[tuple[int, ...]], profiler: cProfile.Profile | None = None) -> dict[str, Any]:
+        trace: list[tuple[int, ...]], profiler: cProfile.Profile | None = None,
+        separate: bool = False) -> dict[str, Any]:
     clock = FakeClock()
     servicer = MasterServicer(MasterState(epoch=1, clock=clock, node_lease_s=LEASE_S,
                                           first_generation=10, rng=random.Random(1)))
@@ -181,17 +184,21 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
                     n.put_missing(keys)
             for i in order:
                 n = nodes[i]
-                if n.events:
-                    num_events += len(n.events)
+                num_events += len(n.events)
+                if n.events and separate:  # a node of the previous version
                     resp = await call("ReportEvents", pb.ReportEventsRequest(
                         node_id=n.node_id, epoch=n.epoch, events=n.events))
                     assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
                     assert resp.applied_seq == n.seq
                     n.events = []
+                # as MasterLink sends it: the round's events in the heartbeat (one RPC)
                 resp = await call("Heartbeat", pb.HeartbeatRequest(
                     node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()], load=1.0,
-                    last_seq=n.seq))
+                    last_seq=n.seq, events=n.events))
                 assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
+                if n.events:
+                    assert resp.applied_seq == n.seq
+                    n.events = []
             clock.advance(1.0)
         run.setup_s = setup_s  # type: ignore[attr-defined]
 
@@ -222,6 +229,9 @@ def main() -> None:
     ap.add_argument("--trace", default="conversation")
     ap.add_argument("--impl", choices=("native", "python"), default="native",
                     help="the index's hot loops: C (native/master.c) or the numpy fallback")
+    ap.add_argument("--separate-calls", action="store_true",
+                    help="nodes of the previous version: ReportEvents, then Heartbeat, per round "
+                         "(the default: the events in the Heartbeat, as MasterLink now sends them)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N costliest functions (cProfile, process time, handlers only)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
@@ -243,9 +253,11 @@ def main() -> None:
                          f"({len(sizes)}); got {len(blocks)}")
     for n, nb in zip(sizes, blocks, strict=True):
         prof = cProfile.Profile(time.process_time) if args.profile else None
-        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace, prof))
+        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace, prof,
+                        separate=args.separate_calls))
         r = rows[-1]
         r["impl"] = args.impl
+        r["separate_calls"] = args.separate_calls
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         print(f"nodes {n:,}: {r['master_cpu_s_per_s']:.3f} s/s ({r['by_rpc_cpu_s_per_s']}), "

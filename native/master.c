@@ -566,8 +566,9 @@ static int parse_event(MbRd r, Event *e) {
     return 0;
 }
 
-/* parse_events(data, max_key_bytes, max_replicas, kind_a, kind_b, tier_a, tier_b) -> tuple | None
- * The events of a serialized ReportEventsRequest (field 3: BlockEvent{seq 1, kind 2,
+/* parse_events(data, max_key_bytes, max_replicas, kind_a, kind_b, tier_a, tier_b[, field]) -> tuple | None
+ * The events of a serialized ReportEventsRequest (field 3, or `field`: HeartbeatRequest's are
+ * field 7: BlockEvent{seq 1, kind 2,
  * block 3: BlockRef{namespace_id 1, key 2, tier 3, size_bytes 4, generation 5, copy 6,
  * replicas 7}}) as columns: (seqs, kinds, namespace_ids, keys: lists; tiers, sizes: int64,
  * generations: uint64, copies: bool, replicas: int64 as bytes of n items; clean: every key of
@@ -579,9 +580,14 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *arg;
     long long max_key, max_replicas, kind_a, kind_b, tier_a, tier_b;
-    if (!PyArg_ParseTuple(args, "OLLLLLL:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
-                          &tier_b))
+    int field = 3; /* ReportEventsRequest.events; HeartbeatRequest.events is 7 */
+    if (!PyArg_ParseTuple(args, "OLLLLLL|i:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
+                          &tier_b, &field))
         return NULL;
+    if (field < 1 || field > 536870911) {
+        PyErr_Format(PyExc_ValueError, "parse_events: field must be a protobuf field number, got %d", field);
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
     MbRd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
@@ -591,7 +597,7 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         while (c.p < c.end) {
             uint64_t tag;
             if (mb_varint(&c, &tag) != 0) goto not_canonical;
-            if ((tag >> 3) == 3) {
+            if ((tag >> 3) == (uint64_t)field) {
                 if ((tag & 7) != 2) goto not_canonical;
                 n++;
             }
@@ -607,7 +613,7 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     while (r.p < r.end) {
         uint64_t tag = 0;
         mb_varint(&r, &tag); /* checked by the count */
-        if ((tag >> 3) == 3) {
+        if ((tag >> 3) == (uint64_t)field) {
             MbRd sub;
             rd_len(&r, &sub);
             if (parse_event(sub, &evs[i++]) != 0) {
@@ -1248,7 +1254,8 @@ static PyMethodDef methods[] = {
      "unlink_rows(head, next, block, holder, tier, state, hnext, hprev, holder_head, hot, hot_rows, rows, emptied) "
      "-> int: unlink rows (hot chains' through their maps); returns the count of blocks emptied."},
     {"parse_events", parse_events, METH_VARARGS,
-     "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
+     "parse_events(data, ...[, field]) -> tuple | None: a serialized ReportEventsRequest's (or, field 7, "
+     "HeartbeatRequest's) events as columns (None: not in "
      "the canonical form; read the message)."},
     {"apply_events", apply_events, METH_VARARGS,
      "apply_events(cols, table, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "

@@ -106,6 +106,9 @@ _POLICY_FROM_PB: dict[int, PlacementPolicy] = {  # keyed by the wire number
 _ACTION_TO_PB = {NodeAction.NONE: pb.NODE_ACTION_UNSPECIFIED,
                  NodeAction.REREGISTER: pb.NODE_ACTION_REREGISTER,
                  NodeAction.RESYNC: pb.NODE_ACTION_RESYNC}
+_ACTION_RANK = {NodeAction.NONE: 0, NodeAction.RESYNC: 1, NodeAction.REREGISTER: 2}
+"""A heartbeat that carried events answers the stronger of the two actions (REREGISTER
+implies a resync too)."""
 
 
 def _policy_of(value: int) -> PlacementPolicy | None:
@@ -379,16 +382,18 @@ def _check_kinds(seqs: list[int], kinds: list[int]) -> None:
         raise InvalidArgument(f"event {seqs[i]}: kind must be ADDED or REMOVED, got {kinds[i]}")
 
 
-def request_event_columns(request: pb.ReportEventsRequest) -> EventColumns:
-    """:func:`event_columns` of a ReportEventsRequest, read from its wire bytes in one C call
-    (native/master.c ``parse_events``: ~25 us to serialize and parse 96 events, against
-    ~300-700 us for reading each protobuf field from Python, measured) when the extension is
-    built; the same columns, checks and errors. Falls back to :func:`event_columns` without
-    the extension or for bytes that C does not read exactly as protobuf would.
+def request_event_columns(request: pb.ReportEventsRequest | pb.HeartbeatRequest) -> EventColumns:
+    """:func:`event_columns` of a ReportEventsRequest (or of the events a HeartbeatRequest
+    carries), read from its wire bytes in one C call (native/master.c ``parse_events``: ~25 us
+    to serialize and parse 96 events, against ~300-700 us for reading each protobuf field from
+    Python, measured) when the extension is built; the same columns, checks and errors. Falls
+    back to :func:`event_columns` without the extension or for bytes that C does not read
+    exactly as protobuf would.
     """
     impl = native.master_index
+    field = _HEARTBEAT_EVENTS_FIELD if isinstance(request, pb.HeartbeatRequest) else _REPORT_EVENTS_FIELD
     got = impl.parse_events(request.SerializeToString(), MAX_KEY_BYTES, MAX_REPLICAS,
-                            *_EVENT_KINDS_PAIR, *_TIER_PAIR) if impl is not None else None
+                            *_EVENT_KINDS_PAIR, *_TIER_PAIR, field) if impl is not None else None
     if got is None:
         return event_columns(request.events)
     seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean = got
@@ -410,6 +415,8 @@ MAX_CACHED_NODE_ENTRIES = 16384
 """Node entries of LookupPrefix answers kept encoded (:meth:`MasterServicer._node_entry`)
 before the cache is dropped and refilled (holders of departed nodes stay in it until then)."""
 
+_REPORT_EVENTS_FIELD = pb.ReportEventsRequest.EVENTS_FIELD_NUMBER
+_HEARTBEAT_EVENTS_FIELD = pb.HeartbeatRequest.EVENTS_FIELD_NUMBER
 _EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
 _EVENT_KINDS_PAIR = (int(EventKind.ADDED), int(EventKind.REMOVED))
@@ -519,7 +526,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.RegisterNodeResponse(node_lease_ms=self._lease_ms(),
                                        master_epoch=self.master_epoch,
                                        superseded_epoch=out.superseded_epoch,
-                                       announces_departures=True)
+                                       announces_departures=True,
+                                       heartbeat_carries_events=True)
 
     @_rpc("node")
     async def UnregisterNode(  # noqa: N802
@@ -535,15 +543,24 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         state = self.state
         node_id, epoch = request.node_id, request.epoch
         tiers = request.tiers
+        usage = _usage(tiers, "heartbeat") if tiers else ()
+        applied = 0
+        events_action = NodeAction.NONE
+        if request.events:  # a round in one RPC: the events first, as ReportEvents applies them
+            events_action, applied = state.membership.report_events(
+                node_id, epoch, request_event_columns(request))
         action = state.membership.heartbeat(
-            node_id, epoch, tiers=_usage(tiers, "heartbeat") if tiers else (),
-            load=request.load, last_seq=request.last_seq, coldest_age_ms=request.coldest_age_ms,
+            node_id, epoch, tiers=usage, load=request.load, last_seq=request.last_seq,
+            coldest_age_ms=request.coldest_age_ms,
         )
+        if _ACTION_RANK[events_action] > _ACTION_RANK[action]:
+            action = events_action  # what either call alone would have made the node do
         queue = state.commands
         if request.acked_command_ids:
             state.repair.on_commands_acked(queue.ack(node_id, epoch, request.acked_command_ids))
         resp = pb.HeartbeatResponse(action=_ACTION_TO_PB[action],
-                                    node_lease_ms=int(state.membership.node_lease_s * 1000))
+                                    node_lease_ms=int(state.membership.node_lease_s * 1000),
+                                    applied_seq=applied)
         if action is NodeAction.NONE:
             cmds = queue.take(node_id, epoch)
             if cmds:

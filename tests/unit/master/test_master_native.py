@@ -238,6 +238,11 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         req = pb.ReportEventsRequest.FromString(data)
         want = _outcome(lambda r: event_columns(r.events), req)
         assert _outcome(request_event_columns, req) == want, case
+        # the same events carried by a heartbeat (field 7, beside its own fields)
+        hb = pb.HeartbeatRequest(node_id="n", epoch=3, tiers=[pb.TierCapacity(tier=1, used_bytes=5)],
+                                 load=2.5, last_seq=9, acked_command_ids=[4, 5])
+        hb.events.extend(req.events)
+        assert _outcome(request_event_columns, hb) == want, case
         got = NATIVE.parse_events(req.SerializeToString(), 1, 1, 1, 2, 1, 2)
         seen_fallback += got is None
         seen_native += got is not None
@@ -260,6 +265,7 @@ def test_the_wire_reader_knows_every_field_of_an_event() -> None:
                                    "replicas": (7, u32)}
     assert fields(pb.BlockEvent) == {"seq": (1, u64), "kind": (2, enum_t), "block": (3, msg_t)}
     assert fields(pb.ReportEventsRequest)["events"][0] == 3
+    assert fields(pb.HeartbeatRequest)["events"][0] == 7
 
 
 class _Recorder:
