@@ -573,7 +573,8 @@ static int parse_event(MbRd r, Event *e) {
  * replicas 7}}) as columns: (seqs, kinds, namespace_ids, keys: lists; tiers, sizes: int64,
  * generations: uint64, copies: bool, replicas: int64 as bytes of n items; clean: every key of
  * 1..max_key_bytes bytes, kind and tier one of the two given, generation < 2**63, replicas
- * <= max_replicas: when False the caller's checks name the bad event). None when the
+ * <= max_replicas: when False the caller's checks name the bad event; consecutive: each seq
+ * is the one before + 1; distinct: no (namespace_id, key) pair twice). None when the
  * bytes are not in the form this reads exactly as protobuf would (a field repeated or of
  * another wire type, a size >= 2**63, malformed): the caller reads the message instead. */
 static PyObject *parse_events(PyObject *self, PyObject *args) {
@@ -663,14 +664,53 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         cp[i] = (char)e->copy;
         rp[i] = e->replicas;
     }
+    /* what membership.report_events checks of every batch: seqs consecutive, (namespace, key)
+       pairs distinct (an open-addressing set of event indexes, at most half full) */
+    int consecutive = 1, distinct = 1;
+    for (i = 1; i < n && consecutive; i++) consecutive = evs[i].seq == evs[i - 1].seq + 1;
+    if (n > 1) {
+        size_t cap = 4;
+        while (cap < 2 * (size_t)n) cap <<= 1;
+        Py_ssize_t *set = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+        if (!set) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (size_t j = 0; j < cap; j++) set[j] = -1;
+        for (i = 0; i < n && distinct; i++) {
+            const Event *e = &evs[i];
+            uint64_t h = 1469598103934665603ULL; /* FNV-1a of the key, then the namespace */
+            for (Py_ssize_t j = 0; j < e->key_len; j++) h = (h ^ e->key[j]) * 1099511628211ULL;
+            h = (h ^ (uint64_t)e->key_len) * 1099511628211ULL;
+            for (Py_ssize_t j = 0; j < e->ns_len; j++) h = (h ^ e->ns[j]) * 1099511628211ULL;
+            size_t pos = (size_t)(h ^ (h >> 29)) & (cap - 1);
+            for (;;) {
+                Py_ssize_t o = set[pos];
+                if (o < 0) {
+                    set[pos] = i;
+                    break;
+                }
+                const Event *f = &evs[o];
+                if (f->key_len == e->key_len && f->ns_len == e->ns_len &&
+                    (e->key_len == 0 || memcmp(f->key, e->key, (size_t)e->key_len) == 0) &&
+                    (e->ns_len == 0 || memcmp(f->ns, e->ns, (size_t)e->ns_len) == 0)) {
+                    distinct = 0;
+                    break;
+                }
+                pos = (pos + 1) & (cap - 1);
+            }
+        }
+        PyMem_Free(set);
+    }
     int clean = 1; /* every value within what the checks of service.py accept */
     for (i = 0; i < n && clean; i++) {
         Event *e = &evs[i];
         clean = e->key_len >= 1 && e->key_len <= max_key && (e->kind == kind_a || e->kind == kind_b) &&
                 (e->tier == tier_a || e->tier == tier_b) && !(e->gen >> 63) && e->replicas <= max_replicas;
     }
-    out = Py_BuildValue("(OOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
-                        clean ? Py_True : Py_False);
+    out = Py_BuildValue("(OOOOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
+                        clean ? Py_True : Py_False, consecutive ? Py_True : Py_False,
+                        distinct ? Py_True : Py_False);
 done:
     Py_XDECREF(seqs); Py_XDECREF(kinds); Py_XDECREF(nss); Py_XDECREF(keys); Py_XDECREF(tiers);
     Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps);

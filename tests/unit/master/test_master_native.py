@@ -216,8 +216,10 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         {"no_block": True},
     ]
     seen_fallback = seen_native = 0
+    flags: set[tuple[str, bool]] = set()
     for case in bad * 3:
         n = rng.randint(0, 40)
+        in_order = rng.random() < 0.5  # consecutive seqs (the usual batch), else random ones
         events = []
         for i in range(n):
             ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]),
@@ -229,7 +231,10 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
                 ref.update({k: v for k, v in case.items() if k not in ("kind", "no_block")})
                 kind = case.get("kind", kind)
             block = None if case.get("no_block") and i == n // 2 else pb.BlockRef(**ref)
-            events.append(pb.BlockEvent(seq=rng.getrandbits(40), kind=kind, block=block))
+            seq = rng.getrandbits(40) if not (in_order and events) else events[-1].seq + 1
+            if events and rng.random() < 0.05:  # a block repeated (the same namespace and key)
+                block = pb.BlockRef(namespace_id=events[0].block.namespace_id, key=events[0].block.key)
+            events.append(pb.BlockEvent(seq=seq, kind=kind, block=block))
         data = pb.ReportEventsRequest(node_id="n", epoch=3, events=events).SerializeToString()
         if rng.random() < 0.3:  # unknown fields (kept and written back by protobuf), skipped by C
             data += bytes([(9 << 3) | 0, 0x96, 0x01, (10 << 3) | 2, 2, 0xAB, 0xCD, (11 << 3) | 1]) + bytes(8)
@@ -246,7 +251,18 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         got = NATIVE.parse_events(req.SerializeToString(), 1, 1, 1, 2, 1, 2)
         seen_fallback += got is None
         seen_native += got is not None
+        if got is not None:  # what report_events would find of the seqs and blocks
+            seqs = [e.seq for e in req.events]
+            pairs = [(e.block.namespace_id, e.block.key) for e in req.events]
+            assert got[10] == all(b == a + 1 for a, b in zip(seqs, seqs[1:], strict=False))
+            assert got[11] == (len(set(pairs)) == len(pairs))
+            flags.update({("consecutive", got[10]), ("distinct", got[11])})
+        # C reads a heartbeat's events (field 7) as it reads ReportEvents' (field 3)
+        alone = pb.ReportEventsRequest(events=hb.events).SerializeToString()
+        assert NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7) == \
+            NATIVE.parse_events(alone, 1, 1, 1, 2, 1, 2)
     assert seen_fallback and seen_native  # both readers ran
+    assert len(flags) == 4  # each flag seen true and false
 
 
 def test_the_wire_reader_knows_every_field_of_an_event() -> None:
@@ -537,6 +553,85 @@ def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypat
         assert got == want, req
         assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     assert calls["native"] > 40  # most requests took the C path
+
+
+class _Ctx:
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, md: object) -> None:
+        pass
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_the_servers_wire_handlers_answer_as_the_message_handlers(
+    seed: int, impl: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's Heartbeat and LookupPrefix (``master_method_handlers``: the request
+    reaches the handler with its wire bytes, LookupPrefix's answer leaves as the bytes the
+    handler built) give the same answers, byte for byte once parsed, as the handlers called
+    with messages, with the C extension and without it; and a heartbeat carrying events
+    leaves the same index either way."""
+    import asyncio
+
+    import kvstored.master.service as service
+    from kvstored.master.service import master_method_handlers
+    from kvstored.v1 import master_pb2 as pb
+
+    monkeypatch.setattr(native, "master_index", NATIVE if impl == "native" else None)
+    if impl == "native":  # canonical events: C reads every one (no protobuf fallback)
+        monkeypatch.setattr(service, "event_columns", None)
+    rng = random.Random(700 + seed)
+    sv_wire, keys, names = _servicer(random.Random(seed), rng.choice([4, 2 * HOT_CHAIN_ROWS]), 50)
+    sv_msg, _, _ = _servicer(random.Random(seed), len(names), 50)
+    for sv in (sv_wire, sv_msg):
+        sv.state.term = 7  # type: ignore[attr-defined]  # the answer's term is appended to the bytes
+    handlers = master_method_handlers(sv_wire)  # type: ignore[arg-type]
+    lookup, heartbeat = handlers["LookupPrefix"], handlers["Heartbeat"]
+    absent = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(5)]
+    seqs = dict.fromkeys(names, 0)
+
+    async def main() -> None:
+        for step in range(80):
+            if rng.random() < 0.5:
+                ks = rng.sample(keys + absent, rng.randint(0, 30))
+                if rng.random() < 0.1:
+                    ks.append(b"a longer key than sixteen bytes")
+                req = pb.MasterLookupPrefixRequest(
+                    namespace_id=NS, keys=ks, every_key=rng.random() < 0.4,
+                    local_node_id=rng.choice(["", *names]),
+                    avoid_node_ids=rng.sample(names, rng.choice([0, 0, 1])),
+                    max_alternates=rng.choice([0, 1, 3]))
+                data = req.SerializeToString()
+                got = lookup.response_serializer(
+                    await lookup.unary_unary(lookup.request_deserializer(data), _Ctx()))
+                want = await sv_msg.LookupPrefix(req, _Ctx())  # type: ignore[attr-defined]
+                assert pb.MasterLookupPrefixResponse.FromString(got) == want, step
+                assert want.term == 7
+            else:
+                n = rng.choice(names)
+                events = []
+                for _ in range(rng.randint(0, 10)):
+                    seqs[n] += 1
+                    events.append(pb.BlockEvent(seq=seqs[n], kind=rng.choice([1, 2]), block=pb.BlockRef(
+                        namespace_id=NS, key=rng.choice(keys + absent), tier=rng.choice([1, 2]),
+                        size_bytes=7, generation=rng.choice([0, 9]))))
+                req = pb.HeartbeatRequest(node_id=n, epoch=1, load=rng.random(), last_seq=seqs[n],
+                                          tiers=[pb.TierCapacity(tier=1, capacity_bytes=1 << 30,
+                                                                 used_bytes=rng.randint(0, 99))],
+                                          events=events)
+                data = req.SerializeToString()
+                got = heartbeat.response_serializer(
+                    await heartbeat.unary_unary(heartbeat.request_deserializer(data), _Ctx()))
+                want = await sv_msg.Heartbeat(req, _Ctx())  # type: ignore[attr-defined]
+                assert got == want.SerializeToString(), step
+        assert _index_state(sv_wire) == _index_state(sv_msg)
+
+    asyncio.run(main())
 
 
 def test_the_lookup_tally_exports_what_prometheus_histograms_and_counters_would() -> None:
