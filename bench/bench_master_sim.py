@@ -17,9 +17,10 @@ synced (``SyncInventory``) before the timed part.
 
 Measured: the process CPU time spent inside master handlers only (node-side bookkeeping and
 request building are outside the timed calls), per second of cluster time, split by RPC.
-Heartbeat and LookupPrefix are called as the gRPC server calls them (``master_method_handlers``:
-the request's wire bytes parsed, the handler, the answer serialized, all timed); the others
-(ReportEvents of ``--separate-calls``) get the message, their parse and answer untimed.
+The timed calls are made as the gRPC server makes them (``master_method_handlers``, or the
+generated handlers of a master without it: the request's wire bytes parsed, the handler, the
+answer serialized, all timed; the transport is not). ``--separate-calls`` on a master
+without events in heartbeats (an older main) measures that main the same way.
 Growth is reported as the ratio per 10x nodes (1.0 per 10x = constant; 10 = linear in N,
 which is expected since the load grows with N; more than 10 = superlinear).
 
@@ -54,7 +55,13 @@ from typing import Any
 from kvstored import log as kvlog
 from kvstored import native
 from kvstored.clock import FakeClock
-from kvstored.master.service import MasterServicer, master_method_handlers
+from kvstored.master.service import MasterServicer
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+try:
+    from kvstored.master.service import master_method_handlers
+except ImportError:  # a master before issue 19's wire handlers (to compare with an older main)
+    master_method_handlers = None
 from kvstored.master.state import MasterState
 from kvstored.scheduler.trace import load_trace, resolve_trace
 from kvstored.v1 import master_pb2 as pb
@@ -79,10 +86,33 @@ class _Context:
 
 
 _CTX = _Context()
-_WIRE = ("Heartbeat", "LookupPrefix")
-"""Called through the server's method handlers (``master_method_handlers``): the request's
-bytes parsed, the handler, the answer serialized, all inside the timed part."""
-_ANSWERS = {"Heartbeat": pb.HeartbeatResponse, "LookupPrefix": pb.MasterLookupPrefixResponse}
+_WIRE = ("Heartbeat", "LookupPrefix", "ReportEvents")
+"""The timed calls, made through the server's method handlers (``master_method_handlers``):
+the request's bytes parsed, the handler, the answer serialized, all inside the timed part."""
+_ANSWERS = {"Heartbeat": pb.HeartbeatResponse, "LookupPrefix": pb.MasterLookupPrefixResponse,
+            "ReportEvents": pb.ReportEventsResponse}
+
+
+class _Handlers:
+    """Takes the method handlers the generated ``add_MasterServiceServicer_to_server``
+    registers (for a master without ``master_method_handlers``)."""
+
+    handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def server_handlers(servicer: MasterServicer) -> dict[str, Any]:
+    """The method handlers the master's gRPC server would call."""
+    if master_method_handlers is not None:
+        return master_method_handlers(servicer)  # type: ignore[no-any-return]
+    got = _Handlers()
+    pb_grpc.add_MasterServiceServicer_to_server(servicer, got)
+    return got.handlers
 
 
 def _key(hash_id: int) -> bytes:
@@ -150,7 +180,7 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
     calls = {k: 0 for k in cpu}
     hits = asked = num_events = 0
 
-    handlers = master_method_handlers(servicer)  # as the gRPC server calls them
+    handlers = server_handlers(servicer)  # as the gRPC server calls them
 
     async def call(name: str, req: Any, timed: bool = True) -> Any:
         h = handlers[name] if name in _WIRE else None
@@ -208,9 +238,11 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
                     assert resp.applied_seq == n.seq
                     n.events = []
                 # as MasterLink sends it: the round's events in the heartbeat (one RPC)
-                resp = await call("Heartbeat", pb.HeartbeatRequest(
-                    node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()], load=1.0,
-                    last_seq=n.seq, events=n.events))
+                hb = pb.HeartbeatRequest(node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()],
+                                         load=1.0, last_seq=n.seq)
+                if n.events:
+                    hb.events.extend(n.events)
+                resp = await call("Heartbeat", hb)
                 assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
                 if n.events:
                     assert resp.applied_seq == n.seq

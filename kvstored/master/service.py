@@ -257,10 +257,10 @@ _LOOKUP_TERM_TAG = _varint(pb.MasterLookupPrefixResponse.TERM_FIELD_NUMBER << 3)
 def serialize_answer(resp: Any) -> bytes:
     """The response serializer of LookupPrefix: a :class:`WireAnswer`'s bytes plus its term
     (omitted when 0, as protobuf omits it), else the message's own serialization."""
-    if type(resp) is WireAnswer:
+    if isinstance(resp, WireAnswer):
         term = resp.term
         return resp.wire + _LOOKUP_TERM_TAG + _varint(term) if term else resp.wire
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+    return resp.SerializeToString()
 
 
 class _CallFields(Mapping[str, Any]):
@@ -623,26 +623,29 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.HeartbeatRequest | WireRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
         data = None
-        if type(request) is WireRequest:  # from the server: its events read from its bytes
-            request, data = request.msg, request.data
+        if isinstance(request, WireRequest):  # from the server: its events read from its bytes
+            req: pb.HeartbeatRequest = request.msg
+            data = request.data
+        else:
+            req = request
         state = self.state
-        node_id, epoch = request.node_id, request.epoch
-        tiers = request.tiers
+        node_id, epoch = req.node_id, req.epoch
+        tiers = req.tiers
         usage = _usage(tiers, "heartbeat") if tiers else ()
         applied = 0
         events_action = NodeAction.NONE
-        if request.events:  # a round in one RPC: the events first, as ReportEvents applies them
+        if req.events:  # a round in one RPC: the events first, as ReportEvents applies them
             events_action, applied = state.membership.report_events(
-                node_id, epoch, request_event_columns(request, data))
+                node_id, epoch, request_event_columns(req, data))
         action = state.membership.heartbeat(
-            node_id, epoch, tiers=usage, load=request.load, last_seq=request.last_seq,
-            coldest_age_ms=request.coldest_age_ms,
+            node_id, epoch, tiers=usage, load=req.load, last_seq=req.last_seq,
+            coldest_age_ms=req.coldest_age_ms,
         )
         if _ACTION_RANK[events_action] > _ACTION_RANK[action]:
             action = events_action  # what either call alone would have made the node do
         queue = state.commands
-        if request.acked_command_ids:
-            state.repair.on_commands_acked(queue.ack(node_id, epoch, request.acked_command_ids))
+        if req.acked_command_ids:
+            state.repair.on_commands_acked(queue.ack(node_id, epoch, req.acked_command_ids))
         resp = pb.HeartbeatResponse(action=_ACTION_TO_PB[action],
                                     node_lease_ms=int(state.membership.node_lease_s * 1000),
                                     applied_seq=applied)
@@ -694,14 +697,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.MasterLookupPrefixRequest | WireRequest, context: grpc.aio.ServicerContext
     ) -> pb.MasterLookupPrefixResponse | WireAnswer:
         t0 = time.perf_counter()
-        if type(request) is WireRequest:  # from the server: answered as bytes, sent as is
-            msg = request.msg
+        if isinstance(request, WireRequest):  # from the server: answered as bytes, sent as is
+            msg: pb.MasterLookupPrefixRequest = request.msg
             resp: pb.MasterLookupPrefixResponse | WireAnswer = self._lookup_prefix(
                 msg, request.data, wire_answer=True)
         else:
             msg = request
             resp = self._lookup_prefix(request)
-        hit = resp.num_blocks if type(resp) is WireAnswer else len(resp.node_index)
+        hit = resp.num_blocks if isinstance(resp, WireAnswer) else len(resp.node_index)
         self.metrics.lookup.observe(len(msg.keys), hit, time.perf_counter() - t0)
         return resp
 
