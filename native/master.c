@@ -574,7 +574,9 @@ static int parse_event(MbRd r, Event *e) {
  * generations: uint64, copies: bool, replicas: int64 as bytes of n items; clean: every key of
  * 1..max_key_bytes bytes, kind and tier one of the two given, generation < 2**63, replicas
  * <= max_replicas: when False the caller's checks name the bad event; consecutive: each seq
- * is the one before + 1; distinct: no (namespace_id, key) pair twice). None when the
+ * is the one before + 1; distinct: no (namespace_id, key) pair twice; rest: with `strip`,
+ * the message's other fields' bytes, in order (what parses as the message without its
+ * events), else None). None when the
  * bytes are not in the form this reads exactly as protobuf would (a field repeated or of
  * another wire type, a size >= 2**63, malformed): the caller reads the message instead. */
 static PyObject *parse_events(PyObject *self, PyObject *args) {
@@ -582,8 +584,9 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     PyObject *arg;
     long long max_key, max_replicas, kind_a, kind_b, tier_a, tier_b;
     int field = 3; /* ReportEventsRequest.events; HeartbeatRequest.events is 7 */
-    if (!PyArg_ParseTuple(args, "OLLLLLL|i:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
-                          &tier_b, &field))
+    int strip = 0; /* also answer the message's bytes without the events (the rest of a heartbeat) */
+    if (!PyArg_ParseTuple(args, "OLLLLLL|ip:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
+                          &tier_b, &field, &strip))
         return NULL;
     if (field < 1 || field > 536870911) {
         PyErr_Format(PyExc_ValueError, "parse_events: field must be a protobuf field number, got %d", field);
@@ -610,19 +613,32 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
+    uint8_t *rest = NULL; /* strip: every other field's bytes, in order */
+    Py_ssize_t rest_len = 0;
+    if (strip && !(rest = PyMem_Malloc(view.len ? (size_t)view.len : 1))) {
+        PyMem_Free(evs);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
     Py_ssize_t i = 0;
     while (r.p < r.end) {
         uint64_t tag = 0;
+        const uint8_t *at = r.p;
         mb_varint(&r, &tag); /* checked by the count */
         if ((tag >> 3) == (uint64_t)field) {
             MbRd sub;
             rd_len(&r, &sub);
             if (parse_event(sub, &evs[i++]) != 0) {
                 PyMem_Free(evs);
+                PyMem_Free(rest);
                 goto not_canonical;
             }
         } else {
             mb_skip(&r, (int)(tag & 7));
+            if (rest) {
+                memcpy(rest + rest_len, at, (size_t)(r.p - at));
+                rest_len += r.p - at;
+            }
         }
     }
     PyObject *seqs = PyList_New(n), *kinds = PyList_New(n), *nss = PyList_New(n), *keys = PyList_New(n);
@@ -630,7 +646,9 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     PyObject *gens = PyBytes_FromStringAndSize(NULL, 8 * n), *copies = PyBytes_FromStringAndSize(NULL, n);
     PyObject *reps = PyBytes_FromStringAndSize(NULL, 8 * n);
     PyObject *out = NULL, *last_ns = NULL;
-    if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps) goto done;
+    PyObject *rest_obj = rest ? PyBytes_FromStringAndSize((const char *)rest, rest_len) : Py_NewRef(Py_None);
+    PyMem_Free(rest);
+    if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps || !rest_obj) goto done;
     int64_t *t = (int64_t *)PyBytes_AS_STRING(tiers), *sz = (int64_t *)PyBytes_AS_STRING(sizes);
     uint64_t *g = (uint64_t *)PyBytes_AS_STRING(gens);
     int64_t *rp = (int64_t *)PyBytes_AS_STRING(reps);
@@ -708,12 +726,12 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         clean = e->key_len >= 1 && e->key_len <= max_key && (e->kind == kind_a || e->kind == kind_b) &&
                 (e->tier == tier_a || e->tier == tier_b) && !(e->gen >> 63) && e->replicas <= max_replicas;
     }
-    out = Py_BuildValue("(OOOOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
+    out = Py_BuildValue("(OOOOOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
                         clean ? Py_True : Py_False, consecutive ? Py_True : Py_False,
-                        distinct ? Py_True : Py_False);
+                        distinct ? Py_True : Py_False, rest_obj);
 done:
     Py_XDECREF(seqs); Py_XDECREF(kinds); Py_XDECREF(nss); Py_XDECREF(keys); Py_XDECREF(tiers);
-    Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps);
+    Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps); Py_XDECREF(rest_obj);
     PyMem_Free(evs);
     PyBuffer_Release(&view);
     return out;

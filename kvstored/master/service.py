@@ -200,11 +200,15 @@ class WireRequest:
         data: the bytes ``msg`` was parsed from (unchanged since).
     """
 
-    __slots__ = ("data", "msg", "node_id")
+    __slots__ = ("data", "events", "msg", "node_id")
 
-    def __init__(self, msg: Any, data: bytes) -> None:
+    def __init__(self, msg: Any, data: bytes, events: tuple[Any, ...] | None = None) -> None:
         self.msg = msg
         self.data = data
+        self.events = events
+        """A heartbeat's events as C read them from ``data`` (``parse_events``' answer;
+        ``msg`` was then parsed from the other fields' bytes only, its ``events`` empty);
+        None: ``msg`` is the whole request."""
         self.node_id: str = getattr(msg, "node_id", "")  # names the caller on log lines
 
     @staticmethod
@@ -216,6 +220,19 @@ class WireRequest:
             return WireRequest(parse(data), data)
 
         return read
+
+
+def read_heartbeat(data: bytes) -> WireRequest:
+    """The request deserializer of Heartbeat: its events read by C from ``data``
+    (``parse_events``), the message parsed from the bytes of its other fields only (protobuf
+    parses no event); the whole message when the extension is not built or the events are
+    not in the form C reads (protobuf's reading, then the handler's)."""
+    impl = native.master_index
+    got = impl.parse_events(data, MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
+                            _HEARTBEAT_EVENTS_FIELD, True) if impl is not None else None
+    if got is None:
+        return WireRequest(pb.HeartbeatRequest.FromString(data), data)
+    return WireRequest(pb.HeartbeatRequest.FromString(got[-1]), data, got)
 
 
 class WireAnswer:
@@ -478,13 +495,27 @@ def request_event_columns(request: pb.ReportEventsRequest | pb.HeartbeatRequest,
                             *_EVENT_KINDS_PAIR, *_TIER_PAIR, field) if impl is not None else None
     if got is None:
         return event_columns(request.events)
-    seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean, consecutive, distinct = got
+    return parsed_event_columns(got, lambda: request.events)
+
+
+def parsed_event_columns(got: tuple[Any, ...], events: Callable[[], Any]) -> EventColumns:
+    """The :class:`EventColumns` of ``parse_events``' answer ``got``, checked as
+    :func:`event_columns` checks them.
+
+    Args:
+        events: the request's event messages (walked only when C found a bad value, to name
+            the first bad event as the protobuf path names it).
+
+    Raises:
+        InvalidArgument: as :func:`event_columns`.
+    """
+    seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean, consecutive, distinct = got[:12]
     cols = BlockColumns(nss, keys, np.frombuffer(tiers, np.int64).copy(),
                         np.frombuffer(sizes, np.int64).copy(), np.frombuffer(gens, np.uint64).copy(),
                         np.frombuffer(copies, np.bool_).copy(), np.frombuffer(reps, np.int64).copy())
     if not clean:  # C found a bad value: these checks name the first bad event
         _check_kinds(seqs, kinds)
-        _check_block_columns(cols, lambda: [e.block for e in request.events],
+        _check_block_columns(cols, lambda: [e.block for e in events()],
                              lambda i: f"event {seqs[i]}")
     return EventColumns(seqs, kinds, cols, consecutive, distinct)
 
@@ -622,10 +653,11 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest | WireRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
-        data = None
+        data = parsed = None
         if isinstance(request, WireRequest):  # from the server: its events read from its bytes
             req: pb.HeartbeatRequest = request.msg
             data = request.data
+            parsed = request.events  # read by its deserializer (read_heartbeat), or None
         else:
             req = request
         state = self.state
@@ -634,9 +666,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         usage = _usage(tiers, "heartbeat") if tiers else ()
         applied = 0
         events_action = NodeAction.NONE
-        if req.events:  # a round in one RPC: the events first, as ReportEvents applies them
-            events_action, applied = state.membership.report_events(
-                node_id, epoch, request_event_columns(req, data))
+        cols = None
+        if parsed is not None:
+            whole = data if data is not None else b""
+            cols = parsed_event_columns(parsed, lambda: pb.HeartbeatRequest.FromString(whole).events)
+        elif req.events:
+            cols = request_event_columns(req, data)
+        if cols is not None and len(cols):  # a round in one RPC: the events first, as
+            events_action, applied = state.membership.report_events(  # ReportEvents applies them
+                node_id, epoch, cols)
         action = state.membership.heartbeat(
             node_id, epoch, tiers=usage, load=req.load, last_seq=req.last_seq,
             coldest_age_ms=req.coldest_age_ms,
@@ -1133,7 +1171,7 @@ def master_method_handlers(servicer: MasterServicer) -> dict[str, Any]:
     pb_grpc.add_MasterServiceServicer_to_server(servicer, got)
     h = got.handlers
     h["Heartbeat"] = grpc.unary_unary_rpc_method_handler(
-        servicer.Heartbeat, request_deserializer=WireRequest.reader(pb.HeartbeatRequest),
+        servicer.Heartbeat, request_deserializer=read_heartbeat,
         response_serializer=pb.HeartbeatResponse.SerializeToString)
     h["LookupPrefix"] = grpc.unary_unary_rpc_method_handler(
         servicer.LookupPrefix, request_deserializer=WireRequest.reader(pb.MasterLookupPrefixRequest),

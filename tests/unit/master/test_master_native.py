@@ -259,8 +259,17 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
             flags.update({("consecutive", got[10]), ("distinct", got[11])})
         # C reads a heartbeat's events (field 7) as it reads ReportEvents' (field 3)
         alone = pb.ReportEventsRequest(events=hb.events).SerializeToString()
-        assert NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7) == \
-            NATIVE.parse_events(alone, 1, 1, 1, 2, 1, 2)
+        in_hb = NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7)
+        assert in_hb == NATIVE.parse_events(alone, 1, 1, 1, 2, 1, 2)
+        # and the heartbeat's other fields, as bytes that parse as it without its events
+        stripped = NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7, True)
+        if in_hb is None:
+            assert stripped is None
+        else:
+            assert stripped is not None and stripped[:12] == in_hb[:12] and in_hb[12] is None
+            rest = pb.HeartbeatRequest.FromString(stripped[12])
+            hb.ClearField("events")
+            assert rest == hb
     assert seen_fallback and seen_native  # both readers ran
     assert len(flags) == 4  # each flag seen true and false
 
@@ -583,8 +592,15 @@ def test_the_servers_wire_handlers_answer_as_the_message_handlers(
     from kvstored.v1 import master_pb2 as pb
 
     monkeypatch.setattr(native, "master_index", NATIVE if impl == "native" else None)
-    if impl == "native":  # canonical events: C reads every one (no protobuf fallback)
-        monkeypatch.setattr(service, "event_columns", None)
+    fallbacks = {"taken": 0, "expected": 0}
+    real_event_columns = service.event_columns
+
+    def counted_event_columns(events: object) -> object:
+        fallbacks["taken"] += 1
+        return real_event_columns(events)
+
+    # canonical events: C reads every one (protobuf reads only those C declines)
+    monkeypatch.setattr(service, "event_columns", counted_event_columns)
     rng = random.Random(700 + seed)
     sv_wire, keys, names = _servicer(random.Random(seed), rng.choice([4, 2 * HOT_CHAIN_ROWS]), 50)
     sv_msg, _, _ = _servicer(random.Random(seed), len(names), 50)
@@ -620,16 +636,34 @@ def test_the_servers_wire_handlers_answer_as_the_message_handlers(
                     events.append(pb.BlockEvent(seq=seqs[n], kind=rng.choice([1, 2]), block=pb.BlockRef(
                         namespace_id=NS, key=rng.choice(keys + absent), tier=rng.choice([1, 2]),
                         size_bytes=7, generation=rng.choice([0, 9]))))
+                if events and rng.random() < 0.1:  # a bad value: both refuse it, naming it alike
+                    bad = rng.choice(events)
+                    if rng.random() < 0.5:
+                        bad.kind = 5  # type: ignore[assignment]
+                    else:
+                        bad.block.tier = 3  # type: ignore[assignment]
                 req = pb.HeartbeatRequest(node_id=n, epoch=1, load=rng.random(), last_seq=seqs[n],
                                           tiers=[pb.TierCapacity(tier=1, capacity_bytes=1 << 30,
                                                                  used_bytes=rng.randint(0, 99))],
                                           events=events)
                 data = req.SerializeToString()
-                got = heartbeat.response_serializer(
-                    await heartbeat.unary_unary(heartbeat.request_deserializer(data), _Ctx()))
-                want = await sv_msg.Heartbeat(req, _Ctx())  # type: ignore[attr-defined]
-                assert got == want.SerializeToString(), step
+                if events and rng.random() < 0.1:  # a field repeated inside an event: C reads it not
+                    data += bytes([(7 << 3) | 2, 4, (1 << 3) | 0, 5, (1 << 3) | 0, 6])
+                    req = pb.HeartbeatRequest.FromString(data)
+                    fallbacks["expected"] += 1
+                try:
+                    got = heartbeat.response_serializer(
+                        await heartbeat.unary_unary(heartbeat.request_deserializer(data), _Ctx()))
+                except RuntimeError as exc:  # refused (the abort of _Ctx)
+                    got = str(exc)
+                try:
+                    want = (await sv_msg.Heartbeat(req, _Ctx())).SerializeToString()  # type: ignore[attr-defined]
+                except RuntimeError as exc:
+                    want = str(exc)
+                assert got == want, step
         assert _index_state(sv_wire) == _index_state(sv_msg)
+        if impl == "native":
+            assert fallbacks["taken"] == fallbacks["expected"]
 
     asyncio.run(main())
 
