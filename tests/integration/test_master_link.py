@@ -21,7 +21,7 @@ from kvstored.clock import FakeClock
 from kvstored.config import ClusterConfig
 from kvstored.errors import ErrorCode
 from kvstored.master.membership import Membership
-from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.master.service import MasterServicer, WireRequest, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.master.types import BlockEvent, BlockRef, EventKind
 from kvstored.node.cluster import MasterLink
@@ -329,6 +329,13 @@ def socket_closed_port() -> Any:
     return ctx()
 
 
+def _events_in(request: Any) -> int:
+    """Events a request carries (a WireRequest from the server: counted in its bytes)."""
+    if isinstance(request, WireRequest):
+        return len(type(request.msg).FromString(request.data).events)
+    return len(request.events)
+
+
 class CountingServicer(MasterServicer):
     """The master, counting the node RPCs it is sent (and the events they carry)."""
 
@@ -337,11 +344,11 @@ class CountingServicer(MasterServicer):
         self.calls: list[tuple[str, int]] = []  # (method, events carried)
 
     async def ReportEvents(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self.calls.append(("ReportEvents", len(request.events)))
+        self.calls.append(("ReportEvents", _events_in(request)))
         return await super().ReportEvents(request, context)
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self.calls.append(("Heartbeat", len(request.events)))
+        self.calls.append(("Heartbeat", _events_in(request)))
         return await super().Heartbeat(request, context)
 
 
@@ -355,9 +362,10 @@ class PreviousVersionServicer(CountingServicer):
         return resp
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self.calls.append(("Heartbeat", len(request.events)))
-        request.ClearField("events")
-        return await MasterServicer.Heartbeat(self, request, context)
+        self.calls.append(("Heartbeat", _events_in(request)))
+        msg = pb.HeartbeatRequest.FromString(request.data)
+        msg.ClearField("events")
+        return await MasterServicer.Heartbeat(self, msg, context)
 
 
 def _calls(master: Master) -> list[tuple[str, int]]:
