@@ -9,12 +9,18 @@ node from its own offset, at ``--requests-per-node-s`` requests per second of cl
 Per request the node asks the master ``LookupPrefix`` of the request's blocks (the trace's
 ``hash_ids``, shared across nodes, so nodes hit each other's blocks), then "puts" the blocks
 it lacks into its own LRU of ``--node-blocks`` blocks (evicting the oldest). Every second of
-cluster time each node sends one ``ReportEvents`` (its puts and evictions since the last
-one, per-epoch seqs) and one ``Heartbeat``. Nodes start with a full LRU, registered and
+cluster time each node sends one ``Heartbeat`` carrying its events (its puts and evictions
+since the last one, per-epoch seqs), as MasterLink sends a round to a master that says
+``heartbeat_carries_events``; ``--separate-calls``: one ``ReportEvents`` and then one
+``Heartbeat``, as a node of the previous version does. Nodes start with a full LRU, registered and
 synced (``SyncInventory``) before the timed part.
 
 Measured: the process CPU time spent inside master handlers only (node-side bookkeeping and
 request building are outside the timed calls), per second of cluster time, split by RPC.
+The timed calls are made as the gRPC server makes them (``master_method_handlers``, or the
+generated handlers of a master without it: the request's wire bytes parsed, the handler, the
+answer serialized, all timed; the transport is not). ``--separate-calls`` on a master
+without events in heartbeats (an older main) measures that main the same way.
 Growth is reported as the ratio per 10x nodes (1.0 per 10x = constant; 10 = linear in N,
 which is expected since the load grows with N; more than 10 = superlinear).
 
@@ -28,7 +34,7 @@ prints the N costliest functions (cProfile with process time, inside the handler
 
 Usage:  python bench/bench_master_sim.py [--nodes 10,100,1000,10000] [--seconds 10]
         [--requests-per-node-s 2] [--node-blocks 2000 | 2000,2000,2000,200]
-        [--impl native|python] [--profile N] [--out bench/results/bench_master_sim.json]
+        [--impl native|python] [--separate-calls] [--profile N] [--out bench/results/bench_master_sim.json]
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ from kvstored import log as kvlog
 from kvstored import native
 from kvstored.clock import FakeClock
 from kvstored.master.service import MasterServicer
+from kvstored.v1 import master_pb2_grpc as pb_grpc
+
+try:
+    from kvstored.master.service import master_method_handlers
+except ImportError:  # a master before issue 19's wire handlers (to compare with an older main)
+    master_method_handlers = None
 from kvstored.master.state import MasterState
 from kvstored.scheduler.trace import load_trace, resolve_trace
 from kvstored.v1 import master_pb2 as pb
@@ -74,6 +86,33 @@ class _Context:
 
 
 _CTX = _Context()
+_WIRE = ("Heartbeat", "LookupPrefix", "ReportEvents")
+"""The timed calls, made through the server's method handlers (``master_method_handlers``):
+the request's bytes parsed, the handler, the answer serialized, all inside the timed part."""
+_ANSWERS = {"Heartbeat": pb.HeartbeatResponse, "LookupPrefix": pb.MasterLookupPrefixResponse,
+            "ReportEvents": pb.ReportEventsResponse}
+
+
+class _Handlers:
+    """Takes the method handlers the generated ``add_MasterServiceServicer_to_server``
+    registers (for a master without ``master_method_handlers``)."""
+
+    handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def server_handlers(servicer: MasterServicer) -> dict[str, Any]:
+    """The method handlers the master's gRPC server would call."""
+    if master_method_handlers is not None:
+        return master_method_handlers(servicer)  # type: ignore[no-any-return]
+    got = _Handlers()
+    pb_grpc.add_MasterServiceServicer_to_server(servicer, got)
+    return got.handlers
 
 
 def _key(hash_id: int) -> bytes:
@@ -130,7 +169,8 @@ class SimNode:
 
 
 def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
-        trace: list[tuple[int, ...]], profiler: cProfile.Profile | None = None) -> dict[str, Any]:
+        trace: list[tuple[int, ...]], profiler: cProfile.Profile | None = None,
+        separate: bool = False) -> dict[str, Any]:
     clock = FakeClock()
     servicer = MasterServicer(MasterState(epoch=1, clock=clock, node_lease_s=LEASE_S,
                                           first_generation=10, rng=random.Random(1)))
@@ -140,16 +180,25 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
     calls = {k: 0 for k in cpu}
     hits = asked = num_events = 0
 
+    handlers = server_handlers(servicer)  # as the gRPC server calls them
+
     async def call(name: str, req: Any, timed: bool = True) -> Any:
+        h = handlers[name] if name in _WIRE else None
+        data = req.SerializeToString() if h is not None else b""  # the node's work: not timed
         if timed and profiler is not None:
             profiler.enable()
         c = time.process_time()
-        resp = await getattr(servicer, name)(req, _CTX)
+        if h is not None:  # the server's whole part: parse, handler, answer's bytes
+            out = h.response_serializer(await h.unary_unary(h.request_deserializer(data), _CTX))
+        else:
+            resp = await getattr(servicer, name)(req, _CTX)
         if timed:
             cpu[name] += time.process_time() - c
             if profiler is not None:
                 profiler.disable()
             calls[name] += 1
+        if h is not None:
+            resp = _ANSWERS[name].FromString(out)  # read as the node reads it: not timed
         return resp
 
     async def main() -> None:
@@ -181,17 +230,23 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
                     n.put_missing(keys)
             for i in order:
                 n = nodes[i]
-                if n.events:
-                    num_events += len(n.events)
+                num_events += len(n.events)
+                if n.events and separate:  # a node of the previous version
                     resp = await call("ReportEvents", pb.ReportEventsRequest(
                         node_id=n.node_id, epoch=n.epoch, events=n.events))
                     assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
                     assert resp.applied_seq == n.seq
                     n.events = []
-                resp = await call("Heartbeat", pb.HeartbeatRequest(
-                    node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()], load=1.0,
-                    last_seq=n.seq))
+                # as MasterLink sends it: the round's events in the heartbeat (one RPC)
+                hb = pb.HeartbeatRequest(node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()],
+                                         load=1.0, last_seq=n.seq)
+                if n.events:
+                    hb.events.extend(n.events)
+                resp = await call("Heartbeat", hb)
                 assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
+                if n.events:
+                    assert resp.applied_seq == n.seq
+                    n.events = []
             clock.advance(1.0)
         run.setup_s = setup_s  # type: ignore[attr-defined]
 
@@ -222,6 +277,9 @@ def main() -> None:
     ap.add_argument("--trace", default="conversation")
     ap.add_argument("--impl", choices=("native", "python"), default="native",
                     help="the index's hot loops: C (native/master.c) or the numpy fallback")
+    ap.add_argument("--separate-calls", action="store_true",
+                    help="nodes of the previous version: ReportEvents, then Heartbeat, per round "
+                         "(the default: the events in the Heartbeat, as MasterLink now sends them)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N costliest functions (cProfile, process time, handlers only)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_master_sim.json"))
@@ -243,9 +301,11 @@ def main() -> None:
                          f"({len(sizes)}); got {len(blocks)}")
     for n, nb in zip(sizes, blocks, strict=True):
         prof = cProfile.Profile(time.process_time) if args.profile else None
-        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace, prof))
+        rows.append(run(n, args.seconds, args.requests_per_node_s, nb, trace, prof,
+                        separate=args.separate_calls))
         r = rows[-1]
         r["impl"] = args.impl
+        r["separate_calls"] = args.separate_calls
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         print(f"nodes {n:,}: {r['master_cpu_s_per_s']:.3f} s/s ({r['by_rpc_cpu_s_per_s']}), "

@@ -45,12 +45,14 @@ def unlink_rows(head: Any, next: Any, block: Any, holder: Any, state: Any, hnext
     """
 
 def parse_events(data: bytes, max_key_bytes: int, max_replicas: int, kind_a: int, kind_b: int,
-                 tier_a: int, tier_b: int
+                 tier_a: int, tier_b: int, field: int = 3,
                  ) -> tuple[list[int], list[int], list[bytes], list[bytes], bytes, bytes, bytes, bytes,
-                            bytes, bool] | None:
-    """A serialized ReportEventsRequest's events as columns (tiers, sizes, generations,
-    copies, replicas as the bytes of int64 / int64 / uint64 / bool / int64 arrays) and
-    whether every value passed the checks; None for bytes not in the canonical form."""
+                            bytes, bool, bool, bool] | None:
+    """A serialized ReportEventsRequest's events (its field 3, or ``field``: a
+    HeartbeatRequest's are field 7) as columns (tiers, sizes, generations, copies, replicas
+    as the bytes of int64 / int64 / uint64 / bool / int64 arrays), whether every value passed
+    the checks, whether the seqs are consecutive (each the one before + 1) and whether the
+    (namespace_id, key) pairs are distinct; None for bytes not in the canonical form."""
 
 def apply_events(cols: Any, table: Any, hot_cls: Any, ns: int, holder: int, idx: Any, kinds: list[int],
                  keys: list[bytes], tiers: Any, sizes: Any, gens: Any, copies: Any, reps: Any, gen_next: int,

@@ -566,22 +566,32 @@ static int parse_event(MbRd r, Event *e) {
     return 0;
 }
 
-/* parse_events(data, max_key_bytes, max_replicas, kind_a, kind_b, tier_a, tier_b) -> tuple | None
- * The events of a serialized ReportEventsRequest (field 3: BlockEvent{seq 1, kind 2,
+/* parse_events(data, max_key_bytes, max_replicas, kind_a, kind_b, tier_a, tier_b[, field]) -> tuple | None
+ * The events of a serialized ReportEventsRequest (field 3, or `field`: HeartbeatRequest's are
+ * field 7: BlockEvent{seq 1, kind 2,
  * block 3: BlockRef{namespace_id 1, key 2, tier 3, size_bytes 4, generation 5, copy 6,
  * replicas 7}}) as columns: (seqs, kinds, namespace_ids, keys: lists; tiers, sizes: int64,
  * generations: uint64, copies: bool, replicas: int64 as bytes of n items; clean: every key of
  * 1..max_key_bytes bytes, kind and tier one of the two given, generation < 2**63, replicas
- * <= max_replicas: when False the caller's checks name the bad event). None when the
+ * <= max_replicas: when False the caller's checks name the bad event; consecutive: each seq
+ * is the one before + 1; distinct: no (namespace_id, key) pair twice; rest: with `strip`,
+ * the message's other fields' bytes, in order (what parses as the message without its
+ * events), else None). None when the
  * bytes are not in the form this reads exactly as protobuf would (a field repeated or of
  * another wire type, a size >= 2**63, malformed): the caller reads the message instead. */
 static PyObject *parse_events(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *arg;
     long long max_key, max_replicas, kind_a, kind_b, tier_a, tier_b;
-    if (!PyArg_ParseTuple(args, "OLLLLLL:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
-                          &tier_b))
+    int field = 3; /* ReportEventsRequest.events; HeartbeatRequest.events is 7 */
+    int strip = 0; /* also answer the message's bytes without the events (the rest of a heartbeat) */
+    if (!PyArg_ParseTuple(args, "OLLLLLL|ip:parse_events", &arg, &max_key, &max_replicas, &kind_a, &kind_b, &tier_a,
+                          &tier_b, &field, &strip))
         return NULL;
+    if (field < 1 || field > 536870911) {
+        PyErr_Format(PyExc_ValueError, "parse_events: field must be a protobuf field number, got %d", field);
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
     MbRd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
@@ -591,7 +601,7 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         while (c.p < c.end) {
             uint64_t tag;
             if (mb_varint(&c, &tag) != 0) goto not_canonical;
-            if ((tag >> 3) == 3) {
+            if ((tag >> 3) == (uint64_t)field) {
                 if ((tag & 7) != 2) goto not_canonical;
                 n++;
             }
@@ -603,19 +613,32 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
+    uint8_t *rest = NULL; /* strip: every other field's bytes, in order */
+    Py_ssize_t rest_len = 0;
+    if (strip && !(rest = PyMem_Malloc(view.len ? (size_t)view.len : 1))) {
+        PyMem_Free(evs);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
     Py_ssize_t i = 0;
     while (r.p < r.end) {
         uint64_t tag = 0;
+        const uint8_t *at = r.p;
         mb_varint(&r, &tag); /* checked by the count */
-        if ((tag >> 3) == 3) {
+        if ((tag >> 3) == (uint64_t)field) {
             MbRd sub;
             rd_len(&r, &sub);
             if (parse_event(sub, &evs[i++]) != 0) {
                 PyMem_Free(evs);
+                PyMem_Free(rest);
                 goto not_canonical;
             }
         } else {
             mb_skip(&r, (int)(tag & 7));
+            if (rest) {
+                memcpy(rest + rest_len, at, (size_t)(r.p - at));
+                rest_len += r.p - at;
+            }
         }
     }
     PyObject *seqs = PyList_New(n), *kinds = PyList_New(n), *nss = PyList_New(n), *keys = PyList_New(n);
@@ -623,7 +646,9 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
     PyObject *gens = PyBytes_FromStringAndSize(NULL, 8 * n), *copies = PyBytes_FromStringAndSize(NULL, n);
     PyObject *reps = PyBytes_FromStringAndSize(NULL, 8 * n);
     PyObject *out = NULL, *last_ns = NULL;
-    if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps) goto done;
+    PyObject *rest_obj = rest ? PyBytes_FromStringAndSize((const char *)rest, rest_len) : Py_NewRef(Py_None);
+    PyMem_Free(rest);
+    if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps || !rest_obj) goto done;
     int64_t *t = (int64_t *)PyBytes_AS_STRING(tiers), *sz = (int64_t *)PyBytes_AS_STRING(sizes);
     uint64_t *g = (uint64_t *)PyBytes_AS_STRING(gens);
     int64_t *rp = (int64_t *)PyBytes_AS_STRING(reps);
@@ -657,17 +682,56 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         cp[i] = (char)e->copy;
         rp[i] = e->replicas;
     }
+    /* what membership.report_events checks of every batch: seqs consecutive, (namespace, key)
+       pairs distinct (an open-addressing set of event indexes, at most half full) */
+    int consecutive = 1, distinct = 1;
+    for (i = 1; i < n && consecutive; i++) consecutive = evs[i].seq == evs[i - 1].seq + 1;
+    if (n > 1) {
+        size_t cap = 4;
+        while (cap < 2 * (size_t)n) cap <<= 1;
+        Py_ssize_t *set = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+        if (!set) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (size_t j = 0; j < cap; j++) set[j] = -1;
+        for (i = 0; i < n && distinct; i++) {
+            const Event *e = &evs[i];
+            uint64_t h = 1469598103934665603ULL; /* FNV-1a of the key, then the namespace */
+            for (Py_ssize_t j = 0; j < e->key_len; j++) h = (h ^ e->key[j]) * 1099511628211ULL;
+            h = (h ^ (uint64_t)e->key_len) * 1099511628211ULL;
+            for (Py_ssize_t j = 0; j < e->ns_len; j++) h = (h ^ e->ns[j]) * 1099511628211ULL;
+            size_t pos = (size_t)(h ^ (h >> 29)) & (cap - 1);
+            for (;;) {
+                Py_ssize_t o = set[pos];
+                if (o < 0) {
+                    set[pos] = i;
+                    break;
+                }
+                const Event *f = &evs[o];
+                if (f->key_len == e->key_len && f->ns_len == e->ns_len &&
+                    (e->key_len == 0 || memcmp(f->key, e->key, (size_t)e->key_len) == 0) &&
+                    (e->ns_len == 0 || memcmp(f->ns, e->ns, (size_t)e->ns_len) == 0)) {
+                    distinct = 0;
+                    break;
+                }
+                pos = (pos + 1) & (cap - 1);
+            }
+        }
+        PyMem_Free(set);
+    }
     int clean = 1; /* every value within what the checks of service.py accept */
     for (i = 0; i < n && clean; i++) {
         Event *e = &evs[i];
         clean = e->key_len >= 1 && e->key_len <= max_key && (e->kind == kind_a || e->kind == kind_b) &&
                 (e->tier == tier_a || e->tier == tier_b) && !(e->gen >> 63) && e->replicas <= max_replicas;
     }
-    out = Py_BuildValue("(OOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
-                        clean ? Py_True : Py_False);
+    out = Py_BuildValue("(OOOOOOOOOOOOO)", seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps,
+                        clean ? Py_True : Py_False, consecutive ? Py_True : Py_False,
+                        distinct ? Py_True : Py_False, rest_obj);
 done:
     Py_XDECREF(seqs); Py_XDECREF(kinds); Py_XDECREF(nss); Py_XDECREF(keys); Py_XDECREF(tiers);
-    Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps);
+    Py_XDECREF(sizes); Py_XDECREF(gens); Py_XDECREF(copies); Py_XDECREF(reps); Py_XDECREF(rest_obj);
     PyMem_Free(evs);
     PyBuffer_Release(&view);
     return out;
@@ -1248,7 +1312,8 @@ static PyMethodDef methods[] = {
      "unlink_rows(head, next, block, holder, tier, state, hnext, hprev, holder_head, hot, hot_rows, rows, emptied) "
      "-> int: unlink rows (hot chains' through their maps); returns the count of blocks emptied."},
     {"parse_events", parse_events, METH_VARARGS,
-     "parse_events(data) -> tuple | None: a serialized ReportEventsRequest's events as columns (None: not in "
+     "parse_events(data, ...[, field]) -> tuple | None: a serialized ReportEventsRequest's (or, field 7, "
+     "HeartbeatRequest's) events as columns (None: not in "
      "the canonical form; read the message)."},
     {"apply_events", apply_events, METH_VARARGS,
      "apply_events(cols, table, ns, holder, idx, kinds, keys, tiers, sizes, gens, copies, reps, gen_next, "

@@ -493,7 +493,10 @@ class Membership:
         seqs, n = cols.seqs, len(cols.seqs)
         # the usual batch: the next seqs in order, distinct blocks (checked by C-level list,
         # set and zip builtins, not a Python loop per event)
-        if n and seqs[0] == applied + 1 and seqs == list(range(applied + 1, applied + n + 1)):
+        # (C's reader says whether they are consecutive and distinct: parse_events)
+        if n and seqs[0] == applied + 1 and (
+                cols.consecutive if cols.consecutive is not None
+                else seqs == list(range(applied + 1, applied + n + 1))):
             take = list(range(n))
             applied += n
         else:
@@ -512,7 +515,8 @@ class Membership:
                     raise InvalidArgument(f"event {cols.seqs[i]}: kind must be ADDED or "
                                           f"REMOVED, got {kinds[i]!r}")
         nss, keys = cols.blocks.namespace_ids, cols.blocks.keys
-        if len(take) == n and len(set(zip(nss, keys, strict=True))) == n:
+        if len(take) == n and (cols.distinct if cols.distinct is not None
+                               else len(set(zip(nss, keys, strict=True))) == n):
             if take:
                 self._apply_run(node_id, rec, cols, take)
         else:

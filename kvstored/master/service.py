@@ -106,6 +106,9 @@ _POLICY_FROM_PB: dict[int, PlacementPolicy] = {  # keyed by the wire number
 _ACTION_TO_PB = {NodeAction.NONE: pb.NODE_ACTION_UNSPECIFIED,
                  NodeAction.REREGISTER: pb.NODE_ACTION_REREGISTER,
                  NodeAction.RESYNC: pb.NODE_ACTION_RESYNC}
+_ACTION_RANK = {NodeAction.NONE: 0, NodeAction.RESYNC: 1, NodeAction.REREGISTER: 2}
+"""A heartbeat that carried events answers the stronger of the two actions (REREGISTER
+implies a resync too)."""
 
 
 def _policy_of(value: int) -> PlacementPolicy | None:
@@ -183,6 +186,98 @@ def _caller_node_id(request: Any) -> str:
     if not node_id:
         node_id = getattr(getattr(request, "node", None), "node_id", "")
     return node_id if isinstance(node_id, str) else ""
+
+
+class WireRequest:
+    """A request as the gRPC server hands it to the hot handlers (Heartbeat, LookupPrefix):
+    the parsed message plus the wire bytes it was parsed from, so the C readers
+    (``parse_events``, ``lookup_wire``) read those bytes instead of serializing the message
+    again (~25 us for a heartbeat of ~94 events, measured). Made by :func:`add_master_service`'s
+    deserializers; the handlers take a plain message too (in-process callers, tests).
+
+    Args:
+        msg: the parsed request.
+        data: the bytes ``msg`` was parsed from (unchanged since).
+    """
+
+    __slots__ = ("data", "events", "msg", "node_id")
+
+    def __init__(self, msg: Any, data: bytes, events: tuple[Any, ...] | None = None) -> None:
+        self.msg = msg
+        self.data = data
+        self.events = events
+        """A heartbeat's events as C read them from ``data`` (``parse_events``' answer;
+        ``msg`` was then parsed from the other fields' bytes only, its ``events`` empty);
+        None: ``msg`` is the whole request."""
+        self.node_id: str = getattr(msg, "node_id", "")  # names the caller on log lines
+
+    @staticmethod
+    def reader(message_type: Any) -> Callable[[bytes], WireRequest]:
+        """The request deserializer of one method: ``data -> WireRequest(parsed, data)``."""
+        parse = message_type.FromString
+
+        def read(data: bytes) -> WireRequest:
+            return WireRequest(parse(data), data)
+
+        return read
+
+
+def read_heartbeat(data: bytes) -> WireRequest:
+    """The request deserializer of Heartbeat: its events read by C from ``data``
+    (``parse_events``), the message parsed from the bytes of its other fields only (protobuf
+    parses no event); the whole message when the extension is not built or the events are
+    not in the form C reads (protobuf's reading, then the handler's)."""
+    impl = native.master_index
+    got = impl.parse_events(data, MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
+                            _HEARTBEAT_EVENTS_FIELD, True) if impl is not None else None
+    if got is None:
+        return WireRequest(pb.HeartbeatRequest.FromString(data), data)
+    return WireRequest(pb.HeartbeatRequest.FromString(got[-1]), data, got)
+
+
+class WireAnswer:
+    """An answer the handler built as wire bytes (a LookupPrefix answer from ``lookup_wire``'s
+    columns and the cached node entries), sent as is: no parse into a message and no
+    serialization of it again. ``term`` is set by ``@_rpc`` as on any response and
+    appended by :func:`serialize_answer` (field 9 of MasterLookupPrefixResponse, which the
+    bytes never hold).
+
+    Args:
+        wire: the answer's bytes, without its term.
+        num_blocks: blocks answered (the lookup metrics count them).
+    """
+
+    __slots__ = ("num_blocks", "term", "wire")
+
+    def __init__(self, wire: bytes, num_blocks: int) -> None:
+        self.wire = wire
+        self.num_blocks = num_blocks
+        self.term = 0
+
+    def message(self) -> pb.MasterLookupPrefixResponse:
+        """The answer as a message (tests, in-process callers)."""
+        return pb.MasterLookupPrefixResponse.FromString(serialize_answer(self))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_LOOKUP_TERM_TAG = _varint(pb.MasterLookupPrefixResponse.TERM_FIELD_NUMBER << 3)  # a varint
+
+
+def serialize_answer(resp: Any) -> bytes:
+    """The response serializer of LookupPrefix: a :class:`WireAnswer`'s bytes plus its term
+    (omitted when 0, as protobuf omits it), else the message's own serialization."""
+    if isinstance(resp, WireAnswer):
+        term = resp.term
+        return resp.wire + _LOOKUP_TERM_TAG + _varint(term) if term else resp.wire
+    return resp.SerializeToString()
 
 
 class _CallFields(Mapping[str, Any]):
@@ -379,27 +474,50 @@ def _check_kinds(seqs: list[int], kinds: list[int]) -> None:
         raise InvalidArgument(f"event {seqs[i]}: kind must be ADDED or REMOVED, got {kinds[i]}")
 
 
-def request_event_columns(request: pb.ReportEventsRequest) -> EventColumns:
-    """:func:`event_columns` of a ReportEventsRequest, read from its wire bytes in one C call
-    (native/master.c ``parse_events``: ~25 us to serialize and parse 96 events, against
-    ~300-700 us for reading each protobuf field from Python, measured) when the extension is
-    built; the same columns, checks and errors. Falls back to :func:`event_columns` without
-    the extension or for bytes that C does not read exactly as protobuf would.
+def request_event_columns(request: pb.ReportEventsRequest | pb.HeartbeatRequest,
+                          data: bytes | None = None) -> EventColumns:
+    """:func:`event_columns` of a ReportEventsRequest (or of the events a HeartbeatRequest
+    carries), read from its wire bytes in one C call (native/master.c ``parse_events``: ~25 us
+    to serialize and parse 96 events, against ~300-700 us for reading each protobuf field from
+    Python, measured) when the extension is built; the same columns, checks and errors. Falls
+    back to :func:`event_columns` without the extension or for bytes that C does not read
+    exactly as protobuf would.
+
+    Args:
+        data: the bytes ``request`` was parsed from (:class:`WireRequest`), read instead of
+            serializing it again; None: serialize it.
     """
     impl = native.master_index
-    got = impl.parse_events(request.SerializeToString(), MAX_KEY_BYTES, MAX_REPLICAS,
-                            *_EVENT_KINDS_PAIR, *_TIER_PAIR) if impl is not None else None
+    field = _HEARTBEAT_EVENTS_FIELD if isinstance(request, pb.HeartbeatRequest) else _REPORT_EVENTS_FIELD
+    if impl is not None and data is None:
+        data = request.SerializeToString()
+    got = impl.parse_events(data, MAX_KEY_BYTES, MAX_REPLICAS,
+                            *_EVENT_KINDS_PAIR, *_TIER_PAIR, field) if impl is not None else None
     if got is None:
         return event_columns(request.events)
-    seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean = got
+    return parsed_event_columns(got, lambda: request.events)
+
+
+def parsed_event_columns(got: tuple[Any, ...], events: Callable[[], Any]) -> EventColumns:
+    """The :class:`EventColumns` of ``parse_events``' answer ``got``, checked as
+    :func:`event_columns` checks them.
+
+    Args:
+        events: the request's event messages (walked only when C found a bad value, to name
+            the first bad event as the protobuf path names it).
+
+    Raises:
+        InvalidArgument: as :func:`event_columns`.
+    """
+    seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean, consecutive, distinct = got[:12]
     cols = BlockColumns(nss, keys, np.frombuffer(tiers, np.int64).copy(),
                         np.frombuffer(sizes, np.int64).copy(), np.frombuffer(gens, np.uint64).copy(),
                         np.frombuffer(copies, np.bool_).copy(), np.frombuffer(reps, np.int64).copy())
     if not clean:  # C found a bad value: these checks name the first bad event
         _check_kinds(seqs, kinds)
-        _check_block_columns(cols, lambda: [e.block for e in request.events],
+        _check_block_columns(cols, lambda: [e.block for e in events()],
                              lambda i: f"event {seqs[i]}")
-    return EventColumns(seqs, kinds, cols)
+    return EventColumns(seqs, kinds, cols, consecutive, distinct)
 
 
 _COMPLETE_TRUE = bytes([6 << 3, 1])
@@ -410,6 +528,8 @@ MAX_CACHED_NODE_ENTRIES = 16384
 """Node entries of LookupPrefix answers kept encoded (:meth:`MasterServicer._node_entry`)
 before the cache is dropped and refilled (holders of departed nodes stay in it until then)."""
 
+_REPORT_EVENTS_FIELD = pb.ReportEventsRequest.EVENTS_FIELD_NUMBER
+_HEARTBEAT_EVENTS_FIELD = pb.HeartbeatRequest.EVENTS_FIELD_NUMBER
 _EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
 _EVENT_KINDS_PAIR = (int(EventKind.ADDED), int(EventKind.REMOVED))
@@ -519,7 +639,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.RegisterNodeResponse(node_lease_ms=self._lease_ms(),
                                        master_epoch=self.master_epoch,
                                        superseded_epoch=out.superseded_epoch,
-                                       announces_departures=True)
+                                       announces_departures=True,
+                                       heartbeat_carries_events=True)
 
     @_rpc("node")
     async def UnregisterNode(  # noqa: N802
@@ -530,20 +651,42 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     @_rpc("node")
     async def Heartbeat(  # noqa: N802
-        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: pb.HeartbeatRequest | WireRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
+        data = parsed = None
+        if isinstance(request, WireRequest):  # from the server: its events read from its bytes
+            req: pb.HeartbeatRequest = request.msg
+            data = request.data
+            parsed = request.events  # read by its deserializer (read_heartbeat), or None
+        else:
+            req = request
         state = self.state
-        node_id, epoch = request.node_id, request.epoch
-        tiers = request.tiers
+        node_id, epoch = req.node_id, req.epoch
+        tiers = req.tiers
+        usage = _usage(tiers, "heartbeat") if tiers else ()
+        applied = 0
+        events_action = NodeAction.NONE
+        cols = None
+        if parsed is not None:
+            whole = data if data is not None else b""
+            cols = parsed_event_columns(parsed, lambda: pb.HeartbeatRequest.FromString(whole).events)
+        elif req.events:
+            cols = request_event_columns(req, data)
+        if cols is not None and len(cols):  # a round in one RPC: the events first, as
+            events_action, applied = state.membership.report_events(  # ReportEvents applies them
+                node_id, epoch, cols)
         action = state.membership.heartbeat(
-            node_id, epoch, tiers=_usage(tiers, "heartbeat") if tiers else (),
-            load=request.load, last_seq=request.last_seq, coldest_age_ms=request.coldest_age_ms,
+            node_id, epoch, tiers=usage, load=req.load, last_seq=req.last_seq,
+            coldest_age_ms=req.coldest_age_ms,
         )
+        if _ACTION_RANK[events_action] > _ACTION_RANK[action]:
+            action = events_action  # what either call alone would have made the node do
         queue = state.commands
-        if request.acked_command_ids:
-            state.repair.on_commands_acked(queue.ack(node_id, epoch, request.acked_command_ids))
+        if req.acked_command_ids:
+            state.repair.on_commands_acked(queue.ack(node_id, epoch, req.acked_command_ids))
         resp = pb.HeartbeatResponse(action=_ACTION_TO_PB[action],
-                                    node_lease_ms=int(state.membership.node_lease_s * 1000))
+                                    node_lease_ms=int(state.membership.node_lease_s * 1000),
+                                    applied_seq=applied)
         if action is NodeAction.NONE:
             cmds = queue.take(node_id, epoch)
             if cmds:
@@ -589,17 +732,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     @_rpc("node", "engine")
     async def LookupPrefix(  # noqa: N802
-        self, request: pb.MasterLookupPrefixRequest, context: grpc.aio.ServicerContext
-    ) -> pb.MasterLookupPrefixResponse:
+        self, request: pb.MasterLookupPrefixRequest | WireRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MasterLookupPrefixResponse | WireAnswer:
         t0 = time.perf_counter()
-        resp = self._lookup_prefix(request)
-        self.metrics.lookup.observe(len(request.keys), len(resp.node_index), time.perf_counter() - t0)
+        if isinstance(request, WireRequest):  # from the server: answered as bytes, sent as is
+            msg: pb.MasterLookupPrefixRequest = request.msg
+            resp: pb.MasterLookupPrefixResponse | WireAnswer = self._lookup_prefix(
+                msg, request.data, wire_answer=True)
+        else:
+            msg = request
+            resp = self._lookup_prefix(request)
+        hit = resp.num_blocks if isinstance(resp, WireAnswer) else len(resp.node_index)
+        self.metrics.lookup.observe(len(msg.keys), hit, time.perf_counter() - t0)
         return resp
 
-    def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest) -> pb.MasterLookupPrefixResponse:
+    def _lookup_prefix(self, request: pb.MasterLookupPrefixRequest, data: bytes | None = None,
+                       *, wire_answer: bool = False) -> Any:
         """The answer of one LookupPrefix: from the request's bytes to the response's in one
         C call (:meth:`BlockIndex.lookup_wire`) when the extension is built and every key
-        has 16 bytes, else :meth:`_lookup_prefix_columns`; the same answer either way."""
+        has 16 bytes, else :meth:`_lookup_prefix_columns`; the same answer either way.
+
+        Args:
+            data: the bytes ``request`` was parsed from (None: serialize it).
+            wire_answer: answer a :class:`WireAnswer` when the C path answered (the server's
+                path: the bytes go out as they are), else always a message.
+        """
         namespace_id = request.namespace_id
         check_namespace_length(namespace_id)
         check_caller_namespace(namespace_id, action="MasterService.LookupPrefix")
@@ -617,7 +774,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         avoid = [rec.holder for rec in map(m.node, avoid_ids) if rec is not None] if avoid_ids else []
         alternates = min(request.max_alternates, MAX_ALTERNATES)
         every_key = request.every_key
-        got = self.index.lookup_wire(namespace_id, request.SerializeToString(), local_holder=holder,
+        got = self.index.lookup_wire(namespace_id, request.SerializeToString() if data is None else data,
+                                     local_holder=holder,
                                      avoid_holders=avoid, max_alternates=alternates,
                                      every_key=every_key)
         if got is None:
@@ -628,11 +786,13 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             parts.append(_COMPLETE_TRUE)
         if every_key:
             parts.append(_EVERY_KEY_TRUE)
-        resp = pb.MasterLookupPrefixResponse.FromString(b"".join(parts))
+        wire = b"".join(parts)
         if local is not None and got.num_blocks and self.state.repair.settings.hot_reads_per_window:
             self._note_remote_reads(request, local, np.frombuffer(got.best_holders, np.int64),
                                     np.frombuffer(got.positions, np.int64))
-        return resp
+        if wire_answer:
+            return WireAnswer(wire, got.num_blocks)
+        return pb.MasterLookupPrefixResponse.FromString(wire)
 
     def _node_entry(self, holder: int) -> bytes:
         """The wire bytes of one ``nodes`` entry of a LookupPrefix answer (field 1: a
@@ -988,6 +1148,40 @@ def _check_keys(namespace_id: bytes, keys: Any) -> None:
             raise InvalidArgument(f"key {i} must have 1..{MAX_KEY_BYTES} bytes, got {len(k)}")
 
 
+class _Handlers:
+    """Takes the method handlers the generated ``add_MasterServiceServicer_to_server``
+    registers (a stand-in for the server)."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def master_method_handlers(servicer: MasterServicer) -> dict[str, Any]:
+    """The MasterService's gRPC method handlers: the generated ones, except the hot two,
+    whose requests reach the handler with their wire bytes (:class:`WireRequest`: C reads
+    the bytes, nothing is serialized again) and LookupPrefix's answer goes out as the bytes
+    the handler built (:class:`WireAnswer`, :func:`serialize_answer`)."""
+    got = _Handlers()
+    pb_grpc.add_MasterServiceServicer_to_server(servicer, got)
+    h = got.handlers
+    h["Heartbeat"] = grpc.unary_unary_rpc_method_handler(
+        servicer.Heartbeat, request_deserializer=read_heartbeat,
+        response_serializer=pb.HeartbeatResponse.SerializeToString)
+    h["LookupPrefix"] = grpc.unary_unary_rpc_method_handler(
+        servicer.LookupPrefix, request_deserializer=WireRequest.reader(pb.MasterLookupPrefixRequest),
+        response_serializer=serialize_answer)
+    return h
+
+
 def add_master_service(server: grpc.aio.Server, servicer: MasterServicer) -> None:
-    """Register the MasterService on a grpc.aio server."""
-    pb_grpc.add_MasterServiceServicer_to_server(servicer, server)
+    """Register the MasterService on a grpc.aio server (:func:`master_method_handlers`)."""
+    handlers = master_method_handlers(servicer)
+    name = "kvstored.v1.MasterService"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)

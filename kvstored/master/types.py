@@ -251,6 +251,11 @@ class EventColumns:
     seqs: list[int]
     kinds: list[int]
     blocks: BlockColumns
+    consecutive: bool | None = None
+    """Each seq is the one before + 1, as the reader found it (None: not known; the master
+    checks)."""
+    distinct: bool | None = None
+    """No (namespace_id, key) pair twice, as the reader found it (None: not known)."""
 
     def __len__(self) -> int:
         return len(self.seqs)

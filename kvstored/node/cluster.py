@@ -6,10 +6,17 @@ One owned task talks to the master, one call at a time, in rounds::
             [RESYNC pending]     SyncInventory(whole inventory, chunked; seq = last event seq)
             ReportEvents(diff of the inventory since the last round: seq last+1, last+2, ...)
             Heartbeat(usage, load, last_seq,          -> action: NONE | REREGISTER | RESYNC,
+                      [events],
                       acked_command_ids)                 commands: the master's command
                                                          queue (copy, promote, drop, leave:
                                                          kvstored/node/replicate.py), acked
                                                          on the next Heartbeat once applied
+
+    A master whose RegisterNodeResponse says ``heartbeat_carries_events`` takes the round's
+    events in the Heartbeat (one RPC per round: it applies them as ReportEvents would, then
+    the heartbeat, and answers their applied_seq); ReportEvents is then sent only for a
+    backlog of more than one batch (8192 events), before the Heartbeat carries the rest. An
+    older master (the field unset) gets ReportEvents, then Heartbeat, as before.
 
     beside the rounds (a second task, once a replicator is set): WaitCommands(acks) held
     open by the master until a command is queued for this node (a long poll: commands start
@@ -225,6 +232,11 @@ class MasterLink:
         self._last_error = ""
         self.departures_announced = False
         """The master queues PEER_LEFT on every departure (RegisterNodeResponse)."""
+        self.heartbeat_carries_events = False
+        """The master applies events a Heartbeat carries (RegisterNodeResponse): a round is
+        then one RPC (its ReportEvents folded into the Heartbeat); False (an older master,
+        or not registered yet): ReportEvents, then Heartbeat."""
+        self.num_report_events_calls = 0  # ReportEvents RPCs sent (tests)
         self._marks_trusted = False  # what the store was last told (set_marks_trusted)
         self._marks_term = 0  # the master term the marks were made under
         self.num_registrations = 0
@@ -507,6 +519,7 @@ class MasterLink:
         # lease lapsed, a new master): every mark goes; new puts mark again
         self._trust_marks(False)
         self.departures_announced = bool(getattr(resp, "announces_departures", False))
+        self.heartbeat_carries_events = bool(getattr(resp, "heartbeat_carries_events", False))
         self.num_registrations += 1
         self.registered = True
         self.synced = False
@@ -609,8 +622,12 @@ class MasterLink:
             if not self.synced:
                 return
         stub = await self._ensure_stub()
-        while self._unacked:
+        # a master that takes events in the heartbeat gets the last batch there (one RPC per
+        # round); only a backlog of more than one batch goes as ReportEvents first
+        keep = _MAX_EVENTS_PER_CALL if self.heartbeat_carries_events else 0
+        while len(self._unacked) > keep:
             batch = self._unacked[:_MAX_EVENTS_PER_CALL]
+            self.num_report_events_calls += 1
             resp = await stub.ReportEvents(
                 pb.ReportEventsRequest(node_id=self.node_id, epoch=self.epoch, events=batch),
                 timeout=self.cfg.rpc_timeout_s,
@@ -628,12 +645,15 @@ class MasterLink:
         stub = await self._ensure_stub()
         rep = self.replicator
         acks = rep.take_acks() if rep is not None else []
+        # the round's events (what _report_events left: at most one batch), when the master
+        # applies them here; last_seq is the seq of the last of them
+        events = self._unacked if (self.heartbeat_carries_events and self.synced) else []
         try:
             resp = await stub.Heartbeat(
                 pb.HeartbeatRequest(node_id=self.node_id, epoch=self.epoch, tiers=self._tiers(),
                                     load=load if math.isfinite(load) else 0.0, last_seq=self.seq,
                                     acked_command_ids=acks,
-                                    coldest_age_ms=self._coldest_age_ms()),
+                                    coldest_age_ms=self._coldest_age_ms(), events=events),
                 timeout=self.cfg.rpc_timeout_s,
             )
         except BaseException:
@@ -652,6 +672,8 @@ class MasterLink:
             rep.observe_term(int(getattr(resp, "term", 0) or 0))
             if resp.commands:
                 rep.submit(resp.commands)
+        if events and resp.action == pb.NODE_ACTION_UNSPECIFIED:  # as ReportEvents' answer
+            self._unacked = [e for e in self._unacked if e.seq > resp.applied_seq]
         if resp.node_lease_ms:
             self.lease_s = resp.node_lease_ms / 1000.0
         self._handle(resp.action)

@@ -122,18 +122,20 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch", "term", "announces_departures")
+    __slots__ = ("node_lease_ms", "master_epoch", "superseded_epoch", "term", "announces_departures", "heartbeat_carries_events")
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SUPERSEDED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     ANNOUNCES_DEPARTURES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_CARRIES_EVENTS_FIELD_NUMBER: _ClassVar[int]
     node_lease_ms: int
     master_epoch: int
     superseded_epoch: bool
     term: int
     announces_departures: bool
-    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ..., term: _Optional[int] = ..., announces_departures: _Optional[bool] = ...) -> None: ...
+    heartbeat_carries_events: bool
+    def __init__(self, node_lease_ms: _Optional[int] = ..., master_epoch: _Optional[int] = ..., superseded_epoch: _Optional[bool] = ..., term: _Optional[int] = ..., announces_departures: _Optional[bool] = ..., heartbeat_carries_events: _Optional[bool] = ...) -> None: ...
 
 class UnregisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "epoch")
@@ -150,13 +152,14 @@ class UnregisterNodeResponse(_message.Message):
     def __init__(self, term: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "coldest_age_ms", "acked_command_ids")
+    __slots__ = ("node_id", "epoch", "tiers", "load", "last_seq", "coldest_age_ms", "events", "acked_command_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     COLDEST_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     ACKED_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
@@ -164,22 +167,25 @@ class HeartbeatRequest(_message.Message):
     load: float
     last_seq: int
     coldest_age_ms: int
+    events: _containers.RepeatedCompositeFieldContainer[BlockEvent]
     acked_command_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., coldest_age_ms: _Optional[int] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., load: _Optional[float] = ..., last_seq: _Optional[int] = ..., coldest_age_ms: _Optional[int] = ..., events: _Optional[_Iterable[_Union[BlockEvent, _Mapping]]] = ..., acked_command_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("action", "node_lease_ms", "promote_copies", "commands", "term")
+    __slots__ = ("action", "node_lease_ms", "applied_seq", "promote_copies", "commands", "term")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     NODE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_COPIES_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     action: NodeAction
     node_lease_ms: int
+    applied_seq: int
     promote_copies: _containers.RepeatedCompositeFieldContainer[BlockKey]
     commands: _containers.RepeatedCompositeFieldContainer[NodeCommand]
     term: int
-    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
+    def __init__(self, action: _Optional[_Union[NodeAction, str]] = ..., node_lease_ms: _Optional[int] = ..., applied_seq: _Optional[int] = ..., promote_copies: _Optional[_Iterable[_Union[BlockKey, _Mapping]]] = ..., commands: _Optional[_Iterable[_Union[NodeCommand, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
     __slots__ = ("command_id", "kind", "target_epoch", "term", "namespace_id", "key", "source_node_id", "source_epoch", "source_data_address", "size_bytes", "generation")

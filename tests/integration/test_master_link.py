@@ -21,7 +21,7 @@ from kvstored.clock import FakeClock
 from kvstored.config import ClusterConfig
 from kvstored.errors import ErrorCode
 from kvstored.master.membership import Membership
-from kvstored.master.service import MasterServicer, add_master_service
+from kvstored.master.service import MasterServicer, WireRequest, add_master_service
 from kvstored.master.state import MasterState
 from kvstored.master.types import BlockEvent, BlockRef, EventKind
 from kvstored.node.cluster import MasterLink
@@ -38,9 +38,9 @@ LEASE_S = 10.0
 class Master:
     """A MasterServicer whose state can be thrown away (a master restart)."""
 
-    def __init__(self) -> None:
+    def __init__(self, servicer: type[MasterServicer] = MasterServicer) -> None:
         self.clock = FakeClock()
-        self.servicer = MasterServicer(self._fresh())
+        self.servicer = servicer(self._fresh())
 
     def _fresh(self) -> MasterState:
         return MasterState(epoch=1, clock=self.clock, node_lease_s=LEASE_S, initial_blocks=16,
@@ -66,9 +66,10 @@ class Master:
 Scenario = Callable[[Master, MasterLink, TieredStore, str], Awaitable[None]]
 
 
-def _run(tmp_path: Path, scenario: Scenario) -> None:
+def _run(tmp_path: Path, scenario: Scenario,
+         servicer: type[MasterServicer] = MasterServicer) -> None:
     async def main() -> None:
-        master = Master()
+        master = Master(servicer)
         server = grpc.aio.server()
         add_master_service(server, master.servicer)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -326,3 +327,134 @@ def socket_closed_port() -> Any:
         yield port
 
     return ctx()
+
+
+def _events_in(request: Any) -> int:
+    """Events a request carries (a WireRequest from the server: counted in its bytes)."""
+    if isinstance(request, WireRequest):
+        return len(type(request.msg).FromString(request.data).events)
+    return len(request.events)
+
+
+class CountingServicer(MasterServicer):
+    """The master, counting the node RPCs it is sent (and the events they carry)."""
+
+    def __init__(self, state: MasterState) -> None:
+        super().__init__(state)
+        self.calls: list[tuple[str, int]] = []  # (method, events carried)
+
+    async def ReportEvents(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.calls.append(("ReportEvents", _events_in(request)))
+        return await super().ReportEvents(request, context)
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.calls.append(("Heartbeat", _events_in(request)))
+        return await super().Heartbeat(request, context)
+
+
+class PreviousVersionServicer(CountingServicer):
+    """A master of the previous version: it does not offer events in heartbeats and, like
+    any reader of a message with a field it does not know, ignores HeartbeatRequest.events."""
+
+    async def RegisterNode(self, request: Any, context: Any) -> Any:  # noqa: N802
+        resp = await super().RegisterNode(request, context)
+        resp.heartbeat_carries_events = False
+        return resp
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.calls.append(("Heartbeat", _events_in(request)))
+        msg = pb.HeartbeatRequest.FromString(request.data)
+        msg.ClearField("events")
+        return await MasterServicer.Heartbeat(self, msg, context)
+
+
+def _calls(master: Master) -> list[tuple[str, int]]:
+    got = master.servicer.calls  # type: ignore[attr-defined]
+    out = list(got)
+    got.clear()
+    return out
+
+
+def test_a_round_is_one_heartbeat_carrying_the_events(tmp_path: Path) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        await link.run_once()  # register, inventory, then the heartbeat (no events yet)
+        assert link.heartbeat_carries_events
+        assert _calls(master) == [("Heartbeat", 0)]
+        for i in range(3):
+            store.put(key(i), bytes([i]) * 1000, namespace_id=NS)
+        master.clock.advance(LEASE_S / 2)
+        await link.run_once()
+        assert _calls(master) == [("Heartbeat", 3)]  # one RPC: the events in the heartbeat
+        rec = master.members.node("n1")
+        assert rec is not None and rec.applied_seq == link.seq == 3 and not link._unacked
+        assert rec.last_heartbeat_s == master.clock() and rec.load == 2.0  # the lease renewed
+        assert master.where([0, 1, 2]) == [("n1", Tier.DRAM)] * 3
+        store.remove([key(1)], namespace_id=NS)
+        await link.run_once()
+        assert _calls(master) == [("Heartbeat", 1)]
+        assert master.where([0, 1, 2]) == [("n1", Tier.DRAM)]
+        assert link.num_report_events_calls == 0
+        # a gap (events the master never got): the heartbeat's answer says RESYNC, as
+        # ReportEvents' would, and the next round rebuilds the node's replicas
+        lost = BlockEvent(link.seq + 5, EventKind.ADDED, BlockRef(NS, key(9), Tier.DRAM, 1))
+        master.members.report_events("n1", 77, [lost])
+        store.put(key(3), b"y" * 100, namespace_id=NS)
+        await link.run_once()
+        assert not link.synced and master.where([0]) == []
+        await link.run_once()
+        assert link.synced and master.where([0, 2, 3]) == [("n1", Tier.DRAM)] * 3
+        # the master restarted: the heartbeat with events is answered REREGISTER
+        store.put(key(4), b"z" * 100, namespace_id=NS)
+        master.restart()
+        master.servicer.calls = []  # type: ignore[attr-defined]
+        await link.run_once()
+        assert not link.registered
+        await link.run_once()
+        assert master.where([0, 2, 3, 4]) == [("n1", Tier.DRAM)] * 4
+
+    _run(tmp_path, scenario, CountingServicer)
+
+
+def test_a_backlog_goes_as_report_events_then_the_last_batch_in_the_heartbeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kvstored.node.cluster as cluster
+
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        await link.run_once()
+        _calls(master)
+        monkeypatch.setattr(cluster, "_MAX_EVENTS_PER_CALL", 2)
+        for i in range(5):
+            store.put(key(i), b"b" * 100, namespace_id=NS)
+        await link.run_once()
+        assert _calls(master) == [("ReportEvents", 2), ("ReportEvents", 2), ("Heartbeat", 1)]
+        rec = master.members.node("n1")
+        assert rec is not None and rec.applied_seq == 5 and not link._unacked
+        assert master.where(list(range(5))) == [("n1", Tier.DRAM)] * 5
+
+    _run(tmp_path, scenario, CountingServicer)
+
+
+def test_a_master_of_the_previous_version_gets_report_events_then_heartbeat(
+    tmp_path: Path,
+) -> None:
+    async def scenario(master: Master, link: MasterLink, store: TieredStore, _: str) -> None:
+        await link.run_once()
+        assert not link.heartbeat_carries_events
+        _calls(master)
+        for i in range(3):
+            store.put(key(i), b"o" * 100, namespace_id=NS)
+        await link.run_once()
+        assert _calls(master) == [("ReportEvents", 3), ("Heartbeat", 0)]
+        assert master.where([0, 1, 2]) == [("n1", Tier.DRAM)] * 3
+        # safe even if a node wrongly sent events to such a master: it ignores them, sees
+        # last_seq ahead of what it applied (a gap) and asks for a resync
+        link.heartbeat_carries_events = True
+        store.put(key(3), b"o" * 100, namespace_id=NS)
+        await link.run_once()
+        assert _calls(master) == [("Heartbeat", 1)]
+        assert not link.synced and master.where([0]) == []
+        await link.run_once()  # the resync: the full inventory
+        assert master.where([0, 1, 2, 3]) == [("n1", Tier.DRAM)] * 4
+
+    _run(tmp_path, scenario, PreviousVersionServicer)

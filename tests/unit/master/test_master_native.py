@@ -216,8 +216,10 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         {"no_block": True},
     ]
     seen_fallback = seen_native = 0
+    flags: set[tuple[str, bool]] = set()
     for case in bad * 3:
         n = rng.randint(0, 40)
+        in_order = rng.random() < 0.5  # consecutive seqs (the usual batch), else random ones
         events = []
         for i in range(n):
             ref = dict(namespace_id=rng.choice([b"\x07" * 16, b"ns2", b""]),
@@ -229,7 +231,10 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
                 ref.update({k: v for k, v in case.items() if k not in ("kind", "no_block")})
                 kind = case.get("kind", kind)
             block = None if case.get("no_block") and i == n // 2 else pb.BlockRef(**ref)
-            events.append(pb.BlockEvent(seq=rng.getrandbits(40), kind=kind, block=block))
+            seq = rng.getrandbits(40) if not (in_order and events) else events[-1].seq + 1
+            if events and rng.random() < 0.05:  # a block repeated (the same namespace and key)
+                block = pb.BlockRef(namespace_id=events[0].block.namespace_id, key=events[0].block.key)
+            events.append(pb.BlockEvent(seq=seq, kind=kind, block=block))
         data = pb.ReportEventsRequest(node_id="n", epoch=3, events=events).SerializeToString()
         if rng.random() < 0.3:  # unknown fields (kept and written back by protobuf), skipped by C
             data += bytes([(9 << 3) | 0, 0x96, 0x01, (10 << 3) | 2, 2, 0xAB, 0xCD, (11 << 3) | 1]) + bytes(8)
@@ -238,10 +243,35 @@ def test_events_read_from_wire_bytes_match_protobuf(seed: int) -> None:
         req = pb.ReportEventsRequest.FromString(data)
         want = _outcome(lambda r: event_columns(r.events), req)
         assert _outcome(request_event_columns, req) == want, case
+        # the same events carried by a heartbeat (field 7, beside its own fields)
+        hb = pb.HeartbeatRequest(node_id="n", epoch=3, tiers=[pb.TierCapacity(tier=1, used_bytes=5)],
+                                 load=2.5, last_seq=9, acked_command_ids=[4, 5])
+        hb.events.extend(req.events)
+        assert _outcome(request_event_columns, hb) == want, case
         got = NATIVE.parse_events(req.SerializeToString(), 1, 1, 1, 2, 1, 2)
         seen_fallback += got is None
         seen_native += got is not None
+        if got is not None:  # what report_events would find of the seqs and blocks
+            seqs = [e.seq for e in req.events]
+            pairs = [(e.block.namespace_id, e.block.key) for e in req.events]
+            assert got[10] == all(b == a + 1 for a, b in zip(seqs, seqs[1:], strict=False))
+            assert got[11] == (len(set(pairs)) == len(pairs))
+            flags.update({("consecutive", got[10]), ("distinct", got[11])})
+        # C reads a heartbeat's events (field 7) as it reads ReportEvents' (field 3)
+        alone = pb.ReportEventsRequest(events=hb.events).SerializeToString()
+        in_hb = NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7)
+        assert in_hb == NATIVE.parse_events(alone, 1, 1, 1, 2, 1, 2)
+        # and the heartbeat's other fields, as bytes that parse as it without its events
+        stripped = NATIVE.parse_events(hb.SerializeToString(), 1, 1, 1, 2, 1, 2, 7, True)
+        if in_hb is None:
+            assert stripped is None
+        else:
+            assert stripped is not None and stripped[:12] == in_hb[:12] and in_hb[12] is None
+            rest = pb.HeartbeatRequest.FromString(stripped[12])
+            hb.ClearField("events")
+            assert rest == hb
     assert seen_fallback and seen_native  # both readers ran
+    assert len(flags) == 4  # each flag seen true and false
 
 
 def test_the_wire_reader_knows_every_field_of_an_event() -> None:
@@ -260,6 +290,7 @@ def test_the_wire_reader_knows_every_field_of_an_event() -> None:
                                    "replicas": (7, u32)}
     assert fields(pb.BlockEvent) == {"seq": (1, u64), "kind": (2, enum_t), "block": (3, msg_t)}
     assert fields(pb.ReportEventsRequest)["events"][0] == 3
+    assert fields(pb.HeartbeatRequest)["events"][0] == 7
 
 
 class _Recorder:
@@ -531,6 +562,110 @@ def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypat
         assert got == want, req
         assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     assert calls["native"] > 40  # most requests took the C path
+
+
+class _Ctx:
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, md: object) -> None:
+        pass
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_the_servers_wire_handlers_answer_as_the_message_handlers(
+    seed: int, impl: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's Heartbeat and LookupPrefix (``master_method_handlers``: the request
+    reaches the handler with its wire bytes, LookupPrefix's answer leaves as the bytes the
+    handler built) give the same answers, byte for byte once parsed, as the handlers called
+    with messages, with the C extension and without it; and a heartbeat carrying events
+    leaves the same index either way."""
+    import asyncio
+
+    import kvstored.master.service as service
+    from kvstored.master.service import master_method_handlers
+    from kvstored.v1 import master_pb2 as pb
+
+    monkeypatch.setattr(native, "master_index", NATIVE if impl == "native" else None)
+    fallbacks = {"taken": 0, "expected": 0}
+    real_event_columns = service.event_columns
+
+    def counted_event_columns(events: object) -> object:
+        fallbacks["taken"] += 1
+        return real_event_columns(events)
+
+    # canonical events: C reads every one (protobuf reads only those C declines)
+    monkeypatch.setattr(service, "event_columns", counted_event_columns)
+    rng = random.Random(700 + seed)
+    sv_wire, keys, names = _servicer(random.Random(seed), rng.choice([4, 2 * HOT_CHAIN_ROWS]), 50)
+    sv_msg, _, _ = _servicer(random.Random(seed), len(names), 50)
+    for sv in (sv_wire, sv_msg):
+        sv.state.term = 7  # type: ignore[attr-defined]  # the answer's term is appended to the bytes
+    handlers = master_method_handlers(sv_wire)  # type: ignore[arg-type]
+    lookup, heartbeat = handlers["LookupPrefix"], handlers["Heartbeat"]
+    absent = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(5)]
+    seqs = dict.fromkeys(names, 0)
+
+    async def main() -> None:
+        for step in range(80):
+            if rng.random() < 0.5:
+                ks = rng.sample(keys + absent, rng.randint(0, 30))
+                if rng.random() < 0.1:
+                    ks.append(b"a longer key than sixteen bytes")
+                req = pb.MasterLookupPrefixRequest(
+                    namespace_id=NS, keys=ks, every_key=rng.random() < 0.4,
+                    local_node_id=rng.choice(["", *names]),
+                    avoid_node_ids=rng.sample(names, rng.choice([0, 0, 1])),
+                    max_alternates=rng.choice([0, 1, 3]))
+                data = req.SerializeToString()
+                got = lookup.response_serializer(
+                    await lookup.unary_unary(lookup.request_deserializer(data), _Ctx()))
+                want = await sv_msg.LookupPrefix(req, _Ctx())  # type: ignore[attr-defined]
+                assert pb.MasterLookupPrefixResponse.FromString(got) == want, step
+                assert want.term == 7
+            else:
+                n = rng.choice(names)
+                events = []
+                for _ in range(rng.randint(0, 10)):
+                    seqs[n] += 1
+                    events.append(pb.BlockEvent(seq=seqs[n], kind=rng.choice([1, 2]), block=pb.BlockRef(
+                        namespace_id=NS, key=rng.choice(keys + absent), tier=rng.choice([1, 2]),
+                        size_bytes=7, generation=rng.choice([0, 9]))))
+                if events and rng.random() < 0.1:  # a bad value: both refuse it, naming it alike
+                    bad = rng.choice(events)
+                    if rng.random() < 0.5:
+                        bad.kind = 5  # type: ignore[assignment]
+                    else:
+                        bad.block.tier = 3  # type: ignore[assignment]
+                req = pb.HeartbeatRequest(node_id=n, epoch=1, load=rng.random(), last_seq=seqs[n],
+                                          tiers=[pb.TierCapacity(tier=1, capacity_bytes=1 << 30,
+                                                                 used_bytes=rng.randint(0, 99))],
+                                          events=events)
+                data = req.SerializeToString()
+                if events and rng.random() < 0.1:  # a field repeated inside an event: C reads it not
+                    data += bytes([(7 << 3) | 2, 4, (1 << 3) | 0, 5, (1 << 3) | 0, 6])
+                    req = pb.HeartbeatRequest.FromString(data)
+                    fallbacks["expected"] += 1
+                try:
+                    got = heartbeat.response_serializer(
+                        await heartbeat.unary_unary(heartbeat.request_deserializer(data), _Ctx()))
+                except RuntimeError as exc:  # refused (the abort of _Ctx)
+                    got = str(exc)
+                try:
+                    want = (await sv_msg.Heartbeat(req, _Ctx())).SerializeToString()  # type: ignore[attr-defined]
+                except RuntimeError as exc:
+                    want = str(exc)
+                assert got == want, step
+        assert _index_state(sv_wire) == _index_state(sv_msg)
+        if impl == "native":
+            assert fallbacks["taken"] == fallbacks["expected"]
+
+    asyncio.run(main())
 
 
 def test_the_lookup_tally_exports_what_prometheus_histograms_and_counters_would() -> None:
