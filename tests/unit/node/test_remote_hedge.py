@@ -350,6 +350,6 @@ def test_a_negative_hedge_after_ms_is_a_config_error_naming_the_setting() -> Non
     from kvstored.config import load_config
     from kvstored.errors import ConfigInvalid
 
-    with pytest.raises(ConfigInvalid, match=r"cluster.hedge_after_ms.*got -1"):
+    with pytest.raises(ConfigInvalid, match=r"cluster.hedge_after_ms.*\(got '-1'\)$"):
         load_config(environ={"KVSTORED_CLUSTER__HEDGE_AFTER_MS": "-1"})
     assert load_config(environ={"KVSTORED_CLUSTER__HEDGE_AFTER_MS": "0"}).cluster.hedge_after_ms == 0
