@@ -157,6 +157,9 @@ class SpillStore(Protocol):
         """Delete blocks from every tier; per key True if removed, False if absent or pinned
         (a pinned block is kept)."""
 
+    def exists(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
+        """Per key: stored (committed) in any tier (tells a pinned block from a gone one)."""
+
 
 class SpillMaster(Protocol):
     """The master's batched two-phase put (:class:`~kvstored.transport.master_rpc.MasterClient`)."""
@@ -303,11 +306,14 @@ def pool_room_bytes(tiers: dict[str, dict[str, Any]], fraction: float) -> int:
     """A peer's pool room in a ListNodes view (``tiers``: tier name -> ``{"used_bytes",
     "capacity_bytes"}``), as the master's placement counts it
     (``Placement.last_tier_room_bytes``): its DRAM below ``fraction`` of capacity, plus on a
-    node with an SSD tier its SSD below it, each from 0; never negative here."""
+    node with an SSD tier its SSD below it, each from 0; never negative here. A tier's
+    ``spare_bytes`` (copies, DRAM blocks also on the node's SSD) count as room."""
     dram, ssd = tiers.get("DRAM") or {}, tiers.get("SSD") or {}
 
-    def below(t: dict[str, Any]) -> int:
-        return int(fraction * int(t.get("capacity_bytes", 0))) - int(t.get("used_bytes", 0))
+    def below(t: dict[str, Any]) -> int:  # what the node can free without a drop is room
+        used = int(t.get("used_bytes", 0))
+        held = used - min(used, int(t.get("spare_bytes", 0) or 0))
+        return int(fraction * int(t.get("capacity_bytes", 0))) - held
 
     if ssd.get("capacity_bytes"):
         return max(0, below(ssd)) + (max(0, below(dram)) if dram.get("capacity_bytes") else 0)
@@ -742,28 +748,45 @@ class Spiller:
                     confirmed.setdefault(ns, []).append(moves[i])
         left = 0
         for ns, moves in confirmed.items():
-            for m in moves:
-                self._awaiting.pop((ns, m.block.key), None)
-            left += self._remove_moved(ns, [m.block for m in moves if not m.handoff])
-            left += self._remove_handed_off(ns, [m.block for m in moves if m.handoff])
+            since = {m.block.key: self._awaiting.pop((ns, m.block.key), (m, now))[1]
+                     for m in moves}
+            left += self._remove_moved(ns, moves, since)
         return left
 
-    def _remove_moved(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
+    def _remove_moved(self, ns: bytes, moves: Sequence[_Move],
+                      since: dict[bytes, float] | None = None) -> int:
+        """Remove the local copies of moved (or handed-off) blocks (their peer's replica
+        is indexed).
+
+        A copy the store keeps because a reader pins it now (``remove`` answers False while
+        the block is still here) awaits again, its wait counted from ``since`` (per key:
+        when the move ended; default now), so the next :meth:`confirm_moved` removes it once
+        the pin is gone. Before, it stayed for good: a second original of a block the pool
+        already held, room the pool never got back (issue 17 §3: 125 of 144 MiB held with
+        some blocks on two nodes, and the writer evicted sole copies).
+
+        Returns:
+            Blocks that left this node.
+        """
         left = 0
-        if not blocks:
+        if not moves:
             return left
+        blocks = [m.block for m in moves]
         removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
-        for b, gone in zip(blocks, removed, strict=True):
+        kept = [m for m, gone in zip(moves, removed, strict=True) if not gone]
+        for m, gone in zip(moves, removed, strict=True):
             if gone:
                 left += 1
-                self.counters.blocks_moved += 1
-                self.counters.bytes_moved += b.size_bytes
+                if not m.handoff:  # (a hand-off is counted in handoffs_*)
+                    self.counters.blocks_moved += 1
+                    self.counters.bytes_moved += m.block.size_bytes
+        if kept:
+            still = self.store.exists([m.block.key for m in kept], namespace_id=ns)
+            now = time.monotonic()
+            for m, here in zip(kept, still, strict=True):
+                if here:  # pinned: removed once the reader lets go
+                    self._awaiting[(ns, m.block.key)] = (m, (since or {}).get(m.block.key, now))
         return left
-
-    def _remove_handed_off(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
-        if not blocks:
-            return 0
-        return sum(int(gone) for gone in self.store.remove([b.key for b in blocks], namespace_id=ns))
 
     def _direct(self, batch: Sequence[BlockInfo]) -> int:
         """Move a batch to the cached peer with the most room, no master call (the master
@@ -1047,17 +1070,17 @@ class Spiller:
             ``dropped`` + the blocks that left this node.
         """
         left = dropped
-        done: dict[bytes, list[BlockInfo]] = {}
+        done: dict[bytes, list[_Move]] = {}
         now = time.monotonic()
         for m, ok in zip(moves, ended, strict=True):
             if ok and m.indexed:
-                done.setdefault(m.block.namespace_id, []).append(m.block)
+                done.setdefault(m.block.namespace_id, []).append(m)
             elif ok:  # the peer's replica is not indexed yet: the copy stays until it is
                 self._awaiting[(m.block.namespace_id, m.block.key)] = (m, now)
             else:
                 self._failed(m.block)
-        for ns, blocks in done.items():  # only now: the local copies go (a move)
-            left += self._remove_moved(ns, blocks)
+        for ns, done_moves in done.items():  # only now: the local copies go (a move)
+            left += self._remove_moved(ns, done_moves)
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))

@@ -123,6 +123,50 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
     return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)
 
 
+MAX_SPARE_SCAN = 1 << 16
+"""Most DRAM entries :func:`spare_dram_bytes` looks at (copies first, then LRU first)."""
+
+
+def spare_dram_bytes(dram: DramTier, ssd: SsdTier | None, max_scan: int = MAX_SPARE_SCAN
+                     ) -> int:
+    """DRAM bytes this node can give up without dropping a block from the pool: unpinned
+    remote-fill copies (a peer holds them) and unpinned DRAM blocks whose bytes are on this
+    node's SSD too (a promoted block: the same key in both tiers). Such bytes are room, not
+    use: the node's next allocation frees them first (``Transit.allocate``'s spare victims),
+    so a node full of them is no full node (issue 17 §3). A block in both tiers counts once,
+    here (its SSD file is the one that stays).
+
+    Bounded: looks at the copies, then the DRAM LRU order, at most ``max_scan`` entries in
+    all (a larger tier undercounts, which only leaves room uncounted: the old measure).
+    Bytes as allocated (rounded up to the arena's unit). Lock held.
+    """
+    entries, copies = dram.entries, dram.copies
+    ssd_entries = ssd.entries if ssd is not None else {}
+    if not copies and not ssd_entries:
+        return 0
+    round_up = dram.round_up
+    total = 0
+    n = 0
+    for skey in copies:
+        if n >= max_scan:
+            return total
+        n += 1
+        e = entries.get(skey)
+        if e is not None and e.pins == 0:
+            total += round_up(e.size_bytes)
+    if not ssd_entries:
+        return total
+    for skey, e in entries.items():
+        if n >= max_scan:
+            break
+        if skey in copies:
+            continue
+        n += 1
+        if e.pins == 0 and skey in ssd_entries:
+            total += round_up(e.size_bytes)
+    return total
+
+
 MAX_AGE_SCAN = 64
 """Most entries per tier :func:`coldest_original_touched` looks at from the cold end."""
 

@@ -67,7 +67,7 @@ from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
 from kvstored.tiers.reads import Reads
 from kvstored.tiers.reservations import Reservations
-from kvstored.tiers.spare import coldest_original_touched
+from kvstored.tiers.spare import coldest_original_touched, spare_dram_bytes
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.state import Interner, StoreState
@@ -368,6 +368,17 @@ class TieredStore:
             touched = coldest_original_touched(st.dram, st.ssd)
             now = time.monotonic()
         return 0.0 if touched is None else max(0.0, now - touched)
+
+    def spare_bytes(self) -> int:
+        """DRAM bytes this node can free without dropping a block from the pool: unpinned
+        remote-fill copies and DRAM blocks also on this node's SSD (tiers/spare.py
+        ``spare_dram_bytes``; bounded scan). What the node heartbeats as its DRAM tier's
+        ``spare_bytes``: the master's placement counts them as room, so a node whose DRAM
+        holds only such blocks is no full node (issue 17 §3). Thread-safe (the store lock).
+        """
+        st = self._state
+        with st.lock:
+            return spare_dram_bytes(st.dram, st.ssd)
 
     @property
     def handoffs_taken(self) -> int:
