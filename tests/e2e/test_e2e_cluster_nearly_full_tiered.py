@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_e2e_cluster_put import _cluster
+from cluster_helpers import NodeProcess, ha_master, start_nodes, wait_healthy
+from etcd_helpers import EtcdServer
+from test_e2e_cluster_put import SPILL_ENV, _cluster
 
 from kvstored import Client
 from kvstored.types import Tier
@@ -33,7 +35,7 @@ from kvstored.types import Tier
 BLOCK = 1 << 20
 FIRST = 100
 MORE = 25
-pytestmark = pytest.mark.ssd  # three real SSD tiers
+pytestmark = pytest.mark.ssd  # three real SSD tiers per test
 
 
 def _value(key: bytes) -> bytes:
@@ -54,10 +56,8 @@ def _put(node: Any, keys: list[bytes]) -> None:
             assert all(r.stored for r in c.put(chunk, [_value(k) for k in chunk]))
 
 
-def test_a_nearly_full_pool_of_three_small_tiered_nodes_drops_no_block(
-    workdir: Path, procs: list[Any]
-) -> None:
-    _, nodes = _cluster(workdir, procs, {n: ("16MiB", "32MiB") for n in "abc"})
+def _fill_read_fill(nodes: dict[str, Any]) -> None:
+    """The tester's steps on nodes a, b, c; prints the counts, asserts 0 lost, 0 wrong."""
     keys = [os.urandom(16) for _ in range(FIRST + MORE)]
     _put(nodes["a"], keys[:FIRST])
     wrong = 0
@@ -85,3 +85,29 @@ def test_a_nearly_full_pool_of_three_small_tiered_nodes_drops_no_block(
           f"hits {hits} of {6 * FIRST}; wrong {wrong}")
     assert wrong == 0
     assert lost == [], f"{len(lost)} of {len(keys)} blocks lost with room in the pool"
+
+
+def test_a_nearly_full_pool_of_three_small_tiered_nodes_drops_no_block(
+    workdir: Path, procs: list[Any]
+) -> None:
+    _, nodes = _cluster(workdir, procs, {n: ("16MiB", "32MiB") for n in "abc"})
+    _fill_read_fill(nodes)
+
+
+@pytest.mark.etcd
+def test_the_same_with_two_masters_electing_through_etcd(
+    workdir: Path, procs: list[Any], etcd: EtcdServer
+) -> None:
+    """The tester's other setup: etcd, two ``kvstored master --etcd`` (one leads), the
+    nodes finding the leader through ``etcd://``."""
+    masters = [ha_master(workdir, n, etcd.url(i), prefix="/kvnf") for i, n in enumerate(("ma", "mb"))]
+    for m in masters:
+        procs.append(m)
+        m.start()
+    both = ",".join(m.address for m in masters)
+    via_etcd = f"etcd://{etcd.endpoints[0]},{etcd.endpoints[1]}/kvnf"
+    nodes = {n: NodeProcess(workdir / n, via_etcd, n, dram_size="16MiB", ssd_size="32MiB")
+             for n in "abc"}
+    start_nodes(list(nodes.values()), procs, SPILL_ENV)
+    wait_healthy(both, set(nodes))
+    _fill_read_fill(nodes)
