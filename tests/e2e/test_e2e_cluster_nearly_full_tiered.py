@@ -9,7 +9,7 @@ runs while a node held some blocks twice (the same key in its DRAM and on its SS
 Counted from the nodes' own listings: a key put and acknowledged that no node holds any
 more is lost; the test prints the counts (lost, per node DRAM-only / SSD-only / both, and
 the keys held on more than one node). Strict: 0 lost, 0 wrong bytes. Before the fixes
-(main at b23b5f2) 5-17 of 125 were lost in 4 of 6 runs here: placement counted a peer's
+(main at b23b5f2 and 2d7f020) 5-13 of 125 were lost in 9 of 16 runs here: placement counted a peer's
 remote-fill copies and promoted blocks (DRAM and SSD of one key) as used, so every node
 looked full below its watermark; a moved block a reader pinned at its removal stayed as a
 second original; and the pool-LRU hand-off went to the colder peer, which dropped one of
