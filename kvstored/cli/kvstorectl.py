@@ -38,9 +38,12 @@ JSON output (sorted keys, stable for scripts)::
              "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
                         "load", "num_replicas", "lease_left_s", "last_seq", "draining",
                         "coldest_age_s",
-                        "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks"}]}]}
+                        "tiers": [{"tier", "used_bytes", "capacity_bytes", "num_blocks",
+                                   "spare_bytes"}]}]}
             (health: "healthy", "unhealthy", "probation" or "syncing"; coldest_age_s:
-            seconds since its coldest original block was used, 0 = none: pool LRU)
+            seconds since its coldest original block was used, 0 = none: pool LRU;
+            spare_bytes: of used_bytes, what the node can free without dropping a block,
+            its remote-fill copies and DRAM blocks also on its SSD: placement's room)
     drain   {"node_id", "draining", "num_blocks", "num_blocks_to_move", "num_copies_issued",
              "leave_sent", "left"}
     replicate {"num_keys", "replicas", "namespace_id"}

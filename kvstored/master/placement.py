@@ -174,15 +174,19 @@ class Placement:
         past the fraction costs nothing more): free DRAM holds blocks the SSD does not, so
         a block placed there while the SSD is past its watermark is one the pool keeps
         (issue 17 §3: two DRAM 8 + SSD 16 MiB nodes lost blocks once both SSDs were past
-        the watermark though both DRAMs had room, docs/cluster.md)."""
+        the watermark though both DRAMs had room, docs/cluster.md). Usage is counted as
+        :attr:`~kvstored.master.types.TierUsage.held_bytes`: the bytes the node can free
+        without dropping a block (remote-fill copies, DRAM blocks also on its SSD) are room
+        (issue 17 §3: three DRAM 16 + SSD 32 MiB nodes whose DRAM held only copies and
+        promoted SSD blocks looked full, and the writer evicted its own blocks)."""
         dram = rec.tiers.get(Tier.DRAM)
         ssd = rec.tiers.get(Tier.SSD)
         if ssd is not None and ssd.capacity_bytes > 0:
-            room = max(0, int(ssd.capacity_bytes * max_used_fraction) - ssd.used_bytes)
+            room = max(0, int(ssd.capacity_bytes * max_used_fraction) - ssd.held_bytes)
             if dram is not None and dram.capacity_bytes > 0:
-                room += max(0, int(dram.capacity_bytes * max_used_fraction) - dram.used_bytes)
+                room += max(0, int(dram.capacity_bytes * max_used_fraction) - dram.held_bytes)
         elif dram is not None:
-            room = int(dram.capacity_bytes * max_used_fraction) - dram.used_bytes
+            room = int(dram.capacity_bytes * max_used_fraction) - dram.held_bytes
         else:
             return -1
         landed_s, landed = self._landed.get(rec.holder, (0.0, 0))

@@ -401,7 +401,8 @@ def _tier(value: int, what: str) -> Tier:
 
 
 def _usage(items: Any, what: str) -> tuple[TierUsage, ...]:
-    return tuple([TierUsage(_tier(t.tier, what), t.capacity_bytes, t.used_bytes, t.num_blocks)
+    return tuple([TierUsage(_tier(t.tier, what), t.capacity_bytes, t.used_bytes, t.num_blocks,
+                            t.spare_bytes)
                   for t in items])
 
 
@@ -553,7 +554,8 @@ def node_info(rec: NodeRecord) -> pb.NodeInfo:
         node_id=s.node_id, epoch=s.epoch, grpc_address=s.grpc_address,
         data_address=s.data_address, transports=list(s.transports), zone=s.zone,
         tiers=[pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
-                               used_bytes=t.used_bytes, num_blocks=t.num_blocks)
+                               used_bytes=t.used_bytes, num_blocks=t.num_blocks,
+                               spare_bytes=t.spare_bytes)
                for _, t in sorted(rec.tiers.items())],
     )
 

@@ -145,11 +145,20 @@ class TierUsage:
     capacity_bytes: int
     used_bytes: int = 0
     num_blocks: int = 0
+    spare_bytes: int = 0
+    """Of ``used_bytes``, what the node can free without dropping a block from the pool
+    (DRAM: remote-fill copies and blocks also on its SSD; ``TieredStore.spare_bytes``)."""
 
     @property
     def free_bytes(self) -> int:
         """Capacity not used (never negative)."""
         return max(0, self.capacity_bytes - self.used_bytes)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of blocks the pool would lose without this tier: ``used_bytes`` less
+        ``spare_bytes`` (never negative; what placement's room is measured from)."""
+        return max(0, self.used_bytes - min(self.spare_bytes, self.used_bytes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,7 @@ from kvstored.transport.master_targets import (
     parse_master_targets,
     read_leader,
 )
-from kvstored.types import BlockInfo, StoreStats
+from kvstored.types import BlockInfo, StoreStats, Tier
 from kvstored.v1 import common_pb2 as cpb
 from kvstored.v1 import master_pb2 as pb
 from kvstored.v1 import master_pb2_grpc as pb_grpc
@@ -495,9 +495,15 @@ class MasterLink:
         return int(s * 1000) if math.isfinite(s) and s > 0 else 0
 
     def _tiers(self) -> list[pb.TierCapacity]:
+        """The store's tiers as heartbeated; the DRAM tier's ``spare_bytes`` (copies and
+        blocks also on SSD: room, not use, for the master's placement) when the store tells
+        (``TieredStore.spare_bytes``)."""
         st = self.store.stats()
+        spare_of = getattr(self.store, "spare_bytes", None)
+        spare = int(spare_of()) if spare_of is not None else 0
         return [pb.TierCapacity(tier=pb_enum(cpb.Tier, t.tier), capacity_bytes=t.capacity_bytes,
-                                used_bytes=t.used_bytes, num_blocks=t.num_blocks)
+                                used_bytes=t.used_bytes, num_blocks=t.num_blocks,
+                                spare_bytes=min(spare, t.used_bytes) if t.tier is Tier.DRAM else 0)
                 for t in st.tiers]
 
     async def _register(self) -> None:

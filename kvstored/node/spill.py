@@ -157,6 +157,9 @@ class SpillStore(Protocol):
         """Delete blocks from every tier; per key True if removed, False if absent or pinned
         (a pinned block is kept)."""
 
+    def exists(self, keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[bool]:
+        """Per key: stored (committed) in any tier (tells a pinned block from a gone one)."""
+
 
 class SpillMaster(Protocol):
     """The master's batched two-phase put (:class:`~kvstored.transport.master_rpc.MasterClient`)."""
@@ -241,6 +244,8 @@ class PeerRoom:
             master or node older than the field): pool LRU hands blocks to the oldest.
         zone: its failure domain ("" = none declared): a put's replicas placed through
             the view prefer new zones (kvstored/node/put_replicas.py).
+        full_room_bytes: as ``room_bytes`` up to the tiers' capacity instead of the
+            watermark (a spare-only hand-off's room).
     """
 
     node_id: str
@@ -248,6 +253,10 @@ class PeerRoom:
     room_bytes: int
     coldest_age_s: float = 0.0
     zone: str = ""
+    full_room_bytes: int = 0
+    """Bytes it may still take before its tiers are full (their capacity, not the high
+    watermark), its ``spare_bytes`` counted as room, as of that view: what a spare-only
+    hand-off (:meth:`Spiller.hand_off`) may still find there."""
 
 
 @dataclass(slots=True)
@@ -261,6 +270,10 @@ class _Move:
     handoff: bool = False  # a pool-LRU hand-off (counted in handoffs_*, not blocks_moved)
 
 
+SPARE_ONLY_AGE_S = 1e9
+"""The age a spare-only hand-off offers (about 32 years): no block a peer holds is colder,
+so the peer takes the block only from room that drops nothing of its own, never by
+evicting an original (``Transit.allocate(handoff_age_s=...)``)."""
 AWAIT_INDEX_S = 10.0
 """Longest a moved block's local copy waits for the master to index the peer's replica
 (the peer's own change event, one heartbeat at most, sooner once the peer wakes its link on
@@ -303,11 +316,14 @@ def pool_room_bytes(tiers: dict[str, dict[str, Any]], fraction: float) -> int:
     """A peer's pool room in a ListNodes view (``tiers``: tier name -> ``{"used_bytes",
     "capacity_bytes"}``), as the master's placement counts it
     (``Placement.last_tier_room_bytes``): its DRAM below ``fraction`` of capacity, plus on a
-    node with an SSD tier its SSD below it, each from 0; never negative here."""
+    node with an SSD tier its SSD below it, each from 0; never negative here. A tier's
+    ``spare_bytes`` (copies, DRAM blocks also on the node's SSD) count as room."""
     dram, ssd = tiers.get("DRAM") or {}, tiers.get("SSD") or {}
 
-    def below(t: dict[str, Any]) -> int:
-        return int(fraction * int(t.get("capacity_bytes", 0))) - int(t.get("used_bytes", 0))
+    def below(t: dict[str, Any]) -> int:  # what the node can free without a drop is room
+        used = int(t.get("used_bytes", 0))
+        held = used - min(used, int(t.get("spare_bytes", 0) or 0))
+        return int(fraction * int(t.get("capacity_bytes", 0))) - held
 
     if ssd.get("capacity_bytes"):
         return max(0, below(ssd)) + (max(0, below(dram)) if dram.get("capacity_bytes") else 0)
@@ -542,7 +558,8 @@ class Spiller:
             room = pool_room_bytes(tiers, self.high)
             view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room),
                                  float(n.get("coldest_age_s", 0.0) or 0.0),
-                                 str(n.get("zone", "") or "")))
+                                 str(n.get("zone", "") or ""),
+                                 full_room_bytes=pool_room_bytes(tiers, 1.0)))
             self._seen_healthy[n["node_id"]] = now
         # A new leader (or a restarted master) lists its nodes as they come back: a peer
         # still "syncing" there, or not registered yet, is no dead peer. Such a peer of the
@@ -564,6 +581,7 @@ class Spiller:
                 tiers = {t["tier"]: t for t in n.get("tiers", [])}
                 if tiers.get("SSD") or tiers.get("DRAM"):
                     old.room_bytes = max(0, pool_room_bytes(tiers, self.high))
+                    old.full_room_bytes = pool_room_bytes(tiers, 1.0)
             view.append(old)
         for gone in set(self._seen_healthy) - {p.node_id for p in view}:
             del self._seen_healthy[gone]
@@ -742,28 +760,45 @@ class Spiller:
                     confirmed.setdefault(ns, []).append(moves[i])
         left = 0
         for ns, moves in confirmed.items():
-            for m in moves:
-                self._awaiting.pop((ns, m.block.key), None)
-            left += self._remove_moved(ns, [m.block for m in moves if not m.handoff])
-            left += self._remove_handed_off(ns, [m.block for m in moves if m.handoff])
+            since = {m.block.key: self._awaiting.pop((ns, m.block.key), (m, now))[1]
+                     for m in moves}
+            left += self._remove_moved(ns, moves, since)
         return left
 
-    def _remove_moved(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
+    def _remove_moved(self, ns: bytes, moves: Sequence[_Move],
+                      since: dict[bytes, float] | None = None) -> int:
+        """Remove the local copies of moved (or handed-off) blocks (their peer's replica
+        is indexed).
+
+        A copy the store keeps because a reader pins it now (``remove`` answers False while
+        the block is still here) awaits again, its wait counted from ``since`` (per key:
+        when the move ended; default now), so the next :meth:`confirm_moved` removes it once
+        the pin is gone. Before, it stayed for good: a second original of a block the pool
+        already held, room the pool never got back (issue 17 §3: 125 of 144 MiB held with
+        some blocks on two nodes, and the writer evicted sole copies).
+
+        Returns:
+            Blocks that left this node.
+        """
         left = 0
-        if not blocks:
+        if not moves:
             return left
+        blocks = [m.block for m in moves]
         removed = self.store.remove([b.key for b in blocks], namespace_id=ns)
-        for b, gone in zip(blocks, removed, strict=True):
+        kept = [m for m, gone in zip(moves, removed, strict=True) if not gone]
+        for m, gone in zip(moves, removed, strict=True):
             if gone:
                 left += 1
-                self.counters.blocks_moved += 1
-                self.counters.bytes_moved += b.size_bytes
+                if not m.handoff:  # (a hand-off is counted in handoffs_*)
+                    self.counters.blocks_moved += 1
+                    self.counters.bytes_moved += m.block.size_bytes
+        if kept:
+            still = self.store.exists([m.block.key for m in kept], namespace_id=ns)
+            now = time.monotonic()
+            for m, here in zip(kept, still, strict=True):
+                if here:  # pinned: removed once the reader lets go
+                    self._awaiting[(ns, m.block.key)] = (m, (since or {}).get(m.block.key, now))
         return left
-
-    def _remove_handed_off(self, ns: bytes, blocks: Sequence[BlockInfo]) -> int:
-        if not blocks:
-            return 0
-        return sum(int(gone) for gone in self.store.remove([b.key for b in blocks], namespace_id=ns))
 
     def _direct(self, batch: Sequence[BlockInfo]) -> int:
         """Move a batch to the cached peer with the most room, no master call (the master
@@ -831,15 +866,6 @@ class Spiller:
         age_of = getattr(self.store, "coldest_original_age_s", None)
         if not self.pool_lru or age_of is None:
             return 0
-        has_redundant = getattr(self.store, "has_redundant_victims", None)
-        if has_redundant is not None and has_redundant():
-            # a redundant replica of ours goes first (another node keeps it): handing a
-            # sole copy to a peer could make it drop one of its own sole copies instead
-            return 0
-        ours = float(age_of())
-        peer = self.handoff_target(ours)
-        if peer is None:
-            return 0
         batch: list[BlockInfo] = []
         covered = 0
         skip = set(self._failed_at) | set(self._awaiting) if self._awaiting else self._failed_at
@@ -852,25 +878,77 @@ class Spiller:
                 break
         if not batch:
             return 0
+        # First a peer that still has room up to its capacity (the placement's watermark
+        # leaves that room unused), asked to take the blocks only where that drops none of
+        # its own (SPARE_ONLY_AGE_S): the pool is not full while some node has room.
+        num_taken, batch = self._hand_off_spare(batch)
+        has_redundant = getattr(self.store, "has_redundant_victims", None)
+        peer = None
+        if batch and not (has_redundant is not None and has_redundant()):
+            # (a redundant replica of ours goes first, another node keeps it: handing a
+            # sole copy to a peer could make it drop one of its own sole copies instead)
+            ours = float(age_of())
+            peer = self.handoff_target(ours)
+            if peer is not None:
+                got = len(self._hand_off_to(peer, batch, ours))
+                num_taken += got
+        left = self.confirm_moved() if num_taken else 0
+        if peer is not None:
+            log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch),
+                     num_taken=got, num_left=left, our_coldest_age_s=round(ours, 3),
+                     peer_coldest_age_s=round(peer.coldest_age_s, 3))
+        self._progress(left)
+        return left
+
+    def _hand_off_spare(self, batch: list[BlockInfo]) -> tuple[int, list[BlockInfo]]:
+        """Hand ``batch`` to the peers of the cached view with room up to their capacity
+        (``PeerRoom.full_room_bytes``, most first), each asked to take a block only from
+        room that drops nothing of its own (free space, copies, blocks on its SSD,
+        demotions its SSD takes as is, redundant replicas): the hand-off's age is
+        :data:`SPARE_ONLY_AGE_S`, older than any block it holds, so it never evicts an
+        original for one. Returns ``(blocks the peers took, the blocks they did not)``; the
+        taken ones await :meth:`confirm_moved` (leave once the master names the peer's)."""
+        num_taken = 0
+        for peer in sorted(self.peers, key=lambda p: (-p.full_room_bytes, p.node_id)):
+            if not batch:
+                break
+            size = batch[0].size_bytes
+            if peer.full_room_bytes < size:
+                break  # (sorted: no later peer has room either)
+            fits: list[BlockInfo] = []
+            room = peer.full_room_bytes
+            for b in batch:
+                if b.size_bytes <= room:
+                    fits.append(b)
+                    room -= b.size_bytes
+            taken_keys = self._hand_off_to(peer, fits, SPARE_ONLY_AGE_S)
+            peer.full_room_bytes = max(0, peer.full_room_bytes - sum(
+                b.size_bytes for b in fits if (b.namespace_id, b.key) in taken_keys))
+            log.info("pool_spare_handoff", peer=peer.node_id, num_blocks=len(fits),
+                     num_taken=len(taken_keys))
+            num_taken += len(taken_keys)
+            batch = [b for b in batch if (b.namespace_id, b.key) not in taken_keys]
+        return num_taken, batch
+
+    def _hand_off_to(self, peer: PeerRoom, batch: list[BlockInfo], age_s: float
+                     ) -> set[tuple[bytes, bytes]]:
+        """One hand-off of ``batch`` to ``peer`` (a PUT per namespace) with ``age_s``; the
+        blocks it took await :meth:`confirm_moved` (as hand-off moves). Returns their
+        ``(namespace_id, key)``."""
         self.counters.handoffs_sent += len(batch)
         by_ns: dict[bytes, list[BlockInfo]] = {}
         for b in batch:
             by_ns.setdefault(b.namespace_id, []).append(b)
-        num_taken = 0
+        taken: set[tuple[bytes, bytes]] = set()
         now = time.monotonic()
         for ns, blocks in by_ns.items():
-            for b in self._send_handoff(peer, ns, blocks, ours):
-                num_taken += 1  # leaves once the master names the peer's replica
+            for b in self._send_handoff(peer, ns, blocks, age_s):
+                taken.add((ns, b.key))  # leaves once the master names the peer's replica
                 self._awaiting[(ns, b.key)] = (
                     _Move(b, 0, peer.data_address, peer.node_id, ok=True, handoff=True), now)
-        self.counters.handoffs_accepted += num_taken
-        self.counters.handoffs_refused += len(batch) - num_taken
-        left = self.confirm_moved() if num_taken else 0
-        log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch), num_taken=num_taken,
-                 num_left=left, our_coldest_age_s=round(ours, 3),
-                 peer_coldest_age_s=round(peer.coldest_age_s, 3))
-        self._progress(left)
-        return left
+        self.counters.handoffs_accepted += len(taken)
+        self.counters.handoffs_refused += len(batch) - len(taken)
+        return taken
 
     def _send_handoff(self, peer: PeerRoom, ns: bytes, blocks: list[BlockInfo],
                       age_s: float) -> list[BlockInfo]:
@@ -1047,17 +1125,17 @@ class Spiller:
             ``dropped`` + the blocks that left this node.
         """
         left = dropped
-        done: dict[bytes, list[BlockInfo]] = {}
+        done: dict[bytes, list[_Move]] = {}
         now = time.monotonic()
         for m, ok in zip(moves, ended, strict=True):
             if ok and m.indexed:
-                done.setdefault(m.block.namespace_id, []).append(m.block)
+                done.setdefault(m.block.namespace_id, []).append(m)
             elif ok:  # the peer's replica is not indexed yet: the copy stays until it is
                 self._awaiting[(m.block.namespace_id, m.block.key)] = (m, now)
             else:
                 self._failed(m.block)
-        for ns, blocks in done.items():  # only now: the local copies go (a move)
-            left += self._remove_moved(ns, blocks)
+        for ns, done_moves in done.items():  # only now: the local copies go (a move)
+            left += self._remove_moved(ns, done_moves)
         self._fire("ended", moves=moves)
         log.info("spill_batch_done", num_placed=len(moves), num_left=left,
                  used_fraction=round(self.used_fraction(), 3))

@@ -54,7 +54,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from kvstored.errors import InvalidArgument
@@ -239,11 +239,16 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         self._feed = feed
         self._usage = usage
         self.copies: ObservedCopies | None = None
+        self.on_change: Callable[[bytes], None] | None = None
+        """Called with a key after the map gained or lost it (the store's spare-bytes count,
+        tiers/spare.py ``SpareBytes``)."""
 
     def _lost(self, key: bytes, old: _Sized) -> None:
         self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
         if self._usage is not None:
             self._usage.count(key, self._tier, -old.size_bytes)
+        if self.on_change is not None:
+            self.on_change(key)
 
     def __setitem__(self, key: bytes, value: _Sized) -> None:
         old = self.get(key)
@@ -262,6 +267,8 @@ class ObservedEntries(OrderedDict[bytes, Any]):
             self._feed.record(True, key, self._tier, value.size_bytes, gen, copy)
             if usage is not None:
                 usage.count(key, self._tier, value.size_bytes)
+        if self.on_change is not None:
+            self.on_change(key)
 
     def add_new(self, items: list[tuple[bytes, _Sized]]) -> None:
         """Set each ``(key, value)``, in order, as ``self[key] = value`` does (stamped,
@@ -287,6 +294,10 @@ class ObservedEntries(OrderedDict[bytes, Any]):
                 by_tag[tag] = (first, n + v.size_bytes)
             for first, n in by_tag.values():
                 usage.count(first, tier, n)
+        on_change = self.on_change
+        if on_change is not None:
+            for k, _ in items:
+                on_change(k)
 
     def __delitem__(self, key: bytes) -> None:
         old = self[key]
@@ -310,9 +321,10 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         return key, value
 
     def clear(self) -> None:  # noqa: D102
-        for key, value in list(self.items()):
-            self._lost(key, value)
+        items = list(self.items())
         OrderedDict.clear(self)
+        for key, value in items:
+            self._lost(key, value)
 
     def setdefault(self, key: bytes, default: Any = None) -> Any:  # noqa: D102
         if key not in self:
@@ -348,6 +360,9 @@ class ObservedCopies(OrderedDict[bytes, None]):
         e = self._entries.get(key)
         if e is not None:
             self._feed.record(True, key, self._entries._tier, e.size_bytes, e.generation, copy)  # noqa: SLF001
+        on_change = self._entries.on_change  # a copy mark is spare room (tiers/spare.py)
+        if on_change is not None:
+            on_change(key)
 
     def __setitem__(self, key: bytes, value: Any) -> None:
         new = key not in self

@@ -123,6 +123,47 @@ def window_spares_pool(dram: DramTier, ssd: SsdTier | None, window: list[bytes])
     return need == 0 or (ssd is not None and ssd.used_bytes + need <= ssd.capacity_bytes)
 
 
+class SpareBytes:
+    """The DRAM bytes a store can give up without dropping a block from the pool, kept
+    current as its block maps change (O(1) per change, no scan): remote-fill copies (a peer
+    holds them) and DRAM blocks whose bytes are on the node's SSD too (a promoted block: the
+    same key in both tiers). Such bytes are room, not use: the node's next allocation frees
+    them first (``Transit.allocate``'s spare victims), so a node full of them is no full
+    node (issue 17 §3). A block in both tiers counts once, on its DRAM side (its SSD file is
+    the one that stays), as allocated (rounded up to the arena's unit). Pins are not looked
+    at: a block being read counts (a read's pin is short).
+
+    Installed by the store as the ``on_change`` hook of its observed DRAM and SSD maps
+    (tiers/feed.py), which also fires for copy marks. Lock: the store's (the hooks run
+    under it).
+    """
+
+    def __init__(self, dram: DramTier, ssd: SsdTier | None) -> None:
+        self._dram = dram
+        self._ssd = ssd
+        self._counted: dict[bytes, int] = {}
+        self.total = 0
+        """Bytes counted now."""
+
+    def recheck(self, skey: bytes) -> None:
+        """The block ``skey`` joined or left a map (or its copy mark changed): count it, or
+        stop counting it, as it is now."""
+        dram = self._dram
+        e = dram.entries.get(skey)
+        spare = e is not None and (skey in dram.copies
+                                   or (self._ssd is not None and skey in self._ssd.entries))
+        had = self._counted.get(skey)
+        if spare:
+            assert e is not None
+            n = dram.round_up(e.size_bytes)
+            if had != n:
+                self._counted[skey] = n
+                self.total += n - (had or 0)
+        elif had is not None:
+            del self._counted[skey]
+            self.total -= had
+
+
 MAX_AGE_SCAN = 64
 """Most entries per tier :func:`coldest_original_touched` looks at from the cold end."""
 

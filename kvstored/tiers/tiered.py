@@ -67,7 +67,7 @@ from kvstored.tiers.export import DEFAULT_MAX_SCAN, Exports
 from kvstored.tiers.feed import ChangeFeed, ObservedCopies, ObservedEntries
 from kvstored.tiers.reads import Reads
 from kvstored.tiers.reservations import Reservations
-from kvstored.tiers.spare import coldest_original_touched
+from kvstored.tiers.spare import SpareBytes, coldest_original_touched
 from kvstored.tiers.ssd import SsdTier
 from kvstored.tiers.ssd_format import store_key
 from kvstored.tiers.state import Interner, StoreState
@@ -159,10 +159,13 @@ class TieredStore:
         # and keep the per-tenant byte counts (tiers/tenants.py) current
         self.change_feed = ChangeFeed()
         self.tenants = usage = TenantUsage(tenant_quotas)
-        dram.entries = ObservedEntries(self.change_feed, Tier.DRAM, dram.entries.items(), usage)
-        dram.copies = ObservedCopies(self.change_feed, dram.entries, dram.copies)
+        dram.entries = dram_map = ObservedEntries(self.change_feed, Tier.DRAM,
+                                                  dram.entries.items(), usage)
+        dram.copies = ObservedCopies(self.change_feed, dram_map, dram.copies)
+        ssd_map: ObservedEntries | None = None
         if ssd is not None:
-            ssd.entries = ObservedEntries(self.change_feed, Tier.SSD, ssd.entries.items(), usage)
+            ssd.entries = ssd_map = ObservedEntries(self.change_feed, Tier.SSD,
+                                                    ssd.entries.items(), usage)
             ssd.tenants = usage
             # an SSD allocation evicts a block DRAM also holds first: that drops nothing
             ssd.duplicated = lambda skey: skey in dram.entries
@@ -171,6 +174,11 @@ class TieredStore:
             tenants=usage,
         )
         self._transit = Transit(state)
+        # copies and DRAM blocks also on SSD: room, not use (heartbeated spare_bytes)
+        self._spare = spare = SpareBytes(dram, ssd)
+        dram_map.on_change = spare.recheck
+        if ssd_map is not None:
+            ssd_map.on_change = spare.recheck
         if ssd is not None:
             ssd.redundant_victim = self._redundant_ssd_victim
         self._reservations = Reservations(state, self._transit)
@@ -368,6 +376,16 @@ class TieredStore:
             touched = coldest_original_touched(st.dram, st.ssd)
             now = time.monotonic()
         return 0.0 if touched is None else max(0.0, now - touched)
+
+    def spare_bytes(self) -> int:
+        """DRAM bytes this node can free without dropping a block from the pool: its
+        remote-fill copies and DRAM blocks also on its SSD (tiers/spare.py ``SpareBytes``,
+        kept current as blocks come and go: O(1) here). What the node heartbeats as its
+        DRAM tier's ``spare_bytes``: the master's placement counts them as room, so a node
+        whose DRAM holds only such blocks is no full node (issue 17 §3). Thread-safe (the
+        store lock)."""
+        with self._state.lock:
+            return self._spare.total
 
     @property
     def handoffs_taken(self) -> int:

@@ -264,7 +264,8 @@ class MasterClient:
             "nodes": [{"node_id", "epoch", "grpc_address",
             "data_address", "zone", "health", "load", "num_replicas", "lease_left_s", "last_seq",
             "draining", "coldest_age_s", "transports", "tiers": [{"tier", "used_bytes",
-            "capacity_bytes", "num_blocks"}]}]}`` (coldest_age_s: seconds since the last use
+            "capacity_bytes", "num_blocks", "spare_bytes"}]}]}`` (spare_bytes: of used_bytes,
+            what the node can free without dropping a block; coldest_age_s: seconds since the last use
             of its coldest original block, 0 = none; transports: what the node advertised,
             e.g. ``["tcp", "rdma"]``)
             (draining: ``kvstorectl drain`` is re-homing its blocks); health
@@ -288,7 +289,8 @@ class MasterClient:
                 "draining": st.draining, "coldest_age_s": round(st.coldest_age_s, 3),
                 "transports": list(n.transports) or ["tcp"],
                 "tiers": [{"tier": Tier(t.tier).name, "used_bytes": t.used_bytes,
-                           "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks}
+                           "capacity_bytes": t.capacity_bytes, "num_blocks": t.num_blocks,
+                           "spare_bytes": t.spare_bytes}
                           for t in n.tiers if t.tier in (1, 2)],
             })
         departed = [

@@ -86,16 +86,18 @@ PUT_START_OUTCOME_NO_CAPACITY: PutStartOutcome
 PUT_START_OUTCOME_ERROR: PutStartOutcome
 
 class TierCapacity(_message.Message):
-    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks")
+    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks", "spare_bytes")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_BYTES_FIELD_NUMBER: _ClassVar[int]
     tier: _common_pb2.Tier
     capacity_bytes: int
     used_bytes: int
     num_blocks: int
-    def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    spare_bytes: int
+    def __init__(self, tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., spare_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "epoch", "grpc_address", "data_address", "tiers", "transports", "zone")

@@ -70,8 +70,10 @@ def test_nodes_json_is_the_membership(master: tuple[str, Membership]) -> None:
     assert (g1["epoch"], g1["health"], g1["load"], g1["num_replicas"]) == (
         1796000000000000000, "healthy", 3.0, 7)
     assert g1["tiers"] == [
-        {"tier": "DRAM", "used_bytes": 2 << 30, "capacity_bytes": 8 << 30, "num_blocks": 7},
-        {"tier": "SSD", "used_bytes": 0, "capacity_bytes": 200 << 30, "num_blocks": 0},
+        {"tier": "DRAM", "used_bytes": 2 << 30, "capacity_bytes": 8 << 30, "num_blocks": 7,
+         "spare_bytes": 0},
+        {"tier": "SSD", "used_bytes": 0, "capacity_bytes": 200 << 30, "num_blocks": 0,
+         "spare_bytes": 0},
     ]
     assert (g2["health"], g2["tiers"], g2["grpc_address"]) == ("syncing", [], "10.0.0.6:7070")
     assert (g1["coldest_age_s"], g2["coldest_age_s"]) == (42.5, 0.0)  # pool LRU (FakeClock)

@@ -3,11 +3,15 @@ whose replica the holder reports itself (one replica, never two)."""
 
 from __future__ import annotations
 
+import pathlib
+from types import SimpleNamespace
+
 import pytest
 from helpers import key
 from master_helpers import NS, Cluster, MiB
 
 from kvstored.errors import InvalidArgument, NoCapacity, NotFound
+from kvstored.master.service import _usage as _usage_of
 from kvstored.master.types import (
     BlockEvent,
     BlockRef,
@@ -15,7 +19,10 @@ from kvstored.master.types import (
     ReplicaState,
     TierUsage,
 )
+from kvstored.node.cluster import MasterLink
+from kvstored.tiers.tiered import TieredStore
 from kvstored.types import Tier
+from kvstored.v1 import common_pb2 as cpb
 
 
 def _usage(c: Cluster, node_id: str, *, dram: tuple[int, int], ssd: tuple[int, int] = (0, 0)) -> None:
@@ -171,3 +178,49 @@ def test_two_spillers_never_both_drop_a_block_citing_each_others_copy() -> None:
         for n in ("a", "b", "c"):
             c.members.heartbeat(n, 1)
     assert _spill_start(c, 1, writer="b").exists
+
+
+def test_a_tiered_nodes_copies_and_blocks_also_on_its_ssd_are_room_not_use(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 17 §3 (three DRAM 16 + SSD 32 MiB nodes, 125 blocks of 144 MiB: sole copies
+    lost): a peer whose DRAM held only remote-fill copies and blocks also on its SSD (the
+    same key in both tiers) heartbeated a full DRAM, so placement found no room below the
+    watermark anywhere and the writer evicted its own sole copies. Evicting such blocks
+    drops nothing: the store counts them (``TieredStore.spare_bytes``), the node
+    heartbeats them as its DRAM tier's ``spare_bytes`` and placement counts them as room.
+    (Fails on the old code: no such count, and the peer is no candidate.)"""
+    k = 4096
+    block = 2 * k + 100  # 3 allocation units in DRAM and on SSD (with its trailer)
+    store = TieredStore(dram_size_bytes=4 * 3 * k, arena_dir=None, ssd_dir=tmp_path / "ssd",
+                        ssd_size_bytes=5 * 3 * k)
+    try:
+        for i in range(4):
+            store.put(key(i), bytes([i]) * block)
+        assert store.spill_to_ssd() == 4  # DRAM [0..3] all on SSD too: 4 of 5 SSD slots
+        assert store.spare_bytes() == 4 * 3 * k
+        wire = MasterLink._tiers(SimpleNamespace(store=store))  # type: ignore[arg-type]
+        by = {t.tier: t for t in wire}
+        assert by[cpb.DRAM].used_bytes == 4 * 3 * k
+        assert by[cpb.DRAM].spare_bytes == 4 * 3 * k and by[cpb.SSD].spare_bytes == 0
+        c = Cluster()
+        for n in ("a", "b"):
+            c.join(n)
+        # b heartbeats exactly that (scaled to MiB blocks the spill asks room for)
+        scale = MiB // (3 * k)
+        c.clock.advance(0.001)
+        c.members.heartbeat("b", 1, tiers=tuple(
+            TierUsage(u.tier, u.capacity_bytes * scale, u.used_bytes * scale, u.num_blocks,
+                      u.spare_bytes * scale) for u in _usage_of(wire, "b")))
+        rec = c.members.node("b")
+        assert rec is not None
+        dram, ssd = rec.tiers[Tier.DRAM], rec.tiers[Tier.SSD]
+        ssd_room = int(0.9 * ssd.capacity_bytes) - ssd.used_bytes  # 4 of 5 used: < 1 MiB
+        assert 0 < ssd_room < MiB
+        # all of its DRAM is spare: the whole DRAM below the watermark is room
+        assert c.placement.last_tier_room_bytes(rec, 0.9) == (
+            int(0.9 * dram.capacity_bytes) + ssd_room)
+        out = _spill_start(c, 1)  # 1 MiB: only the spare DRAM has it
+        assert not out.exists and [r.node_id for r in out.replicas] == ["b"]
+    finally:
+        store.close()

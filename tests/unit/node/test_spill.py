@@ -515,3 +515,43 @@ def test_a_moved_block_stays_here_until_the_master_names_the_peers_replica(
     finally:
         sp.close()
         src.close()
+
+
+def test_a_moved_block_a_reader_pins_at_the_removal_goes_once_the_pin_is_released(
+    peers: dict[str, Peer]
+) -> None:
+    """Issue 17 §3 (a nearly full pool of three DRAM + SSD nodes lost sole copies while
+    some blocks sat on two nodes as originals): a moved block whose master-confirmed
+    removal found it pinned by a reader (``remove`` answers False, the block stays) was
+    forgotten by the spiller, so its local copy stayed for good, a second original taking
+    pool room. It must await again and go once the reader lets go. (Fails on the old code:
+    the pinned block is still here after the pin is released and the spiller asked again.)"""
+    master = InProcMaster(auto_report=False)
+    for n, p in peers.items():
+        master.join(n, p.address, p.store)
+    src = TieredStore(dram_size_bytes=SRC_DRAM, arena_dir=None, max_block_bytes=BLOCK)
+    for i in range(15):
+        src.put(key(i), value(i))
+    master.join("src", "127.0.0.1:9", src)
+    sp = _spiller(src, master)
+    try:
+        assert sp.run_once() == 0  # 7 moved, every one awaiting the peers' events
+        held = {n: [i for i in range(15) if p.store.exists([key(i)])[0]]
+                for n, p in peers.items()}
+        moved = sorted(held["b"] + held["c"])
+        assert moved == list(range(7))
+        for n, idx in held.items():
+            master.report_added(n, [key(i) for i in idx])
+        pinned = src.pin_many([key(moved[0])])[0]  # a reader holds one of them now
+        assert pinned is not None and not isinstance(pinned, Exception)
+        try:
+            assert sp.confirm_moved() == 6  # the pinned one stays while it is read
+            assert _present(src) == [moved[0], *range(7, 15)]
+        finally:
+            src.unpin(pinned)
+        assert sp.confirm_moved() == 1, "the moved block stayed here for good: a second original"
+        assert _present(src) == list(range(7, 15))
+        assert sp.counters.blocks_moved == 7
+    finally:
+        sp.close()
+        src.close()

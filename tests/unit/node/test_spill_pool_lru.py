@@ -180,3 +180,61 @@ def test_a_tiered_node_with_dram_room_does_not_spill_on_its_own(
             sp.close()
     finally:
         store.close()
+
+
+def test_a_peer_with_room_past_its_watermark_takes_our_block_before_a_colder_peer_drops_one(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """Issue 17 §3 (three DRAM 16 + SSD 32 MiB nodes, 125 blocks in 144 MiB: sole copies
+    lost): with no peer below the placement's high watermark, the hand-off went to the peer
+    whose coldest block was the oldest, which evicted it for ours, while another peer still
+    had free space above its watermark. A block is dropped only when the whole pool is
+    full: a peer with room up to its capacity (``PeerRoom.full_room_bytes``) takes ours
+    first, asked for a spare-only hand-off (it evicts nothing of its own for it). (Fails on
+    the old code: b drops its block 1000, c's room goes unused.)"""
+    _fill_peer(peers["b"], cold_age_s=100.0)  # full, its coldest colder than ours
+    c = peers["c"].store
+    for i in range(2000, 2000 + PEER_DRAM // BLOCK - 2):  # past 90 % of its DRAM, 2 free
+        assert c.put(key(i), value(i))
+    _full_src(src)
+    sp = _spiller(src, master)
+    sp.peers = [PeerRoom("b", peers["b"].address, 0, 100.0),
+                PeerRoom("c", peers["c"].address, 0, 0.0, full_room_bytes=2 * BLOCK)]
+    try:
+        assert sp.hand_off(BLOCK) == 0  # c stored it; ours leaves once the master names c's
+        assert src.exists([key(0)]) == [True] and c.exists([key(0)]) == [True]
+        master.report_added("c", [key(0)])
+        assert sp.confirm_moved() == 1
+    finally:
+        sp.close()
+    assert src.exists([key(0)]) == [False] and c.exists([key(0)]) == [True]
+    assert c.get(key(0)) == (value(0), b"")
+    assert peers["b"].store.exists([key(1000)]) == [True], "b dropped a block for ours"
+    assert peers["b"].store.evictions_for_good == 0 and c.evictions_for_good == 0
+    assert c.exists([key(i) for i in range(2000, 2000 + PEER_DRAM // BLOCK - 2)]) == [True] * (
+        PEER_DRAM // BLOCK - 2)
+
+
+def test_a_spare_only_hand_off_a_full_peer_refuses_drops_nothing_and_pool_lru_follows(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """A stale view: c looked to have room but is full. The spare-only hand-off is refused
+    (c drops nothing of its own for it) and pool LRU then hands the block to b, whose
+    coldest is older."""
+    _fill_peer(peers["b"], cold_age_s=100.0)
+    _fill_peer(peers["c"], cold_age_s=200.0)  # full, and even colder than b: never dropped
+    _full_src(src)
+    sp = _spiller(src, master)
+    sp.peers = [PeerRoom("b", peers["b"].address, 0, 100.0),
+                PeerRoom("c", peers["c"].address, 0, 0.0, full_room_bytes=4 * BLOCK)]
+    c, b = peers["c"].store, peers["b"].store
+    try:
+        assert sp.hand_off(BLOCK) == 0 and b.exists([key(0)]) == [True]  # b took it
+        master.report_added("b", [key(0)])
+        assert sp.confirm_moved() == 1
+    finally:
+        sp.close()
+    assert c.exists([key(0), key(1000)]) == [False, True] and c.evictions_for_good == 0
+    assert b.exists([key(0), key(1000)]) == [True, False]  # pool LRU: b's colder block went
+    assert (sp.counters.handoffs_sent, sp.counters.handoffs_accepted,
+            sp.counters.handoffs_refused) == (2, 1, 1)
