@@ -71,9 +71,28 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1: from ``$KVSTORED_BENCH_PORTS`` (``LO-HI``, for runs that
+    must keep to a range on a shared machine) when set, else one the kernel picks."""
+    span = os.environ.get("KVSTORED_BENCH_PORTS")
+    if span:
+        lo, _, hi = span.partition("-")
+        for port in range(int(lo), int(hi or lo) + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                if port not in _HANDED_OUT:
+                    _HANDED_OUT.add(port)
+                    return port
+        raise RuntimeError(f"no free port left in KVSTORED_BENCH_PORTS={span}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` gave out from the range (a daemon may not have bound one yet)."""
 
 
 @contextmanager

@@ -70,6 +70,21 @@ def read_keys(buckets: Any, slots: Any, arena: Any, prefix: bytes, keys: list[by
         ValueError: a buffer is of the wrong kind, or ``dsts`` has another length.
     """
 
+def read_all(buckets: Any, slots: Any, arena: Any, prefix: bytes, keys: list[bytes], dsts: list[Any] | None,
+             stamp_ns: int, hints: Any, min_len: int, max_len: int, want_meta: bool,
+             mid: Any) -> tuple[list[Any], int] | int:
+    """:func:`read_keys`, all or nothing, with the client's checks: ``(out, num_bytes)`` when
+    every key was kept (``out``: the values with ``dsts`` None, else the sizes, or ``(size,
+    meta)`` tuples with ``want_meta``); else -1 (a key not bytes of ``max(min_len, 1)..max_len``,
+    a dst not a flat writable C-contiguous buffer of format ``"B"``, or mismatched lists:
+    nothing read) or the number of failed version checks (0: a miss, a slot changing, a
+    buffer too small). Stops at the first key that cannot be kept.
+
+    Raises:
+        TypeError: wrong argument count, ``prefix`` not bytes, or a number not an int.
+        ValueError: a buffer (buckets, slots, arena, hints) is of the wrong kind.
+    """
+
 def publish_many(slots: Any, buckets: Any, items: list[tuple[int, int, bytes, bytes, int, bytes]],
                  used_buckets: int) -> int:
     """The node's ``SlotTable.publish`` per ``(slot, size_bytes, namespace_id, key, generation,

@@ -27,7 +27,7 @@ __all__ = [
     "FALLBACK_REASON", "NATIVE", "copy_at", "copy_checked", "copy_checked_many", "copy_many",
     "master_index", "native_copy_at", "native_copy_checked", "native_copy_many", "probe_keys", "probe_many",
     "publish_many", "py_copy_at", "py_copy_checked", "py_copy_checked_many", "py_copy_many", "py_store_release",
-    "read_keys", "store_release", "unindex_many",
+    "read_all", "read_keys", "store_release", "unindex_many",
 ]
 
 log = structlog.get_logger(__name__)
@@ -272,6 +272,12 @@ read_keys: Callable[..., Any] | None = getattr(_native_mod, "read_keys", None)
 one-sided reads (hash, probe, header check, stamp, copy, re-check) in one C call, the GIL
 released once (kvstored/tiers/slots.py ``SlotReader.read_keys``); None when not built:
 ``slots.py_read_keys`` runs instead."""
+
+read_all: Callable[..., Any] | None = getattr(_native_mod, "read_all", None)
+"""``read_all(buckets, slots, arena, prefix, keys, dsts, stamp_ns, hints, min_len, max_len,
+want_meta, mid)``: :data:`read_keys` all or nothing, with the sync client's argument checks in
+the same call (kvstored/tiers/slots.py ``SlotReader.read_all``, the client's one-call hit path);
+None when not built: ``slots.py_read_all`` runs instead."""
 
 publish_many: Callable[..., int] | None = getattr(_native_mod, "publish_many", None)
 """``publish_many(slots, buckets, items, used_buckets) -> int``: the node's slot-header

@@ -720,7 +720,22 @@ done:
  *     given, or not kept); num_fallbacks: keys whose header matched but whose version
  *     check failed (counted apart from misses). mid (tests only): called with the GIL
  *     between the plan and the copies. Raises TypeError / ValueError naming the
- *     item and what was wrong (no byte is copied then). */
+ *     item and what was wrong (no byte is copied then).
+ *
+ * read_all(buckets, slots, arena, prefix, keys, dsts, stamp_ns, hints, min_len, max_len,
+ *          want_meta, mid) -> (out, num_bytes) | int
+ *     The same reads, all or nothing (the sync client's one-call hit path,
+ *     kvstored/client/_fastread.py): it also checks what the client checked in Python
+ *     before (every key bytes of max(min_len, 1)..max_len bytes; every dst a flat, writable,
+ *     C-contiguous buffer of unsigned bytes, format "B"), and it answers only when every
+ *     key was kept: out is the list of values (dsts None), of sizes, or of (size, meta)
+ *     tuples (want_meta), num_bytes the bytes kept. Otherwise it returns an int and the
+ *     caller reads the whole call through its general path: -1 when an argument is not of
+ *     that kind (checked before anything is read; the general path names it or casts it),
+ *     else the number of failed version checks (0: a key not in the index, a slot changing,
+ *     a meta not inline, a buffer too small). It stops at the first key that cannot be kept
+ *     (nothing more is copied); bytes already copied into dsts are the caller's to rewrite,
+ *     as the general path does. The version check is read_keys' own (the same code). */
 typedef struct {
     char *dst;
     const char *src;
@@ -731,6 +746,187 @@ typedef struct {
     unsigned mlen;
     char meta[64];
 } rd_t;
+
+/* One batch's state, shared by read_keys and read_all (released by rk_release). */
+typedef struct {
+    index_t ix;
+    hints_t hs;
+    Py_buffer a, sw_w;
+    Py_buffer *views;
+    rd_t *items;
+    PyObject **vals;
+    char *ok;
+    Py_ssize_t n, nitems, held, nfb;
+    size_t total;
+} rk_t;
+
+static void rk_release(rk_t *r) {
+    if (r->vals != NULL)
+        for (Py_ssize_t k = 0; k < r->n; k++)
+            Py_XDECREF(r->vals[k]);
+    if (r->views != NULL)
+        for (Py_ssize_t i = 0; i < r->held; i++)
+            PyBuffer_Release(&r->views[i]);
+    if (r->a.obj)
+        PyBuffer_Release(&r->a);
+    if (r->sw_w.obj)
+        PyBuffer_Release(&r->sw_w);
+    index_release(&r->ix);
+    hints_release(&r->hs);
+    PyMem_Free(r->views);
+    PyMem_Free(r->items);
+    PyMem_Free(r->vals);
+    PyMem_Free(r->ok);
+}
+
+#define RK_ERROR (-1)   /* an exception is set */
+#define RK_DONE 0       /* planned, copied and checked */
+#define RK_BAD_ARG 1    /* all-or-nothing: an argument not of the checked kind (nothing read) */
+#define RK_NOT_KEPT 2   /* all-or-nothing: a key could not be kept (stopped there) */
+
+/* Plan, stamp, copy and check a batch (read_keys' phases 1 and 2). With all_or_nothing
+ * (read_all), keys and dsts are checked as read_all says, and the first key that cannot be
+ * kept ends it (RK_NOT_KEPT; r->nfb counts a failed version check); without, a key or dst
+ * of the wrong kind raises and every other key is read. */
+static int rk_run(rk_t *r, PyObject *b_o, PyObject *s_o, PyObject *a_o, const char *prefix, Py_ssize_t plen,
+                  PyObject *keys_o, PyObject *dsts_o, unsigned long long stamp, PyObject *mid_o, PyObject *hints_o,
+                  const char *fn, int all_or_nothing, Py_ssize_t min_len, Py_ssize_t max_len) {
+    Py_ssize_t n = PyList_GET_SIZE(keys_o);
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    if (all_or_nothing) { /* the client's argument checks, before anything is acquired */
+        if (min_len < 1)
+            min_len = 1;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *key = PyList_GET_ITEM(keys_o, k);
+            if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) < min_len || PyBytes_GET_SIZE(key) > max_len)
+                return RK_BAD_ARG;
+        }
+    }
+    if (hints_acquire(&r->hs, hints_o, fn) < 0 || index_acquire(&r->ix, b_o, s_o, fn) < 0)
+        return RK_ERROR;
+    r->views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    r->items = PyMem_Calloc((size_t)n + 1, sizeof(rd_t));
+    r->vals = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    r->ok = PyMem_Calloc((size_t)n + 1, 1);
+    if (r->views == NULL || r->items == NULL || r->vals == NULL || r->ok == NULL) {
+        PyErr_NoMemory();
+        return RK_ERROR;
+    }
+    /* the slot headers again, writable: readers stamp access_ns (word 5) */
+    if (PyObject_GetBuffer(s_o, &r->sw_w, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: slots must be writable (readers stamp access_ns)", fn);
+        return RK_ERROR;
+    }
+    if (PyObject_GetBuffer(a_o, &r->a, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: arena must be a C-contiguous buffer, got %.100s", fn,
+                     Py_TYPE(a_o)->tp_name);
+        return RK_ERROR;
+    }
+    const index_t *ix = &r->ix;
+    /* phase 1, with the GIL: plan (tail first), take the destinations */
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {
+        PyObject *key = PyList_GET_ITEM(keys_o, k);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_Format(PyExc_TypeError, "%s: key #%zd must be bytes, got %.100s", fn, k, Py_TYPE(key)->tp_name);
+            return RK_ERROR;
+        }
+        uint64_t lo, hi;
+        ident_of(prefix, (size_t)plen, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), &lo, &hi);
+        int64_t slot = probe_hinted(ix->bk, ix->nb, ix->sw, ix->ns, &r->hs, lo, hi);
+        if (slot < 0) {
+            if (all_or_nothing)
+                return RK_NOT_KEPT;
+            continue;
+        }
+        uint64_t *h = (uint64_t *)r->sw_w.buf + 16 * slot;
+        uint64_t v1 = __atomic_load_n(&h[0], __ATOMIC_ACQUIRE);
+        uint64_t hlo = __atomic_load_n(&h[2], __ATOMIC_RELAXED);
+        uint64_t hhi = __atomic_load_n(&h[3], __ATOMIC_RELAXED);
+        uint64_t size = __atomic_load_n(&h[4], __ATOMIC_RELAXED);
+        uint64_t lens = __atomic_load_n(&h[6], __ATOMIC_RELAXED);
+        unsigned mlen = (unsigned)(lens >> 32);
+        size_t off = (size_t)slot * 4096;
+        if ((v1 & 1) || hlo != lo || hhi != hi || mlen > 64 || off > (size_t)r->a.len ||
+            size > (size_t)r->a.len - off) {
+            if (all_or_nothing)
+                return RK_NOT_KEPT;
+            continue; /* changing, another block now, meta not inline, or torn: the node's path */
+        }
+        rd_t *it = &r->items[r->nitems];
+        it->mlen = mlen;
+        memcpy(it->meta, (const char *)(h + 8), mlen); /* under v1: checked with the bytes */
+        if (dsts_o != Py_None) {
+            PyObject *d_o = PyList_GET_ITEM(dsts_o, k);
+            Py_buffer *v = &r->views[r->held];
+            int flags = PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | (all_or_nothing ? PyBUF_FORMAT : 0);
+            if (PyObject_GetBuffer(d_o, v, flags) < 0) {
+                PyErr_Clear();
+                if (all_or_nothing)
+                    return RK_BAD_ARG;
+                PyErr_Format(PyExc_ValueError, "%s: dst #%zd must be a writable C-contiguous buffer, got %.100s", fn,
+                             k, Py_TYPE(d_o)->tp_name);
+                return RK_ERROR;
+            }
+            r->held++;
+            if (all_or_nothing && (v->ndim != 1 || (v->format != NULL && strcmp(v->format, "B") != 0)))
+                return RK_BAD_ARG;
+            if (size > (size_t)v->len) {
+                if (all_or_nothing)
+                    return RK_NOT_KEPT;
+                continue; /* too small: the node's path names it */
+            }
+            it->dst = (char *)v->buf;
+        } else {
+            PyObject *val = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+            if (val == NULL)
+                return RK_ERROR;
+            r->vals[k] = val; /* written below, before anyone else sees it */
+            it->dst = PyBytes_AS_STRING(val);
+        }
+        it->src = (const char *)r->a.buf + off;
+        it->len = (size_t)size;
+        it->ver = h;
+        it->expected = v1;
+        it->key = k;
+        r->total += (size_t)size;
+        r->nitems++;
+    }
+    /* the test seam: mid() runs between the plan and the copies (tests hold the node there) */
+    if (mid_o != Py_None) {
+        PyObject *res = PyObject_CallNoArgs(mid_o);
+        if (res == NULL)
+            return RK_ERROR;
+        Py_DECREF(res);
+    }
+    /* phase 2: stamp, copy, check (the GIL released once for a batch of >= 64 KiB) */
+    int status = RK_DONE;
+    {
+        PyThreadState *ts = r->total >= (64u << 10) ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < r->nitems; i++) {
+            rd_t *it = &r->items[i];
+            if (__atomic_load_n(it->ver, __ATOMIC_ACQUIRE) == it->expected) {
+                if (stamp)
+                    __atomic_store_n(it->ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
+                copy_bytes(it->dst, it->src, it->len);
+                __atomic_thread_fence(__ATOMIC_ACQUIRE);
+                r->ok[i] = __atomic_load_n(it->ver, __ATOMIC_RELAXED) == it->expected;
+            }
+            if (!r->ok[i]) {
+                r->nfb++;
+                if (all_or_nothing) {
+                    status = RK_NOT_KEPT;
+                    break;
+                }
+            }
+        }
+        if (ts != NULL)
+            PyEval_RestoreThread(ts);
+    }
+    return status;
+}
 
 static PyObject *read_keys(PyObject *self, PyObject *args) {
     PyObject *b_o, *s_o, *a_o, *keys_o, *dsts_o, *mid_o = Py_None, *hints_o = Py_None;
@@ -750,110 +946,10 @@ static PyObject *read_keys(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "read_keys: %zd keys but %zd dsts", n, PyList_GET_SIZE(dsts_o));
         return NULL;
     }
-    index_t ix;
-    hints_t hs;
-    Py_buffer a = {0}, sw_w = {0};
-    Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
-    rd_t *items = PyMem_Calloc((size_t)n + 1, sizeof(rd_t));
-    PyObject **vals = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
-    char *ok = PyMem_Calloc((size_t)n + 1, 1);
-    Py_ssize_t nitems = 0, held = 0, nfb = 0;
+    rk_t r;
     PyObject *result = NULL, *sizes = NULL, *metas = NULL, *values = NULL;
-    size_t total = 0;
-    memset(&ix, 0, sizeof ix);
-    if (hints_acquire(&hs, hints_o, "read_keys") < 0 || index_acquire(&ix, b_o, s_o, "read_keys") < 0)
+    if (rk_run(&r, b_o, s_o, a_o, prefix, plen, keys_o, dsts_o, stamp, mid_o, hints_o, "read_keys", 0, 0, 0) < 0)
         goto done;
-    if (views == NULL || items == NULL || vals == NULL || ok == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    /* the slot headers again, writable: readers stamp access_ns (word 5) */
-    if (PyObject_GetBuffer(s_o, &sw_w, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "read_keys: slots must be writable (readers stamp access_ns)");
-        goto done;
-    }
-    if (PyObject_GetBuffer(a_o, &a, PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "read_keys: arena must be a C-contiguous buffer, got %.100s",
-                     Py_TYPE(a_o)->tp_name);
-        goto done;
-    }
-    /* phase 1, with the GIL: plan (tail first), take the destinations */
-    for (Py_ssize_t k = n - 1; k >= 0; k--) {
-        PyObject *key = PyList_GET_ITEM(keys_o, k);
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_Format(PyExc_TypeError, "read_keys: key #%zd must be bytes, got %.100s", k, Py_TYPE(key)->tp_name);
-            goto done;
-        }
-        uint64_t lo, hi;
-        ident_of(prefix, (size_t)plen, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), &lo, &hi);
-        int64_t slot = probe_hinted(ix.bk, ix.nb, ix.sw, ix.ns, &hs, lo, hi);
-        if (slot < 0)
-            continue;
-        uint64_t *h = (uint64_t *)sw_w.buf + 16 * slot;
-        uint64_t v1 = __atomic_load_n(&h[0], __ATOMIC_ACQUIRE);
-        uint64_t hlo = __atomic_load_n(&h[2], __ATOMIC_RELAXED);
-        uint64_t hhi = __atomic_load_n(&h[3], __ATOMIC_RELAXED);
-        uint64_t size = __atomic_load_n(&h[4], __ATOMIC_RELAXED);
-        uint64_t lens = __atomic_load_n(&h[6], __ATOMIC_RELAXED);
-        unsigned mlen = (unsigned)(lens >> 32);
-        size_t off = (size_t)slot * 4096;
-        if ((v1 & 1) || hlo != lo || hhi != hi || mlen > 64 || off > (size_t)a.len || size > (size_t)a.len - off)
-            continue; /* changing, another block now, meta not inline, or torn: the node's path */
-        rd_t *it = &items[nitems];
-        it->mlen = mlen;
-        memcpy(it->meta, (const char *)(h + 8), mlen); /* under v1: checked with the bytes */
-        if (dsts_o != Py_None) {
-            PyObject *d_o = PyList_GET_ITEM(dsts_o, k);
-            if (PyObject_GetBuffer(d_o, &views[held], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError, "read_keys: dst #%zd must be a writable C-contiguous buffer, got %.100s",
-                             k, Py_TYPE(d_o)->tp_name);
-                goto done;
-            }
-            held++;
-            if (size > (size_t)views[held - 1].len)
-                continue; /* too small: the node's path names it */
-            it->dst = (char *)views[held - 1].buf;
-        } else {
-            PyObject *v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-            if (v == NULL)
-                goto done;
-            vals[k] = v; /* written below, before anyone else sees it */
-            it->dst = PyBytes_AS_STRING(v);
-        }
-        it->src = (const char *)a.buf + off;
-        it->len = (size_t)size;
-        it->ver = h;
-        it->expected = v1;
-        it->key = k;
-        total += (size_t)size;
-        nitems++;
-    }
-    /* the test seam: mid() runs between the plan and the copies (tests hold the node there) */
-    if (mid_o != Py_None) {
-        PyObject *r = PyObject_CallNoArgs(mid_o);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    }
-    /* phase 2: stamp, copy, check (the GIL released once for a batch of >= 64 KiB) */
-    {
-        PyThreadState *ts = total >= (64u << 10) ? PyEval_SaveThread() : NULL;
-        for (Py_ssize_t i = 0; i < nitems; i++) {
-            rd_t *it = &items[i];
-            if (__atomic_load_n(it->ver, __ATOMIC_ACQUIRE) != it->expected)
-                continue;
-            if (stamp)
-                __atomic_store_n(it->ver + 5, (uint64_t)stamp + (uint64_t)i, __ATOMIC_RELAXED);
-            copy_bytes(it->dst, it->src, it->len);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            ok[i] = __atomic_load_n(it->ver, __ATOMIC_RELAXED) == it->expected;
-        }
-        if (ts != NULL)
-            PyEval_RestoreThread(ts);
-    }
     /* phase 3: the answer */
     sizes = PyList_New(n);
     metas = PyList_New(n);
@@ -875,12 +971,10 @@ static PyObject *read_keys(PyObject *self, PyObject *args) {
             }
         }
         Py_DECREF(empty);
-        for (Py_ssize_t i = 0; i < nitems; i++) {
-            rd_t *it = &items[i];
-            if (!ok[i]) {
-                nfb++;
+        for (Py_ssize_t i = 0; i < r.nitems; i++) {
+            rd_t *it = &r.items[i];
+            if (!r.ok[i])
                 continue;
-            }
             PyObject *sz = PyLong_FromSize_t(it->len);
             if (sz == NULL)
                 goto done;
@@ -892,32 +986,83 @@ static PyObject *read_keys(PyObject *self, PyObject *args) {
                 PyList_SetItem(metas, it->key, m);
             }
             if (values != Py_None) {
-                PyList_SetItem(values, it->key, vals[it->key]); /* steals the reference */
-                vals[it->key] = NULL;
+                PyList_SetItem(values, it->key, r.vals[it->key]); /* steals the reference */
+                r.vals[it->key] = NULL;
             }
         }
     }
-    result = Py_BuildValue("(OOOn)", sizes, metas, values, nfb);
+    result = Py_BuildValue("(OOOn)", sizes, metas, values, r.nfb);
 done:
     Py_XDECREF(sizes);
     Py_XDECREF(metas);
     Py_XDECREF(values);
-    if (vals != NULL)
-        for (Py_ssize_t k = 0; k < n; k++)
-            Py_XDECREF(vals[k]);
-    if (views != NULL)
-        for (Py_ssize_t i = 0; i < held; i++)
-            PyBuffer_Release(&views[i]);
-    if (a.obj)
-        PyBuffer_Release(&a);
-    if (sw_w.obj)
-        PyBuffer_Release(&sw_w);
-    index_release(&ix);
-    hints_release(&hs);
-    PyMem_Free(views);
-    PyMem_Free(items);
-    PyMem_Free(vals);
-    PyMem_Free(ok);
+    rk_release(&r);
+    return result;
+}
+
+static PyObject *read_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "read_all: takes 12 arguments (buckets, slots, arena, prefix, keys, dsts, "
+                     "stamp_ns, hints, min_len, max_len, want_meta, mid), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *b_o = args[0], *s_o = args[1], *a_o = args[2], *prefix_o = args[3], *keys_o = args[4];
+    PyObject *dsts_o = args[5], *hints_o = args[7], *mid_o = args[11];
+    if (!PyBytes_Check(prefix_o)) {
+        PyErr_Format(PyExc_TypeError, "read_all: prefix must be bytes, got %.100s", Py_TYPE(prefix_o)->tp_name);
+        return NULL;
+    }
+    unsigned long long stamp = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t min_len = PyLong_AsSsize_t(args[8]), max_len = PyLong_AsSsize_t(args[9]);
+    int want_meta = PyObject_IsTrue(args[10]);
+    if (PyErr_Occurred() || want_meta < 0)
+        return NULL; /* stamp_ns, min_len, max_len: ints; want_meta: a truth value */
+    if (!PyList_Check(keys_o) || (dsts_o != Py_None && !PyList_Check(dsts_o)) ||
+        (dsts_o != Py_None && PyList_GET_SIZE(dsts_o) != PyList_GET_SIZE(keys_o)))
+        return PyLong_FromLong(-1);
+    Py_ssize_t n = PyList_GET_SIZE(keys_o);
+    rk_t r;
+    PyObject *result = NULL, *out = NULL;
+    int st = rk_run(&r, b_o, s_o, a_o, PyBytes_AS_STRING(prefix_o), PyBytes_GET_SIZE(prefix_o), keys_o, dsts_o,
+                    stamp, mid_o, hints_o, "read_all", 1, min_len, max_len);
+    if (st == RK_ERROR)
+        goto done;
+    if (st == RK_BAD_ARG) {
+        result = PyLong_FromLong(-1);
+        goto done;
+    }
+    if (st == RK_NOT_KEPT || r.nitems != n) {
+        result = PyLong_FromSsize_t(r.nfb);
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rd_t *it = &r.items[i];
+        PyObject *x;
+        if (dsts_o == Py_None) {
+            x = r.vals[it->key]; /* the reference moves to the list */
+            r.vals[it->key] = NULL;
+        } else {
+            x = PyLong_FromSize_t(it->len);
+            if (x != NULL && want_meta) {
+                PyObject *m = PyBytes_FromStringAndSize(it->meta, it->mlen);
+                PyObject *pair = m == NULL ? NULL : PyTuple_Pack(2, x, m);
+                Py_XDECREF(m);
+                Py_DECREF(x);
+                x = pair;
+            }
+            if (x == NULL)
+                goto done;
+        }
+        PyList_SET_ITEM(out, it->key, x);
+    }
+    result = Py_BuildValue("(On)", out, (Py_ssize_t)r.total);
+done:
+    Py_XDECREF(out);
+    rk_release(&r);
     return result;
 }
 
@@ -1387,6 +1532,9 @@ static PyMethodDef methods[] = {
     {"read_keys", (PyCFunction)read_keys, METH_VARARGS,
      "read_keys(buckets, slots, arena, prefix, keys, dsts, stamp_ns, mid=None, hints=None) -> (sizes, metas, "
      "values, num_fallbacks)."},
+    {"read_all", (PyCFunction)(void (*)(void))read_all, METH_FASTCALL,
+     "read_all(buckets, slots, arena, prefix, keys, dsts, stamp_ns, hints, min_len, max_len, want_meta, mid) -> "
+     "(out, num_bytes) | int: read_keys, all or nothing, with the client's argument checks."},
     {"store_release", (PyCFunction)store_release, METH_VARARGS,
      "store_release(versions, index, value): release-store a u64 slot version, then fence."},
     {"publish_many", (PyCFunction)publish_many, METH_VARARGS,

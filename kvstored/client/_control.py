@@ -106,29 +106,40 @@ class OneSidedCounts:
         self.since = 0.0
         """When the oldest unreported count was added (monotonic s; 0 = none pending)."""
 
-    def add(self, hits: int, hit_bytes: int, fallbacks: int, misses: int) -> None:
+    def add(self, hits: int, hit_bytes: int, fallbacks: int, misses: int) -> bool:
         """Count a one-sided read: blocks kept (and their bytes), blocks whose version check
-        failed and blocks the index did not name (both then read through the node)."""
+        failed and blocks the index did not name (both then read through the node).
+
+        Returns:
+            Whether this count made some pending where none were (then the caller makes
+            sure they are sent: ``note_report``; while counts stay pending, whoever made
+            them pending has done so, and a read adding to them need not again).
+        """
         if not (hits or fallbacks or misses):
-            return
+            return False
         with self._lock:
             c = self._c
             c[0] += hits
             c[1] += hit_bytes
             c[2] += fallbacks
             c[3] += misses
-            if not self.since:
-                self.since = time.monotonic()
+            if self.since:
+                return False
+            self.since = time.monotonic()
+            return True
 
-    def add_lookup(self, num_keys: int, num_hits: int) -> None:
-        """Count a lookup_prefix answered (wholly or in its leading part) in the client."""
+    def add_lookup(self, num_keys: int, num_hits: int) -> bool:
+        """Count a lookup_prefix answered (wholly or in its leading part) in the client;
+        returns whether it made counts pending where none were (as :meth:`add`)."""
         if not num_keys:
-            return
+            return False
         with self._lock:
             self._c[4] += num_keys
             self._c[5] += num_hits
-            if not self.since:
-                self.since = time.monotonic()
+            if self.since:
+                return False
+            self.since = time.monotonic()
+            return True
 
     def pending(self) -> bool:
         """Whether some count is not reported yet."""
@@ -372,8 +383,11 @@ class ControlChannel:
             resp = self._roundtrip(encode_request(req, field, request), session_id, ids,
                                    timeout_s, conn, on_trailer)
         except BaseException:
-            if counts is not None:
+            if counts is not None and carried is not None:
                 counts.give_back(carried)
+                # the hit path wakes the flusher only when its count made some pending
+                # (OneSidedCounts.add), and these are pending again without that
+                self.note_report()
             raise
         if resp.error_code:
             raise error_from_code(resp.error_code, resp.error_message)

@@ -35,10 +35,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvstored.client import _hooks
-from kvstored.client._args import check_keys
 from kvstored.client._shm import ONE_SIDED_STATS, one_sided_enabled
-from kvstored.errors import KvstoredError
-from kvstored.tiers.slots import SlotReader, py_probe_keys, py_read_keys
+from kvstored.tiers.slots import SlotReader, py_probe_keys, py_read_all
 from kvstored.types import Tier
 
 if TYPE_CHECKING:
@@ -100,8 +98,7 @@ def lookup_prefix(st: ClientState, is_live: Callable[[], bool], keys: object) ->
     if lead != n:
         FAST_STATS["passed"] += 1
         return None
-    if n:
-        st.one_sided_counts.add_lookup(n, n)
+    if n and st.one_sided_counts.add_lookup(n, n):  # counts pending now: make sure they go
         control = st.control
         if control is not None:
             control.note_report()
@@ -136,59 +133,48 @@ def exists(st: ClientState, is_live: Callable[[], bool], keys: object) -> list[b
 def read(st: ClientState, is_live: Callable[[], bool], keys: object, buffers: object | None,
          return_meta: bool = False) -> list[Any] | None:
     """get (``buffers`` None: a list of bytes) or get_into (a list of sizes, or ``(size,
-    meta)`` with ``return_meta``) of DRAM blocks in one native ``read_keys`` call; None when
-    a key was not kept or the call is not eligible (the general path then reads it all)."""
-    if type(keys) is not list:
+    meta)`` with ``return_meta``) of DRAM blocks in one native ``read_all`` call, which also
+    makes the argument checks (every key ``bytes`` within the node's length bounds, every
+    buffer flat, writable, C-contiguous ``uint8``); None when a key was not kept or the call
+    is not eligible (the general path then reads it all, and names a bad argument)."""
+    if type(keys) is not list or not keys:
         return None
     reader = _reader(st, is_live)
     if reader is None:
         return None
-    info = st.info
-    assert info is not None
-    try:
-        keys = check_keys(keys, info)
-    except KvstoredError:
-        return None  # the general path raises naming the key
-    n = len(keys)
-    views: list[memoryview] | None = None
-    if buffers is not None:
-        if type(buffers) is not list or len(buffers) != n:
-            return None
-        views = []
-        for b in buffers:
-            try:
-                mv = memoryview(b)
-            except TypeError:
-                return None
-            if mv.readonly or not mv.c_contiguous or mv.ndim != 1 or mv.format != "B":
-                return None  # the general path casts it, or names what is wrong
-            views.append(mv)
-    if not n:
-        return None
     prefix = _prefix(st.stored_namespace_id)
     if prefix is None:
         return None
-    fn = reader.native_read_keys or py_read_keys
-    sizes, metas, values, fallbacks = fn(reader.buckets, reader.slots, reader.arena, prefix, keys,
-                                          views, time.monotonic_ns(), MID, reader.hints)
-    if None in sizes:  # a miss, a failed check, a buffer too small: read again, generally
+    info = st.info
+    assert info is not None
+    fn = reader.native_read_all or py_read_all
+    got = fn(reader.buckets, reader.slots, reader.arena, prefix, keys, buffers, time.monotonic_ns(),
+             reader.hints, info.min_key_bytes, info.max_key_bytes, return_meta, MID)
+    if type(got) is int:  # a miss, a failed check, a buffer too small or of another kind
         FAST_STATS["passed"] += 1
-        # the failed checks are tries this process saw (the storm's fallback rate); the
-        # node hears of the general path's reads only (nothing here is counted twice there)
-        ONE_SIDED_STATS["fallbacks"] += fallbacks
+        if got > 0:
+            # the failed checks are tries this process saw (the storm's fallback rate); the
+            # node hears of the general path's reads only (nothing here is counted twice there)
+            ONE_SIDED_STATS["fallbacks"] += got
         return None
-    num_bytes = sum(sizes)  # type: ignore[arg-type]  # no None: checked above
-    st.one_sided_counts.add(n, num_bytes, 0, 0)
+    out, num_bytes = got  # type: ignore[misc]  # not an int: checked above
+    n = len(out)
+    if st.one_sided_counts.add(n, num_bytes, 0, 0):  # counts pending now: make sure they go
+        control = st.control
+        if control is not None:
+            control.note_report()
     ONE_SIDED_STATS["hits"] += n
-    control = st.control
-    if control is not None:
-        control.note_report()
     FAST_STATS["taken"] += 1
-    if views is None:
-        return values
-    if return_meta:
-        return list(zip(sizes, metas, strict=True))
-    return sizes
+    return out
+
+
+def read_into(st: ClientState, is_live: Callable[[], bool], keys: object, buffers: object,
+              return_meta: bool = False) -> list[Any] | None:
+    """get_into's :func:`read`: None (the general path, which names it) unless ``buffers``
+    is a list (a ``None`` must not turn a get_into into a get)."""
+    if type(buffers) is not list:
+        return None
+    return read(st, is_live, keys, buffers, return_meta)
 
 
 def tiers_of_lead(n: int) -> list[Tier]:

@@ -394,6 +394,8 @@ def op_get_into(
     return_meta: bool,
     deadline: float,
 ) -> Op[list[Any]]:
+    if type(buffers) is not list:  # None too: a get_into is never read as a get
+        require_sequence(buffers, "buffers", "a sequence (list) with one writable buffer per key")
     sink = yield from op_read(st, keys, buffers, deadline, return_meta)
     if return_meta:
         return [None if s is None else (s, sink.metas[i]) for i, s in enumerate(sink.sizes)]

@@ -110,7 +110,8 @@ class ArenaMap:
         lay = Layout.parse(self._mmap, size_bytes)
         self.slots: SlotReader | None = (
             None if lay is None else SlotReader(self._mmap, lay, probe=native.probe_many,
-                                                probe_keys=native.probe_keys, read_keys=native.read_keys)
+                                                probe_keys=native.probe_keys, read_keys=native.read_keys,
+                                                read_all=native.read_all)
         )
         """The version-stamped slots and the shared index (None: the node offers none, so
         every read pins): what :func:`_read_one_sided` reads without a round trip."""
@@ -195,7 +196,25 @@ def _copy_pinned(
 def one_sided_enabled() -> bool:
     """Whether gets try one-sided reads first (``KVSTORED_ONE_SIDED`` is not ``0``; read at
     each get, so a test may turn them off to exercise the pinned path alone)."""
+    if _ENV_DATA is not None:
+        # one dict lookup: os.environ.get is four Python frames (Mapping.get, __getitem__,
+        # encodekey, encode), 1 us warm and 8-9 us after a context switch left them cold
+        # (docs/performance.md, "The Python around the one native call")
+        return _ENV_DATA.get(_ONE_SIDED_KEY) != _OFF
     return os.environ.get("KVSTORED_ONE_SIDED", "") != "0"
+
+
+def _env_data() -> dict[bytes, bytes] | None:
+    data = getattr(os.environ, "_data", None) if os.name == "posix" else None
+    return data if isinstance(data, dict) else None
+
+
+_ENV_DATA = _env_data()
+"""CPython's ``os.environ`` store on POSIX (fs-encoded keys and values; ``os.environ[k] = v``,
+``del`` and ``monkeypatch.setenv`` update it), or None where it is not that (then
+``os.environ.get``); tests/unit/client/test_one_sided_switch.py checks they agree."""
+_ONE_SIDED_KEY = os.fsencode("KVSTORED_ONE_SIDED")
+_OFF = b"0"
 
 
 _SESSION = Session()

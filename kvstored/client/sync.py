@@ -630,7 +630,7 @@ class Client:
             InvalidArgument: a buffer is read-only, non-contiguous, or smaller than its block
             (the message names each key index and both sizes). Otherwise as :meth:`get`.
         """
-        got = self._fast(_fastread.read, timeout_s, keys, buffers, return_meta)
+        got = self._fast(_fastread.read_into, timeout_s, keys, buffers, return_meta)
         if got is not None:
             return got
         return self._run(

@@ -96,7 +96,7 @@ import mmap
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xxhash
@@ -432,7 +432,8 @@ class SlotReader:
 
     def __init__(self, buf: Any, lay: Layout, probe: Callable[..., int] | None = None,
                  probe_keys: Callable[..., int] | None = None,
-                 read_keys: Callable[..., ReadAnswer] | None = None, hints: bool = True) -> None:
+                 read_keys: Callable[..., ReadAnswer] | None = None, hints: bool = True,
+                 read_all: Callable[..., ReadAllAnswer] | None = None) -> None:
         self.lay = lay
         self.probe = probe
         """The native ``probe_many`` (kvstored.native), or None: :meth:`probe_many` loops here."""
@@ -442,6 +443,9 @@ class SlotReader:
         self.native_read_keys = read_keys
         """The native ``read_keys`` (a whole batch of checked reads in one C call), or None:
         :meth:`read_keys` runs :func:`py_read_keys`."""
+        self.native_read_all = read_all
+        """The native ``read_all`` (``read_keys`` all or nothing, with the client's argument
+        checks), or None: :meth:`read_all` runs :func:`py_read_all`."""
         self._mv = memoryview(buf)  # bytes (an mmap or a bytearray)
         self.arena = self._mv[: lay.arena_size]
         """The arena's block bytes (what a checked read copies from)."""
@@ -584,8 +588,42 @@ class SlotReader:
                   self.hints)
 
 
+    def read_all(self, namespace_id: bytes, keys: list[bytes], dsts: list[Any] | None, stamp_ns: int,
+                 min_len: int, max_len: int, want_meta: bool = False,
+                 mid: Callable[[], object] | None = None) -> ReadAllAnswer:
+        """:meth:`read_keys`, all or nothing, with the argument checks of the sync client's
+        hit path in the same call (kvstored/client/_fastread.py): native ``read_all`` when
+        built, else :func:`py_read_all`.
+
+        Args:
+            namespace_id, keys, dsts, stamp_ns, mid: as :meth:`read_keys`.
+            min_len, max_len: the node's key length bounds (a key must be ``bytes`` of
+                ``max(min_len, 1)..max_len`` bytes).
+            want_meta: with ``dsts``, answer ``(size, meta)`` per key instead of its size.
+
+        Returns:
+            ``(out, num_bytes)`` when every key was kept: ``out`` is the list of values
+            (``dsts`` None), of sizes, or of ``(size, meta)`` tuples, ``num_bytes`` the bytes
+            kept. Else an int: ``-1`` when an argument is not of the kind checked (a key, a
+            destination that is not a flat, writable, C-contiguous buffer of format ``"B"``,
+            ``dsts`` not a list as long as ``keys``; nothing was read), else how many version
+            checks failed (0: a key not in the index, a slot changing, a meta not inline, a
+            buffer too small). It may stop at the first key it cannot keep; what it copied
+            into ``dsts`` before is the caller's to rewrite.
+
+        Raises:
+            InvalidArgument: ``namespace_id`` is longer than 255 bytes.
+        """
+        fn = self.native_read_all or py_read_all
+        return fn(self.buckets, self.slots, self.arena, _prefix(namespace_id), keys, dsts, stamp_ns, self.hints,
+                  min_len, max_len, want_meta, mid)
+
+
 ReadAnswer = tuple[list[int | None], list[bytes], list[bytes | None] | None, int]
 """What :meth:`SlotReader.read_keys` answers: ``(sizes, metas, values, num_fallbacks)``."""
+
+ReadAllAnswer = tuple[list[Any], int] | int
+"""What :meth:`SlotReader.read_all` answers: ``(out, num_bytes)``, or an int (see there)."""
 
 
 def _prefix(namespace_id: bytes) -> bytes:
@@ -774,3 +812,36 @@ def py_read_keys(buckets: np.ndarray, slots: np.ndarray, arena: memoryview, pref
         if values is not None:
             values[k] = dst.tobytes()
     return sizes, metas, values, fallbacks
+
+
+def py_read_all(buckets: np.ndarray, slots: np.ndarray, arena: memoryview, prefix: bytes, keys: object,
+                dsts: object, stamp_ns: int, hints: np.ndarray | None, min_len: int, max_len: int,
+                want_meta: bool, mid: Callable[[], object] | None = None) -> ReadAllAnswer:
+    """The pure-Python fallback of the native ``read_all`` (same arguments and answer; see
+    :meth:`SlotReader.read_all`): the same checks, then :func:`py_read_keys` (which reads the
+    other keys even when one cannot be kept, where C stops). Correct on x86 only."""
+    if type(keys) is not list or (dsts is not None and (type(dsts) is not list or len(dsts) != len(keys))):
+        return -1
+    lo_len = max(min_len, 1)
+    for key in keys:
+        if type(key) is not bytes or not lo_len <= len(key) <= max_len:
+            return -1
+    if dsts is not None:
+        for d in dsts:
+            try:
+                mv = memoryview(d)
+            except TypeError:
+                return -1
+            if mv.readonly or not mv.c_contiguous or mv.ndim != 1 or mv.format != "B":
+                return -1
+    sizes, metas, values, fallbacks = py_read_keys(buckets, slots, arena, prefix, cast(list[bytes], keys),
+                                                   dsts, stamp_ns, mid, hints)
+    if None in sizes:
+        return fallbacks
+    kept = cast(list[int], sizes)
+    num_bytes = sum(kept)
+    if values is not None:
+        return list(values), num_bytes
+    if want_meta:
+        return list(zip(kept, metas, strict=True)), num_bytes
+    return list(kept), num_bytes

@@ -10,12 +10,13 @@ SSD-only block, one-sided reads switched off, a bad key and a bad buffer.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 from it_helpers import random_keys, value_for
-from test_one_sided_reads import _calls, _pin_calls
+from test_one_sided_reads import _calls, _metric, _pin_calls
 
 from kvstored import Client, Tier
 from kvstored.client import _fastread
@@ -160,3 +161,42 @@ def test_switched_off_bad_keys_and_bad_buffers_take_the_general_path(
         assert c.get(keys) == [b"x" * 4096] * 2
         assert _pin_calls(node) == pins + 1
         assert _taken()[0] == taken
+
+
+def test_get_into_without_a_list_of_buffers_is_never_answered_as_a_get(start_node: Any) -> None:
+    """get_into(keys, None) is a bad argument (the general path names it), not a get: the
+    hit path once read ``buffers=None`` as get's "new bytes objects" and returned them."""
+    node = start_node(dram_size_bytes=16 * MIB, ssd_size_bytes=0, ssd_dir=None)
+    keys = random_keys(2)
+    with Client(node.unix_address) as c:
+        c.put(keys, [b"x" * 4096] * 2)
+        assert c.get(keys) == [b"x" * 4096] * 2  # the session is open
+        taken, passed = _taken()
+        with pytest.raises(InvalidArgument, match="buffers"):
+            c.get_into(keys, None)  # type: ignore[arg-type]
+        bufs = (bytearray(4096), bytearray(4096))  # a tuple: the general path reads it
+        assert c.get_into(keys, bufs) == [4096, 4096] and bytes(bufs[1]) == b"x" * 4096
+        assert _taken() == (taken, passed)
+
+
+def test_hits_after_the_first_pending_one_are_reported_with_it(start_node: Any) -> None:
+    """The hit path wakes the idle flusher only for the count that made some pending; the
+    hits after it (before any request carries them) reach the node in the same report."""
+    node = start_node(dram_size_bytes=16 * MIB, ssd_size_bytes=0, ssd_dir=None)
+    keys = random_keys(3)
+    values = [value_for(k, 8000) for k in keys]
+    with Client(node.unix_address) as c:
+        c.put(keys, values)
+        assert c.get(keys[:1]) == values[:1]  # the session opens (a small put needs none)
+        base = c.stats()["hits"]  # a gRPC call: nothing pending after it
+        taken, _ = _taken()
+        for k, v in zip(keys, values, strict=True):
+            assert c.get([k]) == [v]
+        bufs = [bytearray(8000) for _ in keys]
+        assert c.get_into(keys, bufs) == [8000] * 3
+        assert _taken()[0] == taken + 4
+        deadline = time.monotonic() + 30  # the idle flusher's report (REPORT_IDLE_S after the first)
+        while _metric(node, "kvstored_one_sided_blocks_total", outcome="hit") < 7:
+            assert time.monotonic() < deadline, "the idle flusher did not report the hits"
+            time.sleep(0.05)
+        assert c.stats()["hits"] - base == 6

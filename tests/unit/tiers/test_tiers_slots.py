@@ -346,9 +346,9 @@ def readers_of(store: TieredStore) -> list[tuple[str, SlotReader]]:
     """The store's slots read by the pure-Python fallbacks and, when built, the native calls."""
     arena = store._state.dram.arena
     out = [("python", SlotReader(arena._mmap, arena.layout))]
-    if native.probe_keys is not None and native.read_keys is not None:
+    if native.probe_keys is not None and native.read_keys is not None and native.read_all is not None:
         out.append(("native", SlotReader(arena._mmap, arena.layout, probe_keys=native.probe_keys,
-                                         read_keys=native.read_keys)))
+                                         read_keys=native.read_keys, read_all=native.read_all)))
     return out
 
 
@@ -462,6 +462,86 @@ def test_a_batch_read_stamps_tail_first_and_a_rewrite_between_plan_and_copy_fall
     stamps = [int(reader.slots[s, 5]) for s in slots]  # type: ignore[index]
     assert stamps[2] == 5000 and stamps[0] == 5002  # the tail first, the head latest
     assert reader.read_keys(NS, keys, None, 0)[2] == [val(0), val(9), val(2)]  # the new bytes
+
+
+def test_the_native_and_python_all_or_nothing_reads_agree(big_store: TieredStore) -> None:
+    """read_all (the sync client's hit path): every key kept, or an int and the caller's
+    general path: -1 for an argument of another kind (checked before anything is read, so
+    no destination is touched), else the failed version checks (0: a miss, a meta not
+    inline, a buffer too small). The same answers from C and from the fallback."""
+    keys = [key(i) for i in range(5)]
+    metas = [b"m0", b"", b"x" * 64, b"y" * 65]  # keys[3]'s meta is not inline
+    for i in range(4):
+        big_store.put(keys[i], val(i, 1000 + i), meta=metas[i], namespace_id=NS)
+    hit = keys[:3]
+    sizes = [1000, 1001, 1002]
+    answers = {}
+    for name, reader in readers_of(big_store):
+        def read(ks: list[Any], dsts: Any = None, meta: bool = False, r: SlotReader = reader) -> Any:
+            return r.read_all(NS, ks, dsts, 0, *KEY_BOUNDS, want_meta=meta)
+
+        bufs = [bytearray(2000) for _ in hit]
+        arrs = [np.zeros(1500, dtype=np.uint8) for _ in hit]
+        untouched = [np.full(1500, 7, dtype=np.uint8), np.full(1500, 7, dtype=np.uint8)]
+        answers[name] = (
+            read(hit), read(hit, bufs), [bytes(b[:s]) for b, s in zip(bufs, sizes, strict=True)],
+            read(hit, arrs, meta=True), [a[:s].tobytes() for a, s in zip(arrs, sizes, strict=True)],
+            read(keys[:2] + [keys[4]]),  # a miss: 0
+            read(keys[2:4]),  # a meta not inline: 0
+            read(hit, [bytearray(2000), bytearray(10), bytearray(2000)]),  # too small: 0
+            read([keys[0], bytearray(keys[1])]), read([keys[0], b""]), read([keys[0], b"k" * 65]),  # bad keys
+            read(hit[:2], [b"read-only", bytearray(2000)]),  # a read-only buffer
+            read(hit[:2], [untouched[0], np.zeros(1500, dtype=np.float32)]),  # not "B": the general path casts it
+            read(hit[:2], [untouched[1], np.zeros((2, 1000), dtype=np.uint8)]),  # not flat
+            read(hit[:2], [bytearray(2000)]), read(hit[:2], (bytearray(2000), bytearray(2000))),  # lists, lengths
+            read(tuple(hit)), [int(u.sum()) for u in untouched],  # type: ignore[arg-type]
+        )
+    want = (
+        ([val(0, 1000), val(1, 1001), val(2, 1002)], sum(sizes)), (sizes, sum(sizes)),
+        [val(0, 1000), val(1, 1001), val(2, 1002)],
+        (list(zip(sizes, metas[:3], strict=True)), sum(sizes)), [val(0, 1000), val(1, 1001), val(2, 1002)],
+        0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1, -1, [7 * 1500, 7 * 1500],
+    )
+    assert answers == {name: want for name in answers}
+
+
+@pytest.mark.parametrize("impl", ["python", "native"])
+def test_an_all_or_nothing_read_keeps_nothing_when_a_block_is_rewritten_between_plan_and_copy(
+    big_store: TieredStore, impl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_all's version check is read_keys': a block removed and re-put with other bytes in
+    its space between the plan and the copies fails it, and the call answers the failed
+    check (1), never the batch; the next call reads the new bytes. The mutation (python:
+    the fallback's check turned off, the space reused by another key in between) keeps that
+    other key's bytes under the planned key: the check is what stops it."""
+    readers = dict(readers_of(big_store))
+    if impl not in readers:
+        pytest.skip("kvstored._native not built (the python case runs)")
+    reader = readers[impl]
+    keys = [key(i) for i in range(3)]
+    for i in range(3):
+        big_store.put(keys[i], val(i), namespace_id=NS)
+    slot1 = reader.lookup(*ident(NS, keys[1]))
+
+    def rewrite() -> None:
+        big_store.remove([keys[1]], namespace_id=NS)
+        big_store.put(keys[1], val(9), namespace_id=NS)
+        assert reader.lookup(*ident(NS, keys[1])) == slot1  # the same space, a new version
+
+    bufs = [bytearray(BLOCK) for _ in keys]
+    assert reader.read_all(NS, keys, bufs, 0, *KEY_BOUNDS, mid=rewrite) == 1
+    assert reader.read_all(NS, keys, None, 0, *KEY_BOUNDS) == ([val(0), val(9), val(2)], 3 * (BLOCK - 5))
+    if impl == "python":  # the mutation: the fallback's check off, the space reused by another key
+        from kvstored.tiers import slots as slots_mod
+
+        def reuse() -> None:
+            big_store.remove([keys[1]], namespace_id=NS)
+            big_store.put(key(99), val(99), namespace_id=NS)
+            assert reader.lookup(*ident(NS, key(99))) == slot1
+
+        monkeypatch.setattr(slots_mod, "_unchanged", lambda *_: True)
+        got = reader.read_all(NS, keys, None, 0, *KEY_BOUNDS, mid=reuse)
+        assert isinstance(got, tuple) and got[0][1] == val(99)  # another key's bytes, kept
 
 
 @pytest.mark.parametrize("step", ["publish", "unpublish"])
