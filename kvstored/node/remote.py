@@ -89,8 +89,18 @@ a committed replica for the send and sent its generation (a peer that sends 0, a
 node, is not used), the data plane delivered every byte (a torn block is aborted), and keys
 are content hashes, so the one block a node commits under a key is that key's bytes; there
 is no earlier lookup whose name could have gone stale. Committed as a remote-fill copy like
-any other (the new leader learns it from this node's events). A read while the master is
-up and complete never fans out (a true miss costs no peer calls).
+any other (the new leader learns it from this node's events).
+
+A ``complete`` answer speaks only for the nodes whose inventories its leader holds: a new
+leader (or a restarted master) says complete once the nodes that registered with it have
+synced and its rejoin grace (one node lease) ran out, which says nothing of a live node
+still on its way to it (loaded, or slow to follow the failover: fail17's misses after
+``complete=true``). Each peer of the cached view records the term whose ListNodes last
+named it healthy (``PeerRoom.synced_term``); a complete answer of term T is trusted for a
+peer only when that is T, and the peers it is not trusted for are asked like above
+(:meth:`RemoteReads.view_peers`). A read while the master is up and complete and every
+peer of the view was listed healthy by that term never fans out (a true miss costs no
+peer calls).
 
 Thread-safe: called from the node's store executor threads (blocking).
 """
@@ -155,11 +165,14 @@ Peer = tuple[str, int, str]
 class Found(dict[int, ClusterReplica]):
     """A per-key lookup's answer ({key index: replica}) with the master's ``complete``
     flag (False: a new leader or a restarted master still rebuilding its index, so a key
-    it names nobody for may still be held). A plain dict answer counts as complete."""
+    it names nobody for may still be held) and the answering leader's ``term`` (0: a
+    master without terms). A plain dict answer counts as complete, of term 0."""
 
-    def __init__(self, found: dict[int, ClusterReplica], *, complete: bool) -> None:
+    def __init__(self, found: dict[int, ClusterReplica], *, complete: bool,
+                 term: int = 0) -> None:
         super().__init__(found)
         self.complete = complete
+        self.term = int(term)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,10 +496,11 @@ class RemoteReads:
     def _find_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
         local_node_id: str | None = None,
-    ) -> tuple[dict[int, ClusterReplica], bool]:
-        """:meth:`find_each` and whether the answer is the master's whole word: False when
-        no master answered (unreachable, NotLeader, a stale term) or it said
-        ``complete = false`` (rebuilding), so a key it names nobody for may be held."""
+    ) -> tuple[dict[int, ClusterReplica], bool, int]:
+        """:meth:`find_each`, whether the answer is the master's whole word (False when no
+        master answered: unreachable, NotLeader, a stale term; or it said ``complete =
+        false``: rebuilding, so a key it names nobody for may be held) and the answering
+        leader's term (0: unknown, or a master without terms)."""
         left = deadline - time.monotonic()
         local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
@@ -495,10 +509,31 @@ class RemoteReads:
                                          self.suspects.current(), self.max_fallbacks)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
-                return {}, False
+                return {}, False, 0
             if found is not None:
-                return found, bool(getattr(found, "complete", True))
-        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys)), True
+                return (found, bool(getattr(found, "complete", True)),
+                        int(getattr(found, "term", 0)))
+        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys)), True, 0
+
+    def view_peers(self, *, sure: bool, term: int) -> list[PeerRoom]:
+        """The peers of the cached view to ask for blocks a lookup named nobody for (never
+        this node; suspects last; at most ``max_view_peers``).
+
+        ``sure`` False (no master could tell): every peer of the view. ``sure`` True (a
+        ``complete`` answer of leader ``term``): only the peers that leader's own listing
+        has not named healthy (``PeerRoom.synced_term != term``): a new leader's
+        ``complete`` covers the nodes that registered with it, and says nothing of a live
+        peer still on its way to it (the fail17 miss: a node that re-registered after the
+        new leader's rejoin grace ran out). A complete answer of term 0 (a master without
+        terms, or a stub) asks nobody, as before; so does a view every peer of which was
+        listed healthy under ``term``: a true miss then costs no peer call.
+        """
+        if self.peer_view is None or (sure and term <= 0):
+            return []
+        by_id = {p.node_id: p for p in self.peer_view()
+                 if p.node_id != self.node_id and p.data_address
+                 and not (sure and p.synced_term == term)}
+        return [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
 
     def extend_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], local: list[Tier], *,
@@ -663,8 +698,8 @@ class RemoteReads:
                 mine = [j for j, p in zip(mine, still, strict=True) if not p]
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
-            found, sure = (self._find_each(namespace_id, mine_keys, deadline=deadline)
-                           if mine_keys else ({}, True))
+            found, sure, term = (self._find_each(namespace_id, mine_keys, deadline=deadline)
+                                 if mine_keys else ({}, True, 0))
             ours = [j for j, rep in found.items() if rep.node_id == self.node_id]
             if ours and through is not None:
                 # the master still names our own copy, evicted here within the last
@@ -690,9 +725,12 @@ class RemoteReads:
                 fetched, dropped, failed, fallbacks = self._fill_with_fallback(
                     plan, namespace_id, deadline, through=thr)
             unknown = [k for j, k in enumerate(mine_keys) if j not in found]
-            if not sure and unknown and self.peer_view is not None:
-                # no master can tell where these are: ask the peers of the cached view
-                n_view, n_seen = self._fill_from_view(unknown, namespace_id, deadline, thr)
+            view = self.view_peers(sure=sure, term=term) if unknown else []
+            if view:
+                # no master can tell where these are, or the leader that answered has not
+                # got these peers' inventories: ask them directly (view_peers)
+                n_view, n_seen = self._fill_from_view(unknown, namespace_id, deadline, thr,
+                                                      view)
                 fetched += n_view
                 num_found += n_seen
         finally:
@@ -722,15 +760,11 @@ class RemoteReads:
                            fallbacks, hedged, hedge_won)
 
     def _fill_from_view(self, keys: list[bytes], namespace_id: bytes, deadline: float,
-                        through: _Through | None) -> tuple[int, int]:
-        """Ask the peers of the cached view for ``keys`` (no master can tell where they
-        are; module docstring): one GET per peer, peers in parallel, the first peer to
-        announce a block gets it. Returns ``(blocks committed or carried, blocks some peer
-        announced)``."""
-        assert self.peer_view is not None
-        by_id = {p.node_id: p for p in self.peer_view()
-                 if p.node_id != self.node_id and p.data_address}
-        peers = [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
+                        through: _Through | None, peers: list[PeerRoom]) -> tuple[int, int]:
+        """Ask ``peers`` (of the cached view: :meth:`view_peers`) for ``keys`` (no master
+        can tell where they are; module docstring): one GET per peer, peers in parallel,
+        the first peer to announce a block gets it. Returns ``(blocks committed or
+        carried, blocks some peer announced)``."""
         if not peers or deadline - time.monotonic() < _MIN_RPC_S:
             return 0, 0
         claimed: dict[bytes, str] = {}
@@ -1439,9 +1473,10 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
     def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float,
                     avoid: Sequence[str], max_alternates: int
                     ) -> dict[int, ClusterReplica] | None:
-        got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s,
-                                 avoid=avoid, max_alternates=max_alternates)
-        return None if got is None else Found(got[0], complete=got[1])
+        got = client.lookup_each_term(namespace_id, keys, local_node_id=local,
+                                      timeout_s=timeout_s, avoid=avoid,
+                                      max_alternates=max_alternates)
+        return None if got is None else Found(got[0], complete=got[1], term=got[2])
 
     def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
         client.report_transfer(peer, epoch, ok=ok, reporter_node_id=node_id,

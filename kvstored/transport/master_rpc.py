@@ -345,6 +345,25 @@ class MasterClient:
         Raises:
             InvalidArgument: too many keys or avoided nodes, or an empty or oversized key.
         """
+        got = self.lookup_each_term(namespace_id, keys, local_node_id=local_node_id,
+                                    timeout_s=timeout_s, avoid=avoid,
+                                    max_alternates=max_alternates)
+        return None if got is None else (got[0], got[1])
+
+    def lookup_each_term(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
+    ) -> tuple[dict[int, ClusterReplica], bool, int] | None:
+        """:meth:`lookup_each` with the answering leader's term (0: a master without
+        terms, no ``--etcd``): ``(found, complete, term)``, or None from an older master.
+
+        A node's read compares the term with the one under which its cached peer view
+        last saw each peer synced (kvstored/node/remote.py): ``complete`` is the leader's
+        word on the nodes it knows, not on a node it has not heard from yet.
+
+        Raises:
+            InvalidArgument: as :meth:`lookup_each`.
+        """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id, every_key=True,
                                            avoid_node_ids=list(avoid),
@@ -352,8 +371,8 @@ class MasterClient:
         resp = self._call("LookupPrefix", req, timeout_s)
         if not resp.every_key:
             return None
-        return {int(k): rep for k, rep in zip(resp.key_index, _replicas(resp), strict=True)
-                }, resp.complete
+        return ({int(k): rep for k, rep in zip(resp.key_index, _replicas(resp), strict=True)},
+                resp.complete, int(resp.term))
 
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
                         timeout_s: float | None = None) -> str:

@@ -12,6 +12,7 @@ Real source data planes in-process; the master is a stub the test controls. On m
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from remote_helpers import DataPlanes, PerKeyMaster, key, local_bytes, make_core, with_generations
@@ -36,6 +37,7 @@ class FailoverMaster(PerKeyMaster):
     def __init__(self) -> None:
         super().__init__()
         self.mode = "down"
+        self.term = 0  # the answering leader's term (0: a master without terms)
 
     def lookup_each(self, namespace_id: bytes, keys: Sequence[bytes], local: str,
                     timeout_s: float, avoid: Sequence[str] = (), max_alternates: int = 0,
@@ -46,7 +48,7 @@ class FailoverMaster(PerKeyMaster):
         if self.mode == "notleader":
             raise NotLeader("not the leader (test)")
         got = {i: self.replicas[k] for i, k in enumerate(keys) if k in self.replicas}
-        return Found(got, complete=self.mode != "rebuilding")
+        return Found(got, complete=self.mode != "rebuilding", term=self.term)
 
 
 @pytest.fixture
@@ -144,5 +146,51 @@ def test_the_fan_out_is_bounded_and_a_dead_peer_costs_only_itself(
         reads.max_view_peers = 1  # only the first (non-suspect) peer is asked
         view.insert(0, PeerRoom("b", "127.0.0.1:9", 1 << 20))
         assert reads.fill([key(5)], b"").num_fetched == 0
+    finally:
+        reads.close()
+
+
+def _exports(core: NodeCore) -> list[bytes]:
+    """The keys peers' GETs read from ``core`` (its own generations kept)."""
+    seen: list[bytes] = []
+    inner = core.store.read_for_export
+
+    def read_for_export(keys: Sequence[bytes], *, namespace_id: bytes = b"") -> list[Any]:
+        seen.extend(keys)
+        return inner(keys, namespace_id=namespace_id)
+
+    core.store.read_for_export = read_for_export  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_complete_answer_of_a_new_leader_asks_the_peers_it_has_not_listed_healthy(
+        planes: DataPlanes, local: NodeCore) -> None:
+    # The fail17 miss: the new leader said complete=true once its rejoin grace (one node
+    # lease) ran out, while a live holder (loaded, slow to follow the failover) had not
+    # re-registered yet; its blocks were named nowhere and, the answer being complete, no
+    # read asked anyone. On main this read fetched nothing (num_fetched 0).
+    src_a, a = _source(planes, "a", [0], None)  # listed healthy by term 7: its word holds
+    src_b, b = _source(planes, "b", [1], None)  # listed healthy by term 6 only (old leader)
+    src_c, c = _source(planes, "c", [2], None)  # carried: term 7 lists it syncing / not yet
+    asked = {"a": _exports(src_a), "b": _exports(src_b), "c": _exports(src_c)}
+    master = FailoverMaster()
+    master.mode, master.term = "complete", 7
+    view = [PeerRoom("a", a, 1 << 20, synced_term=7), PeerRoom("b", b, 1 << 20, synced_term=6),
+            PeerRoom("c", c, 1 << 20, synced_term=0)]
+    reads = _reads(local, master, view)
+    try:
+        r = reads.fill([key(0), key(1), key(2)], b"")
+        assert (r.num_found, r.num_fetched) == (2, 2)
+        assert local_bytes(local, [0, 1, 2]) == [None, value(1), value(2)]
+        assert asked["a"] == []  # term 7 has a's inventory: its "nobody" stands for a
+        assert asked["b"] and asked["c"]
+        # every peer listed healthy by the answering term: a true miss asks nobody
+        for p in view:
+            p.synced_term = 7
+        asked["b"].clear()
+        asked["c"].clear()
+        r = reads.fill([key(3)], b"")
+        assert (r.num_found, r.num_fetched) == (0, 0)
+        assert asked == {"a": [], "b": [], "c": []}
     finally:
         reads.close()
