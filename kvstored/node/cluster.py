@@ -86,7 +86,7 @@ from kvstored.errors import (
 from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
-from kvstored.rpc_status import error_from_rpc
+from kvstored.rpc_status import error_from_rpc, no_answer_error
 from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.tiers.feed import Change
 from kvstored.transport.master_targets import (
@@ -379,7 +379,10 @@ class MasterLink:
             except (KvstoredError, grpc.RpcError) as exc:
                 if isinstance(exc, grpc.RpcError):
                     self._hint = self._hint or leader_hint(exc)
-                err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                # a master that never answered (SIGSTOPped, cut off) is Unavailable, named
+                err = ((no_answer_error(exc, f"master at {self.address}", "this node's round",
+                                        self.cfg.rpc_timeout_s) or error_from_rpc(exc))
+                       if isinstance(exc, grpc.RpcError) else exc)
                 self._trust_marks(False)  # departures may go unheard now: no mark counts
                 await self._move(err)
                 # rate-limit: log each distinct failure once (a duplicate's message names

@@ -38,7 +38,7 @@ from kvstored.errors import (
     Unavailable,
     error_from_code,
 )
-from kvstored.rpc_status import error_from_rpc
+from kvstored.rpc_status import error_from_rpc, no_answer_error
 from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.transport.master_targets import (
     RECONNECT_BACKOFF_OPTIONS,
@@ -118,11 +118,13 @@ class MasterClient:
         tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
 
     Raises (from every call):
-        Unavailable: no master could be reached within the deadline (retriable).
+        Unavailable: no master could be reached, or the last one tried did not answer
+            within ``timeout_s`` ("master at X did not answer M within N ms": a stopped,
+            overloaded or cut-off master; retriable).
         NotLeader: every master tried answered that it does not lead (retriable: an
             election is under way).
         StaleTerm: the answer came from a term older than one already seen.
-        DeadlineExceeded: the call did not finish within ``timeout_s``.
+        DeadlineExceeded: the master itself answered that a deadline passed.
         InvalidArgument: ``address`` is malformed (at construction).
     """
 
@@ -173,21 +175,28 @@ class MasterClient:
         Raises:
             grpc.RpcError: the last try's failure (or the only one, with a single address).
             StaleTerm: the answer's term is older than the newest seen.
-            Unavailable / NotLeader: etcd could not be read, or names no leader.
+            Unavailable / NotLeader: etcd could not be read, or names no leader; or
+                Unavailable "master at X did not answer M within N ms": the last master
+                tried never answered (:func:`~kvstored.rpc_status.no_answer_error`).
         """
         tries = len(self.targets.addresses) + 1 if self._following else 1
         last: BaseException | None = None
+        timeout = timeout_s or self.timeout_s
         for _ in range(max(tries, 2) if self.targets.uses_etcd else tries):
             try:
                 if not self.address:
                     self._resolve()
-                resp = getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
+                resp = getattr(self._stub, name)(request, timeout=timeout)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
+                # no answer at all (a SIGSTOPped or cut-off master): Unavailable naming it
+                late = no_answer_error(exc, f"master at {self.address}", name, timeout)
                 if not self._following or not (isinstance(err, NotLeader)
                                                or type(err) in (Unavailable, DeadlineExceeded)):
+                    if late is not None:
+                        raise late from None
                     raise
-                last = exc
+                last = late if late is not None else exc
                 self._move(leader_hint(exc) if isinstance(err, NotLeader) else "")
                 continue
             except (NotLeader, Unavailable) as exc:  # etcd unreadable or no leader yet
