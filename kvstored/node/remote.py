@@ -20,8 +20,10 @@ the peer that holds them over the data plane into its own DRAM, then serves them
            sent another generation (it replaced the block since the lookup) is good only
            if the master names that very replica by now. Else the copy is aborted
         -> commit the verified reservations (a normal put on the local store)
-    LookupPrefix/Exists (probes): the local answer, extended by the master's answer;
-        never pins, renews or fetches anything.
+    LookupPrefix/Exists (probes): the local answer, extended by the master's answer, and
+        where the master cannot speak for a peer (below: no master, rebuilding, or a term
+        that has not listed the peer healthy) by a data-plane probe of the cached view's
+        peers (GET_FLAG_PROBE: presence and tier only); never pins, renews or fetches.
 
 Correctness: a copy becomes visible only if (a) the data plane delivered every byte of it
 (the peer pinned the block for the whole send; a torn block's reservation is aborted, while
@@ -169,6 +171,18 @@ class Found(dict[int, ClusterReplica]):
     master without terms). A plain dict answer counts as complete, of term 0."""
 
     def __init__(self, found: dict[int, ClusterReplica], *, complete: bool,
+                 term: int = 0) -> None:
+        super().__init__(found)
+        self.complete = complete
+        self.term = int(term)
+
+
+class Prefix(list[ClusterReplica]):
+    """A longest-prefix lookup's answer (the best replica of each leading block) with the
+    master's ``complete`` flag and the answering leader's ``term``, as :class:`Found`. A
+    plain list answer counts as complete, of term 0."""
+
+    def __init__(self, found: Sequence[ClusterReplica], *, complete: bool,
                  term: int = 0) -> None:
         super().__init__(found)
         self.complete = complete
@@ -374,6 +388,7 @@ class RemoteReads:
         self.peer_view = peer_view
         self.max_view_peers = int(max_view_peers)
         self.num_view_fetched = 0  # blocks found on a peer of the cached view (no master)
+        self.num_view_probed = 0  # probed keys a peer of the cached view said it holds
         if max_fallbacks < 0:
             raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
         if hedge_after_s < 0:
@@ -404,7 +419,7 @@ class RemoteReads:
         self.exists_max_runs = exists_max_runs
         self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
         self._transport_for = transport_for or self._pooled
-        self._peers: dict[str, Transport] = {}
+        self._peers: dict[str, DataPlaneClient] = {}
         self._failed: set[tuple[str, int]] = set()  # peers whose last transfer failed
         self._lock = threading.Lock()
         self.num_fetched = 0
@@ -415,7 +430,7 @@ class RemoteReads:
         self.num_hedge_won = 0
         self.num_skipped = 0  # copies skipped: no room without dropping a block (a miss)
 
-    def _pooled(self, address: str) -> Transport:
+    def _pooled(self, address: str) -> DataPlaneClient:
         with self._lock:
             t = self._peers.get(address)
             if t is None:
@@ -551,7 +566,8 @@ class RemoteReads:
             got = self.lookup(namespace_id, keys[len(local):], self.node_id, left)
         except KvstoredError as exc:
             log.info("remote_lookup_failed", error=str(exc))
-            return local
+            return local + self._prefix_on_view(namespace_id, keys[len(local):], deadline,
+                                                sure=False, term=0)
         out = list(local)
         for r in got:
             if r.node_id == self.node_id:
@@ -559,7 +575,69 @@ class RemoteReads:
             out.append(r.tier)
         if len(got) > len(out) - len(local):  # stopped at a stale "us": ask past it
             out += self._prefix_elsewhere(namespace_id, keys[len(out):], deadline)
+        if len(out) < len(keys):  # the master's word may not cover every peer (view_peers)
+            out += self._prefix_on_view(namespace_id, keys[len(out):], deadline,
+                                        sure=bool(getattr(got, "complete", True)),
+                                        term=int(getattr(got, "term", 0)))
         return out
+
+    def _prefix_on_view(self, namespace_id: bytes, keys: Sequence[bytes], deadline: float, *,
+                        sure: bool, term: int) -> list[Tier]:
+        """The leading run of ``keys`` that the peers :meth:`view_peers` names hold (one
+        probe per peer, :meth:`probe_view`); [] when there are none to ask."""
+        peers = self.view_peers(sure=sure, term=term) if keys else []
+        if not peers:
+            return []
+        held = self.probe_view(namespace_id, keys, deadline, peers)
+        out: list[Tier] = []
+        for i in range(len(keys)):
+            if i not in held:
+                break
+            out.append(held[i])
+        return out
+
+    def probe_view(self, namespace_id: bytes, keys: Sequence[bytes], deadline: float,
+                   peers: Sequence[PeerRoom]) -> dict[int, Tier]:
+        """Which of ``keys`` ``peers`` hold: one data-plane probe per peer (GET_FLAG_PROBE:
+        nothing pinned, read, promoted or touched there), peers in parallel, within
+        ``deadline``. A peer that fails (dead, silent, an older node that refuses the flag)
+        answers nothing and becomes suspect. Never pins or fetches anything here.
+
+        Returns:
+            ``{index into keys: tier}`` of every key some peer holds (DRAM if any holds it
+            there).
+        """
+        if not peers or not keys or deadline - time.monotonic() < _MIN_RPC_S:
+            return {}
+
+        def ask(peer: PeerRoom) -> list[Tier | None]:
+            try:
+                return self._pooled(peer.data_address).probe(keys, namespace_id,
+                                                             deadline=deadline)
+            except KvstoredError as exc:
+                self.suspects.mark(peer.node_id)
+                log.info("remote_view_probe_failed", peer=peer.node_id, error=str(exc))
+                return []
+
+        held: dict[int, Tier] = {}
+        try:
+            futures = [self._racers.submit(ask, p) for p in peers]
+        except RuntimeError:  # closed
+            return {}
+        for fut in futures:
+            try:
+                got = fut.result(timeout=max(0.0, deadline - time.monotonic()) + _MIN_RPC_S)
+            except Exception:  # noqa: BLE001 (late or broken: that peer answers nothing)
+                log.info("remote_view_probe_late")
+                continue
+            for i, tier in enumerate(got):
+                if tier is not None and held.get(i) is not Tier.DRAM:
+                    held[i] = tier
+        with self._lock:
+            self.num_view_probed += len(held)
+        log.info("remote_view_probe_done", num_keys=len(keys), num_held=len(held),
+                 peers=",".join(p.node_id for p in peers))
+        return held
 
     def _prefix_elsewhere(self, namespace_id: bytes, keys: Sequence[bytes],
                           deadline: float) -> list[Tier]:
@@ -597,13 +675,17 @@ class RemoteReads:
         deadline = self.deadline(remaining_s)
         ask = [keys[i] for i in missing]
         found: dict[int, ClusterReplica] | None = None
+        sure, term = True, 0  # whether the master's answer is its whole word (view_peers)
         left = deadline - time.monotonic()
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
                 found = self.lookup_each(namespace_id, ask, self.node_id, left, (), 0)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
-                return present, tiers
+                found, sure = {}, False
+            else:
+                sure = bool(getattr(found, "complete", True))
+                term = int(getattr(found, "term", 0))
         if found is None:  # no per-key lookup (an older master): runs past the misses
             found = self.find(namespace_id, ask, deadline=deadline, max_runs=self.exists_max_runs)
         present = list(present)
@@ -629,6 +711,14 @@ class RemoteReads:
             present[missing[j]] = True
             if tiers:
                 tiers[missing[j]] = rep.tier
+        unknown = [j for j in range(len(ask)) if not present[missing[j]]]
+        peers = self.view_peers(sure=sure, term=term) if unknown else []
+        if peers:  # no master could tell, or its word does not cover these peers
+            held = self.probe_view(namespace_id, [ask[j] for j in unknown], deadline, peers)
+            for n, tier in held.items():
+                present[missing[unknown[n]]] = True
+                if tiers:
+                    tiers[missing[unknown[n]]] = tier
         return present, tiers
 
     # ---- fetching ----------------------------------------------------------------------
@@ -1466,9 +1556,9 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
 
     def lookup(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
                ) -> list[ClusterReplica]:
-        got, _ = client.lookup_prefix(namespace_id, keys, local_node_id=local,
-                                      timeout_s=timeout_s)
-        return got
+        got, complete, term = client.lookup_prefix_term(namespace_id, keys, local_node_id=local,
+                                                        timeout_s=timeout_s)
+        return Prefix(got, complete=complete, term=term)
 
     def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float,
                     avoid: Sequence[str], max_alternates: int

@@ -321,6 +321,20 @@ class MasterClient:
             ``(replicas, complete)``: the best replica of each leading block present
             cluster-wide; ``complete`` is False while some node is still (re)syncing.
 
+        Args and Raises: as :meth:`lookup_prefix_term`.
+        """
+        got, complete, _ = self.lookup_prefix_term(
+            namespace_id, keys, local_node_id=local_node_id, timeout_s=timeout_s, avoid=avoid,
+            max_alternates=max_alternates)
+        return got, complete
+
+    def lookup_prefix_term(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
+    ) -> tuple[list[ClusterReplica], bool, int]:
+        """:meth:`lookup_prefix` with the answering leader's term: ``(replicas, complete,
+        term)`` (term 0: a master without terms).
+
         Args:
             timeout_s: this call's deadline (default: the client's ``timeout_s``).
             avoid: node ids the caller found unreachable: ranked after every other readable
@@ -336,7 +350,7 @@ class MasterClient:
                                            avoid_node_ids=list(avoid),
                                            max_alternates=max_alternates)
         resp = self._call("LookupPrefix", req, timeout_s)
-        return _replicas(resp), resp.complete
+        return _replicas(resp), resp.complete, int(resp.term)
 
     def lookup_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
