@@ -250,6 +250,9 @@ class MasterLink:
         self._poll_task: asyncio.Task[None] | None = None
         self.poll_wait_s = COMMAND_POLL_WAIT_S
         self.num_polls = 0  # WaitCommands answers taken (tests, metrics)
+        # test hook (kvstored/node/fault_hooks.py ``master_link_before_reregister``): run on
+        # a worker thread before every registration but the first; None in production
+        self.before_reregister: Callable[[], None] | None = None
 
     def wake(self) -> None:
         """Run the next round now instead of after the interval (loop only)."""
@@ -510,6 +513,8 @@ class MasterLink:
                 for t in st.tiers]
 
     async def _register(self) -> None:
+        if self.before_reregister is not None and self.num_registrations:
+            await asyncio.get_running_loop().run_in_executor(None, self.before_reregister)
         stub = await self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,
