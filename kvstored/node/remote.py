@@ -541,13 +541,18 @@ class RemoteReads:
         peer still on its way to it (the fail17 miss: a node that re-registered after the
         new leader's rejoin grace ran out). A complete answer of term 0 (a master without
         terms, or a stub) asks nobody, as before; so does a view every peer of which was
-        listed healthy under ``term``: a true miss then costs no peer call.
+        listed healthy under ``term``: a true miss then costs no peer call. With ``sure``
+        a suspect peer (a transfer or probe with it failed within ``suspect_holder_s``) is
+        not asked either: a peer that died with the old leader stays in the view for
+        ``PEER_CARRY_S`` (the new leader never lists it departed), and a dead host's
+        connect may take a read's whole deadline.
         """
         if self.peer_view is None or (sure and term <= 0):
             return []
+        suspect = set(self.suspects.current()) if sure else set()
         by_id = {p.node_id: p for p in self.peer_view()
                  if p.node_id != self.node_id and p.data_address
-                 and not (sure and p.synced_term == term)}
+                 and not (sure and (p.synced_term == term or p.node_id in suspect))}
         return [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
 
     def extend_prefix(

@@ -194,6 +194,14 @@ def test_a_complete_answer_of_a_new_leader_asks_the_peers_it_has_not_listed_heal
         assert local_bytes(local, [0, 1, 2]) == [None, value(1), value(2)]
         assert asked["a"] == []  # term 7 has a's inventory: its "nobody" stands for a
         assert asked["b"] and asked["c"]
+        # a suspect peer (it failed lately: maybe dead) is not asked past a complete answer
+        reads.suspects.mark("c")
+        asked["b"].clear()
+        asked["c"].clear()
+        local.store.remove([key(1), key(2)], namespace_id=b"")
+        r = reads.fill([key(1), key(2)], b"")
+        assert (r.num_fetched, asked["c"]) == (1, []) and asked["b"]
+        reads.suspects.clear("c")
         # every peer listed healthy by the answering term: a true miss asks nobody
         for p in view:
             p.synced_term = 7
