@@ -112,3 +112,35 @@ def error_from_rpc(exc: grpc.RpcError) -> KvstoredError:
             "a node where a master is expected)?"
         )
     return _ERROR_BY_STATUS.get(status, InternalError)(f"{status.name}: {details}")
+
+
+def no_answer_error(exc: grpc.RpcError, server: str, method: str,
+                    timeout_s: float | None) -> Unavailable | None:
+    """A call the server never answered, as the retryable :class:`Unavailable` it is.
+
+    gRPC reports a call whose deadline passed with no answer at all (the server SIGSTOPped,
+    wedged, overloaded, or cut off behind a firewall that drops packets) as
+    DEADLINE_EXCEEDED, with no kvstored error code; to the caller that is "nobody
+    answered": retry, or try another server. A DeadlineExceeded the server itself answered
+    (it carries kvstored's code) is left to :func:`error_from_rpc`.
+
+    Args:
+        exc: the failed call.
+        server: who was asked, for the message (e.g. ``"master at 127.0.0.1:7080"``).
+        method: the RPC's name, for the message.
+        timeout_s: the call's deadline in seconds (None: not known).
+
+    Returns:
+        ``Unavailable("<server> did not answer <method> within <N> ms ...")``, or None when
+        ``exc`` is any other failure.
+    """
+    code_fn = getattr(exc, "code", None)
+    if not callable(code_fn) or code_fn() != _S.DEADLINE_EXCEEDED:
+        return None
+    trailing_fn = getattr(exc, "trailing_metadata", None)
+    trailing = trailing_fn() if callable(trailing_fn) else None
+    if any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing or ()):
+        return None  # the server answered it: its own DeadlineExceeded
+    within = f" within {round(timeout_s * 1000)} ms" if timeout_s else ""
+    return Unavailable(f"{server} did not answer {method}{within} (the process may be "
+                       "stopped, overloaded or cut off); the call may be retried")

@@ -86,7 +86,7 @@ from kvstored.errors import (
 from kvstored.node.put_replicas import ReplicationFactors
 from kvstored.node.replicate import Replicator
 from kvstored.pb_enum import pb_enum
-from kvstored.rpc_status import error_from_rpc
+from kvstored.rpc_status import error_from_rpc, no_answer_error
 from kvstored.security.tls import TlsFiles, open_aio_channel
 from kvstored.tiers.feed import Change
 from kvstored.transport.master_targets import (
@@ -250,6 +250,9 @@ class MasterLink:
         self._poll_task: asyncio.Task[None] | None = None
         self.poll_wait_s = COMMAND_POLL_WAIT_S
         self.num_polls = 0  # WaitCommands answers taken (tests, metrics)
+        # test hook (kvstored/node/fault_hooks.py ``master_link_before_reregister``): run on
+        # a worker thread before every registration but the first; None in production
+        self.before_reregister: Callable[[], None] | None = None
 
     def wake(self) -> None:
         """Run the next round now instead of after the interval (loop only)."""
@@ -379,7 +382,10 @@ class MasterLink:
             except (KvstoredError, grpc.RpcError) as exc:
                 if isinstance(exc, grpc.RpcError):
                     self._hint = self._hint or leader_hint(exc)
-                err = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                # a master that never answered (SIGSTOPped, cut off) is Unavailable, named
+                err = ((no_answer_error(exc, f"master at {self.address}", "this node's round",
+                                        self.cfg.rpc_timeout_s) or error_from_rpc(exc))
+                       if isinstance(exc, grpc.RpcError) else exc)
                 self._trust_marks(False)  # departures may go unheard now: no mark counts
                 await self._move(err)
                 # rate-limit: log each distinct failure once (a duplicate's message names
@@ -507,6 +513,8 @@ class MasterLink:
                 for t in st.tiers]
 
     async def _register(self) -> None:
+        if self.before_reregister is not None and self.num_registrations:
+            await asyncio.get_running_loop().run_in_executor(None, self.before_reregister)
         stub = await self._ensure_stub()
         info = pb.NodeInfo(node_id=self.node_id, epoch=self.epoch,
                            grpc_address=self.grpc_address, data_address=self.data_address,

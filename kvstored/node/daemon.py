@@ -60,6 +60,7 @@ from kvstored.node.fault_hooks import (
     loop_stall_hook_from_env,
     remote_copy_hook_from_env,
     remote_fill_hook_from_env,
+    reregister_hook_from_env,
 )
 from kvstored.node.metrics import NodeMetrics
 from kvstored.node.service import NodeServicer, add_node_service
@@ -404,6 +405,7 @@ class NodeDaemon:
             zone=self.cfg.zone, factors=factors,
             tls=self.tls, transports=("tcp", "rdma") if self.node_rdma is not None else ("tcp",),
         )
+        self.master_link.before_reregister = reregister_hook_from_env()  # tests only
         from kvstored.node.metrics import TermCollector
 
         self.metrics.registry.register(TermCollector(self.master_link.fence))

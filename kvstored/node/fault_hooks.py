@@ -29,6 +29,11 @@ the release logs how many copies were held. A read whose holders are spread over
 peers copies from them in parallel, so only a gate holds all of it: the whole-system test
 kills a holder and the leading master while every copy of engine B's load is held).
 
+``master_link_before_reregister`` (the node's MasterLink before a registration other than
+its first, e.g. with the new leader after a failover; held on a worker thread, so the
+node goes on serving: the fail17b test holds a live holder away from the new leader while
+that leader says ``complete=true``).
+
 Unset (every production run): :func:`dataplane_hook_from_env` returns None and the data
 plane makes no hook calls at all.
 """
@@ -48,7 +53,7 @@ log = structlog.get_logger(__name__)
 
 ENV_VAR = "KVSTORED_TEST_HOOKS"
 POINTS = ("dataplane_get_before_send", "loop_stall", "remote_fill_before_copy",
-          "remote_copy_before_copy", "remote_fill_gate")
+          "remote_copy_before_copy", "remote_fill_gate", "master_link_before_reregister")
 _DATAPLANE_PREFIX = "dataplane_"
 
 
@@ -220,3 +225,18 @@ def remote_copy_hook_from_env(
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     path = parse_test_hooks(value).get("remote_copy_before_copy")
     return None if path is None else _Hold("remote_copy_before_copy", path)
+
+
+def reregister_hook_from_env(
+    environ: Mapping[str, str] | None = None,
+) -> Callable[[], None] | None:
+    """The ``master_link_before_reregister`` hold armed by ``KVSTORED_TEST_HOOKS``; None
+    when unset. The node's MasterLink calls it (on a worker thread; the first time: it
+    holds) before it registers again (``MasterLink.before_reregister``).
+
+    Raises:
+        ConfigInvalid: the variable is set but malformed (see :func:`parse_test_hooks`).
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    path = parse_test_hooks(value).get("master_link_before_reregister")
+    return None if path is None else _Hold("master_link_before_reregister", path)

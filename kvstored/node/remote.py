@@ -20,8 +20,10 @@ the peer that holds them over the data plane into its own DRAM, then serves them
            sent another generation (it replaced the block since the lookup) is good only
            if the master names that very replica by now. Else the copy is aborted
         -> commit the verified reservations (a normal put on the local store)
-    LookupPrefix/Exists (probes): the local answer, extended by the master's answer;
-        never pins, renews or fetches anything.
+    LookupPrefix/Exists (probes): the local answer, extended by the master's answer, and
+        where the master cannot speak for a peer (below: no master, rebuilding, or a term
+        that has not listed the peer healthy) by a data-plane probe of the cached view's
+        peers (GET_FLAG_PROBE: presence and tier only); never pins, renews or fetches.
 
 Correctness: a copy becomes visible only if (a) the data plane delivered every byte of it
 (the peer pinned the block for the whole send; a torn block's reservation is aborted, while
@@ -89,8 +91,18 @@ a committed replica for the send and sent its generation (a peer that sends 0, a
 node, is not used), the data plane delivered every byte (a torn block is aborted), and keys
 are content hashes, so the one block a node commits under a key is that key's bytes; there
 is no earlier lookup whose name could have gone stale. Committed as a remote-fill copy like
-any other (the new leader learns it from this node's events). A read while the master is
-up and complete never fans out (a true miss costs no peer calls).
+any other (the new leader learns it from this node's events).
+
+A ``complete`` answer speaks only for the nodes whose inventories its leader holds: a new
+leader (or a restarted master) says complete once the nodes that registered with it have
+synced and its rejoin grace (one node lease) ran out, which says nothing of a live node
+still on its way to it (loaded, or slow to follow the failover: fail17's misses after
+``complete=true``). Each peer of the cached view records the term whose ListNodes last
+named it healthy (``PeerRoom.synced_term``); a complete answer of term T is trusted for a
+peer only when that is T, and the peers it is not trusted for are asked like above
+(:meth:`RemoteReads.view_peers`). A read while the master is up and complete and every
+peer of the view was listed healthy by that term never fans out (a true miss costs no
+peer calls).
 
 Thread-safe: called from the node's store executor threads (blocking).
 """
@@ -155,11 +167,26 @@ Peer = tuple[str, int, str]
 class Found(dict[int, ClusterReplica]):
     """A per-key lookup's answer ({key index: replica}) with the master's ``complete``
     flag (False: a new leader or a restarted master still rebuilding its index, so a key
-    it names nobody for may still be held). A plain dict answer counts as complete."""
+    it names nobody for may still be held) and the answering leader's ``term`` (0: a
+    master without terms). A plain dict answer counts as complete, of term 0."""
 
-    def __init__(self, found: dict[int, ClusterReplica], *, complete: bool) -> None:
+    def __init__(self, found: dict[int, ClusterReplica], *, complete: bool,
+                 term: int = 0) -> None:
         super().__init__(found)
         self.complete = complete
+        self.term = int(term)
+
+
+class Prefix(list[ClusterReplica]):
+    """A longest-prefix lookup's answer (the best replica of each leading block) with the
+    master's ``complete`` flag and the answering leader's ``term``, as :class:`Found`. A
+    plain list answer counts as complete, of term 0."""
+
+    def __init__(self, found: Sequence[ClusterReplica], *, complete: bool,
+                 term: int = 0) -> None:
+        super().__init__(found)
+        self.complete = complete
+        self.term = int(term)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +388,7 @@ class RemoteReads:
         self.peer_view = peer_view
         self.max_view_peers = int(max_view_peers)
         self.num_view_fetched = 0  # blocks found on a peer of the cached view (no master)
+        self.num_view_probed = 0  # probed keys a peer of the cached view said it holds
         if max_fallbacks < 0:
             raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
         if hedge_after_s < 0:
@@ -391,7 +419,7 @@ class RemoteReads:
         self.exists_max_runs = exists_max_runs
         self._reporter = ThreadPoolExecutor(1, thread_name_prefix="kvstored-transfer-report")
         self._transport_for = transport_for or self._pooled
-        self._peers: dict[str, Transport] = {}
+        self._peers: dict[str, DataPlaneClient] = {}
         self._failed: set[tuple[str, int]] = set()  # peers whose last transfer failed
         self._lock = threading.Lock()
         self.num_fetched = 0
@@ -402,7 +430,7 @@ class RemoteReads:
         self.num_hedge_won = 0
         self.num_skipped = 0  # copies skipped: no room without dropping a block (a miss)
 
-    def _pooled(self, address: str) -> Transport:
+    def _pooled(self, address: str) -> DataPlaneClient:
         with self._lock:
             t = self._peers.get(address)
             if t is None:
@@ -483,10 +511,11 @@ class RemoteReads:
     def _find_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, deadline: float,
         local_node_id: str | None = None,
-    ) -> tuple[dict[int, ClusterReplica], bool]:
-        """:meth:`find_each` and whether the answer is the master's whole word: False when
-        no master answered (unreachable, NotLeader, a stale term) or it said
-        ``complete = false`` (rebuilding), so a key it names nobody for may be held."""
+    ) -> tuple[dict[int, ClusterReplica], bool, int]:
+        """:meth:`find_each`, whether the answer is the master's whole word (False when no
+        master answered: unreachable, NotLeader, a stale term; or it said ``complete =
+        false``: rebuilding, so a key it names nobody for may be held) and the answering
+        leader's term (0: unknown, or a master without terms)."""
         left = deadline - time.monotonic()
         local = self.node_id if local_node_id is None else local_node_id
         if self.lookup_each is not None and left >= _MIN_RPC_S:
@@ -495,10 +524,36 @@ class RemoteReads:
                                          self.suspects.current(), self.max_fallbacks)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
-                return {}, False
+                return {}, False, 0
             if found is not None:
-                return found, bool(getattr(found, "complete", True))
-        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys)), True
+                return (found, bool(getattr(found, "complete", True)),
+                        int(getattr(found, "term", 0)))
+        return self.find(namespace_id, keys, deadline=deadline, max_runs=len(keys)), True, 0
+
+    def view_peers(self, *, sure: bool, term: int) -> list[PeerRoom]:
+        """The peers of the cached view to ask for blocks a lookup named nobody for (never
+        this node; suspects last; at most ``max_view_peers``).
+
+        ``sure`` False (no master could tell): every peer of the view. ``sure`` True (a
+        ``complete`` answer of leader ``term``): only the peers that leader's own listing
+        has not named healthy (``PeerRoom.synced_term != term``): a new leader's
+        ``complete`` covers the nodes that registered with it, and says nothing of a live
+        peer still on its way to it (the fail17 miss: a node that re-registered after the
+        new leader's rejoin grace ran out). A complete answer of term 0 (a master without
+        terms, or a stub) asks nobody, as before; so does a view every peer of which was
+        listed healthy under ``term``: a true miss then costs no peer call. With ``sure``
+        a suspect peer (a transfer or probe with it failed within ``suspect_holder_s``) is
+        not asked either: a peer that died with the old leader stays in the view for
+        ``PEER_CARRY_S`` (the new leader never lists it departed), and a dead host's
+        connect may take a read's whole deadline.
+        """
+        if self.peer_view is None or (sure and term <= 0):
+            return []
+        suspect = set(self.suspects.current()) if sure else set()
+        by_id = {p.node_id: p for p in self.peer_view()
+                 if p.node_id != self.node_id and p.data_address
+                 and not (sure and (p.synced_term == term or p.node_id in suspect))}
+        return [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
 
     def extend_prefix(
         self, namespace_id: bytes, keys: Sequence[bytes], local: list[Tier], *,
@@ -516,7 +571,8 @@ class RemoteReads:
             got = self.lookup(namespace_id, keys[len(local):], self.node_id, left)
         except KvstoredError as exc:
             log.info("remote_lookup_failed", error=str(exc))
-            return local
+            return local + self._prefix_on_view(namespace_id, keys[len(local):], deadline,
+                                                sure=False, term=0)
         out = list(local)
         for r in got:
             if r.node_id == self.node_id:
@@ -524,7 +580,69 @@ class RemoteReads:
             out.append(r.tier)
         if len(got) > len(out) - len(local):  # stopped at a stale "us": ask past it
             out += self._prefix_elsewhere(namespace_id, keys[len(out):], deadline)
+        if len(out) < len(keys):  # the master's word may not cover every peer (view_peers)
+            out += self._prefix_on_view(namespace_id, keys[len(out):], deadline,
+                                        sure=bool(getattr(got, "complete", True)),
+                                        term=int(getattr(got, "term", 0)))
         return out
+
+    def _prefix_on_view(self, namespace_id: bytes, keys: Sequence[bytes], deadline: float, *,
+                        sure: bool, term: int) -> list[Tier]:
+        """The leading run of ``keys`` that the peers :meth:`view_peers` names hold (one
+        probe per peer, :meth:`probe_view`); [] when there are none to ask."""
+        peers = self.view_peers(sure=sure, term=term) if keys else []
+        if not peers:
+            return []
+        held = self.probe_view(namespace_id, keys, deadline, peers)
+        out: list[Tier] = []
+        for i in range(len(keys)):
+            if i not in held:
+                break
+            out.append(held[i])
+        return out
+
+    def probe_view(self, namespace_id: bytes, keys: Sequence[bytes], deadline: float,
+                   peers: Sequence[PeerRoom]) -> dict[int, Tier]:
+        """Which of ``keys`` ``peers`` hold: one data-plane probe per peer (GET_FLAG_PROBE:
+        nothing pinned, read, promoted or touched there), peers in parallel, within
+        ``deadline``. A peer that fails (dead, silent, an older node that refuses the flag)
+        answers nothing and becomes suspect. Never pins or fetches anything here.
+
+        Returns:
+            ``{index into keys: tier}`` of every key some peer holds (DRAM if any holds it
+            there).
+        """
+        if not peers or not keys or deadline - time.monotonic() < _MIN_RPC_S:
+            return {}
+
+        def ask(peer: PeerRoom) -> list[Tier | None]:
+            try:
+                return self._pooled(peer.data_address).probe(keys, namespace_id,
+                                                             deadline=deadline)
+            except KvstoredError as exc:
+                self.suspects.mark(peer.node_id)
+                log.info("remote_view_probe_failed", peer=peer.node_id, error=str(exc))
+                return []
+
+        held: dict[int, Tier] = {}
+        try:
+            futures = [self._racers.submit(ask, p) for p in peers]
+        except RuntimeError:  # closed
+            return {}
+        for fut in futures:
+            try:
+                got = fut.result(timeout=max(0.0, deadline - time.monotonic()) + _MIN_RPC_S)
+            except Exception:  # noqa: BLE001 (late or broken: that peer answers nothing)
+                log.info("remote_view_probe_late")
+                continue
+            for i, tier in enumerate(got):
+                if tier is not None and held.get(i) is not Tier.DRAM:
+                    held[i] = tier
+        with self._lock:
+            self.num_view_probed += len(held)
+        log.info("remote_view_probe_done", num_keys=len(keys), num_held=len(held),
+                 peers=",".join(p.node_id for p in peers))
+        return held
 
     def _prefix_elsewhere(self, namespace_id: bytes, keys: Sequence[bytes],
                           deadline: float) -> list[Tier]:
@@ -562,13 +680,17 @@ class RemoteReads:
         deadline = self.deadline(remaining_s)
         ask = [keys[i] for i in missing]
         found: dict[int, ClusterReplica] | None = None
+        sure, term = True, 0  # whether the master's answer is its whole word (view_peers)
         left = deadline - time.monotonic()
         if self.lookup_each is not None and left >= _MIN_RPC_S:
             try:
                 found = self.lookup_each(namespace_id, ask, self.node_id, left, (), 0)
             except KvstoredError as exc:
                 log.info("remote_lookup_failed", error=str(exc))
-                return present, tiers
+                found, sure = {}, False
+            else:
+                sure = bool(getattr(found, "complete", True))
+                term = int(getattr(found, "term", 0))
         if found is None:  # no per-key lookup (an older master): runs past the misses
             found = self.find(namespace_id, ask, deadline=deadline, max_runs=self.exists_max_runs)
         present = list(present)
@@ -594,6 +716,14 @@ class RemoteReads:
             present[missing[j]] = True
             if tiers:
                 tiers[missing[j]] = rep.tier
+        unknown = [j for j in range(len(ask)) if not present[missing[j]]]
+        peers = self.view_peers(sure=sure, term=term) if unknown else []
+        if peers:  # no master could tell, or its word does not cover these peers
+            held = self.probe_view(namespace_id, [ask[j] for j in unknown], deadline, peers)
+            for n, tier in held.items():
+                present[missing[unknown[n]]] = True
+                if tiers:
+                    tiers[missing[unknown[n]]] = tier
         return present, tiers
 
     # ---- fetching ----------------------------------------------------------------------
@@ -663,8 +793,8 @@ class RemoteReads:
                 mine = [j for j, p in zip(mine, still, strict=True) if not p]
                 claimed = [flight_keys[j] for j in mine]
             mine_keys = [keys[missing[j]] for j in mine]
-            found, sure = (self._find_each(namespace_id, mine_keys, deadline=deadline)
-                           if mine_keys else ({}, True))
+            found, sure, term = (self._find_each(namespace_id, mine_keys, deadline=deadline)
+                                 if mine_keys else ({}, True, 0))
             ours = [j for j, rep in found.items() if rep.node_id == self.node_id]
             if ours and through is not None:
                 # the master still names our own copy, evicted here within the last
@@ -690,9 +820,12 @@ class RemoteReads:
                 fetched, dropped, failed, fallbacks = self._fill_with_fallback(
                     plan, namespace_id, deadline, through=thr)
             unknown = [k for j, k in enumerate(mine_keys) if j not in found]
-            if not sure and unknown and self.peer_view is not None:
-                # no master can tell where these are: ask the peers of the cached view
-                n_view, n_seen = self._fill_from_view(unknown, namespace_id, deadline, thr)
+            view = self.view_peers(sure=sure, term=term) if unknown else []
+            if view:
+                # no master can tell where these are, or the leader that answered has not
+                # got these peers' inventories: ask them directly (view_peers)
+                n_view, n_seen = self._fill_from_view(unknown, namespace_id, deadline, thr,
+                                                      view)
                 fetched += n_view
                 num_found += n_seen
         finally:
@@ -722,15 +855,11 @@ class RemoteReads:
                            fallbacks, hedged, hedge_won)
 
     def _fill_from_view(self, keys: list[bytes], namespace_id: bytes, deadline: float,
-                        through: _Through | None) -> tuple[int, int]:
-        """Ask the peers of the cached view for ``keys`` (no master can tell where they
-        are; module docstring): one GET per peer, peers in parallel, the first peer to
-        announce a block gets it. Returns ``(blocks committed or carried, blocks some peer
-        announced)``."""
-        assert self.peer_view is not None
-        by_id = {p.node_id: p for p in self.peer_view()
-                 if p.node_id != self.node_id and p.data_address}
-        peers = [by_id[n] for n in self.suspects.order(by_id)][: self.max_view_peers]
+                        through: _Through | None, peers: list[PeerRoom]) -> tuple[int, int]:
+        """Ask ``peers`` (of the cached view: :meth:`view_peers`) for ``keys`` (no master
+        can tell where they are; module docstring): one GET per peer, peers in parallel,
+        the first peer to announce a block gets it. Returns ``(blocks committed or
+        carried, blocks some peer announced)``."""
         if not peers or deadline - time.monotonic() < _MIN_RPC_S:
             return 0, 0
         claimed: dict[bytes, str] = {}
@@ -1432,16 +1561,17 @@ def master_reads(core: NodeCore, master_address: str, *, node_id: str,
 
     def lookup(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float
                ) -> list[ClusterReplica]:
-        got, _ = client.lookup_prefix(namespace_id, keys, local_node_id=local,
-                                      timeout_s=timeout_s)
-        return got
+        got, complete, term = client.lookup_prefix_term(namespace_id, keys, local_node_id=local,
+                                                        timeout_s=timeout_s)
+        return Prefix(got, complete=complete, term=term)
 
     def lookup_each(namespace_id: bytes, keys: Sequence[bytes], local: str, timeout_s: float,
                     avoid: Sequence[str], max_alternates: int
                     ) -> dict[int, ClusterReplica] | None:
-        got = client.lookup_each(namespace_id, keys, local_node_id=local, timeout_s=timeout_s,
-                                 avoid=avoid, max_alternates=max_alternates)
-        return None if got is None else Found(got[0], complete=got[1])
+        got = client.lookup_each_term(namespace_id, keys, local_node_id=local,
+                                      timeout_s=timeout_s, avoid=avoid,
+                                      max_alternates=max_alternates)
+        return None if got is None else Found(got[0], complete=got[1], term=got[2])
 
     def report(peer: str, epoch: int, ok: bool, timeout_s: float) -> None:
         client.report_transfer(peer, epoch, ok=ok, reporter_node_id=node_id,

@@ -246,6 +246,11 @@ class PeerRoom:
             the view prefer new zones (kvstored/node/put_replicas.py).
         full_room_bytes: as ``room_bytes`` up to the tiers' capacity instead of the
             watermark (a spare-only hand-off's room).
+        synced_term: the master term whose listing last named this peer "healthy" (its
+            inventory synced into that leader's index); 0 = the newest listing did not (a
+            peer carried over a failover, still "syncing" there or not registered yet), or
+            a master without terms. A read trusts a ``complete`` lookup of term T to speak
+            for this peer only when this is T (kvstored/node/remote.py).
     """
 
     node_id: str
@@ -257,6 +262,7 @@ class PeerRoom:
     """Bytes it may still take before its tiers are full (their capacity, not the high
     watermark), its ``spare_bytes`` counted as room, as of that view: what a spare-only
     hand-off (:meth:`Spiller.hand_off`) may still find there."""
+    synced_term: int = 0
 
 
 @dataclass(slots=True)
@@ -546,6 +552,7 @@ class Spiller:
             log.debug("spill_peer_view_failed", error=str(exc))
             return self.peers
         self._view_at = now
+        term = int(listing.get("term", 0) or 0)
         view = []
         listed: dict[str, dict[str, Any]] = {}
         for n in listing.get("nodes", []):
@@ -559,7 +566,7 @@ class Spiller:
             view.append(PeerRoom(n["node_id"], n["data_address"], max(0, room),
                                  float(n.get("coldest_age_s", 0.0) or 0.0),
                                  str(n.get("zone", "") or ""),
-                                 full_room_bytes=pool_room_bytes(tiers, 1.0)))
+                                 full_room_bytes=pool_room_bytes(tiers, 1.0), synced_term=term))
             self._seen_healthy[n["node_id"]] = now
         # A new leader (or a restarted master) lists its nodes as they come back: a peer
         # still "syncing" there, or not registered yet, is no dead peer. Such a peer of the
@@ -582,6 +589,9 @@ class Spiller:
                 if tiers.get("SSD") or tiers.get("DRAM"):
                     old.room_bytes = max(0, pool_room_bytes(tiers, self.high))
                     old.full_room_bytes = pool_room_bytes(tiers, 1.0)
+            # carried: this listing's leader does not have its inventory (yet), so its
+            # "complete" lookups do not speak for this peer (reads ask it directly)
+            old.synced_term = 0
             view.append(old)
         for gone in set(self._seen_healthy) - {p.node_id for p in view}:
             del self._seen_healthy[gone]

@@ -109,6 +109,13 @@ GET_FLAG_RANGES = 8
 item's payload is that range of the block (:func:`range_bytes` bytes); the item header keeps
 the block's whole size. A node older than the flag refuses it (the client then reads whole
 blocks)."""
+GET_FLAG_PROBE = 16
+"""Request flag of a GET: a presence probe. Each item header says whether the node holds
+the key and in which tier (``found``, ``tier``; size 0, no meta, generation 0) and no
+payload follows; nothing is pinned, read, promoted, touched or counted as a get (a node's
+Exists / LookupPrefix asking the peers of its cached view during a failover,
+kvstored/node/remote.py). Refused with GET_FLAG_FILL_FROM_PEERS or GET_FLAG_RANGES; a node
+older than the flag refuses it (the prober then counts that peer as not answering)."""
 PUT_FLAG_FACTOR_SHIFT = 8
 PUT_FLAG_FACTOR_MASK = 0x0F << PUT_FLAG_FACTOR_SHIFT
 """PUT flag bits of the blocks' replication factor (``flags >> PUT_FLAG_FACTOR_SHIFT``)."""
@@ -117,7 +124,8 @@ PUT_FLAG_HANDOFF = 1
 PUT_FLAGS = PUT_FLAG_FACTOR_MASK | PUT_FLAG_HANDOFF
 """Every flag a PUT may carry."""
 U64 = struct.Struct("<Q")
-GET_FLAGS = GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT | GET_FLAG_RANGES
+GET_FLAGS = (GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT
+             | GET_FLAG_RANGES | GET_FLAG_PROBE)
 """Every flag a GET may carry."""
 RANGE = struct.Struct("<QQ")  # offset, length (GET_FLAG_RANGES)
 RANGE_TO_END = (1 << 64) - 1
@@ -259,6 +267,13 @@ class FrameLimits:
             raise ProtocolError(
                 f"data-plane GET flags {flags:#x} set both GET_FLAG_FILL_FROM_PEERS (2) and "
                 "GET_FLAG_PEER_EXPORT (4): a peer's export read never fills from other peers"
+            )
+        probe_with = GET_FLAG_FILL_FROM_PEERS | GET_FLAG_RANGES
+        if op == OP_GET and flags & GET_FLAG_PROBE and flags & probe_with:
+            raise ProtocolError(
+                f"data-plane GET flags {flags:#x} set GET_FLAG_PROBE (16) with "
+                "GET_FLAG_FILL_FROM_PEERS (2) or GET_FLAG_RANGES (8): a probe sends no bytes "
+                "and asks nobody else"
             )
         if count > self.max_items:
             raise FrameRejected(BatchTooLarge(

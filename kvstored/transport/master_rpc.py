@@ -38,7 +38,7 @@ from kvstored.errors import (
     Unavailable,
     error_from_code,
 )
-from kvstored.rpc_status import error_from_rpc
+from kvstored.rpc_status import error_from_rpc, no_answer_error
 from kvstored.security.tls import TlsFiles, open_channel
 from kvstored.transport.master_targets import (
     RECONNECT_BACKOFF_OPTIONS,
@@ -118,11 +118,13 @@ class MasterClient:
         tls: mutual TLS to the master (kvstored/security/tls.py); None = plaintext.
 
     Raises (from every call):
-        Unavailable: no master could be reached within the deadline (retriable).
+        Unavailable: no master could be reached, or the last one tried did not answer
+            within ``timeout_s`` ("master at X did not answer M within N ms": a stopped,
+            overloaded or cut-off master; retriable).
         NotLeader: every master tried answered that it does not lead (retriable: an
             election is under way).
         StaleTerm: the answer came from a term older than one already seen.
-        DeadlineExceeded: the call did not finish within ``timeout_s``.
+        DeadlineExceeded: the master itself answered that a deadline passed.
         InvalidArgument: ``address`` is malformed (at construction).
     """
 
@@ -173,21 +175,28 @@ class MasterClient:
         Raises:
             grpc.RpcError: the last try's failure (or the only one, with a single address).
             StaleTerm: the answer's term is older than the newest seen.
-            Unavailable / NotLeader: etcd could not be read, or names no leader.
+            Unavailable / NotLeader: etcd could not be read, or names no leader; or
+                Unavailable "master at X did not answer M within N ms": the last master
+                tried never answered (:func:`~kvstored.rpc_status.no_answer_error`).
         """
         tries = len(self.targets.addresses) + 1 if self._following else 1
         last: BaseException | None = None
+        timeout = timeout_s or self.timeout_s
         for _ in range(max(tries, 2) if self.targets.uses_etcd else tries):
             try:
                 if not self.address:
                     self._resolve()
-                resp = getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
+                resp = getattr(self._stub, name)(request, timeout=timeout)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
+                # no answer at all (a SIGSTOPped or cut-off master): Unavailable naming it
+                late = no_answer_error(exc, f"master at {self.address}", name, timeout)
                 if not self._following or not (isinstance(err, NotLeader)
                                                or type(err) in (Unavailable, DeadlineExceeded)):
+                    if late is not None:
+                        raise late from None
                     raise
-                last = exc
+                last = late if late is not None else exc
                 self._move(leader_hint(exc) if isinstance(err, NotLeader) else "")
                 continue
             except (NotLeader, Unavailable) as exc:  # etcd unreadable or no leader yet
@@ -312,6 +321,20 @@ class MasterClient:
             ``(replicas, complete)``: the best replica of each leading block present
             cluster-wide; ``complete`` is False while some node is still (re)syncing.
 
+        Args and Raises: as :meth:`lookup_prefix_term`.
+        """
+        got, complete, _ = self.lookup_prefix_term(
+            namespace_id, keys, local_node_id=local_node_id, timeout_s=timeout_s, avoid=avoid,
+            max_alternates=max_alternates)
+        return got, complete
+
+    def lookup_prefix_term(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
+    ) -> tuple[list[ClusterReplica], bool, int]:
+        """:meth:`lookup_prefix` with the answering leader's term: ``(replicas, complete,
+        term)`` (term 0: a master without terms).
+
         Args:
             timeout_s: this call's deadline (default: the client's ``timeout_s``).
             avoid: node ids the caller found unreachable: ranked after every other readable
@@ -327,7 +350,7 @@ class MasterClient:
                                            avoid_node_ids=list(avoid),
                                            max_alternates=max_alternates)
         resp = self._call("LookupPrefix", req, timeout_s)
-        return _replicas(resp), resp.complete
+        return _replicas(resp), resp.complete, int(resp.term)
 
     def lookup_each(
         self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
@@ -345,6 +368,25 @@ class MasterClient:
         Raises:
             InvalidArgument: too many keys or avoided nodes, or an empty or oversized key.
         """
+        got = self.lookup_each_term(namespace_id, keys, local_node_id=local_node_id,
+                                    timeout_s=timeout_s, avoid=avoid,
+                                    max_alternates=max_alternates)
+        return None if got is None else (got[0], got[1])
+
+    def lookup_each_term(
+        self, namespace_id: bytes, keys: Sequence[bytes], *, local_node_id: str = "",
+        timeout_s: float | None = None, avoid: Sequence[str] = (), max_alternates: int = 0,
+    ) -> tuple[dict[int, ClusterReplica], bool, int] | None:
+        """:meth:`lookup_each` with the answering leader's term (0: a master without
+        terms, no ``--etcd``): ``(found, complete, term)``, or None from an older master.
+
+        A node's read compares the term with the one under which its cached peer view
+        last saw each peer synced (kvstored/node/remote.py): ``complete`` is the leader's
+        word on the nodes it knows, not on a node it has not heard from yet.
+
+        Raises:
+            InvalidArgument: as :meth:`lookup_each`.
+        """
         req = pb.MasterLookupPrefixRequest(namespace_id=namespace_id, keys=list(keys),
                                            local_node_id=local_node_id, every_key=True,
                                            avoid_node_ids=list(avoid),
@@ -352,8 +394,8 @@ class MasterClient:
         resp = self._call("LookupPrefix", req, timeout_s)
         if not resp.every_key:
             return None
-        return {int(k): rep for k, rep in zip(resp.key_index, _replicas(resp), strict=True)
-                }, resp.complete
+        return ({int(k): rep for k, rep in zip(resp.key_index, _replicas(resp), strict=True)},
+                resp.complete, int(resp.term))
 
     def report_transfer(self, node_id: str, epoch: int, *, ok: bool, reporter_node_id: str = "",
                         timeout_s: float | None = None) -> str:

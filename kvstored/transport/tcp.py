@@ -55,6 +55,7 @@ from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
+    GET_FLAG_PROBE,
     GET_FLAG_RANGES,
     GET_ITEM_GEN,
     HEADER,
@@ -85,12 +86,14 @@ from kvstored.transport.tcp_streams import (
     plan_ranges,
     plan_streams,
 )
+from kvstored.types import Tier
 
 __all__ = [
     "DataPlaneClient", "GetItem", "PutItem", "Sink",
     "tune_socket",
 ]
 
+_TIERS = frozenset(int(t) for t in (Tier.DRAM, Tier.SSD))
 RUNS_PER_STREAM = 2
 """Runs a split GET is cut into per stream: each stream takes the next run when it is done
 with one, so a stream held up (a busy core) delays one run, not a fixed share; more runs
@@ -410,6 +413,42 @@ class DataPlaneClient:
             avg = sum(sizes) // len(sizes)
             self._avg_block_bytes = avg if not self._avg_block_bytes else (self._avg_block_bytes + avg) // 2
         return out
+
+    def probe(self, keys: Sequence[bytes], namespace_id: bytes, *, deadline: float
+              ) -> list[Tier | None]:
+        """Which of ``keys`` the node holds, and in which tier (GET_FLAG_PROBE: item headers
+        only; the node pins, reads, promotes and touches nothing).
+
+        Returns:
+            Per key, in order: its tier on the node, or None (absent, or an item error).
+
+        Raises:
+            Unavailable: cannot connect.  DeadlineExceeded: the deadline passed.
+            TransferFailed: the connection broke, or the node sent a malformed answer.
+            InvalidArgument: the node refused the flag (a node older than it) or the request.
+            A KvstoredError for a whole-request error.
+        """
+        body = encode_get_body(keys, namespace_id, None)
+        request = encode_header(OP_GET, GET_FLAG_GENERATION | GET_FLAG_PROBE, len(keys),
+                                len(body)) + body
+        count = len(keys)
+
+        def run(sock: socket.socket, reader: Reader) -> list[Tier | None]:
+            send_all(sock, [request], deadline)
+            self._check_status(reader, OP_GET, count)
+            out: list[Tier | None] = []
+            for i in range(count):
+                code, tier, found, size, meta_len, msg_len, _ = GET_ITEM_GEN.unpack(
+                    reader.read_exact(GET_ITEM_GEN.size))
+                if size or meta_len or msg_len > MAX_MSG_BYTES:
+                    raise ProtocolError(f"probe item #{i} announces {size} payload bytes and a "
+                                        f"{meta_len}-byte meta; a probe answer carries neither")
+                if msg_len:
+                    reader.read_exact(msg_len)
+                out.append(Tier(tier) if found and not code and tier in _TIERS else None)
+            return out
+
+        return self._call(run, deadline)  # type: ignore[return-value]
 
     def _get_runs(
         self, keys: Sequence[bytes], namespace_id: bytes, sink: Sink, deadline: float,

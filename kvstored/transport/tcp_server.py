@@ -69,6 +69,7 @@ from kvstored.transport.framing import (
     GET_FLAG_FILL_FROM_PEERS,
     GET_FLAG_GENERATION,
     GET_FLAG_PEER_EXPORT,
+    GET_FLAG_PROBE,
     GET_FLAG_RANGES,
     GET_ITEM,
     GET_ITEM_GEN,
@@ -503,6 +504,11 @@ class DataPlaneServer:
                         ns, keys = decode_get_body(raw, count)
                     del raw
                     _check_tenant(principal, ns, "data-plane GET")
+                    if flags & GET_FLAG_PROBE:
+                        code = self._handle_probe(
+                            sock, reader, keys, ns,
+                            with_generation=bool(flags & GET_FLAG_GENERATION))
+                        return True
                     code = self._handle_get(sock, reader, keys, ns,
                                             with_generation=bool(flags & GET_FLAG_GENERATION),
                                             fill=bool(flags & GET_FLAG_FILL_FROM_PEERS),
@@ -582,6 +588,26 @@ class DataPlaneServer:
                 self._budget_freed.notify_all()
 
     # ---- GET -----------------------------------------------------------------------------
+    def _handle_probe(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
+                      *, with_generation: bool) -> int:
+        """A GET_FLAG_PROBE: per key, held here and in which tier (``core.exists``: never
+        pins, reads, promotes or touches); item headers only, no payload."""
+        core = self.core
+        item, tail = (GET_ITEM_GEN, (0,)) if with_generation else (GET_ITEM, ())
+        try:
+            core.check_batch(len(keys))
+            core.check_namespace_id(ns)
+            present, tiers = core.exists(keys, ns, with_tiers=True)
+        except KvstoredError as exc:
+            send_all(sock, [error_response(OP_GET, exc)], reader.deadline)
+            return int(exc.code)
+        out: list[bytes | memoryview] = [encode_header(OP_GET, 0, len(keys), 0)]
+        for p, t in zip(present, tiers, strict=True):
+            out.append(item.pack(0, int(t) if p and t is not None else 0, 1 if p else 0,
+                                 0, 0, 0, *tail))
+        send_all(sock, out, reader.deadline)
+        return 0
+
     def _handle_get(self, sock: socket.socket, reader: Reader, keys: list[bytes], ns: bytes,
                     *, with_generation: bool = False, fill: bool = False,
                     peer_export: bool = False,

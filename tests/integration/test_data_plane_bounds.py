@@ -149,11 +149,12 @@ def test_count_over_max_batch_keys_is_refused_before_the_body(make_plane: Any) -
     assert p.server.counters().rejected_frames == 1
 
 
-@pytest.mark.parametrize(("op", "flags"), [(1, 16), (1, 6), (1, 0x8000), (2, 0x8000), (2, 2),
-                                           (2, 4)])
+@pytest.mark.parametrize(("op", "flags"), [(1, 32), (1, 6), (1, 18), (1, 24), (1, 0x8000),
+                                           (2, 0x8000), (2, 2), (2, 4)])
 def test_unknown_request_flags_are_refused(make_plane: Any, op: int, flags: int) -> None:
-    """Unknown bits, GET flags 2 (fill from peers) and 4 (peer export) together, any PUT flag
-    but the replication factor's bits and PUT_FLAG_HANDOFF (1)."""
+    """Unknown bits, GET flags 2 (fill from peers) and 4 (peer export) together, GET flag 16
+    (a probe) with 2 or 8 (ranges), any PUT flag but the replication factor's bits and
+    PUT_FLAG_HANDOFF (1)."""
     p = make_plane()
     with p.connect() as s:
         s.sendall(HEADER.pack(b"KVDP", 1, op, flags, 1, 18))

@@ -19,7 +19,13 @@ from kvstored import errors
 from kvstored.config import NodeConfig
 from kvstored.errors import ErrorCode, KvstoredError
 from kvstored.node.service import NodeServicer, add_node_service
-from kvstored.rpc_status import ERROR_CODE_METADATA_KEY, error_from_rpc, grpc_status, grpc_trailing_metadata
+from kvstored.rpc_status import (
+    ERROR_CODE_METADATA_KEY,
+    error_from_rpc,
+    grpc_status,
+    grpc_trailing_metadata,
+    no_answer_error,
+)
 from kvstored.v1 import node_pb2 as pb
 
 CODES = [c for c in ErrorCode if c != ErrorCode.OK]
@@ -165,3 +171,18 @@ def test_garbage_request_is_invalid_argument(server: _Server, channel: grpc.Chan
     back = error_from_rpc(info.value)
     assert type(back) is errors.InvalidArgument
     assert "StatsRequest" in str(back)
+
+
+def test_a_call_nobody_answered_is_unavailable_naming_the_server_and_the_time() -> None:
+    # a SIGSTOPped master: gRPC's own deadline, no kvstored code (fail17b, issue 17 item 3)
+    late = no_answer_error(_FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded",
+                                         None), "master at 127.0.0.1:7080", "ListNodes", 0.5)
+    assert isinstance(late, errors.Unavailable)
+    assert str(late).startswith("master at 127.0.0.1:7080 did not answer ListNodes within "
+                                "500 ms (the process may be stopped")
+    # the server's own DeadlineExceeded (it carries kvstored's code) and other failures stay
+    own = ((ERROR_CODE_METADATA_KEY, str(int(errors.ErrorCode.DEADLINE_EXCEEDED))),)
+    assert no_answer_error(_FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "slow", own),
+                           "master at x:1", "ListNodes", 0.5) is None
+    assert no_answer_error(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "refused", None),
+                           "master at x:1", "ListNodes", 0.5) is None

@@ -207,3 +207,35 @@ def test_the_view_keeps_peers_a_new_leader_lists_as_syncing_or_not_yet(
         assert [p.node_id for p in sp.refresh_peers(force=True)] == ["b"]
     finally:
         sp.close()
+
+
+class TermMaster(RebuildingMaster):
+    """:class:`RebuildingMaster` whose listings carry a leader's ``term``."""
+
+    def __init__(self, up: InProcMaster, peers: dict[str, Peer], room: dict[str, int]) -> None:
+        super().__init__(up, peers, room)
+        self.term = 3
+
+    def list_nodes(self) -> dict[str, Any]:
+        return dict(super().list_nodes(), term=self.term)
+
+
+def test_each_peer_of_the_view_records_the_term_that_listed_it_healthy(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # a read trusts a complete lookup of term T for a peer only if T's listing named it
+    # healthy (kvstored/node/remote.py view_peers): a peer carried over a failover is not
+    new = TermMaster(master, peers, {"b": 2 * BLOCK, "c": 4 * BLOCK})
+    sp = _spiller(src, new)  # type: ignore[arg-type]
+    try:
+        terms = {p.node_id: p.synced_term for p in sp.refresh_peers(force=True)}
+        assert terms == {"b": 3, "c": 3}
+        new.term = 4  # a new leader: b re-registered and is still syncing, c not yet
+        new.rebuilding, new.syncing, new.listed = True, {"b"}, {"b"}
+        terms = {p.node_id: p.synced_term for p in sp.refresh_peers(force=True)}
+        assert terms == {"b": 0, "c": 0}
+        new.syncing = set()  # b synced: term 4 has its inventory; c still on its way
+        terms = {p.node_id: p.synced_term for p in sp.refresh_peers(force=True)}
+        assert terms == {"b": 4, "c": 0}
+    finally:
+        sp.close()

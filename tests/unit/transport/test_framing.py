@@ -84,6 +84,19 @@ def test_put_flags_carry_only_the_replication_factor() -> None:
             LIMITS.check_request_header(OP_PUT, 1, 0, bad)
 
 
+def test_a_probe_get_sends_no_bytes_and_asks_nobody_else() -> None:
+    from kvstored.transport.framing import (
+        GET_FLAG_FILL_FROM_PEERS,
+        GET_FLAG_GENERATION,
+        GET_FLAG_PROBE,
+    )
+
+    LIMITS.check_request_header(OP_GET, 1, 0, GET_FLAG_PROBE | GET_FLAG_GENERATION)
+    for bad in (GET_FLAG_FILL_FROM_PEERS, GET_FLAG_RANGES):
+        with pytest.raises(ProtocolError, match="GET_FLAG_PROBE"):
+            LIMITS.check_request_header(OP_GET, 1, 0, GET_FLAG_PROBE | bad)
+
+
 def test_put_sizes_are_bounded_as_a_sum_skipped_items_included() -> None:
     LIMITS.check_put_sizes([1 << 20] * 4)
     with pytest.raises(FrameRejected) as exc_info:
