@@ -3,6 +3,8 @@
 #   etcd-server  (/usr/bin/etcd: the etcd the master-HA tests start on loopback ports)
 #   systemd      (systemd-analyze verify and systemd-sysusers on the units in systemd/,
 #                 tests/e2e/test_systemd_*.py)
+#   nftables     (nft: tests/e2e/test_e2e_master_ha.py cuts one master's etcd port to show a
+#                 leader cut off from etcd stops leading)
 #   python3-pyverbs, rdma-core, ibverbs-providers (rdma-core 44: the verbs bindings
 #                 kvstored/transport/rdma.py loads from /usr/lib/python3/dist-packages; the PyPI
 #                 pyverbs sdist does not build against Debian 12, so it is not a pip dependency;
@@ -13,6 +15,7 @@ set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 /usr/bin/python3 -c "import pyverbs.device" >/dev/null 2>&1 || missing+=(python3-pyverbs rdma-core ibverbs-providers)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
