@@ -91,6 +91,10 @@ def _check_factor(factor: int) -> None:
                               f"or the default 1), got {factor}")
 
 
+_NO_HOLDERS = np.zeros(0, np.int64)
+_NO_HOLDERS.flags.writeable = False  # (shared: no avoided holders)
+
+
 @dataclass(frozen=True, slots=True)
 class WireHit:
     """Answer of :meth:`BlockIndex.lookup_wire`: a LookupPrefix answer's columns, encoded.
@@ -871,8 +875,9 @@ class BlockIndex:
             return None
         t = c.tables[ns]
         columns, consts = native_args(c)
+        avoid = np.asarray(avoid_holders, dtype=np.int64) if len(avoid_holders) else _NO_HOLDERS
         got = impl.lookup_wire(t.probe_buffers(), columns, consts, request, int(local_holder),
-                               np.asarray(avoid_holders, dtype=np.int64), max_alternates,
+                               avoid, max_alternates,
                                bool(len(avoid_holders)), every_key)
         return None if got is None else WireHit(*got)
 
