@@ -91,6 +91,19 @@ def _check_factor(factor: int) -> None:
                               f"or the default 1), got {factor}")
 
 
+_POSITIONS = [np.zeros(0, np.int64)]  # (a list: grown in place)
+
+
+def _positions(n: int) -> np.ndarray:
+    """``np.arange(n)`` (int64, read-only): a view of one shared array, grown by doubling."""
+    got = _POSITIONS[0]
+    if len(got) < n:
+        got = np.arange(max(n, 2 * len(got)), dtype=np.int64)
+        got.flags.writeable = False
+        _POSITIONS[0] = got
+    return got[:n]
+
+
 _NO_HOLDERS = np.zeros(0, np.int64)
 _NO_HOLDERS.flags.writeable = False  # (shared: no avoided holders)
 
@@ -537,7 +550,7 @@ class BlockIndex:
         if num_added and not table.has_room(num_added):  # exactly as insert_many would grow
             add_keys = [keys[i] for i in run if kinds[i] == _ADDED]
             table.reserve(int((table.get_many(keys_to_words(add_keys)) < 0).sum()))
-        idx = np.arange(len(run), dtype=np.int64) if whole else np.asarray(run, dtype=np.int64)
+        idx = _positions(len(run)) if whole else np.asarray(run, dtype=np.int64)
         codes = np.empty(len(run), np.int8)
         got = impl.apply_events(c, table, ns, holder, idx, kinds, keys,
                                 np.ascontiguousarray(bc.tiers, np.int64),

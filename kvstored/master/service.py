@@ -237,8 +237,7 @@ def read_heartbeat(data: bytes) -> WireRequest:
     parses no event); the whole message when the extension is not built or the events are
     not in the form C reads (protobuf's reading, then the handler's)."""
     impl = native.master_index
-    got = impl.parse_events(data, MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
-                            _HEARTBEAT_EVENTS_FIELD, True) if impl is not None else None
+    got = impl.parse_events(data, *_HEARTBEAT_PARSE_ARGS) if impl is not None else None
     if got is None:
         return WireRequest(pb.HeartbeatRequest.FromString(data), data)
     return WireRequest(pb.HeartbeatRequest.FromString(got[-1]), data, got)
@@ -556,6 +555,9 @@ _EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
 _EVENT_KINDS_PAIR = (int(EventKind.ADDED), int(EventKind.REMOVED))
 _TIER_PAIR = (int(Tier.DRAM), int(Tier.SSD))
+_HEARTBEAT_PARSE_ARGS = (MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
+                         _HEARTBEAT_EVENTS_FIELD, True)
+"""``parse_events``' arguments after the bytes for a heartbeat (its events, the rest apart)."""
 
 
 MAX_ZONE_CHARS = 64
