@@ -642,17 +642,19 @@ static PyObject *parse_events(PyObject *self, PyObject *args) {
         }
     }
     PyObject *seqs = PyList_New(n), *kinds = PyList_New(n), *nss = PyList_New(n), *keys = PyList_New(n);
-    PyObject *tiers = PyBytes_FromStringAndSize(NULL, 8 * n), *sizes = PyBytes_FromStringAndSize(NULL, 8 * n);
-    PyObject *gens = PyBytes_FromStringAndSize(NULL, 8 * n), *copies = PyBytes_FromStringAndSize(NULL, n);
-    PyObject *reps = PyBytes_FromStringAndSize(NULL, 8 * n);
+    /* the value columns as bytearrays: numpy takes them as its own writable arrays
+       (np.frombuffer, no copy) */
+    PyObject *tiers = PyByteArray_FromStringAndSize(NULL, 8 * n), *sizes = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    PyObject *gens = PyByteArray_FromStringAndSize(NULL, 8 * n), *copies = PyByteArray_FromStringAndSize(NULL, n);
+    PyObject *reps = PyByteArray_FromStringAndSize(NULL, 8 * n);
     PyObject *out = NULL, *last_ns = NULL;
     PyObject *rest_obj = rest ? PyBytes_FromStringAndSize((const char *)rest, rest_len) : Py_NewRef(Py_None);
     PyMem_Free(rest);
     if (!seqs || !kinds || !nss || !keys || !tiers || !sizes || !gens || !copies || !reps || !rest_obj) goto done;
-    int64_t *t = (int64_t *)PyBytes_AS_STRING(tiers), *sz = (int64_t *)PyBytes_AS_STRING(sizes);
-    uint64_t *g = (uint64_t *)PyBytes_AS_STRING(gens);
-    int64_t *rp = (int64_t *)PyBytes_AS_STRING(reps);
-    char *cp = PyBytes_AS_STRING(copies);
+    int64_t *t = (int64_t *)PyByteArray_AS_STRING(tiers), *sz = (int64_t *)PyByteArray_AS_STRING(sizes);
+    uint64_t *g = (uint64_t *)PyByteArray_AS_STRING(gens);
+    int64_t *rp = (int64_t *)PyByteArray_AS_STRING(reps);
+    char *cp = PyByteArray_AS_STRING(copies);
     for (i = 0; i < n; i++) {
         Event *e = &evs[i];
         PyObject *q = PyLong_FromUnsignedLongLong(e->seq), *k = PyLong_FromLongLong(e->kind);

@@ -91,6 +91,23 @@ def _check_factor(factor: int) -> None:
                               f"or the default 1), got {factor}")
 
 
+_POSITIONS = [np.zeros(0, np.int64)]  # (a list: grown in place)
+
+
+def _positions(n: int) -> np.ndarray:
+    """``np.arange(n)`` (int64, read-only): a view of one shared array, grown by doubling."""
+    got = _POSITIONS[0]
+    if len(got) < n:
+        got = np.arange(max(n, 2 * len(got)), dtype=np.int64)
+        got.flags.writeable = False
+        _POSITIONS[0] = got
+    return got[:n]
+
+
+_NO_HOLDERS = np.zeros(0, np.int64)
+_NO_HOLDERS.flags.writeable = False  # (shared: no avoided holders)
+
+
 @dataclass(frozen=True, slots=True)
 class WireHit:
     """Answer of :meth:`BlockIndex.lookup_wire`: a LookupPrefix answer's columns, encoded.
@@ -533,7 +550,7 @@ class BlockIndex:
         if num_added and not table.has_room(num_added):  # exactly as insert_many would grow
             add_keys = [keys[i] for i in run if kinds[i] == _ADDED]
             table.reserve(int((table.get_many(keys_to_words(add_keys)) < 0).sum()))
-        idx = np.arange(len(run), dtype=np.int64) if whole else np.asarray(run, dtype=np.int64)
+        idx = _positions(len(run)) if whole else np.asarray(run, dtype=np.int64)
         codes = np.empty(len(run), np.int8)
         got = impl.apply_events(c, table, ns, holder, idx, kinds, keys,
                                 np.ascontiguousarray(bc.tiers, np.int64),
@@ -871,8 +888,9 @@ class BlockIndex:
             return None
         t = c.tables[ns]
         columns, consts = native_args(c)
+        avoid = np.asarray(avoid_holders, dtype=np.int64) if len(avoid_holders) else _NO_HOLDERS
         got = impl.lookup_wire(t.probe_buffers(), columns, consts, request, int(local_holder),
-                               np.asarray(avoid_holders, dtype=np.int64), max_alternates,
+                               avoid, max_alternates,
                                bool(len(avoid_holders)), every_key)
         return None if got is None else WireHit(*got)
 

@@ -201,6 +201,11 @@ class Membership:
         self._incomplete_until_s = self.clock() + max(0.0, float(rejoin_grace_s))
         self._oldest_heartbeat_s = math.inf  # <= every live node's last_heartbeat_s
         self._complete: bool | None = None  # is_complete() cached until a node changes
+        self.holders_version = 0
+        """Bumped whenever the map holder -> node record changes (a registration, a sync's
+        swap, a holder retired): what a holder's node is (and its spec: a record's spec is
+        never replaced) stays the same while this does (the LookupPrefix answers' node
+        entries are cached on it, :class:`~kvstored.master.service.MasterServicer`)."""
 
     # ---- helpers ---------------------------------------------------------------------
     def _refresh(self, rec: NodeRecord) -> None:
@@ -211,6 +216,7 @@ class Membership:
     def _retire(self, holder: int) -> None:
         self.index.retire_holder(holder)  # first: its observer may ask whose holder it was
         self._by_holder.pop(holder, None)
+        self.holders_version += 1
 
     def _epoch_of(self, node_id: str) -> int | None:
         rec = self._nodes.get(node_id)
@@ -342,6 +348,7 @@ class Membership:
                          gap=prev is not None and prev.gap)
         self._nodes[spec.node_id] = rec
         self._by_holder[holder] = rec
+        self.holders_version += 1
         self.departed.forget(spec.node_id)
         self._refresh(rec)
         log.info("node_registered", node_id=spec.node_id, epoch=spec.epoch,
@@ -451,6 +458,7 @@ class Membership:
         rec.holder = pending.holder
         rec.pending = None
         self._by_holder[rec.holder] = rec
+        self.holders_version += 1
         self._retire(old)
         rec.applied_seq = seq
         rec.synced = True
@@ -509,7 +517,7 @@ class Membership:
                 take.append(i)
                 applied = q
         kinds = cols.kinds
-        if len(take) != n or not set(kinds) <= _KINDS:
+        if len(take) != n or not (cols.kinds_checked or set(kinds) <= _KINDS):
             for i in take:
                 if kinds[i] != _ADDED and kinds[i] != _REMOVED:
                     raise InvalidArgument(f"event {cols.seqs[i]}: kind must be ADDED or "
@@ -669,6 +677,31 @@ class Membership:
         """The live record of a node, or None."""
         self.expire_lapsed()
         return self._nodes.get(node_id)
+
+    def lookup_view(self, local_node_id: str, avoid_node_ids: Sequence[str]
+                    ) -> tuple[NodeRecord | None, list[int], bool]:
+        """What one LookupPrefix asks of the membership, with one lease scan
+        (:meth:`expire_lapsed`) instead of one per question.
+
+        Args:
+            local_node_id: the asker's node id ("" = none).
+            avoid_node_ids: nodes the asker suspects (unknown ones are skipped).
+
+        Returns:
+            ``(the asker's live record or None, the holders of the live avoided nodes,
+            :meth:`is_complete`)``.
+        """
+        self.expire_lapsed()
+        nodes = self._nodes
+        local = nodes.get(local_node_id) if local_node_id else None
+        avoid = ([rec.holder for rec in map(nodes.get, avoid_node_ids) if rec is not None]
+                 if avoid_node_ids else [])
+        if self.clock() < self._incomplete_until_s:
+            return local, avoid, False
+        complete = self._complete
+        if complete is None:
+            complete = self._complete = all(r.synced and not r.gap for r in nodes.values())
+        return local, avoid, complete
 
     def record_of_holder(self, holder: int) -> NodeRecord | None:
         """The node owning a holder (None once the holder was retired)."""

@@ -78,6 +78,9 @@ from kvstored.pb_enum import pb_enum
 from kvstored.rpc_status import grpc_status, grpc_trailing_metadata
 from kvstored.security.identity import principal_of_call
 from kvstored.tenancy import (
+    MAX_NAMESPACE_ID_BYTES as MAX_CLIENT_NAMESPACE_BYTES,
+)
+from kvstored.tenancy import (
     MAX_STORED_NAMESPACE_BYTES,
     check_namespace_length,
     check_stored_namespace,
@@ -200,7 +203,7 @@ class WireRequest:
         data: the bytes ``msg`` was parsed from (unchanged since).
     """
 
-    __slots__ = ("data", "events", "msg", "node_id")
+    __slots__ = ("data", "events", "msg")
 
     def __init__(self, msg: Any, data: bytes, events: tuple[Any, ...] | None = None) -> None:
         self.msg = msg
@@ -209,7 +212,13 @@ class WireRequest:
         """A heartbeat's events as C read them from ``data`` (``parse_events``' answer;
         ``msg`` was then parsed from the other fields' bytes only, its ``events`` empty);
         None: ``msg`` is the whole request."""
-        self.node_id: str = getattr(msg, "node_id", "")  # names the caller on log lines
+
+    @property
+    def node_id(self) -> str:
+        """The node the request speaks for ("" for a lookup): names the caller on log lines
+        (read only when a line is logged)."""
+        node_id = getattr(self.msg, "node_id", "")
+        return node_id if isinstance(node_id, str) else ""
 
     @staticmethod
     def reader(message_type: Any) -> Callable[[bytes], WireRequest]:
@@ -228,8 +237,7 @@ def read_heartbeat(data: bytes) -> WireRequest:
     parses no event); the whole message when the extension is not built or the events are
     not in the form C reads (protobuf's reading, then the handler's)."""
     impl = native.master_index
-    got = impl.parse_events(data, MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
-                            _HEARTBEAT_EVENTS_FIELD, True) if impl is not None else None
+    got = impl.parse_events(data, *_HEARTBEAT_PARSE_ARGS) if impl is not None else None
     if got is None:
         return WireRequest(pb.HeartbeatRequest.FromString(data), data)
     return WireRequest(pb.HeartbeatRequest.FromString(got[-1]), data, got)
@@ -271,12 +279,23 @@ def _varint(value: int) -> bytes:
 _LOOKUP_TERM_TAG = _varint(pb.MasterLookupPrefixResponse.TERM_FIELD_NUMBER << 3)  # a varint
 
 
+_term_field: dict[int, bytes] = {}
+"""The encoded term field of LookupPrefix answers, per term (a master serves few terms)."""
+
+
 def serialize_answer(resp: Any) -> bytes:
     """The response serializer of LookupPrefix: a :class:`WireAnswer`'s bytes plus its term
     (omitted when 0, as protobuf omits it), else the message's own serialization."""
     if isinstance(resp, WireAnswer):
         term = resp.term
-        return resp.wire + _LOOKUP_TERM_TAG + _varint(term) if term else resp.wire
+        if not term:
+            return resp.wire
+        field = _term_field.get(term)
+        if field is None:
+            if len(_term_field) > 64:
+                _term_field.clear()
+            field = _term_field[term] = _LOOKUP_TERM_TAG + _varint(term)
+        return resp.wire + field
     return resp.SerializeToString()
 
 
@@ -354,7 +373,8 @@ def _rpc(*roles: Role) -> Callable[[Handler[R]], Handler[R]]:
                     principal = principal_of_call(context)
                     if allowed.isdisjoint(principal.roles):
                         require_role(principal, *roles, action=action)  # raises, naming both
-                    caller_token = _CALLER.set(principal)
+                    if principal is not _CALLER.get():  # (the default: TRUSTED_LOCAL)
+                        caller_token = _CALLER.set(principal)
                 gate = self.gate
                 if gate is not None and not gate.is_leading():
                     raise self._not_leader()
@@ -466,7 +486,8 @@ def event_columns(events: Any) -> EventColumns:
     kinds = [e.kind for e in events]
     refs = [e.block for e in events]
     _check_kinds(seqs, kinds)
-    return EventColumns(seqs, kinds, block_columns(refs, lambda i: f"event {seqs[i]}"))
+    return EventColumns(seqs, kinds, block_columns(refs, lambda i: f"event {seqs[i]}"),
+                        kinds_checked=True)
 
 
 def _check_kinds(seqs: list[int], kinds: list[int]) -> None:
@@ -511,23 +532,22 @@ def parsed_event_columns(got: tuple[Any, ...], events: Callable[[], Any]) -> Eve
         InvalidArgument: as :func:`event_columns`.
     """
     seqs, kinds, nss, keys, tiers, sizes, gens, copies, reps, clean, consecutive, distinct = got[:12]
-    cols = BlockColumns(nss, keys, np.frombuffer(tiers, np.int64).copy(),
-                        np.frombuffer(sizes, np.int64).copy(), np.frombuffer(gens, np.uint64).copy(),
-                        np.frombuffer(copies, np.bool_).copy(), np.frombuffer(reps, np.int64).copy())
+    # (C's columns are bytearrays: the arrays are views of them, writable, no copy)
+    frombuffer = np.frombuffer
+    cols = BlockColumns(nss, keys, frombuffer(tiers, np.int64), frombuffer(sizes, np.int64),
+                        frombuffer(gens, np.uint64), frombuffer(copies, np.bool_),
+                        frombuffer(reps, np.int64))
     if not clean:  # C found a bad value: these checks name the first bad event
         _check_kinds(seqs, kinds)
         _check_block_columns(cols, lambda: [e.block for e in events()],
                              lambda i: f"event {seqs[i]}")
-    return EventColumns(seqs, kinds, cols, consecutive, distinct)
+    return EventColumns(seqs, kinds, cols, consecutive, distinct, kinds_checked=True)
 
 
 _COMPLETE_TRUE = bytes([6 << 3, 1])
 """``complete = true`` (field 6, a varint) of a MasterLookupPrefixResponse, as wire bytes."""
 _EVERY_KEY_TRUE = bytes([8 << 3, 1])
 """``every_key = true`` (field 8) of a MasterLookupPrefixResponse, as wire bytes."""
-MAX_CACHED_NODE_ENTRIES = 16384
-"""Node entries of LookupPrefix answers kept encoded (:meth:`MasterServicer._node_entry`)
-before the cache is dropped and refilled (holders of departed nodes stay in it until then)."""
 
 _REPORT_EVENTS_FIELD = pb.ReportEventsRequest.EVENTS_FIELD_NUMBER
 _HEARTBEAT_EVENTS_FIELD = pb.HeartbeatRequest.EVENTS_FIELD_NUMBER
@@ -535,6 +555,9 @@ _EVENT_KINDS = frozenset({int(EventKind.ADDED), int(EventKind.REMOVED)})
 _TIER_VALUES = np.array([int(Tier.DRAM), int(Tier.SSD)], dtype=np.int64)
 _EVENT_KINDS_PAIR = (int(EventKind.ADDED), int(EventKind.REMOVED))
 _TIER_PAIR = (int(Tier.DRAM), int(Tier.SSD))
+_HEARTBEAT_PARSE_ARGS = (MAX_KEY_BYTES, MAX_REPLICAS, *_EVENT_KINDS_PAIR, *_TIER_PAIR,
+                         _HEARTBEAT_EVENTS_FIELD, True)
+"""``parse_events``' arguments after the bytes for a heartbeat (its events, the rest apart)."""
 
 
 MAX_ZONE_CHARS = 64
@@ -579,7 +602,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         passes False only without ``[tls]``, where every caller is TRUSTED_LOCAL anyway."""
         self.metrics = metrics if metrics is not None else MasterMetrics()
         self.gate = gate
-        self._node_wire: dict[int, tuple[NodeSpec, bytes]] = {}  # holder -> (spec, entry)
+        self._node_wire: dict[int, bytes] = {}  # holder -> its answers' node entry
+        self._node_wire_of: Membership | None = None  # whose holders, at which version
+        self._node_wire_version = -1
 
     def _not_leader(self) -> NotLeader:
         g = self.gate
@@ -602,6 +627,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         """Serve a new term's state from the next call on (the old one is dropped whole)."""
         self.state = state
         self._node_wire = {}  # holder ids are the term's own
+        self._node_wire_of = None
 
     @property
     def membership(self) -> Membership:
@@ -760,8 +786,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 path: the bytes go out as they are), else always a message.
         """
         namespace_id = request.namespace_id
-        check_namespace_length(namespace_id)
-        check_caller_namespace(namespace_id, action="MasterService.LookupPrefix")
+        if len(namespace_id) > MAX_CLIENT_NAMESPACE_BYTES:  # (shorter ones always pass)
+            check_namespace_length(namespace_id)
+        if _CALLER.get() is not TRUSTED_LOCAL:  # (TRUSTED_LOCAL may name every tenant's)
+            check_caller_namespace(namespace_id, action="MasterService.LookupPrefix")
         num_keys = len(request.keys)
         if num_keys > MAX_LOOKUP_KEYS:
             raise InvalidArgument(f"{num_keys} keys in one lookup; the limit is {MAX_LOOKUP_KEYS}")
@@ -770,21 +798,18 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             raise InvalidArgument(f"{len(avoid_ids)} avoid_node_ids in one lookup; "
                                   f"the limit is {MAX_AVOID_NODES}")
         m = self.membership
-        m.expire_lapsed()
-        local = m.node(request.local_node_id) if request.local_node_id else None
-        holder = local.holder if local else -1
-        avoid = [rec.holder for rec in map(m.node, avoid_ids) if rec is not None] if avoid_ids else []
+        local, avoid, complete = m.lookup_view(request.local_node_id, avoid_ids)
         alternates = min(request.max_alternates, MAX_ALTERNATES)
         every_key = request.every_key
         got = self.index.lookup_wire(namespace_id, request.SerializeToString() if data is None else data,
-                                     local_holder=holder,
+                                     local_holder=local.holder if local else -1,
                                      avoid_holders=avoid, max_alternates=alternates,
                                      every_key=every_key)
         if got is None:
             return self._lookup_prefix_columns(request, local, avoid, alternates)
-        parts = [self._node_entry(h) for h in got.holders]
+        parts = self._node_entries(m, got.holders)
         parts.append(got.wire)
-        if m.is_complete():
+        if complete:
             parts.append(_COMPLETE_TRUE)
         if every_key:
             parts.append(_EVERY_KEY_TRUE)
@@ -796,25 +821,41 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             return WireAnswer(wire, got.num_blocks)
         return pb.MasterLookupPrefixResponse.FromString(wire)
 
-    def _node_entry(self, holder: int) -> bytes:
-        """The wire bytes of one ``nodes`` entry of a LookupPrefix answer (field 1: a
-        ReplicaNode), kept per holder while its node's spec stays the same object.
+    def _node_entries(self, m: Membership, holders: list[int]) -> list[bytes]:
+        """The wire bytes of the ``nodes`` entries of a LookupPrefix answer naming
+        ``holders`` (field 1: a ReplicaNode each), from a cache kept while the membership's
+        :attr:`~Membership.holders_version` stays the same (no holder's node changed), so a
+        lookup reads a dict per holder instead of its node's record and spec.
+
+        Raises:
+            InternalError: a holder has no node (cannot happen: readable holders have one).
+        """
+        cache = self._node_wire
+        if self._node_wire_of is not m or self._node_wire_version != m.holders_version:
+            cache.clear()  # a node registered, synced or left: built again as asked
+            self._node_wire_of = m
+            self._node_wire_version = m.holders_version
+        try:
+            return [cache[h] for h in holders]
+        except KeyError:
+            return [self._node_entry(m, h) for h in holders]
+
+    def _node_entry(self, m: Membership, holder: int) -> bytes:
+        """The wire bytes of one ``nodes`` entry (see :meth:`_node_entries`), cached.
 
         Raises:
             InternalError: the holder has no node (cannot happen: readable holders have one).
         """
-        rec = self.membership.record_of_holder(holder)
+        got = self._node_wire.get(holder)
+        if got is not None:
+            return got
+        rec = m.record_of_holder(holder)
         if rec is None:  # cannot happen: readable holders have records
             raise InternalError(f"holder {holder} is readable but has no node")
         spec = rec.spec
-        got = self._node_wire.get(holder)
-        if got is not None and got[0] is spec:
-            return got[1]
-        if len(self._node_wire) > MAX_CACHED_NODE_ENTRIES:
-            self._node_wire.clear()  # retired holders' entries: dropped now and then
         entry = pb.MasterLookupPrefixResponse(nodes=[pb.ReplicaNode(
             node_id=spec.node_id, epoch=spec.epoch, data_address=spec.data_address)]).SerializeToString()
-        self._node_wire[holder] = (spec, entry)
+        self._node_wire[holder] = entry
         return entry
 
     def _note_remote_reads(self, request: pb.MasterLookupPrefixRequest, local: NodeRecord,

@@ -265,6 +265,8 @@ class EventColumns:
     checks)."""
     distinct: bool | None = None
     """No (namespace_id, key) pair twice, as the reader found it (None: not known)."""
+    kinds_checked: bool = False
+    """Every kind is ADDED or REMOVED, as the reader checked (False: the master checks)."""
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -704,3 +704,57 @@ def test_the_lookup_tally_exports_what_prometheus_histograms_and_counters_would(
     got = lines(m.registry)
     assert [g.rsplit(" ", 1)[0] for g in got] == [w.rsplit(" ", 1)[0] for w in want]
     assert [float(g.rsplit(" ", 1)[1]) for g in got] == pytest.approx([float(w.rsplit(" ", 1)[1]) for w in want])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lookup_node_entries_follow_every_membership_change(seed: int) -> None:
+    """The node entries a LookupPrefix answer names are cached per membership version
+    (``Membership.holders_version``): after a node reconnects with new addresses (same
+    epoch, same holder), restarts (new epoch, new holder, synced), leaves, or a new node
+    joins, every answer equals the one of a servicer without a cache on the same state,
+    and names each node's current spec."""
+    from master_helpers import spec
+
+    from kvstored.master.service import MasterServicer
+    from kvstored.master.types import BlockColumns
+    from kvstored.v1 import master_pb2 as pb
+
+    rng = random.Random(900 + seed)
+    sv, keys, names = _servicer(rng, 6, 40)
+    m = sv.state.membership  # type: ignore[attr-defined]
+
+    def check() -> None:
+        for _ in range(6):
+            req = pb.MasterLookupPrefixRequest(
+                namespace_id=NS, keys=keys[:3] + rng.sample(keys, 8), max_alternates=3,
+                every_key=rng.random() < 0.5, local_node_id=rng.choice(["", *names]))
+            got = sv._lookup_prefix(req)  # type: ignore[attr-defined]
+            fresh = MasterServicer(sv.state, check_roles=False)  # type: ignore[attr-defined]
+            assert got == fresh._lookup_prefix(req)
+            for n in got.nodes:
+                rec = m.node(n.node_id)
+                assert rec is not None
+                assert (n.epoch, n.data_address) == (rec.spec.epoch, rec.spec.data_address)
+
+    def sync(name: str, epoch: int) -> None:
+        mine = keys[:3] + rng.sample(keys[3:], 10)
+        k = len(mine)
+        m.sync_inventory(name, epoch, sync_id=epoch, last_chunk=True, seq=0, blocks=BlockColumns(
+            [NS] * k, mine, np.ones(k, np.int64), np.full(k, 5, np.int64), np.zeros(k, np.uint64),
+            np.zeros(k, np.bool_), np.zeros(k, np.int64)))
+
+    check()
+    m.register(spec(names[0], port=9100))  # the live daemon reconnecting, new addresses
+    check()
+    m.register(spec(names[1], epoch=2, port=9200))  # a restart: a new holder once synced
+    sync(names[1], 2)
+    check()
+    m.unregister(names[2], 1)
+    names.remove(names[2])
+    check()
+    m.register(spec("late", port=9300))
+    sync("late", 1)
+    names.append("late")
+    check()
+    m.register(spec(names[0], port=9400))  # and again: the cache must not keep 9100's entry
+    check()
