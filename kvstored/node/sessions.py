@@ -399,8 +399,22 @@ class LeaseBook:
     def take_many(self, kind: str, lease_ids: Sequence[int], session_id: int | None = None
                   ) -> list[tuple[LeaseState, Lease | None]]:
         """:meth:`take` of each lease id, in order, under one lock (a batch of acks)."""
+        out: list[tuple[LeaseState, Lease | None]] = []
         with self._lock:
-            return [self._take_locked(kind, i, session_id) for i in lease_ids]
+            leases, sessions, active = self._leases, self._sessions, self._num_active
+            for lease_id in lease_ids:
+                lease = leases.get(lease_id)
+                if (lease is None or lease.kind != kind
+                        or (session_id is not None and lease.session_id != session_id)):
+                    out.append(self._take_locked(kind, lease_id, session_id))  # the general path
+                    continue
+                del leases[lease_id]  # an active lease of the holder: _take_locked's HELD case
+                active[kind] -= 1
+                sess = sessions[lease.session_id]
+                sess.active.discard(lease_id)
+                sess.by_request.pop(lease.request_id, None)
+                out.append((LeaseState.HELD, lease))
+        return out
 
     def _take_locked(self, kind: str, lease_id: int, session_id: int | None
                      ) -> tuple[LeaseState, Lease | None]:
