@@ -285,15 +285,14 @@ class LeaseBook:
                 return None
             expires = self.clock() + lease_s
             ids: list[int] = []
+            leases, quarantined, draw = self._leases, self._quarantined, self._ids.next
             for its, nb in zip(items, num_bytes, strict=True):
-                while True:
-                    lease_id = self._ids.next()
-                    if lease_id not in self._leases and lease_id not in self._quarantined:
-                        break
-                self._leases[lease_id] = Lease(kind, lease_id, session_id, expires, its, nb,
-                                               request_id)
-                sess.active.add(lease_id)
+                lease_id = draw()
+                while lease_id in leases or lease_id in quarantined:
+                    lease_id = draw()
+                leases[lease_id] = Lease(kind, lease_id, session_id, expires, its, nb, request_id)
                 ids.append(lease_id)
+            sess.active.update(ids)
             self._num_active[kind] = self._num_active.get(kind, 0) + len(ids)
             if request_id and ids:
                 sess.by_request[request_id] = tuple(ids)
