@@ -252,6 +252,9 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         self.on_change: Callable[[bytes], None] | None = None
         """Called with a key after the map gained or lost it (the store's spare-bytes count,
         tiers/spare.py ``SpareBytes``)."""
+        self.on_change_many: Callable[[list[bytes]], None] | None = None
+        """``on_change`` of several keys in one call, in order (:meth:`add_new`'s batch);
+        None: ``on_change`` per key. Set both or only ``on_change``."""
 
     def _lost(self, key: bytes, old: _Sized) -> None:
         self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
@@ -311,6 +314,9 @@ class ObservedEntries(OrderedDict[bytes, Any]):
                 by_tag[tag] = (first, n + v.size_bytes)
             for first, n in by_tag.values():
                 usage.count(first, tier, n)
+        if self.on_change_many is not None:
+            self.on_change_many([k for k, _ in items])
+            return
         on_change = self.on_change
         if on_change is not None:
             for k, _ in items:

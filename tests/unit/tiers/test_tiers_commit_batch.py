@@ -55,6 +55,7 @@ def _state(s: TieredStore) -> dict[str, Any]:
         "tenant_used": dict(st.tenants.used_bytes),
         "tenant_reserved": {t: n for t, n in st.tenants.reserved_bytes.items() if n},
         "copies": list(dram.copies),
+        "spare": (s._spare.total, dict(s._spare._counted)),  # a copy-marked block is spare room
         # per key, in the order keys first appear, its last event: what a reader of the feed
         # ends up knowing (a key twice in a batch and marked a copy: committed alone, its
         # mark is reported then its drop; batched, the mark's end once)
@@ -125,6 +126,10 @@ def test_a_batched_commit_leaves_the_store_as_per_block_commits_do(seed: int, fe
         assert a["reserved_bytes"] == 0 and not a["tenant_reserved"]
         assert a["order"][:3] == [store_key(NS, k) for k in before]  # older blocks stay older
         assert a["one_sided"][2] == 0  # every committed block is published one-sided
+        # the marked block counts as spare room, unless a second write of it (a local put)
+        # or a block stored before dropped the mark
+        once = [k for k, _, _ in writes].count(copy_key) == 1 and copy_key not in before
+        assert (a["spare"][0] > 0) is once
         for k, size, _ in writes:  # and holds its bytes (a key stored before: those)
             got_kv = batched.get(k, namespace_id=NS)
             assert got_kv is not None
