@@ -388,8 +388,9 @@ class ControlServer:
             if field == "pin_blocks":  # the hot get: answered straight into ``out``, no copy
                 await servicer.PinBlocks(req.pin_blocks, conn.ctx, into=out.pin_blocks)
             elif field == "commit_slots":  # its refill may follow the answer (conn.after)
-                response = await servicer.CommitSlots(req.commit_slots, conn.ctx, after=conn.after)
-                out.commit_slots.CopyFrom(response)
+                await servicer.CommitSlots(req.commit_slots, conn.ctx, after=conn.after,
+                                           into=out.commit_slots)
+                out.commit_slots.SetInParent()  # (set even when every field is its default)
             else:
                 response = await getattr(servicer, method)(getattr(req, field), conn.ctx)
                 getattr(out, field).CopyFrom(response)

@@ -531,6 +531,7 @@ class NodeServicer:
     async def CommitSlots(
         self, req: pb.CommitSlotsRequest, ctx: Any,
         after: list[Callable[[], Coroutine[Any, Any, pb.CommitSlotsResponse]]] | None = None,
+        into: pb.CommitSlotsResponse | None = None,
     ) -> pb.CommitSlotsResponse:
         """Reserve-ahead puts (kvstored/node/slots.py): commit, return and grant slots.
 
@@ -539,6 +540,8 @@ class NodeServicer:
                 it and ``grant_after_answer``, the refill is left out of the answer
                 (``grant_follows``) and appended here as a coroutine function returning the
                 response of the slots granted (:meth:`_grant_after_answer`).
+            into: fill this (empty) message instead of a new one (the control channel passes
+                its response's field, saving a copy); returned.
         """
         core = self.core
         tenant = self._tenant(ctx, req.session_id)
@@ -559,8 +562,9 @@ class NodeServicer:
             got = await self._run(core.slots.commit_slots, ns, writes, **kwargs)
         assert isinstance(got, tuple), got
         outcomes, slots = got
-        resp = pb.CommitSlotsResponse(slot_budget_bytes=core.slots.budget_bytes,
-                                      accepts_columns=True)
+        resp = pb.CommitSlotsResponse() if into is None else into
+        resp.slot_budget_bytes = core.slots.budget_bytes
+        resp.accepts_columns = True
         if columns and all(o.error is None for o in outcomes):
             resp.write_stored.extend([o.stored for o in outcomes])  # one packed field
         else:

@@ -285,15 +285,14 @@ class LeaseBook:
                 return None
             expires = self.clock() + lease_s
             ids: list[int] = []
+            leases, quarantined, draw = self._leases, self._quarantined, self._ids.next
             for its, nb in zip(items, num_bytes, strict=True):
-                while True:
-                    lease_id = self._ids.next()
-                    if lease_id not in self._leases and lease_id not in self._quarantined:
-                        break
-                self._leases[lease_id] = Lease(kind, lease_id, session_id, expires, its, nb,
-                                               request_id)
-                sess.active.add(lease_id)
+                lease_id = draw()
+                while lease_id in leases or lease_id in quarantined:
+                    lease_id = draw()
+                leases[lease_id] = Lease(kind, lease_id, session_id, expires, its, nb, request_id)
                 ids.append(lease_id)
+            sess.active.update(ids)
             self._num_active[kind] = self._num_active.get(kind, 0) + len(ids)
             if request_id and ids:
                 sess.by_request[request_id] = tuple(ids)
@@ -399,8 +398,22 @@ class LeaseBook:
     def take_many(self, kind: str, lease_ids: Sequence[int], session_id: int | None = None
                   ) -> list[tuple[LeaseState, Lease | None]]:
         """:meth:`take` of each lease id, in order, under one lock (a batch of acks)."""
+        out: list[tuple[LeaseState, Lease | None]] = []
         with self._lock:
-            return [self._take_locked(kind, i, session_id) for i in lease_ids]
+            leases, sessions, active = self._leases, self._sessions, self._num_active
+            for lease_id in lease_ids:
+                lease = leases.get(lease_id)
+                if (lease is None or lease.kind != kind
+                        or (session_id is not None and lease.session_id != session_id)):
+                    out.append(self._take_locked(kind, lease_id, session_id))  # the general path
+                    continue
+                del leases[lease_id]  # an active lease of the holder: _take_locked's HELD case
+                active[kind] -= 1
+                sess = sessions[lease.session_id]
+                sess.active.discard(lease_id)
+                sess.by_request.pop(lease.request_id, None)
+                out.append((LeaseState.HELD, lease))
+        return out
 
     def _take_locked(self, kind: str, lease_id: int, session_id: int | None
                      ) -> tuple[LeaseState, Lease | None]:

@@ -31,11 +31,11 @@ from operator import attrgetter
 from typing import Protocol
 
 import structlog
-from sortedcontainers import SortedKeyList
 
 from kvstored import native
 from kvstored.native import store_release
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
+from kvstored.tiers.offset_index import OffsetIndex
 from kvstored.tiers.slots import Layout, SlotTable
 from kvstored.tiers.ssd_format import _TAG_BYTES, touch_time
 from kvstored.types import Tier, TierStats
@@ -77,14 +77,14 @@ class DramEntry:
     __slots__ = ("offset", "size_bytes", "pins", "info", "skey", "generation", "touched")
 
     def __init__(self, offset: int, size_bytes: int, info: tuple[bytes, bytes],
-                 generation: int = 0) -> None:
+                 generation: int = 0, touched: float | None = None) -> None:
         self.offset = offset
         self.size_bytes = size_bytes
         self.pins = 0
         self.info = info
         self.skey = b""
         self.generation = generation
-        self.touched = touch_time()
+        self.touched = touch_time() if touched is None else touched
 
     def __lt__(self, other: _HasOffset) -> bool:
         return self.offset < other.offset
@@ -371,7 +371,7 @@ class DramTier:
         self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
         # keyed by offset (attrgetter: C-level int compares; DramEntry.__lt__ cost ~2 us per
         # insert of a commit), 8 bytes per block more than a SortedList of the entries
-        self.by_offset: SortedKeyList = SortedKeyList(key=_OFFSET)
+        self.by_offset: OffsetIndex = OffsetIndex(key=_OFFSET)  # (add_run: a batch of commits)
         self.copies: OrderedDict[bytes, None] = OrderedDict()
         """Store keys of the committed blocks that are remote-fill copies of a peer's block
         (duplicates in the pool), oldest copy first; evicted before any other block and
@@ -422,22 +422,30 @@ class DramTier:
             self.arena.slot_table.publish(entry.offset, entry.size_bytes, entry.info[0],
                                           skey[_TAG_BYTES:], entry.generation, entry.info[1])
 
-    def add_many(self, items: list[tuple[bytes, DramEntry]]) -> None:
+    def add_many(self, items: list[tuple[bytes, DramEntry]], *, checked_new: bool = False) -> None:
         """:meth:`add` of each ``(skey, entry)`` (distinct keys not in the map), in order, the
-        last most recent, then one :meth:`publish` of them all (a batch of commits)."""
+        last most recent, then one :meth:`publish` of them all (a batch of commits).
+
+        ``checked_new``: the caller checked, under the store lock it still holds, that the
+        keys are distinct and none is in the map (the observed map then skips its own check,
+        ``ObservedEntries.add_new``); the order, stamps, events and counts are the same."""
+        if not items:
+            return
         for skey, entry in items:
             entry.skey = skey
         entries = self.entries
         add_new = getattr(entries, "add_new", None)  # the store's observed map (feed.py)
         if add_new is not None:
-            add_new(items)
+            add_new(items, checked_new=checked_new)
         else:
             for skey, entry in items:
                 entries[skey] = entry
-        add = self.by_offset.add
-        for _, entry in items:
-            add(entry)
-        self.publish([e for _, e in items])
+        self.by_offset.add_run([e for _, e in items])
+        pub: list[tuple[int, int, bytes, bytes, int, bytes]] = []
+        for skey, e in items:  # (after the map: the feed stamped the generations)
+            info = e.info
+            pub.append((e.offset, e.size_bytes, info[0], skey[_TAG_BYTES:], e.generation, info[1]))
+        self.arena.slot_table.publish_many(pub)
 
     def publish(self, entries: list[DramEntry]) -> None:
         """Publish entries added with ``publish=False``, in order (store lock held; see

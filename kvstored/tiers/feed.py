@@ -135,15 +135,25 @@ class ChangeFeed:
     def stamp_many(self, entries: Iterable[_Sized]) -> None:
         """:meth:`stamp` of each entry, in order, under one lock."""
         with self._lock:
+            gen = self._next_generation
             for entry in entries:
                 if not entry.generation:
-                    entry.generation = self._next_generation
-                    self._next_generation += 1
+                    entry.generation = gen
+                    gen += 1
+            self._next_generation = gen
 
     def record_added(self, tier: int, items: Iterable[tuple[bytes, int, int, bool]]) -> None:
         """:meth:`record` of an addition per ``(skey, size_bytes, generation, copy)``, in
         order, under one lock (the same queue, counts and overflow as one call each)."""
         with self._lock:
+            q = self._queue
+            if not isinstance(items, list):
+                items = list(items)
+            if not self._resync and len(q) + len(items) <= self.max_events:  # the usual case
+                self.num_recorded += len(items)
+                q.extend([(True, skey, tier, size_bytes, generation, copy)
+                          for skey, size_bytes, generation, copy in items])
+                return
             for skey, size_bytes, generation, copy in items:
                 self.num_recorded += 1
                 if self._resync:
@@ -242,6 +252,9 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         self.on_change: Callable[[bytes], None] | None = None
         """Called with a key after the map gained or lost it (the store's spare-bytes count,
         tiers/spare.py ``SpareBytes``)."""
+        self.on_change_many: Callable[[list[bytes]], None] | None = None
+        """``on_change`` of several keys in one call, in order (:meth:`add_new`'s batch);
+        None: ``on_change`` per key. Set both or only ``on_change``."""
 
     def _lost(self, key: bytes, old: _Sized) -> None:
         self._feed.record(False, key, self._tier, old.size_bytes, old.generation)
@@ -270,21 +283,28 @@ class ObservedEntries(OrderedDict[bytes, Any]):
         if self.on_change is not None:
             self.on_change(key)
 
-    def add_new(self, items: list[tuple[bytes, _Sized]]) -> None:
+    def add_new(self, items: list[tuple[bytes, _Sized]], *, checked_new: bool = False) -> None:
         """Set each ``(key, value)``, in order, as ``self[key] = value`` does (stamped,
         recorded, counted), for keys not in the map (a batch of commits: one feed lock for
         the stamps, one for the records, one usage count per namespace). A key that is in
-        the map already, or twice in ``items``, takes the one-by-one path."""
-        if any(k in self for k, _ in items) or len({k for k, _ in items}) != len(items):
+        the map already, or twice in ``items``, takes the one-by-one path.
+
+        ``checked_new``: the caller has checked (holding the lock that guards this map) that
+        the keys are distinct and none is in the map; the check is then not repeated."""
+        if not checked_new and (any(k in self for k, _ in items)
+                                or len({k for k, _ in items}) != len(items)):
             for k, v in items:
                 self[k] = v
             return
         feed, tier, copies = self._feed, self._tier, self.copies
-        feed.stamp_many(v for _, v in items)
+        feed.stamp_many([v for _, v in items])
+        setitem = OrderedDict.__setitem__
         for k, v in items:
-            OrderedDict.__setitem__(self, k, v)
-        feed.record_added(tier, [(k, v.size_bytes, v.generation, copies is not None and k in copies)
-                                 for k, v in items])
+            setitem(self, k, v)
+        if copies:
+            feed.record_added(tier, [(k, v.size_bytes, v.generation, k in copies) for k, v in items])
+        else:
+            feed.record_added(tier, [(k, v.size_bytes, v.generation, False) for k, v in items])
         usage = self._usage
         if usage is not None:
             by_tag: dict[bytes, tuple[bytes, int]] = {}  # namespace tag -> (a key of it, bytes)
@@ -294,6 +314,9 @@ class ObservedEntries(OrderedDict[bytes, Any]):
                 by_tag[tag] = (first, n + v.size_bytes)
             for first, n in by_tag.values():
                 usage.count(first, tier, n)
+        if self.on_change_many is not None:
+            self.on_change_many([k for k, _ in items])
+            return
         on_change = self.on_change
         if on_change is not None:
             for k, _ in items:

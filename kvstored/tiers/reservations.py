@@ -40,7 +40,7 @@ from kvstored.errors import (
 )
 from kvstored.tiers.base import NEEDS_IO, check_bytes, check_key
 from kvstored.tiers.dram import DramEntry
-from kvstored.tiers.ssd_format import store_key
+from kvstored.tiers.ssd_format import store_key, touch_time
 from kvstored.tiers.state import PendingReservation
 from kvstored.types import Reservation, Tier
 
@@ -321,13 +321,23 @@ class Reservations:
             new: list[tuple[bytes, DramEntry]] = []  # added and published together below
             fresh: set[bytes] = set()
             reserved = 0
+            round_up = allocator.round_up
+            sizes: dict[int, int] = {}  # size -> its interned int (a batch has one or few sizes)
+            rounded: dict[int, int] = {}  # size -> the arena bytes it takes
+            now = touch_time()  # one stamp for the batch (entries share it within 1 ms anyway)
             try:
                 for i in range(len(writes) - 1, -1, -1):  # last first: the head ends most recent
                     r, key, size, meta = writes[i]
                     slot = pending.pop(r.reservation_id)  # _take_pending, summed below (checked above)
-                    reserved += dram.round_up(slot.size_bytes)
-                    unreserved[slot.skey] = unreserved.get(slot.skey, 0) + slot.size_bytes
-                    used = dram.round_up(size)
+                    ssize = slot.size_bytes
+                    got = rounded.get(ssize)
+                    if got is None:
+                        got = rounded[ssize] = round_up(ssize)
+                    reserved += got
+                    unreserved[slot.skey] = unreserved.get(slot.skey, 0) + ssize
+                    used = rounded.get(size)
+                    if used is None:
+                        used = rounded[size] = round_up(size)
                     if used < r.size_bytes:  # the slot's tail goes back to the free space
                         allocator.free(slot.offset + used, r.size_bytes - used)
                     skey = tag + key
@@ -338,14 +348,19 @@ class Reservations:
                     info = infos.get(meta)
                     if info is None:
                         info = infos[meta] = interner.info(namespace_id, meta)
-                    new.append((skey, DramEntry(slot.offset, interner.size(size), info)))
+                    isize = sizes.get(size)
+                    if isize is None:
+                        isize = sizes[size] = interner.size(size)
+                    new.append((skey, DramEntry(slot.offset, isize, info, 0, now)))
                     fresh.add(skey)
                     out[i] = True
             finally:
                 st.reserved_bytes -= reserved
                 for skey, n in unreserved.items():
                     st.tenants.unreserve(skey, n)
-                dram.add_many(new)  # before the lock is released: one publish for the batch
+                # (before the lock is released: one publish for the batch; the keys were
+                # checked distinct and absent above, under this lock)
+                dram.add_many(new, checked_new=True)
                 st.puts += len(new)
             st.cond.notify_all()
             return out

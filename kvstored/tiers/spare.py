@@ -31,7 +31,7 @@ no longer "only a duplicate"). Pure metadata: callers hold the store lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from kvstored.tiers.ssd_format import round_up_page, trailer_bytes
@@ -144,6 +144,27 @@ class SpareBytes:
         self._counted: dict[bytes, int] = {}
         self.total = 0
         """Bytes counted now."""
+
+    def recheck_many(self, skeys: Iterable[bytes]) -> None:
+        """:meth:`recheck` of each key, in order (a batch of commits: one call)."""
+        dram = self._dram
+        entries, copies, round_up = dram.entries, dram.copies, dram.round_up
+        ssd_entries = None if self._ssd is None else self._ssd.entries
+        counted = self._counted
+        for skey in skeys:
+            e = entries.get(skey)
+            spare = e is not None and (skey in copies
+                                       or (ssd_entries is not None and skey in ssd_entries))
+            had = counted.get(skey)
+            if spare:
+                assert e is not None
+                n = round_up(e.size_bytes)
+                if had != n:
+                    counted[skey] = n
+                    self.total += n - (had or 0)
+            elif had is not None:
+                del counted[skey]
+                self.total -= had
 
     def recheck(self, skey: bytes) -> None:
         """The block ``skey`` joined or left a map (or its copy mark changed): count it, or

@@ -176,9 +176,9 @@ class TieredStore:
         self._transit = Transit(state)
         # copies and DRAM blocks also on SSD: room, not use (heartbeated spare_bytes)
         self._spare = spare = SpareBytes(dram, ssd)
-        dram_map.on_change = spare.recheck
+        dram_map.on_change, dram_map.on_change_many = spare.recheck, spare.recheck_many
         if ssd_map is not None:
-            ssd_map.on_change = spare.recheck
+            ssd_map.on_change, ssd_map.on_change_many = spare.recheck, spare.recheck_many
         if ssd is not None:
             ssd.redundant_victim = self._redundant_ssd_victim
         self._reservations = Reservations(state, self._transit)
