@@ -31,11 +31,11 @@ from operator import attrgetter
 from typing import Protocol
 
 import structlog
+from sortedcontainers import SortedKeyList
 
 from kvstored import native
 from kvstored.native import store_release
 from kvstored.tiers.allocator import DEFAULT_ALIGNMENT_BYTES, BlockAllocator
-from kvstored.tiers.offset_index import OffsetIndex
 from kvstored.tiers.slots import Layout, SlotTable
 from kvstored.tiers.ssd_format import _TAG_BYTES, touch_time
 from kvstored.types import Tier, TierStats
@@ -371,7 +371,7 @@ class DramTier:
         self.entries: OrderedDict[bytes, DramEntry] = OrderedDict()
         # keyed by offset (attrgetter: C-level int compares; DramEntry.__lt__ cost ~2 us per
         # insert of a commit), 8 bytes per block more than a SortedList of the entries
-        self.by_offset: OffsetIndex = OffsetIndex(key=_OFFSET)  # (add_run: a batch of commits)
+        self.by_offset: SortedKeyList = SortedKeyList(key=_OFFSET)
         self.copies: OrderedDict[bytes, None] = OrderedDict()
         """Store keys of the committed blocks that are remote-fill copies of a peer's block
         (duplicates in the pool), oldest copy first; evicted before any other block and
@@ -440,9 +440,10 @@ class DramTier:
         else:
             for skey, entry in items:
                 entries[skey] = entry
-        self.by_offset.add_run([e for _, e in items])
+        add = self.by_offset.add
         pub: list[tuple[int, int, bytes, bytes, int, bytes]] = []
         for skey, e in items:  # (after the map: the feed stamped the generations)
+            add(e)
             info = e.info
             pub.append((e.offset, e.size_bytes, info[0], skey[_TAG_BYTES:], e.generation, info[1]))
         self.arena.slot_table.publish_many(pub)
