@@ -467,3 +467,22 @@ def test_a_replica_never_evicts_an_original_of_a_peer_whose_room_vanished(pool3:
     assert pool3.holders(k2) == ["a", "c"]
     assert a.store.exists([key(i) for i in range(100, 163)]) == [True] * 63
     assert a.store.exists([key(300)]) == [False]  # the copy's room
+
+
+def test_with_the_master_down_a_peer_of_the_view_whose_room_vanished_drops_nothing(
+        pool3: Pool) -> None:
+    """The cached view says a has room; a is full of its own originals by now. The direct
+    replica PUT carries PUT_FLAG_SPARE too: a refuses it, drops nothing, and the put
+    reports 2 of 3 with NoCapacity naming it. (Fails on main: a evicted an original.)"""
+    view = _view(pool3)
+    pool3.rep.peer_view = lambda: view
+    pool3.rep.zone = "z1"
+    pool3.master.down = True
+    a = pool3.peers["a"]
+    _fill_with_originals(a, range(100, 164))
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 3)
+    assert a.store.exists([key(i) for i in range(100, 164)]) == [True] * 64, "a dropped originals"
+    assert (o.num_replicas, type(o.error)) == (2, NoCapacity)
+    assert "had no room that drops no sole copy" in str(o.error)
+    assert pool3.holders(k) == ["c"]
