@@ -193,11 +193,12 @@ class NodeCore:
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
         *, seen: set[bytes] | None = None, copy: bool = False,
-        handoff_age_s: float | None = None,
+        handoff_age_s: float | None = None, spare_or_redundant: bool = False,
     ) -> Reservation | PutOutcome:
         """See :meth:`LocalPuts.reserve_one`."""
         return self.puts.reserve_one(index, key, size_bytes, meta, namespace_id, seen=seen,
-                                     copy=copy, handoff_age_s=handoff_age_s)
+                                     copy=copy, handoff_age_s=handoff_age_s,
+                                     spare_or_redundant=spare_or_redundant)
 
     def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:
         """See :meth:`LocalPuts.commit_reserved`."""

@@ -515,6 +515,7 @@ class NodeDaemon:
             "streamed_through": lambda: plane.num_streamed_through if plane is not None else 0,
             "handoffs_taken": lambda: store.handoffs_taken,
             "handoffs_declined": lambda: store.handoffs_declined,
+            "spare_puts_refused": lambda: store.spare_puts_refused,
         }))
 
     async def _start_replicator(self, core: NodeCore) -> None:

@@ -115,6 +115,7 @@ class LocalPuts:
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
         *, seen: set[bytes] | None = None, copy: bool = False,
         handoff_age_s: float | None = None, spare_only: bool = False,
+        spare_or_redundant: bool = False,
     ) -> Reservation | PutOutcome:
         """Validate and reserve item ``index`` of a batch (no lease).
 
@@ -126,7 +127,9 @@ class LocalPuts:
             makes a later duplicate of a key in the same batch an ok no-op: first writer wins
             within a batch too. ``handoff_age_s``: a peer's pool-LRU hand-off
             (``TieredStore.reserve``); its refusal (NoCapacity) is the item's outcome, not
-            counted as an item error.
+            counted as an item error. ``spare_or_redundant``: a peer's spill or replica
+            PUT (PUT_FLAG_SPARE; ``TieredStore.reserve``): room only that drops no sole
+            copy; its refusal (NoCapacity) is quiet too.
         """
         limits = self._limits
         err = limits.put_item_error(index, key, size_bytes, meta)
@@ -137,13 +140,17 @@ class LocalPuts:
                 return PutOutcome(False)
             seen.add(key)
         try:
-            res = (self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
-                                       copy=copy, handoff_age_s=handoff_age_s)
-                   if not spare_only else
-                   self._store.reserve(key, size_bytes, namespace_id=namespace_id, meta=meta,
-                                       spare_only=True))
+            if spare_only:
+                res = self._store.reserve(key, size_bytes, namespace_id=namespace_id,
+                                          meta=meta, spare_only=True)
+            elif spare_or_redundant:
+                res = self._store.reserve(key, size_bytes, namespace_id=namespace_id,
+                                          meta=meta, spare_or_redundant=True)
+            else:
+                res = self._store.reserve(key, size_bytes, namespace_id=namespace_id,
+                                          meta=meta, copy=copy, handoff_age_s=handoff_age_s)
         except NoCapacity as exc:
-            quiet = copy or spare_only or handoff_age_s is not None
+            quiet = copy or spare_only or spare_or_redundant or handoff_age_s is not None
             return PutOutcome(False, exc if quiet else limits.count_item_error(exc))
         except KvstoredError as exc:
             return PutOutcome(False, limits.count_item_error(exc))

@@ -14,8 +14,10 @@ way spill moves blocks (kvstored/node/spill.py), except that nothing leaves this
               per block -> EXISTS (it has N holders: num_held) | PLACED on the peers it
                            lacks, new zones first (num_held before) | NO_CAPACITY | error
     hook("started")
-    per peer:  DataPlaneClient(peer).put(its blocks) under the deadline (the peer reserves
-               as bytes arrive; a torn transfer aborts its reservations)
+    per peer:  DataPlaneClient(peer).put(its blocks, PUT_FLAG_SPARE) under the deadline
+               (the peer reserves as bytes arrive, only room that drops no sole copy of
+               its own, else NO_CAPACITY for the item; a torn transfer aborts its
+               reservations)
     hook("sent")
     one call:  PutEndBatch(per write: commit if every peer of it stored it, else abort)
     release the exports; answer per block: replicas = num_held + peers that stored it
@@ -26,7 +28,11 @@ Why this is safe: a replica is indexed from its holder's own change event
 master places only on nodes that hold no original of the block, never on this node; a
 peer's write is visible there only once every byte arrived. A failure anywhere leaves the
 block on this node (it never leaves it: this is a copy, not a move) and is reported as
-fewer replicas, never silently. A put answers after every write ended (as Mooncake's put
+fewer replicas, never silently. A redundant replica never costs a peer an original: the
+PUTs carry PUT_FLAG_SPARE, so a peer whose room vanished since its last heartbeat takes a
+replica only into free space, its copies, DRAM blocks also on its SSD or a redundant
+replica of its own, and otherwise refuses it (NoCapacity in the outcome: fewer replicas);
+a peer older than the flag stores it as any put. A put answers after every write ended (as Mooncake's put
 waits for all replicas; docs/cluster.md "Replicas" says why).
 
 Master unavailable (a failover: the leader SIGKILLed, a follower answering NotLeader, a new
@@ -60,6 +66,7 @@ import structlog
 
 from kvstored.errors import (
     DeadlineExceeded,
+    ErrorCode,
     InvalidArgument,
     KvstoredError,
     NoCapacity,
@@ -188,6 +195,7 @@ class _Write:
     num_held: int
     peers: list[tuple[str, str]]  # (node id, data address)
     stored: set[str] = field(default_factory=set)  # node ids that stored it
+    no_room: set[str] = field(default_factory=set)  # node ids that answered NO_CAPACITY
 
 
 def hook_from_env() -> Hook | None:
@@ -242,6 +250,7 @@ class PutReplicas:
         self.zone = zone
         self._master_down_until = 0.0
         self.num_replicas_direct = 0  # replicas placed through the cached view
+        self.num_refused_no_room = 0  # replica PUT items a peer answered NO_CAPACITY (PUT_FLAG_SPARE)
         self.master = master
         self._transport_factory = transport
         self.node_id = node_id
@@ -424,14 +433,18 @@ class PutReplicas:
         self._fire("direct", blocks=[(e.key, [p.node_id for p in plan[i]]) for i, e, _ in blocks])
         stored: dict[int, int] = {}
         refused: dict[int, int] = {}
+        no_room: dict[int, int] = {}  # of refused: the peer had no room that drops nothing
         for peer, group in by_peer.values():
             ok: list[bool] = [False] * len(group)
             if time.monotonic() < deadline:
                 try:
                     got = self._peer(peer.data_address).put(
                         [(e.key, e.view, e.meta) for _, e in group], ns, deadline=deadline,
-                        replicas=factor)
+                        replicas=factor, spare_only=True)
                     ok = [item.code == 0 for item in got]
+                    for (i, _), item in zip(group, got, strict=True):
+                        if item.code == ErrorCode.NO_CAPACITY:
+                            no_room[i] = no_room.get(i, 0) + 1
                 except KvstoredError as exc:
                     log.warning("replicate_direct_transfer_failed", peer=peer.node_id,
                                 num_blocks=len(group), error=str(exc))
@@ -448,7 +461,13 @@ class PutReplicas:
             have = 1 + stored.get(i, 0)
             err: KvstoredError | None = None
             if have < factor:
-                if refused.get(i):
+                if refused.get(i) and no_room.get(i) == refused[i]:
+                    err = NoCapacity(
+                        f"block {e.key.hex()[:16]} has {have} of {factor} replicas: the master "
+                        f"could not place them ({cause}), and {refused[i]} of "
+                        f"{len(plan[i])} peers of the cached view had no room that drops no "
+                        "sole copy of theirs")
+                elif refused.get(i):
                     err = TransferFailed(
                         f"block {e.key.hex()[:16]} has {have} of {factor} replicas: the master "
                         f"could not place them ({cause}), and {refused[i]} of "
@@ -475,17 +494,26 @@ class PutReplicas:
                 continue
             items = [(w.block.key, w.block.view, w.block.meta) for w in group]
             try:
-                got = self._peer(address).put(items, ns, deadline=deadline, replicas=factor)
+                got = self._peer(address).put(items, ns, deadline=deadline, replicas=factor,
+                                              spare_only=True)
             except KvstoredError as exc:
                 log.warning("replicate_transfer_failed", peer=address, num_blocks=len(group),
                             error=str(exc))
                 continue
+            num_no_room = 0
             for w, item in zip(group, got, strict=True):
                 if item.code == 0:
                     w.stored.add(node_id)
+                elif item.code == ErrorCode.NO_CAPACITY:  # its room vanished: quiet
+                    w.no_room.add(node_id)
+                    num_no_room += 1
                 else:
                     log.warning("replicate_item_refused", peer=address,
                                 key=w.block.key.hex()[:16], code=item.code, error=item.message)
+            if num_no_room:
+                self.num_refused_no_room += num_no_room
+                log.info("replicate_peer_no_room", peer=address, num_blocks=num_no_room,
+                         num_sent=len(group))
 
     def _end(self, ns: bytes, factor: int, writes: list[_Write],
              out: list[ReplicaOutcome | None]) -> None:
@@ -518,10 +546,15 @@ class PutReplicas:
             have = w.num_held + len(w.stored)
             self.num_replicas_written += len(w.stored)
             err = None
+            missing = len(w.peers) - len(w.stored)
             if have < factor:
-                err = (TransferFailed(f"{len(w.peers) - len(w.stored)} of {len(w.peers)} peers "
+                err = (NoCapacity(f"block {w.block.key.hex()[:16]} has {have} of {factor} "
+                                  f"replicas: {missing} of {len(w.peers)} peers had no room "
+                                  "that drops no sole copy of theirs")
+                       if missing and len(w.no_room) == missing else
+                       TransferFailed(f"{missing} of {len(w.peers)} peers "
                                       f"did not store block {w.block.key.hex()[:16]}")
-                       if len(w.stored) < len(w.peers) else
+                       if missing else
                        NoCapacity(f"block {w.block.key.hex()[:16]} has {have} of {factor} "
                                   f"replicas: no other node has room (or distinct zones)"))
             out[w.index] = ReplicaOutcome(have, factor, err)

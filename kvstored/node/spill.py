@@ -108,6 +108,7 @@ import structlog
 
 from kvstored.errors import (
     DeadlineExceeded,
+    ErrorCode,
     KvstoredError,
     NoCapacity,
     NotFound,
@@ -216,6 +217,10 @@ class SpillCounters:
             left here).
         handoffs_refused: of those, refused (the peer had no colder block, or the transfer
             failed): ours stayed, to be evicted here.
+        blocks_refused_no_room: of ``blocks_failed``, items the peer answered NO_CAPACITY
+            (PUT_FLAG_SPARE: its room vanished since its last heartbeat and only dropping
+            a sole copy of its own would have made some); the block stayed here, for the
+            master's next placement or the pool-LRU hand-off.
     """
 
     rounds: int = 0
@@ -229,6 +234,7 @@ class SpillCounters:
     handoffs_sent: int = 0
     handoffs_accepted: int = 0
     handoffs_refused: int = 0
+    blocks_refused_no_room: int = 0
 
 
 @dataclass(slots=True)
@@ -272,6 +278,7 @@ class _Move:
     address: str
     node_id: str
     ok: bool = False
+    no_room: bool = False  # the peer answered NO_CAPACITY (PUT_FLAG_SPARE: no room that drops nothing there)
     indexed: bool = False  # the end's answer counted the peer's replica as indexed already
     handoff: bool = False  # a pool-LRU hand-off (counted in handoffs_*, not blocks_moved)
 
@@ -836,6 +843,8 @@ class Spiller:
                 done.setdefault(m.block.namespace_id, []).append(m.block)
             else:
                 self._failed(m.block)
+        if any(m.no_room for m in moves):
+            peer.room_bytes = 0  # its room vanished: the next batch tries another cached peer
         left = 0
         for ns, blocks in done.items():
             for b, gone in zip(blocks, self.store.remove([b.key for b in blocks], namespace_id=ns),
@@ -1061,19 +1070,35 @@ class Spiller:
 
     def _send(self, address: str, ns: bytes, group: list[_Move]) -> None:
         """One data-plane PUT of a peer's moves (DRAM copies pinned in place, SSD-only ones
-        read from their files; never promoted), released afterwards."""
+        read from their files; never promoted), released afterwards.
+
+        Sent with PUT_FLAG_SPARE (``spare_only``): the peer takes a block only into room
+        that drops no sole copy of its own (free space, its copies, DRAM blocks also on its
+        SSD, redundant replicas). A peer whose room vanished since its last heartbeat
+        answers NO_CAPACITY instead of trading one of its originals for ours: the move is
+        aborted like a failed placement (the block stays here; ``no_room``), counted in
+        ``blocks_refused_no_room``, logged at info (an expected race, not a fault)."""
         exported = self.store.read_for_export([m.block.key for m in group], namespace_id=ns)
         try:
             sent = [(m, e) for m, e in zip(group, exported, strict=True) if e is not None]
             if not sent:
                 return
             items = [(e.key, e.view, e.meta) for _, e in sent]
-            out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s)
+            out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s,
+                                          spare_only=True)
+            num_no_room = 0
             for (m, _), item in zip(sent, out, strict=True):
                 m.ok = item.code == 0
-                if not m.ok:
+                if item.code == ErrorCode.NO_CAPACITY:
+                    m.no_room = True
+                    num_no_room += 1
+                elif not m.ok:
                     log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
                                 code=item.code, error=item.message)
+            if num_no_room:
+                self.counters.blocks_refused_no_room += num_no_room
+                log.info("spill_peer_no_room", peer=address, num_blocks=num_no_room,
+                         num_sent=len(sent))
         except KvstoredError as exc:
             log.warning("spill_transfer_failed", peer=address, num_blocks=len(group),
                         error=str(exc))
@@ -1203,7 +1228,11 @@ class NoDropCollector:
       caching them (``DataPlaneServer.num_streamed_through``);
     - ``handoffs_taken`` / ``handoffs_declined``: peers' pool-LRU hand-offs this node took
       (evicting a colder original of its own) or refused (``TieredStore.handoffs_taken``,
-      ``handoffs_declined``); the sender's side is ``kvstored_spill_handoffs_*``.
+      ``handoffs_declined``); the sender's side is ``kvstored_spill_handoffs_*``;
+    - ``spare_puts_refused``: peers' spill and replica PUT items refused here because only
+      dropping a sole copy would have made room (PUT_FLAG_SPARE;
+      ``TieredStore.spare_puts_refused``); the sender asks elsewhere or reports fewer
+      replicas.
 
     Args:
         counters: name (one of the above) -> a callable giving its value now.
@@ -1231,6 +1260,7 @@ NODROP_COUNTERS = {
     "streamed_through": "Peers' blocks an engine's TCP GET carried without caching them.",
     "handoffs_taken": "Peers' hand-offs taken here, evicting a colder block (pool LRU).",
     "handoffs_declined": "Peers' hand-offs refused here: no block here was colder.",
+    "spare_puts_refused": "Peers' spill/replica PUTs refused: only a sole copy made room.",
 }
 """The counters :class:`NoDropCollector` exports, with their help text."""
 
@@ -1256,6 +1286,8 @@ class SpillCollector:
             ("blocks_deduplicated", "Blocks dropped here because another node held them.",
              c.blocks_deduplicated),
             ("blocks_failed", "Moves aborted (the local copy stayed).", c.blocks_failed),
+            ("blocks_refused_no_room", "Moves a peer refused: no room there that drops no "
+             "sole copy (the block stayed here).", c.blocks_refused_no_room),
             ("no_capacity", "Spill rounds stopped because no peer had room.", c.no_capacity),
             ("blocks_moved_direct", "Blocks moved to a cached peer while the master was "
              "unreachable.", c.blocks_moved_direct),

@@ -101,6 +101,7 @@ class Reservations:
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
         copy: bool = False, handoff_age_s: float | None = None, spare_only: bool = False,
+        spare_or_redundant: bool = False,
     ) -> Reservation | None:
         """``TieredStore.reserve`` (contract there)."""
         st = self._state
@@ -125,8 +126,10 @@ class Reservations:
             st.tenants.check_dram(tenant, size_bytes)  # before allocating: never evicts for it
             offset = self._transit.allocate(
                 size_bytes, copy=copy or spare_only,
-                wait_for_pool=not (copy or spare_only) and handoff_age_s is None,
-                handoff_age_s=handoff_age_s)
+                wait_for_pool=(not (copy or spare_only or spare_or_redundant)
+                               and handoff_age_s is None),
+                handoff_age_s=handoff_age_s,
+                spare_or_redundant=spare_or_redundant and not (copy or spare_only))
             st.tenants.reserve(tenant, size_bytes)
             rid = next(st.reservation_ids)
             interner = st.interner

@@ -228,6 +228,7 @@ class TieredStore:
     def reserve(
         self, key: bytes, size_bytes: int, *, namespace_id: bytes = b"", meta: bytes = b"",
         copy: bool = False, handoff_age_s: float | None = None, spare_only: bool = False,
+        spare_or_redundant: bool = False,
     ) -> Reservation | None:
         """Reserve arena space for a block the caller will write.
 
@@ -257,6 +258,14 @@ class TieredStore:
                 (making one replica by dropping another block is a net loss), not even of
                 a redundant replica (that would move a deficit, not mend it); no room is
                 NoCapacity (the master asks again later or elsewhere).
+            spare_or_redundant: the block is a peer's spill (a move: the sender keeps it
+                until this node stored it) or a redundant replica of a ``put(replicas=N)``
+                (PUT_FLAG_SPARE on the data plane), committed as an original: room is made
+                as for ``spare_only`` and also by dropping a redundant replica here
+                (another live node holds it; tiers/redundant.py), never by evicting a sole
+                copy nor by a wait on the pool; no such room is NoCapacity (the sender asks
+                another peer, or reports fewer replicas). Ignored with ``copy`` or
+                ``spare_only`` (those are stricter).
 
         Returns:
             The reservation, or None when the block is already stored (complete) in either
@@ -269,12 +278,14 @@ class TieredStore:
             BlockTooLarge: ``size_bytes > max_block_bytes``.
             NoCapacity: retriable; DRAM is full of pinned blocks and writes in progress, or
                 (``copy``, ``spare_only``) no room can be made without dropping a block, or
-                (``handoff_age_s``) the hand-off is refused: no block here is colder.
+                (``handoff_age_s``) the hand-off is refused: no block here is colder, or
+                (``spare_or_redundant``) only dropping a sole copy would make room.
             Unavailable: the store is closed.
         """
         return self._reservations.reserve(
             key, size_bytes, namespace_id=namespace_id, meta=meta, copy=copy,
             handoff_age_s=handoff_age_s, spare_only=spare_only,
+            spare_or_redundant=spare_or_redundant,
         )
 
     def _redundant_ssd_victim(self) -> bytes | None:
@@ -396,6 +407,12 @@ class TieredStore:
     def handoffs_declined(self) -> int:
         """Peers' hand-offs refused: this node held no original colder than the offer."""
         return self._transit.handoffs_declined
+
+    @property
+    def spare_puts_refused(self) -> int:
+        """Peers' spill and replica PUT items refused here (``reserve(spare_or_redundant=
+        True)``): only dropping a sole copy would have made room."""
+        return self._transit.spare_puts_refused
 
     def reserve_many(
         self,

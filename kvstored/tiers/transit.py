@@ -108,6 +108,9 @@ class Transit:
         """Peers' hand-offs (pool LRU) this node took, evicting a colder block of its own."""
         self.handoffs_declined = 0
         """Peers' hand-offs refused: no block here was colder than the one offered."""
+        self.spare_puts_refused = 0
+        """Peers' spill and replica PUT items refused (``spare_or_redundant``): only
+        dropping a sole copy would have made room."""
 
     def evictable(self, skey: bytes) -> bool:
         """Whether the DRAM block ``skey`` may be evicted now: unpinned and not DEMOTING."""
@@ -174,7 +177,8 @@ class Transit:
 
     def allocate(self, size_bytes: int, *, copy: bool = False, wait_for_pool: bool = False,
                  promotion: bool = False, pool_wait: PoolWait | None = None,
-                 handoff_age_s: float | None = None, ahead: bool = False) -> int:
+                 handoff_age_s: float | None = None, ahead: bool = False,
+                 spare_or_redundant: bool = False) -> int:
         """Arena space for ``size_bytes``, evicting blocks if needed (lock held; released
         while demotions write and while waiting on :attr:`pool_room`).
 
@@ -216,6 +220,12 @@ class Transit:
                 victims and never a wait, as ``copy``: a slot that may never be written must
                 not drop an original (the put that needs the room evicts, through the pool's
                 LRU hand-off, when it comes). Without one, as a local put.
+            spare_or_redundant: the space is for a block a peer sends that the pool holds
+                elsewhere or has room for elsewhere (a spill PUT, a ``put(replicas=N)``
+                replica PUT; PUT_FLAG_SPARE, node/spill.py, node/put_replicas.py): spare
+                victims first, then a redundant replica (another live node holds it;
+                dropped, not demoted), never a wait on the pool nor an eviction of a sole
+                copy (the sender keeps its block and asks elsewhere); else NoCapacity.
 
         Returns:
             The offset of the allocated space; the caller owns it (and charges it).
@@ -224,7 +234,8 @@ class Transit:
             NoCapacity: the block can never fit beside the pinned, reserved and promoting
                 blocks (nothing is evicted then); or, for a copy or a promotion, no room
                 can be made without dropping a block; or, for a hand-off, no block here is
-                colder than the one offered (nothing was evicted for good).
+                colder than the one offered (nothing was evicted for good); or, for
+                ``spare_or_redundant``, only dropping a sole copy would make room.
             Unavailable: the store was closed while waiting.
         """
         st = self._state
@@ -269,7 +280,7 @@ class Transit:
                 window, tries = self._lru_window(need, tries)
                 if window is not None:
                     self.evictions_for_good += sum(1 for k in window if self._drops(k))
-            elif window is None and not copy:
+            elif window is None and not copy and not spare_or_redundant:
                 if wait_for_pool and own.until != 0.0:
                     if own.until is None:
                         own.until = time.monotonic() + self.pool_wait_s
@@ -292,6 +303,13 @@ class Transit:
                 raise NoCapacity(
                     f"DRAM tier has no room for a {size_bytes}-byte copy of a peer's block "
                     "without dropping a block the pool holds nowhere else"
+                )
+            elif spare_or_redundant:
+                self.spare_puts_refused += 1
+                raise NoCapacity(
+                    f"DRAM tier has no room for a peer's {size_bytes}-byte spill or replica "
+                    "block without dropping a block the pool holds nowhere else (no free "
+                    "space, copy, block also on SSD or redundant replica to evict)"
                 )
             elif ahead and self.pool_room is not None:
                 raise NoCapacity(

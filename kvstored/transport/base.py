@@ -120,13 +120,17 @@ class Transport(Protocol):
 
     def put(
         self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *, deadline: float,
-        replicas: int = 0, handoff_age_s: float | None = None,
+        replicas: int = 0, handoff_age_s: float | None = None, spare_only: bool = False,
     ) -> list[PutItem]:
         """Store ``(key, value, meta)`` items; per item, in order, a :class:`PutItem`.
         ``replicas``: the blocks' replication factor for the receiver's inventory (0 = none).
         ``handoff_age_s``: a pool-LRU hand-off of blocks that old (seconds since their last
         use here): the receiver takes each only by evicting an older original of its own,
-        else answers it NO_CAPACITY (kvstored/node/spill.py)."""
+        else answers it NO_CAPACITY (kvstored/node/spill.py). ``spare_only``: a spill or
+        replica PUT (PUT_FLAG_SPARE): the receiver takes an item only into room that drops
+        no sole copy there (free space, copies, blocks also on its SSD, redundant
+        replicas), else answers it NO_CAPACITY; a receiver older than the flag stores it
+        as any put (the flag is dropped for it)."""
         ...
 
     def close(self) -> None:
@@ -197,11 +201,14 @@ class BlockServer(Protocol):
     def reserve_one(
         self, index: int, key: bytes, size_bytes: int, meta: bytes, namespace_id: bytes,
         *, seen: set[bytes] | None = None, handoff_age_s: float | None = None,
+        spare_or_redundant: bool = False,
     ) -> Reservation | PutOutcome:
         """Reserve put item ``index`` (no lease): a Reservation the server receives into
         and then commits or aborts, or the item's outcome (already stored, repeated in
         ``seen``, or its own error). ``handoff_age_s``: a pool-LRU hand-off of a block that
-        old (PUT_FLAG_HANDOFF; ``TieredStore.reserve``): NoCapacity when refused."""
+        old (PUT_FLAG_HANDOFF; ``TieredStore.reserve``): NoCapacity when refused.
+        ``spare_or_redundant``: a peer's spill or replica PUT (PUT_FLAG_SPARE): room only
+        that drops no sole copy, else NoCapacity."""
         ...
 
     def commit_reserved(self, items: Sequence[Reservation | PutOutcome]) -> list[PutOutcome]:

@@ -18,6 +18,14 @@ Framing (all integers little-endian)::
                      carries the blocks' age; the receiver takes them only by evicting an
                      original of its own that is older (else NO_CAPACITY per item); a node
                      older than the flag refuses it (the sender evicts its own block)
+                   PUT_FLAG_SPARE (2) = a spill PUT or a put(replicas=N) replica PUT
+                     (node/spill.py, node/put_replicas.py): the receiver takes each item
+                     only into room that drops no sole copy there (free space, its copies,
+                     DRAM blocks also on its SSD, redundant replicas), else NO_CAPACITY per
+                     item (the sender asks another peer, or reports fewer replicas); refused
+                     together with PUT_FLAG_HANDOFF; a node older than the flag refuses it
+                     (the sender sends without it from then on: that node reserves as for
+                     any put, as before the flag)
                    GET flags (any other bit is refused):
                      GET_FLAG_GENERATION (1) = item headers carry the generation;
                      GET_FLAG_FILL_FROM_PEERS (2) = a cluster node first copies the blocks
@@ -121,7 +129,11 @@ PUT_FLAG_FACTOR_MASK = 0x0F << PUT_FLAG_FACTOR_SHIFT
 """PUT flag bits of the blocks' replication factor (``flags >> PUT_FLAG_FACTOR_SHIFT``)."""
 PUT_FLAG_HANDOFF = 1
 """PUT flag: a pool-LRU hand-off; the body carries ``handoff_age_ms`` after the namespace."""
-PUT_FLAGS = PUT_FLAG_FACTOR_MASK | PUT_FLAG_HANDOFF
+PUT_FLAG_SPARE = 2
+"""PUT flag: a spill or replica PUT; the receiver reserves only room that drops no sole
+copy (``TieredStore.reserve(spare_or_redundant=True)``), else answers the item NO_CAPACITY.
+Never with PUT_FLAG_HANDOFF (a hand-off has its own rule)."""
+PUT_FLAGS = PUT_FLAG_FACTOR_MASK | PUT_FLAG_HANDOFF | PUT_FLAG_SPARE
 """Every flag a PUT may carry."""
 U64 = struct.Struct("<Q")
 GET_FLAGS = (GET_FLAG_GENERATION | GET_FLAG_FILL_FROM_PEERS | GET_FLAG_PEER_EXPORT
@@ -249,8 +261,8 @@ class FrameLimits:
         """Check a request header's op, flags and announced sizes.
 
         Raises:
-            ProtocolError: unknown op, a flag this side does not know, or GET flags 2 and
-                4 together.
+            ProtocolError: unknown op, a flag this side does not know, GET flags 2 and
+                4 together, or PUT_FLAG_HANDOFF with PUT_FLAG_SPARE.
             FrameRejected: too many items or too long a body (holding BatchTooLarge or
                 InvalidArgument naming the limit and the setting that raises it).
         """
@@ -267,6 +279,12 @@ class FrameLimits:
             raise ProtocolError(
                 f"data-plane GET flags {flags:#x} set both GET_FLAG_FILL_FROM_PEERS (2) and "
                 "GET_FLAG_PEER_EXPORT (4): a peer's export read never fills from other peers"
+            )
+        spare_with = PUT_FLAG_HANDOFF | PUT_FLAG_SPARE
+        if op == OP_PUT and flags & spare_with == spare_with:
+            raise ProtocolError(
+                f"data-plane PUT flags {flags:#x} set both PUT_FLAG_HANDOFF (1) and "
+                "PUT_FLAG_SPARE (2): a hand-off has its own room rule"
             )
         probe_with = GET_FLAG_FILL_FROM_PEERS | GET_FLAG_RANGES
         if op == OP_GET and flags & GET_FLAG_PROBE and flags & probe_with:

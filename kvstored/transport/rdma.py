@@ -937,10 +937,10 @@ class RdmaOrTcp:
 
     def put(self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes, *,
             deadline: float, replicas: int = 0,
-            handoff_age_s: float | None = None) -> list[PutItem]:
+            handoff_age_s: float | None = None, spare_only: bool = False) -> list[PutItem]:
         """Through TCP (:meth:`~.base.Transport.put`)."""
         return self.tcp.put(items, namespace_id, deadline=deadline, replicas=replicas,
-                            handoff_age_s=handoff_age_s)
+                            handoff_age_s=handoff_age_s, spare_only=spare_only)
 
     def close(self) -> None:
         """Close both paths (idempotent)."""

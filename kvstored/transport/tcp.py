@@ -65,6 +65,7 @@ from kvstored.transport.framing import (
     OP_PUT,
     PUT_FLAG_FACTOR_SHIFT,
     PUT_FLAG_HANDOFF,
+    PUT_FLAG_SPARE,
     PUT_ITEM,
     RANGE_TO_END,
     Body,
@@ -192,6 +193,8 @@ class DataPlaneClient:
         """False once the node refused GET_FLAG_RANGES (an older node): whole blocks only."""
         self.put_factor_ok = True
         """False once the node refused the PUT factor flag (an older node): sent without it."""
+        self.put_spare_ok = True
+        """False once the node refused PUT_FLAG_SPARE (an older node): sent without it."""
 
     def _connect(self, deadline: float) -> socket.socket:
         remaining = deadline - time.monotonic()
@@ -630,6 +633,7 @@ class DataPlaneClient:
         deadline: float,
         replicas: int = 0,
         handoff_age_s: float | None = None,
+        spare_only: bool = False,
     ) -> list[PutItem]:
         """Store blocks: ``items`` are ``(key, value as a byte view, meta)``.
 
@@ -642,33 +646,53 @@ class DataPlaneClient:
                 blocks' age here, seconds. The node takes an item only by evicting an
                 original of its own that is older, else answers it NO_CAPACITY. A node
                 older than the flag refuses the request (InvalidArgument, raised).
+            spare_only: a spill or replica PUT (PUT_FLAG_SPARE): the node takes an item
+                only into room that drops no sole copy there, else answers it NO_CAPACITY.
+                A node older than the flag refuses it; it is then left out, for this node
+                from then on (that node reserves as for any put).
 
         Returns:
             Per item, in order: a :class:`PutItem` (``stored`` False with code 0 = already
             present).
 
         Raises:
-            As :meth:`get`; InvalidArgument for ``replicas`` outside 0..8.
+            As :meth:`get`; InvalidArgument for ``replicas`` outside 0..8, or for
+            ``handoff_age_s`` together with ``spare_only``.
         """
         if not 0 <= replicas <= 8:
             raise InvalidArgument(f"replicas must be in 0..8, got {replicas}")
         flags = replicas << PUT_FLAG_FACTOR_SHIFT if self.put_factor_ok else 0
+        if handoff_age_s is not None and spare_only:
+            raise InvalidArgument("a hand-off (handoff_age_s) has its own room rule; "
+                                  "spare_only must be False with it")
         if handoff_age_s is not None:
             if not (math.isfinite(handoff_age_s) and handoff_age_s >= 0):
                 raise InvalidArgument(f"handoff_age_s must be a finite age >= 0 seconds, got "
                                       f"{handoff_age_s}")
             age_ms = min(int(handoff_age_s * 1000), (1 << 64) - 1)
             return self._put(items, namespace_id, deadline, flags | PUT_FLAG_HANDOFF, age_ms)
-        try:
-            return self._put(items, namespace_id, deadline, flags)
-        except InvalidArgument as exc:
-            if not flags or "request flags" not in str(exc):
-                raise
-            # A node older than the factor flag refuses it (and closed the connection):
-            # send without it from now on (that node does not learn the factor).
-            self.put_factor_ok = False
-            log.info("data_plane_put_factor_refused", address=self.address, error=str(exc))
-            return self._put(items, namespace_id, deadline, 0)
+        if spare_only and self.put_spare_ok:
+            flags |= PUT_FLAG_SPARE
+        while True:
+            try:
+                return self._put(items, namespace_id, deadline, flags)
+            except InvalidArgument as exc:
+                if not flags or "request flags" not in str(exc):
+                    raise
+                # A node older than a flag refuses the header (and closed the connection;
+                # nothing was stored): send without that flag from now on. Newest first:
+                # PUT_FLAG_SPARE (that node reserves as for any put, as before the flag),
+                # then the factor (that node does not learn it).
+                if flags & PUT_FLAG_SPARE:
+                    self.put_spare_ok = False
+                    flags &= ~PUT_FLAG_SPARE
+                    log.info("data_plane_put_spare_refused", address=self.address,
+                             error=str(exc))
+                else:
+                    self.put_factor_ok = False
+                    flags = 0
+                    log.info("data_plane_put_factor_refused", address=self.address,
+                             error=str(exc))
 
     def _put(self, items: Sequence[tuple[bytes, memoryview, bytes]], namespace_id: bytes,
              deadline: float, flags: int, handoff_age_ms: int | None = None) -> list[PutItem]:

@@ -78,6 +78,7 @@ from kvstored.transport.framing import (
     OP_PUT,
     PUT_FLAG_FACTOR_MASK,
     PUT_FLAG_FACTOR_SHIFT,
+    PUT_FLAG_SPARE,
     PUT_ITEM,
     FrameLimits,
     FrameRejected,
@@ -524,7 +525,8 @@ class DataPlaneServer:
                     code = self._handle_put(
                         sock, reader, items, ns,
                         factor=(flags & PUT_FLAG_FACTOR_MASK) >> PUT_FLAG_FACTOR_SHIFT,
-                        handoff_age_s=None if handoff_age_ms is None else handoff_age_ms / 1000)
+                        handoff_age_s=None if handoff_age_ms is None else handoff_age_ms / 1000,
+                        spare=bool(flags & PUT_FLAG_SPARE))
             return True
         except PermissionDenied as exc:
             code = int(exc.code)
@@ -755,7 +757,7 @@ class DataPlaneServer:
     # ---- PUT -----------------------------------------------------------------------------
     def _handle_put(
         self, sock: socket.socket, reader: Reader, items: list[tuple[bytes, int, bytes]], ns: bytes,
-        *, factor: int = 0, handoff_age_s: float | None = None,
+        *, factor: int = 0, handoff_age_s: float | None = None, spare: bool = False,
     ) -> int:
         core = self.core
         try:
@@ -784,10 +786,14 @@ class DataPlaneServer:
                         # holds no arena space and evicts nothing.
                         self._emit("payload_awaited", index=i)
                         reader.fill()
-                    r = (core.reserve_one(i, key, size, meta, ns, seen=seen)
-                         if handoff_age_s is None else
-                         core.reserve_one(i, key, size, meta, ns, seen=seen,
-                                          handoff_age_s=handoff_age_s))
+                    if handoff_age_s is not None:
+                        r = core.reserve_one(i, key, size, meta, ns, seen=seen,
+                                             handoff_age_s=handoff_age_s)
+                    elif spare:  # a peer's spill or replica PUT: never a sole copy's room
+                        r = core.reserve_one(i, key, size, meta, ns, seen=seen,
+                                             spare_or_redundant=True)
+                    else:
+                        r = core.reserve_one(i, key, size, meta, ns, seen=seen)
                     reserved.append(r)
                     if isinstance(r, Reservation):
                         self._emit("item_reserved", index=i, size_bytes=size)

@@ -150,11 +150,11 @@ def test_count_over_max_batch_keys_is_refused_before_the_body(make_plane: Any) -
 
 
 @pytest.mark.parametrize(("op", "flags"), [(1, 32), (1, 6), (1, 18), (1, 24), (1, 0x8000),
-                                           (2, 0x8000), (2, 2), (2, 4)])
+                                           (2, 0x8000), (2, 3), (2, 4)])
 def test_unknown_request_flags_are_refused(make_plane: Any, op: int, flags: int) -> None:
     """Unknown bits, GET flags 2 (fill from peers) and 4 (peer export) together, GET flag 16
-    (a probe) with 2 or 8 (ranges), any PUT flag but the replication factor's bits and
-    PUT_FLAG_HANDOFF (1)."""
+    (a probe) with 2 or 8 (ranges), any PUT flag but the replication factor's bits,
+    PUT_FLAG_HANDOFF (1) and PUT_FLAG_SPARE (2), and those two together."""
     p = make_plane()
     with p.connect() as s:
         s.sendall(HEADER.pack(b"KVDP", 1, op, flags, 1, 18))
@@ -550,3 +550,36 @@ def test_a_daemon_applies_the_data_plane_bounds_from_its_config(start_node: Any,
     wait_until(lambda: dp.num_busy() == 0, what="the connection thread to finish")
     assert node.daemon.store.stats().tiers[0].used_bytes == used
     assert node.daemon.store.exists([key]) == [False]
+
+
+def test_a_spare_put_to_a_full_node_is_refused_quietly_and_an_older_node_gets_it_without_the_flag(
+    make_plane: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PUT_FLAG_SPARE (a spill or replica PUT): a node whose DRAM and SSD are full of sole
+    copies answers NO_CAPACITY per item and evicts nothing; a node older than the flag
+    (its known PUT flags without it) refuses the header, and the client sends again
+    without the flag, for that node from then on (it stores as any put, as before)."""
+    from kvstored.transport import framing
+
+    p = make_plane(dram_size_bytes=2 * MIB, ssd_dir=None, ssd_size_bytes=0,
+                   max_block_bytes=MIB)
+    keys = random_keys(3)
+    for k in keys[:2]:
+        p.core.put_inline([(k, value_for(k, MIB), b"")], b"")  # full: two sole copies
+    client = DataPlaneClient(p.server.address, max_block_bytes=MIB)
+    try:
+        v = memoryview(value_for(keys[2], MIB))
+        (got,) = client.put([(keys[2], v, b"")], b"", deadline=time.monotonic() + 10,
+                            spare_only=True, replicas=2)
+        assert (got.code, got.stored) == (ErrorCode.NO_CAPACITY, False)
+        assert p.store.exists(keys) == [True, True, False]
+        assert p.store.stats().tiers[0].evictions == 0 and client.put_spare_ok
+        monkeypatch.setattr(framing, "PUT_FLAGS",
+                            framing.PUT_FLAG_FACTOR_MASK | framing.PUT_FLAG_HANDOFF)
+        (got,) = client.put([(keys[2], v, b"")], b"", deadline=time.monotonic() + 10,
+                            spare_only=True, replicas=2)
+        assert (got.code, got.stored) == (0, True)  # as before the flag: an eviction
+        assert not client.put_spare_ok and client.put_factor_ok
+        assert p.store.exists(keys).count(True) == 2
+    finally:
+        client.close()

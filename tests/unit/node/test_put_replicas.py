@@ -432,3 +432,57 @@ def test_the_writer_marks_its_own_replica_redundant_once_a_peer_stored_one(pool3
     pool3.store.set_marks_trusted(False)
     pool3.rep.replicate(NS, [k3], 2)
     assert marks.keeper_of(store_key(NS, k3)) is None and len(marks) == 0
+
+
+def _fill_with_originals(peer: Peer, ids: range) -> None:
+    for i in ids:
+        assert peer.store.put(key(i), value(i))
+
+
+def test_a_replica_never_evicts_an_original_of_a_peer_whose_room_vanished(pool3: Pool) -> None:
+    """Issue 17 §3: the master placed the replicas on a and c from their last heartbeats,
+    but a's DRAM has filled with its own originals since. The replica PUT carries
+    PUT_FLAG_SPARE: a refuses it (NO_CAPACITY, quietly) and evicts nothing; the put
+    reports 2 of 3 replicas with NoCapacity, never silently. (Fails on main: a evicted one
+    of its sole copies to hold a redundant replica, and the put reported 3 of 3.)"""
+    a = pool3.peers["a"]
+    _fill_with_originals(a, range(100, 164))  # 64 of 64 blocks: full, sole copies
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 3)
+    assert a.store.exists([key(i) for i in range(100, 164)]) == [True] * 64, "a dropped originals"
+    assert a.store.stats().tiers[0].evictions == 0 and a.store.spare_puts_refused == 1
+    assert (o.num_replicas, o.num_wanted, type(o.error)) == (2, 3, NoCapacity)
+    assert "had no room that drops no sole copy" in str(o.error)
+    assert pool3.holders(k) == ["c"] and pool3.rep.num_refused_no_room == 1
+    assert pool3.master.placement.num_open_writes == 0
+    # with spare room (one of a's blocks is a remote-fill copy) a takes it there
+    assert a.store.remove([key(163)])[0]
+    r = a.store.reserve(key(300), BLOCK, copy=True)
+    assert r is not None
+    r.view[:] = value(300)
+    assert a.store.commit(r)
+    (k2,) = pool3.put(2)
+    (o2,) = pool3.rep.replicate(NS, [k2], 3)
+    assert (o2.num_replicas, o2.error) == (3, None)
+    assert pool3.holders(k2) == ["a", "c"]
+    assert a.store.exists([key(i) for i in range(100, 163)]) == [True] * 63
+    assert a.store.exists([key(300)]) == [False]  # the copy's room
+
+
+def test_with_the_master_down_a_peer_of_the_view_whose_room_vanished_drops_nothing(
+        pool3: Pool) -> None:
+    """The cached view says a has room; a is full of its own originals by now. The direct
+    replica PUT carries PUT_FLAG_SPARE too: a refuses it, drops nothing, and the put
+    reports 2 of 3 with NoCapacity naming it. (Fails on main: a evicted an original.)"""
+    view = _view(pool3)
+    pool3.rep.peer_view = lambda: view
+    pool3.rep.zone = "z1"
+    pool3.master.down = True
+    a = pool3.peers["a"]
+    _fill_with_originals(a, range(100, 164))
+    (k,) = pool3.put(1)
+    (o,) = pool3.rep.replicate(NS, [k], 3)
+    assert a.store.exists([key(i) for i in range(100, 164)]) == [True] * 64, "a dropped originals"
+    assert (o.num_replicas, type(o.error)) == (2, NoCapacity)
+    assert "had no room that drops no sole copy" in str(o.error)
+    assert pool3.holders(k) == ["c"]

@@ -555,3 +555,73 @@ def test_a_moved_block_a_reader_pins_at_the_removal_goes_once_the_pin_is_release
     finally:
         sp.close()
         src.close()
+
+
+def _fill_with_originals(store: TieredStore, ids: range) -> None:
+    for i in ids:
+        assert store.put(key(i), value(i))
+
+
+def _count_item_errors(core: NodeCore) -> list[str]:
+    """The item errors ``core`` counts from now on (their code names)."""
+    counted: list[str] = []
+    count = core.limits.count_item_error
+
+    def record(err: Any) -> Any:
+        counted.append(err.code.name)
+        return count(err)
+
+    core.limits.count_item_error = record  # type: ignore[method-assign]
+    return counted
+
+
+def test_a_peer_whose_room_vanished_refuses_the_spill_and_drops_none_of_its_originals(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """Issue 17 §3: the master placed the spill on c from c's last heartbeat (room), but
+    c's DRAM has filled with its own originals since. The spill PUT carries PUT_FLAG_SPARE:
+    c refuses each item (NO_CAPACITY, not counted as an item error) and evicts nothing; the
+    blocks stay here (a failed placement). (Fails on main: c evicted 4+ of its own sole
+    copies, least recent first, to take ours.)"""
+    master.heartbeat("b", None, used=int(3.9 * (1 << 20)))  # no room in the master's view
+    c = peers["c"]
+    _fill_with_originals(c.store, range(100, 164))  # 64 of 64 blocks: full, sole copies
+    errors = _count_item_errors(c.core)
+    sp = _spiller(src, master)
+    try:
+        assert sp.run_once() == 0
+    finally:
+        sp.close()
+    assert c.store.exists([key(i) for i in range(100, 164)]) == [True] * 64, "c dropped originals"
+    assert c.store.stats().tiers[0].evictions == 0 and c.store.spare_puts_refused >= 4
+    assert errors == []  # a quiet refusal
+    assert _present(src) == list(range(15))  # every block stayed here
+    assert sp.counters.blocks_moved == 0
+    assert sp.counters.blocks_refused_no_room == sp.counters.blocks_failed >= 4
+    assert master.placement.num_open_writes == 0
+
+
+def test_a_full_peer_with_spare_room_takes_the_spill_into_it(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """The same full peer with 4 remote-fill copies among its blocks: the spill takes their
+    room (a copy costs the pool nothing), never an original's."""
+    master.heartbeat("b", None, used=int(3.9 * (1 << 20)))
+    c = peers["c"]
+    _fill_with_originals(c.store, range(100, 160))
+    for i in range(200, 204):  # 4 copies: the store is full
+        r = c.store.reserve(key(i), BLOCK, copy=True)
+        assert r is not None
+        r.view[:] = value(i)
+        assert c.store.commit(r)
+    errors = _count_item_errors(c.core)
+    sp = _spiller(src, master)
+    try:
+        sp.run_once()
+    finally:
+        sp.close()
+    assert c.store.exists([key(i) for i in range(100, 160)]) == [True] * 60
+    assert c.store.exists([key(i) for i in range(200, 204)]) == [False] * 4  # their room
+    assert [c.store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
+    assert sp.counters.blocks_moved == 4 and _present(src) == list(range(4, 15))
+    assert errors == []

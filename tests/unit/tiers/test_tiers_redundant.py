@@ -176,3 +176,39 @@ def test_a_hand_off_is_taken_by_dropping_a_redundant_replica_whatever_its_age(
     r.view[:] = val(30)
     assert s.commit(r)
     assert _held(s, range(4)) == [0, 1, 3]  # the redundant one went, no sole copy
+
+
+def test_a_spill_or_replica_reservation_takes_spare_room_or_a_redundant_replica_never_a_sole_copy(
+    stores: list[TieredStore], tmp_path: pathlib.Path,
+) -> None:
+    """Issue 17 §3: a peer's spill or replica PUT (PUT_FLAG_SPARE,
+    ``reserve(spare_or_redundant=True)``) is taken into free room, a copy, a DRAM block
+    also on SSD, or a redundant replica's room, and refused (NoCapacity, nothing evicted)
+    when only a sole copy's would do. (Fails on main, which has no such reservation: a
+    peer's PUT evicted the least recent original.)"""
+    s = _store(stores, None, dram_blocks=4)
+    for i in range(4):
+        assert s.put(key(i), val(i))  # four sole copies: full
+    with pytest.raises(NoCapacity, match="spill or replica"):
+        s.reserve(key(30), BLOCK, spare_or_redundant=True)
+    assert _held(s, range(4)) == [0, 1, 2, 3]
+    assert s.stats().tiers[0].evictions == 0 and s.spare_puts_refused == 1
+    _mark(s, [2])  # another live node keeps block 2
+    r = s.reserve(key(30), BLOCK, spare_or_redundant=True)
+    assert r is not None
+    r.view[:] = val(30)
+    assert s.commit(r)
+    assert _held(s, [0, 1, 2, 3, 30]) == [0, 1, 3, 30]  # the redundant replica made room
+    assert not {b.key: b for b in s.list_blocks()[0]}[key(30)].copy  # kept as an original
+    assert s.num_redundant_dropped == 1
+    with pytest.raises(NoCapacity, match="spill or replica"):
+        s.reserve(key(31), BLOCK, spare_or_redundant=True)  # sole copies only again
+    # A tiered node: a DRAM block demoted into free SSD room costs nothing.
+    t = _store(stores, tmp_path, dram_blocks=2, ssd_blocks=4)
+    for i in range(2):
+        assert t.put(key(i), val(i))
+    r = t.reserve(key(40), BLOCK, spare_or_redundant=True)
+    assert r is not None
+    r.view[:] = val(40)
+    assert t.commit(r)
+    assert _held(t, [0, 1, 40]) == [0, 1, 40]

@@ -123,8 +123,8 @@ def test_a_hand_off_put_body_carries_its_age_after_the_namespace() -> None:
     assert decode_put_body_flags(encode_put_body(items, b"ns"), 1, 0) == (b"ns", None, items)
     LIMITS.check_request_header(OP_PUT, 1, len(raw), PUT_FLAG_HANDOFF)  # a known flag
     assert LIMITS.max_body_for(OP_PUT, 2, PUT_FLAG_HANDOFF) == LIMITS.max_body_for(OP_PUT, 2) + 8
-    with pytest.raises(ProtocolError, match="flags 0x2 are not supported"):
-        LIMITS.check_request_header(OP_PUT, 1, len(raw), 2)
+    with pytest.raises(ProtocolError, match="flags 0x4 are not supported"):
+        LIMITS.check_request_header(OP_PUT, 1, len(raw), 4)
     with pytest.raises(ProtocolError, match="truncated"):  # the age promised, not sent
         decode_put_body_flags(encode_put_body([], b"ns"), 0, PUT_FLAG_HANDOFF)
 
@@ -219,3 +219,11 @@ def test_send_all_to_a_peer_that_stops_reading_ends_at_the_deadline() -> None:
         big = memoryview(bytearray(64 << 20))  # far more than the socket buffers hold
         out = _in_thread(lambda: send_all(a, [big], time.monotonic() + 0.3))
         assert isinstance(out[0], TimeoutError)
+
+
+def test_a_spare_put_is_a_known_flag_never_with_a_hand_off() -> None:
+    from kvstored.transport.framing import PUT_FLAG_FACTOR_SHIFT, PUT_FLAG_SPARE
+
+    LIMITS.check_request_header(OP_PUT, 1, 0, PUT_FLAG_SPARE | 3 << PUT_FLAG_FACTOR_SHIFT)
+    with pytest.raises(ProtocolError, match="PUT_FLAG_HANDOFF .1. and PUT_FLAG_SPARE .2."):
+        LIMITS.check_request_header(OP_PUT, 1, 8, PUT_FLAG_SPARE | PUT_FLAG_HANDOFF)
