@@ -5,7 +5,9 @@ master round trip on the hot path). The pool's capacity becomes the sum of its n
 because a node whose *last tier* (SSD when configured, else DRAM) passes
 ``[cluster] spill_high_watermark`` (on a node with an SSD tier: and whose DRAM does too,
 :func:`past_high`: free DRAM counts as pool room, as in the master's placement) moves
-blocks out until its last tier is at or below ``spill_low_watermark``, two-phase through
+blocks out until its last tier is at or below ``spill_low_watermark`` (as measured: a round
+whose moves still await the master's index when it ends is continued once they are
+confirmed, also below the high watermark, :meth:`Spiller.run_once`), two-phase through
 the master::
 
     victims = store.coldest_blocks(batch): the store's eviction order walked from its cold
@@ -203,7 +205,9 @@ class SpillCounters:
     """What the spiller did since start.
 
     Attributes:
-        rounds: watermark checks that found the node past its high watermark.
+        rounds: watermark checks that found the node past its high watermark (or a put
+            asking for room) and started a round; a round continued below the high
+            watermark until the low one (:meth:`Spiller.run_once`) counts once.
         blocks_moved: blocks now on a peer and dropped here.
         bytes_moved: their bytes.
         blocks_deduplicated: blocks dropped here because another node already held them.
@@ -423,6 +427,8 @@ class Spiller:
         # moved blocks whose local copy waits for the master to index the peer's replica:
         # (ns, key) -> (the move, time.monotonic() of its accepted end); spill thread only
         self._awaiting: dict[tuple[bytes, bytes], tuple[_Move, float]] = {}
+        # a round that has not reached the low watermark yet (run_once; spill thread only)
+        self._round_open = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # backpressure (wait_for_room): the loop's progress, under _cv
@@ -649,6 +655,14 @@ class Spiller:
         """Spill batches until the last tier is at or below the low watermark, no peer has
         room, or a batch moves nothing.
 
+        The goal is the low watermark *as measured*: ``need`` counts the batch in flight and
+        the moves awaiting the master's index as gone, so when it reaches 0 the batch in
+        flight is ended first and the tier measured again (a writer waiting for room may
+        have taken it), and a round that ends above the low watermark with moves still
+        awaiting stays open: the next call goes on with it once they are confirmed, also
+        below the high watermark (issue 17: bench_spill's 4 MiB case stopped at 59 %). A
+        round that found no room or moved nothing ends where it is (no hot loop).
+
         A batch's PutEnds ride on the PutStartBatch of the next batch (one master call per
         batch); its local copies go once that call accepted them, before the next batch is
         sent, and meanwhile they are no victims. The last batch's ends are a PutEndBatch.
@@ -666,9 +680,14 @@ class Spiller:
         """
         stats = self.store.stats()
         t = last_tier(stats)
-        if not t.capacity_bytes or (need_bytes <= 0 and not past_high(stats, self.high)):
+        continued = self._round_open
+        if not t.capacity_bytes or (need_bytes <= 0 and not continued
+                                    and not past_high(stats, self.high)):
             return 0
-        self.counters.rounds += 1
+        if not continued:
+            self.counters.rounds += 1
+        self._round_open = True
+        stuck = False  # no room, or a batch moved nothing: the round ends where it is
         total = 0
         freed = 0
         sent: list[_Move] = []  # transferred; their ends go with the next PutStartBatch
@@ -687,7 +706,22 @@ class Spiller:
                            need_bytes - freed) - ok_bytes - awaiting_bytes
                 busy = {(m.block.namespace_id, m.block.key) for m in sent}
                 batch = self.victims(need, busy=busy) if need > 0 else []
-                if not batch:
+                if not batch and sent:
+                    # `need` counted the batch in flight as gone; end it (its copies go),
+                    # then measure again: a writer may have taken the room meanwhile
+                    ending, sent = sent, []
+                    ended = self._end(ending)
+                    left = self._finish(ending, ended, 0)
+                    total += left
+                    freed += sum(m.block.size_bytes
+                                 for m, ok in zip(ending, ended, strict=True) if ok)
+                    self._progress(left)
+                    if not any(ended):
+                        stuck = True
+                        break
+                    continue
+                if not batch:  # at the goal, or no victim: open only while moves await
+                    stuck = need > 0 and not self._awaiting
                     break
                 if time.monotonic() < self._master_down_until:
                     left = self._direct(batch)
@@ -695,6 +729,7 @@ class Spiller:
                     freed += sum(b.size_bytes for b in batch[:left])
                     self._progress(left)
                     if not left:
+                        stuck = True
                         break
                     continue
                 ending, sent = sent, []
@@ -709,6 +744,7 @@ class Spiller:
                     self._transfer(moves)
                     sent = moves
                 if full or not (any(m.ok for m in moves) or dropped) or (ending and not any(ended)):
+                    stuck = True
                     break  # no room, or a batch moved nothing: no hot loop
         finally:
             if sent:
@@ -719,6 +755,14 @@ class Spiller:
                 left = self.confirm_moved()
                 total += left
                 self._progress(left)
+            # The round's goal is the low watermark as measured, not as projected: a round
+            # whose `need` reached 0 counting moves that still await the master's index
+            # (their copies are still here) stays open, and the next check goes on with it
+            # once they are confirmed, also below the high watermark (a writer may have
+            # taken their room meanwhile: issue 17, bench_spill's 4 MiB stop at 59 %).
+            t = last_tier(self.store.stats())
+            self._round_open = (not stuck and not self._stop.is_set()
+                                and t.used_bytes > self.low * t.capacity_bytes)
         return total
 
     def _wait_confirmed(self, deadline: float) -> int:
