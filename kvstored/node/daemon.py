@@ -454,7 +454,7 @@ class NodeDaemon:
 
             self.spiller = master_spiller(core.store, self.cluster, node_id=self.cfg.node_id,
                                           max_block_bytes=self.cfg.max_block_bytes, tls=self.tls,
-                                          fence=self.master_link.fence)
+                                          fence=self.master_link.fence, factor_of=factors.get)
             from kvstored.node.spill import SpillCollector
 
             self.metrics.registry.register(SpillCollector(self.spiller))

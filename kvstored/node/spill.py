@@ -117,7 +117,7 @@ from kvstored.errors import (
     ReplicaNotReady,
     Unavailable,
 )
-from kvstored.transport.base import Transport
+from kvstored.transport.base import PutItem, Transport
 from kvstored.transport.master_targets import TermFence
 from kvstored.types import BlockInfo, ExportedBlock, StoreStats, Tier, TierStats
 
@@ -376,6 +376,11 @@ class Spiller:
         pool_lru: hand our coldest originals to a peer with colder ones when a put's round
             for room found the pool full (module docstring).
         pool_lru_margin_s: how much older a peer's coldest original must be than ours.
+        factor_of: ``factor_of(namespace_id, key)`` -> the block's replication factor as
+            recorded here (0 or 1 = none; node/put_replicas.py ``ReplicationFactors.get``).
+            A moved block's PUT carries it, so the peer's inventory does (a new leader learns
+            it again); a block above 1 the peer already held stays here (moving it would
+            leave its two replicas on one node).
         hook: ``hook(event, **fields)`` at ``put_started`` (fields: moves), ``sent``
             (moves) and ``ended`` (moves); it may block to hold the spill there.
 
@@ -400,6 +405,7 @@ class Spiller:
         hook: Hook | None = None,
         pool_lru: bool = True,
         pool_lru_margin_s: float = 1.0,
+        factor_of: Callable[[bytes, bytes], int] | None = None,
     ) -> None:
         from kvstored.errors import InvalidArgument
 
@@ -446,6 +452,7 @@ class Spiller:
         self._view_at = float("-inf")
         self._master_down_until = 0.0
         self.pool_lru = bool(pool_lru)
+        self.factor_of = factor_of
         self.pool_lru_margin_s = float(pool_lru_margin_s)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -1023,12 +1030,14 @@ class Spiller:
             sent = [(b, e) for b, e in zip(blocks, exported, strict=True) if e is not None]
             if not sent:
                 return taken
-            out = self._peer(peer.data_address).put(
-                [(e.key, e.view, e.meta) for _, e in sent], ns,
-                deadline=time.monotonic() + self.timeout_s, handoff_age_s=age_s)
-            for (b, _), item in zip(sent, out, strict=True):
-                if item.code == 0:
+            out = self._put_by_factor(peer.data_address, ns, [e for _, e in sent],
+                                      handoff_age_s=age_s)
+            for (b, _), (item, factor) in zip(sent, out, strict=True):
+                if item.code == 0 and (item.stored or factor <= 1):
                     taken.append(b)
+                elif item.code == 0:  # it holds another replica: ours stays (one node, one)
+                    log.info("pool_lru_handoff_peer_holds_replica", peer=peer.node_id,
+                             key=b.key.hex()[:16], factor=factor)
                 else:
                     log.info("pool_lru_handoff_refused", peer=peer.node_id,
                              key=b.key.hex()[:16], code=item.code, error=item.message)
@@ -1038,6 +1047,36 @@ class Spiller:
         finally:
             self.store.release_export(exported)
         return taken
+
+    def _put_by_factor(self, address: str, ns: bytes, exported: Sequence[ExportedBlock], *,
+                       spare_only: bool = False, handoff_age_s: float | None = None
+                       ) -> list[tuple[PutItem, int]]:
+        """PUT exported blocks to ``address``, one request per replication factor (a PUT
+        carries one), so the peer records each block's factor (:attr:`factor_of`).
+
+        Returns:
+            Per block, in order: the peer's answer and the factor it was sent with (0 = none).
+
+        Raises:
+            KvstoredError: as the transport's ``put`` (blocks of earlier requests may be
+                stored at the peer; none is dropped here on an error).
+        """
+        factor_of = self.factor_of
+        factors = [factor_of(ns, e.key) if factor_of is not None else 0 for e in exported]
+        out: list[tuple[PutItem, int] | None] = [None] * len(exported)
+        for factor in sorted(set(factors)):
+            idx = [i for i, f in enumerate(factors) if f == factor]
+            items = [(exported[i].key, exported[i].view, exported[i].meta) for i in idx]
+            deadline = time.monotonic() + self.timeout_s
+            replicas = factor if factor > 1 else 0
+            got = (self._peer(address).put(items, ns, deadline=deadline, replicas=replicas,
+                                           handoff_age_s=handoff_age_s)
+                   if handoff_age_s is not None else
+                   self._peer(address).put(items, ns, deadline=deadline, replicas=replicas,
+                                           spare_only=spare_only))
+            for i, item in zip(idx, got, strict=True):
+                out[i] = (item, factor)
+        return [x for x in out if x is not None]
 
     # ---- one batch ---------------------------------------------------------------------
     def _peer(self, address: str) -> Transport:
@@ -1127,12 +1166,13 @@ class Spiller:
             sent = [(m, e) for m, e in zip(group, exported, strict=True) if e is not None]
             if not sent:
                 return
-            items = [(e.key, e.view, e.meta) for _, e in sent]
-            out = self._peer(address).put(items, ns, deadline=time.monotonic() + self.timeout_s,
-                                          spare_only=True)
+            out = self._put_by_factor(address, ns, [e for _, e in sent], spare_only=True)
             num_no_room = 0
-            for (m, _), item in zip(sent, out, strict=True):
-                m.ok = item.code == 0
+            for (m, _), (item, factor) in zip(sent, out, strict=True):
+                m.ok = item.code == 0 and (item.stored or factor <= 1)
+                if item.code == 0 and not m.ok:
+                    log.info("spill_peer_holds_replica", peer=address,
+                             key=m.block.key.hex()[:16], factor=factor)
                 if item.code == ErrorCode.NO_CAPACITY:
                     m.no_room = True
                     num_no_room += 1
@@ -1223,7 +1263,8 @@ class Spiller:
 
 def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
                    max_block_bytes: int, tls: Any = None,
-                   fence: TermFence | None = None) -> Spiller:
+                   fence: TermFence | None = None,
+                   factor_of: Callable[[bytes, bytes], int] | None = None) -> Spiller:
     """A spiller over a real master (``cfg``: the node's ClusterConfig) and TCP peers;
     ``tls`` (a :class:`kvstored.security.tls.TlsFiles`, or None = plaintext): mutual TLS to
     the master and to the peers' data planes; ``fence``: the node's newest term (shared with its
@@ -1244,7 +1285,7 @@ def master_spiller(store: SpillStore, cfg: Any, *, node_id: str,
         interval_s=cfg.spill_interval_s, timeout_s=cfg.spill_timeout_s,
         rpc_timeout_s=cfg.rpc_timeout_s, peer_view_s=cfg.spill_peer_view_s,
         hook=hook_from_env(), pool_lru=cfg.pool_lru_enabled,
-        pool_lru_margin_s=cfg.pool_lru_margin_s)
+        pool_lru_margin_s=cfg.pool_lru_margin_s, factor_of=factor_of)
     close = spiller.close
 
     def close_all(timeout_s: float = 30.0) -> None:

@@ -239,3 +239,33 @@ def test_each_peer_of_the_view_records_the_term_that_listed_it_healthy(
         assert terms == {"b": 4, "c": 0}
     finally:
         sp.close()
+
+
+def test_a_replicated_block_keeps_its_factor_and_never_joins_its_other_replica(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """The tester's finding (issue 17): with the master down, put(replicas=2) blocks ended
+    with one copy and factor 1. A direct spill went to the peer with the most room even when
+    it held the block's other replica: its PUT answered "already present", the local copy
+    went, two replicas became one; and a block it did store arrived without its factor, so a
+    new leader learned factor 1 from the inventories and never repaired it. Now each PUT
+    carries the blocks' factor (the peer records it) and a replicated block the peer already
+    held stays here. (Fails on the old code: block 0 gone here, c's factors empty.)"""
+    c = peers["c"]
+    assert c.store.put(key(0), value(0))  # c holds block 0's other replica
+    recorded: list[tuple[list[bytes], int]] = []
+    c.server.on_replica_factor = lambda ns, keys, factor: recorded.append((list(keys), factor))
+    factors = {key(0): 2, key(1): 2, key(2): 3}
+    down = DownMaster(master, peers, {"b": 0, "c": 4 * BLOCK})  # c: room for one batch of 4
+    sp = _spiller(src, down, factor_of=lambda ns, k: factors.get(k, 0))  # type: ignore[arg-type]
+    try:
+        sp.refresh_peers(force=True)
+        down.down = True
+        sp.run_once()
+    finally:
+        sp.close()
+    assert src.exists([key(0)]) == [True], "block 0's replica here left for the node holding its other one"
+    assert src.exists([key(1), key(2), key(3)]) == [False] * 3  # moved to c
+    assert sorted((sorted(int.from_bytes(k, "big") for k in ks), f) for ks, f in recorded) == [
+        ([0, 1], 2), ([2], 3)]  # each PUT carried its blocks' factor (none for block 3)
+    assert [c.store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
