@@ -225,6 +225,9 @@ class SpillCounters:
             (PUT_FLAG_SPARE: its room vanished since its last heartbeat and only dropping
             a sole copy of its own would have made some); the block stayed here, for the
             master's next placement or the pool-LRU hand-off.
+        blocks_held_by_peer: of ``blocks_failed``, items the peer answered as held already
+            (code 0, not stored now): the local copy stays, for the peer's copy may be on
+            its way out (two nodes spilling into each other, issue 17 §3).
     """
 
     rounds: int = 0
@@ -239,6 +242,7 @@ class SpillCounters:
     handoffs_accepted: int = 0
     handoffs_refused: int = 0
     blocks_refused_no_room: int = 0
+    blocks_held_by_peer: int = 0
 
 
 @dataclass(slots=True)
@@ -1168,17 +1172,28 @@ class Spiller:
                 return
             out = self._put_by_factor(address, ns, [e for _, e in sent], spare_only=True)
             num_no_room = 0
+            held: list[str] = []
             for (m, _), (item, factor) in zip(sent, out, strict=True):
-                m.ok = item.code == 0 and (item.stored or factor <= 1)
-                if item.code == 0 and not m.ok:
-                    log.info("spill_peer_holds_replica", peer=address,
-                             key=m.block.key.hex()[:16], factor=factor)
-                if item.code == ErrorCode.NO_CAPACITY:
+                # Only a block the peer stored *now* is moved. One it held already (code 0,
+                # not stored) stays here: the peer's may be its other replica (factor > 1:
+                # moving ours would leave both on one node), or its own copy on its way out
+                # (two nodes spilling into each other through the cached view, issue 17 §3:
+                # each sent the other the block it had just received, each heard "held
+                # already", each removed its copy, and the block was gone from both). At
+                # worst ours is a second original (harmless).
+                m.ok = item.code == 0 and item.stored
+                if item.code == 0 and not item.stored:
+                    held.append(f"{m.block.key.hex()[:16]}/{factor}")
+                elif item.code == ErrorCode.NO_CAPACITY:
                     m.no_room = True
                     num_no_room += 1
                 elif not m.ok:
                     log.warning("spill_item_refused", peer=address, key=m.block.key.hex()[:16],
                                 code=item.code, error=item.message)
+            if held:
+                self.counters.blocks_held_by_peer += len(held)
+                log.info("spill_peer_held_already", peer=address, num_blocks=len(held),
+                         keys_factors=",".join(held[:8]))
             if num_no_room:
                 self.counters.blocks_refused_no_room += num_no_room
                 log.info("spill_peer_no_room", peer=address, num_blocks=num_no_room,
@@ -1373,6 +1388,8 @@ class SpillCollector:
             ("blocks_failed", "Moves aborted (the local copy stayed).", c.blocks_failed),
             ("blocks_refused_no_room", "Moves a peer refused: no room there that drops no "
              "sole copy (the block stayed here).", c.blocks_refused_no_room),
+            ("blocks_held_by_peer", "Moves whose peer held the block already (the local "
+             "copy stayed: the peer's may be on its way out).", c.blocks_held_by_peer),
             ("no_capacity", "Spill rounds stopped because no peer had room.", c.no_capacity),
             ("blocks_moved_direct", "Blocks moved to a cached peer while the master was "
              "unreachable.", c.blocks_moved_direct),

@@ -14,6 +14,7 @@ The spill thread's interval is an hour, so only the put's wake-up can run a roun
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from helpers import key
@@ -268,4 +269,54 @@ def test_a_replicated_block_keeps_its_factor_and_never_joins_its_other_replica(
     assert src.exists([key(1), key(2), key(3)]) == [False] * 3  # moved to c
     assert sorted((sorted(int.from_bytes(k, "big") for k in ks), f) for ks, f in recorded) == [
         ([0, 1], 2), ([2], 3)]  # each PUT carried its blocks' factor (none for block 3)
+    assert [c.store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
+
+
+def test_two_nodes_spilling_into_each_other_through_the_cached_view_keep_every_block(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    """Issue 17 §3 (tester's scenE, puts during the master's first node lease): src sends
+    its 4 coldest blocks to c through the cached view; right after c stored them, before
+    src removes its copies (the ``sent`` hook), c's own round sends those very blocks back
+    to src, which answers "held already". main: each side took that for a move and removed
+    its copy, and the 4 blocks were gone from the pool. Now only a block the peer stored
+    *now* counts: c keeps its copies, src's go."""
+    from kvstored.config import NodeConfig
+    from kvstored.node.core import NodeCore
+    from kvstored.node.spill import Spiller
+    from kvstored.transport.tcp import DataPlaneClient
+    from kvstored.transport.tcp_server import DataPlaneServer
+
+    cfg = NodeConfig(node_id="src", dram_size_bytes=16 * BLOCK, ssd_size_bytes=0,
+                     max_block_bytes=BLOCK, max_batch_keys=64)
+    server = DataPlaneServer(NodeCore(src, cfg, epoch=1), "127.0.0.1:0")
+    src_address = server.start()
+    c = peers["c"]
+    to_c = RebuildingMaster(master, {"c": c}, {"c": 4 * BLOCK})
+    src_peer = SimpleNamespace(address=src_address)  # what the listing reads of a peer
+    to_src = RebuildingMaster(master, {"src": src_peer}, {"src": 8 * BLOCK})  # type: ignore[dict-item]
+    back = Spiller(c.store, to_src,  # type: ignore[arg-type]
+                   lambda a: DataPlaneClient(a, pool_size=2, max_block_bytes=BLOCK),
+                   node_id="c", high_watermark=0.9, low_watermark=0.5, batch_blocks=4)
+    crossed: list[int] = []
+
+    def hook(event: str, moves: list[Any]) -> None:
+        if event == "sent" and not crossed:  # c stored them; src has not removed its copies
+            crossed.append(back.run_once(need_bytes=4 * BLOCK))
+
+    sp = _spiller(src, to_c, hook=hook)  # type: ignore[arg-type]
+    try:
+        assert [p.node_id for p in sp.refresh_peers(force=True)] == ["c"]
+        assert [p.node_id for p in back.refresh_peers(force=True)] == ["src"]
+        to_c.rebuilding = to_src.rebuilding = True
+        assert sp.run_once() == 4  # one batch to c, then c's room (as cached) is spent
+    finally:
+        sp.close()
+        back.close()
+        server.stop(0.0)
+    on_c = [i for i, ok in enumerate(c.store.exists([key(i) for i in range(15)])) if ok]
+    assert sorted(set(_present(src)) | set(on_c)) == list(range(15))  # main: 0..3 on neither
+    assert crossed == [0]  # c's round sent the 4 back, src held them: c removed none
+    assert back.counters.blocks_held_by_peer == 4 and back.counters.blocks_moved == 0
+    assert _present(src) == list(range(4, 15))
     assert [c.store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
