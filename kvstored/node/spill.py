@@ -902,6 +902,7 @@ class Spiller:
         for m in moves:
             if m.ok:
                 peer.room_bytes -= m.block.size_bytes
+                peer.full_room_bytes = max(0, peer.full_room_bytes - m.block.size_bytes)
                 done.setdefault(m.block.namespace_id, []).append(m.block)
             else:
                 self._failed(m.block)

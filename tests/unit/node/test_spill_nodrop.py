@@ -289,6 +289,9 @@ def test_with_the_master_unreachable_a_batch_larger_than_the_cached_room_moves_w
     c = peers["c"].store
     assert [c.get(key(i)) for i in range(3)] == [(value(i), b"") for i in range(3)]
     assert [p.room_bytes for p in sp.peers if p.node_id == "c"] == [0]
+    # its room up to capacity (a spare-only hand-off's) shrank by the same 3 blocks
+    full = [p.full_room_bytes for p in sp.peers if p.node_id == "c"]
+    assert full == [PEER_DRAM - int(0.9 * PEER_DRAM)]
 
 
 def _put_with_the_master_down(src: TieredStore, sp: Any, down: DownMaster) -> None:
