@@ -494,11 +494,12 @@ class Spiller:
                 left = self.confirm_moved()
                 self._progress(left)
                 left += self.run_once(need_bytes=want)
-                if want and not left and self._awaiting:  # moved; the index confirms them
+                if want and not left and self._awaiting and not self._master_down():
+                    # moved; the index confirms them (not while no master answers)
                     left = self._wait_confirmed(time.monotonic() + CONFIRM_WAIT_S)
                 if want and not left:  # the pool is full: pool LRU before we evict our own
                     left = self.hand_off(want)
-                    if not left and self._awaiting:  # handed off; the index confirms them
+                    if not left and self._awaiting and not self._master_down():
                         left = self._wait_confirmed(time.monotonic() + CONFIRM_WAIT_S)
             except Exception:
                 log.exception("spill_round_failed")
@@ -874,27 +875,38 @@ class Spiller:
 
     def _direct(self, batch: Sequence[BlockInfo]) -> int:
         """Move a batch to the cached peer with the most room, no master call (the master
-        cannot be reached). A block leaves only once the peer answered it stored.
+        cannot be reached): as many of its coldest blocks as that room takes (a batch larger
+        than the room moves the part that fits: before, it moved nothing, the put waiting for
+        room evicted an original for good while the peer still had room for most of the batch;
+        issue 17 §3, bench_spill's master-down burst). A block leaves only once the peer
+        answered it stored.
 
         Returns:
-            Blocks that left this node (0: no cached peer has room for the batch, or the
-            transfer failed).
+            Blocks that left this node (0: no cached peer has room for the batch's coldest
+            block, or the transfer failed).
         """
-        size = sum(b.size_bytes for b in batch)
-        fits = [p for p in self.peers if p.room_bytes >= size]
-        if not fits:
+        peer = max(self.peers, key=lambda p: p.room_bytes, default=None)
+        room = peer.room_bytes if peer is not None else 0
+        part: list[BlockInfo] = []  # the coldest blocks that fit its room (never all or nothing)
+        for b in batch:
+            if b.size_bytes > room:
+                break
+            part.append(b)
+            room -= b.size_bytes
+        if peer is None or not part:
             if not self.counters.no_capacity or self.peers:
                 log.info("spill_no_capacity", error="master unreachable; no cached peer has "
-                         f"room for {size} bytes (peers known: {len(self.peers)})")
+                         f"room for a {batch[0].size_bytes}-byte block (peers known: "
+                         f"{len(self.peers)})")
             self.counters.no_capacity += 1
             return 0
-        peer = max(fits, key=lambda p: p.room_bytes)
-        moves = [_Move(b, 0, peer.data_address, peer.node_id) for b in batch]
+        moves = [_Move(b, 0, peer.data_address, peer.node_id) for b in part]
         self._transfer(moves)
         done: dict[bytes, list[BlockInfo]] = {}
         for m in moves:
             if m.ok:
                 peer.room_bytes -= m.block.size_bytes
+                peer.full_room_bytes = max(0, peer.full_room_bytes - m.block.size_bytes)
                 done.setdefault(m.block.namespace_id, []).append(m.block)
             else:
                 self._failed(m.block)
@@ -952,6 +964,7 @@ class Spiller:
                 break
         if not batch:
             return 0
+        waiting = set(self._awaiting)  # (the hand-offs below add theirs)
         # First a peer that still has room up to its capacity (the placement's watermark
         # leaves that room unused), asked to take the blocks only where that drops none of
         # its own (SPARE_ONLY_AGE_S): the pool is not full while some node has room.
@@ -966,13 +979,34 @@ class Spiller:
             if peer is not None:
                 got = len(self._hand_off_to(peer, batch, ours))
                 num_taken += got
-        left = self.confirm_moved() if num_taken else 0
+        if num_taken and self._master_down():
+            left = self._leave_unindexed(waiting)
+        else:
+            left = self.confirm_moved() if num_taken else 0
         if peer is not None:
             log.info("pool_lru_handoff", peer=peer.node_id, num_blocks=len(batch),
                      num_taken=got, num_left=left, our_coldest_age_s=round(ours, 3),
                      peer_coldest_age_s=round(peer.coldest_age_s, 3))
         self._progress(left)
         return left
+
+    def _master_down(self) -> bool:
+        """Whether the master could not be reached lately (``MASTER_RETRY_S``): then no
+        lookup can confirm a move, and batches go to the cached view."""
+        return time.monotonic() < self._master_down_until
+
+    def _leave_unindexed(self, before: Collection[tuple[bytes, bytes]]) -> int:
+        """The master cannot be reached: the hand-offs that await its index since
+        ``before`` (a snapshot of ``_awaiting``) leave now, as a direct move does
+        (:meth:`_direct`: a block leaves once the peer stored it; the masters learn the
+        peer's replica from its events or inventory). Awaiting a lookup that cannot answer
+        held the spill thread :data:`CONFIRM_WAIT_S` (as long as the put's wait) and the
+        put then evicted an original for good (issue 17 §3). Returns the blocks that left."""
+        by_ns: dict[bytes, list[_Move]] = {}
+        for fk in [fk for fk in self._awaiting if fk not in before]:
+            m, _ = self._awaiting.pop(fk)
+            by_ns.setdefault(fk[0], []).append(m)
+        return sum(self._remove_moved(ns, moves) for ns, moves in by_ns.items())
 
     def _hand_off_spare(self, batch: list[BlockInfo]) -> tuple[int, list[BlockInfo]]:
         """Hand ``batch`` to the peers of the cached view with room up to their capacity

@@ -320,3 +320,75 @@ def test_two_nodes_spilling_into_each_other_through_the_cached_view_keep_every_b
     assert back.counters.blocks_held_by_peer == 4 and back.counters.blocks_moved == 0
     assert _present(src) == list(range(4, 15))
     assert [c.store.get(key(i)) for i in range(4)] == [(value(i), b"") for i in range(4)]
+
+
+def test_with_the_master_unreachable_a_batch_larger_than_the_cached_room_moves_what_fits(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # main: the whole batch (4) had to fit the cached room (3 blocks): nothing moved, and a
+    # put waiting for room evicted an original for good (bench_spill's master-down burst)
+    down = DownMaster(master, peers, {"b": 0, "c": 3 * BLOCK})
+    sp = _spiller(src, down)  # type: ignore[arg-type]
+    try:
+        sp.refresh_peers(force=True)
+        down.down = True
+        assert sp.run_once() == 3  # the 3 coldest to c, then no cached peer has room
+    finally:
+        sp.close()
+    assert sp.counters.blocks_moved_direct == 3
+    assert _present(src) == list(range(3, 15))
+    c = peers["c"].store
+    assert [c.get(key(i)) for i in range(3)] == [(value(i), b"") for i in range(3)]
+    assert [p.room_bytes for p in sp.peers if p.node_id == "c"] == [0]
+    # its room up to capacity (a spare-only hand-off's) shrank by the same 3 blocks
+    full = [p.full_room_bytes for p in sp.peers if p.node_id == "c"]
+    assert full == [PEER_DRAM - int(0.9 * PEER_DRAM)]
+
+
+def _put_with_the_master_down(src: TieredStore, sp: Any, down: DownMaster) -> None:
+    sp.refresh_peers(force=True)
+    down.down = True
+    sp.start()
+    src.set_pool_room(sp.wait_for_room, wait_s=60.0)
+    try:
+        for i in (100, 101, 102):  # 15 + 3 blocks into 16: the last two need room
+            assert src.put(key(i), value(i))
+    finally:
+        src.set_pool_room(None)
+        sp.close()
+
+
+def _every_block_held(src: TieredStore, peers: dict[str, Peer]) -> None:
+    everywhere = [src, peers["b"].store, peers["c"].store]
+    for i in [*range(15), 100, 101, 102]:
+        assert any(s.exists([key(i)])[0] for s in everywhere), f"block {i} left the pool"
+
+
+def test_a_put_with_the_master_down_and_a_batch_past_the_cached_room_evicts_nothing(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # the round's batch (4) is larger than c's cached room (3): the part that fits moves
+    down = DownMaster(master, peers, {"b": 0, "c": 3 * BLOCK})
+    sp = _spiller(src, down, interval_s=3600.0)
+    _put_with_the_master_down(src, sp, down)
+    assert src.evictions_for_good == 0 and sp.counters.blocks_moved_direct >= 2
+    _every_block_held(src, peers)
+
+
+def test_a_hand_off_with_the_master_down_leaves_at_once_and_the_put_evicts_nothing(
+    src: TieredStore, master: InProcMaster, peers: dict[str, Peer]
+) -> None:
+    # c has no room below the high watermark in the view, but room up to its capacity:
+    # the spare-only hand-off takes the block. main: the hand-off then awaited a master
+    # lookup that cannot answer (CONFIRM_WAIT_S, the spill thread held), its copy stayed
+    # here, and the put evicted an original for good.
+    down = DownMaster(master, peers, {"b": 0, "c": 0})
+    sp = _spiller(src, down, interval_s=3600.0)
+    _put_with_the_master_down(src, sp, down)
+    assert src.evictions_for_good == 0
+    assert sp.counters.handoffs_accepted >= 2 and sp.counters.blocks_moved_direct == 0
+    assert not sp._awaiting  # left here at once: no second original
+    _every_block_held(src, peers)
+    on_peers = [peers[n].store.exists([key(i)])[0] for n in ("b", "c") for i in range(15)]
+    assert sum(on_peers) == sp.counters.handoffs_accepted
+    assert sum(src.exists([key(i)])[0] for i in range(15)) == 15 - sp.counters.handoffs_accepted
