@@ -55,3 +55,18 @@ def tear_payload_at(monkeypatch: pytest.MonkeyPatch, server_module: ModuleType, 
 
     monkeypatch.setattr(server_module, "send_all", tearing_send_all)
     return lambda s: setattr(current, "start", s)
+
+
+class ServicerContextStub:
+    """The part of a ``grpc.aio.ServicerContext`` the master's handlers use, for calling a
+    servicer method in process: the peer their log lines name, trailing metadata (ignored),
+    and ``abort``, raised as ``RuntimeError("CODE: details")``."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, md: object) -> None:
+        pass
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")

@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import pytest
+from helpers import ServicerContextStub
 
 from kvstored.clock import FakeClock
 from kvstored.master.service import MasterServicer
@@ -19,15 +20,6 @@ NS = b"\x07" * 16
 LEASE_S = 10.0
 
 
-class _Ctx:
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def set_trailing_metadata(self, md: object) -> None:
-        pass
-
-    async def abort(self, code: object, details: str) -> None:
-        raise RuntimeError(f"{code}: {details}")
 
 
 def _master() -> tuple[MasterServicer, FakeClock]:
@@ -38,7 +30,7 @@ def _master() -> tuple[MasterServicer, FakeClock]:
 
 async def _call(servicer: MasterServicer, name: str, req: Any) -> Any:
     try:
-        return await getattr(servicer, name)(req, _Ctx())
+        return await getattr(servicer, name)(req, ServicerContextStub())
     except RuntimeError as exc:  # an abort: the same status and text from both
         return str(exc)
 

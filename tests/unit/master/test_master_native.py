@@ -17,6 +17,7 @@ import random
 
 import numpy as np
 import pytest
+from helpers import ServicerContextStub
 from master_helpers import NS
 
 from kvstored import native
@@ -564,15 +565,6 @@ def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypat
     assert calls["native"] > 40  # most requests took the C path
 
 
-class _Ctx:
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def set_trailing_metadata(self, md: object) -> None:
-        pass
-
-    async def abort(self, code: object, details: str) -> None:
-        raise RuntimeError(f"{code}: {details}")
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -624,8 +616,8 @@ def test_the_servers_wire_handlers_answer_as_the_message_handlers(
                     max_alternates=rng.choice([0, 1, 3]))
                 data = req.SerializeToString()
                 got = lookup.response_serializer(
-                    await lookup.unary_unary(lookup.request_deserializer(data), _Ctx()))
-                want = await sv_msg.LookupPrefix(req, _Ctx())  # type: ignore[attr-defined]
+                    await lookup.unary_unary(lookup.request_deserializer(data), ServicerContextStub()))
+                want = await sv_msg.LookupPrefix(req, ServicerContextStub())  # type: ignore[attr-defined]
                 assert pb.MasterLookupPrefixResponse.FromString(got) == want, step
                 assert want.term == 7
             else:
@@ -653,11 +645,11 @@ def test_the_servers_wire_handlers_answer_as_the_message_handlers(
                     fallbacks["expected"] += 1
                 try:
                     got = heartbeat.response_serializer(
-                        await heartbeat.unary_unary(heartbeat.request_deserializer(data), _Ctx()))
-                except RuntimeError as exc:  # refused (the abort of _Ctx)
+                        await heartbeat.unary_unary(heartbeat.request_deserializer(data), ServicerContextStub()))
+                except RuntimeError as exc:  # refused (the abort of ServicerContextStub)
                     got = str(exc)
                 try:
-                    want = (await sv_msg.Heartbeat(req, _Ctx())).SerializeToString()  # type: ignore[attr-defined]
+                    want = (await sv_msg.Heartbeat(req, ServicerContextStub())).SerializeToString()  # type: ignore[attr-defined]
                 except RuntimeError as exc:
                     want = str(exc)
                 assert got == want, step
