@@ -69,14 +69,23 @@ def parse_address(address: str) -> tuple[str, bool]:
     and ``HOST:PORT`` (returned as given).
 
     Raises:
-        InvalidArgument: anything else (not a string, empty, an empty socket path, or a
-            malformed HOST:PORT); the message shows what was received.
+        InvalidArgument: anything else (not a string, empty, an empty socket path, a
+            malformed HOST:PORT, a comma list or an ``etcd://`` address of masters); the
+            message shows what was received.
     """
     if not isinstance(address, str) or not address:
         raise InvalidArgument(f"address must be 'unix:PATH' or 'HOST:PORT'; got {address!r}")
     if is_unix_address(address):
         return f"{UNIX_PREFIX}{unix_socket_path(address)}", True
-    parse_host_port(address)
+    if "," in address or address.startswith("etcd://"):
+        raise InvalidArgument(
+            "a node address is one 'unix:PATH' or 'HOST:PORT' (a list of masters or an etcd:// "
+            f"address names the masters, for cluster commands and a node's --master); got {address!r}")
+    try:
+        parse_host_port(address)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"a node address is 'unix:PATH' or 'HOST:PORT'; got {address!r} "
+                              f"({exc})") from None
     return address, False
 
 

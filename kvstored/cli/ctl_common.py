@@ -194,10 +194,18 @@ def watch_options(fn: F) -> F:
                         callback=_override, help=WATCH_HELP)(fn)
 
 
-def _tls_hint(obj: Any) -> str:
+NOT_TLS_CAUSES = ("did not answer", "no master leads under")
+"""Phrases of failures TLS cannot cause (a TLS server closes a plaintext connection at once:
+it never connects and then stays silent, and etcd naming no leader is not the master's TLS)."""
+
+
+def _tls_hint(obj: Any, message: str = "") -> str:
     """A hint for an unreachable TCP address when kvstorectl has no TLS (the server may
-    require a client certificate: a plaintext client only sees the connection close)."""
+    require a client certificate: a plaintext client only sees the connection close); none
+    for a failure TLS cannot cause (:data:`NOT_TLS_CAUSES`)."""
     if not isinstance(obj, CtlContext) or obj.tls is not None:
+        return ""
+    if any(phrase in message for phrase in NOT_TLS_CAUSES):
         return ""
     if obj.address is None or is_unix_address(obj.address):
         return ""
@@ -214,7 +222,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (Unavailable, DeadlineExceeded) as exc:
-            output.emit_error(out, exc.code.name, str(exc) + _tls_hint(ctx.obj))
+            output.emit_error(out, exc.code.name, str(exc) + _tls_hint(ctx.obj, str(exc)))
             ctx.exit(EXIT_UNREACHABLE)
         except InvalidArgument as exc:
             output.emit_error(out, exc.code.name, str(exc))

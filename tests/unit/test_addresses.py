@@ -70,3 +70,27 @@ def test_default_address_prefers_the_environment(monkeypatch: pytest.MonkeyPatch
     assert default_address() == "10.0.0.1:7070"
     monkeypatch.delenv("KVSTORED_ADDRESS")
     assert default_address() == f"unix:{default_socket_path()}"
+
+
+@pytest.mark.parametrize(("address", "detail"), [
+    ("nonsense", "(expected HOST:PORT for a TCP address, got 'nonsense')"),
+    ("h:99999", "(port 99999 out of range)"),
+    ("127.0.0.1:1,127.0.0.1:2", "a list of masters or an etcd:// address names the masters"),
+    ("etcd://127.0.0.1:2379/kv", "a list of masters or an etcd:// address names the masters"),
+])
+def test_a_bad_node_address_names_both_forms_and_what_was_received(address: str, detail: str) -> None:
+
+    with pytest.raises(InvalidArgument) as err:
+        parse_address(address)
+    assert "'unix:PATH'" in str(err.value) and "'HOST:PORT'" in str(err.value)
+    assert repr(address) in str(err.value) and detail in str(err.value)
+
+
+def test_kvstorectl_gives_no_tls_hint_for_a_silent_process_or_an_empty_election() -> None:
+    from kvstored.cli.ctl_common import CtlContext, _tls_hint
+
+    obj = CtlContext.__new__(CtlContext)
+    obj.tls, obj.address = None, "127.0.0.1:7080"
+    assert "--tls-cert" in _tls_hint(obj, "UNAVAILABLE: master at 127.0.0.1:7080 is unreachable")
+    assert _tls_hint(obj, "master at 127.0.0.1:7080 did not answer ListNodes within 500 ms") == ""
+    assert _tls_hint(obj, "no master leads under '/kvt' in etcd") == ""
