@@ -79,7 +79,6 @@ def test_default_address_prefers_the_environment(monkeypatch: pytest.MonkeyPatch
     ("etcd://127.0.0.1:2379/kv", "a list of masters or an etcd:// address names the masters"),
 ])
 def test_a_bad_node_address_names_both_forms_and_what_was_received(address: str, detail: str) -> None:
-
     with pytest.raises(InvalidArgument) as err:
         parse_address(address)
     assert "'unix:PATH'" in str(err.value) and "'HOST:PORT'" in str(err.value)
