@@ -38,6 +38,7 @@ from thread_helpers import wait_until
 
 from kvstored import Client
 from kvstored.client.master import MasterClient
+from kvstored.errors import DeadlineExceeded, NotLeader, Unavailable
 from kvstored.types import Tier
 
 LEASE_S = 4.0
@@ -321,3 +322,14 @@ def ha_master(workdir: Path, name: str, etcd_url: str, *, prefix: str,
     m.args += ["--etcd", etcd_url, "--election-prefix", prefix,
                "--election-lease-s", str(election_lease_s)]
     return m
+
+
+def leader_of(addresses: str) -> tuple[str, int]:
+    """The leader's address and term, as a client given every master finds it (("", 0):
+    none of them leads right now)."""
+    with MasterClient(addresses, timeout_s=2) as m:
+        try:
+            m.list_nodes()
+        except (NotLeader, Unavailable, DeadlineExceeded):
+            return "", 0
+        return m.address, m.fence.term

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import WAIT_S, NodeProcess, _wait, start_nodes, wait_healthy
+from cluster_helpers import WAIT_S, NodeProcess, _wait, leader_of, start_nodes, wait_healthy
 from cluster_helpers import ha_master as cluster_ha_master
 from e2e_helpers import small_value_for
 from etcd_helpers import EtcdServer
 
 from kvstored import Client
-from kvstored.client.master import MasterClient
 from kvstored.client.master_admin import MasterAdminClient
 from kvstored.errors import DeadlineExceeded, NotLeader, Unavailable
 
@@ -38,14 +37,6 @@ pytestmark = pytest.mark.etcd
 PREFIX = "/kvlate"
 NUM_BLOCKS = 48
 
-
-def _leader(addresses: str) -> tuple[str, int]:
-    with MasterClient(addresses, timeout_s=2) as m:
-        try:
-            m.list_nodes()
-        except (NotLeader, Unavailable, DeadlineExceeded):
-            return "", 0
-        return m.address, m.fence.term
 
 
 def test_a_holder_late_to_the_new_leader_is_asked_directly_after_complete(
@@ -56,7 +47,7 @@ def test_a_holder_late_to_the_new_leader_is_asked_directly_after_complete(
         procs.append(m)
         m.start()
     both = ",".join(m.address for m in masters)
-    leader_address, old_term = _wait("a leader", lambda: _leader(both)[0] and _leader(both))
+    leader_address, old_term = _wait("a leader", lambda: leader_of(both)[0] and leader_of(both))
     leader = next(m for m in masters if m.address == leader_address)
     via_etcd = f"etcd://{etcd.endpoints[0]},{etcd.endpoints[1]}{PREFIX}"
     nodes = [NodeProcess(workdir / f"n{i}", via_etcd, f"n{i}", dram_size="32MiB")

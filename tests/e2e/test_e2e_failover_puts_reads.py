@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import WAIT_S, NodeProcess, _wait, start_nodes, wait_healthy
+from cluster_helpers import WAIT_S, NodeProcess, _wait, leader_of, start_nodes, wait_healthy
 from cluster_helpers import ha_master as cluster_ha_master
 from e2e_helpers import small_value_for
 from etcd_helpers import EtcdServer
@@ -59,14 +59,6 @@ def _lines(path: Path) -> list[list[str]]:
     return out
 
 
-def _leader(addresses: str) -> tuple[str, int]:
-    with MasterClient(addresses, timeout_s=2) as m:
-        try:
-            m.list_nodes()
-        except (NotLeader, Unavailable, DeadlineExceeded):
-            return "", 0
-        return m.address, m.fence.term
-
 
 def test_puts_and_reads_while_the_leader_is_sigkilled_find_the_live_peers(
         workdir: Path, procs: list[Any], etcd: EtcdServer) -> None:
@@ -77,7 +69,7 @@ def test_puts_and_reads_while_the_leader_is_sigkilled_find_the_live_peers(
         procs.append(m)
         m.start()
     both = ",".join(m.address for m in masters)
-    leader_address, old_term = _wait("a leader", lambda: _leader(both)[0] and _leader(both))
+    leader_address, old_term = _wait("a leader", lambda: leader_of(both)[0] and leader_of(both))
     leader = next(m for m in masters if m.address == leader_address)
     via_etcd = f"etcd://{etcd.endpoints[0]},{etcd.endpoints[1]}{PREFIX}"
     nodes = [NodeProcess(workdir / f"n{i}", via_etcd, f"n{i}", dram_size="32MiB")

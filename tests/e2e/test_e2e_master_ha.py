@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import WAIT_S, MasterProcess, NodeProcess, _wait, start_nodes, wait_healthy
+from cluster_helpers import WAIT_S, MasterProcess, NodeProcess, _wait, leader_of, start_nodes, wait_healthy
 from cluster_helpers import ha_master as cluster_ha_master
 from e2e_helpers import small_value_for
 from etcd_helpers import EtcdServer
@@ -55,17 +55,6 @@ def ha_master(workdir: Path, name: str, etcd_url: str) -> MasterProcess:
                              election_lease_s=ELECTION_LEASE_S, lease_s=NODE_LEASE_S)
 
 
-def _leader(addresses: str) -> tuple[str, int]:
-    """The leader's address and term, as a client given every master finds it (("", 0):
-    none of them leads right now)."""
-    with MasterClient(addresses, timeout_s=2) as m:
-        try:
-            m.list_nodes()
-        except (NotLeader, Unavailable, DeadlineExceeded):
-            return "", 0
-        return m.address, m.fence.term
-
-
 def test_the_leader_sigkilled_during_a_storm_a_new_one_leads_and_everyone_follows(
         workdir: Path, procs: list[Any], etcd: EtcdServer) -> None:
     masters = [ha_master(workdir, "ma", etcd.url(0)), ha_master(workdir, "mb", etcd.url(1))]
@@ -73,7 +62,7 @@ def test_the_leader_sigkilled_during_a_storm_a_new_one_leads_and_everyone_follow
         procs.append(m)
         m.start()
     both = ",".join(m.address for m in masters)
-    leader_address, old_term = _wait("a leader", lambda: _leader(both)[0] and _leader(both))
+    leader_address, old_term = _wait("a leader", lambda: leader_of(both)[0] and leader_of(both))
     leader = next(m for m in masters if m.address == leader_address)
     survivor = next(m for m in masters if m is not leader)
     via_etcd = f"etcd://{etcd.endpoints[0]},{etcd.endpoints[1]}{PREFIX}"
@@ -205,8 +194,8 @@ def test_a_leader_cut_off_from_etcd_stops_leading_and_the_other_takes_over(
     a = ha_master(workdir, "ma", etcd.url(0))  # a talks to etcd on port 0 only
     procs.append(a)
     a.start()
-    _wait("a leads", lambda: _leader(a.address)[0] == a.address)
-    _, old_term = _leader(a.address)
+    _wait("a leads", lambda: leader_of(a.address)[0] == a.address)
+    _, old_term = leader_of(a.address)
     b = ha_master(workdir, "mb", etcd.url(1))
     procs.append(b)
     b.start()
@@ -233,8 +222,8 @@ def test_a_leader_cut_off_from_etcd_stops_leading_and_the_other_takes_over(
         stop_s = time.monotonic() - t_cut
         # a stops before its etcd lease can lapse, so before b can be elected
         assert stop_s <= ELECTION_LEASE_S + 1.0, stop_s
-        _wait("b leads", lambda: _leader(b.address)[0] == b.address)
-        new_term = _leader(b.address)[1]
+        _wait("b leads", lambda: leader_of(b.address)[0] == b.address)
+        new_term = leader_of(b.address)[1]
         assert new_term > old_term
         wait_healthy(b.address, {"n0"})  # the node followed b
         assert a_refuses()  # a, still cut, never answers as leader again
