@@ -9,12 +9,16 @@ JSON output (sorted keys)::
 
     where   {"num_blocks", "num_leading_present", "namespace_id", "complete",
              "blocks": [{"index", "key", "present", "in_prefix",
+                         "num_replicas", "num_copies",
                          "replicas": [{"node_id", "epoch", "tier", "size_bytes",
                                        "generation", "state", "readable", "copy"}]}]}
             (present: some replica is readable; in_prefix: index < num_leading_present,
             i.e. before the first block missing cluster-wide; copy: a remote-fill copy of
             another node's block, which its holder evicts first; the tables of both views
-            mark it "copy": "committed copy")
+            mark it "copy": "committed copy"; "replicas" has one entry per node and tier, a
+            block in a node's DRAM and on its SSD two; num_replicas counts the nodes with a
+            readable original, num_copies the others with a readable copy; the table shows
+            one row per node, tiers joined: "DRAM+SSD")
     blocks  {"node_id", "epoch", "num_replicas", "count", "truncated", "next_page_token",
              "blocks": [{"namespace_id", "tenant", "key", "tier", "size_bytes", "generation",
                          "state", "copy"}]}
@@ -49,21 +53,24 @@ EXIT_HOLDER_FAILED = EXIT_SERVER_ERROR
 
 def check_key_lengths(keys: list[bytes], min_key_bytes: int = 16, max_key_bytes: int = 64
                       ) -> None:
-    """Refuse keys a node would refuse, with the client's message (kvstored/client/_args.py).
+    """Refuse, before asking a master, keys its nodes would refuse.
 
     The bounds are the nodes' defaults (``node.min_key_bytes`` 16, ``node.max_key_bytes``
-    64): a master does not know its nodes' settings; a node's own are checked by the client.
+    64): a master does not know its nodes' settings; a node's own are checked by the client
+    (kvstored/client/_args.py, whose message names the node). This message names the key
+    rule and the master, never "the node": the address given is a master's.
 
     Raises:
-        KeyInvalid: naming the first bad key's index and its length.
+        KeyInvalid: naming the first bad key's index and its length, e.g. ``key #0 is 1
+            bytes; a master takes block keys of 16..64 bytes (32..128 hex digits)``.
     """
+    rule = (f"a master takes block keys of {min_key_bytes}..{max_key_bytes} bytes "
+            f"({2 * min_key_bytes}..{2 * max_key_bytes} hex digits)")
     for i, k in enumerate(keys):
         if not k:
-            raise KeyInvalid(f"key #{i} is empty; keys are block hashes of "
-                             f"{min_key_bytes}..{max_key_bytes} bytes")
+            raise KeyInvalid(f"key #{i} is empty; {rule}")
         if not min_key_bytes <= len(k) <= max_key_bytes:
-            raise KeyInvalid(f"key #{i} is {len(k)} bytes; the node accepts keys of "
-                             f"{min_key_bytes}..{max_key_bytes} bytes")
+            raise KeyInvalid(f"key #{i} is {len(k)} bytes; {rule}")
 
 
 def master_client(obj: Any) -> Any:
@@ -197,6 +204,45 @@ def resolve_namespace(m: Any, prefix: str) -> bytes:
     return bytes.fromhex(seen.pop())
 
 
+_TIER_ORDER = {"DRAM": 0, "SSD": 1}
+
+
+def replica_counts(replicas: list[dict[str, Any]]) -> dict[str, int]:
+    """How many nodes hold a block, as ``where`` counts them.
+
+    Args:
+        replicas: the master's rows of one block (``node_id``, ``readable``, ``copy``); a
+            node that holds it in DRAM and on its SSD has two rows.
+
+    Returns:
+        ``{"num_replicas": nodes with a readable original, "num_copies": other nodes with a
+        readable remote-fill copy}``: each node counts once, whatever its tiers.
+    """
+    originals = {r["node_id"] for r in replicas if r["readable"] and not r["copy"]}
+    copies = {r["node_id"] for r in replicas if r["readable"] and r["copy"]} - originals
+    return {"num_replicas": len(originals), "num_copies": len(copies)}
+
+
+def per_node_rows(replicas: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """One ``(node_id, tiers, state)`` row per holder node, in the order the nodes first appear.
+
+    A node's tiers are joined DRAM first (``"DRAM+SSD"``); its state is :func:`state_label`'s
+    when every tier has the same one, else each tier's (``"DRAM committed, SSD writing (not
+    readable)"``).
+    """
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in replicas:
+        by_node.setdefault(r["node_id"], []).append(r)
+    rows = []
+    for node_id, reps in by_node.items():
+        reps = sorted(reps, key=lambda r: _TIER_ORDER.get(r["tier"], 9))
+        labels = [state_label(r["state"], readable=r["readable"], copy=r["copy"]) for r in reps]
+        state = (labels[0] if len(set(labels)) == 1
+                 else ", ".join(f"{r['tier']} {lab}" for r, lab in zip(reps, labels, strict=True)))
+        rows.append((node_id, "+".join(r["tier"] for r in reps), state))
+    return rows
+
+
 def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex: str | None
           ) -> None:
     """Print every replica of each block of a prefix, marking the first cluster-wide miss."""
@@ -217,7 +263,8 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
         "blocks": [
             {"index": i, "key": k.hex(), "present": any(r["readable"] for r in reps),
              "in_prefix": i < leading, "replication_factor": factor,
-             "replicas": [{f: r[f] for f in keep} for r in reps]}
+             "replicas": [{f: r[f] for f in keep} for r in reps],
+             **replica_counts(reps)}
             for i, (k, reps, factor) in enumerate(zip(keys, per_key, factors, strict=True))
         ],
     }
@@ -229,16 +276,14 @@ def where(obj: Any, keys: list[bytes], namespace_id: bytes | None, namespace_hex
                                               else "after the miss")
             if not b["replicas"]:
                 rows.append((b["index"], b["key"], "-", "missing", "-", "-", mark))
+            # replicas count nodes (a block in a node's DRAM and on its SSD is one), and
             # read copies (remote-fill copies) are not replicas: "2/2 +1 copy", never "3/2"
-            readable = sum(1 for r in b["replicas"] if r["readable"] and not r["copy"])
-            copies = sum(1 for r in b["replicas"] if r["readable"] and r["copy"])
+            readable, copies = b["num_replicas"], b["num_copies"]
             wanted = f"{readable}/{b['replication_factor']}" if b["replication_factor"] else "-"
             if copies and b["replication_factor"]:
                 wanted += f" +{copies} cop{'y' if copies == 1 else 'ies'}"
-            for r in b["replicas"]:
-                state = state_label(r["state"], readable=r["readable"], copy=r["copy"])
-                rows.append((b["index"], b["key"], r["node_id"], r["tier"], state, wanted,
-                             mark))
+            for node_id, tiers, state in per_node_rows(b["replicas"]):
+                rows.append((b["index"], b["key"], node_id, tiers, state, wanted, mark))
         title = (f"prefix of {d['num_blocks']} blocks: {d['num_leading_present']} leading "
                  f"blocks present cluster-wide"
                  + ("" if d["complete"] else " (some nodes still syncing)"))

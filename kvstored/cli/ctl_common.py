@@ -8,8 +8,9 @@ Exit codes (named constants, stable for scripts): 0 ok, 1 error (a bug or an OS 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -153,6 +154,46 @@ def check_unix_socket(address: str) -> None:
 
 
 
+
+
+MASTER_VIEWS = "`kvstorectl nodes`, `where KEY...`, `blocks --node NODE_ID`"
+"""The commands that ask a master, as a message about a node command sent to one names them."""
+
+
+@contextlib.contextmanager
+def asks_a_node(obj: CtlContext, command: str) -> Iterator[None]:
+    """Turn a node-only command's failure against a master's address into one clear line.
+
+    A master answers a node's methods UNIMPLEMENTED (kvstored/rpc_status.py: an
+    InvalidArgument saying "the other kind of kvstored process"); when that happens, one
+    ``ListNodes`` probe tells a master from anything else, and a master gets
+    ``ADDR is a master, not a node: ...`` (still InvalidArgument: exit 2, a wrong address).
+
+    Args:
+        obj: kvstorectl's context (``address``, ``timeout_s``, ``tls``).
+        command: the command's name, for the message (``"status"``).
+
+    Raises:
+        InvalidArgument: the address is a master's (the message names it, the command and the
+            master's views); any other failure passes unchanged.
+    """
+    try:
+        yield
+    except InvalidArgument as exc:
+        if not str(exc).startswith("UNIMPLEMENTED") or not obj.address or is_unix_address(obj.address):
+            raise
+        from kvstored.cli.cluster import is_master_address
+
+        try:
+            master = is_master_address(obj)
+        except KvstoredError:
+            raise exc from None
+        if not master:
+            raise
+        raise InvalidArgument(
+            f"{obj.address} is a master, not a node: `kvstorectl {command}` asks a node (give "
+            f"--address NODE_HOST:PORT or its unix:PATH); ask the master with {MASTER_VIEWS}"
+        ) from None
 
 
 def _override(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

@@ -12,7 +12,8 @@ Node or master: ``where`` and ``blocks`` against a TCP address first probe it (o
 single-node behaviour below, unchanged; a master gets the cluster views of
 kvstored/cli/cluster.py (every replica of every block; ``blocks --node NODE_ID``).
 
-Exit codes: 0 ok, 1 error, 2 bad arguments (a bad hex key, an unknown node id), 3 node or
+Exit codes: 0 ok, 1 error, 2 bad arguments (a bad hex key, an unknown node id, a node
+command sent to a master, ``replicate`` of a key not stored: the stored ones are set), 3 node or
 master unreachable (at once when the unix socket file does not exist or refuses
 connections), 4 server error (for ``evict``: a holder node could not be asked).
 
@@ -46,7 +47,11 @@ JSON output (sorted keys, stable for scripts)::
             its remote-fill copies and DRAM blocks also on its SSD: placement's room)
     drain   {"node_id", "draining", "num_blocks", "num_blocks_to_move", "num_copies_issued",
              "leave_sent", "left"}
-    replicate {"num_keys", "replicas", "namespace_id"}
+    replicate {"num_keys", "replicas", "namespace_id", "num_live_nodes", "short",
+             "num_not_stored", "not_stored": [key hex], "complete"}
+            (num_keys: keys whose factor was set; not_stored: keys no node holds, given no
+            factor, exit 2; while some node still syncs (complete false) an unindexed key
+            may be on it: it is set too, with a warning)
     errors  {"error": {"code", "message"}}
 """
 
@@ -62,10 +67,12 @@ import click
 from kvstored.cli import cluster, output
 from kvstored.cli.ctl_common import (
     DEFAULT_WATCH_INTERVAL_S,
+    EXIT_BAD_ARGS,
     INTERVAL_HELP,
     WATCH_HELP,
     WATCHABLE,
     CtlContext,
+    asks_a_node,
     common_options,
     handle_errors,
     resolve_tls,
@@ -127,7 +134,7 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
 @handle_errors
 def status(obj: CtlContext) -> None:
     """Node id, epoch, addresses, draining, and tier usage."""
-    with obj.client() as c:
+    with asks_a_node(obj, "status"), obj.client() as c:
         output.emit_watched(obj.output, lambda: _status_data(c), _status_tables,
                             watch_s=obj.watch_s(), count=obj.count, errors=WATCH_ERRORS)
 
@@ -170,7 +177,7 @@ def _status_tables(d: dict[str, Any]) -> list[Any]:
 @handle_errors
 def stats(obj: CtlContext) -> None:
     """Counters (gets, hits, puts, failures, pins) and tier usage."""
-    with obj.client() as c:
+    with asks_a_node(obj, "stats"), obj.client() as c:
         output.emit_watched(obj.output, c.stats, _stats_tables, watch_s=obj.watch_s(),
                             count=obj.count, errors=WATCH_ERRORS)
 
@@ -602,34 +609,58 @@ def drain(obj: CtlContext, node_id: str, wait: bool, wait_s: float) -> None:
 @handle_errors
 def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
               namespace_id_hex: str | None) -> None:
-    """Set the replication factor of blocks through the master (--address MASTER): its
-    repair copies each to distinct nodes until it has --replicas, and again after a holder
-    leaves."""
+    """Set the replication factor of stored blocks through the master (--address MASTER):
+    its repair copies each to distinct nodes until it has --replicas, and again after a
+    holder leaves. Keys the cluster does not store are named and left alone (exit 2)."""
+    import sys
+
     from kvstored.client.master_admin import MasterAdminClient
 
     hex_keys = [k for raw in keys_args for k in raw.replace(",", " ").split()]
     if not hex_keys:
         raise InvalidArgument("give block keys (KEY_HEX...)")
     keys = [_parse_hex(k, "key") for k in hex_keys]
+    cluster.check_key_lengths(keys)
     address = cluster.require_master(obj, "replicate")
     with MasterAdminClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
         ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
-        n = m.set_replication(ns, keys, replicas)
+        per_key, _, complete = m.list_replicas_and_factors(ns, keys)
+        # a key no node holds gets no factor: README "for blocks already stored" (the
+        # master's admin factors live in its memory only, and a put sets its own); while a
+        # node is still syncing its inventory an unindexed key may be on it: set it too
+        stored = [k for k, reps in zip(keys, per_key, strict=True) if reps or not complete]
+        not_stored = [k for k, reps in zip(keys, per_key, strict=True) if not reps]
+        n = m.set_replication(ns, stored, replicas) if stored else 0
         nodes: list[dict[str, Any]] = m.list_nodes()["nodes"]  # type: ignore[assignment]  # list_nodes' stable dict
     num_live = sum(1 for nd in nodes if not nd["draining"])
-    data: dict[str, Any] = {"num_keys": n, "replicas": replicas, "namespace_id": ns.hex(), "num_live_nodes": num_live,
-            "short": replicas > num_live}
+    data: dict[str, Any] = {
+        "num_keys": n, "replicas": replicas, "namespace_id": ns.hex(),
+        "num_live_nodes": num_live, "short": replicas > num_live,
+        "num_not_stored": len(not_stored), "not_stored": [k.hex() for k in not_stored],
+        "complete": complete}
     if replicas > num_live:
         click.echo(f"kvstorectl: warning: --replicas {replicas} is more than the {num_live} live "
                    f"node(s): repair places at most {num_live} replica(s) of each block until more "
                    "nodes join", err=True)
 
     def tables(d: dict[str, Any]) -> list[Any]:
-        return [output.rows_table("replication", ["keys", "replicas", "live nodes", "namespace"],
+        return [output.rows_table("replication", ["keys set", "replicas", "live nodes",
+                                                  "not stored", "namespace"],
                                   [(d["num_keys"], d["replicas"], d["num_live_nodes"],
-                                    d["namespace_id"])])]
+                                    d["num_not_stored"], d["namespace_id"] or "-")])]
 
     output.emit(obj.output, data, tables)
+    if not_stored:
+        shown = ", ".join(k.hex() for k in not_stored[:8]) + (", ..." if len(not_stored) > 8 else "")
+        if complete:
+            sys.stderr.write(
+                f"kvstorectl: NOT_FOUND: {len(not_stored)} of {len(keys)} key(s) are not stored "
+                f"in the cluster (namespace {ns.hex() or 'empty'}), so no factor was set for "
+                f"them: {shown}; the factor was set for the {n} stored key(s)\n")
+            click.get_current_context().exit(EXIT_BAD_ARGS)
+        sys.stderr.write(
+            f"kvstorectl: warning: {len(not_stored)} key(s) are not indexed, but some nodes are "
+            f"still syncing their inventory, so the factor was set for them too: {shown}\n")
 
 
 main.add_command(cluster.evict_command(keys_command_cls=KeysInOrderCommand,

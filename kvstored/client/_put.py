@@ -160,7 +160,7 @@ def _check_items(
             continue
         if err is None and len(value) > max_block:
             err = BlockTooLarge(
-                f"value #{i} ({format_hash(kb)}) is {len(value)} bytes; the node's limit is "
+                f"value #{i} (key {format_hash(kb)}) is {len(value)} bytes; the node's limit is "
                 f"{max_block} bytes (node.max_block_bytes)"
             )
         if err is None and len(meta) > info.max_meta_bytes:

@@ -141,12 +141,12 @@ class RequestLimits:
             return err
         if size_bytes > self.cfg.max_block_bytes:
             return BlockTooLarge(
-                f"block #{index} ({format_hash(key)}) is {size_bytes} bytes; the limit is "
+                f"block #{index} (key {format_hash(key)}) is {size_bytes} bytes; the limit is "
                 f"{self.cfg.max_block_bytes} bytes (node.max_block_bytes)"
             )
         if len(meta) > MAX_META_BYTES:
             return InvalidArgument(
-                f"meta of block #{index} ({format_hash(key)}) is {len(meta)} bytes; at most "
+                f"meta of block #{index} (key {format_hash(key)}) is {len(meta)} bytes; at most "
                 f"{MAX_META_BYTES} bytes are stored with a block"
             )
         return None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvstored.errors import BlockTooLarge, KvstoredError, NoCapacity
+from kvstored.keys import format_hash
 from kvstored.node.limits import MAX_META_BYTES
 from kvstored.tiers.base import NEEDS_IO
 from kvstored.types import PutOutcome, Reservation
@@ -193,7 +194,8 @@ class LocalPuts:
             err = limits.put_item_error(i, key, size, meta)
             if err is None and size > store_max:
                 err = BlockTooLarge(
-                    f"block #{i} is {size} bytes; the store's limit is {store_max} bytes"
+                    f"block #{i} (key {format_hash(key)}) is {size} bytes; the store's limit is "
+                    f"{store_max} bytes"
                 )
             if err is None:
                 valid.append(i)

@@ -173,10 +173,15 @@ def test_a_node_command_sent_to_the_master_says_which_kind_of_server_it_reached(
     master: tuple[str, Membership],
 ) -> None:
     # regression: "INTERNAL: UNIMPLEMENTED: Method not found!" (exit 4), after retries
+    # then (issue 17): gRPC's raw "UNIMPLEMENTED: Method not found!" text, exit 2
     addr, _ = master
-    out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, "status"])
-    assert out.exit_code == EXIT_BAD_ARGS, out.output
-    assert "the other kind of kvstored process" in out.output.replace("\n", " ")
+    for command in ("status", "stats"):
+        out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command])
+        assert out.exit_code == EXIT_BAD_ARGS, out.output
+        text = out.stderr.replace("\n", " ")
+        assert text.startswith(f"kvstorectl: INVALID_ARGUMENT: {addr} is a master, not a node: "
+                               f"`kvstorectl {command}` asks a node"), text
+        assert "`kvstorectl nodes`" in text and "UNIMPLEMENTED" not in text, text
 
 
 @pytest.mark.parametrize("command", ["where", "evict"])
@@ -188,7 +193,10 @@ def test_cluster_commands_check_key_length_and_hex_like_the_client(
     out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, good,
                                     "0001"])
     assert out.exit_code == EXIT_BAD_ARGS, out.output
-    assert "key #1 is 2 bytes; the node accepts keys of 16..64 bytes" in out.output
+    # a master's address: the message names the master and the key rule, never "the node"
+    assert ("key #1 is 2 bytes; a master takes block keys of 16..64 bytes (32..128 hex "
+            "digits)") in out.output.replace("\n", " "), out.output
+    assert "node" not in out.output, out.output
     out = CliRunner().invoke(main, ["--timeout-s", "20", "--address", addr, command, "1" * 33])
     assert out.exit_code == EXIT_BAD_ARGS
     assert "has an odd number of hex digits (33)" in out.output, out.output
