@@ -35,7 +35,7 @@ JSON output (sorted keys, stable for scripts)::
     where   {"num_blocks", "num_leading_hits", "namespace_id",
              "blocks": [{"index", "key", "tier"}]}    (tier: "DRAM", "SSD" or null)
             (--address MASTER: each block also has "replication_factor" and "replicas")
-    nodes   {"master_epoch", "term", "leader", "num_replicas",
+    nodes   {"master_epoch", "term", "leader", "num_replicas", "departed_since_term",
              "nodes": [{"node_id", "epoch", "grpc_address", "data_address", "zone", "health",
                         "load", "num_replicas", "lease_left_s", "last_seq", "draining",
                         "coldest_age_s",
@@ -44,7 +44,10 @@ JSON output (sorted keys, stable for scripts)::
             (health: "healthy", "unhealthy", "probation" or "syncing"; coldest_age_s:
             seconds since its coldest original block was used, 0 = none: pool LRU;
             spare_bytes: of used_bytes, what the node can free without dropping a block,
-            its remote-fill copies and DRAM blocks also on its SSD: placement's room)
+            its remote-fill copies and DRAM blocks also on its SSD: placement's room;
+            "departed": the nodes that left during this leader's term, departed_since_term:
+            that term: a failover or a master restart starts the list empty, the table's
+            title says "departed since term T began" / "since this master started")
     drain   {"node_id", "draining", "num_blocks", "num_blocks_to_move", "num_copies_issued",
              "leave_sent", "left"}
     replicate {"num_keys", "replicas", "namespace_id", "num_live_nodes", "short",
@@ -519,7 +522,14 @@ def nodes(obj: CtlContext) -> None:
 
     address = cluster.require_master(obj, "nodes")
     with MasterClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
-        output.emit_watched(obj.output, m.list_nodes, _nodes_tables, watch_s=obj.watch_s(),
+        def produce() -> dict[str, Any]:
+            d: dict[str, Any] = m.list_nodes()
+            # departures are kept by the leader of this term only (a new leader or a
+            # restarted master knows none from before): say since when
+            d["departed_since_term"] = d.get("term", 0)
+            return d
+
+        output.emit_watched(obj.output, produce, _nodes_tables, watch_s=obj.watch_s(),
                             count=obj.count, min_width=160, errors=WATCH_ERRORS)
 
 
@@ -545,7 +555,11 @@ def _nodes_tables(d: dict[str, Any]) -> list[Any]:
          f"0 (had {n['num_replicas']})", "-", f"gone {n['departed_s_ago']:.1f} s ago")
         for n in d.get("departed", [])
     ]
-    title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed; "
+    # a leader's membership (departed nodes too) is its own term's: a failover or a restart
+    # starts it empty, so the departed count says since when it is kept
+    ha = bool(d.get("term")) and d.get("term") != d["master_epoch"]
+    since = f"since term {d['term']} began" if ha else "since this master started"
+    title = (f"nodes ({len(d['nodes'])} live, {len(d.get('departed', []))} departed {since}; "
              f"master epoch {d['master_epoch']}, {d['num_replicas']} replicas"
              + (f"; leader {d['leader']} term {d['term']}" if d.get("term") != d["master_epoch"]
                 else "") + ")")
