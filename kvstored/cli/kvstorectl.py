@@ -636,7 +636,8 @@ def replicate(obj: CtlContext, keys_args: tuple[str, ...], replicas: int,
     keys = [_parse_hex(k, "key") for k in hex_keys]
     cluster.check_key_lengths(keys)
     address = cluster.require_master(obj, "replicate")
-    with MasterAdminClient(address, timeout_s=obj.timeout_s, tls=obj.tls) as m:
+    m = MasterAdminClient(address, timeout_s=obj.timeout_s, tls=obj.tls)
+    with m:  # (``as`` would type it as the base MasterClient)
         ns = b"" if namespace_id_hex is None else cluster.resolve_namespace(m, namespace_id_hex)
         per_key, _, complete = m.list_replicas_and_factors(ns, keys)
         # a key no node holds gets no factor: README "for blocks already stored" (the
