@@ -7,7 +7,9 @@
  *                 the keys read from the serialized request, probed in the key table, each
  *                 block ranked (best_rows' walk, or ranked_rows' when alternates or avoided
  *                 holders are asked), the distinct holders numbered, and the response's
- *                 packed repeated fields written as protobuf wire bytes
+ *                 packed repeated fields written as protobuf wire bytes; the keys taken 32
+ *                 at a time, each group's buckets, head entries and rows prefetched stage by
+ *                 stage (group prefetching: master_buffers.h)
  *
  * Both read the numpy columns' own buffers (no copy) and follow the numpy code of
  * kvstored/master/ranking.py and index.py step by step: the same scores, the same order
@@ -26,6 +28,7 @@
 #define LK_MULT 0x9E3779B97F4A7C15ULL
 #define LK_MAX_RANKED 8  /* ranking.MAX_RANKED_REPLICAS: the most levels ranked_rows reads */
 #define LK_KEY_BYTES 16
+#define LK_GROUP MB_PREFETCH_GROUP /* keys per stage of the group prefetching (lookup_wire) */
 
 /* The index's columns and one lookup's ranking parameters. */
 typedef struct {
@@ -339,8 +342,9 @@ PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
     uint64_t *vals = PyMem_Malloc(cap * (size_t)width * sizeof(uint64_t));
     int64_t *uniq = PyMem_Malloc(cap * (size_t)width * sizeof(int64_t));
     uint8_t *wire = PyMem_Malloc(cap * (size_t)width * 50 + 200);
+    uint64_t *words = PyMem_Malloc(cap * 2 * sizeof(uint64_t));
     PyObject *out = NULL;
-    if (!best || !ranked || !vals || !uniq || !wire) {
+    if (!best || !ranked || !vals || !uniq || !wire || !words) {
         PyErr_NoMemory();
         goto done;
     }
@@ -349,59 +353,96 @@ PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
     Py_ssize_t k = 0, num_alt = 0;
     uint64_t mask = (uint64_t)nb - 1;
     rd.p = req;
-    Py_ssize_t i = -1;
-    while (rd.p < rd.end) {
+    Py_ssize_t nk = 0;
+    while (rd.p < rd.end) { /* the keys' words, in order (the first pass checked the fields) */
         uint64_t tag = 0;
-        mb_varint(&rd, &tag); /* checked by the first pass */
+        mb_varint(&rd, &tag);
         if (tag != ((2 << 3) | 2)) {
             mb_skip(&rd, (int)(tag & 7));
             continue;
         }
         rd.p += 1; /* the length: 16 */
-        uint64_t lo, hi;
-        memcpy(&lo, rd.p, 8); /* little-endian words, as keys_to_words reads them (x86, arm64) */
-        memcpy(&hi, rd.p + 8, 8);
+        memcpy(&words[2 * nk], rd.p, 8); /* little-endian words, as keys_to_words reads them (x86, arm64) */
+        memcpy(&words[2 * nk + 1], rd.p + 8, 8);
         rd.p += LK_KEY_BYTES;
-        i++;
-        /* the probe of KeyTable._probe (master.c keytable_get_many) */
-        uint64_t bk = (lo * LK_MULT) >> (64 - bits);
-        int64_t slot = -1;
-        for (Py_ssize_t step = 0; step < nb; step++) {
-            const uint64_t *rl = lo_t + bk * LK_WAYS;
-            for (int w = 0; w < LK_WAYS; w++) {
-                if (rl[w] == lo && hi_t[bk * LK_WAYS + w] == hi && sl_t[bk * LK_WAYS + w] >= 0) {
-                    slot = sl_t[bk * LK_WAYS + w];
-                    goto found;
+        nk++;
+    }
+    /* Group prefetching (master_buffers.h; Chen et al., ICDE 2004; MICA, NSDI 2014): a group of
+     * LK_GROUP keys in stages, each stage issuing the next one's loads for the whole group
+     * before any is used: 1. hash, prefetch the home buckets; 2. probe, prefetch the head
+     * entries; 3. prefetch the first rows (and the columns the answer reads of them); 4. their
+     * links, prefetch the second rows; 5. rank and answer each key in order, exactly as one key
+     * at a time did (the stages only read within the columns, and the first key that ends the
+     * answer stops it at the same point). */
+    int stop = 0;
+    for (Py_ssize_t g0 = 0; g0 < nk && !stop; g0 += LK_GROUP) {
+        Py_ssize_t gn = nk - g0 < LK_GROUP ? nk - g0 : LK_GROUP;
+        const uint64_t *gw = words + 2 * g0;
+        int64_t gslot[LK_GROUP], grow[LK_GROUP];
+        for (Py_ssize_t j = 0; j < gn; j++)
+            mb_prefetch_bucket(lo_t, hi_t, sl_t, (gw[2 * j] * LK_MULT) >> (64 - bits));
+        for (Py_ssize_t j = 0; j < gn; j++) { /* the probe of KeyTable._probe (master.c keytable_get_many) */
+            uint64_t lo = gw[2 * j], hi = gw[2 * j + 1];
+            uint64_t bk = (lo * LK_MULT) >> (64 - bits);
+            int64_t slot = -1;
+            for (Py_ssize_t step = 0; step < nb; step++) {
+                const uint64_t *rl = lo_t + bk * LK_WAYS;
+                for (int w = 0; w < LK_WAYS; w++) {
+                    if (rl[w] == lo && hi_t[bk * LK_WAYS + w] == hi && sl_t[bk * LK_WAYS + w] >= 0) {
+                        slot = sl_t[bk * LK_WAYS + w];
+                        goto found;
+                    }
                 }
+                if (!over[bk]) break;
+                bk = (bk + 1) & mask;
             }
-            if (!over[bk]) break;
-            bk = (bk + 1) & mask;
+        found:
+            gslot[j] = slot;
+            if (slot >= 0 && slot < c.n_head) __builtin_prefetch(c.head + slot);
         }
-    found:
-        if (slot < 0) {
-            if (every_key) continue;
-            break; /* the prefix ends at its first block missing cluster-wide */
+        for (Py_ssize_t j = 0; j < gn; j++) {
+            int64_t r = gslot[j] >= 0 && gslot[j] < c.n_head ? c.head[gslot[j]] : -1;
+            grow[j] = r >= 0 && r < c.n_rows ? r : -1;
+            if (grow[j] < 0) continue;
+            mb_prefetch_row(c.next, c.holder, c.state, c.tier, r);
+            __builtin_prefetch(c.size + r);
+            __builtin_prefetch(c.gen + r);
         }
-        if (check_slot(&c, slot) != 0) break;
-        int64_t row, h;
-        int64_t *rr = rrows + k * width, *rh = rholders + k * width;
-        if (use_ranked) {
-            if (rank_walk(&c, slot, width, rr, rh) < 0) break;
-            row = rr[0];
-            h = rh[0];
-        } else {
-            row = best_walk(&c, slot, &h);
-            if (c.bad) break;
+        for (Py_ssize_t j = 0; j < gn; j++) {
+            int64_t r = grow[j] >= 0 ? c.next[grow[j]] : -1;
+            if (r >= 0 && r < c.n_rows) mb_prefetch_row(c.next, c.holder, c.state, c.tier, r);
         }
-        if (row < 0) {
-            if (every_key) continue;
-            break; /* nothing readable: the prefix ends here */
+        for (Py_ssize_t j = 0; j < gn; j++) {
+            Py_ssize_t i = g0 + j;
+            int64_t slot = gslot[j];
+            if (slot < 0) {
+                if (every_key) continue;
+                stop = 1; /* the prefix ends at its first block missing cluster-wide */
+                break;
+            }
+            if (check_slot(&c, slot) != 0) break;
+            int64_t row, h;
+            int64_t *rr = rrows + k * width, *rh = rholders + k * width;
+            if (use_ranked) {
+                if (rank_walk(&c, slot, width, rr, rh) < 0) break;
+                row = rr[0];
+                h = rh[0];
+            } else {
+                row = best_walk(&c, slot, &h);
+                if (c.bad) break;
+            }
+            if (row < 0) {
+                if (every_key) continue;
+                stop = 1; /* nothing readable: the prefix ends here */
+                break;
+            }
+            best[k] = row;
+            bholder[k] = h;
+            bpos[k] = i;
+            for (int j2 = 1; j2 < width; j2++) num_alt += rr[j2] >= 0;
+            k++;
         }
-        best[k] = row;
-        bholder[k] = h;
-        bpos[k] = i;
-        for (int j = 1; j < width; j++) num_alt += rr[j] >= 0;
-        k++;
+        if (c.bad) stop = 1;
     }
     if (c.bad) {
         bad_columns(fn, &c);
@@ -475,6 +516,7 @@ done:
     PyMem_Free(vals);
     PyMem_Free(uniq);
     PyMem_Free(wire);
+    PyMem_Free(words);
     mb_release(&b);
     return out;
 not_fast:

@@ -567,6 +567,50 @@ def test_lookup_from_request_bytes_matches_the_columns_path(seed: int, monkeypat
 
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_batches_longer_than_a_prefetch_group_answer_as_numpy(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C lookups take their keys in groups (native/master_buffers.h MB_PREFETCH_GROUP, 32:
+    buckets, head entries and rows prefetched a group ahead); batches of 1..700 keys, so many
+    groups and partial last groups, with absent keys anywhere (the prefix stops there, at
+    every position of a group), repeated keys, hot chains (every node holds the first keys)
+    and unreadable nodes: ``lookup_wire`` (request bytes), ``lookup_prefix`` and
+    ``lookup_each`` (``keytable_get_many`` then ``best_rows`` / ``ranked_rows``) answer as the
+    numpy code, message for message and column for column."""
+    from kvstored.v1 import master_pb2 as pb
+
+    rng = random.Random(900 + seed)
+    sv, keys, names = _servicer(rng, 2 * HOT_CHAIN_ROWS, 300)
+    ix = sv.state.index  # type: ignore[attr-defined]
+    absent = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(20)]
+    holders = [-1, *(sv.state.membership.node(n).holder for n in names[:4])]  # type: ignore[attr-defined]
+    stops, longest = set(), 0
+    for t in range(40):
+        size = rng.choice([1, 31, 32, 33, 64, 65, 200, 512, 700])
+        ks = keys[:3] + rng.choices(keys, k=size)  # duplicates; the hot blocks lead
+        if t % 3:  # an absent key at some position, often inside a later group
+            ks.insert(rng.randint(0, len(ks)), rng.choice(absent))
+        req = pb.MasterLookupPrefixRequest(
+            namespace_id=NS, keys=ks, every_key=rng.random() < 0.4, local_node_id=rng.choice(["", *names]),
+            avoid_node_ids=rng.sample(names, rng.choice([0, 0, 1])), max_alternates=rng.choice([0, 0, 1, 3]))
+        local = rng.choice(holders)
+        monkeypatch.setattr(native, "master_index", NATIVE)
+        got = sv._lookup_prefix(req)  # type: ignore[attr-defined]
+        hit = ix.lookup_prefix(NS, ks, local_holder=local, max_alternates=req.max_alternates)
+        pos, each = ix.lookup_each(NS, ks, local_holder=local)
+        monkeypatch.setattr(native, "master_index", None)
+        want = sv._lookup_prefix(req)  # type: ignore[attr-defined]
+        want_hit = ix.lookup_prefix(NS, ks, local_holder=local, max_alternates=req.max_alternates)
+        want_pos, want_each = ix.lookup_each(NS, ks, local_holder=local)
+        assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True), t
+        for f in ("holders", "tiers", "sizes", "generations"):
+            assert getattr(hit, f).tolist() == getattr(want_hit, f).tolist(), (t, f)
+            assert getattr(each, f).tolist() == getattr(want_each, f).tolist(), (t, f)
+        assert pos.tolist() == want_pos.tolist()
+        stops.add(len(hit) % 32)
+        longest = max(longest, len(got.node_index))
+    assert longest > 2 * 32 and len(stops) > 5, (longest, stops)  # many groups; ends at many positions
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("impl", ["native", "python"])
 def test_the_servers_wire_handlers_answer_as_the_message_handlers(
