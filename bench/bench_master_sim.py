@@ -28,6 +28,14 @@ Also reported: the index's replicas, its numpy bytes, and the rows of hot chains
 with more than 16 replicas keep maps of their rows: C tables, native/master_hot.h, or the Python
 dicts of master/columns.py ``PyHotChains`` with ``--impl python``), and the maps' bytes.
 
+The simulated nodes keep their pending events as tuples and build the messages when they
+send them (as MasterLink does): the collections of Python's cyclic GC run inside whatever
+call allocates when they fall due, so a simulator holding ~1M event messages at 10,000
+nodes made the master's calls pay full collections of the simulator's objects (0.45 s/s
+of GC at 10,000 nodes; 2.24-3.18 s/s in all before, 1.68-2.85 with this, the same minutes
+on loaded shared cores). The collections that run inside timed calls are counted and timed
+(``gc_in_timed_calls``).
+
 ``--impl python`` runs the index's numpy loops and protobuf field reads instead of their C
 versions (native/master.c, the default; kvstored/native.py ``master_index``); ``--profile N``
 prints the N costliest functions (cProfile with process time, inside the handlers only).
@@ -115,6 +123,26 @@ def server_handlers(servicer: MasterServicer) -> dict[str, Any]:
     return got.handlers
 
 
+class _GcWatch:
+    """Counts the collections of the cyclic GC that run inside timed calls, and their
+    process time (a ``gc.callbacks`` entry): they are part of the master CPU measured."""
+
+    def __init__(self) -> None:
+        self.timed = False
+        self.collections = [0, 0, 0]
+        self.cpu_s = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if not self.timed:
+            return
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.collections[info["generation"]] += 1
+            self.cpu_s += time.process_time() - self._start
+
+
 def _key(hash_id: int) -> bytes:
     return hash_id.to_bytes(16, "little")
 
@@ -130,7 +158,10 @@ class SimNode:
         self.capacity = capacity
         self.lru: OrderedDict[bytes, None] = OrderedDict()
         self.seq = 0
-        self.events: list[pb.BlockEvent] = []
+        # (seq, kind, key) as MasterLink keeps them: the messages are built when sent (931k
+        # BlockEvent messages alive for a second at 10,000 nodes made the GC's full
+        # collections, which ran inside the timed calls, scan the simulator's objects)
+        self.events: list[tuple[int, int, bytes]] = []
         while len(self.lru) < capacity:  # start full, from the trace's own blocks
             for h in self.next_request():
                 self.lru[_key(h)] = None
@@ -144,8 +175,13 @@ class SimNode:
 
     def _event(self, kind: int, key: bytes) -> None:
         self.seq += 1
-        self.events.append(pb.BlockEvent(seq=self.seq, kind=kind, block=pb.BlockRef(
-            namespace_id=NS, key=key, tier=1, size_bytes=BLOCK_BYTES)))
+        self.events.append((self.seq, kind, key))
+
+    def event_messages(self) -> list[pb.BlockEvent]:
+        """The pending events as the node sends them."""
+        return [pb.BlockEvent(seq=q, kind=kind, block=pb.BlockRef(
+            namespace_id=NS, key=key, tier=1, size_bytes=BLOCK_BYTES))
+            for q, kind, key in self.events]
 
     def put_missing(self, keys: list[bytes]) -> None:
         for k in keys:
@@ -181,17 +217,20 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
     hits = asked = num_events = 0
 
     handlers = server_handlers(servicer)  # as the gRPC server calls them
+    gc_watch = _GcWatch()
 
     async def call(name: str, req: Any, timed: bool = True) -> Any:
         h = handlers[name] if name in _WIRE else None
         data = req.SerializeToString() if h is not None else b""  # the node's work: not timed
         if timed and profiler is not None:
             profiler.enable()
+        gc_watch.timed = timed
         c = time.process_time()
         if h is not None:  # the server's whole part: parse, handler, answer's bytes
             out = h.response_serializer(await h.unary_unary(h.request_deserializer(data), _CTX))
         else:
             resp = await getattr(servicer, name)(req, _CTX)
+        gc_watch.timed = False
         if timed:
             cpu[name] += time.process_time() - c
             if profiler is not None:
@@ -233,7 +272,7 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
                 num_events += len(n.events)
                 if n.events and separate:  # a node of the previous version
                     resp = await call("ReportEvents", pb.ReportEventsRequest(
-                        node_id=n.node_id, epoch=n.epoch, events=n.events))
+                        node_id=n.node_id, epoch=n.epoch, events=n.event_messages()))
                     assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
                     assert resp.applied_seq == n.seq
                     n.events = []
@@ -241,7 +280,7 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
                 hb = pb.HeartbeatRequest(node_id=n.node_id, epoch=n.epoch, tiers=[n.usage()],
                                          load=1.0, last_seq=n.seq)
                 if n.events:
-                    hb.events.extend(n.events)
+                    hb.events.extend(n.event_messages())
                 resp = await call("Heartbeat", hb)
                 assert resp.action == pb.NODE_ACTION_UNSPECIFIED, resp
                 if n.events:
@@ -250,7 +289,11 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
             clock.advance(1.0)
         run.setup_s = setup_s  # type: ignore[attr-defined]
 
-    asyncio.run(main())
+    gc.callbacks.append(gc_watch)
+    try:
+        asyncio.run(main())
+    finally:
+        gc.callbacks.remove(gc_watch)
     total = sum(cpu.values())
     cols = servicer.index.columns
     return {"nodes": num_nodes, "seconds": seconds, "requests_per_node_s": rate,
@@ -264,7 +307,9 @@ def run(num_nodes: int, seconds: int, rate: float, node_blocks: int,
             "by_rpc_cpu_s_per_s": {k: v / seconds for k, v in cpu.items()},
             "calls_per_s": {k: v / seconds for k, v in calls.items()},
             "cpu_us_per_call": {k: (cpu[k] / calls[k] * 1e6 if calls[k] else 0.0) for k in cpu},
-            "events_per_s": num_events / seconds, "hit_fraction": hits / max(asked, 1)}
+            "events_per_s": num_events / seconds, "hit_fraction": hits / max(asked, 1),
+            "gc_in_timed_calls": {"collections_by_generation": gc_watch.collections,
+                                  "cpu_s_per_s": gc_watch.cpu_s / seconds}}
 
 
 def main() -> None:
@@ -308,8 +353,10 @@ def main() -> None:
         r["separate_calls"] = args.separate_calls
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+        g = r["gc_in_timed_calls"]
         print(f"nodes {n:,}: {r['master_cpu_s_per_s']:.3f} s/s ({r['by_rpc_cpu_s_per_s']}), "
-              f"setup {r['setup_s']} s", flush=True)
+              f"setup {r['setup_s']} s; GC in timed calls: collections by generation "
+              f"{g['collections_by_generation']}, {g['cpu_s_per_s']:.4f} s/s", flush=True)
         gc.collect()
     print("\n| nodes | node LRU blocks | index replicas | hot-chain rows | master CPU s per s |"
           " x per 10x nodes | Heartbeat us/call | ReportEvents us/call | LookupPrefix us/call |"
