@@ -7,7 +7,10 @@ lookups. Here one index (N blocks, ``--replicas`` COMMITTED replicas each over 8
 lookups per build per round, ``--rounds`` rounds, so both see the same index, caches and
 load. ``--other`` is the other build's extension file (e.g. main's, built in a scratch
 worktree: ``git worktree add /tmp/base main && (cd /tmp/base && python setup.py build_ext
---inplace)``); the build imported as ``kvstored._native_master`` is "this".
+--inplace)``); the build imported as ``kvstored._native_master`` is "this". When the
+other build reads another key-table layout, ``--other-keytable`` is that tree's
+kvstored/master/keytable.py: its KeyTable is filled with the same keys and slots and swapped
+into the index for the other build's lookups (both tables stay in memory).
 
 Four kinds of lookup, each 512 keys, all present, asked from one of the holders:
 ``seq prefix``: 512 keys added together (adjacent rows, as bench_master.py's prefixes),
@@ -20,6 +23,7 @@ Printed: per kind, the median over rounds of each build's p50 (us), their ratio,
 range over rounds.
 
 Usage:  python bench/bench_master_lookup_ab.py --other /tmp/base/kvstored/_native_master.*.so
+        [--other-keytable /tmp/base/kvstored/master/keytable.py]
         [--sizes 10000,1000000,10000000] [--replicas 1] [--rounds 5]
 """
 
@@ -51,7 +55,17 @@ def load_build(path: str) -> ModuleType:
     return mod
 
 
-def run_one(n: int, replicas: int, rounds: int, other_path: str) -> None:
+def load_keytable(path: str) -> ModuleType:
+    """The module at ``path`` (another tree's kvstored/master/keytable.py), under its own name."""
+    spec = importlib.util.spec_from_file_location("other_keytable", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--other-keytable: cannot load a module from {path!r}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_one(n: int, replicas: int, rounds: int, other_path: str, other_keytable: str = "") -> None:
     """Build the index of ``n`` blocks and print the interleaved p50s of both builds."""
     from kvstored import native
     from kvstored.master.index import BlockIndex
@@ -82,6 +96,17 @@ def run_one(n: int, replicas: int, rounds: int, other_path: str) -> None:
         done += m
     allkeys = b"".join(chunks)
 
+    c = ix.columns
+    ns = c.ns(NS, create=False)
+    tables = {"this": c.tables[ns], "other": c.tables[ns]}
+    if other_keytable:
+        t = c.tables[ns]
+        live = t._sl >= 0
+        ot = load_keytable(other_keytable).KeyTable(16)
+        ot.insert_many(np.stack([t._lo[live], t._hi[live]], axis=1), t._sl[live].astype(np.int64))
+        tables["other"] = ot
+        print(f"N={n:>10,} key table bytes/key: other {ot.nbytes / n:.1f}, this {t.nbytes / n:.1f}", flush=True)
+
     def key(i: int) -> bytes:
         return allkeys[16 * i : 16 * i + 16]
 
@@ -93,8 +118,9 @@ def run_one(n: int, replicas: int, rounds: int, other_path: str) -> None:
     reqs = {k: [pb.MasterLookupPrefixRequest(namespace_id=NS, keys=p).SerializeToString() for p in v]
             for k, v in sets.items()}
 
-    def p50(impl: ModuleType, kind: str, wire: bool) -> float:
+    def p50(name: str, impl: ModuleType, kind: str, wire: bool) -> float:
         native.master_index = impl
+        c.tables[ns] = tables[name]
         out = []
         for i in range(400):
             t = time.perf_counter_ns()
@@ -112,8 +138,9 @@ def run_one(n: int, replicas: int, rounds: int, other_path: str) -> None:
         for kind in ("seq", "rand"):
             for wire in (False, True):
                 for name, impl in builds:
-                    res.setdefault((kind, wire, name), []).append(p50(impl, kind, wire))
+                    res.setdefault((kind, wire, name), []).append(p50(name, impl, kind, wire))
     native.master_index = this
+    c.tables[ns] = tables["this"]
     for kind in ("seq", "rand"):
         for wire in (False, True):
             a, b = res[(kind, wire, "other")], res[(kind, wire, "this")]
@@ -127,19 +154,22 @@ def main() -> None:
     """Each size in a fresh subprocess (its own index and caches)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--other", required=True, help="the other build's _native_master extension file")
+    ap.add_argument("--other-keytable", default="",
+                    help="the other tree's kvstored/master/keytable.py (when its layout differs)")
     ap.add_argument("--sizes", default="10000,1000000,10000000")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        run_one(args.one, args.replicas, args.rounds, args.other)
+        run_one(args.one, args.replicas, args.rounds, args.other, args.other_keytable)
         return
     for n in (int(x) for x in args.sizes.split(",")):
         if n <= PREFIX:
             raise SystemExit(f"--sizes: each size must exceed {PREFIX} blocks, got {n}")
         subprocess.run([sys.executable, __file__, "--one", str(n), "--other", args.other, "--replicas",
-                        str(args.replicas), "--rounds", str(args.rounds)], check=True)
+                        str(args.replicas), "--rounds", str(args.rounds), "--other-keytable", args.other_keytable],
+                       check=True)
 
 
 if __name__ == "__main__":

@@ -82,79 +82,46 @@ static void *take(Bufs *b, PyObject *obj, Py_ssize_t itemsize, const char *forma
 #define U8 "B"
 #define BOOL "?B"
 #define F64 "d"
-#define KT_WAYS 8
-#define KT_MULT 0x9E3779B97F4A7C15ULL
 #define KT_GROUP MB_PREFETCH_GROUP /* keys (blocks) per stage of the group prefetching below */
 
-/* keytable_get_many(lo, hi, sl, over, bits, words, out) -> int
- * lo, hi: u64 [2**bits x 8]; sl: i32 [2**bits x 8] (-1 free); over: bool [2**bits];
+/* keytable_get_many(buckets, bits, words, out) -> int
+ * buckets: u8 [2**bits x 64], 64-byte aligned (MbBucket, master_buffers.h; KeyTable.probe_buffers);
  * words: u64 [n x 2] (the keys' little-endian words); out: writable i64 [n].
  * out[i] = the slot of key i, or -1. Returns how many leading keys were found. The probe of
- * KeyTable._probe: from the home bucket (Fibonacci hash of the low word), a live entry with
- * both words equal; a bucket without its overflow flag ends the search. */
+ * KeyTable._probe (mb_kt_probe). */
 static PyObject *keytable_get_many(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o_lo, *o_hi, *o_sl, *o_over, *o_words, *o_out;
+    PyObject *o_bk, *o_words, *o_out;
     int bits;
-    if (!PyArg_ParseTuple(args, "OOOOiOO:keytable_get_many", &o_lo, &o_hi, &o_sl, &o_over, &bits, &o_words, &o_out))
-        return NULL;
-    if (bits < 1 || bits > 40) {
-        PyErr_Format(PyExc_ValueError, "keytable_get_many: bits must be in 1..40, got %d", bits);
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "OiOO:keytable_get_many", &o_bk, &bits, &o_words, &o_out)) return NULL;
     const char *fn = "keytable_get_many";
     Bufs b = {.n = 0};
-    Py_ssize_t n_lo, n_hi, n_sl, n_over, n_words, n_out;
-    const uint64_t *lo_t = take(&b, o_lo, 8, U64, 0, fn, "lo", &n_lo);
-    if (!lo_t) return NULL;
-    const uint64_t *hi_t = take(&b, o_hi, 8, U64, 0, fn, "hi", &n_hi);
-    if (!hi_t) return NULL;
-    const int32_t *sl_t = take(&b, o_sl, 4, I32, 0, fn, "sl", &n_sl);
-    if (!sl_t) return NULL;
-    const uint8_t *over = take(&b, o_over, 1, BOOL, 0, fn, "over", &n_over);
-    if (!over) return NULL;
+    Py_ssize_t n_bk, n_words, n_out;
+    const MbBucket *bk_t = take(&b, o_bk, 1, U8, 0, fn, "buckets", &n_bk);
+    if (!bk_t) return NULL;
     const uint64_t *words = take(&b, o_words, 8, U64, 0, fn, "words", &n_words);
     if (!words) return NULL;
     int64_t *out = take(&b, o_out, 8, I64, 1, fn, "out", &n_out);
     if (!out) return NULL;
-    Py_ssize_t nb = (Py_ssize_t)1 << bits;
-    if (n_lo != nb * KT_WAYS || n_hi != nb * KT_WAYS || n_sl != nb * KT_WAYS || n_over != nb ||
-        n_words % 2 != 0 || n_out != n_words / 2) {
+    if (mb_check_buckets(bk_t, n_bk, bits, fn) != 0) {
         release_all(&b);
-        PyErr_Format(PyExc_ValueError,
-                     "%s: sizes disagree: %zd buckets (bits %d) need lo, hi, sl of %zd entries and over of %zd; "
-                     "got %zd, %zd, %zd, %zd; words %zd u64 for out %zd",
-                     fn, nb, bits, nb * KT_WAYS, nb, n_lo, n_hi, n_sl, n_over, n_words, n_out);
+        return NULL;
+    }
+    if (n_words % 2 != 0 || n_out != n_words / 2) {
+        release_all(&b);
+        PyErr_Format(PyExc_ValueError, "%s: sizes disagree: words %zd u64 for out %zd", fn, n_words, n_out);
         return NULL;
     }
     Py_ssize_t n = n_out, lead = -1;
-    uint64_t mask = (uint64_t)nb - 1;
     /* Group prefetching (Chen, Ailamaki, Gibbons, Mowry, "Improving Hash Join Performance
      * through Prefetching", ICDE 2004; the batched lookups of MICA, Lim et al., NSDI 2014): the
-     * home buckets of KT_GROUP keys are fetched ahead, then probed, so their cache misses
-     * overlap instead of one after the other (a 10M-block table is hundreds of MB). */
+     * home buckets (one line each) of KT_GROUP keys are fetched ahead, then probed, so their
+     * cache misses overlap instead of one after the other (a 10M-block table is hundreds of MB). */
     for (Py_ssize_t g0 = 0; g0 < n; g0 += KT_GROUP) {
         Py_ssize_t g1 = g0 + KT_GROUP < n ? g0 + KT_GROUP : n;
+        for (Py_ssize_t i = g0; i < g1; i++) mb_prefetch_bucket(bk_t, mb_home(words[2 * i], bits));
         for (Py_ssize_t i = g0; i < g1; i++) {
-            uint64_t bk = (words[2 * i] * KT_MULT) >> (64 - bits);
-            mb_prefetch_bucket(lo_t, hi_t, sl_t, bk);
-        }
-        for (Py_ssize_t i = g0; i < g1; i++) {
-            uint64_t lo = words[2 * i], hi = words[2 * i + 1];
-            uint64_t bk = (lo * KT_MULT) >> (64 - bits);
-            int64_t slot = -1;
-            for (Py_ssize_t step = 0; step < nb; step++) { /* bounded: at most every bucket once */
-                const uint64_t *rl = lo_t + bk * KT_WAYS;
-                for (int w = 0; w < KT_WAYS; w++) {
-                    if (rl[w] == lo && hi_t[bk * KT_WAYS + w] == hi && sl_t[bk * KT_WAYS + w] >= 0) {
-                        slot = sl_t[bk * KT_WAYS + w];
-                        goto done;
-                    }
-                }
-                if (!over[bk]) break;
-                bk = (bk + 1) & mask;
-            }
-        done:
+            int64_t pos, slot = mb_kt_probe(bk_t, bits, words[2 * i], words[2 * i + 1], &pos);
             out[i] = slot;
             if (slot < 0 && lead < 0) lead = i;
         }
@@ -777,45 +744,32 @@ not_canonical:
 
 /* A key table's buckets (kvstored/master/keytable.py KeyTable), probed and changed in place. */
 typedef struct {
-    uint64_t *lo, *hi;
-    int32_t *sl;
-    uint8_t *over;
+    MbBucket *bk;
     int bits;
     uint64_t mask;
 } KT;
 
 static void kt_probe(const KT *t, uint64_t lo, uint64_t hi, int64_t *pos, int64_t *slot) {
-    uint64_t bk = (lo * KT_MULT) >> (64 - t->bits);
-    for (uint64_t step = 0; step <= t->mask; step++) {
-        for (int w = 0; w < KT_WAYS; w++) {
-            uint64_t e = bk * KT_WAYS + (uint64_t)w;
-            if (t->lo[e] == lo && t->hi[e] == hi && t->sl[e] >= 0) {
-                *pos = (int64_t)e;
-                *slot = t->sl[e];
-                return;
-            }
-        }
-        if (!t->over[bk]) break;
-        bk = (bk + 1) & t->mask;
-    }
-    *pos = -1;
-    *slot = -1;
+    *slot = mb_kt_probe(t->bk, t->bits, lo, hi, pos);
 }
+
+/* Entry ``pos`` (bucket * MB_BUCKET_WAYS + way, from kt_probe) freed. */
+static void kt_free(KT *t, int64_t pos) { t->bk[pos / MB_BUCKET_WAYS].sl[pos % MB_BUCKET_WAYS] = -1; }
 
 /* KeyTable.insert_words: the first free entry from the key's home bucket on. */
 static void kt_insert(KT *t, uint64_t lo, uint64_t hi, int32_t slot) {
-    uint64_t bk = (lo * KT_MULT) >> (64 - t->bits);
+    uint64_t bk = mb_home(lo, t->bits);
     for (;;) {
-        for (int w = 0; w < KT_WAYS; w++) {
-            uint64_t e = bk * KT_WAYS + (uint64_t)w;
-            if (t->sl[e] < 0) {
-                t->lo[e] = lo;
-                t->hi[e] = hi;
-                t->sl[e] = slot;
+        MbBucket *e = t->bk + bk;
+        for (int w = 0; w < MB_BUCKET_WAYS; w++) {
+            if (e->sl[w] < 0) {
+                e->lo[w] = lo;
+                e->hi[w] = hi;
+                e->sl[w] = slot;
                 return;
             }
         }
-        t->over[bk] = 1;
+        e->over = 1;
         bk = (bk + 1) & t->mask;
     }
 }
@@ -919,7 +873,7 @@ static int free_block(Ix *x, int64_t slot) {
         PyErr_Format(PyExc_RuntimeError, "apply_events: block slot %lld is not in its key table", (long long)slot);
         return -1;
     }
-    x->kt.sl[pos] = -1;
+    kt_free(&x->kt, pos);
     x->live_delta--;
     return list_push(x->free_blocks, slot);
 }
@@ -1030,17 +984,18 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
     GET_ATTR_BUF(o_cols, "holder_head", 8, I64, 1, x.holder_head, &cnt);
     if (cnt != x.n_holders) goto sizes;
     if (n_bns != x.n_head || n_factor != x.n_head || n_bkey != 2 * x.n_head) goto sizes;
-    Py_ssize_t n_lo, n_over;
-    GET_ATTR_BUF(o_table, "_lo", 8, U64, 1, x.kt.lo, &n_lo);
-    GET_ATTR_BUF(o_table, "_hi", 8, U64, 1, x.kt.hi, &cnt);
-    if (cnt != n_lo) goto sizes;
-    GET_ATTR_BUF(o_table, "_sl", 4, I32, 1, x.kt.sl, &cnt);
-    if (cnt != n_lo) goto sizes;
-    GET_ATTR_BUF(o_table, "_over", 1, BOOL, 1, x.kt.over, &n_over);
-    if (n_lo != n_over * KT_WAYS || n_over < 2 || (n_over & (n_over - 1))) goto sizes;
-    x.kt.mask = (uint64_t)n_over - 1;
-    x.kt.bits = 0;
-    while (((Py_ssize_t)1 << x.kt.bits) < n_over) x.kt.bits++;
+    Py_ssize_t n_bk;
+    GET_ATTR_BUF(o_table, "_buckets", 1, U8, 1, x.kt.bk, &n_bk);
+    {
+        PyObject *a = PyObject_GetAttrString(o_table, "_bits");
+        long bits = a ? PyLong_AsLong(a) : -1;
+        Py_XDECREF(a);
+        if (PyErr_Occurred()) goto fail;
+        if (mb_check_buckets(x.kt.bk, n_bk, (int)bits, fn) != 0) goto fail;
+        x.kt.bits = (int)bits;
+        x.kt.mask = ((uint64_t)1 << bits) - 1;
+    }
+    Py_ssize_t n_entries = n_bk / (Py_ssize_t)sizeof(MbBucket) * MB_BUCKET_WAYS;
     Py_ssize_t n_idx, n_ev;
     const int64_t *idx, *tiers, *sizes, *reps;
     const uint64_t *gens;
@@ -1111,10 +1066,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         }
         { /* the key's home bucket, fetched ahead: the probes below then overlap their misses */
             const uint64_t *w = (const uint64_t *)PyBytes_AS_STRING(key);
-            uint64_t bk = (w[0] * KT_MULT) >> (64 - x.kt.bits);
-            __builtin_prefetch(&x.kt.lo[bk * KT_WAYS]);
-            __builtin_prefetch(&x.kt.hi[bk * KT_WAYS]);
-            __builtin_prefetch(&x.kt.sl[bk * KT_WAYS]);
+            mb_prefetch_bucket(x.kt.bk, mb_home(w[0], x.kt.bits));
         }
     }
     if ((Py_ssize_t)PyList_GET_SIZE(x.free_rows) + (x.n_rows - x.num_rows_used) < n_add ||
@@ -1142,7 +1094,7 @@ static PyObject *apply_events(PyObject *self, PyObject *args) {
         long long live = a ? PyLong_AsLongLong(a) : -1;
         Py_XDECREF(a);
         if (PyErr_Occurred()) goto fail;
-        if (8 * (live + n_absent) > 3 * (long long)n_lo) goto not_mine;
+        if (2 * (live + n_absent) > (long long)n_entries) goto not_mine; /* KeyTable.has_room */
     }
     /* ---- ADDED: new blocks, factors, existing rows, new rows ---- */
     int64_t gens_taken = 0, fresh_rows = 0, fresh_slots = 0;
@@ -1333,7 +1285,7 @@ not_mine:
 
 static PyMethodDef methods[] = {
     {"keytable_get_many", keytable_get_many, METH_VARARGS,
-     "keytable_get_many(lo, hi, sl, over, bits, words, out) -> int: slots of a batch of keys (-1 absent); "
+     "keytable_get_many(buckets, bits, words, out) -> int: slots of a batch of keys (-1 absent); "
      "returns the leading count found."},
     {"best_rows", best_rows, METH_VARARGS,
      "best_rows(head, next, holder, state, tier, readable, load, slots, local_holder, out_rows, out_holders, "

@@ -24,8 +24,6 @@
 
 #include "master_buffers.h"
 
-#define LK_WAYS 8
-#define LK_MULT 0x9E3779B97F4A7C15ULL
 #define LK_MAX_RANKED 8  /* ranking.MAX_RANKED_REPLICAS: the most levels ranked_rows reads */
 #define LK_KEY_BYTES 16
 #define LK_GROUP MB_PREFETCH_GROUP /* keys per stage of the group prefetching (lookup_wire) */
@@ -277,13 +275,13 @@ static uint64_t index_of(const int64_t *uniq, Py_ssize_t n, int64_t h) { /* h is
 PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *o_table, *o_cols, *o_consts, *o_req, *o_avoid;
-    PyObject *o_lo, *o_hi, *o_sl, *o_over;
+    PyObject *o_bk;
     int bits, alternates, every_key, use_ranked;
     long long local;
     if (!PyArg_ParseTuple(args, "O!O!O!OLOiii:lookup_wire", &PyTuple_Type, &o_table, &PyTuple_Type, &o_cols,
                           &PyTuple_Type, &o_consts, &o_req, &local, &o_avoid, &alternates, &use_ranked, &every_key))
         return NULL;
-    if (!PyArg_ParseTuple(o_table, "OOOOi:lookup_wire table", &o_lo, &o_hi, &o_sl, &o_over, &bits)) return NULL;
+    if (!PyArg_ParseTuple(o_table, "Oi:lookup_wire table", &o_bk, &bits)) return NULL;
     const char *fn = "lookup_wire";
     if (bits < 1 || bits > 40) {
         PyErr_Format(PyExc_ValueError, "%s: bits must be in 1..40, got %d", fn, bits);
@@ -300,23 +298,14 @@ PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (alternates > 0) use_ranked = 1;
-    Py_ssize_t n_lo, n_hi, n_sl, n_over, n_req;
-    const uint64_t *lo_t = mb_take(&b, o_lo, 8, MB_U64, 0, fn, "lo", &n_lo);
-    if (!lo_t) return NULL;
-    const uint64_t *hi_t = mb_take(&b, o_hi, 8, MB_U64, 0, fn, "hi", &n_hi);
-    if (!hi_t) return NULL;
-    const int32_t *sl_t = mb_take(&b, o_sl, 4, MB_I32, 0, fn, "sl", &n_sl);
-    if (!sl_t) return NULL;
-    const uint8_t *over = mb_take(&b, o_over, 1, MB_BOOL, 0, fn, "over", &n_over);
-    if (!over) return NULL;
+    Py_ssize_t n_bk, n_req;
+    const MbBucket *bk_t = mb_take(&b, o_bk, 1, MB_U8, 0, fn, "buckets", &n_bk);
+    if (!bk_t) return NULL;
     if (!(c.avoid = mb_take(&b, o_avoid, 8, MB_I64, 0, fn, "avoid", &c.n_avoid))) return NULL;
     const uint8_t *req = mb_take(&b, o_req, 1, MB_U8 "bc", 0, fn, "request", &n_req);
     if (!req) return NULL;
-    Py_ssize_t nb = (Py_ssize_t)1 << bits;
-    if (n_lo != nb * LK_WAYS || n_hi != nb * LK_WAYS || n_sl != nb * LK_WAYS || n_over != nb) {
+    if (mb_check_buckets(bk_t, n_bk, bits, fn) != 0) {
         mb_release(&b);
-        PyErr_Format(PyExc_ValueError, "%s: sizes disagree: %zd buckets (bits %d) need lo, hi, sl of %zd entries and "
-                     "over of %zd; got %zd, %zd, %zd, %zd", fn, nb, bits, nb * LK_WAYS, nb, n_lo, n_hi, n_sl, n_over);
         return NULL;
     }
     /* the keys (field 2 of MasterLookupPrefixRequest), each exactly 16 bytes, else None */
@@ -351,7 +340,6 @@ PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
     int64_t *bholder = best + cap, *bpos = best + 2 * cap;
     int64_t *rrows = ranked, *rholders = ranked + cap * (size_t)width;
     Py_ssize_t k = 0, num_alt = 0;
-    uint64_t mask = (uint64_t)nb - 1;
     rd.p = req;
     Py_ssize_t nk = 0;
     while (rd.p < rd.end) { /* the keys' words, in order (the first pass checked the fields) */
@@ -380,23 +368,9 @@ PyObject *lk_lookup_wire(PyObject *self, PyObject *args) {
         const uint64_t *gw = words + 2 * g0;
         int64_t gslot[LK_GROUP], grow[LK_GROUP];
         for (Py_ssize_t j = 0; j < gn; j++)
-            mb_prefetch_bucket(lo_t, hi_t, sl_t, (gw[2 * j] * LK_MULT) >> (64 - bits));
-        for (Py_ssize_t j = 0; j < gn; j++) { /* the probe of KeyTable._probe (master.c keytable_get_many) */
-            uint64_t lo = gw[2 * j], hi = gw[2 * j + 1];
-            uint64_t bk = (lo * LK_MULT) >> (64 - bits);
-            int64_t slot = -1;
-            for (Py_ssize_t step = 0; step < nb; step++) {
-                const uint64_t *rl = lo_t + bk * LK_WAYS;
-                for (int w = 0; w < LK_WAYS; w++) {
-                    if (rl[w] == lo && hi_t[bk * LK_WAYS + w] == hi && sl_t[bk * LK_WAYS + w] >= 0) {
-                        slot = sl_t[bk * LK_WAYS + w];
-                        goto found;
-                    }
-                }
-                if (!over[bk]) break;
-                bk = (bk + 1) & mask;
-            }
-        found:
+            mb_prefetch_bucket(bk_t, mb_home(gw[2 * j], bits));
+        for (Py_ssize_t j = 0; j < gn; j++) { /* the probe of KeyTable._probe (mb_kt_probe) */
+            int64_t pos, slot = mb_kt_probe(bk_t, bits, gw[2 * j], gw[2 * j + 1], &pos);
             gslot[j] = slot;
             if (slot >= 0 && slot < c.n_head) __builtin_prefetch(c.head + slot);
         }

@@ -7,14 +7,19 @@ interpreter, so each key pays its cache and TLB misses in series (the dict gets 
 numpy columns and a batch of keys
 is looked up with a few vectorized gathers, whose misses overlap::
 
-    buckets   lo u8[8] | hi u8[8] | slot i4[8]   per bucket, 8 entries (slot -1 = free)
-              + one overflow flag per bucket (a key once did not fit: look further)
-    bucket    (lo * 0x9E3779B97F4A7C15) >> (64 - bits)   (Fibonacci hashing); a full
-              bucket spills into the next one; live entries kept <= 3/8 of capacity
+    bucket    lo u8[3] | hi u8[3] | slot i4[3] | overflow u1 | pad[3]   = 64 bytes, one
+              cache line (the array is 64-byte aligned): 3 entries (slot -1 = free) and
+              a flag (a key once did not fit: look further)
+    home      (lo * 0x9E3779B97F4A7C15) >> (64 - bits)   (Fibonacci hashing); a full
+              bucket spills into the next one; live entries kept <= 1/2 of capacity
 
-A batch lookup gathers each key's home bucket row (8 entries) in one step and compares all
-of them at once; with 8-way buckets at load <= 3/8 a key is almost always in its home
-bucket, and the rare rest (overflowed buckets, equal low words) are finished one by one.
+A probe of a key in its home bucket reads one cache line (an earlier layout kept lo, hi and
+slot in three arrays: three misses per key at 10M keys). At load <= 1/2 (1.5 keys per
+bucket on average) about 4-7% of buckets overflow (Poisson), and a spill goes to the
+adjacent line. Per key this costs 64 / (3 * load) bytes: 43-85 (the 8-way, three-array
+layout at load 3/16-3/8: 54-107). A batch lookup gathers each key's home bucket row in one
+step and compares its entries at once; the rare rest (overflowed buckets, equal low words)
+are finished one by one.
 
 Keys must be exactly 16 bytes (block hashes); :func:`key_digest` maps other lengths to 16.
 Source: Knuth, TAOCP vol. 3, 6.4 (multiplicative hashing, open addressing with buckets).
@@ -33,7 +38,12 @@ from kvstored import native
 
 KEY_BYTES = 16
 EMPTY = -1
-WAYS = 8
+WAYS = 3
+BUCKET_DTYPE = np.dtype([("lo", "<u8", (WAYS,)), ("hi", "<u8", (WAYS,)), ("sl", "<i4", (WAYS,)),
+                         ("over", "?"), ("pad", "u1", (3,))])
+"""One bucket, 64 bytes (native/master_buffers.h MbBucket)."""
+_LINE = 64
+assert BUCKET_DTYPE.itemsize == _LINE
 _MULT_INT = 0x9E3779B97F4A7C15
 _MULT = np.uint64(_MULT_INT)
 _U64 = (1 << 64) - 1
@@ -73,12 +83,15 @@ class KeyTable:
         nb = 1 << bits
         self._bits = bits
         self._mask = nb - 1
-        self._lo = np.zeros((nb, WAYS), dtype=np.uint64)
-        self._hi = np.zeros((nb, WAYS), dtype=np.uint64)
-        self._sl = np.full((nb, WAYS), EMPTY, dtype=np.int32)
-        self._over = np.zeros(nb, dtype=np.bool_)
-        self._hi_flat = self._hi.reshape(-1)  # views, not copies: writes show through
-        self._sl_flat = self._sl.reshape(-1)
+        # 64-byte aligned (one bucket per cache line): a line more, and the view from the
+        # first aligned byte (numpy aligns to 16)
+        raw = np.zeros(nb * _LINE + _LINE, dtype=np.uint8)
+        off = -raw.ctypes.data % _LINE
+        self._buckets = raw[off : off + nb * _LINE]  # what the C probes take (u1, contiguous)
+        b = self._buckets.view(BUCKET_DTYPE)
+        # strided views of the fields: writes show through
+        self._lo, self._hi, self._sl, self._over = b["lo"], b["hi"], b["sl"], b["over"]
+        self._sl[:] = EMPTY
         self._num_live = 0
 
     def __len__(self) -> int:
@@ -87,7 +100,7 @@ class KeyTable:
     @property
     def nbytes(self) -> int:
         """Bytes of the bucket arrays."""
-        return self._lo.nbytes + self._hi.nbytes + self._sl.nbytes + self._over.nbytes
+        return int(self._buckets.nbytes)
 
     def _home(self, lo: np.ndarray) -> np.ndarray:
         return ((lo * _MULT) >> np.uint64(64 - self._bits)).astype(np.int64)
@@ -109,15 +122,14 @@ class KeyTable:
         if n == 0 or self._num_live == 0:
             out.fill(EMPTY)
             return out
-        impl.keytable_get_many(self._lo, self._hi, self._sl, self._over, self._bits,
-                               np.ascontiguousarray(words, dtype=np.uint64), out)
+        impl.keytable_get_many(self._buckets, self._bits, np.ascontiguousarray(words, dtype=np.uint64), out)
         return out
 
-    def probe_buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """``(lo, hi, slots, overflow flags, bits)``: the bucket arrays a C probe reads
-        (native/master_lookup.c ``lookup_wire``); views of the live table, reallocated when
-        it grows (ask again per call)."""
-        return self._lo, self._hi, self._sl, self._over, self._bits
+    def probe_buffers(self) -> tuple[np.ndarray, int]:
+        """``(buckets, bits)``: the buckets a C probe reads (native/master_lookup.c
+        ``lookup_wire``): uint8 ``(2**bits * 64,)``, 64-byte aligned, of :data:`BUCKET_DTYPE`
+        items; a view of the live table, reallocated when it grows (ask again per call)."""
+        return self._buckets, self._bits
 
     def py_get_many(self, words: np.ndarray) -> np.ndarray:
         """:meth:`get_many` in numpy (the fallback, and the reference of the C probe)."""
@@ -134,9 +146,8 @@ class KeyTable:
         match = np.take(self._lo, b, axis=0) == lo[:, None]
         j = match.argmax(axis=1)
         cand = np.take_along_axis(match, j[:, None], axis=1)[:, 0]
-        flat = b * WAYS + j  # 1-D gathers from the flat views: no 2-D index arithmetic
-        slot = self._sl_flat[flat]
-        ok = cand & (slot >= 0) & (self._hi_flat[flat] == hi)
+        slot = self._sl[b, j]
+        ok = cand & (slot >= 0) & (self._hi[b, j] == hi)
         out[ok] = slot[ok]
         # not found at home: absent, unless the bucket overflowed or an entry with the same
         # low word but another high word came first (then finish that key one by one); a
@@ -173,8 +184,8 @@ class KeyTable:
 
     # ---- changes ---------------------------------------------------------------------
     def has_room(self, extra: int) -> bool:
-        """Whether ``extra`` more keys fit without growing the buckets (load <= 3/8)."""
-        return 8 * (self._num_live + extra) <= 3 * self._sl.size
+        """Whether ``extra`` more keys fit without growing the buckets (load <= 1/2)."""
+        return 2 * (self._num_live + extra) <= self._sl.size
 
     def reserve(self, extra: int) -> None:
         """Grow the buckets (as :meth:`insert_many` would) so that ``extra`` more keys fit
@@ -193,7 +204,7 @@ class KeyTable:
         words = np.stack([self._lo[live], self._hi[live]], axis=1)
         slots = self._sl[live].astype(np.int64)
         bits = self._bits
-        while 3 * (WAYS << bits) < 8 * (len(slots) + extra):
+        while (WAYS << bits) < 2 * (len(slots) + extra):
             bits += 1
         self._init(bits)
         self._insert_new(words, slots)

@@ -65,6 +65,76 @@ def test_keytable_probe_matches_numpy(seed: int, monkeypatch: pytest.MonkeyPatch
     assert KeyTable(16).get_many(words).tolist() == [-1] * len(probe)
 
 
+def _colliding_lows(n: int, home: int, bits: int) -> list[int]:
+    """``n`` low words whose home bucket is ``home`` in a table of ``2**bits`` buckets and
+    ``home << k`` after it grows k times (lo * MULT's top bits, MULT inverted mod 2**64)."""
+    inv = pow(0x9E3779B97F4A7C15, -1, 1 << 64)
+    return [(((home << (64 - bits)) + r) * inv) % (1 << 64) for r in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keys_colliding_in_one_bucket_survive_growth_and_deletes(seed: int) -> None:
+    """Many keys with one home bucket (and keys sharing a low word): they spill across the
+    following buckets; deletes leave holes the next inserts reuse; growth rehashes them (they
+    collide again at every size). The C probe, the numpy probe and a dict agree throughout."""
+    rng = random.Random(seed)
+    t = KeyTable(16)
+    bits0 = t._bits
+    home = rng.randrange(1 << bits0)
+    lows = _colliding_lows(60, home, bits0)
+    assert len({t._home_int(lo) for lo in lows}) == 1
+    keys = [lo.to_bytes(8, "little") + rng.getrandbits(64).to_bytes(8, "little") for lo in lows]
+    keys += [lows[0].to_bytes(8, "little") + h.to_bytes(8, "little") for h in range(20)]  # same low word
+    keys = list(dict.fromkeys(keys))
+    model: dict[bytes, int] = {}
+
+    def check() -> None:
+        probe = keys + [_key(rng, lows) for _ in range(50)]
+        words = keys_to_words(probe)
+        want = [model.get(k, -1) for k in probe]
+        assert t.get_many(words).tolist() == t.py_get_many(words).tolist() == want
+        assert [t.get(k) for k in probe] == want
+        assert len(t) == len(model)
+
+    for i, k in enumerate(keys[:40]):  # one at a time: the scalar insert path
+        t.insert(k, i)
+        model[k] = i
+    check()
+    assert t._bits > bits0 and t._over.sum() >= 40 // 3 - 1  # grown; a run of overflowed buckets
+    for k in rng.sample(keys[:40], 25):
+        w = keys_to_words([k])[0]
+        assert t.delete_words(int(w[0]), int(w[1]))
+        del model[k]
+    check()
+    rest = keys[40:]
+    t.insert_many(keys_to_words(rest), np.arange(100, 100 + len(rest)))  # the batch path
+    model.update(zip(rest, range(100, 100 + len(rest)), strict=True))
+    check()
+    bits1 = t._bits
+    filler = [rng.getrandbits(128).to_bytes(16, "little") for _ in range(3000)]  # growth: a rehash
+    t.insert_many(keys_to_words(filler), np.arange(1000, 4000))
+    model.update(zip(filler, range(1000, 4000), strict=True))
+    assert t._bits > bits1
+    check()
+    buckets, bits = t.probe_buffers()
+    assert buckets.ctypes.data % 64 == 0 and buckets.nbytes == 64 << bits == t.nbytes  # one line a bucket
+
+
+def test_the_c_probe_refuses_buckets_of_the_wrong_size_or_alignment() -> None:
+    t = KeyTable(16)
+    buckets, bits = t.probe_buffers()
+    words = keys_to_words([bytes(16)])
+    out = np.empty(1, dtype=np.int64)
+    with pytest.raises(ValueError, match="64-byte aligned"):
+        NATIVE.keytable_get_many(buckets[:-64], bits, words, out)
+    raw = np.zeros(buckets.nbytes + 128, dtype=np.uint8)
+    off = -raw.ctypes.data % 64 + 8
+    with pytest.raises(ValueError, match="offset 8"):
+        NATIVE.keytable_get_many(raw[off : off + buckets.nbytes], bits, words, out)
+    with pytest.raises(ValueError, match="bits must be in 1..40"):
+        NATIVE.keytable_get_many(buckets, 0, words, out)
+
+
 def _random_index(rng: random.Random, num_holders: int, num_keys: int) -> tuple[BlockIndex, list[bytes], list[int]]:
     """An index with hot blocks (a replica on every holder), removed rows, WRITING rows,
     copies, retired and unreadable holders, tied and clipped loads."""
